@@ -1,0 +1,98 @@
+"""Drafters: strategies that propose the next tokens. They own their state, never the target's.
+
+Contract: `propose` returns only the proposal (never the context), and for sampled proposals
+the reported `probs` are exactly the distributions the tokens were drawn from. After the
+target's verdict the engine calls `observe(kept)` with the number of proposed tokens that
+were committed, so the drafter can drop what was rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specgen import kvcache
+from specgen.acceptance import ProposalKind
+from specgen.config import SamplingConfig
+from specgen.sampling import choose
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # [k] int64
+    probs: torch.Tensor | None  # [k, V] fp32 when kind is SAMPLED, else None
+    kind: ProposalKind
+
+
+class Drafter(Protocol):
+    def begin(self, prompt_ids: list[int]) -> None: ...
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal: ...
+
+    def observe(self, kept: int) -> None: ...
+
+
+class ModelDrafter:
+    """Chain drafting with a small model and its own KV cache.
+
+    Cache invariant: it holds a prefix of the committed sequence (never the last token).
+    A round feeds the tokens it has not seen (the root, and the last draft token if the
+    previous round accepted all of them), then k-1 single-token steps; x_k is never fed.
+    """
+
+    def __init__(self, model, device: torch.device):
+        self.model = model
+        self.device = device
+        self.cache = kvcache.new_cache(model)
+        self.cached = 0  # committed tokens in the cache
+        self._base = 0  # context length at the last proposal
+        self._fed = 0  # draft tokens fed at the last proposal
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.reset_to(prompt_ids[:-1])
+
+    def reset_to(self, ids: list[int]) -> None:
+        """Make the cache hold exactly `ids` (reusing the common prefix already there)."""
+        kvcache.crop(self.cache, min(self.cached, len(ids)))
+        self.cached = min(self.cached, len(ids))
+        if len(ids) > self.cached:
+            self._forward(ids[self.cached:])
+            self.cached = len(ids)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        unseen = torch.tensor([context[self.cached:]], device=self.device)
+        tokens, probs = [], []
+        step_input = unseen
+        for i in range(k):
+            logits = self._forward_tensor(step_input)[0, -1]
+            token, dist = choose(logits, sampling, generator)
+            tokens.append(token)
+            probs.append(dist)
+            if i < k - 1:
+                step_input = token.view(1, 1)
+        self._base, self._fed = len(context), k - 1
+        sampled = probs[0] is not None
+        return Proposal(
+            tokens=torch.stack(tokens),
+            probs=torch.stack(probs) if sampled else None,
+            kind=ProposalKind.SAMPLED if sampled else ProposalKind.DETERMINISTIC,
+        )
+
+    def observe(self, kept: int) -> None:
+        """`kept` of the proposed tokens were committed; drop the rest from the cache."""
+        self.cached = self._base + min(kept, self._fed)
+        kvcache.crop(self.cache, self.cached)
+
+    def _forward(self, ids: list[int]) -> None:
+        with torch.inference_mode():
+            self._forward_tensor(torch.tensor([ids], device=self.device))
+
+    def _forward_tensor(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits

@@ -1,0 +1,176 @@
+"""The round loop: draft, verify, accept, commit. Knows nothing about rendering or text.
+
+One round: the drafter proposes x1..xk, the target scores [root, x1..xk] in ONE forward
+(root = last committed token, not yet in the target cache), an acceptance rule keeps a prefix
+plus one target token, and both caches are cropped to the committed sequence. Plain decoding
+is a round with an empty draft. Each round is yielded as a RoundResult; the only host sync
+per round is the single `.tolist()` that reads the verdict and the proposal together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from specgen import kvcache
+from specgen.acceptance import Rule, greedy_match, select_rule, speculative_sampling
+from specgen.config import GenerationConfig, Method
+from specgen.drafters import Drafter
+from specgen.errors import PromptError
+from specgen.sampling import make_generator, sample, warp
+
+
+class StopReason:
+    EOS = "eos"
+    LENGTH = "length"
+    CONTEXT = "context"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round did, in token ids. `emitted` is what was committed this round."""
+
+    draft_tokens: list[int]  # everything the drafter proposed (empty for plain decoding)
+    accepted: int  # draft tokens accepted by the target's rule
+    target_token: int  # the target's own token (correction or bonus)
+    emitted: list[int]  # committed this round: accepted drafts + target token, cut at EOS/length
+    draft_seconds: float
+    verify_seconds: float
+    stop: str | None = None  # a StopReason once generation has ended
+
+    @property
+    def accepted_emitted(self) -> int:
+        """Draft tokens among the emitted ones (fewer than `accepted` when cut at EOS/length)."""
+        return min(self.accepted, len(self.emitted))
+
+    @property
+    def target_emitted(self) -> bool:
+        return len(self.emitted) > self.accepted
+
+
+@dataclass
+class DecodeState:
+    """The committed sequence and the target cache, which holds all of it but the last token."""
+
+    ids: list[int]
+    cache: object
+    prompt_length: int
+    prefill_seconds: float = 0.0
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+
+class Engine:
+    """Runs plain or speculative decoding of `target_model`, with an optional drafter."""
+
+    def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int],
+                 context_length: int, drafter: Drafter | None = None):
+        self.model = target_model
+        self.device = device
+        self.stop_ids = stop_ids
+        self.context_length = context_length
+        self.drafter = drafter
+
+    # -- prefill -------------------------------------------------------------------------
+    def start(self, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
+        if not prompt_ids:
+            raise PromptError("the prompt is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                              f"{self.context_length}; shorten it")
+        if config.method.needs_draft_model and self.drafter is None:
+            raise ValueError(f"method {config.method.value} needs a drafter")
+        started = time.perf_counter()
+        cache = kvcache.new_cache(self.model)
+        if len(prompt_ids) > 1:
+            self._forward(torch.tensor([prompt_ids[:-1]], device=self.device), cache, keep=1)
+        if config.method is not Method.PLAIN:
+            self.drafter.begin(prompt_ids)
+        generator = None
+        if not config.sampling.greedy:
+            generator = make_generator(config.sampling.seed, self.device)
+        return DecodeState(list(prompt_ids), cache, len(prompt_ids),
+                           time.perf_counter() - started, generator)
+
+    # -- the loop ------------------------------------------------------------------------
+    def rounds(self, state: DecodeState, config: GenerationConfig) -> Iterator[RoundResult]:
+        """Yield rounds until EOS, max_new_tokens or the context limit."""
+        budget = min(config.max_new_tokens, self.context_length - len(state.ids))
+        context_bound = budget < config.max_new_tokens
+        produced = 0
+        while produced < budget:
+            remaining = budget - produced
+            k = min(config.draft_tokens, remaining - 1)
+            if config.method is Method.PLAIN or k < 1:
+                result = self._plain_round(state, config)
+            else:
+                result = self._speculative_round(state, config, k)
+            emitted, stop = self._cut(result.emitted, remaining)
+            produced += len(emitted)
+            if stop is None and produced >= budget:
+                stop = StopReason.CONTEXT if context_bound else StopReason.LENGTH
+            self._commit(state, emitted, speculative=bool(result.draft_tokens))
+            yield RoundResult(result.draft_tokens, result.accepted, result.target_token, emitted,
+                              result.draft_seconds, result.verify_seconds, stop)
+            if stop is not None:
+                return
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[RoundResult]:
+        state = self.start(prompt_ids, config)
+        yield from self.rounds(state, config)
+
+    # -- one round -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def _plain_round(self, state: DecodeState, config: GenerationConfig) -> RoundResult:
+        started = time.perf_counter()
+        root = torch.tensor([[state.ids[-1]]], device=self.device)
+        logits = self._forward(root, state.cache, keep=1)[0, -1]
+        if config.sampling.greedy:
+            token = logits.argmax()
+        else:
+            token = sample(warp(logits, config.sampling), state.generator)
+        token_id = int(token)  # the one sync of the round
+        return RoundResult([], 0, token_id, [token_id], 0.0, time.perf_counter() - started)
+
+    @torch.inference_mode()
+    def _speculative_round(self, state: DecodeState, config: GenerationConfig, k: int) -> RoundResult:
+        started = time.perf_counter()
+        proposal = self.drafter.propose(state.ids, k, config.sampling, state.generator)
+        draft_tokens = proposal.tokens.to(self.device)
+        drafted = time.perf_counter()
+
+        root = torch.tensor([state.ids[-1]], device=self.device)
+        tree_input = torch.cat([root, draft_tokens]).unsqueeze(0)
+        logits = self._forward(tree_input, state.cache, keep=k + 1)[0]  # [k+1, V]
+        rule = select_rule(config.sampling.greedy, proposal.kind)
+        if rule is Rule.GREEDY_MATCH:
+            verdict = greedy_match(draft_tokens, logits)
+        else:
+            draft_probs = proposal.probs.to(self.device) if proposal.probs is not None else None
+            verdict = speculative_sampling(draft_tokens, draft_probs,
+                                           warp(logits, config.sampling), state.generator)
+        *drafts, accepted, token = torch.cat(
+            [draft_tokens, verdict.accepted.view(1), verdict.token.view(1)]).tolist()
+        emitted = drafts[:accepted] + [token]
+        return RoundResult(drafts, accepted, token, emitted, drafted - started,
+                           time.perf_counter() - drafted)
+
+    def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
+        for i, token in enumerate(emitted[:remaining]):
+            if token in self.stop_ids:
+                return emitted[: i + 1], StopReason.EOS
+        return emitted[:remaining], None
+
+    def _commit(self, state: DecodeState, emitted: list[int], speculative: bool) -> None:
+        """Append the committed tokens; both caches keep everything but the new last token."""
+        state.ids.extend(emitted)
+        kvcache.crop(state.cache, len(state.ids) - 1)
+        if speculative:
+            self.drafter.observe(len(emitted) - 1)
+
+    def _forward(self, input_ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                         logits_to_keep=keep)
+        return out.logits

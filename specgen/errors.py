@@ -1,0 +1,21 @@
+"""User-facing errors: anything raised as SpecgenError is printed as one line, exit code 1."""
+
+
+class SpecgenError(Exception):
+    """A known failure with a message meant for the user (one line, no traceback)."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+class ModelError(SpecgenError):
+    """A model could not be found, fetched, verified or loaded."""
+
+
+class ConfigError(SpecgenError):
+    """Impossible or contradictory settings."""
+
+
+class PromptError(SpecgenError):
+    """An empty prompt, or one that does not fit the context."""

@@ -1,0 +1,37 @@
+"""Operations on transformers cache objects: their length, cropping, and path compaction."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def crop(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` positions of every layer."""
+    excess = cache.get_seq_length() - length
+    if excess < 0:
+        raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} up to {length}")
+    if excess:
+        cache.crop(-excess)  # transformers 5: a negative count of tokens to remove
+
+
+def keep_positions(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
+    """Keep positions [0, start) plus the rows `start + keep` (in that order), drop the rest.
+
+    Used after a tree round: the accepted nodes are gathered into contiguous slots. Their
+    rotary positions were already start + depth, so no re-rotation is needed.
+    """
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        index = (keep.to(layer.keys.device) + start)
+        layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
+        layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)

@@ -1,0 +1,194 @@
+"""Resolve a model argument and load it with its tokenizer, dtype and placement.
+
+A model argument resolves in this order: an existing local path (a Hugging Face directory or
+a .gguf file), a catalog name, a Hugging Face id (local HF cache, or the hub when reachable).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specgen import placement as placement_mod
+from specgen.errors import ModelError
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    name: str
+    source: str  # "dir", "gguf", "catalog" or "hub"
+    device: torch.device  # where input ids go
+    dtype: torch.dtype
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        ids = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    path: str  # a directory to load from, or a hub id
+    source: str
+    name: str
+
+
+def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
+    """Turn a --target/--draft value into something from_pretrained can load."""
+    path = Path(arg).expanduser()
+    if path.exists():
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelError(f"{path} is a directory but has no config.json; not a model directory")
+            return Resolved(str(path), "dir", path.name)
+        if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
+            raise ModelError(f"{path} is not a model directory or a GGUF file")
+        from specgen.convert import ensure_converted
+
+        return Resolved(str(ensure_converted(path, dtype, quiet=quiet)), "gguf", path.name)
+    from specgen import catalog
+
+    if arg in catalog.CATALOG:
+        model = catalog.CATALOG[arg]
+        gguf = catalog.fetch(model, quiet=quiet)
+        from specgen.convert import ensure_converted
+
+        return Resolved(str(ensure_converted(gguf, dtype, key=model.name, quiet=quiet)), "catalog", arg)
+    if _looks_like_path(arg):
+        raise ModelError(f"model path {arg} does not exist")
+    if arg.count("/") == 1 and not arg.startswith("/"):
+        return Resolved(arg, "hub", arg)
+    close = difflib.get_close_matches(arg, list(catalog.CATALOG), n=3, cutoff=0.4)
+    hint = f"; did you mean: {', '.join(close)}?" if close else "; see `specgen models list`"
+    raise ModelError(f"unknown model '{arg}': not a local path, a catalog name or a hub id{hint}")
+
+
+def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.device,
+               quiet: bool = False) -> LoadedModel:
+    """Load one model and its tokenizer; any failure is a one-line ModelError."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = resolve(arg, dtype, quiet=quiet)
+    try:
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map)
+    except OSError as exc:
+        if resolved.source == "hub":
+            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+            raise ModelError(f"cannot load '{arg}' from the Hugging Face cache or hub{offline}: "
+                             f"{_first_line(exc)}") from exc
+        raise ModelError(f"cannot load model from {resolved.path}: {_first_line(exc)}") from exc
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ModelError(f"cannot load model '{arg}': {_first_line(exc)}") from exc
+    model.eval()
+    return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype)
+
+
+def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,
+              dtype: str = "auto", quiet: bool = False) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load target (and draft), placed with accelerate; check that their tokenizers agree."""
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    budgets = {i: torch.cuda.mem_get_info(i)[0] for i in range(cuda_count)} if cuda_count > 1 else None
+    kind, gpus, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
+    first = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
+    torch_dtype = placement_mod.resolve_dtype(dtype, first)
+    if kind == "split":
+        target_map = _split_map(target, torch_dtype, gpus, budgets, quiet)
+        target_dev = placement_mod.first_device(target_map)
+    else:
+        target_map = {"": str(first)} if gpus else None
+        target_dev = first
+    loaded_target = load_model(target, dtype=torch_dtype, device_map=target_map,
+                               input_device=target_dev, quiet=quiet)
+    if draft is None:
+        return loaded_target, None
+    draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
+    loaded_draft = load_model(draft, dtype=draft_dtype,
+                              device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
+                              input_device=draft_dev, quiet=quiet)
+    check_tokenizers(loaded_target.tokenizer, loaded_draft.tokenizer)
+    return loaded_target, loaded_draft
+
+
+def check_tokenizers(target_tok, draft_tok) -> None:
+    """Same vocabulary and special tokens, or one line that says what differs."""
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if len(target_vocab) != len(draft_vocab):
+        raise ModelError(f"draft and target tokenizers differ: vocabulary sizes {len(draft_vocab)} "
+                         f"(draft) vs {len(target_vocab)} (target)")
+    if target_vocab != draft_vocab:
+        token = next(t for t in target_vocab if draft_vocab.get(t) != target_vocab[t])
+        raise ModelError(f"draft and target tokenizers differ: token {token!r} has id "
+                         f"{draft_vocab.get(token)} in the draft, {target_vocab[token]} in the target")
+    for attr in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            raise ModelError(f"draft and target tokenizers differ: {attr} is {b!r} in the draft, "
+                             f"{a!r} in the target")
+
+
+def _split_map(target: str, dtype: torch.dtype, gpus: list[int], budgets, quiet: bool) -> dict:
+    from transformers import AutoConfig
+
+    resolved = resolve(target, dtype, quiet=quiet)
+    config = AutoConfig.from_pretrained(resolved.path)
+    max_memory = {g: int(budgets[g] * 0.85) for g in gpus}
+    return placement_mod.split_device_map(config, dtype, max_memory)
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _looks_like_path(arg: str) -> bool:
+    return arg.startswith((".", "/", "~")) or arg.lower().endswith(".gguf") or os.sep + os.sep in arg
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+class _quiet_transformers:
+    """Silence transformers' load-time chatter (progress bars, advisory warnings)."""
+
+    def __enter__(self):
+        from transformers.utils import logging as hf_logging
+
+        self._level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore")
+        logging.getLogger("accelerate").setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        from transformers.utils import logging as hf_logging
+
+        self._warnings.__exit__(*exc)
+        hf_logging.set_verbosity(self._level)
+        return False

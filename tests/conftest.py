@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny import build_tokenizer, save_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Saved tiny models: a target, a different draft, and a draft whose tokenizer differs."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": save_tiny(root / "target", seed=1),
+        "draft": save_tiny(root / "draft", seed=2, layers=1),
+        "odd_draft": save_tiny(root / "odd", seed=3, tokenizer=build_tokenizer("<|odd|>"), vocab=260),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dirs):
+    """(target, draft) LoadedModels in fp32 on the CPU, loaded through specgen.models."""
+    from specgen.models import load_pair
+
+    return load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu",
+                     dtype="float32", quiet=True)

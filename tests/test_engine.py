@@ -1,0 +1,154 @@
+"""Greedy speculative decoding must reproduce plain greedy decoding token for token (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import kvcache
+from specgen.acceptance import ProposalKind
+from specgen.config import GenerationConfig, Method
+from specgen.drafters import ModelDrafter, Proposal
+from specgen.engine import Engine, StopReason
+
+PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
+
+
+def reference_greedy(model, prompt: list[int], n: int, stop_ids=frozenset()) -> list[int]:
+    """Obviously correct and slow: re-run the whole sequence without a cache for each token."""
+    ids = list(prompt)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(token)
+            out.append(token)
+            if token in stop_ids:
+                break
+    return out
+
+
+class ScriptedDrafter:
+    """Proposes the reference continuation for the first `right` tokens, then wrong ones."""
+
+    def __init__(self, reference: list[int], prompt_len: int, right: int, vocab: int = 259):
+        self.reference, self.prompt_len, self.right, self.vocab = reference, prompt_len, right, vocab
+        self.observed: list[int] = []
+
+    def begin(self, prompt_ids):
+        pass
+
+    def propose(self, context, k, sampling, generator):
+        start = len(context) - self.prompt_len
+        tokens = []
+        for i in range(k):
+            pos = start + i
+            true = self.reference[pos] if pos < len(self.reference) else 0
+            tokens.append(true if i < self.right else (true + 1) % self.vocab)
+        return Proposal(torch.tensor(tokens), None, ProposalKind.DETERMINISTIC)
+
+    def observe(self, kept):
+        self.observed.append(kept)
+
+
+def engine_for(pair, drafter=None, stop_ids=frozenset()):
+    target, _ = pair
+    return Engine(target.model, target.device, stop_ids, target.context_length, drafter)
+
+
+def run(engine, prompt, **kwargs):
+    config = GenerationConfig(**kwargs)
+    rounds = list(engine.generate(prompt, config))
+    return [t for r in rounds for t in r.emitted], rounds
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    return reference_greedy(tiny_pair[0].model, PROMPT, 40)
+
+
+def test_plain_matches_reference(tiny_pair, reference):
+    out, rounds = run(engine_for(tiny_pair), PROMPT, method=Method.PLAIN, max_new_tokens=40)
+    assert out == reference
+    assert len(rounds) == 40 and rounds[-1].stop == StopReason.LENGTH
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 7])
+def test_chain_with_model_draft_matches_plain(tiny_pair, reference, k):
+    target, draft = tiny_pair
+    drafter = ModelDrafter(draft.model, draft.device)
+    out, _ = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=40,
+                 draft_tokens=k)
+    assert out == reference
+
+
+def test_chain_with_target_as_draft_accepts_everything(tiny_pair, reference):
+    target, _ = tiny_pair
+    drafter = ModelDrafter(target.model, target.device)
+    out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
+                      max_new_tokens=40, draft_tokens=4)
+    assert out == reference
+    assert all(r.accepted == len(r.draft_tokens) for r in rounds)
+    assert len(rounds) == 8  # 5 tokens per target forward
+
+
+@pytest.mark.parametrize("k", [1, 4, 5])
+def test_scripted_drafter_accepts_exactly_j(tiny_pair, reference, k):
+    for j in range(k + 1):
+        drafter = ScriptedDrafter(reference, len(PROMPT), right=j)
+        out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
+                          max_new_tokens=40, draft_tokens=k)
+        assert out == reference, f"k={k} j={j}"
+        full = [r for r in rounds if len(r.draft_tokens) == k]
+        assert full and all(r.accepted == j for r in full), f"k={k} j={j}"
+
+
+@pytest.mark.parametrize("j", [0, 2, 4])
+def test_eos_inside_a_draft_stops_where_plain_stops(tiny_pair, reference, j):
+    stop = frozenset({reference[9]})
+    expected = reference_greedy(tiny_pair[0].model, PROMPT, 40, stop)
+    plain, _ = run(engine_for(tiny_pair, stop_ids=stop), PROMPT, method=Method.PLAIN, max_new_tokens=40)
+    drafter = ScriptedDrafter(reference, len(PROMPT), right=j)
+    spec, rounds = run(engine_for(tiny_pair, drafter, stop), PROMPT, method=Method.CHAIN,
+                       max_new_tokens=40, draft_tokens=4)
+    assert spec == plain == expected
+    assert rounds[-1].stop == StopReason.EOS
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 7, 9, 10])
+def test_max_new_tokens_mid_round(tiny_pair, reference, max_new):
+    target, _ = tiny_pair
+    drafter = ModelDrafter(target.model, target.device)  # always right: rounds of 5
+    out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
+                      max_new_tokens=max_new, draft_tokens=4)
+    assert out == reference[:max_new]
+    assert rounds[-1].stop == StopReason.LENGTH
+
+
+def test_context_limit_stops_generation(tiny_pair):
+    target, draft = tiny_pair
+    engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
+    prompt = PROMPT * 19  # 247 of 256 positions
+    out, rounds = run(engine, prompt, method=Method.CHAIN, max_new_tokens=50)
+    assert len(out) == 256 - len(prompt)
+    assert rounds[-1].stop == StopReason.CONTEXT
+
+
+def test_commit_then_continue_equals_fresh_prefill(tiny_pair):
+    target, draft = tiny_pair
+    drafter = ModelDrafter(draft.model, draft.device)
+    engine = engine_for(tiny_pair, drafter)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=23, draft_tokens=3)
+    state = engine.start(PROMPT, config)
+    list(engine.rounds(state, config))
+    ids = state.ids
+    assert kvcache.cache_length(state.cache) == len(ids) - 1
+    with torch.no_grad():
+        cached = target.model(torch.tensor([ids[-1:]]), past_key_values=state.cache).logits[0, -1]
+        fresh = target.model(torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+        # the draft cache holds a committed prefix; topping it up matches a fresh draft prefill
+        drafter.reset_to(ids[:-1])
+        d_cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=drafter.cache).logits[0, -1]
+        d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)

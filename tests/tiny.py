@@ -1,0 +1,59 @@
+"""Tiny random models and a byte-level tokenizer, built from a config with a fixed seed.
+
+Saved to a directory and loaded back through specgen's own loading code, so tests exercise
+what users hit without downloading anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(extra_token: str | None = None, eos: str = "<|im_end|>"):
+    """A 259-token byte-level BPE tokenizer with no merges (every byte is a token)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
+    specials = SPECIALS + ([extra_token] if extra_token else [])
+    for token in specials:
+        vocab[token] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos,
+                                        pad_token="<|endoftext|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(seed: int, *, layers: int = 2, hidden: int = 64, context: int = 256,
+                vocab: int = 259, init_range: float = 0.3):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+        initializer_range=init_range, tie_word_embeddings=False, eos_token_id=258,
+        bos_token_id=None, pad_token_id=256,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    return model.eval()
+
+
+def save_tiny(directory: Path, seed: int, tokenizer=None, **kwargs) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    build_model(seed, **kwargs).save_pretrained(directory)
+    (tokenizer or build_tokenizer()).save_pretrained(directory)
+    return directory
