@@ -58,8 +58,10 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
             if not (path / "config.json").is_file():
                 raise ModelError(f"{path} is a directory but has no config.json; not a model directory")
             return Resolved(str(path), "dir", path.name)
-        if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
-            raise ModelError(f"{path} is not a model directory or a GGUF file")
+        if not os.access(path, os.R_OK):
+            raise ModelError(f"cannot read {path}: permission denied")
+        if not _has_gguf_magic(path):
+            raise ModelError(f"{path} is not a GGUF file (no GGUF header) and not a model directory")
         from specgen.convert import ensure_converted
 
         return Resolved(str(ensure_converted(path, dtype, quiet=quiet)), "gguf", path.name)

@@ -1,0 +1,169 @@
+"""Showing a generation: a Rich live view, plain streamed text, or one JSON object.
+
+Renderers see text pieces and statistics only, never tensors or token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from specgen.stats import Stats
+
+ACCEPTED = "green"
+REJECTED = "red strike"
+TARGET = "bold cyan"
+PROMPT = "dim"
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """One round as text: accepted draft pieces, the target's piece, discarded draft pieces."""
+
+    accepted: list[str]
+    target: str
+    rejected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    interrupted: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def footer(stats: Stats) -> Text:
+    line = Text()
+    line.append(f"round {stats.rounds}", style="bold")
+    if stats.drafted:
+        line.append(f" · accepted {stats.accepted}/{stats.drafted} ({stats.acceptance_rate:.0%})")
+    line.append(f" · {stats.tokens_per_target_forward:.2f} tokens/target forward")
+    line.append(f" · {stats.tokens_per_second:.1f} tok/s")
+    line.append("   ")
+    line.append("accepted", style=ACCEPTED)
+    line.append(" ")
+    line.append("rejected", style=REJECTED)
+    line.append(" ")
+    line.append("target", style=TARGET)
+    return line
+
+
+def summary_table(stats: Stats, title: str = "summary") -> Table:
+    table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+    for name in ("method", "tokens", "rounds", "accepted", "tok/fwd", "tok/s",
+                 "prefill s", "draft s", "verify s"):
+        table.add_column(name, justify="right" if name != "method" else "left")
+    table.add_row(stats.method, str(stats.new_tokens), str(stats.rounds),
+                  f"{stats.acceptance_rate:.1%}" if stats.drafted else "-",
+                  f"{stats.tokens_per_target_forward:.2f}", f"{stats.tokens_per_second:.1f}",
+                  f"{stats.prefill_seconds:.2f}", f"{stats.draft_seconds:.2f}", f"{stats.verify_seconds:.2f}")
+    return table
+
+
+class RichRenderer:
+    """A Live view that grows the answer round by round, then a summary table."""
+
+    def __init__(self, console: Console | None = None, header: str | None = None):
+        self.console = console or Console()
+        self.header = header
+        self.text = Text()
+        self.rejected = Text()
+        self._live: Live | None = None
+        self._stats: Stats | None = None
+
+    def __enter__(self) -> "RichRenderer":
+        self._live = Live(self._view(), console=self.console, refresh_per_second=10,
+                          transient=False, auto_refresh=False)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rejected = Text()  # rejected tokens belong to their round only
+        if self._live is not None:
+            self._live.update(self._view(), refresh=True)
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def on_round(self, view: RoundView, stats: Stats) -> None:
+        for piece in view.accepted:
+            self.text.append(piece, style=ACCEPTED)
+        if view.target:
+            self.text.append(view.target, style=TARGET)
+        self.rejected = Text("".join(view.rejected), style=REJECTED)
+        self._stats = stats
+        if self._live is not None:
+            self._live.update(self._view(), refresh=True)
+
+    def finish(self, outcome: Outcome) -> None:
+        if outcome.interrupted:
+            self.console.print(Text("interrupted", style="yellow"))
+        self.console.print(summary_table(outcome.stats))
+
+    def _view(self) -> Group:
+        parts = []
+        if self.header:
+            parts.append(Text(self.header, style=PROMPT))
+        parts.append(self.text + self.rejected)
+        if self._stats is not None:
+            parts.append(footer(self._stats))
+        return Group(*parts)
+
+
+class PlainRenderer:
+    """Generated text streamed to stdout, statistics to stderr."""
+
+    def __init__(self, out=None, err=None):
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def __enter__(self) -> "PlainRenderer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def on_round(self, view: RoundView, stats: Stats) -> None:
+        piece = "".join(view.accepted) + view.target
+        if piece:
+            self.out.write(piece)
+            self.out.flush()
+
+    def finish(self, outcome: Outcome) -> None:
+        self.out.write("\n")
+        self.out.flush()
+        s = outcome.stats
+        note = " (interrupted)" if outcome.interrupted else ""
+        accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
+        self.err.write(f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
+                       f"{s.tokens_per_target_forward:.2f} tokens/target forward, "
+                       f"{s.tokens_per_second:.1f} tok/s{note}\n")
+
+
+class JsonRenderer:
+    """One JSON object on stdout when the generation ends (or is interrupted)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+
+    def __enter__(self) -> "JsonRenderer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def on_round(self, view: RoundView, stats: Stats) -> None:
+        pass
+
+    def finish(self, outcome: Outcome) -> None:
+        record = {"text": outcome.text, "token_ids": outcome.token_ids, "method": outcome.stats.method,
+                  **outcome.extra, "interrupted": outcome.interrupted, "stats": outcome.stats.as_dict()}
+        self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.out.flush()

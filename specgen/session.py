@@ -1,0 +1,91 @@
+"""Glue shared by run, chat and bench: load a pair, build the engine, drive one generation.
+
+It turns engine rounds (token ids) into RoundViews (text) for a renderer, and keeps what was
+generated when the user presses Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from specgen.config import GenerationConfig, Method
+from specgen.drafters import ModelDrafter
+from specgen.engine import Engine, RoundResult
+from specgen.errors import PromptError
+from specgen.models import LoadedModel, load_pair
+from specgen.render import Outcome, RoundView
+from specgen.stats import Stats
+from specgen.text import TextStream
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    target: str
+    draft: str | None
+    device: str = "auto"
+    draft_device: str | None = None
+    dtype: str = "auto"
+
+
+@dataclass
+class Pair:
+    target: LoadedModel
+    draft: LoadedModel | None
+
+
+def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
+    draft = settings.draft if method.needs_draft_model else None
+    target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
+                                     draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
+    return Pair(target, loaded_draft)
+
+
+def build_engine(pair: Pair, method: Method) -> Engine:
+    drafter = None
+    if method.needs_draft_model:
+        drafter = ModelDrafter(pair.draft.model, pair.draft.device)
+    target = pair.target
+    return Engine(target.model, target.device, target.stop_ids, target.context_length, drafter)
+
+
+def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:
+    """Apply the chat template (unless raw) and tokenize once."""
+    if not prompt.strip():
+        raise PromptError("the prompt is empty")
+    if raw or not getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(prompt, add_special_tokens=False) or tokenizer.encode(prompt)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                              return_dict=True)["input_ids"])
+
+
+def view_of(result: RoundResult, stream: TextStream) -> RoundView:
+    """Text for one round: each committed token pushed once through the stream."""
+    accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
+    target = stream.push(result.emitted[-1]) if result.target_emitted else ""
+    rejected = [stream.token_text(t) for t in result.draft_tokens[result.accepted:]]
+    return RoundView(accepted, target, rejected)
+
+
+def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: GenerationConfig,
+             renderer) -> Outcome:
+    """Run one generation into `renderer`; Ctrl-C ends it early and keeps what was made."""
+    stats = Stats(method=config.method.value, prompt_tokens=len(prompt_ids))
+    stream = TextStream(tokenizer)
+    started = time.perf_counter()
+    interrupted = False
+    with renderer:
+        try:
+            state = engine.start(prompt_ids, config)
+            stats.prefill_seconds = state.prefill_seconds
+            for result in engine.rounds(state, config):
+                stats.update(result, time.perf_counter() - started)
+                renderer.on_round(view_of(result, stream), stats)
+        except KeyboardInterrupt:
+            interrupted = True
+    ids = stream.ids
+    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted)
+    renderer.finish(outcome)
+    return outcome

@@ -1,0 +1,166 @@
+"""`specgen run` through Typer's CliRunner: every format, and one clean line for every error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specgen.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, list(args), input=input)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+            "--dtype", "float32", "--device", "cpu"]
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error:"), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_help_lists_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    assert "run" in result.output
+
+
+def test_json_has_the_documented_keys(models):
+    result = invoke("run", "Write a haiku about caches", *models, "-n", "12", "--format", "json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"text", "token_ids", "method", "stats"} <= set(record)
+    assert record["method"] == "chain"
+    stats = record["stats"]
+    for key in ("new_tokens", "rounds", "drafted", "accepted", "target_forwards", "acceptance_rate",
+                "tokens_per_target_forward", "seconds", "tokens_per_second"):
+        assert key in stats
+    assert stats["new_tokens"] == len(record["token_ids"]) == 12
+
+
+def test_plain_and_chain_print_the_same_text(models):
+    outputs = {}
+    for method in ("plain", "chain"):
+        result = invoke("run", "Write a haiku about caches", *models, "-n", "20", "--method", method,
+                        "--format", "json")
+        assert result.exit_code == 0, result.output
+        outputs[method] = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outputs["plain"]["token_ids"] == outputs["chain"]["token_ids"]
+    assert outputs["plain"]["text"] == outputs["chain"]["text"]
+    assert outputs["plain"]["stats"]["tokens_per_target_forward"] == 1.0
+
+
+def test_plain_format_streams_text_to_stdout_and_stats_to_stderr(models):
+    result = invoke("run", "hello", *models, "-n", "8", "--format", "plain")
+    assert result.exit_code == 0, result.output
+    assert "tokens/target forward" in result.stderr
+    assert "tokens/target forward" not in result.stdout
+
+
+def test_rich_format_shows_footer_and_summary(models):
+    result = invoke("run", "hello", *models, "-n", "8", "--format", "rich")
+    assert result.exit_code == 0, result.output
+    assert "tokens/target forward" in result.output
+    assert "summary" in result.output
+
+
+def test_prompt_from_stdin_and_file(models, tmp_path):
+    from_stdin = invoke("run", "-", *models, "-n", "6", "--format", "json", input="hello there")
+    prompt_file = tmp_path / "p.txt"
+    prompt_file.write_text("hello there")
+    from_file = invoke("run", "--file", str(prompt_file), *models, "-n", "6", "--format", "json")
+    direct = invoke("run", "hello there", *models, "-n", "6", "--format", "json")
+    ids = [json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (from_stdin, from_file, direct)]
+    assert ids[0] == ids[1] == ids[2]
+
+
+def test_raw_skips_the_chat_template(models):
+    templated = invoke("run", "hi", *models, "-n", "4", "--format", "json")
+    raw = invoke("run", "hi", *models, "-n", "4", "--format", "json", "--raw")
+    t, r = (json.loads(x.stdout.strip().splitlines()[-1])["stats"]["prompt_tokens"] for x in (templated, raw))
+    assert r == 2 and t > r
+
+
+def test_missing_model_path(models, tmp_path):
+    result = invoke("run", "hi", "--target", str(tmp_path / "nope"), "--method", "plain")
+    assert_one_line_error(result, "does not exist")
+
+
+def test_non_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"this is not a gguf file at all")
+    result = invoke("run", "hi", "--target", str(bad), "--method", "plain")
+    assert_one_line_error(result, "not a GGUF file")
+
+
+def test_directory_without_config(tmp_path):
+    result = invoke("run", "hi", "--target", str(tmp_path), "--method", "plain")
+    assert_one_line_error(result, "no config.json")
+
+
+def test_unknown_model_name_suggests_catalog_names():
+    result = invoke("run", "hi", "--target", "qwen2.5-coder-1.5b", "--method", "plain")
+    assert_one_line_error(result, "unknown model", "qwen2.5-coder-1.5b-instruct")
+
+
+def test_mismatched_tokenizers(tiny_dirs):
+    result = invoke("run", "hi", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["odd_draft"]),
+                    "--dtype", "float32")
+    assert_one_line_error(result, "tokenizers differ", "vocabulary sizes")
+
+
+def test_empty_prompt(models):
+    assert_one_line_error(invoke("run", "   ", *models), "prompt is empty")
+    assert_one_line_error(invoke("run", "-", *models, input=""), "prompt is empty")
+
+
+def test_prompt_longer_than_context(models):
+    result = invoke("run", "x" * 400, *models, "--raw")
+    assert_one_line_error(result, "400 tokens", "context holds 256")
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_draft_tokens_must_be_positive(models, value):
+    assert_one_line_error(invoke("run", "hi", *models, "--draft-tokens", value), "--draft-tokens must be >= 1")
+
+
+def test_unknown_device(models):
+    args = [a for a in models if a not in ("--device", "cpu")]
+    assert_one_line_error(invoke("run", "hi", *args, "--device", "tpu"), "unknown device 'tpu'")
+
+
+def test_cuda_without_gpu(models, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = [a for a in models if a not in ("--device", "cpu")]
+    assert_one_line_error(invoke("run", "hi", *args, "--device", "cuda"), "no CUDA device")
+
+
+def test_unknown_method(models):
+    assert_one_line_error(invoke("run", "hi", *models, "--method", "magic"), "unknown method 'magic'")
+
+
+def test_impossible_sampling_settings(models):
+    assert_one_line_error(invoke("run", "hi", *models, "--top-p", "0"), "--top-p")
+    assert_one_line_error(invoke("run", "hi", *models, "--temperature", "-1"), "--temperature")
+
+
+def test_debug_variable_shows_the_traceback(models, monkeypatch):
+    monkeypatch.setenv("SPECGEN_DEBUG", "1")
+    result = invoke("run", "   ", *models)
+    assert result.exit_code != 0
+    assert result.exception is not None and type(result.exception).__name__ == "PromptError"

@@ -1,0 +1,68 @@
+"""Placement decisions, tested without a GPU: device parsing, dtypes, multi-GPU device maps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import placement
+from specgen.errors import ConfigError
+
+
+def test_auto_without_gpu_is_cpu():
+    kind, gpus, draft = placement.plan("auto", None, cuda_count=0)
+    assert (kind, gpus, draft) == ("cpu", [], torch.device("cpu"))
+
+
+def test_single_gpu_holds_both():
+    kind, gpus, draft = placement.plan("cuda:1", None, cuda_count=2)
+    assert (kind, gpus, draft) == ("single", [1], torch.device("cuda:1"))
+
+
+def test_several_gpus_split_the_target_and_draft_goes_where_memory_is_free():
+    budgets = {0: 10 << 30, 1: 30 << 30, 2: 20 << 30}
+    kind, gpus, draft = placement.plan("cuda", None, cuda_count=3, budgets=budgets)
+    assert kind == "split" and gpus == [0, 1, 2]
+    assert draft == torch.device("cuda:1")
+
+
+def test_draft_device_option_wins():
+    _, _, draft = placement.plan("cuda", "cuda:0", cuda_count=2, budgets={0: 1, 1: 9})
+    assert draft == torch.device("cuda:0")
+    _, _, draft = placement.plan("cuda", "cpu", cuda_count=2, budgets={0: 1, 1: 9})
+    assert draft == torch.device("cpu")
+
+
+@pytest.mark.parametrize("device, count, fragment", [
+    ("tpu", 0, "unknown device"), ("cuda", 0, "no CUDA device"), ("cuda:2", 2, "does not exist"),
+    ("cuda:x", 2, "unknown device")])
+def test_bad_devices(device, count, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        placement.plan(device, None, cuda_count=count)
+
+
+def test_bad_draft_device():
+    with pytest.raises(ConfigError, match="not available"):
+        placement.plan("cpu", "cuda:0", cuda_count=0)
+
+
+def test_dtypes():
+    assert placement.resolve_dtype("float32", torch.device("cpu")) is torch.float32
+    assert placement.resolve_dtype("bf16", torch.device("cpu")) is torch.bfloat16
+    assert placement.resolve_dtype("auto", torch.device("cpu")) in (torch.bfloat16, torch.float32)
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        placement.resolve_dtype("int3", torch.device("cpu"))
+
+
+def test_device_map_spreads_layers_over_memory_budgets():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    # each decoder layer is ~2.4 MB in fp32, embeddings and head ~1 MB each
+    device_map = placement.split_device_map(config, torch.float32, {0: "8MB", 1: "8MB", 2: "40MB"})
+    used = set(device_map.values())
+    assert {0, 1} <= used, device_map
+    layer_devices = [device_map.get(f"model.layers.{i}", None) for i in range(8)]
+    assert layer_devices == sorted(layer_devices), "layers stay in order across devices"
+    assert placement.first_device(device_map) == torch.device("cuda:0")

@@ -1,0 +1,49 @@
+"""The live view colours: accepted green, rejected red (struck), the target's token distinct."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from specgen.render import ACCEPTED, REJECTED, TARGET, Outcome, PlainRenderer, RichRenderer, RoundView
+from specgen.stats import Stats
+
+
+def test_rich_view_colours_each_kind_of_token():
+    console = Console(record=True, force_terminal=True, color_system="truecolor", width=120, file=io.StringIO())
+    stats = Stats(method="chain", new_tokens=3, rounds=1, drafted=3, accepted=2)
+    renderer = RichRenderer(console)
+    with renderer:
+        renderer.on_round(RoundView(["Hel", "lo"], " world", ["XX"]), stats)
+        spans = {renderer.text.plain[s.start:s.end]: str(s.style) for s in renderer.text.spans}
+        assert spans == {"Hel": ACCEPTED, "lo": ACCEPTED, " world": TARGET}
+        assert renderer.rejected.plain == "XX" and str(renderer.rejected.style) == REJECTED
+    renderer.finish(Outcome("Hello world", [1, 2, 3], stats))
+    ansi = console.export_text(styles=True, clear=False)
+    assert "\x1b[32mHel" in ansi  # green
+    assert "\x1b[1;36m world" in ansi  # bold cyan
+    assert "\x1b[9;31mrejected" in ansi  # struck-through red, shown in the legend
+    assert "summary" in console.export_text()
+
+
+def test_rejected_tokens_only_last_for_their_round():
+    console = Console(record=True, force_terminal=True, width=80, file=io.StringIO())
+    renderer = RichRenderer(console)
+    stats = Stats(method="chain")
+    with renderer:
+        renderer.on_round(RoundView(["a"], "b", ["zz"]), stats)
+        renderer.on_round(RoundView([], "c", []), stats)
+        assert renderer.rejected.plain == ""
+    assert renderer.text.plain == "abc"
+
+
+def test_plain_renderer_separates_text_and_stats():
+    out, err = io.StringIO(), io.StringIO()
+    renderer = PlainRenderer(out, err)
+    stats = Stats(method="plain", new_tokens=2, rounds=2)
+    renderer.on_round(RoundView([], "Hi"), stats)
+    renderer.on_round(RoundView([], "!"), stats)
+    renderer.finish(Outcome("Hi!", [1, 2], stats))
+    assert out.getvalue() == "Hi!\n"
+    assert "[plain] 2 tokens" in err.getvalue()
