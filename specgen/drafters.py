@@ -43,10 +43,12 @@ class ModelDrafter:
     previous round accepted all of them), then k-1 single-token steps; x_k is never fed.
     """
 
-    def __init__(self, model, device: torch.device):
+    def __init__(self, model, device: torch.device, vocab: int | None = None):
         self.model = model
         self.device = device
+        self.vocab = vocab  # shared vocabulary when draft and target heads are padded differently
         self.cache = kvcache.new_cache(model)
+        self._own_generator: torch.Generator | None = None
         self.cached = 0  # committed tokens in the cache
         self._base = 0  # context length at the last proposal
         self._fed = 0  # draft tokens fed at the last proposal
@@ -65,11 +67,12 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
+        generator = self._generator(generator)
         unseen = torch.tensor([context[self.cached:]], device=self.device)
         tokens, probs = [], []
         step_input = unseen
         for i in range(k):
-            logits = self._forward_tensor(step_input)[0, -1]
+            logits = self._forward_tensor(step_input)[0, -1, : self.vocab]
             token, dist = choose(logits, sampling, generator)
             tokens.append(token)
             probs.append(dist)
@@ -87,6 +90,15 @@ class ModelDrafter:
         """`kept` of the proposed tokens were committed; drop the rest from the cache."""
         self.cached = self._base + min(kept, self._fed)
         kvcache.crop(self.cache, self.cached)
+
+    def _generator(self, generator: torch.Generator | None) -> torch.Generator | None:
+        """Draws happen on the draft's device; derive a generator there from the engine's one."""
+        if generator is None or generator.device == self.device:
+            return generator
+        if self._own_generator is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+            self._own_generator = torch.Generator(device=self.device).manual_seed(seed)
+        return self._own_generator
 
     def _forward(self, ids: list[int]) -> None:
         with torch.inference_mode():

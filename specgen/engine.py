@@ -66,8 +66,9 @@ class Engine:
     """Runs plain or speculative decoding of `target_model`, with an optional drafter."""
 
     def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int],
-                 context_length: int, drafter: Drafter | None = None):
+                 context_length: int, drafter: Drafter | None = None, vocab: int | None = None):
         self.model = target_model
+        self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
         self.stop_ids = stop_ids
         self.context_length = context_length
@@ -143,7 +144,7 @@ class Engine:
 
         root = torch.tensor([state.ids[-1]], device=self.device)
         tree_input = torch.cat([root, draft_tokens]).unsqueeze(0)
-        logits = self._forward(tree_input, state.cache, keep=k + 1)[0]  # [k+1, V]
+        logits = self._forward(tree_input, state.cache, keep=k + 1)[0, :, : self.vocab]  # [k+1, V]
         rule = select_rule(config.sampling.greedy, proposal.kind)
         if rule is Rule.GREEDY_MATCH:
             verdict = greedy_match(draft_tokens, logits)

@@ -42,11 +42,14 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
 
 
 def build_engine(pair: Pair, method: Method) -> Engine:
-    drafter = None
-    if method.needs_draft_model:
-        drafter = ModelDrafter(pair.draft.model, pair.draft.device)
+    drafter, vocab = None, None
     target = pair.target
-    return Engine(target.model, target.device, target.stop_ids, target.context_length, drafter)
+    if method.needs_draft_model:
+        sizes = (target.model.config.vocab_size, pair.draft.model.config.vocab_size)
+        # heads padded to different sizes (same tokenizer): compare over the shared ids only
+        vocab = min(sizes) if sizes[0] != sizes[1] else None
+        drafter = ModelDrafter(pair.draft.model, pair.draft.device, vocab)
+    return Engine(target.model, target.device, target.stop_ids, target.context_length, drafter, vocab)
 
 
 def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:
