@@ -164,3 +164,13 @@ def test_debug_variable_shows_the_traceback(models, monkeypatch):
     result = invoke("run", "   ", *models)
     assert result.exit_code != 0
     assert result.exception is not None and type(result.exception).__name__ == "PromptError"
+
+
+def test_same_seed_same_sampled_text(models):
+    args = ["run", "Write a haiku about caches", *models, "-n", "16", "--format", "json",
+            "--temperature", "0.8", "--top-p", "0.95", "--seed", "7"]
+    first, second = invoke(*args), invoke(*args)
+    other = invoke(*args[:-1], "8")
+    ids = [json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (first, second, other)]
+    assert ids[0] == ids[1]
+    assert ids[0] != ids[2]
