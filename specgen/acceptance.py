@@ -86,3 +86,87 @@ def speculative_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor |
     residual = torch.where(total > 0, residual / total.clamp_min(1e-30), q_row)
     token = torch.multinomial(residual, 1, generator=generator)[0]
     return Verdict(accepted, token)
+
+
+# -- trees -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    path: list[int]  # accepted node indices, root excluded, root-to-leaf order
+    token: int  # the target's own token after the path (residual or bonus draw)
+    tried: list[int]  # candidates tried and rejected, in the order they were tried
+    node_tokens: list[int]  # every node's token, read in the same sync
+
+
+def greedy_tree(children: tuple[tuple[int, ...], ...], tokens: torch.Tensor,
+                target_logits: torch.Tensor) -> TreeVerdict:
+    """Greedy target: at each node accept the first child equal to the argmax, else emit it."""
+    choice = target_logits.argmax(dim=-1)  # [N]
+    tokens_list, choice_list = torch.stack([tokens, choice]).tolist()  # the one sync
+    return _walk(children, lambda node, k, child: tokens_list[child] == choice_list[node],
+                 lambda node: choice_list[node], tokens_list)
+
+
+def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Tensor,
+                        draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                        generator: torch.Generator | None, *, replacement: bool) -> TreeVerdict:
+    """Recursive rejection sampling over a tree (ALGORITHMS.md section 3).
+
+    At each node the children are tried in draw order: accept x_k w.p. min(1, q_k(x_k)/p_k(x_k));
+    on rejection q_(k+1) = norm(max(q_k - p_k, 0)) and, without replacement,
+    p_(k+1) = p_k with x_k removed and renormalised (with replacement p is left alone).
+    If every child is rejected (or there are none) the node emits y ~ q_(K+1).
+    draft_probs [N, V]: p(.|node) for nodes with children; target_probs [N, V]: q(.|node).
+    Everything is computed for all nodes at once; one sync reads the outcomes, and the number
+    of random draws does not depend on them.
+    """
+    size, vocab = target_probs.shape
+    widest = max(len(c) for c in children)
+    device = target_probs.device
+    inner = [i for i in range(size) if children[i]]
+    accept_rows = torch.zeros(size, max(widest, 1), dtype=torch.bool, device=device)
+    final = target_probs.clone()  # q_(K+1) per node; leaves keep q (the bonus distribution)
+    if inner:
+        index = torch.tensor(inner, device=device)
+        kids = torch.full((len(inner), widest), -1, dtype=torch.int64)
+        for row, node in enumerate(inner):
+            kids[row, : len(children[node])] = torch.tensor(children[node])
+        valid = (kids >= 0).to(device)
+        kid_tokens = tokens.index_select(0, kids.clamp_min(0).view(-1).to(device)).view(len(inner), widest)
+        q = target_probs.index_select(0, index)
+        p = draft_probs.index_select(0, index).float()
+        uniforms = torch.rand(len(inner), widest, generator=generator, device=device)
+        for k in range(widest):
+            x = kid_tokens[:, k : k + 1]
+            q_x, p_x = q.gather(1, x), p.gather(1, x)
+            accept_rows[index, k] = (uniforms[:, k : k + 1] * p_x < q_x).squeeze(1) & valid[:, k]
+            residual = (q - p).clamp_min(0.0)
+            total = residual.sum(dim=1, keepdim=True)
+            step = valid[:, k : k + 1]
+            q = torch.where(step & (total > 0), residual / total.clamp_min(1e-30), q)
+            if not replacement:
+                removed = p.scatter(1, x, 0.0)
+                p = torch.where(step, removed / (1.0 - p_x).clamp_min(1e-30), p)
+        final.index_copy_(0, index, q)
+    draws = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [N]
+    width = accept_rows.shape[1]
+    flat = torch.cat([accept_rows.to(torch.int64).view(-1), draws, tokens]).tolist()  # the sync
+    accept_list = [flat[i * width:(i + 1) * width] for i in range(size)]
+    draw_list, token_list = flat[size * width: size * width + size], flat[size * width + size:]
+    return _walk(children, lambda node, k, child: accept_list[node][k] == 1,
+                 lambda node: draw_list[node], token_list)
+
+
+def _walk(children, accepted, emit, node_tokens) -> TreeVerdict:
+    """Walk from the root: descend into the first accepted child; stop where none is."""
+    node, path, tried = 0, [], []
+    while True:
+        for k, child in enumerate(children[node]):
+            if accepted(node, k, child):
+                path.append(child)
+                node = child
+                break
+            tried.append(child)
+        else:
+            return TreeVerdict(path, emit(node), tried, node_tokens)

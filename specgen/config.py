@@ -13,6 +13,9 @@ class Method(str, enum.Enum):
 
     PLAIN = "plain"
     CHAIN = "chain"
+    RSD_C = "rsd-c"
+    RSD_S = "rsd-s"
+    MULTI_DRAFT = "multi-draft"
 
     @classmethod
     def parse(cls, value: str) -> "Method":
@@ -24,7 +27,11 @@ class Method(str, enum.Enum):
 
     @property
     def needs_draft_model(self) -> bool:
-        return self is Method.CHAIN
+        return self is not Method.PLAIN
+
+    @property
+    def is_tree(self) -> bool:
+        return self in (Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT)
 
 
 @dataclass(frozen=True)
@@ -57,11 +64,49 @@ class GenerationConfig:
     max_new_tokens: int = 256
     draft_tokens: int = 4
     sampling: SamplingConfig = SamplingConfig()
+    branching: tuple[int, ...] = (2, 2, 1)  # rsd-c and multi-draft: children per depth
+    beam_width: int = 3  # rsd-s
+    depth: int = 4  # rsd-s
+
+    @property
+    def tree_depth(self) -> int:
+        return self.depth if self.method is Method.RSD_S else len(self.branching)
+
+    @property
+    def tree_budget(self) -> int:
+        """Draft nodes scored per target forward (the root excluded)."""
+        if self.method is Method.RSD_S:
+            return self.beam_width * self.depth
+        if self.method.is_tree:
+            total, width = 0, 1
+            for b in self.branching:
+                width *= b
+                total += width
+            return total
+        return self.draft_tokens
 
     def __post_init__(self) -> None:
+        if not self.branching or any(b < 1 for b in self.branching) or len(self.branching) > 16:
+            raise ConfigError(f"--branching needs 1 to 16 factors >= 1, got {','.join(map(str, self.branching))}")
+        if not 1 <= self.beam_width <= 64 or not 1 <= self.depth <= 16:
+            raise ConfigError(f"--beam-width must be in 1..64 and --depth in 1..16, got "
+                              f"{self.beam_width} and {self.depth}")
+        if self.method.is_tree and self.tree_budget > 256:
+            raise ConfigError(f"the draft tree would have {self.tree_budget} nodes; keep it at most 256")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft_tokens < 1:
             raise ConfigError(f"--draft-tokens must be >= 1, got {self.draft_tokens}")
         if self.draft_tokens > 64:
             raise ConfigError(f"--draft-tokens must be <= 64, got {self.draft_tokens}")
+
+
+def parse_branching(value: str) -> tuple[int, ...]:
+    """'2,2,1' -> (2, 2, 1), with a clear error for anything else."""
+    try:
+        factors = tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+    except ValueError:
+        raise ConfigError(f"--branching takes comma-separated integers like 2,2,1, got '{value}'") from None
+    if not factors:
+        raise ConfigError("--branching needs at least one factor, like 2,2,1")
+    return factors

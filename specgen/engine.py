@@ -10,13 +10,14 @@ per round is the single `.tolist()` that reads the verdict and the proposal toge
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
 
 from specgen import kvcache
-from specgen.acceptance import Rule, greedy_match, select_rule, speculative_sampling
+from specgen.acceptance import (Rule, greedy_match, greedy_tree, recursive_rejection, select_rule,
+                                speculative_sampling)
 from specgen.config import GenerationConfig, Method
 from specgen.drafters import Drafter
 from specgen.errors import PromptError
@@ -30,6 +31,16 @@ class StopReason:
 
 
 @dataclass(frozen=True)
+class TreeInfo:
+    """A tree round's shape in host ids, for --show-tree and statistics."""
+
+    tokens: list[int]  # node tokens, index 0 the root
+    parents: tuple[int, ...]
+    accepted_nodes: list[int]  # the accepted path, root excluded
+    tried: list[int]  # nodes tried and rejected
+
+
+@dataclass(frozen=True)
 class RoundResult:
     """What one round did, in token ids. `emitted` is what was committed this round."""
 
@@ -40,6 +51,8 @@ class RoundResult:
     draft_seconds: float
     verify_seconds: float
     stop: str | None = None  # a StopReason once generation has ended
+    rejected: tuple[int, ...] = ()  # draft tokens tried or discarded this round (shown red)
+    tree: TreeInfo | None = None
 
     @property
     def accepted_emitted(self) -> int:
@@ -106,15 +119,18 @@ class Engine:
             k = min(config.draft_tokens, remaining - 1)
             if config.method is Method.PLAIN or k < 1:
                 result = self._plain_round(state, config)
+            elif config.method.is_tree and remaining > config.tree_depth:
+                result = self._tree_round(state, config)
+            elif config.method.is_tree:
+                result = self._plain_round(state, config)  # too close to the end for a tree
             else:
                 result = self._speculative_round(state, config, k)
             emitted, stop = self._cut(result.emitted, remaining)
             produced += len(emitted)
             if stop is None and produced >= budget:
                 stop = StopReason.CONTEXT if context_bound else StopReason.LENGTH
-            self._commit(state, emitted, speculative=bool(result.draft_tokens))
-            yield RoundResult(result.draft_tokens, result.accepted, result.target_token, emitted,
-                              result.draft_seconds, result.verify_seconds, stop)
+            self._commit(state, emitted, result)
+            yield replace(result, emitted=emitted, stop=stop)
             if stop is not None:
                 return
 
@@ -156,7 +172,34 @@ class Engine:
             [draft_tokens, verdict.accepted.view(1), verdict.token.view(1)]).tolist()
         emitted = drafts[:accepted] + [token]
         return RoundResult(drafts, accepted, token, emitted, drafted - started,
-                           time.perf_counter() - drafted)
+                           time.perf_counter() - drafted, rejected=tuple(drafts[accepted:]))
+
+    @torch.inference_mode()
+    def _tree_round(self, state: DecodeState, config: GenerationConfig) -> RoundResult:
+        started = time.perf_counter()
+        proposal = self.drafter.propose_tree(state.ids, config.sampling, state.generator)
+        tree = proposal.tree
+        drafted = time.perf_counter()
+
+        cached = len(state.ids) - 1
+        tokens = tree.tokens.to(self.device)
+        out = self.model(input_ids=tokens.unsqueeze(0), past_key_values=state.cache, use_cache=True,
+                         position_ids=tree.position_ids(cached, self.device),
+                         attention_mask=tree.attention_mask(cached, self.device))
+        logits = out.logits[0, :, : self.vocab]  # [N, V]: row i is q(.|path to i)
+        if config.sampling.greedy:
+            verdict = greedy_tree(tree.children, tokens, logits)
+        else:
+            verdict = recursive_rejection(tree.children, tokens, proposal.probs.to(self.device),
+                                          warp(logits, config.sampling), state.generator,
+                                          replacement=proposal.replacement)
+        kvcache.keep_positions(state.cache, cached, torch.tensor([0] + verdict.path, device=self.device))
+        node_tokens = verdict.node_tokens
+        emitted = [node_tokens[i] for i in verdict.path] + [verdict.token]
+        info = TreeInfo(node_tokens, tree.parents, verdict.path, verdict.tried)
+        return RoundResult(node_tokens[1:], len(verdict.path), verdict.token, emitted, drafted - started,
+                           time.perf_counter() - drafted,
+                           rejected=tuple(node_tokens[i] for i in verdict.tried), tree=info)
 
     def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
         for i, token in enumerate(emitted[:remaining]):
@@ -164,11 +207,13 @@ class Engine:
                 return emitted[: i + 1], StopReason.EOS
         return emitted[:remaining], None
 
-    def _commit(self, state: DecodeState, emitted: list[int], speculative: bool) -> None:
+    def _commit(self, state: DecodeState, emitted: list[int], result: RoundResult) -> None:
         """Append the committed tokens; both caches keep everything but the new last token."""
         state.ids.extend(emitted)
         kvcache.crop(state.cache, len(state.ids) - 1)
-        if speculative:
+        if result.tree is not None:
+            self.drafter.observe_path(result.tree.accepted_nodes[: len(emitted) - 1])
+        elif result.draft_tokens:
             self.drafter.observe(len(emitted) - 1)
 
     def _forward(self, input_ids: torch.Tensor, cache, keep: int) -> torch.Tensor:

@@ -64,3 +64,26 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Standard Gumbel(0, 1) noise."""
+    uniform = torch.rand(shape, generator=generator, device=device)
+    return -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
+
+
+def gumbel_top_k(probs: torch.Tensor, k: int, generator: torch.Generator | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """k draws without replacement from each row of probs [M, V], in draw order.
+
+    Keys log p + Gumbel; the top-k keys in descending order are a sample without replacement
+    (Kool et al. 2019). Returns (tokens [M, k], keys [M, k]).
+    """
+    keys = probs.log() + gumbel(probs.shape, generator, probs.device)
+    top = torch.topk(keys, k, dim=-1)
+    return top.indices, top.values
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x <= 0, stable at both ends."""
+    return torch.where(x > -0.6931, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))

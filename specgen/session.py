@@ -41,14 +41,27 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     return Pair(target, loaded_draft)
 
 
-def build_engine(pair: Pair, method: Method) -> Engine:
+def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: GenerationConfig | None):
+    from specgen import tree_drafters
+
+    config = config or GenerationConfig(method=method)
+    if method is Method.RSD_C:
+        return tree_drafters.RSDConstant(draft.model, draft.device, config.branching, vocab)
+    if method is Method.MULTI_DRAFT:
+        return tree_drafters.MultiDraft(draft.model, draft.device, config.branching, vocab)
+    if method is Method.RSD_S:
+        return tree_drafters.RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab)
+    return ModelDrafter(draft.model, draft.device, vocab)
+
+
+def build_engine(pair: Pair, method: Method, config: GenerationConfig | None = None) -> Engine:
     drafter, vocab = None, None
     target = pair.target
     if method.needs_draft_model:
         sizes = (target.model.config.vocab_size, pair.draft.model.config.vocab_size)
         # heads padded to different sizes (same tokenizer): compare over the shared ids only
         vocab = min(sizes) if sizes[0] != sizes[1] else None
-        drafter = ModelDrafter(pair.draft.model, pair.draft.device, vocab)
+        drafter = make_drafter(pair.draft, method, vocab, config)
     return Engine(target.model, target.device, target.stop_ids, target.context_length, drafter, vocab)
 
 
@@ -68,7 +81,7 @@ def view_of(result: RoundResult, stream: TextStream) -> RoundView:
     """Text for one round: each committed token pushed once through the stream."""
     accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
     target = stream.push(result.emitted[-1]) if result.target_emitted else ""
-    rejected = [stream.token_text(t) for t in result.draft_tokens[result.accepted:]]
+    rejected = [stream.token_text(t) for t in result.rejected]
     return RoundView(accepted, target, rejected)
 
 

@@ -1,0 +1,115 @@
+"""Trees: derived structure, one-pass verification with a 4D mask, tree rounds in the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import kvcache
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.engine import Engine
+from specgen.session import make_drafter
+from specgen.tree import DraftTree
+from test_engine import PROMPT, reference_greedy
+
+TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), (-1, 0, 0, 1, 1, 2, 3))
+
+
+def test_structure_is_derived_from_parents():
+    assert TREE.depth == (0, 1, 1, 2, 2, 2, 3)
+    assert TREE.children == ((1, 2), (3, 4), (5,), (6,), (), (), ())
+    assert sorted(TREE.paths()) == [[0, 1, 3, 6], [0, 1, 4], [0, 2, 5]]
+    mask = TREE.ancestor_mask
+    assert mask[6].nonzero().flatten().tolist() == [0, 1, 3, 6]
+    assert mask[5].nonzero().flatten().tolist() == [0, 2, 5]
+    assert TREE.position_ids(10).tolist() == [[10, 11, 11, 12, 12, 12, 13]]
+    assert TREE.attention_mask(10).shape == (1, 1, 7, 17)
+
+
+def test_bad_trees_are_refused():
+    with pytest.raises(ValueError):
+        DraftTree(torch.tensor([1, 2]), (0, 0))
+    with pytest.raises(ValueError):
+        DraftTree(torch.tensor([1, 2, 3]), (-1, 2, 0))
+
+
+def test_tree_logits_equal_chain_logits_and_step_by_step(tiny_pair):
+    model = tiny_pair[0].model
+    prefix = torch.tensor([PROMPT])
+    cached = prefix.shape[1]
+    with torch.no_grad():
+        cache = kvcache.new_cache(model)
+        model(prefix, past_key_values=cache)
+        tree_logits = model(TREE.tokens[None], past_key_values=cache, position_ids=TREE.position_ids(cached),
+                            attention_mask=TREE.attention_mask(cached)).logits[0]
+        for path in TREE.paths():
+            chain = model(torch.cat([prefix[0], TREE.tokens[path]])[None]).logits[0, cached:]
+            torch.testing.assert_close(tree_logits[path], chain, atol=1e-4, rtol=1e-4)
+            step_cache = kvcache.new_cache(model)
+            model(prefix, past_key_values=step_cache)
+            for depth, node in enumerate(path):
+                step = model(TREE.tokens[node].view(1, 1), past_key_values=step_cache).logits[0, -1]
+                torch.testing.assert_close(tree_logits[node], step, atol=1e-4, rtol=1e-4)
+
+
+def tree_engine(pair, config):
+    target, draft = pair
+    drafter = make_drafter(draft, config.method, None, config)
+    return Engine(target.model, target.device, frozenset(), target.context_length, drafter)
+
+
+CONFIGS = [
+    GenerationConfig(method=Method.RSD_C, max_new_tokens=30, branching=(2, 2, 1)),
+    GenerationConfig(method=Method.RSD_C, max_new_tokens=30, branching=(3, 1)),
+    GenerationConfig(method=Method.MULTI_DRAFT, max_new_tokens=30, branching=(2, 2)),
+    GenerationConfig(method=Method.RSD_S, max_new_tokens=30, beam_width=3, depth=3),
+    GenerationConfig(method=Method.RSD_S, max_new_tokens=30, beam_width=2, depth=5),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.method.value}-{c.tree_budget}")
+def test_greedy_tree_methods_reproduce_plain_greedy(tiny_pair, config):
+    reference = reference_greedy(tiny_pair[0].model, PROMPT, 30)
+    rounds = list(tree_engine(tiny_pair, config).generate(PROMPT, config))
+    assert [t for r in rounds for t in r.emitted] == reference
+    assert any(r.tree is not None for r in rounds)
+
+
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: str(c.branching))
+def test_target_as_its_own_draft_accepts_whole_paths(tiny_pair, config):
+    """RSD-C's top-b children contain the draft's argmax, so a perfect draft's path survives.
+    (Beam search may drop the greedy path for a higher cumulative score, so not RSD-S.)"""
+    target, _ = tiny_pair
+    drafter = make_drafter(target, config.method, None, config)
+    engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
+    rounds = list(engine.generate(PROMPT, config))
+    assert [t for r in rounds for t in r.emitted] == reference_greedy(target.model, PROMPT, 30)
+    assert all(r.accepted == config.tree_depth for r in rounds if r.tree is not None)
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=lambda c: c.method.value)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_commit_after_tree_rounds_equals_fresh_prefill(tiny_pair, config, temperature):
+    from dataclasses import replace
+
+    target, draft = tiny_pair
+    config = replace(config, sampling=SamplingConfig(temperature=temperature, seed=3), max_new_tokens=17)
+    engine = tree_engine(tiny_pair, config)
+    state = engine.start(PROMPT, config)
+    list(engine.rounds(state, config))
+    ids = state.ids
+    with torch.no_grad():
+        cached = target.model(torch.tensor([ids[-1:]]), past_key_values=state.cache).logits[0, -1]
+        fresh = target.model(torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+        drafter = engine.drafter
+        assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
+        drafter.reset_to(ids[:-1])
+        d_cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=drafter.cache).logits[0, -1]
+        d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_tree_budgets():
+    assert GenerationConfig(method=Method.RSD_C, branching=(2, 2, 2)).tree_budget == 14
+    assert GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4).tree_budget == 12
