@@ -87,7 +87,7 @@ def _read_prompt(prompt: str | None, file: Path | None) -> str:
 # Options shared by run (and later chat and bench).
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
 DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same tokenizer as the target).")]
-MethodOpt = Annotated[str, typer.Option("--method", "-m", help="Decoding method: plain or chain.")]
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, rsd-c, rsd-s or multi-draft.")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
 DraftTokensOpt = Annotated[int, typer.Option("--draft-tokens", "-k", help="Draft tokens per round.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
@@ -97,6 +97,9 @@ TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 is greed
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")]
+BranchingOpt = Annotated[str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")]
+BeamWidthOpt = Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")]
+DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
 
 
 @app.command()
@@ -117,40 +120,52 @@ def run(
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
     seed: SeedOpt = None,
+    branching: BranchingOpt = "2,2,1",
+    beam_width: BeamWidthOpt = 3,
+    depth: DepthOpt = 4,
+    show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
-        from specgen.config import GenerationConfig, Method, SamplingConfig
-
-        config = GenerationConfig(
-            method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
-            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+        config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                                   branching, beam_width, depth)
         text = _read_prompt(prompt, file)
         from specgen.errors import PromptError
 
         if not text.strip():
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
-        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype)
+        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree)
 
 
-def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype) -> None:
+def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                      branching="2,2,1", beam_width=3, depth=4):
+    """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
+    from specgen.config import GenerationConfig, Method, SamplingConfig, parse_branching
+
+    return GenerationConfig(
+        method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        branching=parse_branching(branching), beam_width=beam_width, depth=depth)
+
+
+def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False) -> None:
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer, RichRenderer
 
     settings = session.ModelSettings(target, draft, device, draft_device, dtype)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
     prompt_ids = session.encode_prompt(pair.target.tokenizer, text, raw, system)
-    engine = session.build_engine(pair, config.method)
+    engine = session.build_engine(pair, config.method, config)
     if fmt is Format.rich:
         from rich.console import Console
 
-        renderer = RichRenderer(Console(highlight=False))
+        renderer = RichRenderer(Console(highlight=False), show_tree=show_tree)
     elif fmt is Format.json:
         renderer = JsonRenderer()
     else:
-        renderer = PlainRenderer()
+        renderer = PlainRenderer(show_tree=show_tree)
     outcome = session.generate(engine, pair.target.tokenizer, prompt_ids, config, renderer)
     if outcome.interrupted:
         raise typer.Exit(130)

@@ -13,6 +13,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from specgen.stats import Stats
 
@@ -23,12 +24,30 @@ PROMPT = "dim"
 
 
 @dataclass(frozen=True)
+class TreeView:
+    """A tree round as text: node texts (index 0 the root), parents, what was accepted/tried."""
+
+    texts: list[str]
+    parents: tuple[int, ...]
+    accepted: frozenset[int]
+    tried: frozenset[int]
+
+    def rich_tree(self, title: str) -> Tree:
+        nodes = [Tree(Text(title + " ", style="bold") + Text(repr(self.texts[0]), style=PROMPT))]
+        for i in range(1, len(self.texts)):
+            style = ACCEPTED if i in self.accepted else REJECTED if i in self.tried else "dim"
+            nodes.append(nodes[self.parents[i]].add(Text(repr(self.texts[i]), style=style)))
+        return nodes[0]
+
+
+@dataclass(frozen=True)
 class RoundView:
     """One round as text: accepted draft pieces, the target's piece, discarded draft pieces."""
 
     accepted: list[str]
     target: str
     rejected: list[str] = field(default_factory=list)
+    tree: TreeView | None = None
 
 
 @dataclass
@@ -71,9 +90,10 @@ def summary_table(stats: Stats, title: str = "summary") -> Table:
 class RichRenderer:
     """A Live view that grows the answer round by round, then a summary table."""
 
-    def __init__(self, console: Console | None = None, header: str | None = None):
+    def __init__(self, console: Console | None = None, header: str | None = None, show_tree: bool = False):
         self.console = console or Console()
         self.header = header
+        self.show_tree = show_tree
         self.text = Text()
         self.rejected = Text()
         self._live: Live | None = None
@@ -99,6 +119,8 @@ class RichRenderer:
             self.text.append(view.target, style=TARGET)
         self.rejected = Text("".join(view.rejected), style=REJECTED)
         self._stats = stats
+        if self.show_tree and view.tree is not None:
+            self.console.print(view.tree.rich_tree(f"round {stats.rounds}"))  # above the live view
         if self._live is not None:
             self._live.update(self._view(), refresh=True)
 
@@ -120,9 +142,10 @@ class RichRenderer:
 class PlainRenderer:
     """Generated text streamed to stdout, statistics to stderr."""
 
-    def __init__(self, out=None, err=None):
+    def __init__(self, out=None, err=None, show_tree: bool = False):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.show_tree = show_tree
 
     def __enter__(self) -> "PlainRenderer":
         return self
@@ -131,6 +154,8 @@ class PlainRenderer:
         pass
 
     def on_round(self, view: RoundView, stats: Stats) -> None:
+        if self.show_tree and view.tree is not None:
+            Console(file=self.err, highlight=False).print(view.tree.rich_tree(f"round {stats.rounds}"))
         piece = "".join(view.accepted) + view.target
         if piece:
             self.out.write(piece)

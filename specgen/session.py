@@ -14,7 +14,7 @@ from specgen.drafters import ModelDrafter
 from specgen.engine import Engine, RoundResult
 from specgen.errors import PromptError
 from specgen.models import LoadedModel, load_pair
-from specgen.render import Outcome, RoundView
+from specgen.render import Outcome, RoundView, TreeView
 from specgen.stats import Stats
 from specgen.text import TextStream
 
@@ -82,7 +82,12 @@ def view_of(result: RoundResult, stream: TextStream) -> RoundView:
     accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
     target = stream.push(result.emitted[-1]) if result.target_emitted else ""
     rejected = [stream.token_text(t) for t in result.rejected]
-    return RoundView(accepted, target, rejected)
+    tree = None
+    if result.tree is not None:
+        info = result.tree
+        tree = TreeView([stream.token_text(t) for t in info.tokens], info.parents,
+                        frozenset(info.accepted_nodes), frozenset(info.tried))
+    return RoundView(accepted, target, rejected, tree)
 
 
 def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: GenerationConfig,
@@ -98,6 +103,8 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
             stats.prefill_seconds = state.prefill_seconds
             for result in engine.rounds(state, config):
                 stats.update(result, time.perf_counter() - started)
+                if result.tree is not None:
+                    stats.tree_sizes.append(len(result.tree.tokens) - 1)
                 renderer.on_round(view_of(result, stream), stats)
         except KeyboardInterrupt:
             interrupted = True

@@ -22,6 +22,7 @@ class Stats:
     seconds: float = 0.0  # wall time from the start of prefill to the last token
     time_to_first_token: float | None = None
     accepted_lengths: Counter = field(default_factory=Counter)
+    tree_sizes: list[int] = field(default_factory=list)  # draft nodes per tree round
     stop: str | None = None
 
     def update(self, result: RoundResult, elapsed: float) -> None:
@@ -78,5 +79,7 @@ class Stats:
             "verify_seconds": round(self.verify_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
+            "tree_size_per_round": list(self.tree_sizes),
+            "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 3) if self.tree_sizes else 0.0,
             "stop_reason": self.stop,
         }

@@ -174,3 +174,26 @@ def test_same_seed_same_sampled_text(models):
     ids = [json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (first, second, other)]
     assert ids[0] == ids[1]
     assert ids[0] != ids[2]
+
+
+@pytest.mark.parametrize("method, extra", [("rsd-c", ["--branching", "2,1"]), ("rsd-s", ["--beam-width", "2", "--depth", "3"]),
+                                           ("multi-draft", ["--branching", "2,2"])])
+def test_tree_methods_match_plain_under_greedy(models, method, extra):
+    plain = invoke("run", "hello tree", *models, "-n", "14", "--method", "plain", "--format", "json")
+    tree = invoke("run", "hello tree", *models, "-n", "14", "--method", method, *extra, "--format", "json")
+    assert tree.exit_code == 0, tree.output
+    p, t = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (plain, tree))
+    assert p["token_ids"] == t["token_ids"]
+    assert t["stats"]["tree_size_per_round"] and "tokens_per_target_forward" in t["stats"]
+
+
+def test_show_tree_prints_each_round(models):
+    result = invoke("run", "hello", *models, "-n", "6", "--method", "rsd-c", "--branching", "2,1",
+                    "--show-tree", "--format", "plain")
+    assert result.exit_code == 0, result.output
+    assert "round 1" in result.stderr and "├──" in result.stderr
+
+
+def test_bad_branching(models):
+    assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,x"), "--branching")
+    assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,0"), "--branching")
