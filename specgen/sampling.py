@@ -19,11 +19,14 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     if sampling.greedy:
         one_hot = torch.zeros_like(logits)
         return one_hot.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    logits = logits / sampling.temperature
+    # shift by the max before dividing, so a tiny temperature cannot overflow to inf
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / sampling.temperature
     vocab = logits.shape[-1]
     if 0 < sampling.top_k < vocab:
-        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # exactly k tokens, even with ties at the k-th value (common in bf16)
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep.scatter_(-1, torch.topk(logits, sampling.top_k, dim=-1).indices, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)

@@ -12,6 +12,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tiny import build_tokenizer, save_tiny  # noqa: E402
 
+# Tiny models run faster on one thread (two threads only add synchronisation per op), and
+# tests sharing the machine's two cores then do not fight each other.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
