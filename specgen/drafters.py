@@ -56,6 +56,11 @@ class ModelDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         self.reset_to(prompt_ids[:-1])
 
+    def rewind(self, valid: int) -> None:
+        """Only the first `valid` tokens of what the cache saw still hold (a new chat turn)."""
+        self.cached = min(self.cached, valid)
+        kvcache.crop(self.cache, self.cached)
+
     def reset_to(self, ids: list[int]) -> None:
         """Make the cache hold exactly `ids` (reusing the common prefix already there)."""
         kvcache.crop(self.cache, min(self.cached, len(ids)))

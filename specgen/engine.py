@@ -73,6 +73,22 @@ class DecodeState:
     prompt_length: int
     prefill_seconds: float = 0.0
     generator: torch.Generator | None = field(default=None, repr=False)
+    reused_tokens: int = 0  # cache positions kept from a previous state by `resume`
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix (a C-speed comparison, then a short scan)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on prefix equality: O(n log n) worst case, no Python token loop
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class Engine:
@@ -107,6 +123,37 @@ class Engine:
             generator = make_generator(config.sampling.seed, self.device)
         return DecodeState(list(prompt_ids), cache, len(prompt_ids),
                            time.perf_counter() - started, generator)
+
+    def resume(self, state: DecodeState | None, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
+        """Start from `prompt_ids`, reusing the caches of a previous state where they agree.
+
+        The target cache keeps the longest common prefix of the old and new sequences (so a
+        chat turn prefills only its new tokens, and a template that re-renders earlier turns
+        differently falls back to re-prefilling from the first differing token).
+        """
+        if state is None:
+            return self.start(prompt_ids, config)
+        if not prompt_ids:
+            raise PromptError("the prompt is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptError(f"the conversation has {len(prompt_ids)} tokens but the context holds "
+                              f"{self.context_length}")
+        started = time.perf_counter()
+        common = common_prefix(state.ids, prompt_ids)
+        keep = min(common, len(prompt_ids) - 1, kvcache.cache_length(state.cache))
+        kvcache.crop(state.cache, keep)
+        if len(prompt_ids) - 1 > keep:
+            self._forward(torch.tensor([prompt_ids[keep:-1]], device=self.device), state.cache, keep=1)
+        if config.method is not Method.PLAIN:
+            self.drafter.rewind(common)
+            self.drafter.begin(prompt_ids)
+        state.ids = list(prompt_ids)
+        state.prompt_length = len(prompt_ids)
+        state.reused_tokens = keep
+        state.prefill_seconds = time.perf_counter() - started
+        if not config.sampling.greedy:
+            state.generator = make_generator(config.sampling.seed, self.device)
+        return state
 
     # -- the loop ------------------------------------------------------------------------
     def rounds(self, state: DecodeState, config: GenerationConfig) -> Iterator[RoundResult]:

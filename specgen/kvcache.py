@@ -15,12 +15,17 @@ def cache_length(cache: DynamicCache) -> int:
 
 
 def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` positions of every layer."""
-    excess = cache.get_seq_length() - length
-    if excess < 0:
+    """Keep the first `length` positions of every layer.
+
+    Layer by layer, so a cache left uneven by an interrupted forward (Ctrl-C between layers)
+    is made consistent again.
+    """
+    if cache.get_seq_length() < length:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} up to {length}")
-    if excess:
-        cache.crop(-excess)  # transformers 5: a negative count of tokens to remove
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
 
 
 def keep_positions(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:

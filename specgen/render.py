@@ -57,6 +57,7 @@ class Outcome:
     stats: Stats
     interrupted: bool = False
     extra: dict = field(default_factory=dict)
+    state: object = field(default=None, repr=False)  # the engine's DecodeState, for the next turn
 
 
 def footer(stats: Stats) -> Text:

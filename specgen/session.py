@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from specgen.config import GenerationConfig, Method
 from specgen.drafters import ModelDrafter
-from specgen.engine import Engine, RoundResult
+from specgen.engine import DecodeState, Engine, RoundResult
 from specgen.errors import PromptError
 from specgen.models import LoadedModel, load_pair
 from specgen.render import Outcome, RoundView, TreeView
@@ -91,15 +91,19 @@ def view_of(result: RoundResult, stream: TextStream) -> RoundView:
 
 
 def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: GenerationConfig,
-             renderer) -> Outcome:
-    """Run one generation into `renderer`; Ctrl-C ends it early and keeps what was made."""
+             renderer, state: DecodeState | None = None) -> Outcome:
+    """Run one generation into `renderer`; Ctrl-C ends it early and keeps what was made.
+
+    With `state` (from a previous Outcome) the caches are reused where the new prompt agrees
+    with what they hold; the returned Outcome carries the state for the next turn.
+    """
     stats = Stats(method=config.method.value, prompt_tokens=len(prompt_ids))
     stream = TextStream(tokenizer)
     started = time.perf_counter()
     interrupted = False
     with renderer:
         try:
-            state = engine.start(prompt_ids, config)
+            state = engine.resume(state, prompt_ids, config)
             stats.prefill_seconds = state.prefill_seconds
             for result in engine.rounds(state, config):
                 stats.update(result, time.perf_counter() - started)
@@ -109,6 +113,6 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
         except KeyboardInterrupt:
             interrupted = True
     ids = stream.ids
-    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted)
+    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state)
     renderer.finish(outcome)
     return outcome

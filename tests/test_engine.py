@@ -152,3 +152,35 @@ def test_commit_then_continue_equals_fresh_prefill(tiny_pair):
         d_cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=drafter.cache).logits[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN])
+def test_resume_reuses_the_cache_and_matches_a_fresh_prefill(tiny_pair, method):
+    """A second turn prefills only its new tokens and generates what a fresh start would."""
+    target, draft = tiny_pair
+    config = GenerationConfig(method=method, max_new_tokens=12, draft_tokens=3)
+    engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
+    state = engine.start(PROMPT, config)
+    list(engine.rounds(state, config))
+    turn2 = state.ids + [198, 257, 84, 82, 198]
+    state = engine.resume(state, turn2, config)
+    assert state.reused_tokens == len(turn2) - 6  # everything before the new tokens' last one
+    reused = [t for r in engine.rounds(state, config) for t in r.emitted]
+    fresh_engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
+    fresh = [t for r in fresh_engine.generate(turn2, config) for t in r.emitted]
+    assert reused == fresh
+
+
+def test_resume_after_a_differing_rerender_falls_back_to_the_first_difference(tiny_pair):
+    target, draft = tiny_pair
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3)
+    engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
+    state = engine.start(PROMPT, config)
+    list(engine.rounds(state, config))
+    changed = PROMPT[:5] + [99] + state.ids[6:] + [198]
+    state = engine.resume(state, changed, config)
+    assert state.reused_tokens == 5
+    reused = [t for r in engine.rounds(state, config) for t in r.emitted]
+    fresh = [t for r in engine_for(tiny_pair, ModelDrafter(draft.model, draft.device)).generate(changed, config)
+             for t in r.emitted]
+    assert reused == fresh
