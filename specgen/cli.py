@@ -11,10 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.errors import SpecgenError
-
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -171,15 +169,9 @@ def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dt
         raise typer.Exit(130)
 
 
-def _mount_models() -> None:
-    try:
-        from specgen.models_cli import models_app
-    except ImportError:  # pragma: no cover - only while the catalog is being written
-        return
-    app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, verify, remove.")
+from specgen.models_cli import models_app  # noqa: E402
 
-
-_mount_models()
+app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, remove.")
 
 
 def main() -> None:
