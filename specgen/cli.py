@@ -174,6 +174,15 @@ from specgen.models_cli import models_app  # noqa: E402
 app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, remove.")
 
 
+def _mount_bench() -> None:
+    from specgen.bench_cli import bench  # imports this module's option aliases: mount last
+
+    app.command()(bench)
+
+
+_mount_bench()
+
+
 def main() -> None:
     app()
 

@@ -104,6 +104,7 @@ class Engine:
         self.drafter = drafter
 
     # -- prefill -------------------------------------------------------------------------
+    @torch.inference_mode()
     def start(self, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
         if not prompt_ids:
             raise PromptError("the prompt is empty")
@@ -124,6 +125,7 @@ class Engine:
         return DecodeState(list(prompt_ids), cache, len(prompt_ids),
                            time.perf_counter() - started, generator)
 
+    @torch.inference_mode()
     def resume(self, state: DecodeState | None, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
         """Start from `prompt_ids`, reusing the caches of a previous state where they agree.
 

@@ -1,0 +1,268 @@
+"""`specgen bench`: options -> settings -> one measurement run -> a table and files.
+
+Owns the command and the bench reports (Rich table, JSON, CSV, plot); the measuring is in
+specgen/bench.py. Register with `app.command()(bench)` in specgen/cli.py after the shared
+option aliases are defined (this module imports them from there). No tensor code here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specgen.cli import (DEFAULT_DRAFT, DEFAULT_TARGET, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
+                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
+                         TemperatureOpt, TopKOpt, TopPOpt, user_errors)
+
+from specgen.config import Method
+
+REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen.bench.REFERENCES
+DEFAULT_METHODS = ",".join(m.value for m in Method) + "," + REFERENCE_METHODS
+
+
+def bench(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    methods: Annotated[Optional[str], typer.Option(
+        "--methods", help=f"Comma list of methods (default: all of them, {DEFAULT_METHODS}). "
+                          "plain is always measured: it is the denominator of every speed-up.")] = None,
+    prompts: Annotated[str, typer.Option(
+        "--prompts", "-p", help="A prompt set in prompts/ by name (quick, code-generation, ...), "
+                                "'all' (every category set), or a JSONL file.")] = "quick",
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", help="Keep the first N prompts of each prompt file.")] = None,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", "-r", help="Runs per prompt and method; the report uses medians.")] = 1,
+    warmup: Annotated[bool, typer.Option(
+        "--warmup/--no-warmup", help="One short generation per method before measuring.")] = True,
+    threads: Annotated[Optional[int], typer.Option(
+        "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count).")] = None,
+    max_new_tokens: MaxNewOpt = 128,
+    draft_tokens: DraftTokensOpt = 4,
+    device: DeviceOpt = "auto",
+    draft_device: DraftDeviceOpt = None,
+    dtype: DtypeOpt = "auto",
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    branching: BranchingOpt = "2,2,1",
+    beam_width: BeamWidthOpt = 3,
+    depth: DepthOpt = 4,
+    json_file: Annotated[Optional[Path], typer.Option(
+        "--json", help="Write the environment, settings, every measurement and the summary as JSON.")] = None,
+    csv_file: Annotated[Optional[Path], typer.Option(
+        "--csv", help="Write one CSV row per measurement.")] = None,
+    plot_file: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Draw speed-up and tokens per target forward to a PNG (needs matplotlib).")] = None,
+) -> None:
+    """Measure decoding methods against plain decoding of the target on a prompt set."""
+    with user_errors():
+        from specgen import bench as bench_mod
+        from specgen.config import GenerationConfig, SamplingConfig, parse_branching
+
+        config = GenerationConfig(
+            method=Method.PLAIN, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+            branching=parse_branching(branching), beam_width=beam_width, depth=depth)
+        settings = bench_mod.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
+        names = bench_mod.parse_methods(methods)
+        bench_mod.check_settings(names, config)
+        if plot_file is not None:
+            require_matplotlib()  # before a long run, not after it
+        items = bench_mod.load_prompts(prompts, limit)
+        result = _measure(bench_mod, names, items, settings,
+                          target, draft, device, draft_device, dtype)
+        _report(result, json_file, csv_file, plot_file)
+        if result.interrupted:
+            raise typer.Exit(130)
+
+
+def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype):
+    from rich.console import Console
+
+    from specgen import session
+    from specgen.config import Method
+
+    err = Console(stderr=True, highlight=False)
+    model_settings = session.ModelSettings(target, draft, device, draft_device, dtype)
+    load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
+    pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
+    total = len(items) * settings.repeats * len(names)
+    err.print(f"[dim]bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
+              f"({', '.join(names)}) = {total} generations[/]")
+    if err.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True) as progress:
+            task = progress.add_task("measuring", total=total)
+
+            def tick(m):
+                progress.update(task, advance=1, description=f"{m.prompt_id} · {m.method}")
+
+            return bench_mod.run_bench(pair, names, items, settings, on_measurement=tick)
+    per_prompt = settings.repeats * len(names)
+    done = [0]
+
+    def line(m):
+        done[0] += 1
+        if done[0] % per_prompt == 0:
+            err.print(f"[dim]measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}[/]")
+
+    return bench_mod.run_bench(pair, names, items, settings, on_measurement=line)
+
+
+def _report(result, json_file, csv_file, plot_file) -> None:
+    from rich.console import Console
+
+    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table(result))
+    err = Console(stderr=True, highlight=False)
+    for path, write in ((json_file, write_json), (csv_file, write_csv), (plot_file, write_plot)):
+        if path is not None:
+            write(result, path)
+            err.print(f"[dim]wrote {path}[/]")
+
+
+# -- reports ---------------------------------------------------------------------------------
+def to_json(result) -> dict:
+    return {
+        "schema": "specgen-bench/1",
+        "environment": result.environment,
+        "settings": result.settings,
+        "methods": result.methods,
+        "interrupted": result.interrupted,
+        "summary": [asdict(g) for g in result.summary],
+        "prompts": [asdict(p) for p in result.prompts],
+        "measurements": [asdict(m) for m in result.measurements],
+    }
+
+
+def write_json(result, path: Path) -> None:
+    """Indented, except that each per-prompt record and measurement sits on one line."""
+    data = to_json(result)
+    parts = []
+    for key, value in data.items():
+        if key in ("prompts", "measurements"):
+            rows = ",\n  ".join(json.dumps(v) for v in value)
+            parts.append(f' {json.dumps(key)}: [\n  {rows}\n ]' if value else f' {json.dumps(key)}: []')
+        else:
+            parts.append(f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{\n" + ",\n".join(parts) + "\n}\n", encoding="utf-8")
+
+
+CSV_COLUMNS = [
+    "prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
+    "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second",
+    "acceptance_rate", "tokens_per_target_forward", "target_forwards", "drafted", "accepted",
+    "accepted_length_histogram", "draft_seconds", "verify_seconds", "peak_memory_bytes",
+    "stop_reason", "identical_to_plain", "speedup_prompt", "token_ids",
+]
+
+
+def histogram_text(histogram: dict[str, int] | None) -> str:
+    """{"0": 3, "4": 12} -> "0:3 4:12" (accepted length : rounds)."""
+    return "" if not histogram else " ".join(f"{k}:{v}" for k, v in histogram.items())
+
+
+def write_csv(result, path: Path) -> None:
+    """One row per measurement; the per-prompt exactness and speed-up are repeated on its rows."""
+    by_prompt = {(p.prompt_id, p.method): p for p in result.prompts}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for m in result.measurements:
+            row = asdict(m)
+            summary = by_prompt[(m.prompt_id, m.method)]
+            row["accepted_length_histogram"] = histogram_text(m.accepted_length_histogram)
+            row["token_ids"] = " ".join(map(str, m.token_ids))
+            row["identical_to_plain"] = summary.identical_to_plain
+            row["speedup_prompt"] = summary.speedup
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
+
+
+def require_matplotlib() -> None:
+    from specgen.errors import ConfigError
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed",
+                          hint="pip install 'specgen[plot]' or pip install matplotlib") from None
+
+
+def write_plot(result, path: Path) -> None:
+    """Two panels, speed-up over plain (geometric mean) and tokens per target forward: bars per
+    method, grouped by category (`all` first)."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = list(dict.fromkeys(g.category for g in result.summary))
+    methods = [m for m in result.methods if m != "plain"]
+    cells = {(g.method, g.category): g for g in result.summary}
+    width = 0.8 / max(len(methods), 1)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(categories) + 3), 7.5), sharex=True)
+    for panel, (attr, label) in zip(axes, [("speedup", "speed-up over plain (geo mean)"),
+                                           ("tokens_per_target_forward", "tokens per target forward")]):
+        for i, method in enumerate(methods):
+            values = [getattr(cells[(method, c)], attr) if (method, c) in cells else None for c in categories]
+            xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(categories))]
+            panel.bar(xs, [v or 0.0 for v in values], width, label=method)
+        panel.axhline(1.0, color="black", linewidth=0.8)
+        panel.set_ylabel(label)
+    axes[1].set_xticks(range(len(categories)), categories, rotation=20, ha="right")
+    env = result.environment
+    draft = env["draft"]["name"] if env.get("draft") else "-"
+    fig.suptitle(f"{env['target']['name']} / {draft} · {env['target']['dtype']} · "
+                 f"threads={env['torch_threads']}", fontsize="medium")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(methods), 4),
+               fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table(result):
+    """Per method: the `all` row (bold), then one row per category."""
+    from rich.table import Table
+
+    env, s = result.environment, result.settings
+    title = (f"specgen bench · {env['target']['name']}"
+             + (f" + {env['draft']['name']}" if env.get("draft") else "")
+             + f" · {env['target']['dtype']} · threads={env['torch_threads']} · "
+             f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
+             f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
+                 "tok/fwd", "TTFT s", "draft share", "identical"):
+        t.add_column(name, justify="left" if name in ("method", "category") else "right")
+    rows = result.summary
+    for i, g in enumerate(rows):
+        first = g.category == "all"
+        identical = "–" if g.identical is None or g.method == "plain" else f"{g.identical}/{g.compared}"
+        busy = (g.draft_seconds or 0.0) + (g.verify_seconds or 0.0)
+        share = _fmt(g.draft_seconds / busy if g.draft_seconds is not None and busy else None, ".0%")
+        spread = ("–" if g.speedup_min is None or g.method == "plain"
+                  else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}")
+        last = i + 1 == len(rows) or rows[i + 1].method != g.method
+        t.add_row(g.method if first else "", g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
+                  _fmt(g.speedup, ".2f", "x"), spread, _fmt(g.acceptance_rate, ".0%"),
+                  _fmt(g.tokens_per_target_forward, ".2f"), _fmt(g.ttft_seconds, ".2f"), share, identical,
+                  style="bold" if first else None, end_section=last)
+    return t

@@ -1,0 +1,371 @@
+"""specgen bench on tiny models: prompt sets, ordering, medians, speed-ups, exactness, the
+transformers reference methods, the JSON/CSV schema and the CLI. No timing is asserted:
+fake runners report their own seconds wherever a number is checked."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from specgen import bench
+from specgen.bench import BenchPrompt, BenchSettings, Generation
+from specgen import bench_cli
+from specgen.bench_cli import bench as bench_command
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.errors import ConfigError, PromptError
+from specgen.session import Pair
+
+SHORT_PROMPTS = [
+    {"id": "code-1", "category": "code", "prompt": "def fib(n):"},
+    {"id": "code-2", "category": "code", "prompt": "Write a loop"},
+    {"id": "chat-1", "category": "chat", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "and then?"}]},
+]
+
+
+def write_jsonl(path, objects):
+    path.write_text("".join(json.dumps(o) + "\n" for o in objects), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return Pair(*tiny_pair)
+
+
+@pytest.fixture(scope="module")
+def short_file(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("prompts") / "short.jsonl", SHORT_PROMPTS)
+
+
+def settings(n=8, repeats=1, warmup=False, **sampling):
+    return BenchSettings(GenerationConfig(max_new_tokens=n, sampling=SamplingConfig(**sampling)),
+                         repeats=repeats, warmup=warmup, threads=1)
+
+
+# -- prompt sets -----------------------------------------------------------------------------
+def test_a_set_by_name_and_the_documented_fields():
+    quick = bench.load_prompts("quick")
+    assert [p.id for p in quick][:2] == ["quick-codegen-01", "quick-codegen-02"]
+    assert len(quick) == 4 and {p.category for p in quick} == {"code-generation", "explanation", "rewrite"}
+    chat = bench.load_prompts("multi-turn-chat", limit=3)
+    assert len(chat) == 3 and all(p.messages and p.prompt is None for p in chat)
+    assert chat[0].messages[-1]["role"] == "user"
+
+
+def test_all_is_every_category_file_but_quick():
+    every = bench.load_prompts("all")
+    assert len(every) == 84 and not any(p.id.startswith("quick-") for p in every)
+    assert len({p.category for p in every}) == 7
+    two_each = bench.load_prompts("all", limit=2)
+    assert len(two_each) == 14 and len({p.category for p in two_each}) == 7
+
+
+def test_a_file_and_a_name_under_the_working_directory(tmp_path, monkeypatch, short_file):
+    assert [p.id for p in bench.load_prompts(str(short_file))] == ["code-1", "code-2", "chat-1"]
+    (tmp_path / "prompts").mkdir()
+    write_jsonl(tmp_path / "prompts" / "mine.jsonl", SHORT_PROMPTS[:1])
+    monkeypatch.chdir(tmp_path)
+    assert [p.id for p in bench.load_prompts("mine")] == ["code-1"]
+
+
+@pytest.mark.parametrize("lines, fragment", [
+    (['{"id": "a", "category": "c"}'], "exactly one of 'prompt' or 'messages'"),
+    (['{"id": "a", "category": "c", "prompt": "x"}', "{not json"], ":2: not valid JSON"),
+    (['{"id": "a", "category": "c", "prompt": "x"}', '{"id": "a", "category": "c", "prompt": "y"}'],
+     "appears twice"),
+    (['{"id": "a", "category": "c", "messages": [{"role": "user"}]}'], "'messages' must be"),
+])
+def test_a_malformed_file_is_one_line_naming_file_and_line(tmp_path, lines, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(PromptError, match="bad.jsonl") as info:
+        bench.load_prompts(str(path))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_unknown_set_lists_the_names():
+    with pytest.raises(PromptError, match="unknown prompt set 'nope'.*code-generation.*quick.*all"):
+        bench.load_prompts("nope")
+
+
+def test_conversations_go_through_the_chat_template(pair):
+    item = BenchPrompt("c", "chat", messages=tuple(SHORT_PROMPTS[2]["messages"]))
+    tokenizer = pair.target.tokenizer
+    expected = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True,
+                                             return_dict=True)["input_ids"]
+    assert bench.encode(tokenizer, item) == list(expected)
+    assert tokenizer.decode(bench.encode(tokenizer, item)).endswith("<|im_start|>assistant\n")
+
+
+# -- ordering, medians, speed-ups (fake runners: they report their own seconds) ---------------
+class FakeRunner:
+    """Emits `max_new_tokens` tokens; seconds come from `times[prompt][call]`, cycling."""
+
+    def __init__(self, name, log, times=None):
+        self.name, self.log, self.times, self.calls = name, log, times or {}, {}
+
+    def generate(self, prompt_ids, config):
+        self.log.append((self.name, prompt_ids[0], config.max_new_tokens))
+        n = config.max_new_tokens
+        call = self.calls.get(prompt_ids[0], 0)
+        self.calls[prompt_ids[0]] = call + 1
+        seconds = self.times.get(prompt_ids[0], [1.0])[call % len(self.times.get(prompt_ids[0], [1.0]))]
+        return Generation(list(range(n)), seconds, 0.1 * seconds, 1)
+
+
+def fake_prompts():
+    return [(BenchPrompt("p1", "A", "x"), [1, 9]), (BenchPrompt("p2", "B", "y"), [2, 9])]
+
+
+def test_warmup_then_methods_interleaved_per_prompt_and_repeat():
+    log = []
+    runners = [FakeRunner(name, log) for name in ("plain", "a", "b")]
+    list(bench.measure(runners, fake_prompts(), settings(n=40, repeats=2, warmup=True)))
+    warm = [("plain", 1, 16), ("a", 1, 16), ("b", 1, 16)]
+    round_ = lambda p: [("plain", p, 40), ("a", p, 40), ("b", p, 40)]  # noqa: E731
+    assert log == warm + round_(1) + round_(1) + round_(2) + round_(2)
+
+
+def test_plain_always_comes_first_and_unknown_methods_are_refused():
+    assert bench.parse_methods("hf-lookup,chain") == ["plain", "hf-lookup", "chain"]
+    assert bench.parse_methods("chain,plain,chain") == ["plain", "chain"]
+    every = bench.parse_methods(None)  # all that exist: specgen's methods, then the references
+    assert every == [m.value for m in Method] + ["hf-assisted", "hf-assisted-k4", "hf-lookup"]
+    assert every[:2] == ["plain", "chain"]
+    with pytest.raises(ConfigError, match="unknown method 'tree'"):
+        bench.parse_methods("chain,tree")
+
+
+def test_medians_over_repeats():
+    log = []
+    runners = [FakeRunner("plain", log, {1: [1.0, 4.0, 2.0], 2: [2.0]}), FakeRunner("a", log)]
+    runs = list(bench.measure(runners, fake_prompts(), settings(n=10, repeats=3)))
+    assert [m.repeat for m in runs if m.method == "plain" and m.prompt_id == "p1"] == [0, 1, 2]
+    result = {(r.prompt_id, r.method): r for r in bench.per_prompt(runs, greedy=True)}
+    assert result[("p1", "plain")].tokens_per_second == pytest.approx(5.0)  # median of 10, 2.5, 5
+    assert result[("p1", "plain")].seconds == pytest.approx(2.0)
+    assert result[("p1", "plain")].ttft_seconds == pytest.approx(0.2)
+    assert result[("p1", "a")].speedup == pytest.approx(10.0 / 5.0)
+
+
+def test_speedup_is_per_prompt_then_a_geometric_mean():
+    # plain: 10 and 40 tok/s; a: 20 and 40 tok/s -> per-prompt 2x and 1x, geo mean sqrt(2)
+    # (the ratio of mean throughputs would say 30/25 = 1.2x)
+    log = []
+    runners = [FakeRunner("plain", log, {1: [1.0], 2: [0.25]}), FakeRunner("a", log, {1: [0.5], 2: [0.25]})]
+    runs = list(bench.measure(runners, fake_prompts(), settings(n=10)))
+    prompts = bench.per_prompt(runs, greedy=True)
+    rows = {(g.method, g.category): g for g in bench.summarize(runs, prompts, ["plain", "a"])}
+    assert rows[("a", "all")].speedup == pytest.approx(math.sqrt(2.0))
+    assert (rows[("a", "all")].speedup_min, rows[("a", "all")].speedup_max) == pytest.approx((1.0, 2.0))
+    assert rows[("a", "A")].speedup == pytest.approx(2.0) and rows[("a", "B")].speedup == pytest.approx(1.0)
+    assert rows[("plain", "all")].speedup == pytest.approx(1.0)
+    assert rows[("a", "all")].tokens_per_second == pytest.approx(math.sqrt(20 * 40))
+    assert bench.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert list(rows)[:3] == [("plain", "all"), ("plain", "A"), ("plain", "B")]
+
+
+def test_an_interrupted_run_keeps_what_was_measured(pair):
+    class Stop(FakeRunner):
+        def generate(self, prompt_ids, config):
+            if any(name == "a" for name, *_ in self.log):  # Ctrl-C during its second run
+                raise KeyboardInterrupt
+            return super().generate(prompt_ids, config)
+
+    log = []
+    result = bench.run_bench(pair, [], [BenchPrompt("p1", "A", "x"), BenchPrompt("p2", "B", "y")],
+                             settings(n=4), runners=[FakeRunner("plain", log), Stop("a", log)])
+    assert result.interrupted
+    assert [(m.prompt_id, m.method) for m in result.measurements] == [
+        ("p1", "plain"), ("p1", "a"), ("p2", "plain")]
+    assert {g.category for g in result.summary if g.method == "a"} == {"all", "A"}
+
+
+# -- exactness on the tiny pair ---------------------------------------------------------------
+class FlipOneToken:
+    """A deliberately wrong method: plain decoding with token 3 changed."""
+
+    name = "wrong"
+
+    def __init__(self, pair):
+        self.inner = bench.EngineRunner(pair, Method.PLAIN)
+
+    def generate(self, prompt_ids, config):
+        gen = self.inner.generate(prompt_ids, config)
+        gen.token_ids[3] ^= 1
+        return gen
+
+
+def test_the_exactness_column_catches_a_wrong_method(pair, short_file):
+    runners = [bench.EngineRunner(pair, Method.PLAIN), bench.EngineRunner(pair, Method.CHAIN), FlipOneToken(pair)]
+    result = bench.run_bench(pair, [], bench.load_prompts(str(short_file)), settings(n=10), runners=runners)
+    by = {(p.prompt_id, p.method): p for p in result.prompts}
+    assert all(by[(pid, "chain")].identical_to_plain for pid in ("code-1", "code-2", "chat-1"))
+    assert not any(by[(pid, "wrong")].identical_to_plain for pid in ("code-1", "code-2", "chat-1"))
+    assert by[("code-1", "wrong")].first_mismatch == 3
+    rows = {(g.method, g.category): g for g in result.summary}
+    assert (rows[("chain", "all")].identical, rows[("chain", "all")].compared) == (3, 3)
+    assert (rows[("wrong", "all")].identical, rows[("wrong", "all")].compared) == (0, 3)
+    chain = next(m for m in result.measurements if m.method == "chain")
+    assert chain.drafted > 0 and chain.tokens_per_target_forward >= 1.0
+    assert chain.accepted_length_histogram and chain.draft_seconds is not None
+    assert sum(chain.accepted_length_histogram.values()) <= chain.target_forwards
+    plain = next(m for m in result.measurements if m.method == "plain")
+    assert plain.acceptance_rate is None and plain.tokens_per_target_forward == 1.0
+    assert plain.prefill_seconds is not None and plain.ttft_seconds is not None
+
+
+def test_no_exactness_claim_under_sampling(pair, short_file):
+    runners = [bench.EngineRunner(pair, Method.PLAIN), bench.EngineRunner(pair, Method.CHAIN)]
+    result = bench.run_bench(pair, [], bench.load_prompts(str(short_file), limit=1),
+                             settings(n=6, temperature=0.8, seed=3), runners=runners)
+    assert all(p.identical_to_plain is None for p in result.prompts)
+    assert all(g.identical is None for g in result.summary)
+
+
+# -- transformers reference methods ------------------------------------------------------------
+def test_hf_references_run_on_the_pair_with_our_settings(pair, short_file, monkeypatch):
+    draft_config = pair.draft.model.generation_config
+    before = draft_config.to_dict()
+    # a model-shipped penalty must not leak into the reference (it would change greedy output)
+    monkeypatch.setattr(pair.target.model.generation_config, "repetition_penalty", 1.5, raising=False)
+    names = ["plain", "hf-assisted", "hf-assisted-k4", "hf-lookup"]
+    result = bench.run_bench(pair, names, bench.load_prompts(str(short_file)), settings(n=12))
+    assert result.methods == names
+    assert all(p.identical_to_plain for p in result.prompts), [
+        (p.prompt_id, p.method, p.first_mismatch) for p in result.prompts if not p.identical_to_plain]
+    for m in result.measurements:
+        assert m.new_tokens == 12 and m.ttft_seconds is not None and m.ttft_seconds <= m.seconds
+        if m.method != "plain":
+            assert m.target_forwards is not None and 1 <= m.target_forwards <= 12
+            assert m.tokens_per_target_forward == pytest.approx(12 / m.target_forwards)
+            assert m.drafted is not None and m.accepted <= m.drafted
+    k4 = [m for m in result.measurements if m.method == "hf-assisted-k4"]
+    assert all(m.drafted <= 4 * m.target_forwards for m in k4)
+    assert pair.draft.model.generation_config is draft_config and draft_config.to_dict() == before
+    assert result.settings["hf_assistant"]["hf-assisted-k4"]["num_assistant_tokens"] == 4
+    assert result.settings["hf_assistant"]["hf-lookup"] == {"prompt_lookup_num_tokens": 10}
+
+
+def test_hf_sampling_is_reproducible_with_a_seed(pair):
+    runner = bench.registry()["hf-lookup"].build(pair)
+    config = GenerationConfig(max_new_tokens=10, sampling=SamplingConfig(temperature=1.0, top_k=20, seed=5))
+    ids = pair.target.tokenizer.encode("hello there")
+    assert runner.generate(ids, config).token_ids == runner.generate(ids, config).token_ids
+
+
+# -- reports ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_result(pair, short_file):
+    return bench.run_bench(pair, ["plain", "chain"], bench.load_prompts(str(short_file)), settings(n=6, repeats=2))
+
+
+def test_json_schema(small_result, tmp_path):
+    path = tmp_path / "out" / "bench.json"
+    bench_cli.write_json(small_result, path)
+    data = json.loads(path.read_text())
+    assert data["schema"] == "specgen-bench/1"
+    assert {"environment", "settings", "methods", "summary", "prompts", "measurements"} <= set(data)
+    assert {"cpu", "cpu_count", "torch_threads", "gpus", "torch", "transformers", "specgen", "target",
+            "draft", "peak_memory"} <= set(data["environment"])
+    assert data["environment"]["torch_threads"] == 1
+    assert data["environment"]["target"]["dtype"] == "float32"
+    assert data["settings"]["repeats"] == 2 and data["settings"]["greedy"] is True
+    fields = {f.name for f in dataclasses.fields(bench.Measurement)}
+    assert len(data["measurements"]) == 3 * 2 * 2
+    assert all(set(m) == fields for m in data["measurements"])
+    assert all(set(p) == {f.name for f in dataclasses.fields(bench.PromptResult)} for p in data["prompts"])
+    assert [(g["method"], g["category"]) for g in data["summary"]] == [
+        ("plain", "all"), ("plain", "code"), ("plain", "chat"), ("chain", "all"), ("chain", "code"),
+        ("chain", "chat")]
+    first = data["measurements"][0]
+    assert isinstance(first["token_ids"], list) and first["new_tokens"] == len(first["token_ids"])
+
+
+def test_csv_schema(small_result, tmp_path):
+    path = tmp_path / "bench.csv"
+    bench_cli.write_csv(small_result, path)
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))
+    assert list(rows[0]) == bench_cli.CSV_COLUMNS
+    assert len(rows) == 12
+    chain = next(r for r in rows if r["method"] == "chain")
+    assert chain["identical_to_plain"] == "True"
+    assert chain["accepted_length_histogram"] == " ".join(
+        f"{k}:{v}" for k, v in small_result.measurements[1].accepted_length_histogram.items())
+    assert len(chain["token_ids"].split()) == int(chain["new_tokens"])
+    assert next(r for r in rows if r["method"] == "plain")["acceptance_rate"] == ""
+
+
+def test_plot_draws_a_png(small_result, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    bench_cli.write_plot(small_result, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the command ------------------------------------------------------------------------------
+app = typer.Typer(add_completion=False)
+app.command()(bench_command)
+
+
+@app.callback()
+def _root() -> None:
+    """A stand-in for specgen's app."""
+
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+            "--dtype", "float32", "--device", "cpu", "--threads", "1"]
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_cli_end_to_end_with_json_and_csv(models, short_file, tmp_path):
+    out_json, out_csv = tmp_path / "r" / "b.json", tmp_path / "r" / "b.csv"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2",
+                                 "--methods", "chain,hf-lookup", "-n", "6", "--repeats", "2",
+                                 "--json", str(out_json), "--csv", str(out_csv)])
+    assert result.exit_code == 0, result.output
+    assert "speed-up" in result.stdout and "hf-lookup" in result.stdout and "2/2" in result.stdout
+    data = json.loads(out_json.read_text())
+    assert data["methods"] == ["plain", "chain", "hf-lookup"]
+    assert len(data["measurements"]) == 2 * 2 * 3
+    assert len(list(csv.DictReader(out_csv.open()))) == 12
+    assert f"wrote {out_json}" in result.stderr
+
+
+def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    result = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.png")])
+    assert_one_line_error(result, "--plot needs matplotlib", "pip install")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--prompts", "nope"], "unknown prompt set 'nope'"),
+    (["--methods", "chain,warp"], "unknown method 'warp'"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--methods", "rsd-c", "--branching", "8,8,8"], "draft tree would have"),
+])
+def test_cli_bad_options_are_one_line(models, args, fragment):
+    assert_one_line_error(runner.invoke(app, ["bench", *models, *args]), fragment)
