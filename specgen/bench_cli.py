@@ -16,7 +16,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli import (DEFAULT_DRAFT, DEFAULT_TARGET, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
+from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 

@@ -1,0 +1,93 @@
+"""Options and error handling shared by the commands (run, chat, bench). No tensors here."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specgen.errors import SpecgenError
+
+
+class Format(str, enum.Enum):
+    rich = "rich"
+    plain = "plain"
+    json = "json"
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Known failures become one red line and exit 1; SPECGEN_DEBUG=1 shows the traceback."""
+    try:
+        yield
+    except SpecgenError as exc:
+        if os.environ.get("SPECGEN_DEBUG"):
+            raise
+        _error_line(str(exc), exc.hint)
+        raise typer.Exit(1) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # an unexpected failure: still one line, with a way to see more
+        if os.environ.get("SPECGEN_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        _error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
+        raise typer.Exit(1) from None
+
+
+def _error_line(message: str, hint: str | None = None) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {message}" + (f" [dim]({hint})[/]" if hint else ""), markup=True)
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    from specgen.errors import PromptError
+
+    if prompt is not None and file is not None:
+        raise PromptError("give the prompt as an argument or with --file, not both")
+    if file is not None:
+        try:
+            return file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PromptError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+    if prompt == "-":
+        return sys.stdin.read()
+    if prompt is None:
+        raise PromptError("no prompt given; pass PROMPT, '-' for stdin, or --file F")
+    return prompt
+
+
+# Options shared by run (and later chat and bench).
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
+DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same tokenizer as the target).")]
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, rsd-c, rsd-s or multi-draft.")]
+MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
+DraftTokensOpt = Annotated[int, typer.Option("--draft-tokens", "-k", help="Draft tokens per round.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
+DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")]
+BranchingOpt = Annotated[str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")]
+BeamWidthOpt = Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")]
+DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
+
+
+def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                      branching="2,2,1", beam_width=3, depth=4):
+    """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
+    from specgen.config import GenerationConfig, Method, SamplingConfig, parse_branching
+
+    return GenerationConfig(
+        method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        branching=parse_branching(branching), beam_width=beam_width, depth=depth)
