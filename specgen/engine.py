@@ -205,6 +205,7 @@ class Engine:
         started = time.perf_counter()
         proposal = self.drafter.propose(state.ids, k, config.sampling, state.generator)
         draft_tokens = proposal.tokens.to(self.device)
+        k = draft_tokens.shape[0]  # a drafter may propose fewer (lookup without a match: none)
         drafted = time.perf_counter()
 
         root = torch.tensor([state.ids[-1]], device=self.device)

@@ -184,3 +184,26 @@ def test_resume_after_a_differing_rerender_falls_back_to_the_first_difference(ti
     fresh = [t for r in engine_for(tiny_pair, ModelDrafter(draft.model, draft.device)).generate(changed, config)
              for t in r.emitted]
     assert reused == fresh
+
+
+class ShortDrafter(ScriptedDrafter):
+    """Proposes a varying number of tokens, sometimes none, like a lookup drafter."""
+
+    def propose(self, context, k, sampling, generator):
+        full = super().propose(context, k, sampling, generator)
+        return Proposal(full.tokens[: len(context) % (k + 1)], None, full.kind)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_drafters_may_propose_fewer_tokens_or_none(tiny_pair, reference, temperature):
+    from specgen.config import SamplingConfig
+
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    drafter = ShortDrafter(reference, len(PROMPT), right=3)
+    out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=30,
+                      draft_tokens=4, sampling=sampling)
+    assert any(not r.draft_tokens for r in rounds) and any(r.draft_tokens for r in rounds)
+    if temperature == 0.0:
+        assert out == reference[:30]
+    else:
+        assert len(out) == 30
