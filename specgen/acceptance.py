@@ -43,10 +43,12 @@ class Verdict:
     token: torch.Tensor  # 0-dim int64: the target's own token after them
 
 
-def greedy_match(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """Accept the longest prefix with x_i == argmax q_(i-1); then argmax q at the stop."""
-    # draft_tokens: [k]; target_logits: [k+1, V]
-    target_choice = target_logits.argmax(dim=-1)  # [k+1]
+def greedy_match(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
+    """Accept the longest prefix with x_i == the target's choice c_(i-1); then c at the stop.
+
+    target_choice [k+1] is argmax q under greedy decoding, or the keyed draws of
+    deterministic mode (see replay.keyed_choice); draft_tokens [k].
+    """
     k = draft_tokens.shape[0]
     matches = (draft_tokens == target_choice[:k]).to(torch.int64)
     accepted = matches.cumprod(dim=0).sum()
@@ -100,9 +102,9 @@ class TreeVerdict:
 
 
 def greedy_tree(children: tuple[tuple[int, ...], ...], tokens: torch.Tensor,
-                target_logits: torch.Tensor) -> TreeVerdict:
-    """Greedy target: at each node accept the first child equal to the argmax, else emit it."""
-    choice = target_logits.argmax(dim=-1)  # [N]
+                choice: torch.Tensor) -> TreeVerdict:
+    """A chosen target token per node (argmax, or keyed draws): accept the first child equal
+    to it, else emit it."""
     tokens_list, choice_list = torch.stack([tokens, choice]).tolist()  # the one sync
     return _walk(children, lambda node, k, child: tokens_list[child] == choice_list[node],
                  lambda node: choice_list[node], tokens_list)

@@ -67,6 +67,8 @@ class GenerationConfig:
     branching: tuple[int, ...] = (2, 2, 1)  # rsd-c and multi-draft: children per depth
     beam_width: int = 3  # rsd-s
     depth: int = 4  # rsd-s
+    deterministic: bool = False  # replay every window at a fixed shape (replay.py)
+    verify_window: int = 32
 
     @property
     def tree_depth(self) -> int:
@@ -86,6 +88,11 @@ class GenerationConfig:
         return self.draft_tokens
 
     def __post_init__(self) -> None:
+        if not 2 <= self.verify_window <= 512:
+            raise ConfigError(f"--verify-window must be in 2..512, got {self.verify_window}")
+        if self.deterministic and self.sampling.seed is None and not self.sampling.greedy:
+            object.__setattr__(self, "sampling", SamplingConfig(
+                self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, 0))
         if not self.branching or any(b < 1 for b in self.branching) or len(self.branching) > 16:
             raise ConfigError(f"--branching needs 1 to 16 factors >= 1, got {','.join(map(str, self.branching))}")
         if not 1 <= self.beam_width <= 64 or not 1 <= self.depth <= 16:

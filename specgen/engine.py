@@ -21,6 +21,7 @@ from specgen.acceptance import (Rule, greedy_match, greedy_tree, recursive_rejec
 from specgen.config import GenerationConfig, Method
 from specgen.drafters import Drafter
 from specgen.errors import PromptError
+from specgen.replay import ReplayResult, keyed_choice, replay_tokens, window_start
 from specgen.sampling import make_generator, sample, warp
 
 
@@ -74,6 +75,7 @@ class DecodeState:
     prefill_seconds: float = 0.0
     generator: torch.Generator | None = field(default=None, repr=False)
     reused_tokens: int = 0  # cache positions kept from a previous state by `resume`
+    verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -158,30 +160,91 @@ class Engine:
         return state
 
     # -- the loop ------------------------------------------------------------------------
-    def rounds(self, state: DecodeState, config: GenerationConfig) -> Iterator[RoundResult]:
-        """Yield rounds until EOS, max_new_tokens or the context limit."""
+    def rounds(self, state: DecodeState, config: GenerationConfig) -> Iterator[RoundResult | ReplayResult]:
+        """Yield rounds until EOS, max_new_tokens or the context limit.
+
+        In deterministic mode, ReplayResults are interleaved: each closes a window of fast
+        rounds, may roll tokens back, and only tokens it verified count as final.
+        """
+        if config.deterministic:
+            yield from self._deterministic_rounds(state, config)
+            return
         budget = min(config.max_new_tokens, self.context_length - len(state.ids))
         context_bound = budget < config.max_new_tokens
         produced = 0
         while produced < budget:
-            remaining = budget - produced
-            k = min(config.draft_tokens, remaining - 1)
-            if config.method is Method.PLAIN or k < 1:
-                result = self._plain_round(state, config)
-            elif config.method.is_tree and remaining > config.tree_depth:
-                result = self._tree_round(state, config)
-            elif config.method.is_tree:
-                result = self._plain_round(state, config)  # too close to the end for a tree
-            else:
-                result = self._speculative_round(state, config, k)
-            emitted, stop = self._cut(result.emitted, remaining)
-            produced += len(emitted)
+            result, stop = self._fast_round(state, config, budget - produced)
+            produced += len(result.emitted)
             if stop is None and produced >= budget:
                 stop = StopReason.CONTEXT if context_bound else StopReason.LENGTH
-            self._commit(state, emitted, result)
-            yield replace(result, emitted=emitted, stop=stop)
+            yield replace(result, stop=stop)
             if stop is not None:
                 return
+
+    def _fast_round(self, state: DecodeState, config: GenerationConfig, remaining: int
+                    ) -> tuple[RoundResult, str | None]:
+        """One round of the configured method, committed; at most `remaining` tokens."""
+        k = min(config.draft_tokens, remaining - 1)
+        if config.method is Method.PLAIN or k < 1:
+            result = self._plain_round(state, config)
+        elif config.method.is_tree and remaining > config.tree_depth:
+            result = self._tree_round(state, config)
+        elif config.method.is_tree:
+            result = self._plain_round(state, config)  # too close to the end for a tree
+        else:
+            result = self._speculative_round(state, config, k)
+        emitted, stop = self._cut(result.emitted, remaining)
+        self._commit(state, emitted, result)
+        return replace(result, emitted=emitted), stop
+
+    def _deterministic_rounds(self, state: DecodeState, config: GenerationConfig
+                              ) -> Iterator[RoundResult | ReplayResult]:
+        """Fast rounds inside aligned windows, each window closed by a fixed-shape replay."""
+        window, prompt = config.verify_window, state.prompt_length
+        budget = min(config.max_new_tokens, self.context_length - prompt)
+        context_bound = budget < config.max_new_tokens
+        verified = max(state.verified, prompt)
+        while True:
+            start = window_start(verified, prompt, window)
+            limit = min(start + window, prompt + budget)  # the fast path stays inside the window
+            fast_stop = None
+            while len(state.ids) < limit and fast_stop is None:
+                result, fast_stop = self._fast_round(state, config, limit - len(state.ids))
+                yield result
+            replay = self._replay(state, config, start, verified)
+            verified = replay.verified
+            done = verified - prompt >= budget
+            stop = None
+            if state.ids[verified - 1] in self.stop_ids and verified > prompt:
+                stop = StopReason.EOS
+            elif done:
+                stop = StopReason.CONTEXT if context_bound else StopReason.LENGTH
+            yield replace(replay, stop=stop)
+            if stop is not None:
+                return
+
+    @torch.inference_mode()
+    def _replay(self, state: DecodeState, config: GenerationConfig, start: int, verified: int) -> ReplayResult:
+        """Replay the window at `start` at the fixed shape; keep the matching prefix."""
+        started = time.perf_counter()
+        window = config.verify_window
+        kvcache.crop(state.cache, start - 1)
+        replayed = replay_tokens(self.model, state.cache, state.ids, start, window, config.sampling,
+                                 self.device, state.ids[start - 1], self.vocab)
+        ids = state.ids
+        # at most N host comparisons of token ids per replay (never a loop over the vocabulary)
+        mismatch = next((p for p in range(verified, len(ids)) if ids[p] != replayed[p - start]), None)
+        rolled_back, correction = (), None
+        checked = (mismatch + 1 if mismatch is not None else len(ids)) - verified
+        if mismatch is not None:
+            rolled_back, correction = tuple(ids[mismatch:]), replayed[mismatch - start]
+            del ids[mismatch:]
+            ids.append(correction)
+            if self.drafter is not None and config.method is not Method.PLAIN:
+                self.drafter.rewind(mismatch)
+        kvcache.crop(state.cache, len(ids) - 1)  # keep the replay's KV of verified tokens
+        state.verified = len(ids)
+        return ReplayResult(start, checked, rolled_back, correction, len(ids), time.perf_counter() - started)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[RoundResult]:
         state = self.start(prompt_ids, config)
@@ -192,11 +255,13 @@ class Engine:
     def _plain_round(self, state: DecodeState, config: GenerationConfig) -> RoundResult:
         started = time.perf_counter()
         root = torch.tensor([[state.ids[-1]]], device=self.device)
-        logits = self._forward(root, state.cache, keep=1)[0, -1]
-        if config.sampling.greedy:
-            token = logits.argmax()
+        logits = self._forward(root, state.cache, keep=1)[0, -1:, : self.vocab]
+        if config.deterministic:
+            token = self._choice(logits, [len(state.ids)], config)[0]
+        elif config.sampling.greedy:
+            token = logits[0].argmax()
         else:
-            token = sample(warp(logits, config.sampling), state.generator)
+            token = sample(warp(logits[0], config.sampling), state.generator)
         token_id = int(token)  # the one sync of the round
         return RoundResult([], 0, token_id, [token_id], 0.0, time.perf_counter() - started)
 
@@ -211,9 +276,10 @@ class Engine:
         root = torch.tensor([state.ids[-1]], device=self.device)
         tree_input = torch.cat([root, draft_tokens]).unsqueeze(0)
         logits = self._forward(tree_input, state.cache, keep=k + 1)[0, :, : self.vocab]  # [k+1, V]
-        rule = select_rule(config.sampling.greedy, proposal.kind)
+        rule = select_rule(config.sampling.greedy or config.deterministic, proposal.kind)
         if rule is Rule.GREEDY_MATCH:
-            verdict = greedy_match(draft_tokens, logits)
+            positions = list(range(len(state.ids), len(state.ids) + k + 1))
+            verdict = greedy_match(draft_tokens, self._choice(logits, positions, config))
         else:
             draft_probs = proposal.probs.to(self.device) if proposal.probs is not None else None
             verdict = speculative_sampling(draft_tokens, draft_probs,
@@ -237,8 +303,9 @@ class Engine:
                          position_ids=tree.position_ids(cached, self.device),
                          attention_mask=tree.attention_mask(cached, self.device))
         logits = out.logits[0, :, : self.vocab]  # [N, V]: row i is q(.|path to i)
-        if config.sampling.greedy:
-            verdict = greedy_tree(tree.children, tokens, logits)
+        if config.sampling.greedy or config.deterministic:
+            positions = [cached + 1 + d for d in tree.depth]  # node i predicts position n + depth
+            verdict = greedy_tree(tree.children, tokens, self._choice(logits, positions, config))
         else:
             verdict = recursive_rejection(tree.children, tokens, proposal.probs.to(self.device),
                                           warp(logits, config.sampling), state.generator,
@@ -250,6 +317,12 @@ class Engine:
         return RoundResult(node_tokens[1:], len(verdict.path), verdict.token, emitted, drafted - started,
                            time.perf_counter() - drafted,
                            rejected=tuple(node_tokens[i] for i in verdict.tried), tree=info)
+
+    def _choice(self, logits: torch.Tensor, positions: list[int], config: GenerationConfig) -> torch.Tensor:
+        """The target's token per row: argmax, or in deterministic mode the keyed draw."""
+        if config.deterministic:
+            return keyed_choice(logits, torch.tensor(positions, device=logits.device), config.sampling)
+        return logits.argmax(dim=-1)
 
     def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
         for i, token in enumerate(emitted[:remaining]):
