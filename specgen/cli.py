@@ -11,7 +11,8 @@ import typer
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
                              DraftTokensOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
-                             TemperatureOpt, TopKOpt, TopPOpt, generation_config, read_prompt, user_errors)
+                             TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt,
+                             generation_config, read_prompt, user_errors)
 
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -53,12 +54,14 @@ def run(
     beam_width: BeamWidthOpt = 3,
     depth: DepthOpt = 4,
     show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
+    deterministic: DeterministicOpt = False,
+    verify_window: VerifyWindowOpt = 32,
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                                   branching, beam_width, depth)
+                                   branching, beam_width, depth, deterministic, verify_window)
         text = read_prompt(prompt, file)
         from specgen.errors import PromptError
 

@@ -82,12 +82,17 @@ BeamWidthOpt = Annotated[int, typer.Option("--beam-width", help="rsd-s: beam wid
 DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
 
 
+DeterministicOpt = Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")]
+VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")]
+
+
 def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                      branching="2,2,1", beam_width=3, depth=4):
+                      branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32):
     """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
     from specgen.config import GenerationConfig, Method, SamplingConfig, parse_branching
 
     return GenerationConfig(
         method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-        branching=parse_branching(branching), beam_width=beam_width, depth=depth)
+        branching=parse_branching(branching), beam_width=beam_width, depth=depth,
+        deterministic=deterministic, verify_window=verify_window)

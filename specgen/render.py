@@ -48,6 +48,18 @@ class RoundView:
     target: str
     rejected: list[str] = field(default_factory=list)
     tree: TreeView | None = None
+    pending: bool = False  # deterministic mode: not yet verified by a replay
+
+
+@dataclass(frozen=True)
+class ReplayView:
+    """A replay closed the pending tokens: the last `len(rolled_back)` were discarded."""
+
+    rolled_back: list[str]
+    correction: str | None  # the replay's own token at the first mismatch
+
+
+PENDING = "dim"
 
 
 @dataclass
@@ -97,6 +109,7 @@ class RichRenderer:
         self.show_tree = show_tree
         self.text = Text()
         self.rejected = Text()
+        self.pending: list[tuple[str, str]] = []  # (text, final style) awaiting a replay
         self._live: Live | None = None
         self._stats: Stats | None = None
 
@@ -114,14 +127,29 @@ class RichRenderer:
             self._live = None
 
     def on_round(self, view: RoundView, stats: Stats) -> None:
-        for piece in view.accepted:
-            self.text.append(piece, style=ACCEPTED)
-        if view.target:
-            self.text.append(view.target, style=TARGET)
+        pieces = [(piece, ACCEPTED) for piece in view.accepted] + ([(view.target, TARGET)] if view.target else [])
+        if view.pending:
+            self.pending.extend(pieces)
+        else:
+            for piece, style in pieces:
+                self.text.append(piece, style=style)
         self.rejected = Text("".join(view.rejected), style=REJECTED)
         self._stats = stats
         if self.show_tree and view.tree is not None:
             self.console.print(view.tree.rich_tree(f"round {stats.rounds}"))  # above the live view
+        if self._live is not None:
+            self._live.update(self._view(), refresh=True)
+
+    def on_replay(self, view: ReplayView, stats: Stats) -> None:
+        """Verified pending tokens take their colours; rolled-back ones show red this round."""
+        keep = len(self.pending) - len(view.rolled_back)
+        for piece, style in self.pending[:keep]:
+            self.text.append(piece, style=style)
+        if view.correction is not None:
+            self.text.append(view.correction, style=TARGET)
+        self.rejected = Text("".join(view.rolled_back), style=REJECTED)
+        self.pending = []
+        self._stats = stats
         if self._live is not None:
             self._live.update(self._view(), refresh=True)
 
@@ -134,7 +162,8 @@ class RichRenderer:
         parts = []
         if self.header:
             parts.append(Text(self.header, style=PROMPT))
-        parts.append(self.text + self.rejected)
+        pending = Text("".join(piece for piece, _ in self.pending), style=PENDING)
+        parts.append(self.text + pending + self.rejected)
         if self._stats is not None:
             parts.append(footer(self._stats))
         return Group(*parts)
@@ -147,6 +176,7 @@ class PlainRenderer:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.show_tree = show_tree
+        self._pending: list[str] = []
 
     def __enter__(self) -> "PlainRenderer":
         return self
@@ -157,9 +187,20 @@ class PlainRenderer:
     def on_round(self, view: RoundView, stats: Stats) -> None:
         if self.show_tree and view.tree is not None:
             Console(file=self.err, highlight=False).print(view.tree.rich_tree(f"round {stats.rounds}"))
-        piece = "".join(view.accepted) + view.target
-        if piece:
-            self.out.write(piece)
+        pieces = view.accepted + [view.target]
+        if view.pending:  # only verified text is printed
+            self._pending.extend(pieces)
+            return
+        self._write("".join(pieces))
+
+    def on_replay(self, view: ReplayView, stats: Stats) -> None:
+        keep = len(self._pending) - len(view.rolled_back)
+        self._write("".join(self._pending[:keep]) + (view.correction or ""))
+        self._pending = []
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
             self.out.flush()
 
     def finish(self, outcome: Outcome) -> None:
@@ -186,6 +227,9 @@ class JsonRenderer:
         pass
 
     def on_round(self, view: RoundView, stats: Stats) -> None:
+        pass
+
+    def on_replay(self, view: ReplayView, stats: Stats) -> None:
         pass
 
     def finish(self, outcome: Outcome) -> None:

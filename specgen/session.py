@@ -14,7 +14,8 @@ from specgen.drafters import ModelDrafter
 from specgen.engine import DecodeState, Engine, RoundResult
 from specgen.errors import PromptError
 from specgen.models import LoadedModel, load_pair
-from specgen.render import Outcome, RoundView, TreeView
+from specgen.render import Outcome, ReplayView, RoundView, TreeView
+from specgen.replay import ReplayResult
 from specgen.stats import Stats
 from specgen.text import TextStream
 
@@ -77,7 +78,18 @@ def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None 
                                               return_dict=True)["input_ids"])
 
 
-def view_of(result: RoundResult, stream: TextStream) -> RoundView:
+def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:
+    """Roll the text stream back past discarded tokens, then push the correction."""
+    rolled = [stream.token_text(t) for t in replay.rolled_back]
+    correction = None
+    if replay.rolled_back:
+        stream.truncate(len(stream.ids) - len(replay.rolled_back))
+    if replay.correction is not None:
+        correction = stream.push(replay.correction)
+    return ReplayView(rolled, correction)
+
+
+def view_of(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundView:
     """Text for one round: each committed token pushed once through the stream."""
     accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
     target = stream.push(result.emitted[-1]) if result.target_emitted else ""
@@ -87,7 +99,7 @@ def view_of(result: RoundResult, stream: TextStream) -> RoundView:
         info = result.tree
         tree = TreeView([stream.token_text(t) for t in info.tokens], info.parents,
                         frozenset(info.accepted_nodes), frozenset(info.tried))
-    return RoundView(accepted, target, rejected, tree)
+    return RoundView(accepted, target, rejected, tree, pending)
 
 
 def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: GenerationConfig,
@@ -105,14 +117,21 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
         try:
             state = engine.resume(state, prompt_ids, config)
             stats.prefill_seconds = state.prefill_seconds
-            for result in engine.rounds(state, config):
-                stats.update(result, time.perf_counter() - started)
-                if result.tree is not None:
-                    stats.tree_sizes.append(len(result.tree.tokens) - 1)
-                renderer.on_round(view_of(result, stream), stats)
+            for event in engine.rounds(state, config):
+                elapsed = time.perf_counter() - started
+                if isinstance(event, ReplayResult):
+                    stats.update_replay(event, elapsed)
+                    renderer.on_replay(replay_view(event, stream), stats)
+                    continue
+                stats.update(event, elapsed)
+                if event.tree is not None:
+                    stats.tree_sizes.append(len(event.tree.tokens) - 1)
+                renderer.on_round(view_of(event, stream, pending=config.deterministic), stats)
         except KeyboardInterrupt:
             interrupted = True
     ids = stream.ids
+    if config.deterministic and state is not None:
+        ids = ids[: max(state.verified - len(prompt_ids), 0)]  # only replay-verified tokens are final
     outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state)
     renderer.finish(outcome)
     return outcome

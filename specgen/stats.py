@@ -23,6 +23,10 @@ class Stats:
     time_to_first_token: float | None = None
     accepted_lengths: Counter = field(default_factory=Counter)
     tree_sizes: list[int] = field(default_factory=list)  # draft nodes per tree round
+    verified_windows: int = 0  # deterministic mode: replays run
+    rollbacks: int = 0  # replays that discarded tokens
+    rolled_back_tokens: int = 0
+    replay_seconds: float = 0.0
     stop: str | None = None
 
     def update(self, result: RoundResult, elapsed: float) -> None:
@@ -40,9 +44,23 @@ class Stats:
         self.seconds = elapsed
         self.stop = result.stop or self.stop
 
+    def update_replay(self, replay, elapsed: float) -> None:
+        """A deterministic-mode replay: discarded tokens leave the count, a correction joins."""
+        self.verified_windows += 1
+        self.replay_seconds += replay.seconds
+        if replay.rolled_back:
+            self.rollbacks += 1
+            self.rolled_back_tokens += len(replay.rolled_back)
+            self.new_tokens -= len(replay.rolled_back)
+        if replay.correction is not None:
+            self.new_tokens += 1
+        self.seconds = elapsed
+        self.stop = replay.stop or self.stop
+
     @property
     def target_forwards(self) -> int:
-        return self.rounds  # one target forward per round (prefill not counted)
+        """Target forwards while decoding: one per round, plus one per replay (prefill excluded)."""
+        return self.rounds + self.verified_windows
 
     @property
     def acceptance_rate(self) -> float:
@@ -81,5 +99,9 @@ class Stats:
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
             "tree_size_per_round": list(self.tree_sizes),
             "mean_tree_size": round(sum(self.tree_sizes) / len(self.tree_sizes), 3) if self.tree_sizes else 0.0,
+            "verified_windows": self.verified_windows,
+            "rollbacks": self.rollbacks,
+            "rolled_back_tokens": self.rolled_back_tokens,
+            "replay_seconds": round(self.replay_seconds, 4),
             "stop_reason": self.stop,
         }

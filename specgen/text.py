@@ -29,6 +29,12 @@ class TextStream:
             self._read = len(self.ids)  # a special or empty token: nothing to show
         return ""
 
+    def truncate(self, length: int) -> None:
+        """Forget the ids from `length` on (a deterministic-mode rollback)."""
+        del self.ids[length:]
+        self._read = min(self._read, length)
+        self._prefix = min(self._prefix, max(self._read - 6, 0))
+
     def token_text(self, token_id: int) -> str:
         """A single token's text out of context (for showing rejected draft tokens)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=True)

@@ -197,3 +197,20 @@ def test_show_tree_prints_each_round(models):
 def test_bad_branching(models):
     assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,x"), "--branching")
     assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,0"), "--branching")
+
+
+def test_deterministic_json_stats_and_same_text_across_methods(models):
+    records = []
+    for method in ("plain", "chain", "rsd-c"):
+        result = invoke("run", "hello", *models, "-n", "18", "--method", method, "--deterministic",
+                        "--verify-window", "8", "--format", "json")
+        assert result.exit_code == 0, result.output
+        records.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert len({tuple(r["token_ids"]) for r in records}) == 1
+    for key in ("verified_windows", "rollbacks", "rolled_back_tokens"):
+        assert key in records[0]["stats"]
+    assert records[0]["stats"]["verified_windows"] == 3
+
+
+def test_bad_verify_window(models):
+    assert_one_line_error(invoke("run", "hi", *models, "--deterministic", "--verify-window", "1"), "--verify-window")

@@ -47,3 +47,34 @@ def test_plain_renderer_separates_text_and_stats():
     renderer.finish(Outcome("Hi!", [1, 2], stats))
     assert out.getvalue() == "Hi!\n"
     assert "[plain] 2 tokens" in err.getvalue()
+
+
+def test_pending_tokens_are_dim_until_a_replay_commits_or_rolls_them_back():
+    from specgen.render import PENDING, ReplayView
+
+    console = Console(record=True, force_terminal=True, width=100, file=io.StringIO())
+    renderer = RichRenderer(console)
+    stats = Stats(method="chain")
+    with renderer:
+        renderer.on_round(RoundView(["ab"], "c", [], pending=True), stats)
+        renderer.on_round(RoundView([], "d", [], pending=True), stats)
+        assert renderer.text.plain == "" and [p for p, _ in renderer.pending] == ["ab", "c", "d"]
+        view = renderer._view()
+        assert any(str(span.style) == PENDING for line in [view.renderables[0]] for span in line.spans)
+        renderer.on_replay(ReplayView(["d"], "X"), stats)
+        spans = {renderer.text.plain[s.start:s.end]: str(s.style) for s in renderer.text.spans}
+        assert renderer.text.plain == "abcX"
+        assert spans == {"ab": ACCEPTED, "c": TARGET, "X": TARGET}
+        assert renderer.rejected.plain == "d" and str(renderer.rejected.style) == REJECTED
+
+
+def test_plain_renderer_prints_only_verified_text():
+    from specgen.render import ReplayView
+
+    out, err = io.StringIO(), io.StringIO()
+    renderer = PlainRenderer(out, err)
+    stats = Stats(method="chain")
+    renderer.on_round(RoundView(["a"], "b", pending=True), stats)
+    assert out.getvalue() == ""
+    renderer.on_replay(ReplayView(["b"], "Z"), stats)
+    assert out.getvalue() == "aZ"
