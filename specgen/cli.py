@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from specgen.errors import ConfigError
+
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
                              DraftTokensOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
@@ -36,6 +38,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 def run(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' reads it from stdin.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="With --prompts-file: rows decoded together (dynamic batching).")] = 1,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
     target: TargetOpt = DEFAULT_TARGET,
@@ -62,6 +66,12 @@ def run(
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window)
+        if prompts_file is not None:
+            if prompt is not None or file is not None:
+                raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
+            fmt = format or Format.plain
+            _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype)
+            return
         text = read_prompt(prompt, file)
         from specgen.errors import PromptError
 
@@ -69,6 +79,39 @@ def run(
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
         _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree)
+
+
+def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype) -> None:
+    """Several prompts; outputs in input order. Batches of more than one run plain decoding."""
+    import json
+
+    from specgen import session
+    from specgen.config import Method
+    from specgen.render import JsonRenderer, PlainRenderer
+
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size > 1 and config.method is not Method.PLAIN:
+        raise ConfigError("batched decoding (--batch-size > 1) runs plain decoding of the target; "
+                          "use --method plain, or --batch-size 1 for speculative methods")
+    texts = session.read_prompts_file(path)
+    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype), config.method,
+                        quiet=fmt is Format.json)
+    prompts = [session.encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
+    if batch_size == 1:
+        engine = session.build_engine(pair, config.method, config)
+        for ids in prompts:
+            renderer = JsonRenderer() if fmt is Format.json else PlainRenderer()
+            outcome = session.generate(engine, pair.target.tokenizer, ids, config, renderer)
+            if outcome.interrupted:
+                raise typer.Exit(130)
+        return
+    for _, outcome in session.run_batch(pair, prompts, config, batch_size):
+        if fmt is Format.json:
+            JsonRenderer().finish(outcome)
+        else:
+            sys.stdout.write(outcome.text + "\n")
+            sys.stdout.flush()
 
 
 def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False) -> None:

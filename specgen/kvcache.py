@@ -40,3 +40,11 @@ def keep_positions(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
         index = (keep.to(layer.keys.device) + start)
         layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
         layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
+
+
+def crop_left(cache: DynamicCache, length: int) -> None:
+    """Keep only the last `length` positions of every layer (drop common left padding)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., layer.keys.shape[-2] - length:, :]
+            layer.values = layer.values[..., layer.values.shape[-2] - length:, :]

@@ -135,3 +135,55 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state)
     renderer.finish(outcome)
     return outcome
+
+
+def read_prompts_file(path) -> list[str]:
+    """One prompt per line, or JSONL objects with a `prompt` field; blank lines skipped."""
+    import json
+
+    from specgen.errors import PromptError
+
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"cannot read prompts file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+                prompts.append(str(record["prompt"]))
+            except (ValueError, KeyError, TypeError):
+                raise PromptError(f"{path}:{number}: expected a JSON object with a 'prompt' field") from None
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise PromptError(f"{path} holds no prompts")
+    return prompts
+
+
+def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, batch_size: int):
+    """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order."""
+    from specgen.batch import BatchDecoder
+
+    target = pair.target
+    decoder = BatchDecoder(target.model, target.device, target.stop_ids, target.context_length,
+                           pad_id=target.tokenizer.pad_token_id or 0)
+    done, next_index = {}, 0
+    for finished in decoder.generate(prompts, config, batch_size):
+        done[finished.index] = finished
+        while next_index in done:
+            yield next_index, _outcome(done.pop(next_index), target.tokenizer, config)
+            next_index += 1
+
+
+def _outcome(finished, tokenizer, config: GenerationConfig) -> Outcome:
+    stats = Stats(method=config.method.value, prompt_tokens=finished.prompt_tokens,
+                  new_tokens=len(finished.token_ids), rounds=finished.rounds, seconds=finished.seconds,
+                  time_to_first_token=finished.time_to_first_token, stop=finished.stop,
+                  verified_windows=finished.replays, rollbacks=finished.rollbacks,
+                  rolled_back_tokens=finished.rolled_back_tokens)
+    text = tokenizer.decode(finished.token_ids, skip_special_tokens=True)
+    return Outcome(text, finished.token_ids, stats)

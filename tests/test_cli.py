@@ -214,3 +214,30 @@ def test_deterministic_json_stats_and_same_text_across_methods(models):
 
 def test_bad_verify_window(models):
     assert_one_line_error(invoke("run", "hi", *models, "--deterministic", "--verify-window", "1"), "--verify-window")
+
+
+def test_prompts_file_batched_outputs_in_input_order(models, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text('hello there\n{"prompt": "second one"}\n\nthird\nand a fourth, longer prompt\n')
+    runs = {}
+    for size in ("1", "3"):
+        result = invoke("run", "--prompts-file", str(prompts), "--batch-size", size, "--method", "plain", *models,
+                        "-n", "6", "--format", "json")
+        assert result.exit_code == 0, result.output
+        runs[size] = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["token_ids"] for r in runs["1"]] == [r["token_ids"] for r in runs["3"]]
+    assert len(runs["3"]) == 4
+    single = invoke("run", "second one", *models, "-n", "6", "--method", "plain", "--format", "json")
+    record = json.loads(single.stdout.strip().splitlines()[-1])
+    assert runs["3"][1]["token_ids"] == record["token_ids"]
+    assert set(runs["3"][1]) == set(record) and set(runs["3"][1]["stats"]) == set(record["stats"])
+
+
+def test_prompts_file_errors(models, tmp_path):
+    assert_one_line_error(invoke("run", "--prompts-file", str(tmp_path / "none.txt"), *models), "cannot read")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1")
+    good = tmp_path / "good.txt"
+    good.write_text("a\nb\n")
+    assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "2", *models), "--method plain")

@@ -1,0 +1,91 @@
+"""Dynamic batching: rows of different lengths share forwards, join and leave; in
+deterministic mode a prompt's tokens do not depend on the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.batch import BatchDecoder
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.engine import Engine
+from test_deterministic import ShapeSensitive, bf16_pair, generate  # noqa: F401 (fixture)
+from test_engine import PROMPT, reference_greedy
+
+PROMPTS = [PROMPT, PROMPT[:4], PROMPT * 2, [257, 84], PROMPT[3:], PROMPT[::-1], [300 % 259], PROMPT[:9], PROMPT[2:7]]
+
+
+def batched(pair, prompts, batch_size, **settings):
+    target, _ = pair
+    decoder = BatchDecoder(target.model, target.device, target.stop_ids, target.context_length, pad_id=0)
+    results = list(decoder.generate(prompts, GenerationConfig(method=Method.PLAIN, **settings), batch_size))
+    assert sorted(r.index for r in results) == list(range(len(prompts)))
+    return [r.token_ids for r in sorted(results, key=lambda r: r.index)], results
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_batched_greedy_equals_each_prompt_alone(tiny_pair, batch_size):
+    """fp32: batching changes nothing, including rows joining and leaving."""
+    outputs, results = batched(tiny_pair, PROMPTS, batch_size, max_new_tokens=12)
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out == reference_greedy(tiny_pair[0].model, prompt, 12)
+
+
+def test_rows_leave_at_their_own_stop(tiny_pair):
+    target, _ = tiny_pair
+    first = reference_greedy(target.model, PROMPTS[0], 12)
+    stop = frozenset({first[4]})
+    decoder = BatchDecoder(target.model, target.device, stop, target.context_length, pad_id=0)
+    results = {r.index: r for r in decoder.generate(PROMPTS[:4], GenerationConfig(method=Method.PLAIN,
+                                                                                  max_new_tokens=12), 3)}
+    assert results[0].token_ids == first[:5] and results[0].stop == "eos"
+    for i in (1, 2, 3):
+        expected = reference_greedy(target.model, PROMPTS[i], 12, stop)
+        assert results[i].token_ids == expected
+
+
+@pytest.mark.statistical
+def test_batched_sampling_is_reproducible(tiny_pair):
+    sampling = SamplingConfig(temperature=0.9, seed=4)
+    a, _ = batched(tiny_pair, PROMPTS[:5], 3, max_new_tokens=10, sampling=sampling)
+    b, _ = batched(tiny_pair, PROMPTS[:5], 3, max_new_tokens=10, sampling=sampling)
+    assert a == b
+
+
+class RowSensitive(ShapeSensitive):
+    """Logits that depend on the forward's rows and tokens, like real bf16 kernels."""
+
+    def forward(self, input_ids, **kwargs):
+        out = self.inner(input_ids=input_ids, **kwargs)
+        seed = input_ids.shape[0] * 1000 + input_ids.shape[1]
+        noise = torch.randn(out.logits.shape[-1], generator=torch.Generator().manual_seed(seed))
+        out.logits = out.logits + self.scale * noise.to(out.logits.dtype)
+        return out
+
+
+@pytest.fixture(scope="module")
+def row_sensitive(bf16_pair):  # noqa: F811
+    from dataclasses import replace
+
+    target, draft = bf16_pair
+    return replace(target, model=RowSensitive(target.model.inner)), draft
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, seed=9)], ids=["greedy", "sampling"])
+def test_deterministic_tokens_do_not_depend_on_batch_neighbours_or_method(row_sensitive, sampling):
+    prompts = PROMPTS[:8]
+    settings = dict(max_new_tokens=24, sampling=sampling, deterministic=True, verify_window=8)
+    by_batch = {size: batched(row_sensitive, prompts, size, **settings)[0] for size in (1, 3, 8)}
+    assert by_batch[1] == by_batch[3] == by_batch[8]
+    other = batched(row_sensitive, [PROMPTS[8], prompts[2], PROMPTS[0][::-1]], 3, **settings)[0]
+    assert other[1] == by_batch[1][2]  # the same prompt among other neighbours
+    for method in (dict(method=Method.CHAIN, draft_tokens=3), dict(method=Method.RSD_C, branching=(2, 1))):
+        single, _ = generate(row_sensitive, prompts[0], **settings, **method)
+        assert single == by_batch[8][0]
+
+
+def test_without_deterministic_mode_batching_changes_outputs(row_sensitive):
+    """The power check for the test above."""
+    outputs = {tuple(map(tuple, batched(row_sensitive, PROMPTS[:8], size, max_new_tokens=24)[0]))
+               for size in (1, 3, 8)}
+    assert len(outputs) > 1
