@@ -43,13 +43,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma list of config names")
+    parser.add_argument("--configs", default=";".join(CONFIGS), help="semicolon-separated config names")
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    names = [n.strip() for n in args.configs.split(";") if n.strip()]
     pair = session.load(session.ModelSettings(args.target, args.draft), Method.CHAIN, quiet=True)
     prompts = [(p, bench.encode(pair.target.tokenizer, p)) for p in bench.load_prompts(args.prompts, args.limit)]
     rows = {name: [] for name in names}
