@@ -141,7 +141,9 @@ app.add_typer(models_app, name="models", help="The offline model catalog: list, 
 
 
 from specgen.bench_cli import bench  # noqa: E402
+from specgen.chat_cli import chat  # noqa: E402
 
+app.command()(chat)
 app.command()(bench)
 
 

@@ -120,6 +120,7 @@ class Engine:
         if len(prompt_ids) > 1:
             self._forward(torch.tensor([prompt_ids[:-1]], device=self.device), cache, keep=1)
         if config.method is not Method.PLAIN:
+            self.drafter.rewind(0)  # a reused engine: nothing the draft cache holds is known to agree
             self.drafter.begin(prompt_ids)
         generator = None
         if not config.sampling.greedy:
@@ -146,6 +147,7 @@ class Engine:
         common = common_prefix(state.ids, prompt_ids)
         keep = min(common, len(prompt_ids) - 1, kvcache.cache_length(state.cache))
         kvcache.crop(state.cache, keep)
+        state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
         if len(prompt_ids) - 1 > keep:
             self._forward(torch.tensor([prompt_ids[keep:-1]], device=self.device), state.cache, keep=1)
         if config.method is not Method.PLAIN:

@@ -110,8 +110,7 @@ def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_dev
     # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
     # microcode slow path (measured: the 0.5B draft's forward went from 1.2 s to 0.11 s).
     torch.set_flush_denormal(True)
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    budgets = {i: torch.cuda.mem_get_info(i)[0] for i in range(cuda_count)} if cuda_count > 1 else None
+    cuda_count, budgets = _gpus()
     kind, gpus, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
     first = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
     torch_dtype = placement_mod.resolve_dtype(dtype, first)
@@ -125,12 +124,30 @@ def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_dev
                                input_device=target_dev, quiet=quiet)
     if draft is None:
         return loaded_target, None
+    return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet)
+
+
+def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_device: str | None = None,
+               dtype: str = "auto", quiet: bool = False) -> LoadedModel:
+    """Load only the draft, placed as load_pair would place it (chat's /method and /load)."""
+    cuda_count, budgets = _gpus()
+    _, _, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
+    return _load_draft_on(draft, draft_dev, dtype, target, quiet)
+
+
+def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool) -> LoadedModel:
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
-    loaded_draft = load_model(draft, dtype=draft_dtype,
-                              device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
-                              input_device=draft_dev, quiet=quiet)
-    check_tokenizers(loaded_target.tokenizer, loaded_draft.tokenizer)
-    return loaded_target, loaded_draft
+    loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
+                        input_device=draft_dev, quiet=quiet)
+    check_tokenizers(target.tokenizer, loaded.tokenizer)
+    return loaded
+
+
+def _gpus() -> tuple[int, dict[int, int] | None]:
+    """CUDA device count, and free memory per GPU when there are several."""
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    budgets = {i: torch.cuda.mem_get_info(i)[0] for i in range(cuda_count)} if cuda_count > 1 else None
+    return cuda_count, budgets
 
 
 def check_tokenizers(target_tok, draft_tok) -> None:

@@ -1,0 +1,341 @@
+"""`specgen chat`: scripted sessions, save files, cache reuse, context overflow, a real terminal.
+
+Scripted sessions go through Typer's CliRunner (stdin is not a terminal there, so chat reads
+one message per line); cache reuse and Ctrl-C are checked on ChatSession directly, on the
+tiny fp32 models under greedy decoding; one test drives the real command in a pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from specgen.chat import ChatSession
+from specgen.chat_cli import chat
+from specgen.cli import run
+from specgen.config import GenerationConfig, Method
+from specgen.render import PlainRenderer
+from specgen.session import ModelSettings, Pair
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.command()(run)
+app.command()(chat)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+            "--dtype", "float32", "--device", "cpu"]
+
+
+def session_run(models, lines, *args):
+    result = runner.invoke(app, ["chat", *models, *args], input="".join(line + "\n" for line in lines))
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+# -- scripted sessions through the CLI -----------------------------------------------------
+
+def test_plain_session_prints_replies_to_stdout_and_stats_to_stderr(models):
+    result = session_run(models, ["hello there", "and again"], "-n", "6")
+    assert result.exit_code == 0, result.output
+    assert "tokens/target forward" not in result.stdout
+    assert result.stderr.count("tokens/target forward") == 2
+    assert "turn 2: conversation" in result.stderr
+
+
+def test_slash_commands_change_the_session(models):
+    lines = ["hello there",
+             "/set temperature 0.7", "/set top-k 5", "/set seed 3", "/set max_new_tokens 5", "/set draft_tokens 2",
+             "second message",
+             "/method plain", "/system Be brief.", "/system",
+             "third message",
+             "/stats",
+             "/set temperature -1", "/set top_p 2", "/set temperature warm", "/set colour blue", "/method magic",
+             "/bogus", "/set",
+             "/reset", "/help",
+             "after the reset",
+             "/exit", "never sent"]
+    result = session_run(models, lines, "-n", "6", "--format", "json")
+    assert result.exit_code == 0, result.output
+    records = json_lines(result.stdout)
+    replies = [r for r in records if "text" in r]
+    commands = {r["command"]: r for r in records if "command" in r}
+    assert [r["turn"] for r in replies] == [1, 2, 3, 4]
+    assert [r["method"] for r in replies] == ["chain", "chain", "plain", "plain"]
+    assert replies[0]["stats"]["new_tokens"] == 6
+    assert all(r["stats"]["new_tokens"] <= 5 for r in replies[1:])
+    assert replies[1]["reused_tokens"] > 0  # the first turn's tokens stayed in the caches
+    settings = commands["set"]["settings"]  # the bare /set after the failed ones: unchanged
+    assert (settings["temperature"], settings["top_k"], settings["seed"], settings["max_new_tokens"],
+            settings["draft_tokens"], settings["method"]) == (0.7, 5, 3, 5, 2, "plain")
+    assert commands["stats"]["totals"]["turns"] == 3
+    assert commands["stats"]["totals"]["turns_by_method"] == {"chain": 2, "plain": 1}
+    errors = error_lines(result.stderr)
+    assert len(errors) == 6, result.stderr
+    for fragment, line in zip(["--temperature must be >= 0", "--top-p", "temperature takes a number",
+                               "unknown setting 'colour'", "unknown method 'magic'", "unknown command /bogus"],
+                              errors):
+        assert fragment in line
+    assert "system prompt: Be brief." in result.stderr
+    assert "conversation cleared (the system prompt stays)" in result.stderr
+    assert "/save FILE" in result.stderr  # /help
+    # after /reset the fourth turn's conversation is the system prompt and one message
+    assert replies[3]["conversation_tokens"] < replies[2]["conversation_tokens"]
+
+
+def test_method_loads_the_draft_when_the_session_started_without_one(models, tiny_dirs):
+    result = session_run(models, ["hi", "/method chain", "hi again"], "-n", "4", "--method", "plain",
+                         "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [r["method"] for r in json_lines(result.stdout)] == ["plain", "chain"]
+    assert "loading the draft model" in result.stderr
+
+    no_draft = [a if a != str(tiny_dirs["draft"]) else str(tiny_dirs["target"] / "missing") for a in models]
+    result = session_run(no_draft, ["/method chain", "hi"], "-n", "4", "--method", "plain", "--format", "json")
+    assert result.exit_code == 0, result.output
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "does not exist" in errors[0]
+    assert [r["method"] for r in json_lines(result.stdout)] == ["plain"]  # the session went on unchanged
+
+
+def test_save_and_load_round_trip(models, tmp_path):
+    saved = tmp_path / "chat.json"
+    result = session_run(models, ["first message", "/system Be terse.", "/set temperature 0.5", "/set seed 11",
+                                  "second message", f"/save {saved}"], "-n", "5", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(saved.read_text())
+    assert (data["format"], data["version"]) == ("specgen-chat", 1)
+    assert data["system"] == "Be terse."
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in data["messages"][::2]] == ["first message", "second message"]
+    assert data["settings"]["temperature"] == 0.5 and data["settings"]["seed"] == 11
+    assert data["models"]["target"] == models[1] and data["models"]["draft"] == models[3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]  # no temporary file left
+
+    again = tmp_path / "again.json"
+    result = session_run(models, [f"/save {again}", "third message"], "--load", str(saved), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "resumed 4 messages" in result.stderr
+    copy = json.loads(again.read_text())
+    assert copy["messages"] == data["messages"] and copy["system"] == data["system"]
+    assert copy["settings"] == data["settings"]  # -n and the sampling options came from the file
+
+    overridden = tmp_path / "overridden.json"
+    result = session_run(models, [f"/save {overridden}"], "--load", str(saved), "--temperature", "0",
+                         "--system", "Other.")
+    assert result.exit_code == 0, result.output
+    other = json.loads(overridden.read_text())
+    assert other["settings"]["temperature"] == 0.0 and other["settings"]["seed"] == 11
+    assert other["system"] == "Other." and other["messages"] == data["messages"]
+
+    loaded = tmp_path / "loaded.json"
+    result = session_run(models, ["something else", f"/load {saved}", f"/save {loaded}"], "-n", "3")
+    assert result.exit_code == 0, result.output
+    assert json.loads(loaded.read_text())["messages"] == data["messages"]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "invalid JSON at line 1"),
+    ('{"format": "specgen-chat", "version": 99, "messages": []}', "version 99"),
+    ('{"format": "something-else", "version": 1}', "not a specgen chat save"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "robot", "content": "x"}]}', "messages[0]"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "--top-p"),
+])
+def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fragment):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    at_start = session_run(models, [], "--load", str(bad))
+    assert at_start.exit_code == 1
+    lines = [line for line in at_start.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], at_start.output
+
+    after = tmp_path / "after.json"
+    mid = session_run(models, ["hello", f"/load {bad}", f"/save {after}"], "-n", "3", "--temperature", "0.3")
+    assert mid.exit_code == 0, mid.output
+    errors = error_lines(mid.stderr)
+    assert len(errors) == 1 and fragment in errors[0]
+    kept = json.loads(after.read_text())
+    assert [m["content"] for m in kept["messages"]][:1] == ["hello"] and len(kept["messages"]) == 2
+    assert kept["settings"]["temperature"] == 0.3
+
+
+def test_missing_save_file_and_unwritable_target(models, tmp_path):
+    result = session_run(models, [f"/load {tmp_path / 'nope.json'}", f"/save {tmp_path / 'no' / 'dir.json'}"])
+    assert result.exit_code == 0, result.output
+    errors = error_lines(result.stderr)
+    assert len(errors) == 2 and "cannot read" in errors[0] and "cannot write" in errors[1]
+
+
+def test_context_overflow_drops_the_oldest_turns_and_keeps_going(models, tmp_path):
+    """Context 256 tokens (one per byte): ~75-token messages and 60-token replies overflow by turn 3."""
+    saved = tmp_path / "long.json"
+    messages = [f"message {i}: " + "tell me about caches and speculative decoding please " for i in range(6)]
+    result = session_run(models, [*messages, f"/save {saved}"], "-n", "60", "--system", "You are terse.",
+                         "--format", "json")
+    assert result.exit_code == 0, result.output
+    replies = json_lines(result.stdout)
+    assert len(replies) == 6
+    assert sum(r["dropped_turns"] for r in replies) >= 3
+    assert "dropped the oldest" in result.stderr
+    assert all(r["conversation_tokens"] + 60 <= 256 for r in replies)
+    data = json.loads(saved.read_text())
+    assert data["system"] == "You are terse."  # never dropped
+    assert data["messages"][0]["role"] == "user" and data["messages"][-2]["content"] == messages[-1]
+    assert len(data["messages"]) < 12
+
+
+def test_a_message_too_long_for_the_context_leaves_the_session_unchanged(models):
+    result = session_run(models, ["hi", "x" * 300, "/stats"], "-n", "4", "--format", "json")
+    assert result.exit_code == 0, result.output
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "context holds 256" in errors[0]
+    assert json_lines(result.stdout)[-1]["totals"]["turns"] == 1
+
+
+# -- ChatSession: cache reuse and Ctrl-C -------------------------------------------------------
+
+class Quiet(PlainRenderer):
+    def __init__(self, interrupt_at: int | None = None):
+        import io
+
+        super().__init__(out=io.StringIO(), err=io.StringIO())
+        self.interrupt_at = interrupt_at
+
+    def on_round(self, view, stats):
+        super().on_round(view, stats)
+        if stats.rounds == self.interrupt_at:
+            raise KeyboardInterrupt
+
+
+def make_session(tiny_dirs, tiny_pair, method=Method.CHAIN, messages=None, **kwargs):
+    target, draft = tiny_pair
+    settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32")
+    config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3)
+    return ChatSession(Pair(target, draft), settings, config, "Be kind.", messages, **kwargs)
+
+
+def test_cache_reuse_gives_the_reply_of_a_fresh_prefill(tiny_dirs, tiny_pair):
+    reusing = make_session(tiny_dirs, tiny_pair)
+    reusing.send("hello there", Quiet())
+    second = reusing.send("tell me more", Quiet())
+    assert second.reused_tokens > 0
+    assert second.outcome.stats.prefill_seconds >= 0
+
+    fresh = make_session(tiny_dirs, tiny_pair, messages=reusing.messages[:2])
+    expected = fresh.send("tell me more", Quiet())
+    assert expected.reused_tokens == 0
+    assert second.outcome.token_ids == expected.outcome.token_ids
+    assert second.prompt_tokens == expected.prompt_tokens
+
+    # a new drafter (method switch) keeps the target's cache, and greedy plain == greedy chain
+    switching = make_session(tiny_dirs, tiny_pair)
+    switching.send("hello there", Quiet())
+    switching.command("/method plain")
+    switched = switching.send("tell me more", Quiet())
+    assert switched.reused_tokens > 0 and switched.outcome.stats.method == "plain"
+    assert switched.outcome.token_ids == expected.outcome.token_ids
+
+
+def test_ctrl_c_keeps_the_partial_reply_and_the_next_turn_is_right(tiny_dirs, tiny_pair):
+    cut = make_session(tiny_dirs, tiny_pair)
+    turn = cut.send("hello there", Quiet(interrupt_at=3))
+    assert turn.outcome.interrupted and turn.outcome.token_ids
+    assert cut.messages[-1] == {"role": "assistant", "content": turn.outcome.text, "interrupted": True}
+    after = cut.send("go on", Quiet())
+    assert after.reused_tokens > 0
+
+    fresh = make_session(tiny_dirs, tiny_pair, messages=cut.messages[:2])
+    assert fresh.send("go on", Quiet()).outcome.token_ids == after.outcome.token_ids
+
+
+def test_ctrl_c_during_the_prefill_falls_back_to_a_fresh_prefill(tiny_dirs, tiny_pair):
+    cut = make_session(tiny_dirs, tiny_pair)
+    cut.send("hello there", Quiet())
+    engine, forward = cut.engine, cut.engine._forward
+
+    def interrupted_forward(input_ids, cache, keep):
+        engine._forward = forward
+        forward(input_ids[:, :2], cache, keep)  # part of the prefill happened
+        raise KeyboardInterrupt
+
+    engine._forward = interrupted_forward
+    turn = cut.send("tell me more", Quiet())
+    assert turn.outcome.interrupted and turn.outcome.token_ids == [] and cut.state is None
+    after = cut.send("go on", Quiet())
+    fresh = make_session(tiny_dirs, tiny_pair, messages=cut.messages[:4])
+    assert fresh.send("go on", Quiet()).outcome.token_ids == after.outcome.token_ids
+
+
+# -- a real terminal ------------------------------------------------------------------------
+
+STARTUP_TIMEOUT = 240  # importing torch and loading models can take minutes on a loaded 2-core machine
+
+
+def chat_command() -> list[str]:
+    """`python -m specgen chat` once cli.py registers the command; until then the module itself."""
+    from specgen.cli import app as main_app
+
+    registered = any(c.name == "chat" or c.callback is chat for c in main_app.registered_commands)
+    return ["-m", "specgen", "chat"] if registered else ["-m", "specgen.chat_cli"]
+
+
+def test_a_real_terminal_session_survives_ctrl_c(models):
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, SPECGEN_CHAT_TEST_DELAY="0.05", TERM="xterm", COLUMNS="200")
+    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "200"],
+                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect("you>", timeout=STARTUP_TIMEOUT)
+        child.sendline("hello")
+        child.expect(r"round \d+")  # the reply has started
+        child.sendintr()
+        child.expect("interrupted")
+        child.expect("you>")
+        child.send("half a line")
+        time.sleep(0.2)
+        child.sendintr()  # Ctrl-C over typed text drops the line and stays
+        child.expect("you>")
+        child.sendline("/set max_new_tokens 4")
+        child.expect("max_new_tokens 4")
+        child.sendline("again")
+        child.expect(r"turn 2 · chain · \d+ tokens")
+        child.expect(r"\((\d+) reused")
+        assert int(child.match.group(1)) > 0
+        child.expect("you>")
+        child.send("\x1b[A\r")  # up arrow: readline history brings back "again"
+        child.expect(r"turn 3 · chain")
+        child.expect("you>")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+
+
+def test_ctrl_c_at_an_empty_prompt_exits_cleanly(models):
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(sys.executable, [*chat_command(), *models], env=dict(os.environ, TERM="xterm"),
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect("you>", timeout=STARTUP_TIMEOUT)
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
