@@ -38,6 +38,9 @@ class ScriptedDrafter:
     def begin(self, prompt_ids):
         pass
 
+    def rewind(self, valid):
+        pass
+
     def propose(self, context, k, sampling, generator):
         start = len(context) - self.prompt_len
         tokens = []
