@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
+from specgen.options import (ScheduleOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
@@ -45,7 +45,8 @@ def bench(
     threads: Annotated[Optional[int], typer.Option(
         "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count).")] = None,
     max_new_tokens: MaxNewOpt = 128,
-    draft_tokens: DraftTokensOpt = 4,
+    draft_tokens: DraftTokensOpt = "4",
+    draft_schedule: ScheduleOpt = None,
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
@@ -66,12 +67,10 @@ def bench(
     """Measure decoding methods against plain decoding of the target on a prompt set."""
     with user_errors():
         from specgen import bench as bench_mod
-        from specgen.config import GenerationConfig, SamplingConfig, parse_branching
+        from specgen.options import generation_config
 
-        config = GenerationConfig(
-            method=Method.PLAIN, max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
-            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-            branching=parse_branching(branching), beam_width=beam_width, depth=depth)
+        config = generation_config("plain", max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                                   branching, beam_width, depth, schedule=draft_schedule)
         settings = bench_mod.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
         names = bench_mod.parse_methods(methods)
         bench_mod.check_settings(names, config)

@@ -48,7 +48,7 @@ def chat(
     draft: DraftOpt = DEFAULT_DRAFT,
     method: MethodOpt = "chain",
     max_new_tokens: MaxNewOpt = 256,
-    draft_tokens: DraftTokensOpt = 4,
+    draft_tokens: DraftTokensOpt = "4",
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",

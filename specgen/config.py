@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from specgen.adaptive import Schedule
 from specgen.errors import ConfigError
 
 
@@ -16,6 +17,7 @@ class Method(str, enum.Enum):
     RSD_C = "rsd-c"
     RSD_S = "rsd-s"
     MULTI_DRAFT = "multi-draft"
+    LOOKUP = "lookup"  # prompt lookup: n-gram continuations, no draft model
 
     @classmethod
     def parse(cls, value: str) -> "Method":
@@ -27,7 +29,7 @@ class Method(str, enum.Enum):
 
     @property
     def needs_draft_model(self) -> bool:
-        return self is not Method.PLAIN
+        return self not in (Method.PLAIN, Method.LOOKUP)
 
     @property
     def is_tree(self) -> bool:
@@ -67,6 +69,7 @@ class GenerationConfig:
     branching: tuple[int, ...] = (2, 2, 1)  # rsd-c and multi-draft: children per depth
     beam_width: int = 3  # rsd-s
     depth: int = 4  # rsd-s
+    schedule: Schedule = Schedule.FIXED  # chain/lookup draft length: fixed k, or adaptive up to k
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
 
@@ -117,3 +120,14 @@ def parse_branching(value: str) -> tuple[int, ...]:
     if not factors:
         raise ConfigError("--branching needs at least one factor, like 2,2,1")
     return factors
+
+
+def parse_draft_tokens(value: str) -> tuple[int, Schedule | None]:
+    """'4' -> (4, None); 'auto' -> (8, the adaptive schedule); anything else is an error."""
+    value = str(value).strip().lower()
+    if value == "auto":
+        return 8, Schedule.ADDITIVE
+    try:
+        return int(value), None
+    except ValueError:
+        raise ConfigError(f"--draft-tokens takes a number or 'auto', got '{value}'") from None

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 
 from specgen import kvcache
+from specgen.adaptive import make_policy
 from specgen.acceptance import (Rule, greedy_match, greedy_tree, recursive_rejection, select_rule,
                                 speculative_sampling)
 from specgen.config import GenerationConfig, Method
@@ -76,6 +77,7 @@ class DecodeState:
     generator: torch.Generator | None = field(default=None, repr=False)
     reused_tokens: int = 0  # cache positions kept from a previous state by `resume`
     verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
+    length: object = None  # the draft-length policy (adaptive.py), kept across chat turns
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -113,7 +115,7 @@ class Engine:
         if len(prompt_ids) >= self.context_length:
             raise PromptError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
                               f"{self.context_length}; shorten it")
-        if config.method.needs_draft_model and self.drafter is None:
+        if config.method is not Method.PLAIN and self.drafter is None:
             raise ValueError(f"method {config.method.value} needs a drafter")
         started = time.perf_counter()
         cache = kvcache.new_cache(self.model)
@@ -125,8 +127,14 @@ class Engine:
         generator = None
         if not config.sampling.greedy:
             generator = make_generator(config.sampling.seed, self.device)
-        return DecodeState(list(prompt_ids), cache, len(prompt_ids),
-                           time.perf_counter() - started, generator)
+        state = DecodeState(list(prompt_ids), cache, len(prompt_ids), time.perf_counter() - started, generator)
+        state.length = self._policy(config)
+        return state
+
+    @staticmethod
+    def _policy(config: GenerationConfig):
+        cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
+        return make_policy(config.schedule, config.draft_tokens, cost=cost)
 
     @torch.inference_mode()
     def resume(self, state: DecodeState | None, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
@@ -156,6 +164,8 @@ class Engine:
         state.ids = list(prompt_ids)
         state.prompt_length = len(prompt_ids)
         state.reused_tokens = keep
+        if state.length is None:
+            state.length = self._policy(config)
         state.prefill_seconds = time.perf_counter() - started
         if not config.sampling.greedy:
             state.generator = make_generator(config.sampling.seed, self.device)
@@ -186,7 +196,7 @@ class Engine:
     def _fast_round(self, state: DecodeState, config: GenerationConfig, remaining: int
                     ) -> tuple[RoundResult, str | None]:
         """One round of the configured method, committed; at most `remaining` tokens."""
-        k = min(config.draft_tokens, remaining - 1)
+        k = min(state.length.next_k() if state.length else config.draft_tokens, remaining - 1)
         if config.method is Method.PLAIN or k < 1:
             result = self._plain_round(state, config)
         elif config.method.is_tree and remaining > config.tree_depth:
@@ -195,6 +205,8 @@ class Engine:
             result = self._plain_round(state, config)  # too close to the end for a tree
         else:
             result = self._speculative_round(state, config, k)
+            if state.length is not None:
+                state.length.update(len(result.draft_tokens), result.accepted)  # before any cut
         emitted, stop = self._cut(result.emitted, remaining)
         self._commit(state, emitted, result)
         return replace(result, emitted=emitted), stop

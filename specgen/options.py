@@ -69,7 +69,8 @@ TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: di
 DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same tokenizer as the target).")]
 MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, rsd-c, rsd-s or multi-draft.")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
-DraftTokensOpt = Annotated[int, typer.Option("--draft-tokens", "-k", help="Draft tokens per round.")]
+DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round, or 'auto' (adaptive, up to 8).")]
+ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
 DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
@@ -87,12 +88,19 @@ VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Determini
 
 
 def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                      branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32):
+                      branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
+                      schedule=None):
     """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
-    from specgen.config import GenerationConfig, Method, SamplingConfig, parse_branching
+    from specgen.adaptive import Schedule
+    from specgen.config import ConfigError, GenerationConfig, Method, SamplingConfig, parse_branching, parse_draft_tokens
 
+    k, auto = parse_draft_tokens(draft_tokens)
+    try:
+        chosen = Schedule(schedule) if schedule else (auto or Schedule.FIXED)
+    except ValueError:
+        raise ConfigError(f"unknown --draft-schedule '{schedule}'; use fixed, additive or expected-gain") from None
     return GenerationConfig(
-        method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=draft_tokens,
+        method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         branching=parse_branching(branching), beam_width=beam_width, depth=depth,
         deterministic=deterministic, verify_window=verify_window)

@@ -19,8 +19,9 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     if sampling.greedy:
         one_hot = torch.zeros_like(logits)
         return one_hot.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    # shift by the max before dividing, so a tiny temperature cannot overflow to inf
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / sampling.temperature
+    # shift by the max before dividing, so a tiny temperature cannot overflow to inf; and keep
+    # the divisor a normal float (subnormals are flushed to zero once flush-denormal is on)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(sampling.temperature, 1e-30)
     vocab = logits.shape[-1]
     if 0 < sampling.top_k < vocab:
         # exactly k tokens, even with ties at the k-th value (common in bf16)

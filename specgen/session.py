@@ -46,6 +46,10 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
     from specgen import tree_drafters
 
     config = config or GenerationConfig(method=method)
+    if method is Method.LOOKUP:
+        from specgen.lookup import PromptLookupDrafter
+
+        return PromptLookupDrafter()
     if method is Method.RSD_C:
         return tree_drafters.RSDConstant(draft.model, draft.device, config.branching, vocab)
     if method is Method.MULTI_DRAFT:
@@ -58,7 +62,9 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
 def build_engine(pair: Pair, method: Method, config: GenerationConfig | None = None) -> Engine:
     drafter, vocab = None, None
     target = pair.target
-    if method.needs_draft_model:
+    if method is Method.LOOKUP:
+        drafter = make_drafter(None, method, None, config)
+    elif method.needs_draft_model:
         sizes = (target.model.config.vocab_size, pair.draft.model.config.vocab_size)
         # heads padded to different sizes (same tokenizer): compare over the shared ids only
         vocab = min(sizes) if sizes[0] != sizes[1] else None

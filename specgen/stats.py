@@ -33,7 +33,10 @@ class Stats:
         """Add one round; `elapsed` is the wall time since prefill started."""
         self.rounds += 1
         self.new_tokens += len(result.emitted)
-        self.drafted += len(result.draft_tokens)
+        # drafts past the stopping point (EOS or the length limit inside the accepted part)
+        # were never in question: they do not count as proposed
+        cut_inside = result.stop is not None and len(result.emitted) <= result.accepted
+        self.drafted += len(result.emitted) if cut_inside else len(result.draft_tokens)
         self.accepted += result.accepted_emitted
         self.draft_seconds += result.draft_seconds
         self.verify_seconds += result.verify_seconds

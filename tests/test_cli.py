@@ -241,3 +241,20 @@ def test_prompts_file_errors(models, tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("a\nb\n")
     assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "2", *models), "--method plain")
+
+
+@pytest.mark.parametrize("extra", [["--method", "lookup"], ["--method", "lookup", "--draft-tokens", "auto"],
+                                   ["--method", "chain", "--draft-tokens", "auto"],
+                                   ["--method", "chain", "--draft-schedule", "expected-gain", "--draft-tokens", "6"]])
+def test_lookup_and_adaptive_draft_length_match_plain(models, extra):
+    prompt = "abcabcabcabc abcabc abc"
+    plain = invoke("run", prompt, *models, "-n", "16", "--method", "plain", "--format", "json", "--raw")
+    other = invoke("run", prompt, *models, "-n", "16", *extra, "--format", "json", "--raw")
+    assert other.exit_code == 0, other.output
+    p, o = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (plain, other))
+    assert p["token_ids"] == o["token_ids"]
+
+
+def test_bad_draft_tokens_and_schedule(models):
+    assert_one_line_error(invoke("run", "hi", *models, "--draft-tokens", "many"), "--draft-tokens")
+    assert_one_line_error(invoke("run", "hi", *models, "--draft-schedule", "magic"), "--draft-schedule")

@@ -1,0 +1,192 @@
+"""Draft-length policies (how many tokens to draft next round) and a confidence stop for drafters.
+
+A policy has two methods: `next_k()` before a round and `update(proposed, accepted)` after
+it, with the number of draft tokens the drafter actually proposed and how many the target's
+rule accepted (before any EOS / length cut: that is what says how good the drafter is).
+
+Why adapting k is safe: k is chosen from past rounds only, before the round's draft exists,
+and each draft position is verified by the usual rule; the output law (and greedy output) is
+the same for every k, only the speed changes.
+
+The trade-off every policy strikes: a round with k drafts costs about 1 + c*k target
+forwards (c = one draft token's cost relative to a target forward, about 0.37 for the
+0.5B/1.5B pair on CPU, close to 0 for prompt lookup, plus the marginal cost of verifying one
+more token) and emits sum_{i=0..k} a^i tokens on average when each token is accepted with
+probability a (Leviathan et al. 2023). Drafting too little wastes target forwards on easy
+text; drafting too much wastes draft forwards on tokens that follow a rejection.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # only tensor methods are used: importing this module does not load torch
+    import torch
+
+
+class LengthPolicy(Protocol):
+    def next_k(self) -> int: ...
+
+    def update(self, proposed: int, accepted: int) -> None: ...
+
+
+class Schedule(str, enum.Enum):
+    """The draft-length schedules, by the name `--draft-schedule` / bench would use."""
+
+    FIXED = "fixed"
+    ADDITIVE = "additive"
+    EXPECTED_GAIN = "expected-gain"
+
+
+def make_policy(schedule: Schedule, draft_tokens: int, cost: float = 0.37) -> LengthPolicy:
+    """A fresh policy; `draft_tokens` is k for FIXED and the upper bound for the others.
+
+    `cost` (ExpectedGainLength only): one draft token relative to a target forward, about
+    0.37 for the default model pair on CPU and ~0.05 for prompt lookup (verification only).
+    """
+    if schedule is Schedule.FIXED:
+        return FixedLength(draft_tokens)
+    if schedule is Schedule.ADDITIVE:
+        return AdditiveLength(start=min(4, draft_tokens), min=1, max=draft_tokens)
+    return ExpectedGainLength(cost=cost, min=1, max=draft_tokens)
+
+
+@dataclass
+class FixedLength:
+    """Always k: the baseline, and what `--draft-tokens N` means."""
+
+    k: int = 4
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        pass
+
+
+@dataclass
+class AdditiveLength:
+    """Grow by `grow` after a fully accepted round, drop to accepted + 1 after a rejection.
+
+    The scheme transformers calls "heuristic" (there +2 / -1). Reacting to each round follows
+    runs of easy text (code, quotes, loops) quickly and gives up after one bad round, which
+    suits acceptance that comes in bursts; the price is noise: one unlucky rejection in easy
+    text halves k for a few rounds. Rounds that proposed nothing (a lookup without a match)
+    say nothing about the drafter and leave k alone; a fully accepted round that proposed
+    fewer than k (a short proposal, or the end of the budget) does not grow it either, as k
+    was not what limited it.
+    """
+
+    start: int = 4
+    min: int = 1
+    max: int = 8
+    grow: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.start <= self.max:
+            raise ValueError(f"need 1 <= min <= start <= max, got {self.min}, {self.start}, {self.max}")
+        self.k = self.start
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        if accepted >= proposed:
+            if proposed >= self.k:
+                self.k = min(self.max, self.k + self.grow)
+        else:
+            self.k = max(self.min, min(self.k, accepted + 1))
+
+
+@dataclass
+class ExpectedGainLength:
+    """Pick the k that maximises expected tokens per unit of cost, from an acceptance estimate.
+
+    The per-token acceptance a is estimated from recent rounds: a round that accepted j of
+    its proposed tokens contributes j successes and, if it stopped at a rejection, one
+    failure (the maximum-likelihood estimate for a geometric run length cut off at k), with
+    an exponential forgetting of `halflife` rounds and a weak prior. Then
+        k = argmax_k  sum_{i=0..k} a^i / (1 + cost * k),   min <= k <= max.
+    This is steadier than AdditiveLength (one rejection moves it little) and knows what a
+    draft token costs, but it assumes acceptances are independent; real ones come in runs,
+    which AdditiveLength follows faster.
+    """
+
+    cost: float = 0.37
+    min: int = 1
+    max: int = 8
+    halflife: float = 8.0
+    prior_accepted: float = 3.0  # a prior worth a = 0.75 from 4 token trials
+    prior_rejections: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.max or self.cost < 0 or self.halflife <= 0:
+            raise ValueError("need 1 <= min <= max, cost >= 0 and halflife > 0")
+        self.successes = self.prior_accepted
+        self.failures = self.prior_rejections
+        self._decay = 0.5 ** (1.0 / self.halflife)
+        self.k = self._best_k()
+
+    @property
+    def acceptance(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        self.successes = self.successes * self._decay + accepted
+        self.failures = self.failures * self._decay + (1.0 if accepted < proposed else 0.0)
+        self.k = self._best_k()
+
+    def _best_k(self) -> int:
+        a = self.acceptance
+        expected, power = 1.0, 1.0  # sum_{i=0..k} a^i, running
+        best_k, best = self.min, float("-inf")
+        for k in range(1, self.max + 1):
+            power *= a
+            expected += power
+            gain = expected / (1.0 + self.cost * k)
+            if k >= self.min and gain > best:  # ties keep the shorter draft
+                best_k, best = k, gain
+        return best_k
+
+
+@dataclass(frozen=True)
+class ConfidenceStop:
+    """Stop drafting once the draft's own top probability falls under `threshold`.
+
+    Call it once per draft step on what the drafter already has: the step's logits [..., V],
+    and its warped distribution when it sampled (`choose` returns it), else None (greedy:
+    the warped law is a one-hot, so the confidence is read from softmax(logits) instead).
+    Returns a bool tensor [...] on the logits' device, True = stop after this token.
+
+    Lossless: the decision depends on p_i (a function of the prefix x_<i), and the token x_i
+    that was just drawn is kept, never dropped because of its value; so every proposed x_i is
+    still distributed as the p_i reported for it, and the acceptance rule stays exact. (What
+    would NOT be safe: drawing x_i and then discarding it because p_i(x_i) was low.)
+
+    Cost: reading the flag (`bool(flag)`) is one small host sync per draft step. On CPU that
+    is free; on CUDA it makes the host wait for each step's kernels before it can launch the
+    next, so the launch latency of every draft step is no longer hidden (use it with a
+    captured CUDA graph for the draft step, or check every other step). The alternative with
+    no extra sync keeps drafting k tokens, stacks the flags, and cuts the proposal after the
+    first True in the round's single sync: that saves verification work but not the draft
+    forwards, which is where the time goes here.
+    """
+
+    threshold: float = 0.4
+
+    def __call__(self, logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        if probs is not None:
+            top = probs.amax(dim=-1)
+        else:
+            logits = logits.float()
+            top = (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
+        return top < self.threshold

@@ -1,0 +1,428 @@
+"""Prompt lookup: exact proposals on hand-made sequences, an index checked against a slow scan,
+O(1) index work per round, greedy equivalence in the real engine, and (statistical) the
+output law under sampling with point-mass proposals, with negative controls."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from scipy import stats
+
+import specgen.engine as engine_module
+from specgen import kvcache
+from specgen.acceptance import ProposalKind, Verdict, speculative_sampling
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.drafters import ModelDrafter, Proposal
+from specgen.engine import Engine
+from specgen.lookup import CombinedDrafter, PromptLookupDrafter, Source, common_prefix
+from specgen.sampling import make_generator, warp
+
+GREEDY = SamplingConfig()
+
+
+def proposed(drafter: PromptLookupDrafter, context: list[int], k: int) -> list[int]:
+    proposal = drafter.propose(context, k, GREEDY, None)
+    assert proposal.kind is ProposalKind.DETERMINISTIC and proposal.probs is None
+    assert proposal.tokens.dtype == torch.int64 and proposal.tokens.dim() == 1
+    return proposal.tokens.tolist()
+
+
+def reference_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Obviously correct and slow: scan every earlier position, longest n first, latest first."""
+    length = len(context)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        tail = context[length - n:] if n <= length else None
+        for start in range(length - 1, n - 1, -1):
+            if tail is not None and context[start - n:start] == tail:
+                out = []
+                for i in range(k):  # an overlapping copy: the proposal extends the text
+                    out.append((context + out)[start + i])
+                return out
+    return []
+
+
+# -- hand-made sequences --------------------------------------------------------------------------
+
+def test_prefers_the_longest_ngram_over_a_more_recent_shorter_one():
+    # tail (1, 2, 3): the 3-gram matched at 0..2 beats the later 1-gram "3" followed by 7
+    context = [1, 2, 3, 9, 5, 3, 7, 1, 2, 3]
+    assert proposed(PromptLookupDrafter(), context, 3) == [9, 5, 3]
+    assert proposed(PromptLookupDrafter(max_ngram=1), context, 3) == [7, 1, 2]
+
+
+def test_takes_the_most_recent_occurrence():
+    assert proposed(PromptLookupDrafter(), [1, 2, 5, 1, 2, 6, 1, 2], 3) == [6, 1, 2]
+
+
+def test_no_match_proposes_nothing():
+    drafter = PromptLookupDrafter()
+    assert proposed(drafter, [1, 2, 3, 4], 4) == []
+    assert proposed(drafter, [1], 4) == []
+    assert drafter.stats.matched == 0
+
+
+def test_min_ngram_ignores_shorter_matches():
+    context = [4, 8, 1, 9, 2, 1]  # only the 1-gram "1" was seen before
+    assert proposed(PromptLookupDrafter(min_ngram=1), context, 2) == [9, 2]
+    assert proposed(PromptLookupDrafter(min_ngram=2), context, 2) == []
+
+
+def test_proposal_is_truncated_to_k():
+    context = [10, 11, 12, 13, 14, 15, 10, 11]
+    for k in range(1, 6):
+        assert proposed(PromptLookupDrafter(), context, k) == [12, 13, 14, 15, 10][:k]
+
+
+def test_a_short_period_continues_periodically():
+    assert proposed(PromptLookupDrafter(), [5, 7, 7, 7], 4) == [7, 7, 7, 7]
+    assert proposed(PromptLookupDrafter(), [9, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+
+
+def test_invalid_ngram_bounds_are_rejected():
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(min_ngram=0)
+
+
+# -- the incremental index ------------------------------------------------------------------------
+
+def test_incremental_index_matches_a_fresh_scan_through_appends_and_rollbacks():
+    """A random walk of appends, rollbacks and same-length edits near the tail, over 4 symbols
+    (so matches of every length are common): every proposal equals the slow scan's."""
+    generator = make_generator(0)
+    drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
+    context = torch.randint(0, 4, (5,), generator=generator).tolist()
+    drafter.begin(context)
+    for step in range(400):
+        action = int(torch.randint(0, 10, (1,), generator=generator))
+        if action < 6:  # a round committed 1..5 tokens
+            count = int(torch.randint(1, 6, (1,), generator=generator))
+            context = context + torch.randint(0, 4, (count,), generator=generator).tolist()
+        elif action < 8 and len(context) > 2:  # rolled back
+            context = context[: int(torch.randint(1, len(context), (1,), generator=generator))]
+        elif len(context) > 2:  # one of the last tokens changed, same length
+            at = len(context) - 1 - int(torch.randint(0, min(3, len(context)), (1,), generator=generator))
+            context = context[:at] + [(context[at] + 1) % 4] + context[at + 1:]
+        k = int(torch.randint(1, 7, (1,), generator=generator))
+        assert proposed(drafter, context, k) == reference_lookup(context, k, 3, 1), f"step {step}"
+    assert drafter.stats.removals > 0 and drafter.stats.rebuilds > 0
+
+
+def test_rollback_to_a_different_text_of_the_same_length_is_detected():
+    drafter = PromptLookupDrafter()
+    assert proposed(drafter, [5, 1, 2, 9, 1, 2], 1) == [9]
+    assert proposed(drafter, [5, 1, 2, 8, 1, 2], 1) == [8]  # same length, same last token
+    assert proposed(drafter, [5, 1, 2], 1) == []  # shorter: nothing was seen twice
+    assert proposed(drafter, [5, 1, 2, 7, 1, 2], 2) == [7, 1]
+
+
+def test_rewind_and_begin_as_the_engine_calls_them_between_turns():
+    drafter = PromptLookupDrafter()
+    first = [3, 4, 5, 6, 3, 4]
+    drafter.begin(first)
+    assert proposed(drafter, first, 2) == [5, 6]
+    second = [3, 4, 0, 6, 3, 4]  # a re-rendered earlier turn
+    drafter.rewind(common_prefix(first, second))
+    drafter.begin(second)
+    assert proposed(drafter, second, 2) == [0, 6]
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 3]) == 3
+    assert common_prefix([1, 2, 3], [1, 2]) == 2
+    assert common_prefix([1, 2, 3], [1, 9, 3]) == 1
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([4] * 100 + [1], [4] * 100 + [2]) == 100
+
+
+def test_index_work_per_round_does_not_grow_with_the_context():
+    """O(max_ngram) dictionary operations per committed token and per lookup, at any length.
+
+    A round that committed c tokens costs at most 3c inserts (one per n-gram size) and at
+    most 3 lookups, whether the context holds 100 tokens or 20,000.
+    """
+    generator = make_generator(1)
+    drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
+    context = torch.randint(0, 50, (100,), generator=generator).tolist()
+    drafter.begin(context)
+    per_round = []
+    while len(context) < 20_000:
+        committed = int(torch.randint(1, 6, (1,), generator=generator))
+        context.extend(torch.randint(0, 50, (committed,), generator=generator).tolist())
+        before = drafter.stats.operations
+        drafter.propose(context, 4, GREEDY, None)
+        drafter.observe(2)
+        per_round.append(drafter.stats.operations - before)
+        assert per_round[-1] <= 3 * committed + 3
+    assert drafter.stats.removals == 0 and drafter.stats.rebuilds == 0
+    # unseen tail -> all three sizes are looked up, nothing else
+    before = drafter.stats.operations
+    assert drafter.find(context + [999], 4) is None
+    assert drafter.stats.operations - before == 3 + 3  # 3 inserts for the new token, 3 lookups
+
+
+# -- the real engine on tiny models ---------------------------------------------------------------
+
+# On the tiny random target, a run of one token is often continued by runs of another
+# (190 x6 -> 37 x14, 12 x12, 163 x2, then no repeats), so lookups are accepted in full, in
+# part and not at all within one generation.
+LOOP_PROMPTS = {"runs-of-37": [190] * 6, "runs-of-180": [159] * 6}
+
+
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Obviously correct and slow: the whole sequence without a cache for every token."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def lookup_engine(pair, drafter) -> Engine:
+    target, _ = pair
+    return Engine(target.model, target.device, frozenset(), target.context_length, drafter)
+
+
+def generate(engine: Engine, prompt: list[int], **kwargs) -> tuple[list[int], list]:
+    rounds = list(engine.generate(prompt, GenerationConfig(method=Method.CHAIN, **kwargs)))
+    return [t for r in rounds for t in r.emitted], rounds
+
+
+@pytest.fixture(scope="module")
+def references(tiny_pair):
+    return {name: reference_greedy(tiny_pair[0].model, prompt, 40) for name, prompt in LOOP_PROMPTS.items()}
+
+
+@pytest.mark.parametrize("name", list(LOOP_PROMPTS))
+@pytest.mark.parametrize("k", [1, 3, 4, 8])
+def test_lookup_in_the_engine_matches_plain_greedy(tiny_pair, references, name, k):
+    drafter = PromptLookupDrafter()
+    out, rounds = generate(lookup_engine(tiny_pair, drafter), LOOP_PROMPTS[name], max_new_tokens=40,
+                           draft_tokens=k)
+    assert out == references[name]
+    drafted = [r for r in rounds if r.draft_tokens]
+    assert any(r.accepted == len(r.draft_tokens) for r in drafted)  # fully accepted rounds
+    assert any(r.accepted < len(r.draft_tokens) for r in drafted)  # and rejections
+    assert any(not r.draft_tokens for r in rounds)  # and rounds without a match
+    assert len(rounds) < 40
+
+
+def test_lookup_resume_matches_a_fresh_start(tiny_pair):
+    """A second turn (engine.resume: rewind + begin) and a re-rendered one: same as fresh."""
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=16, draft_tokens=4)
+    engine = lookup_engine(tiny_pair, PromptLookupDrafter())
+    state = engine.start(LOOP_PROMPTS["runs-of-37"], config)
+    list(engine.rounds(state, config))
+    for turn in (state.ids + [190, 190, 190], [159] * 3 + state.ids[3:] + [190]):
+        state = engine.resume(state, turn, config)
+        again = [t for r in engine.rounds(state, config) for t in r.emitted]
+        fresh = [t for r in lookup_engine(tiny_pair, PromptLookupDrafter()).generate(turn, config)
+                 for t in r.emitted]
+        assert again == fresh
+
+
+def test_lookup_under_sampling_is_reproducible(tiny_pair):
+    sampling = SamplingConfig(temperature=0.8, seed=3)
+    outs = [generate(lookup_engine(tiny_pair, PromptLookupDrafter()), LOOP_PROMPTS["runs-of-37"],
+                     max_new_tokens=30, draft_tokens=4, sampling=sampling)[0] for _ in range(2)]
+    assert outs[0] == outs[1] and len(outs[0]) == 30
+
+
+# -- lookup next to a draft model -----------------------------------------------------------------
+
+class RecordingDrafter:
+    """A model drafter stand-in: proposes k copies of 0 and records the calls it gets."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def begin(self, prompt_ids):
+        self.calls.append(("begin", len(prompt_ids)))
+
+    def rewind(self, valid):
+        self.calls.append(("rewind", valid))
+
+    def propose(self, context, k, sampling, generator):
+        self.calls.append(("propose", len(context), k))
+        return Proposal(torch.zeros(k, dtype=torch.int64), None, ProposalKind.DETERMINISTIC)
+
+    def observe(self, kept):
+        self.calls.append(("observe", kept))
+
+
+def test_combined_uses_lookup_for_long_matches_and_the_model_otherwise():
+    model = RecordingDrafter()
+    combined = CombinedDrafter(PromptLookupDrafter(), model, min_match=2)
+    combined.begin([1, 2, 3, 4])
+    # a 2-gram match: lookup; the model is neither asked nor told
+    proposal = combined.propose([1, 2, 3, 4, 1, 2], 3, GREEDY, None)
+    assert proposal.tokens.tolist() == [3, 4, 1] and combined.last_source is Source.LOOKUP
+    combined.observe(1)
+    # only a 1-gram match ("4"): the model
+    proposal = combined.propose([1, 2, 3, 4, 1, 2, 3, 9, 4], 3, GREEDY, None)
+    assert proposal.tokens.tolist() == [0, 0, 0] and combined.last_source is Source.MODEL
+    combined.observe(2)
+    assert model.calls == [("begin", 4), ("propose", 9, 3), ("observe", 2)]
+    assert combined.rounds == {Source.LOOKUP: 1, Source.MODEL: 1}
+    with pytest.raises(ValueError):
+        CombinedDrafter(PromptLookupDrafter(max_ngram=3), model, min_match=4)
+
+
+def test_combined_with_a_draft_model_matches_plain_greedy_and_keeps_its_cache(tiny_pair, references):
+    """Both sources are used; after the lookup rounds the draft cache still holds a committed
+    prefix, and topping it up gives the logits of a fresh draft prefill."""
+    target, draft = tiny_pair
+    model_drafter = ModelDrafter(draft.model, draft.device)
+    combined = CombinedDrafter(PromptLookupDrafter(), model_drafter, min_match=1)
+    engine = lookup_engine(tiny_pair, combined)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=40, draft_tokens=4)
+    state = engine.start(LOOP_PROMPTS["runs-of-37"], config)
+    out = [t for r in engine.rounds(state, config) for t in r.emitted]
+    assert out == references["runs-of-37"]
+    assert combined.rounds[Source.LOOKUP] > 0 and combined.rounds[Source.MODEL] > 0
+    ids = state.ids
+    assert model_drafter.cached <= len(ids) - 1
+    assert ids[: model_drafter.cached] == state.ids[: model_drafter.cached]
+    assert kvcache.cache_length(model_drafter.cache) == model_drafter.cached
+    with torch.no_grad():
+        model_drafter.reset_to(ids[:-1])
+        cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=model_drafter.cache).logits[0, -1]
+        fresh = draft.model(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_combined_under_sampling_is_reproducible(tiny_pair):
+    _, draft = tiny_pair
+    sampling = SamplingConfig(temperature=1.0, seed=9)
+
+    def once():
+        combined = CombinedDrafter(PromptLookupDrafter(), ModelDrafter(draft.model, draft.device), 1)
+        out, _ = generate(lookup_engine(tiny_pair, combined), LOOP_PROMPTS["runs-of-180"],
+                          max_new_tokens=24, draft_tokens=3, sampling=sampling)
+        return out, combined.rounds
+
+    first, rounds = once()
+    assert once()[0] == first and len(first) == 24
+    assert rounds[Source.LOOKUP] > 0 and rounds[Source.MODEL] > 0
+
+
+# -- statistical: point-mass proposals keep the target's law --------------------------------------
+
+# Prompt [3, 3]: the tail "3" was seen, so lookup proposes 3, 3, ... (period 1). Under
+# temperature 1 the tiny target gives the proposed token q(3 | 3, 3) = 0.29 (its top token;
+# ~9 effective tokens), so a point mass is accepted often enough for the controls to show.
+# max_new_tokens 3 and draft_tokens 2: the first round drafts 2 tokens, so the first two
+# emitted tokens come from accepted point masses, residual draws and bonus draws.
+STAT_PROMPT = [3, 3]
+STAT_SAMPLING = SamplingConfig(temperature=1.0)
+STAT_GENERATIONS = 800
+CONTROL_GENERATIONS = 400
+ALPHA = 1e-3
+
+
+def gof_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Chi-square goodness of fit of integer samples against probs [V]; cells with expected
+    count < min_expected are pooled into one tail cell; a sample where p = 0 gives 0."""
+    probs = probs.double().flatten() / probs.double().sum()
+    counts = torch.bincount(samples.flatten(), minlength=probs.numel()).double()
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    expected = probs * samples.numel()
+    big = expected >= min_expected
+    obs, exp = counts[big].tolist(), expected[big].tolist()
+    tail_obs, tail_exp = counts[~big].sum().item(), expected[~big].sum().item()
+    if tail_exp >= min_expected:
+        obs.append(tail_obs)
+        exp.append(tail_exp)
+    elif exp:
+        obs[-1] += tail_obs
+        exp[-1] += tail_exp
+    return float(stats.chisquare(obs, exp).pvalue) if len(obs) > 1 else 1.0
+
+
+def first_two(pair, seeds: range) -> torch.Tensor:
+    """First two tokens of one lookup-drafted generation per seed -> [len(seeds), 2]."""
+    engine = lookup_engine(pair, PromptLookupDrafter())
+    out, lookups = [], 0
+    for seed in seeds:
+        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=3, draft_tokens=2,
+                                  sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
+        rounds = list(engine.generate(STAT_PROMPT, config))
+        lookups += len(rounds[0].draft_tokens) == 2
+        out.append([t for r in rounds for t in r.emitted][:2])
+    assert lookups == len(seeds)  # every first round drafted [3, 3]
+    return torch.tensor(out)
+
+
+@pytest.fixture(scope="module")
+def stat_law(tiny_pair):
+    """Exact plain-sampling laws: q0 of the first token [V] and of the first two tokens [V, V]."""
+    model = tiny_pair[0].model
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        first = model(torch.tensor([STAT_PROMPT])).logits[0, -1]
+        second = model(torch.tensor([STAT_PROMPT + [t] for t in range(vocab)])).logits[:, -1]
+    q0 = warp(first, STAT_SAMPLING).double()
+    return q0, q0[:, None] * warp(second, STAT_SAMPLING).double()
+
+
+def rule_without_residual(draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+    """BROKEN on purpose: at the first rejection draw from q instead of norm(max(q - p, 0))."""
+    k = draft_tokens.shape[0]
+    q_x = target_probs[torch.arange(k), draft_tokens]
+    uniforms = torch.rand(k, generator=generator)
+    accepted = (uniforms < q_x).to(torch.int64).cumprod(dim=0).sum()
+    token = torch.multinomial(target_probs[accepted], 1, generator=generator)[0]
+    return Verdict(accepted, token)
+
+
+def rule_with_p_equal_to_q(draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+    """BROKEN on purpose: the point mass reported as if its p were the target's own q."""
+    k = draft_tokens.shape[0]
+    return speculative_sampling(draft_tokens, target_probs[:k], target_probs, generator)
+
+
+@pytest.mark.statistical
+def test_lookup_first_two_tokens_follow_the_target_law(tiny_pair, stat_law):
+    """800 generations with point-mass lookup drafts [3, 3], temperature 1: the first token
+    ~ q0 and the pair ~ q0(t1) q1(t2 | t1) (exact laws; rare cells pooled).
+
+    Two chi-square tests at alpha = 1e-3 each: false-failure probability <= 2e-3.
+    """
+    tokens = first_two(tiny_pair, range(STAT_GENERATIONS))
+    q0, joint = stat_law
+    assert 0.2 < float((tokens[:, 0] == 3).double().mean()) < 0.4  # q0(3) = 0.29
+    pvalue = gof_pvalue(tokens[:, 0], q0)
+    assert pvalue > ALPHA, f"first token: p-value {pvalue:.3g}"
+    vocab = joint.shape[0]
+    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
+    assert pvalue > ALPHA, f"pairs: p-value {pvalue:.3g}"
+
+
+@pytest.mark.statistical
+def test_control_lookup_without_residual_fails(tiny_pair, stat_law, monkeypatch):
+    """Negative control: re-drawing from q after a rejected point mass must fail.
+
+    The broken first-token law is q(3) d_3 + (1 - q(3)) q, whose chi-square noncentrality is
+    N q(3)(1 - q(3)) = 0.206 N = 82 at N = 400 (df 13 after pooling): against the
+    alpha = 1e-3 critical value (34.5) the control fails with probability 0.99997
+    (noncentral chi-square).
+    """
+    monkeypatch.setattr(engine_module, "speculative_sampling", rule_without_residual)
+    tokens = first_two(tiny_pair, range(10_000, 10_000 + CONTROL_GENERATIONS))
+    pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
+    assert pvalue < ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
+
+
+@pytest.mark.statistical
+def test_control_point_mass_as_if_p_were_q_fails(tiny_pair, stat_law, monkeypatch):
+    """Negative control: p taken as q makes every lookup token accepted (first token always 3,
+    against q0(3) = 0.29): p-value ~ 0 at 100 generations, power 1."""
+    monkeypatch.setattr(engine_module, "speculative_sampling", rule_with_p_equal_to_q)
+    tokens = first_two(tiny_pair, range(20_000, 20_100))
+    assert (tokens[:, 0] == 3).all()
+    pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
+    assert pvalue < ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
