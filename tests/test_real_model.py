@@ -46,3 +46,23 @@ def test_default_pair_chain_matches_plain_in_fp32(prompt):
     chain = run_json(*common, "--method", "chain")
     assert chain["token_ids"] == plain["token_ids"]
     assert chain["stats"]["tokens_per_target_forward"] > 1.5
+
+
+@pytest.mark.slow
+def test_default_pair_deterministic_mode_is_independent_of_method_draft_and_batch(tmp_path):
+    """bf16 on the default pair: identical tokens for every method, draft length and batch size."""
+    prompt = "Write a Python function that returns the n-th Fibonacci number."
+    common = [prompt, "--device", "cpu", "-n", "24", "--deterministic", "--verify-window", "16"]
+    runs = [run_json(*common, "--method", "plain"),
+            run_json(*common, "--method", "chain", "--draft-tokens", "2"),
+            run_json(*common, "--method", "chain", "--draft-tokens", "5"),
+            run_json(*common, "--method", "rsd-c", "--branching", "2,1")]
+    assert len({tuple(r["token_ids"]) for r in runs}) == 1
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(f"Explain recursion briefly.\n{prompt}\nName three sorting algorithms.\n")
+    result = runner.invoke(app, ["run", "--prompts-file", str(prompts), "--batch-size", "3", "--method", "plain",
+                                 "--device", "cpu", "-n", "24", "--deterministic", "--verify-window", "16",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    batched = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert batched[1]["token_ids"] == runs[0]["token_ids"]
