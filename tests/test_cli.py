@@ -258,3 +258,42 @@ def test_lookup_and_adaptive_draft_length_match_plain(models, extra):
 def test_bad_draft_tokens_and_schedule(models):
     assert_one_line_error(invoke("run", "hi", *models, "--draft-tokens", "many"), "--draft-tokens")
     assert_one_line_error(invoke("run", "hi", *models, "--draft-schedule", "magic"), "--draft-schedule")
+
+
+def test_hub_id_from_the_local_hf_cache(tiny_dirs, tmp_path, monkeypatch):
+    """An org/name id resolves from the Hugging Face cache layout, offline."""
+    import shutil
+
+    snapshot = tmp_path / "hub" / "models--specgen--tiny-target" / "snapshots" / "0123abc"
+    shutil.copytree(tiny_dirs["target"], snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abc")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    local = invoke("run", "hi", "--target", str(tiny_dirs["target"]), "--method", "plain", "--dtype", "float32",
+                   "-n", "5", "--format", "json")
+    hub = invoke("run", "hi", "--target", "specgen/tiny-target", "--method", "plain", "--dtype", "float32",
+                 "-n", "5", "--format", "json")
+    assert hub.exit_code == 0, hub.output
+    assert json.loads(hub.stdout.splitlines()[-1])["token_ids"] == json.loads(local.stdout.splitlines()[-1])["token_ids"]
+    missing = invoke("run", "hi", "--target", "specgen/not-there", "--method", "plain")
+    assert_one_line_error(missing, "specgen/not-there")
+
+
+def test_a_gguf_file_as_the_target(tmp_path, monkeypatch):
+    from gguf_factory import write_tiny_gguf
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", seed=1)
+    first = invoke("run", "hello", "--target", str(path), "--method", "plain", "--dtype", "float32", "-n", "6",
+                   "--format", "json")
+    assert first.exit_code == 0, first.output
+    again = invoke("run", "hello", "--target", str(path), "--draft", str(path), "--dtype", "float32", "-n", "6",
+                   "--format", "json")  # reloaded from the converted cache, and as its own draft
+    assert again.exit_code == 0, again.output
+    a, b = (json.loads(r.stdout.splitlines()[-1]) for r in (first, again))
+    assert a["token_ids"] == b["token_ids"] and b["stats"]["acceptance_rate"] == 1.0
