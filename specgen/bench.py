@@ -35,6 +35,7 @@ from typing import Callable, Iterator, Protocol
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from specgen.replay import ReplayResult
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.errors import ConfigError, PromptError
 
@@ -203,16 +204,18 @@ class EngineRunner:
         config = replace(config, method=self.method)
         engine = build_engine(self.pair, self.method, config)
         stats = Stats(method=self.name, prompt_tokens=len(prompt_ids))
-        ids: list[int] = []
         first_tokens = 0
         started = time.perf_counter()
         state = engine.start(prompt_ids, config)
         stats.prefill_seconds = state.prefill_seconds
         for result in engine.rounds(state, config):
+            if isinstance(result, ReplayResult):  # deterministic mode: a window replayed
+                stats.update_replay(result, time.perf_counter() - started)
+                continue
             stats.update(result, time.perf_counter() - started)
-            ids.extend(result.emitted)
             first_tokens = first_tokens or len(result.emitted)
         seconds = time.perf_counter() - started
+        ids = state.ids[len(prompt_ids): state.verified if config.deterministic else None]
         speculative = self.method is not Method.PLAIN
         return Generation(
             ids, seconds, stats.time_to_first_token, first_tokens, stats.prefill_seconds,

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.options import (ScheduleOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
+from specgen.options import (DeterministicOpt, ScheduleOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
@@ -47,6 +47,8 @@ def bench(
     max_new_tokens: MaxNewOpt = 128,
     draft_tokens: DraftTokensOpt = "4",
     draft_schedule: ScheduleOpt = None,
+    deterministic: DeterministicOpt = False,
+    verify_window: VerifyWindowOpt = 32,
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
@@ -70,7 +72,8 @@ def bench(
         from specgen.options import generation_config
 
         config = generation_config("plain", max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                                   branching, beam_width, depth, schedule=draft_schedule)
+                                   branching, beam_width, depth, deterministic, verify_window,
+                                   schedule=draft_schedule)
         settings = bench_mod.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
         names = bench_mod.parse_methods(methods)
         bench_mod.check_settings(names, config)

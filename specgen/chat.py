@@ -171,8 +171,8 @@ def config_from(settings: dict, base: GenerationConfig | None = None) -> Generat
         sampling = SamplingConfig(temperature=float(merged["temperature"]), top_k=_int(merged["top_k"]),
                                   top_p=float(merged["top_p"]),
                                   seed=None if merged["seed"] is None else _int(merged["seed"]))
-        return GenerationConfig(
-            method=Method.parse(str(merged["method"])), max_new_tokens=_int(merged["max_new_tokens"]),
+        return replace(  # keeps what /set does not name (deterministic mode, the draft schedule)
+            base, method=Method.parse(str(merged["method"])), max_new_tokens=_int(merged["max_new_tokens"]),
             draft_tokens=_int(merged["draft_tokens"]), sampling=sampling,
             branching=tuple(_int(b) for b in merged["branching"]), beam_width=_int(merged["beam_width"]),
             depth=_int(merged["depth"]))

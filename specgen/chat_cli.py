@@ -27,7 +27,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
+from specgen.options import (DeterministicOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
                          SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, generation_config, user_errors)
 from specgen.errors import SpecgenError
@@ -49,6 +49,8 @@ def chat(
     method: MethodOpt = "chain",
     max_new_tokens: MaxNewOpt = 256,
     draft_tokens: DraftTokensOpt = "4",
+    deterministic: DeterministicOpt = False,
+    verify_window: VerifyWindowOpt = 32,
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
@@ -68,7 +70,7 @@ def chat(
         with user_errors():
             code = _chat(ctx, system, load_file, target, draft, device, draft_device, dtype, show_tree, format,
                          generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
-                                           seed, branching, beam_width, depth))
+                                           seed, branching, beam_width, depth, deterministic, verify_window))
     except KeyboardInterrupt:  # while loading models
         code = 130
     raise typer.Exit(code)
@@ -131,6 +133,9 @@ class _TurnView:
         self.inner.on_round(view, stats)
         if self.delay:
             time.sleep(self.delay)
+
+    def on_replay(self, view, stats) -> None:
+        self.inner.on_replay(view, stats)
 
     def finish(self, outcome) -> None:
         pass

@@ -126,3 +126,30 @@ def test_prompts_differ_only_by_their_own_content(bf16_pair):
     generate(bf16_pair, PROMPT[::-1], max_new_tokens=20, deterministic=True, method=Method.CHAIN)
     b, _ = generate(bf16_pair, PROMPT, max_new_tokens=20, deterministic=True, method=Method.RSD_C)
     assert a == b
+
+
+def test_chat_and_bench_accept_deterministic_mode(tiny_dirs, tmp_path):
+    """chat: the same replies whatever the method; bench: runs and reports every method identical."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    runner = CliRunner()
+    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--dtype", "bfloat16",
+              "--device", "cpu", "-n", "10", "--deterministic", "--verify-window", "4"]
+    replies = []
+    for method in ("plain", "chain", "rsd-c"):
+        result = runner.invoke(app, ["chat", *models, "--method", method, "--format", "json"], input="hello\nagain\n")
+        assert result.exit_code == 0, result.output
+        records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+        replies.append([r["token_ids"] for r in records if "token_ids" in r])
+        assert all(r["stats"]["verified_windows"] >= 3 for r in records if "stats" in r)
+    assert replies[0] == replies[1] == replies[2] and len(replies[0]) == 2
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", *models, "--methods", "chain,rsd-c", "--prompts", "quick", "--limit", "1",
+                                 "--no-warmup", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["prompts"] and all(p["identical_to_plain"] for p in data["prompts"]), data["prompts"]
