@@ -24,6 +24,7 @@ from specgen.drafters import Drafter
 from specgen.errors import PromptError
 from specgen.replay import ReplayResult, keyed_choice, replay_tokens, window_start
 from specgen.sampling import make_generator, sample, warp
+from specgen.text import common_prefix
 
 
 class StopReason:
@@ -78,21 +79,6 @@ class DecodeState:
     reused_tokens: int = 0  # cache positions kept from a previous state by `resume`
     verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
     length: object = None  # the draft-length policy (adaptive.py), kept across chat turns
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (a C-speed comparison, then a short scan)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # binary search on prefix equality: O(n log n) worst case, no Python token loop
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class Engine:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.text import common_prefix
+
 from specgen.acceptance import ProposalKind
 from specgen.config import SamplingConfig
 from specgen.drafters import Drafter, Proposal
@@ -49,21 +51,6 @@ class LookupStats:
     @property
     def operations(self) -> int:
         return self.lookups + self.inserts + self.removals
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix, by C-speed slice comparisons (binary search)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n - 1  # a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class PromptLookupDrafter:

@@ -1,4 +1,5 @@
-"""Token ids to text, incrementally: each new token costs a decode of a few tokens only."""
+"""Token sequences: incremental detokenization (a few tokens decoded per new token) and
+prefix comparison of id lists."""
 
 from __future__ import annotations
 
@@ -38,3 +39,18 @@ class TextStream:
     def token_text(self, token_id: int) -> str:
         """A single token's text out of context (for showing rejected draft tokens)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=True)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix, by C-speed slice comparisons (binary search)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo] and a[:hi+1] != b[:hi+1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

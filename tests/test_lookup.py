@@ -16,7 +16,8 @@ from specgen.acceptance import ProposalKind, Verdict, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.drafters import ModelDrafter, Proposal
 from specgen.engine import Engine
-from specgen.lookup import CombinedDrafter, PromptLookupDrafter, Source, common_prefix
+from specgen.lookup import CombinedDrafter, PromptLookupDrafter, Source
+from specgen.text import common_prefix
 from specgen.sampling import make_generator, warp
 
 GREEDY = SamplingConfig()
