@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.options import (DeterministicOpt, ScheduleOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
+from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
@@ -47,6 +47,7 @@ def bench(
     max_new_tokens: MaxNewOpt = 128,
     draft_tokens: DraftTokensOpt = "4",
     draft_schedule: ScheduleOpt = None,
+    draft_confidence: ConfidenceOpt = 0.0,
     deterministic: DeterministicOpt = False,
     verify_window: VerifyWindowOpt = 32,
     device: DeviceOpt = "auto",
@@ -73,7 +74,7 @@ def bench(
 
         config = generation_config("plain", max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window,
-                                   schedule=draft_schedule)
+                                   schedule=draft_schedule, draft_confidence=draft_confidence)
         settings = bench_mod.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
         names = bench_mod.parse_methods(methods)
         bench_mod.check_settings(names, config)

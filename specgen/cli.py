@@ -13,7 +13,7 @@ from specgen.errors import ConfigError
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
                              DraftTokensOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
-                             TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt,
+                             TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
                              generation_config, read_prompt, user_errors)
 
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
@@ -48,6 +48,7 @@ def run(
     max_new_tokens: MaxNewOpt = 256,
     draft_tokens: DraftTokensOpt = "4",
     draft_schedule: ScheduleOpt = None,
+    draft_confidence: ConfidenceOpt = 0.0,
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
@@ -66,7 +67,8 @@ def run(
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                                   branching, beam_width, depth, deterministic, verify_window, draft_schedule)
+                                   branching, beam_width, depth, deterministic, verify_window, draft_schedule,
+                                   draft_confidence)
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")

@@ -70,6 +70,7 @@ class GenerationConfig:
     beam_width: int = 3  # rsd-s
     depth: int = 4  # rsd-s
     schedule: Schedule = Schedule.FIXED  # chain/lookup draft length: fixed k, or adaptive up to k
+    draft_confidence: float = 0.0  # chain: stop drafting when the draft's top probability is below
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
 
@@ -91,6 +92,8 @@ class GenerationConfig:
         return self.draft_tokens
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.draft_confidence < 1.0:
+            raise ConfigError(f"--draft-confidence must be in [0, 1), got {self.draft_confidence}")
         if not 2 <= self.verify_window <= 512:
             raise ConfigError(f"--verify-window must be in 2..512, got {self.verify_window}")
         if self.deterministic and self.sampling.seed is None and not self.sampling.greedy:

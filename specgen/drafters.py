@@ -45,9 +45,10 @@ class ModelDrafter:
     previous round accepted all of them), then k-1 single-token steps; x_k is never fed.
     """
 
-    def __init__(self, model, device: torch.device, vocab: int | None = None):
+    def __init__(self, model, device: torch.device, vocab: int | None = None, confidence=None):
         self.model = model
         self.device = device
+        self.confidence = confidence  # adaptive.ConfidenceStop: end the draft when unsure
         self.vocab = vocab  # shared vocabulary when draft and target heads are padded differently
         self.cache = kvcache.new_cache(model)
         self._own_generator: torch.Generator | None = None
@@ -83,9 +84,10 @@ class ModelDrafter:
             token, dist = choose(logits, sampling, generator)
             tokens.append(token)
             probs.append(dist)
-            if i < k - 1:
-                step_input = token.view(1, 1)
-        self._base, self._fed = len(context), k - 1
+            if i == k - 1 or (self.confidence is not None and bool(self.confidence(logits, dist))):
+                break  # with a confidence stop: one small host sync per draft step
+            step_input = token.view(1, 1)
+        self._base, self._fed = len(context), len(tokens) - 1
         sampled = probs[0] is not None
         return Proposal(
             tokens=torch.stack(tokens),

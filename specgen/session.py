@@ -56,7 +56,12 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
         return tree_drafters.MultiDraft(draft.model, draft.device, config.branching, vocab)
     if method is Method.RSD_S:
         return tree_drafters.RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab)
-    return ModelDrafter(draft.model, draft.device, vocab)
+    confidence = None
+    if config.draft_confidence > 0:
+        from specgen.adaptive import ConfidenceStop
+
+        confidence = ConfidenceStop(config.draft_confidence)
+    return ModelDrafter(draft.model, draft.device, vocab, confidence)
 
 
 def build_engine(pair: Pair, method: Method, config: GenerationConfig | None = None) -> Engine:

@@ -297,3 +297,13 @@ def test_a_gguf_file_as_the_target(tmp_path, monkeypatch):
     assert again.exit_code == 0, again.output
     a, b = (json.loads(r.stdout.splitlines()[-1]) for r in (first, again))
     assert a["token_ids"] == b["token_ids"] and b["stats"]["acceptance_rate"] == 1.0
+
+
+def test_draft_confidence_stops_drafts_early_and_keeps_the_output(models):
+    plain = invoke("run", "hello", *models, "-n", "16", "--method", "plain", "--format", "json")
+    stopped = invoke("run", "hello", *models, "-n", "16", "--draft-confidence", "0.99", "--format", "json")
+    full = invoke("run", "hello", *models, "-n", "16", "--format", "json")
+    p, s, f = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (plain, stopped, full))
+    assert p["token_ids"] == s["token_ids"] == f["token_ids"]
+    assert s["stats"]["drafted"] < f["stats"]["drafted"]
+    assert_one_line_error(invoke("run", "hi", *models, "--draft-confidence", "1.5"), "--draft-confidence")
