@@ -86,8 +86,6 @@ def run(
 
 def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype) -> None:
     """Several prompts; outputs in input order. Batches of more than one run plain decoding."""
-    import json
-
     from specgen import session
     from specgen.config import Method
     from specgen.render import JsonRenderer, PlainRenderer
