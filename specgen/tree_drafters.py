@@ -10,6 +10,7 @@ into contiguous slots and an unfed accepted leaf is fed at the start of the next
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ class _Level:
     scores: torch.Tensor | None = None  # RSD-S: (phi, G) per child, carried to the next depth
 
 
-class TreeDrafter(ModelDrafter):
+class TreeDrafter(ModelDrafter, abc.ABC):
     """Common machinery; subclasses choose the children of a frontier."""
 
     replacement = False
@@ -99,8 +100,9 @@ class TreeDrafter(ModelDrafter):
                          position_ids=positions, attention_mask=mask, use_cache=True)
         return out.logits[0, :, : self.vocab]
 
+    @abc.abstractmethod
     def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
-        raise NotImplementedError  # subclasses
+        """The children of every frontier node, grouped by parent, each group in draw order."""
 
 
 class RSDConstant(TreeDrafter):
