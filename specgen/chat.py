@@ -59,6 +59,7 @@ class Totals:
     interrupted: int = 0
     new_tokens: int = 0
     rounds: int = 0
+    target_forwards: int = 0  # Stats.target_forwards summed (replays included)
     drafted: int = 0
     accepted: int = 0
     prompt_tokens: int = 0  # rendered conversation tokens, summed over turns
@@ -74,6 +75,7 @@ class Totals:
         self.interrupted += interrupted
         self.new_tokens += stats.new_tokens
         self.rounds += stats.rounds
+        self.target_forwards += stats.target_forwards
         self.drafted += stats.drafted
         self.accepted += stats.accepted
         self.prompt_tokens += stats.prompt_tokens
@@ -89,7 +91,7 @@ class Totals:
 
     @property
     def tokens_per_target_forward(self) -> float:
-        return self.new_tokens / self.rounds if self.rounds else 0.0
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def tokens_per_second(self) -> float:

@@ -339,3 +339,15 @@ def test_ctrl_c_at_an_empty_prompt_exits_cleanly(models):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_session_totals_count_replay_forwards_like_stats():
+    """Totals use Stats.target_forwards (rounds + replays), not rounds alone."""
+    from specgen.chat import Totals
+    from specgen.stats import Stats
+
+    stats = Stats(method="chain", new_tokens=12, rounds=4, verified_windows=2)
+    totals = Totals()
+    totals.add(stats, reused=0, interrupted=False)
+    assert totals.target_forwards == stats.target_forwards == 6
+    assert totals.tokens_per_target_forward == stats.tokens_per_target_forward == 2.0
