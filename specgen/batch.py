@@ -1,14 +1,21 @@
 """Batched generation with dynamic batching: sequences of different lengths share forwards.
 
-One shared KV cache holds every active row right-aligned (left padding), so each step is a
-single forward of shape [rows, 1] with a 2D padding mask and per-row positions. Finished rows
-leave (their cache rows are dropped, common left padding trimmed); waiting prompts join after
-a solo prefill, padded to the shared length. The fast path is plain decoding.
+Every round is one draft-verify-accept-commit for all active rows at once:
+
+* draft: a BatchDrafter proposes up to k tokens per row (none for plain decoding), one draft
+  forward per step for the whole batch;
+* verify: ONE target forward over [root, x1..xk_i] for every row (ragged.py: rows of
+  different lengths right-aligned in one cache, shorter proposals padded at the end);
+* accept: greedy match (or the keyed choices of deterministic mode) vectorised over rows, or
+  the speculative-sampling rule per row with the row's own generator;
+* commit: each row keeps its accepted prefix plus the target's token, both caches are cut
+  back per row, finished rows leave and waiting prompts join after a solo prefill.
 
 In deterministic mode each sequence also keeps its own one-row "verified" cache: when a row
 fills its aligned window (or stops), the window is replayed there at the fixed shape (1, N)
-exactly as for a single sequence (replay.py), so a prompt's tokens do not depend on its
-neighbours or the batch size. A rollback shifts only that row of the shared cache.
+exactly as for a single sequence (replay.py), so a prompt's tokens depend neither on its
+neighbours nor on the batch size nor on the method. The fast path of a row never crosses
+its window's end.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from typing import Iterator
 import torch
 
 from specgen import kvcache
+from specgen.acceptance import speculative_sampling
+from specgen.adaptive import make_policy
 from specgen.config import GenerationConfig
 from specgen.engine import StopReason
 from specgen.errors import PromptError
+from specgen.ragged import RaggedCache
 from specgen.replay import keyed_choice, replay_tokens, window_start
-from specgen.sampling import make_generator, sample, warp
+from specgen.sampling import make_generator, warp
 
 
 @dataclass
@@ -32,16 +42,29 @@ class Row:
     index: int  # position of the prompt in the input
     ids: list[int]
     prompt_length: int
+    budget: int  # new tokens allowed (max_new_tokens within the context)
     generator: torch.Generator | None = None
     verified: int = 0  # deterministic mode
     verified_cache: object = None
     stop: str | None = None
     rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
     replays: int = 0
     rollbacks: int = 0
     rolled_back_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+
+    def limit(self, config: GenerationConfig) -> int:
+        """The sequence length this row's fast path may reach before it must stop (or replay)."""
+        end = self.prompt_length + self.budget
+        if config.deterministic:
+            start = window_start(self.verified, self.prompt_length, config.verify_window)
+            end = min(end, start + config.verify_window)
+        return end
 
 
 @dataclass(frozen=True)
@@ -58,13 +81,20 @@ class Finished:
     replays: int = 0
     rollbacks: int = 0
     rolled_back_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
 
 class BatchDecoder:
+    """Dynamic batching of plain decoding, or of chain / lookup drafting with `drafter`."""
+
     def __init__(self, model, device: torch.device, stop_ids: frozenset[int], context_length: int,
-                 pad_id: int, vocab: int | None = None):
+                 pad_id: int, vocab: int | None = None, drafter=None, draft_cost: float = 0.38):
         self.model, self.device, self.stop_ids = model, device, stop_ids
         self.context_length, self.pad_id, self.vocab = context_length, pad_id, vocab
+        self.drafter, self.draft_cost = drafter, draft_cost
 
     def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> Iterator[Finished]:
         """Yield each prompt's result as it finishes (use .index to restore input order)."""
@@ -76,90 +106,118 @@ class BatchDecoder:
                                   f"{self.context_length}")
         waiting = list(enumerate(prompts))[::-1]
         rows: list[Row] = []
-        cache = kvcache.new_cache(self.model)
+        self.cache = RaggedCache(self.model, self.device, self.pad_id)
+        policy = make_policy(config.schedule, config.draft_tokens, cost=self.draft_cost) if self.drafter else None
         with torch.inference_mode():
             while rows or waiting:
                 while waiting and len(rows) < batch_size:
                     index, prompt = waiting.pop()
-                    rows.append(self._join(cache, rows, index, prompt, config))
-                self._step(cache, rows, config)
+                    rows.append(self._join(index, prompt, config))
+                self._round(rows, config, policy)
                 done = [i for i, row in enumerate(rows) if row.stop is not None]
                 for i in done:
                     yield self._finished(rows[i])
                 if done:
                     keep = [i for i in range(len(rows)) if rows[i].stop is None]
                     rows = [rows[i] for i in keep]
-                    self._select(cache, keep)
-                    if rows:  # drop the left padding every remaining row has
-                        kvcache.crop_left(cache, max(len(r.ids) - 1 for r in rows))
+                    self.cache.select(keep)
+                    if self.drafter is not None:
+                        self.drafter.leave(keep)
 
-    # -- joining and leaving ---------------------------------------------------------------
-    def _join(self, cache, rows: list[Row], index: int, prompt: list[int], config: GenerationConfig) -> Row:
-        row = Row(index, list(prompt), len(prompt), verified=len(prompt))
+    # -- joining -------------------------------------------------------------------------------
+    def _join(self, index: int, prompt: list[int], config: GenerationConfig) -> Row:
+        budget = min(config.max_new_tokens, self.context_length - len(prompt))
+        row = Row(index, list(prompt), len(prompt), budget, verified=len(prompt))
         if not config.sampling.greedy:
             row.generator = make_generator(None if config.sampling.seed is None else config.sampling.seed + index,
                                            self.device)
-        solo = kvcache.new_cache(self.model)
-        if len(prompt) > 1:
-            self.model(input_ids=torch.tensor([prompt[:-1]], device=self.device), past_key_values=solo,
-                       use_cache=True, logits_to_keep=1)
+        solo = self.cache.join(prompt[:-1])
         if config.deterministic:
-            row.verified_cache = solo  # the prefill depends on the prompt alone
-        _merge(cache, solo, self._empty_row(), has_rows=bool(rows))  # copies: no aliasing
+            row.verified_cache = solo  # the prefill depends on the prompt alone; the batch holds a copy
+        if self.drafter is not None:
+            self.drafter.join(prompt, row.generator)
         return row
 
-    def _empty_row(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero-width K/V for a one-token prompt (nothing to prefill)."""
-        config = self.model.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        dtype = next(self.model.parameters()).dtype
-        empty = torch.zeros(1, heads, 0, head_dim, dtype=dtype, device=self.device)
-        return empty, empty
+    # -- one round for every row ----------------------------------------------------------------
+    def _round(self, rows: list[Row], config: GenerationConfig, policy) -> None:
+        started = time.perf_counter()
+        k = policy.next_k() if policy is not None else 0
+        ks = [max(0, min(k, row.limit(config) - len(row.ids) - 1)) for row in rows]
+        drafts, probs, sampled, proposed = [[] for _ in rows], None, False, False
+        if self.drafter is not None and max(ks) > 0:
+            proposed = True
+            proposal = self.drafter.propose([row.ids for row in rows], ks, config.sampling)
+            drafts, probs = proposal.tokens, proposal.probs
+            sampled = probs is not None
+        drafted_at = time.perf_counter()
 
-    def _select(self, cache, keep: list[int]) -> None:
-        if not keep:
-            for layer in cache.layers:
-                if getattr(layer, "is_initialized", False):
-                    layer.keys, layer.values = layer.keys[:0], layer.values[:0]
-            return
-        index = torch.tensor(keep, device=self.device)
-        for layer in cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
-
-    # -- one step for every row --------------------------------------------------------------
-    def _step(self, cache, rows: list[Row], config: GenerationConfig) -> None:
-        width = kvcache.cache_length(cache)
-        lengths = [len(r.ids) - 1 for r in rows]  # cached tokens per row (all but the last)
-        mask = torch.zeros(len(rows), width + 1, dtype=torch.long)
-        for i, n in enumerate(lengths):
-            mask[i, width - n:] = 1
-        input_ids = torch.tensor([[r.ids[-1]] for r in rows], device=self.device)
-        positions = torch.tensor([[n] for n in lengths], device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                         attention_mask=mask.to(self.device), position_ids=positions)
-        logits = out.logits[:, -1, : self.vocab]
-        if config.deterministic:
-            choice = keyed_choice(logits, torch.tensor([len(r.ids) for r in rows], device=logits.device),
-                                  config.sampling)
-        elif config.sampling.greedy:
-            choice = logits.argmax(dim=-1)
-        else:
-            choice = torch.stack([sample(warp(logits[i], config.sampling), r.generator) for i, r in enumerate(rows)])
+        width = max(len(d) for d in drafts)
+        logits = self.cache.forward([[row.ids[-1]] + d for row, d in zip(rows, drafts)])[:, :, : self.vocab]
+        accepted, tokens = self._verdicts(rows, drafts, width, logits, probs if sampled else None, config)
+        verdicts = torch.stack([accepted, tokens]).tolist()  # the round's one sync
         now = time.perf_counter()
-        for i, (row, token) in enumerate(zip(rows, choice.tolist())):  # one sync per step
-            row.ids.append(token)
-            row.rounds += 1
-            row.first_token_at = row.first_token_at or now
-            generated = len(row.ids) - row.prompt_length
-            budget = min(config.max_new_tokens, self.context_length - row.prompt_length)
-            stop = StopReason.EOS if token in self.stop_ids else (StopReason.LENGTH if generated >= budget else None)
-            if config.deterministic:
-                stop = self._maybe_replay(cache, i, row, config, stop, budget)
-            row.stop = stop
 
-    def _maybe_replay(self, cache, i: int, row: Row, config: GenerationConfig, stop, budget: int):
+        lengths, kept = [], []
+        for i, (row, draft) in enumerate(zip(rows, drafts)):
+            a, token = verdicts[0][i], verdicts[1][i]
+            emitted, stop = self._cut(draft[:a] + [token], row.limit(config) - len(row.ids), row, config)
+            row.ids.extend(emitted)
+            row.rounds += 1
+            cut_inside = stop is not None and len(emitted) <= a
+            row.drafted += len(emitted) if cut_inside else len(draft)
+            row.accepted += min(a, len(emitted))
+            row.draft_seconds += drafted_at - started
+            row.verify_seconds += now - drafted_at
+            row.first_token_at = row.first_token_at or now
+            row.stop = stop
+            lengths.append(len(row.ids) - 1)
+            kept.append(len(emitted) - 1)  # the drafter's cache holds all but the last committed token
+            if policy is not None and draft:
+                policy.update(len(draft), a)
+        self.cache.truncate(lengths)
+        if proposed:
+            self.drafter.observe(kept)
+        if config.deterministic:
+            for i, row in enumerate(rows):
+                row.stop = self._maybe_replay(i, row, config, row.stop)
+
+    def _verdicts(self, rows, drafts, width, logits, probs, config):
+        """accepted [rows] and the target's token [rows], on the device."""
+        device = logits.device
+        if config.sampling.greedy or config.deterministic:
+            if config.deterministic:
+                positions = torch.tensor([[len(row.ids) + j for j in range(width + 1)] for row in rows],
+                                         device=device)
+                choice = keyed_choice(logits.reshape(-1, logits.shape[-1]), positions.view(-1),
+                                      config.sampling).view(len(rows), width + 1)
+            else:
+                choice = logits.argmax(dim=-1)
+            if width == 0:
+                return torch.zeros(len(rows), dtype=torch.long, device=device), choice[:, 0]
+            padded = torch.tensor([d + [-1] * (width - len(d)) for d in drafts], device=device)
+            accepted = (padded == choice[:, :width]).long().cumprod(dim=1).sum(dim=1)
+            return accepted, choice.gather(1, accepted.view(-1, 1)).view(-1)
+        accepted, tokens = [], []
+        for i, (row, draft) in enumerate(zip(rows, drafts)):
+            k = len(draft)
+            draft_probs = probs[i, :k].to(device) if probs is not None and k else None
+            verdict = speculative_sampling(torch.tensor(draft, dtype=torch.long, device=device), draft_probs,
+                                           warp(logits[i, : k + 1], config.sampling), row.generator)
+            accepted.append(verdict.accepted)
+            tokens.append(verdict.token)
+        return torch.stack(accepted), torch.stack(tokens)
+
+    def _cut(self, emitted: list[int], room: int, row: Row, config: GenerationConfig):
+        """Cut at EOS or at the row's limit; the stop reason (None inside a deterministic window)."""
+        for i, token in enumerate(emitted[:room]):
+            if token in self.stop_ids:
+                return emitted[: i + 1], StopReason.EOS
+        emitted = emitted[:room]
+        if len(row.ids) + len(emitted) - row.prompt_length >= row.budget:
+            return emitted, StopReason.LENGTH
+        return emitted, None
+
+    def _maybe_replay(self, i: int, row: Row, config: GenerationConfig, stop):
         window = config.verify_window
         start = window_start(row.verified, row.prompt_length, window)
         if len(row.ids) < start + window and stop is None:
@@ -170,69 +228,24 @@ class BatchDecoder:
         row.replays += 1
         mismatch = next((p for p in range(row.verified, len(row.ids)) if row.ids[p] != replayed[p - start]), None)
         if mismatch is not None:
-            dropped = len(row.ids) - mismatch
             row.rollbacks += 1
-            row.rolled_back_tokens += dropped
+            row.rolled_back_tokens += len(row.ids) - mismatch
             del row.ids[mismatch:]
             row.ids.append(replayed[mismatch - start])
-            _shift_row(cache, i, dropped - 1)  # the shared cache holds len(ids) - 1 for this row
+            lengths = list(self.cache.lengths)
+            lengths[i] = len(row.ids) - 1
+            self.cache.truncate(lengths)
+            if self.drafter is not None:
+                self.drafter.rollback(i, mismatch)
         kvcache.crop(row.verified_cache, len(row.ids) - 1)
         row.verified = len(row.ids)
-        generated = len(row.ids) - row.prompt_length
         if row.ids[-1] in self.stop_ids:
             return StopReason.EOS
-        return StopReason.LENGTH if generated >= budget else None
+        return StopReason.LENGTH if len(row.ids) - row.prompt_length >= row.budget else None
 
     def _finished(self, row: Row) -> Finished:
         now = time.perf_counter()
         return Finished(row.index, row.ids[row.prompt_length:], row.prompt_length, row.stop, row.rounds,
                         now - row.started, (row.first_token_at or now) - row.started, row.replays,
-                        row.rollbacks, row.rolled_back_tokens)
-
-
-def _merge(cache, solo, empty: tuple[torch.Tensor, torch.Tensor], has_rows: bool) -> None:
-    """Append solo's single row to the shared cache (copied), right-aligned (left padding)."""
-    for shared, layer in zip(_layers(cache, solo), solo.layers):
-        keys, values = _row_kv(layer, empty)
-        if not has_rows or not getattr(shared, "is_initialized", False) or shared.keys.shape[0] == 0:
-            shared.keys, shared.values = keys.clone(), values.clone()
-            if not getattr(shared, "is_initialized", False):
-                shared.dtype, shared.device = keys.dtype, keys.device
-            shared.is_initialized = True
-            continue
-        width = max(shared.keys.shape[-2], keys.shape[-2])
-        shared.keys = torch.cat([_pad_left(shared.keys, width), _pad_left(keys, width)], dim=0)
-        shared.values = torch.cat([_pad_left(shared.values, width), _pad_left(values, width)], dim=0)
-
-
-def _layers(cache, solo):
-    if len(cache.layers) < len(solo.layers):  # a fresh cache learns its layers from the first row
-        cache.layers = [type(layer)() for layer in solo.layers]
-    return cache.layers
-
-
-def _row_kv(layer, empty):
-    if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-        return layer.keys, layer.values
-    return empty
-
-
-def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - tensor.shape[-2]
-    if missing <= 0:
-        return tensor
-    pad = tensor.new_zeros(*tensor.shape[:-2], missing, tensor.shape[-1])
-    return torch.cat([pad, tensor], dim=-2)
-
-
-def _shift_row(cache, row: int, by: int) -> None:
-    """Drop the last `by` cached positions of one row, keeping it right-aligned."""
-    if by <= 0:
-        return
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)
-                shifted = torch.zeros_like(tensor[row])
-                shifted[..., by:, :] = tensor[row, ..., :-by, :]
-                tensor[row] = shifted
+                        row.rollbacks, row.rolled_back_tokens, row.drafted, row.accepted,
+                        row.draft_seconds, row.verify_seconds)

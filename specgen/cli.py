@@ -85,16 +85,15 @@ def run(
 
 
 def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype) -> None:
-    """Several prompts; outputs in input order. Batches of more than one run plain decoding."""
+    """Several prompts; outputs in input order. Batches decode plain, chain or lookup together."""
     from specgen import session
-    from specgen.config import Method
     from specgen.render import JsonRenderer, PlainRenderer
 
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
-    if batch_size > 1 and config.method is not Method.PLAIN:
-        raise ConfigError("batched decoding (--batch-size > 1) runs plain decoding of the target; "
-                          "use --method plain, or --batch-size 1 for speculative methods")
+    if batch_size > 1 and config.method.is_tree:
+        raise ConfigError(f"--method {config.method.value} decodes one prompt at a time: batching "
+                          "(--batch-size > 1) supports plain, chain and lookup")
     texts = session.read_prompts_file(path)
     pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype), config.method,
                         quiet=fmt is Format.json)

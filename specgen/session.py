@@ -175,13 +175,40 @@ def read_prompts_file(path) -> list[str]:
     return prompts
 
 
+def make_batch_drafter(pair: Pair, method: Method, config: GenerationConfig):
+    """(drafter, shared vocab) for batched decoding; tree methods decode one prompt at a time."""
+    from specgen.batch_drafters import BatchLookupDrafter, BatchModelDrafter
+    from specgen.errors import ConfigError
+
+    if method is Method.PLAIN:
+        return None, None
+    if method is Method.LOOKUP:
+        return BatchLookupDrafter(), None
+    if method is not Method.CHAIN:
+        raise ConfigError(f"--method {method.value} decodes one prompt at a time: batching (--batch-size > 1) "
+                          "supports plain, chain and lookup; use --batch-size 1 for tree methods")
+    target, draft = pair.target, pair.draft
+    sizes = (target.model.config.vocab_size, draft.model.config.vocab_size)
+    vocab = min(sizes) if sizes[0] != sizes[1] else None
+    confidence = None
+    if config.draft_confidence > 0:
+        from specgen.adaptive import ConfidenceStop
+
+        confidence = ConfidenceStop(config.draft_confidence)
+    pad = target.tokenizer.pad_token_id or 0
+    return BatchModelDrafter(draft.model, draft.device, vocab, confidence, pad_id=pad), vocab
+
+
 def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, batch_size: int):
     """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order."""
     from specgen.batch import BatchDecoder
 
     target = pair.target
+    drafter, vocab = make_batch_drafter(pair, config.method, config)
+    cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
     decoder = BatchDecoder(target.model, target.device, target.stop_ids, target.context_length,
-                           pad_id=target.tokenizer.pad_token_id or 0)
+                           pad_id=target.tokenizer.pad_token_id or 0, vocab=vocab, drafter=drafter,
+                           draft_cost=cost)
     done, next_index = {}, 0
     for finished in decoder.generate(prompts, config, batch_size):
         done[finished.index] = finished
@@ -193,6 +220,8 @@ def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, ba
 def _outcome(finished, tokenizer, config: GenerationConfig) -> Outcome:
     stats = Stats(method=config.method.value, prompt_tokens=finished.prompt_tokens,
                   new_tokens=len(finished.token_ids), rounds=finished.rounds, seconds=finished.seconds,
+                  drafted=finished.drafted, accepted=finished.accepted, draft_seconds=finished.draft_seconds,
+                  verify_seconds=finished.verify_seconds,
                   time_to_first_token=finished.time_to_first_token, stop=finished.stop,
                   verified_windows=finished.replays, rollbacks=finished.rollbacks,
                   rolled_back_tokens=finished.rolled_back_tokens)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specgen.acceptance import ProposalKind
 from specgen.batch import BatchDecoder
+from specgen.batch_drafters import BatchLookupDrafter, BatchModelDrafter, BatchProposal
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.engine import Engine
 from test_deterministic import ShapeSensitive, bf16_pair, generate  # noqa: F401 (fixture)
@@ -15,10 +17,21 @@ from test_engine import PROMPT, reference_greedy
 PROMPTS = [PROMPT, PROMPT[:4], PROMPT * 2, [257, 84], PROMPT[3:], PROMPT[::-1], [300 % 259], PROMPT[:9], PROMPT[2:7]]
 
 
-def batched(pair, prompts, batch_size, **settings):
-    target, _ = pair
-    decoder = BatchDecoder(target.model, target.device, target.stop_ids, target.context_length, pad_id=0)
-    results = list(decoder.generate(prompts, GenerationConfig(method=Method.PLAIN, **settings), batch_size))
+def batched(pair, prompts, batch_size, drafter=None, stop_ids=None, **settings):
+    """Run the batch decoder; `drafter` is None (plain), "chain", "lookup", or a BatchDrafter."""
+    target, draft = pair
+    method = Method.PLAIN
+    if drafter == "chain":
+        drafter, method = BatchModelDrafter(draft.model, draft.device), Method.CHAIN
+    elif drafter == "lookup":
+        drafter, method = BatchLookupDrafter(), Method.LOOKUP
+    elif drafter is not None:
+        method = Method.CHAIN
+    stop_ids = target.stop_ids if stop_ids is None else stop_ids
+    decoder = BatchDecoder(target.model, target.device, stop_ids, target.context_length, pad_id=0,
+                           drafter=drafter)
+    settings.setdefault("method", method)
+    results = list(decoder.generate(prompts, GenerationConfig(**settings), batch_size))
     assert sorted(r.index for r in results) == list(range(len(prompts)))
     return [r.token_ids for r in sorted(results, key=lambda r: r.index)], results
 
@@ -82,6 +95,9 @@ def test_deterministic_tokens_do_not_depend_on_batch_neighbours_or_method(row_se
     for method in (dict(method=Method.CHAIN, draft_tokens=3), dict(method=Method.RSD_C, branching=(2, 1))):
         single, _ = generate(row_sensitive, prompts[0], **settings, **method)
         assert single == by_batch[8][0]
+    for drafter, k in (("chain", 2), ("chain", 5), ("lookup", 3)):
+        for size in (3, 8):
+            assert batched(row_sensitive, prompts, size, drafter=drafter, draft_tokens=k, **settings)[0] == by_batch[1]
 
 
 def test_without_deterministic_mode_batching_changes_outputs(row_sensitive):
@@ -89,3 +105,91 @@ def test_without_deterministic_mode_batching_changes_outputs(row_sensitive):
     outputs = {tuple(map(tuple, batched(row_sensitive, PROMPTS[:8], size, max_new_tokens=24)[0]))
                for size in (1, 3, 8)}
     assert len(outputs) > 1
+
+
+# -- batched speculative decoding ------------------------------------------------------------------
+
+class ScriptedBatchDrafter:
+    """Row r proposes the reference continuation for its first `right` tokens, then wrong ones."""
+
+    def __init__(self, references: dict[tuple, list[int]], right_of):
+        self.references, self.right_of = references, right_of
+        self.rows: list[tuple] = []
+        self.kept: list[list[int]] = []
+
+    def join(self, prompt_ids, generator):
+        self.rows.append((tuple(prompt_ids), len(self.rows)))
+
+    def leave(self, keep):
+        self.rows = [self.rows[i] for i in keep]
+
+    def propose(self, contexts, ks, sampling):
+        out = []
+        for (prompt, serial), context, k in zip(self.rows, contexts, ks):
+            reference, start = self.references[prompt], len(context) - len(prompt)
+            right = self.right_of(serial, start)
+            tokens = []
+            for i in range(k):
+                true = reference[start + i] if start + i < len(reference) else 0
+                tokens.append(true if i < right else (true + 1) % 259)
+            out.append(tokens)
+        return BatchProposal(out, None, ProposalKind.DETERMINISTIC)
+
+    def observe(self, kept):
+        self.kept.append(list(kept))
+
+    def rollback(self, row, valid):
+        pass
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_batched_chain_with_scripted_acceptance_equals_plain(tiny_pair, batch_size):
+    """Rows accept different numbers of drafts each round (0..k): every row stays exact."""
+    references = {tuple(p): reference_greedy(tiny_pair[0].model, p, 14) for p in PROMPTS}
+    drafter = ScriptedBatchDrafter(references, lambda serial, start: (serial + start) % 5)
+    outputs, results = batched(tiny_pair, PROMPTS, batch_size, drafter=drafter, max_new_tokens=14,
+                               draft_tokens=4)
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out == references[tuple(prompt)]
+    assert sum(r.accepted for r in results) > 0 and any(r.accepted < r.drafted for r in results)
+
+
+@pytest.mark.parametrize("method", ["chain", "lookup"])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_batched_speculative_greedy_equals_each_prompt_alone(tiny_pair, method, batch_size):
+    outputs, results = batched(tiny_pair, PROMPTS, batch_size, drafter=method, max_new_tokens=12, draft_tokens=3)
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out == reference_greedy(tiny_pair[0].model, prompt, 12)
+    assert sum(r.drafted for r in results) > 0
+
+
+def test_batched_chain_draft_caches_stay_exact(tiny_pair):
+    """The target as its own draft: every draft is accepted, which holds only if each row's
+    draft cache is exactly its committed sequence after every round (full and partial)."""
+    target, _ = tiny_pair
+    pair = (target, target)
+    outputs, results = batched(pair, PROMPTS, 3, drafter="chain", max_new_tokens=13, draft_tokens=4)
+    for r in results:
+        assert r.accepted == r.drafted > 0
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out == reference_greedy(target.model, prompt, 13)
+
+
+def test_batched_chain_stops_each_row_at_its_own_eos(tiny_pair):
+    target, _ = tiny_pair
+    first = reference_greedy(target.model, PROMPTS[0], 12)
+    stop = frozenset({first[4]})
+    _, results = batched(tiny_pair, PROMPTS[:4], 3, drafter="chain", stop_ids=stop, max_new_tokens=12,
+                         draft_tokens=4)
+    by_index = {r.index: r for r in results}
+    assert by_index[0].token_ids == first[:5] and by_index[0].stop == "eos"
+    for i in (1, 2, 3):
+        assert by_index[i].token_ids == reference_greedy(target.model, PROMPTS[i], 12, stop)
+
+
+@pytest.mark.statistical
+def test_batched_chain_sampling_is_reproducible(tiny_pair):
+    sampling = SamplingConfig(temperature=0.9, seed=4)
+    a, _ = batched(tiny_pair, PROMPTS[:5], 3, drafter="chain", max_new_tokens=10, sampling=sampling)
+    b, _ = batched(tiny_pair, PROMPTS[:5], 3, drafter="chain", max_new_tokens=10, sampling=sampling)
+    assert a == b

@@ -220,12 +220,14 @@ def test_prompts_file_batched_outputs_in_input_order(models, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text('hello there\n{"prompt": "second one"}\n\nthird\nand a fourth, longer prompt\n')
     runs = {}
-    for size in ("1", "3"):
-        result = invoke("run", "--prompts-file", str(prompts), "--batch-size", size, "--method", "plain", *models,
+    for size, method in (("1", "plain"), ("3", "plain"), ("3", "chain"), ("2", "lookup")):
+        result = invoke("run", "--prompts-file", str(prompts), "--batch-size", size, "--method", method, *models,
                         "-n", "6", "--format", "json")
         assert result.exit_code == 0, result.output
-        runs[size] = [json.loads(line) for line in result.stdout.strip().splitlines()]
-    assert [r["token_ids"] for r in runs["1"]] == [r["token_ids"] for r in runs["3"]]
+        runs[size, method] = [json.loads(line) for line in result.stdout.strip().splitlines()]
+        assert [r["token_ids"] for r in runs[size, method]] == [r["token_ids"] for r in runs["1", "plain"]]
+    assert runs["3", "chain"][0]["stats"]["drafted"] > 0
+    runs["3"] = runs["3", "plain"]
     assert len(runs["3"]) == 4
     single = invoke("run", "second one", *models, "-n", "6", "--method", "plain", "--format", "json")
     record = json.loads(single.stdout.strip().splitlines()[-1])
@@ -240,7 +242,9 @@ def test_prompts_file_errors(models, tmp_path):
     assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1")
     good = tmp_path / "good.txt"
     good.write_text("a\nb\n")
-    assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "2", *models), "--method plain")
+    assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "2", "--method", "rsd-s",
+                                 *models), "one prompt at a time")
+    assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "0", *models), "--batch-size")
 
 
 @pytest.mark.parametrize("extra", [["--method", "lookup"], ["--method", "lookup", "--draft-tokens", "auto"],
