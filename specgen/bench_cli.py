@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -60,6 +60,12 @@ def bench(
     branching: BranchingOpt = "2,2,1",
     beam_width: BeamWidthOpt = 3,
     depth: DepthOpt = 4,
+    batch_sizes: Annotated[Optional[str], typer.Option(
+        "--batch-sizes", help="Throughput mode: decode the whole prompt set at each batch size (comma list, "
+                              "e.g. 1,4,8) per method, with deterministic mode off and on.")] = None,
+    verify_windows: Annotated[Optional[str], typer.Option(
+        "--verify-windows", help="Throughput mode: deterministic cells at these windows (e.g. 8,16,32,64); "
+                                 "default: --verify-window when --deterministic is given.")] = None,
     json_file: Annotated[Optional[Path], typer.Option(
         "--json", help="Write the environment, settings, every measurement and the summary as JSON.")] = None,
     csv_file: Annotated[Optional[Path], typer.Option(
@@ -81,11 +87,68 @@ def bench(
         if plot_file is not None:
             require_matplotlib()  # before a long run, not after it
         items = bench_mod.load_prompts(prompts, limit)
+        sizes = parse_list(batch_sizes, "--batch-sizes")
+        windows = parse_list(verify_windows, "--verify-windows")
+        if windows and not sizes:
+            sizes = [1]
+        if sizes:
+            windows = windows or ([verify_window] if deterministic else [])
+            if any(w < 2 for w in windows):
+                from specgen.errors import ConfigError
+
+                raise ConfigError("--verify-windows values must be >= 2")
+            _throughput(names, items, replace(config, deterministic=False), sizes, windows,
+                        target, draft, device, draft_device, dtype, json_file, threads)
+            return
         result = _measure(bench_mod, names, items, settings,
                           target, draft, device, draft_device, dtype)
         _report(result, json_file, csv_file, plot_file)
         if result.interrupted:
             raise typer.Exit(130)
+
+
+def parse_list(text, what):
+    from specgen.bench_batch import parse_sizes
+
+    return parse_sizes(text, what)
+
+
+def _throughput(names, items, config, sizes, windows, target, draft, device, draft_device, dtype, json_file,
+                threads=None):
+    from rich.console import Console
+
+    from specgen import bench as bench_mod
+    from specgen import bench_batch, session
+
+    names = [n for n in names if n in {m.value for m in Method}]
+    err = Console(stderr=True, highlight=False)
+    load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
+    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype), load_as,
+                        quiet=not err.is_terminal)
+    prompts = [bench_mod.encode(pair.target.tokenizer, item) for item in items]
+    modes = ["off"] + [f"window {w}" for w in windows]
+    err.print(f"[dim]bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
+              f"{sizes} x modes {modes}[/]")
+
+    def progress(cell):
+        err.print(f"[dim]{cell.method} b{cell.batch_size} {cell.mode}: "
+                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s") + "[/]")
+
+    with bench_mod.fixed_threads(threads) as used:
+        cells = bench_batch.run_throughput(pair, names, prompts, config, sizes, windows, on_cell=progress)
+    title = (f"specgen bench --batch-sizes · {pair.target.name}"
+             + (f" + {pair.draft.name}" if pair.draft else "") + f" · {len(prompts)} prompts · "
+             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}")
+    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(bench_batch.table(cells, title))
+    if json_file is not None:
+        env = bench_mod.environment(pair, used)
+        data = {"schema": "specgen-bench-throughput/1", "environment": env,
+                "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
+                             **{k: v for k, v in asdict(config).items() if k != "method"}},
+                "cells": [asdict(c) for c in cells]}
+        json_file.parent.mkdir(parents=True, exist_ok=True)
+        json_file.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+        err.print(f"[dim]wrote {json_file}[/]")
 
 
 def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype):

@@ -369,3 +369,31 @@ def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp
 ])
 def test_cli_bad_options_are_one_line(models, args, fragment):
     assert_one_line_error(runner.invoke(app, ["bench", *models, *args]), fragment)
+
+
+def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(models, short_file, tmp_path):
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "chain,lookup,rsd-c",
+                                 "-n", "6", "--batch-sizes", "1,3", "--verify-windows", "4,8", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "det. cost" in result.stdout and "rollback rate" in result.stdout
+    cells = json.loads(out.read_text())["cells"]
+    grid = {(c["method"], c["batch_size"], c["mode"]): c for c in cells}
+    assert len(grid) == 4 * 2 * 3
+    assert grid["rsd-c", 3, "off"]["skipped"] and grid["rsd-c", 1, "window 4"]["skipped"] is None
+    for cell in cells:
+        if cell["skipped"]:
+            continue
+        assert cell["new_tokens"] > 0 and cell["tokens_per_second"] > 0
+        if cell["mode"] == "off":
+            assert cell["deterministic_cost"] is None and cell["replays"] == 0
+        else:
+            assert cell["deterministic_cost"] > 0 and cell["replays"] > 0
+            assert cell["differs"] == 0  # the guarantee: the same tokens in every deterministic cell
+            assert 0 <= cell["rollback_rate"] < 1
+    assert grid["plain", 1, "off"]["speedup"] == 1.0
+
+
+def test_throughput_mode_bad_sizes_are_one_line(models):
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "1,x"]), "--batch-sizes")
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "0"]), "--batch-sizes")
