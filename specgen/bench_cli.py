@@ -18,7 +18,7 @@ import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
-                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
+                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
 from specgen.config import Method
@@ -53,6 +53,7 @@ def bench(
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "none",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -98,10 +99,10 @@ def bench(
 
                 raise ConfigError("--verify-windows values must be >= 2")
             _throughput(names, items, replace(config, deterministic=False), sizes, windows,
-                        target, draft, device, draft_device, dtype, json_file, threads)
+                        target, draft, device, draft_device, (dtype, draft_quant), json_file, threads)
             return
         result = _measure(bench_mod, names, items, settings,
-                          target, draft, device, draft_device, dtype)
+                          target, draft, device, draft_device, (dtype, draft_quant))
         _report(result, json_file, csv_file, plot_file)
         if result.interrupted:
             raise typer.Exit(130)
@@ -123,7 +124,7 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
     names = [n for n in names if n in {m.value for m in Method}]
     err = Console(stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
-    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype), load_as,
+    pair = session.load(session.ModelSettings(target, draft, device, draft_device, *dtype), load_as,
                         quiet=not err.is_terminal)
     prompts = [bench_mod.encode(pair.target.tokenizer, item) for item in items]
     modes = ["off"] + [f"window {w}" for w in windows]
@@ -158,7 +159,7 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     from specgen.config import Method
 
     err = Console(stderr=True, highlight=False)
-    model_settings = session.ModelSettings(target, draft, device, draft_device, dtype)
+    model_settings = session.ModelSettings(target, draft, device, draft_device, *dtype)
     load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
     pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
     total = len(items) * settings.repeats * len(names)

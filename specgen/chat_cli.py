@@ -28,7 +28,7 @@ import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
-                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
+                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
                          SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, generation_config, user_errors)
 from specgen.errors import SpecgenError
 
@@ -54,6 +54,7 @@ def chat(
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "none",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -68,7 +69,7 @@ def chat(
     """Chat with the target model; caches are kept between turns. /help lists the commands."""
     try:
         with user_errors():
-            code = _chat(ctx, system, load_file, target, draft, device, draft_device, dtype, show_tree, format,
+            code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant), show_tree, format,
                          generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
                                            seed, branching, beam_width, depth, deterministic, verify_window))
     except KeyboardInterrupt:  # while loading models
@@ -98,7 +99,7 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype, sh
     def notify(message: str) -> None:
         err.print(f"note: {message}", style="yellow", markup=False)
 
-    settings = session.ModelSettings(target, draft, device, draft_device, dtype)
+    settings = session.ModelSettings(target, draft, device, draft_device, *dtype)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
     chat_session = chat_mod.ChatSession(pair, settings, config, system, messages, notify=notify,
                                         quiet=fmt is Format.json)

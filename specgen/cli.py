@@ -12,7 +12,7 @@ from specgen.errors import ConfigError
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
-                             DraftTokensOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
+                             DraftTokensOpt, DraftQuantOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
                              TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
                              generation_config, read_prompt, user_errors)
 
@@ -52,6 +52,7 @@ def run(
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "none",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -73,7 +74,8 @@ def run(
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
             fmt = format or Format.plain
-            _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype)
+            _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
+                      draft_quant)
             return
         text = read_prompt(prompt, file)
         from specgen.errors import PromptError
@@ -81,10 +83,11 @@ def run(
         if not text.strip():
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
-        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree)
+        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree, draft_quant)
 
 
-def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype) -> None:
+def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
+              draft_quant=None) -> None:
     """Several prompts; outputs in input order. Batches decode plain, chain or lookup together."""
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer
@@ -95,7 +98,7 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
         raise ConfigError(f"--method {config.method.value} decodes one prompt at a time: batching "
                           "(--batch-size > 1) supports plain, chain and lookup")
     texts = session.read_prompts_file(path)
-    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype), config.method,
+    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype, draft_quant), config.method,
                         quiet=fmt is Format.json)
     prompts = [session.encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
     if batch_size == 1:
@@ -114,11 +117,12 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
             sys.stdout.flush()
 
 
-def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False) -> None:
+def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,
+         draft_quant=None) -> None:
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer, RichRenderer
 
-    settings = session.ModelSettings(target, draft, device, draft_device, dtype)
+    settings = session.ModelSettings(target, draft, device, draft_device, dtype, draft_quant)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
     prompt_ids = session.encode_prompt(pair.target.tokenizer, text, raw, system)
     engine = session.build_engine(pair, config.method, config)

@@ -60,9 +60,15 @@ def test_default_pair_deterministic_mode_is_independent_of_method_draft_and_batc
     assert len({tuple(r["token_ids"]) for r in runs}) == 1
     prompts = tmp_path / "p.txt"
     prompts.write_text(f"Explain recursion briefly.\n{prompt}\nName three sorting algorithms.\n")
-    result = runner.invoke(app, ["run", "--prompts-file", str(prompts), "--batch-size", "3", "--method", "plain",
-                                 "--device", "cpu", "-n", "24", "--deterministic", "--verify-window", "16",
-                                 "--format", "json"])
-    assert result.exit_code == 0, result.output
-    batched = [json.loads(line) for line in result.stdout.strip().splitlines()]
-    assert batched[1]["token_ids"] == runs[0]["token_ids"]
+    others = tmp_path / "q.txt"
+    others.write_text("".join(f"{line}\n" for line in [
+        "Say hello.", "List four prime numbers.", "What is a hash map?", "Reverse a list in Python.", prompt,
+        "Write a haiku about caches.", "Define entropy in one line.", "Why is the sky blue?"]))
+    for path, size, method, row in ((prompts, "3", "plain", 1), (prompts, "3", "chain", 1),
+                                    (others, "8", "chain", 4), (others, "3", "lookup", 4)):
+        result = runner.invoke(app, ["run", "--prompts-file", str(path), "--batch-size", size, "--method", method,
+                                     "--device", "cpu", "-n", "24", "--deterministic", "--verify-window", "16",
+                                     "--format", "json"])
+        assert result.exit_code == 0, result.output
+        batched = [json.loads(line) for line in result.stdout.strip().splitlines()]
+        assert batched[row]["token_ids"] == runs[0]["token_ids"], (size, method)

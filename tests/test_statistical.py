@@ -573,3 +573,44 @@ def test_batched_chain_control_without_residual_fails(tiny_pair, target_law, mon
     q0, _ = target_law
     pvalue = gof_pvalue(tokens[:, 0], q0)
     assert pvalue < SMALL_ALPHA, f"the broken batch passed: p-value {pvalue:.3g}"
+
+
+# -- a pruned draft head (--draft-quant prune) stays lossless ---------------------------------------
+
+def pruned_engine(pair, keep: int = 120) -> Engine:
+    import copy
+
+    from specgen.draft_quant import apply_draft_quant
+
+    target, draft = pair
+    model = apply_draft_quant(copy.deepcopy(draft.model), "prune", keep=keep)
+    return Engine(target.model, target.device, frozenset(), target.context_length, ModelDrafter(model, draft.device))
+
+
+def test_pruned_draft_chain_follows_target_law(tiny_pair, target_law):
+    """The pruned draft proposes only kept ids and reports exactly that law. alpha = 1e-3."""
+    tokens = first_two_tokens(pruned_engine(tiny_pair), Method.CHAIN, range(20000, 20000 + SPEC_GENERATIONS))
+    _, joint = target_law
+    vocab = joint.shape[0]
+    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
+    assert pvalue > SMALL_ALPHA, f"p-value {pvalue:.3g}"
+
+
+def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target_law, monkeypatch):
+    """Negative control: sample from the pruned law but report the full draft's law."""
+    import specgen.drafters as drafters_module
+
+    real_choose = drafters_module.choose
+    _, draft = tiny_pair
+
+    def misreporting_choose(logits, sampling, generator):
+        token, dist = real_choose(logits, sampling, generator)
+        finite = torch.isfinite(logits)
+        spread = torch.where(finite, dist, torch.full_like(dist, 1.0))
+        return token, spread / spread.sum(-1, keepdim=True)  # mass on ids it can never propose
+
+    monkeypatch.setattr(drafters_module, "choose", misreporting_choose)
+    tokens = first_two_tokens(pruned_engine(tiny_pair, keep=60), Method.CHAIN, range(30000, 30000 + CONTROL_GENERATIONS))
+    q0, _ = target_law
+    pvalue = gof_pvalue(tokens[:, 0], q0)
+    assert pvalue < SMALL_ALPHA, f"the misreporting draft passed: p-value {pvalue:.3g}"

@@ -1,0 +1,68 @@
+"""Draft forward cost under each --draft-quant variant, measured in one process.
+
+    python benchmarks/draft_quant.py [--draft qwen2.5-coder-0.5b-instruct] [--steps 24] [--context 200]
+
+For each variant: load the draft as `specgen` would (bf16 on CPU), apply the variant, prefill a
+`--context`-token prompt, then time `--steps` single-token forwards with the KV cache (the
+draft's hot path). Reports ms per token, draft tokens/s, and the ratio to the unmodified
+draft measured in the same run. Variants run in a rotating order over `--repeats` rounds so
+machine drift hits them alike; the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specgen import kvcache
+from specgen.draft_quant import QUANT_CHOICES, apply_draft_quant
+from specgen.models import load_pair
+
+
+def time_steps(model, context: int, steps: int) -> float:
+    cache = kvcache.new_cache(model)
+    ids = torch.arange(1000, 1000 + context).unsqueeze(0)
+    with torch.inference_mode():
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = torch.tensor([[1234]])
+        model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm
+        started = time.perf_counter()
+        for _ in range(steps):
+            logits = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            token = logits[:, -1:].argmax(-1)
+        int(token)
+    return (time.perf_counter() - started) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--variants", default=",".join(QUANT_CHOICES))
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    models = {}
+    for name in variants:
+        loaded, _ = load_pair(args.draft, None, device="cpu", dtype="auto", quiet=True)
+        models[name] = apply_draft_quant(loaded.model, name)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(args.repeats):
+        order = variants[r % len(variants):] + variants[: r % len(variants)]
+        for name in order:
+            times[name].append(time_steps(models[name], args.context, args.steps))
+    base = statistics.median(times[variants[0]])
+    print(f"draft {args.draft}, {args.context}-token context, {args.steps} steps x {args.repeats} repeats, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"{'variant':<16}{'ms/token':>10}{'tok/s':>8}{'vs ' + variants[0]:>12}")
+    for name in variants:
+        t = statistics.median(times[name])
+        print(f"{name:<16}{t * 1000:>10.1f}{1 / t:>8.2f}{base / t:>11.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""A cheaper draft model: `--draft-quant` variants. The target is never touched.
+
+Variants (combine with `+`, e.g. `int8+prune`):
+
+* `int8`: dynamic int8 quantization of every nn.Linear (torch.ao `quantize_dynamic`, the x86
+  / fbgemm kernels: int8 weights, activations quantized per call, VNNI int8 dot products). The
+  rest of the model runs in fp32, the dtype those kernels take.
+* `int8-wo`: weight-only int8 (per output channel scales), activations stay bf16, through
+  torch's `_weight_int8pack_mm` CPU kernel.
+* `prune`: the output layer keeps only the first `keep` token ids (Qwen's byte-level BPE ids
+  are in merge order, so low ids are the frequent pieces) plus the special tokens; the other
+  logits are -inf, so the draft never proposes them and the distribution it reports (softmax
+  over the kept ids, exact zeros elsewhere) is exactly the one it samples from. Speculative
+  sampling stays lossless; only the acceptance rate can change.
+
+Every variant returns a model with the same forward signature and a full-width logits tensor,
+so every drafter (chain, trees, batch) works unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specgen.errors import ConfigError
+
+QUANT_CHOICES = ("none", "int8", "int8-wo", "prune", "int8+prune", "int8-wo+prune")
+DEFAULT_KEEP = 32768
+
+
+def parse_quant(text: str | None) -> tuple[str, ...]:
+    """'int8+prune' -> ('int8', 'prune'); 'none' or None -> ()."""
+    if text is None or text.strip().lower() in ("", "none"):
+        return ()
+    parts = tuple(p.strip().lower() for p in text.split("+") if p.strip())
+    known = {"int8", "int8-wo", "prune"}
+    bad = [p for p in parts if p not in known]
+    if bad or ("int8" in parts and "int8-wo" in parts):
+        raise ConfigError(f"--draft-quant '{text}': choose none, int8, int8-wo, prune, or a quantization"
+                          " + prune (e.g. int8+prune)")
+    return parts
+
+
+def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KEEP,
+                      special_ids: tuple[int, ...] = ()) -> nn.Module:
+    """Apply a `--draft-quant` spec to a loaded draft model (in place where possible); returns it."""
+    parts = parse_quant(spec)
+    if not parts:
+        return model
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ConfigError("--draft-quant runs on the CPU kernels only; put the draft on the CPU (--draft-device cpu)")
+    if "prune" in parts:
+        prune_head(model, keep, special_ids)
+    if "int8" in parts:
+        model = quantize_int8_dynamic(model)
+    elif "int8-wo" in parts:
+        quantize_int8_weight_only(model)
+    return model
+
+
+# -- pruned output layer ------------------------------------------------------------------------
+class PrunedHead(nn.Module):
+    """logits[..., ids] = x @ W[ids]^T; every other logit is -inf (never proposed).
+
+    The kept rows live in an inner nn.Linear, so the int8 variants quantize it like any layer.
+    """
+
+    def __init__(self, head: nn.Linear, ids: torch.Tensor):
+        super().__init__()
+        self.vocab, self.in_features = head.out_features, head.in_features
+        self.out_features = self.vocab
+        self.register_buffer("ids", ids, persistent=False)
+        self.linear = nn.Linear(head.in_features, len(ids), bias=head.bias is not None,
+                                dtype=head.weight.dtype, device=head.weight.device)
+        with torch.no_grad():
+            self.linear.weight.copy_(head.weight.index_select(0, ids))
+            if head.bias is not None:
+                self.linear.bias.copy_(head.bias[ids])
+        self.linear.requires_grad_(False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        kept = self.linear(hidden)
+        full = kept.new_full((*kept.shape[:-1], self.vocab), float("-inf"))
+        full[..., self.ids] = kept
+        return full
+
+
+def prune_head(model: nn.Module, keep: int, special_ids: tuple[int, ...] = ()) -> None:
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise ConfigError("--draft-quant prune needs a linear output layer")
+    vocab = head.out_features
+    if keep < 1:
+        raise ConfigError(f"the pruned head must keep at least one id, got {keep}")
+    keep = min(keep, vocab)  # a vocabulary smaller than `keep` is kept whole
+    specials = [i for i in special_ids if 0 <= i < vocab and i >= keep]
+    ids = torch.tensor(list(range(keep)) + sorted(set(specials)), dtype=torch.long, device=head.weight.device)
+    pruned = PrunedHead(head, ids)
+    model.set_output_embeddings(pruned)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False  # the input embedding keeps every row
+
+
+# -- int8 ----------------------------------------------------------------------------------------
+def quantize_int8_dynamic(model: nn.Module) -> nn.Module:
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else \
+        torch.backends.quantized.engine
+    model = model.float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
+        quantized = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return quantized
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """y = x @ (scale * W_int8)^T + b with per-output-channel scales; x stays in its dtype."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        self.register_buffer("qweight", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(linear.weight.dtype))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).to(self.scales.dtype)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def quantize_int8_weight_only(model: nn.Module) -> None:
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, Int8WeightOnlyLinear(child))

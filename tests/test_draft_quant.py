@@ -1,0 +1,72 @@
+"""--draft-quant: a cheaper draft never changes what the target decides."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.draft_quant import PrunedHead, apply_draft_quant, parse_quant
+from specgen.drafters import ModelDrafter
+from specgen.engine import Engine
+from specgen.errors import ConfigError
+from specgen.models import load_pair
+from test_engine import PROMPT, reference_greedy
+
+KEEP = 120  # of the tiny vocabulary's 259 ids
+
+
+def draft_with(tiny_dirs, spec: str):
+    draft, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    return apply_draft_quant(draft.model, spec, keep=KEEP, special_ids=(258,))
+
+
+def test_parse_and_errors():
+    assert parse_quant("none") == () and parse_quant("int8+prune") == ("int8", "prune")
+    for bad in ("int4", "int8+int8-wo", "prune+x"):
+        with pytest.raises(ConfigError):
+            parse_quant(bad)
+
+
+def test_pruned_head_keeps_the_first_ids_and_the_specials(tiny_dirs):
+    model = draft_with(tiny_dirs, "prune")
+    assert isinstance(model.get_output_embeddings(), PrunedHead)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT])).logits[0]
+    finite = torch.isfinite(logits)
+    assert finite[:, :KEEP].all() and finite[:, 258].all() and not finite[:, KEEP:258].any()
+    reference, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    with torch.no_grad():
+        full = reference.model(torch.tensor([PROMPT])).logits[0]
+    torch.testing.assert_close(logits[:, :KEEP], full[:, :KEEP])
+
+
+@pytest.mark.parametrize("spec", ["prune", "int8", "int8-wo", "int8+prune"])
+def test_greedy_chain_with_a_cheaper_draft_equals_plain(tiny_pair, tiny_dirs, spec):
+    target, _ = tiny_pair
+    engine = Engine(target.model, target.device, frozenset(), target.context_length,
+                    ModelDrafter(draft_with(tiny_dirs, spec), torch.device("cpu")))
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=16, draft_tokens=3)
+    tokens = [t for r in engine.generate(PROMPT, config) for t in r.emitted]
+    assert tokens == reference_greedy(target.model, PROMPT, 16)
+
+
+def test_cli_runs_with_a_quantized_draft_and_refuses_bad_specs(tiny_dirs):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--dtype", "float32",
+              "--device", "cpu", "-n", "8", "--format", "json"]
+    runner = CliRunner()
+    plain = json.loads(runner.invoke(app, ["run", "hello", *models, "--method", "plain"]).stdout.splitlines()[-1])
+    for spec in ("int8+prune", "int8-wo"):
+        result = runner.invoke(app, ["run", "hello", *models, "--draft-quant", spec])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout.splitlines()[-1])["token_ids"] == plain["token_ids"]
+    bad = runner.invoke(app, ["run", "hello", *models, "--draft-quant", "int3"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output and "--draft-quant" in bad.output
