@@ -191,14 +191,15 @@ class EngineRunner:
     """A specgen method through the Engine, with a fresh engine (and drafter cache) per call,
     so a repeat cannot reuse the draft cache of the run before it."""
 
-    def __init__(self, pair, method: Method):
-        self.pair, self.method, self.name = pair, method, method.value
+    def __init__(self, pair, method: Method, name: str | None = None, overrides: dict | None = None):
+        self.pair, self.method, self.name = pair, method, name or method.value
+        self.overrides = overrides or {}
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation:
         from specgen.session import build_engine
         from specgen.stats import Stats
 
-        config = replace(config, method=self.method)
+        config = replace(config, method=self.method, **self.overrides)
         engine = build_engine(self.pair, self.method, config)
         stats = Stats(method=self.name, prompt_tokens=len(prompt_ids))
         first_tokens = 0
@@ -245,14 +246,38 @@ def registry() -> dict[str, MethodSpec]:
     return specs
 
 
+def variant(name: str) -> tuple[Method, dict] | None:
+    """'chain/k2' -> (CHAIN, {draft_tokens: 2, schedule: fixed}); 'chain/additive' or
+    'lookup/expected-gain' -> an adaptive schedule (up to the run's --draft-tokens, or 8 with
+    'auto'); None when `name` is not a variant. Lets one bench run compare draft lengths and
+    schedules of the same method, each against the same plain runs."""
+    from specgen.adaptive import Schedule
+
+    base, _, suffix = name.partition("/")
+    methods = {m.value: m for m in Method}
+    if not suffix or base not in methods or methods[base].is_tree or base == PLAIN:
+        return None
+    if suffix[0] == "k" and suffix[1:].isdigit() and int(suffix[1:]) >= 1:
+        return methods[base], {"draft_tokens": int(suffix[1:]), "schedule": Schedule.FIXED}
+    try:
+        return methods[base], {"schedule": Schedule(suffix)}
+    except ValueError:
+        return None
+
+
 def parse_methods(text: str | None) -> list[str]:
-    """A comma list -> method names, plain first (always measured: it is every denominator)."""
+    """A comma list -> method names, plain first (always measured: it is every denominator).
+
+    Besides the registry's names, chain and lookup take variants: `chain/k2` (fixed k = 2),
+    `chain/additive`, `chain/expected-gain`, `chain/fixed` (see `variant`).
+    """
     specs = registry()
     names = list(specs) if text is None or not text.strip() else [
         n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in specs]
+    unknown = [n for n in names if n not in specs and variant(n) is None]
     if unknown:
-        raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)}")
+        raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
+                          "(chain and lookup also take /kN or /fixed, /additive, /expected-gain)")
     ordered = [PLAIN] + [n for n in names if n != PLAIN]
     return list(dict.fromkeys(ordered))
 
@@ -263,11 +288,22 @@ def check_settings(names: list[str], config: GenerationConfig) -> None:
     for name in names:
         if name in engine_methods:
             replace(config, method=engine_methods[name])
+        elif variant(name) is not None:
+            method, overrides = variant(name)
+            replace(config, method=method, **overrides)
 
 
 def needs_draft(names: list[str]) -> bool:
     specs = registry()
-    return any(specs[n].needs_draft for n in names)
+    return any(specs[n].needs_draft if n in specs else variant(n)[0].needs_draft_model for n in names)
+
+
+def build_runner(pair, name: str) -> Runner:
+    specs = registry()
+    if name in specs:
+        return specs[name].build(pair)
+    method, overrides = variant(name)
+    return EngineRunner(pair, method, name, overrides)
 
 
 # -- measurement ---------------------------------------------------------------------------
@@ -545,7 +581,7 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     specs = registry()
     if runners is None:
         method_names = parse_methods(",".join(method_names))
-        runners = [specs[name].build(pair) for name in method_names]
+        runners = [build_runner(pair, name) for name in method_names]
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:
         raise ConfigError("plain decoding must be measured: it is the denominator of every speed-up")
@@ -573,7 +609,7 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     env["peak_memory"] = memory.kind
     greedy = settings.generation.sampling.greedy
     prompt_results = per_prompt(measurements, greedy)
-    described = {name: specs[name].description if name in specs else name for name in method_names}
+    described = {name: specs[name].description if name in specs else f"specgen {name}" for name in method_names}
     run_settings = {
         "methods": described, "prompts": len(prompts), "repeats": settings.repeats,
         "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens,

@@ -397,3 +397,17 @@ def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(mod
 def test_throughput_mode_bad_sizes_are_one_line(models):
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "1,x"]), "--batch-sizes")
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "0"]), "--batch-sizes")
+
+
+def test_method_variants_compare_draft_lengths_and_schedules(models, short_file, tmp_path):
+    out = tmp_path / "v.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
+                                 "--methods", "chain/k1,chain/additive,lookup/expected-gain", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["methods"] == ["plain", "chain/k1", "chain/additive", "lookup/expected-gain"]
+    assert all(p["identical_to_plain"] for p in data["prompts"])
+    k1 = [m for m in data["measurements"] if m["method"] == "chain/k1"]
+    assert all(m["drafted"] <= m["target_forwards"] for m in k1)  # one draft token per round
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "unknown method")
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
