@@ -94,7 +94,7 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
 
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
-    if batch_size > 1 and config.method.is_tree:
+    if batch_size > 1 and config.method.value not in ("plain", "chain", "lookup"):
         raise ConfigError(f"--method {config.method.value} decodes one prompt at a time: batching "
                           "(--batch-size > 1) supports plain, chain and lookup")
     texts = session.read_prompts_file(path)

@@ -18,6 +18,7 @@ class Method(str, enum.Enum):
     RSD_S = "rsd-s"
     MULTI_DRAFT = "multi-draft"
     LOOKUP = "lookup"  # prompt lookup: n-gram continuations, no draft model
+    LOOKUP_CHAIN = "lookup-chain"  # prompt lookup when the tail matches well, the draft model otherwise
 
     @classmethod
     def parse(cls, value: str) -> "Method":

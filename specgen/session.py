@@ -59,6 +59,10 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
         from specgen.lookup import PromptLookupDrafter
 
         return PromptLookupDrafter()
+    if method is Method.LOOKUP_CHAIN:
+        from specgen.lookup import CombinedDrafter, PromptLookupDrafter
+
+        return CombinedDrafter(PromptLookupDrafter(), make_drafter(draft, Method.CHAIN, vocab, config))
     if method is Method.RSD_C:
         return tree_drafters.RSDConstant(draft.model, draft.device, config.branching, vocab)
     if method is Method.MULTI_DRAFT:

@@ -249,7 +249,8 @@ def test_prompts_file_errors(models, tmp_path):
 
 @pytest.mark.parametrize("extra", [["--method", "lookup"], ["--method", "lookup", "--draft-tokens", "auto"],
                                    ["--method", "chain", "--draft-tokens", "auto"],
-                                   ["--method", "chain", "--draft-schedule", "expected-gain", "--draft-tokens", "6"]])
+                                   ["--method", "chain", "--draft-schedule", "expected-gain", "--draft-tokens", "6"],
+                                   ["--method", "lookup-chain"], ["--method", "lookup-chain", "--temperature", "0"]])
 def test_lookup_and_adaptive_draft_length_match_plain(models, extra):
     prompt = "abcabcabcabc abcabc abc"
     plain = invoke("run", prompt, *models, "-n", "16", "--method", "plain", "--format", "json", "--raw")
