@@ -12,7 +12,7 @@ from specgen.errors import ConfigError
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
-                             DraftTokensOpt, DraftQuantOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
+                             DraftTokensOpt, DraftQuantOpt, DtypeOpt, StaticDraftOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
                              TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
                              generation_config, read_prompt, user_errors)
 
@@ -63,13 +63,14 @@ def run(
     show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
     deterministic: DeterministicOpt = False,
     verify_window: VerifyWindowOpt = 32,
+    static_draft: StaticDraftOpt = False,
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
-                                   draft_confidence)
+                                   draft_confidence, static_draft)
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")

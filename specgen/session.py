@@ -74,6 +74,10 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
         from specgen.adaptive import ConfidenceStop
 
         confidence = ConfidenceStop(config.draft_confidence)
+    if config.static_draft:
+        from specgen.static_draft import StaticModelDrafter
+
+        return StaticModelDrafter(draft.model, draft.device, vocab, confidence)
     return ModelDrafter(draft.model, draft.device, vocab, confidence)
 
 
