@@ -1,6 +1,7 @@
 """Draft forward cost under each --draft-quant variant, measured in one process.
 
     python benchmarks/draft_quant.py [--draft qwen2.5-coder-0.5b-instruct] [--steps 24] [--context 200]
+    python benchmarks/draft_quant.py --acceptance [-n 48] [-k 4]   # chain acceptance per variant
 
 For each variant: load the draft as `specgen` would (bf16 on CPU), apply the variant, prefill a
 `--context`-token prompt, then time `--steps` single-token forwards with the KV cache (the
@@ -37,6 +38,26 @@ def time_steps(model, context: int, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
+def acceptance(variants: list[str], max_new_tokens: int, k: int) -> None:
+    """Chain acceptance on the quick set per variant (the target is the same in every run)."""
+    from specgen import bench, session
+    from specgen.config import GenerationConfig, Method
+    from specgen.stats import Stats
+
+    print(f"chain k={k}, quick set, {max_new_tokens} new tokens, greedy: acceptance per --draft-quant variant")
+    print(f"{'variant':<16}{'acceptance':>11}{'tok/fwd':>9}")
+    for name in variants:
+        pair = session.load(session.ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
+                                                  "cpu", None, "auto", name), Method.CHAIN, quiet=True)
+        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=max_new_tokens, draft_tokens=k)
+        engine = session.build_engine(pair, Method.CHAIN, config)
+        stats = Stats(method="chain")
+        for item in bench.load_prompts("quick"):
+            for result in engine.generate(bench.encode(pair.target.tokenizer, item), config):
+                stats.update(result, 0.0)
+        print(f"{name:<16}{stats.acceptance_rate:>11.1%}{stats.tokens_per_target_forward:>9.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
@@ -44,8 +65,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--acceptance", action="store_true", help="measure chain acceptance instead of speed")
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=48)
+    parser.add_argument("-k", "--draft-tokens", type=int, default=4)
     args = parser.parse_args()
     variants = args.variants.split(",")
+    if args.acceptance:
+        acceptance(variants, args.max_new_tokens, args.draft_tokens)
+        return
     models = {}
     for name in variants:
         loaded, _ = load_pair(args.draft, None, device="cpu", dtype="auto", quiet=True)

@@ -53,7 +53,7 @@ def bench(
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
-    draft_quant: DraftQuantOpt = "none",
+    draft_quant: DraftQuantOpt = "auto",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,

@@ -25,19 +25,34 @@ from torch import nn
 from specgen.errors import ConfigError
 
 QUANT_CHOICES = ("none", "int8", "int8-wo", "prune", "int8+prune", "int8-wo+prune")
+AUTO = "auto"
+
+
+def resolve_auto(spec: str | None, device: torch.device, dtype: torch.dtype) -> str:
+    """`auto` (the default): int8 for a draft on the CPU in a 16-bit dtype, else none.
+
+    Measured on the default pair (benchmarks/README.md): int8 makes the 0.5B draft's step 2.4x
+    faster with acceptance intact (74.9% vs 76.1%); the pruned head costs 10 points of
+    acceptance, so it stays opt-in. An explicit float32 request keeps the draft as loaded.
+    """
+    if (spec or "").strip().lower() != AUTO:
+        return spec or "none"
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return "int8"
+    return "none"
 DEFAULT_KEEP = 32768
 
 
 def parse_quant(text: str | None) -> tuple[str, ...]:
-    """'int8+prune' -> ('int8', 'prune'); 'none' or None -> ()."""
+    """'int8+prune' -> ('int8', 'prune'); 'none' or None -> (). Resolve `auto` first."""
     if text is None or text.strip().lower() in ("", "none"):
         return ()
     parts = tuple(p.strip().lower() for p in text.split("+") if p.strip())
     known = {"int8", "int8-wo", "prune"}
     bad = [p for p in parts if p not in known]
     if bad or ("int8" in parts and "int8-wo" in parts):
-        raise ConfigError(f"--draft-quant '{text}': choose none, int8, int8-wo, prune, or a quantization"
-                          " + prune (e.g. int8+prune)")
+        raise ConfigError(f"--draft-quant '{text}': choose auto, none, int8, int8-wo, prune, or a "
+                          "quantization + prune (e.g. int8+prune)")
     return parts
 
 

@@ -27,7 +27,7 @@ class ModelSettings:
     device: str = "auto"
     draft_device: str | None = None
     dtype: str = "auto"
-    draft_quant: str | None = None  # draft_quant.py: none, int8, int8-wo, prune, int8+prune
+    draft_quant: str | None = None  # draft_quant.py: auto, none, int8, int8-wo, prune, int8+prune
 
 
 @dataclass
@@ -38,15 +38,22 @@ class Pair:
 
 def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     draft = settings.draft if method.needs_draft_model else None
+    if draft is not None and (settings.draft_quant or "auto").strip().lower() != "auto":
+        from specgen.draft_quant import parse_quant
+
+        parse_quant(settings.draft_quant)  # a bad spec fails before minutes of loading
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
-    if loaded_draft is not None and settings.draft_quant not in (None, "none"):
+    quant = settings.draft_quant
+    if loaded_draft is not None and quant not in (None, "none"):
         from dataclasses import replace
 
-        from specgen.draft_quant import apply_draft_quant
+        from specgen.draft_quant import apply_draft_quant, resolve_auto
 
+        quant = resolve_auto(quant, loaded_draft.device, loaded_draft.dtype)
+    if loaded_draft is not None and quant not in (None, "none"):
         specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
-        model = apply_draft_quant(loaded_draft.model, settings.draft_quant, special_ids=specials)
+        model = apply_draft_quant(loaded_draft.model, quant, special_ids=specials)
         loaded_draft = replace(loaded_draft, model=model, dtype=next(model.parameters()).dtype)
     return Pair(target, loaded_draft)
 

@@ -70,3 +70,13 @@ def test_cli_runs_with_a_quantized_draft_and_refuses_bad_specs(tiny_dirs):
         assert json.loads(result.stdout.splitlines()[-1])["token_ids"] == plain["token_ids"]
     bad = runner.invoke(app, ["run", "hello", *models, "--draft-quant", "int3"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output and "--draft-quant" in bad.output
+
+
+def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
+    from specgen.draft_quant import resolve_auto
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_auto("auto", cpu, torch.bfloat16) == "int8"
+    assert resolve_auto("auto", cpu, torch.float32) == "none"
+    assert resolve_auto("auto", cuda, torch.bfloat16) == "none"
+    assert resolve_auto("prune", cuda, torch.bfloat16) == "prune"
