@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--methods", default="plain,chain,lookup,rsd-c,rsd-s")
     parser.add_argument("-n", "--max-new-tokens", type=int, default=48)
-    parser.add_argument("--draft-quant", default="none")
+    parser.add_argument("--draft-quant", default="auto")
     args = parser.parse_args()
     pair = session.load(session.ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
                                               "cpu", None, "auto", args.draft_quant), Method.CHAIN, quiet=True)
