@@ -114,7 +114,7 @@ def parse_list(text, what):
     return parse_sizes(text, what)
 
 
-def _throughput(names, items, config, sizes, windows, target, draft, device, draft_device, dtype, json_file,
+def _throughput(names, items, config, sizes, windows, target, draft, device, draft_device, dtype_and_quant, json_file,
                 threads=None):
     from rich.console import Console
 
@@ -124,7 +124,7 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
     names = [n for n in names if n in {m.value for m in Method}]
     err = Console(stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
-    pair = session.load(session.ModelSettings(target, draft, device, draft_device, *dtype), load_as,
+    pair = session.load(session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant), load_as,
                         quiet=not err.is_terminal)
     prompts = [bench_mod.encode(pair.target.tokenizer, item) for item in items]
     modes = ["off"] + [f"window {w}" for w in windows]
@@ -152,14 +152,14 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
         err.print(f"[dim]wrote {json_file}[/]")
 
 
-def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype):
+def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype_and_quant):
     from rich.console import Console
 
     from specgen import session
     from specgen.config import Method
 
     err = Console(stderr=True, highlight=False)
-    model_settings = session.ModelSettings(target, draft, device, draft_device, *dtype)
+    model_settings = session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
     pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
     total = len(items) * settings.repeats * len(names)

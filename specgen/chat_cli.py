@@ -77,7 +77,8 @@ def chat(
     raise typer.Exit(code)
 
 
-def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype, show_tree, format, config) -> int:
+def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and_quant, show_tree, format,
+          config) -> int:
     from rich.console import Console
 
     from specgen import chat as chat_mod
@@ -99,7 +100,7 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype, sh
     def notify(message: str) -> None:
         err.print(f"note: {message}", style="yellow", markup=False)
 
-    settings = session.ModelSettings(target, draft, device, draft_device, *dtype)
+    settings = session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
     chat_session = chat_mod.ChatSession(pair, settings, config, system, messages, notify=notify,
                                         quiet=fmt is Format.json)
