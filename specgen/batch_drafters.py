@@ -74,9 +74,13 @@ class BatchModelDrafter:
         last = torch.tensor([len(tokens) - 1 for tokens in new], device=self.device)
         tokens, probs, stopped = [], [], torch.zeros(rows, dtype=torch.bool, device=self.device)
         stop_at = [steps] * rows
+        token = None  # the previous step's tokens [rows]
         for step in range(steps):
-            logits = self.cache.forward(new)
-            logits = logits[torch.arange(rows, device=logits.device), last.to(logits.device), : self.vocab]
+            if step == 0:  # what each row has not seen: 1 or 2 tokens (or more after a rollback)
+                logits = self.cache.forward(new)
+                logits = logits[torch.arange(rows, device=logits.device), last.to(logits.device), : self.vocab]
+            else:  # the previous step's tokens, straight from the device
+                logits = self.cache.step(token.to(self.device))[:, -1, : self.vocab]
             token, dist = self._choose(logits, sampling)
             tokens.append(token)
             probs.append(dist)
@@ -90,8 +94,6 @@ class BatchModelDrafter:
                     break
             if step == steps - 1:
                 break
-            new = token.view(rows, 1).tolist()
-            last = torch.zeros(rows, dtype=torch.long, device=self.device)
         drafted = torch.stack(tokens, dim=1).tolist()  # the proposal's one sync
         self._base = [len(context) for context in contexts]
         self._fed = [len(tokens) - 1] * rows

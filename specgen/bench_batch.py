@@ -82,21 +82,18 @@ def decode_all(pair, method: Method, prompts: list[list[int]], config: Generatio
                 else:
                     stats.update(event, 0.0)
             outputs.append(state.ids[len(ids): state.verified if config.deterministic else None])
-            counters["drafted"] += stats.drafted
-            counters["accepted"] += stats.accepted
-            counters["replays"] += stats.verified_windows
-            counters["rollbacks"] += stats.rollbacks
-            counters["rolled_back_tokens"] += stats.rolled_back_tokens
+            _count(counters, stats)
     else:
         for _, outcome in session.run_batch(pair, prompts, config, batch_size):
             outputs.append(outcome.token_ids)
-            stats = outcome.stats
-            counters["drafted"] += stats.drafted
-            counters["accepted"] += stats.accepted
-            counters["replays"] += stats.verified_windows
-            counters["rollbacks"] += stats.rollbacks
-            counters["rolled_back_tokens"] += stats.rolled_back_tokens
+            _count(counters, outcome.stats)
     return outputs, time.perf_counter() - started, counters
+
+
+def _count(counters: dict, stats) -> None:
+    for key, attr in (("drafted", "drafted"), ("accepted", "accepted"), ("replays", "verified_windows"),
+                      ("rollbacks", "rollbacks"), ("rolled_back_tokens", "rolled_back_tokens")):
+        counters[key] += getattr(stats, attr)
 
 
 def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: GenerationConfig,

@@ -63,21 +63,29 @@ class RaggedCache:
         n = max(len(tokens) for tokens in new)
         if n == 0:
             raise ValueError("nothing to feed")
-        width = self.width()
+        inputs = torch.full((self.rows, n), self.pad_id, dtype=torch.long)
+        for i, tokens in enumerate(new):
+            inputs[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        return self._feed(inputs.to(self.device), [len(tokens) for tokens in new], keep)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row, already on the device (a draft step: no host round trip)."""
+        return self._feed(tokens.view(self.rows, 1), [1] * self.rows, None)
+
+    def _feed(self, inputs: torch.Tensor, counts: list[int], keep: int | None) -> torch.Tensor:
+        """inputs [rows, n] on the device; row i's first counts[i] tokens are real, the rest pads."""
+        n, width = inputs.shape[1], self.width()
         mask = torch.zeros(self.rows, width + n, dtype=torch.long)
         positions = torch.zeros(self.rows, n, dtype=torch.long)
-        inputs = torch.full((self.rows, n), self.pad_id, dtype=torch.long)
-        for i, (tokens, length) in enumerate(zip(new, self.lengths)):
-            m = len(tokens)
+        for i, (m, length) in enumerate(zip(counts, self.lengths)):
             mask[i, width - length: width + m] = 1
             positions[i] = torch.arange(length, length + n)  # pads continue counting; masked anyway
-            inputs[i, :m] = torch.tensor(tokens, dtype=torch.long)
-        out = self.model(input_ids=inputs.to(self.device), past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True,
                          attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
                          logits_to_keep=keep or 0)
-        fed = [length + n for length in self.lengths]
-        self.lengths = fed
-        self.truncate([length - n + len(tokens) for length, tokens in zip(fed, new)])
+        self.lengths = [length + n for length in self.lengths]
+        if any(m < n for m in counts):
+            self.truncate([length - n + m for length, m in zip(self.lengths, counts)])
         return out.logits
 
     def truncate(self, lengths: list[int]) -> None:
