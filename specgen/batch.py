@@ -223,7 +223,7 @@ class BatchDecoder:
         if len(row.ids) < start + window and stop is None:
             return None
         kvcache.crop(row.verified_cache, start - 1)
-        replayed = replay_tokens(self.model, row.verified_cache, row.ids, start, window, config.sampling,
+        replayed = replay_tokens(lambda cache, ids: kvcache.forward(self.model, cache, ids), row.verified_cache, row.ids, start, window, config.sampling,
                                  self.device, row.ids[start - 1], self.vocab)
         row.replays += 1
         mismatch = next((p for p in range(row.verified, len(row.ids)) if row.ids[p] != replayed[p - start]), None)

@@ -18,7 +18,7 @@ import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
-                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
+                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, CompileOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
 from specgen.config import Method
@@ -54,6 +54,7 @@ def bench(
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
     draft_quant: DraftQuantOpt = "auto",
+    compile: CompileOpt = "auto",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -99,10 +100,10 @@ def bench(
 
                 raise ConfigError("--verify-windows values must be >= 2")
             _throughput(names, items, replace(config, deterministic=False), sizes, windows,
-                        target, draft, device, draft_device, (dtype, draft_quant), json_file, threads)
+                        target, draft, device, draft_device, (dtype, draft_quant, compile), json_file, threads)
             return
         result = _measure(bench_mod, names, items, settings,
-                          target, draft, device, draft_device, (dtype, draft_quant))
+                          target, draft, device, draft_device, (dtype, draft_quant, compile))
         _report(result, json_file, csv_file, plot_file)
         if result.interrupted:
             raise typer.Exit(130)

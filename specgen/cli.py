@@ -12,7 +12,7 @@ from specgen.errors import ConfigError
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
-                             DraftTokensOpt, DraftQuantOpt, DtypeOpt, StaticDraftOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
+                             DraftTokensOpt, DraftQuantOpt, DtypeOpt, CompileOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
                              TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
                              generation_config, read_prompt, user_errors)
 
@@ -63,20 +63,20 @@ def run(
     show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
     deterministic: DeterministicOpt = False,
     verify_window: VerifyWindowOpt = 32,
-    static_draft: StaticDraftOpt = False,
+    compile: CompileOpt = "auto",
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
-                                   draft_confidence, static_draft)
+                                   draft_confidence)
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
             fmt = format or Format.plain
             _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
-                      draft_quant)
+                      (draft_quant, compile))
             return
         text = read_prompt(prompt, file)
         from specgen.errors import PromptError
@@ -84,11 +84,12 @@ def run(
         if not text.strip():
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
-        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree, draft_quant)
+        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree,
+             (draft_quant, compile))
 
 
 def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
-              draft_quant=None) -> None:
+              quant_and_compile=(None, "auto")) -> None:
     """Several prompts; outputs in input order. Batches decode plain, chain or lookup together."""
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer
@@ -99,7 +100,8 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
         raise ConfigError(f"--method {config.method.value} decodes one prompt at a time: batching "
                           "(--batch-size > 1) supports plain, chain and lookup")
     texts = session.read_prompts_file(path)
-    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype, draft_quant), config.method,
+    pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile),
+                        config.method,
                         quiet=fmt is Format.json)
     prompts = [session.encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
     if batch_size == 1:
@@ -119,11 +121,11 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
 
 
 def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,
-         draft_quant=None) -> None:
+         quant_and_compile=(None, "auto")) -> None:
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer, RichRenderer
 
-    settings = session.ModelSettings(target, draft, device, draft_device, dtype, draft_quant)
+    settings = session.ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
     prompt_ids = session.encode_prompt(pair.target.tokenizer, text, raw, system)
     engine = session.build_engine(pair, config.method, config)

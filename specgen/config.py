@@ -74,7 +74,6 @@ class GenerationConfig:
     draft_confidence: float = 0.0  # chain: stop drafting when the draft's top probability is below
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
-    static_draft: bool = False  # chain: the draft keeps a StaticCache; on CUDA its step is compiled
 
     @property
     def tree_depth(self) -> int:

@@ -45,8 +45,12 @@ class ModelDrafter:
     previous round accepted all of them), then k-1 single-token steps; x_k is never fed.
     """
 
-    def __init__(self, model, device: torch.device, vocab: int | None = None, confidence=None):
+    def __init__(self, model, device: torch.device, vocab: int | None = None, confidence=None,
+                 compile: str = "off"):
+        from specgen.compiled import Steps
+
         self.model = model
+        self.steps = Steps(model, compile)  # on CUDA: the single-token step as a CUDA graph
         self.device = device
         self.confidence = confidence  # adaptive.ConfidenceStop: end the draft when unsure
         self.vocab = vocab  # shared vocabulary when draft and target heads are padded differently
@@ -58,6 +62,10 @@ class ModelDrafter:
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.reset_to(prompt_ids[:-1])
+
+    def reserve(self, length: int) -> None:
+        """Preallocate the cache for `length` positions (a compiled step keeps its shapes)."""
+        self.cache.reserve(length)
 
     def rewind(self, valid: int) -> None:
         """Only the first `valid` tokens of what the cache saw still hold (a new chat turn)."""
@@ -114,6 +122,4 @@ class ModelDrafter:
             self._forward_tensor(torch.tensor([ids], device=self.device))
 
     def _forward_tensor(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1)
-        return out.logits
+        return self.steps.forward(self.cache, input_ids, keep=1)

@@ -19,6 +19,7 @@ from specgen import kvcache
 from specgen.adaptive import make_policy
 from specgen.acceptance import (Rule, greedy_match, greedy_tree, recursive_rejection, select_rule,
                                 speculative_sampling)
+from specgen.compiled import Steps
 from specgen.config import GenerationConfig, Method
 from specgen.drafters import Drafter
 from specgen.errors import PromptError
@@ -85,8 +86,11 @@ class Engine:
     """Runs plain or speculative decoding of `target_model`, with an optional drafter."""
 
     def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int],
-                 context_length: int, drafter: Drafter | None = None, vocab: int | None = None):
+                 context_length: int, drafter: Drafter | None = None, vocab: int | None = None,
+                 compile: str = "off"):
         self.model = target_model
+        self.steps = Steps(target_model, compile)  # the target's forwards, compiled where shapes are fixed
+        self.cache = None
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
         self.stop_ids = stop_ids
@@ -104,7 +108,10 @@ class Engine:
         if config.method is not Method.PLAIN and self.drafter is None:
             raise ValueError(f"method {config.method.value} needs a drafter")
         started = time.perf_counter()
-        cache = kvcache.new_cache(self.model)
+        cache = self.cache if self.cache is not None else kvcache.new_cache(self.model)
+        self.cache = cache  # one preallocated cache per engine, reused by every generation
+        kvcache.crop(cache, 0)
+        self._reserve(cache, len(prompt_ids), config)
         if len(prompt_ids) > 1:
             self._forward(torch.tensor([prompt_ids[:-1]], device=self.device), cache, keep=1)
         if config.method is not Method.PLAIN:
@@ -141,6 +148,7 @@ class Engine:
         common = common_prefix(state.ids, prompt_ids)
         keep = min(common, len(prompt_ids) - 1, kvcache.cache_length(state.cache))
         kvcache.crop(state.cache, keep)
+        self._reserve(state.cache, len(prompt_ids), config)
         state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
         if len(prompt_ids) - 1 > keep:
             self._forward(torch.tensor([prompt_ids[keep:-1]], device=self.device), state.cache, keep=1)
@@ -229,7 +237,7 @@ class Engine:
         started = time.perf_counter()
         window = config.verify_window
         kvcache.crop(state.cache, start - 1)
-        replayed = replay_tokens(self.model, state.cache, state.ids, start, window, config.sampling,
+        replayed = replay_tokens(self.steps.forward, state.cache, state.ids, start, window, config.sampling,
                                  self.device, state.ids[start - 1], self.vocab)
         ids = state.ids
         # at most N host comparisons of token ids per replay (never a loop over the vocabulary)
@@ -299,10 +307,7 @@ class Engine:
 
         cached = len(state.ids) - 1
         tokens = tree.tokens.to(self.device)
-        out = self.model(input_ids=tokens.unsqueeze(0), past_key_values=state.cache, use_cache=True,
-                         position_ids=tree.position_ids(cached, self.device),
-                         attention_mask=tree.attention_mask(cached, self.device))
-        logits = out.logits[0, :, : self.vocab]  # [N, V]: row i is q(.|path to i)
+        logits = self.steps.tree(state.cache, tokens, tree)[0, :, : self.vocab]  # [N, V]: row i is q(.|path to i)
         if config.sampling.greedy or config.deterministic:
             positions = [cached + 1 + d for d in tree.depth]  # node i predicts position n + depth
             verdict = greedy_tree(tree.children, tokens, self._choice(logits, positions, config))
@@ -340,6 +345,16 @@ class Engine:
             self.drafter.observe(len(emitted) - 1)
 
     def _forward(self, input_ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
-                         logits_to_keep=keep)
-        return out.logits
+        return self.steps.forward(cache, input_ids, keep=keep)
+
+    def _reserve(self, cache, prompt_length: int, config: GenerationConfig) -> None:
+        """Preallocate both caches for the whole generation, so compiled steps keep their shapes."""
+        length = min(prompt_length + config.max_new_tokens, self.context_length) + self.headroom(config)
+        cache.reserve(length)
+        if self.drafter is not None and config.method is not Method.PLAIN and hasattr(self.drafter, "reserve"):
+            self.drafter.reserve(length)
+
+    @staticmethod
+    def headroom(config: GenerationConfig) -> int:
+        """Slots a round may write past the committed sequence (draft window or tree)."""
+        return max(config.draft_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2

@@ -1,50 +1,256 @@
-"""Operations on transformers cache objects: their length, cropping, and path compaction."""
+"""KV caches preallocated and indexed by position (the gpt-fast design, on transformers' Cache API).
+
+`SlotCache` is a transformers `Cache` whose layers hold [rows, heads, capacity, dim] tensors
+allocated once. Every forward goes through `forward()` here, which says where each new token's
+K/V is written (slot = the row's length + offset + j) and passes an explicit 4D boolean mask:
+query j of row b sees the row's committed slots [0, base_b) and the in-flight slots that the
+caller's `tree` mask names (causal for a chain, ancestors for a tree). So:
+
+* rejecting drafts is a length decrement (`crop`): stale slots are never visible, and the next
+  write overwrites them;
+* a tree commit is a gather of the accepted path into place (`keep_positions`), with no
+  re-rotation (node positions were already base + depth);
+* every step has a fixed shape when `view` is the whole capacity, so it can be captured as a
+  CUDA graph (`Stepper`); eagerly, attention reads only the used prefix (`view` = what is needed).
+
+Nothing here edits a library's private fields: the layers are our own `CacheLayerMixin`
+subclass, and the model is called through its public forward. `DynamicCache` is still accepted by
+`crop`/`forward` for the ragged batch cache (ragged.py), which keeps its own layout.
+"""
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+MIN_CAPACITY = 256
 
 
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def cache_length(cache: DynamicCache) -> int:
+class SlotLayer(CacheLayerMixin):
+    """One layer's K/V: written at the slots its cache names, read up to the cache's view."""
+
+    is_compileable = True
+
+    def __init__(self, owner: "SlotCache"):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        owner = self.owner
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (owner.rows, key_states.shape[1], owner.capacity)
+        self.keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        if self.device.type == "cuda":  # fixed addresses: a CUDA graph reads and writes them in place
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        owner = self.owner
+        keys, values = self.keys, self.values
+        if owner.active is not None:  # a forward over some rows only (a prefill of one row)
+            keys, values = keys[owner.active], values[owner.active]
+        slots = owner.slots if owner.slots.device == keys.device else owner.slots.to(keys.device)
+        if slots.shape[0] == 1:
+            keys.index_copy_(2, slots[0], key_states)
+            values.index_copy_(2, slots[0], value_states)
+        else:
+            index = slots[:, None, :, None]
+            keys.scatter_(2, index.expand_as(key_states), key_states)
+            values.scatter_(2, index.expand_as(value_states), value_states)
+        view = owner.view
+        if view == keys.shape[2]:
+            return keys, values
+        return keys[:, :, :view], values[:, :, :view]
+
+    def resize(self, capacity: int) -> None:
+        """Grow (copying what is held) or shrink the slot dimension."""
+        if not self.is_initialized:
+            return
+        old = self.keys.shape[2]
+        for name in ("keys", "values"):
+            tensor = getattr(self, name)
+            new = tensor.new_zeros(*tensor.shape[:2], capacity, tensor.shape[-1])
+            keep = min(old, capacity)
+            new[:, :, :keep] = tensor[:, :, :keep]
+            if new.device.type == "cuda":
+                torch._dynamo.mark_static_address(new)
+            setattr(self, name, new)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.keys = self.keys.index_select(0, index.to(self.device))
+            self.values = self.values.index_select(0, index.to(self.device))
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.view, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.owner.lengths, default=0)
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class SlotCache(Cache):
+    """A position-indexed KV cache for `rows` sequences; `lengths[b]` slots of row b are committed."""
+
+    def __init__(self, config, rows: int = 1, capacity: int | None = None):
+        config = _text_config(config)
+        self.rows, self.capacity = rows, capacity or MIN_CAPACITY
+        self.lengths = [0] * rows  # host copy: the engine always knows the committed lengths
+        self.slots: torch.Tensor | None = None  # [rows, n] write slots of the forward in flight
+        self.view = self.capacity  # key slots the forward in flight reads
+        self.active = None  # a row slice when a forward feeds some rows only
+        super().__init__(layers=[SlotLayer(self) for _ in range(config.num_hidden_layers)])
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths, default=0)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.view, 0
+
+    @torch.inference_mode()
+    def reserve(self, length: int) -> None:
+        """Make room for `length` slots per row (capacity grows by doubling, never shrinks)."""
+        if length <= self.capacity:
+            return
+        capacity = max(self.capacity, MIN_CAPACITY)
+        while capacity < length:
+            capacity *= 2
+        for layer in self.layers:
+            layer.resize(capacity)
+        self.capacity = capacity
+
+    @torch.inference_mode()
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows `keep` (in that order)."""
+        index = torch.tensor(keep, dtype=torch.long)
+        for layer in self.layers:
+            layer.select_rows(index)
+        self.lengths = [self.lengths[i] for i in keep]
+        self.rows = len(keep)
+
+
+def new_cache(model, rows: int = 1, capacity: int | None = None) -> SlotCache:
+    return SlotCache(model.config, rows, capacity)
+
+
+def cache_length(cache) -> int:
+    if isinstance(cache, SlotCache):
+        return cache.lengths[0]
     return cache.get_seq_length()
 
 
-def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` positions of every layer.
-
-    Layer by layer, so a cache left uneven by an interrupted forward (Ctrl-C between layers)
-    is made consistent again.
-    """
+def crop(cache, length: int) -> None:
+    """Keep the first `length` positions (of every row of a SlotCache)."""
+    if isinstance(cache, SlotCache):
+        if any(length > held for held in cache.lengths):
+            raise ValueError(f"cannot crop a cache of {max(cache.lengths)} up to {length}")
+        cache.lengths = [length] * cache.rows
+        return
     if cache.get_seq_length() < length:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} up to {length}")
-    for layer in cache.layers:
+    for layer in cache.layers:  # layer by layer: a cache left uneven by Ctrl-C is made consistent
         if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
 
 
-def keep_positions(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
-    """Keep positions [0, start) plus the rows `start + keep` (in that order), drop the rest.
+def set_lengths(cache: SlotCache, lengths: list[int]) -> None:
+    """Per-row crop: row b keeps its first lengths[b] slots."""
+    if any(new > held or new < 0 for new, held in zip(lengths, cache.lengths)):
+        raise ValueError(f"cannot set lengths {lengths} on a cache holding {cache.lengths}")
+    cache.lengths = list(lengths)
 
-    Used after a tree round: the accepted nodes are gathered into contiguous slots. Their
-    rotary positions were already start + depth, so no re-rotation is needed.
+
+@torch.inference_mode()
+def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor) -> None:
+    """Keep slots [0, start) plus the slots `start + keep` (in that order) moved into place after it.
+
+    Used after a tree round: the accepted path is gathered into contiguous slots. Their rotary
+    positions were already start + depth, so no re-rotation is needed.
     """
+    count = keep.shape[0]
     for layer in cache.layers:
-        if not getattr(layer, "is_initialized", False):
+        if not layer.is_initialized:
             continue
-        index = (keep.to(layer.keys.device) + start)
-        layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
-        layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
+        source = keep.to(layer.device) + start
+        target = torch.arange(start, start + count, device=layer.device)
+        for tensor in (layer.keys, layer.values):
+            tensor.index_copy_(2, target, tensor.index_select(2, source))
+    cache.lengths = [start + count] * cache.rows
 
 
-def crop_left(cache: DynamicCache, length: int) -> None:
-    """Keep only the last `length` positions of every layer (drop common left padding)."""
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > length:
-            layer.keys = layer.keys[..., layer.keys.shape[-2] - length:, :]
-            layer.values = layer.values[..., layer.values.shape[-2] - length:, :]
+def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, view: int) -> torch.Tensor:
+    """[rows, 1, n, view] bool: slot s is visible to query j of row b iff s < bases[b], or
+    s = bases[b] + c with tree[j, c] (c < offset + n: the in-flight slots of this round)."""
+    n, width = tree.shape
+    rel = torch.arange(view, device=bases.device)[None, :] - bases[:, None]  # [rows, view]
+    inside = (rel >= 0) & (rel < width)
+    column = torch.where(inside, rel, width)  # a column of False for slots outside the tree
+    padded = torch.cat([tree, tree.new_zeros(n, 1)], dim=1)  # [n, width + 1]
+    visible = padded[:, column]  # [n, rows, view]
+    return ((rel < 0)[:, None, :] | visible.transpose(0, 1))[:, None]
+
+
+def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, offset: int, depth: torch.Tensor,
+        tree: torch.Tensor, view: int, keep: int = 0, rows: slice | None = None) -> torch.Tensor:
+    """The device-only part of a forward (capturable in a CUDA graph): slots, positions, mask, model."""
+    n = input_ids.shape[1]
+    cache.slots = bases[:, None] + torch.arange(offset, offset + n, device=bases.device)
+    cache.view, cache.active = view, rows
+    mask = _mask(bases, offset, tree, view)
+    out = call(input_ids=input_ids, position_ids=bases[:, None] + depth, attention_mask=mask,
+               past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    cache.active = None
+    return out.logits
+
+
+@torch.inference_mode()
+def forward(model, cache, input_ids: torch.Tensor, *, keep: int = 0, offset: int = 0,
+            depth: torch.Tensor | None = None, tree: torch.Tensor | None = None,
+            rows: slice | None = None, runner=None) -> torch.Tensor:
+    """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
+
+    `tree` [n, offset + n] (bool) says which of this round's slots each query sees (default:
+    causal over the new tokens); `depth` [n] the positions relative to the row's length (default
+    offset + j). The row lengths afterwards are length + offset + n, as a growing cache would be.
+    `rows` feeds a slice of the rows (a prefill of one row of a batch). `runner(cache, input_ids,
+    bases, offset, depth, tree, keep)` is a fixed-shape (compiled or captured) forward to use
+    instead of the eager one; its view covers the whole capacity.
+    """
+    if not isinstance(cache, SlotCache):
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        return out.logits
+    n = input_ids.shape[1]
+    device = input_ids.device
+    lengths = cache.lengths[rows] if rows is not None else cache.lengths
+    end = max(lengths) + offset + n
+    cache.reserve(end)
+    bases = torch.tensor(lengths, dtype=torch.long).to(device, non_blocking=True)
+    tree = chain_tree(n, offset, device) if tree is None else tree.to(device)
+    depth = torch.arange(offset, offset + n, device=device) if depth is None else depth.to(device)
+    if runner is not None and rows is None:
+        logits = runner(cache, input_ids, bases, offset, depth, tree, keep)
+    else:
+        logits = run(model, cache, input_ids, bases, offset, depth, tree, end, keep, rows)
+    updated = [length + offset + n for length in lengths]
+    if rows is not None:
+        cache.lengths[rows] = updated
+    else:
+        cache.lengths = updated
+    return logits
+
+
+def chain_tree(n: int, offset: int = 0, device=None) -> torch.Tensor:
+    """[n, offset + n]: query j sees the round's slots up to its own (offset + j)."""
+    return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)

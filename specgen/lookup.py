@@ -220,6 +220,10 @@ class CombinedDrafter:
         self.lookup.rewind(valid)
         self.model.rewind(valid)
 
+    def reserve(self, length: int) -> None:
+        if hasattr(self.model, "reserve"):
+            self.model.reserve(length)
+
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         match = self.lookup.find(context, k)

@@ -86,13 +86,13 @@ DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
 
 
 DeterministicOpt = Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")]
-StaticDraftOpt = Annotated[bool, typer.Option("--static-draft", help="Chain drafting with a static KV cache; on CUDA the draft's single-token step is compiled (CUDA graphs).")]
+CompileOpt = Annotated[str, typer.Option("--compile", help="Capture fixed-shape steps as CUDA graphs (torch.compile): auto (on for CUDA, off on the CPU), on, off.")]
 VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")]
 
 
 def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                       branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
-                      schedule=None, draft_confidence=0.0, static_draft=False):
+                      schedule=None, draft_confidence=0.0):
     """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
     from specgen.adaptive import Schedule
     from specgen.config import ConfigError, GenerationConfig, Method, SamplingConfig, parse_branching, parse_draft_tokens
@@ -106,5 +106,4 @@ def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, 
         method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         branching=parse_branching(branching), beam_width=beam_width, depth=depth,
-        deterministic=deterministic, verify_window=verify_window, draft_confidence=draft_confidence,
-        static_draft=static_draft)
+        deterministic=deterministic, verify_window=verify_window, draft_confidence=draft_confidence)

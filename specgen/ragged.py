@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from specgen import kvcache
+from transformers import DynamicCache
+
 
 
 class RaggedCache:
     def __init__(self, model, device: torch.device, pad_id: int = 0):
         self.model, self.device, self.pad_id = model, device, pad_id
-        self.cache = kvcache.new_cache(model)
+        self.cache = DynamicCache(config=model.config)
         self.lengths: list[int] = []
 
     @property
@@ -35,7 +36,7 @@ class RaggedCache:
 
         Returns the solo one-row cache (callers may keep it: deterministic mode does).
         """
-        solo = kvcache.new_cache(self.model)
+        solo = DynamicCache(config=self.model.config)
         if prefix:
             self.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=solo,
                        use_cache=True, logits_to_keep=1)
@@ -101,7 +102,7 @@ class RaggedCache:
     # -- internals ------------------------------------------------------------------------
     def _trim_left(self) -> None:
         if self.lengths:
-            kvcache.crop_left(self.cache, max(self.lengths))
+            _crop_left(self.cache, max(self.lengths))
 
     def _empty_row(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-width K/V for a row with nothing cached."""
@@ -165,3 +166,11 @@ def _shift_row(cache, row: int, by: int) -> None:
                     continue
                 tensor[row, ..., by:, :] = tensor[row, ..., : width - by, :].clone()
                 tensor[row, ..., :by, :].zero_()
+
+
+def _crop_left(cache, length: int) -> None:
+    """Keep only the last `length` positions of every layer (drop common left padding)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., layer.keys.shape[-2] - length:, :]
+            layer.values = layer.values[..., layer.values.shape[-2] - length:, :]

@@ -75,7 +75,7 @@ def window_start(verified: int, prompt_length: int, window: int) -> int:
     return prompt_length + ((verified - prompt_length) // window) * window
 
 
-def replay_tokens(model, cache, ids: list[int], start: int, window: int, sampling: SamplingConfig,
+def replay_tokens(forward, cache, ids: list[int], start: int, window: int, sampling: SamplingConfig,
                   device, pad_id: int, vocab: int | None) -> list[int]:
     """Run the fixed-shape forward for the window at `start`; return the replay's N tokens.
 
@@ -85,7 +85,6 @@ def replay_tokens(model, cache, ids: list[int], start: int, window: int, samplin
     """
     chunk = ids[start - 1: start - 1 + window]
     chunk = chunk + [pad_id] * (window - len(chunk))
-    out = model(input_ids=torch.tensor([chunk], device=device), past_key_values=cache, use_cache=True)
-    logits = out.logits[0, :, :vocab]
+    logits = forward(cache, torch.tensor([chunk], device=device))[0, :, :vocab]
     positions = torch.arange(start, start + window, device=logits.device)
     return keyed_choice(logits, positions, sampling).tolist()

@@ -28,16 +28,21 @@ class ModelSettings:
     draft_device: str | None = None
     dtype: str = "auto"
     draft_quant: str | None = None  # draft_quant.py: auto, none, int8, int8-wo, prune, int8+prune
+    compile: str = "auto"  # compiled.py: auto (on for CUDA), on, off
 
 
 @dataclass
 class Pair:
     target: LoadedModel
     draft: LoadedModel | None
+    compile: str = "off"  # compiled.py: off, graphs (CUDA graphs), inductor, fixed
 
 
 def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
+    from specgen.compiled import resolve_compile
+
     draft = settings.draft if method.needs_draft_model else None
+    resolve_compile(settings.compile, "cpu")  # a bad value fails before minutes of loading
     if draft is not None and (settings.draft_quant or "auto").strip().lower() != "auto":
         from specgen.draft_quant import parse_quant
 
@@ -55,10 +60,11 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
         model = apply_draft_quant(loaded_draft.model, quant, special_ids=specials)
         loaded_draft = replace(loaded_draft, model=model, dtype=next(model.parameters()).dtype)
-    return Pair(target, loaded_draft)
+    return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
 
 
-def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: GenerationConfig | None):
+def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: GenerationConfig | None,
+                 compile: str = "off"):
     from specgen import tree_drafters
 
     config = config or GenerationConfig(method=method)
@@ -69,23 +75,20 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
     if method is Method.LOOKUP_CHAIN:
         from specgen.lookup import CombinedDrafter, PromptLookupDrafter
 
-        return CombinedDrafter(PromptLookupDrafter(), make_drafter(draft, Method.CHAIN, vocab, config))
+        return CombinedDrafter(PromptLookupDrafter(), make_drafter(draft, Method.CHAIN, vocab, config, compile))
     if method is Method.RSD_C:
-        return tree_drafters.RSDConstant(draft.model, draft.device, config.branching, vocab)
+        return tree_drafters.RSDConstant(draft.model, draft.device, config.branching, vocab, compile)
     if method is Method.MULTI_DRAFT:
-        return tree_drafters.MultiDraft(draft.model, draft.device, config.branching, vocab)
+        return tree_drafters.MultiDraft(draft.model, draft.device, config.branching, vocab, compile)
     if method is Method.RSD_S:
-        return tree_drafters.RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab)
+        return tree_drafters.RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab,
+                                                  compile)
     confidence = None
     if config.draft_confidence > 0:
         from specgen.adaptive import ConfidenceStop
 
         confidence = ConfidenceStop(config.draft_confidence)
-    if config.static_draft:
-        from specgen.static_draft import StaticModelDrafter
-
-        return StaticModelDrafter(draft.model, draft.device, vocab, confidence)
-    return ModelDrafter(draft.model, draft.device, vocab, confidence)
+    return ModelDrafter(draft.model, draft.device, vocab, confidence, compile)
 
 
 def build_engine(pair: Pair, method: Method, config: GenerationConfig | None = None) -> Engine:
@@ -97,8 +100,15 @@ def build_engine(pair: Pair, method: Method, config: GenerationConfig | None = N
         sizes = (target.model.config.vocab_size, pair.draft.model.config.vocab_size)
         # heads padded to different sizes (same tokenizer): compare over the shared ids only
         vocab = min(sizes) if sizes[0] != sizes[1] else None
-        drafter = make_drafter(pair.draft, method, vocab, config)
-    return Engine(target.model, target.device, target.stop_ids, target.context_length, drafter, vocab)
+        drafter = make_drafter(pair.draft, method, vocab, config, pair.compile)
+    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, drafter, vocab,
+                    compile=pair.compile)
+    for role, steps in (("target", engine.steps), ("draft", getattr(drafter, "steps", None))):
+        if steps is not None and steps.notice:
+            import sys
+
+            sys.stderr.write(f"specgen: {role} runs eagerly (no CUDA graphs): {steps.notice}\n")
+    return engine
 
 
 def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:

@@ -43,8 +43,8 @@ class TreeDrafter(ModelDrafter, abc.ABC):
 
     replacement = False
 
-    def __init__(self, model, device, depth: int, vocab: int | None = None):
-        super().__init__(model, device, vocab)
+    def __init__(self, model, device, depth: int, vocab: int | None = None, compile: str = "off"):
+        super().__init__(model, device, vocab, compile=compile)
         self.depth = depth
         self._fed_nodes = 0  # tree nodes (after the root) fed to the cache last round
         self._base = 0
@@ -92,13 +92,15 @@ class TreeDrafter(ModelDrafter, abc.ABC):
         self.cached = self._base + len(fed)
 
     def _feed(self, tree: DraftTree, frontier: list[int], n: int) -> torch.Tensor:
-        """One batched forward over the frontier with the tree mask -> their logits."""
+        """One batched forward over the frontier with the tree mask -> their logits.
+
+        The root sits at slot n-1 and node i at slot n-1+i: with the cache cut back to n-1, the
+        frontier is written at offset `first`, and sees the nodes fed before it in their slots.
+        """
         first, last = frontier[0], frontier[-1]
-        mask = tree.attention_mask(n - 1, self.device)[:, :, first : last + 1, : n + last]
-        positions = tree.position_ids(n - 1, self.device)[:, first : last + 1]
-        out = self.model(input_ids=tree.tokens[first : last + 1].unsqueeze(0), past_key_values=self.cache,
-                         position_ids=positions, attention_mask=mask, use_cache=True)
-        return out.logits[0, :, : self.vocab]
+        kvcache.crop(self.cache, n - 1)
+        logits = self.steps.tree(self.cache, tree.tokens, tree, offset=first, nodes=slice(first, last + 1))
+        return logits[0, :, : self.vocab]
 
     @abc.abstractmethod
     def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
@@ -108,8 +110,9 @@ class TreeDrafter(ModelDrafter, abc.ABC):
 class RSDConstant(TreeDrafter):
     """RSD-C: each node at depth l gets b_l children by Gumbel-top-k (without replacement)."""
 
-    def __init__(self, model, device, branching: tuple[int, ...], vocab: int | None = None):
-        super().__init__(model, device, len(branching), vocab)
+    def __init__(self, model, device, branching: tuple[int, ...], vocab: int | None = None,
+                 compile: str = "off"):
+        super().__init__(model, device, len(branching), vocab, compile)
         self.branching = branching
 
     def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
@@ -137,8 +140,9 @@ class MultiDraft(RSDConstant):
 class RSDStochasticBeam(TreeDrafter):
     """RSD-S: stochastic beam search, beam width W, depth L (ALGORITHMS.md section 5)."""
 
-    def __init__(self, model, device, beam_width: int, depth: int, vocab: int | None = None):
-        super().__init__(model, device, depth, vocab)
+    def __init__(self, model, device, beam_width: int, depth: int, vocab: int | None = None,
+                 compile: str = "off"):
+        super().__init__(model, device, depth, vocab, compile)
         self.width = beam_width
 
     def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:

@@ -225,7 +225,7 @@ def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(ti
     assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
     drafter.reset_to(ids[:-1])
     with torch.no_grad():
-        cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=drafter.cache).logits[0, -1]
+        cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = draft.model(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 

@@ -147,12 +147,12 @@ def test_commit_then_continue_equals_fresh_prefill(tiny_pair):
     ids = state.ids
     assert kvcache.cache_length(state.cache) == len(ids) - 1
     with torch.no_grad():
-        cached = target.model(torch.tensor([ids[-1:]]), past_key_values=state.cache).logits[0, -1]
+        cached = kvcache.forward(target.model, state.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = target.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
         # the draft cache holds a committed prefix; topping it up matches a fresh draft prefill
         drafter.reset_to(ids[:-1])
-        d_cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=drafter.cache).logits[0, -1]
+        d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)
 

@@ -290,7 +290,7 @@ def test_combined_with_a_draft_model_matches_plain_greedy_and_keeps_its_cache(ti
     assert kvcache.cache_length(model_drafter.cache) == model_drafter.cached
     with torch.no_grad():
         model_drafter.reset_to(ids[:-1])
-        cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=model_drafter.cache).logits[0, -1]
+        cached = kvcache.forward(draft.model, model_drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = draft.model(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 

@@ -8,6 +8,7 @@ import torch
 from specgen import kvcache
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.engine import Engine
+from specgen.compiled import Steps
 from specgen.session import make_drafter
 from specgen.tree import DraftTree
 from test_engine import PROMPT, reference_greedy
@@ -39,16 +40,15 @@ def test_tree_logits_equal_chain_logits_and_step_by_step(tiny_pair):
     cached = prefix.shape[1]
     with torch.no_grad():
         cache = kvcache.new_cache(model)
-        model(prefix, past_key_values=cache)
-        tree_logits = model(TREE.tokens[None], past_key_values=cache, position_ids=TREE.position_ids(cached),
-                            attention_mask=TREE.attention_mask(cached)).logits[0]
+        kvcache.forward(model, cache, prefix)
+        tree_logits = Steps(model).tree(cache, TREE.tokens, TREE)[0]
         for path in TREE.paths():
             chain = model(torch.cat([prefix[0], TREE.tokens[path]])[None]).logits[0, cached:]
             torch.testing.assert_close(tree_logits[path], chain, atol=1e-4, rtol=1e-4)
             step_cache = kvcache.new_cache(model)
-            model(prefix, past_key_values=step_cache)
+            kvcache.forward(model, step_cache, prefix)
             for depth, node in enumerate(path):
-                step = model(TREE.tokens[node].view(1, 1), past_key_values=step_cache).logits[0, -1]
+                step = kvcache.forward(model, step_cache, TREE.tokens[node].view(1, 1))[0, -1]
                 torch.testing.assert_close(tree_logits[node], step, atol=1e-4, rtol=1e-4)
 
 
@@ -99,13 +99,13 @@ def test_commit_after_tree_rounds_equals_fresh_prefill(tiny_pair, config, temper
     list(engine.rounds(state, config))
     ids = state.ids
     with torch.no_grad():
-        cached = target.model(torch.tensor([ids[-1:]]), past_key_values=state.cache).logits[0, -1]
+        cached = kvcache.forward(target.model, state.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = target.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
         drafter = engine.drafter
         assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
         drafter.reset_to(ids[:-1])
-        d_cached = draft.model(torch.tensor([ids[-1:]]), past_key_values=drafter.cache).logits[0, -1]
+        d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)
 

@@ -1,0 +1,229 @@
+"""GPU speed: specgen against transformers' own generate, on random-weight models of real shapes.
+
+Usage (on a CUDA machine; nothing is downloaded):
+    python benchmarks/gpu_speed.py OUT.json [--shapes q15,q7] [--new 128] [--modes graphs]
+                                   [--ks 1,2,3,4] [--histogram benchmarks/results/quick-greedy.json]
+
+Builds Qwen2 models with the exact shapes of Qwen2.5 0.5B / 1.5B / 7B (random bf16 weights,
+lm_head scaled so greedy paths are not near-ties) and reports, in one run on one GPU:
+  * transformers `generate`, eager (DynamicCache) and with `cache_implementation="static"`
+    (compiled by transformers itself), greedy, N new tokens after a 64-token prompt;
+  * specgen plain decoding and chain decoding at k = 1..4 with the 0.5B-shape draft, per
+    fixed-shape mode (`graphs`: CUDA graphs; `inductor`: torch.compile reduce-overhead; `off`);
+  * per-forward costs (ms) of each model at widths 1..5, eager and replayed;
+  * a projection of chain speed: random weights accept nothing, so each chain round here costs
+    what a real round costs but emits one token. The accepted lengths come from the real
+    default pair (Qwen2.5-Coder 1.5B / 0.5B, greedy, k=4) in a bench JSON measured on the CPU;
+    under greedy decoding the draft proposes the same tokens whatever k is, so at k <= 4 a
+    round accepts min(a, k) where a is what k=4 accepted. Projected tokens/s at k =
+    (1 + mean(min(a, k))) / (measured seconds per round at k).
+Every speed is end to end (prefill included) and the median of --repeats runs; warm-up
+(capture, compilation) is timed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specgen import kvcache  # noqa: E402
+from specgen.compiled import Steps  # noqa: E402
+from specgen.config import GenerationConfig, Method  # noqa: E402
+from specgen.drafters import ModelDrafter  # noqa: E402
+from specgen.engine import Engine  # noqa: E402
+
+SHAPES = {  # Qwen2.5 0.5B / 1.5B / 7B
+    "q05": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936),
+    "q15": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936),
+    "q7": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, tie_word_embeddings=False, vocab_size=152064),
+}
+
+
+def build(name: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**SHAPES[name], max_position_embeddings=32768, rope_theta=1e6, eos_token_id=None,
+                         bos_token_id=None, pad_token_id=0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = Qwen2ForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def sync_time(fn) -> float:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def measure(fn, repeats: int) -> tuple[float, float]:
+    """(warm-up seconds, median seconds of `repeats` runs)."""
+    warm = sync_time(fn)
+    return warm, statistics.median(sync_time(fn) for _ in range(repeats))
+
+
+def hf_generate(model, prompt, n: int, static: bool):
+    kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+
+    def go():
+        out = model.generate(prompt, **kwargs)
+        assert out.shape[1] == prompt.shape[1] + n, out.shape
+    return go
+
+
+def specgen_run(engine, prompt_ids, config, record):
+    def go():
+        rounds = list(engine.generate(prompt_ids, config))
+        record["rounds"] = len(rounds)
+        record["tokens"] = sum(len(r.emitted) for r in rounds)
+        record["accepted"] = sum(r.accepted for r in rounds)
+        record["drafted"] = sum(len(r.draft_tokens) for r in rounds)
+    return go
+
+
+@torch.inference_mode()
+def forward_costs(model, mode: str, widths=(1, 2, 3, 4, 5), context: int = 200, reps: int = 30) -> dict:
+    steps = Steps(model, mode)
+    cache = kvcache.new_cache(model, capacity=512)
+    kvcache.forward(model, cache, torch.randint(0, 1000, (1, context), device="cuda"))
+    costs = {}
+    for w in widths:
+        x = torch.randint(0, 1000, (1, w), device="cuda")
+
+        def step():
+            steps.forward(cache, x)
+            kvcache.crop(cache, context)
+        for _ in range(3):
+            step()
+        costs[w] = round(1000 * statistics.median(sync_time(step) for _ in range(reps)), 3)
+    return costs
+
+
+def histogram(paths: list[str]) -> Counter:
+    counts = Counter()
+    for path in paths:
+        data = json.load(open(path))
+        if data["settings"].get("draft_tokens") != 4 or not data["settings"].get("greedy", True):
+            continue
+        for m in data["measurements"]:
+            if m["method"] == "chain" and m.get("accepted_length_histogram"):
+                for a, c in m["accepted_length_histogram"].items():
+                    counts[int(a)] += c
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--shapes", default="q15,q7")
+    parser.add_argument("--draft", default="q05")
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--modes", default="graphs")
+    parser.add_argument("--ks", default="1,2,3,4")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: hf-eager,hf-static,costs,eager")
+    parser.add_argument("--histogram", nargs="*", default=["benchmarks/results/quick-greedy.json"])
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    props = torch.cuda.get_device_properties(0)
+    import transformers
+
+    result = {"device": props.name, "torch": torch.__version__, "transformers": transformers.__version__,
+              "new_tokens": args.new, "prompt_tokens": args.prompt, "repeats": args.repeats, "shapes": {}}
+    counts = histogram(args.histogram)
+    total = sum(counts.values())
+    result["histogram_k4"] = {str(a): c for a, c in sorted(counts.items())}
+    print(f"# {props.name}, torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"k=4 accepted-length histogram {dict(sorted(counts.items()))}", flush=True)
+
+    draft = build(args.draft)
+    ks = [int(k) for k in args.ks.split(",") if k]
+    modes = [m for m in args.modes.split(",") if m]
+    if "costs" not in skip:
+        result["draft_forward_ms"] = {m: forward_costs(draft, m) for m in ["off", *modes]}
+        print("draft forward ms", result["draft_forward_ms"], flush=True)
+    for shape in args.shapes.split(","):
+        model = build(shape)
+        row = result["shapes"][shape] = {"params": sum(p.numel() for p in model.parameters())}
+        gen = torch.Generator().manual_seed(1)
+        prompt = torch.randint(100, 150000, (1, args.prompt), generator=gen).cuda()
+        prompt_ids = prompt[0].tolist()
+        n = args.new
+        for name, static in (("hf-eager", False), ("hf-static", True)):
+            if name in skip:
+                continue
+            warm, seconds = measure(hf_generate(model, prompt, n, static), args.repeats)
+            row[name] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
+            print(shape, name, row[name], flush=True)
+        if "costs" not in skip:
+            row["forward_ms"] = {m: forward_costs(model, m) for m in ["off", *modes]}
+            print(shape, "forward ms", row["forward_ms"], flush=True)
+        for mode in (["off"] if "eager" not in skip else []) + modes:
+            cell = row.setdefault("specgen", {}).setdefault(mode, {})
+            config = GenerationConfig(method=Method.PLAIN, max_new_tokens=n)
+            engine = Engine(model, torch.device("cuda"), frozenset(), 32768, None, compile=mode)
+            record = {}
+            warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
+            cell["plain"] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
+            print(shape, mode, "plain", cell["plain"], flush=True)
+            if mode == "off":
+                continue  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
+            for k in ks:
+                drafter = ModelDrafter(draft, torch.device("cuda"), compile=mode)
+                engine = Engine(model, torch.device("cuda"), frozenset(), 32768, drafter, compile=mode)
+                config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k)
+                record = {}
+                warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
+                per_round = seconds / record["rounds"]
+                expected = 1 + sum(min(a, k) * c for a, c in counts.items()) / total if total else None
+                cell[f"chain-k{k}"] = {
+                    "tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2),
+                    "rounds": record["rounds"], "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
+                    "ms_per_round": round(1000 * per_round, 3),
+                    "projected_tokens_per_round": round(expected, 3) if expected else None,
+                    "projected_tokens_per_second": round(expected / per_round, 1) if expected else None,
+                }
+                print(shape, mode, f"chain-k{k}", cell[f"chain-k{k}"], flush=True)
+        base = row.get("hf-static", {}).get("tokens_per_second")
+        if base:
+            for mode, cells in row.get("specgen", {}).items():
+                for method, values in cells.items():
+                    values["vs_hf_static"] = round(values["tokens_per_second"] / base, 3)
+                    if values.get("projected_tokens_per_second"):
+                        values["projected_vs_hf_static"] = round(values["projected_tokens_per_second"] / base, 3)
+        del model
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""A model's forwards over a SlotCache: eager, or at fixed shapes replayed as CUDA graphs.
+
+`Steps` is the one way the engine and the drafters call a model. Eagerly, attention reads only
+the used prefix of the cache. With a fixed-shape mode, forwards whose width is in `WIDTHS`
+read the cache's whole capacity, so their shapes never change while the capacity holds, and:
+
+* `graphs` (the default for `--compile on` on CUDA): each (rows, width, offset) shape is run
+  once eagerly on a side stream (that run's result is used) and captured as a
+  `torch.cuda.CUDAGraph`; later calls copy their inputs into the graph's static buffers and
+  replay it with one launch. Capture costs about one forward, not a compilation.
+* `inductor`: `torch.compile(mode="reduce-overhead")` of the model's forward (kernels fused by
+  inductor, then CUDA graphs); minutes of compilation per shape, measured in benchmarks/.
+* `fixed`: the fixed-shape path run eagerly (the CPU tests use it to prove the full-capacity
+  view and the tree padding exact without a GPU).
+
+Prefills (any length) stay eager. Tree forwards are padded to the next width in `WIDTHS` with
+nodes that see only the cache and themselves, and cut off again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen import kvcache
+
+WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)
+MODES = ("off", "graphs", "inductor", "fixed")
+
+
+def resolve_compile(value: str | bool | None, device) -> str:
+    """--compile auto|on|off|graphs|inductor -> a mode. auto: graphs on CUDA; off on the CPU,
+    where no fixed-shape mode measured faster than eager (see benchmarks/README.md)."""
+    if value is True:
+        value = "on"
+    if value is False or value is None:
+        value = "off" if value is False else "auto"
+    value = value.strip().lower()
+    cuda = torch.device(device).type == "cuda"
+    if value == "auto":
+        return "graphs" if cuda else "off"
+    if value == "on":
+        value = "graphs" if cuda else "inductor"
+    if value not in MODES:
+        from specgen.errors import ConfigError
+
+        raise ConfigError(f"--compile must be auto, on, off, graphs or inductor, got {value!r}")
+    if value == "graphs" and not cuda:
+        from specgen.errors import ConfigError
+
+        raise ConfigError("--compile graphs needs a CUDA device; use auto, off or inductor on the CPU")
+    return value
+
+
+def can_capture(model) -> str | None:
+    """Why the model's forward cannot be captured whole (None if it can)."""
+    device_map = getattr(model, "hf_device_map", None) or {}
+    if len({str(d) for d in device_map.values()}) > 1:
+        return "the model is split over several devices"
+    return None
+
+
+class GraphStep:
+    """One forward shape captured as a CUDA graph, with static input buffers."""
+
+    def __init__(self, model, cache, input_ids, bases, offset, depth, tree, keep, pool):
+        self.model, self.cache, self.offset, self.keep = model, cache, offset, keep
+        self.ids, self.bases, self.depth, self.tree = (t.clone() for t in (input_ids, bases, depth, tree))
+        stream = torch.cuda.Stream(device=input_ids.device)
+        stream.wait_stream(torch.cuda.current_stream(input_ids.device))
+        with torch.cuda.stream(stream):  # warm-up (lazy library inits) that is also this call's forward
+            self.first = self._run().clone()
+        torch.cuda.current_stream(input_ids.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = self._run()
+
+    def _run(self) -> torch.Tensor:
+        return kvcache.run(self.model, self.cache, self.ids, self.bases, self.offset, self.depth, self.tree,
+                           self.cache.capacity, self.keep)
+
+    def __call__(self, input_ids, bases, depth, tree) -> torch.Tensor:
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
+        self.ids.copy_(input_ids)
+        self.bases.copy_(bases)
+        self.depth.copy_(depth)
+        self.tree.copy_(tree)
+        self.graph.replay()
+        return self.logits.clone()  # the output buffer is overwritten by the next replay
+
+
+class Steps:
+    """The forwards of one model; fixed widths go through the chosen fixed-shape mode."""
+
+    def __init__(self, model, compile: str | bool = "off"):
+        self.model = model
+        self.mode = {True: "graphs", False: "off"}.get(compile, compile) or "off"
+        self.notice = None
+        self.compiled = None
+        self.graphs: dict = {}
+        self.pool = None
+        if self.mode in ("graphs", "inductor"):
+            self.notice = can_capture(model)
+            if self.notice is not None:
+                self.mode = "off"
+        if self.mode == "inductor":
+            import torch._dynamo
+
+            # every width of both models is its own graph; the default limit (8) is too low
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self.compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    @property
+    def fixed(self) -> bool:
+        return self.mode != "off"
+
+    def _runner(self, width: int):
+        if self.mode == "off" or width not in WIDTHS:
+            return None
+        return {"graphs": self._graph, "inductor": self._inductor, "fixed": self._fixed}[self.mode]
+
+    def _fixed(self, cache, input_ids, bases, offset, depth, tree, keep):
+        return kvcache.run(self.model.forward, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
+
+    def _inductor(self, cache, input_ids, bases, offset, depth, tree, keep):
+        torch.compiler.cudagraph_mark_step_begin()
+        logits = kvcache.run(self.compiled, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
+        return logits.clone()  # the graph's output buffer is reused by its next replay
+
+    def _graph(self, cache, input_ids, bases, offset, depth, tree, keep):
+        key = (id(cache), cache.capacity, cache.rows, input_ids.shape[1], offset, keep)
+        step = self.graphs.get(key)
+        if step is None:
+            stale = [k for k in self.graphs if k[0] == id(cache) and k[1] != cache.capacity]
+            for k in stale:  # the cache grew: graphs holding its old buffers are dropped
+                del self.graphs[k]
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            step = self.graphs[key] = GraphStep(self.model, cache, input_ids, bases, offset, depth, tree, keep,
+                                                self.pool)
+        return step(input_ids, bases, depth, tree)
+
+    def forward(self, cache, input_ids: torch.Tensor, keep: int = 0, **kwargs) -> torch.Tensor:
+        runner = self._runner(input_ids.shape[1]) if isinstance(cache, kvcache.SlotCache) else None
+        return kvcache.forward(self.model, cache, input_ids, keep=keep, runner=runner, **kwargs)
+
+    def tree(self, cache, tokens: torch.Tensor, tree, offset: int = 0, nodes: slice | None = None) -> torch.Tensor:
+        """Logits [1, n, V] for tree nodes (all, or `nodes`) fed at once with the ancestor mask."""
+        ancestors = tree.ancestor_mask.to(tokens.device)
+        depth = torch.tensor(tree.depth, device=tokens.device)
+        if nodes is not None:
+            ancestors, depth, tokens = ancestors[nodes, : nodes.stop], depth[nodes], tokens[nodes]
+        n = tokens.shape[0]
+        width = next((w for w in WIDTHS if w >= n), n) if self.fixed else n
+        if width > n:  # pad to a fixed width: pads see the cache and themselves only
+            pad = width - n
+            tokens = torch.cat([tokens, tokens.new_zeros(pad)])
+            depth = torch.cat([depth, depth.new_zeros(pad)])
+            grown = torch.zeros(width, ancestors.shape[1] + pad, dtype=torch.bool, device=tokens.device)
+            grown[:n, : ancestors.shape[1]] = ancestors
+            grown[n:, ancestors.shape[1]:] = torch.eye(pad, dtype=torch.bool, device=tokens.device)
+            ancestors = grown
+        logits = self.forward(cache, tokens.unsqueeze(0), offset=offset, depth=depth, tree=ancestors)
+        if width > n:
+            kvcache.crop(cache, kvcache.cache_length(cache) - (width - n))
+        return logits[:, :n]

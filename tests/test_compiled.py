@@ -1,0 +1,129 @@
+"""Fixed-shape steps (the CUDA-graph path) decide exactly what the eager path decides.
+
+On the CPU the `fixed` mode runs the very code that is captured on a GPU (attention over the
+whole preallocated capacity, tree forwards padded to a fixed width) eagerly; the gpu-marked
+tests capture it as CUDA graphs (and with torch.compile) and compare with eager on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import kvcache
+from specgen.compiled import Steps, resolve_compile
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.engine import Engine
+from specgen.errors import ConfigError
+from specgen.session import make_drafter
+from test_engine import PROMPT, reference_greedy
+
+CONFIGS = [
+    GenerationConfig(method=Method.PLAIN, max_new_tokens=24),
+    GenerationConfig(method=Method.CHAIN, max_new_tokens=24, draft_tokens=3),
+    GenerationConfig(method=Method.CHAIN, max_new_tokens=24, draft_tokens=1),
+    GenerationConfig(method=Method.RSD_C, max_new_tokens=24, branching=(2, 2, 1)),
+    GenerationConfig(method=Method.RSD_S, max_new_tokens=24, beam_width=2, depth=3),
+    GenerationConfig(method=Method.LOOKUP_CHAIN, max_new_tokens=24, draft_tokens=3),
+]
+
+
+def generate(pair, config, mode, prompt=PROMPT, engine=None):
+    target, draft = pair
+    if engine is None:
+        drafter = None if config.method is Method.PLAIN else make_drafter(draft, config.method, None, config, mode)
+        engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter, compile=mode)
+    rounds = list(engine.generate(prompt, config))
+    return [t for r in rounds for t in r.emitted], [(tuple(r.draft_tokens), r.accepted) for r in rounds], engine
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.method.value + str(c.draft_tokens))
+def test_fixed_shapes_decide_what_eager_decides(tiny_pair, config):
+    fixed, fixed_rounds, _ = generate(tiny_pair, config, "fixed")
+    eager, eager_rounds, _ = generate(tiny_pair, config, "off")
+    assert fixed == eager == reference_greedy(tiny_pair[0].model, PROMPT, 24)
+    assert fixed_rounds == eager_rounds  # same drafts, same verdicts: both caches exact
+
+
+def test_fixed_shape_sampling_follows_the_same_draws(tiny_pair):
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=20, draft_tokens=3,
+                              sampling=SamplingConfig(temperature=0.9, seed=5))
+    fixed, _, _ = generate(tiny_pair, config, "fixed")
+    eager, _, _ = generate(tiny_pair, config, "off")
+    assert fixed == eager
+
+
+def test_fixed_engine_is_reused_across_prompts_and_growth(tiny_pair, monkeypatch):
+    """One engine, one preallocated cache: shorter and longer prompts, and a cache that grows."""
+    monkeypatch.setattr(kvcache, "MIN_CAPACITY", 16)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=4)
+    _, _, engine = generate(tiny_pair, config, "fixed")
+    for prompt in (PROMPT[:4], PROMPT * 15, PROMPT[::-1]):
+        tokens, _, _ = generate(tiny_pair, config, "fixed", prompt, engine)
+        assert tokens == reference_greedy(tiny_pair[0].model, prompt, 12)
+    assert engine.cache.capacity >= len(PROMPT) * 15 + 12  # grew from 16, keeping what it held
+
+
+def test_full_capacity_view_equals_exact_view(tiny_pair):
+    model = tiny_pair[0].model
+    eager, fixed = kvcache.new_cache(model), kvcache.new_cache(model)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        kvcache.forward(model, eager, ids)
+        kvcache.forward(model, fixed, ids)
+        step = torch.tensor([[5, 6, 7]])
+        a = Steps(model, "off").forward(eager, step)
+        b = Steps(model, "fixed").forward(fixed, step)
+    assert fixed.capacity > len(PROMPT) + 3
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert eager.lengths == fixed.lengths == [len(PROMPT) + 3]
+
+
+def test_compile_setting():
+    assert resolve_compile("auto", "cpu") == "off"
+    assert resolve_compile("auto", "cuda") == "graphs"
+    assert resolve_compile("on", "cuda") == "graphs"
+    assert resolve_compile("off", "cuda") == "off"
+    assert resolve_compile("inductor", "cpu") == "inductor"
+    with pytest.raises(ConfigError):
+        resolve_compile("graphs", "cpu")
+    with pytest.raises(ConfigError):
+        resolve_compile("sometimes", "cpu")
+
+
+def test_cli_rejects_a_bad_compile_value(tiny_dirs):
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    result = CliRunner().invoke(app, ["run", "hello", "--target", str(tiny_dirs["target"]), "--draft",
+                                      str(tiny_dirs["draft"]), "--compile", "sometimes", "--format", "plain"])
+    assert result.exit_code != 0
+    assert "--compile" in result.output and "Traceback" not in result.output
+
+
+def test_split_model_degrades_to_eager_with_a_notice(tiny_pair):
+    model = tiny_pair[0].model
+    model.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
+    try:
+        steps = Steps(model, "graphs")
+    finally:
+        del model.hf_device_map
+    assert steps.mode == "off" and "several devices" in steps.notice
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["graphs", "inductor"])
+@pytest.mark.parametrize("config", CONFIGS[:4], ids=lambda c: c.method.value + str(c.draft_tokens))
+def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
+    from specgen.models import load_pair
+
+    pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
+    captured, captured_rounds, engine = generate(pair, config, mode)
+    assert engine.steps.mode == mode
+    eager, eager_rounds, _ = generate(pair, config, "off")
+    assert captured == eager
+    assert captured_rounds == eager_rounds
+    again, _, _ = generate(pair, config, mode, engine=engine)  # replays, no new capture
+    assert again == eager
