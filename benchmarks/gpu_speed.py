@@ -124,6 +124,41 @@ def forward_costs(model, mode: str, widths=(1, 2, 3, 4, 5), context: int = 200, 
     return costs
 
 
+def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, args, skip):
+    n, total = args.new, sum(counts.values())
+    if "costs" not in skip:
+        row.setdefault("forward_ms", {})[mode] = forward_costs(model, mode)
+        print(shape, mode, "forward ms", row["forward_ms"][mode], flush=True)
+        if mode not in result.setdefault("draft_forward_ms", {}):
+            result["draft_forward_ms"][mode] = forward_costs(draft, mode)
+            print(args.draft, mode, "forward ms", result["draft_forward_ms"][mode], flush=True)
+    cell = row.setdefault("specgen", {}).setdefault(mode, {})
+    config = GenerationConfig(method=Method.PLAIN, max_new_tokens=n)
+    engine = Engine(model, torch.device("cuda"), frozenset(), 32768, None, compile=mode)
+    record = {}
+    warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
+    cell["plain"] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
+    print(shape, mode, "plain", cell["plain"], flush=True)
+    if mode == "off":
+        return  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
+    for k in ks:
+        drafter = ModelDrafter(draft, torch.device("cuda"), compile=mode)
+        engine = Engine(model, torch.device("cuda"), frozenset(), 32768, drafter, compile=mode)
+        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k)
+        record = {}
+        warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
+        per_round = seconds / record["rounds"]
+        expected = 1 + sum(min(a, k) * c for a, c in counts.items()) / total if total else None
+        cell[f"chain-k{k}"] = {
+            "tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2),
+            "rounds": record["rounds"], "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
+            "ms_per_round": round(1000 * per_round, 3),
+            "projected_tokens_per_round": round(expected, 3) if expected else None,
+            "projected_tokens_per_second": round(expected / per_round, 1) if expected else None,
+        }
+        print(shape, mode, f"chain-k{k}", cell[f"chain-k{k}"], flush=True)
+
+
 def histogram(paths: list[str]) -> Counter:
     counts = Counter()
     for path in paths:
@@ -166,9 +201,6 @@ def main() -> None:
     draft = build(args.draft)
     ks = [int(k) for k in args.ks.split(",") if k]
     modes = [m for m in args.modes.split(",") if m]
-    if "costs" not in skip:
-        result["draft_forward_ms"] = {m: forward_costs(draft, m) for m in ["off", *modes]}
-        print("draft forward ms", result["draft_forward_ms"], flush=True)
     for shape in args.shapes.split(","):
         model = build(shape)
         row = result["shapes"][shape] = {"params": sum(p.numel() for p in model.parameters())}
@@ -182,35 +214,12 @@ def main() -> None:
             warm, seconds = measure(hf_generate(model, prompt, n, static), args.repeats)
             row[name] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
             print(shape, name, row[name], flush=True)
-        if "costs" not in skip:
-            row["forward_ms"] = {m: forward_costs(model, m) for m in ["off", *modes]}
-            print(shape, "forward ms", row["forward_ms"], flush=True)
         for mode in (["off"] if "eager" not in skip else []) + modes:
-            cell = row.setdefault("specgen", {}).setdefault(mode, {})
-            config = GenerationConfig(method=Method.PLAIN, max_new_tokens=n)
-            engine = Engine(model, torch.device("cuda"), frozenset(), 32768, None, compile=mode)
-            record = {}
-            warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
-            cell["plain"] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
-            print(shape, mode, "plain", cell["plain"], flush=True)
-            if mode == "off":
-                continue  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
-            for k in ks:
-                drafter = ModelDrafter(draft, torch.device("cuda"), compile=mode)
-                engine = Engine(model, torch.device("cuda"), frozenset(), 32768, drafter, compile=mode)
-                config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k)
-                record = {}
-                warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
-                per_round = seconds / record["rounds"]
-                expected = 1 + sum(min(a, k) * c for a, c in counts.items()) / total if total else None
-                cell[f"chain-k{k}"] = {
-                    "tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2),
-                    "rounds": record["rounds"], "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
-                    "ms_per_round": round(1000 * per_round, 3),
-                    "projected_tokens_per_round": round(expected, 3) if expected else None,
-                    "projected_tokens_per_second": round(expected / per_round, 1) if expected else None,
-                }
-                print(shape, mode, f"chain-k{k}", cell[f"chain-k{k}"], flush=True)
+            try:
+                run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, args, skip)
+            except Exception as exc:  # report, do not hide; the other modes and shapes still run
+                row.setdefault("errors", {})[mode] = repr(exc)[:600]
+                print(shape, mode, "FAILED", repr(exc)[:600], flush=True)
         base = row.get("hf-static", {}).get("tokens_per_second")
         if base:
             for mode, cells in row.get("specgen", {}).items():

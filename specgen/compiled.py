@@ -4,20 +4,27 @@
 the used prefix of the cache. With a fixed-shape mode, forwards whose width is in `WIDTHS`
 read the cache's whole capacity, so their shapes never change while the capacity holds, and:
 
-* `graphs` (the default for `--compile on` on CUDA): each (rows, width, offset) shape is run
+* `graphs`: each (rows, width, offset) shape is run
   once eagerly on a side stream (that run's result is used) and captured as a
   `torch.cuda.CUDAGraph`; later calls copy their inputs into the graph's static buffers and
   replay it with one launch. Capture costs about one forward, not a compilation.
-* `inductor`: `torch.compile(mode="reduce-overhead")` of the model's forward (kernels fused by
-  inductor, then CUDA graphs); minutes of compilation per shape, measured in benchmarks/.
+* `inductor` (the default on CUDA): as `graphs`, with each decoder layer compiled first by inductor
+  (`nn.Module.compile`: "regional" compilation, one compiled layer reused by every layer), so
+  a captured step launches a few fused kernels per layer instead of dozens of small ones.
+  One compiled layer serves every layer (the layer index is not specialised, and the cache
+  write is kept out of the compiled region), so compilation happens once per process and
+  shape family rather than once per layer and shape. Every forward then reads the whole
+  capacity (also eagerly), so the compiled layers see stable shapes.
 * `fixed`: the fixed-shape path run eagerly (the CPU tests use it to prove the full-capacity
   view and the tree padding exact without a GPU).
 
-Prefills (any length) stay eager. Tree forwards are padded to the next width in `WIDTHS` with
+Prefills (any length) are never captured. Tree forwards are padded to the next width in `WIDTHS` with
 nodes that see only the cache and themselves, and cut off again.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -25,11 +32,34 @@ from specgen import kvcache
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)
 MODES = ("off", "graphs", "inductor", "fixed")
+_COMPILED = weakref.WeakSet()  # models whose decoder layers are compiled (once per model)
+
+
+def decoder_layers(model):
+    """The repeated decoder layers of a causal LM (Qwen2, Llama, ... : model.model.layers)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def compile_layers(model) -> None:
+    if model in _COMPILED:
+        return
+    import torch._dynamo
+
+    # widths, prefill lengths and both models share the layer's code: allow the recompiles;
+    # the layer index (an int attribute) must not specialise one compiled layer per layer
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    for layer in decoder_layers(model):
+        layer.compile()
+    _COMPILED.add(model)
 
 
 def resolve_compile(value: str | bool | None, device) -> str:
-    """--compile auto|on|off|graphs|inductor -> a mode. auto: graphs on CUDA; off on the CPU,
-    where no fixed-shape mode measured faster than eager (see benchmarks/README.md)."""
+    """--compile auto|on|off|graphs|inductor -> a mode. auto and on: inductor on CUDA (the fastest
+    measured: benchmarks/README.md); auto is off on the CPU, where graphs do not exist and no
+    compiled mode was measured faster than eager; on is inductor there."""
     if value is True:
         value = "on"
     if value is False or value is None:
@@ -37,9 +67,9 @@ def resolve_compile(value: str | bool | None, device) -> str:
     value = value.strip().lower()
     cuda = torch.device(device).type == "cuda"
     if value == "auto":
-        return "graphs" if cuda else "off"
+        return "inductor" if cuda else "off"
     if value == "on":
-        value = "graphs" if cuda else "inductor"
+        value = "inductor"
     if value not in MODES:
         from specgen.errors import ConfigError
 
@@ -67,8 +97,11 @@ class GraphStep:
         self.ids, self.bases, self.depth, self.tree = (t.clone() for t in (input_ids, bases, depth, tree))
         stream = torch.cuda.Stream(device=input_ids.device)
         stream.wait_stream(torch.cuda.current_stream(input_ids.device))
-        with torch.cuda.stream(stream):  # warm-up (lazy library inits) that is also this call's forward
-            self.first = self._run().clone()
+        with torch.cuda.stream(stream):
+            # warm-up: lazy library inits and any compilation happen here, never during capture; the
+            # second run rewrites the same slots with the same K/V, and its result is this call's
+            for _ in range(2):
+                self.first = self._run().clone()
         torch.cuda.current_stream(input_ids.device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
@@ -100,16 +133,13 @@ class Steps:
         self.compiled = None
         self.graphs: dict = {}
         self.pool = None
+        self.cuda = next(model.parameters()).device.type == "cuda"
         if self.mode in ("graphs", "inductor"):
             self.notice = can_capture(model)
             if self.notice is not None:
                 self.mode = "off"
         if self.mode == "inductor":
-            import torch._dynamo
-
-            # every width of both models is its own graph; the default limit (8) is too low
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self.compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            compile_layers(model)
 
     @property
     def fixed(self) -> bool:
@@ -118,15 +148,10 @@ class Steps:
     def _runner(self, width: int):
         if self.mode == "off" or width not in WIDTHS:
             return None
-        return {"graphs": self._graph, "inductor": self._inductor, "fixed": self._fixed}[self.mode]
+        return self._graph if self.cuda and self.mode != "fixed" else self._fixed
 
     def _fixed(self, cache, input_ids, bases, offset, depth, tree, keep):
         return kvcache.run(self.model.forward, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
-
-    def _inductor(self, cache, input_ids, bases, offset, depth, tree, keep):
-        torch.compiler.cudagraph_mark_step_begin()
-        logits = kvcache.run(self.compiled, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
-        return logits.clone()  # the graph's output buffer is reused by its next replay
 
     def _graph(self, cache, input_ids, bases, offset, depth, tree, keep):
         key = (id(cache), cache.capacity, cache.rows, input_ids.shape[1], offset, keep)
@@ -143,7 +168,8 @@ class Steps:
 
     def forward(self, cache, input_ids: torch.Tensor, keep: int = 0, **kwargs) -> torch.Tensor:
         runner = self._runner(input_ids.shape[1]) if isinstance(cache, kvcache.SlotCache) else None
-        return kvcache.forward(self.model, cache, input_ids, keep=keep, runner=runner, **kwargs)
+        return kvcache.forward(self.model, cache, input_ids, keep=keep, runner=runner,
+                               full_view=self.mode == "inductor", **kwargs)
 
     def tree(self, cache, tokens: torch.Tensor, tree, offset: int = 0, nodes: slice | None = None) -> torch.Tensor:
         """Logits [1, n, V] for tree nodes (all, or `nodes`) fed at once with the ancestor mask."""

@@ -46,10 +46,7 @@ class SlotLayer(CacheLayerMixin):
         shape = (owner.rows, key_states.shape[1], owner.capacity)
         self.keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
         self.values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
-        if self.device.type == "cuda":  # fixed addresses: a CUDA graph reads and writes them in place
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
-        self.is_initialized = True
+        self.is_initialized = True  # fixed addresses from here on: captured CUDA graphs use them in place
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -81,8 +78,6 @@ class SlotLayer(CacheLayerMixin):
             new = tensor.new_zeros(*tensor.shape[:2], capacity, tensor.shape[-1])
             keep = min(old, capacity)
             new[:, :, :keep] = tensor[:, :, :keep]
-            if new.device.type == "cuda":
-                torch._dynamo.mark_static_address(new)
             setattr(self, name, new)
 
     def select_rows(self, index: torch.Tensor) -> None:
@@ -114,6 +109,11 @@ class SlotCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths, default=0)
+
+    @torch.compiler.disable
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Kept out of compiled regions: one compiled decoder layer serves every layer index."""
+        return self.layers[layer_idx].update(key_states, value_states)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.view, 0
@@ -218,7 +218,7 @@ def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, of
 @torch.inference_mode()
 def forward(model, cache, input_ids: torch.Tensor, *, keep: int = 0, offset: int = 0,
             depth: torch.Tensor | None = None, tree: torch.Tensor | None = None,
-            rows: slice | None = None, runner=None) -> torch.Tensor:
+            rows: slice | None = None, runner=None, full_view: bool = False) -> torch.Tensor:
     """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
 
     `tree` [n, offset + n] (bool) says which of this round's slots each query sees (default:
@@ -242,7 +242,8 @@ def forward(model, cache, input_ids: torch.Tensor, *, keep: int = 0, offset: int
     if runner is not None and rows is None:
         logits = runner(cache, input_ids, bases, offset, depth, tree, keep)
     else:
-        logits = run(model, cache, input_ids, bases, offset, depth, tree, end, keep, rows)
+        logits = run(model, cache, input_ids, bases, offset, depth, tree, cache.capacity if full_view else end,
+                     keep, rows)
     updated = [length + offset + n for length in lengths]
     if rows is not None:
         cache.lengths[rows] = updated

@@ -86,7 +86,7 @@ DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
 
 
 DeterministicOpt = Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")]
-CompileOpt = Annotated[str, typer.Option("--compile", help="Capture fixed-shape steps as CUDA graphs (torch.compile): auto (on for CUDA, off on the CPU), on, off.")]
+CompileOpt = Annotated[str, typer.Option("--compile", help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).")]
 VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")]
 
 

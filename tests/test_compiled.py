@@ -81,8 +81,9 @@ def test_full_capacity_view_equals_exact_view(tiny_pair):
 
 def test_compile_setting():
     assert resolve_compile("auto", "cpu") == "off"
-    assert resolve_compile("auto", "cuda") == "graphs"
-    assert resolve_compile("on", "cuda") == "graphs"
+    assert resolve_compile("auto", "cuda") == "inductor"
+    assert resolve_compile("on", "cuda") == "inductor"
+    assert resolve_compile("graphs", "cuda") == "graphs"
     assert resolve_compile("off", "cuda") == "off"
     assert resolve_compile("inductor", "cpu") == "inductor"
     with pytest.raises(ConfigError):
