@@ -152,9 +152,10 @@ def _compare(cells: list[ThroughputCell]) -> None:
 
 
 def table(cells: list[ThroughputCell], title: str):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in ("method", "batch", "mode", "tok/s", "vs plain b1", "det. cost", "acceptance",
                  "replays", "rollbacks", "rollback rate", "differs"):
         t.add_column(name, justify="left" if name in ("method", "mode") else "right")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
@@ -128,12 +129,12 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
                         quiet=not err.is_terminal)
     prompts = [bench_mod.encode(pair.target.tokenizer, item) for item in items]
     modes = ["off"] + [f"window {w}" for w in windows]
-    err.print(f"[dim]bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
-              f"{sizes} x modes {modes}[/]")
+    err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
+              f"{sizes} x modes {modes}", style="dim", markup=False)
 
     def progress(cell):
-        err.print(f"[dim]{cell.method} b{cell.batch_size} {cell.mode}: "
-                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s") + "[/]")
+        err.print(f"{cell.method} b{cell.batch_size} {cell.mode}: "
+                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"), style="dim", markup=False)
 
     with bench_mod.fixed_threads(threads) as used:
         cells = bench_batch.run_throughput(pair, names, prompts, config, sizes, windows, on_cell=progress)
@@ -149,7 +150,7 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
                 "cells": [asdict(c) for c in cells]}
         json_file.parent.mkdir(parents=True, exist_ok=True)
         json_file.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-        err.print(f"[dim]wrote {json_file}[/]")
+        err.print(f"wrote {json_file}", style="dim", markup=False)
 
 
 def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype_and_quant):
@@ -163,8 +164,8 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
     pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
     total = len(items) * settings.repeats * len(names)
-    err.print(f"[dim]bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
-              f"({', '.join(names)}) = {total} generations[/]")
+    err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
+              f"({', '.join(names)}) = {total} generations", style="dim", markup=False)
     if err.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -173,7 +174,7 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
             task = progress.add_task("measuring", total=total)
 
             def tick(m):
-                progress.update(task, advance=1, description=f"{m.prompt_id} · {m.method}")
+                progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
             return bench_mod.run_bench(pair, names, items, settings, on_measurement=tick)
     per_prompt = settings.repeats * len(names)
@@ -182,7 +183,7 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     def line(m):
         done[0] += 1
         if done[0] % per_prompt == 0:
-            err.print(f"[dim]measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}[/]")
+            err.print(f"measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}", style="dim", markup=False)
 
     return bench_mod.run_bench(pair, names, items, settings, on_measurement=line)
 
@@ -195,7 +196,7 @@ def _report(result, json_file, csv_file, plot_file) -> None:
     for path, write in ((json_file, write_json), (csv_file, write_csv), (plot_file, write_plot)):
         if path is not None:
             write(result, path)
-            err.print(f"[dim]wrote {path}[/]")
+            err.print(f"wrote {path}", style="dim", markup=False)
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def table(result):
              + f" · {env['target']['dtype']} · threads={env['torch_threads']} · "
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
                  "tok/fwd", "TTFT s", "draft share", "identical"):
         t.add_column(name, justify="left" if name in ("method", "category") else "right")
@@ -329,7 +330,7 @@ def table(result):
         spread = ("–" if g.speedup_min is None or g.method == "plain"
                   else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}")
         last = i + 1 == len(rows) or rows[i + 1].method != g.method
-        t.add_row(g.method if first else "", g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
+        t.add_row(escape(g.method) if first else "", escape(g.category), str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
                   _fmt(g.speedup, ".2f", "x"), spread, _fmt(g.acceptance_rate, ".0%"),
                   _fmt(g.tokens_per_target_forward, ".2f"), _fmt(g.ttft_seconds, ".2f"), share, identical,
                   style="bold" if first else None, end_section=last)

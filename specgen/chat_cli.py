@@ -252,7 +252,7 @@ class _Loop:
         self.err.print(message, style="yellow", markup=False)
 
     def error(self, exc: SpecgenError) -> None:
-        hint = f" [dim]({exc.hint})[/]" if getattr(exc, "hint", None) else ""
+        hint = f" [dim]({_escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
         self.err.print(f"[bold red]error:[/] {_escape(str(exc))}{hint}", markup=True)
 
 

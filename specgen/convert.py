@@ -178,9 +178,10 @@ def _status(message: str, quiet: bool):
         yield
         return
     from rich.console import Console
+    from rich.markup import escape
 
     # bound to the real stream now: `_muted_transformers` swaps `sys.stderr` while this spins
-    with Console(file=sys.stderr).status(message):
+    with Console(file=sys.stderr).status(escape(message)):
         yield
 
 

@@ -42,9 +42,12 @@ def user_errors():
 
 def _error_line(message: str, hint: str | None = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    console.print(f"[bold red]error:[/] {message}" + (f" [dim]({hint})[/]" if hint else ""), markup=True)
+    # user text (paths, hints like `pip install 'specgen[plot]'`) must not be read as Rich markup
+    console.print(f"[bold red]error:[/] {escape(message)}" + (f" [dim]({escape(hint)})[/]" if hint else ""),
+                  markup=True)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

@@ -357,7 +357,7 @@ def test_cli_end_to_end_with_json_and_csv(models, short_file, tmp_path):
 def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     result = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.png")])
-    assert_one_line_error(result, "--plot needs matplotlib", "pip install")
+    assert_one_line_error(result, "--plot needs matplotlib", "pip install 'specgen[plot]'")
 
 
 @pytest.mark.parametrize("args, fragment", [

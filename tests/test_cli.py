@@ -312,3 +312,10 @@ def test_draft_confidence_stops_drafts_early_and_keeps_the_output(models):
     assert p["token_ids"] == s["token_ids"] == f["token_ids"]
     assert s["stats"]["drafted"] < f["stats"]["drafted"]
     assert_one_line_error(invoke("run", "hi", *models, "--draft-confidence", "1.5"), "--draft-confidence")
+
+
+def test_brackets_in_paths_survive_the_error_line(tmp_path):
+    """Rich markup must not eat `[b]` from a user's path (it would read it as a bold tag)."""
+    missing = tmp_path / "x[b]" / "no[plot]pe"
+    result = invoke("run", "hi", "--target", str(missing), "--method", "plain")
+    assert_one_line_error(result, "x[b]/no[plot]pe")
