@@ -29,8 +29,9 @@ import typer
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
-                         SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, generation_config, user_errors)
-from specgen.errors import SpecgenError
+                         SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, check_text, decode_text, generation_config,
+                         user_errors)
+from specgen.errors import PromptError, SpecgenError
 
 PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
 DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
@@ -85,6 +86,8 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
     from specgen import session
 
     messages = None
+    if system is not None:
+        check_text(system, "--system")
     if load_file is not None:
         saved = chat_mod.read_save(load_file)
         given = {name for name in _SETTING_OPTIONS if _given(ctx, name)}
@@ -164,6 +167,9 @@ class _Loop:
         while True:
             try:
                 line = input(prompt)
+            except UnicodeDecodeError as exc:  # a terminal sending bytes that are not UTF-8
+                self.error(PromptError(f"the line is not valid UTF-8 text ({exc.reason})"))
+                continue
             except EOFError:
                 self.out.print()
                 return 0
@@ -181,7 +187,15 @@ class _Loop:
 
     # -- scripted ------------------------------------------------------------------------
     def scripted(self) -> int:
-        for raw in iter(sys.stdin.readline, ""):
+        # bytes, decoded line by line: one undecodable line is an error, not the end of the session
+        stream = getattr(sys.stdin, "buffer", None) or sys.stdin
+        for number, raw in enumerate(iter(stream.readline, b"" if stream is not sys.stdin else ""), 1):
+            if isinstance(raw, bytes):
+                try:
+                    raw = decode_text(raw, f"input line {number}")
+                except SpecgenError as exc:
+                    self.error(exc)
+                    continue
             try:
                 if self.handle(raw.rstrip("\r\n")):
                     return 0
@@ -193,6 +207,11 @@ class _Loop:
     def handle(self, line: str) -> bool:
         """Run one input line; True means leave."""
         if not line.strip():
+            return False
+        try:
+            check_text(line, "the line")
+        except SpecgenError as exc:
+            self.error(exc)
             return False
         if line.startswith("/") and not line.startswith("//"):
             return self.command(line)

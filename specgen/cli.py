@@ -14,7 +14,7 @@ from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
                              DraftTokensOpt, DraftQuantOpt, DtypeOpt, StaticDraftOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
                              TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
-                             generation_config, read_prompt, user_errors)
+                             check_text, generation_config, read_prompt, user_errors)
 
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -71,6 +71,8 @@ def run(
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
                                    draft_confidence, static_draft)
+        if system is not None:
+            check_text(system, "--system")
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")

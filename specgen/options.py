@@ -57,14 +57,53 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         raise PromptError("give the prompt as an argument or with --file, not both")
     if file is not None:
         try:
-            return file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            data = file.read_bytes()
+        except OSError as exc:
             raise PromptError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+        return decode_text(data, f"prompt file {file}")
     if prompt == "-":
-        return sys.stdin.read()
+        return read_stdin()
     if prompt is None:
         raise PromptError("no prompt given; pass PROMPT, '-' for stdin, or --file F")
-    return prompt
+    return check_text(prompt, "the prompt")
+
+
+def decode_text(data: bytes, where: str) -> str:
+    """UTF-8 bytes -> text, or one PromptError naming `where` and the first bad byte."""
+    from specgen.errors import PromptError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"{where} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+
+
+def check_text(text: str, where: str) -> str:
+    """Text that came through surrogateescape (argv, a C-locale stdin) can hold undecodable bytes as
+    lone surrogates; tokenizers choke on them, so they are refused here with one line."""
+    from specgen.errors import PromptError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"{where} is not valid UTF-8 text (an undecodable byte at character "
+                          f"{exc.start})") from None
+    return text
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text (decoded here, so a bad byte is one clear error line)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        return decode_text(buffer.read(), "stdin")
+    from specgen.errors import PromptError
+
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"stdin is not valid UTF-8 text ({exc.reason})") from None
+    return check_text(text, "stdin")
 
 
 # Options shared by run (and later chat and bench).

@@ -351,3 +351,14 @@ def test_session_totals_count_replay_forwards_like_stats():
     totals.add(stats, reused=0, interrupted=False)
     assert totals.target_forwards == stats.target_forwards == 6
     assert totals.tokens_per_target_forward == stats.tokens_per_target_forward == 2.0
+
+
+def test_an_undecodable_line_is_an_error_and_the_session_goes_on(models, tmp_path):
+    saved = tmp_path / "after.json"
+    script = b"hello\n\xff\xfe bad bytes\nstill here\n/save " + str(saved).encode() + b"\n"
+    result = runner.invoke(app, ["chat", *models, "-n", "3", "--format", "json"], input=script)
+    assert "Traceback" not in result.output, result.output
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "input line 2 is not valid UTF-8" in errors[0], result.stderr
+    assert [r["turn"] for r in json_lines(result.stdout)] == [1, 2]
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["hello", "still here"]

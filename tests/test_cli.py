@@ -319,3 +319,12 @@ def test_brackets_in_paths_survive_the_error_line(tmp_path):
     missing = tmp_path / "x[b]" / "no[plot]pe"
     result = invoke("run", "hi", "--target", str(missing), "--method", "plain")
     assert_one_line_error(result, "x[b]/no[plot]pe")
+
+
+def test_invalid_utf8_in_a_file_or_on_stdin_is_one_line(models, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"hello \xff there")
+    assert_one_line_error(invoke("run", "--file", str(bad), *models), "bad.txt is not valid UTF-8", "0xff")
+    assert_one_line_error(invoke("run", "-", *models, input=b"hi \xfe x"), "stdin is not valid UTF-8", "0xfe")
+    # an undecodable byte in argv arrives as a lone surrogate (surrogateescape)
+    assert_one_line_error(invoke("run", "hi \udcff", *models), "not valid UTF-8")
