@@ -8,7 +8,9 @@ module imports them from there). No tensor code here.
 
 Stdin a terminal: interactive, replies rendered live like `specgen run`. Otherwise one user
 message per line (lines starting with / are commands, // sends a literal /), replies as plain
-text on stdout (stats on stderr) or, with --format json, one JSON object per reply.
+text on stdout (stats on stderr) or, with --format json, one JSON object per reply. A line that
+fails (a bad command, a failed /save, an undecodable line) prints one error line and the session
+goes on; the exit status is then 1, so a script can tell (130 after Ctrl-C).
 
 SPECGEN_CHAT_TEST_DELAY=SECONDS (undocumented for users, for the pseudo-terminal test): sleep
 that long after each round, so a test can press Ctrl-C in the middle of a reply on models
@@ -155,6 +157,7 @@ class _Loop:
         self.err = err
         self.show_tree = show_tree
         self.delay = delay
+        self.failed = False  # a line ended in an error: a scripted session then exits 1
 
     # -- interactive ---------------------------------------------------------------------
     def interactive(self) -> int:
@@ -198,10 +201,10 @@ class _Loop:
                     continue
             try:
                 if self.handle(raw.rstrip("\r\n")):
-                    return 0
+                    break
             except _Interrupted:
                 return 130
-        return 0
+        return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
 
     # -- one line ------------------------------------------------------------------------
     def handle(self, line: str) -> bool:
@@ -271,6 +274,7 @@ class _Loop:
         self.err.print(message, style="yellow", markup=False)
 
     def error(self, exc: SpecgenError) -> None:
+        self.failed = True
         hint = f" [dim]({_escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
         self.err.print(f"[bold red]error:[/] {_escape(str(exc))}{hint}", markup=True)
 
