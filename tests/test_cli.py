@@ -328,3 +328,28 @@ def test_invalid_utf8_in_a_file_or_on_stdin_is_one_line(models, tmp_path):
     assert_one_line_error(invoke("run", "-", *models, input=b"hi \xfe x"), "stdin is not valid UTF-8", "0xfe")
     # an undecodable byte in argv arrives as a lone surrogate (surrogateescape)
     assert_one_line_error(invoke("run", "hi \udcff", *models), "not valid UTF-8")
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ('hello\n{"prompt": null}\n', "p.jsonl:2: 'prompt' must be a string, got null"),
+    ('{"prompt": 3}\n', "p.jsonl:1: 'prompt' must be a string, got 3"),
+    ('\n{"prompt": ["a", "b"]}\n', "p.jsonl:2: 'prompt' must be a string"),
+    ('first\n\n{"prompt": "  "}\n', "p.jsonl:3: the prompt is empty"),
+    ('first\n{"prompt": "x"\n', "p.jsonl:2: not valid JSON"),
+])
+def test_prompts_file_bad_records_name_their_line(tmp_path, content, fragment):
+    from specgen.errors import PromptError
+    from specgen.session import read_prompts_file
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    with pytest.raises(PromptError) as info:
+        read_prompts_file(path)
+    assert fragment in str(info.value)
+
+
+def test_prompts_file_errors_come_before_loading(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'ok\n{"prompt": "caf\xe9"}\n')
+    result = invoke("run", "--prompts-file", str(path), "--target", str(tmp_path / "no-model"))
+    assert_one_line_error(result, "p.jsonl:2: not valid UTF-8")
