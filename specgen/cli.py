@@ -73,6 +73,11 @@ def run(
                                    draft_confidence, static_draft)
         if system is not None:
             check_text(system, "--system")
+        if batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+        if batch_size > 1 and prompts_file is None:
+            raise ConfigError("--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
+                              hint="give --prompts-file FILE, or leave --batch-size out")
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")

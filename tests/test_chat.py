@@ -373,3 +373,12 @@ def test_a_failed_save_makes_a_scripted_session_exit_non_zero(models, tmp_path):
     assert len(error_lines(failed.stderr)) == 1 and "cannot write" in failed.stderr
     fine = session_run(models, ["hello", f"/save {tmp_path / 'chat.json'}"], "-n", "3")
     assert fine.exit_code == 0, fine.output
+
+
+def test_set_seed_out_of_range_is_refused(tiny_dirs, tiny_pair):
+    from specgen.errors import ConfigError
+
+    chat_session = make_session(tiny_dirs, tiny_pair)
+    with pytest.raises(ConfigError, match="--seed must be in 0.."):
+        chat_session.command(f"/set seed {2**64}")
+    assert chat_session.config.sampling.seed is None

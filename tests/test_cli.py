@@ -353,3 +353,15 @@ def test_prompts_file_errors_come_before_loading(tmp_path):
     path.write_bytes(b'ok\n{"prompt": "caf\xe9"}\n')
     result = invoke("run", "--prompts-file", str(path), "--target", str(tmp_path / "no-model"))
     assert_one_line_error(result, "p.jsonl:2: not valid UTF-8")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_seed_out_of_range_fails_before_loading(tmp_path, seed):
+    result = invoke("run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--seed", seed)
+    assert_one_line_error(result, "--seed must be in 0..")
+
+
+@pytest.mark.parametrize("size", ["0", "4"])
+def test_batch_size_without_a_prompts_file_is_refused(tmp_path, size):
+    result = invoke("run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--batch-size", size)
+    assert_one_line_error(result, "--batch-size")
