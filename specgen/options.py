@@ -30,8 +30,8 @@ def user_errors():
             raise
         _error_line(str(exc), exc.hint)
         raise typer.Exit(1) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
-        raise
+    except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
+        raise  # a closed pipe (`| head`): Typer exits 1 quietly, like other command-line tools
     except Exception as exc:  # an unexpected failure: still one line, with a way to see more
         if os.environ.get("SPECGEN_DEBUG"):
             raise

@@ -365,3 +365,18 @@ def test_seed_out_of_range_fails_before_loading(tmp_path, seed):
 def test_batch_size_without_a_prompts_file_is_refused(tmp_path, size):
     result = invoke("run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--batch-size", size)
     assert_one_line_error(result, "--batch-size")
+
+
+def test_a_closed_pipe_exits_quietly(models, monkeypatch):
+    """`specgen run ... | head -c 20`: stdout closes early; no error line, no traceback."""
+    import errno
+
+    from specgen.render import PlainRenderer
+
+    def closed(self, text):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(PlainRenderer, "_write", closed)
+    result = invoke("run", "hello", *models, "-n", "8", "--format", "plain")
+    assert result.exit_code == 1
+    assert "error" not in result.output and "Traceback" not in result.output
