@@ -380,3 +380,13 @@ def test_a_closed_pipe_exits_quietly(models, monkeypatch):
     result = invoke("run", "hello", *models, "-n", "8", "--format", "plain")
     assert result.exit_code == 1
     assert "error" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("prompt, n", [("hello", 1), ("abc", 3)])
+def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
+    """The tiny model's last byte starts a multi-byte character: JSON's text ends in U+FFFD."""
+    json_run = invoke("run", prompt, *models, "-n", str(n), "--method", "plain", "--format", "json")
+    plain_run = invoke("run", prompt, *models, "-n", str(n), "--method", "plain", "--format", "plain")
+    text = json.loads(json_run.stdout.strip().splitlines()[-1])["text"]
+    assert text.endswith("\ufffd")
+    assert plain_run.stdout == text + "\n"
