@@ -240,7 +240,11 @@ def make_batch_drafter(pair: Pair, method: Method, config: GenerationConfig):
 
 
 def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, batch_size: int):
-    """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order."""
+    """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order.
+
+    Ctrl-C (raised while decoding, or thrown in at a yield by the caller) ends the decoding; the
+    rows finished so far are still yielded in order, every other row as `unfinished`.
+    """
     from specgen.batch import BatchDecoder
 
     target = pair.target
@@ -250,11 +254,21 @@ def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, ba
                            pad_id=target.tokenizer.pad_token_id or 0, vocab=vocab, drafter=drafter,
                            draft_cost=cost)
     done, next_index = {}, 0
-    for finished in decoder.generate(prompts, config, batch_size):
-        done[finished.index] = finished
-        while next_index in done:
-            yield next_index, _outcome(done.pop(next_index), target.tokenizer, config)
-            next_index += 1
+    try:
+        for finished in decoder.generate(prompts, config, batch_size):
+            done[finished.index] = finished
+            while next_index in done:
+                yield next_index, _outcome(done.pop(next_index), target.tokenizer, config)
+                next_index += 1
+    except KeyboardInterrupt:
+        for index in range(next_index, len(prompts)):
+            yield index, (_outcome(done.pop(index), target.tokenizer, config) if index in done
+                          else unfinished(prompts[index], config))
+
+
+def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:
+    """A prompt that Ctrl-C stopped before it finished: no text, marked interrupted."""
+    return Outcome("", [], Stats(method=config.method.value, prompt_tokens=len(prompt_ids)), interrupted=True)
 
 
 def _outcome(finished, tokenizer, config: GenerationConfig) -> Outcome:

@@ -390,3 +390,86 @@ def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
     text = json.loads(json_run.stdout.strip().splitlines()[-1])["text"]
     assert text.endswith("\ufffd")
     assert plain_run.stdout == text + "\n"
+
+
+def stop_after_rows(monkeypatch, rows: int):
+    """Ctrl-C in the batch decoder once `rows` rows have finished (the decoder itself is untouched)."""
+    from specgen.batch import BatchDecoder
+
+    real = BatchDecoder.generate
+
+    def generate(self, *args, **kwargs):
+        for count, finished in enumerate(real(self, *args, **kwargs), 1):
+            yield finished
+            if count == rows:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(BatchDecoder, "generate", generate)
+
+
+@pytest.mark.parametrize("fmt", ["json", "plain"])
+def test_ctrl_c_in_a_batched_run_keeps_the_finished_rows(models, tmp_path, monkeypatch, fmt):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nsecond one\nthird\nand a fourth, longer prompt\nfifth\n")
+    args = ["run", "--prompts-file", str(prompts), "--batch-size", "2", "--method", "plain", *models, "-n", "6"]
+    full = [json.loads(line) for line in invoke(*args, "--format", "json").stdout.strip().splitlines()]
+    stop_after_rows(monkeypatch, 3)
+    result = invoke(*args, "--format", fmt)
+    assert result.exit_code == 130, result.output
+    assert "interrupted: 3 of 5 prompts finished" in result.stderr
+    if fmt == "plain":
+        lines = result.stdout.split("\n")[:-1]
+        assert len(lines) == 5
+        kept = [i for i, line in enumerate(lines) if line]
+        assert len(kept) == 3 and all(lines[i] == full[i]["text"] for i in kept)
+        return
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert len(records) == 5
+    finished = [i for i, r in enumerate(records) if not r["interrupted"]]
+    assert len(finished) == 3
+    assert all(records[i]["token_ids"] == full[i]["token_ids"] for i in finished)
+    assert all(r["token_ids"] == [] for r in records if r["interrupted"])
+
+
+def test_ctrl_c_while_a_row_is_written_still_accounts_for_every_prompt(models, tmp_path, monkeypatch):
+    from specgen import cli
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\nthree\nfour\n")
+    real, calls = cli._write_row, []
+
+    def write_row(outcome, fmt):
+        calls.append(outcome)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(outcome, fmt)
+
+    monkeypatch.setattr(cli, "_write_row", write_row)
+    result = invoke("run", "--prompts-file", str(prompts), "--batch-size", "2", "--method", "plain", *models,
+                    "-n", "4", "--format", "json")
+    assert result.exit_code == 130, result.output
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert len(records) == 4 and not records[0]["interrupted"]
+    assert records[1]["interrupted"] and records[1]["token_ids"] == []  # cut while it was written
+
+
+def test_ctrl_c_one_prompt_at_a_time_marks_the_rest(models, tmp_path, monkeypatch):
+    from specgen.render import JsonRenderer
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\nthree\n")
+    calls = []
+
+    def on_round(self, view, stats):
+        calls.append(stats.rounds)
+        if len(calls) == 6:  # inside the second prompt
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(JsonRenderer, "on_round", on_round)
+    result = invoke("run", "--prompts-file", str(prompts), "--method", "plain", *models, "-n", "4",
+                    "--format", "json")
+    assert result.exit_code == 130, result.output
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["interrupted"] for r in records] == [False, True, True]
+    assert len(records[0]["token_ids"]) == 4 and len(records[1]["token_ids"]) == 2 and records[2]["token_ids"] == []
+    assert "interrupted: 1 of 3 prompts finished; not finished: 2-3" in result.stderr
