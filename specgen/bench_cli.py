@@ -138,19 +138,23 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
 
     with bench_mod.fixed_threads(threads) as used:
         cells = bench_batch.run_throughput(pair, names, prompts, config, sizes, windows, on_cell=progress)
+    interrupted = any(c.interrupted for c in cells)
     title = (f"specgen bench --batch-sizes · {pair.target.name}"
              + (f" + {pair.draft.name}" if pair.draft else "") + f" · {len(prompts)} prompts · "
-             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}")
+             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}"
+             + (" · INTERRUPTED" if interrupted else ""))
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(bench_batch.table(cells, title))
     if json_file is not None:
         env = bench_mod.environment(pair, used)
-        data = {"schema": "specgen-bench-throughput/1", "environment": env,
+        data = {"schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
                 "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
                              **{k: v for k, v in asdict(config).items() if k != "method"}},
                 "cells": [asdict(c) for c in cells]}
         json_file.parent.mkdir(parents=True, exist_ok=True)
         json_file.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
         err.print(f"wrote {json_file}", style="dim", markup=False)
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype_and_quant):

@@ -411,3 +411,44 @@ def test_method_variants_compare_draft_lengths_and_schedules(models, short_file,
     assert all(m["drafted"] <= m["target_forwards"] for m in k1)  # one draft token per round
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "unknown method")
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
+
+
+def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, tmp_path, monkeypatch):
+    from specgen import bench_batch
+
+    real, calls = bench_batch.decode_all, []
+
+    def decode_all(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 4:  # the warm-up, two cells, then Ctrl-C in the third
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench_batch, "decode_all", decode_all)
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "chain", "-n", "4",
+                                 "--batch-sizes", "1,2", "--json", str(out)])
+    assert result.exit_code == 130, result.output
+    assert "INTERRUPTED" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True
+    cells = [(c["method"], c["batch_size"], c["skipped"]) for c in data["cells"]]
+    assert cells == [("plain", 1, None), ("plain", 2, None), ("chain", 1, "interrupted"), ("chain", 2, "interrupted")]
+    assert all(c["new_tokens"] > 0 for c in data["cells"][:2])
+
+
+def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monkeypatch):
+    from specgen import bench_batch, session
+
+    real = session.run_batch
+
+    def cut(pair, prompts, config, batch_size):
+        rows = real(pair, prompts, config, batch_size)
+        yield next(rows)
+        yield rows.throw(KeyboardInterrupt())  # Ctrl-C: the rest come back unfinished
+        yield from rows
+
+    monkeypatch.setattr(session, "run_batch", cut)
+    ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
+    cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
+    assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
