@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,6 +25,7 @@ from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, Verif
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
 from specgen.config import Method
+from specgen.errors import ConfigError
 
 REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen.bench.REFERENCES
 DEFAULT_METHODS = ",".join(m.value for m in Method) + "," + REFERENCE_METHODS
@@ -96,15 +99,19 @@ def bench(
         if sizes:
             windows = windows or ([verify_window] if deterministic else [])
             if any(w < 2 for w in windows):
-                from specgen.errors import ConfigError
-
                 raise ConfigError("--verify-windows values must be >= 2")
+            if csv_file is not None or plot_file is not None:
+                raise ConfigError("--csv and --plot report the per-prompt bench; with --batch-sizes use --json")
+            check_outputs({"--json": json_file})
             _throughput(names, items, replace(config, deterministic=False), sizes, windows,
                         target, draft, device, draft_device, (dtype, draft_quant), json_file, threads)
             return
+        check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before, not after, the run
         result = _measure(bench_mod, names, items, settings,
                           target, draft, device, draft_device, (dtype, draft_quant))
-        _report(result, json_file, csv_file, plot_file)
+        written = _report(result, json_file, csv_file, plot_file)
+        if not written:
+            raise typer.Exit(1)
         if result.interrupted:
             raise typer.Exit(130)
 
@@ -150,9 +157,9 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
                 "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
                              **{k: v for k, v in asdict(config).items() if k != "method"}},
                 "cells": [asdict(c) for c in cells]}
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        json_file.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-        err.print(f"wrote {json_file}", style="dim", markup=False)
+        text = json.dumps(data, indent=1, default=str) + "\n"
+        if not _save("--json", json_file, lambda path: _write_text(path, text), fallback=True):
+            raise typer.Exit(1)
     if interrupted:
         raise typer.Exit(130)
 
@@ -192,15 +199,102 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     return bench_mod.run_bench(pair, names, items, settings, on_measurement=line)
 
 
-def _report(result, json_file, csv_file, plot_file) -> None:
+def _report(result, json_file, csv_file, plot_file) -> bool:
+    """The table, then each file; one that fails does not stop the others. False if any failed."""
     from rich.console import Console
 
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table(result))
-    err = Console(stderr=True, highlight=False)
-    for path, write in ((json_file, write_json), (csv_file, write_csv), (plot_file, write_plot)):
+    ok = True
+    for option, path, write in (("--json", json_file, write_json), ("--csv", csv_file, write_csv),
+                                ("--plot", plot_file, write_plot)):
         if path is not None:
-            write(result, path)
-            err.print(f"wrote {path}", style="dim", markup=False)
+            ok &= _save(option, path, lambda p, write=write: write(result, p), fallback=option != "--plot")
+    return ok
+
+
+# -- output files ----------------------------------------------------------------------------
+def check_outputs(paths: dict) -> None:
+    """Fail before minutes of measuring if an output file cannot be written: its folder is made
+    (as the writers would) and must take a file, the path must not be a folder, and no two
+    options may name the same file."""
+    seen: dict[Path, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        path = Path(path)
+        key = path.expanduser().resolve()
+        if key in seen:
+            raise ConfigError(f"{seen[key]} and {option} both name {path}; give them different files")
+        seen[key] = option
+        if path.is_dir():
+            raise ConfigError(f"{option} {path} is a directory; give a file name")
+        if option == "--plot":
+            _check_plot_format(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # os.access says yes to root even on a read-only mount; only a real write tells
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
+def _check_plot_format(path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    kinds = Figure().canvas.get_supported_filetypes()
+    kind = path.suffix.lstrip(".").lower()
+    if kind and kind not in kinds:
+        raise ConfigError(f"--plot {path}: matplotlib cannot write '.{kind}' files; use one of: "
+                          + ", ".join(f".{k}" for k in sorted(kinds)))
+
+
+def _atomic(path: Path, write) -> None:
+    """`write(tmp)` to a temporary file beside `path`, then rename it over `path`: a failed or
+    interrupted write never leaves a truncated report behind."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; a report gets the usual permissions
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _save(option: str, path: Path, write, fallback: bool) -> bool:
+    """Write one output; on failure say so in one line and, for data files, where the data went
+    instead (a file in the temp directory). True if `path` was written."""
+    from rich.console import Console
+
+    from specgen.options import error_line
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic(path, write)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        where = ""
+        if fallback:
+            try:
+                handle, spare = tempfile.mkstemp(prefix="specgen-bench-", suffix=path.suffix or ".out")
+                os.close(handle)
+                write(Path(spare))
+                where = f"; the data went to {spare} instead"
+            except (OSError, ValueError):
+                where = "; no copy could be written either, only the table above is left"
+        error_line(f"cannot write {option} {path}: {reason}{where}")
+        return False
+    Console(stderr=True, highlight=False).print(f"wrote {path}", style="dim", markup=False)
+    return True
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -227,6 +321,7 @@ def write_json(result, path: Path) -> None:
             parts.append(f' {json.dumps(key)}: [\n  {rows}\n ]' if value else f' {json.dumps(key)}: []')
         else:
             parts.append(f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{\n" + ",\n".join(parts) + "\n}\n", encoding="utf-8")
 
@@ -303,7 +398,7 @@ def write_plot(result, path: Path) -> None:
                fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)
 
 

@@ -28,7 +28,7 @@ def user_errors():
     except SpecgenError as exc:
         if os.environ.get("SPECGEN_DEBUG"):
             raise
-        _error_line(str(exc), exc.hint)
+        error_line(str(exc), exc.hint)
         raise typer.Exit(1) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
         raise  # a closed pipe (`| head`): Typer exits 1 quietly, like other command-line tools
@@ -36,11 +36,11 @@ def user_errors():
         if os.environ.get("SPECGEN_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        _error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
+        error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
         raise typer.Exit(1) from None
 
 
-def _error_line(message: str, hint: str | None = None) -> None:
+def error_line(message: str, hint: str | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
 

@@ -452,3 +452,53 @@ def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monke
     ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
     cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
     assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
+
+
+@pytest.mark.parametrize("option", ["--json", "--csv"])
+def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    no_model = ["--target", str(tmp_path / "no-model")]  # loading would fail: the check must come first
+    result = runner.invoke(app, ["bench", *no_model, option, str(blocker / "out.json")])
+    assert_one_line_error(result, f"cannot write {option}", "a-file/out.json")
+    result = runner.invoke(app, ["bench", *no_model, option, str(tmp_path)])
+    assert_one_line_error(result, "is a directory")
+    same = tmp_path / "same"
+    result = runner.invoke(app, ["bench", *no_model, "--json", str(same), "--csv", str(same)])
+    assert_one_line_error(result, "--json and --csv both name")
+    result = runner.invoke(app, ["bench", *no_model, "--batch-sizes", "1", "--json", str(blocker / "t.json")])
+    assert_one_line_error(result, "cannot write --json")
+    result = runner.invoke(app, ["bench", *no_model, "--batch-sizes", "1", "--csv", str(tmp_path / "t.csv")])
+    assert_one_line_error(result, "with --batch-sizes use --json")
+
+
+def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(models, short_file, tmp_path,
+                                                                               monkeypatch):
+    import shutil
+    import tempfile
+
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spare))
+    gone, kept = tmp_path / "gone", tmp_path / "kept"
+    real = bench.run_bench
+
+    def run_bench(*args, **kwargs):  # the JSON's folder turns into a file while measuring
+        result = real(*args, **kwargs)
+        shutil.rmtree(gone)
+        gone.write_text("in the way")
+        return result
+
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    out_json, out_csv = gone / "b.json", kept / "b.csv"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "plain",
+                                 "-n", "3", "--no-warmup", "--json", str(out_json), "--csv", str(out_csv)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert len(list(csv.DictReader(out_csv.open()))) == 1  # the CSV was still written
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"cannot write --json {out_json}" in errors[0], result.stderr
+    copies = list(spare.glob("specgen-bench-*.json"))
+    assert len(copies) == 1 and str(copies[0]) in errors[0]
+    assert json.loads(copies[0].read_text())["methods"] == ["plain"]
+    assert sorted(p.name for p in kept.iterdir()) == ["b.csv"]  # no temporary file left beside it
