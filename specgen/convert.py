@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from specgen.catalog import cache_root
+from specgen.catalog import cache_root, check_writable
 from specgen.errors import ModelError
 
 MARKER = ".complete"
@@ -61,6 +61,7 @@ def ensure_converted(gguf: Path, dtype, *, key: str | None = None, quiet: bool =
     target = converted_dir_for(gguf, dtype, key)
     if is_converted(target):
         return target
+    check_writable(target.parent)  # the same one-line error and hint as a catalog fetch
     _remove_stale(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}{_TMP}{os.getpid()}")

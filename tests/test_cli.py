@@ -473,3 +473,14 @@ def test_ctrl_c_one_prompt_at_a_time_marks_the_rest(models, tmp_path, monkeypatc
     assert [r["interrupted"] for r in records] == [False, True, True]
     assert len(records[0]["token_ids"]) == 4 and len(records[1]["token_ids"]) == 2 and records[2]["token_ids"] == []
     assert "interrupted: 1 of 3 prompts finished; not finished: 2-3" in result.stderr
+
+
+@pytest.mark.parametrize("cache", ["a-file", "a-file/cache"])
+def test_a_gguf_with_an_unusable_cache_is_one_line(tmp_path, monkeypatch, cache):
+    from gguf_factory import write_tiny_gguf
+
+    (tmp_path / "a-file").write_text("not a directory")
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / cache))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", seed=1)
+    result = invoke("run", "hello", "--target", str(path), "--method", "plain", "--dtype", "float32")
+    assert_one_line_error(result, "cannot write to the cache directory", "SPECGEN_CACHE")
