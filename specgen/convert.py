@@ -67,7 +67,7 @@ def ensure_converted(gguf: Path, dtype, *, key: str | None = None, quiet: bool =
     tmp = target.with_name(f"{target.name}{_TMP}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with _status(f"converting {gguf.name} to {_dtype_name(dtype)} (once; later loads are fast)", quiet):
+        with status(f"converting {gguf.name} to {_dtype_name(dtype)} (once; later loads are fast)", quiet):
             _convert(gguf, dtype, tmp)
         _publish(tmp, target)
     except BaseException:
@@ -173,8 +173,8 @@ def remove_converted(key_prefix: str) -> None:
 
 
 @contextlib.contextmanager
-def _status(message: str, quiet: bool):
-    """A spinner on stderr while the (slow) conversion runs."""
+def status(message: str, quiet: bool):
+    """While a slow step runs: a spinner on a terminal, else `message` as one line on stderr."""
     if quiet:
         yield
         return
@@ -182,7 +182,13 @@ def _status(message: str, quiet: bool):
     from rich.markup import escape
 
     # bound to the real stream now: `_muted_transformers` swaps `sys.stderr` while this spins
-    with Console(file=sys.stderr).status(escape(message)):
+    console = Console(file=sys.stderr)
+    if not console.is_terminal:  # piped or logged: a spinner would print nothing at all
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        yield
+        return
+    with console.status(escape(message)):
         yield
 
 

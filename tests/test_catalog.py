@@ -422,3 +422,12 @@ def test_interrupted_conversion_removes_its_tmp_dir(tmp_path, cache, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         convert.ensure_converted(gguf, torch.float32, key="ctrl-c", quiet=True)
     assert list((cache / "converted").iterdir()) == []
+
+
+def test_a_conversion_prints_one_line_when_piped(tmp_path, cache, capsys):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    convert.ensure_converted(gguf, torch.float32, quiet=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["converting tiny.gguf to float32 (once; later loads are fast)"]
+    convert.ensure_converted(gguf, torch.float32, quiet=False)  # already converted: nothing to say
+    assert capsys.readouterr().err == ""
