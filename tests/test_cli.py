@@ -25,7 +25,8 @@ def models(tiny_dirs):
 def assert_one_line_error(result, *fragments):
     assert result.exit_code != 0
     assert "Traceback" not in result.output
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    # "loading target X ..." status lines (stderr, plain format) may come before the error
+    lines = [line for line in result.output.strip().splitlines() if line.strip() and not line.startswith("loading ")]
     assert len(lines) == 1, result.output
     assert lines[0].startswith("error:"), lines[0]
     for fragment in fragments:
@@ -484,3 +485,55 @@ def test_a_gguf_with_an_unusable_cache_is_one_line(tmp_path, monkeypatch, cache)
     path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", seed=1)
     result = invoke("run", "hello", "--target", str(path), "--method", "plain", "--dtype", "float32")
     assert_one_line_error(result, "cannot write to the cache directory", "SPECGEN_CACHE")
+
+
+def test_loading_status_lines_on_stderr_unless_json(models):
+    plain = invoke("run", "hello", *models, "-n", "2", "--format", "plain")
+    assert plain.exit_code == 0, plain.output
+    status = [line for line in plain.stderr.splitlines() if line.startswith("loading ")]
+    assert status == ["loading target target ...", "loading draft draft ..."]
+    quiet = invoke("run", "hello", *models, "-n", "2", "--format", "json")
+    assert "loading" not in quiet.stderr
+
+
+def test_a_draft_with_fewer_embedding_rows_than_tokens_is_named(tiny_dirs, tmp_path):
+    from tiny import build_tokenizer
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    small = tmp_path / "small-draft"
+    Qwen2ForCausalLM(config).save_pretrained(small)
+    build_tokenizer().save_pretrained(small)
+    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(small),
+                    "--dtype", "float32", "-n", "4")
+    assert_one_line_error(result, "the draft model", "small-draft", "200 embedding rows", "259 tokens")
+
+
+def test_a_truncated_safetensors_file_names_the_model_and_its_role(tiny_dirs, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dirs["draft"], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(broken),
+                    "--dtype", "float32", "-n", "4")
+    assert_one_line_error(result, "cannot load the draft model", "broken")
+
+
+def test_a_local_directory_loads_safetensors_only(tmp_path):
+    """A pickled pytorch_model.bin is never unpickled from a local directory."""
+    from tiny import build_model, build_tokenizer
+
+    import torch
+
+    pickled = tmp_path / "pickled"
+    model = build_model(1)
+    model.config.save_pretrained(pickled)
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    build_tokenizer().save_pretrained(pickled)
+    assert (pickled / "pytorch_model.bin").is_file() and not (pickled / "model.safetensors").exists()
+    result = invoke("run", "hello", "--target", str(pickled), "--method", "plain", "--dtype", "float32", "-n", "2")
+    assert_one_line_error(result, "cannot load the target model", "pickled")
