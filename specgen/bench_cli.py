@@ -207,8 +207,10 @@ def _report(result, json_file, csv_file, plot_file) -> bool:
     ok = True
     for option, path, write in (("--json", json_file, write_json), ("--csv", csv_file, write_csv),
                                 ("--plot", plot_file, write_plot)):
-        if path is not None:
-            ok &= _save(option, path, lambda p, write=write: write(result, p), fallback=option != "--plot")
+        if path is not None:  # the format comes from the real name: the temporary file's is .tmp
+            kind = {"kind": _plot_kind(path)} if option == "--plot" else {}
+            ok &= _save(option, path, lambda p, write=write, kind=kind: write(result, p, **kind),
+                        fallback=option != "--plot")
     return ok
 
 
@@ -239,12 +241,17 @@ def check_outputs(paths: dict) -> None:
             raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
 
 
+def _plot_kind(path) -> str:
+    """The image format named by the file's extension; png without one."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
 def _check_plot_format(path: Path) -> None:
     from matplotlib.figure import Figure
 
     kinds = Figure().canvas.get_supported_filetypes()
-    kind = path.suffix.lstrip(".").lower()
-    if kind and kind not in kinds:
+    kind = _plot_kind(path)
+    if kind not in kinds:
         raise ConfigError(f"--plot {path}: matplotlib cannot write '.{kind}' files; use one of: "
                           + ", ".join(f".{k}" for k in sorted(kinds)))
 
@@ -367,7 +374,7 @@ def require_matplotlib() -> None:
                           hint="pip install 'specgen[plot]' or pip install matplotlib") from None
 
 
-def write_plot(result, path: Path) -> None:
+def write_plot(result, path: Path, kind: str | None = None) -> None:
     """Two panels, speed-up over plain (geometric mean) and tokens per target forward: bars per
     method, grouped by category (`all` first)."""
     require_matplotlib()
@@ -398,7 +405,7 @@ def write_plot(result, path: Path) -> None:
                fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
+    fig.savefig(path, dpi=120, format=kind or _plot_kind(path))
     plt.close(fig)
 
 

@@ -502,3 +502,15 @@ def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(mod
     assert len(copies) == 1 and str(copies[0]) in errors[0]
     assert json.loads(copies[0].read_text())["methods"] == ["plain"]
     assert sorted(p.name for p in kept.iterdir()) == ["b.csv"]  # no temporary file left beside it
+
+
+def test_cli_plot_is_written_through_a_temporary_file(models, short_file, tmp_path):
+    pytest.importorskip("matplotlib")
+    bad = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.docx")])
+    assert_one_line_error(bad, "cannot write '.docx' files")
+    out = tmp_path / "plots" / "speed"  # no extension: a PNG
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "chain",
+                                 "-n", "3", "--no-warmup", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in out.parent.iterdir()] == ["speed"]
