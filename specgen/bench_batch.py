@@ -45,6 +45,7 @@ class ThroughputCell:
     rollback_rate: float | None = None  # rolled-back tokens / (kept + rolled-back) tokens
     differs: int | None = None  # prompts whose tokens differ from the mode's reference
     skipped: str | None = None  # why the cell was not measured
+    interrupted: bool = False  # Ctrl-C came before (or while) this cell was measured
     outputs: list[list[int]] | None = None
 
 
@@ -85,6 +86,8 @@ def decode_all(pair, method: Method, prompts: list[list[int]], config: Generatio
             _count(counters, stats)
     else:
         for _, outcome in session.run_batch(pair, prompts, config, batch_size):
+            if outcome.interrupted:  # run_batch kept Ctrl-C to itself; a cut cell is no measurement
+                raise KeyboardInterrupt
             outputs.append(outcome.token_ids)
             _count(counters, outcome.stats)
     return outputs, time.perf_counter() - started, counters
@@ -99,39 +102,50 @@ def _count(counters: dict, stats) -> None:
 def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: GenerationConfig,
                    batch_sizes: list[int], windows: list[int], include_off: bool = True,
                    on_cell=None) -> list[ThroughputCell]:
-    """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped."""
+    """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped.
+
+    Ctrl-C keeps the cells measured so far; the others are returned skipped and `interrupted`.
+    """
     modes: list[int | None] = ([None] if include_off else []) + list(windows)
     names = ["plain"] + [m for m in methods if m != "plain"]
     engine_methods = {m.value: m for m in Method}
     unknown = [m for m in names if m not in engine_methods]
     if unknown:
         raise ConfigError(f"--batch-sizes measures specgen's own methods; '{unknown[0]}' is not one")
-    decode_all(pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1)
+    grid = [(name, size, window) for name in names for size in batch_sizes for window in modes]
     cells: list[ThroughputCell] = []
-    for name in names:
-        method = engine_methods[name]
-        for size in batch_sizes:
-            for window in modes:
-                mode = OFF if window is None else f"window {window}"
-                cell = ThroughputCell(name, size, mode, len(prompts), 0, 0.0, 0.0)
-                if size > 1 and method not in BATCHABLE:
-                    cell.skipped = "tree methods decode one prompt at a time"
-                else:
-                    run_config = replace(config, deterministic=window is not None,
-                                         verify_window=window or config.verify_window)
-                    outputs, seconds, counters = decode_all(pair, method, prompts, run_config, size)
-                    new = sum(len(o) for o in outputs)
-                    cell.new_tokens, cell.seconds, cell.outputs = new, seconds, outputs
-                    cell.tokens_per_second = new / seconds if seconds > 0 else 0.0
-                    for key, value in counters.items():
-                        setattr(cell, key, value)
-                    if window is not None:
-                        cell.rollback_rate = cell.rolled_back_tokens / max(new + cell.rolled_back_tokens, 1)
-                cells.append(cell)
-                if on_cell is not None:
-                    on_cell(cell)
+    try:
+        decode_all(pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1)
+        for name, size, window in grid:
+            cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
+            cells.append(cell)
+            if on_cell is not None:
+                on_cell(cell)
+    except KeyboardInterrupt:
+        for name, size, window in grid[len(cells):]:
+            cells.append(ThroughputCell(name, size, OFF if window is None else f"window {window}", len(prompts),
+                                        0, 0.0, 0.0, skipped="interrupted", interrupted=True))
     _compare(cells)
     return cells
+
+
+def _measure_cell(pair, method: Method, name: str, size: int, window: int | None, prompts: list[list[int]],
+                  config: GenerationConfig) -> ThroughputCell:
+    mode = OFF if window is None else f"window {window}"
+    cell = ThroughputCell(name, size, mode, len(prompts), 0, 0.0, 0.0)
+    if size > 1 and method not in BATCHABLE:
+        cell.skipped = "tree methods decode one prompt at a time"
+        return cell
+    run_config = replace(config, deterministic=window is not None, verify_window=window or config.verify_window)
+    outputs, seconds, counters = decode_all(pair, method, prompts, run_config, size)
+    new = sum(len(o) for o in outputs)
+    cell.new_tokens, cell.seconds, cell.outputs = new, seconds, outputs
+    cell.tokens_per_second = new / seconds if seconds > 0 else 0.0
+    for key, value in counters.items():
+        setattr(cell, key, value)
+    if window is not None:
+        cell.rollback_rate = cell.rolled_back_tokens / max(new + cell.rolled_back_tokens, 1)
+    return cell
 
 
 def _compare(cells: list[ThroughputCell]) -> None:
@@ -152,9 +166,10 @@ def _compare(cells: list[ThroughputCell]) -> None:
 
 
 def table(cells: list[ThroughputCell], title: str):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in ("method", "batch", "mode", "tok/s", "vs plain b1", "det. cost", "acceptance",
                  "replays", "rollbacks", "rollback rate", "differs"):
         t.add_column(name, justify="left" if name in ("method", "mode") else "right")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
@@ -22,6 +25,7 @@ from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, Verif
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
 from specgen.config import Method
+from specgen.errors import ConfigError
 
 REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen.bench.REFERENCES
 DEFAULT_METHODS = ",".join(m.value for m in Method) + "," + REFERENCE_METHODS
@@ -96,15 +100,19 @@ def bench(
         if sizes:
             windows = windows or ([verify_window] if deterministic else [])
             if any(w < 2 for w in windows):
-                from specgen.errors import ConfigError
-
                 raise ConfigError("--verify-windows values must be >= 2")
+            if csv_file is not None or plot_file is not None:
+                raise ConfigError("--csv and --plot report the per-prompt bench; with --batch-sizes use --json")
+            check_outputs({"--json": json_file})
             _throughput(names, items, replace(config, deterministic=False), sizes, windows,
                         target, draft, device, draft_device, (dtype, draft_quant, compile), json_file, threads)
             return
+        check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before, not after, the run
         result = _measure(bench_mod, names, items, settings,
                           target, draft, device, draft_device, (dtype, draft_quant, compile))
-        _report(result, json_file, csv_file, plot_file)
+        written = _report(result, json_file, csv_file, plot_file)
+        if not written:
+            raise typer.Exit(1)
         if result.interrupted:
             raise typer.Exit(130)
 
@@ -129,28 +137,32 @@ def _throughput(names, items, config, sizes, windows, target, draft, device, dra
                         quiet=not err.is_terminal)
     prompts = [bench_mod.encode(pair.target.tokenizer, item) for item in items]
     modes = ["off"] + [f"window {w}" for w in windows]
-    err.print(f"[dim]bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
-              f"{sizes} x modes {modes}[/]")
+    err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
+              f"{sizes} x modes {modes}", style="dim", markup=False)
 
     def progress(cell):
-        err.print(f"[dim]{cell.method} b{cell.batch_size} {cell.mode}: "
-                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s") + "[/]")
+        err.print(f"{cell.method} b{cell.batch_size} {cell.mode}: "
+                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"), style="dim", markup=False)
 
     with bench_mod.fixed_threads(threads) as used:
         cells = bench_batch.run_throughput(pair, names, prompts, config, sizes, windows, on_cell=progress)
+    interrupted = any(c.interrupted for c in cells)
     title = (f"specgen bench --batch-sizes · {pair.target.name}"
              + (f" + {pair.draft.name}" if pair.draft else "") + f" · {len(prompts)} prompts · "
-             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}")
+             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}"
+             + (" · INTERRUPTED" if interrupted else ""))
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(bench_batch.table(cells, title))
     if json_file is not None:
         env = bench_mod.environment(pair, used)
-        data = {"schema": "specgen-bench-throughput/1", "environment": env,
+        data = {"schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
                 "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
                              **{k: v for k, v in asdict(config).items() if k != "method"}},
                 "cells": [asdict(c) for c in cells]}
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        json_file.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-        err.print(f"[dim]wrote {json_file}[/]")
+        text = json.dumps(data, indent=1, default=str) + "\n"
+        if not _save("--json", json_file, lambda path: _write_text(path, text), fallback=True):
+            raise typer.Exit(1)
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def _measure(bench_mod, names, items, settings, target, draft, device, draft_device, dtype_and_quant):
@@ -164,8 +176,8 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
     pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
     total = len(items) * settings.repeats * len(names)
-    err.print(f"[dim]bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
-              f"({', '.join(names)}) = {total} generations[/]")
+    err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
+              f"({', '.join(names)}) = {total} generations", style="dim", markup=False)
     if err.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -174,7 +186,7 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
             task = progress.add_task("measuring", total=total)
 
             def tick(m):
-                progress.update(task, advance=1, description=f"{m.prompt_id} · {m.method}")
+                progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
             return bench_mod.run_bench(pair, names, items, settings, on_measurement=tick)
     per_prompt = settings.repeats * len(names)
@@ -183,20 +195,114 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     def line(m):
         done[0] += 1
         if done[0] % per_prompt == 0:
-            err.print(f"[dim]measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}[/]")
+            err.print(f"measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}", style="dim", markup=False)
 
     return bench_mod.run_bench(pair, names, items, settings, on_measurement=line)
 
 
-def _report(result, json_file, csv_file, plot_file) -> None:
+def _report(result, json_file, csv_file, plot_file) -> bool:
+    """The table, then each file; one that fails does not stop the others. False if any failed."""
     from rich.console import Console
 
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(table(result))
-    err = Console(stderr=True, highlight=False)
-    for path, write in ((json_file, write_json), (csv_file, write_csv), (plot_file, write_plot)):
-        if path is not None:
-            write(result, path)
-            err.print(f"[dim]wrote {path}[/]")
+    ok = True
+    for option, path, write in (("--json", json_file, write_json), ("--csv", csv_file, write_csv),
+                                ("--plot", plot_file, write_plot)):
+        if path is not None:  # the format comes from the real name: the temporary file's is .tmp
+            kind = {"kind": _plot_kind(path)} if option == "--plot" else {}
+            ok &= _save(option, path, lambda p, write=write, kind=kind: write(result, p, **kind),
+                        fallback=option != "--plot")
+    return ok
+
+
+# -- output files ----------------------------------------------------------------------------
+def check_outputs(paths: dict) -> None:
+    """Fail before minutes of measuring if an output file cannot be written: its folder is made
+    (as the writers would) and must take a file, the path must not be a folder, and no two
+    options may name the same file."""
+    seen: dict[Path, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        path = Path(path)
+        key = path.expanduser().resolve()
+        if key in seen:
+            raise ConfigError(f"{seen[key]} and {option} both name {path}; give them different files")
+        seen[key] = option
+        if path.is_dir():
+            raise ConfigError(f"{option} {path} is a directory; give a file name")
+        if option == "--plot":
+            _check_plot_format(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # os.access says yes to root even on a read-only mount; only a real write tells
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
+def _plot_kind(path) -> str:
+    """The image format named by the file's extension; png without one."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
+def _check_plot_format(path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    kinds = Figure().canvas.get_supported_filetypes()
+    kind = _plot_kind(path)
+    if kind not in kinds:
+        raise ConfigError(f"--plot {path}: matplotlib cannot write '.{kind}' files; use one of: "
+                          + ", ".join(f".{k}" for k in sorted(kinds)))
+
+
+def _atomic(path: Path, write) -> None:
+    """`write(tmp)` to a temporary file beside `path`, then rename it over `path`: a failed or
+    interrupted write never leaves a truncated report behind."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; a report gets the usual permissions
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _save(option: str, path: Path, write, fallback: bool) -> bool:
+    """Write one output; on failure say so in one line and, for data files, where the data went
+    instead (a file in the temp directory). True if `path` was written."""
+    from rich.console import Console
+
+    from specgen.options import error_line
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic(path, write)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        where = ""
+        if fallback:
+            try:
+                handle, spare = tempfile.mkstemp(prefix="specgen-bench-", suffix=path.suffix or ".out")
+                os.close(handle)
+                write(Path(spare))
+                where = f"; the data went to {spare} instead"
+            except (OSError, ValueError):
+                where = "; no copy could be written either, only the table above is left"
+        error_line(f"cannot write {option} {path}: {reason}{where}")
+        return False
+    Console(stderr=True, highlight=False).print(f"wrote {path}", style="dim", markup=False)
+    return True
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -223,6 +329,7 @@ def write_json(result, path: Path) -> None:
             parts.append(f' {json.dumps(key)}: [\n  {rows}\n ]' if value else f' {json.dumps(key)}: []')
         else:
             parts.append(f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{\n" + ",\n".join(parts) + "\n}\n", encoding="utf-8")
 
@@ -268,7 +375,7 @@ def require_matplotlib() -> None:
                           hint="pip install 'specgen[plot]' or pip install matplotlib") from None
 
 
-def write_plot(result, path: Path) -> None:
+def write_plot(result, path: Path, kind: str | None = None) -> None:
     """Two panels, speed-up over plain (geometric mean) and tokens per target forward: bars per
     method, grouped by category (`all` first)."""
     require_matplotlib()
@@ -299,7 +406,7 @@ def write_plot(result, path: Path) -> None:
                fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=kind or _plot_kind(path))
     plt.close(fig)
 
 
@@ -317,7 +424,7 @@ def table(result):
              + f" · {env['target']['dtype']} · threads={env['torch_threads']} · "
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
                  "tok/fwd", "TTFT s", "draft share", "identical"):
         t.add_column(name, justify="left" if name in ("method", "category") else "right")
@@ -330,7 +437,7 @@ def table(result):
         spread = ("–" if g.speedup_min is None or g.method == "plain"
                   else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}")
         last = i + 1 == len(rows) or rows[i + 1].method != g.method
-        t.add_row(g.method if first else "", g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
+        t.add_row(escape(g.method) if first else "", escape(g.category), str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
                   _fmt(g.speedup, ".2f", "x"), spread, _fmt(g.acceptance_rate, ".0%"),
                   _fmt(g.tokens_per_target_forward, ".2f"), _fmt(g.ttft_seconds, ".2f"), share, identical,
                   style="bold" if first else None, end_section=last)

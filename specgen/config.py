@@ -37,6 +37,9 @@ class Method(str, enum.Enum):
         return self in (Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT)
 
 
+SEED_MAX = 2**63 - 1  # batched rows seed with seed + row index, which must stay below 2**64
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen. temperature 0 means greedy (argmax)."""
@@ -53,6 +56,8 @@ class SamplingConfig:
             raise ConfigError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed <= SEED_MAX:  # torch generators take 64 bits
+            raise ConfigError(f"--seed must be in 0..{SEED_MAX}, got {self.seed}")
 
     @property
     def greedy(self) -> bool:

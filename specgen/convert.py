@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from specgen.catalog import cache_root
+from specgen.catalog import cache_root, check_writable
 from specgen.errors import ModelError
 
 MARKER = ".complete"
@@ -61,12 +61,13 @@ def ensure_converted(gguf: Path, dtype, *, key: str | None = None, quiet: bool =
     target = converted_dir_for(gguf, dtype, key)
     if is_converted(target):
         return target
+    check_writable(target.parent)  # the same one-line error and hint as a catalog fetch
     _remove_stale(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}{_TMP}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with _status(f"converting {gguf.name} to {_dtype_name(dtype)} (once; later loads are fast)", quiet):
+        with status(f"converting {gguf.name} to {_dtype_name(dtype)} (once; later loads are fast)", quiet):
             _convert(gguf, dtype, tmp)
         _publish(tmp, target)
     except BaseException:
@@ -172,15 +173,22 @@ def remove_converted(key_prefix: str) -> None:
 
 
 @contextlib.contextmanager
-def _status(message: str, quiet: bool):
-    """A spinner on stderr while the (slow) conversion runs."""
+def status(message: str, quiet: bool):
+    """While a slow step runs: a spinner on a terminal, else `message` as one line on stderr."""
     if quiet:
         yield
         return
     from rich.console import Console
+    from rich.markup import escape
 
     # bound to the real stream now: `_muted_transformers` swaps `sys.stderr` while this spins
-    with Console(file=sys.stderr).status(message):
+    console = Console(file=sys.stderr)
+    if not console.is_terminal:  # piped or logged: a spinner would print nothing at all
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        yield
+        return
+    with console.status(escape(message)):
         yield
 
 

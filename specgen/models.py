@@ -83,23 +83,33 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
 
 
 def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.device,
-               quiet: bool = False) -> LoadedModel:
-    """Load one model and its tokenizer; any failure is a one-line ModelError."""
+               quiet: bool = False, role: str = "model") -> LoadedModel:
+    """Load one model and its tokenizer; any failure is a one-line ModelError naming `role`
+    (target or draft) and the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specgen.convert import status
+
     resolved = resolve(arg, dtype, quiet=quiet)
+    # local directories (and the converted cache) load safetensors only: never a pickled .bin
+    local = {"use_safetensors": True} if resolved.source != "hub" else {}
     try:
-        with _quiet_transformers():
+        with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map)
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map, **local)
     except OSError as exc:
         if resolved.source == "hub":
             offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-            raise ModelError(f"cannot load '{arg}' from the Hugging Face cache or hub{offline}: "
+            raise ModelError(f"cannot load the {role} model '{arg}' from the Hugging Face cache or hub{offline}: "
                              f"{_first_line(exc)}") from exc
-        raise ModelError(f"cannot load model from {resolved.path}: {_first_line(exc)}") from exc
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise ModelError(f"cannot load model '{arg}': {_first_line(exc)}") from exc
+        raise ModelError(f"cannot load the {role} model from {resolved.path}: {_first_line(exc)}") from exc
+    except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
+        raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < len(tokenizer):
+        raise ModelError(f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
+                         f"{len(tokenizer)} tokens: ids {rows} and up would have no embedding",
+                         hint="the model and tokenizer files do not belong together")
     model.eval()
     return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype)
 
@@ -121,7 +131,7 @@ def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_dev
         target_map = {"": str(first)} if gpus else None
         target_dev = first
     loaded_target = load_model(target, dtype=torch_dtype, device_map=target_map,
-                               input_device=target_dev, quiet=quiet)
+                               input_device=target_dev, quiet=quiet, role="target")
     if draft is None:
         return loaded_target, None
     return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet)
@@ -138,7 +148,7 @@ def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_d
 def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool) -> LoadedModel:
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
     loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
-                        input_device=draft_dev, quiet=quiet)
+                        input_device=draft_dev, quiet=quiet, role="draft")
     check_tokenizers(target.tokenizer, loaded.tokenizer)
     return loaded
 

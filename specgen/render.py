@@ -177,6 +177,7 @@ class PlainRenderer:
         self.err = err or sys.stderr
         self.show_tree = show_tree
         self._pending: list[str] = []
+        self._written: list[str] = []
 
     def __enter__(self) -> "PlainRenderer":
         return self
@@ -200,10 +201,16 @@ class PlainRenderer:
 
     def _write(self, text: str) -> None:
         if text:
+            self._written.append(text)
             self.out.write(text)
             self.out.flush()
 
     def finish(self, outcome: Outcome) -> None:
+        # The stream holds back a character whose bytes are not all there yet; at the end the
+        # final text (as JSON has it, U+FFFD for a cut character) says what is left to print.
+        written = "".join(self._written)
+        if outcome.text.startswith(written):
+            self._write(outcome.text[len(written):])
         self.out.write("\n")
         self.out.flush()
         s = outcome.stats

@@ -183,27 +183,43 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
 
 
 def read_prompts_file(path) -> list[str]:
-    """One prompt per line, or JSONL objects with a `prompt` field; blank lines skipped."""
+    """One prompt per line, or JSONL objects with a `prompt` field; blank lines skipped.
+
+    Anything else is one PromptError naming the file and line: a non-string or empty prompt,
+    invalid JSON, bytes that are not UTF-8.
+    """
     import json
 
     from specgen.errors import PromptError
 
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"cannot read prompts file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
     prompts = []
-    for number, line in enumerate(lines, 1):
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
         if not line.strip():
             continue
-        if line.lstrip().startswith("{"):
-            try:
-                record = json.loads(line)
-                prompts.append(str(record["prompt"]))
-            except (ValueError, KeyError, TypeError):
-                raise PromptError(f"{path}:{number}: expected a JSON object with a 'prompt' field") from None
-        else:
+        if not line.lstrip().startswith("{"):
             prompts.append(line)
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise PromptError(f"{path}:{number}: not valid JSON") from None
+        if not isinstance(record, dict) or "prompt" not in record:
+            raise PromptError(f"{path}:{number}: expected a JSON object with a 'prompt' field")
+        prompt = record["prompt"]
+        if not isinstance(prompt, str):  # null, 3, [..] are not prompts, and str() would hide that
+            raise PromptError(f"{path}:{number}: 'prompt' must be a string, got {json.dumps(prompt)[:40]}")
+        if not prompt.strip():
+            raise PromptError(f"{path}:{number}: the prompt is empty")
+        prompts.append(prompt)
     if not prompts:
         raise PromptError(f"{path} holds no prompts")
     return prompts
@@ -234,7 +250,11 @@ def make_batch_drafter(pair: Pair, method: Method, config: GenerationConfig):
 
 
 def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, batch_size: int):
-    """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order."""
+    """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order.
+
+    Ctrl-C (raised while decoding, or thrown in at a yield by the caller) ends the decoding; the
+    rows finished so far are still yielded in order, every other row as `unfinished`.
+    """
     from specgen.batch import BatchDecoder
 
     target = pair.target
@@ -244,11 +264,21 @@ def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, ba
                            pad_id=target.tokenizer.pad_token_id or 0, vocab=vocab, drafter=drafter,
                            draft_cost=cost)
     done, next_index = {}, 0
-    for finished in decoder.generate(prompts, config, batch_size):
-        done[finished.index] = finished
-        while next_index in done:
-            yield next_index, _outcome(done.pop(next_index), target.tokenizer, config)
-            next_index += 1
+    try:
+        for finished in decoder.generate(prompts, config, batch_size):
+            done[finished.index] = finished
+            while next_index in done:
+                yield next_index, _outcome(done.pop(next_index), target.tokenizer, config)
+                next_index += 1
+    except KeyboardInterrupt:
+        for index in range(next_index, len(prompts)):
+            yield index, (_outcome(done.pop(index), target.tokenizer, config) if index in done
+                          else unfinished(prompts[index], config))
+
+
+def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:
+    """A prompt that Ctrl-C stopped before it finished: no text, marked interrupted."""
+    return Outcome("", [], Stats(method=config.method.value, prompt_tokens=len(prompt_ids)), interrupted=True)
 
 
 def _outcome(finished, tokenizer, config: GenerationConfig) -> Outcome:

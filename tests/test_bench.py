@@ -357,7 +357,7 @@ def test_cli_end_to_end_with_json_and_csv(models, short_file, tmp_path):
 def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     result = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.png")])
-    assert_one_line_error(result, "--plot needs matplotlib", "pip install")
+    assert_one_line_error(result, "--plot needs matplotlib", "pip install 'specgen[plot]'")
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -411,3 +411,106 @@ def test_method_variants_compare_draft_lengths_and_schedules(models, short_file,
     assert all(m["drafted"] <= m["target_forwards"] for m in k1)  # one draft token per round
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "unknown method")
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
+
+
+def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, tmp_path, monkeypatch):
+    from specgen import bench_batch
+
+    real, calls = bench_batch.decode_all, []
+
+    def decode_all(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 4:  # the warm-up, two cells, then Ctrl-C in the third
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench_batch, "decode_all", decode_all)
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "chain", "-n", "4",
+                                 "--batch-sizes", "1,2", "--json", str(out)])
+    assert result.exit_code == 130, result.output
+    assert "INTERRUPTED" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True
+    cells = [(c["method"], c["batch_size"], c["skipped"]) for c in data["cells"]]
+    assert cells == [("plain", 1, None), ("plain", 2, None), ("chain", 1, "interrupted"), ("chain", 2, "interrupted")]
+    assert all(c["new_tokens"] > 0 for c in data["cells"][:2])
+
+
+def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monkeypatch):
+    from specgen import bench_batch, session
+
+    real = session.run_batch
+
+    def cut(pair, prompts, config, batch_size):
+        rows = real(pair, prompts, config, batch_size)
+        yield next(rows)
+        yield rows.throw(KeyboardInterrupt())  # Ctrl-C: the rest come back unfinished
+        yield from rows
+
+    monkeypatch.setattr(session, "run_batch", cut)
+    ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
+    cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
+    assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
+
+
+@pytest.mark.parametrize("option", ["--json", "--csv"])
+def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    no_model = ["--target", str(tmp_path / "no-model")]  # loading would fail: the check must come first
+    result = runner.invoke(app, ["bench", *no_model, option, str(blocker / "out.json")])
+    assert_one_line_error(result, f"cannot write {option}", "a-file/out.json")
+    result = runner.invoke(app, ["bench", *no_model, option, str(tmp_path)])
+    assert_one_line_error(result, "is a directory")
+    same = tmp_path / "same"
+    result = runner.invoke(app, ["bench", *no_model, "--json", str(same), "--csv", str(same)])
+    assert_one_line_error(result, "--json and --csv both name")
+    result = runner.invoke(app, ["bench", *no_model, "--batch-sizes", "1", "--json", str(blocker / "t.json")])
+    assert_one_line_error(result, "cannot write --json")
+    result = runner.invoke(app, ["bench", *no_model, "--batch-sizes", "1", "--csv", str(tmp_path / "t.csv")])
+    assert_one_line_error(result, "with --batch-sizes use --json")
+
+
+def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(models, short_file, tmp_path,
+                                                                               monkeypatch):
+    import shutil
+    import tempfile
+
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spare))
+    gone, kept = tmp_path / "gone", tmp_path / "kept"
+    real = bench.run_bench
+
+    def run_bench(*args, **kwargs):  # the JSON's folder turns into a file while measuring
+        result = real(*args, **kwargs)
+        shutil.rmtree(gone)
+        gone.write_text("in the way")
+        return result
+
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    out_json, out_csv = gone / "b.json", kept / "b.csv"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "plain",
+                                 "-n", "3", "--no-warmup", "--json", str(out_json), "--csv", str(out_csv)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert len(list(csv.DictReader(out_csv.open()))) == 1  # the CSV was still written
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"cannot write --json {out_json}" in errors[0], result.stderr
+    copies = list(spare.glob("specgen-bench-*.json"))
+    assert len(copies) == 1 and str(copies[0]) in errors[0]
+    assert json.loads(copies[0].read_text())["methods"] == ["plain"]
+    assert sorted(p.name for p in kept.iterdir()) == ["b.csv"]  # no temporary file left beside it
+
+
+def test_cli_plot_is_written_through_a_temporary_file(models, short_file, tmp_path):
+    pytest.importorskip("matplotlib")
+    bad = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.docx")])
+    assert_one_line_error(bad, "cannot write '.docx' files")
+    out = tmp_path / "plots" / "speed"  # no extension: a PNG
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "chain",
+                                 "-n", "3", "--no-warmup", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in out.parent.iterdir()] == ["speed"]

@@ -143,7 +143,41 @@ def test_fetch_assembles_and_verifies(cache, tmp_path, tiny_blob):
     assert path.read_bytes() == tiny_blob
     assert catalog.is_cached(model) and catalog.verify(model)
     assert not list(cache.rglob("*.partial"))
-    assert len(list((cache / "wheels").glob("*.whl"))) == 3
+    assert list((cache / "wheels").glob("*.whl")) == []  # the verified .gguf replaces them
+
+
+def test_wheels_stay_until_the_gguf_is_verified_then_go(cache, tmp_path, tiny_blob, monkeypatch, pip_calls):
+    """Resumable: a fetch stopped while assembling keeps its wheels, and the next run downloads nothing."""
+    index = tmp_path / "index"
+    model = publish(index, "keep", tiny_blob, n_parts=2)
+    real = catalog._assemble
+
+    def stopped(model, advance):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(catalog, "_assemble", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        catalog.fetch(model, find_links=str(index), quiet=True)
+    assert len(list((cache / "wheels").glob("*.whl"))) == 2 and len(pip_calls) == 2
+    monkeypatch.setattr(catalog, "_assemble", real)
+    assert catalog.fetch(model, find_links=str(index), quiet=True).read_bytes() == tiny_blob
+    assert len(pip_calls) == 2  # nothing downloaded again
+    assert list((cache / "wheels").glob("*.whl")) == [] and catalog.verify(model)
+
+
+def test_pip_downloads_wheels_only(cache, tmp_path, tiny_blob, monkeypatch):
+    commands, real_run = [], subprocess.run
+
+    def run(command, *args, **kwargs):
+        commands.append(command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(catalog.subprocess, "run", run)
+    model = publish(tmp_path / "index", "binary", tiny_blob, n_parts=1)
+    catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
+    assert len(commands) == 1
+    flag = commands[0].index("--only-binary")
+    assert commands[0][flag + 1] == ":all:" and "--no-deps" in commands[0]
 
 
 def test_second_fetch_is_a_no_op(cache, tmp_path, tiny_blob, pip_calls):
@@ -243,8 +277,9 @@ def test_corrupt_member_data_is_caught_while_assembling(cache, tmp_path, tiny_bl
     """The zip's table of contents is intact but the member's bytes are not: the CRC check fires."""
     index = tmp_path / "index"
     model = publish(index, "crc", tiny_blob, n_parts=2)
-    catalog.fetch(model, find_links=str(index), quiet=True)
-    catalog.gguf_path(model).unlink()
+    (cache / "wheels").mkdir(parents=True)
+    for built in index.glob("*.whl"):  # as a fetch stopped before assembling leaves them
+        (cache / "wheels" / built.name).write_bytes(built.read_bytes())
     wheel = next((cache / "wheels").glob("*part1-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         info = zf.getinfo(model.parts[0].member)
@@ -422,3 +457,12 @@ def test_interrupted_conversion_removes_its_tmp_dir(tmp_path, cache, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         convert.ensure_converted(gguf, torch.float32, key="ctrl-c", quiet=True)
     assert list((cache / "converted").iterdir()) == []
+
+
+def test_a_conversion_prints_one_line_when_piped(tmp_path, cache, capsys):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    convert.ensure_converted(gguf, torch.float32, quiet=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["converting tiny.gguf to float32 (once; later loads are fast)"]
+    convert.ensure_converted(gguf, torch.float32, quiet=False)  # already converted: nothing to say
+    assert capsys.readouterr().err == ""

@@ -72,7 +72,7 @@ def test_slash_commands_change_the_session(models):
              "after the reset",
              "/exit", "never sent"]
     result = session_run(models, lines, "-n", "6", "--format", "json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the session ran to /exit, but lines failed
     records = json_lines(result.stdout)
     replies = [r for r in records if "text" in r]
     commands = {r["command"]: r for r in records if "command" in r}
@@ -108,7 +108,7 @@ def test_method_loads_the_draft_when_the_session_started_without_one(models, tin
 
     no_draft = [a if a != str(tiny_dirs["draft"]) else str(tiny_dirs["target"] / "missing") for a in models]
     result = session_run(no_draft, ["/method chain", "hi"], "-n", "4", "--method", "plain", "--format", "json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "does not exist" in errors[0]
     assert [r["method"] for r in json_lines(result.stdout)] == ["plain"]  # the session went on unchanged
@@ -167,7 +167,7 @@ def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fra
 
     after = tmp_path / "after.json"
     mid = session_run(models, ["hello", f"/load {bad}", f"/save {after}"], "-n", "3", "--temperature", "0.3")
-    assert mid.exit_code == 0, mid.output
+    assert mid.exit_code == 1, mid.output
     errors = error_lines(mid.stderr)
     assert len(errors) == 1 and fragment in errors[0]
     kept = json.loads(after.read_text())
@@ -177,7 +177,7 @@ def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fra
 
 def test_missing_save_file_and_unwritable_target(models, tmp_path):
     result = session_run(models, [f"/load {tmp_path / 'nope.json'}", f"/save {tmp_path / 'no' / 'dir.json'}"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     errors = error_lines(result.stderr)
     assert len(errors) == 2 and "cannot read" in errors[0] and "cannot write" in errors[1]
 
@@ -202,7 +202,7 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_going(models, tmp_pat
 
 def test_a_message_too_long_for_the_context_leaves_the_session_unchanged(models):
     result = session_run(models, ["hi", "x" * 300, "/stats"], "-n", "4", "--format", "json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "context holds 256" in errors[0]
     assert json_lines(result.stdout)[-1]["totals"]["turns"] == 1
@@ -351,3 +351,34 @@ def test_session_totals_count_replay_forwards_like_stats():
     totals.add(stats, reused=0, interrupted=False)
     assert totals.target_forwards == stats.target_forwards == 6
     assert totals.tokens_per_target_forward == stats.tokens_per_target_forward == 2.0
+
+
+def test_an_undecodable_line_is_an_error_and_the_session_goes_on(models, tmp_path):
+    saved = tmp_path / "after.json"
+    script = b"hello\n\xff\xfe bad bytes\nstill here\n/save " + str(saved).encode() + b"\n"
+    result = runner.invoke(app, ["chat", *models, "-n", "3", "--format", "json"], input=script)
+    assert "Traceback" not in result.output, result.output
+    assert result.exit_code == 1
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "input line 2 is not valid UTF-8" in errors[0], result.stderr
+    assert [r["turn"] for r in json_lines(result.stdout)] == [1, 2]
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["hello", "still here"]
+
+
+def test_a_failed_save_makes_a_scripted_session_exit_non_zero(models, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    failed = session_run(models, ["hello", f"/save {blocked / 'chat.json'}", "/exit"], "-n", "3")
+    assert failed.exit_code == 1, failed.output
+    assert len(error_lines(failed.stderr)) == 1 and "cannot write" in failed.stderr
+    fine = session_run(models, ["hello", f"/save {tmp_path / 'chat.json'}"], "-n", "3")
+    assert fine.exit_code == 0, fine.output
+
+
+def test_set_seed_out_of_range_is_refused(tiny_dirs, tiny_pair):
+    from specgen.errors import ConfigError
+
+    chat_session = make_session(tiny_dirs, tiny_pair)
+    with pytest.raises(ConfigError, match="--seed must be in 0.."):
+        chat_session.command(f"/set seed {2**64}")
+    assert chat_session.config.sampling.seed is None

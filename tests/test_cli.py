@@ -25,7 +25,8 @@ def models(tiny_dirs):
 def assert_one_line_error(result, *fragments):
     assert result.exit_code != 0
     assert "Traceback" not in result.output
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    # "loading target X ..." status lines (stderr, plain format) may come before the error
+    lines = [line for line in result.output.strip().splitlines() if line.strip() and not line.startswith("loading ")]
     assert len(lines) == 1, result.output
     assert lines[0].startswith("error:"), lines[0]
     for fragment in fragments:
@@ -312,3 +313,227 @@ def test_draft_confidence_stops_drafts_early_and_keeps_the_output(models):
     assert p["token_ids"] == s["token_ids"] == f["token_ids"]
     assert s["stats"]["drafted"] < f["stats"]["drafted"]
     assert_one_line_error(invoke("run", "hi", *models, "--draft-confidence", "1.5"), "--draft-confidence")
+
+
+def test_brackets_in_paths_survive_the_error_line(tmp_path):
+    """Rich markup must not eat `[b]` from a user's path (it would read it as a bold tag)."""
+    missing = tmp_path / "x[b]" / "no[plot]pe"
+    result = invoke("run", "hi", "--target", str(missing), "--method", "plain")
+    assert_one_line_error(result, "x[b]/no[plot]pe")
+
+
+def test_invalid_utf8_in_a_file_or_on_stdin_is_one_line(models, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"hello \xff there")
+    assert_one_line_error(invoke("run", "--file", str(bad), *models), "bad.txt is not valid UTF-8", "0xff")
+    assert_one_line_error(invoke("run", "-", *models, input=b"hi \xfe x"), "stdin is not valid UTF-8", "0xfe")
+    # an undecodable byte in argv arrives as a lone surrogate (surrogateescape)
+    assert_one_line_error(invoke("run", "hi \udcff", *models), "not valid UTF-8")
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ('hello\n{"prompt": null}\n', "p.jsonl:2: 'prompt' must be a string, got null"),
+    ('{"prompt": 3}\n', "p.jsonl:1: 'prompt' must be a string, got 3"),
+    ('\n{"prompt": ["a", "b"]}\n', "p.jsonl:2: 'prompt' must be a string"),
+    ('first\n\n{"prompt": "  "}\n', "p.jsonl:3: the prompt is empty"),
+    ('first\n{"prompt": "x"\n', "p.jsonl:2: not valid JSON"),
+])
+def test_prompts_file_bad_records_name_their_line(tmp_path, content, fragment):
+    from specgen.errors import PromptError
+    from specgen.session import read_prompts_file
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    with pytest.raises(PromptError) as info:
+        read_prompts_file(path)
+    assert fragment in str(info.value)
+
+
+def test_prompts_file_errors_come_before_loading(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'ok\n{"prompt": "caf\xe9"}\n')
+    result = invoke("run", "--prompts-file", str(path), "--target", str(tmp_path / "no-model"))
+    assert_one_line_error(result, "p.jsonl:2: not valid UTF-8")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_seed_out_of_range_fails_before_loading(tmp_path, seed):
+    result = invoke("run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--seed", seed)
+    assert_one_line_error(result, "--seed must be in 0..")
+
+
+@pytest.mark.parametrize("size", ["0", "4"])
+def test_batch_size_without_a_prompts_file_is_refused(tmp_path, size):
+    result = invoke("run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--batch-size", size)
+    assert_one_line_error(result, "--batch-size")
+
+
+def test_a_closed_pipe_exits_quietly(models, monkeypatch):
+    """`specgen run ... | head -c 20`: stdout closes early; no error line, no traceback."""
+    import errno
+
+    from specgen.render import PlainRenderer
+
+    def closed(self, text):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(PlainRenderer, "_write", closed)
+    result = invoke("run", "hello", *models, "-n", "8", "--format", "plain")
+    assert result.exit_code == 1
+    assert "error" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("prompt, n", [("hello", 1), ("abc", 3)])
+def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
+    """The tiny model's last byte starts a multi-byte character: JSON's text ends in U+FFFD."""
+    json_run = invoke("run", prompt, *models, "-n", str(n), "--method", "plain", "--format", "json")
+    plain_run = invoke("run", prompt, *models, "-n", str(n), "--method", "plain", "--format", "plain")
+    text = json.loads(json_run.stdout.strip().splitlines()[-1])["text"]
+    assert text.endswith("\ufffd")
+    assert plain_run.stdout == text + "\n"
+
+
+def stop_after_rows(monkeypatch, rows: int):
+    """Ctrl-C in the batch decoder once `rows` rows have finished (the decoder itself is untouched)."""
+    from specgen.batch import BatchDecoder
+
+    real = BatchDecoder.generate
+
+    def generate(self, *args, **kwargs):
+        for count, finished in enumerate(real(self, *args, **kwargs), 1):
+            yield finished
+            if count == rows:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(BatchDecoder, "generate", generate)
+
+
+@pytest.mark.parametrize("fmt", ["json", "plain"])
+def test_ctrl_c_in_a_batched_run_keeps_the_finished_rows(models, tmp_path, monkeypatch, fmt):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nsecond one\nthird\nand a fourth, longer prompt\nfifth\n")
+    args = ["run", "--prompts-file", str(prompts), "--batch-size", "2", "--method", "plain", *models, "-n", "6"]
+    full = [json.loads(line) for line in invoke(*args, "--format", "json").stdout.strip().splitlines()]
+    stop_after_rows(monkeypatch, 3)
+    result = invoke(*args, "--format", fmt)
+    assert result.exit_code == 130, result.output
+    assert "interrupted: 3 of 5 prompts finished" in result.stderr
+    if fmt == "plain":
+        lines = result.stdout.split("\n")[:-1]
+        assert len(lines) == 5
+        kept = [i for i, line in enumerate(lines) if line]
+        assert len(kept) == 3 and all(lines[i] == full[i]["text"] for i in kept)
+        return
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert len(records) == 5
+    finished = [i for i, r in enumerate(records) if not r["interrupted"]]
+    assert len(finished) == 3
+    assert all(records[i]["token_ids"] == full[i]["token_ids"] for i in finished)
+    assert all(r["token_ids"] == [] for r in records if r["interrupted"])
+
+
+def test_ctrl_c_while_a_row_is_written_still_accounts_for_every_prompt(models, tmp_path, monkeypatch):
+    from specgen import cli
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\nthree\nfour\n")
+    real, calls = cli._write_row, []
+
+    def write_row(outcome, fmt):
+        calls.append(outcome)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(outcome, fmt)
+
+    monkeypatch.setattr(cli, "_write_row", write_row)
+    result = invoke("run", "--prompts-file", str(prompts), "--batch-size", "2", "--method", "plain", *models,
+                    "-n", "4", "--format", "json")
+    assert result.exit_code == 130, result.output
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert len(records) == 4 and not records[0]["interrupted"]
+    assert records[1]["interrupted"] and records[1]["token_ids"] == []  # cut while it was written
+
+
+def test_ctrl_c_one_prompt_at_a_time_marks_the_rest(models, tmp_path, monkeypatch):
+    from specgen.render import JsonRenderer
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\nthree\n")
+    calls = []
+
+    def on_round(self, view, stats):
+        calls.append(stats.rounds)
+        if len(calls) == 6:  # inside the second prompt
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(JsonRenderer, "on_round", on_round)
+    result = invoke("run", "--prompts-file", str(prompts), "--method", "plain", *models, "-n", "4",
+                    "--format", "json")
+    assert result.exit_code == 130, result.output
+    records = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["interrupted"] for r in records] == [False, True, True]
+    assert len(records[0]["token_ids"]) == 4 and len(records[1]["token_ids"]) == 2 and records[2]["token_ids"] == []
+    assert "interrupted: 1 of 3 prompts finished; not finished: 2-3" in result.stderr
+
+
+@pytest.mark.parametrize("cache", ["a-file", "a-file/cache"])
+def test_a_gguf_with_an_unusable_cache_is_one_line(tmp_path, monkeypatch, cache):
+    from gguf_factory import write_tiny_gguf
+
+    (tmp_path / "a-file").write_text("not a directory")
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / cache))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", seed=1)
+    result = invoke("run", "hello", "--target", str(path), "--method", "plain", "--dtype", "float32")
+    assert_one_line_error(result, "cannot write to the cache directory", "SPECGEN_CACHE")
+
+
+def test_loading_status_lines_on_stderr_unless_json(models):
+    plain = invoke("run", "hello", *models, "-n", "2", "--format", "plain")
+    assert plain.exit_code == 0, plain.output
+    status = [line for line in plain.stderr.splitlines() if line.startswith("loading ")]
+    assert status == ["loading target target ...", "loading draft draft ..."]
+    quiet = invoke("run", "hello", *models, "-n", "2", "--format", "json")
+    assert "loading" not in quiet.stderr
+
+
+def test_a_draft_with_fewer_embedding_rows_than_tokens_is_named(tiny_dirs, tmp_path):
+    from tiny import build_tokenizer
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    small = tmp_path / "small-draft"
+    Qwen2ForCausalLM(config).save_pretrained(small)
+    build_tokenizer().save_pretrained(small)
+    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(small),
+                    "--dtype", "float32", "-n", "4")
+    assert_one_line_error(result, "the draft model", "small-draft", "200 embedding rows", "259 tokens")
+
+
+def test_a_truncated_safetensors_file_names_the_model_and_its_role(tiny_dirs, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dirs["draft"], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(broken),
+                    "--dtype", "float32", "-n", "4")
+    assert_one_line_error(result, "cannot load the draft model", "broken")
+
+
+def test_a_local_directory_loads_safetensors_only(tmp_path):
+    """A pickled pytorch_model.bin is never unpickled from a local directory."""
+    from tiny import build_model, build_tokenizer
+
+    import torch
+
+    pickled = tmp_path / "pickled"
+    model = build_model(1)
+    model.config.save_pretrained(pickled)
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    build_tokenizer().save_pretrained(pickled)
+    assert (pickled / "pytorch_model.bin").is_file() and not (pickled / "model.safetensors").exists()
+    result = invoke("run", "hello", "--target", str(pickled), "--method", "plain", "--dtype", "float32", "-n", "2")
+    assert_one_line_error(result, "cannot load the target model", "pickled")
