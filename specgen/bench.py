@@ -32,6 +32,8 @@ from typing import Callable, Iterator, Protocol
 
 import torch
 
+from specgen import placement
+
 from specgen.replay import ReplayResult
 from specgen.config import GenerationConfig, Method
 from specgen.errors import ConfigError, PromptError
@@ -635,10 +637,18 @@ def environment(pair, threads: int) -> dict:
         "torch": torch.__version__, "transformers": transformers.__version__, "specgen": __version__,
         "target": _model_record(pair.target), "draft": _model_record(pair.draft) if pair.draft else None,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpu_flags": sorted(f for f in (placement.cpu_flags() or ()) if f.startswith(("avx", "amx", "sse4"))),
+        "cpu_format": _format_record(),
     }
     if gpus:
         env["cuda"] = torch.version.cuda
     return env
+
+
+def _format_record() -> dict:
+    """What --dtype auto picks on this CPU, and why (placement.cpu_format)."""
+    chosen = placement.cpu_format()
+    return {"dtype": str(chosen.dtype).removeprefix("torch."), "reason": chosen.reason}
 
 
 def _model_record(loaded) -> dict:

@@ -154,7 +154,8 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     With `state` (from a previous Outcome) the caches are reused where the new prompt agrees
     with what they hold; the returned Outcome carries the state for the next turn.
     """
-    stats = Stats(method=config.method.value, prompt_tokens=len(prompt_ids))
+    stats = Stats(method=config.method.value, prompt_tokens=len(prompt_ids),
+                  dtype=str(next(engine.model.parameters()).dtype).removeprefix("torch."))
     stream = TextStream(tokenizer)
     started = time.perf_counter()
     interrupted = False

@@ -28,6 +28,7 @@ class Stats:
     rolled_back_tokens: int = 0
     replay_seconds: float = 0.0
     stop: str | None = None
+    dtype: str | None = None  # the target's weight format (what --dtype auto chose)
 
     def update(self, result: RoundResult, elapsed: float) -> None:
         """Add one round; `elapsed` is the wall time since prefill started."""
@@ -107,4 +108,5 @@ class Stats:
             "rolled_back_tokens": self.rolled_back_tokens,
             "replay_seconds": round(self.replay_seconds, 4),
             "stop_reason": self.stop,
+            "dtype": self.dtype,
         }

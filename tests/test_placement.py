@@ -66,3 +66,44 @@ def test_device_map_spreads_layers_over_memory_budgets():
     layer_devices = [device_map.get(f"model.layers.{i}", None) for i in range(8)]
     assert layer_devices == sorted(layer_devices), "layers stay in order across devices"
     assert placement.first_device(device_map) == torch.device("cuda:0")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"avx", "avx2", "avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16),  # Zen 5, Sapphire Rapids
+    ({"avx", "avx2", "amx_bf16", "amx_tile"}, torch.bfloat16),
+    ({"sse4_2", "avx", "avx2", "fma"}, torch.float32),  # Zen 3: AVX2 only
+    ({"sse4_2", "avx"}, torch.float32),
+])
+def test_cpu_format_from_flags_is_deterministic(flags, expected):
+    chosen = placement.choose_cpu_dtype(frozenset(flags))
+    assert chosen.dtype is expected and chosen.reason
+    assert placement.choose_cpu_dtype(frozenset(flags)) == chosen
+
+
+@pytest.mark.parametrize("flags", [frozenset({"avx2", "avx512f", "avx512bw"}), frozenset({"neon"}), None])
+def test_cpu_format_is_measured_where_flags_do_not_say(flags):
+    assert placement.choose_cpu_dtype(flags) is None  # AVX-512 without bf16, another ISA, no flags
+
+
+def test_cpu_without_working_bf16_gets_fp32():
+    assert placement.choose_cpu_dtype(frozenset({"avx512_bf16"}), bf16_works=False).dtype is torch.float32
+
+
+def test_measured_cpu_format_is_cached_per_machine(tmp_path, monkeypatch):
+    cache = tmp_path / "cpu-format.json"
+    times = {torch.float32: 0.010, torch.bfloat16: 0.004}
+    monkeypatch.setattr(placement, "_decode_step_seconds", lambda dtype: times[dtype])
+    first = placement.measured_cpu_format(cache)
+    assert first.dtype is torch.bfloat16 and "measured" in first.reason and cache.is_file()
+
+    def never(dtype):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(placement, "_decode_step_seconds", never)
+    assert placement.measured_cpu_format(cache) == first
+
+
+def test_auto_dtype_on_the_cpu_follows_the_chosen_format(monkeypatch):
+    monkeypatch.setattr(placement, "_CHOSEN", placement.CpuFormat(torch.float32, "test"))
+    assert placement.resolve_dtype("auto", torch.device("cpu")) is torch.float32
+    monkeypatch.setattr(placement, "_CHOSEN", placement.CpuFormat(torch.bfloat16, "test"))
+    assert placement.resolve_dtype("auto", torch.device("cpu")) is torch.bfloat16
