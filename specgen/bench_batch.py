@@ -3,7 +3,7 @@
 One cell decodes the WHOLE prompt set with one (method, batch size, mode) and reports the
 aggregate throughput (all new tokens over the wall time from the first prefill to the last
 token). Batch size 1 runs the prompts one after another through the Engine (every method);
-larger batches run the BatchDecoder with dynamic batching (plain, chain and lookup). Modes:
+larger batches run the same engine with dynamic batching (every method). Modes:
 `off` (deterministic mode off) and one deterministic cell per verify window.
 
 Per cell it reports: the speed-up over plain at batch size 1 (off), the cost of deterministic
@@ -23,7 +23,6 @@ from specgen.config import GenerationConfig, Method
 from specgen.errors import ConfigError
 
 OFF = "off"
-BATCHABLE = (Method.PLAIN, Method.CHAIN, Method.LOOKUP)
 
 
 @dataclass
@@ -133,9 +132,6 @@ def _measure_cell(pair, method: Method, name: str, size: int, window: int | None
                   config: GenerationConfig) -> ThroughputCell:
     mode = OFF if window is None else f"window {window}"
     cell = ThroughputCell(name, size, mode, len(prompts), 0, 0.0, 0.0)
-    if size > 1 and method not in BATCHABLE:
-        cell.skipped = "tree methods decode one prompt at a time"
-        return cell
     run_config = replace(config, deterministic=window is not None, verify_window=window or config.verify_window)
     outputs, seconds, counters = decode_all(pair, method, prompts, run_config, size)
     new = sum(len(o) for o in outputs)

@@ -97,15 +97,12 @@ def run(
 
 def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
               quant_and_compile=(None, "auto")) -> None:
-    """Several prompts; outputs in input order. Batches decode plain, chain or lookup together."""
+    """Several prompts; outputs in input order. Batches decode together with any method."""
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer
 
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
-    if batch_size > 1 and config.method.value not in ("plain", "chain", "lookup"):
-        raise ConfigError(f"--method {config.method.value} decodes one prompt at a time: batching "
-                          "(--batch-size > 1) supports plain, chain and lookup")
     texts = session.read_prompts_file(path)
     pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile),
                         config.method,

@@ -167,7 +167,7 @@ class Steps:
         return step(input_ids, bases, depth, tree)
 
     def forward(self, cache, input_ids: torch.Tensor, keep: int = 0, **kwargs) -> torch.Tensor:
-        runner = self._runner(input_ids.shape[1]) if isinstance(cache, kvcache.SlotCache) else None
+        runner = self._runner(input_ids.shape[1])
         return kvcache.forward(self.model, cache, input_ids, keep=keep, runner=runner,
                                full_view=self.mode == "inductor", **kwargs)
 

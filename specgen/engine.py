@@ -1,10 +1,17 @@
 """The round loop: draft, verify, accept, commit. Knows nothing about rendering or text.
 
-One round: the drafter proposes x1..xk, the target scores [root, x1..xk] in ONE forward
-(root = last committed token, not yet in the target cache), an acceptance rule keeps a prefix
-plus one target token, and both caches are cropped to the committed sequence. Plain decoding
-is a round with an empty draft. Each round is yielded as a RoundResult; the only host sync
-per round is the single `.tolist()` that reads the verdict and the proposal together.
+One engine, batch-first: a single prompt is a batch of one row. Every round, for every active
+row: the drafters propose (a chain x1..xk, a tree, or nothing for plain decoding); the target
+scores every row's [root, proposal] in ONE forward (root = the row's last committed token, not
+yet in the cache; a row's tree mask says what each of its nodes sees; shorter rows are padded
+with nodes that see only the cache and themselves); each row's acceptance rule keeps a path
+plus one target token; the commit sets each row's cache length (a chain) or gathers the
+accepted path into place (a tree), and tells the drafters what was kept. In deterministic mode
+a row whose window is full is then replayed at a fixed shape (replay.py), which decides what
+is final. Rows join and leave between rounds (dynamic batching).
+
+Each round is reported per row as a RoundResult (and a ReplayResult after a replay); the
+host syncs per round are the reads of the verdicts.
 """
 
 from __future__ import annotations
@@ -16,14 +23,14 @@ from typing import Iterator
 import torch
 
 from specgen import kvcache
-from specgen.adaptive import make_policy
-from specgen.acceptance import (Rule, greedy_match, greedy_tree, recursive_rejection, select_rule,
+from specgen.acceptance import (Rule, greedy_tree, recursive_rejection, select_rule,
                                 speculative_sampling)
+from specgen.adaptive import make_policy
 from specgen.compiled import Steps
 from specgen.config import GenerationConfig, Method
-from specgen.drafters import Drafter
 from specgen.errors import PromptError
 from specgen.replay import ReplayResult, keyed_choice, replay_tokens, window_start
+from specgen.row_drafters import PerRow, RowDrafters
 from specgen.sampling import make_generator, sample, warp
 from specgen.text import common_prefix
 
@@ -46,7 +53,7 @@ class TreeInfo:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """What one round did, in token ids. `emitted` is what was committed this round."""
+    """What one round did for one row, in token ids. `emitted` is what was committed."""
 
     draft_tokens: list[int]  # everything the drafter proposed (empty for plain decoding)
     accepted: int  # draft tokens accepted by the target's rule
@@ -70,7 +77,7 @@ class RoundResult:
 
 @dataclass
 class DecodeState:
-    """The committed sequence and the target cache, which holds all of it but the last token."""
+    """One row: its committed sequence; the cache row holds all of it but the last token."""
 
     ids: list[int]
     cache: object
@@ -80,54 +87,75 @@ class DecodeState:
     reused_tokens: int = 0  # cache positions kept from a previous state by `resume`
     verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
     length: object = None  # the draft-length policy (adaptive.py), kept across chat turns
+    row: int = 0  # this sequence's row in the cache (and in the drafters)
+    budget: int = 0  # new tokens allowed (max_new_tokens within the context)
+    context_bound: bool = False  # the budget was cut by the context length
+    index: int = 0  # the prompt's position in a batch's input
+    started: float = field(default_factory=time.perf_counter)
+    stop: str | None = None
+
+    def limit(self, config: GenerationConfig) -> int:
+        """The length this row's fast path may reach before it must stop (or replay)."""
+        end = self.prompt_length + self.budget
+        if config.deterministic:
+            start = window_start(max(self.verified, self.prompt_length), self.prompt_length,
+                                 config.verify_window)
+            end = min(end, start + config.verify_window)
+        return end
+
+
+@dataclass(frozen=True)
+class RowEvent:
+    """A batch's report: a row's round or replay, or (event None) that the row finished."""
+
+    index: int
+    event: RoundResult | ReplayResult | None
+    elapsed: float  # seconds since the row's prefill started
+    state: DecodeState
+
+
+@dataclass
+class _Plan:
+    """One row's part of a round, before the verify forward."""
+
+    kind: str  # "plain", "chain" or "tree"
+    proposal: object = None
+    draft: list[int] = field(default_factory=list)  # host ids (chain)
 
 
 class Engine:
-    """Runs plain or speculative decoding of `target_model`, with an optional drafter."""
+    """Runs plain or speculative decoding of `target_model` over one or many rows."""
 
     def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int],
-                 context_length: int, drafter: Drafter | None = None, vocab: int | None = None,
-                 compile: str = "off"):
+                 context_length: int, drafter=None, vocab: int | None = None, compile: str = "off"):
         self.model = target_model
-        self.steps = Steps(target_model, compile)  # the target's forwards, compiled where shapes are fixed
-        self.cache = None
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
         self.stop_ids = stop_ids
         self.context_length = context_length
-        self.drafter = drafter
+        self.drafter = drafter  # the single-row drafter of start/resume/rounds
+        self.steps = Steps(target_model, compile)  # the target's forwards, fixed widths captured
+        self.cache = None  # the single-row cache, kept across generations (chat reuses it)
 
-    # -- prefill -------------------------------------------------------------------------
+    # -- one sequence (a batch of one) --------------------------------------------------------
     @torch.inference_mode()
     def start(self, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
-        if not prompt_ids:
-            raise PromptError("the prompt is empty")
-        if len(prompt_ids) >= self.context_length:
-            raise PromptError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}; shorten it")
-        if config.method is not Method.PLAIN and self.drafter is None:
-            raise ValueError(f"method {config.method.value} needs a drafter")
+        self._check_prompt(prompt_ids, "the prompt")
+        self._needs_drafter(config)
         started = time.perf_counter()
-        cache = self.cache if self.cache is not None else kvcache.new_cache(self.model)
-        self.cache = cache  # one preallocated cache per engine, reused by every generation
-        kvcache.crop(cache, 0)
-        self._reserve(cache, len(prompt_ids), config)
-        if len(prompt_ids) > 1:
-            self._forward(torch.tensor([prompt_ids[:-1]], device=self.device), cache, keep=1)
+        if self.cache is None:
+            self.cache = kvcache.new_cache(self.model)
+        kvcache.crop(self.cache, 0)
+        self._reserve(self.cache, len(prompt_ids), config)
+        self._prefill(self.cache, 0, prompt_ids)
         if config.method is not Method.PLAIN:
             self.drafter.rewind(0)  # a reused engine: nothing the draft cache holds is known to agree
             self.drafter.begin(prompt_ids)
-        generator = None
-        if not config.sampling.greedy:
-            generator = make_generator(config.sampling.seed, self.device)
-        state = DecodeState(list(prompt_ids), cache, len(prompt_ids), time.perf_counter() - started, generator)
+        state = DecodeState(list(prompt_ids), self.cache, len(prompt_ids), time.perf_counter() - started,
+                            self._generator(config, 0), started=started)
         state.length = self._policy(config)
+        self._set_budget(state, config)
         return state
-
-    @staticmethod
-    def _policy(config: GenerationConfig):
-        cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
-        return make_policy(config.schedule, config.draft_tokens, cost=cost)
 
     @torch.inference_mode()
     def resume(self, state: DecodeState | None, prompt_ids: list[int], config: GenerationConfig) -> DecodeState:
@@ -139,11 +167,8 @@ class Engine:
         """
         if state is None:
             return self.start(prompt_ids, config)
-        if not prompt_ids:
-            raise PromptError("the prompt is empty")
-        if len(prompt_ids) >= self.context_length:
-            raise PromptError(f"the conversation has {len(prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}")
+        self._check_prompt(prompt_ids, "the conversation")
+        self._needs_drafter(config)
         started = time.perf_counter()
         common = common_prefix(state.ids, prompt_ids)
         keep = min(common, len(prompt_ids) - 1, kvcache.cache_length(state.cache))
@@ -158,86 +183,278 @@ class Engine:
         state.ids = list(prompt_ids)
         state.prompt_length = len(prompt_ids)
         state.reused_tokens = keep
+        state.verified, state.stop, state.started = 0, None, started
         if state.length is None:
             state.length = self._policy(config)
         state.prefill_seconds = time.perf_counter() - started
-        if not config.sampling.greedy:
-            state.generator = make_generator(config.sampling.seed, self.device)
+        state.generator = self._generator(config, 0)
+        self._set_budget(state, config)
         return state
 
-    # -- the loop ------------------------------------------------------------------------
     def rounds(self, state: DecodeState, config: GenerationConfig) -> Iterator[RoundResult | ReplayResult]:
         """Yield rounds until EOS, max_new_tokens or the context limit.
 
         In deterministic mode, ReplayResults are interleaved: each closes a window of fast
         rounds, may roll tokens back, and only tokens it verified count as final.
         """
-        if config.deterministic:
-            yield from self._deterministic_rounds(state, config)
-            return
-        budget = min(config.max_new_tokens, self.context_length - len(state.ids))
-        context_bound = budget < config.max_new_tokens
-        produced = 0
-        while produced < budget:
-            result, stop = self._fast_round(state, config, budget - produced)
-            produced += len(result.emitted)
-            if stop is None and produced >= budget:
-                stop = StopReason.CONTEXT if context_bound else StopReason.LENGTH
-            yield replace(result, stop=stop)
-            if stop is not None:
-                return
+        drafts = PerRow([self.drafter]) if config.method is not Method.PLAIN else None
+        state.verified = max(state.verified, state.prompt_length)
+        while state.stop is None:
+            result = self._round([state], config, drafts)[0]
+            yield result
+            replay = self._close_window(state, config, drafts, result)
+            if replay is not None:
+                yield replay
 
-    def _fast_round(self, state: DecodeState, config: GenerationConfig, remaining: int
-                    ) -> tuple[RoundResult, str | None]:
-        """One round of the configured method, committed; at most `remaining` tokens."""
-        k = min(state.length.next_k() if state.length else config.draft_tokens, remaining - 1)
-        if config.method is Method.PLAIN or k < 1:
-            result = self._plain_round(state, config)
-        elif config.method.is_tree and remaining > config.tree_depth:
-            result = self._tree_round(state, config)
-        elif config.method.is_tree:
-            result = self._plain_round(state, config)  # too close to the end for a tree
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[RoundResult]:
+        state = self.start(prompt_ids, config)
+        yield from self.rounds(state, config)
+
+    # -- many sequences: dynamic batching ------------------------------------------------------
+    def generate_batch(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int,
+                       drafts: RowDrafters | None = None) -> Iterator[RowEvent]:
+        """Decode every prompt, `batch_size` rows at a time; rows join as others finish.
+
+        Yields each row's rounds and replays as they happen, then a final event (event None)
+        when the row finishes; `index` is the prompt's position in `prompts`.
+        """
+        for i, prompt in enumerate(prompts):
+            self._check_prompt(prompt, f"prompt {i + 1}")
+        if config.method is not Method.PLAIN and drafts is None:
+            raise ValueError(f"method {config.method.value} needs drafters")
+        waiting = list(enumerate(prompts))[::-1]
+        rows: list[DecodeState] = []
+        cache = kvcache.SlotCache(self.model.config, rows=0)
+        with torch.inference_mode():
+            while rows or waiting:
+                while waiting and len(rows) < batch_size:
+                    index, prompt = waiting.pop()
+                    rows.append(self._join(cache, index, prompt, config, drafts))
+                results = self._round(rows, config, drafts)
+                for state, result in zip(rows, results):
+                    yield RowEvent(state.index, result, time.perf_counter() - state.started, state)
+                    replay = self._close_window(state, config, drafts, result)
+                    if replay is not None:
+                        yield RowEvent(state.index, replay, time.perf_counter() - state.started, state)
+                done = [state for state in rows if state.stop is not None]
+                for state in done:
+                    yield RowEvent(state.index, None, time.perf_counter() - state.started, state)
+                if done:
+                    keep = [i for i, state in enumerate(rows) if state.stop is None]
+                    rows = [rows[i] for i in keep]
+                    cache.select(keep)
+                    if drafts is not None:
+                        drafts.leave(keep)
+                    for row, state in enumerate(rows):
+                        state.row = row
+
+    def _join(self, cache, index: int, prompt: list[int], config: GenerationConfig, drafts) -> DecodeState:
+        started = time.perf_counter()
+        row = cache.add_row()
+        self._reserve(cache, len(prompt), config, draft=False)
+        self._prefill(cache, row, prompt)
+        state = DecodeState(list(prompt), cache, len(prompt), 0.0, self._generator(config, index), row=row,
+                            index=index, started=started)
+        state.length = self._policy(config)
+        state.verified = len(prompt)
+        self._set_budget(state, config)
+        if drafts is not None:
+            drafts.join(prompt, state.generator, self._headroom_length(len(prompt), config))
+        state.prefill_seconds = time.perf_counter() - started
+        return state
+
+    # -- one round for every row ----------------------------------------------------------------
+    @torch.inference_mode()
+    def _round(self, rows: list[DecodeState], config: GenerationConfig, drafts) -> list[RoundResult]:
+        """Draft, verify (one forward for all rows), accept and commit; one result per row."""
+        started = time.perf_counter()
+        plans = self._draft(rows, config, drafts)
+        drafted = time.perf_counter()
+        logits, inputs = self._verify(rows, plans)
+        results = self._accept(rows, plans, logits, inputs, config)
+        verified = time.perf_counter()
+        out = []
+        for state, plan, result in zip(rows, plans, results):
+            out.append(self._commit(state, plan, result, config, drafts, drafted - started, verified - drafted))
+        return out
+
+    def _draft(self, rows, config: GenerationConfig, drafts) -> list[_Plan]:
+        """Each row's proposal: nothing (plain), a chain of up to k tokens, or a tree."""
+        ks = []
+        for state in rows:
+            remaining = state.limit(config) - len(state.ids)
+            k = min(state.length.next_k() if state.length else config.draft_tokens, remaining - 1)
+            if config.method is Method.PLAIN or drafts is None:
+                k = 0
+            elif config.method.is_tree and remaining <= config.tree_depth:
+                k = 0  # too close to the end for a tree
+            ks.append(max(k, 0))
+        plans = [_Plan("plain") for _ in rows]
+        if not any(ks):
+            return plans
+        proposals = drafts.propose([state.ids for state in rows], ks, config.sampling,
+                                   [state.generator for state in rows], [state.row for state in rows])
+        for plan, proposal in zip(plans, proposals):
+            if proposal is None:
+                continue
+            if hasattr(proposal, "tree"):
+                plan.kind, plan.proposal = "tree", proposal
+            elif proposal.tokens.shape[0] > 0:  # a drafter may propose fewer (lookup without a match: none)
+                plan.kind, plan.proposal = "chain", proposal
+        return plans
+
+    def _verify(self, rows, plans: list[_Plan]):
+        """ONE target forward over every row's [root, proposal]: logits [rows, width, V]."""
+        tokens, trees, depths = [], [], []
+        for state, plan in zip(rows, plans):
+            root = torch.tensor([state.ids[-1]], device=self.device)
+            if plan.kind == "tree":
+                tree = plan.proposal.tree
+                tokens.append(tree.tokens.to(self.device))
+                trees.append(tree.ancestor_mask)
+                depths.append(torch.tensor(tree.depth))
+            elif plan.kind == "chain":
+                draft = plan.proposal.tokens.to(self.device)
+                tokens.append(torch.cat([root, draft]))
+                trees.append(kvcache.chain_tree(draft.shape[0] + 1))
+                depths.append(torch.arange(draft.shape[0] + 1))
+            else:
+                tokens.append(root)
+                trees.append(kvcache.chain_tree(1))
+                depths.append(torch.zeros(1, dtype=torch.long))
+        width = max(t.shape[0] for t in tokens)
+        if len(rows) == 1 and plans[0].kind != "tree":  # the common case: no padding, the default mask
+            return self.steps.forward(rows[0].cache, tokens[0].unsqueeze(0)), tokens
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(rows), width, width, dtype=torch.bool)
+        depth = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, (t, tree, d) in enumerate(zip(tokens, trees, depths)):
+            n = t.shape[0]
+            ids[i, :n] = t
+            mask[i, :n, :n] = tree
+            depth[i, :n] = d
+            mask[i, range(n, width), range(n, width)] = True  # pads see the cache and themselves
+        if len(rows) == 1:
+            logits = self.steps.tree(rows[0].cache, tokens[0], plans[0].proposal.tree)
         else:
-            result = self._speculative_round(state, config, k)
-            if state.length is not None:
-                state.length.update(len(result.draft_tokens), result.accepted)  # before any cut
-        emitted, stop = self._cut(result.emitted, remaining)
-        self._commit(state, emitted, result)
-        return replace(result, emitted=emitted), stop
+            logits = self.steps.forward(rows[0].cache, ids, depth=depth, tree=mask)
+        return logits, tokens
 
-    def _deterministic_rounds(self, state: DecodeState, config: GenerationConfig
-                              ) -> Iterator[RoundResult | ReplayResult]:
-        """Fast rounds inside aligned windows, each window closed by a fixed-shape replay."""
-        window, prompt = config.verify_window, state.prompt_length
-        budget = min(config.max_new_tokens, self.context_length - prompt)
-        context_bound = budget < config.max_new_tokens
-        verified = max(state.verified, prompt)
-        while True:
-            start = window_start(verified, prompt, window)
-            limit = min(start + window, prompt + budget)  # the fast path stays inside the window
-            fast_stop = None
-            while len(state.ids) < limit and fast_stop is None:
-                result, fast_stop = self._fast_round(state, config, limit - len(state.ids))
-                yield result
-            replay = self._replay(state, config, start, verified)
-            verified = replay.verified
-            done = verified - prompt >= budget
-            stop = None
-            if state.ids[verified - 1] in self.stop_ids and verified > prompt:
-                stop = StopReason.EOS
-            elif done:
-                stop = StopReason.CONTEXT if context_bound else StopReason.LENGTH
-            yield replace(replay, stop=stop)
-            if stop is not None:
-                return
+    def _accept(self, rows, plans, logits, inputs, config: GenerationConfig) -> list[tuple]:
+        """Per row (accepted, target token, tree verdict or None), read with as few syncs as possible."""
+        greedy = config.sampling.greedy or config.deterministic
+        logits = logits[:, :, : self.vocab]
+        verdicts: list = [None] * len(rows)
+        flat = []  # chain and plain rows: (accepted, token) tensors, read in one sync below
+        for i, (state, plan) in enumerate(zip(rows, plans)):
+            n = inputs[i].shape[0]
+            row_logits = logits[i, :n]
+            if plan.kind == "tree":
+                tree = plan.proposal.tree
+                cached = len(state.ids) - 1
+                if greedy:
+                    positions = [cached + 1 + d for d in tree.depth]  # node i predicts position n + depth
+                    verdicts[i] = greedy_tree(tree.children, inputs[i], self._choice(row_logits, positions, config))
+                else:
+                    verdicts[i] = recursive_rejection(tree.children, inputs[i], plan.proposal.probs.to(self.device),
+                                                      warp(row_logits, config.sampling), state.generator,
+                                                      replacement=plan.proposal.replacement)
+                continue
+            draft = inputs[i][1:]
+            if plan.kind == "plain":
+                if greedy:
+                    token = self._choice(row_logits, [len(state.ids)], config)[0]
+                else:
+                    token = sample(warp(row_logits[0], config.sampling), state.generator)
+                flat.append((i, torch.zeros((), dtype=torch.long, device=self.device), token.view(())))
+                continue
+            rule = select_rule(greedy, plan.proposal.kind)
+            if rule is Rule.GREEDY_MATCH:
+                positions = list(range(len(state.ids), len(state.ids) + n))
+                choice = self._choice(row_logits, positions, config)
+                accepted = (draft == choice[: n - 1]).long().cumprod(dim=0).sum()
+                token = choice[accepted]
+            else:
+                sampled = plan.proposal.probs.to(self.device) if rule is Rule.SPECULATIVE_SAMPLING else None
+                verdict = speculative_sampling(draft, sampled, warp(row_logits, config.sampling), state.generator)
+                accepted, token = verdict.accepted, verdict.token
+            flat.append((i, accepted.view(()), token.view(())))
+        if flat:
+            drafts = [inputs[i][1:] for i, _, _ in flat]
+            values = torch.cat([torch.stack([a for _, a, _ in flat]), torch.stack([t for _, _, t in flat]),
+                                *drafts]).tolist()  # the round's one sync for chain and plain rows
+            m = len(flat)
+            offset = 2 * m
+            for j, (i, _, _) in enumerate(flat):
+                k = drafts[j].shape[0]
+                plans[i].draft = values[offset: offset + k]
+                offset += k
+                verdicts[i] = (values[j], values[m + j], None)
+        return [v if isinstance(v, tuple) else (len(v.path), v.token, v) for v in verdicts]
+
+    def _commit(self, state: DecodeState, plan: _Plan, verdict, config: GenerationConfig, drafts,
+                draft_seconds: float, verify_seconds: float) -> RoundResult:
+        """Append the committed tokens; both caches keep everything but the new last token."""
+        accepted, token, tree_verdict = verdict
+        remaining = state.limit(config) - len(state.ids)
+        tree_info = None
+        if tree_verdict is not None:
+            cached = len(state.ids) - 1
+            kvcache.keep_positions(state.cache, cached, torch.tensor([0] + tree_verdict.path, device=self.device),
+                                   row=state.row)
+            node_tokens = tree_verdict.node_tokens
+            draft = node_tokens[1:]
+            emitted = [node_tokens[i] for i in tree_verdict.path] + [token]
+            rejected = tuple(node_tokens[i] for i in tree_verdict.tried)
+            tree_info = TreeInfo(node_tokens, plan.proposal.tree.parents, tree_verdict.path, tree_verdict.tried)
+        else:
+            draft = plan.draft
+            emitted = draft[:accepted] + [token]
+            rejected = tuple(draft[accepted:])
+            if plan.kind == "chain" and state.length is not None:
+                state.length.update(len(draft), accepted)  # before any cut
+        emitted, stop = self._cut(emitted, remaining)
+        state.ids.extend(emitted)
+        kvcache.set_length(state.cache, state.row, len(state.ids) - 1)
+        if tree_verdict is not None:
+            drafts.observe(state.row, len(emitted) - 1, tree_verdict.path[: len(emitted) - 1])
+        elif plan.kind == "chain":
+            drafts.observe(state.row, len(emitted) - 1, None)
+        if stop is None and not config.deterministic and len(state.ids) - state.prompt_length >= state.budget:
+            stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
+        if not config.deterministic:
+            state.stop = stop
+        return RoundResult(draft, accepted, token, emitted, draft_seconds, verify_seconds, stop, rejected, tree_info)
+
+    # -- deterministic mode -----------------------------------------------------------------
+    def _close_window(self, state: DecodeState, config: GenerationConfig, drafts, result: RoundResult):
+        """In deterministic mode, replay the row's window once it is full or the row stopped."""
+        if not config.deterministic:
+            return None
+        start = window_start(state.verified, state.prompt_length, config.verify_window)
+        if len(state.ids) < min(start + config.verify_window, state.prompt_length + state.budget) and \
+                result.stop is None:
+            return None
+        replay = self._replay(state, config, start, drafts)
+        stop = None
+        if state.ids[state.verified - 1] in self.stop_ids and state.verified > state.prompt_length:
+            stop = StopReason.EOS
+        elif state.verified - state.prompt_length >= state.budget:
+            stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
+        state.stop = stop
+        return replace(replay, stop=stop)
 
     @torch.inference_mode()
-    def _replay(self, state: DecodeState, config: GenerationConfig, start: int, verified: int) -> ReplayResult:
-        """Replay the window at `start` at the fixed shape; keep the matching prefix."""
+    def _replay(self, state: DecodeState, config: GenerationConfig, start: int, drafts) -> ReplayResult:
+        """Replay the window at `start` at the fixed shape (1, N); keep the matching prefix."""
         started = time.perf_counter()
-        window = config.verify_window
-        kvcache.crop(state.cache, start - 1)
-        replayed = replay_tokens(self.steps.forward, state.cache, state.ids, start, window, config.sampling,
+        window, verified = config.verify_window, state.verified
+        kvcache.set_length(state.cache, state.row, start - 1)
+        rows = slice(state.row, state.row + 1) if state.cache.rows > 1 else None
+
+        def forward(cache, ids):  # the same eager path for a row alone and a row of a batch
+            return self._forward(ids, cache, rows=rows)
+        replayed = replay_tokens(forward, state.cache, state.ids, start, window, config.sampling,
                                  self.device, state.ids[start - 1], self.vocab)
         ids = state.ids
         # at most N host comparisons of token ids per replay (never a loop over the vocabulary)
@@ -248,80 +465,63 @@ class Engine:
             rolled_back, correction = tuple(ids[mismatch:]), replayed[mismatch - start]
             del ids[mismatch:]
             ids.append(correction)
-            if self.drafter is not None and config.method is not Method.PLAIN:
-                self.drafter.rewind(mismatch)
-        kvcache.crop(state.cache, len(ids) - 1)  # keep the replay's KV of verified tokens
+            if drafts is not None and config.method is not Method.PLAIN:
+                drafts.rewind(state.row, mismatch)
+        kvcache.set_length(state.cache, state.row, len(ids) - 1)  # keep the replay's KV of verified tokens
         state.verified = len(ids)
         return ReplayResult(start, checked, rolled_back, correction, len(ids), time.perf_counter() - started)
 
-    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[RoundResult]:
-        state = self.start(prompt_ids, config)
-        yield from self.rounds(state, config)
+    # -- helpers ------------------------------------------------------------------------------
+    def _check_prompt(self, prompt_ids: list[int], what: str) -> None:
+        if not prompt_ids:
+            raise PromptError(f"{what} is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptError(f"{what} has {len(prompt_ids)} tokens but the context holds "
+                              f"{self.context_length}; shorten it")
 
-    # -- one round -----------------------------------------------------------------------
-    @torch.inference_mode()
-    def _plain_round(self, state: DecodeState, config: GenerationConfig) -> RoundResult:
-        started = time.perf_counter()
-        root = torch.tensor([[state.ids[-1]]], device=self.device)
-        logits = self._forward(root, state.cache, keep=1)[0, -1:, : self.vocab]
-        if config.deterministic:
-            token = self._choice(logits, [len(state.ids)], config)[0]
-        elif config.sampling.greedy:
-            token = logits[0].argmax()
-        else:
-            token = sample(warp(logits[0], config.sampling), state.generator)
-        token_id = int(token)  # the one sync of the round
-        return RoundResult([], 0, token_id, [token_id], 0.0, time.perf_counter() - started)
+    def _needs_drafter(self, config: GenerationConfig) -> None:
+        if config.method is not Method.PLAIN and self.drafter is None:
+            raise ValueError(f"method {config.method.value} needs a drafter")
 
-    @torch.inference_mode()
-    def _speculative_round(self, state: DecodeState, config: GenerationConfig, k: int) -> RoundResult:
-        started = time.perf_counter()
-        proposal = self.drafter.propose(state.ids, k, config.sampling, state.generator)
-        draft_tokens = proposal.tokens.to(self.device)
-        k = draft_tokens.shape[0]  # a drafter may propose fewer (lookup without a match: none)
-        drafted = time.perf_counter()
+    def _prefill(self, cache, row: int, prompt_ids: list[int]) -> None:
+        if len(prompt_ids) > 1:
+            ids = torch.tensor([prompt_ids[:-1]], device=self.device)
+            self._forward(ids, cache, keep=1, rows=slice(row, row + 1) if cache.rows > 1 else None)
 
-        root = torch.tensor([state.ids[-1]], device=self.device)
-        tree_input = torch.cat([root, draft_tokens]).unsqueeze(0)
-        logits = self._forward(tree_input, state.cache, keep=k + 1)[0, :, : self.vocab]  # [k+1, V]
-        rule = select_rule(config.sampling.greedy or config.deterministic, proposal.kind)
-        if rule is Rule.GREEDY_MATCH:
-            positions = list(range(len(state.ids), len(state.ids) + k + 1))
-            verdict = greedy_match(draft_tokens, self._choice(logits, positions, config))
-        else:
-            draft_probs = proposal.probs.to(self.device) if proposal.probs is not None else None
-            verdict = speculative_sampling(draft_tokens, draft_probs,
-                                           warp(logits, config.sampling), state.generator)
-        *drafts, accepted, token = torch.cat(
-            [draft_tokens, verdict.accepted.view(1), verdict.token.view(1)]).tolist()
-        emitted = drafts[:accepted] + [token]
-        return RoundResult(drafts, accepted, token, emitted, drafted - started,
-                           time.perf_counter() - drafted, rejected=tuple(drafts[accepted:]))
+    def _forward(self, input_ids: torch.Tensor, cache, keep: int = 0, rows: slice | None = None) -> torch.Tensor:
+        """An eager forward of any length (prefills, replays) on the rows' own slots."""
+        return kvcache.forward(self.model, cache, input_ids, keep=keep, rows=rows,
+                               full_view=self.steps.mode == "inductor")
 
-    @torch.inference_mode()
-    def _tree_round(self, state: DecodeState, config: GenerationConfig) -> RoundResult:
-        started = time.perf_counter()
-        proposal = self.drafter.propose_tree(state.ids, config.sampling, state.generator)
-        tree = proposal.tree
-        drafted = time.perf_counter()
+    def _set_budget(self, state: DecodeState, config: GenerationConfig) -> None:
+        state.budget = min(config.max_new_tokens, self.context_length - state.prompt_length)
+        state.context_bound = state.budget < config.max_new_tokens
 
-        cached = len(state.ids) - 1
-        tokens = tree.tokens.to(self.device)
-        logits = self.steps.tree(state.cache, tokens, tree)[0, :, : self.vocab]  # [N, V]: row i is q(.|path to i)
-        if config.sampling.greedy or config.deterministic:
-            positions = [cached + 1 + d for d in tree.depth]  # node i predicts position n + depth
-            verdict = greedy_tree(tree.children, tokens, self._choice(logits, positions, config))
-        else:
-            verdict = recursive_rejection(tree.children, tokens, proposal.probs.to(self.device),
-                                          warp(logits, config.sampling), state.generator,
-                                          replacement=proposal.replacement)
-        kvcache.keep_positions(state.cache, cached, torch.tensor([0] + verdict.path, device=self.device))
-        node_tokens = verdict.node_tokens
-        emitted = [node_tokens[i] for i in verdict.path] + [verdict.token]
-        info = TreeInfo(node_tokens, tree.parents, verdict.path, verdict.tried)
-        return RoundResult(node_tokens[1:], len(verdict.path), verdict.token, emitted, drafted - started,
-                           time.perf_counter() - drafted,
-                           rejected=tuple(node_tokens[i] for i in verdict.tried), tree=info)
+    def _generator(self, config: GenerationConfig, index: int) -> torch.Generator | None:
+        if config.sampling.greedy:
+            return None
+        seed = config.sampling.seed
+        return make_generator(None if seed is None else seed + index, self.device)
+
+    @staticmethod
+    def _policy(config: GenerationConfig):
+        cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
+        return make_policy(config.schedule, config.draft_tokens, cost=cost)
+
+    def _headroom_length(self, prompt_length: int, config: GenerationConfig) -> int:
+        return min(prompt_length + config.max_new_tokens, self.context_length) + self.headroom(config)
+
+    def _reserve(self, cache, prompt_length: int, config: GenerationConfig, draft: bool = True) -> None:
+        """Preallocate the caches for the whole generation, so fixed-shape steps keep their shapes."""
+        length = self._headroom_length(prompt_length, config)
+        cache.reserve(length)
+        if draft and self.drafter is not None and config.method is not Method.PLAIN and hasattr(self.drafter, "reserve"):
+            self.drafter.reserve(length)
+
+    @staticmethod
+    def headroom(config: GenerationConfig) -> int:
+        """Slots a round may write past the committed sequence (draft window or tree)."""
+        return max(config.draft_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2
 
     def _choice(self, logits: torch.Tensor, positions: list[int], config: GenerationConfig) -> torch.Tensor:
         """The target's token per row: argmax, or in deterministic mode the keyed draw."""
@@ -334,27 +534,3 @@ class Engine:
             if token in self.stop_ids:
                 return emitted[: i + 1], StopReason.EOS
         return emitted[:remaining], None
-
-    def _commit(self, state: DecodeState, emitted: list[int], result: RoundResult) -> None:
-        """Append the committed tokens; both caches keep everything but the new last token."""
-        state.ids.extend(emitted)
-        kvcache.crop(state.cache, len(state.ids) - 1)
-        if result.tree is not None:
-            self.drafter.observe_path(result.tree.accepted_nodes[: len(emitted) - 1])
-        elif result.draft_tokens:
-            self.drafter.observe(len(emitted) - 1)
-
-    def _forward(self, input_ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
-        return self.steps.forward(cache, input_ids, keep=keep)
-
-    def _reserve(self, cache, prompt_length: int, config: GenerationConfig) -> None:
-        """Preallocate both caches for the whole generation, so compiled steps keep their shapes."""
-        length = min(prompt_length + config.max_new_tokens, self.context_length) + self.headroom(config)
-        cache.reserve(length)
-        if self.drafter is not None and config.method is not Method.PLAIN and hasattr(self.drafter, "reserve"):
-            self.drafter.reserve(length)
-
-    @staticmethod
-    def headroom(config: GenerationConfig) -> int:
-        """Slots a round may write past the committed sequence (draft window or tree)."""
-        return max(config.draft_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2

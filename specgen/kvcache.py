@@ -13,15 +13,16 @@ caller's `tree` mask names (causal for a chain, ancestors for a tree). So:
 * every step has a fixed shape when `view` is the whole capacity, so it can be captured as a
   CUDA graph (`Stepper`); eagerly, attention reads only the used prefix (`view` = what is needed).
 
+Rows: a batch keeps one row per sequence, each with its own length (no left padding: every row
+writes at its own slots); rows join (`add_row`) and leave (`select`) between rounds.
+
 Nothing here edits a library's private fields: the layers are our own `CacheLayerMixin`
-subclass, and the model is called through its public forward. `DynamicCache` is still accepted by
-`crop`/`forward` for the ragged batch cache (ragged.py), which keeps its own layout.
+subclass, and the model is called through its public forward.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 MIN_CAPACITY = 256
@@ -80,6 +81,11 @@ class SlotLayer(CacheLayerMixin):
             new[:, :, :keep] = tensor[:, :, :keep]
             setattr(self, name, new)
 
+    def add_row(self) -> None:
+        if self.is_initialized:
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(1, *self.keys.shape[1:])])
+            self.values = torch.cat([self.values, self.values.new_zeros(1, *self.values.shape[1:])])
+
     def select_rows(self, index: torch.Tensor) -> None:
         if self.is_initialized:
             self.keys = self.keys.index_select(0, index.to(self.device))
@@ -131,6 +137,15 @@ class SlotCache(Cache):
         self.capacity = capacity
 
     @torch.inference_mode()
+    def add_row(self) -> int:
+        """Append an empty row (a prompt joining a batch); returns its index."""
+        for layer in self.layers:
+            layer.add_row()
+        self.rows += 1
+        self.lengths.append(0)
+        return self.rows - 1
+
+    @torch.inference_mode()
     def select(self, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order)."""
         index = torch.tensor(keep, dtype=torch.long)
@@ -144,25 +159,22 @@ def new_cache(model, rows: int = 1, capacity: int | None = None) -> SlotCache:
     return SlotCache(model.config, rows, capacity)
 
 
-def cache_length(cache) -> int:
-    if isinstance(cache, SlotCache):
-        return cache.lengths[0]
-    return cache.get_seq_length()
+def cache_length(cache: SlotCache) -> int:
+    return cache.lengths[0]
 
 
-def crop(cache, length: int) -> None:
-    """Keep the first `length` positions (of every row of a SlotCache)."""
-    if isinstance(cache, SlotCache):
-        if any(length > held for held in cache.lengths):
-            raise ValueError(f"cannot crop a cache of {max(cache.lengths)} up to {length}")
-        cache.lengths = [length] * cache.rows
-        return
-    if cache.get_seq_length() < length:
-        raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} up to {length}")
-    for layer in cache.layers:  # layer by layer: a cache left uneven by Ctrl-C is made consistent
-        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > length:
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
+def crop(cache: SlotCache, length: int) -> None:
+    """Keep the first `length` positions of every row (the slots past them are free again)."""
+    if any(length > held for held in cache.lengths):
+        raise ValueError(f"cannot crop a cache of {max(cache.lengths)} up to {length}")
+    cache.lengths = [length] * cache.rows
+
+
+def set_length(cache: SlotCache, row: int, length: int) -> None:
+    """Row `row` keeps its first `length` slots (never more than it holds)."""
+    if not 0 <= length <= cache.lengths[row]:
+        raise ValueError(f"row {row} holds {cache.lengths[row]} slots, cannot keep {length}")
+    cache.lengths[row] = length
 
 
 def set_lengths(cache: SlotCache, lengths: list[int]) -> None:
@@ -173,33 +185,37 @@ def set_lengths(cache: SlotCache, lengths: list[int]) -> None:
 
 
 @torch.inference_mode()
-def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor) -> None:
+def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | None = None) -> None:
     """Keep slots [0, start) plus the slots `start + keep` (in that order) moved into place after it.
 
     Used after a tree round: the accepted path is gathered into contiguous slots. Their rotary
-    positions were already start + depth, so no re-rotation is needed.
+    positions were already start + depth, so no re-rotation is needed. `row`: one row only.
     """
     count = keep.shape[0]
+    rows = slice(None) if row is None else slice(row, row + 1)
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
         source = keep.to(layer.device) + start
         target = torch.arange(start, start + count, device=layer.device)
-        for tensor in (layer.keys, layer.values):
+        for tensor in (layer.keys[rows], layer.values[rows]):
             tensor.index_copy_(2, target, tensor.index_select(2, source))
-    cache.lengths = [start + count] * cache.rows
+    if row is None:
+        cache.lengths = [start + count] * cache.rows
+    else:
+        cache.lengths[row] = start + count
 
 
 def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, view: int) -> torch.Tensor:
     """[rows, 1, n, view] bool: slot s is visible to query j of row b iff s < bases[b], or
-    s = bases[b] + c with tree[j, c] (c < offset + n: the in-flight slots of this round)."""
-    n, width = tree.shape
+    s = bases[b] + c with tree[b, j, c] (c < offset + n: the in-flight slots of this round)."""
+    rows, n, width = tree.shape
     rel = torch.arange(view, device=bases.device)[None, :] - bases[:, None]  # [rows, view]
     inside = (rel >= 0) & (rel < width)
     column = torch.where(inside, rel, width)  # a column of False for slots outside the tree
-    padded = torch.cat([tree, tree.new_zeros(n, 1)], dim=1)  # [n, width + 1]
-    visible = padded[:, column]  # [n, rows, view]
-    return ((rel < 0)[:, None, :] | visible.transpose(0, 1))[:, None]
+    padded = torch.cat([tree, tree.new_zeros(rows, n, 1)], dim=2)  # [rows, n, width + 1]
+    visible = padded.gather(2, column[:, None, :].expand(rows, n, view))  # [rows, n, view]
+    return ((rel < 0)[:, None, :] | visible)[:, None]
 
 
 def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, offset: int, depth: torch.Tensor,
@@ -216,29 +232,31 @@ def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, of
 
 
 @torch.inference_mode()
-def forward(model, cache, input_ids: torch.Tensor, *, keep: int = 0, offset: int = 0,
+def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, offset: int = 0,
             depth: torch.Tensor | None = None, tree: torch.Tensor | None = None,
             rows: slice | None = None, runner=None, full_view: bool = False) -> torch.Tensor:
     """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
 
-    `tree` [n, offset + n] (bool) says which of this round's slots each query sees (default:
-    causal over the new tokens); `depth` [n] the positions relative to the row's length (default
-    offset + j). The row lengths afterwards are length + offset + n, as a growing cache would be.
+    `tree` [n, offset + n] or per row [b, n, offset + n] (bool) says which of this round's slots
+    each query sees (default: causal over the new tokens); `depth` [n] or [b, n] the positions
+    relative to the row's length (default offset + j). The row lengths afterwards are length + offset + n, as a growing cache would be.
     `rows` feeds a slice of the rows (a prefill of one row of a batch). `runner(cache, input_ids,
     bases, offset, depth, tree, keep)` is a fixed-shape (compiled or captured) forward to use
     instead of the eager one; its view covers the whole capacity.
     """
-    if not isinstance(cache, SlotCache):
-        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        return out.logits
     n = input_ids.shape[1]
     device = input_ids.device
     lengths = cache.lengths[rows] if rows is not None else cache.lengths
     end = max(lengths) + offset + n
     cache.reserve(end)
     bases = torch.tensor(lengths, dtype=torch.long).to(device, non_blocking=True)
+    rows_fed = input_ids.shape[0]
     tree = chain_tree(n, offset, device) if tree is None else tree.to(device)
     depth = torch.arange(offset, offset + n, device=device) if depth is None else depth.to(device)
+    if tree.dim() == 2:
+        tree = tree.expand(rows_fed, *tree.shape)
+    if depth.dim() == 1:
+        depth = depth.expand(rows_fed, n)
     if runner is not None and rows is None:
         logits = runner(cache, input_ids, bases, offset, depth, tree, keep)
     else:

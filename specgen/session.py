@@ -170,8 +170,6 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
                     renderer.on_replay(replay_view(event, stream), stats)
                     continue
                 stats.update(event, elapsed)
-                if event.tree is not None:
-                    stats.tree_sizes.append(len(event.tree.tokens) - 1)
                 renderer.on_round(view_of(event, stream, pending=config.deterministic), stats)
         except KeyboardInterrupt:
             interrupted = True
@@ -226,69 +224,63 @@ def read_prompts_file(path) -> list[str]:
     return prompts
 
 
-def make_batch_drafter(pair: Pair, method: Method, config: GenerationConfig):
-    """(drafter, shared vocab) for batched decoding; tree methods decode one prompt at a time."""
-    from specgen.batch_drafters import BatchLookupDrafter, BatchModelDrafter
-    from specgen.errors import ConfigError
+def make_row_drafters(pair: Pair, method: Method, config: GenerationConfig):
+    """(row drafters, shared vocab) for batched decoding: chains share one draft cache, every
+    other method (lookup, lookup-chain, the trees) drafts each row with its own drafter."""
+    from specgen.row_drafters import PerRow, SharedChain
 
     if method is Method.PLAIN:
         return None, None
     if method is Method.LOOKUP:
-        return BatchLookupDrafter(), None
-    if method is not Method.CHAIN:
-        raise ConfigError(f"--method {method.value} decodes one prompt at a time: batching (--batch-size > 1) "
-                          "supports plain, chain and lookup; use --batch-size 1 for tree methods")
+        return PerRow(make=lambda: make_drafter(None, method, None, config)), None
     target, draft = pair.target, pair.draft
     sizes = (target.model.config.vocab_size, draft.model.config.vocab_size)
     vocab = min(sizes) if sizes[0] != sizes[1] else None
+    if method is not Method.CHAIN:
+        return PerRow(make=lambda: make_drafter(draft, method, vocab, config, pair.compile)), vocab
     confidence = None
     if config.draft_confidence > 0:
         from specgen.adaptive import ConfidenceStop
 
         confidence = ConfidenceStop(config.draft_confidence)
-    pad = target.tokenizer.pad_token_id or 0
-    return BatchModelDrafter(draft.model, draft.device, vocab, confidence, pad_id=pad), vocab
+    return SharedChain(draft.model, draft.device, vocab, confidence, pair.compile), vocab
 
 
 def run_batch(pair: Pair, prompts: list[list[int]], config: GenerationConfig, batch_size: int):
-    """Yield (index, Outcome) in input order; the decoder itself finishes rows in any order.
+    """Yield (index, Outcome) in input order; the engine itself finishes rows in any order.
 
     Ctrl-C (raised while decoding, or thrown in at a yield by the caller) ends the decoding; the
     rows finished so far are still yielded in order, every other row as `unfinished`.
     """
-    from specgen.batch import BatchDecoder
-
     target = pair.target
-    drafter, vocab = make_batch_drafter(pair, config.method, config)
-    cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
-    decoder = BatchDecoder(target.model, target.device, target.stop_ids, target.context_length,
-                           pad_id=target.tokenizer.pad_token_id or 0, vocab=vocab, drafter=drafter,
-                           draft_cost=cost)
+    drafts, vocab = make_row_drafters(pair, config.method, config)
+    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, None, vocab,
+                    compile=pair.compile)
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    stats: dict[int, Stats] = {}
     done, next_index = {}, 0
     try:
-        for finished in decoder.generate(prompts, config, batch_size):
-            done[finished.index] = finished
+        for report in engine.generate_batch(prompts, config, batch_size, drafts):
+            row = stats.setdefault(report.index, Stats(method=config.method.value,
+                                                       prompt_tokens=len(prompts[report.index]), dtype=dtype))
+            if isinstance(report.event, ReplayResult):
+                row.update_replay(report.event, report.elapsed)
+            elif report.event is not None:
+                row.update(report.event, report.elapsed)
+            else:
+                state = report.state
+                row.prefill_seconds = state.prefill_seconds
+                ids = state.ids[state.prompt_length: state.verified if config.deterministic else None]
+                text = target.tokenizer.decode(ids, skip_special_tokens=True)
+                done[report.index] = Outcome(text, ids, row)
             while next_index in done:
-                yield next_index, _outcome(done.pop(next_index), target.tokenizer, config)
+                yield next_index, done.pop(next_index)
                 next_index += 1
     except KeyboardInterrupt:
         for index in range(next_index, len(prompts)):
-            yield index, (_outcome(done.pop(index), target.tokenizer, config) if index in done
-                          else unfinished(prompts[index], config))
+            yield index, done.pop(index) if index in done else unfinished(prompts[index], config)
 
 
 def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:
     """A prompt that Ctrl-C stopped before it finished: no text, marked interrupted."""
     return Outcome("", [], Stats(method=config.method.value, prompt_tokens=len(prompt_ids)), interrupted=True)
-
-
-def _outcome(finished, tokenizer, config: GenerationConfig) -> Outcome:
-    stats = Stats(method=config.method.value, prompt_tokens=finished.prompt_tokens,
-                  new_tokens=len(finished.token_ids), rounds=finished.rounds, seconds=finished.seconds,
-                  drafted=finished.drafted, accepted=finished.accepted, draft_seconds=finished.draft_seconds,
-                  verify_seconds=finished.verify_seconds,
-                  time_to_first_token=finished.time_to_first_token, stop=finished.stop,
-                  verified_windows=finished.replays, rollbacks=finished.rollbacks,
-                  rolled_back_tokens=finished.rolled_back_tokens)
-    text = tokenizer.decode(finished.token_ids, skip_special_tokens=True)
-    return Outcome(text, finished.token_ids, stats)

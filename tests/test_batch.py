@@ -3,35 +3,72 @@ deterministic mode a prompt's tokens do not depend on the batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 
 from specgen.acceptance import ProposalKind
-from specgen.batch import BatchDecoder
-from specgen.batch_drafters import BatchLookupDrafter, BatchModelDrafter, BatchProposal
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.drafters import Proposal
 from specgen.engine import Engine
+from specgen.replay import ReplayResult
+from specgen.row_drafters import PerRow, SharedChain
 from test_deterministic import ShapeSensitive, bf16_pair, generate  # noqa: F401 (fixture)
 from test_engine import PROMPT, reference_greedy
 
 PROMPTS = [PROMPT, PROMPT[:4], PROMPT * 2, [257, 84], PROMPT[3:], PROMPT[::-1], [300 % 259], PROMPT[:9], PROMPT[2:7]]
 
 
-def batched(pair, prompts, batch_size, drafter=None, stop_ids=None, **settings):
-    """Run the batch decoder; `drafter` is None (plain), "chain", "lookup", or a BatchDrafter."""
+@dataclass
+class Row:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    stop: str | None = None
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+
+
+def row_drafters(pair, drafter, settings):
+    """(drafters, method) for a name: None (plain), chain, lookup, rsd-c, rsd-s, or a RowDrafters."""
+    from specgen.lookup import PromptLookupDrafter
+    from specgen.session import make_drafter
+
     target, draft = pair
-    method = Method.PLAIN
+    if drafter is None:
+        return None, Method.PLAIN
     if drafter == "chain":
-        drafter, method = BatchModelDrafter(draft.model, draft.device), Method.CHAIN
-    elif drafter == "lookup":
-        drafter, method = BatchLookupDrafter(), Method.LOOKUP
-    elif drafter is not None:
-        method = Method.CHAIN
+        return SharedChain(draft.model, draft.device), Method.CHAIN
+    if drafter == "lookup":
+        return PerRow(make=PromptLookupDrafter), Method.LOOKUP
+    if drafter in ("rsd-c", "rsd-s", "multi-draft"):
+        method = Method(drafter)
+        config = GenerationConfig(method=method, **{k: v for k, v in settings.items() if k != "method"})
+        return PerRow(make=lambda: make_drafter(draft, method, None, config)), method
+    return drafter, Method.CHAIN
+
+
+def batched(pair, prompts, batch_size, drafter=None, stop_ids=None, **settings):
+    """Run the engine over a batch; `drafter` is None (plain), a method name, or RowDrafters."""
+    target, _ = pair
+    drafts, method = row_drafters(pair, drafter, settings)
     stop_ids = target.stop_ids if stop_ids is None else stop_ids
-    decoder = BatchDecoder(target.model, target.device, stop_ids, target.context_length, pad_id=0,
-                           drafter=drafter)
+    engine = Engine(target.model, target.device, stop_ids, target.context_length)
     settings.setdefault("method", method)
-    results = list(decoder.generate(prompts, GenerationConfig(**settings), batch_size))
+    config = GenerationConfig(**settings)
+    rows: dict[int, Row] = {}
+    for report in engine.generate_batch(prompts, config, batch_size, drafts):
+        row = rows.setdefault(report.index, Row(report.index))
+        if report.event is None:
+            state = report.state
+            row.token_ids = state.ids[state.prompt_length: state.verified if config.deterministic else None]
+            row.stop = state.stop
+        elif not isinstance(report.event, ReplayResult):
+            row.rounds += 1
+            row.drafted += len(report.event.draft_tokens)
+            row.accepted += report.event.accepted_emitted
+    results = list(rows.values())
     assert sorted(r.index for r in results) == list(range(len(prompts)))
     return [r.token_ids for r in sorted(results, key=lambda r: r.index)], results
 
@@ -48,9 +85,8 @@ def test_rows_leave_at_their_own_stop(tiny_pair):
     target, _ = tiny_pair
     first = reference_greedy(target.model, PROMPTS[0], 12)
     stop = frozenset({first[4]})
-    decoder = BatchDecoder(target.model, target.device, stop, target.context_length, pad_id=0)
-    results = {r.index: r for r in decoder.generate(PROMPTS[:4], GenerationConfig(method=Method.PLAIN,
-                                                                                  max_new_tokens=12), 3)}
+    _, found = batched(tiny_pair, PROMPTS[:4], 3, stop_ids=stop, max_new_tokens=12)
+    results = {r.index: r for r in found}
     assert results[0].token_ids == first[:5] and results[0].stop == "eos"
     for i in (1, 2, 3):
         expected = reference_greedy(target.model, PROMPTS[i], 12, stop)
@@ -115,30 +151,33 @@ class ScriptedBatchDrafter:
     def __init__(self, references: dict[tuple, list[int]], right_of):
         self.references, self.right_of = references, right_of
         self.rows: list[tuple] = []
-        self.kept: list[list[int]] = []
+        self.joined = 0
+        self.kept: list[tuple[int, int]] = []
 
-    def join(self, prompt_ids, generator):
-        self.rows.append((tuple(prompt_ids), len(self.rows)))
+    def join(self, prompt_ids, generator, length):
+        self.rows.append((tuple(prompt_ids), self.joined))
+        self.joined += 1
 
     def leave(self, keep):
         self.rows = [self.rows[i] for i in keep]
 
-    def propose(self, contexts, ks, sampling):
+    def propose(self, contexts, ks, sampling, generators, rows):
         out = []
-        for (prompt, serial), context, k in zip(self.rows, contexts, ks):
+        for context, k, row in zip(contexts, ks, rows):
+            prompt, serial = self.rows[row]
             reference, start = self.references[prompt], len(context) - len(prompt)
             right = self.right_of(serial, start)
             tokens = []
             for i in range(k):
                 true = reference[start + i] if start + i < len(reference) else 0
                 tokens.append(true if i < right else (true + 1) % 259)
-            out.append(tokens)
-        return BatchProposal(out, None, ProposalKind.DETERMINISTIC)
+            out.append(Proposal(torch.tensor(tokens), None, ProposalKind.DETERMINISTIC) if k else None)
+        return out
 
-    def observe(self, kept):
-        self.kept.append(list(kept))
+    def observe(self, row, kept, path):
+        self.kept.append((row, kept))
 
-    def rollback(self, row, valid):
+    def rewind(self, row, valid):
         pass
 
 
@@ -193,3 +232,35 @@ def test_batched_chain_sampling_is_reproducible(tiny_pair):
     a, _ = batched(tiny_pair, PROMPTS[:5], 3, drafter="chain", max_new_tokens=10, sampling=sampling)
     b, _ = batched(tiny_pair, PROMPTS[:5], 3, drafter="chain", max_new_tokens=10, sampling=sampling)
     assert a == b
+
+
+# -- batched trees ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method, settings", [
+    ("rsd-c", dict(branching=(2, 2, 1))), ("rsd-s", dict(beam_width=2, depth=3)),
+    ("multi-draft", dict(branching=(2, 2)))], ids=["rsd-c", "rsd-s", "multi-draft"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_batched_trees_greedy_equal_each_prompt_alone(tiny_pair, method, settings, batch_size):
+    """Rows of different trees (RSD-S frontiers differ per row) verified in one padded forward."""
+    outputs, results = batched(tiny_pair, PROMPTS, batch_size, drafter=method, max_new_tokens=12, **settings)
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out == reference_greedy(tiny_pair[0].model, prompt, 12)
+    assert sum(r.drafted for r in results) > 0
+
+
+def test_batched_trees_keep_each_draft_cache_exact(tiny_pair):
+    """The target as its own draft, rsd-c: each row's first child is always the target's choice."""
+    target, _ = tiny_pair
+    outputs, results = batched((target, target), PROMPTS[:5], 3, drafter="rsd-c", branching=(2, 1),
+                               max_new_tokens=13)
+    for prompt, out in zip(PROMPTS[:5], outputs):
+        assert out == reference_greedy(target.model, prompt, 13)
+    assert all(r.accepted >= 2 * (r.rounds - 1) for r in results)  # every tree round accepts its whole path
+
+
+def test_batched_trees_in_deterministic_mode_match_plain(row_sensitive):
+    prompts = PROMPTS[:6]
+    settings = dict(max_new_tokens=20, deterministic=True, verify_window=8)
+    reference = batched(row_sensitive, prompts, 1, **settings)[0]
+    assert batched(row_sensitive, prompts, 3, drafter="rsd-c", branching=(2, 2), **settings)[0] == reference
+    assert batched(row_sensitive, prompts, 4, drafter="rsd-s", beam_width=2, depth=2, **settings)[0] == reference

@@ -380,7 +380,7 @@ def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(mod
     cells = json.loads(out.read_text())["cells"]
     grid = {(c["method"], c["batch_size"], c["mode"]): c for c in cells}
     assert len(grid) == 4 * 2 * 3
-    assert grid["rsd-c", 3, "off"]["skipped"] and grid["rsd-c", 1, "window 4"]["skipped"] is None
+    assert grid["rsd-c", 3, "off"]["skipped"] is None and grid["rsd-c", 3, "off"]["new_tokens"] > 0  # trees batch
     for cell in cells:
         if cell["skipped"]:
             continue

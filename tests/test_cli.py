@@ -243,8 +243,6 @@ def test_prompts_file_errors(models, tmp_path):
     assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1")
     good = tmp_path / "good.txt"
     good.write_text("a\nb\n")
-    assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "2", "--method", "rsd-s",
-                                 *models), "one prompt at a time")
     assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "0", *models), "--batch-size")
 
 
@@ -394,18 +392,21 @@ def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
 
 
 def stop_after_rows(monkeypatch, rows: int):
-    """Ctrl-C in the batch decoder once `rows` rows have finished (the decoder itself is untouched)."""
-    from specgen.batch import BatchDecoder
+    """Ctrl-C in the engine's batch once `rows` rows have finished (the engine itself is untouched)."""
+    from specgen.engine import Engine
 
-    real = BatchDecoder.generate
+    real = Engine.generate_batch
 
     def generate(self, *args, **kwargs):
-        for count, finished in enumerate(real(self, *args, **kwargs), 1):
-            yield finished
-            if count == rows:
-                raise KeyboardInterrupt
+        count = 0
+        for report in real(self, *args, **kwargs):
+            yield report
+            if report.event is None:
+                count += 1
+                if count == rows:
+                    raise KeyboardInterrupt
 
-    monkeypatch.setattr(BatchDecoder, "generate", generate)
+    monkeypatch.setattr(Engine, "generate_batch", generate)
 
 
 @pytest.mark.parametrize("fmt", ["json", "plain"])

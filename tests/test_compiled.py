@@ -128,3 +128,42 @@ def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
     assert captured_rounds == eager_rounds
     again, _, _ = generate(pair, config, mode, engine=engine)  # replays, no new capture
     assert again == eager
+
+
+@pytest.mark.parametrize("method", ["chain", "rsd-c"])
+def test_fixed_shapes_in_a_batch_decide_what_eager_decides(tiny_pair, method):
+    from test_batch import PROMPTS
+
+    outputs = {}
+    for mode in ("fixed", "off"):
+        from specgen.session import Pair, make_row_drafters
+
+        config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
+        pair = Pair(*tiny_pair, compile=mode)
+        drafts, _ = make_row_drafters(pair, config.method, config)
+        engine = Engine(tiny_pair[0].model, tiny_pair[0].device, frozenset(), tiny_pair[0].context_length,
+                        compile=mode)
+        finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
+        outputs[mode] = [finished[i] for i in range(len(PROMPTS))]
+    assert outputs["fixed"] == outputs["off"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["graphs", "inductor"])
+@pytest.mark.parametrize("method", ["chain", "rsd-c"])
+def test_cuda_graphs_in_a_batch_decide_what_eager_decides(tiny_dirs, method, mode):
+    from specgen.models import load_pair
+    from specgen.session import Pair, make_row_drafters
+    from test_batch import PROMPTS
+
+    target, draft = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32",
+                              quiet=True)
+    config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
+    outputs = {}
+    for run in (mode, "off"):
+        drafts, _ = make_row_drafters(Pair(target, draft, compile=run), config.method, config)
+        engine = Engine(target.model, target.device, frozenset(), target.context_length, compile=run)
+        finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
+        outputs[run] = [finished[i] for i in range(len(PROMPTS))]
+    assert outputs[mode] == outputs["off"]

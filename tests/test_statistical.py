@@ -542,16 +542,16 @@ def test_same_seed_same_tokens_different_seed_different_tokens(tiny_pair, method
 
 def batched_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
     """`generations` rows of the one-token prompt, 300 at a time; row i seeded seed + i."""
-    from specgen.batch import BatchDecoder
-    from specgen.batch_drafters import BatchModelDrafter
+    from specgen.engine import Engine
+    from specgen.row_drafters import SharedChain
 
     target, draft = pair
-    decoder = BatchDecoder(target.model, target.device, frozenset(), target.context_length, pad_id=0,
-                           drafter=BatchModelDrafter(draft.model, draft.device))
+    engine = Engine(target.model, target.device, frozenset(), target.context_length)
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
                               sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
-    results = sorted(decoder.generate([ENGINE_PROMPT] * generations, config, 300), key=lambda r: r.index)
-    return torch.tensor([r.token_ids for r in results])
+    finished = {r.index: r.state.ids[-2:] for r in engine.generate_batch(
+        [ENGINE_PROMPT] * generations, config, 300, SharedChain(draft.model, draft.device)) if r.event is None}
+    return torch.tensor([finished[i] for i in range(generations)])
 
 
 def test_batched_chain_first_two_tokens_follow_target_law(tiny_pair, target_law):
@@ -566,9 +566,9 @@ def test_batched_chain_first_two_tokens_follow_target_law(tiny_pair, target_law)
 
 def test_batched_chain_control_without_residual_fails(tiny_pair, target_law, monkeypatch):
     """Negative control for the test above (same power as the single-sequence control)."""
-    import specgen.batch as batch_module
+    import specgen.engine as engine_module
 
-    monkeypatch.setattr(batch_module, "speculative_sampling", rule_without_residual)
+    monkeypatch.setattr(engine_module, "speculative_sampling", rule_without_residual)
     tokens = batched_first_two_tokens(tiny_pair, CONTROL_GENERATIONS, seed=9000)
     q0, _ = target_law
     pvalue = gof_pvalue(tokens[:, 0], q0)
@@ -614,3 +614,44 @@ def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target
     q0, _ = target_law
     pvalue = gof_pvalue(tokens[:, 0], q0)
     assert pvalue < SMALL_ALPHA, f"the misreporting draft passed: p-value {pvalue:.3g}"
+
+
+# -- batched trees: every row of a dynamic batch of RSD-C trees follows the target law --------------
+
+def batched_tree_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
+    """`generations` rows of the one-token prompt, 300 at a time, RSD-C with 2 children per round
+    (a tree round, then a plain round when the tree's path was rejected); row i seeded seed + i."""
+    from specgen.engine import Engine
+    from specgen.row_drafters import PerRow
+    from specgen.tree_drafters import RSDConstant
+
+    target, draft = pair
+    engine = Engine(target.model, target.device, frozenset(), target.context_length)
+    config = GenerationConfig(method=Method.RSD_C, branching=(2,), max_new_tokens=2,
+                              sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
+    drafts = PerRow(make=lambda: RSDConstant(draft.model, draft.device, (2,)))
+    finished = {r.index: r.state.ids[-2:] for r in engine.generate_batch(
+        [ENGINE_PROMPT] * generations, config, 300, drafts) if r.event is None}
+    return torch.tensor([finished[i] for i in range(generations)])
+
+
+def test_batched_tree_first_two_tokens_follow_target_law(tiny_pair, target_law):
+    """1200 RSD-C rows decoded together (recursive rejection per row): pairs ~ q0(t1) q1(t2 | t1)."""
+    tokens = batched_tree_first_two_tokens(tiny_pair, SPEC_GENERATIONS, seed=177)
+    q0, joint = target_law
+    assert gof_pvalue(tokens[:, 0], q0) > SMALL_ALPHA
+    vocab = joint.shape[0]
+    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
+    assert pvalue > SMALL_ALPHA, f"p-value {pvalue:.3g}"
+
+
+def test_batched_tree_control_with_an_unwarped_target_fails(tiny_pair, target_law, monkeypatch):
+    """Negative control: the rows' verdicts drawn against the target without top-p must fail."""
+    import specgen.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "warp", lambda logits, sampling: torch.softmax(
+        logits.float() / sampling.temperature, dim=-1))
+    tokens = batched_tree_first_two_tokens(tiny_pair, CONTROL_GENERATIONS, seed=9100)
+    q0, _ = target_law
+    pvalue = gof_pvalue(tokens[:, 0], q0)
+    assert pvalue < SMALL_ALPHA, f"the broken batch passed: p-value {pvalue:.3g}"
