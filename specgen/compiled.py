@@ -154,11 +154,11 @@ class Steps:
         return kvcache.run(self.model.forward, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
 
     def _graph(self, cache, input_ids, bases, offset, depth, tree, keep):
-        key = (id(cache), cache.capacity, cache.rows, input_ids.shape[1], offset, keep)
+        key = (cache.serial, cache.generation, cache.rows, input_ids.shape[1], offset, keep)
         step = self.graphs.get(key)
         if step is None:
-            stale = [k for k in self.graphs if k[0] == id(cache) and k[1] != cache.capacity]
-            for k in stale:  # the cache grew: graphs holding its old buffers are dropped
+            stale = [k for k in self.graphs if k[0] == cache.serial and k[1] != cache.generation]
+            for k in stale:  # the cache's buffers were reallocated (grown, rows joined or left)
                 del self.graphs[k]
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()

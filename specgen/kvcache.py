@@ -22,10 +22,13 @@ subclass, and the model is called through its public forward.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 MIN_CAPACITY = 256
+_SERIALS = itertools.count()
 
 
 def _text_config(config):
@@ -111,6 +114,8 @@ class SlotCache(Cache):
         self.slots: torch.Tensor | None = None  # [rows, n] write slots of the forward in flight
         self.view = self.capacity  # key slots the forward in flight reads
         self.active = None  # a row slice when a forward feeds some rows only
+        self.generation = 0  # bumped whenever the layers' buffers are reallocated (captured graphs go stale)
+        self.serial = next(_SERIALS)  # unique for the process (an id() can be reused after collection)
         super().__init__(layers=[SlotLayer(self) for _ in range(config.num_hidden_layers)])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -135,6 +140,7 @@ class SlotCache(Cache):
         for layer in self.layers:
             layer.resize(capacity)
         self.capacity = capacity
+        self.generation += 1
 
     @torch.inference_mode()
     def add_row(self) -> int:
@@ -142,6 +148,7 @@ class SlotCache(Cache):
         for layer in self.layers:
             layer.add_row()
         self.rows += 1
+        self.generation += 1
         self.lengths.append(0)
         return self.rows - 1
 
@@ -151,6 +158,7 @@ class SlotCache(Cache):
         index = torch.tensor(keep, dtype=torch.long)
         for layer in self.layers:
             layer.select_rows(index)
+        self.generation += 1
         self.lengths = [self.lengths[i] for i in keep]
         self.rows = len(keep)
 

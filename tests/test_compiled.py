@@ -167,3 +167,48 @@ def test_cuda_graphs_in_a_batch_decide_what_eager_decides(tiny_dirs, method, mod
         finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
         outputs[run] = [finished[i] for i in range(len(PROMPTS))]
     assert outputs[mode] == outputs["off"]
+
+
+class EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: runs eagerly, and fails if the cache's
+    buffers are not the ones it was 'captured' with (a replay would then use freed memory)."""
+
+    def __init__(self, model, cache, input_ids, bases, offset, depth, tree, keep, pool):
+        from specgen import kvcache as kv
+
+        self.run = lambda ids, b, d, t: kv.run(model, cache, ids, b, offset, d, t, cache.capacity, keep)
+        self.cache = cache
+        self.first = self.run(input_ids, bases, depth, tree)
+        self.buffers = [layer.keys for layer in cache.layers]
+
+    def __call__(self, input_ids, bases, depth, tree):
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
+        for layer, captured in zip(self.cache.layers, self.buffers):
+            assert layer.keys is captured, "a graph replayed over reallocated cache buffers"
+        return self.run(input_ids, bases, depth, tree)
+
+
+@pytest.mark.parametrize("method", ["chain", "rsd-c"])
+def test_graph_keys_follow_cache_reallocation(tiny_pair, method, monkeypatch):
+    """Rows joining and leaving reallocate the batch cache: graphs captured before must not be
+    replayed (on a GPU that replay read freed buffers and changed tokens)."""
+    import specgen.compiled as compiled
+    from specgen.session import Pair, make_row_drafters
+    from test_batch import PROMPTS
+
+    monkeypatch.setattr(compiled, "GraphStep", EagerGraph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
+    outputs = {}
+    for mode in ("graphs", "off"):
+        drafts, _ = make_row_drafters(Pair(*tiny_pair, compile=mode), config.method, config)
+        engine = Engine(tiny_pair[0].model, tiny_pair[0].device, frozenset(), tiny_pair[0].context_length,
+                        compile=mode)
+        for steps in (engine.steps, getattr(drafts, "steps", None)):
+            if steps is not None:
+                steps.cuda = True  # take the capture path, with the stand-in above
+        finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
+        outputs[mode] = [finished[i] for i in range(len(PROMPTS))]
+    assert outputs["graphs"] == outputs["off"]
