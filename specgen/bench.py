@@ -415,15 +415,21 @@ def fixed_threads(threads: int | None):
 
 
 def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
-            settings: BenchSettings, memory: MemoryProbe | None = None) -> Iterator[Measurement]:
-    """Warm each method up once, then for each prompt, for each repeat, run every method in
-    the given order (the caller puts plain first). Yields measurements as they complete."""
+            settings: BenchSettings, memory: MemoryProbe | None = None,
+            warmups: dict | None = None) -> Iterator[Measurement]:
+    """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
+    capture happen there, apart from every measurement), then for each prompt, for each
+    repeat, run every method in the given order (the caller puts plain first). Yields
+    measurements as they complete."""
     memory = memory or MemoryProbe()
     config = settings.generation
     if settings.warmup and prompts:
         short = replace(config, max_new_tokens=min(settings.warmup_tokens, config.max_new_tokens))
         for runner in runners:
+            started = time.perf_counter()
             runner.generate(prompts[0][1], short)
+            if warmups is not None:
+                warmups[runner.name] = round(time.perf_counter() - started, 3)
     for item, ids in prompts:
         for repeat in range(settings.repeats):
             for runner in runners:
@@ -598,11 +604,12 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     devices = [pair.target.device] + ([pair.draft.device] if pair.draft is not None else [])
     memory = MemoryProbe(devices)
     measurements: list[Measurement] = []
+    warmups: dict[str, float] = {}
     interrupted = False
     with fixed_threads(settings.threads) as threads:
         env = environment(pair, threads)
         try:
-            for m in measure(runners, encoded, settings, memory):
+            for m in measure(runners, encoded, settings, memory, warmups):
                 measurements.append(m)
                 if on_measurement is not None:
                     on_measurement(m)
@@ -614,7 +621,7 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     described = {name: specs[name].description if name in specs else f"specgen {name}" for name in method_names}
     run_settings = {
         "methods": described, "prompts": len(prompts), "repeats": settings.repeats,
-        "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens,
+        "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens, "warmup_seconds": warmups,
         **{k: v for k, v in asdict(settings.generation).items() if k != "method"}, "greedy": greedy,
         "hf_assistant": assistant_settings(pair, method_names),
     }

@@ -421,10 +421,18 @@ def table(result):
     env, s = result.environment, result.settings
     title = (f"specgen bench · {env['target']['name']}"
              + (f" + {env['draft']['name']}" if env.get("draft") else "")
-             + f" · {env['target']['dtype']} · threads={env['torch_threads']} · "
+             + f" · {env['target']['dtype']}"
+             + (f" ({env['cpu_format']['reason']})" if env.get("cpu_format") and env['target']['device'] == "cpu"
+                and env['cpu_format']['dtype'] == env['target']['dtype']
+                else "")
+             + f" · threads={env['torch_threads']} · "
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
-    t = Table(title=escape(title), title_justify="left", header_style="bold")
+    warm = s.get("warmup_seconds") or {}
+    caption = ("warm-up (compilation, capture; not in any figure): "
+               + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())) if warm else None
+    t = Table(title=escape(title), title_justify="left", header_style="bold",
+              caption=escape(caption) if caption else None, caption_justify="left")
     for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
                  "tok/fwd", "TTFT s", "draft share", "identical"):
         t.add_column(name, justify="left" if name in ("method", "category") else "right")

@@ -24,6 +24,7 @@ nodes that see only the cache and themselves, and cut off again.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -134,6 +135,7 @@ class Steps:
         self.graphs: dict = {}
         self.pool = None
         self.cuda = next(model.parameters()).device.type == "cuda"
+        self.setup_seconds = 0.0  # spent capturing graphs (and compiling the shapes they hold)
         if self.mode in ("graphs", "inductor"):
             self.notice = can_capture(model)
             if self.notice is not None:
@@ -162,8 +164,10 @@ class Steps:
                 del self.graphs[k]
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
+            started = time.perf_counter()
             step = self.graphs[key] = GraphStep(self.model, cache, input_ids, bases, offset, depth, tree, keep,
                                                 self.pool)
+            self.setup_seconds += time.perf_counter() - started
         return step(input_ids, bases, depth, tree)
 
     def forward(self, cache, input_ids: torch.Tensor, keep: int = 0, **kwargs) -> torch.Tensor:

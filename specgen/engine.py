@@ -471,6 +471,14 @@ class Engine:
         state.verified = len(ids)
         return ReplayResult(start, checked, rolled_back, correction, len(ids), time.perf_counter() - started)
 
+    def setup_seconds(self) -> float:
+        """Seconds spent so far capturing (and compiling) fixed-shape steps, target and draft."""
+        total = self.steps.setup_seconds
+        for drafter in (self.drafter, getattr(self.drafter, "model", None)):
+            steps = getattr(drafter, "steps", None)
+            total += steps.setup_seconds if steps is not None else 0.0
+        return total
+
     # -- helpers ------------------------------------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int], what: str) -> None:
         if not prompt_ids:

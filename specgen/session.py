@@ -159,6 +159,7 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     stream = TextStream(tokenizer)
     started = time.perf_counter()
     interrupted = False
+    setup = engine.setup_seconds()
     with renderer:
         try:
             state = engine.resume(state, prompt_ids, config)
@@ -170,6 +171,7 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
                     renderer.on_replay(replay_view(event, stream), stats)
                     continue
                 stats.update(event, elapsed)
+                stats.setup_seconds = engine.setup_seconds() - setup
                 renderer.on_round(view_of(event, stream, pending=config.deterministic), stats)
         except KeyboardInterrupt:
             interrupted = True

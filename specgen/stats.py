@@ -29,6 +29,7 @@ class Stats:
     replay_seconds: float = 0.0
     stop: str | None = None
     dtype: str | None = None  # the target's weight format (what --dtype auto chose)
+    setup_seconds: float = 0.0  # capturing and compiling fixed-shape steps (first use of a shape)
 
     def update(self, result: RoundResult, elapsed: float) -> None:
         """Add one round; `elapsed` is the wall time since prefill started."""
@@ -78,7 +79,8 @@ class Stats:
 
     @property
     def decode_seconds(self) -> float:
-        return max(self.seconds - self.prefill_seconds, 0.0)
+        """Decoding alone: after prefill, without compiling and capturing steps."""
+        return max(self.seconds - self.prefill_seconds - self.setup_seconds, 0.0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -98,6 +100,7 @@ class Stats:
             "seconds": round(self.seconds, 4),
             "prefill_seconds": round(self.prefill_seconds, 4),
             "decode_seconds": round(self.decode_seconds, 4),
+            "setup_seconds": round(self.setup_seconds, 4),
             "time_to_first_token": round(self.time_to_first_token or 0.0, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),

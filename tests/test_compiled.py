@@ -7,6 +7,8 @@ tests capture it as CUDA graphs (and with torch.compile) and compare with eager 
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -212,3 +214,23 @@ def test_graph_keys_follow_cache_reallocation(tiny_pair, method, monkeypatch):
         finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
         outputs[mode] = [finished[i] for i in range(len(PROMPTS))]
     assert outputs["graphs"] == outputs["off"]
+
+
+def test_capture_time_is_reported_apart_from_decoding(tiny_pair, monkeypatch):
+    """The first use of a shape (capture, compilation) goes to setup_seconds, not to decode speed."""
+    import specgen.compiled as compiled
+    from specgen.render import JsonRenderer
+    from specgen.session import generate as run_generation
+
+    monkeypatch.setattr(compiled, "GraphStep", EagerGraph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    target = tiny_pair[0]
+    engine = Engine(target.model, target.device, frozenset(), target.context_length, compile="graphs")
+    engine.steps.cuda = True
+    config = GenerationConfig(method=Method.PLAIN, max_new_tokens=8)
+    first = run_generation(engine, target.tokenizer, PROMPT, config, JsonRenderer(io.StringIO()))
+    again = run_generation(engine, target.tokenizer, PROMPT, config, JsonRenderer(io.StringIO()))
+    assert first.stats.setup_seconds > 0 and again.stats.setup_seconds == 0  # one capture, then replays
+    stats = first.stats.as_dict()
+    assert stats["decode_seconds"] == pytest.approx(
+        stats["seconds"] - stats["prefill_seconds"] - stats["setup_seconds"], abs=1e-3)
