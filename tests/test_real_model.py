@@ -52,7 +52,7 @@ def test_default_pair_chain_matches_plain_in_fp32(prompt):
 def test_default_pair_deterministic_mode_is_independent_of_method_draft_and_batch(tmp_path):
     """bf16 on the default pair: identical tokens for every method, draft length and batch size."""
     prompt = "Write a Python function that returns the n-th Fibonacci number."
-    common = [prompt, "--device", "cpu", "-n", "24", "--deterministic", "--verify-window", "16"]
+    common = [prompt, "--device", "cpu", "--dtype", "bfloat16", "-n", "24", "--deterministic", "--verify-window", "16"]
     runs = [run_json(*common, "--method", "plain"),
             run_json(*common, "--method", "chain", "--draft-tokens", "2"),
             run_json(*common, "--method", "chain", "--draft-tokens", "5"),
@@ -65,10 +65,10 @@ def test_default_pair_deterministic_mode_is_independent_of_method_draft_and_batc
         "Say hello.", "List four prime numbers.", "What is a hash map?", "Reverse a list in Python.", prompt,
         "Write a haiku about caches.", "Define entropy in one line.", "Why is the sky blue?"]))
     for path, size, method, row in ((prompts, "3", "plain", 1), (prompts, "3", "chain", 1),
-                                    (others, "8", "chain", 4), (others, "3", "lookup", 4)):
+                                    (others, "8", "chain", 4), (others, "3", "lookup", 4), (prompts, "3", "rsd-c", 1)):
         result = runner.invoke(app, ["run", "--prompts-file", str(path), "--batch-size", size, "--method", method,
-                                     "--device", "cpu", "-n", "24", "--deterministic", "--verify-window", "16",
-                                     "--format", "json"])
+                                     "--device", "cpu", "--dtype", "bfloat16", "-n", "24", "--deterministic",
+                                     "--verify-window", "16", "--format", "json"])
         assert result.exit_code == 0, result.output
         batched = [json.loads(line) for line in result.stdout.strip().splitlines()]
         assert batched[row]["token_ids"] == runs[0]["token_ids"], (size, method)
