@@ -554,14 +554,18 @@ def batched_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
     return torch.tensor([finished[i] for i in range(generations)])
 
 
-def test_batched_chain_first_two_tokens_follow_target_law(tiny_pair, target_law):
-    """1200 rows decoded together (k = 1, ragged caches): pairs ~ q0(t1) q1(t2 | t1). alpha = 1e-3."""
-    tokens = batched_first_two_tokens(tiny_pair, SPEC_GENERATIONS, seed=77)
+def assert_pairs_follow(tokens: torch.Tensor, target_law) -> None:
+    """First tokens ~ q0, pairs ~ q0(t1) q1(t2 | t1); each fails by chance with alpha = 1e-3."""
     q0, joint = target_law
     assert gof_pvalue(tokens[:, 0], q0) > SMALL_ALPHA
     vocab = joint.shape[0]
     pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
     assert pvalue > SMALL_ALPHA, f"p-value {pvalue:.3g}"
+
+
+def test_batched_chain_first_two_tokens_follow_target_law(tiny_pair, target_law):
+    """1200 rows decoded together (k = 1, one shared draft cache): pairs ~ q0(t1) q1(t2 | t1)."""
+    assert_pairs_follow(batched_first_two_tokens(tiny_pair, SPEC_GENERATIONS, seed=77), target_law)
 
 
 def test_batched_chain_control_without_residual_fails(tiny_pair, target_law, monkeypatch):
@@ -637,12 +641,7 @@ def batched_tree_first_two_tokens(pair, generations: int, seed: int) -> torch.Te
 
 def test_batched_tree_first_two_tokens_follow_target_law(tiny_pair, target_law):
     """1200 RSD-C rows decoded together (recursive rejection per row): pairs ~ q0(t1) q1(t2 | t1)."""
-    tokens = batched_tree_first_two_tokens(tiny_pair, SPEC_GENERATIONS, seed=177)
-    q0, joint = target_law
-    assert gof_pvalue(tokens[:, 0], q0) > SMALL_ALPHA
-    vocab = joint.shape[0]
-    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
-    assert pvalue > SMALL_ALPHA, f"p-value {pvalue:.3g}"
+    assert_pairs_follow(batched_tree_first_two_tokens(tiny_pair, SPEC_GENERATIONS, seed=177), target_law)
 
 
 def test_batched_tree_control_with_an_unwarped_target_fails(tiny_pair, target_law, monkeypatch):
