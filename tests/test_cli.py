@@ -221,13 +221,15 @@ def test_prompts_file_batched_outputs_in_input_order(models, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text('hello there\n{"prompt": "second one"}\n\nthird\nand a fourth, longer prompt\n')
     runs = {}
-    for size, method in (("1", "plain"), ("3", "plain"), ("3", "chain"), ("2", "lookup")):
+    for size, method in (("1", "plain"), ("3", "plain"), ("3", "chain"), ("2", "lookup"), ("3", "rsd-s"),
+                         ("2", "lookup-chain")):
         result = invoke("run", "--prompts-file", str(prompts), "--batch-size", size, "--method", method, *models,
-                        "-n", "6", "--format", "json")
+                        "-n", "6", "--format", "json", "--dtype", "float32")
         assert result.exit_code == 0, result.output
         runs[size, method] = [json.loads(line) for line in result.stdout.strip().splitlines()]
         assert [r["token_ids"] for r in runs[size, method]] == [r["token_ids"] for r in runs["1", "plain"]]
     assert runs["3", "chain"][0]["stats"]["drafted"] > 0
+    assert runs["3", "rsd-s"][0]["stats"]["mean_tree_size"] > 0  # trees batch too
     runs["3"] = runs["3", "plain"]
     assert len(runs["3"]) == 4
     single = invoke("run", "second one", *models, "-n", "6", "--method", "plain", "--format", "json")
