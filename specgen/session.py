@@ -56,7 +56,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         from specgen.draft_quant import apply_draft_quant, resolve_auto
 
         quant = resolve_auto(quant, loaded_draft.device, loaded_draft.dtype,
-                             dtype_auto=(settings.dtype or "auto").strip().lower() == "auto")
+                             dtype_auto=(settings.dtype or "auto").strip().lower() == "auto", tree=method.is_tree)
     if loaded_draft is not None and quant not in (None, "none"):
         specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
         model = apply_draft_quant(loaded_draft.model, quant, special_ids=specials)
