@@ -61,11 +61,7 @@ def resolve_compile(value: str | bool | None, device) -> str:
     """--compile auto|on|off|graphs|inductor -> a mode. auto and on: inductor on CUDA (the fastest
     measured: benchmarks/README.md); auto is off on the CPU, where graphs do not exist and no
     compiled mode was measured faster than eager; on is inductor there."""
-    if value is True:
-        value = "on"
-    if value is False or value is None:
-        value = "off" if value is False else "auto"
-    value = value.strip().lower()
+    value = {True: "on", False: "off", None: "auto"}.get(value, value).strip().lower()
     cuda = torch.device(device).type == "cuda"
     if value == "auto":
         return "inductor" if cuda else "off"
@@ -131,7 +127,6 @@ class Steps:
         self.model = model
         self.mode = {True: "graphs", False: "off"}.get(compile, compile) or "off"
         self.notice = None
-        self.compiled = None
         self.graphs: dict = {}
         self.pool = None
         self.cuda = next(model.parameters()).device.type == "cuda"

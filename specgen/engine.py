@@ -268,9 +268,12 @@ class Engine:
     def _round(self, rows: list[DecodeState], config: GenerationConfig, drafts) -> list[RoundResult]:
         """Draft, verify (one forward for all rows), accept and commit; one result per row."""
         started = time.perf_counter()
+        # the roots go to the device now, while it is idle: copied after the draft steps were
+        # queued, a host list would wait for all of them
+        roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
         plans = self._draft(rows, config, drafts)
         drafted = time.perf_counter()
-        logits, inputs = self._verify(rows, plans)
+        logits, inputs = self._verify(rows, plans, roots)
         results = self._accept(rows, plans, logits, inputs, config)
         verified = time.perf_counter()
         out = []
@@ -303,42 +306,42 @@ class Engine:
                 plan.kind, plan.proposal = "chain", proposal
         return plans
 
-    def _verify(self, rows, plans: list[_Plan]):
-        """ONE target forward over every row's [root, proposal]: logits [rows, width, V]."""
-        tokens, trees, depths = [], [], []
-        for state, plan in zip(rows, plans):
-            root = torch.tensor([state.ids[-1]], device=self.device)
+    def _verify(self, rows, plans: list[_Plan], roots: torch.Tensor):
+        """ONE target forward over every row's [root, proposal]: logits [rows, width, V].
+
+        Rows are padded at the end to the widest. Without trees the default causal mask serves
+        every row (a pad is a query nobody reads, and no real token sees it). With trees each
+        row gets its ancestor mask, and pads see only the cache and themselves.
+        """
+        tokens = []
+        for i, plan in enumerate(plans):
             if plan.kind == "tree":
-                tree = plan.proposal.tree
-                tokens.append(tree.tokens.to(self.device))
-                trees.append(tree.ancestor_mask)
-                depths.append(torch.tensor(tree.depth))
+                tokens.append(plan.proposal.tree.tokens.to(self.device))
             elif plan.kind == "chain":
-                draft = plan.proposal.tokens.to(self.device)
-                tokens.append(torch.cat([root, draft]))
-                trees.append(kvcache.chain_tree(draft.shape[0] + 1))
-                depths.append(torch.arange(draft.shape[0] + 1))
+                tokens.append(torch.cat([roots[i], plan.proposal.tokens.to(self.device)]))
             else:
-                tokens.append(root)
-                trees.append(kvcache.chain_tree(1))
-                depths.append(torch.zeros(1, dtype=torch.long))
-        width = max(t.shape[0] for t in tokens)
-        if len(rows) == 1 and plans[0].kind != "tree":  # the common case: no padding, the default mask
+                tokens.append(roots[i])
+        trees = any(plan.kind == "tree" for plan in plans)
+        if len(rows) == 1:
+            if trees:
+                return self.steps.tree(rows[0].cache, tokens[0], plans[0].proposal.tree), tokens
             return self.steps.forward(rows[0].cache, tokens[0].unsqueeze(0)), tokens
-        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        width = max(t.shape[0] for t in tokens)
+        ids = torch.stack([torch.nn.functional.pad(t, (0, width - t.shape[0])) for t in tokens])
+        if not trees:
+            return self.steps.forward(rows[0].cache, ids), tokens
         mask = torch.zeros(len(rows), width, width, dtype=torch.bool)
         depth = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, (t, tree, d) in enumerate(zip(tokens, trees, depths)):
+        for i, (t, plan) in enumerate(zip(tokens, plans)):
             n = t.shape[0]
-            ids[i, :n] = t
-            mask[i, :n, :n] = tree
-            depth[i, :n] = d
-            mask[i, range(n, width), range(n, width)] = True  # pads see the cache and themselves
-        if len(rows) == 1:
-            logits = self.steps.tree(rows[0].cache, tokens[0], plans[0].proposal.tree)
-        else:
-            logits = self.steps.forward(rows[0].cache, ids, depth=depth, tree=mask)
-        return logits, tokens
+            if plan.kind == "tree":
+                mask[i, :n, :n] = plan.proposal.tree.ancestor_mask
+                depth[i, :n] = torch.tensor(plan.proposal.tree.depth)
+            else:
+                mask[i, :n, :n] = kvcache.chain_tree(n)
+                depth[i, :n] = torch.arange(n)
+            mask[i, range(n, width), range(n, width)] = True
+        return self.steps.forward(rows[0].cache, ids, depth=depth, tree=mask), tokens
 
     def _accept(self, rows, plans, logits, inputs, config: GenerationConfig) -> list[tuple]:
         """Per row (accepted, target token, tree verdict or None), read with as few syncs as possible."""

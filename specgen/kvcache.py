@@ -22,6 +22,7 @@ subclass, and the model is called through its public forward.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -116,7 +117,25 @@ class SlotCache(Cache):
         self.active = None  # a row slice when a forward feeds some rows only
         self.generation = 0  # bumped whenever the layers' buffers are reallocated (captured graphs go stale)
         self.serial = next(_SERIALS)  # unique for the process (an id() can be reused after collection)
+        self._device_lengths: torch.Tensor | None = None  # `lengths` on the model's device
+        self._mirrored: list[int] = []  # the lengths that tensor holds
         super().__init__(layers=[SlotLayer(self) for _ in range(config.num_hidden_layers)])
+
+    def device_lengths(self, device) -> torch.Tensor:
+        """`lengths` as a tensor on `device`, kept in step by one small fill per changed row.
+
+        A host list copied to a GPU each forward (pageable memory) would wait for every kernel
+        queued before it: a host sync per draft step. A fill takes its value as a kernel argument.
+        """
+        held = self._device_lengths
+        if held is None or held.device != torch.device(device) or len(self._mirrored) != self.rows:
+            held = self._device_lengths = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        else:
+            for row, (new, old) in enumerate(zip(self.lengths, self._mirrored)):
+                if new != old:
+                    held[row].fill_(new)
+        self._mirrored = list(self.lengths)
+        return held
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths, default=0)
@@ -257,10 +276,12 @@ def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, 
     lengths = cache.lengths[rows] if rows is not None else cache.lengths
     end = max(lengths) + offset + n
     cache.reserve(end)
-    bases = torch.tensor(lengths, dtype=torch.long).to(device, non_blocking=True)
+    bases = cache.device_lengths(device)
+    if rows is not None:
+        bases = bases[rows]
     rows_fed = input_ids.shape[0]
     tree = chain_tree(n, offset, device) if tree is None else tree.to(device)
-    depth = torch.arange(offset, offset + n, device=device) if depth is None else depth.to(device)
+    depth = _offsets(n, offset, device) if depth is None else depth.to(device)
     if tree.dim() == 2:
         tree = tree.expand(rows_fed, *tree.shape)
     if depth.dim() == 1:
@@ -278,6 +299,15 @@ def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, 
     return logits
 
 
+@functools.lru_cache(maxsize=256)
 def chain_tree(n: int, offset: int = 0, device=None) -> torch.Tensor:
-    """[n, offset + n]: query j sees the round's slots up to its own (offset + j)."""
-    return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
+    """[n, offset + n]: query j sees the round's slots up to its own (offset + j). Cached: the
+    default mask of every step (callers only read it)."""
+    with torch.inference_mode():
+        return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets(n: int, offset: int, device) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.arange(offset, offset + n, device=device)

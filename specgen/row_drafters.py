@@ -127,9 +127,11 @@ class SharedChain:
         for i, tokens in enumerate(new):
             ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         bases = list(self.cache.lengths)
-        logits = self.steps.forward(self.cache, ids.to(self.device))
-        last = torch.tensor([len(tokens) - 1 for tokens in new], device=logits.device)
-        logits = logits[torch.arange(count, device=logits.device), last, : self.vocab]
+        # both copies before the first forward is queued (afterwards they would wait for it)
+        ids = ids.to(self.device)
+        last = torch.tensor([len(tokens) - 1 for tokens in new], device=self.device)
+        logits = self.steps.forward(self.cache, ids)
+        logits = logits[torch.arange(count, device=logits.device), last.to(logits.device), : self.vocab]
         kvcache.set_lengths(self.cache, [b + len(tokens) for b, tokens in zip(bases, new)])  # drop the pads
         tokens, probs = [], []
         stopped = torch.zeros(count, dtype=torch.bool, device=self.device)
