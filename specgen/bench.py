@@ -660,8 +660,15 @@ def _format_record() -> dict:
 
 def _model_record(loaded) -> dict:
     return {"name": loaded.name, "source": loaded.source, "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "parameters": sum(p.numel() for p in loaded.model.parameters())}
+            "dtype": str(loaded.dtype).removeprefix("torch."), "weights": getattr(loaded, "weights", "none"),
+            "parameters": _parameters(loaded.model)}
+
+
+def _parameters(model) -> int:
+    from specgen.int8 import RowInt8Linear
+
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, RowInt8Linear))
+    return sum(p.numel() for p in model.parameters()) + packed
 
 
 def _cpu_model() -> str:

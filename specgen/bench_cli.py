@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, ScheduleOpt, ConfidenceOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
-                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, CompileOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
+                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, TargetQuantOpt, CompileOpt, DtypeOpt, MaxNewOpt, SeedOpt, TargetOpt,
                          TemperatureOpt, TopKOpt, TopPOpt, user_errors)
 
 from specgen.config import Method
@@ -58,6 +58,7 @@ def bench(
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
     draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
     compile: CompileOpt = "auto",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
@@ -105,11 +106,11 @@ def bench(
                 raise ConfigError("--csv and --plot report the per-prompt bench; with --batch-sizes use --json")
             check_outputs({"--json": json_file})
             _throughput(names, items, replace(config, deterministic=False), sizes, windows,
-                        target, draft, device, draft_device, (dtype, draft_quant, compile), json_file, threads)
+                        target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), json_file, threads)
             return
         check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before, not after, the run
         result = _measure(bench_mod, names, items, settings,
-                          target, draft, device, draft_device, (dtype, draft_quant, compile))
+                          target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant))
         written = _report(result, json_file, csv_file, plot_file)
         if not written:
             raise typer.Exit(1)
@@ -422,6 +423,7 @@ def table(result):
     title = (f"specgen bench · {env['target']['name']}"
              + (f" + {env['draft']['name']}" if env.get("draft") else "")
              + f" · {env['target']['dtype']}"
+             + (f" + int8 linears" if env['target'].get('weights') == "int8" else "")
              + (f" ({env['cpu_format']['reason']})" if env.get("cpu_format") and env['target']['device'] == "cpu"
                 and env['cpu_format']['dtype'] == env['target']['dtype']
                 else "")

@@ -30,7 +30,7 @@ import typer
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.options import (DeterministicOpt, VerifyWindowOpt, BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt,
-                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, CompileOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
+                         DraftDeviceOpt, DraftOpt, DraftTokensOpt, DraftQuantOpt, TargetQuantOpt, CompileOpt, DtypeOpt, Format, MaxNewOpt, MethodOpt,
                          SeedOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, check_text, decode_text, generation_config,
                          user_errors)
 from specgen.errors import PromptError, SpecgenError
@@ -58,6 +58,7 @@ def chat(
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
     draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
     compile: CompileOpt = "auto",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
@@ -73,7 +74,7 @@ def chat(
     """Chat with the target model; caches are kept between turns. /help lists the commands."""
     try:
         with user_errors():
-            code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile), show_tree, format,
+            code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), show_tree, format,
                          generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
                                            seed, branching, beam_width, depth, deterministic, verify_window))
     except KeyboardInterrupt:  # while loading models

@@ -12,7 +12,7 @@ from specgen.errors import ConfigError
 
 from specgen.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # stdlib-only imports: --help stays instant
 from specgen.options import (BeamWidthOpt, BranchingOpt, DepthOpt, DeviceOpt, DraftDeviceOpt, DraftOpt,
-                             DraftTokensOpt, DraftQuantOpt, DtypeOpt, CompileOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
+                             DraftTokensOpt, DraftQuantOpt, TargetQuantOpt, DtypeOpt, CompileOpt, Format, MaxNewOpt, MethodOpt, SeedOpt, TargetOpt,
                              TemperatureOpt, TopKOpt, TopPOpt, DeterministicOpt, VerifyWindowOpt, ScheduleOpt, ConfidenceOpt,
                              check_text, generation_config, read_prompt, user_errors)
 
@@ -53,6 +53,7 @@ def run(
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",
     draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -83,7 +84,7 @@ def run(
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
             fmt = format or Format.plain
             _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
-                      (draft_quant, compile))
+                      (draft_quant, compile, target_quant))
             return
         text = read_prompt(prompt, file)
         from specgen.errors import PromptError
@@ -92,11 +93,11 @@ def run(
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
         _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree,
-             (draft_quant, compile))
+             (draft_quant, compile, target_quant))
 
 
 def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
-              quant_and_compile=(None, "auto")) -> None:
+              quant_and_compile=(None, "auto", "auto")) -> None:
     """Several prompts; outputs in input order. Batches decode together with any method."""
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer
@@ -163,7 +164,7 @@ def _numbers(values: list[int]) -> str:
 
 
 def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,
-         quant_and_compile=(None, "auto")) -> None:
+         quant_and_compile=(None, "auto", "auto")) -> None:
     from specgen import session
     from specgen.render import JsonRenderer, PlainRenderer, RichRenderer
 

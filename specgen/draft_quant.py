@@ -2,9 +2,9 @@
 
 Variants (combine with `+`, e.g. `int8+prune`):
 
-* `int8`: dynamic int8 quantization of every nn.Linear (torch.ao `quantize_dynamic`, the x86
-  / fbgemm kernels: int8 weights, activations quantized per call, VNNI int8 dot products). The
-  rest of the model runs in fp32, the dtype those kernels take.
+* `int8`: every nn.Linear becomes an `int8.RowInt8Linear` (int8 weights per output channel,
+  each activation row quantized on its own, fbgemm's int8 kernels). The rest of the model runs
+  in fp32, the dtype those kernels take. Quantized weights are cached on disk.
 * `int8-wo`: weight-only int8 (per output channel scales), activations stay bf16, through
   torch's `_weight_int8pack_mm` CPU kernel.
 * `prune`: the output layer keeps only the first `keep` token ids (Qwen's byte-level BPE ids
@@ -64,7 +64,7 @@ def parse_quant(text: str | None) -> tuple[str, ...]:
 
 
 def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KEEP,
-                      special_ids: tuple[int, ...] = ()) -> nn.Module:
+                      special_ids: tuple[int, ...] = (), source: str | None = None) -> nn.Module:
     """Apply a `--draft-quant` spec to a loaded draft model (in place where possible); returns it."""
     parts = parse_quant(spec)
     if not parts:
@@ -74,7 +74,10 @@ def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KE
     if "prune" in parts:
         prune_head(model, keep, special_ids)
     if "int8" in parts:
-        model = quantize_int8_dynamic(model)
+        from specgen import int8
+
+        cache = int8.cache_file_for(source, f"draft {'+'.join(parts)} keep={keep}") if source else None
+        model = int8.quantize_model(model, cache)
     elif "int8-wo" in parts:
         quantize_int8_weight_only(model)
     return model
@@ -124,20 +127,6 @@ def prune_head(model: nn.Module, keep: int, special_ids: tuple[int, ...] = ()) -
 
 
 # -- int8 ----------------------------------------------------------------------------------------
-def quantize_int8_dynamic(model: nn.Module) -> nn.Module:
-    import warnings
-
-    from torch.ao.quantization import quantize_dynamic
-
-    torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else \
-        torch.backends.quantized.engine
-    model = model.float()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
-        quantized = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-    return quantized
-
-
 class Int8WeightOnlyLinear(nn.Module):
     """y = x @ (scale * W_int8)^T + b with per-output-channel scales; x stays in its dtype."""
 

@@ -27,6 +27,8 @@ class LoadedModel:
     source: str  # "dir", "gguf", "catalog" or "hub"
     device: torch.device  # where input ids go
     dtype: torch.dtype
+    path: str | None = None  # the directory the weights were loaded from (None: a hub id)
+    weights: str = "none"  # int8 when its linears were quantized (int8.py, draft_quant.py)
 
     @property
     def context_length(self) -> int:
@@ -111,7 +113,8 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
                          f"{len(tokenizer)} tokens: ids {rows} and up would have no embedding",
                          hint="the model and tokenizer files do not belong together")
     model.eval()
-    return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype)
+    return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype,
+                       resolved.path if resolved.source != "hub" else None)
 
 
 def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,

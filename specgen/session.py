@@ -7,6 +7,8 @@ generated when the user presses Ctrl-C.
 from __future__ import annotations
 
 import time
+
+import torch
 from dataclasses import dataclass
 
 from specgen.config import GenerationConfig, Method
@@ -29,6 +31,7 @@ class ModelSettings:
     dtype: str = "auto"
     draft_quant: str | None = None  # draft_quant.py: auto, none, int8, int8-wo, prune, int8+prune
     compile: str = "auto"  # compiled.py: auto (on for CUDA), on, off
+    target_quant: str = "none"  # int8.py: auto, none, int8
 
 
 @dataclass
@@ -47,8 +50,23 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         from specgen.draft_quant import parse_quant
 
         parse_quant(settings.draft_quant)  # a bad spec fails before minutes of loading
+    from specgen import int8
+
+    int8.parse_target_quant(settings.target_quant)
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
+    target_quant = int8.resolve_target_quant(settings.target_quant, target,
+                                             dtype_auto=(settings.dtype or "auto").strip().lower() == "auto")
+    if target_quant == "int8":
+        from dataclasses import replace
+
+        with _status(f"int8 weights for target {target.name} ...", quiet):
+            model = int8.quantize_model(target.model, int8.cache_file_for(target.path, "target") if target.path else None,
+                                        quiet)
+            from specgen.exact_attention import use_exact_attention
+
+            use_exact_attention(model)  # int8 rows are exact; attention must not undo it
+        target = replace(target, model=model, dtype=torch.float32, weights="int8")
     quant = settings.draft_quant
     if loaded_draft is not None and quant not in (None, "none"):
         from dataclasses import replace
@@ -59,9 +77,17 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
                              dtype_auto=(settings.dtype or "auto").strip().lower() == "auto", tree=method.is_tree)
     if loaded_draft is not None and quant not in (None, "none"):
         specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
-        model = apply_draft_quant(loaded_draft.model, quant, special_ids=specials)
-        loaded_draft = replace(loaded_draft, model=model, dtype=next(model.parameters()).dtype)
+        with _status(f"{quant} weights for draft {loaded_draft.name} ...", quiet):
+            model = apply_draft_quant(loaded_draft.model, quant, special_ids=specials, source=loaded_draft.path)
+        loaded_draft = replace(loaded_draft, model=model, dtype=next(model.parameters()).dtype,
+                               weights=quant)
     return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
+
+
+def _status(message: str, quiet: bool):
+    from specgen.convert import status
+
+    return status(message, quiet)
 
 
 def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: GenerationConfig | None,

@@ -1,0 +1,225 @@
+"""Int8 linears for the CPU that give every row the same result alone or in a batch.
+
+Why not torch's `quantize_dynamic`: its x86 kernel quantizes the activations with ONE scale
+for the whole input matrix, so the logits of a token depend on which other tokens share its
+forward. A k+1-token verify would then score a token differently from a plain one-token step,
+and greedy speculative decoding would no longer reproduce plain decoding of the same model.
+
+`RowInt8Linear` computes y = x W^T + b with
+- W quantized once, per output channel, to int8 (symmetric, scale = max|W_row| / 127);
+- each input row x_i divided by its own max |x_i| (so every row spans [-1, 1]), then quantized
+  with one FIXED scale and zero point (7 bits, the range the x86 u8*s8 kernels take without
+  saturating), multiplied in int32 by fbgemm (exact integer arithmetic), dequantized, and
+  multiplied back by max |x_i|.
+The fixed input scale makes the integer product of a row depend on that row only, and the
+epilogue is elementwise, so a row's output is bitwise the same at any batch width (tested).
+Relative error against fp32 is about 2%, the same as torch's dynamic kernel; the speed is
+within ~0.05 ms per linear of it (measured on an AVX2 EPYC: 0.29 vs 0.22 ms at 1 row of a
+1536x8960 linear, 0.52 vs 0.47 ms at 5 rows; fp32 takes 2.7 and 8.5 ms).
+
+Quantized weights are cached on disk (`$SPECGEN_CACHE/int8/`, safetensors of int8 weights
+and fp32 scales, keyed by the source weights), so the second load skips the quantization;
+the fbgemm packing (about 0.2 s per 100M weights on two threads) is redone at every load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+_ZERO_POINT = 64
+_INPUT_SCALE = 1.0 / 63.0  # x / max|x| in [-1, 1] -> round(x * 63) + 64 in [1, 127]: 7 bits
+
+
+def available() -> bool:
+    return "x86" in torch.backends.quantized.supported_engines or \
+        "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def _engine() -> None:
+    engines = torch.backends.quantized.supported_engines
+    if torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        torch.backends.quantized.engine = "x86" if "x86" in engines else "fbgemm"
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (int8 [N, K], fp32 scales [N]), symmetric per output channel."""
+    weight = weight.detach().float()
+    scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def _pack(qweight: torch.Tensor, scales: torch.Tensor):
+    import warnings
+
+    _engine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors announce their deprecation
+        qtensor = torch._make_per_channel_quantized_tensor(
+            qweight, scales.double(), torch.zeros(len(scales), dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qtensor, None)
+
+
+class RowInt8Linear(nn.Module):
+    """A drop-in nn.Linear replacement: int8 weights, per-row exact activation quantization."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, packed=None):
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self._packed = packed if packed is not None else _pack(qweight, scales)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (for inspection and tests; the forward never builds it)."""
+        qtensor, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return qtensor.dequantize()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        rows = x.reshape(-1, self.in_features).float()
+        peak = torch.amax(torch.abs(rows), -1, True).clamp_(min=1e-30)  # 5x cheaper than vector_norm(inf)
+        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            rows / peak, _INPUT_SCALE, _ZERO_POINT, self._packed)
+        out = torch.addcmul(self.bias, out, peak) if self.bias is not None else out.mul_(peak)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if dtype == torch.float32 else out.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+def quantize_model(model: nn.Module, cache_file: Path | None = None, quiet: bool = True) -> nn.Module:
+    """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear; the rest runs in
+    fp32. Weights come from `cache_file` when it holds them, else are quantized (and saved
+    there when a path is given). Returns the model (changed in place)."""
+    model = model.float()
+    names = linear_names(model)
+    shapes = {name: tuple(model.get_submodule(name).weight.shape) for name in names}
+    cached = _read_cache(cache_file, shapes) if cache_file is not None else None
+    weights = {}
+    for name in names:
+        if cached is not None:
+            weights[name] = cached[name]
+        else:
+            weights[name] = quantize_weight(model.get_submodule(name).weight)
+    if cached is None and cache_file is not None:
+        _write_cache(cache_file, weights, quiet)
+    threads = max(1, torch.get_num_threads())
+    with ThreadPoolExecutor(threads) as pool:  # fbgemm packing is single-threaded per call
+        packed = dict(zip(names, pool.map(lambda n: _pack(*weights[n]), names)))
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        setattr(parent, child, RowInt8Linear(*weights[name], old.bias, packed[name]))
+    return model
+
+
+# -- on-disk cache ---------------------------------------------------------------------------
+def cache_file_for(source: str | os.PathLike, role_key: str = "") -> Path | None:
+    """Where the int8 weights of the model loaded from `source` (a local directory) are
+    cached; None for sources without local weight files (then nothing is cached)."""
+    from specgen.catalog import cache_root
+
+    path = Path(source)
+    if not path.is_dir():
+        return None
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    digest.update(f"v{FORMAT_VERSION} {role_key} {path.resolve()}".encode())
+    for f in files:
+        stat = f.stat()
+        digest.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    return cache_root() / "int8" / f"{path.name}-{digest.hexdigest()[:16]}.safetensors"
+
+
+def _read_cache(path: Path, shapes: dict[str, tuple]) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        out = {}
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if json.loads(meta.get("names", "[]")) != list(shapes):
+                return None
+            for name, shape in shapes.items():
+                out[name] = (fh.get_tensor(f"{name}.qweight"), fh.get_tensor(f"{name}.scales"))
+                if tuple(out[name][0].shape) != shape or out[name][0].dtype != torch.int8:
+                    return None
+        return out
+    except Exception:  # a truncated or foreign file: quantize again (and overwrite it)
+        return None
+
+
+def _write_cache(path: Path, weights: dict, quiet: bool) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, (q, s) in weights.items():
+        tensors[f"{name}.qweight"], tensors[f"{name}.scales"] = q.contiguous(), s.contiguous()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp), metadata={"names": json.dumps(list(weights)), "format": str(FORMAT_VERSION)})
+        os.replace(tmp, path)
+        for stale in path.parent.glob(f"{path.name.rsplit('-', 1)[0]}-*.safetensors"):
+            if stale != path:  # an older quantization of a model whose weights changed
+                stale.unlink(missing_ok=True)
+    except OSError as exc:  # an unwritable cache only costs the next load the quantization
+        tmp.unlink(missing_ok=True)
+        if not quiet:
+            sys.stderr.write(f"specgen: could not cache int8 weights in {path.parent}: {exc.strerror or exc}\n")
+
+
+# -- --target-quant ----------------------------------------------------------------------------
+TARGET_QUANT_CHOICES = ("auto", "none", "int8")
+
+
+def parse_target_quant(spec: str | None) -> str:
+    from specgen.errors import ConfigError
+
+    value = (spec or "none").strip().lower()
+    if value not in TARGET_QUANT_CHOICES:
+        raise ConfigError(f"--target-quant '{spec}': choose {', '.join(TARGET_QUANT_CHOICES)}")
+    return value
+
+
+def resolve_target_quant(spec: str | None, target, dtype_auto: bool = True) -> str:
+    """`none` or `int8` for the loaded target. int8 runs on the CPU kernels only.
+
+    auto: int8 where the target runs on the CPU, `--dtype` was left to auto, and its weights
+    came from a GGUF file (catalog or local), i.e. were already quantized (Q4_K/Q6_K for the
+    default target), so that int8 adds an error far below the file's own; a full-precision
+    checkpoint (a directory or hub id) keeps its weights unless int8 is asked for.
+    """
+    from specgen.errors import ConfigError
+
+    value = parse_target_quant(spec)
+    on_cpu = all(p.device.type == "cpu" for p in target.model.parameters())
+    if value == "int8":
+        if not on_cpu:
+            raise ConfigError("--target-quant int8 runs on the CPU kernels only; use it with --device cpu")
+        if not available():
+            raise ConfigError("--target-quant int8 needs torch's x86 (fbgemm) int8 kernels, which this build lacks")
+        return "int8"
+    if value == "auto" and on_cpu and dtype_auto and target.source in ("gguf", "catalog") and available():
+        return "int8"
+    return "none"
