@@ -245,6 +245,12 @@ def registry() -> dict[str, MethodSpec]:
     for ref in REFERENCES:
         specs[ref.name] = MethodSpec(ref.name, ref.uses_assistant,
                                      lambda pair, r=ref: HFRunner(pair, r), ref.description)
+    from specgen import bench_llamacpp
+
+    if bench_llamacpp.installed():  # optional extra: listed (and in the default run) once installed
+        for name, description in bench_llamacpp.METHODS.items():
+            specs[name] = MethodSpec(name, False, lambda pair, n=name: bench_llamacpp.LlamaCppRunner(pair, n),
+                                     description)
     return specs
 
 
@@ -277,6 +283,10 @@ def parse_methods(text: str | None) -> list[str]:
     names = list(specs) if text is None or not text.strip() else [
         n.strip().lower() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in specs and variant(n) is None]
+    from specgen import bench_llamacpp
+
+    if any(n in bench_llamacpp.METHODS for n in unknown):
+        bench_llamacpp.require()
     if unknown:
         raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
                           "(chain and lookup also take /kN or /fixed, /additive, /expected-gain)")
@@ -589,6 +599,13 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     specs = registry()
     if runners is None:
         method_names = parse_methods(",".join(method_names))
+        from specgen import bench_llamacpp
+
+        if not getattr(pair.target, "gguf", None) and any(n in bench_llamacpp.METHODS for n in method_names):
+            import sys
+
+            sys.stderr.write(f"bench: llama.cpp columns skipped: target {pair.target.name} has no GGUF file\n")
+            method_names = [n for n in method_names if n not in bench_llamacpp.METHODS]
         runners = [build_runner(pair, name) for name in method_names]
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:

@@ -29,6 +29,7 @@ class LoadedModel:
     dtype: torch.dtype
     path: str | None = None  # the directory the weights were loaded from (None: a hub id)
     weights: str = "none"  # int8 when its linears were quantized (int8.py, draft_quant.py)
+    gguf: str | None = None  # the GGUF file the weights came from (llama.cpp reference columns)
 
     @property
     def context_length(self) -> int:
@@ -50,6 +51,7 @@ class Resolved:
     path: str  # a directory to load from, or a hub id
     source: str
     name: str
+    gguf: str | None = None  # the GGUF file behind a converted directory
 
 
 def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
@@ -66,7 +68,7 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
             raise ModelError(f"{path} is not a GGUF file (no GGUF header) and not a model directory")
         from specgen.convert import ensure_converted
 
-        return Resolved(str(ensure_converted(path, dtype, quiet=quiet)), "gguf", path.name)
+        return Resolved(str(ensure_converted(path, dtype, quiet=quiet)), "gguf", path.name, str(path.resolve()))
     from specgen import catalog
 
     if arg in catalog.CATALOG:
@@ -74,7 +76,7 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
         gguf = catalog.fetch(model, quiet=quiet)
         from specgen.convert import ensure_converted
 
-        return Resolved(str(ensure_converted(gguf, dtype, key=model.name, quiet=quiet)), "catalog", arg)
+        return Resolved(str(ensure_converted(gguf, dtype, key=model.name, quiet=quiet)), "catalog", arg, str(gguf))
     if _looks_like_path(arg):
         raise ModelError(f"model path {arg} does not exist")
     if arg.count("/") == 1 and not arg.startswith("/"):
@@ -114,7 +116,7 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
                          hint="the model and tokenizer files do not belong together")
     model.eval()
     return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype,
-                       resolved.path if resolved.source != "hub" else None)
+                       resolved.path if resolved.source != "hub" else None, gguf=resolved.gguf)
 
 
 def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,
