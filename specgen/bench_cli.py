@@ -49,7 +49,7 @@ def bench(
     threads: Annotated[Optional[int], typer.Option(
         "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count).")] = None,
     max_new_tokens: MaxNewOpt = 128,
-    draft_tokens: DraftTokensOpt = "4",
+    draft_tokens: DraftTokensOpt = "device",
     draft_schedule: ScheduleOpt = None,
     draft_confidence: ConfidenceOpt = 0.0,
     deterministic: DeterministicOpt = False,
@@ -176,6 +176,17 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     model_settings = session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
     pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
+    chosen = None
+    if settings.generation.device_draft_tokens:
+        generation = replace(settings.generation, device_draft_tokens=False)
+        if pair.draft is not None:
+            from specgen.draft_length import choose
+
+            chosen = choose(pair)
+            generation = replace(generation, draft_tokens=chosen.k)
+            err.print(f"bench: draft length k={chosen.k} for this device ({chosen.reason})", style="dim",
+                      markup=False)
+        settings = replace(settings, generation=generation)
     total = len(items) * settings.repeats * len(names)
     err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
               f"({', '.join(names)}) = {total} generations", style="dim", markup=False)
@@ -189,7 +200,7 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
             def tick(m):
                 progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
-            return bench_mod.run_bench(pair, names, items, settings, on_measurement=tick)
+            return _noted(bench_mod.run_bench(pair, names, items, settings, on_measurement=tick), chosen)
     per_prompt = settings.repeats * len(names)
     done = [0]
 
@@ -198,7 +209,13 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
         if done[0] % per_prompt == 0:
             err.print(f"measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}", style="dim", markup=False)
 
-    return bench_mod.run_bench(pair, names, items, settings, on_measurement=line)
+    return _noted(bench_mod.run_bench(pair, names, items, settings, on_measurement=line), chosen)
+
+
+def _noted(result, chosen):
+    """Record how the draft length was chosen (JSON settings, table title)."""
+    result.settings["draft_tokens_choice"] = f"device default: {chosen.reason}" if chosen else "given"
+    return result
 
 
 def _report(result, json_file, csv_file, plot_file) -> bool:
@@ -427,7 +444,9 @@ def table(result):
              + (f" ({env['cpu_format']['reason']})" if env.get("cpu_format") and env['target']['device'] == "cpu"
                 and env['cpu_format']['dtype'] == env['target']['dtype']
                 else "")
-             + f" · threads={env['torch_threads']} · "
+             + f" · threads={env['torch_threads']} · k={s['draft_tokens']}"
+             + (" (device default)" if str(s.get("draft_tokens_choice", "")).startswith("device") else "")
+             + " · "
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
     warm = s.get("warmup_seconds") or {}

@@ -51,7 +51,7 @@ def chat(
     draft: DraftOpt = DEFAULT_DRAFT,
     method: MethodOpt = "chain",
     max_new_tokens: MaxNewOpt = 256,
-    draft_tokens: DraftTokensOpt = "4",
+    draft_tokens: DraftTokensOpt = "device",
     deterministic: DeterministicOpt = False,
     verify_window: VerifyWindowOpt = 32,
     device: DeviceOpt = "auto",
@@ -109,6 +109,7 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
 
     settings = session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
+    config = session.resolve_draft_length(pair, config, quiet=fmt is Format.json)
     chat_session = chat_mod.ChatSession(pair, settings, config, system, messages, notify=notify,
                                         quiet=fmt is Format.json)
     if load_file is not None:

@@ -79,6 +79,7 @@ class GenerationConfig:
     draft_confidence: float = 0.0  # chain: stop drafting when the draft's top probability is below
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
+    device_draft_tokens: bool = False  # draft_tokens is a placeholder: draft_length.choose sets it
 
     @property
     def tree_depth(self) -> int:
@@ -140,9 +141,11 @@ def parse_draft_tokens(value: str) -> tuple[int, Schedule | None]:
     the default when no length is given.
     """
     value = str(value).strip().lower()
+    if value == "device":
+        return 4, None
     if value == "auto":
         return 8, Schedule.EXPECTED_GAIN
     try:
         return int(value), None
     except ValueError:
-        raise ConfigError(f"--draft-tokens takes a number or 'auto', got '{value}'") from None
+        raise ConfigError(f"--draft-tokens takes a number, 'auto' or 'device', got '{value}'") from None

@@ -111,7 +111,7 @@ TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: di
 DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same tokenizer as the target).")]
 MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, rsd-c, rsd-s or multi-draft.")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
-DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round, or 'auto' (adaptive, up to 8).")]
+DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")]
 ConfidenceOpt = Annotated[float, typer.Option("--draft-confidence", help="chain: stop a draft early when the draft's top probability falls below this (0: off).")]
 ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
@@ -147,6 +147,7 @@ def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, 
         raise ConfigError(f"unknown --draft-schedule '{schedule}'; use fixed, additive or expected-gain") from None
     return GenerationConfig(
         method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
+        device_draft_tokens=str(draft_tokens).strip().lower() == "device",
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         branching=parse_branching(branching), beam_width=beam_width, depth=depth,
         deterministic=deterministic, verify_window=verify_window, draft_confidence=draft_confidence)

@@ -84,6 +84,21 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
 
 
+def resolve_draft_length(pair: Pair, config: GenerationConfig, quiet: bool = True) -> GenerationConfig:
+    """`--draft-tokens device` (the default): the k measured best for this pair on this device."""
+    from dataclasses import replace
+
+    if not config.device_draft_tokens:
+        return config
+    if pair.draft is None or config.method not in (Method.CHAIN, Method.LOOKUP_CHAIN):
+        return replace(config, device_draft_tokens=False)
+    from specgen.draft_length import choose
+
+    with _status("measuring the draft length for this device ...", quiet):
+        choice = choose(pair)
+    return replace(config, draft_tokens=choice.k, device_draft_tokens=False)
+
+
 def _status(message: str, quiet: bool):
     from specgen.convert import status
 

@@ -1,0 +1,115 @@
+"""The default draft length per device, from the measured cost of a draft step and a verify.
+
+A chain round at draft length k costs k draft steps plus one target forward over k+1 tokens,
+and yields (1 - a^(k+1)) / (1 - a) tokens on average at per-token acceptance a. Where a
+draft step is cheap next to the target and a wide verify costs about what a single step
+does (a GPU), long drafts win; where the draft costs half the target (the 0.5B/1.5B pair on
+a CPU) short ones do. `choose` measures the three costs once on a short context (about a
+second with the default pair), picks the k in 1..MAX_K with the best expected tokens per
+unit of time at the typical acceptance `ACCEPTANCE`, and caches the answer per machine,
+thread count and model pair in `$SPECGEN_CACHE/draft-length.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+ACCEPTANCE = 0.8  # chain acceptance of the default pair on the quick set (benchmarks/README.md)
+MAX_K = 6
+GPU_K = 4
+
+
+@dataclass(frozen=True)
+class Choice:
+    k: int
+    reason: str
+
+
+def expected_rate(k: int, draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE) -> float:
+    """Expected tokens per target-step time at draft length k (costs relative to one target step)."""
+    tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+    return tokens / (k * draft_cost + verify_cost[k + 1])
+
+
+def best_k(draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE) -> int:
+    return max(range(1, MAX_K + 1), key=lambda k: (expected_rate(k, draft_cost, verify_cost, acceptance), -k))
+
+
+def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
+    """Verify cost at 1..MAX_K+1 tokens from costs measured at 1 and `width` tokens (linear)."""
+    slope = (wide - one) / (width - 1)
+    return {n: 1.0 + slope * (n - 1) / one for n in range(1, MAX_K + 2)}
+
+
+def _time(model, width: int, context: int = 32, repeats: int = 3) -> float:
+    from specgen import kvcache
+
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().num_embeddings
+    cache = kvcache.new_cache(model)
+    kvcache.forward(model, cache, (torch.arange(100, 100 + context, device=device) % vocab)[None], keep=1)
+    tokens = (torch.arange(300, 300 + width, device=device) % vocab)[None]
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first forward warms up
+        started = time.perf_counter()
+        kvcache.forward(model, cache, tokens, keep=1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+        kvcache.crop(cache, context)
+    return best
+
+
+def _key(pair) -> str:
+    from specgen.placement import cpu_flags
+
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return " | ".join([cpu, ",".join(sorted(cpu_flags())), str(torch.get_num_threads()),
+                       f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
+                       f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}"])
+
+
+def choose(pair) -> Choice:
+    """k for chain-style methods on this pair and device (measured once, then cached)."""
+    if pair.draft is None:
+        return Choice(GPU_K, "no draft model")
+    if pair.target.device.type == "cuda" and pair.draft.device.type == "cuda":
+        return Choice(GPU_K, "GPU: a wide verify costs about one step")
+    from specgen.catalog import cache_root
+
+    path = cache_root() / "draft-length.json"
+    key = _key(pair)
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), dict) and "k" in known[key]:
+        entry = known[key]
+        return Choice(int(entry["k"]), entry.get("reason", "measured earlier"))
+    with torch.inference_mode():
+        step = _time(pair.target.model, 1)
+        wide = _time(pair.target.model, 5)
+        draft = _time(pair.draft.model, 1)
+    verify = _interpolate(step, wide, 5)
+    k = best_k(draft / step, verify)
+    reason = (f"measured: draft step {draft / step:.2f} of a target step, 5-token verify "
+              f"{wide / step:.2f} steps; best at {ACCEPTANCE:.0%} acceptance")
+    known = known if isinstance(known, dict) else {}
+    known[key] = {"k": k, "reason": reason}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only means measuring again next time
+    return Choice(k, reason)
