@@ -24,6 +24,8 @@ the fbgemm packing (about 0.2 s per 100M weights on two threads) is redone at ev
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -146,7 +148,8 @@ def cache_file_for(source: str | os.PathLike, role_key: str = "") -> Path | None
     for f in files:
         stat = f.stat()
         digest.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
-    return cache_root() / "int8" / f"{path.name}-{digest.hexdigest()[:16]}.safetensors"
+    role = "".join(c if c.isalnum() or c in "+=" else "-" for c in role_key.lower()) or "model"
+    return cache_root() / "int8" / f"{path.name}.{role}.{digest.hexdigest()[:16]}.safetensors"
 
 
 def _read_cache(path: Path, shapes: dict[str, tuple]) -> dict | None:
@@ -180,13 +183,16 @@ def _write_cache(path: Path, weights: dict, quiet: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(tmp), metadata={"names": json.dumps(list(weights)), "format": str(FORMAT_VERSION)})
         os.replace(tmp, path)
-        for stale in path.parent.glob(f"{path.name.rsplit('-', 1)[0]}-*.safetensors"):
-            if stale != path:  # an older quantization of a model whose weights changed
+        stem = path.name.rsplit(".", 2)[0]  # model dir name + role: an older digest is stale
+        for stale in path.parent.glob(f"{glob.escape(stem)}.*.safetensors"):
+            if stale != path and stale.name.count(".") == path.name.count("."):
                 stale.unlink(missing_ok=True)
-    except OSError as exc:  # an unwritable cache only costs the next load the quantization
-        tmp.unlink(missing_ok=True)
+    except Exception as exc:  # noqa: BLE001 (OSError, SafetensorError): only costs the next load the quantization
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         if not quiet:
-            sys.stderr.write(f"specgen: could not cache int8 weights in {path.parent}: {exc.strerror or exc}\n")
+            reason = getattr(exc, "strerror", None) or exc
+            sys.stderr.write(f"specgen: could not cache int8 weights in {path.parent}: {reason}\n")
 
 
 # -- --target-quant ----------------------------------------------------------------------------

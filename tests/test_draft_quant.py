@@ -53,7 +53,8 @@ def test_greedy_chain_with_a_cheaper_draft_equals_plain(tiny_pair, tiny_dirs, sp
     assert tokens == reference_greedy(target.model, PROMPT, 16)
 
 
-def test_cli_runs_with_a_quantized_draft_and_refuses_bad_specs(tiny_dirs):
+def test_cli_runs_with_a_quantized_draft_and_refuses_bad_specs(tiny_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))  # the int8 weights are cached there
     import json
 
     from typer.testing import CliRunner

@@ -1,0 +1,470 @@
+"""--target-quant int8: int8 linears whose rows are exact at any width keep speculation lossless.
+
+Speculative decoding is exact only with respect to the target as it runs: a verify forward of
+k+1 tokens must score each token exactly as a one-token plain step would. These tests check
+that property for `RowInt8Linear` (bitwise, row by row), for the whole int8 target (every
+method reproduces greedy plain decoding of the SAME int8 target, token for token, and chain
+sampling follows its law), and that the checks have teeth: an int8 linear with one activation
+scale per forward (what torch's `quantize_dynamic` does) is caught by the same harness, and so
+is an acceptance rule without its residual. Also the on-disk cache of int8 weights, the option
+parsing and the CLI's error for a bad --target-quant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import specgen.engine as engine_module
+from specgen import int8, kvcache, session
+from specgen.config import GenerationConfig, Method
+from specgen.errors import ConfigError
+from specgen.models import load_pair
+from test_cli import assert_one_line_error
+from test_engine import PROMPT, reference_greedy
+from test_statistical import (CONTROL_GENERATIONS, ENGINE_PROMPT, ENGINE_SAMPLING, SMALL_ALPHA,
+                              SPEC_GENERATIONS, assert_pairs_follow, first_two_tokens, gof_pvalue,
+                              make_engine, rule_without_residual)
+from tiny import build_model
+
+pytestmark = pytest.mark.skipif(not int8.available(), reason="torch lacks the x86/fbgemm int8 kernels")
+
+
+# -- RowInt8Linear ---------------------------------------------------------------------------------
+
+SHAPES = [(64, 128), (128, 64), (17, 33), (259, 96)]  # (in, out)
+
+
+def quantized_linear(in_features: int, out_features: int, bias: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    if bias:
+        nn.init.normal_(linear.bias, std=0.5)  # not the tiny default init: make the bias matter
+    q, scales = int8.quantize_weight(linear.weight)
+    return linear, int8.RowInt8Linear(q, scales, linear.bias)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_row_outputs_do_not_depend_on_the_batch_width(shape, bias):
+    in_features, out_features = shape
+    linear, qlinear = quantized_linear(in_features, out_features, bias)
+    x = torch.randn(1, 7, in_features, generator=torch.Generator().manual_seed(1))
+    x[0, 3] *= 40.0  # one row far larger than the rest: a shared activation scale would show it
+    with torch.no_grad():
+        full = qlinear(x)
+        assert full.shape == (1, 7, out_features) and full.dtype == torch.float32
+        for i in range(7):
+            assert torch.equal(qlinear(x[:, i:i + 1]), full[:, i:i + 1]), f"row {i} alone"
+        assert torch.equal(qlinear(x[:, :5]), full[:, :5]), "the first 5 rows together"
+        assert torch.equal(qlinear(x[0]), full[0])  # 2-D input
+        reference = linear(x)
+    error = (full - reference).abs().amax() / reference.abs().amax()
+    assert error < 0.05, f"relative max error {error:.4f}"
+    for i in range(7):  # every row on its own scale, the small rows included
+        row_error = (full[0, i] - reference[0, i]).abs().amax() / reference[0, i].abs().amax()
+        assert row_error < 0.05, f"row {i}: relative max error {row_error:.4f}"
+    assert (qlinear.bias is None) == (not bias)
+    torch.testing.assert_close(qlinear.weight, linear.weight, atol=linear.weight.abs().amax().item() / 127, rtol=0)
+
+
+def test_bfloat16_input_gives_bfloat16_output():
+    linear, qlinear = quantized_linear(64, 48, True)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = qlinear(x.bfloat16())
+        reference = linear(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 5, 48)
+    assert (out.float() - reference).abs().amax() / reference.abs().amax() < 0.05
+
+
+def test_quantize_weight_is_symmetric_per_output_channel():
+    weight = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [-3.0, 3.0, 1.5]])
+    q, scales = int8.quantize_weight(weight)
+    assert q.dtype == torch.int8 and scales.dtype == torch.float32 and scales.shape == (3,)
+    assert q.abs().amax(dim=1).tolist() == [127, 0, 127]
+    torch.testing.assert_close(scales[[0, 2]], torch.tensor([2.0, 3.0]) / 127)
+    assert torch.isfinite(scales).all() and (scales > 0).all()  # an all-zero row gets no 0/0
+
+
+# -- quantize_model and its on-disk cache ----------------------------------------------------------
+
+MODEL_INPUT = torch.tensor([[257, 84, 82, 68, 81, 198, 71]])
+
+
+def small_model(layers: int = 1):
+    """A fresh copy of the same tiny random Qwen2 (same seed, same weights every call)."""
+    return build_model(5, layers=layers, hidden=32)
+
+
+def logits_of(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(MODEL_INPUT).logits
+
+
+@pytest.fixture
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "specgen-cache"))
+    return tmp_path
+
+
+def forbid_quantizing(monkeypatch):
+    def refuse(weight):
+        raise AssertionError("quantize_weight called: the cache was not used")
+
+    monkeypatch.setattr(int8, "quantize_weight", refuse)
+
+
+def test_quantize_model_replaces_every_linear():
+    model = int8.quantize_model(small_model(2))
+    assert not int8.linear_names(model)
+    quantized = [m for m in model.modules() if isinstance(m, int8.RowInt8Linear)]
+    assert len(quantized) == 2 * 7 + 1  # q k v o gate up down per layer, and the head
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    reference = logits_of(small_model(2))
+    logits = logits_of(model)
+    assert not torch.equal(logits, reference)  # really quantized
+    assert (logits - reference).abs().amax() / reference.abs().amax() < 0.1
+
+
+def test_cache_is_written_then_read(cache_env, monkeypatch):
+    cache = cache_env / "int8" / "model.safetensors"
+    first = int8.quantize_model(small_model(), cache)
+    assert cache.is_file() and cache.stat().st_size > 0
+    assert not list(cache.parent.glob(".*.tmp"))  # the temporary file was renamed into place
+    written = cache.stat().st_mtime_ns
+    forbid_quantizing(monkeypatch)
+    second = int8.quantize_model(small_model(), cache)
+    assert isinstance(second.lm_head, int8.RowInt8Linear)
+    assert torch.equal(logits_of(second), logits_of(first))
+    assert cache.stat().st_mtime_ns == written  # read, not rewritten
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "another-model"])
+def test_a_damaged_or_foreign_cache_is_ignored_and_overwritten(cache_env, monkeypatch, damage):
+    cache = cache_env / "int8" / "model.safetensors"
+    expected = logits_of(int8.quantize_model(small_model(), cache))
+    if damage == "truncated":
+        data = cache.read_bytes()
+        cache.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        cache.write_bytes(b"\x00not a safetensors file" * 10)
+    else:  # a valid cache file of a model with other linears
+        cache.unlink()
+        int8.quantize_model(small_model(layers=2), cache)
+    again = int8.quantize_model(small_model(), cache)  # quantizes again, no error
+    assert torch.equal(logits_of(again), expected)
+    forbid_quantizing(monkeypatch)  # ... and the file now holds this model's weights
+    assert torch.equal(logits_of(int8.quantize_model(small_model(), cache)), expected)
+
+
+def test_a_cache_path_that_is_a_directory_does_not_raise(cache_env):
+    cache = cache_env / "int8" / "model.safetensors"
+    cache.mkdir(parents=True)
+    expected = logits_of(int8.quantize_model(small_model()))
+    assert torch.equal(logits_of(int8.quantize_model(small_model(), cache, quiet=False)), expected)
+    assert cache.is_dir() and not list(cache.parent.glob(".*.tmp"))
+
+
+def test_a_cache_under_a_regular_file_does_not_raise(cache_env):
+    blocker = cache_env / "not-a-directory"
+    blocker.write_text("a regular file where the cache directory should be")
+    expected = logits_of(int8.quantize_model(small_model()))
+    model = int8.quantize_model(small_model(), blocker / "int8" / "model.safetensors", quiet=False)
+    assert torch.equal(logits_of(model), expected)
+
+
+try:
+    from safetensors import SafetensorError
+except ImportError:  # older safetensors: only the Rust module's name
+    from safetensors._safetensors_rust import SafetensorError
+
+
+def test_a_failing_cache_write_does_not_raise(cache_env):
+    cache = cache_env / "int8" / "model.safetensors"
+    # root ignores permissions, so make the write fail another way: the temporary file's
+    # name is taken by a directory (save_file then fails with EISDIR)
+    (cache.parent / f".{cache.name}.{os.getpid()}.tmp").mkdir(parents=True)
+    expected = logits_of(int8.quantize_model(small_model()))
+    assert torch.equal(logits_of(int8.quantize_model(small_model(), cache, quiet=False)), expected)
+
+
+# -- cache_file_for --------------------------------------------------------------------------------
+
+def test_cache_file_for_needs_a_directory_with_safetensors(tiny_dirs, tmp_path, cache_env):
+    weights = sorted(tiny_dirs["target"].glob("*.safetensors"))
+    assert weights
+    assert int8.cache_file_for(weights[0]) is None  # a file
+    assert int8.cache_file_for(tmp_path / "missing") is None
+    (tmp_path / "empty").mkdir()
+    assert int8.cache_file_for(tmp_path / "empty") is None  # no weights to key on
+
+
+def test_cache_file_for_changes_with_the_weights(tiny_dirs, tmp_path, cache_env):
+    model_dir = shutil.copytree(tiny_dirs["target"], tmp_path / "model")  # never touch the shared dir
+    key = int8.cache_file_for(model_dir, "target")
+    assert key is not None
+    assert key.parent == cache_env / "specgen-cache" / "int8" and key.suffix == ".safetensors"
+    assert int8.cache_file_for(model_dir, "target") == key  # stable
+    assert int8.cache_file_for(model_dir, "draft") != key  # the role is part of the key
+    weights = sorted(model_dir.glob("*.safetensors"))[0]
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same size, newer
+    touched = int8.cache_file_for(model_dir, "target")
+    assert touched != key
+    with open(weights, "ab") as fh:  # same name, another size
+        fh.write(b"\0" * 8)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    resized = int8.cache_file_for(model_dir, "target")
+    assert resized not in (key, touched)
+
+
+def test_caching_one_model_keeps_the_cache_of_another(tmp_path, cache_env):
+    caches = []
+    for name in ("Qwen2.5-0.5B-Instruct", "Qwen2.5-0.5B"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(name.encode())  # only stat'ed for the key
+        caches.append(int8.cache_file_for(tmp_path / name, "target"))
+        int8.quantize_model(small_model(), caches[-1])
+    assert caches[0] != caches[1] and caches[1].is_file()
+    assert caches[0].is_file(), "caching Qwen2.5-0.5B deleted the cache of Qwen2.5-0.5B-Instruct"
+
+
+# -- parse_target_quant and resolve_target_quant ---------------------------------------------------
+
+def test_parse_target_quant():
+    assert int8.parse_target_quant(None) == "none"
+    assert int8.parse_target_quant(" INT8 ") == "int8"
+    assert int8.parse_target_quant("auto") == "auto"
+    for bad in ("int4", "int8-wo", "fp8", "prune"):
+        with pytest.raises(ConfigError) as info:
+            int8.parse_target_quant(bad)
+        assert "--target-quant" in str(info.value) and bad in str(info.value)
+
+
+def stand_in(source: str, device: str = "cpu"):
+    return SimpleNamespace(model=nn.Linear(2, 2, device=device), source=source)
+
+
+def test_resolve_target_quant():
+    for source in ("dir", "gguf", "catalog", "hub"):
+        assert int8.resolve_target_quant("int8", stand_in(source)) == "int8"
+        assert int8.resolve_target_quant("int8", stand_in(source), dtype_auto=False) == "int8"
+        assert int8.resolve_target_quant("none", stand_in(source)) == "none"
+    assert int8.resolve_target_quant("auto", stand_in("dir")) == "none"
+    assert int8.resolve_target_quant("auto", stand_in("hub")) == "none"
+    for source in ("gguf", "catalog"):
+        assert int8.resolve_target_quant("auto", stand_in(source), dtype_auto=True) == "int8"
+        assert int8.resolve_target_quant("auto", stand_in(source), dtype_auto=False) == "none"
+        assert int8.resolve_target_quant("auto", stand_in(source, device="meta")) == "none"  # not on the CPU
+    with pytest.raises(ConfigError, match="--device cpu"):
+        int8.resolve_target_quant("int8", stand_in("dir", device="meta"))
+    with pytest.raises(ConfigError, match="--target-quant"):
+        int8.resolve_target_quant("int4", stand_in("gguf"))
+
+
+# -- the int8 target: greedy speculation reproduces plain decoding of the same int8 model ---------
+
+PROMPTS = [PROMPT, [257, 84, 82, 68, 81, 198] * 3, [224]]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def int8_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("int8-cache")
+
+
+@pytest.fixture(scope="module")
+def int8_pair(tiny_dirs, int8_cache):
+    """The tiny pair through session.load with --target-quant int8 (the draft unquantized)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECGEN_CACHE", str(int8_cache))
+        settings = session.ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None,
+                                         "float32", "none", "off", target_quant="int8")
+        return session.load(settings, Method.CHAIN, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def fp32_target(tiny_dirs):
+    target, _ = load_pair(str(tiny_dirs["target"]), None, device="cpu", dtype="float32", quiet=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def self_draft_pair(int8_pair, fp32_target):
+    """The int8 target drafted by its own fp32 weights: most drafts are accepted, so the deep
+    positions of every verify forward decide tokens (the tiny draft is almost always wrong)."""
+    return session.Pair(int8_pair.target, fp32_target, "off")
+
+
+def decode(pair, method: Method, prompt: list[int], **settings) -> list[int]:
+    config = GenerationConfig(method=method, max_new_tokens=NEW_TOKENS, **settings)
+    engine = session.build_engine(pair, method, config)
+    state = engine.start(prompt, config)
+    list(engine.rounds(state, config))
+    return state.ids[len(prompt): state.verified if config.deterministic else None]
+
+
+@pytest.fixture(scope="module")
+def int8_plain(int8_pair):
+    return [decode(int8_pair, Method.PLAIN, prompt) for prompt in PROMPTS]
+
+
+def test_the_target_really_is_int8(int8_pair, int8_cache, fp32_target, int8_plain):
+    target = int8_pair.target
+    assert target.weights == "int8" and target.dtype == torch.float32
+    assert not int8.linear_names(target.model)  # no nn.Linear left
+    quantized = [m for m in target.model.modules() if isinstance(m, int8.RowInt8Linear)]
+    assert len(quantized) == 2 * 7 + 1
+    assert int8_pair.draft.weights == "none"
+    assert any(isinstance(m, nn.Linear) for m in int8_pair.draft.model.modules())
+    # the int8 target is a different model from the fp32 one: its greedy text differs
+    fp32_plain = [decode(session.Pair(fp32_target, None), Method.PLAIN, prompt) for prompt in PROMPTS]
+    assert any(a != b for a, b in zip(int8_plain, fp32_plain))
+    assert all(len(ids) == NEW_TOKENS for ids in int8_plain)
+    # the int8 weights were cached where SPECGEN_CACHE pointed (not in the user's cache)
+    assert len(list((int8_cache / "int8").glob("*.safetensors"))) == 1
+
+
+def test_plain_with_a_cache_equals_recomputing_the_whole_sequence(int8_pair, int8_plain):
+    target = int8_pair.target
+    for prompt, plain in zip(PROMPTS, int8_plain):
+        assert plain == reference_greedy(target.model, prompt, NEW_TOKENS, target.stop_ids)
+
+
+def test_a_verify_forward_scores_each_token_bitwise_as_a_plain_step(int8_pair):
+    model = int8_pair.target.model
+    tokens = torch.tensor([[84, 82, 68, 81, 198, 71]])
+    with torch.no_grad():
+        wide = kvcache.new_cache(model)
+        kvcache.forward(model, wide, torch.tensor([PROMPT]))
+        together = kvcache.forward(model, wide, tokens)[0]
+        narrow = kvcache.new_cache(model)
+        kvcache.forward(model, narrow, torch.tensor([PROMPT]))
+        steps = torch.cat([kvcache.forward(model, narrow, tokens[:, i:i + 1])[0] for i in range(tokens.shape[1])])
+    assert torch.equal(together, steps)
+
+
+METHOD_SETTINGS = [dict(method=method) for method in Method] + [
+    dict(method=Method.CHAIN, draft_tokens=7),
+    dict(method=Method.CHAIN, deterministic=True, verify_window=8),
+    dict(method=Method.RSD_C, deterministic=True, verify_window=8),
+]
+
+
+def settings_id(settings) -> str:
+    extra = "-".join(f"{k}={v}" for k, v in settings.items() if k != "method")
+    return settings["method"].value + (f"-{extra}" if extra else "")
+
+
+@pytest.mark.parametrize("settings", METHOD_SETTINGS, ids=settings_id)
+def test_greedy_methods_reproduce_plain_decoding_of_the_int8_target(int8_pair, self_draft_pair, int8_plain,
+                                                                     settings):
+    for draft_name, pair in (("tiny draft", int8_pair), ("fp32 self-draft", self_draft_pair)):
+        for prompt, plain in zip(PROMPTS, int8_plain):
+            out = decode(pair, prompt=prompt, **settings)
+            assert out == plain, f"{settings_id(settings)} with the {draft_name}, prompt {prompt[:6]}..."
+
+
+def test_self_draft_accepts_most_drafts(self_draft_pair):
+    """So the test above exercises deep verify positions, not only rejected first drafts."""
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=NEW_TOKENS)
+    rounds = list(session.build_engine(self_draft_pair, Method.CHAIN, config).generate(PROMPT, config))
+    assert sum(r.accepted for r in rounds) >= NEW_TOKENS // 2
+
+
+def shared_scale_forward(self, x):
+    """BROKEN on purpose: ONE activation scale for the whole forward (as torch's
+    quantize_dynamic does), so a token's logits depend on the other tokens of its forward."""
+    rows = x.reshape(-1, self.in_features).float()
+    peak = rows.abs().amax().clamp(min=1e-30)
+    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, self._packed) * peak
+    if self.bias is not None:
+        out = out + self.bias
+    return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def test_control_a_shared_activation_scale_is_caught(self_draft_pair, monkeypatch):
+    """Negative control: the same harness with width-dependent int8 linears fails."""
+    monkeypatch.setattr(int8.RowInt8Linear, "forward", shared_scale_forward)
+    caught = []
+    for prompt in PROMPTS:
+        plain = decode(self_draft_pair, Method.PLAIN, prompt)
+        for method in (Method.CHAIN, Method.RSD_C):
+            caught.append(decode(self_draft_pair, method, prompt) != plain)
+    assert any(caught), "width-dependent int8 linears passed the exactness check"
+
+
+# -- sampling: chain speculative sampling follows the int8 target's own law -----------------------
+
+@pytest.fixture(scope="module")
+def int8_law(int8_pair):
+    """The int8 target's exact warped laws: q0 [V] and the pair law q0(t1) q1(t2 | t1) [V, V]."""
+    from specgen.sampling import warp
+
+    model = int8_pair.target.model
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        first = model(torch.tensor([ENGINE_PROMPT])).logits[0, -1]
+        second = model(torch.tensor([ENGINE_PROMPT + [t] for t in range(vocab)])).logits[:, -1]
+    q0 = warp(first, ENGINE_SAMPLING).double()
+    return q0, q0[:, None] * warp(second, ENGINE_SAMPLING).double()
+
+
+@pytest.mark.statistical
+def test_chain_sampling_follows_the_int8_target_law(int8_pair, int8_law):
+    """1200 chain generations (temperature 1, top-p 0.95, k = 1): first tokens ~ q0 and pairs
+    ~ q0 q1 of the int8 target. Each chi-square fails by chance with alpha = 1e-3."""
+    tokens = first_two_tokens(make_engine((int8_pair.target, int8_pair.draft)), Method.CHAIN,
+                              range(SPEC_GENERATIONS))
+    assert_pairs_follow(tokens, int8_law)
+
+
+@pytest.mark.statistical
+def test_control_sampling_without_residual_fails_with_the_int8_target(int8_pair, int8_law, monkeypatch):
+    """Negative control: the no-residual acceptance rule must fail the first-token test."""
+    monkeypatch.setattr(engine_module, "speculative_sampling", rule_without_residual)
+    tokens = first_two_tokens(make_engine((int8_pair.target, int8_pair.draft)), Method.CHAIN,
+                              range(5000, 5000 + CONTROL_GENERATIONS))
+    q0, _ = int8_law
+    pvalue = gof_pvalue(tokens[:, 0], q0)
+    assert pvalue < SMALL_ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+
+def cli(*args):
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_refuses_a_bad_target_quant(tiny_dirs, cache_env):
+    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cpu",
+              "--dtype", "float32"]
+    for command in (["run", "hi"], ["run", "hi", "--method", "plain"]):
+        result = cli(*command, *models, "--target-quant", "bogus")
+        assert_one_line_error(result, "--target-quant", "bogus")
+    assert not (cache_env / "specgen-cache" / "int8").exists()
+
+
+def test_cli_int8_target_chain_equals_plain(tiny_dirs, cache_env):
+    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cpu",
+              "--dtype", "float32", "-n", "16", "--format", "json", "--raw"]
+    outputs = {}
+    for method in ("plain", "chain", "rsd-c"):
+        result = cli("run", "hello there", *models, "--method", method, "--target-quant", "int8")
+        assert result.exit_code == 0, result.output
+        outputs[method] = json.loads(result.stdout.strip().splitlines()[-1])["token_ids"]
+    assert outputs["plain"] == outputs["chain"] == outputs["rsd-c"] and len(outputs["plain"]) == 16
+    cached = list((cache_env / "specgen-cache" / "int8").glob("*.safetensors"))
+    assert len(cached) == 1 and cached[0].name.startswith(tiny_dirs["target"].name)
