@@ -139,7 +139,10 @@ def test_plain_always_comes_first_and_unknown_methods_are_refused():
     assert bench.parse_methods("hf-lookup,chain") == ["plain", "hf-lookup", "chain"]
     assert bench.parse_methods("chain,plain,chain") == ["plain", "chain"]
     every = bench.parse_methods(None)  # all that exist: specgen's methods, then the references
-    assert every == [m.value for m in Method] + ["hf-assisted", "hf-assisted-k4", "hf-lookup"]
+    from specgen import bench_llamacpp
+
+    llama = list(bench_llamacpp.METHODS) if bench_llamacpp.installed() else []  # the optional extra
+    assert every == [m.value for m in Method] + ["hf-assisted", "hf-assisted-k4", "hf-lookup"] + llama
     assert every[:2] == ["plain", "chain"]
     with pytest.raises(ConfigError, match="unknown method 'tree'"):
         bench.parse_methods("chain,tree")
@@ -514,3 +517,23 @@ def test_cli_plot_is_written_through_a_temporary_file(models, short_file, tmp_pa
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in out.parent.iterdir()] == ["speed"]
+
+
+def test_llamacpp_methods_without_the_extra_say_how_to_install(monkeypatch):
+    from specgen import bench_llamacpp
+
+    monkeypatch.setattr(bench_llamacpp, "installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"specgen\[llamacpp\]"):
+        bench.parse_methods("llamacpp")
+    assert "llamacpp" not in bench.parse_methods(None)
+
+
+def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
+    from types import SimpleNamespace
+
+    from specgen import bench_llamacpp
+
+    monkeypatch.setattr(bench_llamacpp, "installed", lambda: True)
+    pair = SimpleNamespace(target=SimpleNamespace(gguf=None, name="tiny", source="dir"))
+    with pytest.raises(ConfigError, match="needs a GGUF target"):
+        bench_llamacpp.LlamaCppRunner(pair, "llamacpp")

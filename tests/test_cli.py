@@ -307,8 +307,8 @@ def test_a_gguf_file_as_the_target(tmp_path, monkeypatch):
 
 def test_draft_confidence_stops_drafts_early_and_keeps_the_output(models):
     plain = invoke("run", "hello", *models, "-n", "16", "--method", "plain", "--format", "json")
-    stopped = invoke("run", "hello", *models, "-n", "16", "--draft-confidence", "0.99", "--format", "json")
-    full = invoke("run", "hello", *models, "-n", "16", "--format", "json")
+    stopped = invoke("run", "hello", *models, "-n", "16", "-k", "4", "--draft-confidence", "0.99", "--format", "json")
+    full = invoke("run", "hello", *models, "-n", "16", "-k", "4", "--format", "json")
     p, s, f = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (plain, stopped, full))
     assert p["token_ids"] == s["token_ids"] == f["token_ids"]
     assert s["stats"]["drafted"] < f["stats"]["drafted"]
