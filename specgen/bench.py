@@ -655,7 +655,7 @@ def environment(pair, threads: int) -> dict:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     env = {
-        "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": threads,
+        "cpu": placement.cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": threads,
         "torch_interop_threads": torch.get_num_interop_threads(), "gpus": gpus,
         "platform": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": transformers.__version__, "specgen": __version__,
@@ -686,11 +686,3 @@ def _parameters(model) -> int:
 
     packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, RowInt8Linear))
     return sum(p.numel() for p in model.parameters()) + packed
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()

@@ -176,17 +176,10 @@ def _measure(bench_mod, names, items, settings, target, draft, device, draft_dev
     model_settings = session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     load_as = Method.CHAIN if bench_mod.needs_draft(names) else Method.PLAIN
     pair = session.load(model_settings, load_as, quiet=not err.is_terminal)
-    chosen = None
-    if settings.generation.device_draft_tokens:
-        generation = replace(settings.generation, device_draft_tokens=False)
-        if pair.draft is not None:
-            from specgen.draft_length import choose
-
-            chosen = choose(pair)
-            generation = replace(generation, draft_tokens=chosen.k)
-            err.print(f"bench: draft length k={chosen.k} for this device ({chosen.reason})", style="dim",
-                      markup=False)
-        settings = replace(settings, generation=generation)
+    generation, chosen = session.resolve_draft_length(pair, settings.generation, drafts=True)
+    settings = replace(settings, generation=generation)
+    if chosen is not None:
+        err.print(f"bench: draft length k={chosen.k} for this device ({chosen.reason})", style="dim", markup=False)
     total = len(items) * settings.repeats * len(names)
     err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
               f"({', '.join(names)}) = {total} generations", style="dim", markup=False)

@@ -109,7 +109,7 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
 
     settings = session.ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
-    config = session.resolve_draft_length(pair, config)  # ~1 s once per machine and pair, then cached
+    config, _ = session.resolve_draft_length(pair, config)
     chat_session = chat_mod.ChatSession(pair, settings, config, system, messages, notify=notify,
                                         quiet=fmt is Format.json)
     if load_file is not None:

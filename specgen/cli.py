@@ -108,7 +108,7 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
     pair = session.load(session.ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile),
                         config.method,
                         quiet=fmt is Format.json)
-    config = session.resolve_draft_length(pair, config)  # ~1 s once per machine and pair, then cached
+    config, _ = session.resolve_draft_length(pair, config)
     prompts = [session.encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
     stopped: list[int] = []  # prompts that Ctrl-C left unfinished (1-based, input order)
     if batch_size == 1:
@@ -171,7 +171,7 @@ def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dt
 
     settings = session.ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile)
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
-    config = session.resolve_draft_length(pair, config)  # ~1 s once per machine and pair, then cached
+    config, _ = session.resolve_draft_length(pair, config)
     prompt_ids = session.encode_prompt(pair.target.tokenizer, text, raw, system)
     engine = session.build_engine(pair, config.method, config)
     if fmt is Format.rich:

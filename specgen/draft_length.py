@@ -66,14 +66,9 @@ def _time(model, width: int, context: int = 32, repeats: int = 3) -> float:
 
 
 def _key(pair) -> str:
-    from specgen.placement import cpu_flags
+    from specgen.placement import cpu_flags, cpu_name
 
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return " | ".join([cpu, ",".join(sorted(cpu_flags())), str(torch.get_num_threads()),
+    return " | ".join([cpu_name(), ",".join(sorted(cpu_flags() or ())), str(torch.get_num_threads()),
                        f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
                        f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}"])
 

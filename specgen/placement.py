@@ -52,6 +52,20 @@ class CpuFormat:
     reason: str  # why, in a few words (shown in the stats)
 
 
+def cpu_name() -> str:
+    """The processor's model name from /proc/cpuinfo, else what `platform` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def cpu_flags() -> frozenset[str] | None:
     """The CPU's feature flags from /proc/cpuinfo (None where there is no such file)."""
     try:

@@ -7,9 +7,9 @@ generated when the user presses Ctrl-C.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 
 import torch
-from dataclasses import dataclass
 
 from specgen.config import GenerationConfig, Method
 from specgen.drafters import ModelDrafter
@@ -58,8 +58,6 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     target_quant = int8.resolve_target_quant(settings.target_quant, target,
                                              dtype_auto=(settings.dtype or "auto").strip().lower() == "auto")
     if target_quant == "int8":
-        from dataclasses import replace
-
         with _status(f"int8 weights for target {target.name} ...", quiet):
             model = int8.quantize_model(target.model, int8.cache_file_for(target.path, "target") if target.path else None,
                                         quiet)
@@ -69,8 +67,6 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         target = replace(target, model=model, dtype=torch.float32, weights="int8")
     quant = settings.draft_quant
     if loaded_draft is not None and quant not in (None, "none"):
-        from dataclasses import replace
-
         from specgen.draft_quant import apply_draft_quant, resolve_auto
 
         quant = resolve_auto(quant, loaded_draft.device, loaded_draft.dtype,
@@ -84,19 +80,22 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
 
 
-def resolve_draft_length(pair: Pair, config: GenerationConfig, quiet: bool = True) -> GenerationConfig:
-    """`--draft-tokens device` (the default): the k measured best for this pair on this device."""
-    from dataclasses import replace
+def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | None = None):
+    """`--draft-tokens device` (the default): the k measured best for this pair on this device.
 
+    Returns (config with k set and the placeholder cleared, the draft_length.Choice or None).
+    `drafts`: whether a model-drafting method with a fixed k will run (default: from
+    config.method; bench, which runs several methods, says so itself)."""
     if not config.device_draft_tokens:
-        return config
-    if pair.draft is None or config.method not in (Method.CHAIN, Method.LOOKUP_CHAIN):
-        return replace(config, device_draft_tokens=False)
+        return config, None
+    if drafts is None:
+        drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
+    if pair.draft is None or not drafts:
+        return replace(config, device_draft_tokens=False), None
     from specgen.draft_length import choose
 
-    with _status("measuring the draft length for this device ...", quiet):
-        choice = choose(pair)
-    return replace(config, draft_tokens=choice.k, device_draft_tokens=False)
+    choice = choose(pair)  # about a second, once per machine and pair; cached after that
+    return replace(config, draft_tokens=choice.k, device_draft_tokens=False), choice
 
 
 def _status(message: str, quiet: bool):
