@@ -103,6 +103,8 @@ def specgen_run(engine, prompt_ids, config, record):
         record["tokens"] = sum(len(r.emitted) for r in rounds)
         record["accepted"] = sum(r.accepted for r in rounds)
         record["drafted"] = sum(len(r.draft_tokens) for r in rounds)
+        record["draft_seconds"] = sum(r.draft_seconds for r in rounds)
+        record["verify_seconds"] = sum(r.verify_seconds for r in rounds)
     return go
 
 
@@ -153,9 +155,19 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
             "tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2),
             "rounds": record["rounds"], "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
             "ms_per_round": round(1000 * per_round, 3),
+            # host clock per phase of the last run: drafting (k queued draft steps) and verifying
+            # (the target's forward, acceptance and the one sync that reads the verdict)
+            "draft_ms_per_round": round(1000 * record["draft_seconds"] / record["rounds"], 3),
+            "verify_ms_per_round": round(1000 * record["verify_seconds"] / record["rounds"], 3),
             "projected_tokens_per_round": round(expected, 3) if expected else None,
             "projected_tokens_per_second": round(expected / per_round, 1) if expected else None,
         }
+        costs, draft_costs = row.get("forward_ms", {}).get(mode), result.get("draft_forward_ms", {}).get(mode)
+        if costs and draft_costs and k + 1 in costs:
+            # what the round costs beyond its forwards: acceptance, commit, bookkeeping, syncs
+            device_ms = k * draft_costs[1] + costs[k + 1]
+            cell[f"chain-k{k}"]["forwards_ms_per_round"] = round(device_ms, 3)
+            cell[f"chain-k{k}"]["host_overhead_ms_per_round"] = round(1000 * per_round - device_ms, 3)
         print(shape, mode, f"chain-k{k}", cell[f"chain-k{k}"], flush=True)
 
 

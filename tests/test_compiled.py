@@ -118,7 +118,7 @@ def test_split_model_degrades_to_eager_with_a_notice(tiny_pair):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", ["graphs", "inductor"])
-@pytest.mark.parametrize("config", CONFIGS[:4], ids=lambda c: c.method.value + str(c.draft_tokens))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.method.value + str(c.draft_tokens))
 def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
     from specgen.models import load_pair
 
@@ -169,6 +169,25 @@ def test_cuda_graphs_in_a_batch_decide_what_eager_decides(tiny_dirs, method, mod
         finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
         outputs[run] = [finished[i] for i in range(len(PROMPTS))]
     assert outputs[mode] == outputs["off"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["chain", "rsd-c"])
+def test_cli_on_cuda_prints_what_plain_decoding_prints(tiny_dirs, method):
+    """What a user runs: `specgen run --device cuda` (compile auto, so compiled on CUDA)."""
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    outputs = {}
+    for m in ("plain", method):
+        result = CliRunner().invoke(app, ["run", "def add(a, b):", "--target", str(tiny_dirs["target"]), "--draft",
+                                          str(tiny_dirs["draft"]), "--device", "cuda", "--method", m, "-n", "24",
+                                          "-k", "3", "--format", "plain"])
+        assert result.exit_code == 0, result.output
+        outputs[m] = result.stdout  # the text; progress and statistics go to stderr
+    assert outputs[method] == outputs["plain"] and outputs["plain"].strip()
 
 
 class EagerGraph:
