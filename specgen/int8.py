@@ -71,6 +71,20 @@ def _pack(qweight: torch.Tensor, scales: torch.Tensor):
         return torch.ops.quantized.linear_prepack(qtensor, None)
 
 
+def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x W^T + b with each row of `x` quantized on its own (see the module docstring).
+
+    Six dispatches on the hot path and no reshapes: fbgemm's op takes the input's leading
+    dimensions as they are."""
+    dtype = x.dtype
+    rows = x if dtype == torch.float32 else x.float()
+    peak = torch.amax(torch.abs(rows), -1, True).clamp_(min=1e-30)  # 5x cheaper than vector_norm(inf)
+    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        rows / peak, _INPUT_SCALE, _ZERO_POINT, packed)
+    out = torch.addcmul(bias, out, peak) if bias is not None else out.mul_(peak)
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
 class RowInt8Linear(nn.Module):
     """A drop-in nn.Linear replacement: int8 weights, per-row exact activation quantization."""
 
@@ -87,27 +101,90 @@ class RowInt8Linear(nn.Module):
         return qtensor.dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        rows = x.reshape(-1, self.in_features).float()
-        peak = torch.amax(torch.abs(rows), -1, True).clamp_(min=1e-30)  # 5x cheaper than vector_norm(inf)
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            rows / peak, _INPUT_SCALE, _ZERO_POINT, self._packed)
-        out = torch.addcmul(self.bias, out, peak) if self.bias is not None else out.mul_(peak)
-        out = out.reshape(*x.shape[:-1], self.out_features)
-        return out if dtype == torch.float32 else out.to(dtype)
+        return row_linear(x, self._packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
+
+
+class _Fused:
+    """Sibling linears that read the same input (q/k/v, gate/up) as ONE int8 product.
+
+    A decoder layer calls q_proj(x), k_proj(x), v_proj(x) one after the other; the first call
+    computes all three (one row quantization, one fbgemm call over the concatenated weights)
+    and the others take their columns. Each output channel's integer product and epilogue are
+    those of the separate linear, so the parts are bitwise what the separate linears give
+    (tested). Measured on an AVX2 EPYC, one row: q/k/v of the 0.5B draft 100 -> 48 us,
+    gate/up 180 -> 145 us, before the per-call wrapper cost saved on top."""
+
+    def __init__(self, packed, bias: torch.Tensor | None, sizes: list[int]):
+        self.packed, self.bias, self.sizes = packed, bias, sizes
+        self._input = self._parts = None
+        self._served: set[int] = set()
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if x is not self._input or index in self._served:  # a new input (or the same part asked twice)
+            self._input, self._served = x, set()
+            self._parts = row_linear(x, self.packed, self.bias).split(self.sizes, -1)
+        part = self._parts[index]
+        self._served.add(index)
+        if len(self._served) == len(self.sizes):  # every sibling served: hold no tensors
+            self._input = self._parts = None
+        return part
+
+
+class RowInt8Part(RowInt8Linear):
+    """One linear of a `_Fused` group; looks like the RowInt8Linear it replaces."""
+
+    def __init__(self, fused: _Fused, index: int, in_features: int):
+        nn.Module.__init__(self)
+        self._fused, self._index = fused, index
+        self.in_features, self.out_features = in_features, fused.sizes[index]
+        start = sum(fused.sizes[:index])
+        self.bias = None if fused.bias is None else nn.Parameter(fused.bias[start:start + self.out_features],
+                                                                 requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        qtensor, _ = torch.ops.quantized.linear_unpack(self._fused.packed)
+        start = sum(self._fused.sizes[:self._index])
+        return qtensor.dequantize()[start:start + self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fused.part(x, self._index)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", fused part {self._index} of {len(self._fused.sizes)}"
+
+
+# the sibling linears of the decoder layers of Llama-style models (Qwen2, Llama, Mistral, ...)
+FUSABLE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fusable_groups(model: nn.Module) -> list[tuple[str, ...]]:
+    """Full names of sibling nn.Linears that read the same input, by the names above; all with
+    the same input width and all with or all without a bias."""
+    groups = []
+    for prefix, module in model.named_modules():
+        for names in FUSABLE:
+            children = [getattr(module, n, None) for n in names]
+            if not all(type(c) is nn.Linear for c in children):
+                continue
+            if len({c.in_features for c in children}) == 1 and len({c.bias is None for c in children}) == 1:
+                groups.append(tuple(f"{prefix}.{n}" if prefix else n for n in names))
+    return groups
 
 
 def linear_names(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
-def quantize_model(model: nn.Module, cache_file: Path | None = None, quiet: bool = True) -> nn.Module:
-    """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear; the rest runs in
-    fp32. Weights come from `cache_file` when it holds them, else are quantized (and saved
-    there when a path is given). Returns the model (changed in place)."""
+def quantize_model(model: nn.Module, cache_file: Path | None = None, quiet: bool = True,
+                   fuse: bool = True) -> nn.Module:
+    """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear (sibling linears that
+    read the same input fused into one product unless `fuse` is False); the rest runs in fp32.
+    Weights come from `cache_file` when it holds them, else are quantized (and saved there
+    when a path is given). Returns the model (changed in place)."""
     model = model.float()
     names = linear_names(model)
     shapes = {name: tuple(model.get_submodule(name).weight.shape) for name in names}
@@ -120,14 +197,32 @@ def quantize_model(model: nn.Module, cache_file: Path | None = None, quiet: bool
             weights[name] = quantize_weight(model.get_submodule(name).weight)
     if cached is None and cache_file is not None:
         _write_cache(cache_file, weights, quiet)
+    groups = fusable_groups(model) if fuse else []
+    grouped = {name for group in groups for name in group}
+    jobs = [(name,) for name in names if name not in grouped] + groups
+
+    def pack(job):  # one name, or a group's concatenated weights (per output channel: exact)
+        if len(job) == 1:
+            return _pack(*weights[job[0]])
+        return _pack(torch.cat([weights[n][0] for n in job]), torch.cat([weights[n][1] for n in job]))
+
     threads = max(1, torch.get_num_threads())
     with ThreadPoolExecutor(threads) as pool:  # fbgemm packing is single-threaded per call
-        packed = dict(zip(names, pool.map(lambda n: _pack(*weights[n]), names)))
-    for name in names:
+        packed = dict(zip(jobs, pool.map(pack, jobs)))
+
+    def replace(name, module):
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        old = getattr(parent, child)
-        setattr(parent, child, RowInt8Linear(*weights[name], old.bias, packed[name]))
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+    for job in jobs:
+        old = [model.get_submodule(n) for n in job]
+        if len(job) == 1:
+            replace(job[0], RowInt8Linear(*weights[job[0]], old[0].bias, packed[job]))
+            continue
+        bias = None if old[0].bias is None else torch.cat([m.bias.detach().float() for m in old])
+        fused = _Fused(packed[job], bias, [m.out_features for m in old])
+        for index, (name, module) in enumerate(zip(job, old)):
+            replace(name, RowInt8Part(fused, index, module.in_features))
     return model
 
 

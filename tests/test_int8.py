@@ -93,6 +93,37 @@ def test_quantize_weight_is_symmetric_per_output_channel():
     assert torch.isfinite(scales).all() and (scales > 0).all()  # an all-zero row gets no 0/0
 
 
+def test_fused_siblings_give_bitwise_what_separate_linears_give():
+    """q/k/v and gate/up run as one product each: same logits to the bit, at every width."""
+    separate = int8.quantize_model(small_model(2), fuse=False)
+    fused = int8.quantize_model(small_model(2))
+    parts = [m for m in fused.modules() if isinstance(m, int8.RowInt8Part)]
+    assert len(parts) == 2 * 5  # q k v, gate up per layer
+    assert not any(isinstance(m, int8.RowInt8Part) for m in separate.modules())
+    with torch.no_grad():
+        for width in (1, 2, 5, 7):
+            ids = MODEL_INPUT[:, :width]
+            assert torch.equal(fused(ids).logits, separate(ids).logits), width
+    for name, module in separate.named_modules():
+        if isinstance(module, int8.RowInt8Linear):
+            other = fused.get_submodule(name)
+            assert (other.in_features, other.out_features) == (module.in_features, module.out_features)
+            assert torch.equal(other.weight, module.weight), name
+            assert (other.bias is None) == (module.bias is None)
+            assert other.bias is None or torch.equal(other.bias, module.bias)
+
+
+def test_fused_parts_called_in_any_order_or_twice_stay_right():
+    separate = int8.quantize_model(small_model(), fuse=False).model.layers[0].self_attn
+    fused = int8.quantize_model(small_model()).model.layers[0].self_attn
+    x, y = torch.randn(1, 3, 32), torch.randn(1, 2, 32)
+    with torch.no_grad():
+        calls = [("k_proj", x), ("q_proj", x), ("q_proj", x), ("v_proj", y), ("k_proj", x), ("v_proj", x),
+                 ("q_proj", y), ("k_proj", y), ("v_proj", y)]
+        for name, inp in calls:
+            assert torch.equal(getattr(fused, name)(inp), getattr(separate, name)(inp)), name
+
+
 # -- quantize_model and its on-disk cache ----------------------------------------------------------
 
 MODEL_INPUT = torch.tensor([[257, 84, 82, 68, 81, 198, 71]])
@@ -379,21 +410,21 @@ def test_self_draft_accepts_most_drafts(self_draft_pair):
     assert sum(r.accepted for r in rounds) >= NEW_TOKENS // 2
 
 
-def shared_scale_forward(self, x):
+def shared_scale_row_linear(x, packed, bias):
     """BROKEN on purpose: ONE activation scale for the whole forward (as torch's
     quantize_dynamic does), so a token's logits depend on the other tokens of its forward."""
-    rows = x.reshape(-1, self.in_features).float()
+    rows = x.float()
     peak = rows.abs().amax().clamp(min=1e-30)
     out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, self._packed) * peak
-    if self.bias is not None:
-        out = out + self.bias
-    return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, packed) * peak
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype)
 
 
 def test_control_a_shared_activation_scale_is_caught(self_draft_pair, monkeypatch):
     """Negative control: the same harness with width-dependent int8 linears fails."""
-    monkeypatch.setattr(int8.RowInt8Linear, "forward", shared_scale_forward)
+    monkeypatch.setattr(int8, "row_linear", shared_scale_row_linear)
     caught = []
     for prompt in PROMPTS:
         plain = decode(self_draft_pair, Method.PLAIN, prompt)
