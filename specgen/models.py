@@ -86,10 +86,34 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
     raise ModelError(f"unknown model '{arg}': not a local path, a catalog name or a hub id{hint}")
 
 
+TOKENIZER_KEYS = ("eos_token", "bos_token", "pad_token", "unk_token", "added_tokens_decoder",
+                  "additional_special_tokens", "extra_special_tokens")
+
+
+def tokenizer_fingerprint(path: str | None) -> str | None:
+    """A digest of what defines a local model's tokenizer for decoding (tokenizer.json and the
+    special tokens of tokenizer_config.json); None when it cannot be read that way (then the
+    tokenizer is loaded and compared as usual)."""
+    if path is None:
+        return None
+    import hashlib
+    import json
+
+    try:
+        digest = hashlib.sha256(Path(path, "tokenizer.json").read_bytes())
+        config = json.loads(Path(path, "tokenizer_config.json").read_text())
+        digest.update(json.dumps({k: config.get(k) for k in TOKENIZER_KEYS}, sort_keys=True).encode())
+    except (OSError, ValueError):
+        return None
+    return digest.hexdigest()
+
+
 def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.device,
-               quiet: bool = False, role: str = "model") -> LoadedModel:
+               quiet: bool = False, role: str = "model", share_tokenizer: LoadedModel | None = None) -> LoadedModel:
     """Load one model and its tokenizer; any failure is a one-line ModelError naming `role`
-    (target or draft) and the model."""
+    (target or draft) and the model. `share_tokenizer`: a model whose tokenizer to reuse when
+    both tokenizers are built from the same files (a draft of the target's family: saves
+    about a second per start), else the tokenizer is loaded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specgen.convert import status
@@ -97,9 +121,14 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
     resolved = resolve(arg, dtype, quiet=quiet)
     # local directories (and the converted cache) load safetensors only: never a pickled .bin
     local = {"use_safetensors": True} if resolved.source != "hub" else {}
+    tokenizer = None
+    if share_tokenizer is not None and resolved.source != "hub":
+        mine = tokenizer_fingerprint(resolved.path)
+        if mine is not None and mine == tokenizer_fingerprint(share_tokenizer.path):
+            tokenizer = share_tokenizer.tokenizer
     try:
         with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(resolved.path)
             model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map, **local)
     except OSError as exc:
         if resolved.source == "hub":
@@ -153,8 +182,9 @@ def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_d
 def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool) -> LoadedModel:
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
     loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
-                        input_device=draft_dev, quiet=quiet, role="draft")
-    check_tokenizers(target.tokenizer, loaded.tokenizer)
+                        input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target)
+    if loaded.tokenizer is not target.tokenizer:  # a shared one is the same by construction
+        check_tokenizers(target.tokenizer, loaded.tokenizer)
     return loaded
 
 
