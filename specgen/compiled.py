@@ -48,6 +48,7 @@ def compile_layers(model) -> None:
         return
     import torch._dynamo
 
+    kvcache.keep_update_out_of_compiled_regions()
     # widths, prefill lengths and both models share the layer's code: allow the recompiles;
     # the layer index (an int attribute) must not specialise one compiled layer per layer
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

@@ -140,9 +140,9 @@ class SlotCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths, default=0)
 
-    @torch.compiler.disable
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        """Kept out of compiled regions: one compiled decoder layer serves every layer index."""
+        """Kept out of compiled regions (see `keep_update_out_of_compiled_regions`): one
+        compiled decoder layer serves every layer index."""
         return self.layers[layer_idx].update(key_states, value_states)
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
@@ -311,3 +311,13 @@ def chain_tree(n: int, offset: int = 0, device=None) -> torch.Tensor:
 def _offsets(n: int, offset: int, device) -> torch.Tensor:
     with torch.inference_mode():
         return torch.arange(offset, offset + n, device=device)
+
+
+def keep_update_out_of_compiled_regions() -> None:
+    """Wrap SlotCache.update in torch.compiler.disable, once, when a model is first compiled.
+    Done lazily because the decorator imports torch._dynamo (1.5 s of every start, measured on a
+    2-core EPYC), which eager runs never need."""
+    if not getattr(SlotCache.update, "_specgen_disabled", False):
+        disabled = torch.compiler.disable(SlotCache.update)
+        disabled._specgen_disabled = True
+        SlotCache.update = disabled

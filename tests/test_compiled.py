@@ -253,3 +253,17 @@ def test_capture_time_is_reported_apart_from_decoding(tiny_pair, monkeypatch):
     stats = first.stats.as_dict()
     assert stats["decode_seconds"] == pytest.approx(
         stats["seconds"] - stats["prefill_seconds"] - stats["setup_seconds"], abs=1e-3)
+
+
+def test_eager_imports_skip_dynamo_and_compiling_keeps_the_cache_write_out():
+    """torch.compiler.disable imports torch._dynamo (1.5 s a start): applied when compiling only."""
+    import subprocess
+    import sys
+
+    from specgen.compiled import compile_layers
+    from tiny import build_model
+
+    probe = "import sys, specgen.session; print('torch._dynamo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+    compile_layers(build_model(9, layers=1))  # compiles lazily: nothing runs here
+    assert getattr(kvcache.SlotCache.update, "_specgen_disabled", False)
