@@ -18,6 +18,30 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# The user's cache, as it was before the session-wide isolation below.
+USER_CACHE = os.environ.get("SPECGEN_CACHE")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_cache(tmp_path_factory):
+    """Tests write their caches (int8 weights of tiny models, draft-length choices, CPU format
+    measurements) to a temporary directory, never to the user's ~/.cache/specgen."""
+    os.environ["SPECGEN_CACHE"] = str(tmp_path_factory.mktemp("specgen-cache"))
+    yield
+    if USER_CACHE is None:
+        os.environ.pop("SPECGEN_CACHE", None)
+    else:
+        os.environ["SPECGEN_CACHE"] = USER_CACHE
+
+
+@pytest.fixture
+def user_cache(monkeypatch):
+    """The user's cache: real-model tests share downloads and conversions with `specgen run`."""
+    if USER_CACHE is None:
+        monkeypatch.delenv("SPECGEN_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("SPECGEN_CACHE", USER_CACHE)
+
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:

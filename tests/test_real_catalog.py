@@ -18,6 +18,7 @@ import torch
 from specgen import catalog, convert
 
 SMOL = "smollm2-135m-instruct"
+pytestmark = pytest.mark.usefixtures("user_cache")  # downloads and conversions are shared with `specgen run`
 
 
 @pytest.mark.network

@@ -16,6 +16,7 @@ from specgen.cli import app
 
 runner = CliRunner()
 SMOL = "smollm2-135m-instruct"
+pytestmark = pytest.mark.usefixtures("user_cache")  # downloads and conversions are shared with `specgen run`
 
 
 def run_json(*args) -> dict:
