@@ -113,6 +113,25 @@ def test_fused_siblings_give_bitwise_what_separate_linears_give():
             assert other.bias is None or torch.equal(other.bias, module.bias)
 
 
+def test_tall_weights_packed_in_row_chunks_give_bitwise_the_same(monkeypatch):
+    """Weights taller than CHUNK_ABOVE rows are packed as chunks (fbgemm packs tall weights
+    slowly, one thread per weight); the outputs are those of one packed weight, to the bit."""
+    whole = int8.quantize_model(small_model(2))
+    monkeypatch.setattr(int8, "CHUNK_ABOVE", 60)
+    monkeypatch.setattr(int8, "CHUNK_ROWS", 48)
+    chunked = int8.quantize_model(small_model(2))
+    assert isinstance(chunked.lm_head._packed, tuple) and len(chunked.lm_head._packed) == 6  # 259 rows
+    assert not isinstance(whole.lm_head._packed, tuple)
+    fused_chunks = {type(m._fused.packed) for m in chunked.modules() if isinstance(m, int8.RowInt8Part)}
+    assert tuple in fused_chunks  # gate/up (2 x 64 rows) is chunked too
+    with torch.no_grad():
+        for width in (1, 3, 7):
+            ids = MODEL_INPUT[:, :width]
+            assert torch.equal(chunked(ids).logits, whole(ids).logits), width
+    assert torch.equal(chunked.lm_head.weight, whole.lm_head.weight)
+    assert torch.equal(chunked.model.layers[0].mlp.up_proj.weight, whole.model.layers[0].mlp.up_proj.weight)
+
+
 def test_fused_parts_called_in_any_order_or_twice_stay_right():
     separate = int8.quantize_model(small_model(), fuse=False).model.layers[0].self_attn
     fused = int8.quantize_model(small_model()).model.layers[0].self_attn
@@ -415,8 +434,9 @@ def shared_scale_row_linear(x, packed, bias):
     quantize_dynamic does), so a token's logits depend on the other tokens of its forward."""
     rows = x.float()
     peak = rows.abs().amax().clamp(min=1e-30)
-    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, packed) * peak
+    out = torch.cat([torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, p) for p in (packed if isinstance(packed, tuple) else (packed,))],
+        -1) * peak
     if bias is not None:
         out = out + bias
     return out.to(x.dtype)
