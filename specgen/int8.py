@@ -91,14 +91,16 @@ def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tens
     peak = torch.amax(torch.abs(rows), -1, True).clamp_(min=1e-30)  # 5x cheaper than vector_norm(inf)
     scaled = rows / peak
     if isinstance(packed, tuple):
-        out = torch.cat([_OP(scaled, _INPUT_SCALE, _ZERO_POINT, p) for p in packed], -1)
+        out = torch.cat([_int8_product(scaled, _INPUT_SCALE, _ZERO_POINT, p) for p in packed], -1)
     else:
-        out = _OP(scaled, _INPUT_SCALE, _ZERO_POINT, packed)
+        out = _int8_product(scaled, _INPUT_SCALE, _ZERO_POINT, packed)
     out = torch.addcmul(bias, out, peak) if bias is not None else out.mul_(peak)
     return out if dtype == torch.float32 else out.to(dtype)
 
 
-def _OP(x, scale, zero_point, packed):
+def _int8_product(x, scale, zero_point, packed):
+    """fbgemm: quantize x with (scale, zero_point), int32 product with the packed int8 weight,
+    dequantize to fp32 with the weight's per-channel scales."""
     return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, packed)
 
 

@@ -128,7 +128,8 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
             tokenizer = share_tokenizer.tokenizer
     try:
         with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(resolved.path)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(resolved.path)
             model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map, **local)
     except OSError as exc:
         if resolved.source == "hub":
