@@ -80,6 +80,6 @@ def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
     assert resolve_auto("auto", cpu, torch.bfloat16) == "int8"
     assert resolve_auto("auto", cpu, torch.float32) == "none"  # an explicit --dtype float32
     assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True) == "int8"  # fp32 chosen by --dtype auto
-    assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True, tree=True) == "none"
+    assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True, tree=True) == "int8"  # row-exact int8: trees too
     assert resolve_auto("auto", cuda, torch.bfloat16) == "none"
     assert resolve_auto("prune", cuda, torch.bfloat16) == "prune"
