@@ -11,7 +11,7 @@ caller's `tree` mask names (causal for a chain, ancestors for a tree). So:
 * a tree commit is a gather of the accepted path into place (`keep_positions`), with no
   re-rotation (node positions were already base + depth);
 * every step has a fixed shape when `view` is the whole capacity, so it can be captured as a
-  CUDA graph (`Stepper`); eagerly, attention reads only the used prefix (`view` = what is needed).
+  CUDA graph (`compiled.Steps`); eagerly, attention reads only the used prefix (`view` = what is needed).
 
 Rows: a batch keeps one row per sequence, each with its own length (no left padding: every row
 writes at its own slots); rows join (`add_row`) and leave (`select`) between rounds.
