@@ -28,22 +28,18 @@ QUANT_CHOICES = ("none", "int8", "int8-wo", "prune", "int8+prune", "int8-wo+prun
 AUTO = "auto"
 
 
-def resolve_auto(spec: str | None, device: torch.device, dtype: torch.dtype, dtype_auto: bool = False,
-                 tree: bool = False) -> str:
+def resolve_auto(spec: str | None, device: torch.device, dtype: torch.dtype, dtype_auto: bool = False) -> str:
     """`auto` (the default): int8 for a draft on the CPU in a 16-bit dtype, or in whatever
-    format `--dtype auto` chose there; else none.
+    format `--dtype auto` chose there; else none. Every method, trees included.
 
     Measured on the default pair (benchmarks/README.md): on a Xeon with AVX-512, int8 made the
     0.5B draft's step 2.4x faster with acceptance intact (74.9% vs 76.1%); on an AVX2-only EPYC
     where auto picks fp32, chain decoding went from 0.93x plain (fp32 draft) to 1.12x (int8
-    draft, acceptance 69% vs 81%). The pruned head costs 10 points of acceptance, so it stays
-    opt-in. An explicit --dtype float32 keeps the draft as loaded (exactness checks use it).
-    Tree methods get the int8 draft too. (They used to keep the fp32 draft: with torch's
-    per-tensor dynamic int8, rsd-c (2,2,1) on SmolLM2 with the draft = the target fell from 4.0 to
-    2.0 tokens per target forward. With the row-exact int8 linears of int8.py it gave 3.37 against
-    3.20 with the fp32 draft, and on the default pair `run --method rsd-c -n 64` went from 4.2 to
-    12.2 tok/s at the same 4.0 tokens per target forward: AVX2 EPYC, one prompt.) `tree` is
-    accepted for the callers' sake and no longer changes the answer.
+    draft), and `run --method rsd-c -n 64` from 4.2 to 12.2 tok/s at the same 4.0 tokens per
+    target forward. (Trees used to keep the fp32 draft: torch's per-tensor dynamic int8 halved
+    their tokens per forward; the row-exact int8 of int8.py does not.) The pruned head costs
+    acceptance, so it stays opt-in. An explicit --dtype float32 keeps the draft as loaded
+    (exactness checks use it).
     """
     if (spec or "").strip().lower() != AUTO:
         return spec or "none"

@@ -19,7 +19,8 @@ within ~0.05 ms per linear of it (measured on an AVX2 EPYC: 0.29 vs 0.22 ms at 1
 
 Quantized weights are cached on disk (`$SPECGEN_CACHE/int8/`, safetensors of int8 weights
 and fp32 scales, keyed by the source weights), so the second load skips the quantization;
-the fbgemm packing (about 0.2 s per 100M weights on two threads) is redone at every load.
+the fbgemm packing (about 0.3 s per 100M weights on two threads; its layout cannot be
+saved) is redone at every load.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fi
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
 DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
-DraftQuantOpt = Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8 for a bf16/fp16 draft on the CPU), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")]
+DraftQuantOpt = Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8 for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")]
 TargetQuantOpt = Annotated[str, typer.Option("--target-quant", help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, int8. Speculative output stays exact with respect to the target as quantized.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]

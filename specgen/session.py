@@ -53,10 +53,10 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     from specgen import int8
 
     int8.parse_target_quant(settings.target_quant)
+    dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
-    target_quant = int8.resolve_target_quant(settings.target_quant, target,
-                                             dtype_auto=(settings.dtype or "auto").strip().lower() == "auto")
+    target_quant = int8.resolve_target_quant(settings.target_quant, target, dtype_auto=dtype_auto)
     if target_quant == "int8":
         with _status(f"int8 weights for target {target.name} ...", quiet):
             model = int8.quantize_model(target.model, int8.cache_file_for(target.path, "target") if target.path else None,
@@ -69,8 +69,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     if loaded_draft is not None and quant not in (None, "none"):
         from specgen.draft_quant import apply_draft_quant, resolve_auto
 
-        quant = resolve_auto(quant, loaded_draft.device, loaded_draft.dtype,
-                             dtype_auto=(settings.dtype or "auto").strip().lower() == "auto", tree=method.is_tree)
+        quant = resolve_auto(quant, loaded_draft.device, loaded_draft.dtype, dtype_auto=dtype_auto)
     if loaded_draft is not None and quant not in (None, "none"):
         specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
         with _status(f"{quant} weights for draft {loaded_draft.name} ...", quiet):

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from specgen import int8
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.draft_quant import PrunedHead, apply_draft_quant, parse_quant
 from specgen.drafters import ModelDrafter
@@ -80,6 +81,16 @@ def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
     assert resolve_auto("auto", cpu, torch.bfloat16) == "int8"
     assert resolve_auto("auto", cpu, torch.float32) == "none"  # an explicit --dtype float32
     assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True) == "int8"  # fp32 chosen by --dtype auto
-    assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True, tree=True) == "int8"  # row-exact int8: trees too
     assert resolve_auto("auto", cuda, torch.bfloat16) == "none"
     assert resolve_auto("prune", cuda, torch.bfloat16) == "prune"
+
+
+@pytest.mark.skipif(not int8.available(), reason="needs fbgemm int8 kernels")
+def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
+    """Trees used to keep the fp32 draft (torch's per-tensor int8 halved their acceptance)."""
+    from specgen.session import ModelSettings, load
+
+    for method in (Method.RSD_C, Method.CHAIN):
+        pair = load(ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "auto", "auto",
+                                  "off"), method, quiet=True)
+        assert pair.draft.weights == "int8", method  # fp32 chosen by --dtype auto: row-exact int8 draft
