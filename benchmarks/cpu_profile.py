@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specgen import kvcache
+from specgen import kvcache, placement
 from specgen.session import ModelSettings, load
 from specgen.config import Method
 
@@ -32,14 +31,9 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_int_mm", "quantize
 
 
 def cpu_flags() -> str:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("Flags")), [])
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
-    keep = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))]
-    return f"{name}: {' '.join(keep)}"
+    """The CPU's name and its vector flags (what decides the kernels)."""
+    flags = sorted(f for f in placement.cpu_flags() or () if f.startswith(("avx", "amx", "fma", "f16c")))
+    return f"{placement.cpu_name()}: {' '.join(flags) or '?'}"
 
 
 def profile_model(model, width: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
