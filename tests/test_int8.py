@@ -458,15 +458,9 @@ def test_control_a_shared_activation_scale_is_caught(self_draft_pair, monkeypatc
 @pytest.fixture(scope="module")
 def int8_law(int8_pair):
     """The int8 target's exact warped laws: q0 [V] and the pair law q0(t1) q1(t2 | t1) [V, V]."""
-    from specgen.sampling import warp
+    from tiny import two_token_law
 
-    model = int8_pair.target.model
-    vocab = model.config.vocab_size
-    with torch.no_grad():
-        first = model(torch.tensor([ENGINE_PROMPT])).logits[0, -1]
-        second = model(torch.tensor([ENGINE_PROMPT + [t] for t in range(vocab)])).logits[:, -1]
-    q0 = warp(first, ENGINE_SAMPLING).double()
-    return q0, q0[:, None] * warp(second, ENGINE_SAMPLING).double()
+    return two_token_law(int8_pair.target.model, ENGINE_PROMPT, ENGINE_SAMPLING)
 
 
 @pytest.mark.statistical

@@ -18,7 +18,7 @@ from specgen.drafters import ModelDrafter, Proposal
 from specgen.engine import Engine
 from specgen.lookup import CombinedDrafter, PromptLookupDrafter, Source
 from specgen.text import common_prefix
-from specgen.sampling import make_generator, warp
+from specgen.sampling import make_generator
 
 GREEDY = SamplingConfig()
 
@@ -361,13 +361,9 @@ def first_two(pair, seeds: range) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def stat_law(tiny_pair):
     """Exact plain-sampling laws: q0 of the first token [V] and of the first two tokens [V, V]."""
-    model = tiny_pair[0].model
-    vocab = model.config.vocab_size
-    with torch.no_grad():
-        first = model(torch.tensor([STAT_PROMPT])).logits[0, -1]
-        second = model(torch.tensor([STAT_PROMPT + [t] for t in range(vocab)])).logits[:, -1]
-    q0 = warp(first, STAT_SAMPLING).double()
-    return q0, q0[:, None] * warp(second, STAT_SAMPLING).double()
+    from tiny import two_token_law
+
+    return two_token_law(tiny_pair[0].model, STAT_PROMPT, STAT_SAMPLING)
 
 
 def rule_without_residual(draft_tokens, draft_probs, target_probs, generator) -> Verdict:

@@ -442,15 +442,9 @@ def make_engine(pair) -> Engine:
 @pytest.fixture(scope="module")
 def target_law(tiny_pair):
     """Exact plain-sampling laws: q0 of the first token [V] and of the first two tokens [V, V]."""
-    target, _ = tiny_pair
-    vocab = target.model.config.vocab_size
-    with torch.no_grad():
-        first = target.model(torch.tensor([ENGINE_PROMPT])).logits[0, -1]
-        pairs = torch.tensor([ENGINE_PROMPT + [t] for t in range(vocab)])
-        second = target.model(pairs).logits[:, -1]  # [V, V]: row t = logits after token t
-    q0 = warp(first, ENGINE_SAMPLING).double()
-    q1 = warp(second, ENGINE_SAMPLING).double()
-    return q0, q0[:, None] * q1
+    from tiny import two_token_law
+
+    return two_token_law(tiny_pair[0].model, ENGINE_PROMPT, ENGINE_SAMPLING)
 
 
 @pytest.fixture(scope="module")

@@ -57,3 +57,16 @@ def save_tiny(directory: Path, seed: int, tokenizer=None, **kwargs) -> Path:
     build_model(seed, **kwargs).save_pretrained(directory)
     (tokenizer or build_tokenizer()).save_pretrained(directory)
     return directory
+
+
+def two_token_law(model, prompt: list[int], sampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model's exact plain-sampling laws after `prompt`: q0 of the first token [V] and of
+    the first two tokens [V, V] (row t: the first token is t), warped as `sampling` says."""
+    from specgen.sampling import warp
+
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        first = model(torch.tensor([prompt])).logits[0, -1]
+        second = model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]  # row t: after t
+    q0 = warp(first, sampling).double()
+    return q0, q0[:, None] * warp(second, sampling).double()
