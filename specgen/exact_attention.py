@@ -22,16 +22,43 @@ EXACT_WIDTH = 64
 _registered = False
 
 
-def _attention(module, query, key, value, attention_mask, **kwargs):
+def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+               **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if query.device.type != "cpu" or query.shape[2] > EXACT_WIDTH or query.dtype != torch.float32:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        attention_mask = attention_mask.double()
-    out, weights = sdpa_attention_forward(module, query.double(), key.double(), value.double(), attention_mask,
-                                          **kwargs)
-    return out.float(), weights
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if attention_mask is None:  # a forward without our cache's explicit mask: causal from transformers
+        out, weights = sdpa_attention_forward(module, query.double(), key.double(), value.double(), None,
+                                              dropout=dropout, scaling=scaling, **kwargs)
+        return out.float(), weights
+    return grouped_attention(query, key, value, attention_mask, scaling), None
+
+
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                      scale: float | None) -> torch.Tensor:
+    """SDPA in float64 with the query heads that share a K/V head stacked as that head's queries.
+
+    query [b, H, n, D], key/value [b, KV, L, D], mask [b, 1 or H, n, L] (bool or additive) ->
+    [b, n, H, D] float32. Stacking ([b, KV, H/KV * n, D]) is what transformers does for one
+    query (`pack_gqa`); doing it for every width means the keys are read (and converted) once
+    per K/V head instead of being repeated for every query head: a 5-token verify of the 1.5B
+    target spent 15 ms in attention against 4 for one token (AVX2 EPYC, 200-token cache)."""
+    b, heads, n, dim = query.shape
+    groups = key.shape[1]
+    rep = heads // groups
+    q = query.reshape(b, groups, rep * n, dim).double()
+    if mask.dtype != torch.bool:
+        mask = mask.double()
+    if mask.shape[1] == 1:
+        mask = mask.expand(b, 1, n, mask.shape[-1])[:, :, None].expand(b, 1, rep, n, mask.shape[-1])
+        mask = mask.reshape(b, 1, rep * n, mask.shape[-1])
+    else:
+        mask = mask.expand(b, heads, n, mask.shape[-1]).reshape(b, groups, rep * n, mask.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(q, key.double(), value.double(), attn_mask=mask,
+                                                           scale=scale)
+    return out.reshape(b, heads, n, dim).float().transpose(1, 2).contiguous()
 
 
 def _register() -> None:
