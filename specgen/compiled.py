@@ -138,6 +138,11 @@ class Steps:
                 self.mode = "off"
         if self.mode == "inductor":
             compile_layers(model)
+        from specgen.lean import call_for
+
+        # what the forwards call: compiled layers are the model's own modules; else, on the CPU,
+        # the lean forward (the same ops with less Python: lean.py)
+        self.call = model if self.mode in ("graphs", "inductor") else call_for(model)
 
     @property
     def fixed(self) -> bool:
@@ -149,7 +154,7 @@ class Steps:
         return self._graph if self.cuda and self.mode != "fixed" else self._fixed
 
     def _fixed(self, cache, input_ids, bases, offset, depth, tree, keep):
-        return kvcache.run(self.model.forward, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
+        return kvcache.run(self.call, cache, input_ids, bases, offset, depth, tree, cache.capacity, keep)
 
     def _graph(self, cache, input_ids, bases, offset, depth, tree, keep):
         key = (cache.serial, cache.generation, cache.rows, input_ids.shape[1], offset, keep)
@@ -168,7 +173,7 @@ class Steps:
 
     def forward(self, cache, input_ids: torch.Tensor, keep: int = 0, **kwargs) -> torch.Tensor:
         runner = self._runner(input_ids.shape[1])
-        return kvcache.forward(self.model, cache, input_ids, keep=keep, runner=runner,
+        return kvcache.forward(self.call, cache, input_ids, keep=keep, runner=runner,
                                full_view=self.mode == "inductor", **kwargs)
 
     def tree(self, cache, tokens: torch.Tensor, tree, offset: int = 0, nodes: slice | None = None) -> torch.Tensor:

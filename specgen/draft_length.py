@@ -24,7 +24,7 @@ import torch
 # 1 + a + ... + a^k with a = 0.84-0.87 (benchmarks/README.md). The accepted share per drafted
 # token (80% at k=2) understates a: acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 2  # bump when the engine's forwards change cost (cached choices are then measured again)
+FORMAT = 3  # bump when the engine's forwards change cost (cached choices are then measured again)
 MAX_K = 6
 GPU_K = 4
 
@@ -53,16 +53,18 @@ def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
 
 def _time(model, width: int, context: int = 32, repeats: int = 3) -> float:
     from specgen import kvcache
+    from specgen.lean import call_for
 
+    call = call_for(model)  # what the decode loop calls
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
     cache = kvcache.new_cache(model)
-    kvcache.forward(model, cache, (torch.arange(100, 100 + context, device=device) % vocab)[None], keep=1)
+    kvcache.forward(call, cache, (torch.arange(100, 100 + context, device=device) % vocab)[None], keep=1)
     tokens = (torch.arange(300, 300 + width, device=device) % vocab)[None]
     best = float("inf")
     for _ in range(repeats + 1):  # the first forward warms up
         started = time.perf_counter()
-        kvcache.forward(model, cache, tokens, keep=1)
+        kvcache.forward(call, cache, tokens, keep=1)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - started)

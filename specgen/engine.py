@@ -501,7 +501,7 @@ class Engine:
 
     def _forward(self, input_ids: torch.Tensor, cache, keep: int = 0, rows: slice | None = None) -> torch.Tensor:
         """An eager forward of any length (prefills, replays) on the rows' own slots."""
-        return kvcache.forward(self.model, cache, input_ids, keep=keep, rows=rows,
+        return kvcache.forward(self.steps.call, cache, input_ids, keep=keep, rows=rows,
                                full_view=self.steps.mode == "inductor")
 
     def _set_budget(self, state: DecodeState, config: GenerationConfig) -> None:

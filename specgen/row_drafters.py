@@ -103,7 +103,7 @@ class SharedChain:
         self.cache.reserve(length)
         if len(prompt_ids) > 1:
             rows = slice(row, row + 1) if self.cache.rows > 1 else None
-            kvcache.forward(self.model, self.cache, torch.tensor([prompt_ids[:-1]], device=self.device), keep=1,
+            kvcache.forward(self.steps.call, self.cache, torch.tensor([prompt_ids[:-1]], device=self.device), keep=1,
                             rows=rows, full_view=self.steps.mode == "inductor")
         if generator is not None and generator.device != self.device:
             seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))

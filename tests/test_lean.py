@@ -1,0 +1,98 @@
+"""The lean forward (specgen/lean.py) gives bitwise the logits of the model's own forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import int8, kvcache, lean
+from specgen.compiled import Steps
+from specgen.exact_attention import use_exact_attention
+from tiny import build_model
+
+
+def llama_model(seed: int = 3):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=259, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                         initializer_range=0.3, tie_word_embeddings=True, rope_theta=500.0)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def variants():
+    """(name, model): fp32 Qwen2 (q/k/v bias, GQA 2), tied Llama (no bias, GQA 4), and the int8
+    target as specgen runs it (fused parts, exact attention)."""
+    yield "qwen2", build_model(11, layers=3)
+    yield "llama", llama_model()
+    target = int8.quantize_model(build_model(12, layers=3))
+    use_exact_attention(target)
+    yield "qwen2-int8-exact", target
+
+
+VARIANTS = list(variants())
+
+
+def both(model, cache_ids, tokens, **kwargs):
+    """Logits of the model's forward and of the lean one, each on its own identical cache."""
+    out = []
+    for call in (model, lean.LeanForward(model)):
+        cache = kvcache.new_cache(model, rows=cache_ids.shape[0])
+        with torch.inference_mode():
+            kvcache.forward(call, cache, cache_ids, keep=1)
+            out.append((kvcache.forward(call, cache, tokens, **kwargs), cache))
+    return out
+
+
+@pytest.mark.parametrize("name,model", VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize("width", [1, 2, 5, 9])
+def test_lean_logits_and_cache_are_bitwise_the_models(name, model, width):
+    assert lean.supported(model) is None
+    prompt = torch.arange(3, 40)[None]
+    tokens = torch.arange(50, 50 + width)[None]
+    (reference, ref_cache), (got, cache) = both(model, prompt, tokens, keep=0)
+    assert got.shape == reference.shape == (1, width, 259)
+    assert torch.equal(got, reference)
+    for mine, theirs in zip(cache.layers, ref_cache.layers):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+@pytest.mark.parametrize("name,model", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_lean_is_bitwise_for_prefills_rows_and_tree_masks(name, model):
+    # a prefill longer than the exact-attention width, no cache before it
+    ids = torch.arange(1, 90)[None]
+    for keep in (0, 1):
+        outs = []
+        for call in (model, lean.LeanForward(model)):
+            with torch.inference_mode():
+                outs.append(kvcache.forward(call, kvcache.new_cache(model), ids, keep=keep))
+        assert torch.equal(*outs)
+    # two rows, a tree of 4 nodes (root, two children, a grandchild) at depths 0 1 1 2
+    prompt = torch.stack([torch.arange(3, 30), torch.arange(100, 127)])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    depth = torch.tensor([0, 1, 1, 2])
+    tokens = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]])
+    (reference, _), (got, _) = both(model, prompt, tokens, tree=tree, depth=depth)
+    assert torch.equal(got, reference)
+
+
+def test_steps_use_the_lean_forward_on_the_cpu_and_keep_the_model_otherwise():
+    model = build_model(13)
+    assert isinstance(Steps(model).call, lean.LeanForward)
+    assert isinstance(Steps(model, "fixed").call, lean.LeanForward)
+    gpt2 = __import__("transformers").GPT2LMHeadModel(__import__("transformers").GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    assert "gpt2" in lean.supported(gpt2)
+    assert Steps(gpt2).call is gpt2
+    with pytest.raises(ValueError, match="does not support"):
+        lean.LeanForward(gpt2)
+
+
+def test_the_lean_forward_follows_a_pruned_head():
+    from specgen.draft_quant import apply_draft_quant
+
+    model = apply_draft_quant(build_model(14), "int8+prune", keep=100)
+    (reference, _), (got, _) = both(model, torch.arange(3, 20)[None], torch.tensor([[5, 6, 7]]))
+    assert torch.equal(got, reference)
+    assert torch.isinf(got[..., 100:200]).all()
