@@ -20,10 +20,13 @@ cannot take it (None when it can); callers then keep the model's own forward.
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import torch
 from torch import nn
+
+from specgen.exact_attention import EXACT_WIDTH, grouped_attention
 
 MODEL_TYPES = ("qwen2", "llama", "mistral")
 
@@ -62,6 +65,19 @@ def _rms(norm: nn.Module):
     return norm.weight, getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
 
+def _single(module: nn.Module):
+    """x -> module(x) without nn.Module's call machinery, for the linears we know."""
+    from specgen import int8
+
+    if type(module) is int8.RowInt8Linear:
+        packed, bias = module._packed, module.bias
+        return lambda x: int8.row_linear(x, packed, bias)
+    if type(module) is nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: nn.functional.linear(x, weight, bias)
+    return module
+
+
 def _group(modules: tuple[nn.Module, ...]):
     """One callable x -> tuple of outputs for sibling linears: a single int8 product when they
     are the parts of one `int8._Fused` group, in order; otherwise the modules one by one."""
@@ -72,7 +88,8 @@ def _group(modules: tuple[nn.Module, ...]):
             and [m._index for m in modules] == list(range(len(fused.sizes)))):
         packed, bias, sizes = fused.packed, fused.bias, fused.sizes
         return lambda x: int8.row_linear(x, packed, bias).split(sizes, -1)
-    return lambda x: tuple(m(x) for m in modules)
+    calls = tuple(_single(m) for m in modules)
+    return lambda x: tuple(call(x) for call in calls)
 
 
 class _Layer:
@@ -85,9 +102,9 @@ class _Layer:
         self.ln1, self.eps1 = _rms(layer.input_layernorm)
         self.ln2, self.eps2 = _rms(layer.post_attention_layernorm)
         self.qkv = _group((attn.q_proj, attn.k_proj, attn.v_proj))
-        self.o_proj = attn.o_proj
+        self.o_proj = _single(attn.o_proj)
         self.gate_up = _group((mlp.gate_proj, mlp.up_proj))
-        self.down = mlp.down_proj
+        self.down = _single(mlp.down_proj)
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
 
 
@@ -97,11 +114,6 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LeanForward:
@@ -119,37 +131,57 @@ class LeanForward:
         self.norm, self.norm_eps = _rms(decoder.norm)
         self.head = model.lm_head
         self.layers = [_Layer(i, layer) for i, layer in enumerate(decoder.layers)]
+        self.heads = self.config.num_attention_heads
+        self.groups = getattr(self.config, "num_key_value_heads", None) or self.heads
+        self.head_dim = self.layers[0].head_dim
 
     def _attention(self):
+        """(function, kind): kind 'exact' and 'sdpa' are called directly (the ops transformers'
+        own functions run for our explicit masks); anything else through the registry."""
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         name = self.config._attn_implementation
         if name == "eager":
             from transformers.models.llama.modeling_llama import eager_attention_forward
 
-            return eager_attention_forward
-        return ALL_ATTENTION_FUNCTIONS[name]
+            return eager_attention_forward, "registry"
+        from specgen.exact_attention import NAME
+
+        if name == NAME:
+            return None, "exact"
+        if name == "sdpa" and os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") != "1":
+            return None, "sdpa"
+        return ALL_ATTENTION_FUNCTIONS[name], "registry"
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  past_key_values, use_cache: bool = True, logits_to_keep: int = 0, **_) -> SimpleNamespace:
-        attention = self._attention()
+        function, kind = self._attention()
+        if attention_mask is None and kind != "registry":  # causal without a mask: transformers decides
+            function, kind = self._registered(), "registry"
         cache = past_key_values
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        shape = hidden.shape[:-1]
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [b, n, 1, D]: one rotation for q and k together
+        b, n = hidden.shape[:2]
+        heads, groups, dim = self.heads, self.groups, self.head_dim
+        half = dim // 2
+        exact = kind == "exact" and n <= EXACT_WIDTH and hidden.dtype == torch.float32
         for layer in self.layers:
             residual = hidden
             x = _norm(hidden, layer.ln1, layer.eps1)
             q, k, v = layer.qkv(x)
-            q = q.view(*shape, -1, layer.head_dim).transpose(1, 2)
-            k = k.view(*shape, -1, layer.head_dim).transpose(1, 2)
-            v = v.view(*shape, -1, layer.head_dim).transpose(1, 2)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
-            k, v = cache.update(k, v, layer.index)
-            out, _ = attention(layer.attn, q, k, v, attention_mask, dropout=0.0, scaling=layer.scaling)
-            out = layer.o_proj(out.reshape(*shape, -1).contiguous())
+            qk = torch.cat((q, k), -1).view(b, n, heads + groups, dim)
+            qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin)
+            q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
+            k, v = cache.update(k, v.view(b, n, groups, dim).transpose(1, 2), layer.index)
+            if exact:
+                out = grouped_attention(q, k, v, attention_mask, layer.scaling)
+            elif kind == "registry" or kind == "exact":
+                out, _ = (function or self._registered())(layer.attn, q, k, v, attention_mask, dropout=0.0,
+                                                          scaling=layer.scaling)
+            else:
+                out = _sdpa(q, k, v, attention_mask, layer.scaling, heads // groups)
+            out = layer.o_proj(out.reshape(b, n, -1))
             hidden = residual + out
             residual = hidden
             x = _norm(hidden, layer.ln2, layer.eps2)
@@ -159,6 +191,27 @@ class LeanForward:
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return SimpleNamespace(logits=self.head(hidden))
+
+    def _registered(self):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+
+
+def _sdpa(q, k, v, mask, scale: float, rep: int) -> torch.Tensor:
+    """transformers' sdpa_attention_forward for an explicit mask, op for op: one query stacks the
+    heads of a K/V group (`pack_gqa`), more repeat the K/V heads (`repeat_kv`). -> [b, n, H, D]"""
+    b, heads, n, dim = q.shape
+    if rep > 1:
+        if n == 1:
+            q = q.reshape(b, heads // rep, rep, dim)
+            if mask.shape[1] != 1:
+                mask = mask.reshape(b, heads // rep, rep, mask.shape[-1])
+        else:
+            k = k[:, :, None].expand(b, k.shape[1], rep, *k.shape[2:]).reshape(b, heads, *k.shape[2:])
+            v = v[:, :, None].expand(b, v.shape[1], rep, *v.shape[2:]).reshape(b, heads, *v.shape[2:])
+    out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scale)
+    return out.reshape(b, heads, n, dim).transpose(1, 2)
 
 
 def call_for(model):
