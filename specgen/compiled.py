@@ -124,7 +124,7 @@ class GraphStep:
 class Steps:
     """The forwards of one model; fixed widths go through the chosen fixed-shape mode."""
 
-    def __init__(self, model, compile: str | bool = "off"):
+    def __init__(self, model, compile: str | bool = "off", exact: bool = True):
         self.model = model
         self.mode = {True: "graphs", False: "off"}.get(compile, compile) or "off"
         self.notice = None
@@ -141,8 +141,8 @@ class Steps:
         from specgen.lean import call_for
 
         # what the forwards call: compiled layers are the model's own modules; else, on the CPU,
-        # the lean forward (the same ops with less Python: lean.py)
-        self.call = model if self.mode in ("graphs", "inductor") else call_for(model)
+        # the lean forward (the same ops with less Python: lean.py; exact=False for a draft)
+        self.call = model if self.mode in ("graphs", "inductor") else call_for(model, exact)
 
     @property
     def fixed(self) -> bool:

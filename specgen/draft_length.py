@@ -24,7 +24,7 @@ import torch
 # 1 + a + ... + a^k with a = 0.84-0.87 (benchmarks/README.md). The accepted share per drafted
 # token (80% at k=2) understates a: acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 3  # bump when the engine's forwards change cost (cached choices are then measured again)
+FORMAT = 4  # bump when the engine's forwards change cost (cached choices are then measured again)
 MAX_K = 6
 GPU_K = 4
 
@@ -51,11 +51,11 @@ def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
     return {n: 1.0 + slope * (n - 1) / one for n in range(1, MAX_K + 2)}
 
 
-def _time(model, width: int, context: int = 32, repeats: int = 3) -> float:
+def _time(model, width: int, context: int = 32, repeats: int = 3, exact: bool = True) -> float:
     from specgen import kvcache
     from specgen.lean import call_for
 
-    call = call_for(model)  # what the decode loop calls
+    call = call_for(model, exact)  # what the decode loop calls
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
     cache = kvcache.new_cache(model)
@@ -100,7 +100,7 @@ def choose(pair) -> Choice:
     with torch.inference_mode():
         step = _time(pair.target.model, 1)
         wide = _time(pair.target.model, 5)
-        draft = _time(pair.draft.model, 1)
+        draft = _time(pair.draft.model, 1, exact=False)
     verify = _interpolate(step, wide, 5)
     k = best_k(draft / step, verify)
     reason = (f"measured: draft step {draft / step:.2f} of a target step, 5-token verify "

@@ -50,7 +50,7 @@ class ModelDrafter:
         from specgen.compiled import Steps
 
         self.model = model
-        self.steps = Steps(model, compile)  # on CUDA: the single-token step as a CUDA graph
+        self.steps = Steps(model, compile, exact=False)  # on CUDA: the single-token step as a CUDA graph
         self.device = device
         self.confidence = confidence  # adaptive.ConfidenceStop: end the draft when unsure
         self.vocab = vocab  # shared vocabulary when draft and target heads are padded differently

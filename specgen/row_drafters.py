@@ -92,7 +92,7 @@ class SharedChain:
         from specgen.compiled import Steps
 
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
-        self.steps = Steps(model, compile)
+        self.steps = Steps(model, compile, exact=False)
         self.cache = kvcache.SlotCache(model.config, rows=0)
         self.generators: list[torch.Generator | None] = []
         self._base: list[int] = []

@@ -96,3 +96,32 @@ def test_the_lean_forward_follows_a_pruned_head():
     (reference, _), (got, _) = both(model, torch.arange(3, 20)[None], torch.tensor([[5, 6, 7]]))
     assert torch.equal(got, reference)
     assert torch.isinf(got[..., 100:200]).all()
+
+
+def test_a_draft_forward_takes_one_dispatch_for_a_single_row_and_row_int8_for_more():
+    """exact=False (drafts): one row goes through fbgemm's dynamic kernel (its own scale: close
+    to the row-exact product, not bitwise); wider forwards are bitwise the exact ones."""
+    fp32 = build_model(15, layers=2)
+    model = int8.quantize_model(build_model(15, layers=2))
+    exact, draft = lean.LeanForward(model), lean.LeanForward(model, exact=False)
+    prompt = torch.arange(3, 40)[None]
+    outs = {}
+    for name, call in (("fp32", fp32), ("exact", exact), ("draft", draft)):
+        cache = kvcache.new_cache(model)
+        with torch.inference_mode():
+            kvcache.forward(call, cache, prompt, keep=1)
+            one = kvcache.forward(call, cache, torch.tensor([[41]]))
+            wide = kvcache.forward(call, cache, torch.tensor([[42, 43, 44]]))
+        outs[name] = (one, wide)
+    assert not torch.equal(outs["draft"][0], outs["exact"][0])
+    scale = outs["fp32"][0].abs().amax()
+    assert (outs["draft"][0] - outs["fp32"][0]).abs().amax() / scale < 0.1
+    assert (outs["exact"][0] - outs["fp32"][0]).abs().amax() / scale < 0.1
+    # wider forwards on the same cache: bitwise the exact lean forward
+    (reference, _), (_, _) = both(model, prompt, torch.tensor([[41, 42, 43]]))
+    cache = kvcache.new_cache(model)
+    with torch.inference_mode():
+        kvcache.forward(draft, cache, prompt, keep=1)
+        got = kvcache.forward(draft, cache, torch.tensor([[41, 42, 43]]))
+    assert torch.equal(got, reference)
+    assert isinstance(Steps(model, exact=False).call, lean.LeanForward)
