@@ -286,7 +286,7 @@ class Engine:
         ks = []
         for state in rows:
             remaining = state.limit(config) - len(state.ids)
-            k = min(state.length.next_k() if state.length else config.draft_tokens, remaining - 1)
+            k = min(state.length.next_k() if state.length else config.round_tokens, remaining - 1)
             if config.method is Method.PLAIN or drafts is None:
                 k = 0
             elif config.method.is_tree and remaining <= config.tree_depth:
@@ -517,7 +517,7 @@ class Engine:
     @staticmethod
     def _policy(config: GenerationConfig):
         cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
-        return make_policy(config.schedule, config.draft_tokens, cost=cost)
+        return make_policy(config.schedule, config.round_tokens, cost=cost)
 
     def _headroom_length(self, prompt_length: int, config: GenerationConfig) -> int:
         return min(prompt_length + config.max_new_tokens, self.context_length) + self.headroom(config)
@@ -532,7 +532,7 @@ class Engine:
     @staticmethod
     def headroom(config: GenerationConfig) -> int:
         """Slots a round may write past the committed sequence (draft window or tree)."""
-        return max(config.draft_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2
+        return max(config.round_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2
 
     def _choice(self, logits: torch.Tensor, positions: list[int], config: GenerationConfig) -> torch.Tensor:
         """The target's token per row: argmax, or in deterministic mode the keyed draw."""

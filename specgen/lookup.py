@@ -190,9 +190,10 @@ class CombinedDrafter:
     """Prompt lookup first, a draft model otherwise: one source per round.
 
     A round uses the lookup continuation when the matched tail has at least `min_match`
-    tokens, else the model drafter. A proposal comes whole from one source, so its kind is
-    consistent (point masses from lookup; the model's SAMPLED probs or greedy point masses)
-    and the acceptance rule is chosen per round as usual.
+    tokens, else the model drafter. Lookup rounds may propose the round's whole k
+    (`GenerationConfig.round_tokens`), model rounds at most `model_tokens`. A proposal comes
+    whole from one source, so its kind is consistent (point masses from lookup; the model's
+    SAMPLED probs or greedy point masses) and the acceptance rule is chosen per round as usual.
 
     The model drafter keeps its own cache invariant (a prefix of the committed sequence):
     `observe` is forwarded only to the drafter that proposed, so after lookup rounds the model
@@ -201,15 +202,18 @@ class CombinedDrafter:
     round: catching up lazily is cheaper than keeping it warm).
     """
 
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, min_match: int = 2):
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, min_match: int = 2,
+                 model_tokens: int | None = None):
         if not lookup.min_ngram <= min_match <= lookup.max_ngram:
             raise ValueError(f"min_match must be in {lookup.min_ngram}..{lookup.max_ngram}, "
                              f"got {min_match}")
         self.lookup = lookup
         self.model = model
         self.min_match = min_match
+        self.model_tokens = model_tokens  # the model's k; a lookup round may use the round's whole k
         self.last_source: Source | None = None
         self.rounds = {source: 0 for source in Source}
+        self.extended = 0  # model rounds extended by a lookup continuation
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.lookup.begin(prompt_ids)
@@ -232,9 +236,28 @@ class CombinedDrafter:
             proposal = self.lookup.proposal(match)
         else:
             self.last_source = Source.MODEL
-            proposal = self.model.propose(context, k, sampling, generator)
+            proposal = self._extended(self.model.propose(context, min(k, self.model_tokens or k), sampling,
+                                                         generator), context, k)
         self.rounds[self.last_source] += 1
         return proposal
+
+    def _extended(self, proposal: Proposal, context: list[int], k: int) -> Proposal:
+        """A model proposal shorter than k, extended by the lookup continuation of context +
+        proposal when that tail matches well: the extra tokens cost no draft forward. Under
+        sampling their rows of `probs` are point masses (the law each was drawn from), so the
+        rejection rule stays exact position by position."""
+        room = k - len(proposal.tokens)
+        if room <= 0 or len(proposal.tokens) == 0:
+            return proposal
+        match = self.lookup.find(context + proposal.tokens.tolist(), room)
+        if match is None or match.ngram < self.min_match:
+            return proposal
+        extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
+        self.extended += 1
+        probs = proposal.probs
+        if probs is not None:
+            probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[-1]).to(probs.dtype)])
+        return Proposal(torch.cat([proposal.tokens, extra]), probs, proposal.kind)
 
     def observe(self, kept: int) -> None:
         if self.last_source is Source.MODEL:

@@ -115,7 +115,8 @@ def make_drafter(draft: LoadedModel, method: Method, vocab: int | None, config: 
     if method is Method.LOOKUP_CHAIN:
         from specgen.lookup import CombinedDrafter, PromptLookupDrafter
 
-        return CombinedDrafter(PromptLookupDrafter(), make_drafter(draft, Method.CHAIN, vocab, config, compile))
+        return CombinedDrafter(PromptLookupDrafter(), make_drafter(draft, Method.CHAIN, vocab, config, compile),
+                               model_tokens=config.draft_tokens)
     if method is Method.RSD_C:
         return tree_drafters.RSDConstant(draft.model, draft.device, config.branching, vocab, compile)
     if method is Method.MULTI_DRAFT:

@@ -272,6 +272,26 @@ def test_combined_uses_lookup_for_long_matches_and_the_model_otherwise():
         CombinedDrafter(PromptLookupDrafter(max_ngram=3), model, min_match=4)
 
 
+def test_lookup_rounds_may_propose_the_rounds_whole_k_and_model_rounds_keep_theirs():
+    from specgen.config import LOOKUP_TOKENS, Schedule
+
+    model = RecordingDrafter()
+    combined = CombinedDrafter(PromptLookupDrafter(), model, min_match=2, model_tokens=2)
+    combined.begin([1, 2, 3, 4, 5, 6])
+    proposal = combined.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, GREEDY, None)
+    assert proposal.tokens.tolist() == [3, 4, 5, 6] and combined.last_source is Source.LOOKUP
+    combined.observe(0)
+    proposal = combined.propose([1, 2, 3, 4, 5, 6, 1, 2, 9], 4, GREEDY, None)
+    assert combined.last_source is Source.MODEL and model.calls[-1] == ("propose", 9, 2)
+    assert len(proposal.tokens) == 2
+    # the engine's k per round: lookup-chain's round may reach LOOKUP_TOKENS; every other method keeps k
+    assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=2).round_tokens == LOOKUP_TOKENS == 4
+    assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=6).round_tokens == 6
+    assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=2,
+                            schedule=Schedule.ADDITIVE).round_tokens == 2
+    assert GenerationConfig(method=Method.CHAIN, draft_tokens=2).round_tokens == 2
+
+
 def test_combined_with_a_draft_model_matches_plain_greedy_and_keeps_its_cache(tiny_pair, references):
     """Both sources are used; after the lookup rounds the draft cache still holds a committed
     prefix, and topping it up gives the logits of a fresh draft prefill."""
@@ -423,3 +443,88 @@ def test_control_point_mass_as_if_p_were_q_fails(tiny_pair, stat_law, monkeypatc
     assert (tokens[:, 0] == 3).all()
     pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
     assert pvalue < ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
+
+
+# -- a model proposal extended by lookup: sampled rows and point-mass rows in one proposal --------
+class TwoTokenDrafter:
+    """A 'model' drafter that samples one token from q = 1/2 on 3, 1/2 on 5 (reported exactly)."""
+
+    def __init__(self, vocab: int):
+        self.q = torch.zeros(vocab)
+        self.q[[3, 5]] = 0.5
+
+    def begin(self, prompt_ids):
+        pass
+
+    def rewind(self, valid):
+        pass
+
+    def propose(self, context, k, sampling, generator):
+        token = torch.multinomial(self.q, 1, generator=generator)
+        return Proposal(token, self.q[None].clone(), ProposalKind.SAMPLED)
+
+    def observe(self, kept):
+        pass
+
+
+def extended_first_two(pair, seeds: range) -> torch.Tensor:
+    """First two tokens per seed; the model proposes x1 in {3, 5} and when x1 = 3 the lookup
+    extends it with 3 (the tail [3, 3] was seen): proposals [x1] or [3, 3] (sampled + point mass)."""
+    vocab = pair[0].model.config.vocab_size
+    out, extended = [], 0
+    for seed in seeds:
+        combined = CombinedDrafter(PromptLookupDrafter(), TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
+        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=3, draft_tokens=2,
+                                  sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
+        rounds = list(lookup_engine(pair, combined).generate([3, 3], config))
+        extended += combined.extended
+        out.append([t for r in rounds for t in r.emitted][:2])
+    assert 0.3 * len(seeds) < extended < 0.7 * len(seeds)  # about half the first rounds
+    return torch.tensor(out)
+
+
+def test_an_extended_model_proposal_carries_point_mass_rows():
+    vocab = 16
+    combined = CombinedDrafter(PromptLookupDrafter(), TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
+    combined.begin([3, 3])
+    generator = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(20):
+        proposal = combined.propose([3, 3], 3, STAT_SAMPLING, generator)
+        first = int(proposal.tokens[0])
+        seen.add(first)
+        if first == 3:  # extended by the periodic continuation of [3, 3]: [3, 3, 3]
+            assert proposal.tokens.tolist() == [3, 3, 3] and proposal.probs.shape == (3, vocab)
+            assert torch.equal(proposal.probs[1:], torch.nn.functional.one_hot(torch.tensor([3, 3]), vocab).float())
+        else:
+            assert proposal.tokens.tolist() == [5] and proposal.probs.shape == (1, vocab)
+        combined.observe(0)
+    assert seen == {3, 5}
+
+
+@pytest.mark.statistical
+def test_extended_proposals_keep_the_target_law(tiny_pair, stat_law):
+    """800 generations whose first proposal is a sampled token, extended by a lookup point mass
+    about half the time: the first token ~ q0 and the pair ~ the exact two-token law."""
+    tokens = extended_first_two(tiny_pair, range(STAT_GENERATIONS))
+    q0, joint = stat_law
+    pvalue = gof_pvalue(tokens[:, 0], q0)
+    assert pvalue > ALPHA, f"first token: p-value {pvalue:.3g}"
+    vocab = joint.shape[0]
+    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
+    assert pvalue > ALPHA, f"pairs: p-value {pvalue:.3g}"
+
+
+@pytest.mark.statistical
+def test_extended_proposals_with_the_models_row_for_the_lookup_token_break_the_law(tiny_pair, stat_law,
+                                                                                 monkeypatch):
+    """Negative control: report the lookup token's row as the model's q (1/2 on 3) instead of
+    its point mass; the accept test then uses p(3)/q(3) = 2 p(3) and the pair law breaks."""
+    vocab = tiny_pair[0].model.config.vocab_size
+    wrong = torch.zeros(vocab)
+    wrong[[3, 5]] = 0.5
+    monkeypatch.setattr(torch.nn.functional, "one_hot", lambda t, n: wrong.expand(len(t), n).clone())
+    tokens = extended_first_two(tiny_pair, range(CONTROL_GENERATIONS))
+    _, joint = stat_law
+    pvalue = gof_pvalue(tokens[:, 0] * joint.shape[0] + tokens[:, 1], joint.flatten())
+    assert pvalue < ALPHA, f"the broken extension went unnoticed (p-value {pvalue:.3g})"
