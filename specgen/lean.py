@@ -106,8 +106,9 @@ def _one_row_or_rows(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torc
 
 
 def _group(modules: tuple[nn.Module, ...], exact: bool = True):
-    """One callable x -> tuple of outputs for sibling linears: a single int8 product when they
-    are the parts of one `int8._Fused` group, in order; otherwise the modules one by one."""
+    """One callable x -> the outputs of sibling linears side by side in one tensor: a single
+    int8 product when they are the parts of one `int8._Fused` group, in order; otherwise the
+    modules one by one, concatenated."""
     from specgen import int8
 
     fused = getattr(modules[0], "_fused", None)
@@ -115,9 +116,9 @@ def _group(modules: tuple[nn.Module, ...], exact: bool = True):
             and [m._index for m in modules] == list(range(len(fused.sizes)))):
         packed, bias, sizes = fused.packed, fused.bias, fused.sizes
         product = int8.row_linear if exact else _one_row_or_rows
-        return lambda x: product(x, packed, bias).split(sizes, -1)
+        return lambda x: product(x, packed, bias)
     calls = tuple(_single(m, exact) for m in modules)
-    return lambda x: tuple(call(x) for call in calls)
+    return lambda x: torch.cat([call(x) for call in calls], -1)
 
 
 class _Layer:
@@ -137,11 +138,13 @@ class _Layer:
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm for float32 activations, op for op."""
-    dtype = x.dtype
+    """transformers' RMSNorm: one dispatch for float32 activations (torch's rms_norm: the same
+    arithmetic in the same order, bitwise equal: tested), its op sequence otherwise."""
+    if x.dtype == torch.float32:
+        return nn.functional.rms_norm(x, weight.shape, weight, eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return weight * h.to(x.dtype)
 
 
 class LeanForward:
@@ -197,11 +200,11 @@ class LeanForward:
         for layer in self.layers:
             residual = hidden
             x = _norm(hidden, layer.ln1, layer.eps1)
-            q, k, v = layer.qkv(x)
-            qk = torch.cat((q, k), -1).view(b, n, heads + groups, dim)
+            qkv = layer.qkv(x).view(b, n, heads + 2 * groups, dim)
+            qk = qkv[:, :, :heads + groups]
             qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin)
             q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
-            k, v = cache.update(k, v.view(b, n, groups, dim).transpose(1, 2), layer.index)
+            k, v = cache.update(k, qkv[:, :, heads + groups:].transpose(1, 2), layer.index)
             if float64_decode:
                 out = grouped_attention(q, k, v, attention_mask, layer.scaling)
             elif kind == "registry" or kind == "exact":
@@ -213,7 +216,7 @@ class LeanForward:
             hidden = residual + out
             residual = hidden
             x = _norm(hidden, layer.ln2, layer.eps2)
-            gate, up = layer.gate_up(x)
+            gate, up = layer.gate_up(x).chunk(2, -1)
             hidden = residual + layer.down(nn.functional.silu(gate) * up)
         hidden = _norm(hidden, self.norm, self.norm_eps)
         if logits_to_keep:
