@@ -364,6 +364,15 @@ def gof_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float =
     return float(stats.chisquare(obs, exp).pvalue) if len(obs) > 1 else 1.0
 
 
+def assert_two_token_law(tokens: torch.Tensor, q0: torch.Tensor, joint: torch.Tensor) -> None:
+    """First tokens ~ q0 and pairs ~ joint: two chi-square tests at ALPHA each."""
+    pvalue = gof_pvalue(tokens[:, 0], q0)
+    assert pvalue > ALPHA, f"first token: p-value {pvalue:.3g}"
+    vocab = joint.shape[0]
+    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
+    assert pvalue > ALPHA, f"pairs: p-value {pvalue:.3g}"
+
+
 def first_two(pair, seeds: range) -> torch.Tensor:
     """First two tokens of one lookup-drafted generation per seed -> [len(seeds), 2]."""
     engine = lookup_engine(pair, PromptLookupDrafter())
@@ -412,11 +421,7 @@ def test_lookup_first_two_tokens_follow_the_target_law(tiny_pair, stat_law):
     tokens = first_two(tiny_pair, range(STAT_GENERATIONS))
     q0, joint = stat_law
     assert 0.2 < float((tokens[:, 0] == 3).double().mean()) < 0.4  # q0(3) = 0.29
-    pvalue = gof_pvalue(tokens[:, 0], q0)
-    assert pvalue > ALPHA, f"first token: p-value {pvalue:.3g}"
-    vocab = joint.shape[0]
-    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
-    assert pvalue > ALPHA, f"pairs: p-value {pvalue:.3g}"
+    assert_two_token_law(tokens, q0, joint)
 
 
 @pytest.mark.statistical
@@ -508,11 +513,7 @@ def test_extended_proposals_keep_the_target_law(tiny_pair, stat_law):
     about half the time: the first token ~ q0 and the pair ~ the exact two-token law."""
     tokens = extended_first_two(tiny_pair, range(STAT_GENERATIONS))
     q0, joint = stat_law
-    pvalue = gof_pvalue(tokens[:, 0], q0)
-    assert pvalue > ALPHA, f"first token: p-value {pvalue:.3g}"
-    vocab = joint.shape[0]
-    pvalue = gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten())
-    assert pvalue > ALPHA, f"pairs: p-value {pvalue:.3g}"
+    assert_two_token_law(tokens, q0, joint)
 
 
 @pytest.mark.statistical
