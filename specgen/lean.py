@@ -7,10 +7,11 @@ with the op sequence of transformers' Qwen2/Llama code and nothing else, so its 
 bitwise those of `model.forward` (tested), for every width, row count and mask:
 
 * embeddings, rotary tables (the model's own rotary module) and the final norm as in the model;
-* per layer: RMSNorm, q/k/v (one int8 product when they are fused, `int8._Fused`), rotary,
-  the cache write through `past_key_values.update`, attention through the model's own
-  registered attention function (so `exact_attention` keeps its float64 decode path), o_proj,
-  RMSNorm, gate/up (fused likewise), SiLU, down_proj;
+* per layer: RMSNorm (torch's rms_norm: the same arithmetic in one dispatch), q/k/v (one int8
+  product when they are fused, `int8._Fused`), rotary for q and k together, the cache write
+  through `past_key_values.update`, attention (SDPA and `exact_attention`'s float64 decode path
+  called directly, with the arguments transformers passes; any other implementation through
+  transformers' registry), o_proj, RMSNorm, gate/up (fused likewise), SiLU, down_proj;
 * the head over the last `logits_to_keep` positions.
 
 Measured on an AVX2 EPYC (2 threads, int8 weights, 200-token cache): the 0.5B draft step
@@ -30,6 +31,7 @@ cannot take it (None when it can); callers then keep the model's own forward.
 from __future__ import annotations
 
 import os
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -166,29 +168,29 @@ class LeanForward:
         self.groups = getattr(self.config, "num_key_value_heads", None) or self.heads
         self.head_dim = self.layers[0].head_dim
 
-    def _attention(self):
-        """(function, kind): kind 'exact' and 'sdpa' are called directly (the ops transformers'
-        own functions run for our explicit masks); anything else through the registry."""
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        name = self.config._attn_implementation
-        if name == "eager":
-            from transformers.models.llama.modeling_llama import eager_attention_forward
-
-            return eager_attention_forward, "registry"
+    def _attention_kind(self, mask) -> str:
+        """'exact' and 'sdpa' are run here, op for op what transformers' functions run for an
+        explicit mask; anything else ('registry') through transformers' attention registry."""
         from specgen.exact_attention import NAME
 
+        name = self.config._attn_implementation
+        if mask is None:  # causal without a mask: transformers' function decides
+            return "registry"
         if name == NAME:
-            return None, "exact"
+            return "exact"
         if name == "sdpa" and os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") != "1":
-            return None, "sdpa"
-        return ALL_ATTENTION_FUNCTIONS[name], "registry"
+            return "sdpa"
+        return "registry"
+
+    def _registered(self):
+        """The model's attention function as its layers look it up."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        eager = getattr(sys.modules[type(self.layers[0].attn).__module__], "eager_attention_forward", None)
+        return ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  past_key_values, use_cache: bool = True, logits_to_keep: int = 0, **_) -> SimpleNamespace:
-        function, kind = self._attention()
-        if attention_mask is None and kind != "registry":  # causal without a mask: transformers decides
-            function, kind = self._registered(), "registry"
         cache = past_key_values
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
@@ -196,7 +198,10 @@ class LeanForward:
         b, n = hidden.shape[:2]
         heads, groups, dim = self.heads, self.groups, self.head_dim
         half = dim // 2
-        float64_decode = kind == "exact" and n <= EXACT_WIDTH and hidden.dtype == torch.float32
+        kind = self._attention_kind(attention_mask)
+        if kind == "exact" and not (n <= EXACT_WIDTH and hidden.dtype == torch.float32):
+            kind = "registry"  # exact_attention's own fallback for prefills
+        function = self._registered() if kind == "registry" else None
         for layer in self.layers:
             residual = hidden
             x = _norm(hidden, layer.ln1, layer.eps1)
@@ -205,13 +210,12 @@ class LeanForward:
             qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin)
             q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
             k, v = cache.update(k, qkv[:, :, heads + groups:].transpose(1, 2), layer.index)
-            if float64_decode:
+            if kind == "exact":
                 out = grouped_attention(q, k, v, attention_mask, layer.scaling)
-            elif kind == "registry" or kind == "exact":
-                out, _ = (function or self._registered())(layer.attn, q, k, v, attention_mask, dropout=0.0,
-                                                          scaling=layer.scaling)
-            else:
+            elif kind == "sdpa":
                 out = _sdpa(q, k, v, attention_mask, layer.scaling, heads // groups)
+            else:
+                out, _ = function(layer.attn, q, k, v, attention_mask, dropout=0.0, scaling=layer.scaling)
             out = layer.o_proj(out.reshape(b, n, -1))
             hidden = residual + out
             residual = hidden
@@ -222,11 +226,6 @@ class LeanForward:
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return SimpleNamespace(logits=self.head(hidden))
-
-    def _registered(self):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        return ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
 
 
 def _sdpa(q, k, v, mask, scale: float, rep: int) -> torch.Tensor:

@@ -22,10 +22,13 @@ def llama_model(seed: int = 3):
 
 
 def variants():
-    """(name, model): fp32 Qwen2 (q/k/v bias, GQA 2), tied Llama (no bias, GQA 4), and the int8
-    target as specgen runs it (fused parts, exact attention)."""
+    """(name, model): fp32 Qwen2 (q/k/v bias, GQA 2), tied Llama (no bias, GQA 4), Qwen2 with
+    eager attention, and the int8 target as specgen runs it (fused parts, exact attention)."""
     yield "qwen2", build_model(11, layers=3)
     yield "llama", llama_model()
+    eager = build_model(16, layers=2)
+    eager.set_attn_implementation("eager")  # through transformers' registry
+    yield "qwen2-eager", eager
     target = int8.quantize_model(build_model(12, layers=3))
     use_exact_attention(target)
     yield "qwen2-int8-exact", target
