@@ -6,8 +6,9 @@
 
 Both models are loaded as `specgen` loads them (same placement, dtype and quantization), a
 `--context`-token prompt is prefilled into a SlotCache, then each width (1 = a plain step or a
-draft step, 5 = a k=4 verify) is run `--steps` times through `kvcache.forward`, the decode
-loop's own call, under torch.profiler. The table lists self time per op per forward, and the
+draft step, 5 = a k=4 verify) is run `--steps` times through `kvcache.forward` with what the
+decode loop calls (the lean forward: specgen/lean.py; a draft's with exact=False), under
+torch.profiler. The table lists self time per op per forward, and the
 share that is matrix multiplication (the part that should dominate) against everything else.
 """
 
@@ -22,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specgen import kvcache, placement
+from specgen.lean import call_for
 from specgen.session import ModelSettings, load
 from specgen.config import Method
 
@@ -36,16 +38,18 @@ def cpu_flags() -> str:
     return f"{placement.cpu_name()}: {' '.join(flags) or '?'}"
 
 
-def profile_model(model, width: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
-    """Median wall ms per forward (untraced) and self ms per op per forward (traced)."""
+def profile_model(model, width: int, context: int, steps: int, exact: bool = True) -> tuple[float, dict[str, float]]:
+    """Median wall ms per forward (untraced) and self ms per op per forward (traced), through
+    what the decode loop calls (the lean forward on the CPU; exact=False for a draft)."""
     device = next(model.parameters()).device
+    call = call_for(model, exact)
     cache = kvcache.new_cache(model)
     prompt = torch.arange(1000, 1000 + context, device=device)[None]
-    kvcache.forward(model, cache, prompt, keep=1)
+    kvcache.forward(call, cache, prompt, keep=1)
     tokens = torch.arange(2000, 2000 + width, device=device)[None]
 
     def step():
-        logits = kvcache.forward(model, cache, tokens, keep=width)
+        logits = kvcache.forward(call, cache, tokens, keep=width)
         kvcache.crop(cache, context)
         return logits
 
@@ -89,7 +93,7 @@ def main() -> None:
              f"draft {pair.draft.name}: {pair.draft.dtype}, weights {pair.draft.weights}", ""]
     for role, loaded in (("target", pair.target), ("draft", pair.draft)):
         for width in (int(w) for w in args.widths.split(",")):
-            wall, ops = profile_model(loaded.model, width, args.context, args.steps)
+            wall, ops = profile_model(loaded.model, width, args.context, args.steps, exact=role == "target")
             total = sum(ops.values())
             matmul = sum(v for k, v in ops.items() if k in MATMUL_OPS)
             lines.append(f"== {role}, {width} token(s): {wall:.1f} ms per forward (untraced median); "
