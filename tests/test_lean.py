@@ -26,6 +26,7 @@ def variants():
     eager attention, and the int8 target as specgen runs it (fused parts, exact attention)."""
     yield "qwen2", build_model(11, layers=3)
     yield "llama", llama_model()
+    yield "qwen2-bf16", build_model(17, layers=2).to(torch.bfloat16)  # the format auto picks with avx512_bf16
     eager = build_model(16, layers=2)
     eager.set_attn_implementation("eager")  # through transformers' registry
     yield "qwen2-eager", eager
