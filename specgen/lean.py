@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from specgen.exact_attention import EXACT_WIDTH, grouped_attention
+from specgen.exact_attention import EXACT_WIDTH, NAME as EXACT_NAME, grouped_attention
 
 MODEL_TYPES = ("qwen2", "llama", "mistral")
 
@@ -171,12 +171,10 @@ class LeanForward:
     def _attention_kind(self, mask) -> str:
         """'exact' and 'sdpa' are run here, op for op what transformers' functions run for an
         explicit mask; anything else ('registry') through transformers' attention registry."""
-        from specgen.exact_attention import NAME
-
         name = self.config._attn_implementation
         if mask is None:  # causal without a mask: transformers' function decides
             return "registry"
-        if name == NAME:
+        if name == EXACT_NAME:
             return "exact"
         if name == "sdpa" and os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") != "1":
             return "sdpa"

@@ -93,10 +93,11 @@ class PromptLookupDrafter:
         """Nothing to drop: the next context says what was committed."""
 
     # -- lookup ------------------------------------------------------------------------------
-    def find(self, context: list[int], k: int) -> LookupMatch | None:
-        """The continuation of the longest (then most recent) earlier match of the tail."""
+    def find(self, context: list[int], k: int, new_round: bool = True) -> LookupMatch | None:
+        """The continuation of the longest (then most recent) earlier match of the tail.
+        `new_round=False`: a second query in the same round (a model proposal's extension)."""
         self._sync(context)
-        self.stats.rounds += 1
+        self.stats.rounds += new_round
         length = len(context)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             self.stats.lookups += 1
@@ -249,7 +250,7 @@ class CombinedDrafter:
         room = k - len(proposal.tokens)
         if room <= 0 or len(proposal.tokens) == 0:
             return proposal
-        match = self.lookup.find(context + proposal.tokens.tolist(), room)
+        match = self.lookup.find(context + proposal.tokens.tolist(), room, new_round=False)
         if match is None or match.ngram < self.min_match:
             return proposal
         extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)

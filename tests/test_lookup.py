@@ -529,3 +529,14 @@ def test_extended_proposals_with_the_models_row_for_the_lookup_token_break_the_l
     _, joint = stat_law
     pvalue = gof_pvalue(tokens[:, 0] * joint.shape[0] + tokens[:, 1], joint.flatten())
     assert pvalue < ALPHA, f"the broken extension went unnoticed (p-value {pvalue:.3g})"
+
+
+def test_an_extension_query_is_not_counted_as_another_lookup_round():
+    vocab = 16
+    combined = CombinedDrafter(PromptLookupDrafter(), TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
+    combined.begin([3, 3])
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        combined.propose([3, 3], 3, STAT_SAMPLING, generator)
+        combined.observe(0)
+    assert combined.lookup.stats.rounds == 5
