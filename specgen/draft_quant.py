@@ -7,11 +7,14 @@ Variants (combine with `+`, e.g. `int8+prune`):
   in fp32, the dtype those kernels take. Quantized weights are cached on disk.
 * `int8-wo`: weight-only int8 (per output channel scales), activations stay bf16, through
   torch's `_weight_int8pack_mm` CPU kernel.
-* `prune`: the output layer keeps only the first `keep` token ids (Qwen's byte-level BPE ids
-  are in merge order, so low ids are the frequent pieces) plus the special tokens; the other
-  logits are -inf, so the draft never proposes them and the distribution it reports (softmax
-  over the kept ids, exact zeros elsewhere) is exactly the one it samples from. Speculative
-  sampling stays lossless; only the acceptance rate can change.
+* `prune`: the output layer keeps the first `keep` token ids (byte-level BPE ids are in merge
+  order, so low ids are the frequent pieces), the special tokens, and every token the draft
+  has read: ids in the prompt or in the committed text join the kept set the first time the
+  draft's embedding sees them (a prompt's identifiers, a code fence), computed from the
+  original head rows. Every other logit is -inf, so the draft never proposes those ids and
+  the distribution it reports (softmax over the kept ids, exact zeros elsewhere) is exactly
+  the one it samples from. Speculative sampling stays lossless; only the acceptance rate can
+  change.
 
 Every variant returns a model with the same forward signature and a full-width logits tensor,
 so every drafter (chain, trees, batch) works unchanged.
@@ -84,9 +87,14 @@ def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KE
 
 # -- pruned output layer ------------------------------------------------------------------------
 class PrunedHead(nn.Module):
-    """logits[..., ids] = x @ W[ids]^T; every other logit is -inf (never proposed).
+    """logits[..., ids] = x @ W[ids]^T for the kept ids; every other logit is -inf (never proposed).
 
-    The kept rows live in an inner nn.Linear, so the int8 variants quantize it like any layer.
+    The static ids (the first `keep` and the specials) live in an inner nn.Linear, so the int8
+    variants quantize it like any layer. `see(input_ids)` (called by a pre-hook on the model's
+    input embedding, so every forward path and drafter gets it) adds the ids the draft reads
+    that are not kept yet; their rows, taken from the original head weight (the input
+    embedding itself when they are tied, so no extra memory), form a small fp32 product that
+    grows with the text.
     """
 
     def __init__(self, head: nn.Linear, ids: torch.Tensor):
@@ -101,12 +109,46 @@ class PrunedHead(nn.Module):
             if head.bias is not None:
                 self.linear.bias.copy_(head.bias[ids])
         self.linear.requires_grad_(False)
+        self._rows = head.weight.detach()  # the full head's rows, for ids read later (not a parameter)
+        self._row_bias = None if head.bias is None else head.bias.detach()
+        self.known = torch.zeros(self.vocab, dtype=torch.bool, device=ids.device)
+        self.known[ids] = True
+        self.extra_ids = ids.new_empty(0)
+        self.extra_weight = head.weight.new_empty(0, head.in_features, dtype=torch.float32)
+        self.extra_bias = None
+        self._all_ids = ids
+
+    def _read(self, _embedding: nn.Module, args: tuple) -> None:
+        """The input embedding's forward pre-hook (a bound method, so a deep copy follows its model)."""
+        self.see(args[0])
+
+    def see(self, input_ids: torch.Tensor) -> None:
+        """Keep every id of `input_ids` from now on (a no-op for ids already kept)."""
+        flat = input_ids.reshape(-1)
+        flat = flat[(flat >= 0) & (flat < self.vocab)]
+        new = torch.unique(flat[~self.known[flat]])
+        if new.numel() == 0:  # one small host check per draft forward, on the CPU
+            return
+        self.known[new] = True
+        rows = self._rows.index_select(0, new).float()
+        self.extra_ids = torch.cat([self.extra_ids, new])
+        self.extra_weight = torch.cat([self.extra_weight, rows])
+        if self._row_bias is not None:
+            bias = self._row_bias[new].float()
+            self.extra_bias = bias if self.extra_bias is None else torch.cat([self.extra_bias, bias])
+        self._all_ids = torch.cat([self.ids, self.extra_ids])
+
+    def spread(self, kept: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-width logits from the static product `kept` (and the read ids' product)."""
+        if self.extra_ids.numel():
+            extra = nn.functional.linear(hidden.float(), self.extra_weight, self.extra_bias).to(kept.dtype)
+            kept = torch.cat([kept, extra], -1)
+        full = kept.new_full((*kept.shape[:-1], self.vocab), float("-inf"))
+        full[..., self._all_ids] = kept
+        return full
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        kept = self.linear(hidden)
-        full = kept.new_full((*kept.shape[:-1], self.vocab), float("-inf"))
-        full[..., self.ids] = kept
-        return full
+        return self.spread(self.linear(hidden), hidden)
 
 
 def prune_head(model: nn.Module, keep: int, special_ids: tuple[int, ...] = ()) -> None:
@@ -123,6 +165,7 @@ def prune_head(model: nn.Module, keep: int, special_ids: tuple[int, ...] = ()) -
     model.set_output_embeddings(pruned)
     if getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the input embedding keeps every row
+    model.get_input_embeddings().register_forward_pre_hook(pruned._read)
 
 
 # -- int8 ----------------------------------------------------------------------------------------

@@ -88,6 +88,11 @@ def _single(module: nn.Module, exact: bool = True):
     if type(module) is nn.Linear:
         weight, bias = module.weight, module.bias
         return lambda x: nn.functional.linear(x, weight, bias)
+    from specgen.draft_quant import PrunedHead
+
+    if type(module) is PrunedHead:  # a draft's pruned head: its static product the same way
+        product = _single(module.linear, exact)
+        return lambda x: module.spread(product(x), x)
     return module
 
 

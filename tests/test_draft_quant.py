@@ -31,17 +31,34 @@ def test_parse_and_errors():
             parse_quant(bad)
 
 
-def test_pruned_head_keeps_the_first_ids_and_the_specials(tiny_dirs):
+def test_pruned_head_keeps_the_first_ids_the_specials_and_what_it_reads(tiny_dirs):
     model = draft_with(tiny_dirs, "prune")
     assert isinstance(model.get_output_embeddings(), PrunedHead)
+    prompt = PROMPT + [200, 201, 200]  # ids past KEEP in the text the draft reads
     with torch.no_grad():
-        logits = model(torch.tensor([PROMPT])).logits[0]
-    finite = torch.isfinite(logits)
-    assert finite[:, :KEEP].all() and finite[:, 258].all() and not finite[:, KEEP:258].any()
+        logits = model(torch.tensor([prompt])).logits[0]
+    kept = torch.zeros(259, dtype=torch.bool)
+    kept[:KEEP] = True
+    kept[[258, *prompt]] = True
+    assert (torch.isfinite(logits) == kept).all()  # the same kept set at every position
     reference, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
     with torch.no_grad():
-        full = reference.model(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(logits[:, :KEEP], full[:, :KEEP])
+        full = reference.model(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(logits[:, kept], full[:, kept])
+    with torch.no_grad():  # a later forward reads 230: proposable from then on, with its own row
+        later = model(torch.tensor([[230]])).logits[0, -1]
+    assert torch.isfinite(later[230]) and not torch.isfinite(later[231])
+    assert torch.isfinite(later).sum() == kept.sum() + 1
+
+
+def test_a_deep_copy_of_a_pruned_draft_reads_into_its_own_head(tiny_dirs):
+    import copy
+
+    model = draft_with(tiny_dirs, "prune")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin(torch.tensor([[210]]))
+    assert twin.get_output_embeddings().known[210] and not model.get_output_embeddings().known[210]
 
 
 @pytest.mark.parametrize("spec", ["prune", "int8", "int8-wo", "int8+prune"])

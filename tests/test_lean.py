@@ -97,9 +97,10 @@ def test_the_lean_forward_follows_a_pruned_head():
     from specgen.draft_quant import apply_draft_quant
 
     model = apply_draft_quant(build_model(14), "int8+prune", keep=100)
-    (reference, _), (got, _) = both(model, torch.arange(3, 20)[None], torch.tensor([[5, 6, 7]]))
-    assert torch.equal(got, reference)
-    assert torch.isinf(got[..., 100:200]).all()
+    (reference, _), (got, _) = both(model, torch.arange(3, 20)[None], torch.tensor([[5, 150, 7]]))
+    assert torch.equal(got, reference)  # 150, read in the second forward, is proposable in it
+    assert torch.isfinite(got[..., 150]).all()
+    assert torch.isinf(got[..., 100:150]).all() and torch.isinf(got[..., 151:200]).all()
 
 
 def test_a_draft_forward_takes_one_dispatch_for_a_single_row_and_row_int8_for_more():
