@@ -81,6 +81,21 @@ CHUNK_ABOVE = 32768
 CHUNK_ROWS = 20480
 
 
+def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+    """fbgemm packs one weight on one thread: pack (int8 rows, scales) pairs on every thread."""
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        return list(pool.map(lambda part: _pack(*part), parts))
+
+
+def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
+    """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel."""
+    q, scales = quantize_weight(weight)
+    if len(q) <= CHUNK_ABOVE:
+        return RowInt8Linear(q, scales, bias, _pack(q, scales))
+    parts = _pack_all([(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)])
+    return RowInt8Linear(q, scales, bias, tuple(parts))
+
+
 def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
     """y = x W^T + b with each row of `x` quantized on its own (see the module docstring).
     `packed`: one fbgemm weight, or a tuple of row chunks of one.
@@ -235,9 +250,7 @@ def quantize_model(model: nn.Module, cache_file: Path | None = None, quiet: bool
         return [(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
 
     work = sorted(((job, part) for job in jobs for part in chunks(job)), key=lambda item: -item[1][0].numel())
-    threads = max(1, torch.get_num_threads())
-    with ThreadPoolExecutor(threads) as pool:  # fbgemm packs one weight on one thread
-        done = list(pool.map(lambda item: _pack(*item[1]), work))
+    done = _pack_all([part for _, part in work])
     packed = {}
     for (job, _), result in zip(work, done):
         packed.setdefault(job, []).append(result)

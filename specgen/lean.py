@@ -90,9 +90,16 @@ def _single(module: nn.Module, exact: bool = True):
         return lambda x: nn.functional.linear(x, weight, bias)
     from specgen.draft_quant import PrunedHead
 
-    if type(module) is PrunedHead:  # a draft's pruned head: its static product the same way
-        product = _single(module.linear, exact)
-        return lambda x: module.spread(product(x), x)
+    if type(module) is PrunedHead:  # a draft's pruned head: its products the same way
+        product, whole = _single(module.linear, exact), []
+
+        def head(x):
+            if module.full is None:
+                return module.spread(product(x), x)
+            if not whole:  # widened since (see PrunedHead.see)
+                whole.append(_single(module.full, exact))
+            return whole[0](x)
+        return head
     return module
 
 

@@ -67,7 +67,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         target = replace(target, model=model, dtype=torch.float32, weights="int8")
     quant = settings.draft_quant
     if loaded_draft is not None and quant not in (None, "none"):
-        from specgen.draft_quant import apply_draft_quant, resolve_auto
+        from specgen.draft_quant import apply_draft_quant, describe, resolve_auto
 
         quant = resolve_auto(quant, loaded_draft.device, loaded_draft.dtype, dtype_auto=dtype_auto)
     if loaded_draft is not None and quant not in (None, "none"):
@@ -75,7 +75,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         with _status(f"{quant} weights for draft {loaded_draft.name} ...", quiet):
             model = apply_draft_quant(loaded_draft.model, quant, special_ids=specials, source=loaded_draft.path)
         loaded_draft = replace(loaded_draft, model=model, dtype=next(model.parameters()).dtype,
-                               weights=quant)
+                               weights=describe(quant, model))
     return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
 
 

@@ -95,9 +95,9 @@ def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
     from specgen.draft_quant import resolve_auto
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_auto("auto", cpu, torch.bfloat16) == "int8"
+    assert resolve_auto("auto", cpu, torch.bfloat16) == "int8+prune"
     assert resolve_auto("auto", cpu, torch.float32) == "none"  # an explicit --dtype float32
-    assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True) == "int8"  # fp32 chosen by --dtype auto
+    assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True) == "int8+prune"  # fp32 chosen by --dtype auto
     assert resolve_auto("auto", cuda, torch.bfloat16) == "none"
     assert resolve_auto("prune", cuda, torch.bfloat16) == "prune"
 
@@ -111,3 +111,32 @@ def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
         pair = load(ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "auto", "auto",
                                   "off"), method, quiet=True)
         assert pair.draft.weights == "int8", method  # fp32 chosen by --dtype auto: row-exact int8 draft
+
+
+@pytest.mark.parametrize("spec", ["prune", "int8+prune"])
+def test_text_mostly_outside_the_kept_ids_widens_the_head_to_every_id(tiny_dirs, spec):
+    """A prompt in another script (here: ids past KEEP) would leave the draft unable to propose
+    most of its tokens; past a quarter of the last ids read, the head widens to the whole
+    vocabulary, and the logits are the unpruned draft's."""
+    model = draft_with(tiny_dirs, spec)
+    head = model.get_output_embeddings()
+    mostly_inside = [(i * 7) % KEEP for i in range(80)] + [200, 201, 202]  # 4% outside: stays pruned
+    with torch.no_grad():
+        logits = model(torch.tensor([mostly_inside])).logits[0, -1]
+    assert head.full is None and torch.isinf(logits).sum() > 0
+    outside = [KEEP + (i * 5) % (258 - KEEP) for i in range(70)]
+    with torch.no_grad():
+        logits = model(torch.tensor([outside])).logits[0]
+    assert head.full is not None and torch.isfinite(logits).all()
+    reference, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    if spec == "prune":
+        with torch.no_grad():
+            full = reference.model(torch.tensor([outside])).logits[0]
+        torch.testing.assert_close(logits, full)
+
+
+def test_a_vocabulary_no_larger_than_keep_keeps_its_head(tiny_dirs):
+    draft, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    head = draft.model.get_output_embeddings()
+    model = apply_draft_quant(draft.model, "prune", keep=259)
+    assert model.get_output_embeddings() is head
