@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -24,9 +25,10 @@ import torch
 # 1 + a + ... + a^k with a = 0.84-0.87 (benchmarks/README.md). The accepted share per drafted
 # token (80% at k=2) understates a: acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 4  # bump when the engine's forwards change cost (cached choices are then measured again)
+FORMAT = 5  # bump when the engine's forwards change cost (cached choices are then measured again)
 MAX_K = 6
 GPU_K = 4
+REPEATS = 7  # turns of the three timed forwards
 
 
 @dataclass(frozen=True)
@@ -51,25 +53,47 @@ def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
     return {n: 1.0 + slope * (n - 1) / one for n in range(1, MAX_K + 2)}
 
 
-def _time(model, width: int, context: int = 32, repeats: int = 3, exact: bool = True) -> float:
-    from specgen import kvcache
-    from specgen.lean import call_for
+class _Probe:
+    """One model's forward of `width` tokens over a short cached context, timed on demand."""
 
-    call = call_for(model, exact)  # what the decode loop calls
-    device = next(model.parameters()).device
-    vocab = model.get_input_embeddings().num_embeddings
-    cache = kvcache.new_cache(model)
-    kvcache.forward(call, cache, (torch.arange(100, 100 + context, device=device) % vocab)[None], keep=1)
-    tokens = (torch.arange(300, 300 + width, device=device) % vocab)[None]
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first forward warms up
+    def __init__(self, model, width: int, context: int = 32, exact: bool = True):
+        from specgen import kvcache
+        from specgen.lean import call_for
+
+        self.call = call_for(model, exact)  # what the decode loop calls
+        self.device = next(model.parameters()).device
+        vocab = model.get_input_embeddings().num_embeddings
+        self.cache, self.context = kvcache.new_cache(model), context
+        kvcache.forward(self.call, self.cache, (torch.arange(100, 100 + context, device=self.device) % vocab)[None],
+                        keep=1)
+        self.tokens = (torch.arange(300, 300 + width, device=self.device) % vocab)[None]
+        self.seconds()  # the first forward warms up
+
+    def seconds(self) -> float:
+        from specgen import kvcache
+
         started = time.perf_counter()
-        kvcache.forward(call, cache, tokens, keep=1)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - started)
-        kvcache.crop(cache, context)
-    return best
+        kvcache.forward(self.call, self.cache, self.tokens, keep=1)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - started
+        kvcache.crop(self.cache, self.context)
+        return elapsed
+
+
+def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float]:
+    """(draft step, 5-token verify) in target steps: the three forwards are timed in turn,
+    `repeats` times, and the medians of the per-turn ratios are kept, so a machine whose speed
+    drifts between forwards (shared CPUs do) moves all three together."""
+    step, wide = _Probe(pair.target.model, 1), _Probe(pair.target.model, 5)
+    draft = _Probe(pair.draft.model, 1, exact=False)
+    draft_ratio, wide_ratio = [], []
+    for _ in range(repeats):
+        one, five, small = step.seconds(), wide.seconds(), draft.seconds()
+        one = (one + step.seconds()) / 2  # the target step around the others
+        draft_ratio.append(small / one)
+        wide_ratio.append(five / one)
+    return statistics.median(draft_ratio), statistics.median(wide_ratio)
 
 
 def _key(pair) -> str:
@@ -98,13 +122,11 @@ def choose(pair) -> Choice:
         entry = known[key]
         return Choice(int(entry["k"]), entry.get("reason", "measured earlier"))
     with torch.inference_mode():
-        step = _time(pair.target.model, 1)
-        wide = _time(pair.target.model, 5)
-        draft = _time(pair.draft.model, 1, exact=False)
-    verify = _interpolate(step, wide, 5)
-    k = best_k(draft / step, verify)
-    reason = (f"measured: draft step {draft / step:.2f} of a target step, 5-token verify "
-              f"{wide / step:.2f} steps; best at {ACCEPTANCE:.0%} acceptance")
+        draft, wide = _ratios(pair)
+    verify = _interpolate(1.0, wide, 5)
+    k = best_k(draft, verify)
+    reason = (f"measured: draft step {draft:.2f} of a target step, 5-token verify "
+              f"{wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance")
     known = known if isinstance(known, dict) else {}
     known[key] = {"k": k, "reason": reason}
     try:

@@ -45,5 +45,5 @@ def test_measured_once_then_cached(tiny_pair, tmp_path, monkeypatch):
     first = draft_length.choose(pair)
     assert 1 <= first.k <= draft_length.MAX_K and "measured" in first.reason
     assert (tmp_path / "draft-length.json").is_file()
-    monkeypatch.setattr(draft_length, "_time", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured")))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured")))
     assert draft_length.choose(pair) == first
