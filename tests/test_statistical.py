@@ -608,6 +608,10 @@ def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target
         return token, spread / spread.sum(-1, keepdim=True)  # mass on ids it can never propose
 
     monkeypatch.setattr(drafters_module, "choose", misreporting_choose)
+    from specgen.draft_quant import PrunedHead
+
+    monkeypatch.setattr(PrunedHead, "see", lambda self, ids: None)  # a static kept set: the same
+    # engine serves every generation, and a growing head would soon keep every id the target drew
     tokens = first_two_tokens(pruned_engine(tiny_pair, keep=60), Method.CHAIN, range(30000, 30000 + CONTROL_GENERATIONS))
     q0, _ = target_law
     pvalue = gof_pvalue(tokens[:, 0], q0)
