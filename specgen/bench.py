@@ -257,27 +257,44 @@ def registry() -> dict[str, MethodSpec]:
 def variant(name: str) -> tuple[Method, dict] | None:
     """'chain/k2' -> (CHAIN, {draft_tokens: 2, schedule: fixed}); 'chain/additive' or
     'lookup/expected-gain' -> an adaptive schedule (up to the run's --draft-tokens, or 8 with
-    'auto'); None when `name` is not a variant. Lets one bench run compare draft lengths and
-    schedules of the same method, each against the same plain runs."""
+    'auto'); 'chain/c0.5' -> a draft confidence stop at 0.5 (--draft-confidence); suffixes
+    combine ('lookup-chain/k4/c0.5'). None when `name` is not a variant. Lets one bench run
+    compare draft lengths, schedules and confidence stops of the same method, each against the
+    same plain runs."""
     from specgen.adaptive import Schedule
 
-    base, _, suffix = name.partition("/")
+    base, *suffixes = name.split("/")
     methods = {m.value: m for m in Method}
-    if not suffix or base not in methods or methods[base].is_tree or base == PLAIN:
+    if not suffixes or base not in methods or methods[base].is_tree or base == PLAIN:
         return None
-    if suffix[0] == "k" and suffix[1:].isdigit() and int(suffix[1:]) >= 1:
-        return methods[base], {"draft_tokens": int(suffix[1:]), "schedule": Schedule.FIXED}
+    overrides: dict = {}
+    for suffix in suffixes:
+        if suffix[:1] == "k" and suffix[1:].isdigit() and int(suffix[1:]) >= 1 and "draft_tokens" not in overrides:
+            overrides.update(draft_tokens=int(suffix[1:]), schedule=overrides.get("schedule", Schedule.FIXED))
+        elif suffix[:1] == "c" and _fraction(suffix[1:]) is not None and "draft_confidence" not in overrides:
+            overrides["draft_confidence"] = _fraction(suffix[1:])
+        elif suffix in {s.value for s in Schedule} and "schedule_named" not in overrides:
+            overrides.update(schedule=Schedule(suffix), schedule_named=True)
+        else:
+            return None
+    overrides.pop("schedule_named", None)
+    return methods[base], overrides
+
+
+def _fraction(text: str) -> float | None:
     try:
-        return methods[base], {"schedule": Schedule(suffix)}
+        value = float(text)
     except ValueError:
         return None
+    return value if 0.0 < value < 1.0 else None
 
 
 def parse_methods(text: str | None) -> list[str]:
     """A comma list -> method names, plain first (always measured: it is every denominator).
 
     Besides the registry's names, chain and lookup take variants: `chain/k2` (fixed k = 2),
-    `chain/additive`, `chain/expected-gain`, `chain/fixed` (see `variant`).
+    `chain/additive`, `chain/expected-gain`, `chain/fixed`, `chain/c0.5` (a confidence stop),
+    combined as `chain/k4/c0.5` (see `variant`).
     """
     specs = registry()
     names = list(specs) if text is None or not text.strip() else [
@@ -289,7 +306,7 @@ def parse_methods(text: str | None) -> list[str]:
         bench_llamacpp.require()
     if unknown:
         raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
-                          "(chain and lookup also take /kN or /fixed, /additive, /expected-gain)")
+                          "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain)")
     ordered = [PLAIN] + [n for n in names if n != PLAIN]
     return list(dict.fromkeys(ordered))
 
