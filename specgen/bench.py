@@ -257,7 +257,7 @@ def registry() -> dict[str, MethodSpec]:
 def variant(name: str) -> tuple[Method, dict] | None:
     """'chain/k2' -> (CHAIN, {draft_tokens: 2, schedule: fixed}); 'chain/additive' or
     'lookup/expected-gain' -> an adaptive schedule (up to the run's --draft-tokens, or 8 with
-    'auto'); 'chain/c0.5' -> a draft confidence stop at 0.5 (--draft-confidence); suffixes
+    'auto'); 'chain/c0.5' -> a draft confidence stop at 0.5 (--draft-confidence; c0: none); suffixes
     combine ('lookup-chain/k4/c0.5'). None when `name` is not a variant. Lets one bench run
     compare draft lengths, schedules and confidence stops of the same method, each against the
     same plain runs."""
@@ -282,11 +282,12 @@ def variant(name: str) -> tuple[Method, dict] | None:
 
 
 def _fraction(text: str) -> float | None:
+    """A confidence stop in [0, 1) (0: off), else None."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return value if 0.0 < value < 1.0 else None
+    return value if 0.0 <= value < 1.0 else None
 
 
 def parse_methods(text: str | None) -> list[str]:

@@ -51,7 +51,7 @@ def bench(
     max_new_tokens: MaxNewOpt = 128,
     draft_tokens: DraftTokensOpt = "device",
     draft_schedule: ScheduleOpt = None,
-    draft_confidence: ConfidenceOpt = 0.0,
+    draft_confidence: ConfidenceOpt = None,
     deterministic: DeterministicOpt = False,
     verify_window: VerifyWindowOpt = 32,
     device: DeviceOpt = "auto",
@@ -439,6 +439,7 @@ def table(result):
                 else "")
              + f" · threads={env['torch_threads']} · k={s['draft_tokens']}"
              + (" (device default)" if str(s.get("draft_tokens_choice", "")).startswith("device") else "")
+             + (f", stop below {s['draft_confidence']:g}" if s.get("draft_confidence") else "")
              + " · "
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))

@@ -49,7 +49,7 @@ def run(
     max_new_tokens: MaxNewOpt = 256,
     draft_tokens: DraftTokensOpt = "device",
     draft_schedule: ScheduleOpt = None,
-    draft_confidence: ConfidenceOpt = 0.0,
+    draft_confidence: ConfidenceOpt = None,
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     dtype: DtypeOpt = "auto",

@@ -83,6 +83,7 @@ class GenerationConfig:
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
     device_draft_tokens: bool = False  # draft_tokens is a placeholder: draft_length.choose sets it
+    device_confidence: bool = False  # no --draft-confidence given: a device-chosen k brings its stop
 
     @property
     def round_tokens(self) -> int:

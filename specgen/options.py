@@ -112,7 +112,7 @@ DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same 
 MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, rsd-c, rsd-s or multi-draft.")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
 DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")]
-ConfidenceOpt = Annotated[float, typer.Option("--draft-confidence", help="chain: stop a draft early when the draft's top probability falls below this (0: off).")]
+ConfidenceOpt = Annotated[Optional[float], typer.Option("--draft-confidence", help="chain and lookup-chain: stop a draft early when the draft's top probability falls below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).", show_default=False)]
 ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
 DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
@@ -135,7 +135,7 @@ VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Determini
 
 def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                       branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
-                      schedule=None, draft_confidence=0.0):
+                      schedule=None, draft_confidence=None):
     """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
     from specgen.adaptive import Schedule
     from specgen.config import ConfigError, GenerationConfig, Method, SamplingConfig, parse_branching, parse_draft_tokens
@@ -150,4 +150,6 @@ def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, 
         device_draft_tokens=str(draft_tokens).strip().lower() == "device",
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         branching=parse_branching(branching), beam_width=beam_width, depth=depth,
-        deterministic=deterministic, verify_window=verify_window, draft_confidence=draft_confidence)
+        deterministic=deterministic, verify_window=verify_window,
+        draft_confidence=0.0 if draft_confidence is None else draft_confidence,
+        device_confidence=draft_confidence is None)

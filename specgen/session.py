@@ -93,8 +93,9 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
         return replace(config, device_draft_tokens=False), None
     from specgen.draft_length import choose
 
-    choice = choose(pair)  # about a second, once per machine and pair; cached after that
-    return replace(config, draft_tokens=choice.k, device_draft_tokens=False), choice
+    choice = choose(pair)  # a few seconds, once per machine and pair; cached after that
+    confidence = choice.confidence if config.device_confidence else config.draft_confidence
+    return replace(config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence), choice
 
 
 def _status(message: str, quiet: bool):

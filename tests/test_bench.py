@@ -424,17 +424,18 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
     assert variant("lookup-chain/k4/c0.5") == (Method.LOOKUP_CHAIN, {"draft_tokens": 4, "schedule": Schedule.FIXED,
                                                                      "draft_confidence": 0.5})
     assert variant("chain/expected-gain/k6") == (Method.CHAIN, {"schedule": Schedule.EXPECTED_GAIN, "draft_tokens": 6})
-    for bad in ("chain/k2/k3", "chain/c1.5", "chain/c0", "chain/cx", "chain/"):
+    assert variant("chain/c0") == (Method.CHAIN, {"draft_confidence": 0.0})  # no stop, whatever the run's default
+    for bad in ("chain/k2/k3", "chain/c1.5", "chain/c-1", "chain/cx", "chain/"):
         assert variant(bad) is None, bad
     out = tmp_path / "c.json"
     result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
-                                 "--methods", "chain/k4,chain/k4/c0.99", "--json", str(out)])
+                                 "--methods", "chain/k4/c0,chain/k4/c0.99", "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert all(p["identical_to_plain"] for p in data["prompts"])
     drafted = {name: sum(m["drafted"] for m in data["measurements"] if m["method"] == name)
-               for name in ("chain/k4", "chain/k4/c0.99")}
-    assert drafted["chain/k4/c0.99"] < drafted["chain/k4"]  # a tiny model is rarely 99% sure: drafts stop early
+               for name in ("chain/k4/c0", "chain/k4/c0.99")}
+    assert drafted["chain/k4/c0.99"] < drafted["chain/k4/c0"]  # a tiny model is rarely 99% sure: drafts stop early
 
 
 def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, tmp_path, monkeypatch):

@@ -47,3 +47,30 @@ def test_measured_once_then_cached(tiny_pair, tmp_path, monkeypatch):
     assert (tmp_path / "draft-length.json").is_file()
     monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured")))
     assert draft_length.choose(pair) == first
+
+
+def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from specgen.config import GenerationConfig, Method
+    from specgen.options import generation_config
+    from specgen.session import resolve_draft_length
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08))  # the AVX2 EPYC's costs
+    target, draft = tiny_pair
+    pair = SimpleNamespace(target=target, draft=draft)
+    choice = draft_length.choose(pair)
+    best = draft_length.best_k(0.38, draft_length._interpolate(1.0, 1.08, 5))
+    assert choice.k == min(draft_length.MAX_K, best + draft_length.STOP_EXTRA)
+    assert choice.confidence == draft_length.STOP and "top probability" in choice.reason
+    # no --draft-confidence: the device's k brings its stop; an explicit value (0 included) wins
+    default = generation_config("chain", 16, "device", 0.0, 0, 1.0, None)
+    assert default.device_confidence and default.draft_confidence == 0.0
+    config, _ = resolve_draft_length(pair, default)
+    assert (config.draft_tokens, config.draft_confidence) == (choice.k, draft_length.STOP)
+    config, _ = resolve_draft_length(pair, generation_config("chain", 16, "device", 0.0, 0, 1.0, None,
+                                                             draft_confidence=0.0))
+    assert config.draft_confidence == 0.0
+    config, _ = resolve_draft_length(pair, replace(GenerationConfig(method=Method.CHAIN, draft_tokens=3)))
+    assert (config.draft_tokens, config.draft_confidence) == (3, 0.0)  # a given k: as given, no stop
