@@ -113,7 +113,7 @@ def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
         assert pair.draft.weights == "int8", method  # fp32 chosen by --dtype auto: row-exact int8 draft
 
 
-@pytest.mark.parametrize("spec", ["prune", "int8+prune"])
+@pytest.mark.parametrize("spec", ["prune", "int8+prune", "int8-wo+prune"])
 def test_text_mostly_outside_the_kept_ids_widens_the_head_to_every_id(tiny_dirs, spec):
     """A prompt in another script (here: ids past KEEP) would leave the draft unable to propose
     most of its tokens; past a quarter of the last ids read, the head widens to the whole
