@@ -4,10 +4,11 @@ A chain round at draft length k costs k draft steps plus one target forward over
 and yields (1 - a^(k+1)) / (1 - a) tokens on average at per-token acceptance a. Where a
 draft step is cheap next to the target and a wide verify costs about what a single step
 does (a GPU), long drafts win; where the draft costs half the target (the 0.5B/1.5B pair on
-a CPU) short ones do. `choose` measures the three costs once on a short context (about a
-second with the default pair), picks the k in 1..MAX_K with the best expected tokens per
-unit of time at the typical acceptance `ACCEPTANCE`, and caches the answer per machine,
-thread count and model pair in `$SPECGEN_CACHE/draft-length.json`.
+a CPU) short ones do. `choose` measures the three costs once on a short context (in turn,
+7 times, about 3 s with the default pair), picks the k in 1..MAX_K with the best expected
+tokens per unit of time at the typical acceptance `ACCEPTANCE`, and caches the answer per
+machine, thread count and model pair in `$SPECGEN_CACHE/draft-length.json`. A draft on the
+CPU also gets a confidence stop (STOP) and STOP_EXTRA more tokens of room.
 """
 
 from __future__ import annotations
