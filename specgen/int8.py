@@ -90,10 +90,15 @@ def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
 def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
     """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel."""
     q, scales = quantize_weight(weight)
+    parts = _pack_all(_chunks(q, scales))
+    return RowInt8Linear(q, scales, bias, parts[0] if len(parts) == 1 else tuple(parts))
+
+
+def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(int8 rows, scales) as fbgemm should pack them: whole, or as row chunks when tall."""
     if len(q) <= CHUNK_ABOVE:
-        return RowInt8Linear(q, scales, bias, _pack(q, scales))
-    parts = _pack_all([(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)])
-    return RowInt8Linear(q, scales, bias, tuple(parts))
+        return [(q, scales)]
+    return [(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
 
 
 def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
@@ -245,9 +250,7 @@ def quantize_model(model: nn.Module, cache_file: Path | None = None, quiet: bool
             q, scales = weights[job[0]]
         else:  # per output channel, so concatenating is exact
             q, scales = torch.cat([weights[n][0] for n in job]), torch.cat([weights[n][1] for n in job])
-        if len(q) <= CHUNK_ABOVE:
-            return [(q, scales)]
-        return [(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
+        return _chunks(q, scales)
 
     work = sorted(((job, part) for job in jobs for part in chunks(job)), key=lambda item: -item[1][0].numel())
     done = _pack_all([part for _, part in work])

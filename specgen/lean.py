@@ -91,14 +91,12 @@ def _single(module: nn.Module, exact: bool = True):
     from specgen.draft_quant import PrunedHead
 
     if type(module) is PrunedHead:  # a draft's pruned head: its products the same way
-        product, whole = _single(module.linear, exact), []
+        product = _single(module.linear, exact)
 
         def head(x):
-            if module.full is None:
-                return module.spread(product(x), x)
-            if not whole:  # widened since (see PrunedHead.see)
-                whole.append(_single(module.full, exact))
-            return whole[0](x)
+            if module.full is not None:  # widened to every id (see PrunedHead.see)
+                return _single(module.full, exact)(x)
+            return module.spread(product(x), x)
         return head
     return module
 

@@ -103,6 +103,16 @@ def test_the_lean_forward_follows_a_pruned_head():
     assert torch.isinf(got[..., 100:150]).all() and torch.isinf(got[..., 151:200]).all()
 
 
+def test_the_lean_forward_follows_a_pruned_head_once_it_widens():
+    from specgen.draft_quant import apply_draft_quant
+
+    model = apply_draft_quant(build_model(14), "int8+prune", keep=100)
+    outside = (100 + torch.arange(80) * 7 % 158)[None]  # mostly past the kept ids: the head widens
+    (reference, _), (got, _) = both(model, outside, torch.tensor([[5, 150, 7]]))
+    assert model.get_output_embeddings().full is not None
+    assert torch.equal(got, reference) and torch.isfinite(got).all()
+
+
 def test_a_draft_forward_takes_one_dispatch_for_a_single_row_and_row_int8_for_more():
     """exact=False (drafts): one row goes through fbgemm's dynamic kernel (its own scale: close
     to the row-exact product, not bitwise); wider forwards are bitwise the exact ones."""
