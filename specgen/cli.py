@@ -67,6 +67,7 @@ def run(
     verify_window: VerifyWindowOpt = 32,
     compile: CompileOpt = "auto",
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
+    server: Annotated[bool, typer.Option("--server/--no-server", help="Generate on a running `specgen serve` with the same model options when there is one (a single prompt).")] = True,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
@@ -94,7 +95,7 @@ def run(
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
         _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree,
-             (draft_quant, compile, target_quant))
+             (draft_quant, compile, target_quant), server)
 
 
 def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
@@ -166,26 +167,44 @@ def _numbers(values: list[int]) -> str:
 
 
 def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,
-         quant_and_compile=(None, "auto", "auto")) -> None:
-    from specgen import session
-    from specgen.render import JsonRenderer, PlainRenderer, RichRenderer
+         quant_and_compile=(None, "auto", "auto"), use_server=False) -> None:
+    from specgen.config import ModelSettings
 
-    settings = session.ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile)
+    settings = ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile)
+    renderer = _renderer(fmt, show_tree)
+    if use_server:  # a running `specgen serve` with these model options: no loading at all
+        from specgen.server import generate_on_server
+
+        try:
+            outcome = generate_on_server(settings, {"text": text, "raw": raw, "system": system, "config": config},
+                                         renderer, quiet=fmt is Format.json)
+        except KeyboardInterrupt:  # a second Ctrl-C while the server was stopping
+            raise typer.Exit(130) from None
+        if outcome is not None:
+            if outcome.interrupted:
+                raise typer.Exit(130)
+            return
+    from specgen import session
+
     pair = session.load(settings, config.method, quiet=fmt is Format.json)
     config, _ = session.resolve_draft_length(pair, config)
     prompt_ids = session.encode_prompt(pair.target.tokenizer, text, raw, system)
     engine = session.build_engine(pair, config.method, config)
-    if fmt is Format.rich:
-        from rich.console import Console
-
-        renderer = RichRenderer(Console(highlight=False), show_tree=show_tree)
-    elif fmt is Format.json:
-        renderer = JsonRenderer()
-    else:
-        renderer = PlainRenderer(show_tree=show_tree)
     outcome = session.generate(engine, pair.target.tokenizer, prompt_ids, config, renderer)
     if outcome.interrupted:
         raise typer.Exit(130)
+
+
+def _renderer(fmt, show_tree: bool):
+    from specgen.render import JsonRenderer, PlainRenderer, RichRenderer
+
+    if fmt is Format.rich:
+        from rich.console import Console
+
+        return RichRenderer(Console(highlight=False), show_tree=show_tree)
+    if fmt is Format.json:
+        return JsonRenderer()
+    return PlainRenderer(show_tree=show_tree)
 
 
 from specgen.models_cli import models_app  # noqa: E402
@@ -195,9 +214,11 @@ app.add_typer(models_app, name="models", help="The offline model catalog: list, 
 
 from specgen.bench_cli import bench  # noqa: E402
 from specgen.chat_cli import chat  # noqa: E402
+from specgen.serve_cli import serve  # noqa: E402
 
 app.command()(chat)
 app.command()(bench)
+app.command()(serve)
 
 
 def main() -> None:

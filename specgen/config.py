@@ -9,6 +9,20 @@ from specgen.adaptive import Schedule
 from specgen.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class ModelSettings:
+    """What to load: the pair, its placement and weight formats (run, chat, bench and serve)."""
+
+    target: str
+    draft: str | None
+    device: str = "auto"
+    draft_device: str | None = None
+    dtype: str = "auto"
+    draft_quant: str | None = None  # draft_quant.py: auto, none, int8, int8-wo, prune, int8+prune
+    compile: str = "auto"  # compiled.py: auto (on for CUDA), on, off
+    target_quant: str = "none"  # int8.py: auto, none, int8
+
+
 class Method(str, enum.Enum):
     """Decoding methods the engine can run; plain decoding is the baseline."""
 

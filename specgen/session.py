@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specgen.config import GenerationConfig, Method
+from specgen.config import GenerationConfig, Method, ModelSettings  # noqa: F401 (ModelSettings: session's API)
 from specgen.drafters import ModelDrafter
 from specgen.engine import DecodeState, Engine, RoundResult
 from specgen.errors import PromptError
@@ -20,18 +20,6 @@ from specgen.render import Outcome, ReplayView, RoundView, TreeView
 from specgen.replay import ReplayResult
 from specgen.stats import Stats
 from specgen.text import TextStream
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    target: str
-    draft: str | None
-    device: str = "auto"
-    draft_device: str | None = None
-    dtype: str = "auto"
-    draft_quant: str | None = None  # draft_quant.py: auto, none, int8, int8-wo, prune, int8+prune
-    compile: str = "auto"  # compiled.py: auto (on for CUDA), on, off
-    target_quant: str = "none"  # int8.py: auto, none, int8
 
 
 @dataclass

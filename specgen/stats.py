@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from specgen.engine import RoundResult
+if TYPE_CHECKING:  # render (and the server's client) read Stats without loading torch
+    from specgen.engine import RoundResult
 
 
 @dataclass

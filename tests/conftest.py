@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,17 @@ def isolated_cache(tmp_path_factory):
     """Tests write their caches (int8 weights of tiny models, draft-length choices, CPU format
     measurements) to a temporary directory, never to the user's ~/.cache/specgen."""
     os.environ["SPECGEN_CACHE"] = str(tmp_path_factory.mktemp("specgen-cache"))
+    # `specgen serve` sockets too: a user's running server is never found by a test run. A short
+    # path: a Unix socket's path holds about 100 bytes.
+    runtime = tempfile.mkdtemp(prefix="sg-")
+    previous_runtime = os.environ.get("SPECGEN_RUNTIME_DIR")
+    os.environ["SPECGEN_RUNTIME_DIR"] = runtime
     yield
+    shutil.rmtree(runtime, ignore_errors=True)
+    if previous_runtime is None:
+        os.environ.pop("SPECGEN_RUNTIME_DIR", None)
+    else:
+        os.environ["SPECGEN_RUNTIME_DIR"] = previous_runtime
     if USER_CACHE is None:
         os.environ.pop("SPECGEN_CACHE", None)
     else:
