@@ -259,3 +259,36 @@ def _gone(settings) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_server_on_cuda_serves_what_a_local_cuda_run_prints(tiny_dirs):
+    """compile auto (inductor and CUDA graphs on CUDA): the server warms up, keeps its engines,
+    and two served runs of each method print the local run's text."""
+    from specgen import session
+    from specgen.options import generation_config
+
+    settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cuda", None, "auto", "auto",
+                             "auto", "auto")
+    server = server_mod.Server(settings, session.load(settings, Method.CHAIN, quiet=True))
+    server.bind()
+    server.warm_up(generation_config("chain", 4, "device", 0.0, 0, 1.0, None))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cuda = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cuda"]
+        for method in ("plain", "chain", "lookup-chain"):
+            args = ("run", "def add(a, b):", *cuda, "--method", method, "-n", "24", "-k", "3", "--format", "plain")
+            local = invoke(*args, "--no-server")
+            assert local.exit_code == 0, local.output
+            for _ in range(2):
+                before = server.served
+                remote = invoke(*args)
+                assert remote.exit_code == 0, remote.output
+                assert server.served == before + 1
+                assert remote.stdout == local.stdout and local.stdout.strip()
+    finally:
+        server.stopping = True
+        thread.join(timeout=60)
+        server.close()
