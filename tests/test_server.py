@@ -292,3 +292,12 @@ def test_a_server_on_cuda_serves_what_a_local_cuda_run_prints(tiny_dirs):
         server.stopping = True
         thread.join(timeout=60)
         server.close()
+
+
+def test_a_detached_server_that_cannot_load_says_why(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "specgen", "serve", "--target", str(tmp_path / "nope"),
+                             "--detach"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "did not start" in lines[0] and "does not exist" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
