@@ -163,6 +163,8 @@ class Steps:
             stale = [k for k in self.graphs if k[0] == cache.serial and k[1] != cache.generation]
             for k in stale:  # the cache's buffers were reallocated (grown, rows joined or left)
                 del self.graphs[k]
+            if stale:  # a pool whose graphs are all gone is released: capturing into it again
+                self.pool = None  # fails an allocator assert (seen on an H100), so take a fresh one
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             started = time.perf_counter()

@@ -132,6 +132,25 @@ def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
     assert again == eager
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["graphs", "inductor"])
+def test_cuda_graphs_survive_a_cache_that_grows_between_generations(tiny_dirs, monkeypatch, mode):
+    """A reused engine (chat, `specgen serve`) whose next generation needs a larger cache: the
+    stale graphs go, new ones are captured, and they still decide what eager decides."""
+    from specgen.models import load_pair
+
+    monkeypatch.setattr(kvcache, "MIN_CAPACITY", 16)
+    pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=3)
+    _, _, engine = generate(pair, config, mode, PROMPT[:4])
+    for prompt in (PROMPT * 4, PROMPT * 15, PROMPT[::-1]):
+        tokens, _, _ = generate(pair, config, mode, prompt, engine)
+        eager, _, _ = generate(pair, config, "off", prompt)
+        assert tokens == eager
+    assert engine.cache.capacity >= len(PROMPT) * 15 + 12
+
+
 @pytest.mark.parametrize("method", ["chain", "rsd-c"])
 def test_fixed_shapes_in_a_batch_decide_what_eager_decides(tiny_pair, method):
     from test_batch import PROMPTS
