@@ -230,32 +230,26 @@ def _note(text: str) -> None:
 
 def ping(settings: ModelSettings, timeout: float = 5.0) -> dict | None:
     """The running server's description (pid, models, since), or None."""
-    sock = connect(settings)
-    if sock is None:
-        return None
-    with sock:
-        try:
-            sock.settimeout(timeout)
-            _send(sock, ("ping",))
-            message = _recv(sock)
-        except OSError:
-            return None
-    return message[1] if message and message[0] == "hello" else None
+    return _ask(settings, ("ping",), timeout)
 
 
 def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
     """Ask the matching server to stop; its description, or None when none was running."""
+    return _ask(settings, ("shutdown",), timeout)
+
+
+def _ask(settings: ModelSettings, message: tuple, timeout: float) -> dict | None:
     sock = connect(settings)
     if sock is None:
         return None
     with sock:
         try:
             sock.settimeout(timeout)
-            _send(sock, ("shutdown",))
-            message = _recv(sock)
+            _send(sock, message)
+            answer = _recv(sock)
         except OSError:
             return None
-    return message[1] if message and message[0] == "hello" else None
+    return answer[1] if answer and answer[0] == "hello" else None
 
 
 # -- the server side ------------------------------------------------------------------------------
