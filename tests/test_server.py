@@ -301,3 +301,28 @@ def test_a_detached_server_that_cannot_load_says_why(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "did not start" in lines[0] and "does not exist" in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_foreground_server_stops_on_a_signal_and_removes_its_socket(tiny_dirs, sig):
+    import signal
+    import time
+
+    settings = settings_for(tiny_dirs)
+    process = subprocess.Popen([sys.executable, "-m", "specgen", "serve", *options(tiny_dirs)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if server_mod.ping(settings, timeout=1.0) is not None or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert server_mod.ping(settings) is not None, process.stderr.read() if process.poll() is not None else ""
+        process.send_signal(getattr(signal, sig))
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "server ready" in err and "specgen server stopped" in err
+    assert "Traceback" not in err
+    assert not server_mod.socket_path(settings).exists()
