@@ -32,6 +32,7 @@ def serve(
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, socket).")] = False,
 ) -> None:
     """Keep the pair loaded: `specgen run` with the same model options then starts in a moment.
 
@@ -45,13 +46,17 @@ def serve(
     with user_errors():
         if idle_minutes < 0:
             raise ConfigError(f"--idle-minutes must be >= 0, got {idle_minutes:g}")
-        if detach and stop:
-            raise ConfigError("give --detach or --stop, not both")
+        if detach + stop + list_ > 1:
+            raise ConfigError("give one of --detach, --stop and --list")
+        if list_:
+            _list(server.running())
+            return
         settings = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
         if stop:
             info = server.shutdown(settings)
             if info is None:
-                raise ConfigError("no specgen server with these model options is running")
+                raise ConfigError("no specgen server with these model options is running",
+                                  hint="`specgen serve --list` shows the running ones")
             typer.echo(f"stopped the specgen server (pid {info['pid']}, {info['models']})", err=True)
             return
         if server.ping(settings) is not None:
@@ -65,6 +70,15 @@ def serve(
         config = generation_config("chain", 4, "device", 0.0, 0, 1.0, None)
         why = server.run_server(settings, config, idle_minutes)
         typer.echo(f"specgen server stopped: {why}", err=True)
+
+
+def _list(servers: list[dict]) -> None:
+    if not servers:
+        typer.echo("no specgen server is running", err=True)
+        return
+    for info in servers:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
+        typer.echo(f"pid {info['pid']}  {info['models']}  since {since}  {info['socket']}")
 
 
 def _detach(settings, idle_minutes: float) -> None:

@@ -125,10 +125,13 @@ def _exactly(sock: socket.socket, size: int) -> bytes | None:
 # -- the client side (stdlib and renderers only: no torch) ----------------------------------------
 def connect(settings: ModelSettings) -> socket.socket | None:
     """A connection to a running server with these model options, or None."""
-    if not supported() or os.environ.get("SPECGEN_NO_SERVER"):
+    if os.environ.get("SPECGEN_NO_SERVER"):
         return None
-    path = socket_path(settings)
-    if len(str(path)) > MAX_SOCKET_PATH or not _private(path.parent) or not path.exists():
+    return _connect_at(socket_path(settings))
+
+
+def _connect_at(path: Path) -> socket.socket | None:
+    if not supported() or len(str(path)) > MAX_SOCKET_PATH or not _private(path.parent) or not path.exists():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -238,8 +241,25 @@ def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
     return _ask(settings, ("shutdown",), timeout)
 
 
+def running(timeout: float = 2.0) -> list[dict]:
+    """Every server of this user that answers (pid, models, since, socket), oldest first."""
+    directory = runtime_dir()
+    if not supported() or not _private(directory):
+        return []
+    found = []
+    for path in sorted(directory.glob("*.sock")):
+        info = _ask_at(path, ("ping",), timeout)
+        if info is not None:
+            found.append({**info, "socket": str(path)})
+    return sorted(found, key=lambda info: info["since"])
+
+
 def _ask(settings: ModelSettings, message: tuple, timeout: float) -> dict | None:
-    sock = connect(settings)
+    return _ask_at(socket_path(settings), message, timeout)
+
+
+def _ask_at(path: Path, message: tuple, timeout: float) -> dict | None:
+    sock = _connect_at(path)
     if sock is None:
         return None
     with sock:
@@ -407,10 +427,10 @@ class Server:
         conn.settimeout(30.0)  # a request arrives at once; a silent peer must not hold the server
         try:
             request = _recv(conn)
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        except Exception:  # noqa: BLE001: a peer that hung up or sent no pickle of ours; serve the next
             return
         conn.settimeout(None)
-        if not request:
+        if not isinstance(request, tuple) or not request:
             return
         kind = request[0]
         try:

@@ -326,3 +326,17 @@ def test_a_foreground_server_stops_on_a_signal_and_removes_its_socket(tiny_dirs,
     assert "server ready" in err and "specgen server stopped" in err
     assert "Traceback" not in err
     assert not server_mod.socket_path(settings).exists()
+
+
+def test_list_shows_the_running_servers(served, tiny_dirs):
+    result = invoke("serve", "--list")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1 and f"pid {os.getpid()}" in lines[0] and "target target + draft draft" in lines[0]
+    assert str(server_mod.socket_path(settings_for(tiny_dirs))) in lines[0]
+    assert invoke("serve", "--list", "--stop").exit_code == 1
+
+
+def test_list_without_servers_says_so():
+    result = invoke("serve", "--list")
+    assert result.exit_code == 0 and "no specgen server is running" in result.output
