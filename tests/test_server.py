@@ -140,16 +140,25 @@ def request(text="Write a haiku about caches", **config) -> dict:
     return {"text": text, "raw": False, "system": None, "config": config}
 
 
-def test_ctrl_c_in_the_client_stops_the_generation_and_keeps_its_text(served, tiny_dirs):
+def test_ctrl_c_in_the_client_stops_the_generation_and_keeps_its_text(served, tiny_dirs, monkeypatch):
+    import time
+
+    relay_round = server_mod.Relay.on_round
+
+    def slow_round(self, view, stats):  # rounds of a real model's pace: the stop arrives mid-generation
+        time.sleep(0.02)
+        relay_round(self, view, stats)
+
+    monkeypatch.setattr(server_mod.Relay, "on_round", slow_round)
     settings = settings_for(tiny_dirs)
     recorder = Recorder(interrupt_at=1)
-    outcome = server_mod.generate_on_server(settings, request(), recorder, quiet=True)
+    outcome = server_mod.generate_on_server(settings, request(max_new_tokens=120), recorder, quiet=True)
     assert outcome.interrupted
-    assert 0 < len(outcome.token_ids) < 40
+    assert 0 < len(outcome.token_ids) < 120
     assert outcome.stats.new_tokens == len(outcome.token_ids)
     assert recorder.calls[0] == "enter" and recorder.calls[-2:] == ["exit", "finish"]
-    whole = server_mod.generate_on_server(settings, request(), Recorder(), quiet=True)
-    assert not whole.interrupted and len(whole.token_ids) == 40
+    whole = server_mod.generate_on_server(settings, request(max_new_tokens=120), Recorder(), quiet=True)
+    assert not whole.interrupted and len(whole.token_ids) == 120
     assert whole.token_ids[:len(outcome.token_ids)] == outcome.token_ids
 
 
