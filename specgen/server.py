@@ -464,17 +464,27 @@ class Server:
             tokenizer = self.pair.target.tokenizer
             ids = session.encode_prompt(tokenizer, request["text"], request.get("raw", False),
                                         request.get("system"))
-            session.generate(self.engine(config), tokenizer, ids, config, Relay(conn))
+            outcome = session.generate(self.engine(config), tokenizer, ids, config, Relay(conn))
             self.served += 1
+            self._log(_request_line(outcome))
         except _ClientStopped:
             pass
         except SpecgenError as exc:
+            self._log(f"error: {exc}")
             _send(conn, ("error", type(exc).__name__, str(exc), exc.hint))
         except Exception as exc:  # noqa: BLE001: the server outlives one request's failure
             traceback.print_exc(file=self.log)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             _send(conn, ("error", "SpecgenError", f"unexpected {type(exc).__name__} on the server: {first}",
                          "the server's log has the traceback"))
+
+    def _log(self, line: str) -> None:
+        """One line per request in the server's output (the --detach log), never a failure."""
+        try:
+            self.log.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+            self.log.flush()
+        except (OSError, ValueError):
+            pass
 
     def engine(self, config):
         """One engine per drafting setup, kept for later requests (compiled steps, captured
@@ -499,6 +509,14 @@ class Server:
         tokenizer = self.pair.target.tokenizer
         for text in ("Hello", "Write a short poem about the sea, then explain its meter in one sentence."):
             session.generate(self.engine(config), tokenizer, session.encode_prompt(tokenizer, text), config, _Quiet())
+
+
+def _request_line(outcome) -> str:
+    s = outcome.stats
+    accept = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
+    note = " (interrupted)" if outcome.interrupted else ""
+    return (f"{s.method}: prompt {s.prompt_tokens} tokens, {s.new_tokens} new in {s.rounds} rounds{accept}, "
+            f"{s.tokens_per_second:.1f} tok/s{note}")
 
 
 def run_server(settings: ModelSettings, config, idle_minutes: float = 0.0, quiet: bool = False,

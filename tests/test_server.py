@@ -92,6 +92,18 @@ def test_plain_and_rich_output_come_through(served, tiny_dirs):
             assert "summary" in remote.output and "tokens/target forward" in remote.output
 
 
+def test_the_server_logs_a_line_per_request(served, tiny_dirs):
+    import io
+
+    served.log = io.StringIO()
+    last_json(invoke("run", "hello", *options(tiny_dirs), "-n", "5", "-k", "2", "--format", "json"))
+    invoke("run", "x" * 400, *options(tiny_dirs), "--raw")
+    lines = served.log.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "chain: prompt" in lines[0] and "5 new in" in lines[0] and "tok/s" in lines[0]
+    assert "error:" in lines[1] and "400 tokens" in lines[1]
+
+
 def test_other_model_options_are_not_served(served, tiny_dirs):
     before = served.served
     result = invoke("run", "hello", *options(tiny_dirs), "--target-quant", "none", "-n", "4", "--format", "json")
