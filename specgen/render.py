@@ -100,6 +100,15 @@ def summary_table(stats: Stats, title: str = "summary") -> Table:
     return table
 
 
+def summary_line(outcome: Outcome) -> str:
+    """One line for a finished generation: plain output's stderr, the server's log."""
+    s = outcome.stats
+    note = " (interrupted)" if outcome.interrupted else ""
+    accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
+    return (f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
+            f"{s.tokens_per_target_forward:.2f} tokens/target forward, {s.tokens_per_second:.1f} tok/s{note}")
+
+
 class RichRenderer:
     """A Live view that grows the answer round by round, then a summary table."""
 
@@ -213,12 +222,7 @@ class PlainRenderer:
             self._write(outcome.text[len(written):])
         self.out.write("\n")
         self.out.flush()
-        s = outcome.stats
-        note = " (interrupted)" if outcome.interrupted else ""
-        accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
-        self.err.write(f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
-                       f"{s.tokens_per_target_forward:.2f} tokens/target forward, "
-                       f"{s.tokens_per_second:.1f} tok/s{note}\n")
+        self.err.write(summary_line(outcome) + "\n")
 
 
 class JsonRenderer:

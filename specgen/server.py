@@ -160,60 +160,49 @@ def generate_on_server(settings: ModelSettings, request: dict, renderer, quiet: 
 
 
 def _drive(sock: socket.socket, renderer, quiet: bool):
-    state = {"entered": False, "waited": False}
-    stopping = False
+    """Show the server's messages with `renderer` until the outcome arrives."""
+    if not quiet and not select.select([sock], [], [], WAIT_NOTE_SECONDS)[0]:
+        _note("the specgen server is busy with another request; waiting for it ...")
+    entered = stopping = False
     while True:
         try:
-            done, outcome = _step(sock, renderer, quiet, state)
-            if done:
-                return outcome
-        except KeyboardInterrupt:  # in a wait or in the renderer: ask the server to stop
-            if stopping:
-                if state["entered"]:
-                    renderer.__exit__(None, None, None)
-                raise
-            stopping = True
-            try:
-                _send(sock, ("stop",))
-            except OSError:
-                pass
-
-
-def _step(sock: socket.socket, renderer, quiet: bool, state: dict):
-    """Receive one message and show it: (True, the Outcome) at the end, else (False, None)."""
-    if not state["waited"]:  # until the server takes this request, say why nothing happens
-        state["waited"] = True
-        ready, _, _ = select.select([sock], [], [], WAIT_NOTE_SECONDS)
-        if not ready and not quiet:
-            _note("the specgen server is busy with another request; waiting for it ...")
-    message = _recv(sock)
-    if message is None:
-        if state["entered"]:
-            renderer.__exit__(None, None, None)
-        raise SpecgenError("the specgen server closed the connection before the generation finished",
-                           hint="was it stopped? what was shown is all that was generated")
-    kind = message[0]
-    if kind == "hello":
-        if not quiet:
-            _note(f"generating on the specgen server (pid {message[1]['pid']}, {message[1]['models']})")
-    elif kind == "enter":
-        renderer.__enter__()
-        state["entered"] = True
-    elif kind == "round":
-        renderer.on_round(message[1], message[2])
-    elif kind == "replay":
-        renderer.on_replay(message[1], message[2])
-    elif kind == "exit":
-        state["entered"] = False
-        renderer.__exit__(None, None, None)
-    elif kind == "finish":
-        renderer.finish(message[1])
-        return True, message[1]
-    elif kind == "error":
-        if state["entered"]:
-            renderer.__exit__(None, None, None)
-        raise _error(*message[1:])
-    return False, None
+            message = _recv(sock)
+            if message is None:
+                raise SpecgenError("the specgen server closed the connection before the generation finished",
+                                   hint="was it stopped? what was shown is all that was generated")
+            kind, *args = message
+            if kind == "hello" and not quiet:
+                _note(f"generating on the specgen server (pid {args[0]['pid']}, {args[0]['models']})")
+            elif kind == "enter":
+                renderer.__enter__()
+                entered = True
+            elif kind == "round":
+                renderer.on_round(*args)
+            elif kind == "replay":
+                renderer.on_replay(*args)
+            elif kind == "exit":
+                entered = False
+                renderer.__exit__(None, None, None)
+            elif kind == "finish":
+                renderer.finish(args[0])
+                return args[0]
+            elif kind == "error":
+                raise _error(*args)
+        except KeyboardInterrupt:  # in a wait or in the renderer: ask the server to stop, once
+            if not stopping:
+                stopping = True
+                try:
+                    _send(sock, ("stop",))
+                except OSError:
+                    pass
+                continue
+            if entered:
+                renderer.__exit__(None, None, None)
+            raise
+        except SpecgenError:
+            if entered:
+                renderer.__exit__(None, None, None)
+            raise
 
 
 _ERRORS = {cls.__name__: cls for cls in (SpecgenError, ModelError, ConfigError, PromptError)}
@@ -361,11 +350,11 @@ class Server:
         self.path: Path | None = None
 
     # lifecycle
-    def bind(self, path: Path | None = None) -> Path:
+    def bind(self) -> Path:
         """Listen on this pair's socket; a ConfigError if a live server already holds it."""
         if not supported():
             raise ConfigError("specgen serve needs Unix sockets, which this platform lacks")
-        path = path or socket_path(self.settings)
+        path = socket_path(self.settings)
         if len(str(path)) > MAX_SOCKET_PATH:
             raise ConfigError(f"the socket path {path} is too long for a Unix socket",
                               hint="set SPECGEN_RUNTIME_DIR to a shorter directory")
@@ -466,9 +455,9 @@ class Server:
                                         request.get("system"))
             outcome = session.generate(self.engine(config), tokenizer, ids, config, Relay(conn))
             self.served += 1
-            self._log(_request_line(outcome))
-        except _ClientStopped:
-            pass
+            from specgen.render import summary_line
+
+            self._log(f"{summary_line(outcome)}; prompt {outcome.stats.prompt_tokens} tokens")
         except SpecgenError as exc:
             self._log(f"error: {exc}")
             _send(conn, ("error", type(exc).__name__, str(exc), exc.hint))
@@ -511,16 +500,7 @@ class Server:
             session.generate(self.engine(config), tokenizer, session.encode_prompt(tokenizer, text), config, _Quiet())
 
 
-def _request_line(outcome) -> str:
-    s = outcome.stats
-    accept = f", acceptance {s.acceptance_rate:.0%}" if s.drafted else ""
-    note = " (interrupted)" if outcome.interrupted else ""
-    return (f"{s.method}: prompt {s.prompt_tokens} tokens, {s.new_tokens} new in {s.rounds} rounds{accept}, "
-            f"{s.tokens_per_second:.1f} tok/s{note}")
-
-
-def run_server(settings: ModelSettings, config, idle_minutes: float = 0.0, quiet: bool = False,
-               on_ready=None) -> str:
+def run_server(settings: ModelSettings, config, idle_minutes: float = 0.0, quiet: bool = False) -> str:
     """Load the pair, listen, warm up, answer until stopped; the reason it stopped."""
     from specgen import session
 
@@ -541,8 +521,6 @@ def run_server(settings: ModelSettings, config, idle_minutes: float = 0.0, quiet
         if not quiet:
             _note(f"server ready: pid {os.getpid()}, {server.info['models']}; socket {path}")
             _note("`specgen run` with the same model options now generates here; Ctrl-C stops the server")
-        if on_ready is not None:
-            on_ready(server)
         while True:
             try:
                 return server.serve_forever(idle_minutes * 60)

@@ -100,7 +100,7 @@ def test_the_server_logs_a_line_per_request(served, tiny_dirs):
     invoke("run", "x" * 400, *options(tiny_dirs), "--raw")
     lines = served.log.getvalue().splitlines()
     assert len(lines) == 2
-    assert "chain: prompt" in lines[0] and "5 new in" in lines[0] and "tok/s" in lines[0]
+    assert "[chain] 5 tokens in" in lines[0] and "prompt" in lines[0] and "tok/s" in lines[0]
     assert "error:" in lines[1] and "400 tokens" in lines[1]
 
 
