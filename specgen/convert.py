@@ -96,9 +96,10 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
         with _muted_transformers():
             # dequantize=True: a packed (GgufLinear) model cannot be saved, and dense is what we want
             model = AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+                gguf.parent, gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True),
+                trust_remote_code=False,
             )
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
             model.save_pretrained(out)
             tokenizer.save_pretrained(out)
     except (ValueError, KeyError, NotImplementedError) as error:

@@ -129,8 +129,9 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
     try:
         with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
             if tokenizer is None:
-                tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map, **local)
+                tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map,
+                                                         trust_remote_code=False, **local)
     except OSError as exc:
         if resolved.source == "hub":
             offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
@@ -138,6 +139,8 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
                              f"{_first_line(exc)}") from exc
         raise ModelError(f"cannot load the {role} model from {resolved.path}: {_first_line(exc)}") from exc
     except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
+        if "custom code" in str(exc):
+            raise foreign_code(role, arg) from None
         raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
     rows = model.get_input_embeddings().num_embeddings
     if rows < len(tokenizer):
@@ -217,9 +220,23 @@ def _split_map(target: str, dtype: torch.dtype, gpus: list[int], budgets, quiet:
     from transformers import AutoConfig
 
     resolved = resolve(target, dtype, quiet=quiet)
-    config = AutoConfig.from_pretrained(resolved.path)
+    try:
+        config = AutoConfig.from_pretrained(resolved.path, trust_remote_code=False)
+    except ValueError as exc:
+        if "custom code" in str(exc):
+            raise foreign_code("target", target) from None
+        raise ModelError(f"cannot read the target model's config '{target}': {_first_line(exc)}") from None
     max_memory = {g: int(budgets[g] * 0.85) for g in gpus}
     return placement_mod.split_device_map(config, dtype, max_memory)
+
+
+def foreign_code(role: str, arg: str) -> ModelError:
+    """A model whose architecture exists only as Python code shipped with it (`auto_map`).
+    Every load passes trust_remote_code=False: specgen never runs a model's own code, and
+    transformers then never asks on stdin (where a scripted chat's lines would answer)."""
+    return ModelError(f"the {role} model '{arg}' needs its own Python code to load (an auto_map to custom "
+                      "code); specgen never runs code that comes with a model",
+                      hint="use a model whose architecture transformers supports natively")
 
 
 def _has_gguf_magic(path: Path) -> bool:
