@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import io
 
-from specgen.chat import ChatSession
-from specgen.config import GenerationConfig, Method
-from specgen.models import load_pair
-from specgen.render import PlainRenderer
-from specgen.session import ModelSettings, Pair
+from specgen.chat.session import ChatSession
+from specgen.cli.render import PlainRenderer
+from specgen.config import GenerationConfig, Method, ModelSettings
+from specgen.runtime.pair import load
 
 MESSAGES = ["Write a Python function that reverses a linked list.", "Now add type hints.",
             "What is its time complexity?", "Rewrite it recursively.", "Which version would you use, and why?"]
@@ -28,11 +27,11 @@ def main() -> None:
     parser.add_argument("--method", default="chain")
     args = parser.parse_args()
     settings = ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-    target, draft = load_pair(settings.target, settings.draft, quiet=True)
+    pair = load(settings, Method.CHAIN, quiet=True)
     config = GenerationConfig(method=Method.parse(args.method), max_new_tokens=args.max_new_tokens)
     replies = {}
     for reuse in (True, False):
-        chat = ChatSession(Pair(target, draft), settings, config, "You are a concise coding assistant.",
+        chat = ChatSession(pair, settings, config, "You are a concise coding assistant.",
                            reuse_cache=reuse)
         for message in MESSAGES:
             turn = chat.send(message, PlainRenderer(out=io.StringIO(), err=io.StringIO()))

@@ -22,9 +22,11 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specgen import kvcache, placement
-from specgen.lean import call_for
-from specgen.session import ModelSettings, load
+from specgen.config import ModelSettings
+from specgen.models import placement
+from specgen.runtime import kvcache
+from specgen.runtime.lean import call_for
+from specgen.runtime.pair import load
 from specgen.config import Method
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_int_mm", "quantized::linear_dynamic",

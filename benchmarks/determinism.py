@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from specgen import bench, session
-from specgen.config import GenerationConfig, Method
+from specgen.bench.prompts import encode, load_prompts
+from specgen.config import GenerationConfig, Method, ModelSettings
+from specgen.decoding.build import build_engine
+from specgen.decoding.run import run_prompts
+from specgen.runtime.pair import load
 
 SETTINGS = {"plain": dict(method=Method.PLAIN), "chain k=2": dict(method=Method.CHAIN, draft_tokens=2),
             "chain k=4": dict(method=Method.CHAIN, draft_tokens=4),
@@ -22,11 +25,8 @@ SETTINGS = {"plain": dict(method=Method.PLAIN), "chain k=2": dict(method=Method.
 
 def tokens(pair, ids, **settings):
     config = GenerationConfig(**settings)
-    engine = session.build_engine(pair, config.method, config)
-    state = engine.start(ids, config)
-    list(engine.rounds(state, config))
-    end = state.verified if config.deterministic else len(state.ids)
-    return state.ids[len(ids):end]
+    engine = build_engine(pair, config)
+    return next(run_prompts(engine, pair.target.tokenizer, [ids], config))[1].token_ids
 
 
 def main() -> None:
@@ -37,17 +37,16 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    pair = session.load(session.ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
-                        Method.CHAIN, quiet=True)
-    items = bench.load_prompts(args.prompts, args.limit)
-    prompts = [bench.encode(pair.target.tokenizer, item) for item in items]
+    pair = load(ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"), Method.CHAIN, quiet=True)
+    items = load_prompts(args.prompts, args.limit)
+    prompts = [encode(pair.target.tokenizer, item) for item in items]
     report = {}
     for deterministic in (False, True):
         extra = dict(max_new_tokens=args.max_new_tokens, deterministic=deterministic, verify_window=args.window)
         outputs = {name: [tokens(pair, ids, **s, **extra) for ids in prompts] for name, s in SETTINGS.items()}
         for size in (3, 8):
-            by_index = {i: o for i, o in session.run_batch(pair, prompts, GenerationConfig(method=Method.PLAIN, **extra),
-                                                           size)}
+            config = GenerationConfig(method=Method.PLAIN, **extra)
+            by_index = dict(run_prompts(build_engine(pair, config), pair.target.tokenizer, prompts, config, size))
             outputs[f"batch {size}"] = [by_index[i].token_ids for i in range(len(prompts))]
         reference = outputs["plain"]
         differ = {name: sum(o != r for o, r in zip(out, reference)) for name, out in outputs.items()}

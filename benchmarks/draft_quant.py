@@ -18,9 +18,15 @@ import time
 
 import torch
 
-from specgen import kvcache
-from specgen.draft_quant import QUANT_CHOICES, apply_draft_quant
-from specgen.models import load_pair
+from specgen.bench.prompts import encode, load_prompts
+from specgen.config import GenerationConfig, Method, ModelSettings
+from specgen.decoding.build import build_engine
+from specgen.decoding.run import run_prompts
+from specgen.models.load import load_pair
+from specgen.runtime import kvcache
+from specgen.runtime.pair import load
+from specgen.runtime.quant import DRAFT_CHOICES as QUANT_CHOICES
+from specgen.runtime.quant import apply_draft_quant
 
 
 def time_steps(model, context: int, steps: int) -> float:
@@ -40,21 +46,17 @@ def time_steps(model, context: int, steps: int) -> float:
 
 def acceptance(variants: list[str], max_new_tokens: int, k: int) -> None:
     """Chain acceptance on the quick set per variant (the target is the same in every run)."""
-    from specgen import bench, session
-    from specgen.config import GenerationConfig, Method
-    from specgen.stats import Stats
-
     print(f"chain k={k}, quick set, {max_new_tokens} new tokens, greedy: acceptance per --draft-quant variant")
     print(f"{'variant':<16}{'acceptance':>11}{'tok/fwd':>9}")
     for name in variants:
-        pair = session.load(session.ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
-                                                  "cpu", None, "auto", name), Method.CHAIN, quiet=True)
+        pair = load(ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "cpu", None, "auto",
+                                  name), Method.CHAIN, quiet=True)
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=max_new_tokens, draft_tokens=k)
-        engine = session.build_engine(pair, Method.CHAIN, config)
-        stats = Stats(method="chain")
-        for item in bench.load_prompts("quick"):
-            for result in engine.generate(bench.encode(pair.target.tokenizer, item), config):
-                stats.update(result, 0.0)
+        prompts = [encode(pair.target.tokenizer, item) for item in load_prompts("quick")]
+        outcomes = [o for _, o in run_prompts(build_engine(pair, config), pair.target.tokenizer, prompts, config)]
+        stats = outcomes[0].stats
+        for outcome in outcomes[1:]:
+            stats = stats.merge(outcome.stats)
         print(f"{name:<16}{stats.acceptance_rate:>11.1%}{stats.tokens_per_target_forward:>9.2f}", flush=True)
 
 

@@ -35,11 +35,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specgen import kvcache  # noqa: E402
-from specgen.compiled import Steps  # noqa: E402
 from specgen.config import GenerationConfig, Method  # noqa: E402
-from specgen.drafters import ModelDrafter  # noqa: E402
-from specgen.engine import Engine  # noqa: E402
+from specgen.decoding.drafters.model import ChainDrafter  # noqa: E402
+from specgen.decoding.engine import Engine  # noqa: E402
+from specgen.decoding.events import RoundResult  # noqa: E402
+from specgen.runtime import kvcache  # noqa: E402
+from specgen.runtime.compiled import Steps  # noqa: E402
 
 SHAPES = {  # Qwen2.5 0.5B / 1.5B / 7B
     "q05": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -98,7 +99,7 @@ def hf_generate(model, prompt, n: int, static: bool):
 
 def specgen_run(engine, prompt_ids, config, record):
     def go():
-        rounds = list(engine.generate(prompt_ids, config))
+        rounds = [r.event for r in engine.generate([prompt_ids], config) if isinstance(r.event, RoundResult)]
         record["rounds"] = len(rounds)
         record["tokens"] = sum(len(r.emitted) for r in rounds)
         record["accepted"] = sum(r.accepted for r in rounds)
@@ -144,7 +145,7 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
     if mode == "off":
         return  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
     for k in ks:
-        drafter = ModelDrafter(draft, torch.device("cuda"), compile=mode)
+        drafter = ChainDrafter(draft, torch.device("cuda"), compile=mode)
         engine = Engine(model, torch.device("cuda"), frozenset(), 32768, drafter, compile=mode)
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k)
         record = {}

@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from specgen import bench, session
-from specgen.config import GenerationConfig, Method
+from specgen.bench.prompts import encode, load_prompts
+from specgen.config import GenerationConfig, Method, ModelSettings
+from specgen.decoding.build import build_engine
+from specgen.decoding.events import Joined, RoundResult
+from specgen.runtime.pair import load
 
 
 class Timed:
@@ -44,25 +47,26 @@ def main() -> None:
     parser.add_argument("-n", "--max-new-tokens", type=int, default=48)
     parser.add_argument("--draft-quant", default="auto")
     args = parser.parse_args()
-    pair = session.load(session.ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
-                                              "cpu", None, "auto", args.draft_quant), Method.CHAIN, quiet=True)
+    pair = load(ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "cpu", None, "auto",
+                              args.draft_quant), Method.CHAIN, quiet=True)
     target, draft = Timed(pair.target.model), Timed(pair.draft.model)
-    prompts = [bench.encode(pair.target.tokenizer, p) for p in bench.load_prompts("quick")]
+    prompts = [encode(pair.target.tokenizer, p) for p in load_prompts("quick")]
     print(f"default pair, draft-quant {args.draft_quant}, quick set ({len(prompts)} prompts), "
           f"{args.max_new_tokens} new tokens, greedy")
     print(f"{'method':<12}{'decode s':>10}{'target s':>10}{'draft s':>10}{'outside s':>11}{'outside':>9}{'rounds':>8}")
     for name in args.methods.split(","):
         method = Method(name)
         config = GenerationConfig(method=method, max_new_tokens=args.max_new_tokens)
-        engine = session.build_engine(pair, method, config)
+        engine = build_engine(pair, config)
         decode = in_target = in_draft = 0.0
         rounds = 0
         for ids in prompts:
-            state = engine.start(ids, config)  # prefill: not part of the round loop
-            t0, d0 = target.seconds, draft.seconds
-            started = time.perf_counter()
-            for _ in engine.rounds(state, config):
-                rounds += 1
+            for report in engine.generate([ids], config):
+                if isinstance(report.event, Joined):  # prefill done: the round loop starts here
+                    t0, d0 = target.seconds, draft.seconds
+                    started = time.perf_counter()
+                elif isinstance(report.event, RoundResult):
+                    rounds += 1
             decode += time.perf_counter() - started
             in_target += target.seconds - t0
             in_draft += draft.seconds - d0

@@ -21,9 +21,12 @@ import time
 
 import torch
 
-from specgen import bench, session
+from specgen.bench.prompts import encode, load_prompts
+from specgen.config import ModelSettings
+from specgen.decoding.build import build_engine
+from specgen.decoding.run import timed
+from specgen.runtime.pair import load
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.stats import Stats
 
 CONFIGS = {
     "chain k=3": dict(method=Method.CHAIN, draft_tokens=3),
@@ -50,21 +53,15 @@ def main() -> None:
     args = parser.parse_args()
 
     names = [n.strip() for n in args.configs.split(";") if n.strip()]
-    pair = session.load(session.ModelSettings(args.target, args.draft), Method.CHAIN, quiet=True)
-    prompts = [(p, bench.encode(pair.target.tokenizer, p)) for p in bench.load_prompts(args.prompts, args.limit)]
+    pair = load(ModelSettings(args.target, args.draft), Method.CHAIN, quiet=True)
+    prompts = [(p, encode(pair.target.tokenizer, p)) for p in load_prompts(args.prompts, args.limit)]
     rows = {name: [] for name in names}
     for number, (item, ids) in enumerate(prompts):
         for name in names:  # interleaved prompt by prompt
             config = GenerationConfig(max_new_tokens=args.max_new_tokens,
                                       sampling=SamplingConfig(temperature=args.temperature, seed=1000 + number),
                                       **CONFIGS[name])
-            engine = session.build_engine(pair, config.method, config)
-            stats = Stats(method=name)
-            started = time.perf_counter()
-            state = engine.start(ids, config)
-            stats.prefill_seconds = state.prefill_seconds
-            for result in engine.rounds(state, config):
-                stats.update(result, time.perf_counter() - started)
+            _, stats, _, _ = timed(build_engine(pair, config), ids, config, label=name)
             rows[name].append({"prompt": item.id, "category": item.category, **stats.as_dict()})
             print(f"{item.id:18s} {name:24s} {stats.tokens_per_target_forward:5.2f} tok/fwd "
                   f"{stats.tokens_per_second:5.2f} tok/s", file=sys.stderr, flush=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from specgen.adaptive import Schedule
 from specgen.errors import ConfigError
 
 
@@ -18,9 +17,17 @@ class ModelSettings:
     device: str = "auto"
     draft_device: str | None = None
     dtype: str = "auto"
-    draft_quant: str | None = None  # draft_quant.py: auto, none, int8, int8-wo, prune, int8+prune
-    compile: str = "auto"  # compiled.py: auto (on for CUDA), on, off
-    target_quant: str = "none"  # int8.py: auto, none, int8
+    draft_quant: str | None = None  # runtime/quant.py: auto, none, int8, int8-wo, prune, int8+prune
+    compile: str = "auto"  # runtime/compiled.py: auto (inductor on CUDA), on, off, graphs, inductor
+    target_quant: str = "none"  # runtime/quant.py: auto, none, int8
+
+
+class Schedule(str, enum.Enum):
+    """How many tokens to draft each round (decoding/length.py): a fixed k, or adaptive up to k."""
+
+    FIXED = "fixed"
+    ADDITIVE = "additive"
+    EXPECTED_GAIN = "expected-gain"
 
 
 class Method(str, enum.Enum):
@@ -88,7 +95,7 @@ class GenerationConfig:
     method: Method = Method.CHAIN
     max_new_tokens: int = 256
     draft_tokens: int = 4
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingConfig = SamplingConfig()  # every row's, unless a request brings its own
     branching: tuple[int, ...] = (2, 2, 1)  # rsd-c and multi-draft: children per depth
     beam_width: int = 3  # rsd-s
     depth: int = 4  # rsd-s
@@ -96,15 +103,14 @@ class GenerationConfig:
     draft_confidence: float = 0.0  # chain: stop drafting when the draft's top probability is below
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
-    device_draft_tokens: bool = False  # draft_tokens is a placeholder: draft_length.choose sets it
+    device_draft_tokens: bool = False  # draft_tokens is a placeholder: decoding/length.choose sets it
     device_confidence: bool = False  # no --draft-confidence given: a device-chosen k brings its stop
 
     @property
     def round_tokens(self) -> int:
         """Most tokens one round proposes: draft_tokens; lookup-chain's lookup rounds may propose
         up to LOOKUP_TOKENS (they cost no draft forward, and verifying a few more tokens costs
-        little: measured on an AVX2 EPYC, a 5-token verify 1.1-1.2 plain steps) while its model
-        rounds keep draft_tokens."""
+        little) while its model rounds keep draft_tokens."""
         if self.method is Method.LOOKUP_CHAIN and self.schedule is Schedule.FIXED:
             return max(self.draft_tokens, LOOKUP_TOKENS)
         return self.draft_tokens
@@ -161,12 +167,11 @@ def parse_branching(value: str) -> tuple[int, ...]:
 
 
 def parse_draft_tokens(value: str) -> tuple[int, Schedule | None]:
-    """'4' -> (4, None); 'auto' -> (8, the adaptive schedule); anything else is an error.
+    """'4' -> (4, None); 'auto' -> (8, the adaptive schedule); 'device' -> (4, None), a
+    placeholder that decoding/build.py replaces by the k measured for the device.
 
-    The adaptive default is expected-gain: in the schedule comparison on the default pair
-    (benchmarks/README.md, `bench --methods chain/additive,chain/expected-gain`) it ran at
-    0.87x plain against additive's 0.77x. A fixed k=4 (0.98x) beat both there, so k=4 stays
-    the default when no length is given.
+    The adaptive schedule is expected-gain, the better of the two in bench's schedule
+    comparison (benchmarks/README.md).
     """
     value = str(value).strip().lower()
     if value == "device":

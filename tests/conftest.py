@@ -69,7 +69,7 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_pair(tiny_dirs):
     """(target, draft) LoadedModels in fp32 on the CPU, loaded through specgen.models."""
-    from specgen.models import load_pair
+    from specgen.models.load import load_pair
 
     return load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu",
                      dtype="float32", quiet=True)

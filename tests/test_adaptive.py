@@ -12,15 +12,17 @@ import pytest
 import torch
 from scipy import stats
 
-from specgen import kvcache
-from specgen.acceptance import ProposalKind
-from specgen.adaptive import (AdditiveLength, ConfidenceStop, ExpectedGainLength, FixedLength, Schedule,
+from specgen.runtime import kvcache
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.length import (AdditiveLength, ConfidenceStop, ExpectedGainLength, FixedLength, Schedule,
                               make_policy)
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.drafters import ModelDrafter, Proposal
-from specgen.engine import Engine
-from specgen.lookup import PromptLookupDrafter
-from specgen.sampling import choose, warp
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine
+from specgen.decoding.drafters.lookup import PromptLookupDrafter
+from specgen.decoding.sampling import choose, warp
+from tiny import RowDrafterBase, decode, per_row
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
 
@@ -120,63 +122,37 @@ def test_confidence_stop_reads_the_top_probability():
     assert ConfidenceStop(0.48)(logits.bfloat16()).tolist() == [False, True]
 
 
-class ConfidentModelDrafter(ModelDrafter):
-    """ModelDrafter.propose with the recommended ConfidenceStop integration.
-
-    Two changes from ModelDrafter.propose: stop after a token whose step was not confident
-    (one `bool()` sync per step), and record the number of draft tokens actually fed
-    (len(tokens) - 1, not k - 1) so `observe` keeps the cache invariant.
-    """
-
-    def __init__(self, model, device, stop: ConfidenceStop, vocab: int | None = None):
-        super().__init__(model, device, vocab)
-        self.stop = stop
-
-    @torch.inference_mode()
-    def propose(self, context, k, sampling, generator) -> Proposal:
-        generator = self._generator(generator)
-        step_input = torch.tensor([context[self.cached:]], device=self.device)
-        tokens, probs = [], []
-        for i in range(k):
-            logits = self._forward_tensor(step_input)[0, -1, : self.vocab]
-            token, dist = choose(logits, sampling, generator)
-            tokens.append(token)
-            probs.append(dist)
-            if i == k - 1 or bool(self.stop(logits, dist)):  # the per-step host sync
-                break
-            step_input = token.view(1, 1)
-        self._base, self._fed = len(context), len(tokens) - 1
-        sampled = probs[0] is not None
-        return Proposal(torch.stack(tokens), torch.stack(probs) if sampled else None,
-                        ProposalKind.SAMPLED if sampled else ProposalKind.DETERMINISTIC)
+def ConfidentModelDrafter(model, device, stop: ConfidenceStop, vocab: int | None = None) -> ChainDrafter:
+    """The chain drafter with a confidence stop, as `--draft-confidence` builds it."""
+    return ChainDrafter(model, device, vocab, confidence=stop)
 
 
-class PolicyDrafter:
+class PolicyDrafter(RowDrafterBase):
     """Drives a length policy through the unchanged engine (set draft_tokens to the policy's
     max): asks the inner drafter for min(k, policy.next_k()) and feeds the verdict back.
-    `kept` equals the accepted count except when EOS / max_new_tokens cut the last round."""
+    The kept count equals the accepted count except when EOS / max_new_tokens cut the last round."""
 
     def __init__(self, inner, policy):
         self.inner, self.policy = inner, policy
         self.asked: list[int] = []
         self._proposed = 0
 
-    def begin(self, prompt_ids):
-        self.inner.begin(prompt_ids)
+    def start(self, prompt_ids, generator=None, capacity=0):
+        self.inner.start(prompt_ids, generator, capacity)
 
     def rewind(self, valid):
         self.inner.rewind(valid)
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling):
         k = min(k, self.policy.next_k())
         self.asked.append(k)
-        proposal = self.inner.propose(context, k, sampling, generator)
+        proposal = self.inner.propose(context, k, sampling)
         self._proposed = proposal.tokens.shape[0]
         return proposal
 
-    def observe(self, kept):
-        self.policy.update(self._proposed, kept)
-        self.inner.observe(kept)
+    def observe(self, path):
+        self.policy.update(self._proposed, len(path))
+        self.inner.observe(path)
 
 
 def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -189,10 +165,11 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def run(pair, drafter, prompt, **kwargs):
     target, _ = pair
+    if isinstance(drafter, RowDrafterBase):
+        drafter = per_row(drafter)
     engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
     config = GenerationConfig(method=Method.CHAIN, **kwargs)
-    state = engine.start(prompt, config)
-    rounds = list(engine.rounds(state, config))
+    rounds, state = decode(engine, prompt, config)
     return [t for r in rounds for t in r.emitted], rounds, state
 
 
@@ -222,8 +199,8 @@ def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(ti
         assert 1 in lengths and 4 in lengths
     # the draft cache still holds a committed prefix that a fresh prefill agrees with
     ids = state.ids
-    assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
-    drafter.reset_to(ids[:-1])
+    assert drafter.cache.lengths[0] <= len(ids) - 1
+    drafter.join(0, ids, None, len(ids) + 8)  # top the cache up to the committed sequence
     with torch.no_grad():
         cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = draft.model(torch.tensor([ids])).logits[0, -1]
@@ -287,32 +264,31 @@ class ScaledLogits(torch.nn.Module):
         return SimpleNamespace(logits=self.inner(**kwargs).logits * self.scale)
 
 
-class DropLowProbabilityDrafter(ConfidentModelDrafter):
+class DropLowProbabilityDrafter(RowDrafterBase):
     """BROKEN on purpose: a drawn token whose own probability is under DROP_THRESHOLD is
-    dropped (and drafting stops), so a proposed x_i is no longer distributed as p_i."""
+    dropped (and drafting stops), so a proposed x_i is no longer distributed as p_i. It keeps
+    no cache: each step runs the draft over the whole sequence."""
+
+    def __init__(self, model, device, stop: ConfidenceStop):
+        self.model = model
+        self.generator = None
+
+    def start(self, prompt_ids, generator=None, capacity=0):
+        self.generator = generator
 
     @torch.inference_mode()
-    def propose(self, context, k, sampling, generator) -> Proposal:
-        generator = self._generator(generator)
-        step_input = torch.tensor([context[self.cached:]], device=self.device)
-        tokens, probs, fed = [], [], 0  # fed: draft tokens given to the cache
-        for i in range(k):
-            logits = self._forward_tensor(step_input)[0, -1, : self.vocab]
-            token, dist = choose(logits, sampling, generator)
+    def propose(self, context, k, sampling) -> Proposal:
+        tokens, probs = [], []
+        for _ in range(k):
+            logits = self.model(input_ids=torch.tensor([context + [int(t) for t in tokens]])).logits[0, -1]
+            token, dist = choose(logits, sampling, self.generator)
             if float(dist[token]) < DROP_THRESHOLD:
                 break
             tokens.append(token)
             probs.append(dist)
-            if i == k - 1:
-                break
-            step_input = token.view(1, 1)
-            fed += 1
-        if not tokens:  # the engine will not call observe: everything fed is committed
-            self.cached = len(context)
-            vocab = self.vocab or self.model.config.vocab_size
-            return Proposal(torch.empty(0, dtype=torch.int64), torch.empty(0, vocab), ProposalKind.SAMPLED)
-        self._base, self._fed = len(context), fed
-        return Proposal(torch.stack(tokens), torch.stack(probs), ProposalKind.SAMPLED)
+        if not tokens:
+            return Proposal.empty()
+        return Proposal.chain(torch.stack(tokens), ProposalKind.SAMPLED, torch.stack(probs))
 
 
 def gof_tuples(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], float]) -> float:
@@ -362,12 +338,14 @@ def three_token_law(tiny_pair):
 def first_three(pair, drafter_class, seeds: range) -> list[tuple[int, ...]]:
     target, _ = pair
     drafter = drafter_class(ScaledLogits(target.model, 0.5), target.device, ConfidenceStop(STOP_THRESHOLD))
+    if isinstance(drafter, RowDrafterBase):
+        drafter = per_row(drafter)
     engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
     out = []
     for seed in seeds:
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=4, draft_tokens=3,
                                   sampling=dataclasses.replace(STOP_SAMPLING, seed=seed))
-        out.append(tuple([t for r in engine.generate(STOP_PROMPT, config) for t in r.emitted][:3]))
+        out.append(tuple([t for r in decode(engine, STOP_PROMPT, config)[0] for t in r.emitted][:3]))
     return out
 
 

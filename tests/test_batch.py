@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from specgen.acceptance import ProposalKind
+from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.drafters import Proposal
-from specgen.engine import Engine
-from specgen.replay import ReplayResult
-from specgen.row_drafters import PerRow, SharedChain
+from specgen.decoding.build import make_drafter
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.engine import Engine
+from specgen.decoding.events import Finished, RoundResult
+from specgen.runtime.pair import Pair
 from test_deterministic import ShapeSensitive, bf16_pair, generate  # noqa: F401 (fixture)
 from test_engine import PROMPT, reference_greedy
 
@@ -31,21 +32,13 @@ class Row:
 
 
 def row_drafters(pair, drafter, settings):
-    """(drafters, method) for a name: None (plain), chain, lookup, rsd-c, rsd-s, or a RowDrafters."""
-    from specgen.lookup import PromptLookupDrafter
-    from specgen.session import make_drafter
-
-    target, draft = pair
+    """(drafter, method) for a name: None (plain), a method's name, or a Drafter instance."""
     if drafter is None:
         return None, Method.PLAIN
-    if drafter == "chain":
-        return SharedChain(draft.model, draft.device), Method.CHAIN
-    if drafter == "lookup":
-        return PerRow(make=PromptLookupDrafter), Method.LOOKUP
-    if drafter in ("rsd-c", "rsd-s", "multi-draft"):
+    if isinstance(drafter, str):
         method = Method(drafter)
         config = GenerationConfig(method=method, **{k: v for k, v in settings.items() if k != "method"})
-        return PerRow(make=lambda: make_drafter(draft, method, None, config)), method
+        return make_drafter(Pair(*pair), config), method
     return drafter, Method.CHAIN
 
 
@@ -54,17 +47,16 @@ def batched(pair, prompts, batch_size, drafter=None, stop_ids=None, **settings):
     target, _ = pair
     drafts, method = row_drafters(pair, drafter, settings)
     stop_ids = target.stop_ids if stop_ids is None else stop_ids
-    engine = Engine(target.model, target.device, stop_ids, target.context_length)
+    engine = Engine(target.model, target.device, stop_ids, target.context_length, drafts)
     settings.setdefault("method", method)
     config = GenerationConfig(**settings)
     rows: dict[int, Row] = {}
-    for report in engine.generate_batch(prompts, config, batch_size, drafts):
+    for report in engine.generate(prompts, config, batch_size):
         row = rows.setdefault(report.index, Row(report.index))
-        if report.event is None:
-            state = report.state
-            row.token_ids = state.ids[state.prompt_length: state.verified if config.deterministic else None]
-            row.stop = state.stop
-        elif not isinstance(report.event, ReplayResult):
+        if isinstance(report.event, Finished):
+            row.token_ids = report.state.final_ids(config)
+            row.stop = report.state.stop
+        elif isinstance(report.event, RoundResult):
             row.rounds += 1
             row.drafted += len(report.event.draft_tokens)
             row.accepted += report.event.accepted_emitted
@@ -154,16 +146,18 @@ class ScriptedBatchDrafter:
         self.joined = 0
         self.kept: list[tuple[int, int]] = []
 
-    def join(self, prompt_ids, generator, length):
-        self.rows.append((tuple(prompt_ids), self.joined))
+    def join(self, row, prompt_ids, generator, capacity):
+        if row == len(self.rows):
+            self.rows.append(None)
+        self.rows[row] = (tuple(prompt_ids), self.joined)
         self.joined += 1
 
     def leave(self, keep):
         self.rows = [self.rows[i] for i in keep]
 
-    def propose(self, contexts, ks, sampling, generators, rows):
+    def propose(self, contexts, ks, samplings):
         out = []
-        for context, k, row in zip(contexts, ks, rows):
+        for row, (context, k) in enumerate(zip(contexts, ks)):
             prompt, serial = self.rows[row]
             reference, start = self.references[prompt], len(context) - len(prompt)
             right = self.right_of(serial, start)
@@ -171,14 +165,17 @@ class ScriptedBatchDrafter:
             for i in range(k):
                 true = reference[start + i] if start + i < len(reference) else 0
                 tokens.append(true if i < right else (true + 1) % 259)
-            out.append(Proposal(torch.tensor(tokens), None, ProposalKind.DETERMINISTIC) if k else None)
+            out.append(Proposal.chain(torch.tensor(tokens), ProposalKind.DETERMINISTIC) if k else Proposal.empty())
         return out
 
-    def observe(self, row, kept, path):
-        self.kept.append((row, kept))
+    def observe(self, row, path):
+        self.kept.append((row, len(path)))
 
     def rewind(self, row, valid):
         pass
+
+    def setup_seconds(self):
+        return 0.0
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])

@@ -14,13 +14,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specgen import bench
-from specgen.bench import BenchPrompt, BenchSettings, Generation
-from specgen import bench_cli
-from specgen.bench_cli import bench as bench_command
+from specgen.bench import measure as measuring
+from specgen.bench import methods, prompts as prompt_sets, report as bench_cli, runners as bench_runners, summary
+from specgen.bench.measure import BenchSettings
+from specgen.bench.prompts import BenchPrompt
+from specgen.bench.runners import Generation
+from specgen.cli.bench import bench as bench_command
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.stats import Stats
 from specgen.errors import ConfigError, PromptError
-from specgen.session import Pair
+from specgen.runtime.pair import Pair
 
 SHORT_PROMPTS = [
     {"id": "code-1", "category": "code", "prompt": "def fib(n):"},
@@ -53,28 +56,28 @@ def settings(n=8, repeats=1, warmup=False, **sampling):
 
 # -- prompt sets -----------------------------------------------------------------------------
 def test_a_set_by_name_and_the_documented_fields():
-    quick = bench.load_prompts("quick")
+    quick = prompt_sets.load_prompts("quick")
     assert [p.id for p in quick][:2] == ["quick-codegen-01", "quick-codegen-02"]
     assert len(quick) == 4 and {p.category for p in quick} == {"code-generation", "explanation", "rewrite"}
-    chat = bench.load_prompts("multi-turn-chat", limit=3)
+    chat = prompt_sets.load_prompts("multi-turn-chat", limit=3)
     assert len(chat) == 3 and all(p.messages and p.prompt is None for p in chat)
     assert chat[0].messages[-1]["role"] == "user"
 
 
 def test_all_is_every_category_file_but_quick():
-    every = bench.load_prompts("all")
+    every = prompt_sets.load_prompts("all")
     assert len(every) == 84 and not any(p.id.startswith("quick-") for p in every)
     assert len({p.category for p in every}) == 7
-    two_each = bench.load_prompts("all", limit=2)
+    two_each = prompt_sets.load_prompts("all", limit=2)
     assert len(two_each) == 14 and len({p.category for p in two_each}) == 7
 
 
 def test_a_file_and_a_name_under_the_working_directory(tmp_path, monkeypatch, short_file):
-    assert [p.id for p in bench.load_prompts(str(short_file))] == ["code-1", "code-2", "chat-1"]
+    assert [p.id for p in prompt_sets.load_prompts(str(short_file))] == ["code-1", "code-2", "chat-1"]
     (tmp_path / "prompts").mkdir()
     write_jsonl(tmp_path / "prompts" / "mine.jsonl", SHORT_PROMPTS[:1])
     monkeypatch.chdir(tmp_path)
-    assert [p.id for p in bench.load_prompts("mine")] == ["code-1"]
+    assert [p.id for p in prompt_sets.load_prompts("mine")] == ["code-1"]
 
 
 @pytest.mark.parametrize("lines, fragment", [
@@ -88,13 +91,13 @@ def test_a_malformed_file_is_one_line_naming_file_and_line(tmp_path, lines, frag
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(PromptError, match="bad.jsonl") as info:
-        bench.load_prompts(str(path))
+        prompt_sets.load_prompts(str(path))
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
 def test_an_unknown_set_lists_the_names():
     with pytest.raises(PromptError, match="unknown prompt set 'nope'.*code-generation.*quick.*all"):
-        bench.load_prompts("nope")
+        prompt_sets.load_prompts("nope")
 
 
 def test_conversations_go_through_the_chat_template(pair):
@@ -102,8 +105,8 @@ def test_conversations_go_through_the_chat_template(pair):
     tokenizer = pair.target.tokenizer
     expected = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True,
                                              return_dict=True)["input_ids"]
-    assert bench.encode(tokenizer, item) == list(expected)
-    assert tokenizer.decode(bench.encode(tokenizer, item)).endswith("<|im_start|>assistant\n")
+    assert prompt_sets.encode(tokenizer, item) == list(expected)
+    assert tokenizer.decode(prompt_sets.encode(tokenizer, item)).endswith("<|im_start|>assistant\n")
 
 
 # -- ordering, medians, speed-ups (fake runners: they report their own seconds) ---------------
@@ -119,7 +122,7 @@ class FakeRunner:
         call = self.calls.get(prompt_ids[0], 0)
         self.calls[prompt_ids[0]] = call + 1
         seconds = self.times.get(prompt_ids[0], [1.0])[call % len(self.times.get(prompt_ids[0], [1.0]))]
-        return Generation(list(range(n)), seconds, 0.1 * seconds, 1)
+        return Generation(list(range(n)), seconds, 0.1 * seconds, 1, Stats(method=self.name, new_tokens=n))
 
 
 def fake_prompts():
@@ -129,31 +132,31 @@ def fake_prompts():
 def test_warmup_then_methods_interleaved_per_prompt_and_repeat():
     log = []
     runners = [FakeRunner(name, log) for name in ("plain", "a", "b")]
-    list(bench.measure(runners, fake_prompts(), settings(n=40, repeats=2, warmup=True)))
+    list(measuring.measure(runners, fake_prompts(), settings(n=40, repeats=2, warmup=True)))
     warm = [("plain", 1, 16), ("a", 1, 16), ("b", 1, 16)]
     round_ = lambda p: [("plain", p, 40), ("a", p, 40), ("b", p, 40)]  # noqa: E731
     assert log == warm + round_(1) + round_(1) + round_(2) + round_(2)
 
 
 def test_plain_always_comes_first_and_unknown_methods_are_refused():
-    assert bench.parse_methods("hf-lookup,chain") == ["plain", "hf-lookup", "chain"]
-    assert bench.parse_methods("chain,plain,chain") == ["plain", "chain"]
-    every = bench.parse_methods(None)  # all that exist: specgen's methods, then the references
-    from specgen import bench_llamacpp
+    assert methods.parse_methods("hf-lookup,chain") == ["plain", "hf-lookup", "chain"]
+    assert methods.parse_methods("chain,plain,chain") == ["plain", "chain"]
+    every = methods.parse_methods(None)  # all that exist: specgen's methods, then the references
+    from specgen.bench import llamacpp as bench_llamacpp
 
     llama = list(bench_llamacpp.METHODS) if bench_llamacpp.installed() else []  # the optional extra
     assert every == [m.value for m in Method] + ["hf-assisted", "hf-assisted-k4", "hf-lookup"] + llama
     assert every[:2] == ["plain", "chain"]
     with pytest.raises(ConfigError, match="unknown method 'tree'"):
-        bench.parse_methods("chain,tree")
+        methods.parse_methods("chain,tree")
 
 
 def test_medians_over_repeats():
     log = []
     runners = [FakeRunner("plain", log, {1: [1.0, 4.0, 2.0], 2: [2.0]}), FakeRunner("a", log)]
-    runs = list(bench.measure(runners, fake_prompts(), settings(n=10, repeats=3)))
+    runs = list(measuring.measure(runners, fake_prompts(), settings(n=10, repeats=3)))
     assert [m.repeat for m in runs if m.method == "plain" and m.prompt_id == "p1"] == [0, 1, 2]
-    result = {(r.prompt_id, r.method): r for r in bench.per_prompt(runs, greedy=True)}
+    result = {(r.prompt_id, r.method): r for r in summary.per_prompt(runs, greedy=True)}
     assert result[("p1", "plain")].tokens_per_second == pytest.approx(5.0)  # median of 10, 2.5, 5
     assert result[("p1", "plain")].seconds == pytest.approx(2.0)
     assert result[("p1", "plain")].ttft_seconds == pytest.approx(0.2)
@@ -165,15 +168,15 @@ def test_speedup_is_per_prompt_then_a_geometric_mean():
     # (the ratio of mean throughputs would say 30/25 = 1.2x)
     log = []
     runners = [FakeRunner("plain", log, {1: [1.0], 2: [0.25]}), FakeRunner("a", log, {1: [0.5], 2: [0.25]})]
-    runs = list(bench.measure(runners, fake_prompts(), settings(n=10)))
-    prompts = bench.per_prompt(runs, greedy=True)
-    rows = {(g.method, g.category): g for g in bench.summarize(runs, prompts, ["plain", "a"])}
+    runs = list(measuring.measure(runners, fake_prompts(), settings(n=10)))
+    prompts = summary.per_prompt(runs, greedy=True)
+    rows = {(g.method, g.category): g for g in summary.summarize(runs, prompts, ["plain", "a"])}
     assert rows[("a", "all")].speedup == pytest.approx(math.sqrt(2.0))
     assert (rows[("a", "all")].speedup_min, rows[("a", "all")].speedup_max) == pytest.approx((1.0, 2.0))
     assert rows[("a", "A")].speedup == pytest.approx(2.0) and rows[("a", "B")].speedup == pytest.approx(1.0)
     assert rows[("plain", "all")].speedup == pytest.approx(1.0)
     assert rows[("a", "all")].tokens_per_second == pytest.approx(math.sqrt(20 * 40))
-    assert bench.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert summary.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
     assert list(rows)[:3] == [("plain", "all"), ("plain", "A"), ("plain", "B")]
 
 
@@ -185,7 +188,7 @@ def test_an_interrupted_run_keeps_what_was_measured(pair):
             return super().generate(prompt_ids, config)
 
     log = []
-    result = bench.run_bench(pair, [], [BenchPrompt("p1", "A", "x"), BenchPrompt("p2", "B", "y")],
+    result = measuring.run_bench(pair, [], [BenchPrompt("p1", "A", "x"), BenchPrompt("p2", "B", "y")],
                              settings(n=4), runners=[FakeRunner("plain", log), Stop("a", log)])
     assert result.interrupted
     assert [(m.prompt_id, m.method) for m in result.measurements] == [
@@ -200,7 +203,7 @@ class FlipOneToken:
     name = "wrong"
 
     def __init__(self, pair):
-        self.inner = bench.EngineRunner(pair, Method.PLAIN)
+        self.inner = bench_runners.EngineRunner(pair, Method.PLAIN)
 
     def generate(self, prompt_ids, config):
         gen = self.inner.generate(prompt_ids, config)
@@ -209,8 +212,8 @@ class FlipOneToken:
 
 
 def test_the_exactness_column_catches_a_wrong_method(pair, short_file):
-    runners = [bench.EngineRunner(pair, Method.PLAIN), bench.EngineRunner(pair, Method.CHAIN), FlipOneToken(pair)]
-    result = bench.run_bench(pair, [], bench.load_prompts(str(short_file)), settings(n=10), runners=runners)
+    runners = [bench_runners.EngineRunner(pair, Method.PLAIN), bench_runners.EngineRunner(pair, Method.CHAIN), FlipOneToken(pair)]
+    result = measuring.run_bench(pair, [], prompt_sets.load_prompts(str(short_file)), settings(n=10), runners=runners)
     by = {(p.prompt_id, p.method): p for p in result.prompts}
     assert all(by[(pid, "chain")].identical_to_plain for pid in ("code-1", "code-2", "chat-1"))
     assert not any(by[(pid, "wrong")].identical_to_plain for pid in ("code-1", "code-2", "chat-1"))
@@ -228,8 +231,8 @@ def test_the_exactness_column_catches_a_wrong_method(pair, short_file):
 
 
 def test_no_exactness_claim_under_sampling(pair, short_file):
-    runners = [bench.EngineRunner(pair, Method.PLAIN), bench.EngineRunner(pair, Method.CHAIN)]
-    result = bench.run_bench(pair, [], bench.load_prompts(str(short_file), limit=1),
+    runners = [bench_runners.EngineRunner(pair, Method.PLAIN), bench_runners.EngineRunner(pair, Method.CHAIN)]
+    result = measuring.run_bench(pair, [], prompt_sets.load_prompts(str(short_file), limit=1),
                              settings(n=6, temperature=0.8, seed=3), runners=runners)
     assert all(p.identical_to_plain is None for p in result.prompts)
     assert all(g.identical is None for g in result.summary)
@@ -242,7 +245,7 @@ def test_hf_references_run_on_the_pair_with_our_settings(pair, short_file, monke
     # a model-shipped penalty must not leak into the reference (it would change greedy output)
     monkeypatch.setattr(pair.target.model.generation_config, "repetition_penalty", 1.5, raising=False)
     names = ["plain", "hf-assisted", "hf-assisted-k4", "hf-lookup"]
-    result = bench.run_bench(pair, names, bench.load_prompts(str(short_file)), settings(n=12))
+    result = measuring.run_bench(pair, names, prompt_sets.load_prompts(str(short_file)), settings(n=12))
     assert result.methods == names
     assert all(p.identical_to_plain for p in result.prompts), [
         (p.prompt_id, p.method, p.first_mismatch) for p in result.prompts if not p.identical_to_plain]
@@ -260,7 +263,7 @@ def test_hf_references_run_on_the_pair_with_our_settings(pair, short_file, monke
 
 
 def test_hf_sampling_is_reproducible_with_a_seed(pair):
-    runner = bench.registry()["hf-lookup"].build(pair)
+    runner = methods.registry()["hf-lookup"].build(pair)
     config = GenerationConfig(max_new_tokens=10, sampling=SamplingConfig(temperature=1.0, top_k=20, seed=5))
     ids = pair.target.tokenizer.encode("hello there")
     assert runner.generate(ids, config).token_ids == runner.generate(ids, config).token_ids
@@ -269,7 +272,7 @@ def test_hf_sampling_is_reproducible_with_a_seed(pair):
 # -- reports ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_result(pair, short_file):
-    return bench.run_bench(pair, ["plain", "chain"], bench.load_prompts(str(short_file)), settings(n=6, repeats=2))
+    return measuring.run_bench(pair, ["plain", "chain"], prompt_sets.load_prompts(str(short_file)), settings(n=6, repeats=2))
 
 
 def test_json_schema(small_result, tmp_path):
@@ -283,10 +286,10 @@ def test_json_schema(small_result, tmp_path):
     assert data["environment"]["torch_threads"] == 1
     assert data["environment"]["target"]["dtype"] == "float32"
     assert data["settings"]["repeats"] == 2 and data["settings"]["greedy"] is True
-    fields = {f.name for f in dataclasses.fields(bench.Measurement)}
+    fields = {f.name for f in dataclasses.fields(measuring.Measurement)}
     assert len(data["measurements"]) == 3 * 2 * 2
     assert all(set(m) == fields for m in data["measurements"])
-    assert all(set(p) == {f.name for f in dataclasses.fields(bench.PromptResult)} for p in data["prompts"])
+    assert all(set(p) == {f.name for f in dataclasses.fields(summary.PromptResult)} for p in data["prompts"])
     assert [(g["method"], g["category"]) for g in data["summary"]] == [
         ("plain", "all"), ("plain", "code"), ("plain", "chat"), ("chain", "all"), ("chain", "code"),
         ("chain", "chat")]
@@ -417,9 +420,8 @@ def test_method_variants_compare_draft_lengths_and_schedules(models, short_file,
 
 
 def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(models, short_file, tmp_path):
-    from specgen.adaptive import Schedule
-    from specgen.bench import variant
-    from specgen.config import Method
+    from specgen.bench.methods import variant
+    from specgen.config import Method, Schedule
 
     assert variant("lookup-chain/k4/c0.5") == (Method.LOOKUP_CHAIN, {"draft_tokens": 4, "schedule": Schedule.FIXED,
                                                                      "draft_confidence": 0.5})
@@ -439,7 +441,7 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
 
 
 def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, tmp_path, monkeypatch):
-    from specgen import bench_batch
+    from specgen.bench import throughput as bench_batch
 
     real, calls = bench_batch.decode_all, []
 
@@ -463,17 +465,20 @@ def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, 
 
 
 def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monkeypatch):
-    from specgen import bench_batch, session
+    from specgen.bench import throughput as bench_batch
 
-    real = session.run_batch
+    real = bench_batch.run_prompts
 
-    def cut(pair, prompts, config, batch_size):
-        rows = real(pair, prompts, config, batch_size)
+    def cut(engine, tokenizer, prompts, config, batch_size):
+        rows = real(engine, tokenizer, prompts, config, batch_size)
+        if batch_size == 1:  # the batch-1 cell runs whole; Ctrl-C lands in the batched one
+            yield from rows
+            return
         yield next(rows)
         yield rows.throw(KeyboardInterrupt())  # Ctrl-C: the rest come back unfinished
         yield from rows
 
-    monkeypatch.setattr(session, "run_batch", cut)
+    monkeypatch.setattr(bench_batch, "run_prompts", cut)
     ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
     cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
     assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
@@ -506,7 +511,7 @@ def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(mod
     spare.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spare))
     gone, kept = tmp_path / "gone", tmp_path / "kept"
-    real = bench.run_bench
+    real = measuring.run_bench
 
     def run_bench(*args, **kwargs):  # the JSON's folder turns into a file while measuring
         result = real(*args, **kwargs)
@@ -514,7 +519,7 @@ def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(mod
         gone.write_text("in the way")
         return result
 
-    monkeypatch.setattr(bench, "run_bench", run_bench)
+    monkeypatch.setattr(measuring, "run_bench", run_bench)
     out_json, out_csv = gone / "b.json", kept / "b.csv"
     result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "plain",
                                  "-n", "3", "--no-warmup", "--json", str(out_json), "--csv", str(out_csv)])
@@ -542,18 +547,18 @@ def test_cli_plot_is_written_through_a_temporary_file(models, short_file, tmp_pa
 
 
 def test_llamacpp_methods_without_the_extra_say_how_to_install(monkeypatch):
-    from specgen import bench_llamacpp
+    from specgen.bench import llamacpp as bench_llamacpp
 
     monkeypatch.setattr(bench_llamacpp, "installed", lambda: False)
     with pytest.raises(ConfigError, match=r"specgen\[llamacpp\]"):
-        bench.parse_methods("llamacpp")
-    assert "llamacpp" not in bench.parse_methods(None)
+        methods.parse_methods("llamacpp")
+    assert "llamacpp" not in methods.parse_methods(None)
 
 
 def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
     from types import SimpleNamespace
 
-    from specgen import bench_llamacpp
+    from specgen.bench import llamacpp as bench_llamacpp
 
     monkeypatch.setattr(bench_llamacpp, "installed", lambda: True)
     pair = SimpleNamespace(target=SimpleNamespace(gguf=None, name="tiny", source="dir"))

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from gguf_factory import write_tiny_gguf
-from specgen import catalog, convert
-from specgen.catalog import CatalogModel, Part
+from specgen.models import catalog, convert
+from specgen.models.catalog import CatalogModel, Part
 from specgen.errors import ModelError
 
 VERSION = "1.0.0"

@@ -16,12 +16,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specgen.chat import ChatSession
-from specgen.chat_cli import chat
-from specgen.cli import run
+from specgen.chat.session import ChatSession
+from specgen.cli.chat import chat
+from specgen.cli.run import run
 from specgen.config import GenerationConfig, Method
-from specgen.render import PlainRenderer
-from specgen.session import ModelSettings, Pair
+from specgen.cli.render import PlainRenderer
+from specgen.config import ModelSettings
+from specgen.runtime.pair import Pair
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 app.command()(run)
@@ -269,9 +270,9 @@ def test_ctrl_c_during_the_prefill_falls_back_to_a_fresh_prefill(tiny_dirs, tiny
     cut.send("hello there", Quiet())
     engine, forward = cut.engine, cut.engine._forward
 
-    def interrupted_forward(input_ids, cache, keep):
+    def interrupted_forward(input_ids, keep=0, row=0):
         engine._forward = forward
-        forward(input_ids[:, :2], cache, keep)  # part of the prefill happened
+        forward(input_ids[:, :2], keep, row)  # part of the prefill happened
         raise KeyboardInterrupt
 
     engine._forward = interrupted_forward
@@ -288,11 +289,7 @@ STARTUP_TIMEOUT = 240  # importing torch and loading models can take minutes on 
 
 
 def chat_command() -> list[str]:
-    """`python -m specgen chat` once cli.py registers the command; until then the module itself."""
-    from specgen.cli import app as main_app
-
-    registered = any(c.name == "chat" or c.callback is chat for c in main_app.registered_commands)
-    return ["-m", "specgen", "chat"] if registered else ["-m", "specgen.chat_cli"]
+    return ["-m", "specgen", "chat"]
 
 
 def test_a_real_terminal_session_survives_ctrl_c(models):
@@ -341,16 +338,20 @@ def test_ctrl_c_at_an_empty_prompt_exits_cleanly(models):
     assert child.exitstatus == 0
 
 
-def test_session_totals_count_replay_forwards_like_stats():
-    """Totals use Stats.target_forwards (rounds + replays), not rounds alone."""
-    from specgen.chat import Totals
-    from specgen.stats import Stats
+def test_session_totals_are_the_turns_stats_merged():
+    """Chat's totals are Stats.merge of its turns: replay forwards count as in one turn's Stats."""
+    from collections import Counter
 
-    stats = Stats(method="chain", new_tokens=12, rounds=4, verified_windows=2)
-    totals = Totals()
-    totals.add(stats, reused=0, interrupted=False)
-    assert totals.target_forwards == stats.target_forwards == 6
-    assert totals.tokens_per_target_forward == stats.tokens_per_target_forward == 2.0
+    from specgen.decoding.stats import Stats
+
+    first = Stats(method="chain", new_tokens=12, rounds=4, verified_windows=2, drafted=9, accepted=6,
+                  accepted_lengths=Counter({1: 2, 2: 2}), prompt_tokens=20, reused_tokens=0)
+    second = Stats(method="plain", new_tokens=6, rounds=6, prompt_tokens=30, reused_tokens=19, interrupted=1)
+    total = first.merge(second)
+    assert total.target_forwards == first.target_forwards + second.target_forwards == 12
+    assert total.tokens_per_target_forward == 18 / 12 and total.acceptance_rate == 6 / 9
+    assert (total.generations, total.interrupted, total.reused_tokens) == (2, 1, 19)
+    assert total.accepted_lengths == Counter({1: 2, 2: 2}) and total.method == "mixed"
 
 
 def test_an_undecodable_line_is_an_error_and_the_session_goes_on(models, tmp_path):

@@ -340,7 +340,7 @@ def test_invalid_utf8_in_a_file_or_on_stdin_is_one_line(models, tmp_path):
 ])
 def test_prompts_file_bad_records_name_their_line(tmp_path, content, fragment):
     from specgen.errors import PromptError
-    from specgen.session import read_prompts_file
+    from specgen.decoding.prompts import read_prompts_file
 
     path = tmp_path / "p.jsonl"
     path.write_text(content)
@@ -372,7 +372,7 @@ def test_a_closed_pipe_exits_quietly(models, monkeypatch):
     """`specgen run ... | head -c 20`: stdout closes early; no error line, no traceback."""
     import errno
 
-    from specgen.render import PlainRenderer
+    from specgen.cli.render import PlainRenderer
 
     def closed(self, text):
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
@@ -395,20 +395,21 @@ def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
 
 def stop_after_rows(monkeypatch, rows: int):
     """Ctrl-C in the engine's batch once `rows` rows have finished (the engine itself is untouched)."""
-    from specgen.engine import Engine
+    from specgen.decoding.engine import Engine
+    from specgen.decoding.events import Finished
 
-    real = Engine.generate_batch
+    real = Engine.generate
 
     def generate(self, *args, **kwargs):
         count = 0
         for report in real(self, *args, **kwargs):
             yield report
-            if report.event is None:
+            if isinstance(report.event, Finished):
                 count += 1
                 if count == rows:
                     raise KeyboardInterrupt
 
-    monkeypatch.setattr(Engine, "generate_batch", generate)
+    monkeypatch.setattr(Engine, "generate", generate)
 
 
 @pytest.mark.parametrize("fmt", ["json", "plain"])
@@ -436,8 +437,9 @@ def test_ctrl_c_in_a_batched_run_keeps_the_finished_rows(models, tmp_path, monke
 
 
 def test_ctrl_c_while_a_row_is_written_still_accounts_for_every_prompt(models, tmp_path, monkeypatch):
-    from specgen import cli
+    import importlib
 
+    cli = importlib.import_module("specgen.cli.run")  # the module (the package's `run` is the command)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\ntwo\nthree\nfour\n")
     real, calls = cli._write_row, []
@@ -458,7 +460,7 @@ def test_ctrl_c_while_a_row_is_written_still_accounts_for_every_prompt(models, t
 
 
 def test_ctrl_c_one_prompt_at_a_time_marks_the_rest(models, tmp_path, monkeypatch):
-    from specgen.render import JsonRenderer
+    from specgen.cli.render import JsonRenderer
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\ntwo\nthree\n")

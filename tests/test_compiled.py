@@ -8,17 +8,20 @@ tests capture it as CUDA graphs (and with torch.compile) and compare with eager 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
 
-from specgen import kvcache
-from specgen.compiled import Steps, resolve_compile
+import specgen
+
+from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps, resolve_compile
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.engine import Engine
+from specgen.decoding.engine import Engine
 from specgen.errors import ConfigError
-from specgen.session import make_drafter
 from test_engine import PROMPT, reference_greedy
+from tiny import batch_ids, decode, engine_with
 
 CONFIGS = [
     GenerationConfig(method=Method.PLAIN, max_new_tokens=24),
@@ -31,11 +34,9 @@ CONFIGS = [
 
 
 def generate(pair, config, mode, prompt=PROMPT, engine=None):
-    target, draft = pair
     if engine is None:
-        drafter = None if config.method is Method.PLAIN else make_drafter(draft, config.method, None, config, mode)
-        engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter, compile=mode)
-    rounds = list(engine.generate(prompt, config))
+        engine = engine_with(pair, config, stop_ids=frozenset(), compile=mode)
+    rounds, _ = decode(engine, prompt, config)
     return [t for r in rounds for t in r.emitted], [(tuple(r.draft_tokens), r.accepted) for r in rounds], engine
 
 
@@ -120,7 +121,7 @@ def test_split_model_degrades_to_eager_with_a_notice(tiny_pair):
 @pytest.mark.parametrize("mode", ["graphs", "inductor"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.method.value + str(c.draft_tokens))
 def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
-    from specgen.models import load_pair
+    from specgen.models.load import load_pair
 
     pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
     captured, captured_rounds, engine = generate(pair, config, mode)
@@ -138,7 +139,7 @@ def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
 def test_cuda_graphs_survive_a_cache_that_grows_between_generations(tiny_dirs, monkeypatch, mode):
     """A reused engine (chat, `specgen serve`) whose next generation needs a larger cache: the
     stale graphs go, new ones are captured, and they still decide what eager decides."""
-    from specgen.models import load_pair
+    from specgen.models.load import load_pair
 
     monkeypatch.setattr(kvcache, "MIN_CAPACITY", 16)
     pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
@@ -157,15 +158,9 @@ def test_fixed_shapes_in_a_batch_decide_what_eager_decides(tiny_pair, method):
 
     outputs = {}
     for mode in ("fixed", "off"):
-        from specgen.session import Pair, make_row_drafters
-
         config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
-        pair = Pair(*tiny_pair, compile=mode)
-        drafts, _ = make_row_drafters(pair, config.method, config)
-        engine = Engine(tiny_pair[0].model, tiny_pair[0].device, frozenset(), tiny_pair[0].context_length,
-                        compile=mode)
-        finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
-        outputs[mode] = [finished[i] for i in range(len(PROMPTS))]
+        engine = engine_with(tiny_pair, config, stop_ids=frozenset(), compile=mode)
+        outputs[mode] = batch_ids(engine, PROMPTS, config, 3)
     assert outputs["fixed"] == outputs["off"]
 
 
@@ -174,19 +169,15 @@ def test_fixed_shapes_in_a_batch_decide_what_eager_decides(tiny_pair, method):
 @pytest.mark.parametrize("mode", ["graphs", "inductor"])
 @pytest.mark.parametrize("method", ["chain", "rsd-c"])
 def test_cuda_graphs_in_a_batch_decide_what_eager_decides(tiny_dirs, method, mode):
-    from specgen.models import load_pair
-    from specgen.session import Pair, make_row_drafters
+    from specgen.models.load import load_pair
     from test_batch import PROMPTS
 
-    target, draft = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32",
-                              quiet=True)
+    pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
     config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
     outputs = {}
     for run in (mode, "off"):
-        drafts, _ = make_row_drafters(Pair(target, draft, compile=run), config.method, config)
-        engine = Engine(target.model, target.device, frozenset(), target.context_length, compile=run)
-        finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
-        outputs[run] = [finished[i] for i in range(len(PROMPTS))]
+        engine = engine_with(pair, config, stop_ids=frozenset(), compile=run)
+        outputs[run] = batch_ids(engine, PROMPTS, config, 3)
     assert outputs[mode] == outputs["off"]
 
 
@@ -214,7 +205,7 @@ class EagerGraph:
     buffers are not the ones it was 'captured' with (a replay would then use freed memory)."""
 
     def __init__(self, model, cache, input_ids, bases, offset, depth, tree, keep, pool):
-        from specgen import kvcache as kv
+        from specgen.runtime import kvcache as kv
 
         self.run = lambda ids, b, d, t: kv.run(model, cache, ids, b, offset, d, t, cache.capacity, keep)
         self.cache = cache
@@ -234,31 +225,31 @@ class EagerGraph:
 def test_graph_keys_follow_cache_reallocation(tiny_pair, method, monkeypatch):
     """Rows joining and leaving reallocate the batch cache: graphs captured before must not be
     replayed (on a GPU that replay read freed buffers and changed tokens)."""
-    import specgen.compiled as compiled
-    from specgen.session import Pair, make_row_drafters
+    import specgen.runtime.compiled as compiled
     from test_batch import PROMPTS
 
     monkeypatch.setattr(compiled, "GraphStep", EagerGraph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    real_init = compiled.Steps.__init__
+
+    def on_cuda(self, *args, **kwargs):  # every Steps (target, drafter, each row's tree drafter)
+        real_init(self, *args, **kwargs)
+        self.cuda = True  # takes the capture path, with the stand-in above
+
+    monkeypatch.setattr(compiled.Steps, "__init__", on_cuda)
     config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
     outputs = {}
     for mode in ("graphs", "off"):
-        drafts, _ = make_row_drafters(Pair(*tiny_pair, compile=mode), config.method, config)
-        engine = Engine(tiny_pair[0].model, tiny_pair[0].device, frozenset(), tiny_pair[0].context_length,
-                        compile=mode)
-        for steps in (engine.steps, getattr(drafts, "steps", None)):
-            if steps is not None:
-                steps.cuda = True  # take the capture path, with the stand-in above
-        finished = {r.index: r.state.ids for r in engine.generate_batch(PROMPTS, config, 3, drafts) if r.event is None}
-        outputs[mode] = [finished[i] for i in range(len(PROMPTS))]
+        engine = engine_with(tiny_pair, config, stop_ids=frozenset(), compile=mode)
+        outputs[mode] = batch_ids(engine, PROMPTS, config, 3)
     assert outputs["graphs"] == outputs["off"]
 
 
 def test_capture_time_is_reported_apart_from_decoding(tiny_pair, monkeypatch):
     """The first use of a shape (capture, compilation) goes to setup_seconds, not to decode speed."""
-    import specgen.compiled as compiled
-    from specgen.render import JsonRenderer
-    from specgen.session import generate as run_generation
+    import specgen.runtime.compiled as compiled
+    from specgen.cli.render import JsonRenderer
+    from specgen.decoding.run import generate as run_generation
 
     monkeypatch.setattr(compiled, "GraphStep", EagerGraph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
@@ -274,17 +265,21 @@ def test_capture_time_is_reported_apart_from_decoding(tiny_pair, monkeypatch):
         stats["seconds"] - stats["prefill_seconds"] - stats["setup_seconds"], abs=1e-3)
 
 
-def test_eager_imports_skip_dynamo_and_compiling_keeps_the_cache_write_out():
-    """torch.compiler.disable imports torch._dynamo (1.5 s a start): applied when compiling only."""
+def test_eager_runs_leave_the_cache_write_unwrapped_until_something_compiles():
+    """torch.compiler.disable imports torch._dynamo (a second or more of a start where nothing
+    else needs it): SlotCache.update is wrapped when a model is first compiled, never on import.
+    (transformers' own modeling code imports torch._dynamo today; specgen adds no import of it.)"""
     import subprocess
     import sys
 
-    from specgen.compiled import compile_layers
+    from specgen.runtime.compiled import compile_layers
     from tiny import build_model
 
-    # what specgen's own imports add (a transformers that imports dynamo itself is not our doing)
-    probe = ("import sys, torch, transformers.cache_utils; before = 'torch._dynamo' in sys.modules; "
-             "import specgen.session; print(before or 'torch._dynamo' not in sys.modules)")
+    probe = ("import specgen.decoding.run, specgen.runtime.pair, specgen.cli; "
+             "from specgen.runtime.kvcache import SlotCache; "
+             "print(not getattr(SlotCache.update, '_specgen_disabled', False))")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True"
+    sources = Path(specgen.__file__).parent.rglob("*.py")
+    assert not [f for f in sources if "import torch._dynamo\n" in f.read_text() and f.name != "compiled.py"]
     compile_layers(build_model(9, layers=1))  # compiles lazily: nothing runs here
     assert getattr(kvcache.SlotCache.update, "_specgen_disabled", False)

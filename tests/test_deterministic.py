@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.engine import Engine, StopReason
-from specgen.replay import ReplayResult
-from specgen.session import make_drafter
+from specgen.decoding.engine import Engine, StopReason
+from specgen.decoding.events import ReplayResult
 from test_engine import PROMPT
+from tiny import decode, engine_with
 
 METHODS = [
     dict(method=Method.PLAIN),
@@ -47,7 +47,7 @@ class ShapeSensitive(torch.nn.Module):
 @pytest.fixture(scope="module")
 def bf16_pair(tiny_dirs):
     """bf16 tiny models, the target made shape-sensitive."""
-    from specgen.models import load_pair
+    from specgen.models.load import load_pair
 
     target, draft = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu",
                               dtype="bfloat16", quiet=True)
@@ -57,10 +57,7 @@ def bf16_pair(tiny_dirs):
 def generate(pair, prompt, **settings):
     target, draft = pair
     config = GenerationConfig(**settings)
-    drafter = make_drafter(draft, config.method, None, config) if config.method is not Method.PLAIN else None
-    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, drafter)
-    state = engine.start(prompt, config)
-    events = list(engine.rounds(state, config))
+    events, state = decode(engine_with(pair, config), prompt, config)
     return state.ids[len(prompt):], events
 
 
@@ -110,10 +107,7 @@ def test_eos_is_only_final_once_verified(bf16_pair):
     ids_by_method = []
     for settings in METHODS[:5]:
         config = GenerationConfig(max_new_tokens=30, deterministic=True, verify_window=8, **settings)
-        drafter = make_drafter(bf16_pair[1], config.method, None, config) if config.method is not Method.PLAIN else None
-        engine = Engine(target.model, target.device, frozenset({stop_token}), target.context_length, drafter)
-        state = engine.start(PROMPT, config)
-        events = list(engine.rounds(state, config))
+        events, state = decode(engine_with(bf16_pair, config, stop_ids=frozenset({stop_token})), PROMPT, config)
         assert events[-1].stop == StopReason.EOS
         ids_by_method.append(state.ids[len(PROMPT):])
     assert all(ids == ids_by_method[0] for ids in ids_by_method)

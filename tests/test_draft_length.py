@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from specgen import draft_length
+from specgen.decoding import length as draft_length
 from specgen.config import parse_draft_tokens
 
 
@@ -53,8 +53,8 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     from dataclasses import replace
 
     from specgen.config import GenerationConfig, Method
-    from specgen.options import generation_config
-    from specgen.session import resolve_draft_length
+    from specgen.cli.options import generation_config
+    from specgen.decoding.build import resolve_draft_length
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08))  # the AVX2 EPYC's costs
@@ -74,3 +74,32 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     assert config.draft_confidence == 0.0
     config, _ = resolve_draft_length(pair, replace(GenerationConfig(method=Method.CHAIN, draft_tokens=3)))
     assert (config.draft_tokens, config.draft_confidence) == (3, 0.0)  # a given k: as given, no stop
+
+
+BAD_ENTRIES = [{"k": "five"}, {"k": None}, {"k": 3, "confidence": "x"}, {"k": 0}, {"k": -3}, {"k": 1000000},
+               {"k": True}, {"k": 3.5}, {"k": 3, "confidence": 1.5}, {"k": 3, "reason": 7}, None, [3], "k"]
+
+
+def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(tiny_pair, tmp_path, monkeypatch,
+                                                                              capsys):
+    """A hand-edited or damaged draft-length.json never crashes a run nor sets a k the user did
+    not ask for: the entry is measured again, with one notice, and written back valid."""
+    import json
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08))
+    target, draft = tiny_pair
+    pair = SimpleNamespace(target=target, draft=draft)
+    good = draft_length.choose(pair)
+    path = tmp_path / "draft-length.json"
+    key = next(iter(json.loads(path.read_text())))
+    for entry in BAD_ENTRIES:
+        path.write_text(json.dumps({key: entry}))
+        capsys.readouterr()
+        assert draft_length.choose(pair) == good, entry
+        assert "not valid; measuring it again" in capsys.readouterr().err, entry
+        assert json.loads(path.read_text())[key]["k"] == good.k  # repaired
+    for text in ("{not json", "[1, 2]", "null"):  # a file that is not a cache at all: measured, rewritten
+        path.write_text(text)
+        assert draft_length.choose(pair) == good
+        assert json.loads(path.read_text())[key]["k"] == good.k

@@ -7,14 +7,17 @@ import dataclasses
 import pytest
 import torch
 
-from specgen import int8
+from specgen.runtime import int8
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.draft_quant import PrunedHead, apply_draft_quant, parse_quant
-from specgen.drafters import ModelDrafter
-from specgen.engine import Engine
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine
+from specgen.runtime.pruned import PrunedHead
+from specgen.runtime.quant import apply_draft_quant
+from specgen.runtime.quant import parse_draft_quant as parse_quant
 from specgen.errors import ConfigError
-from specgen.models import load_pair
+from specgen.models.load import load_pair
 from test_engine import PROMPT, reference_greedy
+from tiny import decode
 
 KEEP = 120  # of the tiny vocabulary's 259 ids
 
@@ -65,9 +68,9 @@ def test_a_deep_copy_of_a_pruned_draft_reads_into_its_own_head(tiny_dirs):
 def test_greedy_chain_with_a_cheaper_draft_equals_plain(tiny_pair, tiny_dirs, spec):
     target, _ = tiny_pair
     engine = Engine(target.model, target.device, frozenset(), target.context_length,
-                    ModelDrafter(draft_with(tiny_dirs, spec), torch.device("cpu")))
+                    ChainDrafter(draft_with(tiny_dirs, spec), torch.device("cpu")))
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=16, draft_tokens=3)
-    tokens = [t for r in engine.generate(PROMPT, config) for t in r.emitted]
+    tokens = [t for r in decode(engine, PROMPT, config)[0] for t in r.emitted]
     assert tokens == reference_greedy(target.model, PROMPT, 16)
 
 
@@ -92,7 +95,7 @@ def test_cli_runs_with_a_quantized_draft_and_refuses_bad_specs(tiny_dirs, tmp_pa
 
 
 def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
-    from specgen.draft_quant import resolve_auto
+    from specgen.runtime.quant import resolve_draft_quant as resolve_auto
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_auto("auto", cpu, torch.bfloat16) == "int8+prune"
@@ -105,7 +108,8 @@ def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
 @pytest.mark.skipif(not int8.available(), reason="needs fbgemm int8 kernels")
 def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
     """Trees used to keep the fp32 draft (torch's per-tensor int8 halved their acceptance)."""
-    from specgen.session import ModelSettings, load
+    from specgen.config import ModelSettings
+    from specgen.runtime.pair import load
 
     for method in (Method.RSD_C, Method.CHAIN):
         pair = load(ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "auto", "auto",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen import kvcache
-from specgen.acceptance import ProposalKind
+from specgen.runtime import kvcache
+from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
-from specgen.drafters import ModelDrafter, Proposal
-from specgen.engine import Engine, StopReason
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine, StopReason
+from tiny import RowDrafterBase, decode, per_row
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
 
@@ -28,40 +30,36 @@ def reference_greedy(model, prompt: list[int], n: int, stop_ids=frozenset()) -> 
     return out
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(RowDrafterBase):
     """Proposes the reference continuation for the first `right` tokens, then wrong ones."""
 
     def __init__(self, reference: list[int], prompt_len: int, right: int, vocab: int = 259):
         self.reference, self.prompt_len, self.right, self.vocab = reference, prompt_len, right, vocab
         self.observed: list[int] = []
 
-    def begin(self, prompt_ids):
-        pass
-
-    def rewind(self, valid):
-        pass
-
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling):
         start = len(context) - self.prompt_len
         tokens = []
         for i in range(k):
             pos = start + i
             true = self.reference[pos] if pos < len(self.reference) else 0
             tokens.append(true if i < self.right else (true + 1) % self.vocab)
-        return Proposal(torch.tensor(tokens), None, ProposalKind.DETERMINISTIC)
+        return Proposal.chain(torch.tensor(tokens), ProposalKind.DETERMINISTIC)
 
-    def observe(self, kept):
-        self.observed.append(kept)
+    def observe(self, path):
+        self.observed.append(len(path))
 
 
 def engine_for(pair, drafter=None, stop_ids=frozenset()):
     target, _ = pair
+    if isinstance(drafter, RowDrafterBase):
+        drafter = per_row(drafter)
     return Engine(target.model, target.device, stop_ids, target.context_length, drafter)
 
 
 def run(engine, prompt, **kwargs):
     config = GenerationConfig(**kwargs)
-    rounds = list(engine.generate(prompt, config))
+    rounds, _ = decode(engine, prompt, config)
     return [t for r in rounds for t in r.emitted], rounds
 
 
@@ -79,7 +77,7 @@ def test_plain_matches_reference(tiny_pair, reference):
 @pytest.mark.parametrize("k", [1, 3, 4, 7])
 def test_chain_with_model_draft_matches_plain(tiny_pair, reference, k):
     target, draft = tiny_pair
-    drafter = ModelDrafter(draft.model, draft.device)
+    drafter = ChainDrafter(draft.model, draft.device)
     out, _ = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=40,
                  draft_tokens=k)
     assert out == reference
@@ -87,7 +85,7 @@ def test_chain_with_model_draft_matches_plain(tiny_pair, reference, k):
 
 def test_chain_with_target_as_draft_accepts_everything(tiny_pair, reference):
     target, _ = tiny_pair
-    drafter = ModelDrafter(target.model, target.device)
+    drafter = ChainDrafter(target.model, target.device)
     out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
                       max_new_tokens=40, draft_tokens=4)
     assert out == reference
@@ -121,7 +119,7 @@ def test_eos_inside_a_draft_stops_where_plain_stops(tiny_pair, reference, j):
 @pytest.mark.parametrize("max_new", [1, 2, 5, 7, 9, 10])
 def test_max_new_tokens_mid_round(tiny_pair, reference, max_new):
     target, _ = tiny_pair
-    drafter = ModelDrafter(target.model, target.device)  # always right: rounds of 5
+    drafter = ChainDrafter(target.model, target.device)  # always right: rounds of 5
     out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
                       max_new_tokens=max_new, draft_tokens=4)
     assert out == reference[:max_new]
@@ -130,7 +128,7 @@ def test_max_new_tokens_mid_round(tiny_pair, reference, max_new):
 
 def test_context_limit_stops_generation(tiny_pair):
     target, draft = tiny_pair
-    engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
+    engine = engine_for(tiny_pair, ChainDrafter(draft.model, draft.device))
     prompt = PROMPT * 19  # 247 of 256 positions
     out, rounds = run(engine, prompt, method=Method.CHAIN, max_new_tokens=50)
     assert len(out) == 256 - len(prompt)
@@ -139,11 +137,10 @@ def test_context_limit_stops_generation(tiny_pair):
 
 def test_commit_then_continue_equals_fresh_prefill(tiny_pair):
     target, draft = tiny_pair
-    drafter = ModelDrafter(draft.model, draft.device)
+    drafter = ChainDrafter(draft.model, draft.device)
     engine = engine_for(tiny_pair, drafter)
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=23, draft_tokens=3)
-    state = engine.start(PROMPT, config)
-    list(engine.rounds(state, config))
+    _, state = decode(engine, PROMPT, config)
     ids = state.ids
     assert kvcache.cache_length(state.cache) == len(ids) - 1
     with torch.no_grad():
@@ -151,7 +148,7 @@ def test_commit_then_continue_equals_fresh_prefill(tiny_pair):
         fresh = target.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
         # the draft cache holds a committed prefix; topping it up matches a fresh draft prefill
-        drafter.reset_to(ids[:-1])
+        drafter.join(0, ids, None, len(ids) + 8)
         d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)
@@ -162,29 +159,27 @@ def test_resume_reuses_the_cache_and_matches_a_fresh_prefill(tiny_pair, method):
     """A second turn prefills only its new tokens and generates what a fresh start would."""
     target, draft = tiny_pair
     config = GenerationConfig(method=method, max_new_tokens=12, draft_tokens=3)
-    engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
-    state = engine.start(PROMPT, config)
-    list(engine.rounds(state, config))
+    engine = engine_for(tiny_pair, ChainDrafter(draft.model, draft.device))
+    _, state = decode(engine, PROMPT, config)
     turn2 = state.ids + [198, 257, 84, 82, 198]
-    state = engine.resume(state, turn2, config)
+    rounds, state = decode(engine, turn2, config, resume=state)
     assert state.reused_tokens == len(turn2) - 6  # everything before the new tokens' last one
-    reused = [t for r in engine.rounds(state, config) for t in r.emitted]
-    fresh_engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
-    fresh = [t for r in fresh_engine.generate(turn2, config) for t in r.emitted]
+    reused = [t for r in rounds for t in r.emitted]
+    fresh_engine = engine_for(tiny_pair, ChainDrafter(draft.model, draft.device))
+    fresh = [t for r in decode(fresh_engine, turn2, config)[0] for t in r.emitted]
     assert reused == fresh
 
 
 def test_resume_after_a_differing_rerender_falls_back_to_the_first_difference(tiny_pair):
     target, draft = tiny_pair
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3)
-    engine = engine_for(tiny_pair, ModelDrafter(draft.model, draft.device))
-    state = engine.start(PROMPT, config)
-    list(engine.rounds(state, config))
+    engine = engine_for(tiny_pair, ChainDrafter(draft.model, draft.device))
+    _, state = decode(engine, PROMPT, config)
     changed = PROMPT[:5] + [99] + state.ids[6:] + [198]
-    state = engine.resume(state, changed, config)
+    rounds, state = decode(engine, changed, config, resume=state)
     assert state.reused_tokens == 5
-    reused = [t for r in engine.rounds(state, config) for t in r.emitted]
-    fresh = [t for r in engine_for(tiny_pair, ModelDrafter(draft.model, draft.device)).generate(changed, config)
+    reused = [t for r in rounds for t in r.emitted]
+    fresh = [t for r in decode(engine_for(tiny_pair, ChainDrafter(draft.model, draft.device)), changed, config)[0]
              for t in r.emitted]
     assert reused == fresh
 
@@ -192,9 +187,9 @@ def test_resume_after_a_differing_rerender_falls_back_to_the_first_difference(ti
 class ShortDrafter(ScriptedDrafter):
     """Proposes a varying number of tokens, sometimes none, like a lookup drafter."""
 
-    def propose(self, context, k, sampling, generator):
-        full = super().propose(context, k, sampling, generator)
-        return Proposal(full.tokens[: len(context) % (k + 1)], None, full.kind)
+    def propose(self, context, k, sampling):
+        full = super().propose(context, k, sampling)
+        return Proposal.chain(full.tokens[: len(context) % (k + 1)], full.kind)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

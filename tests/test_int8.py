@@ -21,17 +21,20 @@ import pytest
 import torch
 from torch import nn
 
-import specgen.engine as engine_module
-from specgen import int8, kvcache, session
-from specgen.config import GenerationConfig, Method
+import specgen.decoding.verify as engine_module
+from specgen.config import GenerationConfig, Method, ModelSettings
+from specgen.decoding.build import build_engine
+from specgen.runtime import int8, kvcache, quant
+from specgen.runtime.pair import Pair, load
 from specgen.errors import ConfigError
-from specgen.models import load_pair
+from specgen.models.load import load_pair
 from test_cli import assert_one_line_error
 from test_engine import PROMPT, reference_greedy
 from test_statistical import (CONTROL_GENERATIONS, ENGINE_PROMPT, ENGINE_SAMPLING, SMALL_ALPHA,
                               SPEC_GENERATIONS, assert_pairs_follow, first_two_tokens, gof_pvalue,
                               make_engine, rule_without_residual)
 from tiny import build_model
+from tiny import decode as decode_one
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="torch lacks the x86/fbgemm int8 kernels")
 
@@ -185,12 +188,12 @@ def test_quantize_model_replaces_every_linear():
 
 def test_cache_is_written_then_read(cache_env, monkeypatch):
     cache = cache_env / "int8" / "model.safetensors"
-    first = int8.quantize_model(small_model(), cache)
+    first = quant.quantize_cached(small_model(), cache)
     assert cache.is_file() and cache.stat().st_size > 0
     assert not list(cache.parent.glob(".*.tmp"))  # the temporary file was renamed into place
     written = cache.stat().st_mtime_ns
     forbid_quantizing(monkeypatch)
-    second = int8.quantize_model(small_model(), cache)
+    second = quant.quantize_cached(small_model(), cache)
     assert isinstance(second.lm_head, int8.RowInt8Linear)
     assert torch.equal(logits_of(second), logits_of(first))
     assert cache.stat().st_mtime_ns == written  # read, not rewritten
@@ -199,7 +202,7 @@ def test_cache_is_written_then_read(cache_env, monkeypatch):
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "another-model"])
 def test_a_damaged_or_foreign_cache_is_ignored_and_overwritten(cache_env, monkeypatch, damage):
     cache = cache_env / "int8" / "model.safetensors"
-    expected = logits_of(int8.quantize_model(small_model(), cache))
+    expected = logits_of(quant.quantize_cached(small_model(), cache))
     if damage == "truncated":
         data = cache.read_bytes()
         cache.write_bytes(data[: len(data) // 2])
@@ -207,18 +210,18 @@ def test_a_damaged_or_foreign_cache_is_ignored_and_overwritten(cache_env, monkey
         cache.write_bytes(b"\x00not a safetensors file" * 10)
     else:  # a valid cache file of a model with other linears
         cache.unlink()
-        int8.quantize_model(small_model(layers=2), cache)
-    again = int8.quantize_model(small_model(), cache)  # quantizes again, no error
+        quant.quantize_cached(small_model(layers=2), cache)
+    again = quant.quantize_cached(small_model(), cache)  # quantizes again, no error
     assert torch.equal(logits_of(again), expected)
     forbid_quantizing(monkeypatch)  # ... and the file now holds this model's weights
-    assert torch.equal(logits_of(int8.quantize_model(small_model(), cache)), expected)
+    assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache)), expected)
 
 
 def test_a_cache_path_that_is_a_directory_does_not_raise(cache_env):
     cache = cache_env / "int8" / "model.safetensors"
     cache.mkdir(parents=True)
     expected = logits_of(int8.quantize_model(small_model()))
-    assert torch.equal(logits_of(int8.quantize_model(small_model(), cache, quiet=False)), expected)
+    assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache, quiet=False)), expected)
     assert cache.is_dir() and not list(cache.parent.glob(".*.tmp"))
 
 
@@ -226,7 +229,7 @@ def test_a_cache_under_a_regular_file_does_not_raise(cache_env):
     blocker = cache_env / "not-a-directory"
     blocker.write_text("a regular file where the cache directory should be")
     expected = logits_of(int8.quantize_model(small_model()))
-    model = int8.quantize_model(small_model(), blocker / "int8" / "model.safetensors", quiet=False)
+    model = quant.quantize_cached(small_model(), blocker / "int8" / "model.safetensors", quiet=False)
     assert torch.equal(logits_of(model), expected)
 
 
@@ -236,13 +239,15 @@ except ImportError:  # older safetensors: only the Rust module's name
     from safetensors._safetensors_rust import SafetensorError
 
 
-def test_a_failing_cache_write_does_not_raise(cache_env):
+def test_a_failing_cache_write_does_not_raise(cache_env, monkeypatch):
     cache = cache_env / "int8" / "model.safetensors"
-    # root ignores permissions, so make the write fail another way: the temporary file's
-    # name is taken by a directory (save_file then fails with EISDIR)
-    (cache.parent / f".{cache.name}.{os.getpid()}.tmp").mkdir(parents=True)
+
+    def failing_save(tensors, path, metadata=None):  # root ignores permissions: fail the write itself
+        raise SafetensorError("disk trouble")
+
+    monkeypatch.setattr(quant, "save_file", failing_save)
     expected = logits_of(int8.quantize_model(small_model()))
-    assert torch.equal(logits_of(int8.quantize_model(small_model(), cache, quiet=False)), expected)
+    assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache, quiet=False)), expected)
 
 
 # -- cache_file_for --------------------------------------------------------------------------------
@@ -250,28 +255,28 @@ def test_a_failing_cache_write_does_not_raise(cache_env):
 def test_cache_file_for_needs_a_directory_with_safetensors(tiny_dirs, tmp_path, cache_env):
     weights = sorted(tiny_dirs["target"].glob("*.safetensors"))
     assert weights
-    assert int8.cache_file_for(weights[0]) is None  # a file
-    assert int8.cache_file_for(tmp_path / "missing") is None
+    assert quant.cache_file_for(weights[0]) is None  # a file
+    assert quant.cache_file_for(tmp_path / "missing") is None
     (tmp_path / "empty").mkdir()
-    assert int8.cache_file_for(tmp_path / "empty") is None  # no weights to key on
+    assert quant.cache_file_for(tmp_path / "empty") is None  # no weights to key on
 
 
 def test_cache_file_for_changes_with_the_weights(tiny_dirs, tmp_path, cache_env):
     model_dir = shutil.copytree(tiny_dirs["target"], tmp_path / "model")  # never touch the shared dir
-    key = int8.cache_file_for(model_dir, "target")
+    key = quant.cache_file_for(model_dir, "target")
     assert key is not None
     assert key.parent == cache_env / "specgen-cache" / "int8" and key.suffix == ".safetensors"
-    assert int8.cache_file_for(model_dir, "target") == key  # stable
-    assert int8.cache_file_for(model_dir, "draft") != key  # the role is part of the key
+    assert quant.cache_file_for(model_dir, "target") == key  # stable
+    assert quant.cache_file_for(model_dir, "draft") != key  # the role is part of the key
     weights = sorted(model_dir.glob("*.safetensors"))[0]
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same size, newer
-    touched = int8.cache_file_for(model_dir, "target")
+    touched = quant.cache_file_for(model_dir, "target")
     assert touched != key
     with open(weights, "ab") as fh:  # same name, another size
         fh.write(b"\0" * 8)
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    resized = int8.cache_file_for(model_dir, "target")
+    resized = quant.cache_file_for(model_dir, "target")
     assert resized not in (key, touched)
 
 
@@ -280,8 +285,8 @@ def test_caching_one_model_keeps_the_cache_of_another(tmp_path, cache_env):
     for name in ("Qwen2.5-0.5B-Instruct", "Qwen2.5-0.5B"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(name.encode())  # only stat'ed for the key
-        caches.append(int8.cache_file_for(tmp_path / name, "target"))
-        int8.quantize_model(small_model(), caches[-1])
+        caches.append(quant.cache_file_for(tmp_path / name, "target"))
+        quant.quantize_cached(small_model(), caches[-1])
     assert caches[0] != caches[1] and caches[1].is_file()
     assert caches[0].is_file(), "caching Qwen2.5-0.5B deleted the cache of Qwen2.5-0.5B-Instruct"
 
@@ -289,12 +294,12 @@ def test_caching_one_model_keeps_the_cache_of_another(tmp_path, cache_env):
 # -- parse_target_quant and resolve_target_quant ---------------------------------------------------
 
 def test_parse_target_quant():
-    assert int8.parse_target_quant(None) == "none"
-    assert int8.parse_target_quant(" INT8 ") == "int8"
-    assert int8.parse_target_quant("auto") == "auto"
+    assert quant.parse_target_quant(None) == "none"
+    assert quant.parse_target_quant(" INT8 ") == "int8"
+    assert quant.parse_target_quant("auto") == "auto"
     for bad in ("int4", "int8-wo", "fp8", "prune"):
         with pytest.raises(ConfigError) as info:
-            int8.parse_target_quant(bad)
+            quant.parse_target_quant(bad)
         assert "--target-quant" in str(info.value) and bad in str(info.value)
 
 
@@ -304,19 +309,19 @@ def stand_in(source: str, device: str = "cpu"):
 
 def test_resolve_target_quant():
     for source in ("dir", "gguf", "catalog", "hub"):
-        assert int8.resolve_target_quant("int8", stand_in(source)) == "int8"
-        assert int8.resolve_target_quant("int8", stand_in(source), dtype_auto=False) == "int8"
-        assert int8.resolve_target_quant("none", stand_in(source)) == "none"
-    assert int8.resolve_target_quant("auto", stand_in("dir")) == "none"
-    assert int8.resolve_target_quant("auto", stand_in("hub")) == "none"
+        assert quant.resolve_target_quant("int8", stand_in(source)) == "int8"
+        assert quant.resolve_target_quant("int8", stand_in(source), dtype_auto=False) == "int8"
+        assert quant.resolve_target_quant("none", stand_in(source)) == "none"
+    assert quant.resolve_target_quant("auto", stand_in("dir")) == "none"
+    assert quant.resolve_target_quant("auto", stand_in("hub")) == "none"
     for source in ("gguf", "catalog"):
-        assert int8.resolve_target_quant("auto", stand_in(source), dtype_auto=True) == "int8"
-        assert int8.resolve_target_quant("auto", stand_in(source), dtype_auto=False) == "none"
-        assert int8.resolve_target_quant("auto", stand_in(source, device="meta")) == "none"  # not on the CPU
+        assert quant.resolve_target_quant("auto", stand_in(source), dtype_auto=True) == "int8"
+        assert quant.resolve_target_quant("auto", stand_in(source), dtype_auto=False) == "none"
+        assert quant.resolve_target_quant("auto", stand_in(source, device="meta")) == "none"  # not on the CPU
     with pytest.raises(ConfigError, match="--device cpu"):
-        int8.resolve_target_quant("int8", stand_in("dir", device="meta"))
+        quant.resolve_target_quant("int8", stand_in("dir", device="meta"))
     with pytest.raises(ConfigError, match="--target-quant"):
-        int8.resolve_target_quant("int4", stand_in("gguf"))
+        quant.resolve_target_quant("int4", stand_in("gguf"))
 
 
 # -- the int8 target: greedy speculation reproduces plain decoding of the same int8 model ---------
@@ -332,12 +337,12 @@ def int8_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def int8_pair(tiny_dirs, int8_cache):
-    """The tiny pair through session.load with --target-quant int8 (the draft unquantized)."""
+    """The tiny pair through runtime.pair.load with --target-quant int8 (the draft unquantized)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECGEN_CACHE", str(int8_cache))
-        settings = session.ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None,
-                                         "float32", "none", "off", target_quant="int8")
-        return session.load(settings, Method.CHAIN, quiet=True)
+        settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None,
+                                 "float32", "none", "off", target_quant="int8")
+        return load(settings, Method.CHAIN, quiet=True)
 
 
 @pytest.fixture(scope="module")
@@ -350,15 +355,13 @@ def fp32_target(tiny_dirs):
 def self_draft_pair(int8_pair, fp32_target):
     """The int8 target drafted by its own fp32 weights: most drafts are accepted, so the deep
     positions of every verify forward decide tokens (the tiny draft is almost always wrong)."""
-    return session.Pair(int8_pair.target, fp32_target, "off")
+    return Pair(int8_pair.target, fp32_target, "off")
 
 
 def decode(pair, method: Method, prompt: list[int], **settings) -> list[int]:
     config = GenerationConfig(method=method, max_new_tokens=NEW_TOKENS, **settings)
-    engine = session.build_engine(pair, method, config)
-    state = engine.start(prompt, config)
-    list(engine.rounds(state, config))
-    return state.ids[len(prompt): state.verified if config.deterministic else None]
+    _, state = decode_one(build_engine(pair, config), prompt, config)
+    return state.final_ids(config)
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +378,7 @@ def test_the_target_really_is_int8(int8_pair, int8_cache, fp32_target, int8_plai
     assert int8_pair.draft.weights == "none"
     assert any(isinstance(m, nn.Linear) for m in int8_pair.draft.model.modules())
     # the int8 target is a different model from the fp32 one: its greedy text differs
-    fp32_plain = [decode(session.Pair(fp32_target, None), Method.PLAIN, prompt) for prompt in PROMPTS]
+    fp32_plain = [decode(Pair(fp32_target, None), Method.PLAIN, prompt) for prompt in PROMPTS]
     assert any(a != b for a, b in zip(int8_plain, fp32_plain))
     assert all(len(ids) == NEW_TOKENS for ids in int8_plain)
     # the int8 weights were cached where SPECGEN_CACHE pointed (not in the user's cache)
@@ -425,7 +428,7 @@ def test_greedy_methods_reproduce_plain_decoding_of_the_int8_target(int8_pair, s
 def test_self_draft_accepts_most_drafts(self_draft_pair):
     """So the test above exercises deep verify positions, not only rejected first drafts."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=NEW_TOKENS)
-    rounds = list(session.build_engine(self_draft_pair, Method.CHAIN, config).generate(PROMPT, config))
+    rounds, _ = decode_one(build_engine(self_draft_pair, config), PROMPT, config)
     assert sum(r.accepted for r in rounds) >= NEW_TOKENS // 2
 
 

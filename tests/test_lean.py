@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen import int8, kvcache, lean
-from specgen.compiled import Steps
-from specgen.exact_attention import use_exact_attention
+from specgen.runtime import int8, kvcache, lean
+from specgen.runtime.compiled import Steps
+from specgen.runtime.exact_attention import use_exact_attention
 from tiny import build_model
 
 
@@ -94,7 +94,7 @@ def test_steps_use_the_lean_forward_on_the_cpu_and_keep_the_model_otherwise():
 
 
 def test_the_lean_forward_follows_a_pruned_head():
-    from specgen.draft_quant import apply_draft_quant
+    from specgen.runtime.quant import apply_draft_quant
 
     model = apply_draft_quant(build_model(14), "int8+prune", keep=100)
     (reference, _), (got, _) = both(model, torch.arange(3, 20)[None], torch.tensor([[5, 150, 7]]))
@@ -104,7 +104,7 @@ def test_the_lean_forward_follows_a_pruned_head():
 
 
 def test_the_lean_forward_follows_a_pruned_head_once_it_widens():
-    from specgen.draft_quant import apply_draft_quant
+    from specgen.runtime.quant import apply_draft_quant
 
     model = apply_draft_quant(build_model(14), "int8+prune", keep=100)
     outside = (100 + torch.arange(80) * 7 % 158)[None]  # mostly past the kept ids: the head widens

@@ -10,21 +10,24 @@ import pytest
 import torch
 from scipy import stats
 
-import specgen.engine as engine_module
-from specgen import kvcache
-from specgen.acceptance import ProposalKind, Verdict, speculative_sampling
+import specgen.decoding.verify as engine_module
+from specgen.runtime import kvcache
+from specgen.decoding.acceptance import ChainVerdict as Verdict
+from specgen.decoding.acceptance import ProposalKind, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.drafters import ModelDrafter, Proposal
-from specgen.engine import Engine
-from specgen.lookup import CombinedDrafter, PromptLookupDrafter, Source
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine
+from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter, Source
 from specgen.text import common_prefix
-from specgen.sampling import make_generator
+from specgen.decoding.sampling import make_generator
+from tiny import RowDrafterBase, decode, per_row
 
 GREEDY = SamplingConfig()
 
 
 def proposed(drafter: PromptLookupDrafter, context: list[int], k: int) -> list[int]:
-    proposal = drafter.propose(context, k, GREEDY, None)
+    proposal = drafter.propose(context, k, GREEDY)
     assert proposal.kind is ProposalKind.DETERMINISTIC and proposal.probs is None
     assert proposal.tokens.dtype == torch.int64 and proposal.tokens.dim() == 1
     return proposal.tokens.tolist()
@@ -96,7 +99,7 @@ def test_incremental_index_matches_a_fresh_scan_through_appends_and_rollbacks():
     generator = make_generator(0)
     drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
     context = torch.randint(0, 4, (5,), generator=generator).tolist()
-    drafter.begin(context)
+    drafter.start(context)
     for step in range(400):
         action = int(torch.randint(0, 10, (1,), generator=generator))
         if action < 6:  # a round committed 1..5 tokens
@@ -123,11 +126,11 @@ def test_rollback_to_a_different_text_of_the_same_length_is_detected():
 def test_rewind_and_begin_as_the_engine_calls_them_between_turns():
     drafter = PromptLookupDrafter()
     first = [3, 4, 5, 6, 3, 4]
-    drafter.begin(first)
+    drafter.start(first)
     assert proposed(drafter, first, 2) == [5, 6]
     second = [3, 4, 0, 6, 3, 4]  # a re-rendered earlier turn
     drafter.rewind(common_prefix(first, second))
-    drafter.begin(second)
+    drafter.start(second)
     assert proposed(drafter, second, 2) == [0, 6]
 
 
@@ -148,14 +151,14 @@ def test_index_work_per_round_does_not_grow_with_the_context():
     generator = make_generator(1)
     drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
     context = torch.randint(0, 50, (100,), generator=generator).tolist()
-    drafter.begin(context)
+    drafter.start(context)
     per_round = []
     while len(context) < 20_000:
         committed = int(torch.randint(1, 6, (1,), generator=generator))
         context.extend(torch.randint(0, 50, (committed,), generator=generator).tolist())
         before = drafter.stats.operations
-        drafter.propose(context, 4, GREEDY, None)
-        drafter.observe(2)
+        drafter.propose(context, 4, GREEDY)
+        drafter.observe([1, 2])
         per_round.append(drafter.stats.operations - before)
         assert per_round[-1] <= 3 * committed + 3
     assert drafter.stats.removals == 0 and drafter.stats.rebuilds == 0
@@ -184,11 +187,20 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def lookup_engine(pair, drafter) -> Engine:
     target, _ = pair
+    if isinstance(drafter, PromptLookupDrafter):
+        drafter = per_row(drafter)
     return Engine(target.model, target.device, frozenset(), target.context_length, drafter)
 
 
+def combined_drafter(model, min_match: int = 2, model_tokens: int | None = None, lookup=PromptLookupDrafter):
+    """lookup-chain's drafter over a model drafter (a single-row test stand-in is served per row)."""
+    if isinstance(model, RowDrafterBase):
+        model = per_row(model)
+    return LookupChain(model, min_match=min_match, model_tokens=model_tokens, make_lookup=lookup)
+
+
 def generate(engine: Engine, prompt: list[int], **kwargs) -> tuple[list[int], list]:
-    rounds = list(engine.generate(prompt, GenerationConfig(method=Method.CHAIN, **kwargs)))
+    rounds, _ = decode(engine, prompt, GenerationConfig(method=Method.CHAIN, **kwargs))
     return [t for r in rounds for t in r.emitted], rounds
 
 
@@ -212,15 +224,14 @@ def test_lookup_in_the_engine_matches_plain_greedy(tiny_pair, references, name, 
 
 
 def test_lookup_resume_matches_a_fresh_start(tiny_pair):
-    """A second turn (engine.resume: rewind + begin) and a re-rendered one: same as fresh."""
+    """A second turn (a resumed row: rewind + join) and a re-rendered one: same as fresh."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=16, draft_tokens=4)
     engine = lookup_engine(tiny_pair, PromptLookupDrafter())
-    state = engine.start(LOOP_PROMPTS["runs-of-37"], config)
-    list(engine.rounds(state, config))
+    _, state = decode(engine, LOOP_PROMPTS["runs-of-37"], config)
     for turn in (state.ids + [190, 190, 190], [159] * 3 + state.ids[3:] + [190]):
-        state = engine.resume(state, turn, config)
-        again = [t for r in engine.rounds(state, config) for t in r.emitted]
-        fresh = [t for r in lookup_engine(tiny_pair, PromptLookupDrafter()).generate(turn, config)
+        rounds, state = decode(engine, turn, config, resume=state)
+        again = [t for r in rounds for t in r.emitted]
+        fresh = [t for r in decode(lookup_engine(tiny_pair, PromptLookupDrafter()), turn, config)[0]
                  for t in r.emitted]
         assert again == fresh
 
@@ -234,55 +245,55 @@ def test_lookup_under_sampling_is_reproducible(tiny_pair):
 
 # -- lookup next to a draft model -----------------------------------------------------------------
 
-class RecordingDrafter:
+class RecordingDrafter(RowDrafterBase):
     """A model drafter stand-in: proposes k copies of 0 and records the calls it gets."""
 
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def begin(self, prompt_ids):
+    def start(self, prompt_ids, generator=None, capacity=0):
         self.calls.append(("begin", len(prompt_ids)))
 
     def rewind(self, valid):
         self.calls.append(("rewind", valid))
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling):
         self.calls.append(("propose", len(context), k))
-        return Proposal(torch.zeros(k, dtype=torch.int64), None, ProposalKind.DETERMINISTIC)
+        return Proposal.chain(torch.zeros(k, dtype=torch.int64), ProposalKind.DETERMINISTIC)
 
-    def observe(self, kept):
-        self.calls.append(("observe", kept))
+    def observe(self, path):
+        self.calls.append(("observe", len(path)))
 
 
 def test_combined_uses_lookup_for_long_matches_and_the_model_otherwise():
     model = RecordingDrafter()
-    combined = CombinedDrafter(PromptLookupDrafter(), model, min_match=2)
-    combined.begin([1, 2, 3, 4])
+    combined = combined_drafter(model, min_match=2)
+    combined.join(0, [1, 2, 3, 4], None, 64)
     # a 2-gram match: lookup; the model is neither asked nor told
-    proposal = combined.propose([1, 2, 3, 4, 1, 2], 3, GREEDY, None)
-    assert proposal.tokens.tolist() == [3, 4, 1] and combined.last_source is Source.LOOKUP
-    combined.observe(1)
+    proposal = combined.propose([[1, 2, 3, 4, 1, 2]], [3], [GREEDY])[0]
+    assert proposal.tokens.tolist() == [3, 4, 1] and combined.sources[0] is Source.LOOKUP
+    combined.observe(0, [1])
     # only a 1-gram match ("4"): the model
-    proposal = combined.propose([1, 2, 3, 4, 1, 2, 3, 9, 4], 3, GREEDY, None)
-    assert proposal.tokens.tolist() == [0, 0, 0] and combined.last_source is Source.MODEL
-    combined.observe(2)
+    proposal = combined.propose([[1, 2, 3, 4, 1, 2, 3, 9, 4]], [3], [GREEDY])[0]
+    assert proposal.tokens.tolist() == [0, 0, 0] and combined.sources[0] is Source.MODEL
+    combined.observe(0, [1, 2])
     assert model.calls == [("begin", 4), ("propose", 9, 3), ("observe", 2)]
     assert combined.rounds == {Source.LOOKUP: 1, Source.MODEL: 1}
     with pytest.raises(ValueError):
-        CombinedDrafter(PromptLookupDrafter(max_ngram=3), model, min_match=4)
+        combined_drafter(model, min_match=4, lookup=lambda: PromptLookupDrafter(max_ngram=3))
 
 
 def test_lookup_rounds_may_propose_the_rounds_whole_k_and_model_rounds_keep_theirs():
     from specgen.config import LOOKUP_TOKENS, Schedule
 
     model = RecordingDrafter()
-    combined = CombinedDrafter(PromptLookupDrafter(), model, min_match=2, model_tokens=2)
-    combined.begin([1, 2, 3, 4, 5, 6])
-    proposal = combined.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, GREEDY, None)
-    assert proposal.tokens.tolist() == [3, 4, 5, 6] and combined.last_source is Source.LOOKUP
-    combined.observe(0)
-    proposal = combined.propose([1, 2, 3, 4, 5, 6, 1, 2, 9], 4, GREEDY, None)
-    assert combined.last_source is Source.MODEL and model.calls[-1] == ("propose", 9, 2)
+    combined = combined_drafter(model, min_match=2, model_tokens=2)
+    combined.join(0, [1, 2, 3, 4, 5, 6], None, 64)
+    proposal = combined.propose([[1, 2, 3, 4, 5, 6, 1, 2]], [4], [GREEDY])[0]
+    assert proposal.tokens.tolist() == [3, 4, 5, 6] and combined.sources[0] is Source.LOOKUP
+    combined.observe(0, [])
+    proposal = combined.propose([[1, 2, 3, 4, 5, 6, 1, 2, 9]], [4], [GREEDY])[0]
+    assert combined.sources[0] is Source.MODEL and model.calls[-1] == ("propose", 9, 2)
     assert len(proposal.tokens) == 2
     # the engine's k per round: lookup-chain's round may reach LOOKUP_TOKENS; every other method keeps k
     assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=2).round_tokens == LOOKUP_TOKENS == 4
@@ -296,20 +307,18 @@ def test_combined_with_a_draft_model_matches_plain_greedy_and_keeps_its_cache(ti
     """Both sources are used; after the lookup rounds the draft cache still holds a committed
     prefix, and topping it up gives the logits of a fresh draft prefill."""
     target, draft = tiny_pair
-    model_drafter = ModelDrafter(draft.model, draft.device)
-    combined = CombinedDrafter(PromptLookupDrafter(), model_drafter, min_match=1)
+    model_drafter = ChainDrafter(draft.model, draft.device)
+    combined = combined_drafter(model_drafter, min_match=1)
     engine = lookup_engine(tiny_pair, combined)
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=40, draft_tokens=4)
-    state = engine.start(LOOP_PROMPTS["runs-of-37"], config)
-    out = [t for r in engine.rounds(state, config) for t in r.emitted]
+    rounds, state = decode(engine, LOOP_PROMPTS["runs-of-37"], config)
+    out = [t for r in rounds for t in r.emitted]
     assert out == references["runs-of-37"]
     assert combined.rounds[Source.LOOKUP] > 0 and combined.rounds[Source.MODEL] > 0
     ids = state.ids
-    assert model_drafter.cached <= len(ids) - 1
-    assert ids[: model_drafter.cached] == state.ids[: model_drafter.cached]
-    assert kvcache.cache_length(model_drafter.cache) == model_drafter.cached
+    assert kvcache.cache_length(model_drafter.cache) <= len(ids) - 1
     with torch.no_grad():
-        model_drafter.reset_to(ids[:-1])
+        model_drafter.join(0, ids, None, len(ids) + 8)  # top the cache up to the committed sequence
         cached = kvcache.forward(draft.model, model_drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = draft.model(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
@@ -320,7 +329,7 @@ def test_combined_under_sampling_is_reproducible(tiny_pair):
     sampling = SamplingConfig(temperature=1.0, seed=9)
 
     def once():
-        combined = CombinedDrafter(PromptLookupDrafter(), ModelDrafter(draft.model, draft.device), 1)
+        combined = combined_drafter(ChainDrafter(draft.model, draft.device), 1)
         out, _ = generate(lookup_engine(tiny_pair, combined), LOOP_PROMPTS["runs-of-180"],
                           max_new_tokens=24, draft_tokens=3, sampling=sampling)
         return out, combined.rounds
@@ -380,7 +389,7 @@ def first_two(pair, seeds: range) -> torch.Tensor:
     for seed in seeds:
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=3, draft_tokens=2,
                                   sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
-        rounds = list(engine.generate(STAT_PROMPT, config))
+        rounds, _ = decode(engine, STAT_PROMPT, config)
         lookups += len(rounds[0].draft_tokens) == 2
         out.append([t for r in rounds for t in r.emitted][:2])
     assert lookups == len(seeds)  # every first round drafted [3, 3]
@@ -433,7 +442,7 @@ def test_control_lookup_without_residual_fails(tiny_pair, stat_law, monkeypatch)
     alpha = 1e-3 critical value (34.5) the control fails with probability 0.99997
     (noncentral chi-square).
     """
-    monkeypatch.setattr(engine_module, "speculative_sampling", rule_without_residual)
+    monkeypatch.setattr(engine_module, "point_mass_sampling", lambda d, q, g: rule_without_residual(d, None, q, g))
     tokens = first_two(tiny_pair, range(10_000, 10_000 + CONTROL_GENERATIONS))
     pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
     assert pvalue < ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
@@ -443,7 +452,7 @@ def test_control_lookup_without_residual_fails(tiny_pair, stat_law, monkeypatch)
 def test_control_point_mass_as_if_p_were_q_fails(tiny_pair, stat_law, monkeypatch):
     """Negative control: p taken as q makes every lookup token accepted (first token always 3,
     against q0(3) = 0.29): p-value ~ 0 at 100 generations, power 1."""
-    monkeypatch.setattr(engine_module, "speculative_sampling", rule_with_p_equal_to_q)
+    monkeypatch.setattr(engine_module, "point_mass_sampling", lambda d, q, g: rule_with_p_equal_to_q(d, None, q, g))
     tokens = first_two(tiny_pair, range(20_000, 20_100))
     assert (tokens[:, 0] == 3).all()
     pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
@@ -451,25 +460,20 @@ def test_control_point_mass_as_if_p_were_q_fails(tiny_pair, stat_law, monkeypatc
 
 
 # -- a model proposal extended by lookup: sampled rows and point-mass rows in one proposal --------
-class TwoTokenDrafter:
+class TwoTokenDrafter(RowDrafterBase):
     """A 'model' drafter that samples one token from q = 1/2 on 3, 1/2 on 5 (reported exactly)."""
 
     def __init__(self, vocab: int):
         self.q = torch.zeros(vocab)
         self.q[[3, 5]] = 0.5
+        self.generator = None
 
-    def begin(self, prompt_ids):
-        pass
+    def start(self, prompt_ids, generator=None, capacity=0):
+        self.generator = generator
 
-    def rewind(self, valid):
-        pass
-
-    def propose(self, context, k, sampling, generator):
-        token = torch.multinomial(self.q, 1, generator=generator)
-        return Proposal(token, self.q[None].clone(), ProposalKind.SAMPLED)
-
-    def observe(self, kept):
-        pass
+    def propose(self, context, k, sampling):
+        token = torch.multinomial(self.q, 1, generator=self.generator)
+        return Proposal.chain(token, ProposalKind.SAMPLED, self.q[None].clone())
 
 
 def extended_first_two(pair, seeds: range) -> torch.Tensor:
@@ -478,10 +482,10 @@ def extended_first_two(pair, seeds: range) -> torch.Tensor:
     vocab = pair[0].model.config.vocab_size
     out, extended = [], 0
     for seed in seeds:
-        combined = CombinedDrafter(PromptLookupDrafter(), TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
+        combined = combined_drafter(TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=3, draft_tokens=2,
                                   sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
-        rounds = list(lookup_engine(pair, combined).generate([3, 3], config))
+        rounds, _ = decode(lookup_engine(pair, combined), [3, 3], config)
         extended += combined.extended
         out.append([t for r in rounds for t in r.emitted][:2])
     assert 0.3 * len(seeds) < extended < 0.7 * len(seeds)  # about half the first rounds
@@ -490,12 +494,11 @@ def extended_first_two(pair, seeds: range) -> torch.Tensor:
 
 def test_an_extended_model_proposal_carries_point_mass_rows():
     vocab = 16
-    combined = CombinedDrafter(PromptLookupDrafter(), TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
-    combined.begin([3, 3])
-    generator = torch.Generator().manual_seed(0)
+    combined = combined_drafter(TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
+    combined.join(0, [3, 3], torch.Generator().manual_seed(0), 64)
     seen = set()
     for _ in range(20):
-        proposal = combined.propose([3, 3], 3, STAT_SAMPLING, generator)
+        proposal = combined.propose([[3, 3]], [3], [STAT_SAMPLING])[0]
         first = int(proposal.tokens[0])
         seen.add(first)
         if first == 3:  # extended by the periodic continuation of [3, 3]: [3, 3, 3]
@@ -503,7 +506,7 @@ def test_an_extended_model_proposal_carries_point_mass_rows():
             assert torch.equal(proposal.probs[1:], torch.nn.functional.one_hot(torch.tensor([3, 3]), vocab).float())
         else:
             assert proposal.tokens.tolist() == [5] and proposal.probs.shape == (1, vocab)
-        combined.observe(0)
+        combined.observe(0, [])
     assert seen == {3, 5}
 
 
@@ -533,10 +536,9 @@ def test_extended_proposals_with_the_models_row_for_the_lookup_token_break_the_l
 
 def test_an_extension_query_is_not_counted_as_another_lookup_round():
     vocab = 16
-    combined = CombinedDrafter(PromptLookupDrafter(), TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
-    combined.begin([3, 3])
-    generator = torch.Generator().manual_seed(0)
+    combined = combined_drafter(TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
+    combined.join(0, [3, 3], torch.Generator().manual_seed(0), 64)
     for _ in range(5):
-        combined.propose([3, 3], 3, STAT_SAMPLING, generator)
-        combined.observe(0)
-    assert combined.lookup.stats.rounds == 5
+        combined.propose([[3, 3]], [3], [STAT_SAMPLING])
+        combined.observe(0, [])
+    assert combined.lookups.rows[0].stats.rounds == 5

@@ -10,8 +10,8 @@ import typer
 from typer.testing import CliRunner
 
 from gguf_factory import write_tiny_gguf
-from specgen import catalog
-from specgen.models_cli import models_app
+from specgen.models import catalog
+from specgen.cli.models import models_app
 from test_catalog import publish
 
 app = typer.Typer()

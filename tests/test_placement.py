@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen import placement
+from specgen.models import placement
 from specgen.errors import ConfigError
 
 
@@ -100,6 +100,26 @@ def test_measured_cpu_format_is_cached_per_machine(tmp_path, monkeypatch):
         raise AssertionError("measured again")
     monkeypatch.setattr(placement, "_decode_step_seconds", never)
     assert placement.measured_cpu_format(cache) == first
+
+
+@pytest.mark.parametrize("content", ["null", "[1, 2]", '"bfloat16"', "{not json", '{"key": KEY, "dtype": null}',
+                                     '{"key": KEY, "dtype": "int4", "reason": "x"}',
+                                     '{"key": KEY, "dtype": "float32", "reason": 3}'])
+def test_a_cached_format_that_does_not_validate_is_measured_again(tmp_path, monkeypatch, capsys, content):
+    """Whatever cpu-format.json holds (null, a list, a bad dtype), a run measures again and says so
+    once; it never crashes on what it reads back."""
+    import json
+    import platform
+
+    cache = tmp_path / "cpu-format.json"
+    key = f"{platform.machine()} {platform.processor()} torch {torch.__version__}"
+    cache.write_text(content.replace("KEY", json.dumps(key)))
+    times = {torch.float32: 0.004, torch.bfloat16: 0.010}
+    monkeypatch.setattr(placement, "_decode_step_seconds", lambda dtype: times[dtype])
+    chosen = placement.measured_cpu_format(cache)
+    assert chosen.dtype is torch.float32
+    assert "not a valid CPU format record; measuring again" in capsys.readouterr().err
+    assert json.loads(cache.read_text())["dtype"] == "float32"  # written back valid
 
 
 def test_auto_dtype_on_the_cpu_follows_the_chosen_format(monkeypatch):

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from specgen import catalog, convert
+from specgen.models import catalog, convert
 
 SMOL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.usefixtures("user_cache")  # downloads and conversions are shared with `specgen run`

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from specgen.render import ACCEPTED, REJECTED, TARGET, Outcome, PlainRenderer, RichRenderer, RoundView
-from specgen.stats import Stats
+from specgen.cli.render import ACCEPTED, REJECTED, TARGET, Outcome, PlainRenderer, RichRenderer, RoundView
+from specgen.decoding.stats import Stats
 
 
 def test_rich_view_colours_each_kind_of_token():
@@ -50,7 +50,7 @@ def test_plain_renderer_separates_text_and_stats():
 
 
 def test_pending_tokens_are_dim_until_a_replay_commits_or_rolls_them_back():
-    from specgen.render import PENDING, ReplayView
+    from specgen.cli.render import PENDING, ReplayView
 
     console = Console(record=True, force_terminal=True, width=100, file=io.StringIO())
     renderer = RichRenderer(console)
@@ -69,7 +69,7 @@ def test_pending_tokens_are_dim_until_a_replay_commits_or_rolls_them_back():
 
 
 def test_plain_renderer_prints_only_verified_text():
-    from specgen.render import ReplayView
+    from specgen.cli.render import ReplayView
 
     out, err = io.StringIO(), io.StringIO()
     renderer = PlainRenderer(out, err)

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 from specgen.config import SamplingConfig
-from specgen.sampling import choose, make_generator, sample, warp
+from specgen.decoding.sampling import choose, make_generator, sample, warp
 
 VOCAB = 50
 

@@ -81,7 +81,7 @@ def test_run_and_bench_refuse_custom_code(evil, tiny_dirs, command):
 
 
 def test_every_load_function_refuses_custom_code(evil, tiny_dirs):
-    from specgen import models
+    from specgen.models import load as models
 
     with pytest.raises(ModelError, match="never runs code"):
         models.load_pair(str(evil), None, device="cpu", dtype="float32", quiet=True)
@@ -95,7 +95,7 @@ def test_every_load_function_refuses_custom_code(evil, tiny_dirs):
 
 def test_a_known_architecture_loads_natively_and_ignores_the_auto_map(tmp_path, tiny_dirs):
     """A qwen2 model with an auto_map loads with transformers' own classes; evil.py never runs."""
-    from specgen import models
+    from specgen.models import load as models
 
     directory = _evil(tmp_path / "mapped", known_type=True)
     target, _ = models.load_pair(str(directory), None, device="cpu", dtype="float32", quiet=True)

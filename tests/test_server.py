@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specgen import server as server_mod
+from specgen.runtime.pair import load
+from specgen.serve import client, protocol
+from specgen.serve import server as server_mod
 from specgen.cli import app
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.errors import ConfigError
@@ -40,10 +42,8 @@ def settings_for(tiny_dirs) -> ModelSettings:
 @pytest.fixture
 def served(tiny_dirs):
     """A server for the tiny pair, answering on a thread of this process."""
-    from specgen import session
-
     settings = settings_for(tiny_dirs)
-    pair = session.load(settings, Method.CHAIN, quiet=True)
+    pair = load(settings, Method.CHAIN, quiet=True)
     server = server_mod.Server(settings, pair)
     server.bind()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -164,38 +164,38 @@ def test_ctrl_c_in_the_client_stops_the_generation_and_keeps_its_text(served, ti
     monkeypatch.setattr(server_mod.Relay, "on_round", slow_round)
     settings = settings_for(tiny_dirs)
     recorder = Recorder(interrupt_at=1)
-    outcome = server_mod.generate_on_server(settings, request(max_new_tokens=120), recorder, quiet=True)
+    outcome = client.generate_on_server(settings, request(max_new_tokens=120), recorder, quiet=True)
     assert outcome.interrupted
     assert 0 < len(outcome.token_ids) < 120
     assert outcome.stats.new_tokens == len(outcome.token_ids)
     assert recorder.calls[0] == "enter" and recorder.calls[-2:] == ["exit", "finish"]
-    whole = server_mod.generate_on_server(settings, request(max_new_tokens=120), Recorder(), quiet=True)
+    whole = client.generate_on_server(settings, request(max_new_tokens=120), Recorder(), quiet=True)
     assert not whole.interrupted and len(whole.token_ids) == 120
     assert whole.token_ids[:len(outcome.token_ids)] == outcome.token_ids
 
 
 def test_a_client_that_goes_away_mid_generation_leaves_the_server_serving(served, tiny_dirs):
     settings = settings_for(tiny_dirs)
-    sock = server_mod.connect(settings)
-    server_mod._send(sock, ("generate", request()))
+    sock = client.connect(settings)
+    protocol.send(sock, ("generate", request()))
     kinds = []
     while "round" not in kinds:
-        kinds.append(server_mod._recv(sock)[0])
+        kinds.append(protocol.recv(sock)[0])
     sock.close()
-    outcome = server_mod.generate_on_server(settings, request(max_new_tokens=6), Recorder(), quiet=True)
+    outcome = client.generate_on_server(settings, request(max_new_tokens=6), Recorder(), quiet=True)
     assert len(outcome.token_ids) == 6
 
 
 def test_no_server_a_stale_socket_or_an_open_directory_means_loading_here(tiny_dirs, tmp_path):
     settings = settings_for(tiny_dirs)
-    assert server_mod.generate_on_server(settings, request(), Recorder(), quiet=True) is None
-    path = server_mod.socket_path(settings)
+    assert client.generate_on_server(settings, request(), Recorder(), quiet=True) is None
+    path = protocol.socket_path(settings)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(path))
     stale.close()  # the file stays, nothing listens
     try:
-        assert server_mod.connect(settings) is None
+        assert client.connect(settings) is None
         result = invoke("run", "hello", *options(tiny_dirs), "-n", "4", "--format", "json")
         assert last_json(result)["stats"]["new_tokens"] == 4
     finally:
@@ -203,17 +203,15 @@ def test_no_server_a_stale_socket_or_an_open_directory_means_loading_here(tiny_d
 
 
 def test_a_directory_others_can_open_is_refused(tiny_dirs, tmp_path, monkeypatch):
-    from specgen import session
-
     open_dir = tmp_path / "rt"
     open_dir.mkdir(mode=0o755)
     os.chmod(open_dir, 0o755)
     monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(open_dir))
     settings = settings_for(tiny_dirs)
-    pair = session.load(settings, Method.PLAIN, quiet=True)
+    pair = load(settings, Method.PLAIN, quiet=True)
     with pytest.raises(ConfigError, match="only you can open"):
         server_mod.Server(settings, pair).bind()
-    assert server_mod.connect(settings) is None
+    assert client.connect(settings) is None
 
 
 def test_a_second_server_for_the_same_models_is_refused_and_stop_stops_the_first(served, tiny_dirs):
@@ -233,10 +231,8 @@ def test_bad_serve_options_are_one_line(tiny_dirs):
 
 
 def test_idle_server_stops_by_itself(tiny_dirs):
-    from specgen import session
-
     settings = settings_for(tiny_dirs)
-    server = server_mod.Server(settings, session.load(settings, Method.PLAIN, quiet=True))
+    server = server_mod.Server(settings, load(settings, Method.PLAIN, quiet=True))
     path = server.bind()
     try:
         assert "no request" in server.serve_forever(idle_seconds=0.5)
@@ -269,14 +265,14 @@ def test_detached_server_end_to_end(tiny_dirs):
         stopped = subprocess.run([*cli, "serve", *options(tiny_dirs), "--stop"], capture_output=True, text=True,
                                  env=env, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
-    assert not server_mod.socket_path(settings_for(tiny_dirs)).exists() or _gone(settings_for(tiny_dirs))
+    assert not protocol.socket_path(settings_for(tiny_dirs)).exists() or _gone(settings_for(tiny_dirs))
 
 
 def _gone(settings) -> bool:
     import time
 
     for _ in range(100):  # the server removes its socket as it exits
-        if not server_mod.socket_path(settings).exists():
+        if not protocol.socket_path(settings).exists():
             return True
         time.sleep(0.1)
     return False
@@ -287,12 +283,11 @@ def _gone(settings) -> bool:
 def test_a_server_on_cuda_serves_what_a_local_cuda_run_prints(tiny_dirs):
     """compile auto (inductor and CUDA graphs on CUDA): the server warms up, keeps its engines,
     and two served runs of each method print the local run's text."""
-    from specgen import session
-    from specgen.options import generation_config
+    from specgen.cli.options import generation_config
 
     settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cuda", None, "auto", "auto",
                              "auto", "auto")
-    server = server_mod.Server(settings, session.load(settings, Method.CHAIN, quiet=True))
+    server = server_mod.Server(settings, load(settings, Method.CHAIN, quiet=True))
     server.bind()
     server.warm_up(generation_config("chain", 4, "device", 0.0, 0, 1.0, None))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -334,10 +329,10 @@ def test_a_foreground_server_stops_on_a_signal_and_removes_its_socket(tiny_dirs,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):
-            if server_mod.ping(settings, timeout=1.0) is not None or process.poll() is not None:
+            if client.ping(settings, timeout=1.0) is not None or process.poll() is not None:
                 break
             time.sleep(0.1)
-        assert server_mod.ping(settings) is not None, process.stderr.read() if process.poll() is not None else ""
+        assert client.ping(settings) is not None, process.stderr.read() if process.poll() is not None else ""
         process.send_signal(getattr(signal, sig))
         _, err = process.communicate(timeout=60)
     finally:
@@ -346,7 +341,7 @@ def test_a_foreground_server_stops_on_a_signal_and_removes_its_socket(tiny_dirs,
     assert process.returncode == 0, err
     assert "server ready" in err and "specgen server stopped" in err
     assert "Traceback" not in err
-    assert not server_mod.socket_path(settings).exists()
+    assert not protocol.socket_path(settings).exists()
 
 
 def test_list_shows_the_running_servers(served, tiny_dirs):
@@ -354,7 +349,7 @@ def test_list_shows_the_running_servers(served, tiny_dirs):
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1 and f"pid {os.getpid()}" in lines[0] and "target target + draft draft" in lines[0]
-    assert str(server_mod.socket_path(settings_for(tiny_dirs))) in lines[0]
+    assert str(protocol.socket_path(settings_for(tiny_dirs))) in lines[0]
     assert invoke("serve", "--list", "--stop").exit_code == 1
 
 

@@ -23,12 +23,15 @@ import pytest
 import torch
 from scipy import stats
 
-import specgen.engine as engine_module
-from specgen.acceptance import Verdict, speculative_sampling
+import specgen.decoding.verify as engine_module
+from specgen.decoding.acceptance import ChainVerdict as Verdict
+from specgen.decoding.acceptance import point_mass_sampling, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.drafters import ModelDrafter
-from specgen.engine import Engine
-from specgen.sampling import make_generator, sample, warp
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine
+from specgen.decoding.events import Finished
+from specgen.decoding.sampling import make_generator, sample, warp
+from tiny import decode
 
 pytestmark = pytest.mark.statistical
 
@@ -285,8 +288,13 @@ def test_control_top_k_on_the_draft_only_fails():
     assert pvalue < ALPHA, f"the mismatched warp passed: p-value {pvalue:.3g}"
 
 
+def point_masses(draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+    """The point-mass rule in the harness's signature (the reported law is the one-hot)."""
+    return point_mass_sampling(draft_tokens, target_probs, generator)
+
+
 def test_point_mass_proposals_emit_q():
-    """draft_probs=None (point masses): for any draft tokens the emitted law is q.
+    """Point masses (`point_mass_sampling`): for any draft tokens the emitted law is q.
 
     The draft tokens are drawn from P (the rule is exact conditionally on every x, so also
     marginally) but P is never shown to the rule. The point-mass path cannot run under vmap
@@ -294,7 +302,7 @@ def test_point_mass_proposals_emit_q():
     explicit generator, as in the engine. alpha = 1e-4 per position (2e-4 for the test).
     """
     drafts = draw_drafts(P[:2], 12_000, seed=90)
-    accepted, token = run_rule_loop(speculative_sampling, drafts, None, Q[:3], seed=91)
+    accepted, token = run_rule_loop(point_masses, drafts, None, Q[:3], seed=91)
     for position in range(3):
         law = emitted_at(position, drafts, accepted, token)
         assert law.numel() > 300  # the bonus after two accepted point masses: ~3.8% of rounds
@@ -332,7 +340,7 @@ def test_rule_with_explicit_generator_emits_q():
     assert torch.equal(again[0], accepted[:200]) and torch.equal(again[1], token[:200])
 
 
-# -- q contract: ModelDrafter's samples follow the probs it reports -----------------------------
+# -- q contract: the chain drafter's samples follow the probs it reports ---------------------------
 
 DRAFT_CONTEXT = [257, 84, 82, 68]
 CONTRACT_SAMPLING = SamplingConfig(temperature=0.8, top_k=20)
@@ -343,14 +351,13 @@ CONTRACT_DRAWS = 1500
 def drafter_draws(tiny_pair):
     """CONTRACT_DRAWS first draft tokens from a fixed context, with the probs reported each time."""
     _, draft = tiny_pair
-    drafter = ModelDrafter(draft.model, draft.device)
-    drafter.begin(DRAFT_CONTEXT)
-    generator = make_generator(2024)
+    drafter = ChainDrafter(draft.model, draft.device)
+    drafter.join(0, DRAFT_CONTEXT, make_generator(2024), 64)
     tokens, reported = [], None
     for _ in range(CONTRACT_DRAWS):
-        proposal = drafter.propose(DRAFT_CONTEXT, 1, CONTRACT_SAMPLING, generator)
-        drafter.observe(0)
-        drafter.reset_to(DRAFT_CONTEXT[:-1])  # rewind so the next proposal sees the same context
+        proposal = drafter.propose([DRAFT_CONTEXT], [1], [CONTRACT_SAMPLING])[0]
+        drafter.observe(0, [])
+        drafter.rewind(0, len(DRAFT_CONTEXT) - 1)  # rewind so the next proposal sees the same context
         tokens.append(proposal.tokens[0])
         if reported is None:
             reported = proposal.probs[0]
@@ -386,13 +393,12 @@ def test_drafter_samples_follow_the_reported_probs(drafter_draws):
 def test_drafter_reports_conditionals_for_every_draft_position(tiny_pair):
     """For k = 3 each reported row is warp of the draft logits after the earlier draft tokens."""
     _, draft = tiny_pair
-    drafter = ModelDrafter(draft.model, draft.device)
-    drafter.begin(DRAFT_CONTEXT)
-    generator = make_generator(7)
+    drafter = ChainDrafter(draft.model, draft.device)
+    drafter.join(0, DRAFT_CONTEXT, make_generator(7), 64)
     for _ in range(3):
-        proposal = drafter.propose(DRAFT_CONTEXT, 3, CONTRACT_SAMPLING, generator)
-        drafter.observe(0)
-        drafter.reset_to(DRAFT_CONTEXT[:-1])
+        proposal = drafter.propose([DRAFT_CONTEXT], [3], [CONTRACT_SAMPLING])[0]
+        drafter.observe(0, [])
+        drafter.rewind(0, len(DRAFT_CONTEXT) - 1)
         ids = DRAFT_CONTEXT + proposal.tokens.tolist()
         with torch.no_grad():
             logits = draft.model(torch.tensor([ids])).logits[0, len(DRAFT_CONTEXT) - 1:-1]
@@ -428,7 +434,7 @@ def first_two_tokens(engine: Engine, method: Method, seeds: range) -> torch.Tens
     for seed in seeds:
         config = GenerationConfig(method=method, max_new_tokens=2, draft_tokens=3,
                                   sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
-        out.append([t for r in engine.generate(ENGINE_PROMPT, config) for t in r.emitted])
+        out.append([t for r in decode(engine, ENGINE_PROMPT, config)[0] for t in r.emitted])
     return torch.tensor(out)
 
 
@@ -436,7 +442,7 @@ def make_engine(pair) -> Engine:
     target, draft = pair
     # no stop ids: every generation yields exactly 2 tokens
     return Engine(target.model, target.device, frozenset(), target.context_length,
-                  ModelDrafter(draft.model, draft.device))
+                  ChainDrafter(draft.model, draft.device))
 
 
 @pytest.fixture(scope="module")
@@ -521,7 +527,7 @@ def test_same_seed_same_tokens_different_seed_different_tokens(tiny_pair, method
     def tokens(engine: Engine, seed: int) -> list[int]:
         config = GenerationConfig(method=method, max_new_tokens=24, draft_tokens=3,
                                   sampling=SamplingConfig(temperature=1.0, top_p=0.95, seed=seed))
-        return [t for r in engine.generate(DETERMINISM_PROMPT, config) for t in r.emitted]
+        return [t for r in decode(engine, DETERMINISM_PROMPT, config)[0] for t in r.emitted]
 
     reused = make_engine(tiny_pair)
     first = tokens(reused, 11)
@@ -536,15 +542,13 @@ def test_same_seed_same_tokens_different_seed_different_tokens(tiny_pair, method
 
 def batched_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
     """`generations` rows of the one-token prompt, 300 at a time; row i seeded seed + i."""
-    from specgen.engine import Engine
-    from specgen.row_drafters import SharedChain
-
     target, draft = pair
-    engine = Engine(target.model, target.device, frozenset(), target.context_length)
+    engine = Engine(target.model, target.device, frozenset(), target.context_length,
+                    ChainDrafter(draft.model, draft.device))
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
                               sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
-    finished = {r.index: r.state.ids[-2:] for r in engine.generate_batch(
-        [ENGINE_PROMPT] * generations, config, 300, SharedChain(draft.model, draft.device)) if r.event is None}
+    finished = {r.index: r.state.ids[-2:] for r in engine.generate([ENGINE_PROMPT] * generations, config, 300)
+                if isinstance(r.event, Finished)}
     return torch.tensor([finished[i] for i in range(generations)])
 
 
@@ -564,7 +568,7 @@ def test_batched_chain_first_two_tokens_follow_target_law(tiny_pair, target_law)
 
 def test_batched_chain_control_without_residual_fails(tiny_pair, target_law, monkeypatch):
     """Negative control for the test above (same power as the single-sequence control)."""
-    import specgen.engine as engine_module
+    import specgen.decoding.verify as engine_module
 
     monkeypatch.setattr(engine_module, "speculative_sampling", rule_without_residual)
     tokens = batched_first_two_tokens(tiny_pair, CONTROL_GENERATIONS, seed=9000)
@@ -578,11 +582,11 @@ def test_batched_chain_control_without_residual_fails(tiny_pair, target_law, mon
 def pruned_engine(pair, keep: int = 120) -> Engine:
     import copy
 
-    from specgen.draft_quant import apply_draft_quant
+    from specgen.runtime.quant import apply_draft_quant
 
     target, draft = pair
     model = apply_draft_quant(copy.deepcopy(draft.model), "prune", keep=keep)
-    return Engine(target.model, target.device, frozenset(), target.context_length, ModelDrafter(model, draft.device))
+    return Engine(target.model, target.device, frozenset(), target.context_length, ChainDrafter(model, draft.device))
 
 
 def test_pruned_draft_chain_follows_target_law(tiny_pair, target_law):
@@ -596,19 +600,16 @@ def test_pruned_draft_chain_follows_target_law(tiny_pair, target_law):
 
 def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target_law, monkeypatch):
     """Negative control: sample from the pruned law but report the full draft's law."""
-    import specgen.drafters as drafters_module
+    real_choose = ChainDrafter._choose
 
-    real_choose = drafters_module.choose
-    _, draft = tiny_pair
-
-    def misreporting_choose(logits, sampling, generator):
-        token, dist = real_choose(logits, sampling, generator)
+    def misreporting_choose(self, logits, samplings):
+        token, dist = real_choose(self, logits, samplings)
         finite = torch.isfinite(logits)
         spread = torch.where(finite, dist, torch.full_like(dist, 1.0))
         return token, spread / spread.sum(-1, keepdim=True)  # mass on ids it can never propose
 
-    monkeypatch.setattr(drafters_module, "choose", misreporting_choose)
-    from specgen.draft_quant import PrunedHead
+    monkeypatch.setattr(ChainDrafter, "_choose", misreporting_choose)
+    from specgen.runtime.pruned import PrunedHead
 
     monkeypatch.setattr(PrunedHead, "see", lambda self, ids: None)  # a static kept set: the same
     # engine serves every generation, and a growing head would soon keep every id the target drew
@@ -623,17 +624,16 @@ def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target
 def batched_tree_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
     """`generations` rows of the one-token prompt, 300 at a time, RSD-C with 2 children per round
     (a tree round, then a plain round when the tree's path was rejected); row i seeded seed + i."""
-    from specgen.engine import Engine
-    from specgen.row_drafters import PerRow
-    from specgen.tree_drafters import RSDConstant
+    from specgen.decoding.drafters.base import PerRow
+    from specgen.decoding.drafters.tree import RSDConstant
 
     target, draft = pair
-    engine = Engine(target.model, target.device, frozenset(), target.context_length)
+    drafts = PerRow(lambda: RSDConstant(draft.model, draft.device, (2,)))
+    engine = Engine(target.model, target.device, frozenset(), target.context_length, drafts)
     config = GenerationConfig(method=Method.RSD_C, branching=(2,), max_new_tokens=2,
                               sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
-    drafts = PerRow(make=lambda: RSDConstant(draft.model, draft.device, (2,)))
-    finished = {r.index: r.state.ids[-2:] for r in engine.generate_batch(
-        [ENGINE_PROMPT] * generations, config, 300, drafts) if r.event is None}
+    finished = {r.index: r.state.ids[-2:] for r in engine.generate([ENGINE_PROMPT] * generations, config, 300)
+                if isinstance(r.event, Finished)}
     return torch.tensor([finished[i] for i in range(generations)])
 
 
@@ -644,7 +644,7 @@ def test_batched_tree_first_two_tokens_follow_target_law(tiny_pair, target_law):
 
 def test_batched_tree_control_with_an_unwarped_target_fails(tiny_pair, target_law, monkeypatch):
     """Negative control: the rows' verdicts drawn against the target without top-p must fail."""
-    import specgen.engine as engine_module
+    import specgen.decoding.verify as engine_module
 
     monkeypatch.setattr(engine_module, "warp", lambda logits, sampling: torch.softmax(
         logits.float() / sampling.temperature, dim=-1))

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from specgen import models
+from specgen.models import load as models
 from specgen.errors import ModelError
 
 

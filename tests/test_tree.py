@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen import kvcache
+from specgen.runtime import kvcache
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.engine import Engine
-from specgen.compiled import Steps
-from specgen.session import make_drafter
-from specgen.tree import DraftTree
+from specgen.decoding.engine import Engine
+from specgen.runtime.compiled import Steps
+from specgen.decoding.tree import DraftTree
 from test_engine import PROMPT, reference_greedy
+from tiny import decode, engine_with
 
 TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), (-1, 0, 0, 1, 1, 2, 3))
 
@@ -53,9 +53,7 @@ def test_tree_logits_equal_chain_logits_and_step_by_step(tiny_pair):
 
 
 def tree_engine(pair, config):
-    target, draft = pair
-    drafter = make_drafter(draft, config.method, None, config)
-    return Engine(target.model, target.device, frozenset(), target.context_length, drafter)
+    return engine_with(pair, config, stop_ids=frozenset())
 
 
 CONFIGS = [
@@ -70,7 +68,7 @@ CONFIGS = [
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.method.value}-{c.tree_budget}")
 def test_greedy_tree_methods_reproduce_plain_greedy(tiny_pair, config):
     reference = reference_greedy(tiny_pair[0].model, PROMPT, 30)
-    rounds = list(tree_engine(tiny_pair, config).generate(PROMPT, config))
+    rounds, _ = decode(tree_engine(tiny_pair, config), PROMPT, config)
     assert [t for r in rounds for t in r.emitted] == reference
     assert any(r.tree is not None for r in rounds)
 
@@ -80,9 +78,7 @@ def test_target_as_its_own_draft_accepts_whole_paths(tiny_pair, config):
     """RSD-C's top-b children contain the draft's argmax, so a perfect draft's path survives.
     (Beam search may drop the greedy path for a higher cumulative score, so not RSD-S.)"""
     target, _ = tiny_pair
-    drafter = make_drafter(target, config.method, None, config)
-    engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
-    rounds = list(engine.generate(PROMPT, config))
+    rounds, _ = decode(engine_with((target, target), config, stop_ids=frozenset()), PROMPT, config)
     assert [t for r in rounds for t in r.emitted] == reference_greedy(target.model, PROMPT, 30)
     assert all(r.accepted == config.tree_depth for r in rounds if r.tree is not None)
 
@@ -95,16 +91,15 @@ def test_commit_after_tree_rounds_equals_fresh_prefill(tiny_pair, config, temper
     target, draft = tiny_pair
     config = replace(config, sampling=SamplingConfig(temperature=temperature, seed=3), max_new_tokens=17)
     engine = tree_engine(tiny_pair, config)
-    state = engine.start(PROMPT, config)
-    list(engine.rounds(state, config))
+    _, state = decode(engine, PROMPT, config)
     ids = state.ids
     with torch.no_grad():
         cached = kvcache.forward(target.model, state.cache, torch.tensor([ids[-1:]]))[0, -1]
         fresh = target.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
-        drafter = engine.drafter
+        drafter = engine.drafter.rows[0]  # the row's tree drafter
         assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
-        drafter.reset_to(ids[:-1])
+        drafter.start(ids, None, len(ids) + 8)  # top the cache up to the committed sequence
         d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)

@@ -16,11 +16,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specgen.acceptance import recursive_rejection
+from specgen.decoding.acceptance import recursive_rejection
 from specgen.config import SamplingConfig
-from specgen.sampling import gumbel_top_k
-from specgen.tree import DraftTree
-from specgen.tree_drafters import RSDStochasticBeam
+from specgen.decoding.sampling import gumbel_top_k
+from specgen.decoding.tree import DraftTree
+from specgen.decoding.drafters.tree import RSDStochasticBeam
 
 pytestmark = pytest.mark.statistical
 ALPHA = 1e-3

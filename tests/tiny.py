@@ -62,7 +62,7 @@ def save_tiny(directory: Path, seed: int, tokenizer=None, **kwargs) -> Path:
 def two_token_law(model, prompt: list[int], sampling) -> tuple[torch.Tensor, torch.Tensor]:
     """A model's exact plain-sampling laws after `prompt`: q0 of the first token [V] and of
     the first two tokens [V, V] (row t: the first token is t), warped as `sampling` says."""
-    from specgen.sampling import warp
+    from specgen.decoding.sampling import warp
 
     vocab = model.config.vocab_size
     with torch.no_grad():
@@ -70,3 +70,59 @@ def two_token_law(model, prompt: list[int], sampling) -> tuple[torch.Tensor, tor
         second = model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]  # row t: after t
     q0 = warp(first, sampling).double()
     return q0, q0[:, None] * warp(second, sampling).double()
+
+
+def decode(engine, prompt: list[int], config, resume=None):
+    """One prompt through the engine's loop: (its rounds and replays, its final DecodeState)."""
+    from specgen.decoding.events import ReplayResult, RoundResult
+
+    events, state = [], resume
+    for report in engine.generate([prompt], config, resume=resume):
+        state = report.state
+        if isinstance(report.event, (RoundResult, ReplayResult)):
+            events.append(report.event)
+    return events, state
+
+
+class RowDrafterBase:
+    """The RowDrafter calls a scripted test drafter does not need (base.PerRow serves it)."""
+
+    def start(self, prompt_ids, generator=None, capacity=0):
+        pass
+
+    def rewind(self, valid):
+        pass
+
+    def observe(self, path):
+        pass
+
+    def setup_seconds(self):
+        return 0.0
+
+
+def per_row(drafter):
+    """One RowDrafter instance as the engine's drafter (a single prompt: every row is it)."""
+    from specgen.decoding.drafters.base import PerRow
+
+    return PerRow(lambda: drafter)
+
+
+def engine_with(pair, config, stop_ids=None, compile: str = "off"):
+    """An engine for `config.method` on a (target, draft) pair, its drafter built as run's is."""
+    from specgen.decoding.build import make_drafter
+    from specgen.decoding.engine import Engine
+    from specgen.runtime.pair import Pair
+
+    target, draft = pair
+    drafter = make_drafter(Pair(target, draft, compile), config)
+    stop_ids = target.stop_ids if stop_ids is None else stop_ids
+    return Engine(target.model, target.device, stop_ids, target.context_length, drafter, compile=compile)
+
+
+def batch_ids(engine, prompts, config, batch_size: int) -> list[list[int]]:
+    """Each prompt's whole sequence (prompt + generated) after a batched run, in input order."""
+    from specgen.decoding.events import Finished
+
+    finished = {r.index: r.state.ids for r in engine.generate(prompts, config, batch_size)
+                if isinstance(r.event, Finished)}
+    return [finished[i] for i in range(len(prompts))]

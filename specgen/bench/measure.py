@@ -1,0 +1,269 @@
+"""Measuring: a warm-up per method, then for each prompt and repeat every method in a fixed
+order (plain first) so machine drift hits all alike; threads fixed; memory peaks per run; the
+environment each figure was measured in. Knows nothing about Typer or output formats."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import transformers
+
+from specgen import __version__
+from specgen.bench import llamacpp as bench_llamacpp
+from specgen.bench.methods import PLAIN, build_runner, parse_methods, registry
+from specgen.bench.prompts import BenchPrompt, encode
+from specgen.bench.references import assistant_settings
+from specgen.bench.runners import Generation, Known, Runner
+from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
+from specgen.config import GenerationConfig
+from specgen.decoding.stats import histogram, rate
+from specgen.errors import ConfigError, PromptError
+from specgen.models import placement
+from specgen.runtime.int8 import RowInt8Linear
+from specgen.status import note
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    generation: GenerationConfig  # its `method` is ignored
+    repeats: int = 1
+    warmup: bool = True
+    warmup_tokens: int = 16
+    threads: int | None = None  # None: keep torch's current count (and report it)
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}")
+        cpus = os.cpu_count() or 1
+        if self.threads is not None and not 1 <= self.threads <= cpus:  # more threads than CPUs never pays
+            raise ConfigError(f"--threads must be in 1..{cpus} (this machine's CPUs), got {self.threads}")
+
+
+@dataclass
+class Measurement:
+    """One generation of one prompt by one method in one repeat."""
+
+    prompt_id: str
+    category: str
+    method: str
+    repeat: int
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    prefill_seconds: float | None
+    ttft_seconds: float | None
+    tokens_per_second: float  # new tokens / total seconds, the same for every method
+    decode_tokens_per_second: float | None  # tokens after the first arrival / time after it
+    acceptance_rate: float | None
+    tokens_per_target_forward: float | None
+    target_forwards: int | None
+    drafted: int | None
+    accepted: int | None
+    accepted_length_histogram: dict[str, int] | None
+    draft_seconds: float | None
+    verify_seconds: float | None
+    peak_memory_bytes: int | None
+    stop_reason: str | None
+    token_ids: list[int]
+
+
+def to_measurement(item: BenchPrompt, method: str, repeat: int, prompt_tokens: int,
+                   gen: Generation, peak: int | None) -> Measurement:
+    """A flat record of one generation (bench's JSON and CSV rows), from its Stats; figures the
+    runner could not count stay None."""
+    s, known = gen.stats, gen.known
+    new = len(gen.token_ids)
+    after_first = new - gen.first_tokens
+    decode_time = gen.seconds - gen.ttft_seconds if gen.ttft_seconds is not None else 0.0
+    forwards = s.target_forwards if Known.FORWARDS in known else None
+    drafts = Known.DRAFTS in known
+    times = Known.TIMES in known
+    return Measurement(
+        item.id, item.category, method, repeat, prompt_tokens, new, gen.seconds,
+        s.prefill_seconds if times else None, gen.ttft_seconds, rate(new, gen.seconds) or 0.0,
+        rate(after_first, decode_time) if after_first > 0 and decode_time > 0 else None,
+        rate(s.accepted, s.drafted) if drafts else None, rate(new, forwards) if forwards else None,
+        forwards, s.drafted if drafts else None, s.accepted if drafts else None,
+        histogram(s.accepted_lengths) if drafts else None, s.draft_seconds if drafts else None,
+        s.verify_seconds if times else None, peak, s.stop, list(gen.token_ids))
+
+
+class MemoryProbe:
+    """Peak memory of one run. CUDA: max_memory_allocated, reset per run. CPU: the process's
+    peak RSS (VmHWM, reset per run through /proc/self/clear_refs where Linux allows it,
+    else ru_maxrss, the peak since the process started)."""
+
+    def __init__(self, devices: list[torch.device] = ()):
+        self.cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        self.kind = "cuda max_memory_allocated per run" if self.cuda else "cpu peak rss"
+        self._resettable = False
+
+    def reset(self) -> None:
+        if self.cuda:
+            for index in self.cuda:
+                torch.cuda.reset_peak_memory_stats(index)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak RSS to the current RSS
+            self._resettable = True
+            self.kind = "cpu peak rss per run (VmHWM)"
+        except OSError:
+            self.kind = "cpu peak rss of the process (ru_maxrss)"
+
+    def peak(self) -> int | None:
+        if self.cuda:
+            return sum(torch.cuda.max_memory_allocated(i) for i in self.cuda)
+        if self._resettable:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path("/proc/self/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+@contextlib.contextmanager
+def fixed_threads(threads: int | None):
+    """Fix torch's intra-op thread count for the measurement; restore it afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
+            settings: BenchSettings, memory: MemoryProbe | None = None,
+            warmups: dict | None = None) -> Iterator[Measurement]:
+    """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
+    capture happen there, apart from every measurement), then for each prompt, for each
+    repeat, run every method in the given order (the caller puts plain first). Yields
+    measurements as they complete."""
+    memory = memory or MemoryProbe()
+    config = settings.generation
+    if settings.warmup and prompts:
+        short = replace(config, max_new_tokens=min(settings.warmup_tokens, config.max_new_tokens))
+        for runner in runners:
+            started = time.perf_counter()
+            runner.generate(prompts[0][1], short)
+            if warmups is not None:
+                warmups[runner.name] = round(time.perf_counter() - started, 3)
+    for item, ids in prompts:
+        for repeat in range(settings.repeats):
+            for runner in runners:
+                memory.reset()
+                gen = runner.generate(ids, config)
+                yield to_measurement(item, runner.name, repeat, len(ids), gen, memory.peak())
+
+
+@dataclass
+class BenchResult:
+    environment: dict
+    settings: dict
+    methods: list[str]
+    greedy: bool
+    measurements: list[Measurement]
+    prompts: list[PromptResult]
+    summary: list[GroupSummary]
+    interrupted: bool = False
+
+
+def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], settings: BenchSettings,
+              on_measurement: Callable[[Measurement], None] | None = None,
+              runners: list[Runner] | None = None) -> BenchResult:
+    """Encode the prompts, build the runners (plain first), measure, summarise.
+
+    Ctrl-C stops the measurement and keeps what was measured (`interrupted` is set).
+    `runners` replaces the registry's runners (tests inject deliberately wrong methods).
+    """
+    specs = registry()
+    if runners is None:
+        method_names = parse_methods(",".join(method_names))
+        if not getattr(pair.target, "gguf", None) and any(n in bench_llamacpp.METHODS for n in method_names):
+            note(f"bench: llama.cpp columns skipped: target {pair.target.name} has no GGUF file")
+            method_names = [n for n in method_names if n not in bench_llamacpp.METHODS]
+        runners = [build_runner(pair, name) for name in method_names]
+    method_names = [r.name for r in runners]
+    if PLAIN not in method_names:
+        raise ConfigError("plain decoding must be measured: it is the denominator of every speed-up")
+    tokenizer = pair.target.tokenizer
+    encoded = []
+    for item in prompts:
+        ids = encode(tokenizer, item)
+        if len(ids) >= pair.target.context_length - 1:
+            raise PromptError(f"prompt {item.id} has {len(ids)} tokens; the target's context holds "
+                              f"{pair.target.context_length}")
+        encoded.append((item, ids))
+    devices = [pair.target.device] + ([pair.draft.device] if pair.draft is not None else [])
+    memory = MemoryProbe(devices)
+    measurements: list[Measurement] = []
+    warmups: dict[str, float] = {}
+    interrupted = False
+    with fixed_threads(settings.threads) as threads:
+        env = environment(pair, threads)
+        try:
+            for m in measure(runners, encoded, settings, memory, warmups):
+                measurements.append(m)
+                if on_measurement is not None:
+                    on_measurement(m)
+        except KeyboardInterrupt:
+            interrupted = True
+    env["peak_memory"] = memory.kind
+    greedy = settings.generation.sampling.greedy
+    prompt_results = per_prompt(measurements, greedy)
+    described = {name: specs[name].description if name in specs else f"specgen {name}" for name in method_names}
+    run_settings = {
+        "methods": described, "prompts": len(prompts), "repeats": settings.repeats,
+        "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens, "warmup_seconds": warmups,
+        **{k: v for k, v in asdict(settings.generation).items() if k != "method"}, "greedy": greedy,
+        "hf_assistant": assistant_settings(pair, method_names),
+    }
+    return BenchResult(env, run_settings, method_names, greedy, measurements, prompt_results,
+                       summarize(measurements, prompt_results, method_names), interrupted)
+
+
+def environment(pair, threads: int) -> dict:
+    """Where and with what the numbers were measured."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    env = {
+        "cpu": placement.cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": threads,
+        "torch_interop_threads": torch.get_num_interop_threads(), "gpus": gpus,
+        "platform": platform.platform(), "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "specgen": __version__,
+        "target": _model_record(pair.target), "draft": _model_record(pair.draft) if pair.draft else None,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpu_flags": sorted(f for f in (placement.cpu_flags() or ()) if f.startswith(("avx", "amx", "sse4"))),
+        "cpu_format": _format_record(),
+    }
+    if gpus:
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def _format_record() -> dict:
+    """What --dtype auto picks on this CPU, and why (placement.cpu_format)."""
+    chosen = placement.cpu_format()
+    return {"dtype": str(chosen.dtype).removeprefix("torch."), "reason": chosen.reason}
+
+
+def _model_record(loaded) -> dict:
+    return {"name": loaded.name, "source": loaded.source, "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."), "weights": getattr(loaded, "weights", "none"),
+            "parameters": _parameters(loaded.model)}
+
+
+def _parameters(model) -> int:
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, RowInt8Linear))
+    return sum(p.numel() for p in model.parameters()) + packed

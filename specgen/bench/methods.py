@@ -1,0 +1,119 @@
+"""The methods bench can run: specgen's engine methods (and variants of their draft length,
+schedule and confidence stop), transformers' speculative modes and llama.cpp as references."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from specgen.bench import llamacpp as bench_llamacpp
+from specgen.bench.references import REFERENCES, HFRunner
+from specgen.bench.runners import EngineRunner, Runner
+from specgen.config import GenerationConfig, Method, Schedule
+from specgen.errors import ConfigError
+
+PLAIN = Method.PLAIN.value
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    needs_draft: bool
+    build: Callable[[object], Runner]  # Pair -> Runner
+    description: str
+
+
+def registry() -> dict[str, MethodSpec]:
+    """Every method bench can run, in the default order: specgen's engine methods, then the
+    transformers references. New engine methods appear here as they land in `Method`."""
+    specs = {}
+    for method in Method:
+        specs[method.value] = MethodSpec(method.value, method.needs_draft_model,
+                                         lambda pair, m=method: EngineRunner(pair, m),
+                                         f"specgen {method.value} decoding")
+    for ref in REFERENCES:
+        specs[ref.name] = MethodSpec(ref.name, ref.uses_assistant,
+                                     lambda pair, r=ref: HFRunner(pair, r), ref.description)
+    if bench_llamacpp.installed():  # optional extra: listed (and in the default run) once installed
+        for name, description in bench_llamacpp.METHODS.items():
+            specs[name] = MethodSpec(name, False, lambda pair, n=name: bench_llamacpp.LlamaCppRunner(pair, n),
+                                     description)
+    return specs
+
+
+def variant(name: str) -> tuple[Method, dict] | None:
+    """'chain/k2' -> (CHAIN, {draft_tokens: 2, schedule: fixed}); 'chain/additive' or
+    'lookup/expected-gain' -> an adaptive schedule (up to the run's --draft-tokens, or 8 with
+    'auto'); 'chain/c0.5' -> a draft confidence stop at 0.5 (--draft-confidence; c0: none); suffixes
+    combine ('lookup-chain/k4/c0.5'). None when `name` is not a variant. Lets one bench run
+    compare draft lengths, schedules and confidence stops of the same method, each against the
+    same plain runs."""
+    base, *suffixes = name.split("/")
+    methods = {m.value: m for m in Method}
+    if not suffixes or base not in methods or methods[base].is_tree or base == PLAIN:
+        return None
+    overrides: dict = {}
+    for suffix in suffixes:
+        if suffix[:1] == "k" and suffix[1:].isdigit() and int(suffix[1:]) >= 1 and "draft_tokens" not in overrides:
+            overrides.update(draft_tokens=int(suffix[1:]), schedule=overrides.get("schedule", Schedule.FIXED))
+        elif suffix[:1] == "c" and _fraction(suffix[1:]) is not None and "draft_confidence" not in overrides:
+            overrides["draft_confidence"] = _fraction(suffix[1:])
+        elif suffix in {s.value for s in Schedule} and "schedule_named" not in overrides:
+            overrides.update(schedule=Schedule(suffix), schedule_named=True)
+        else:
+            return None
+    overrides.pop("schedule_named", None)
+    return methods[base], overrides
+
+
+def _fraction(text: str) -> float | None:
+    """A confidence stop in [0, 1) (0: off), else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value < 1.0 else None
+
+
+def parse_methods(text: str | None) -> list[str]:
+    """A comma list -> method names, plain first (always measured: it is every denominator).
+
+    Besides the registry's names, chain and lookup take variants: `chain/k2` (fixed k = 2),
+    `chain/additive`, `chain/expected-gain`, `chain/fixed`, `chain/c0.5` (a confidence stop),
+    combined as `chain/k4/c0.5` (see `variant`).
+    """
+    specs = registry()
+    names = list(specs) if text is None or not text.strip() else [
+        n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in specs and variant(n) is None]
+    if any(n in bench_llamacpp.METHODS for n in unknown):
+        bench_llamacpp.require()
+    if unknown:
+        raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
+                          "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain)")
+    ordered = [PLAIN] + [n for n in names if n != PLAIN]
+    return list(dict.fromkeys(ordered))
+
+
+def check_settings(names: list[str], config: GenerationConfig) -> None:
+    """Validate `config` as each engine method would see it, before any model is loaded."""
+    engine_methods = {m.value: m for m in Method}
+    for name in names:
+        if name in engine_methods:
+            replace(config, method=engine_methods[name])
+        elif variant(name) is not None:
+            method, overrides = variant(name)
+            replace(config, method=method, **overrides)
+
+
+def needs_draft(names: list[str]) -> bool:
+    specs = registry()
+    return any(specs[n].needs_draft if n in specs else variant(n)[0].needs_draft_model for n in names)
+
+
+def build_runner(pair, name: str) -> Runner:
+    specs = registry()
+    if name in specs:
+        return specs[name].build(pair)
+    method, overrides = variant(name)
+    return EngineRunner(pair, method, name, overrides)

@@ -1,0 +1,131 @@
+"""Bench prompt sets: `prompts/*.jsonl` by name, a file, or `all`; each line checked, and
+every prompt encoded once with the chat template."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.decoding.prompts import encode_prompt
+from specgen.errors import ConfigError, PromptError
+
+QUICK = "quick"
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt of a set: a single user `prompt`, or a conversation in `messages`."""
+
+    id: str
+    category: str
+    prompt: str | None = None
+    messages: tuple[dict, ...] | None = None
+
+
+def prompt_dirs() -> list[Path]:
+    """Where prompt sets live: the repository's `prompts/` next to the package, then ./prompts."""
+    candidates = [Path(__file__).resolve().parents[2] / "prompts", Path.cwd() / "prompts"]
+    found: list[Path] = []
+    for directory in candidates:
+        if directory.is_dir() and directory.resolve() not in [d.resolve() for d in found]:
+            found.append(directory)
+    return found
+
+
+def prompt_set_names(dirs: list[Path] | None = None) -> list[str]:
+    dirs = prompt_dirs() if dirs is None else dirs
+    return sorted({p.stem for d in dirs for p in d.glob("*.jsonl")})
+
+
+def load_prompts(spec: str, limit: int | None = None, dirs: list[Path] | None = None) -> list[BenchPrompt]:
+    """`spec` is a set name (a file stem under prompts/), `all`, or a path to a JSONL file.
+
+    `limit` keeps the first N prompts of each file (so `all --limit 2` keeps every category).
+    """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {limit}")
+    dirs = prompt_dirs() if dirs is None else dirs
+    prompts: list[BenchPrompt] = []
+    for path in _prompt_files(spec.strip(), dirs):
+        prompts.extend(read_prompt_file(path)[:limit])
+    seen: set[str] = set()
+    for item in prompts:
+        if item.id in seen:
+            raise PromptError(f"prompt id '{item.id}' appears twice in --prompts {spec}")
+        seen.add(item.id)
+    if not prompts:
+        raise PromptError(f"--prompts {spec} holds no prompts")
+    return prompts
+
+
+def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
+    if spec == ALL:
+        for directory in dirs:
+            files = sorted(p for p in directory.glob("*.jsonl") if p.stem != QUICK)
+            if files:
+                return files
+        raise PromptError("no prompt sets found for --prompts all (looked for prompts/*.jsonl "
+                          "next to the package and in the current directory)")
+    is_name = spec and "/" not in spec and os.sep not in spec and not spec.endswith(".jsonl")
+    if is_name:
+        for directory in dirs:
+            if (directory / f"{spec}.jsonl").is_file():
+                return [directory / f"{spec}.jsonl"]
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    names = ", ".join(prompt_set_names(dirs) + [ALL]) or ALL
+    raise PromptError(f"unknown prompt set '{spec}': not a file, and not one of: {names}")
+
+
+def read_prompt_file(path: Path) -> list[BenchPrompt]:
+    """Parse and check one JSONL prompt file; any problem is one line naming file:line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"cannot read prompt file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptError(f"{where}: not valid JSON ({exc.msg})") from None
+        prompts.append(_prompt_from(obj, where))
+    return prompts
+
+
+def _prompt_from(obj, where: str) -> BenchPrompt:
+    if not isinstance(obj, dict):
+        raise PromptError(f"{where}: each line must be a JSON object")
+    for key in ("id", "category"):
+        if not isinstance(obj.get(key), str) or not obj[key].strip():
+            raise PromptError(f"{where}: missing or empty string field '{key}'")
+    prompt, messages = obj.get("prompt"), obj.get("messages")
+    if (prompt is None) == (messages is None):
+        raise PromptError(f"{where}: needs exactly one of 'prompt' or 'messages'")
+    if prompt is not None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise PromptError(f"{where}: 'prompt' must be a non-empty string")
+        return BenchPrompt(obj["id"], obj["category"], prompt=prompt)
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages)
+    if not ok:
+        raise PromptError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    return BenchPrompt(obj["id"], obj["category"], messages=tuple(dict(m) for m in messages))
+
+
+def encode(tokenizer, item: BenchPrompt) -> list[int]:
+    """Token ids of one prompt, through the chat template with the generation prompt added."""
+    if item.messages is None:
+        return encode_prompt(tokenizer, item.prompt)
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError(f"prompt {item.id} is a conversation but the target's tokenizer has no chat template")
+    encoded = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True, return_dict=True)
+    return list(encoded["input_ids"])

@@ -1,0 +1,232 @@
+"""Bench reports: the Rich table, JSON, CSV and the plot, each output file checked before a run
+and written atomically after it. No measuring here (measure.py) and no Typer (cli/bench.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from specgen.errors import ConfigError
+from specgen.models.cache import atomic_write
+from specgen.status import error_line
+
+
+# -- output files ----------------------------------------------------------------------------
+def check_outputs(paths: dict) -> None:
+    """Fail before minutes of measuring if an output file cannot be written: its folder is made
+    (as the writers would) and must take a file, the path must not be a folder, and no two
+    options may name the same file."""
+    seen: dict[Path, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        path = Path(path)
+        key = path.expanduser().resolve()
+        if key in seen:
+            raise ConfigError(f"{seen[key]} and {option} both name {path}; give them different files")
+        seen[key] = option
+        if path.is_dir():
+            raise ConfigError(f"{option} {path} is a directory; give a file name")
+        if option == "--plot":
+            _check_plot_format(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # os.access says yes to root even on a read-only mount; only a real write tells
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
+def plot_kind(path) -> str:
+    """The image format named by the file's extension; png without one."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
+def _check_plot_format(path: Path) -> None:
+    from matplotlib.figure import Figure  # the optional `plot` extra
+
+    kinds = Figure().canvas.get_supported_filetypes()
+    kind = plot_kind(path)
+    if kind not in kinds:
+        raise ConfigError(f"--plot {path}: matplotlib cannot write '.{kind}' files; use one of: "
+                          + ", ".join(f".{k}" for k in sorted(kinds)))
+
+
+def save(option: str, path: Path, write, fallback: bool) -> bool:
+    """Write one output atomically; on failure say so in one line and, for data files, where the
+    data went instead (a file in the temp directory). True if `path` was written."""
+    path = Path(path)
+    try:
+        atomic_write(path, write)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        where = ""
+        if fallback:
+            spare = Path(tempfile.gettempdir()) / f"specgen-bench-{os.getpid()}-{time.time_ns()}{path.suffix or '.out'}"
+            try:
+                atomic_write(spare, write)
+                where = f"; the data went to {spare} instead"
+            except (OSError, ValueError):
+                where = "; no copy could be written either, only the table above is left"
+        error_line(f"cannot write {option} {path}: {reason}{where}")
+        return False
+    Console(stderr=True, highlight=False).print(f"wrote {path}", style="dim", markup=False)
+    return True
+
+
+# -- reports ---------------------------------------------------------------------------------
+def to_json(result) -> dict:
+    return {
+        "schema": "specgen-bench/1",
+        "environment": result.environment,
+        "settings": result.settings,
+        "methods": result.methods,
+        "interrupted": result.interrupted,
+        "summary": [asdict(g) for g in result.summary],
+        "prompts": [asdict(p) for p in result.prompts],
+        "measurements": [asdict(m) for m in result.measurements],
+    }
+
+
+def write_json(result, path: Path) -> None:
+    """Indented, except that each per-prompt record and measurement sits on one line."""
+    data = to_json(result)
+    parts = []
+    for key, value in data.items():
+        if key in ("prompts", "measurements"):
+            rows = ",\n  ".join(json.dumps(v) for v in value)
+            parts.append(f' {json.dumps(key)}: [\n  {rows}\n ]' if value else f' {json.dumps(key)}: []')
+        else:
+            parts.append(f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{\n" + ",\n".join(parts) + "\n}\n", encoding="utf-8")
+
+
+CSV_COLUMNS = [
+    "prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
+    "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second",
+    "acceptance_rate", "tokens_per_target_forward", "target_forwards", "drafted", "accepted",
+    "accepted_length_histogram", "draft_seconds", "verify_seconds", "peak_memory_bytes",
+    "stop_reason", "identical_to_plain", "speedup_prompt", "token_ids",
+]
+
+
+def histogram_text(histogram: dict[str, int] | None) -> str:
+    """{"0": 3, "4": 12} -> "0:3 4:12" (accepted length : rounds)."""
+    return "" if not histogram else " ".join(f"{k}:{v}" for k, v in histogram.items())
+
+
+def write_csv(result, path: Path) -> None:
+    """One row per measurement; the per-prompt exactness and speed-up are repeated on its rows."""
+    by_prompt = {(p.prompt_id, p.method): p for p in result.prompts}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for m in result.measurements:
+            row = asdict(m)
+            summary = by_prompt[(m.prompt_id, m.method)]
+            row["accepted_length_histogram"] = histogram_text(m.accepted_length_histogram)
+            row["token_ids"] = " ".join(map(str, m.token_ids))
+            row["identical_to_plain"] = summary.identical_to_plain
+            row["speedup_prompt"] = summary.speedup
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401 (the optional `plot` extra, imported only for --plot)
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed",
+                          hint="pip install 'specgen[plot]' or pip install matplotlib") from None
+
+
+def write_plot(result, path: Path, kind: str | None = None) -> None:
+    """Two panels, speed-up over plain (geometric mean) and tokens per target forward: bars per
+    method, grouped by category (`all` first)."""
+    require_matplotlib()
+    import matplotlib  # the optional `plot` extra
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = list(dict.fromkeys(g.category for g in result.summary))
+    methods = [m for m in result.methods if m != "plain"]
+    cells = {(g.method, g.category): g for g in result.summary}
+    width = 0.8 / max(len(methods), 1)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(categories) + 3), 7.5), sharex=True)
+    for panel, (attr, label) in zip(axes, [("speedup", "speed-up over plain (geo mean)"),
+                                           ("tokens_per_target_forward", "tokens per target forward")]):
+        for i, method in enumerate(methods):
+            values = [getattr(cells[(method, c)], attr) if (method, c) in cells else None for c in categories]
+            xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(categories))]
+            panel.bar(xs, [v or 0.0 for v in values], width, label=method)
+        panel.axhline(1.0, color="black", linewidth=0.8)
+        panel.set_ylabel(label)
+    axes[1].set_xticks(range(len(categories)), categories, rotation=20, ha="right")
+    env = result.environment
+    draft = env["draft"]["name"] if env.get("draft") else "-"
+    fig.suptitle(f"{env['target']['name']} / {draft} · {env['target']['dtype']} · "
+                 f"threads={env['torch_threads']}", fontsize="medium")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(methods), 4),
+               fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, format=kind or plot_kind(path))
+    plt.close(fig)
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table(result):
+    """Per method: the `all` row (bold), then one row per category."""
+    env, s = result.environment, result.settings
+    title = (f"specgen bench · {env['target']['name']}"
+             + (f" + {env['draft']['name']}" if env.get("draft") else "")
+             + f" · {env['target']['dtype']}"
+             + (f" + int8 linears" if env['target'].get('weights') == "int8" else "")
+             + (f" ({env['cpu_format']['reason']})" if env.get("cpu_format") and env['target']['device'] == "cpu"
+                and env['cpu_format']['dtype'] == env['target']['dtype']
+                else "")
+             + f" · threads={env['torch_threads']} · k={s['draft_tokens']}"
+             + (" (device default)" if str(s.get("draft_tokens_choice", "")).startswith("device") else "")
+             + (f", stop below {s['draft_confidence']:g}" if s.get("draft_confidence") else "")
+             + " · "
+             f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
+             f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
+    warm = s.get("warmup_seconds") or {}
+    caption = ("warm-up (compilation, capture; not in any figure): "
+               + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())) if warm else None
+    t = Table(title=escape(title), title_justify="left", header_style="bold",
+              caption=escape(caption) if caption else None, caption_justify="left")
+    for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
+                 "tok/fwd", "TTFT s", "draft share", "identical"):
+        t.add_column(name, justify="left" if name in ("method", "category") else "right")
+    rows = result.summary
+    for i, g in enumerate(rows):
+        first = g.category == "all"
+        identical = "–" if g.identical is None or g.method == "plain" else f"{g.identical}/{g.compared}"
+        busy = (g.draft_seconds or 0.0) + (g.verify_seconds or 0.0)
+        share = _fmt(g.draft_seconds / busy if g.draft_seconds is not None and busy else None, ".0%")
+        spread = ("–" if g.speedup_min is None or g.method == "plain"
+                  else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}")
+        last = i + 1 == len(rows) or rows[i + 1].method != g.method
+        t.add_row(escape(g.method) if first else "", escape(g.category), str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
+                  _fmt(g.speedup, ".2f", "x"), spread, _fmt(g.acceptance_rate, ".0%"),
+                  _fmt(g.tokens_per_target_forward, ".2f"), _fmt(g.ttft_seconds, ".2f"), share, identical,
+                  style="bold" if first else None, end_section=last)
+    return t

@@ -1,0 +1,134 @@
+"""Bench summaries: medians over repeats, each prompt's speed-up over plain, geometric means
+per method and category, pooled acceptance, and greedy exactness against plain."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from specgen.bench.prompts import ALL
+from specgen.decoding.stats import histogram, rate
+
+PLAIN = "plain"
+
+
+@dataclass
+class PromptResult:
+    """One prompt and one method: medians over repeats, and how it compares with plain."""
+
+    prompt_id: str
+    category: str
+    method: str
+    repeats: int
+    new_tokens: int  # first repeat
+    tokens_per_second: float  # median
+    seconds: float  # median
+    ttft_seconds: float | None  # median
+    speedup: float | None  # this median tok/s over plain's median tok/s on the same prompt
+    identical_to_plain: bool | None  # greedy only: first-repeat ids equal plain's
+    first_mismatch: int | None  # index of the first differing token, when not identical
+
+
+@dataclass
+class GroupSummary:
+    """One method over one category (or `all`)."""
+
+    method: str
+    category: str
+    prompts: int
+    tokens_per_second: float | None  # geometric mean of per-prompt medians
+    speedup: float | None  # geometric mean of per-prompt speed-ups
+    speedup_min: float | None
+    speedup_max: float | None
+    acceptance_rate: float | None  # pooled: accepted / drafted over every run
+    tokens_per_target_forward: float | None  # pooled: new tokens / target forwards
+    ttft_seconds: float | None  # median of per-prompt medians
+    draft_seconds: float | None  # summed over every run
+    verify_seconds: float | None
+    accepted_length_histogram: dict[str, int] | None
+    identical: int | None  # prompts identical to plain (greedy only)
+    compared: int
+    peak_memory_bytes: int | None
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    if not values or any(v <= 0 for v in values):
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
+    groups: dict[tuple[str, str], list] = {}
+    for m in measurements:
+        groups.setdefault((m.prompt_id, m.method), []).append(m)
+    results = []
+    for (prompt_id, method), runs in groups.items():
+        runs.sort(key=lambda m: m.repeat)
+        plain = sorted(groups.get((prompt_id, PLAIN), []), key=lambda m: m.repeat)
+        tps = statistics.median(m.tokens_per_second for m in runs)
+        plain_tps = statistics.median(m.tokens_per_second for m in plain) if plain else None
+        identical = mismatch = None
+        if greedy and plain:
+            mismatch = _first_mismatch(runs[0].token_ids, plain[0].token_ids)
+            identical = mismatch is None
+        results.append(PromptResult(
+            prompt_id, runs[0].category, method, len(runs), runs[0].new_tokens, tps,
+            statistics.median(m.seconds for m in runs), _median([m.ttft_seconds for m in runs]),
+            tps / plain_tps if plain_tps else None, identical, mismatch))
+    return results
+
+
+def summarize(measurements: list, prompt_results: list[PromptResult],
+              methods: list[str]) -> list[GroupSummary]:
+    """Per method: an `all` row, then one row per category (in order of first appearance)."""
+    categories = list(dict.fromkeys(m.category for m in measurements))
+    rows = []
+    for method in methods:
+        for category in [ALL] + categories:
+            runs = [m for m in measurements if m.method == method and category in (ALL, m.category)]
+            results = [r for r in prompt_results if r.method == method and category in (ALL, r.category)]
+            if runs:
+                rows.append(_group(method, category, runs, results))
+    return rows
+
+
+def _group(method: str, category: str, runs: list, results: list[PromptResult]) -> GroupSummary:
+    def total(attr):
+        values = [getattr(m, attr) for m in runs]
+        return None if any(v is None for v in values) else sum(values)
+
+    drafted, accepted, forwards = total("drafted"), total("accepted"), total("target_forwards")
+    pooled: Counter | None = Counter()
+    for m in runs:
+        if m.accepted_length_histogram is None:
+            pooled = None
+            break
+        pooled.update(m.accepted_length_histogram)
+    speedups = [r.speedup for r in results if r.speedup is not None]
+    compared = [r for r in results if r.identical_to_plain is not None]
+    peaks = [m.peak_memory_bytes for m in runs if m.peak_memory_bytes is not None]
+    return GroupSummary(
+        method, category, len(results), geometric_mean([r.tokens_per_second for r in results]),
+        geometric_mean(speedups) if len(speedups) == len(results) else None,
+        min(speedups, default=None), max(speedups, default=None),
+        rate(accepted, drafted) if drafted is not None else None,
+        rate(sum(m.new_tokens for m in runs), forwards) if forwards is not None else None,
+        _median([r.ttft_seconds for r in results]), total("draft_seconds"), total("verify_seconds"),
+        None if pooled is None else histogram(pooled),
+        sum(r.identical_to_plain for r in compared) if compared else None, len(compared),
+        max(peaks) if peaks else None)

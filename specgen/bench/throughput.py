@@ -1,0 +1,169 @@
+"""Throughput of batched decoding, and what deterministic mode costs: `specgen bench --batch-sizes`.
+
+One cell decodes the WHOLE prompt set with one (method, batch size, mode) and reports the
+aggregate throughput (all new tokens over the wall time from the first prefill to the last
+token). Batch size 1 runs the prompts one after another through the Engine (every method);
+larger batches run the same engine with dynamic batching (every method). Modes:
+`off` (deterministic mode off) and one deterministic cell per verify window.
+
+Per cell it reports: the speed-up over plain at batch size 1 (off), the cost of deterministic
+mode (its throughput over the same method and batch size with the mode off), the rollback rate
+(rolled-back tokens over tokens generated), and how many prompts' tokens differ from the
+reference of the same mode: plain at batch 1, off, for `off` cells (how often batching or the
+method changes the output when nothing enforces it) and the first deterministic cell of plain
+at batch 1 with the same window for deterministic cells (which must be 0).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from rich.markup import escape
+from rich.table import Table
+
+from specgen.config import GenerationConfig, Method
+from specgen.decoding.build import build_engine
+from specgen.decoding.run import run_prompts
+from specgen.decoding.stats import Stats, rate
+from specgen.errors import ConfigError
+
+OFF = "off"
+
+
+@dataclass
+class ThroughputCell:
+    method: str
+    batch_size: int
+    mode: str  # "off", or "window N" in deterministic mode
+    prompts: int
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    speedup: float | None = None  # over plain, batch 1, off
+    deterministic_cost: float | None = None  # this tok/s / the same method and batch size, off
+    drafted: int = 0
+    accepted: int = 0
+    replays: int = 0
+    rollbacks: int = 0
+    rolled_back_tokens: int = 0
+    rollback_rate: float | None = None  # rolled-back tokens / (kept + rolled-back) tokens
+    differs: int | None = None  # prompts whose tokens differ from the mode's reference
+    skipped: str | None = None  # why the cell was not measured
+    interrupted: bool = False  # Ctrl-C came before (or while) this cell was measured
+    outputs: list[list[int]] | None = None
+
+
+def parse_sizes(text: str | None, what: str) -> list[int]:
+    if text is None or not text.strip():
+        return []
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} takes a comma list of integers, got '{text}'") from None
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"{what} values must be >= 1, got '{text}'")
+    return list(dict.fromkeys(values))
+
+
+def decode_all(pair, method: Method, prompts: list[list[int]], config: GenerationConfig,
+               batch_size: int) -> tuple[list[list[int]], float, Stats]:
+    """Every prompt's new tokens (input order), the wall time, and the prompts' Stats merged.
+    Batch size 1 runs the prompts one after another through the same loop."""
+    config = replace(config, method=method)
+    engine = build_engine(pair, config)
+    outputs: list[list[int]] = []
+    total = Stats(method=method.value, generations=0)
+    started = time.perf_counter()
+    for _, outcome in run_prompts(engine, pair.target.tokenizer, prompts, config, batch_size):
+        if outcome.interrupted:  # run_prompts kept Ctrl-C to itself; a cut cell is no measurement
+            raise KeyboardInterrupt
+        outputs.append(outcome.token_ids)
+        total = total.merge(outcome.stats)
+    return outputs, time.perf_counter() - started, total
+
+
+def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: GenerationConfig,
+                   batch_sizes: list[int], windows: list[int], include_off: bool = True,
+                   on_cell=None) -> list[ThroughputCell]:
+    """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped.
+
+    Ctrl-C keeps the cells measured so far; the others are returned skipped and `interrupted`.
+    """
+    modes: list[int | None] = ([None] if include_off else []) + list(windows)
+    names = ["plain"] + [m for m in methods if m != "plain"]
+    engine_methods = {m.value: m for m in Method}
+    unknown = [m for m in names if m not in engine_methods]
+    if unknown:
+        raise ConfigError(f"--batch-sizes measures specgen's own methods; '{unknown[0]}' is not one")
+    grid = [(name, size, window) for name in names for size in batch_sizes for window in modes]
+    cells: list[ThroughputCell] = []
+    try:
+        decode_all(pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1)
+        for name, size, window in grid:
+            cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
+            cells.append(cell)
+            if on_cell is not None:
+                on_cell(cell)
+    except KeyboardInterrupt:
+        for name, size, window in grid[len(cells):]:
+            cells.append(ThroughputCell(name, size, OFF if window is None else f"window {window}", len(prompts),
+                                        0, 0.0, 0.0, skipped="interrupted", interrupted=True))
+    _compare(cells)
+    return cells
+
+
+def _measure_cell(pair, method: Method, name: str, size: int, window: int | None, prompts: list[list[int]],
+                  config: GenerationConfig) -> ThroughputCell:
+    mode = OFF if window is None else f"window {window}"
+    cell = ThroughputCell(name, size, mode, len(prompts), 0, 0.0, 0.0)
+    run_config = replace(config, deterministic=window is not None, verify_window=window or config.verify_window)
+    outputs, seconds, stats = decode_all(pair, method, prompts, run_config, size)
+    new = sum(len(o) for o in outputs)
+    cell.new_tokens, cell.seconds, cell.outputs = new, seconds, outputs
+    cell.tokens_per_second = rate(new, seconds) or 0.0
+    cell.drafted, cell.accepted, cell.replays = stats.drafted, stats.accepted, stats.verified_windows
+    cell.rollbacks, cell.rolled_back_tokens = stats.rollbacks, stats.rolled_back_tokens
+    if window is not None:
+        cell.rollback_rate = cell.rolled_back_tokens / max(new + cell.rolled_back_tokens, 1)
+    return cell
+
+
+def _compare(cells: list[ThroughputCell]) -> None:
+    measured = [c for c in cells if c.skipped is None]
+    base = next((c for c in measured if (c.method, c.batch_size, c.mode) == ("plain", 1, OFF)), None)
+    references = {}
+    for cell in measured:  # the first cell of each mode (plain, the smallest batch) is the reference
+        references.setdefault(cell.mode, cell)
+    offs = {(c.method, c.batch_size): c for c in measured if c.mode == OFF}
+    for cell in measured:
+        if base is not None and base.tokens_per_second:
+            cell.speedup = cell.tokens_per_second / base.tokens_per_second
+        off = offs.get((cell.method, cell.batch_size))
+        if cell.mode != OFF and off is not None and off.tokens_per_second:
+            cell.deterministic_cost = cell.tokens_per_second / off.tokens_per_second
+        reference = references[cell.mode]
+        cell.differs = sum(a != b for a, b in zip(cell.outputs, reference.outputs))
+
+
+def table(cells: list[ThroughputCell], title: str):
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
+    for name in ("method", "batch", "mode", "tok/s", "vs plain b1", "det. cost", "acceptance",
+                 "replays", "rollbacks", "rollback rate", "differs"):
+        t.add_column(name, justify="left" if name in ("method", "mode") else "right")
+    for i, c in enumerate(cells):
+        last = i + 1 == len(cells) or cells[i + 1].method != c.method
+        if c.skipped:
+            t.add_row(c.method, str(c.batch_size), c.mode, "–", "–", "–", "–", "–", "–", "–", c.skipped,
+                      end_section=last)
+            continue
+        t.add_row(c.method, str(c.batch_size), c.mode, f"{c.tokens_per_second:.2f}",
+                  _fmt(c.speedup, ".2f", "x"), _fmt(c.deterministic_cost, ".2f", "x"),
+                  _fmt(rate(c.accepted, c.drafted), ".0%"),
+                  str(c.replays) if c.mode != OFF else "–", str(c.rollbacks) if c.mode != OFF else "–",
+                  _fmt(c.rollback_rate, ".1%"), f"{c.differs}/{c.prompts}", end_section=last)
+    return t
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"

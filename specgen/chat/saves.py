@@ -1,0 +1,111 @@
+"""Chat save files: the conversation and its settings as JSON, written atomically and read
+back with every field checked (anything wrong is one SaveFileError line)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.errors import ConfigError, SpecgenError
+from specgen.models.cache import write_text
+
+SAVE_FORMAT = "specgen-chat"
+SAVE_VERSION = 1
+ROLES = ("user", "assistant")
+
+
+class SaveFileError(SpecgenError):
+    """A save file that cannot be read, is not JSON, or is not a chat save of this version."""
+
+
+@dataclass(frozen=True)
+class SavedChat:
+    """A validated save file."""
+
+    system: str | None
+    messages: list[dict]
+    settings: dict  # GenerationConfig fields, flattened (see settings_dict)
+    models: dict
+
+
+SETTING_NAMES = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "draft_tokens")
+
+
+def settings_dict(config: GenerationConfig) -> dict:
+    s = config.sampling
+    return {"method": config.method.value, "max_new_tokens": config.max_new_tokens,
+            "draft_tokens": config.draft_tokens, "temperature": s.temperature, "top_k": s.top_k,
+            "top_p": s.top_p, "seed": s.seed, "branching": list(config.branching),
+            "beam_width": config.beam_width, "depth": config.depth}
+
+
+def config_from(settings: dict, base: GenerationConfig | None = None) -> GenerationConfig:
+    """A validated GenerationConfig from (some of) settings_dict's keys over `base`."""
+    base = base or GenerationConfig()
+    merged = {**settings_dict(base), **settings}
+    try:
+        sampling = SamplingConfig(temperature=float(merged["temperature"]), top_k=_int(merged["top_k"]),
+                                  top_p=float(merged["top_p"]),
+                                  seed=None if merged["seed"] is None else _int(merged["seed"]))
+        return replace(  # keeps what /set does not name (deterministic mode, the draft schedule)
+            base, method=Method.parse(str(merged["method"])), max_new_tokens=_int(merged["max_new_tokens"]),
+            draft_tokens=_int(merged["draft_tokens"]), sampling=sampling,
+            branching=tuple(_int(b) for b in merged["branching"]), beam_width=_int(merged["beam_width"]),
+            depth=_int(merged["depth"]))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid settings: {exc}") from None
+
+
+def _int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def write_save(path: Path, snapshot: dict) -> None:
+    """The snapshot as indented JSON, through the atomic-write helper."""
+    try:
+        write_text(path, json.dumps(snapshot, ensure_ascii=False, indent=2) + "\n", parents=False)
+    except OSError as exc:
+        raise SaveFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def read_save(path: str | Path) -> SavedChat:
+    """Read and validate a save file; anything wrong is one SaveFileError line."""
+    path = Path(path).expanduser()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SaveFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SaveFileError(f"{path} is not a specgen chat save (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise SaveFileError(f"{path} is not a specgen chat save: invalid JSON at line {exc.lineno} "
+                            f"column {exc.colno} ({exc.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != SAVE_FORMAT:
+        raise SaveFileError(f"{path} is not a specgen chat save (no \"format\": \"{SAVE_FORMAT}\")")
+    if data.get("version") != SAVE_VERSION:
+        raise SaveFileError(f"{path} has save format version {data.get('version')!r}; "
+                            f"this specgen reads version {SAVE_VERSION}")
+    system, messages = data.get("system"), data.get("messages")
+    if system is not None and not isinstance(system, str):
+        raise SaveFileError(f"{path}: \"system\" must be text or null")
+    if not isinstance(messages, list):
+        raise SaveFileError(f"{path}: \"messages\" must be a list")
+    for i, m in enumerate(messages):
+        if (not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str)
+                or not isinstance(m.get("interrupted", False), bool)):
+            raise SaveFileError(f"{path}: messages[{i}] needs \"role\" (user or assistant) and "
+                                f"\"content\" text")
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise SaveFileError(f"{path}: \"settings\" must be an object")
+    known = {k: v for k, v in settings.items() if k in settings_dict(GenerationConfig())}
+    try:
+        config_from(known)
+    except ConfigError as exc:
+        raise SaveFileError(f"{path}: {exc}") from None
+    models = data.get("models") if isinstance(data.get("models"), dict) else {}
+    return SavedChat(system or None, [dict(m) for m in messages], known, models)

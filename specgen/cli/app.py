@@ -1,0 +1,73 @@
+"""The `specgen` command line: the Typer app and its commands (one module each), the entry point.
+
+Commands map options onto settings objects and call one function; they import torch only once
+they run, so `--help` is instant and a run on a server imports none.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from specgen import __version__
+from specgen.cli.bench import bench
+from specgen.cli.chat import chat
+from specgen.cli.models import models_app
+from specgen.cli.run import run
+from specgen.cli.serve import serve
+
+app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Show the version and exit.")] = False) -> None:
+    """Speculative decoding for language models, shown round by round."""
+
+
+app.command()(run)
+app.command()(chat)
+app.command()(bench)
+app.command()(serve)
+app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, remove.")
+
+
+def main() -> None:
+    """The `specgen` command. It ends with `os._exit` once its output is flushed: Python's own
+    teardown of a loaded pair (thousands of modules, packed weights and tensors, gigabytes)
+    takes a second or more of every run and does nothing a finished command needs (every file
+    specgen writes is closed, or renamed into place, before this)."""
+    try:
+        app()
+        status = 0
+    except SystemExit as exc:
+        status = exit_status(exc.code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing left to say
+            pass
+    os._exit(status)
+
+
+def exit_status(code) -> int:
+    """SystemExit's code as a process status: None is 0, an int is itself, text is printed, 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+    return 1

@@ -1,0 +1,213 @@
+"""`specgen bench`: options -> settings (every one checked before a model loads) -> one
+measurement run -> a table and files. The measuring is in specgen/bench/measure.py, the reports
+in specgen/bench/report.py; no tensor code here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specgen.bench import report
+from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
+                                 DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt,
+                                 MaxNewOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt,
+                                 TopPOpt, VerifyWindowOpt, generation_config, user_errors)
+from specgen.config import Method, ModelSettings
+from specgen.errors import ConfigError
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen/bench/references.py
+DEFAULT_METHODS = ",".join(m.value for m in Method) + "," + REFERENCE_METHODS
+
+
+def bench(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    methods: Annotated[Optional[str], typer.Option(
+        "--methods", help=f"Comma list of methods (default: all of them, {DEFAULT_METHODS}). "
+                          "plain is always measured: it is the denominator of every speed-up.")] = None,
+    prompts: Annotated[str, typer.Option(
+        "--prompts", "-p", help="A prompt set in prompts/ by name (quick, code-generation, ...), "
+                                "'all' (every category set), or a JSONL file.")] = "quick",
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", help="Keep the first N prompts of each prompt file.")] = None,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", "-r", help="Runs per prompt and method; the report uses medians.")] = 1,
+    warmup: Annotated[bool, typer.Option(
+        "--warmup/--no-warmup", help="One short generation per method before measuring.")] = True,
+    threads: Annotated[Optional[int], typer.Option(
+        "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count).")] = None,
+    max_new_tokens: MaxNewOpt = 128,
+    draft_tokens: DraftTokensOpt = "device",
+    draft_schedule: ScheduleOpt = None,
+    draft_confidence: ConfidenceOpt = None,
+    deterministic: DeterministicOpt = False,
+    verify_window: VerifyWindowOpt = 32,
+    device: DeviceOpt = "auto",
+    draft_device: DraftDeviceOpt = None,
+    dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
+    compile: CompileOpt = "auto",
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    branching: BranchingOpt = "2,2,1",
+    beam_width: BeamWidthOpt = 3,
+    depth: DepthOpt = 4,
+    batch_sizes: Annotated[Optional[str], typer.Option(
+        "--batch-sizes", help="Throughput mode: decode the whole prompt set at each batch size (comma list, "
+                              "e.g. 1,4,8) per method, with deterministic mode off and on.")] = None,
+    verify_windows: Annotated[Optional[str], typer.Option(
+        "--verify-windows", help="Throughput mode: deterministic cells at these windows (e.g. 8,16,32,64); "
+                                 "default: --verify-window when --deterministic is given.")] = None,
+    json_file: Annotated[Optional[Path], typer.Option(
+        "--json", help="Write the environment, settings, every measurement and the summary as JSON.")] = None,
+    csv_file: Annotated[Optional[Path], typer.Option(
+        "--csv", help="Write one CSV row per measurement.")] = None,
+    plot_file: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Draw speed-up and tokens per target forward to a PNG (needs matplotlib).")] = None,
+) -> None:
+    """Measure decoding methods against plain decoding of the target on a prompt set."""
+    with user_errors():
+        # the measuring modules import torch and transformers: only once the command runs
+        from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput
+
+        config = generation_config("plain", max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                                   branching, beam_width, depth, deterministic, verify_window,
+                                   schedule=draft_schedule, draft_confidence=draft_confidence)
+        settings = measure.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
+        names = registry.parse_methods(methods)
+        registry.check_settings(names, config)
+        models = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
+        if plot_file is not None:
+            report.require_matplotlib()  # before a long run, not after it
+        items = prompt_sets.load_prompts(prompts, limit)
+        sizes = throughput.parse_sizes(batch_sizes, "--batch-sizes")
+        windows = throughput.parse_sizes(verify_windows, "--verify-windows")
+        if windows and not sizes:
+            sizes = [1]
+        if sizes:
+            windows = windows or ([verify_window] if deterministic else [])
+            for window in windows:  # each deterministic cell's settings, before any model loads
+                if window < 2:
+                    raise ConfigError("--verify-windows values must be >= 2")
+                replace(config, deterministic=True, verify_window=window)
+            if csv_file is not None or plot_file is not None:
+                raise ConfigError("--csv and --plot report the per-prompt bench; with --batch-sizes use --json")
+            report.check_outputs({"--json": json_file})
+            _throughput(names, items, replace(config, deterministic=False), sizes, windows, models, json_file,
+                        threads)
+            return
+        report.check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before the run
+        result = _measure(names, items, settings, models)
+        if not _report(result, json_file, csv_file, plot_file):
+            raise typer.Exit(1)
+        if result.interrupted:
+            raise typer.Exit(130)
+
+
+def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None):
+    from specgen.bench import measure, prompts as prompt_sets, throughput  # torch: see bench()
+    from specgen.runtime.pair import load
+
+    names = [n for n in names if n in {m.value for m in Method}]
+    err = Console(stderr=True, highlight=False)
+    load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
+    pair = load(models, load_as, quiet=not err.is_terminal)
+    prompts = [prompt_sets.encode(pair.target.tokenizer, item) for item in items]
+    modes = ["off"] + [f"window {w}" for w in windows]
+    err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
+              f"{sizes} x modes {modes}", style="dim", markup=False)
+
+    def progress(cell):
+        err.print(f"{cell.method} b{cell.batch_size} {cell.mode}: "
+                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"), style="dim", markup=False)
+
+    with measure.fixed_threads(threads) as used:
+        cells = throughput.run_throughput(pair, names, prompts, config, sizes, windows, on_cell=progress)
+    interrupted = any(c.interrupted for c in cells)
+    title = (f"specgen bench --batch-sizes · {pair.target.name}"
+             + (f" + {pair.draft.name}" if pair.draft else "") + f" · {len(prompts)} prompts · "
+             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}"
+             + (" · INTERRUPTED" if interrupted else ""))
+    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(throughput.table(cells, title))
+    if json_file is not None:
+        _write_throughput(json_file, measure.environment(pair, used), items, sizes, windows, config, cells,
+                          interrupted)
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _write_throughput(json_file, env, items, sizes, windows, config, cells, interrupted) -> None:
+    data = {"schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
+            "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
+                         **{k: v for k, v in asdict(config).items() if k != "method"}},
+            "cells": [asdict(c) for c in cells]}
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
+        raise typer.Exit(1)
+
+
+def _measure(names, items, settings, models: ModelSettings):
+    from specgen.bench import measure, methods as registry  # torch: see bench()
+    from specgen.decoding.build import resolve_draft_length
+    from specgen.runtime.pair import load
+
+    err = Console(stderr=True, highlight=False)
+    load_as = Method.CHAIN if registry.needs_draft(names) else Method.PLAIN
+    pair = load(models, load_as, quiet=not err.is_terminal)
+    generation, chosen = resolve_draft_length(pair, settings.generation, drafts=True)
+    settings = replace(settings, generation=generation)
+    if chosen is not None:
+        err.print(f"bench: draft length k={chosen.k} for this device ({chosen.reason})", style="dim", markup=False)
+    total = len(items) * settings.repeats * len(names)
+    err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
+              f"({', '.join(names)}) = {total} generations", style="dim", markup=False)
+    if err.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True) as progress:
+            task = progress.add_task("measuring", total=total)
+
+            def tick(m):
+                progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
+
+            return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick), chosen)
+    per_prompt = settings.repeats * len(names)
+    done = [0]
+
+    def line(m):
+        done[0] += 1
+        if done[0] % per_prompt == 0:
+            err.print(f"measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}", style="dim", markup=False)
+
+    return _noted(measure.run_bench(pair, names, items, settings, on_measurement=line), chosen)
+
+
+def _noted(result, chosen):
+    """Record how the draft length was chosen (JSON settings, table title)."""
+    result.settings["draft_tokens_choice"] = f"device default: {chosen.reason}" if chosen else "given"
+    return result
+
+
+def _report(result, json_file, csv_file, plot_file) -> bool:
+    """The table, then each file; one that fails does not stop the others. False if any failed."""
+    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(report.table(result))
+    ok = True
+    for option, path, write in (("--json", json_file, report.write_json), ("--csv", csv_file, report.write_csv),
+                                ("--plot", plot_file, report.write_plot)):
+        if path is not None:  # the format comes from the real name: the temporary file's is .tmp
+            kind = {"kind": report.plot_kind(path)} if option == "--plot" else {}
+            ok &= report.save(option, path, lambda p, write=write, kind=kind: write(result, p, **kind),
+                              fallback=option != "--plot")
+    return ok

@@ -1,0 +1,314 @@
+"""`specgen chat`: options -> a ChatSession -> an interactive or a scripted loop.
+
+Owns the terminal side of chat: the prompt (with readline history and line editing where
+the platform has it), live replies, round summaries, notices and Ctrl-C/Ctrl-D. The
+conversation, caches and slash commands live in specgen/chat/. No tensor code here.
+
+Stdin a terminal: interactive, replies rendered live like `specgen run`. Otherwise one user
+message per line (lines starting with / are commands, // sends a literal /), replies as plain
+text on stdout (stats on stderr) or, with --format json, one JSON object per reply. A line that
+fails (a bad command, a failed /save, an undecodable line) prints one error line and the session
+goes on; the exit status is then 1, so a script can tell (130 after Ctrl-C).
+
+SPECGEN_CHAT_TEST_DELAY=SECONDS (undocumented for users, for the pseudo-terminal test): sleep
+that long after each round, so a test can press Ctrl-C in the middle of a reply on models
+that would otherwise finish in a blink.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, DepthOpt, DeterministicOpt, DeviceOpt,
+                                 DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt,
+                                 MethodOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt, TopPOpt,
+                                 VerifyWindowOpt, check_text, decode_text, generation_config, user_errors)
+from specgen.chat.saves import config_from, read_save, settings_dict
+from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
+from specgen.config import ModelSettings
+from specgen.errors import PromptError, SpecgenError
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
+DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
+# options a --load file supplies, unless they are given on the command line (same names as its settings)
+_SETTING_OPTIONS = ("method", "max_new_tokens", "draft_tokens", "temperature", "top_k", "top_p", "seed",
+                    "branching", "beam_width", "depth")
+
+
+def chat(
+    ctx: typer.Context,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the conversation.")] = None,
+    load_file: Annotated[Optional[Path], typer.Option(
+        "--load", help="Resume a conversation saved with /save (options given here override its settings).")] = None,
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    method: MethodOpt = "chain",
+    max_new_tokens: MaxNewOpt = 256,
+    draft_tokens: DraftTokensOpt = "device",
+    deterministic: DeterministicOpt = False,
+    verify_window: VerifyWindowOpt = 32,
+    device: DeviceOpt = "auto",
+    draft_device: DraftDeviceOpt = None,
+    dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
+    compile: CompileOpt = "auto",
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    branching: BranchingOpt = "2,2,1",
+    beam_width: BeamWidthOpt = 3,
+    depth: DepthOpt = 4,
+    show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
+    format: Annotated[Optional[Format], typer.Option(
+        "--format", help="rich (terminal default), plain (pipe default) or json (one object per reply).")] = None,
+) -> None:
+    """Chat with the target model; caches are kept between turns. /help lists the commands."""
+    try:
+        with user_errors():
+            code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), show_tree, format,
+                         generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
+                                           seed, branching, beam_width, depth, deterministic, verify_window))
+    except KeyboardInterrupt:  # while loading models
+        code = 130
+    raise typer.Exit(code)
+
+
+def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and_quant, show_tree, format,
+          config) -> int:
+    # the session imports torch: only once the command runs (--help stays instant)
+    from specgen.chat.session import ChatSession
+    from specgen.decoding.build import resolve_draft_length
+    from specgen.runtime.pair import load
+
+    messages = None
+    if system is not None:
+        check_text(system, "--system")
+    if load_file is not None:
+        saved = read_save(load_file)
+        given = {name for name in _SETTING_OPTIONS if _given(ctx, name)}
+        ours = settings_dict(config)
+        config = config_from({**saved.settings, **{k: ours[k] for k in given}}, config)
+        system = system if _given(ctx, "system") else saved.system
+        messages = saved.messages
+    interactive = sys.stdin.isatty()
+    fmt = format or (Format.rich if interactive and sys.stdout.isatty() else Format.plain)
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def notify(message: str) -> None:
+        err.print(f"note: {message}", style="yellow", markup=False)
+
+    settings = ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
+    pair = load(settings, config.method, quiet=fmt is Format.json)
+    config, _ = resolve_draft_length(pair, config)
+    chat_session = ChatSession(pair, settings, config, system, messages, notify=notify, quiet=fmt is Format.json)
+    if load_file is not None:
+        notify(f"resumed {len(chat_session.messages)} messages from {load_file}")
+    ui = _Loop(chat_session, fmt, out, err, show_tree, float(os.environ.get(DELAY_ENV) or 0), interactive)
+    return ui.interactive() if interactive else ui.scripted()
+
+
+def _given(ctx, name: str) -> bool:
+    """Was option `name` given on the command line (or by an environment variable)?"""
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+class _TurnView:
+    """A renderer for one turn: an optional delay per round, and `finish` held back so the
+    loop can add the turn's numbers (reuse, dropped turns) before showing the end."""
+
+    def __init__(self, inner, delay: float = 0.0):
+        self.inner = inner
+        self.delay = delay
+
+    def __enter__(self):
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+    def on_round(self, view, stats) -> None:
+        self.inner.on_round(view, stats)
+        if self.delay:
+            time.sleep(self.delay)
+
+    def on_replay(self, view, stats) -> None:
+        self.inner.on_replay(view, stats)
+
+    def finish(self, outcome) -> None:
+        pass
+
+
+class _Loop:
+    def __init__(self, chat_session, fmt: Format, out, err, show_tree: bool, delay: float, is_tty: bool):
+        self.is_tty = is_tty  # interactive: Ctrl-C returns to the prompt; scripted: it ends the session
+        self.chat = chat_session
+        self.fmt = fmt
+        self.out = out
+        self.err = err
+        self.show_tree = show_tree
+        self.delay = delay
+        self.failed = False  # a line ended in an error: a scripted session then exits 1
+
+    # -- interactive ---------------------------------------------------------------------
+    def interactive(self) -> int:
+        readline = _readline()
+        prompt = PROMPT if sys.stdout.isatty() else "you> "
+        c = self.chat
+        draft = f" + draft {_escape(c.pair.draft.name)}" if c.pair.draft is not None else ""
+        self.out.print(f"[bold]specgen chat[/] · {_escape(c.pair.target.name)}{draft} · {c.config.method.value} · "
+                       f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]")
+        while True:
+            try:
+                line = input(prompt)
+            except UnicodeDecodeError as exc:  # a terminal sending bytes that are not UTF-8
+                self.error(PromptError(f"the line is not valid UTF-8 text ({exc.reason})"))
+                continue
+            except EOFError:
+                self.out.print()
+                return 0
+            except KeyboardInterrupt:
+                if readline is not None and readline.get_line_buffer().strip():
+                    self.out.print()  # Ctrl-C over typed text drops the line, as in a shell
+                    continue
+                self.out.print()
+                return 0
+            try:
+                if self.handle(line):
+                    return 0
+            except KeyboardInterrupt:  # a second Ctrl-C after a reply, or one during a command
+                self.notice("interrupted")
+
+    # -- scripted ------------------------------------------------------------------------
+    def scripted(self) -> int:
+        # bytes, decoded line by line: one undecodable line is an error, not the end of the session
+        stream = getattr(sys.stdin, "buffer", None) or sys.stdin
+        for number, raw in enumerate(iter(stream.readline, b"" if stream is not sys.stdin else ""), 1):
+            if isinstance(raw, bytes):
+                try:
+                    raw = decode_text(raw, f"input line {number}")
+                except SpecgenError as exc:
+                    self.error(exc)
+                    continue
+            try:
+                if self.handle(raw.rstrip("\r\n")):
+                    break
+            except _Interrupted:
+                return 130
+        return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
+
+    # -- one line ------------------------------------------------------------------------
+    def handle(self, line: str) -> bool:
+        """Run one input line; True means leave."""
+        if not line.strip():
+            return False
+        try:
+            check_text(line, "the line")
+        except SpecgenError as exc:
+            self.error(exc)
+            return False
+        if line.startswith("/") and not line.startswith("//"):
+            return self.command(line)
+        try:
+            self.turn(line[1:] if line.startswith("//") else line)
+        except SpecgenError as exc:
+            self.error(exc)
+        return False
+
+    def command(self, line: str) -> bool:
+        try:
+            result = self.chat.command(line)
+        except SpecgenError as exc:
+            self.error(exc)
+            return False
+        if self.fmt is Format.json and result.data is not None:
+            name = line.strip()[1:].split(" ", 1)[0].lower()
+            sys.stdout.write(json.dumps({"command": name, **result.data}, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        elif result.message:
+            console = self.out if self.fmt is Format.rich else self.err
+            console.print(result.message, markup=False)
+        return result.exit
+
+    def turn(self, text: str) -> None:
+        if self.fmt is Format.rich:
+            inner = RichRenderer(self.out, show_tree=self.show_tree)
+        elif self.fmt is Format.json:
+            inner = JsonRenderer()
+        else:
+            inner = PlainRenderer(show_tree=self.show_tree)
+        try:
+            turn = self.chat.send(text, _TurnView(inner, self.delay))
+        except KeyboardInterrupt:
+            self.notice("interrupted before the reply began; the message was not kept")
+            if self.is_tty:
+                return
+            raise _Interrupted from None
+        outcome = turn.outcome
+        outcome.extra.update(turn=turn.number, conversation_tokens=turn.prompt_tokens,
+                             reused_tokens=turn.reused_tokens, dropped_turns=turn.dropped)
+        if self.fmt is Format.rich:
+            self.out.print(summary_line(turn), style="dim", markup=False)
+        else:
+            inner.finish(outcome)
+            if self.fmt is Format.plain:
+                self.err.print(f"turn {turn.number}: conversation {turn.prompt_tokens} tokens, "
+                               f"{turn.reused_tokens} reused from the caches", markup=False)
+        if outcome.interrupted:
+            self.notice("interrupted · the partial reply is kept in the conversation, marked interrupted")
+            if not self.is_tty:
+                raise _Interrupted
+
+    def notice(self, message: str) -> None:
+        self.err.print(message, style="yellow", markup=False)
+
+    def error(self, exc: SpecgenError) -> None:
+        self.failed = True
+        hint = f" [dim]({_escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
+        self.err.print(f"[bold red]error:[/] {_escape(str(exc))}{hint}", markup=True)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C in a scripted session: stop reading, exit 130 as `run` does."""
+
+
+def summary_line(turn) -> str:
+    """One line after each reply: the round statistics and what the caches saved."""
+    s = turn.outcome.stats
+    parts = [f"turn {turn.number}", s.method, f"{s.new_tokens} tokens in {s.rounds} rounds"]
+    if s.drafted:
+        parts.append(f"accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})")
+    parts += [f"{s.tokens_per_target_forward:.2f} tokens/target forward", f"{s.tokens_per_second:.1f} tok/s",
+              f"first token {s.time_to_first_token or 0.0:.2f} s",
+              f"prompt {turn.prompt_tokens} tokens ({turn.reused_tokens} reused, "
+              f"{turn.prompt_tokens - turn.reused_tokens} prefilled)"]
+    if s.stop:
+        parts.append(f"stop: {s.stop}")
+    return " · ".join(parts)
+
+
+def _escape(text: str) -> str:
+    return escape(text)
+
+
+def _readline():
+    """Line editing and in-session history for input(), where the platform has readline."""
+    try:
+        import readline  # not on every platform: imported where it exists
+    except ImportError:  # e.g. Windows without pyreadline: input() still works, unedited
+        return None
+    return readline

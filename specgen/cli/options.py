@@ -1,0 +1,136 @@
+"""Options and error handling shared by the commands (run, chat, bench, serve). No tensors here."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specgen.config import GenerationConfig, Method, SamplingConfig, Schedule, parse_branching, parse_draft_tokens
+from specgen.errors import ConfigError, PromptError, SpecgenError
+from specgen.status import error_line
+
+
+class Format(str, enum.Enum):
+    rich = "rich"
+    plain = "plain"
+    json = "json"
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Known failures become one red line and exit 1; SPECGEN_DEBUG=1 shows the traceback."""
+    try:
+        yield
+    except SpecgenError as exc:
+        if os.environ.get("SPECGEN_DEBUG"):
+            raise
+        error_line(str(exc), exc.hint)
+        raise typer.Exit(1) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
+        raise  # a closed pipe (`| head`): Typer exits 1 quietly, like other command-line tools
+    except Exception as exc:  # an unexpected failure: still one line, with a way to see more
+        if os.environ.get("SPECGEN_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
+        raise typer.Exit(1) from None
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    if prompt is not None and file is not None:
+        raise PromptError("give the prompt as an argument or with --file, not both")
+    if file is not None:
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise PromptError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
+        return decode_text(data, f"prompt file {file}")
+    if prompt == "-":
+        return read_stdin()
+    if prompt is None:
+        raise PromptError("no prompt given; pass PROMPT, '-' for stdin, or --file F")
+    return check_text(prompt, "the prompt")
+
+
+def decode_text(data: bytes, where: str) -> str:
+    """UTF-8 bytes -> text, or one PromptError naming `where` and the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"{where} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+
+
+def check_text(text: str, where: str) -> str:
+    """Text that came through surrogateescape (argv, a C-locale stdin) can hold undecodable bytes as
+    lone surrogates; tokenizers choke on them, so they are refused here with one line."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"{where} is not valid UTF-8 text (an undecodable byte at character "
+                          f"{exc.start})") from None
+    return text
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text (decoded here, so a bad byte is one clear error line)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        return decode_text(buffer.read(), "stdin")
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"stdin is not valid UTF-8 text ({exc.reason})") from None
+    return check_text(text, "stdin")
+
+
+# Options shared by run (and later chat and bench).
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
+DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same tokenizer as the target).")]
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s or multi-draft.")]
+MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
+DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")]
+ConfidenceOpt = Annotated[Optional[float], typer.Option("--draft-confidence", help="chain and lookup-chain: stop a draft early when the draft's top probability falls below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).", show_default=False)]
+ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
+DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
+DraftQuantOpt = Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8 for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")]
+TargetQuantOpt = Annotated[str, typer.Option("--target-quant", help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, int8. Speculative output stays exact with respect to the target as quantized.")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")]
+BranchingOpt = Annotated[str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")]
+BeamWidthOpt = Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")]
+DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
+
+
+DeterministicOpt = Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")]
+CompileOpt = Annotated[str, typer.Option("--compile", help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).")]
+VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")]
+
+
+def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                      branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
+                      schedule=None, draft_confidence=None):
+    """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
+    k, auto = parse_draft_tokens(draft_tokens)
+    try:
+        chosen = Schedule(schedule) if schedule else (auto or Schedule.FIXED)
+    except ValueError:
+        raise ConfigError(f"unknown --draft-schedule '{schedule}'; use fixed, additive or expected-gain") from None
+    return GenerationConfig(
+        method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
+        device_draft_tokens=str(draft_tokens).strip().lower() == "device",
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        branching=parse_branching(branching), beam_width=beam_width, depth=depth,
+        deterministic=deterministic, verify_window=verify_window,
+        draft_confidence=0.0 if draft_confidence is None else draft_confidence,
+        device_confidence=draft_confidence is None)

@@ -1,0 +1,182 @@
+"""`specgen run`: one prompt (live view, plain text or JSON; on a running server when one
+matches) or a prompts file (dynamic batching, outputs in input order). No tensor code here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
+                                 DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format,
+                                 MaxNewOpt, MethodOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt,
+                                 TemperatureOpt, TopKOpt, TopPOpt, VerifyWindowOpt, check_text, generation_config,
+                                 read_prompt, user_errors)
+from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
+from specgen.config import ModelSettings
+from specgen.decoding.prompts import encode_prompt, read_prompts_file
+from specgen.errors import ConfigError, PromptError
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.serve.client import generate_on_server
+
+
+def run(
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' reads it from stdin.")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="With --prompts-file: rows decoded together (dynamic batching).")] = 1,
+    raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: DraftOpt = DEFAULT_DRAFT,
+    method: MethodOpt = "chain",
+    max_new_tokens: MaxNewOpt = 256,
+    draft_tokens: DraftTokensOpt = "device",
+    draft_schedule: ScheduleOpt = None,
+    draft_confidence: ConfidenceOpt = None,
+    device: DeviceOpt = "auto",
+    draft_device: DraftDeviceOpt = None,
+    dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    branching: BranchingOpt = "2,2,1",
+    beam_width: BeamWidthOpt = 3,
+    depth: DepthOpt = 4,
+    show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
+    deterministic: DeterministicOpt = False,
+    verify_window: VerifyWindowOpt = 32,
+    compile: CompileOpt = "auto",
+    format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
+    server: Annotated[bool, typer.Option("--server/--no-server", help="Generate on a running `specgen serve` with the same model options when there is one (a single prompt).")] = True,
+) -> None:
+    """Generate a reply to PROMPT, showing each speculative round."""
+    with user_errors():
+        config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
+                                   branching, beam_width, depth, deterministic, verify_window, draft_schedule,
+                                   draft_confidence)
+        if system is not None:
+            check_text(system, "--system")
+        if batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+        if batch_size > 1 and prompts_file is None:
+            raise ConfigError("--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
+                              hint="give --prompts-file FILE, or leave --batch-size out")
+        if prompts_file is not None:
+            if prompt is not None or file is not None:
+                raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
+            fmt = format or Format.plain
+            _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
+                      (draft_quant, compile, target_quant))
+            return
+        text = read_prompt(prompt, file)
+        if not text.strip():
+            raise PromptError("the prompt is empty")
+        fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
+        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree,
+             (draft_quant, compile, target_quant), server)
+
+
+def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
+              quant_and_compile=(None, "auto", "auto")) -> None:
+    """Several prompts; outputs in input order. Batches decode together with any method."""
+    # decoding imports torch: only once a run needs it (--help and a served run stay light)
+    from specgen.decoding import run as driver
+    from specgen.decoding.build import build_engine, resolve_draft_length
+    from specgen.runtime.pair import load
+
+    texts = read_prompts_file(path)
+    pair = load(ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile), config.method,
+                quiet=fmt is Format.json)
+    config, _ = resolve_draft_length(pair, config)
+    prompts = [encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
+    stopped: list[int] = []  # prompts that Ctrl-C left unfinished (1-based, input order)
+    engine = build_engine(pair, config)
+    if batch_size == 1:  # each prompt's text streams as it is made
+        for number, ids in enumerate(prompts, 1):
+            renderer = JsonRenderer() if fmt is Format.json else PlainRenderer()
+            outcome = driver.generate(engine, pair.target.tokenizer, ids, config, renderer)
+            if outcome.interrupted:  # its partial text was shown; the rest never started
+                stopped = list(range(number, len(prompts) + 1))
+                for rest in prompts[number:]:
+                    _write_row(driver.unfinished(rest, config), fmt)
+                break
+    else:
+        rows = driver.run_prompts(engine, pair.target.tokenizer, prompts, config, batch_size)
+        item = next(rows, None)
+        while item is not None:
+            index, outcome = item
+            if outcome.interrupted:
+                stopped.append(index + 1)
+            try:
+                _write_row(outcome, fmt)
+                item = next(rows, None)
+            except KeyboardInterrupt:  # pressed while a row was being written: finish the others
+                try:
+                    item = rows.throw(KeyboardInterrupt())
+                except (StopIteration, KeyboardInterrupt):
+                    item = None
+    if stopped:
+        sys.stderr.write(f"interrupted: {len(prompts) - len(stopped)} of {len(prompts)} prompts finished; "
+                         f"not finished: {_numbers(stopped)} (marked interrupted)\n")
+        raise typer.Exit(130)
+
+
+def _write_row(outcome, fmt) -> None:
+    """One batched prompt's result: a JSON object, or its text on one line (empty if unfinished)."""
+    if fmt is Format.json:
+        JsonRenderer().finish(outcome)
+    else:
+        sys.stdout.write(outcome.text + "\n")
+        sys.stdout.flush()
+
+
+def _numbers(values: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4, 7'."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,
+         quant_and_compile=(None, "auto", "auto"), use_server=False) -> None:
+    settings = ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile)
+    renderer = _renderer(fmt, show_tree)
+    if use_server:  # a running `specgen serve` with these model options: no loading at all
+        try:
+            outcome = generate_on_server(settings, {"text": text, "raw": raw, "system": system, "config": config},
+                                         renderer, quiet=fmt is Format.json)
+        except KeyboardInterrupt:  # a second Ctrl-C while the server was stopping
+            raise typer.Exit(130) from None
+        if outcome is not None:
+            if outcome.interrupted:
+                raise typer.Exit(130)
+            return
+    from specgen.decoding import run as driver  # torch: only when this process loads the pair
+    from specgen.decoding.build import build_engine, resolve_draft_length
+    from specgen.runtime.pair import load
+
+    pair = load(settings, config.method, quiet=fmt is Format.json)
+    config, _ = resolve_draft_length(pair, config)
+    prompt_ids = encode_prompt(pair.target.tokenizer, text, raw, system)
+    outcome = driver.generate(build_engine(pair, config), pair.target.tokenizer, prompt_ids, config, renderer)
+    if outcome.interrupted:
+        raise typer.Exit(130)
+
+
+def _renderer(fmt, show_tree: bool):
+    if fmt is Format.rich:
+        return RichRenderer(Console(highlight=False), show_tree=show_tree)
+    if fmt is Format.json:
+        return JsonRenderer()
+    return PlainRenderer(show_tree=show_tree)

@@ -1,0 +1,69 @@
+"""From a loaded pair and a generation config to a ready engine: the drafter the method needs
+and the draft length the device favours."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specgen.config import GenerationConfig, Method
+from specgen.decoding import length
+from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
+from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
+from specgen.decoding.engine import Engine
+from specgen.runtime.compiled import can_capture
+from specgen.runtime.kvcache import SlotCache
+from specgen.runtime.pair import Pair
+from specgen.status import note
+
+
+def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | None = None):
+    """`--draft-tokens device` (the default): the k measured best for this pair on this device.
+
+    Returns (config with k set and the placeholder cleared, the length.Choice or None).
+    `drafts`: whether a model-drafting method with a fixed k will run (default: from
+    config.method; bench, which runs several methods, says so itself)."""
+    if not config.device_draft_tokens:
+        return config, None
+    if drafts is None:
+        drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
+    if pair.draft is None or not drafts:
+        return replace(config, device_draft_tokens=False), None
+    choice = length.choose(pair)  # a few seconds, once per machine and pair; cached after that
+    confidence = choice.confidence if config.device_confidence else config.draft_confidence
+    return replace(config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence), choice
+
+
+def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
+    """The drafter of `config.method` for the rows of a batch (one row or many)."""
+    method, draft, vocab = config.method, pair.draft, pair.vocab
+    if method is Method.PLAIN:
+        return NoDrafter()
+    if method is Method.LOOKUP:
+        return lookup_drafters()
+    if method is Method.RSD_C:
+        return PerRow(lambda: RSDConstant(draft.model, draft.device, config.branching, vocab, pair.compile))
+    if method is Method.MULTI_DRAFT:
+        return PerRow(lambda: MultiDraft(draft.model, draft.device, config.branching, vocab, pair.compile))
+    if method is Method.RSD_S:
+        return PerRow(lambda: RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab,
+                                                pair.compile))
+    confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
+    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile)
+    if method is Method.LOOKUP_CHAIN:
+        return LookupChain(chain, model_tokens=config.draft_tokens)
+    return chain
+
+
+def build_engine(pair: Pair, config: GenerationConfig, cache: SlotCache | None = None) -> Engine:
+    """An engine running `config.method` on the pair; `cache`: a target cache to continue from."""
+    target = pair.target
+    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
+                    pair.vocab, compile=pair.compile, cache=cache)
+    models = [("target", target.model)] + ([("draft", pair.draft.model)] if config.method.needs_draft_model else [])
+    for role, model in models:
+        why = can_capture(model) if pair.compile in ("graphs", "inductor") else None
+        if why is not None:
+            note(f"specgen: {role} runs eagerly (no CUDA graphs): {why}")
+    return engine

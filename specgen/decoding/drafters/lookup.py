@@ -1,0 +1,290 @@
+"""Prompt lookup: draft by copying what followed the latest earlier occurrence of the text's tail.
+
+Owns an n-gram index over the committed sequence (prompt + generated text) and nothing else:
+no model, no cache, no randomness. A round looks up the last n tokens of the context
+(n = max_ngram down to min_ngram, longer first) and proposes the k tokens that followed the
+most recent earlier occurrence. Proposals are point masses (`ProposalKind.DETERMINISTIC`):
+greedy verification accepts the longest prefix equal to the target's argmax, and under
+sampling `point_mass_sampling(x, q)` accepts x_i with probability q(x_i) and otherwise draws
+from norm(max(0, q - onehot(x_i))), so the output law is still exactly q.
+
+Cost per round is O(max_ngram) plus O(max_ngram) per token appended since the last round:
+the index maps each n-gram to the positions that followed it, in increasing order, and only
+the new tokens are added. The context passed to `propose` is the truth; if it no longer
+extends what was indexed (a rollback, a new chat turn rendered differently), the index is cut
+back to the common prefix (or rebuilt when that is cheaper). The index only decides what is
+proposed, never what is emitted: a stale index would cost speed, not correctness.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.drafters.base import PerRow, Proposal
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.text import common_prefix
+
+@dataclass(frozen=True)
+class LookupMatch:
+    ngram: int  # n: length of the matched tail
+    start: int  # position right after the earlier occurrence: the copy starts here
+    tokens: list[int]  # the proposed continuation (exactly k tokens)
+
+
+@dataclass
+class LookupStats:
+    """Counters: dictionary operations (for the O(1)-per-round claim) and match outcomes."""
+
+    lookups: int = 0  # index reads by `find`
+    inserts: int = 0  # (n-gram, position) entries added
+    removals: int = 0  # entries removed by a rollback
+    rebuilds: int = 0  # times the index was cleared because the context changed under it
+    rounds: int = 0  # calls to `find`
+    matched: int = 0  # ... that found a match
+    by_ngram: dict[int, int] = field(default_factory=dict)  # matches per n
+
+    @property
+    def operations(self) -> int:
+        return self.lookups + self.inserts + self.removals
+
+
+class PromptLookupDrafter:
+    """One row's drafter with no model (base.RowDrafter): the continuation of the longest,
+    latest n-gram match.
+
+    Index invariant: for every position t in 1..len(ids)-1 and every n in [min_ngram,
+    max_ngram] with n <= t, `index[tuple(ids[t-n:t])]` contains t (positions in increasing
+    order). A query with context length L looks up tuple(ids[L-n:L]); every indexed position
+    is < L, so the tail never matches itself, and the last entry is the most recent match.
+
+    The copy may run past the end of the context (the match's period L - start is shorter
+    than k): it then continues periodically, as an overlapping LZ77 copy does, so text stuck
+    in a loop is proposed k tokens at a time.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.stats = LookupStats()
+        self._ids: list[int] = []  # the sequence the index describes
+        self._index: dict[tuple[int, ...], list[int]] = {}
+
+    # -- RowDrafter calls ---------------------------------------------------------------------
+    def start(self, prompt_ids: list[int], generator=None, capacity: int = 0) -> None:
+        """Index the prompt, keeping what is shared with the sequence indexed before."""
+        self._sync(prompt_ids, check_all=True)
+
+    def rewind(self, valid: int) -> None:
+        """Only the first `valid` tokens of what was indexed still hold (a new chat turn)."""
+        self._cut(min(valid, len(self._ids)))
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig | None = None) -> Proposal:
+        """Up to k point-mass tokens; none when the tail was not seen before. No randomness."""
+        return self.proposal(self.find(context, k))
+
+    def observe(self, path: list[int]) -> None:
+        """Nothing to drop: the next context says what was committed."""
+
+    def setup_seconds(self) -> float:
+        return 0.0
+
+    # -- lookup ------------------------------------------------------------------------------
+    def find(self, context: list[int], k: int, new_round: bool = True) -> LookupMatch | None:
+        """The continuation of the longest (then most recent) earlier match of the tail.
+        `new_round=False`: a second query in the same round (a model proposal's extension)."""
+        self._sync(context)
+        self.stats.rounds += new_round
+        length = len(context)
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            self.stats.lookups += 1
+            positions = self._index.get(tuple(context[length - n:]))
+            if positions:
+                start = positions[-1]
+                period = length - start
+                tokens = [context[start + i % period] for i in range(k)]
+                self.stats.matched += 1
+                self.stats.by_ngram[n] = self.stats.by_ngram.get(n, 0) + 1
+                return LookupMatch(n, start, tokens)
+        return None
+
+    @staticmethod
+    def proposal(match: LookupMatch | None) -> Proposal:
+        tokens = torch.tensor(match.tokens if match else [], dtype=torch.int64)
+        return Proposal.chain(tokens, ProposalKind.DETERMINISTIC)
+
+    # -- index maintenance -------------------------------------------------------------------
+    def _sync(self, context: list[int], check_all: bool = False) -> None:
+        """Make the index describe `context`, touching only what changed.
+
+        Per round the check is O(max_ngram): the context must be at least as long as what was
+        indexed and agree on its last max_ngram tokens (the ones the next keys are built
+        from). The engine only ever appends within a generation and calls `rewind`/`begin`
+        between turns, where `check_all` compares everything at C speed.
+        """
+        indexed = len(self._ids)
+        if check_all:
+            valid = common_prefix(self._ids, context)
+        else:
+            tail = max(0, indexed - self.max_ngram)
+            extends = len(context) >= indexed and context[tail:indexed] == self._ids[tail:]
+            valid = indexed if extends else common_prefix(self._ids, context)
+        if valid < indexed:
+            self._cut(valid)
+        if len(context) > len(self._ids):
+            self._append(context[len(self._ids):])
+
+    def _cut(self, valid: int) -> None:
+        """Keep the first `valid` indexed tokens: unpick the rest, or rebuild if that is cheaper."""
+        if len(self._ids) - valid > valid:
+            kept = self._ids[:valid]
+            self._index.clear()
+            self._ids = []
+            self.stats.rebuilds += 1
+            self._append(kept)
+        else:
+            self._truncate(valid)
+
+    def _keys(self, t: int):
+        """The n-grams that end right before position t, for every indexed n."""
+        ids = self._ids
+        for n in range(self.min_ngram, min(self.max_ngram, t) + 1):
+            yield tuple(ids[t - n:t])
+
+    def _append(self, tokens: list[int]) -> None:
+        start = len(self._ids)
+        self._ids.extend(tokens)
+        index = self._index
+        for t in range(max(start, 1), len(self._ids)):
+            for key in self._keys(t):
+                positions = index.get(key)
+                if positions is None:
+                    index[key] = [t]
+                else:
+                    positions.append(t)
+                self.stats.inserts += 1
+
+    def _truncate(self, valid: int) -> None:
+        """Forget positions >= valid: each was the last entry of its keys' lists."""
+        index = self._index
+        for t in range(len(self._ids) - 1, max(valid, 1) - 1, -1):
+            for key in self._keys(t):
+                positions = index[key]
+                positions.pop()
+                if not positions:
+                    del index[key]
+                self.stats.removals += 1
+        del self._ids[valid:]
+
+
+def lookup_drafters() -> PerRow:
+    """Prompt lookup for every row of a batch: an index per row."""
+    return PerRow(PromptLookupDrafter)
+
+
+class Source(enum.Enum):
+    """Which drafter made a row's proposal in a LookupChain round."""
+
+    LOOKUP = "lookup"
+    MODEL = "model"
+
+
+class LookupChain:
+    """Prompt lookup first, the draft model otherwise: one source per row and round.
+
+    A row's round uses its lookup continuation when the matched tail has at least `min_match`
+    tokens, else the chain drafter, which drafts for every such row in one batched forward per
+    step. Lookup rounds may propose the round's whole k (`GenerationConfig.round_tokens`),
+    model rounds at most `model_tokens`. A proposal comes whole from one source, so its kind
+    is consistent (point masses from lookup; the model's sampled laws or greedy point masses),
+    and the acceptance rule is chosen per row and round as usual.
+
+    The chain drafter keeps its own cache invariant (a prefix of the committed sequence):
+    `observe` reaches it only for rows it proposed for, so after lookup rounds it simply finds
+    more unseen tokens and feeds them with its next proposal's first forward (catching up
+    lazily is cheaper than keeping it warm). When no row needs the model, it is not called.
+    """
+
+    def __init__(self, model: ChainDrafter, min_match: int = 2, model_tokens: int | None = None,
+                 make_lookup=PromptLookupDrafter):
+        self.lookups = PerRow(make_lookup)
+        probe = make_lookup()
+        if not probe.min_ngram <= min_match <= probe.max_ngram:
+            raise ValueError(f"min_match must be in {probe.min_ngram}..{probe.max_ngram}, got {min_match}")
+        self.model = model
+        self.min_match = min_match
+        self.model_tokens = model_tokens  # the model's k; a lookup round may use the round's whole k
+        self.sources: list[Source | None] = []  # per row: who proposed last
+        self.rounds = {source: 0 for source in Source}
+        self.extended = 0  # model rounds extended by a lookup continuation
+
+    def join(self, row, prompt_ids, generator, capacity) -> None:
+        self.lookups.join(row, prompt_ids, generator, capacity)
+        self.model.join(row, prompt_ids, generator, capacity)
+        while row >= len(self.sources):
+            self.sources.append(None)
+        self.sources[row] = None
+
+    def leave(self, keep) -> None:
+        self.lookups.leave(keep)
+        self.model.leave(keep)
+        self.sources = [self.sources[i] for i in keep if i < len(self.sources)]
+
+    def rewind(self, row, valid) -> None:
+        self.lookups.rewind(row, valid)
+        self.model.rewind(row, valid)
+
+    def setup_seconds(self) -> float:
+        return self.model.setup_seconds()
+
+    def propose(self, contexts, ks, samplings) -> list[Proposal]:
+        out: list[Proposal | None] = [None] * len(contexts)
+        model_ks = [0] * len(contexts)
+        for row, (context, k) in enumerate(zip(contexts, ks)):
+            match = self.lookups.rows[row].find(context, k) if k > 0 else None
+            if match is not None and match.ngram >= self.min_match:
+                self.sources[row] = Source.LOOKUP
+                out[row] = PromptLookupDrafter.proposal(match)
+            elif k > 0:
+                self.sources[row] = Source.MODEL
+                model_ks[row] = min(k, self.model_tokens or k)
+            else:
+                self.sources[row] = None
+                out[row] = Proposal.empty()
+            if self.sources[row] is not None:
+                self.rounds[self.sources[row]] += 1
+        if any(model_ks):
+            drafted = self.model.propose(contexts, model_ks, samplings)
+            for row, k in enumerate(model_ks):
+                if k:
+                    out[row] = self._extended(row, drafted[row], contexts[row], ks[row])
+        return out
+
+    def _extended(self, row: int, proposal: Proposal, context: list[int], k: int) -> Proposal:
+        """A model proposal shorter than k, extended by the lookup continuation of context +
+        proposal when that tail matches well: the extra tokens cost no draft forward. Under
+        sampling their rows of `probs` are point masses (the law each was drawn from), so the
+        rejection rule stays exact position by position."""
+        room = k - proposal.size
+        if room <= 0 or proposal.size == 0:
+            return proposal
+        match = self.lookups.rows[row].find(context + proposal.tokens.tolist(), room, new_round=False)
+        if match is None or match.ngram < self.min_match:
+            return proposal
+        extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
+        self.extended += 1
+        probs = proposal.probs
+        if probs is not None:
+            probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[-1]).to(probs.dtype)])
+        return Proposal.chain(torch.cat([proposal.tokens, extra]), proposal.kind, probs)
+
+    def observe(self, row, path) -> None:
+        if self.sources[row] is Source.MODEL:
+            self.model.observe(row, path)
+        self.sources[row] = None

@@ -1,0 +1,147 @@
+"""Chain drafting with a draft model, batch-first: one draft forward per step for every row.
+
+`ChainDrafter` keeps one position-indexed cache with a row per sequence. Cache invariant per
+row: a prefix of the committed sequence. A round feeds each row what it has not seen (the root,
+plus the last draft token after a fully accepted round, plus anything committed while the row
+drafted nothing, as a lookup round of lookup-chain), padded at the end to the widest row, then
+K-1 single-token steps for all rows; x_K is never fed. After the verdict a row keeps what was
+committed of what it fed.
+
+With a confidence stop (length.ConfidenceStop) a row's draft ends once the draft's top
+probability falls below the threshold (the token drawn is kept: lossless); the steps end when
+every row has stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.length import ConfidenceStop
+from specgen.decoding.sampling import on_device, sample, warp
+from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps
+
+
+class ChainDrafter:
+    """The Drafter protocol for chains from one draft model (base.py has the calls)."""
+
+    def __init__(self, model, device: torch.device, vocab: int | None = None,
+                 confidence: ConfidenceStop | None = None, compile: str = "off"):
+        self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
+        self.steps = Steps(model, compile, exact=False)  # on CUDA: fixed-width steps as CUDA graphs
+        self.cache = kvcache.SlotCache(model.config, rows=0)
+        self.generators: list[torch.Generator | None] = []
+        self._base: list[int] = []  # each row's context length at its last proposal
+        self._fed: list[int] = []  # draft tokens fed at the last proposal
+
+    # -- rows ---------------------------------------------------------------------------------
+    def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
+        while row >= self.cache.rows:
+            self.cache.add_row()
+            self.generators.append(None)
+            self._base.append(0)
+            self._fed.append(0)
+        self.cache.reserve(capacity)
+        held = self.cache.lengths[row]
+        if len(prompt_ids) - 1 > held:  # the prompt but its last token: the first round feeds that
+            rows = slice(row, row + 1) if self.cache.rows > 1 else None
+            kvcache.forward(self.steps.call, self.cache, torch.tensor([prompt_ids[held:-1]], device=self.device),
+                            keep=1, rows=rows, full_view=self.steps.mode == "inductor")
+        else:
+            kvcache.set_length(self.cache, row, max(len(prompt_ids) - 1, 0))
+        self.generators[row] = on_device(generator, self.device)
+        self._base[row], self._fed[row] = 0, 0
+
+    def leave(self, keep: list[int]) -> None:
+        keep = [i for i in keep if i < self.cache.rows]
+        self.cache.select(keep)
+        self.generators = [self.generators[i] for i in keep]
+        self._base = [self._base[i] for i in keep]
+        self._fed = [self._fed[i] for i in keep]
+
+    def rewind(self, row: int, valid: int) -> None:
+        if row < self.cache.rows:
+            kvcache.set_length(self.cache, row, min(self.cache.lengths[row], valid))
+
+    def setup_seconds(self) -> float:
+        return self.steps.setup_seconds
+
+    # -- a round ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+        count, steps = len(contexts), max(ks)
+        new = [context[length:] for context, length in zip(contexts, self.cache.lengths)]
+        width = max(len(tokens) for tokens in new)
+        bases = list(self.cache.lengths)
+        logits = self._first_step(new, width)
+        kvcache.set_lengths(self.cache, [b + len(tokens) for b, tokens in zip(bases, new)])  # drop the pads
+        tokens, probs = [], []
+        stopped = torch.zeros(count, dtype=torch.bool, device=self.device)
+        stop_at = [steps] * count
+        for step in range(steps):
+            if step:  # the previous step's tokens, straight from the device
+                logits = self.steps.forward(self.cache, token.view(count, 1).to(self.device))[:, -1, : self.vocab]
+            token, dist = self._choose(logits, samplings)
+            tokens.append(token)
+            probs.append(dist)
+            if step == steps - 1:
+                break
+            if self.confidence is not None:
+                stopped = stopped | self.confidence(logits, dist).to(stopped.device)
+                flags = stopped.tolist()  # one small host sync per draft step
+                for i, flag in enumerate(flags):
+                    if flag and stop_at[i] == steps:
+                        stop_at[i] = step + 1
+                if all(flags):
+                    break
+        fed = len(tokens) - 1
+        self._base = [len(context) for context in contexts]
+        self._fed = [fed] * count
+        drafted = torch.stack(tokens, dim=1)  # [rows, K] on the device
+        stacked = torch.stack(probs, dim=1) if probs[0] is not None else None
+        out = []
+        for i, k in enumerate(ks):
+            k = min(k, stop_at[i])
+            if k <= 0:
+                kvcache.set_length(self.cache, i, self._base[i])  # no proposal: keep only the context
+                out.append(Proposal.empty(self.device))
+            elif samplings[i].greedy:
+                out.append(Proposal.chain(drafted[i, :k], ProposalKind.DETERMINISTIC))
+            else:
+                out.append(Proposal.chain(drafted[i, :k], ProposalKind.SAMPLED, stacked[i, :k]))
+        return out
+
+    def observe(self, row: int, path: list[int]) -> None:
+        """The first len(path) drafted tokens were committed: keep those that were fed."""
+        kvcache.set_length(self.cache, row, self._base[row] + min(len(path), self._fed[row]))
+
+    def _first_step(self, new: list[list[int]], width: int) -> torch.Tensor:
+        """Feed each row's unseen tokens; the logits after each row's last one [rows, V]. Rows of
+        one width need only the last position's logits (the head is a large product)."""
+        count = len(new)
+        ids = torch.zeros(count, width, dtype=torch.long)
+        for i, tokens in enumerate(new):
+            ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if all(len(tokens) == width for tokens in new):
+            logits = self.steps.forward(self.cache, ids.to(self.device), keep=1)
+            return logits[:, -1, : self.vocab]
+        # both copies before the forward is queued (afterwards they would wait for it)
+        ids = ids.to(self.device)
+        last = torch.tensor([len(tokens) - 1 for tokens in new], device=self.device)
+        logits = self.steps.forward(self.cache, ids)
+        return logits[torch.arange(count, device=logits.device), last.to(logits.device), : self.vocab]
+
+    def _choose(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
+        """Each row's token (argmax for a greedy row) and, when any row samples, the laws [rows, V]."""
+        if all(s.greedy for s in samplings):
+            return logits.argmax(dim=-1), None
+        if len(set(samplings)) == 1:
+            dist = warp(logits, samplings[0])
+        else:  # rows with their own settings (a server's requests)
+            dist = torch.stack([warp(logits[i], s) for i, s in enumerate(samplings)])
+        token = torch.stack([dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
+                             for i, s in enumerate(samplings)])
+        return token, dist

@@ -1,0 +1,192 @@
+"""Tree drafters: RSD-C (Gumbel-top-k children), RSD-S (stochastic beam search) and
+multi-draft (independent draws with replacement), each building its tree with one batched
+draft forward per depth, using the same ancestor masking as the target's verification.
+
+They draft one row each (base.PerRow serves them to the engine): a tree search is per row.
+
+Draft cache layout during a round: the committed context in slots [0, n), the root being the
+context's last token at slot n-1, and tree node i (i >= 1, BFS order) at slot n-1+i once fed.
+Leaves at the last depth are never fed; after the verdict the accepted path is compacted
+into contiguous slots and an unfed accepted leaf is fed at the start of the next round.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
+from specgen.decoding.tree import DraftTree
+from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps
+
+
+@dataclass
+class _Level:
+    parents: list[int]  # parent node index of each new child (host)
+    tokens: torch.Tensor  # [C] child tokens, grouped by parent, each group in draw order
+    scores: torch.Tensor | None = None  # RSD-S: (phi, G) per child, carried to the next depth
+
+
+class TreeDrafter(abc.ABC):
+    """One row's tree drafting (the RowDrafter calls of base.py); subclasses choose the children
+    of a frontier."""
+
+    replacement = False
+
+    def __init__(self, model, device, depth: int, vocab: int | None = None, compile: str = "off"):
+        self.model, self.device, self.vocab, self.depth = model, device, vocab, depth
+        self.steps = Steps(model, compile, exact=False)
+        self.cache = kvcache.new_cache(model)
+        self.generator: torch.Generator | None = None
+        self.cached = 0  # committed tokens in the cache
+        self._fed_nodes = 0  # tree nodes (after the root) fed to the cache last round
+        self._base = 0  # the context length at the last proposal
+
+    def start(self, prompt_ids: list[int], generator, capacity: int) -> None:
+        """Hold the prompt but its last token, reusing what a rewind left valid."""
+        self.cache.reserve(capacity)
+        self.generator = on_device(generator, self.device)
+        ids = prompt_ids[:-1]
+        self.cached = min(self.cached, len(ids))
+        kvcache.crop(self.cache, self.cached)
+        if len(ids) > self.cached:
+            self._forward(torch.tensor([ids[self.cached:]], device=self.device))
+            self.cached = len(ids)
+
+    def rewind(self, valid: int) -> None:
+        self.cached = min(self.cached, valid)
+        kvcache.crop(self.cache, self.cached)
+
+    def setup_seconds(self) -> float:
+        return self.steps.setup_seconds
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig) -> Proposal:
+        """The whole tree (its shape is fixed by the method, not by k)."""
+        n = len(context)
+        unseen = torch.tensor([context[self.cached:]], device=self.device)
+        logits = self._forward(unseen)[0, -1:, : self.vocab]  # root's next-token logits
+        self.cached = n
+        parents, tokens = [-1], [unseen[0, -1:]]
+        rows: list[torch.Tensor | None] = []  # p(.|node) per node, in node order
+        frontier, scores = [0], None
+        for level in range(self.depth):
+            probs = None if sampling.greedy else warp(logits, sampling)
+            rows.extend(probs.unbind(0) if probs is not None else [None] * len(frontier))
+            new = self._children(level, frontier, logits, probs, scores, sampling, self.generator)
+            if not new.parents:
+                break
+            start = len(parents)
+            parents.extend(new.parents)
+            tokens.append(new.tokens)
+            frontier, scores = list(range(start, len(parents))), new.scores
+            if level < self.depth - 1:
+                tree = DraftTree(torch.cat(tokens), tuple(parents))
+                logits = self._feed(tree, frontier, n)
+        tree = DraftTree(torch.cat(tokens), tuple(parents))
+        self._base, self._fed_nodes = n, (frontier[0] - 1 if len(parents) > 1 else 0)
+        rows.extend([None] * (tree.size - len(rows)))
+        probs, kind = None, ProposalKind.DETERMINISTIC
+        if not sampling.greedy:
+            zero = torch.zeros_like(next(r for r in rows if r is not None))
+            probs, kind = torch.stack([r if r is not None else zero for r in rows]), ProposalKind.SAMPLED
+        return Proposal(tree.tokens[1:], tree.parents[1:], kind, probs, self.replacement)
+
+    def observe(self, path: list[int]) -> None:
+        """Keep the root and the accepted nodes that were fed; drop every other tree slot."""
+        fed = [node for node in path if node <= self._fed_nodes]
+        keep = torch.tensor([0] + fed, device=self.device)
+        kvcache.crop(self.cache, self._base + self._fed_nodes)
+        kvcache.keep_positions(self.cache, self._base - 1, keep)
+        self.cached = self._base + len(fed)
+
+    def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.steps.forward(self.cache, input_ids, keep=1)
+
+    def _feed(self, tree: DraftTree, frontier: list[int], n: int) -> torch.Tensor:
+        """One batched forward over the frontier with the tree mask -> their logits.
+
+        The root sits at slot n-1 and node i at slot n-1+i: with the cache cut back to n-1, the
+        frontier is written at offset `first`, and sees the nodes fed before it in their slots.
+        """
+        first, last = frontier[0], frontier[-1]
+        kvcache.crop(self.cache, n - 1)
+        logits = self.steps.tree(self.cache, tree.tokens, tree, offset=first, nodes=slice(first, last + 1))
+        return logits[0, :, : self.vocab]
+
+    @abc.abstractmethod
+    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
+        """The children of every frontier node, grouped by parent, each group in draw order."""
+
+
+class RSDConstant(TreeDrafter):
+    """RSD-C: each node at depth l gets b_l children by Gumbel-top-k (without replacement)."""
+
+    def __init__(self, model, device, branching: tuple[int, ...], vocab: int | None = None,
+                 compile: str = "off"):
+        super().__init__(model, device, len(branching), vocab, compile)
+        self.branching = branching
+
+    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
+        b = self.branching[level]
+        if probs is None:  # greedy target: deterministic top-b children are fine
+            tokens = torch.topk(logits, b, dim=-1).indices
+        else:
+            tokens, _ = gumbel_top_k(probs, b, generator)
+        return _Level([f for f in frontier for _ in range(b)], tokens.reshape(-1))
+
+
+class MultiDraft(RSDConstant):
+    """The baseline: b_l independent draws with replacement per node (SpecInfer-style)."""
+
+    replacement = True
+
+    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
+        if probs is None:
+            return super()._children(level, frontier, logits, probs, scores, sampling, generator)
+        b = self.branching[level]
+        tokens = torch.multinomial(probs, b, replacement=True, generator=generator)
+        return _Level([f for f in frontier for _ in range(b)], tokens.reshape(-1))
+
+
+class RSDStochasticBeam(TreeDrafter):
+    """RSD-S: stochastic beam search, beam width W, depth L (ALGORITHMS.md section 5)."""
+
+    def __init__(self, model, device, beam_width: int, depth: int, vocab: int | None = None,
+                 compile: str = "off"):
+        super().__init__(model, device, depth, vocab, compile)
+        self.width = beam_width
+
+    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
+        width, count = self.width, len(frontier)
+        log_p = torch.log_softmax(logits.float(), dim=-1) if probs is None else probs.log()
+        if scores is None:  # the root: phi = G = 0
+            scores = torch.zeros(count, 2, device=logits.device)
+        phi = scores[:, :1] + log_p  # [F, V]
+        if probs is None:  # greedy: plain beam search on the draft's log-probabilities
+            keys = phi
+        else:
+            perturbed = phi + gumbel(phi.shape, generator, phi.device)
+            z = perturbed.max(dim=-1, keepdim=True).values
+            pre = torch.topk(perturbed, min(width, perturbed.shape[-1]), dim=-1)  # per-parent top-W
+            g_parent = scores[:, 1:]
+            v = g_parent - pre.values + log1mexp((pre.values - z).clamp_max(0.0))
+            truncated = g_parent - v.clamp_min(0.0) - torch.log1p(torch.exp(-v.abs()))
+            keys = torch.full_like(phi, float("-inf")).scatter(1, pre.indices, truncated)
+        flat = torch.topk(keys.reshape(-1), min(width, keys.numel()))
+        vocab = keys.shape[-1]
+        parent_rows, child_tokens = flat.indices // vocab, flat.indices % vocab
+        # group by parent (BFS order), each parent's children in descending key order
+        parent_of = parent_rows.tolist()  # the structure must be known on the host (W ints)
+        order = sorted(range(len(parent_of)), key=lambda j: (parent_of[j], j))  # topk: keys descend
+        order_t = torch.tensor(order, device=keys.device)
+        rows, tokens = parent_rows.index_select(0, order_t), child_tokens.index_select(0, order_t)
+        kept_phi = phi[rows, tokens].unsqueeze(1)
+        kept_g = flat.values.index_select(0, order_t).unsqueeze(1)
+        return _Level([frontier[parent_of[j]] for j in order], tokens, torch.cat([kept_phi, kept_g], 1))

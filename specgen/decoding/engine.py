@@ -1,0 +1,332 @@
+"""The round loop: draft, verify, accept, commit. Knows nothing about rendering or text.
+
+One engine, batch-first: a single prompt is a batch of one row. Every round, for every active
+row: (1) the drafter proposes (a chain, a tree, or nothing); (2) the target scores every row's
+[root, proposal] in ONE forward (verify.py); (3) each row's acceptance rule keeps a path plus
+one target token; (4) the commit sets each row's cache length (a chain) or gathers the accepted
+path into place (a tree) and tells the drafter what was kept. In deterministic mode a row
+whose window is full is then replayed at a fixed shape (replay.py), which decides what is
+final. Rows join and leave between rounds (dynamic batching).
+
+The target cache lives as long as the engine: when a generation ends its last rows stay, so
+the next generation can resume a row (a chat turn keeps the longest common prefix of both
+caches) or reuse its buffers (captured CUDA graphs stay valid). Each row reports a Joined
+event, its rounds (RoundResult) and replays (ReplayResult), then Finished; the host syncs per
+round are the reads of the verdicts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+import torch
+
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding import verify
+from specgen.decoding.drafters.base import Drafter, NoDrafter, Proposal
+from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason, TreeInfo
+from specgen.decoding.length import LengthPolicy, make_policy
+from specgen.decoding.replay import replay_tokens, window_start
+from specgen.decoding.sampling import make_generator
+from specgen.decoding.tree import DraftTree
+from specgen.errors import PromptError
+from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps
+from specgen.text import common_prefix
+
+
+@dataclass
+class DecodeState:
+    """One row: its committed sequence; the cache row holds all of it but the last token."""
+
+    ids: list[int]
+    cache: kvcache.SlotCache
+    prompt_length: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None = field(default=None, repr=False)
+    length: LengthPolicy | None = None  # the draft-length policy (length.py), kept across chat turns
+    row: int = 0  # this sequence's row in the cache (and in the drafter)
+    index: int = 0  # the prompt's position in the generation's input
+    budget: int = 0  # new tokens allowed (max_new_tokens within the context)
+    context_bound: bool = False  # the budget was cut by the context length
+    verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
+    reused_tokens: int = 0  # cache positions kept from the row's previous generation
+    prefill_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+    stop: str | None = None
+
+    def limit(self, config: GenerationConfig) -> int:
+        """The length this row's fast path may reach before it must stop (or replay)."""
+        end = self.prompt_length + self.budget
+        if config.deterministic:
+            start = window_start(max(self.verified, self.prompt_length), self.prompt_length,
+                                 config.verify_window)
+            end = min(end, start + config.verify_window)
+        return end
+
+    def final_ids(self, config: GenerationConfig) -> list[int]:
+        """The generated tokens that are final: all of them, or in deterministic mode the
+        replay-verified ones."""
+        end = max(self.verified, self.prompt_length) if config.deterministic else len(self.ids)
+        return self.ids[self.prompt_length: end]
+
+
+@dataclass(frozen=True)
+class RowEvent:
+    """One event of one row of a batch; `index` is the prompt's position in the input."""
+
+    index: int
+    event: Event
+    elapsed: float  # seconds since the row's prefill started
+    state: DecodeState
+
+
+class Engine:
+    """Runs plain or speculative decoding of `target_model` over one or many rows."""
+
+    def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int], context_length: int,
+                 drafter: Drafter | None = None, vocab: int | None = None, compile: str = "off",
+                 cache: kvcache.SlotCache | None = None):
+        self.model = target_model
+        self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
+        self.device = device
+        self.stop_ids = stop_ids
+        self.context_length = context_length
+        self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+        self.steps = Steps(target_model, compile)  # the target's forwards, fixed widths captured
+        # the target cache, kept across generations; chat passes its conversation's on when the
+        # drafter changes (a new engine), so the target keeps what it holds
+        self.cache = cache if cache is not None else kvcache.SlotCache(target_model.config, rows=0)
+        self._spare = False  # row 0 holds a finished row that the next join may take
+
+    # -- the loop ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
+                 resume: DecodeState | None = None) -> Iterator[RowEvent]:
+        """Decode every prompt, `batch_size` rows at a time; rows join as others finish.
+
+        With `resume` (this engine's state of a previous generation, one prompt) the caches
+        keep the longest common prefix of the old and the new sequence, so a chat turn
+        prefills only its new tokens. Yields each row's events as they happen; `index` is the
+        prompt's position in `prompts`.
+        """
+        for i, prompt in enumerate(prompts):
+            self._check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
+        if resume is not None and len(prompts) != 1:
+            raise ValueError("resume continues one prompt")
+        resumed = resume is not None and resume.cache is self.cache and resume.row < self.cache.rows
+        self._settle(resume.row if resumed else None)
+        waiting = list(enumerate(prompts))[::-1]
+        rows: list[DecodeState] = []
+        while rows or waiting:
+            while waiting and len(rows) < batch_size:
+                index, prompt = waiting.pop()
+                state = self._join(index, prompt, config, resume if resumed else None)
+                rows.append(state)
+                yield self._event(state, Joined(len(prompt), state.reused_tokens, state.prefill_seconds))
+            for state, result in zip(rows, self._round(rows, config)):
+                yield self._event(state, result)
+                replay = self._close_window(state, config, result)
+                if replay is not None:
+                    yield self._event(state, replay)
+            done = [state for state in rows if state.stop is not None]
+            for state in done:
+                yield self._event(state, Finished(state.stop))
+            if done:
+                keep = [i for i, state in enumerate(rows) if state.stop is None]
+                rows = [rows[i] for i in keep]
+                if rows or waiting:  # the last rows stay in the cache for the next generation
+                    self._select(keep)
+                    for row, state in enumerate(rows):
+                        state.row = row
+
+    def setup_seconds(self) -> float:
+        """Seconds spent so far capturing (and compiling) fixed-shape steps, target and draft."""
+        return self.steps.setup_seconds + self.drafter.setup_seconds()
+
+    @staticmethod
+    def headroom(config: GenerationConfig) -> int:
+        """Slots a round may write past the committed sequence (draft window or tree)."""
+        return max(config.round_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2
+
+    # -- rows joining and leaving -------------------------------------------------------------
+    def _settle(self, resumed_row: int | None) -> None:
+        """Before a generation: keep only the resumed row, or one spare row whose buffers (and
+        captured graphs) the first joining row reuses."""
+        keep = [resumed_row] if resumed_row is not None else list(range(min(self.cache.rows, 1)))
+        self._select(keep)
+        self._spare = resumed_row is None and self.cache.rows == 1
+
+    def _select(self, keep: list[int]) -> None:
+        self.cache.select(keep)
+        self.drafter.leave(keep)
+
+    @torch.inference_mode()
+    def _join(self, index: int, prompt: list[int], config: GenerationConfig, resume: DecodeState | None) -> DecodeState:
+        started = time.perf_counter()
+        cache = self.cache
+        if resume is not None:
+            state, row = resume, resume.row
+            common = common_prefix(state.ids, prompt)
+            keep = min(common, len(prompt) - 1, cache.lengths[row])
+            state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
+        else:
+            row = 0 if self._spare else cache.add_row()
+            common = keep = 0
+            state = DecodeState(list(prompt), cache, len(prompt), config.sampling, row=row)
+        self._spare = False
+        kvcache.set_length(cache, row, keep)
+        capacity = self._capacity(len(prompt), config)
+        cache.reserve(capacity)
+        if len(prompt) - 1 > keep:
+            self._forward(torch.tensor([prompt[keep:-1]], device=self.device), keep=1, row=row)
+        state.generator = self._generator(config, index)  # one stream for the row's draft and verdicts
+        if config.method is not Method.PLAIN:
+            self.drafter.rewind(row, common)
+            self.drafter.join(row, prompt, state.generator, capacity)
+        state.ids, state.prompt_length, state.index, state.sampling = list(prompt), len(prompt), index, config.sampling
+        state.reused_tokens, state.verified, state.stop, state.started = keep, len(prompt), None, started
+        if state.length is None:
+            cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
+            state.length = make_policy(config.schedule, config.round_tokens, cost=cost)
+        state.budget = min(config.max_new_tokens, self.context_length - state.prompt_length)
+        state.context_bound = state.budget < config.max_new_tokens
+        state.prefill_seconds = time.perf_counter() - started
+        return state
+
+    # -- one round for every row ----------------------------------------------------------------
+    @torch.inference_mode()
+    def _round(self, rows: list[DecodeState], config: GenerationConfig) -> list[RoundResult]:
+        """Draft, verify (one forward for all rows), accept and commit; one result per row."""
+        started = time.perf_counter()
+        # the roots go to the device now, while it is idle: copied after the draft steps were
+        # queued, a host list would wait for all of them
+        roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
+        ks = [self._k(state, config) for state in rows]
+        if any(ks):
+            proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
+        else:
+            proposals = [Proposal.empty() for _ in rows]
+        drafted = time.perf_counter()
+        inputs = [verify.RowInput(len(s.ids), p, s.sampling, s.generator) for s, p in zip(rows, proposals)]
+        scored = verify.forward(self.steps, self.cache, inputs, roots)
+        verdicts = verify.accept(inputs, scored, config, self.vocab)
+        verified = time.perf_counter()
+        return [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted)
+                for state, proposal, verdict, tree in zip(rows, proposals, verdicts, scored.trees)]
+
+    def _k(self, state: DecodeState, config: GenerationConfig) -> int:
+        """How many tokens the row may draft this round (0: none)."""
+        if config.method is Method.PLAIN:
+            return 0
+        remaining = state.limit(config) - len(state.ids)
+        if config.method.is_tree and remaining <= config.tree_depth:
+            return 0  # too close to the end for a tree
+        return max(min(state.length.next_k(), remaining - 1), 0)
+
+    def _commit(self, state: DecodeState, proposal: Proposal, verdict: verify.Verdict, tree: DraftTree | None,
+                config: GenerationConfig, draft_seconds: float, verify_seconds: float) -> RoundResult:
+        """Append the committed tokens; both caches keep everything but the new last token."""
+        remaining = state.limit(config) - len(state.ids)
+        draft, path = verdict.draft, verdict.path
+        tree_info = None
+        if tree is not None:
+            kvcache.keep_positions(state.cache, len(state.ids) - 1, torch.tensor([0] + path, device=self.device),
+                                   row=state.row)
+            rejected = tuple(draft[node - 1] for node in verdict.tried)
+            tree_info = TreeInfo([state.ids[-1]] + draft, tree.parents, path, verdict.tried)
+        else:
+            rejected = tuple(draft[verdict.accepted:])
+            if proposal.size:
+                state.length.update(len(draft), verdict.accepted)  # before any cut
+        emitted, stop = self._cut([draft[node - 1] for node in path] + [verdict.token], remaining)
+        state.ids.extend(emitted)
+        kvcache.set_length(state.cache, state.row, len(state.ids) - 1)
+        if proposal.size:
+            self.drafter.observe(state.row, path[: len(emitted) - 1])
+        if stop is None and not config.deterministic and len(state.ids) - state.prompt_length >= state.budget:
+            stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
+        if not config.deterministic:
+            state.stop = stop
+        return RoundResult(draft, verdict.accepted, verdict.token, emitted, draft_seconds, verify_seconds, stop,
+                           rejected, tree_info)
+
+    # -- deterministic mode -----------------------------------------------------------------
+    def _close_window(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> ReplayResult | None:
+        """In deterministic mode, replay the row's window once it is full or the row stopped."""
+        if not config.deterministic:
+            return None
+        start = window_start(state.verified, state.prompt_length, config.verify_window)
+        if len(state.ids) < min(start + config.verify_window, state.prompt_length + state.budget) and \
+                result.stop is None:
+            return None
+        replay = self._replay(state, config, start)
+        stop = None
+        if state.ids[state.verified - 1] in self.stop_ids and state.verified > state.prompt_length:
+            stop = StopReason.EOS
+        elif state.verified - state.prompt_length >= state.budget:
+            stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
+        state.stop = stop
+        return replace(replay, stop=stop)
+
+    @torch.inference_mode()
+    def _replay(self, state: DecodeState, config: GenerationConfig, start: int) -> ReplayResult:
+        """Replay the window at `start` at the fixed shape (1, N); keep the matching prefix."""
+        started = time.perf_counter()
+        window, verified = config.verify_window, state.verified
+        kvcache.set_length(state.cache, state.row, start - 1)
+
+        def forward(cache, ids):  # the same eager path for a row alone and a row of a batch
+            return self._forward(ids, row=state.row)
+        replayed = replay_tokens(forward, state.cache, state.ids, start, window, state.sampling,
+                                 self.device, state.ids[start - 1], self.vocab)
+        ids = state.ids
+        # at most N host comparisons of token ids per replay (never a loop over the vocabulary)
+        mismatch = next((p for p in range(verified, len(ids)) if ids[p] != replayed[p - start]), None)
+        rolled_back, correction = (), None
+        checked = (mismatch + 1 if mismatch is not None else len(ids)) - verified
+        if mismatch is not None:
+            rolled_back, correction = tuple(ids[mismatch:]), replayed[mismatch - start]
+            del ids[mismatch:]
+            ids.append(correction)
+            if config.method is not Method.PLAIN:
+                self.drafter.rewind(state.row, mismatch)
+        kvcache.set_length(state.cache, state.row, len(ids) - 1)  # keep the replay's KV of verified tokens
+        state.verified = len(ids)
+        return ReplayResult(start, checked, rolled_back, correction, len(ids), time.perf_counter() - started)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _event(self, state: DecodeState, event) -> RowEvent:
+        return RowEvent(state.index, event, time.perf_counter() - state.started, state)
+
+    def _check_prompt(self, prompt_ids: list[int], what: str) -> None:
+        if not prompt_ids:
+            raise PromptError(f"{what} is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptError(f"{what} has {len(prompt_ids)} tokens but the context holds "
+                              f"{self.context_length}; shorten it")
+
+    def _forward(self, input_ids: torch.Tensor, keep: int = 0, row: int = 0) -> torch.Tensor:
+        """An eager forward of any length (prefills, replays) on one row's own slots."""
+        rows = slice(row, row + 1) if self.cache.rows > 1 else None
+        return kvcache.forward(self.steps.call, self.cache, input_ids, keep=keep, rows=rows,
+                               full_view=self.steps.mode == "inductor")
+
+    def _capacity(self, prompt_length: int, config: GenerationConfig) -> int:
+        """Slots a row may reach: the whole generation plus one round's headroom (caches are
+        preallocated for it, so fixed-shape steps keep their shapes)."""
+        return min(prompt_length + config.max_new_tokens, self.context_length) + self.headroom(config)
+
+    def _generator(self, config: GenerationConfig, index: int) -> torch.Generator | None:
+        """Row `index`'s random stream: the seed plus the row's index (fresh entropy without one)."""
+        sampling = config.sampling
+        if sampling.greedy:
+            return None
+        return make_generator(None if sampling.seed is None else sampling.seed + index, self.device)
+
+    def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
+        for i, token in enumerate(emitted[:remaining]):
+            if token in self.stop_ids:
+                return emitted[: i + 1], StopReason.EOS
+        return emitted[:remaining], None

@@ -1,0 +1,113 @@
+"""The one driver: prompts -> engine events -> Stats -> outcomes. Every front end (run, chat,
+bench, the server) drives a generation through these functions, so there is one place that
+folds events into statistics and one place that says which tokens are final.
+
+* `fold`: the engine's events, each with its row's Stats brought up to date;
+* `generate`: one prompt into a renderer (text views per round); Ctrl-C ends it early and
+  keeps what was made; with `state` a chat turn continues its caches;
+* `run_prompts`: many prompts (dynamic batching), outcomes in input order; Ctrl-C keeps the
+  finished ones and marks the rest unfinished.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from specgen.config import GenerationConfig
+from specgen.decoding.engine import DecodeState, Engine, RowEvent
+from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
+from specgen.decoding.stats import Stats
+from specgen.decoding.views import Outcome, Renderer, replay_view, round_view
+from specgen.text import TextStream
+
+
+def weight_format(engine: Engine) -> str:
+    """The target's weight dtype, as the statistics name it."""
+    return str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+
+
+def fold(engine: Engine, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
+         resume: DecodeState | None = None, label: str | None = None) -> Iterator[tuple[RowEvent, Stats]]:
+    """The engine's events for `prompts`, each with its row's Stats (labelled `label`, default
+    the method's name) updated to include it."""
+    dtype, label = weight_format(engine), label or config.method.value
+    stats: dict[int, Stats] = {}
+    setup: dict[int, float] = {}
+    for report in engine.generate(prompts, config, batch_size, resume):
+        row = stats.setdefault(report.index, Stats(method=label, prompt_tokens=len(prompts[report.index]),
+                                                   dtype=dtype))
+        row.add(report.event, report.elapsed)
+        if isinstance(report.event, Joined):
+            setup[report.index] = engine.setup_seconds()
+        elif isinstance(report.event, RoundResult):
+            row.setup_seconds = engine.setup_seconds() - setup[report.index]
+        yield report, row
+
+
+def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: GenerationConfig, renderer: Renderer,
+             state: DecodeState | None = None, label: str | None = None) -> Outcome:
+    """Run one generation into `renderer`; Ctrl-C ends it early and keeps what was made.
+
+    With `state` (from a previous Outcome of this engine) the caches are reused where the new
+    prompt agrees with what they hold; the returned Outcome carries the state for the next turn.
+    """
+    stats = Stats(method=label or config.method.value, prompt_tokens=len(prompt_ids), dtype=weight_format(engine))
+    stream = TextStream(tokenizer)
+    interrupted = False
+    with renderer:
+        try:
+            for report, stats in fold(engine, [prompt_ids], config, resume=state, label=label):
+                state, event = report.state, report.event
+                if isinstance(event, RoundResult):
+                    renderer.on_round(round_view(event, stream, pending=config.deterministic), stats)
+                elif isinstance(event, ReplayResult):
+                    renderer.on_replay(replay_view(event, stream), stats)
+        except KeyboardInterrupt:
+            interrupted = True
+    ids = stream.ids
+    if config.deterministic and state is not None:
+        ids = ids[: max(state.verified - len(prompt_ids), 0)]  # only replay-verified tokens are final
+    stats.interrupted = int(interrupted)
+    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state)
+    renderer.finish(outcome)
+    return outcome
+
+
+def run_prompts(engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig,
+                batch_size: int = 1) -> Iterator[tuple[int, Outcome]]:
+    """Yield (index, Outcome) in input order; the engine itself finishes rows in any order.
+
+    Ctrl-C (raised while decoding, or thrown in at a yield by the caller) ends the decoding; the
+    rows finished so far are still yielded in order, every other row as `unfinished`.
+    """
+    done, next_index = {}, 0
+    try:
+        for report, stats in fold(engine, prompts, config, batch_size):
+            if isinstance(report.event, Finished):
+                ids = report.state.final_ids(config)
+                done[report.index] = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
+            while next_index in done:
+                yield next_index, done.pop(next_index)
+                next_index += 1
+    except KeyboardInterrupt:
+        for index in range(next_index, len(prompts)):
+            yield index, done.pop(index) if index in done else unfinished(prompts[index], config)
+
+
+def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:
+    """A prompt that Ctrl-C stopped before it finished: no text, marked interrupted."""
+    return Outcome("", [], Stats(method=config.method.value, prompt_tokens=len(prompt_ids), interrupted=1),
+                   interrupted=True)
+
+
+def timed(engine: Engine, prompt_ids: list[int], config: GenerationConfig, label: str | None = None):
+    """One generation measured as bench needs it: (final token ids, Stats, wall seconds from the
+    call to the last token, tokens that arrived with the first round)."""
+    started = time.perf_counter()
+    first_tokens, stats, state = 0, None, None
+    for report, stats in fold(engine, [prompt_ids], config, label=label):
+        state = report.state
+        if isinstance(report.event, RoundResult):
+            first_tokens = first_tokens or len(report.event.emitted)
+    return state.final_ids(config), stats, time.perf_counter() - started, first_tokens

@@ -1,0 +1,170 @@
+"""The one counter: what a generation did (acceptance, tokens per target forward, timings,
+histograms, replays), folded from the engine's events, and merged for totals.
+
+Rates are computed here and nowhere else (`rate`), for one generation, for chat's session
+totals (`merge`) and for bench's pooled rows. No torch import: renderers and the client read it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult
+
+
+def rate(part: float, whole: float) -> float | None:
+    """part / whole, or None when there is no whole (nothing drafted, no forward, no time)."""
+    return part / whole if whole else None
+
+
+@dataclass
+class Stats:
+    method: str
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    seconds: float = 0.0  # wall time from the start of prefill to the last token
+    time_to_first_token: float | None = None
+    accepted_lengths: Counter = field(default_factory=Counter)
+    tree_sizes: list[int] = field(default_factory=list)  # draft nodes per tree round
+    verified_windows: int = 0  # deterministic mode: replays run
+    rollbacks: int = 0  # replays that discarded tokens
+    rolled_back_tokens: int = 0
+    replay_seconds: float = 0.0
+    stop: str | None = None
+    dtype: str | None = None  # the target's weight format (what --dtype auto chose)
+    setup_seconds: float = 0.0  # capturing and compiling fixed-shape steps (first use of a shape)
+    reused_tokens: int = 0  # prompt tokens served from the caches of an earlier generation
+    generations: int = 1  # how many generations these counts cover (more after `merge`)
+    interrupted: int = 0  # of those, how many Ctrl-C (or a client) cut short
+
+    # -- folding events -----------------------------------------------------------------------
+    def add(self, event: Event, elapsed: float) -> None:
+        """Fold one engine event in; `elapsed` is the wall time since the row's prefill started."""
+        if isinstance(event, RoundResult):
+            self._round(event, elapsed)
+        elif isinstance(event, ReplayResult):
+            self._replay(event, elapsed)
+        elif isinstance(event, Joined):
+            self.prompt_tokens = event.prompt_tokens
+            self.reused_tokens = event.reused_tokens
+            self.prefill_seconds = event.prefill_seconds
+        elif isinstance(event, Finished):
+            self.stop = event.stop or self.stop
+
+    def _round(self, result: RoundResult, elapsed: float) -> None:
+        self.rounds += 1
+        self.new_tokens += len(result.emitted)
+        # drafts past the stopping point (EOS or the length limit inside the accepted part)
+        # were never in question: they do not count as proposed
+        cut_inside = result.stop is not None and len(result.emitted) <= result.accepted
+        self.drafted += len(result.emitted) if cut_inside else len(result.draft_tokens)
+        self.accepted += result.accepted_emitted
+        self.draft_seconds += result.draft_seconds
+        self.verify_seconds += result.verify_seconds
+        if result.draft_tokens:
+            self.accepted_lengths[result.accepted] += 1
+        if result.tree is not None:
+            self.tree_sizes.append(len(result.tree.tokens) - 1)
+        if self.time_to_first_token is None and result.emitted:
+            self.time_to_first_token = elapsed
+        self.seconds = elapsed
+        self.stop = result.stop or self.stop
+
+    def _replay(self, replay: ReplayResult, elapsed: float) -> None:
+        """A deterministic-mode replay: discarded tokens leave the count, a correction joins."""
+        self.verified_windows += 1
+        self.replay_seconds += replay.seconds
+        if replay.rolled_back:
+            self.rollbacks += 1
+            self.rolled_back_tokens += len(replay.rolled_back)
+            self.new_tokens -= len(replay.rolled_back)
+        if replay.correction is not None:
+            self.new_tokens += 1
+        self.seconds = elapsed
+        self.stop = replay.stop or self.stop
+
+    def merge(self, other: "Stats") -> "Stats":
+        """The totals of two (sets of) generations: counts, times and histograms added; the
+        first token time and the format of the first; the method kept when both agree."""
+        return replace(
+            self, method=self.method if self.method == other.method else "mixed",
+            **{name: getattr(self, name) + getattr(other, name) for name in _SUMMED},
+            accepted_lengths=self.accepted_lengths + other.accepted_lengths,
+            tree_sizes=self.tree_sizes + other.tree_sizes,
+            time_to_first_token=self.time_to_first_token if self.time_to_first_token is not None
+            else other.time_to_first_token,
+            stop=other.stop or self.stop, dtype=self.dtype or other.dtype)
+
+    # -- derived figures ------------------------------------------------------------------------
+    @property
+    def target_forwards(self) -> int:
+        """Target forwards while decoding: one per round, plus one per replay (prefill excluded)."""
+        return self.rounds + self.verified_windows
+
+    @property
+    def acceptance_rate(self) -> float:
+        return rate(self.accepted, self.drafted) or 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return rate(self.new_tokens, self.target_forwards) or 0.0
+
+    @property
+    def decode_seconds(self) -> float:
+        """Decoding alone: after prefill, without compiling and capturing steps."""
+        return max(self.seconds - self.prefill_seconds - self.setup_seconds, 0.0)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: new tokens over the time after prefill."""
+        return rate(self.new_tokens, self.decode_seconds) or 0.0
+
+    @property
+    def mean_tree_size(self) -> float:
+        return rate(sum(self.tree_sizes), len(self.tree_sizes)) or 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "target_forwards": self.target_forwards,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
+            "seconds": round(self.seconds, 4),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "setup_seconds": round(self.setup_seconds, 4),
+            "time_to_first_token": round(self.time_to_first_token or 0.0, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "verify_seconds": round(self.verify_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "accepted_length_histogram": histogram(self.accepted_lengths),
+            "tree_size_per_round": list(self.tree_sizes),
+            "mean_tree_size": round(self.mean_tree_size, 3),
+            "verified_windows": self.verified_windows,
+            "rollbacks": self.rollbacks,
+            "rolled_back_tokens": self.rolled_back_tokens,
+            "replay_seconds": round(self.replay_seconds, 4),
+            "stop_reason": self.stop,
+            "dtype": self.dtype,
+        }
+
+
+_SUMMED = ("prompt_tokens", "new_tokens", "rounds", "drafted", "accepted", "prefill_seconds", "draft_seconds",
+           "verify_seconds", "seconds", "verified_windows", "rollbacks", "rolled_back_tokens", "replay_seconds",
+           "setup_seconds", "reused_tokens", "generations", "interrupted")
+
+
+def histogram(counts) -> dict[str, int]:
+    """{accepted length: rounds} with string keys in numeric order, as JSON carries it."""
+    return {str(k): v for k, v in sorted(counts.items(), key=lambda kv: int(kv[0]))}

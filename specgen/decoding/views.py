@@ -1,0 +1,120 @@
+"""A generation as text: what renderers (the terminal, a server's relay) are shown.
+
+Each round's committed tokens are pushed once through an incremental `TextStream`, so the text
+is never re-decoded as a whole. Host data only (no torch import): a client reads it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.stats import Stats
+from specgen.text import TextStream
+
+
+@dataclass(frozen=True)
+class TreeView:
+    """A tree round as text: node texts (index 0 the root), parents, what was accepted/tried."""
+
+    texts: list[str]
+    parents: tuple[int, ...]
+    accepted: frozenset[int]
+    tried: frozenset[int]
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """One round as text: accepted draft pieces, the target's piece, discarded draft pieces."""
+
+    accepted: list[str]
+    target: str
+    rejected: list[str] = field(default_factory=list)
+    tree: TreeView | None = None
+    pending: bool = False  # deterministic mode: not yet verified by a replay
+
+
+@dataclass(frozen=True)
+class ReplayView:
+    """A replay closed the pending tokens: the last `len(rolled_back)` were discarded."""
+
+    rolled_back: list[str]
+    correction: str | None  # the replay's own token at the first mismatch
+
+
+@dataclass
+class Outcome:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    interrupted: bool = False
+    extra: dict = field(default_factory=dict)
+    state: object = field(default=None, repr=False)  # the engine's DecodeState, for the next turn
+
+
+class Renderer(Protocol):
+    """Shows one generation: entered before the prefill, a call per round and per replay, exited
+    when decoding ends (also on Ctrl-C), then `finish` with the outcome."""
+
+    def __enter__(self): ...
+
+    def __exit__(self, *exc): ...
+
+    def on_round(self, view: RoundView, stats: Stats) -> None: ...
+
+    def on_replay(self, view: ReplayView, stats: Stats) -> None: ...
+
+    def finish(self, outcome: Outcome) -> None: ...
+
+
+class Silent:
+    """A renderer that shows nothing (warm-ups, measurements)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def on_round(self, view: RoundView, stats: Stats) -> None:
+        pass
+
+    def on_replay(self, view: ReplayView, stats: Stats) -> None:
+        pass
+
+    def finish(self, outcome: Outcome) -> None:
+        pass
+
+
+def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundView:
+    """Text for one round: each committed token pushed once through the stream."""
+    accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
+    target = stream.push(result.emitted[-1]) if result.target_emitted else ""
+    rejected = [stream.token_text(t) for t in result.rejected]
+    tree = None
+    if result.tree is not None:
+        info = result.tree
+        tree = TreeView([stream.token_text(t) for t in info.tokens], info.parents,
+                        frozenset(info.accepted_nodes), frozenset(info.tried))
+    return RoundView(accepted, target, rejected, tree, pending)
+
+
+def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:
+    """Roll the text stream back past discarded tokens, then push the correction."""
+    rolled = [stream.token_text(t) for t in replay.rolled_back]
+    correction = None
+    if replay.rolled_back:
+        stream.truncate(len(stream.ids) - len(replay.rolled_back))
+    if replay.correction is not None:
+        correction = stream.push(replay.correction)
+    return ReplayView(rolled, correction)
+
+
+def summary_line(outcome: Outcome) -> str:
+    """One line for a finished generation: plain output's stderr, the server's log."""
+    s = outcome.stats
+    note = " (interrupted)" if outcome.interrupted else ""
+    accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
+    return (f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
+            f"{s.tokens_per_target_forward:.2f} tokens/target forward, {s.tokens_per_second:.1f} tok/s{note}")

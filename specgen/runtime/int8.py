@@ -1,0 +1,263 @@
+"""Int8 linears for the CPU that give every row the same result alone or in a batch.
+
+Why not torch's `quantize_dynamic`: its x86 kernel quantizes the activations with ONE scale
+for the whole input matrix, so the logits of a token depend on which other tokens share its
+forward. A k+1-token verify would then score a token differently from a plain one-token step,
+and greedy speculative decoding would no longer reproduce plain decoding of the same model.
+
+`RowInt8Linear` computes y = x W^T + b with
+- W quantized once, per output channel, to int8 (symmetric, scale = max|W_row| / 127);
+- each input row x_i divided by its own max |x_i| (so every row spans [-1, 1]), then quantized
+  with one FIXED scale and zero point (7 bits, the range the x86 u8*s8 kernels take without
+  saturating), multiplied in int32 by fbgemm (exact integer arithmetic), dequantized, and
+  multiplied back by max |x_i|.
+The fixed input scale makes the integer product of a row depend on that row only, and the
+epilogue is elementwise, so a row's output is bitwise the same at any batch width (tested).
+Relative error against fp32 is about 2%, the same as torch's dynamic kernel, at about its
+speed (benchmarks/README.md).
+
+`quantize_model` takes already-quantized weights when it is given them (runtime/quant.py
+caches them on disk); fbgemm's packing, whose layout cannot be saved, is redone at every load.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+_ZERO_POINT = 64
+_INPUT_SCALE = 1.0 / 63.0  # x / max|x| in [-1, 1] -> round(x * 63) + 64 in [1, 127]: 7 bits
+
+
+def available() -> bool:
+    return "x86" in torch.backends.quantized.supported_engines or \
+        "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def _engine() -> None:
+    engines = torch.backends.quantized.supported_engines
+    if torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        torch.backends.quantized.engine = "x86" if "x86" in engines else "fbgemm"
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (int8 [N, K], fp32 scales [N]), symmetric per output channel."""
+    weight = weight.detach().float()
+    scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def _pack(qweight: torch.Tensor, scales: torch.Tensor):
+    _engine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors announce their deprecation
+        qtensor = torch._make_per_channel_quantized_tensor(
+            qweight, scales.double(), torch.zeros(len(scales), dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qtensor, None)
+
+
+# fbgemm packs a tall weight several times slower per weight than one of 20K rows or fewer (the
+# 1.5B target's 151936-row output layer), and one weight is packed by one thread; so weights
+# taller than CHUNK_ABOVE rows are packed as row chunks of
+# CHUNK_ROWS, in parallel. The forward multiplies the chunks one after the other into one
+# output (each output channel's product is its own: bitwise the same, tested) at the same speed.
+CHUNK_ABOVE = 32768
+CHUNK_ROWS = 20480
+
+
+def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+    """fbgemm packs one weight on one thread: pack (int8 rows, scales) pairs on every thread."""
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        return list(pool.map(lambda part: _pack(*part), parts))
+
+
+def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
+    """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel."""
+    q, scales = quantize_weight(weight)
+    parts = _pack_all(_chunks(q, scales))
+    return RowInt8Linear(q, scales, bias, parts[0] if len(parts) == 1 else tuple(parts))
+
+
+def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(int8 rows, scales) as fbgemm should pack them: whole, or as row chunks when tall."""
+    if len(q) <= CHUNK_ABOVE:
+        return [(q, scales)]
+    return [(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
+
+
+def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x W^T + b with each row of `x` quantized on its own (see the module docstring).
+    `packed`: one fbgemm weight, or a tuple of row chunks of one.
+
+    Six dispatches on the hot path and no reshapes: fbgemm's op takes the input's leading
+    dimensions as they are."""
+    dtype = x.dtype
+    rows = x if dtype == torch.float32 else x.float()
+    peak = torch.amax(torch.abs(rows), -1, True).clamp_(min=1e-30)  # 5x cheaper than vector_norm(inf)
+    scaled = rows / peak
+    if isinstance(packed, tuple):
+        out = torch.cat([_int8_product(scaled, _INPUT_SCALE, _ZERO_POINT, p) for p in packed], -1)
+    else:
+        out = _int8_product(scaled, _INPUT_SCALE, _ZERO_POINT, packed)
+    out = torch.addcmul(bias, out, peak) if bias is not None else out.mul_(peak)
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
+def _int8_product(x, scale, zero_point, packed):
+    """fbgemm: quantize x with (scale, zero_point), int32 product with the packed int8 weight,
+    dequantize to fp32 with the weight's per-channel scales."""
+    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, packed)
+
+
+def _unpacked(packed) -> torch.Tensor:
+    """The dequantized weight of one packed weight or of its row chunks."""
+    chunks = packed if isinstance(packed, tuple) else (packed,)
+    return torch.cat([torch.ops.quantized.linear_unpack(p)[0].dequantize() for p in chunks])
+
+
+class RowInt8Linear(nn.Module):
+    """A drop-in nn.Linear replacement: int8 weights, per-row exact activation quantization."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, packed=None):
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self._packed = packed if packed is not None else _pack(qweight, scales)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (for inspection and tests; the forward never builds it)."""
+        return _unpacked(self._packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return row_linear(x, self._packed, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
+
+
+class _Fused:
+    """Sibling linears that read the same input (q/k/v, gate/up) as ONE int8 product.
+
+    A decoder layer calls q_proj(x), k_proj(x), v_proj(x) one after the other; the first call
+    computes all three (one row quantization, one fbgemm call over the concatenated weights)
+    and the others take their columns. Each output channel's integer product and epilogue are
+    those of the separate linear, so the parts are bitwise what the separate linears give
+    (tested). One product instead of three halves the cost of q/k/v at one row
+    (benchmarks/README.md)."""
+
+    def __init__(self, packed, bias: torch.Tensor | None, sizes: list[int]):
+        self.packed, self.bias, self.sizes = packed, bias, sizes
+        self._input = self._parts = None
+        self._served: set[int] = set()
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if x is not self._input or index in self._served:  # a new input (or the same part asked twice)
+            self._input, self._served = x, set()
+            self._parts = row_linear(x, self.packed, self.bias).split(self.sizes, -1)
+        part = self._parts[index]
+        self._served.add(index)
+        if len(self._served) == len(self.sizes):  # every sibling served: hold no tensors
+            self._input = self._parts = None
+        return part
+
+
+class RowInt8Part(RowInt8Linear):
+    """One linear of a `_Fused` group; looks like the RowInt8Linear it replaces."""
+
+    def __init__(self, fused: _Fused, index: int, in_features: int):
+        nn.Module.__init__(self)
+        self._fused, self._index = fused, index
+        self.in_features, self.out_features = in_features, fused.sizes[index]
+        start = sum(fused.sizes[:index])
+        self.bias = None if fused.bias is None else nn.Parameter(fused.bias[start:start + self.out_features],
+                                                                 requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        start = sum(self._fused.sizes[:self._index])
+        return _unpacked(self._fused.packed)[start:start + self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fused.part(x, self._index)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", fused part {self._index} of {len(self._fused.sizes)}"
+
+
+# the sibling linears of the decoder layers of Llama-style models (Qwen2, Llama, Mistral, ...)
+FUSABLE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fusable_groups(model: nn.Module) -> list[tuple[str, ...]]:
+    """Full names of sibling nn.Linears that read the same input, by the names above; all with
+    the same input width and all with or all without a bias."""
+    groups = []
+    for prefix, module in model.named_modules():
+        for names in FUSABLE:
+            children = [getattr(module, n, None) for n in names]
+            if not all(type(c) is nn.Linear for c in children):
+                continue
+            if len({c.in_features for c in children}) == 1 and len({c.bias is None for c in children}) == 1:
+                groups.append(tuple(f"{prefix}.{n}" if prefix else n for n in names))
+    return groups
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+Weights = dict  # linear name -> (int8 weight [N, K], fp32 scales [N])
+
+
+def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weights | None] = lambda shapes: None,
+                   store: Callable[[Weights], None] = lambda weights: None, fuse: bool = True) -> nn.Module:
+    """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear (sibling linears that
+    read the same input fused into one product unless `fuse` is False); the rest runs in fp32.
+    Weights come from `cached(shapes)` when it has them, else are quantized and handed to
+    `store`. Returns the model (changed in place)."""
+    model = model.float()
+    names = linear_names(model)
+    shapes = {name: tuple(model.get_submodule(name).weight.shape) for name in names}
+    weights = cached(shapes)
+    if weights is None:
+        weights = {name: quantize_weight(model.get_submodule(name).weight) for name in names}
+        store(weights)
+    groups = fusable_groups(model) if fuse else []
+    grouped = {name for group in groups for name in group}
+    jobs = [(name,) for name in names if name not in grouped] + groups
+
+    def chunks(job):  # (int8 rows, scales) of a job: one linear, or a group's concatenation
+        if len(job) == 1:
+            q, scales = weights[job[0]]
+        else:  # per output channel, so concatenating is exact
+            q, scales = torch.cat([weights[n][0] for n in job]), torch.cat([weights[n][1] for n in job])
+        return _chunks(q, scales)
+
+    work = sorted(((job, part) for job in jobs for part in chunks(job)), key=lambda item: -item[1][0].numel())
+    done = _pack_all([part for _, part in work])
+    packed = {}
+    for (job, _), result in zip(work, done):
+        packed.setdefault(job, []).append(result)
+    packed = {job: parts[0] if len(parts) == 1 else tuple(parts) for job, parts in packed.items()}
+
+    def replace(name, module):
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+    for job in jobs:
+        old = [model.get_submodule(n) for n in job]
+        if len(job) == 1:
+            replace(job[0], RowInt8Linear(*weights[job[0]], old[0].bias, packed[job]))
+            continue
+        bias = None if old[0].bias is None else torch.cat([m.bias.detach().float() for m in old])
+        fused = _Fused(packed[job], bias, [m.out_features for m in old])
+        for index, (name, module) in enumerate(zip(job, old)):
+            replace(name, RowInt8Part(fused, index, module.in_features))
+    return model

@@ -1,0 +1,326 @@
+"""KV caches preallocated and indexed by position (the gpt-fast design, on transformers' Cache API).
+
+`SlotCache` is a transformers `Cache` whose layers hold [rows, heads, capacity, dim] tensors
+allocated once. Every forward goes through `forward()` here, which says where each new token's
+K/V is written (slot = the row's length + offset + j) and passes an explicit 4D boolean mask:
+query j of row b sees the row's committed slots [0, base_b) and the in-flight slots that the
+caller's `tree` mask names (causal for a chain, ancestors for a tree). So:
+
+* rejecting drafts is a length decrement (`crop`): stale slots are never visible, and the next
+  write overwrites them;
+* a tree commit is a gather of the accepted path into place (`keep_positions`), with no
+  re-rotation (node positions were already base + depth);
+* every step has a fixed shape when `view` is the whole capacity, so it can be captured as a
+  CUDA graph (`compiled.Steps`); eagerly, attention reads only the used prefix (`view` = what is needed).
+
+Rows: a batch keeps one row per sequence, each with its own length (no left padding: every row
+writes at its own slots); rows join (`add_row`) and leave (`select`) between rounds.
+
+Nothing here edits a library's private fields: the layers are our own `CacheLayerMixin`
+subclass, and the model is called through its public forward.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+MIN_CAPACITY = 256
+_SERIALS = itertools.count()
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's K/V: written at the slots its cache names, read up to the cache's view."""
+
+    is_compileable = True
+
+    def __init__(self, owner: "SlotCache"):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        owner = self.owner
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (owner.rows, key_states.shape[1], owner.capacity)
+        self.keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.is_initialized = True  # fixed addresses from here on: captured CUDA graphs use them in place
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        owner = self.owner
+        keys, values = self.keys, self.values
+        if owner.active is not None:  # a forward over some rows only (a prefill of one row)
+            keys, values = keys[owner.active], values[owner.active]
+        slots = owner.slots if owner.slots.device == keys.device else owner.slots.to(keys.device)
+        if slots.shape[0] == 1:
+            keys.index_copy_(2, slots[0], key_states)
+            values.index_copy_(2, slots[0], value_states)
+        else:
+            index = slots[:, None, :, None]
+            keys.scatter_(2, index.expand_as(key_states), key_states)
+            values.scatter_(2, index.expand_as(value_states), value_states)
+        view = owner.view
+        if view == keys.shape[2]:
+            return keys, values
+        return keys[:, :, :view], values[:, :, :view]
+
+    def resize(self, capacity: int) -> None:
+        """Grow (copying what is held) or shrink the slot dimension."""
+        if not self.is_initialized:
+            return
+        old = self.keys.shape[2]
+        for name in ("keys", "values"):
+            tensor = getattr(self, name)
+            new = tensor.new_zeros(*tensor.shape[:2], capacity, tensor.shape[-1])
+            keep = min(old, capacity)
+            new[:, :, :keep] = tensor[:, :, :keep]
+            setattr(self, name, new)
+
+    def add_row(self) -> None:
+        if self.is_initialized:
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(1, *self.keys.shape[1:])])
+            self.values = torch.cat([self.values, self.values.new_zeros(1, *self.values.shape[1:])])
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.keys = self.keys.index_select(0, index.to(self.device))
+            self.values = self.values.index_select(0, index.to(self.device))
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.view, 0
+
+    def get_seq_length(self) -> int:
+        return max(self.owner.lengths, default=0)
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class SlotCache(Cache):
+    """A position-indexed KV cache for `rows` sequences; `lengths[b]` slots of row b are committed."""
+
+    def __init__(self, config, rows: int = 1, capacity: int | None = None):
+        config = _text_config(config)
+        self.rows, self.capacity = rows, capacity or MIN_CAPACITY
+        self.lengths = [0] * rows  # host copy: the engine always knows the committed lengths
+        self.slots: torch.Tensor | None = None  # [rows, n] write slots of the forward in flight
+        self.view = self.capacity  # key slots the forward in flight reads
+        self.active = None  # a row slice when a forward feeds some rows only
+        self.generation = 0  # bumped whenever the layers' buffers are reallocated (captured graphs go stale)
+        self.serial = next(_SERIALS)  # unique for the process (an id() can be reused after collection)
+        self._device_lengths: torch.Tensor | None = None  # `lengths` on the model's device
+        self._mirrored: list[int] = []  # the lengths that tensor holds
+        super().__init__(layers=[SlotLayer(self) for _ in range(config.num_hidden_layers)])
+
+    def device_lengths(self, device) -> torch.Tensor:
+        """`lengths` as a tensor on `device`, kept in step by one small fill per changed row.
+
+        A host list copied to a GPU each forward (pageable memory) would wait for every kernel
+        queued before it: a host sync per draft step. A fill takes its value as a kernel argument.
+        """
+        held = self._device_lengths
+        if held is None or held.device != torch.device(device) or len(self._mirrored) != self.rows:
+            held = self._device_lengths = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        else:
+            for row, (new, old) in enumerate(zip(self.lengths, self._mirrored)):
+                if new != old:
+                    held[row].fill_(new)
+        self._mirrored = list(self.lengths)
+        return held
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths, default=0)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Kept out of compiled regions (see `keep_update_out_of_compiled_regions`): one
+        compiled decoder layer serves every layer index."""
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.view, 0
+
+    @torch.inference_mode()
+    def reserve(self, length: int) -> None:
+        """Make room for `length` slots per row (capacity grows by doubling, never shrinks)."""
+        if length <= self.capacity:
+            return
+        capacity = max(self.capacity, MIN_CAPACITY)
+        while capacity < length:
+            capacity *= 2
+        for layer in self.layers:
+            layer.resize(capacity)
+        self.capacity = capacity
+        self.generation += 1
+
+    @torch.inference_mode()
+    def add_row(self) -> int:
+        """Append an empty row (a prompt joining a batch); returns its index."""
+        for layer in self.layers:
+            layer.add_row()
+        self.rows += 1
+        self.generation += 1
+        self.lengths.append(0)
+        return self.rows - 1
+
+    @torch.inference_mode()
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows `keep` (in that order). Keeping every row in place reallocates nothing
+        (captured CUDA graphs stay valid)."""
+        if keep == list(range(self.rows)):
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        for layer in self.layers:
+            layer.select_rows(index)
+        self.generation += 1
+        self.lengths = [self.lengths[i] for i in keep]
+        self.rows = len(keep)
+
+
+def new_cache(model, rows: int = 1, capacity: int | None = None) -> SlotCache:
+    return SlotCache(model.config, rows, capacity)
+
+
+def cache_length(cache: SlotCache) -> int:
+    return cache.lengths[0]
+
+
+def crop(cache: SlotCache, length: int) -> None:
+    """Keep the first `length` positions of every row (the slots past them are free again)."""
+    if any(length > held for held in cache.lengths):
+        raise ValueError(f"cannot crop a cache of {max(cache.lengths)} up to {length}")
+    cache.lengths = [length] * cache.rows
+
+
+def set_length(cache: SlotCache, row: int, length: int) -> None:
+    """Row `row` keeps its first `length` slots (never more than it holds)."""
+    if not 0 <= length <= cache.lengths[row]:
+        raise ValueError(f"row {row} holds {cache.lengths[row]} slots, cannot keep {length}")
+    cache.lengths[row] = length
+
+
+def set_lengths(cache: SlotCache, lengths: list[int]) -> None:
+    """Per-row crop: row b keeps its first lengths[b] slots."""
+    if any(new > held or new < 0 for new, held in zip(lengths, cache.lengths)):
+        raise ValueError(f"cannot set lengths {lengths} on a cache holding {cache.lengths}")
+    cache.lengths = list(lengths)
+
+
+@torch.inference_mode()
+def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | None = None) -> None:
+    """Keep slots [0, start) plus the slots `start + keep` (in that order) moved into place after it.
+
+    Used after a tree round: the accepted path is gathered into contiguous slots. Their rotary
+    positions were already start + depth, so no re-rotation is needed. `row`: one row only.
+    """
+    count = keep.shape[0]
+    rows = slice(None) if row is None else slice(row, row + 1)
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        source = keep.to(layer.device) + start
+        target = torch.arange(start, start + count, device=layer.device)
+        for tensor in (layer.keys[rows], layer.values[rows]):
+            tensor.index_copy_(2, target, tensor.index_select(2, source))
+    if row is None:
+        cache.lengths = [start + count] * cache.rows
+    else:
+        cache.lengths[row] = start + count
+
+
+def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, view: int) -> torch.Tensor:
+    """[rows, 1, n, view] bool: slot s is visible to query j of row b iff s < bases[b], or
+    s = bases[b] + c with tree[b, j, c] (c < offset + n: the in-flight slots of this round)."""
+    rows, n, width = tree.shape
+    rel = torch.arange(view, device=bases.device)[None, :] - bases[:, None]  # [rows, view]
+    inside = (rel >= 0) & (rel < width)
+    column = torch.where(inside, rel, width)  # a column of False for slots outside the tree
+    padded = torch.cat([tree, tree.new_zeros(rows, n, 1)], dim=2)  # [rows, n, width + 1]
+    visible = padded.gather(2, column[:, None, :].expand(rows, n, view))  # [rows, n, view]
+    return ((rel < 0)[:, None, :] | visible)[:, None]
+
+
+def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, offset: int, depth: torch.Tensor,
+        tree: torch.Tensor, view: int, keep: int = 0, rows: slice | None = None) -> torch.Tensor:
+    """The device-only part of a forward (capturable in a CUDA graph): slots, positions, mask, model."""
+    n = input_ids.shape[1]
+    cache.slots = bases[:, None] + torch.arange(offset, offset + n, device=bases.device)
+    cache.view, cache.active = view, rows
+    mask = _mask(bases, offset, tree, view)
+    out = call(input_ids=input_ids, position_ids=bases[:, None] + depth, attention_mask=mask,
+               past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    cache.active = None
+    return out.logits
+
+
+@torch.inference_mode()
+def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, offset: int = 0,
+            depth: torch.Tensor | None = None, tree: torch.Tensor | None = None,
+            rows: slice | None = None, runner=None, full_view: bool = False) -> torch.Tensor:
+    """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
+
+    `tree` [n, offset + n] or per row [b, n, offset + n] (bool) says which of this round's slots
+    each query sees (default: causal over the new tokens); `depth` [n] or [b, n] the positions
+    relative to the row's length (default offset + j). The row lengths afterwards are length + offset + n, as a growing cache would be.
+    `rows` feeds a slice of the rows (a prefill of one row of a batch). `runner(cache, input_ids,
+    bases, offset, depth, tree, keep)` is a fixed-shape (compiled or captured) forward to use
+    instead of the eager one; its view covers the whole capacity.
+    """
+    n = input_ids.shape[1]
+    device = input_ids.device
+    lengths = cache.lengths[rows] if rows is not None else cache.lengths
+    end = max(lengths) + offset + n
+    cache.reserve(end)
+    bases = cache.device_lengths(device)
+    if rows is not None:
+        bases = bases[rows]
+    rows_fed = input_ids.shape[0]
+    tree = chain_tree(n, offset, device) if tree is None else tree.to(device)
+    depth = _offsets(n, offset, device) if depth is None else depth.to(device)
+    if tree.dim() == 2:
+        tree = tree.expand(rows_fed, *tree.shape)
+    if depth.dim() == 1:
+        depth = depth.expand(rows_fed, n)
+    if runner is not None and rows is None:
+        logits = runner(cache, input_ids, bases, offset, depth, tree, keep)
+    else:
+        logits = run(model, cache, input_ids, bases, offset, depth, tree, cache.capacity if full_view else end,
+                     keep, rows)
+    updated = [length + offset + n for length in lengths]
+    if rows is not None:
+        cache.lengths[rows] = updated
+    else:
+        cache.lengths = updated
+    return logits
+
+
+@functools.lru_cache(maxsize=256)
+def chain_tree(n: int, offset: int = 0, device=None) -> torch.Tensor:
+    """[n, offset + n]: query j sees the round's slots up to its own (offset + j). Cached: the
+    default mask of every step (callers only read it)."""
+    with torch.inference_mode():
+        return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets(n: int, offset: int, device) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.arange(offset, offset + n, device=device)
+
+
+def keep_update_out_of_compiled_regions() -> None:
+    """Wrap SlotCache.update in torch.compiler.disable, once, when a model is first compiled.
+    Done lazily because the decorator imports torch._dynamo (a second or more of every start),
+    which eager runs never need."""
+    if not getattr(SlotCache.update, "_specgen_disabled", False):
+        disabled = torch.compiler.disable(SlotCache.update)
+        disabled._specgen_disabled = True
+        SlotCache.update = disabled

@@ -1,0 +1,68 @@
+"""A loaded pair, ready to run: target and draft placed, their weights in the formats the
+runtime runs (int8 target, cheaper draft), and the fixed-shape mode of their steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from specgen.config import Method, ModelSettings
+from specgen.models.load import LoadedModel, load_pair
+from specgen.runtime import quant
+from specgen.runtime.compiled import resolve_compile
+from specgen.runtime.exact_attention import use_exact_attention
+from specgen.status import status
+
+
+@dataclass
+class Pair:
+    target: LoadedModel
+    draft: LoadedModel | None
+    compile: str = "off"  # compiled.py: off, graphs (CUDA graphs), inductor, fixed
+
+    @property
+    def vocab(self) -> int | None:
+        """The ids target and draft share when their heads are padded to different sizes (same
+        tokenizer): logits are compared over these only. None when the sizes agree."""
+        if self.draft is None:
+            return None
+        sizes = (self.target.model.config.vocab_size, self.draft.model.config.vocab_size)
+        return min(sizes) if sizes[0] != sizes[1] else None
+
+
+def check(settings: ModelSettings) -> None:
+    """Settings that would fail only after minutes of loading fail now."""
+    resolve_compile(settings.compile, "cpu")
+    quant.check_draft_quant(settings.draft_quant)
+    quant.parse_target_quant(settings.target_quant)
+
+
+def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
+    """Load the pair `method` needs (no draft for plain and lookup), in the formats `settings` ask."""
+    check(settings)
+    draft = settings.draft if method.needs_draft_model else None
+    dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
+    target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
+                                     draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
+    if quant.resolve_target_quant(settings.target_quant, target, dtype_auto=dtype_auto) == "int8":
+        with status(f"int8 weights for target {target.name} ...", quiet):
+            model = quant.quantize_target(target.model, target.path, quiet)
+            use_exact_attention(model)  # int8 rows are exact; attention must not undo it
+        target = replace(target, model=model, dtype=torch.float32, weights="int8")
+    if loaded_draft is not None:
+        loaded_draft = quantize_draft(loaded_draft, target, settings.draft_quant, dtype_auto, quiet)
+    return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
+
+
+def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dtype_auto: bool,
+                   quiet: bool) -> LoadedModel:
+    """The draft in its `--draft-quant` format (chat's /method loads a draft later: same path)."""
+    spec = quant.resolve_draft_quant(spec, draft.device, draft.dtype, dtype_auto=dtype_auto)
+    if spec in (None, "none"):
+        return draft
+    specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
+    with status(f"{spec} weights for draft {draft.name} ...", quiet):
+        model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
+    return replace(draft, model=model, dtype=next(model.parameters()).dtype,
+                   weights=quant.describe_draft_quant(spec, model))

@@ -1,0 +1,187 @@
+"""The weight formats a loaded pair runs in: `--target-quant` and `--draft-quant`, and the
+on-disk cache of int8 weights.
+
+* `--target-quant auto|none|int8`: the target's linears as `int8.RowInt8Linear` on the CPU.
+  auto picks int8 for a GGUF target (its weights were already 4-6-bit) on the CPU when
+  `--dtype` is auto; full-precision checkpoints keep their weights unless int8 is asked for.
+* `--draft-quant auto|none|int8|int8-wo|prune|...+prune`: a cheaper draft (pruned.py, int8.py).
+  auto is `int8+prune` for a draft on the CPU in a 16-bit dtype or in the format `--dtype auto`
+  chose; an explicit `--dtype float32` keeps the draft as loaded. The target is never touched,
+  and every variant is lossless (the draft reports the law it samples from).
+
+Quantized weights are cached in `$SPECGEN_CACHE/int8/` (safetensors of int8 weights and fp32
+scales, keyed by the source files), written atomically; a file that does not read back as the
+model's linears is quantized again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from specgen.errors import ConfigError
+from specgen.models.cache import atomic_write, cache_root
+from specgen.runtime import int8
+from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
+from specgen.status import note
+
+FORMAT_VERSION = 1
+TARGET_CHOICES = ("auto", "none", "int8")
+DRAFT_CHOICES = ("none", "int8", "int8-wo", "prune", "int8+prune", "int8-wo+prune")
+AUTO = "auto"
+
+
+# -- --target-quant --------------------------------------------------------------------------
+def parse_target_quant(spec: str | None) -> str:
+    value = (spec or "none").strip().lower()
+    if value not in TARGET_CHOICES:
+        raise ConfigError(f"--target-quant '{spec}': choose {', '.join(TARGET_CHOICES)}")
+    return value
+
+
+def resolve_target_quant(spec: str | None, target, dtype_auto: bool = True) -> str:
+    """`none` or `int8` for the loaded target; int8 runs on the CPU kernels only."""
+    value = parse_target_quant(spec)
+    on_cpu = all(p.device.type == "cpu" for p in target.model.parameters())
+    if value == "int8":
+        if not on_cpu:
+            raise ConfigError("--target-quant int8 runs on the CPU kernels only; use it with --device cpu")
+        if not int8.available():
+            raise ConfigError("--target-quant int8 needs torch's x86 (fbgemm) int8 kernels, which this build lacks")
+        return "int8"
+    if value == "auto" and on_cpu and dtype_auto and target.source in ("gguf", "catalog") and int8.available():
+        return "int8"
+    return "none"
+
+
+def quantize_target(model: nn.Module, source: str | None, quiet: bool = True) -> nn.Module:
+    """The target's linears in int8, weights from (or into) the cache when it has a source dir."""
+    return quantize_cached(model, cache_file_for(source, "target") if source else None, quiet)
+
+
+# -- --draft-quant ---------------------------------------------------------------------------
+def resolve_draft_quant(spec: str | None, device: torch.device, dtype: torch.dtype, dtype_auto: bool = False) -> str:
+    """`auto` -> int8+prune for a draft on the CPU in a 16-bit dtype, or in whatever format
+    `--dtype auto` chose there; else none. Any other spec is returned as given."""
+    if (spec or "").strip().lower() != AUTO:
+        return spec or "none"
+    if device.type == "cpu" and (dtype in (torch.bfloat16, torch.float16) or dtype_auto):
+        return "int8+prune"
+    return "none"
+
+
+def parse_draft_quant(text: str | None) -> tuple[str, ...]:
+    """'int8+prune' -> ('int8', 'prune'); 'none' or None -> (). Resolve `auto` first."""
+    if text is None or text.strip().lower() in ("", "none"):
+        return ()
+    parts = tuple(p.strip().lower() for p in text.split("+") if p.strip())
+    known = {"int8", "int8-wo", "prune"}
+    bad = [p for p in parts if p not in known]
+    if bad or ("int8" in parts and "int8-wo" in parts):
+        raise ConfigError(f"--draft-quant '{text}': choose auto, none, int8, int8-wo, prune, or a "
+                          "quantization + prune (e.g. int8+prune)")
+    return parts
+
+
+def check_draft_quant(spec: str | None) -> None:
+    """A bad --draft-quant fails before minutes of loading."""
+    if (spec or AUTO).strip().lower() != AUTO:
+        parse_draft_quant(spec)
+
+
+def describe_draft_quant(spec: str | None, model: nn.Module) -> str:
+    """What `apply_draft_quant(model, spec)` did, for stats: `prune` is dropped when the head was
+    small enough to stay whole."""
+    parts = [p for p in parse_draft_quant(spec)
+             if p != "prune" or isinstance(model.get_output_embeddings(), PrunedHead)]
+    return "+".join(parts) or "none"
+
+
+def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KEEP,
+                      special_ids: tuple[int, ...] = (), source: str | None = None) -> nn.Module:
+    """Apply a `--draft-quant` spec to a loaded draft model (in place where possible); returns it."""
+    parts = parse_draft_quant(spec)
+    if not parts:
+        return model
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ConfigError("--draft-quant runs on the CPU kernels only; put the draft on the CPU (--draft-device cpu)")
+    if "prune" in parts:
+        prune_head(model, keep, special_ids)
+    if "int8" in parts:
+        cache = cache_file_for(source, f"draft {'+'.join(parts)} keep={keep}") if source else None
+        model = quantize_cached(model, cache, quiet=True)
+    elif "int8-wo" in parts:
+        quantize_int8_weight_only(model)
+    return model
+
+
+# -- the int8 weight cache ---------------------------------------------------------------------
+def cache_file_for(source: str | os.PathLike, role_key: str = "") -> Path | None:
+    """Where the int8 weights of the model loaded from `source` (a local directory) are
+    cached; None for sources without local weight files (then nothing is cached)."""
+    path = Path(source)
+    if not path.is_dir():
+        return None
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    digest.update(f"v{FORMAT_VERSION} {role_key} {path.resolve()}".encode())
+    for f in files:
+        stat = f.stat()
+        digest.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    role = "".join(c if c.isalnum() or c in "+=" else "-" for c in role_key.lower()) or "model"
+    return cache_root() / "int8" / f"{path.name}.{role}.{digest.hexdigest()[:16]}.safetensors"
+
+
+def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = True) -> nn.Module:
+    """`int8.quantize_model` with its weights read from `cache_file` when it holds them, else
+    quantized and written there (None: no cache)."""
+    if cache_file is None:
+        return int8.quantize_model(model)
+    return int8.quantize_model(model, cached=lambda shapes: _read(cache_file, shapes),
+                               store=lambda weights: _write(cache_file, weights, quiet))
+
+
+def _read(path: Path, shapes: dict[str, tuple]) -> int8.Weights | None:
+    if not path.is_file():
+        return None
+    try:
+        out = {}
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if json.loads(meta.get("names", "[]")) != list(shapes):
+                return None
+            for name, shape in shapes.items():
+                out[name] = (fh.get_tensor(f"{name}.qweight"), fh.get_tensor(f"{name}.scales"))
+                if tuple(out[name][0].shape) != shape or out[name][0].dtype != torch.int8:
+                    return None
+        return out
+    except Exception:  # noqa: BLE001 (SafetensorError, OSError, ValueError): quantize again, overwrite it
+        return None
+
+
+def _write(path: Path, weights: int8.Weights, quiet: bool) -> None:
+    tensors = {}
+    for name, (q, s) in weights.items():
+        tensors[f"{name}.qweight"], tensors[f"{name}.scales"] = q.contiguous(), s.contiguous()
+    metadata = {"names": json.dumps(list(weights)), "format": str(FORMAT_VERSION)}
+    try:
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        stem = path.name.rsplit(".", 2)[0]  # model dir name + role: an older digest is stale
+        for stale in path.parent.glob(f"{glob.escape(stem)}.*.safetensors"):
+            if stale != path and stale.name.count(".") == path.name.count("."):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+    except Exception as exc:  # noqa: BLE001 (OSError, SafetensorError): only costs the next load the quantization
+        if not quiet:
+            note(f"specgen: could not cache int8 weights in {path.parent}: {getattr(exc, 'strerror', None) or exc}")
