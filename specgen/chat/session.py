@@ -205,7 +205,7 @@ class ChatSession:
             self.pair.draft = load_chat_draft(self.settings, self.pair.target, quiet=self.quiet)
         key = self._key(config)
         if key != self._drafter_key:
-            self.engine = build_engine(self.pair, config, cache=self.engine.cache)
+            self.engine = build_engine(self.pair, config, after=self.engine)
             self._drafter_key = key
         self.config = config
 

@@ -5,8 +5,10 @@ in specgen/bench/report.py; no tensor code here.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import threading
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -68,6 +70,14 @@ def bench(
     batch_sizes: Annotated[Optional[str], typer.Option(
         "--batch-sizes", help="Throughput mode: decode the whole prompt set at each batch size (comma list, "
                               "e.g. 1,4,8) per method, with deterministic mode off and on.")] = None,
+    concurrency: Annotated[Optional[str], typer.Option(
+        "--concurrency", help="Server mode: drive an HTTP server on the pair with these numbers of concurrent "
+                              "streaming clients (comma list, e.g. 1,2,4,8) per method; aggregate tok/s, TTFT and "
+                              "time per token, speculative vs plain.")] = None,
+    per_client: Annotated[int, typer.Option(
+        "--requests-per-client", help="Server mode: requests each client sends, one after another.")] = 2,
+    max_batch: Annotated[int, typer.Option(
+        "--max-batch-size", help="Server mode: the server's batch width.")] = 16,
     verify_windows: Annotated[Optional[str], typer.Option(
         "--verify-windows", help="Throughput mode: deterministic cells at these windows (e.g. 8,16,32,64); "
                                  "default: --verify-window when --deterministic is given.")] = None,
@@ -97,6 +107,20 @@ def bench(
         windows = throughput.parse_sizes(verify_windows, "--verify-windows")
         if windows and not sizes:
             sizes = [1]
+        levels = throughput.parse_sizes(concurrency, "--concurrency")
+        if levels:
+            if sizes or windows or csv_file is not None or plot_file is not None:
+                raise ConfigError("--concurrency reports its own cells; it takes --json, not --batch-sizes, "
+                                  "--verify-windows, --csv or --plot")
+            if per_client < 1:
+                raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
+            from specgen.bench.concurrency import speculative
+
+            for name in names:
+                speculative(name)  # only engine methods: before anything loads
+            report.check_outputs({"--json": json_file})
+            _concurrency(names, items, config, levels, per_client, max_batch, models, json_file, threads)
+            return
         if sizes:
             windows = windows or ([verify_window] if deterministic else [])
             for window in windows:  # each deterministic cell's settings, before any model loads
@@ -147,6 +171,54 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
                           interrupted)
     if interrupted:
         raise typer.Exit(130)
+
+
+def _concurrency(names, items, config, levels, per_client, max_batch, models: ModelSettings, json_file,
+                 threads=None):
+    """Start a server on the loaded pair (this process, a free port), drive it, stop it."""
+    from specgen.bench import concurrency, measure  # torch: see bench()
+    from specgen.runtime.pair import load
+    from specgen.serve.server import ServeOptions, prepare
+
+    err = Console(stderr=True, highlight=False)
+    load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
+    pair = load(models, load_as, quiet=not err.is_terminal)
+    prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
+               for item in items]
+    with measure.fixed_threads(threads) as used:
+        running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
+                                               max_tokens=config.max_new_tokens), quiet=True, pair=pair,
+                          log=io.StringIO())
+        server = threading.Thread(target=running.serve, daemon=True)
+        server.start()
+        info = running.state.info
+        caps = running.scheduler.caps
+        err.print(f"bench concurrency: server at {info['url']}; draft length by batch width: "
+                  + (", ".join(f"{w}:{k}" for w, k in caps.items()) or "as requested"), style="dim", markup=False)
+
+        def progress(cell):
+            err.print(f"{cell.concurrency} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
+                      + (f" ({len(cell.errors)} errors)" if cell.errors else ""), style="dim", markup=False)
+
+        try:
+            cells = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts, names, levels,
+                                                per_client, config.max_new_tokens, progress)
+        finally:
+            running.server.should_exit = True
+            server.join(timeout=30)
+    title = (f"specgen bench --concurrency · {pair.target.name}" + (f" + {pair.draft.name}" if pair.draft else "")
+             + f" · {len(prompts)} prompts · {per_client} requests per client · {config.max_new_tokens} new "
+             f"tokens · greedy · batch up to {max_batch}")
+    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
+    if json_file is not None:
+        data = {"schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
+                "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client,
+                             "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
+                             "width_caps": {str(w): k for w, k in caps.items()}},
+                "cells": [asdict(c) for c in cells]}
+        text = json.dumps(data, indent=1, default=str) + "\n"
+        if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
+            raise typer.Exit(1)
 
 
 def _write_throughput(json_file, env, items, sizes, windows, config, cells, interrupted) -> None:

@@ -154,8 +154,7 @@ def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dt
     renderer = _renderer(fmt, show_tree)
     if use_server:  # a running `specgen serve` with these model options: no loading at all
         try:
-            outcome = generate_on_server(settings, {"text": text, "raw": raw, "system": system, "config": config},
-                                         renderer, quiet=fmt is Format.json)
+            outcome = generate_on_server(settings, text, raw, system, config, renderer, quiet=fmt is Format.json)
         except KeyboardInterrupt:  # a second Ctrl-C while the server was stopping
             raise typer.Exit(130) from None
         if outcome is not None:

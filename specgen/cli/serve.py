@@ -1,5 +1,6 @@
-"""`specgen serve`: options -> specgen/serve/. Foreground by default; --detach starts it in
-the background and returns once it answers; --stop stops the one with the same model options.
+"""`specgen serve`: an OpenAI-compatible HTTP server over the speculative engine
+(specgen/serve/). Foreground by default; --detach starts it in the background and returns
+once it answers; --stop stops the one with the same model options; --list shows them all.
 No tensor code here."""
 
 from __future__ import annotations
@@ -8,18 +9,19 @@ import os
 import subprocess
 import sys
 import time
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from specgen.cli.options import (CompileOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DtypeOpt, TargetOpt,
-                                 TargetQuantOpt, generation_config, user_errors)
+                                 TargetQuantOpt, user_errors)
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.serve import client
-from specgen.serve.protocol import runtime_dir, settings_key
+from specgen.serve import client, discovery
 from specgen.status import status
+
+STARTUP_TIMEOUT = 900.0  # a first start may download and convert the models
 
 
 def serve(
@@ -31,87 +33,122 @@ def serve(
     draft_quant: DraftQuantOpt = "auto",
     target_quant: TargetQuantOpt = "auto",
     compile: CompileOpt = "auto",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (another than loopback needs --api-key).")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", help="A key clients must send (Authorization: Bearer KEY); local `specgen run` uses its own "
+                          "token. Default: $SPECGEN_API_KEY.", envvar="SPECGEN_API_KEY", show_default=False)] = None,
+    max_batch_size: Annotated[int, typer.Option("--max-batch-size", help="Requests decoded together at most.")] = 8,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting at most; more get 503.")] = 64,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="A request's token budget when it sets none.")] = 512,
     idle_minutes: Annotated[float, typer.Option(
         "--idle-minutes", help="Stop after this many minutes without a request (0: never).")] = 0.0,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
-    list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, socket).")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, url).")] = False,
 ) -> None:
-    """Keep the pair loaded: `specgen run` with the same model options then starts in a moment.
+    """Serve the pair over an OpenAI-compatible HTTP API, batching concurrent requests.
 
-    A warm `specgen run` otherwise spends many seconds before its first token (imports, int8
-    packing, tokenizer); with a server it sends its request over a Unix socket instead. Decoding
-    options (method, k, sampling, seed) still come with each run; `run --no-server` loads
-    in its own process."""
+    `specgen run` with the same model options then generates there and starts in a moment;
+    any OpenAI client can use it too (base URL http://HOST:PORT/v1)."""
+    from specgen.serve.server import ServeOptions  # the server's modules load torch: only once it runs
+
     with user_errors():
-        if idle_minutes < 0:
-            raise ConfigError(f"--idle-minutes must be >= 0, got {idle_minutes:g}")
+        options = ServeOptions(host, port, api_key, max_batch_size, max_queue, idle_minutes, max_tokens)
         if detach + stop + list_ > 1:
             raise ConfigError("give one of --detach, --stop and --list")
         if list_:
-            _list(client.running())
+            _list()
             return
         settings = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
         if stop:
-            info = client.shutdown(settings)
-            if info is None:
-                raise ConfigError("no specgen server with these model options is running",
-                                  hint="`specgen serve --list` shows the running ones")
-            typer.echo(f"stopped the specgen server (pid {info['pid']}, {info['models']})", err=True)
+            _stop(settings)
             return
-        if client.ping(settings) is not None:
+        options.check()
+        discovery.private_dir()  # the runtime directory must be usable before anything loads
+        if client.find(settings) is not None:
             raise ConfigError("a specgen server with these model options is already running",
                               hint="`specgen serve --stop` with the same options stops it")
         if detach:
-            _detach(settings, idle_minutes)
+            _detach(settings, options)
             return
         from specgen.serve.server import run_server  # torch: only the server process loads it
 
-        config = generation_config("chain", 4, "device", 0.0, 0, 1.0, None)
-        why = run_server(settings, config, idle_minutes)
+        why = run_server(settings, options)
         typer.echo(f"specgen server stopped: {why}", err=True)
 
 
-def _list(servers: list[dict]) -> None:
+def _list() -> None:
+    directory = discovery.runtime_dir()
+    why = discovery.unsafe(directory)
+    if why is not None:
+        raise ConfigError(f"cannot look for servers: {why}",
+                          hint=f"chmod 700 {directory}, or set SPECGEN_RUNTIME_DIR elsewhere")
+    servers = client.running()
     if not servers:
         typer.echo("no specgen server is running", err=True)
         return
     for info in servers:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
-        typer.echo(f"pid {info['pid']}  {info['models']}  since {since}  {info['socket']}")
+        typer.echo(f"pid {info['pid']}  {info['models']}  since {since}  {info['url']}")
 
 
-def _detach(settings, idle_minutes: float) -> None:
+def _stop(settings: ModelSettings) -> None:
+    why = discovery.unsafe(discovery.runtime_dir())
+    if why is not None:
+        raise ConfigError(f"cannot look for the server: {why}")
+    info = client.shutdown(settings)
+    if info is None:
+        raise ConfigError("no specgen server with these model options is running",
+                          hint="`specgen serve --list` shows the running ones")
+    typer.echo(f"stopped the specgen server (pid {info['pid']}, {info['models']})", err=True)
+
+
+def _detach(settings: ModelSettings, options) -> None:
     """Start `specgen serve` with the same options as a background process (its own session, so
-    closing the terminal does not stop it) and wait until it answers or fails."""
-    directory = runtime_dir()
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create {directory}: {exc.strerror or exc}",
-                          hint="set SPECGEN_RUNTIME_DIR to a directory you can write") from None
-    log = directory / f"{settings_key(settings)}.log"
+    closing the terminal does not stop it) and wait until it answers or fails. Its log is
+    appended to, never truncated: a second start cannot erase a running server's log."""
+    log = discovery.log_path(settings)
     args = [sys.executable, "-m", "specgen", "serve", "--target", settings.target, "--draft", settings.draft,
             "--device", settings.device, "--dtype", settings.dtype, "--draft-quant", settings.draft_quant,
-            "--target-quant", settings.target_quant, "--compile", settings.compile,
-            "--idle-minutes", f"{idle_minutes:g}"]
+            "--target-quant", settings.target_quant, "--compile", settings.compile, "--host", options.host,
+            "--port", str(options.port), "--max-batch-size", str(options.max_batch_size),
+            "--max-queue", str(options.max_queue), "--max-tokens", str(options.max_tokens),
+            "--idle-minutes", f"{options.idle_minutes:g}"]
     if settings.draft_device is not None:
         args += ["--draft-device", settings.draft_device]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                   start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if options.api_key:
+        env["SPECGEN_API_KEY"] = options.api_key  # not on the command line, where `ps` shows it
+    try:
+        out = open(log, "ab")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the server's log {log}: {exc.strerror or exc}") from None
+    with out:
+        start = out.tell()
+        out.write(f"--- specgen serve --detach, {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        out.flush()
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                   env=env)
+    deadline = time.monotonic() + STARTUP_TIMEOUT
     try:
         with status(f"starting the specgen server in the background (pid {process.pid}; log {log}) ...", False):
-            while process.poll() is None:
-                info = client.ping(settings, timeout=2.0)
-                if info is not None:
-                    typer.echo(f"specgen server ready: pid {info['pid']}, {info['models']}; log {log}", err=True)
+            while process.poll() is None and time.monotonic() < deadline:
+                server = client.find(settings, timeout=2.0)
+                if server is not None:
+                    typer.echo(f"specgen server ready at {server.url}: pid {server.info['pid']}, "
+                               f"{server.info['models']}; log {log}", err=True)
                     return
                 time.sleep(0.5)
     except KeyboardInterrupt:
         process.terminate()
         raise typer.Exit(130) from None
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    last = lines[-1] if lines else f"exit status {process.returncode}"
+    if process.poll() is None:
+        process.terminate()
+    with open(log, "rb") as handle:
+        handle.seek(start)
+        lines = [line for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    last = lines[-1] if len(lines) > 1 else f"exit status {process.returncode}"
     raise ConfigError(f"the specgen server did not start: {last.removeprefix('error: ')}", hint=f"log: {log}")

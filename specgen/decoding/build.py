@@ -13,7 +13,6 @@ from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.engine import Engine
 from specgen.runtime.compiled import can_capture
-from specgen.runtime.kvcache import SlotCache
 from specgen.runtime.pair import Pair
 from specgen.status import note
 
@@ -56,11 +55,12 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     return chain
 
 
-def build_engine(pair: Pair, config: GenerationConfig, cache: SlotCache | None = None) -> Engine:
-    """An engine running `config.method` on the pair; `cache`: a target cache to continue from."""
+def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = None) -> Engine:
+    """An engine running `config.method` on the pair; `after`: an engine whose target cache (and
+    the rows it parked) it continues from."""
     target = pair.target
     engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
-                    pair.vocab, compile=pair.compile, cache=cache)
+                    pair.vocab, compile=pair.compile, after=after)
     models = [("target", target.model)] + ([("draft", pair.draft.model)] if config.method.needs_draft_model else [])
     for role, model in models:
         why = can_capture(model) if pair.compile in ("graphs", "inductor") else None

@@ -18,8 +18,9 @@ round are the reads of the verdicts.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -35,6 +36,9 @@ from specgen.errors import PromptError
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
 from specgen.text import common_prefix
+
+
+MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 
 
 @dataclass
@@ -74,6 +78,42 @@ class DecodeState:
 
 
 @dataclass(frozen=True)
+class Request:
+    """One prompt to decode, with its own settings: a row of the batch once it joins."""
+
+    ids: list[int]
+    index: int  # its position in the input (events carry it)
+    sampling: SamplingConfig  # its law (and, in deterministic mode, the seed of its keyed choices)
+    max_new_tokens: int
+    seed: int | None = None  # its random stream (None: fresh entropy)
+
+
+class Feed(Protocol):
+    """Where a generation's rows come from: `take(room)` gives at most `room` requests that may
+    join now, `dropped()` the indices of running rows to end before the next round (a client
+    that went away). The loop ends once no row runs and `take` gives nothing."""
+
+    def take(self, room: int) -> list[Request]: ...
+
+    def dropped(self) -> set[int]: ...
+
+
+class ListFeed:
+    """A fixed list of prompts, with the run's settings; prompt i samples with seed + i."""
+
+    def __init__(self, prompts: list[list[int]], config: GenerationConfig):
+        seed = config.sampling.seed
+        self.waiting = deque(Request(list(ids), i, config.sampling, config.max_new_tokens,
+                                     None if seed is None else seed + i) for i, ids in enumerate(prompts))
+
+    def take(self, room: int) -> list[Request]:
+        return [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+
+    def dropped(self) -> set[int]:
+        return set()
+
+
+@dataclass(frozen=True)
 class RowEvent:
     """One event of one row of a batch; `index` is the prompt's position in the input."""
 
@@ -88,7 +128,7 @@ class Engine:
 
     def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int], context_length: int,
                  drafter: Drafter | None = None, vocab: int | None = None, compile: str = "off",
-                 cache: kvcache.SlotCache | None = None):
+                 after: "Engine | None" = None):
         self.model = target_model
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
@@ -96,10 +136,14 @@ class Engine:
         self.context_length = context_length
         self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
         self.steps = Steps(target_model, compile)  # the target's forwards, fixed widths captured
-        # the target cache, kept across generations; chat passes its conversation's on when the
-        # drafter changes (a new engine), so the target keeps what it holds
-        self.cache = cache if cache is not None else kvcache.SlotCache(target_model.config, rows=0)
+        # the target cache, kept across generations; `after`: an engine this one replaces (chat's new
+        # drafter), whose cache and parked rows it takes over, so the target keeps what it holds
+        self.cache = after.cache if after is not None else kvcache.SlotCache(target_model.config, rows=0)
+        self.parked: list[DecodeState] = after.parked if after is not None else []  # rows the last generation left
         self._spare = False  # row 0 holds a finished row that the next join may take
+        # the most tokens a row may draft when `width` rows share a round (a server sets it from
+        # measured costs, length.WidthCosts: past some width plain rounds win); default no limit
+        self.width_cap: Callable[[int], int] = lambda width: MAX_DRAFT
 
     # -- the loop ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
@@ -115,31 +159,63 @@ class Engine:
             self._check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
         if resume is not None and len(prompts) != 1:
             raise ValueError("resume continues one prompt")
-        resumed = resume is not None and resume.cache is self.cache and resume.row < self.cache.rows
+        yield from self.drive(ListFeed(prompts, config), config, batch_size, resume)
+
+    def drive(self, feed: Feed, config: GenerationConfig, batch_size: int = 1,
+              resume: DecodeState | None = None) -> Iterator[RowEvent]:
+        """The loop: rows join from `feed` while there is room, every round serves every row,
+        finished and dropped rows leave. `resume` continues the first request's row (see
+        `generate`). A request's prompt must fit the context (`check` it before it is fed)."""
+        resumed = resume is not None and any(resume is state for state in self.parked)
         self._settle(resume.row if resumed else None)
-        waiting = list(enumerate(prompts))[::-1]
         rows: list[DecodeState] = []
-        while rows or waiting:
-            while waiting and len(rows) < batch_size:
-                index, prompt = waiting.pop()
-                state = self._join(index, prompt, config, resume if resumed else None)
-                rows.append(state)
-                yield self._event(state, Joined(len(prompt), state.reused_tokens, state.prefill_seconds))
-            for state, result in zip(rows, self._round(rows, config)):
-                yield self._event(state, result)
-                replay = self._close_window(state, config, result)
-                if replay is not None:
-                    yield self._event(state, replay)
-            done = [state for state in rows if state.stop is not None]
-            for state in done:
-                yield self._event(state, Finished(state.stop))
-            if done:
-                keep = [i for i, state in enumerate(rows) if state.stop is None]
-                rows = [rows[i] for i in keep]
-                if rows or waiting:  # the last rows stay in the cache for the next generation
-                    self._select(keep)
-                    for row, state in enumerate(rows):
-                        state.row = row
+        try:
+            while True:
+                gone = feed.dropped()
+                for state in rows:
+                    if state.index in gone:
+                        state.stop = StopReason.CANCELLED
+                rows = yield from self._leave(rows)
+                requests = feed.take(batch_size - len(rows))
+                if requests and not rows and not resumed:
+                    self._settle(None)  # the rows parked by the last round: one spare row stays
+                for request in requests:
+                    state = self._join(request, config, resume if resumed else None)
+                    resumed = False
+                    rows.append(state)
+                    yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds))
+                if not rows:
+                    return
+                for state, result in zip(rows, self._round(rows, config)):
+                    yield self._event(state, result)
+                    replay = self._close_window(state, config, result)
+                    if replay is not None:
+                        yield self._event(state, replay)
+                rows = yield from self._leave(rows)
+        except BaseException:  # Ctrl-C, or the caller stopped early: the rows stay resumable (a
+            self.parked = rows  # resume crops each to the prefix it shares with its next prompt)
+            raise
+
+    def _leave(self, rows: list[DecodeState]) -> Iterator[RowEvent]:
+        """Finished rows leave (an event each); the rows left are renumbered. When every row
+        finished, they stay in the cache: the next generation resumes or reuses one."""
+        done = [state for state in rows if state.stop is not None]
+        for state in done:
+            yield self._event(state, Finished(state.stop))
+        if not done:
+            return rows
+        keep = [i for i, state in enumerate(rows) if state.stop is None]
+        if keep:
+            self._select(keep)
+            for row, i in enumerate(keep):
+                rows[i].row = row
+        else:
+            self.parked = done  # still in the cache, in their rows: the next generation may resume one
+        return [rows[i] for i in keep]
+
+    def check(self, prompt_ids: list[int], what: str = "the prompt") -> None:
+        """A PromptError unless the prompt fits the context (with room for one new token)."""
+        self._check_prompt(prompt_ids, what)
 
     def setup_seconds(self) -> float:
         """Seconds spent so far capturing (and compiling) fixed-shape steps, target and draft."""
@@ -157,15 +233,16 @@ class Engine:
         keep = [resumed_row] if resumed_row is not None else list(range(min(self.cache.rows, 1)))
         self._select(keep)
         self._spare = resumed_row is None and self.cache.rows == 1
+        self.parked = []
 
     def _select(self, keep: list[int]) -> None:
         self.cache.select(keep)
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, index: int, prompt: list[int], config: GenerationConfig, resume: DecodeState | None) -> DecodeState:
+    def _join(self, request: Request, config: GenerationConfig, resume: DecodeState | None) -> DecodeState:
         started = time.perf_counter()
-        cache = self.cache
+        cache, prompt = self.cache, request.ids
         if resume is not None:
             state, row = resume, resume.row
             common = common_prefix(state.ids, prompt)
@@ -174,24 +251,26 @@ class Engine:
         else:
             row = 0 if self._spare else cache.add_row()
             common = keep = 0
-            state = DecodeState(list(prompt), cache, len(prompt), config.sampling, row=row)
+            state = DecodeState(list(prompt), cache, len(prompt), request.sampling, row=row)
         self._spare = False
         kvcache.set_length(cache, row, keep)
-        capacity = self._capacity(len(prompt), config)
+        capacity = self._capacity(len(prompt), request.max_new_tokens, config)
         cache.reserve(capacity)
         if len(prompt) - 1 > keep:
             self._forward(torch.tensor([prompt[keep:-1]], device=self.device), keep=1, row=row)
-        state.generator = self._generator(config, index)  # one stream for the row's draft and verdicts
+        # one random stream for the row's draft and its verdicts
+        state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         if config.method is not Method.PLAIN:
             self.drafter.rewind(row, common)
             self.drafter.join(row, prompt, state.generator, capacity)
-        state.ids, state.prompt_length, state.index, state.sampling = list(prompt), len(prompt), index, config.sampling
-        state.reused_tokens, state.verified, state.stop, state.started = keep, len(prompt), None, started
+        state.ids, state.prompt_length, state.index = list(prompt), len(prompt), request.index
+        state.sampling, state.reused_tokens, state.verified = request.sampling, keep, len(prompt)
+        state.stop, state.started = None, started
         if state.length is None:
             cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
             state.length = make_policy(config.schedule, config.round_tokens, cost=cost)
-        state.budget = min(config.max_new_tokens, self.context_length - state.prompt_length)
-        state.context_bound = state.budget < config.max_new_tokens
+        state.budget = min(request.max_new_tokens, self.context_length - state.prompt_length)
+        state.context_bound = state.budget < request.max_new_tokens
         state.prefill_seconds = time.perf_counter() - started
         return state
 
@@ -203,7 +282,8 @@ class Engine:
         # the roots go to the device now, while it is idle: copied after the draft steps were
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
-        ks = [self._k(state, config) for state in rows]
+        cap = self.width_cap(len(rows))
+        ks = [min(self._k(state, config), cap) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
@@ -313,17 +393,10 @@ class Engine:
         return kvcache.forward(self.steps.call, self.cache, input_ids, keep=keep, rows=rows,
                                full_view=self.steps.mode == "inductor")
 
-    def _capacity(self, prompt_length: int, config: GenerationConfig) -> int:
+    def _capacity(self, prompt_length: int, max_new_tokens: int, config: GenerationConfig) -> int:
         """Slots a row may reach: the whole generation plus one round's headroom (caches are
         preallocated for it, so fixed-shape steps keep their shapes)."""
-        return min(prompt_length + config.max_new_tokens, self.context_length) + self.headroom(config)
-
-    def _generator(self, config: GenerationConfig, index: int) -> torch.Generator | None:
-        """Row `index`'s random stream: the seed plus the row's index (fresh entropy without one)."""
-        sampling = config.sampling
-        if sampling.greedy:
-            return None
-        return make_generator(None if sampling.seed is None else sampling.seed + index, self.device)
+        return min(prompt_length + max_new_tokens, self.context_length) + self.headroom(config)
 
     def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
         for i, token in enumerate(emitted[:remaining]):

@@ -15,6 +15,7 @@ class StopReason:
     EOS = "eos"
     LENGTH = "length"
     CONTEXT = "context"
+    CANCELLED = "cancelled"  # the feed dropped the row (its client went away)
 
 
 @dataclass(frozen=True)

@@ -237,21 +237,22 @@ def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
 
 
 class _Probe:
-    """One model's forward of `width` tokens over a short cached context, timed on demand."""
+    """One model's forward of `width` tokens per row over `rows` short cached contexts, timed on
+    demand; `keep` logits per row, as the loop asks (a verify reads every position's)."""
 
-    def __init__(self, model, width: int, context: int = 32, exact: bool = True):
+    def __init__(self, model, width: int, context: int = 32, exact: bool = True, rows: int = 1, keep: int = 1):
         self.call = call_for(model, exact)  # what the decode loop calls
         self.device = next(model.parameters()).device
         vocab = model.get_input_embeddings().num_embeddings
-        self.cache, self.context = kvcache.new_cache(model), context
-        kvcache.forward(self.call, self.cache, (torch.arange(100, 100 + context, device=self.device) % vocab)[None],
-                        keep=1)
-        self.tokens = (torch.arange(300, 300 + width, device=self.device) % vocab)[None]
+        self.cache, self.context, self.keep = kvcache.new_cache(model, rows=rows), context, keep
+        prompt = (torch.arange(100, 100 + context, device=self.device) % vocab)[None].expand(rows, context)
+        kvcache.forward(self.call, self.cache, prompt, keep=1)
+        self.tokens = (torch.arange(300, 300 + width, device=self.device) % vocab)[None].expand(rows, width)
         self.seconds()  # the first forward warms up
 
     def seconds(self) -> float:
         started = time.perf_counter()
-        kvcache.forward(self.call, self.cache, self.tokens, keep=1)
+        kvcache.forward(self.call, self.cache, self.tokens, keep=self.keep)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - started
@@ -337,3 +338,85 @@ def _entry(entry) -> Choice | None:
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
         return None
     return Choice(k, reason, float(confidence))
+
+
+# -- how many tokens to draft at a batch width -----------------------------------------------------
+WIDTH_ROWS = (1, 4, 16)  # batch widths measured; others are interpolated (and extrapolated past 16)
+WIDTH_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class WidthCosts:
+    """Measured forward costs at the batch widths of WIDTH_ROWS, relative to one single-row
+    target step: a target verify of 1 and of 5 tokens per row, and a draft step."""
+
+    verify_one: dict[int, float]  # rows -> cost
+    verify_five: dict[int, float]
+    draft: dict[int, float]
+
+    def cap(self, width: int, k_max: int = MAX_K + STOP_EXTRA, acceptance: float = ACCEPTANCE) -> int:
+        """The draft length with the best expected throughput at `width` rows; 0 when a plain
+        round does better (a verify of width x (k+1) tokens is no longer memory-bound)."""
+        one, five, draft = (_at(table, width) for table in (self.verify_one, self.verify_five, self.draft))
+        best_k, best = 0, width / one
+        for k in range(1, k_max + 1):
+            tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+            rate = width * tokens / (k * draft + one + (five - one) * k / 4)
+            if rate > best:
+                best_k, best = k, rate
+        return best_k
+
+    def as_dict(self) -> dict:
+        return {name: {str(r): v for r, v in getattr(self, name).items()} for name in ("verify_one", "verify_five",
+                                                                                       "draft")}
+
+
+def _at(table: dict[int, float], rows: int) -> float:
+    """The table's value at `rows`: linear between measured widths, extended past the last."""
+    points = sorted(table)
+    if len(points) == 1:
+        return table[points[0]]
+    low, high = points[0], points[1]
+    for low, high in zip(points, points[1:]):
+        if rows <= high:
+            break
+    return table[low] + (table[high] - table[low]) * (rows - low) / (high - low)
+
+
+def width_costs(pair) -> WidthCosts:
+    """The pair's costs at WIDTH_ROWS (measured once per machine and pair, then cached)."""
+    path, key = cache_root() / "draft-length.json", "width " + _key(pair)
+    entry = _read(path).get(key)
+    try:
+        costs = WidthCosts(*({int(r): float(v) for r, v in entry[name].items()}
+                             for name in ("verify_one", "verify_five", "draft")))
+        if all(v > 0 for table in (costs.verify_one, costs.verify_five, costs.draft) for v in table.values()):
+            return costs
+    except (TypeError, KeyError, ValueError, AttributeError):
+        pass  # absent or not valid: measured (again)
+    with torch.inference_mode():
+        costs = _measure_widths(pair)
+    try:
+        with locked("draft-length"):
+            known = _read(path)
+            known[key] = costs.as_dict()
+            write_text(path, json.dumps(known, indent=1))
+    except OSError:
+        pass
+    return costs
+
+
+def _measure_widths(pair) -> WidthCosts:
+    base = _Probe(pair.target.model, 1)
+    tables = ({}, {}, {})
+    for rows in WIDTH_ROWS:
+        probes = (_Probe(pair.target.model, 1, rows=rows, keep=0), _Probe(pair.target.model, 5, rows=rows, keep=0),
+                  _Probe(pair.draft.model, 1, exact=False, rows=rows))
+        ratios = ([], [], [])
+        for _ in range(WIDTH_REPEATS):
+            unit = base.seconds()
+            for probe, out in zip(probes, ratios):
+                out.append(probe.seconds() / unit)
+        for table, out in zip(tables, ratios):
+            table[rows] = statistics.median(out)
+    return WidthCosts(*tables)

@@ -27,21 +27,21 @@ def weight_format(engine: Engine) -> str:
     return str(next(engine.model.parameters()).dtype).removeprefix("torch.")
 
 
-def fold(engine: Engine, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
-         resume: DecodeState | None = None, label: str | None = None) -> Iterator[tuple[RowEvent, Stats]]:
-    """The engine's events for `prompts`, each with its row's Stats (labelled `label`, default
-    the method's name) updated to include it."""
-    dtype, label = weight_format(engine), label or config.method.value
+def fold(engine: Engine, events: Iterator[RowEvent], label: str) -> Iterator[tuple[RowEvent, Stats]]:
+    """The engine's events (from `generate` or `drive`), each with its row's Stats (labelled
+    `label`) updated to include it. A row's Stats is dropped once it finished."""
+    dtype = weight_format(engine)
     stats: dict[int, Stats] = {}
     setup: dict[int, float] = {}
-    for report in engine.generate(prompts, config, batch_size, resume):
-        row = stats.setdefault(report.index, Stats(method=label, prompt_tokens=len(prompts[report.index]),
-                                                   dtype=dtype))
+    for report in events:
+        row = stats.setdefault(report.index, Stats(method=label, dtype=dtype))
         row.add(report.event, report.elapsed)
         if isinstance(report.event, Joined):
             setup[report.index] = engine.setup_seconds()
         elif isinstance(report.event, RoundResult):
             row.setup_seconds = engine.setup_seconds() - setup[report.index]
+        elif isinstance(report.event, Finished):
+            del stats[report.index], setup[report.index]
         yield report, row
 
 
@@ -57,7 +57,8 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     interrupted = False
     with renderer:
         try:
-            for report, stats in fold(engine, [prompt_ids], config, resume=state, label=label):
+            events = engine.generate([prompt_ids], config, resume=state)
+            for report, stats in fold(engine, events, label or config.method.value):
                 state, event = report.state, report.event
                 if isinstance(event, RoundResult):
                     renderer.on_round(round_view(event, stream, pending=config.deterministic), stats)
@@ -83,7 +84,7 @@ def run_prompts(engine: Engine, tokenizer, prompts: list[list[int]], config: Gen
     """
     done, next_index = {}, 0
     try:
-        for report, stats in fold(engine, prompts, config, batch_size):
+        for report, stats in fold(engine, engine.generate(prompts, config, batch_size), config.method.value):
             if isinstance(report.event, Finished):
                 ids = report.state.final_ids(config)
                 done[report.index] = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
@@ -106,7 +107,7 @@ def timed(engine: Engine, prompt_ids: list[int], config: GenerationConfig, label
     call to the last token, tokens that arrived with the first round)."""
     started = time.perf_counter()
     first_tokens, stats, state = 0, None, None
-    for report, stats in fold(engine, [prompt_ids], config, label=label):
+    for report, stats in fold(engine, engine.generate([prompt_ids], config), label or config.method.value):
         state = report.state
         if isinstance(report.event, RoundResult):
             first_tokens = first_tokens or len(report.event.emitted)

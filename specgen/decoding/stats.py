@@ -160,6 +160,22 @@ class Stats:
         }
 
 
+def from_dict(data: dict, method: str | None = None) -> Stats:
+    """The Stats that `as_dict` wrote (a served run's statistics, read back by its client)."""
+    stats = Stats(method=method or data.get("method") or "?")
+    for name in ("new_tokens", "prompt_tokens", "rounds", "drafted", "accepted", "verified_windows", "rollbacks",
+                 "rolled_back_tokens"):
+        setattr(stats, name, int(data.get(name) or 0))
+    for name in ("seconds", "prefill_seconds", "setup_seconds", "draft_seconds", "verify_seconds",
+                 "replay_seconds"):
+        setattr(stats, name, float(data.get(name) or 0.0))
+    stats.time_to_first_token = data.get("time_to_first_token") or None
+    stats.accepted_lengths = Counter({int(k): int(v) for k, v in (data.get("accepted_length_histogram") or {}).items()})
+    stats.tree_sizes = [int(n) for n in data.get("tree_size_per_round") or []]
+    stats.stop, stats.dtype = data.get("stop_reason"), data.get("dtype")
+    return stats
+
+
 _SUMMED = ("prompt_tokens", "new_tokens", "rounds", "drafted", "accepted", "prefill_seconds", "draft_seconds",
            "verify_seconds", "seconds", "verified_windows", "rollbacks", "rolled_back_tokens", "replay_seconds",
            "setup_seconds", "reused_tokens", "generations", "interrupted")

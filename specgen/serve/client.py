@@ -1,151 +1,221 @@
-"""The client side of `specgen serve` (what `specgen run` does when a matching server runs):
-send one request, show the server's rounds with the client's own renderer. Stdlib and
-renderers only: a served run imports no torch."""
+"""The client side of `specgen serve`: what `specgen run` does when a server with its model
+options runs. It speaks the server's OpenAI API (stdlib `http.client`, no torch imported) and
+asks for each round's draft pieces (`speculative.live`), so its own renderer (Rich, plain or
+JSON) shows the round exactly as a run in its own process would.
+
+Ctrl-C closes the connection: the server ends the row before its next round, and the client
+keeps what it was sent (text, token ids, statistics), marked interrupted.
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
-import select
-import socket
-from pathlib import Path
+import signal
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from specgen.config import ModelSettings
-from specgen.errors import ConfigError, ModelError, PromptError, SpecgenError
-from specgen.serve.protocol import MAX_SOCKET_PATH, private, recv, runtime_dir, send, socket_path, supported
+from specgen.config import GenerationConfig, ModelSettings
+from specgen.decoding.stats import Stats, from_dict
+from specgen.decoding.views import Outcome, ReplayView, RoundView, TreeView
+from specgen.errors import SpecgenError
+from specgen.serve import discovery
 from specgen.status import note
 
-WAIT_NOTE_SECONDS = 2.0  # a client tells the user it waits once the server is this late
+
+@dataclass(frozen=True)
+class Server:
+    """A running server this user may call."""
+
+    url: str
+    token: str
+    info: dict  # pid, models, since
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
+        """(status, response) of one HTTP call; the response is open for reading."""
+        parts = urlsplit(self.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
+        response = conn.getresponse()
+        return response.status, response
 
 
-def connect(settings: ModelSettings) -> socket.socket | None:
-    """A connection to a running server with these model options, or None."""
+def find(settings: ModelSettings, timeout: float = 2.0) -> Server | None:
+    """The running server with these model options, if it answers (None otherwise)."""
     if os.environ.get("SPECGEN_NO_SERVER"):
         return None
-    return _connect_at(socket_path(settings))
+    return _answering(discovery.read_record(discovery.record_path(settings)), timeout)
 
 
-def _connect_at(path: Path) -> socket.socket | None:
-    if not supported() or len(str(path)) > MAX_SOCKET_PATH or not private(path.parent) or not path.exists():
+def _answering(record: dict | None, timeout: float) -> Server | None:
+    if record is None:
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = Server(record["url"], record["token"], record)
     try:
-        sock.connect(str(path))
-    except OSError:  # a stale socket: its server is gone
-        sock.close()
+        status, response = server.request("GET", "/health", timeout=timeout)
+        body = json.loads(response.read() or b"{}")
+    except (OSError, ValueError, http.client.HTTPException):
+        return None  # a stale record: its server is gone
+    if status != 200 or body.get("pid") != record["pid"]:
         return None
-    return sock
-
-
-def generate_on_server(settings: ModelSettings, request: dict, renderer, quiet: bool = False):
-    """Run one generation on a matching server into `renderer`; its Outcome, or None when no
-    server with these model options is running (then the caller loads the pair itself).
-
-    Ctrl-C once: the server stops after its current round and the outcome comes back marked
-    interrupted. Twice: KeyboardInterrupt (the text shown so far stays on the screen)."""
-    sock = connect(settings)
-    if sock is None:
-        return None
-    with sock:
-        try:
-            send(sock, ("generate", request))
-        except OSError:
-            return None  # it went away between connect and send: load here
-        return _drive(sock, renderer, quiet)
-
-
-def _drive(sock: socket.socket, renderer, quiet: bool):
-    """Show the server's messages with `renderer` until the outcome arrives."""
-    if not quiet and not select.select([sock], [], [], WAIT_NOTE_SECONDS)[0]:
-        _note("the specgen server is busy with another request; waiting for it ...")
-    entered = stopping = False
-    while True:
-        try:
-            message = recv(sock)
-            if message is None:
-                raise SpecgenError("the specgen server closed the connection before the generation finished",
-                                   hint="was it stopped? what was shown is all that was generated")
-            kind, *args = message
-            if kind == "hello" and not quiet:
-                _note(f"generating on the specgen server (pid {args[0]['pid']}, {args[0]['models']})")
-            elif kind == "enter":
-                renderer.__enter__()
-                entered = True
-            elif kind == "round":
-                renderer.on_round(*args)
-            elif kind == "replay":
-                renderer.on_replay(*args)
-            elif kind == "exit":
-                entered = False
-                renderer.__exit__(None, None, None)
-            elif kind == "finish":
-                renderer.finish(args[0])
-                return args[0]
-            elif kind == "error":
-                raise _error(*args)
-        except KeyboardInterrupt:  # in a wait or in the renderer: ask the server to stop, once
-            if not stopping:
-                stopping = True
-                try:
-                    send(sock, ("stop",))
-                except OSError:
-                    pass
-                continue
-            if entered:
-                renderer.__exit__(None, None, None)
-            raise
-        except SpecgenError:
-            if entered:
-                renderer.__exit__(None, None, None)
-            raise
-
-
-_ERRORS = {cls.__name__: cls for cls in (SpecgenError, ModelError, ConfigError, PromptError)}
-
-
-def _error(name: str, text: str, hint: str | None) -> SpecgenError:
-    return _ERRORS.get(name, SpecgenError)(text, hint=hint)
-
-
-def _note(text: str) -> None:
-    note(f"specgen: {text}")
-
-
-def ping(settings: ModelSettings, timeout: float = 5.0) -> dict | None:
-    """The running server's description (pid, models, since), or None."""
-    return _ask(settings, ("ping",), timeout)
-
-
-def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
-    """Ask the matching server to stop; its description, or None when none was running."""
-    return _ask(settings, ("shutdown",), timeout)
+    return server
 
 
 def running(timeout: float = 2.0) -> list[dict]:
-    """Every server of this user that answers (pid, models, since, socket), oldest first."""
-    directory = runtime_dir()
-    if not supported() or not private(directory):
-        return []
+    """Every server of this user that answers (pid, models, since, url), oldest first."""
     found = []
-    for path in sorted(directory.glob("*.sock")):
-        info = _ask_at(path, ("ping",), timeout)
-        if info is not None:
-            found.append({**info, "socket": str(path)})
+    for path, record in discovery.records():
+        if _answering(record, timeout) is not None:
+            found.append({**record, "record": str(path)})
     return sorted(found, key=lambda info: info["since"])
 
 
-def _ask(settings: ModelSettings, message: tuple, timeout: float) -> dict | None:
-    return _ask_at(socket_path(settings), message, timeout)
-
-
-def _ask_at(path: Path, message: tuple, timeout: float) -> dict | None:
-    sock = _connect_at(path)
-    if sock is None:
+def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
+    """Stop the matching server (SIGTERM to the pid it answered with); its record, or None."""
+    server = find(settings)
+    if server is None:
         return None
-    with sock:
+    os.kill(server.info["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and find(settings, timeout=0.5) is not None:
+        time.sleep(0.2)
+    return server.info
+
+
+def request_body(text: str, raw: bool, system: str | None, config: GenerationConfig, model: str) -> dict:
+    """A run's prompt and decoding options as an OpenAI request (chat, or a raw completion)."""
+    speculative = {"method": config.method.value, "branching": list(config.branching),
+                   "beam_width": config.beam_width, "depth": config.depth, "deterministic": config.deterministic,
+                   "verify_window": config.verify_window, "draft_schedule": config.schedule.value, "live": True}
+    if not config.device_draft_tokens:  # a k of the run's own; else the server's device default
+        speculative.update(draft_tokens=config.draft_tokens, draft_confidence=config.draft_confidence)
+    elif not config.device_confidence:
+        speculative["draft_confidence"] = config.draft_confidence
+    s = config.sampling
+    body = {"model": model, "max_tokens": config.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+            "top_k": s.top_k, "stream": True, "speculative": speculative}
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if raw:
+        body["prompt"] = text
+    else:
+        body["messages"] = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}]
+    return body
+
+
+def generate_on_server(settings: ModelSettings, text: str, raw: bool, system: str | None, config: GenerationConfig,
+                       renderer, quiet: bool = False) -> Outcome | None:
+    """Run one generation on a matching server into `renderer`; its Outcome, or None when no
+    server with these model options runs (then the caller loads the pair itself)."""
+    server = find(settings)
+    if server is None:
+        return None
+    if not quiet:
+        note(f"specgen: generating on the specgen server (pid {server.info['pid']}, {server.info['models']})")
+    path = "/v1/completions" if raw else "/v1/chat/completions"
+    try:
+        status, response = server.request("POST", path, request_body(text, raw, system, config, server.info["model"]),
+                                          timeout=None)
+    except (OSError, http.client.HTTPException):
+        return None  # it went away between the check and the request: load here
+    if status != 200:
+        raise _error(response)
+    return _stream(response, renderer, config)
+
+
+def _error(response) -> SpecgenError:
+    try:
+        message = json.loads(response.read())["error"]["message"]
+    except (ValueError, KeyError, TypeError, OSError):
+        message = f"HTTP {response.status}"
+    return SpecgenError(f"the specgen server refused the request: {message}")
+
+
+class _Received:
+    """What the stream brought so far: enough for the outcome of an interrupted run."""
+
+    def __init__(self, method: str):
+        self.pieces: list[str] = []
+        self.pending: list[tuple[str, int]] = []
+        self.ids: list[int] = []
+        self.stats = Stats(method=method)
+
+    def round(self, live: dict) -> RoundView:
+        self.stats = from_dict(live["stats"], self.stats.method)
+        tree = live.get("tree")
+        view = RoundView(live["accepted"], live["target"], live["rejected"],
+                         None if tree is None else TreeView(tree["texts"], tuple(tree["parents"]),
+                                                            frozenset(tree["accepted"]), frozenset(tree["tried"])),
+                         live["pending"])
+        self.ids.extend(live["ids"])
+        pieces = view.accepted + ([view.target] if view.target else [])
+        if view.pending:
+            self.pending.extend(pieces)
+        else:
+            self.pieces.extend(pieces)
+        return view
+
+    def replay(self, live: dict) -> ReplayView:
+        self.stats = from_dict(live["stats"], self.stats.method)
+        replay = live["replay"]
+        if replay["dropped"]:
+            del self.ids[-replay["dropped"]:]
+        if replay["correction_id"] is not None:
+            self.ids.append(replay["correction_id"])
+        keep = len(self.pending) - len(replay["rolled_back"])
+        self.pieces.extend(self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []))
+        self.pending = []
+        return ReplayView(replay["rolled_back"], replay["correction"])
+
+    def outcome(self, config: GenerationConfig) -> Outcome:
+        ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]
+        self.stats.interrupted = 1
+        return Outcome("".join(self.pieces), ids, self.stats, interrupted=True)
+
+
+def _stream(response, renderer, config: GenerationConfig) -> Outcome:
+    received = _Received(config.method.value)
+    outcome = None
+    with renderer:
         try:
-            sock.settimeout(timeout)
-            send(sock, message)
-            answer = recv(sock)
-        except OSError:
-            return None
-    return answer[1] if answer and answer[0] == "hello" else None
+            for chunk in _chunks(response):
+                if "error" in chunk:
+                    raise SpecgenError(f"the specgen server failed: {chunk['error'].get('message')}")
+                live = chunk.get("speculative") or {}
+                if "stats" in live and "round" in live:
+                    renderer.on_round(received.round(live), received.stats)
+                elif "stats" in live and "replay" in live:
+                    renderer.on_replay(received.replay(live), received.stats)
+                elif "token_ids" in live:  # the last chunk: the whole outcome
+                    stats = from_dict(live["stats"], live.get("method"))
+                    outcome = Outcome(live["text"], live["token_ids"], stats)
+        except KeyboardInterrupt:
+            response.close()  # the server ends the row before its next round
+            outcome = received.outcome(config)
+        except (OSError, http.client.HTTPException, ValueError):
+            pass  # the connection broke: handled below, as an early end
+    if outcome is None:  # the server went away mid-answer: what came is kept and shown, then the error
+        renderer.finish(received.outcome(config))
+        raise SpecgenError("the specgen server closed the connection before the generation finished",
+                           hint="was it stopped? what was shown is kept, marked interrupted")
+    renderer.finish(outcome)
+    return outcome
+
+
+def _chunks(response):
+    """The JSON objects of a server-sent event stream, up to `data: [DONE]`."""
+    while True:
+        line = response.readline()
+        if not line:
+            return
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)

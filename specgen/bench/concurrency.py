@@ -1,0 +1,178 @@
+"""`specgen bench --concurrency 1,2,4,8`: a running HTTP server driven by N concurrent
+streaming clients, per method: aggregate throughput, time to first token and time per output
+token (p50 and p95 over the requests), speculative against plain at the same concurrency.
+
+Knows nothing about how the server was started: it is given the server's URL, key and model
+id (cli/bench.py starts one on the loaded pair). Stdlib HTTP only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from rich.markup import escape
+from rich.table import Table
+
+from specgen.bench.methods import variant
+from specgen.config import Method
+from specgen.errors import ConfigError
+
+
+@dataclass
+class Timing:
+    """One request as its client saw it."""
+
+    tokens: int
+    ttft: float  # seconds from the request to its first text
+    seconds: float  # to its last chunk
+    acceptance: float | None = None
+
+
+@dataclass
+class ConcurrencyCell:
+    method: str
+    concurrency: int
+    requests: int
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    ttft_p50: float
+    ttft_p95: float
+    tpot_p50: float  # seconds per output token after the first, per request
+    tpot_p95: float
+    acceptance_rate: float | None = None
+    speedup: float | None = None  # over plain at the same concurrency
+    errors: list[str] = field(default_factory=list)
+
+
+def speculative(name: str) -> dict:
+    """A bench method name (`plain`, `chain`, `chain/k2`, ...) as the request's `speculative` field."""
+    methods = {m.value: m for m in Method}
+    if name in methods:
+        return {"method": name}
+    found = variant(name)
+    if found is None:
+        raise ConfigError(f"--concurrency measures specgen's own methods; '{name}' is not one")
+    method, overrides = found
+    out = {"method": method.value}
+    if "draft_tokens" in overrides:
+        out.update(draft_tokens=overrides["draft_tokens"], draft_confidence=overrides.get("draft_confidence", 0.0))
+    elif "draft_confidence" in overrides:
+        out["draft_confidence"] = overrides["draft_confidence"]
+    if "schedule" in overrides:
+        out["draft_schedule"] = overrides["schedule"].value
+    return out
+
+
+def one_request(url: str, key: str, body: dict) -> Timing:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+    started = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+    first = last = None
+    tokens, acceptance = 0, None
+    for line in response:
+        line = line.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"]["message"])
+        now = time.perf_counter()
+        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            first = first or now
+            last = now
+        if "usage" in chunk and chunk["usage"]:
+            tokens = chunk["usage"]["completion_tokens"]
+            acceptance = (chunk.get("speculative") or {}).get("acceptance_rate")
+    conn.close()
+    end = time.perf_counter()
+    return Timing(tokens, (first or end) - started, (last or end) - started, acceptance)
+
+
+def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int,
+                 per_client: int, max_tokens: int) -> ConcurrencyCell:
+    """`clients` threads, each sending `per_client` streaming requests one after another."""
+    timings: list[Timing] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(number: int) -> None:
+        for i in range(per_client):
+            messages = prompts[(number * per_client + i) % len(prompts)]
+            body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True}, "speculative": speculative(name)}
+            try:
+                timing = one_request(url, key, body)
+            except Exception as exc:  # noqa: BLE001: a failed request is reported in the cell
+                with lock:
+                    errors.append(str(exc)[:200])
+                continue
+            with lock:
+                timings.append(timing)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    tokens = sum(t.tokens for t in timings)
+    ttfts = [t.ttft for t in timings] or [0.0]
+    tpots = [(t.seconds - t.ttft) / (t.tokens - 1) for t in timings if t.tokens > 1] or [0.0]
+    accepted = [t.acceptance for t in timings if t.acceptance is not None]
+    return ConcurrencyCell(name, clients, len(timings), tokens, seconds, tokens / seconds if seconds else 0.0,
+                           _quantile(ttfts, 0.5), _quantile(ttfts, 0.95), _quantile(tpots, 0.5),
+                           _quantile(tpots, 0.95), statistics.mean(accepted) if accepted else None, errors=errors)
+
+
+def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
+                    levels: list[int], per_client: int, max_tokens: int, on_cell=None) -> list[ConcurrencyCell]:
+    """Every method at every concurrency, interleaved by level (plain first at each), after one
+    warm-up request per method."""
+    for name in methods:
+        measure_cell(url, key, model, prompts, name, 1, 1, min(8, max_tokens))
+    cells = []
+    for clients in levels:
+        for name in methods:
+            cell = measure_cell(url, key, model, prompts, name, clients, per_client, max_tokens)
+            cells.append(cell)
+            if on_cell is not None:
+                on_cell(cell)
+    plain = {c.concurrency: c for c in cells if c.method == "plain"}
+    for cell in cells:
+        base = plain.get(cell.concurrency)
+        if base is not None and base.tokens_per_second:
+            cell.speedup = cell.tokens_per_second / base.tokens_per_second
+    return cells
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def table(cells: list[ConcurrencyCell], title: str) -> Table:
+    t = Table(title=escape(title), title_justify="left", header_style="bold")
+    for name in ("clients", "method", "requests", "tok/s", "vs plain", "acceptance", "TTFT p50", "TTFT p95",
+                 "s/token p50", "s/token p95", "errors"):
+        t.add_column(name, justify="left" if name == "method" else "right")
+    for i, c in enumerate(cells):
+        last = i + 1 == len(cells) or cells[i + 1].concurrency != c.concurrency
+        t.add_row(str(c.concurrency), escape(c.method), str(c.requests), f"{c.tokens_per_second:.1f}",
+                  "–" if c.speedup is None else f"{c.speedup:.2f}x",
+                  "–" if c.acceptance_rate is None else f"{c.acceptance_rate:.0%}", f"{c.ttft_p50:.2f}",
+                  f"{c.ttft_p95:.2f}", f"{c.tpot_p50:.3f}", f"{c.tpot_p95:.3f}", str(len(c.errors)),
+                  end_section=last)
+    return t

@@ -1,0 +1,278 @@
+"""The OpenAI wire format: requests read and checked, responses and stream chunks built.
+
+`chat/completions` and `completions` bodies become a `Job` (prompt, decoding settings, stop
+strings, stream options) or an `ApiError` with OpenAI's error object. What a request may not
+set is refused with a 400 rather than ignored: `n` other than 1, and any field that would
+change decoding that specgen does not implement (penalties, logit bias, tools, ...). Fields
+that change nothing (`user`, `metadata`, ...) are accepted. The extension field `speculative`
+chooses the drafting (method, draft tokens, ...; the server's defaults otherwise) and asks for
+each round's accepted and rejected draft tokens in the stream (`live`).
+
+No torch here: the HTTP layer parses, the engine thread (scheduler.py) decodes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+from specgen.config import SEED_MAX, GenerationConfig, Method, SamplingConfig, Schedule, parse_branching
+from specgen.errors import ConfigError
+
+MAX_BODY_BYTES = 4 << 20  # a request body past this is refused (413)
+MAX_STOPS = 4
+# fields that change nothing about decoding
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
+# fields specgen does not implement, accepted only at the value that means "off"
+NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": (None, {}),
+           "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False, None), "best_of": (1, None),
+           "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+           "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}
+SPECULATIVE_KEYS = {"method", "draft_tokens", "draft_confidence", "draft_schedule", "branching", "beam_width",
+                    "depth", "deterministic", "verify_window", "live"}
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's format."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """One request, checked: what to decode and how to answer."""
+
+    kind: str  # "chat" or "completion"
+    messages: list[dict] | None  # chat: role/content pairs, rendered with the chat template
+    prompt: str | None  # completion: raw text, no template
+    config: GenerationConfig  # the drafting, and the request's own sampling and token budget
+    stops: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    live: bool = False  # each chunk carries its round's draft pieces and statistics
+    model: str = ""
+    own_length: bool = False  # the request set its draft length: the server's width policy leaves it
+    id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse_body(raw: bytes) -> dict:
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]) -> Job:
+    """The request as a Job, every field checked; an ApiError names the first bad one."""
+    text_key = "messages" if kind == "chat" else "prompt"
+    known = {"model", text_key, "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+             "stop", "stream", "n", "speculative"} | IGNORED
+    for name, value in body.items():
+        if name in known:
+            continue
+        if name in NEUTRAL:
+            if value not in NEUTRAL[name]:
+                raise ApiError(400, f"'{name}' is not supported by specgen (only its neutral value)", name,
+                               "unsupported_parameter")
+            continue
+        raise ApiError(400, f"unknown parameter '{name}'", name, "unsupported_parameter")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required", "model", "missing_parameter")
+    if model not in served:
+        raise ApiError(404, f"the model '{model}' does not exist on this server; GET /v1/models lists it", "model",
+                       "model_not_found")
+    if body.get("n", 1) not in (1, None):
+        raise ApiError(400, "'n' must be 1: specgen returns one choice", "n", "unsupported_parameter")
+    messages = prompt = None
+    if kind == "chat":
+        messages = _messages(body.get("messages"))
+    else:
+        prompt = _prompt(body.get("prompt"))
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    include_usage = bool(options.get("include_usage", False))
+    config, live = _config(body, defaults)
+    own = "draft_tokens" in (body.get("speculative") or {})
+    return Job(kind, messages, prompt, config, _stops(body.get("stop")), stream, include_usage, live, model,
+               own_length=own)
+
+
+def _config(body: dict, defaults: GenerationConfig) -> tuple[GenerationConfig, bool]:
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_new = defaults.max_new_tokens if limit is None else _integer(limit, key, 1)
+    temperature = _number(body.get("temperature", 1.0), "temperature", 0.0, 2.0)
+    top_p = _number(body.get("top_p", 1.0), "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise ApiError(400, "'top_p' must be in (0, 1]", "top_p")
+    top_k = _integer(body.get("top_k", 0), "top_k", 0)
+    seed = body.get("seed")
+    seed = None if seed is None else _integer(seed, "seed", 0, SEED_MAX)
+    speculative = body.get("speculative") or {}
+    if not isinstance(speculative, dict):
+        raise ApiError(400, "'speculative' must be an object", "speculative")
+    for name in speculative:
+        if name not in SPECULATIVE_KEYS:
+            raise ApiError(400, f"unknown field 'speculative.{name}'; known: {', '.join(sorted(SPECULATIVE_KEYS))}",
+                           f"speculative.{name}", "unsupported_parameter")
+    try:
+        config = replace(defaults, max_new_tokens=max_new,
+                         sampling=SamplingConfig(temperature, top_k, top_p, seed), **_drafting(speculative))
+    except ConfigError as exc:
+        raise ApiError(400, str(exc).replace("--", ""), "speculative") from None
+    return config, bool(speculative.get("live", False))
+
+
+def _drafting(speculative: dict) -> dict:
+    out = {}
+    if "method" in speculative:
+        out["method"] = Method.parse(str(speculative["method"]))
+    for name in ("draft_tokens", "beam_width", "depth", "verify_window"):
+        if name in speculative:
+            out[name] = _integer(speculative[name], f"speculative.{name}", 1)
+    if "draft_confidence" in speculative:
+        out["draft_confidence"] = _number(speculative["draft_confidence"], "speculative.draft_confidence", 0.0, 1.0)
+    if "draft_schedule" in speculative:
+        try:
+            out["schedule"] = Schedule(str(speculative["draft_schedule"]))
+        except ValueError:
+            raise ApiError(400, "speculative.draft_schedule must be fixed, additive or expected-gain",
+                           "speculative.draft_schedule") from None
+    if "branching" in speculative:
+        value = speculative["branching"]
+        out["branching"] = parse_branching(",".join(map(str, value)) if isinstance(value, list) else str(value))
+    if "deterministic" in speculative:
+        out["deterministic"] = bool(speculative["deterministic"])
+    if "draft_tokens" in out and "draft_confidence" not in out:
+        out["draft_confidence"] = 0.0  # a k of its own comes without the device's stop, as in `specgen run -k`
+    return out
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'messages' must be a non-empty list", "messages", "missing_parameter")
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
+            raise ApiError(400, f"messages[{i}] needs a role: system, user or assistant", f"messages[{i}].role")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ApiError(400, f"messages[{i}]: only text content parts are supported", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be text", f"messages[{i}].content")
+        role = "system" if message["role"] == "developer" else message["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _prompt(value) -> str:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", "prompt",
+                       "missing_parameter")
+    return value
+
+
+def _stops(value) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} non-empty strings", "stop")
+    return list(stops)
+
+
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false", name)
+    return bool(value)
+
+
+def _integer(value, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ApiError(400, f"'{name}' must be an integer {bound}, got {json.dumps(value)[:40]}", name)
+    return value
+
+
+def _number(value, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ApiError(400, f"'{name}' must be a number in {low:g}..{high:g}, got {json.dumps(value)[:40]}", name)
+    return float(value)
+
+
+# -- responses ---------------------------------------------------------------------------------
+def finish_reason(stop: str | None) -> str:
+    """OpenAI's finish_reason for an engine stop: a stop string or EOS is "stop", a budget "length"."""
+    return "length" if stop in ("length", "context") else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def speculative_summary(stats) -> dict:
+    """The `speculative` field of a response: what the drafting did for this request (a Stats)."""
+    data = stats.as_dict()
+    keys = ("drafted", "accepted", "acceptance_rate", "target_forwards", "tokens_per_target_forward",
+            "accepted_length_histogram", "time_to_first_token", "tokens_per_second")
+    return {"method": stats.method, **{k: data[k] for k in keys}}
+
+
+def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats) -> dict:
+    """A whole (non-streamed) answer."""
+    if job.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                  "logprobs": None}
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        kind = "text_completion"
+    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens), "speculative": speculative_summary(stats)}
+
+
+def chunk(job: Job, text: str | None, reason: str | None = None, extra: dict | None = None,
+          first: bool = False) -> dict:
+    """One streamed piece: new text (or only a finish reason), and specgen's extension."""
+    if job.kind == "chat":
+        delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+        kind = "text_completion"
+    out = {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice]}
+    if extra:
+        out["speculative"] = extra
+    return out
+
+
+def usage_chunk(job: Job, prompt_tokens: int, completion_tokens: int, stats) -> dict:
+    """The last chunk with stream_options.include_usage: no choices, the usage."""
+    kind = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens), "speculative": speculative_summary(stats)}

@@ -1,0 +1,209 @@
+"""The HTTP layer: FastAPI routes in OpenAI's shape over the scheduler. It parses, checks,
+queues, streams and cancels; it never touches a tensor, and never answers with a traceback.
+
+Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events when
+asked), GET /v1/models, GET /metrics (Prometheus), GET /health. Every route but /health needs
+`Authorization: Bearer <key>`: the server's local token (in the user's runtime directory) or
+its --api-key, compared in constant time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from specgen.config import GenerationConfig
+from specgen.decoding.prompts import encode_prompt
+from specgen.errors import SpecgenError
+from specgen.serve import api
+from specgen.serve.metrics import Metrics
+from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
+
+RETRY_AFTER_SECONDS = 1
+DISCONNECT_POLL_SECONDS = 0.5
+
+
+@dataclass
+class ServerState:
+    """What the routes need: the scheduler, the defaults, who may call, what is served."""
+
+    scheduler: Scheduler
+    defaults: GenerationConfig
+    keys: list[str]  # the local token, and --api-key when given
+    model_id: str
+    aliases: set[str]
+    info: dict  # pid, models, since (shown to authorized callers of /health)
+    context_length: int
+    metrics: Metrics
+    say: Callable[[str], None] = lambda line: None  # the server's log: a line per refused request too
+
+
+def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None)
+    tokenizer = state.scheduler.pair.target.tokenizer
+
+    def authorized(request: Request) -> bool:
+        header = request.headers.get("authorization", "")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        ok = False
+        for key in state.keys:  # every key compared, in constant time
+            ok |= hmac.compare_digest(given.encode(), key.encode())
+        return ok
+
+    def unauthorized() -> JSONResponse:
+        return error(api.ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                  code="invalid_api_key"))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # never a traceback on the wire
+        return error(api.ApiError(500, f"internal error: {type(exc).__name__}", kind="server_error",
+                                  code="internal_error"))
+
+    @app.get("/health")
+    async def health(request: Request):
+        body = {"status": "ok"}
+        if authorized(request):
+            body.update(state.info, busy=state.scheduler.busy())
+        return body
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        if not authorized(request):
+            return unauthorized()
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": int(state.info["since"]),
+                                            "owned_by": "specgen"}]}
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        if not authorized(request):
+            return unauthorized()
+        return Response(state.metrics.text(), media_type=state.metrics.content_type)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await complete(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, "completion")
+
+    async def complete(request: Request, kind: str):
+        endpoint = "chat" if kind == "chat" else "completion"
+        if not authorized(request):
+            state.metrics.refused(endpoint, 401)
+            return unauthorized()
+        try:
+            job = api.read_job(api.parse_body(await _body(request)), kind, state.defaults,
+                               {state.model_id} | state.aliases)
+            ids = _encode(tokenizer, job)
+            if len(ids) + 1 > state.context_length:
+                raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
+                                   f"{state.context_length}; shorten it", "messages" if kind == "chat" else "prompt",
+                                   "context_length_exceeded")
+        except api.ApiError as exc:
+            state.metrics.refused(endpoint, exc.status)
+            state.say(f"error {exc.status}: {exc.message}")
+            return error(exc)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def post(item) -> None:  # called on the engine thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the server's loop has closed: nobody waits for this answer
+                pass
+
+        ticket = Ticket(job, ids, post)
+        try:
+            state.scheduler.submit(ticket)
+        except QueueFull:
+            state.metrics.refused(endpoint, 503)
+            return error(api.ApiError(503, "the server's queue is full; try again shortly", kind="server_error",
+                                      code="queue_full"), {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if job.stream:
+            return StreamingResponse(_events(state, ticket, queue), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _whole(state, ticket, queue, request)
+
+    return app
+
+
+async def _body(request: Request) -> bytes:
+    """The body, refused past api.MAX_BODY_BYTES without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > api.MAX_BODY_BYTES:
+        raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes", code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > api.MAX_BODY_BYTES:
+            raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes",
+                               code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _encode(tokenizer, job: api.Job) -> list[int]:
+    """The prompt's token ids: chat messages through the chat template, completions raw."""
+    try:
+        if job.kind == "completion":
+            return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
+        if not getattr(tokenizer, "chat_template", None):
+            raise api.ApiError(400, "this model has no chat template; use /v1/completions", "messages")
+        return list(tokenizer.apply_chat_template(job.messages, add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"])
+    except SpecgenError as exc:
+        raise api.ApiError(400, str(exc)) from None
+    except (ValueError, TypeError) as exc:  # a template that refuses the conversation (e.g. its roles)
+        raise api.ApiError(400, f"the chat template refused the messages: {exc}", "messages") from None
+
+
+async def _events(state: ServerState, ticket: Ticket, queue: asyncio.Queue):
+    """The SSE stream: `data: {chunk}` per piece, `data: [DONE]` at the end. If the client goes
+    away (the task is cancelled), its row ends before the next round."""
+    done = False
+    try:
+        while True:
+            item = await queue.get()
+            if item is None:
+                done = True
+                break
+            if isinstance(item, api.ApiError):
+                yield f"data: {json.dumps(item.body())}\n\n"
+                continue
+            yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            state.scheduler.cancel(ticket)
+
+
+async def _whole(state: ServerState, ticket: Ticket, queue: asyncio.Queue, request: Request):
+    """A request that did not stream: wait for its answer, giving up its row if the client leaves."""
+    answer = None
+    while True:
+        try:
+            item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                state.scheduler.cancel(ticket)
+                return Response(status_code=499)
+            continue
+        if item is None:
+            break
+        answer = item
+    if isinstance(answer, api.ApiError):
+        return error(answer)
+    if answer is None:
+        return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
+    return JSONResponse(answer)

@@ -1,0 +1,124 @@
+"""How a `specgen run` finds the server started with the same model options, same user only.
+
+A server writes a record (its URL, a random token, pid, models, start time) to a file named
+by a digest of its model options (target, draft, placement, formats), the cache directory and
+the specgen version, in a runtime directory only its user may open (mode 700, checked). A run
+with other model options, or from another specgen version, never finds it. Stdlib only: a
+served run imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from specgen import __version__
+from specgen.config import ModelSettings
+from specgen.errors import ConfigError
+from specgen.models.cache import atomic_write, cache_root
+
+PROTOCOL = 2  # the HTTP API
+
+
+def runtime_dir() -> Path:
+    """$SPECGEN_RUNTIME_DIR, else $XDG_RUNTIME_DIR/specgen, else <tmp>/specgen-<uid>."""
+    if os.environ.get("SPECGEN_RUNTIME_DIR"):
+        return Path(os.environ["SPECGEN_RUNTIME_DIR"]).expanduser()
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "specgen"
+    return Path(tempfile.gettempdir()) / f"specgen-{os.getuid()}"
+
+
+def unsafe(directory: Path) -> str | None:
+    """Why `directory` may not hold a server's token (None when it is this user's, mode 700)."""
+    try:
+        info = directory.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read {directory}: {exc.strerror or exc}"
+    if not directory.is_dir():
+        return f"{directory} is not a directory"
+    if info.st_uid != os.getuid():
+        return f"{directory} belongs to another user"
+    if info.st_mode & 0o077:
+        return f"{directory} can be opened by other users (mode {info.st_mode & 0o777:o}; it must be 700)"
+    return None
+
+
+def private_dir() -> Path:
+    """The runtime directory, made if missing; a ConfigError says why it cannot be used."""
+    directory = runtime_dir()
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {directory}: {exc.strerror or exc}",
+                          hint="set SPECGEN_RUNTIME_DIR to a directory you can write") from None
+    why = unsafe(directory)
+    if why is not None:
+        raise ConfigError(why, hint=f"chmod 700 {directory}, or set SPECGEN_RUNTIME_DIR elsewhere")
+    return directory
+
+
+def settings_key(settings: ModelSettings) -> str:
+    """A digest of everything that decides what a server loaded (not how it decodes)."""
+    def model(arg: str | None) -> str | None:
+        if arg is None:
+            return None
+        path = Path(arg).expanduser()
+        return str(path.resolve()) if path.exists() else arg
+
+    fields = [PROTOCOL, __version__, str(cache_root()), os.environ.get("CUDA_VISIBLE_DEVICES"),
+              model(settings.target), model(settings.draft), settings.device, settings.draft_device,
+              settings.dtype, settings.draft_quant, settings.compile, settings.target_quant]
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
+
+
+def record_path(settings: ModelSettings) -> Path:
+    return runtime_dir() / f"{settings_key(settings)}.json"
+
+
+def log_path(settings: ModelSettings) -> Path:
+    return runtime_dir() / f"{settings_key(settings)}.log"
+
+
+def write_record(path: Path, record: dict) -> None:
+    """The record, readable by this user only, written atomically."""
+    data = json.dumps(record).encode()
+
+    def write(tmp: Path) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+
+    atomic_write(path, write, parents=False)
+
+
+def read_record(path: Path) -> dict | None:
+    """A record with the fields a client needs, or None (absent, unreadable, not ours)."""
+    if unsafe(path.parent) is not None:
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    fields = {"url": str, "token": str, "pid": int, "models": str, "since": (int, float)}
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), t) for k, t in fields.items()):
+        return None
+    return record
+
+
+def records() -> list[tuple[Path, dict]]:
+    """Every readable record in the runtime directory."""
+    directory = runtime_dir()
+    if not directory.is_dir() or unsafe(directory) is not None:
+        return []
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        record = read_record(path)
+        if record is not None:
+            found.append((path, record))
+    return found

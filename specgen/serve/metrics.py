@@ -1,0 +1,70 @@
+"""What the server exposes at GET /metrics, in Prometheus' text format (`prometheus_client`).
+
+Requests by endpoint and outcome, tokens in and out, the queue's depth and the batch's width,
+draft tokens proposed and accepted (so the acceptance rate and tokens per target forward can
+be read as rates of the counters, or from the gauges kept here), and time to first token and
+time in the queue as histograms. One registry per server (tests run several in one process).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specgen_requests", "Requests answered, by endpoint and outcome",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("specgen_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generated_tokens = Counter("specgen_generated_tokens", "Tokens generated", registry=r)
+        self.drafted = Counter("specgen_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted = Counter("specgen_accepted_draft_tokens", "Draft tokens accepted by the target", registry=r)
+        self.target_forwards = Counter("specgen_target_forwards", "Target forwards while decoding (one per "
+                                       "round and row)", registry=r)
+        self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a row", registry=r)
+        self.batch_width = Gauge("specgen_batch_width", "Rows in the running batch", registry=r)
+        self.acceptance = Gauge("specgen_acceptance_rate", "Accepted / drafted draft tokens since the start",
+                                registry=r)
+        self.per_forward = Gauge("specgen_tokens_per_target_forward", "Generated tokens per target forward since "
+                                 "the start", registry=r)
+        self.ttft = Histogram("specgen_time_to_first_token_seconds", "From the request's prefill to its first "
+                              "token", buckets=LATENCY, registry=r)
+        self.queued = Histogram("specgen_queue_seconds", "From the request's arrival to its row", buckets=LATENCY,
+                                registry=r)
+        self._counts = [0, 0, 0, 0]  # drafted, accepted, tokens, forwards: for the gauges
+
+    def joined(self, queued_seconds: float, prompt_tokens: int, width: int) -> None:
+        self.queued.observe(queued_seconds)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.batch_width.set(width)
+
+    def round(self, result, stats) -> None:
+        drafted = len(result.draft_tokens)
+        counts = self._counts
+        counts[0] += drafted
+        counts[1] += result.accepted_emitted
+        counts[2] += len(result.emitted)
+        counts[3] += 1
+        self.drafted.inc(drafted)
+        self.accepted.inc(result.accepted_emitted)
+        self.generated_tokens.inc(len(result.emitted))
+        self.target_forwards.inc()
+        if stats.rounds == 1 and stats.time_to_first_token is not None:
+            self.ttft.observe(stats.time_to_first_token)
+        self.acceptance.set(counts[1] / counts[0] if counts[0] else 0.0)
+        self.per_forward.set(counts[2] / counts[3])
+
+    def finished(self, job, outcome: str, stats) -> None:
+        self.requests.labels(job.kind, outcome).inc()
+
+    def refused(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

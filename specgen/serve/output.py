@@ -1,0 +1,116 @@
+"""One request's answer, built from its row's engine events: the text (stop strings cut,
+deterministic mode's unverified tokens held back), stream chunks, the whole response.
+
+Runs on the engine thread; what it returns is plain data that the HTTP layer sends. Text is
+pushed token by token through an incremental `TextStream`, never re-decoded as a whole. While
+streaming, a tail that could be the start of a stop string is held back until it cannot.
+"""
+
+from __future__ import annotations
+
+from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
+from specgen.decoding.stats import Stats
+from specgen.decoding.views import replay_view, round_view
+from specgen.serve import api
+from specgen.text import TextStream
+
+
+class Output:
+    """Turns one row's events into chunks (streaming) or one response (at the end)."""
+
+    def __init__(self, job: api.Job, tokenizer, prompt_tokens: int):
+        self.job, self.tokenizer, self.prompt_tokens = job, tokenizer, prompt_tokens
+        self.stream = TextStream(tokenizer)
+        self.text = ""  # final text so far (verified, stop strings cut)
+        self.sent = 0  # characters of `text` already streamed
+        self.pending: list[str] = []  # deterministic mode: pieces waiting for their replay
+        self.stopped = False  # a stop string ended the answer
+        self.started = False  # the first chunk (with the role) went out
+        self.hold = max((len(s) for s in job.stops), default=1) - 1
+
+    # -- events ---------------------------------------------------------------------------------
+    def add(self, event, stats: Stats) -> list[dict]:
+        """The chunks an event produces (nothing after a stop string)."""
+        if self.stopped or isinstance(event, (Joined, Finished)):
+            return []
+        if isinstance(event, RoundResult):
+            view = round_view(event, self.stream, pending=self.job.config.deterministic)
+            pieces = view.accepted + ([view.target] if view.target else [])
+            if view.pending:
+                self.pending.extend(pieces)
+            else:
+                self._extend("".join(pieces))
+            live = {"round": stats.rounds, "ids": event.emitted, "accepted": view.accepted, "target": view.target,
+                    "rejected": view.rejected, "pending": view.pending,
+                    "tree": None if view.tree is None else {"texts": view.tree.texts,
+                                                            "parents": list(view.tree.parents),
+                                                            "accepted": sorted(view.tree.accepted),
+                                                            "tried": sorted(view.tree.tried)}}
+        else:
+            view = replay_view(event, self.stream)
+            keep = len(self.pending) - len(view.rolled_back)
+            self._extend("".join(self.pending[:keep]) + (view.correction or ""))
+            self.pending = []
+            live = {"replay": {"rolled_back": view.rolled_back, "correction": view.correction,
+                               "dropped": len(event.rolled_back), "correction_id": event.correction}}
+        return self._chunks(live, stats, final=False)
+
+    def finish(self, stats: Stats, token_ids: list[int], stop: str | None) -> list[dict]:
+        """The last chunks: what was held back, the finish reason, usage and the statistics."""
+        whole = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if not self.stopped and whole.startswith(self.text):  # a character cut short at the end
+            self._extend(whole[len(self.text):])
+        reason = "stop" if self.stopped else api.finish_reason(stop)
+        out = self._chunks({}, stats, final=True)
+        extra = api.speculative_summary(stats)
+        if self.job.live:  # the specgen client rebuilds its outcome from these
+            extra.update(stats=stats.as_dict(), token_ids=self._kept_ids(token_ids), text=self.text)
+        out.append(api.chunk(self.job, None, reason, extra, first=not self.started))
+        if self.job.include_usage:
+            out.append(api.usage_chunk(self.job, self.prompt_tokens, stats.new_tokens, stats))
+        self.reason = reason
+        return out
+
+    def response(self, stats: Stats, token_ids: list[int], stop: str | None) -> dict:
+        """The whole answer of a request that did not stream."""
+        self.finish(stats, token_ids, stop)
+        return api.response(self.job, self.text, self.reason, self.prompt_tokens, stats.new_tokens, stats)
+
+    # -- text -------------------------------------------------------------------------------------
+    def _extend(self, piece: str) -> None:
+        """Append final text; cut it at the first stop string, which ends the answer."""
+        if not piece or self.stopped:
+            return
+        start = max(0, len(self.text) - self.hold)
+        self.text += piece
+        found = [i for i in (self.text.find(s, start) for s in self.job.stops) if i >= 0]
+        if found:
+            self.text = self.text[: min(found)]
+            self.stopped = True
+
+    def _chunks(self, live: dict, stats: Stats, final: bool) -> list[dict]:
+        if not self.job.stream:
+            return []
+        end = len(self.text) if final or self.stopped else max(self.sent, len(self.text) - self.hold)
+        text = self.text[self.sent:end]
+        self.sent = end
+        extra = {**live, "stats": stats.as_dict()} if self.job.live and live else None
+        if not text and extra is None and self.started:
+            return []
+        first = not self.started
+        self.started = True
+        return [api.chunk(self.job, text, None, extra, first=first)]
+
+    def _kept_ids(self, token_ids: list[int]) -> list[int]:
+        """The token ids behind the final text (all of them unless a stop string cut it)."""
+        if not self.stopped:
+            return token_ids
+        decode = self.tokenizer.decode
+        low, high = 0, len(token_ids)  # the shortest prefix whose text is as long as the answer
+        while low < high:
+            middle = (low + high) // 2
+            if len(decode(token_ids[:middle], skip_special_tokens=True)) >= len(self.text):
+                high = middle
+            else:
+                low = middle + 1
+        return token_ids[:low]

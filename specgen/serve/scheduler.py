@@ -1,0 +1,227 @@
+"""The engine thread: continuous batching of the server's requests.
+
+The HTTP layer submits tickets and never touches a tensor; one thread owns the models and
+runs the engine loop. Requests become rows of a running batch and leave it when they finish
+or their client goes away (dropped before the next round). Each row keeps its own sampling
+settings, seed, token budget and stop strings.
+
+Requests that need the same drafting (method, draft length, tree shape, deterministic window)
+share one engine and batch. The oldest waiting request decides which engine runs next: an
+engine admits rows of its own kind only while no other kind has waited longer, so each kind
+drains in turn and none starves. A request's event goes to its own output and, as plain data,
+to its HTTP task's queue: a client that reads slowly holds nobody up.
+
+Between requests each engine keeps its last row in the cache: a request that continues the
+same conversation (a chat's next turn) prefills only its new tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from specgen.config import GenerationConfig, Method
+from specgen.decoding.build import build_engine
+from specgen.decoding.engine import DecodeState, Engine, Request
+from specgen.decoding.events import Finished, Joined, RoundResult
+from specgen.decoding.run import fold
+from specgen.runtime.pair import Pair
+from specgen.serve import api
+from specgen.serve.metrics import Metrics
+from specgen.serve.output import Output
+from specgen.text import common_prefix
+
+
+class QueueFull(Exception):
+    """The waiting queue holds --max-queue requests: the server answers 503."""
+
+
+def drafting_key(config: GenerationConfig) -> tuple:
+    """What an engine is built for: requests that agree on it can share a batch."""
+    return (config.method, config.draft_tokens, config.draft_confidence, config.schedule, config.branching,
+            config.beam_width, config.depth, config.deterministic, config.verify_window)
+
+
+@dataclass
+class Ticket:
+    """A request inside the server."""
+
+    job: api.Job
+    ids: list[int]
+    post: Callable[[object], None]  # hands a chunk, a response, an ApiError or None (the end) to the HTTP task
+    index: int = 0
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+    output: Output | None = None
+
+    @property
+    def key(self) -> tuple:
+        return drafting_key(self.job.config) + (self.job.own_length,)
+
+
+class Scheduler:
+    def __init__(self, pair: Pair, max_batch: int, max_queue: int, metrics: Metrics,
+                 log: Callable[[api.Job, object], None] = lambda job, stats: None,
+                 caps: dict[int, int] | None = None):
+        self.pair, self.max_batch, self.max_queue, self.metrics, self.log = pair, max_batch, max_queue, metrics, log
+        # model chains' draft length per batch width (length.WidthCosts.cap); none: as requested
+        self.caps = caps or {}
+        self.cond = threading.Condition()
+        self.waiting: deque[Ticket] = deque()
+        self.running: dict[int, Ticket] = {}
+        self.engines: dict[tuple, Engine] = {}
+        self.serial = 0
+        self.served = 0  # requests answered (not counting those whose client left)
+        self.stopping = False
+        self.idle_since = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="specgen-engine", daemon=True)
+
+    # -- the HTTP side --------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    def submit(self, ticket: Ticket) -> None:
+        with self.cond:
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull()
+            self.serial += 1
+            ticket.index = self.serial
+            self.waiting.append(ticket)
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.cond.notify_all()
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The client went away: a waiting request is forgotten, a running row ends before its
+        next round."""
+        with self.cond:
+            ticket.cancelled = True
+            if ticket in self.waiting:
+                self.waiting.remove(ticket)
+                self.metrics.queue_depth.set(len(self.waiting))
+
+    def busy(self) -> bool:
+        with self.cond:
+            return bool(self.waiting or self.running)
+
+    def build(self, config: GenerationConfig, capped: bool = True) -> Engine:
+        """An engine for `config`'s drafting; a model chain's k follows the batch width unless
+        the requests set their own (`capped` False)."""
+        engine = build_engine(self.pair, config)
+        if capped and self.caps and config.method in (Method.CHAIN, Method.LOOKUP_CHAIN):
+            widest = max(self.caps)
+            engine.width_cap = lambda width: self.caps.get(width, self.caps[widest])
+        return engine
+
+    # -- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.waiting and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                first = self.waiting[0]
+            self._serve(first.key, first.job.config, first.ids, not first.job.own_length)
+            self.idle_since = time.monotonic()
+
+    def _serve(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
+        """Run the engine of `key` until nothing of its kind is left to admit or running."""
+        engine = self.engines.get(key)
+        if engine is None:
+            engine = self.engines[key] = self.build(config, capped)
+        # a request that continues a row the engine parked (a chat's next turn) resumes it
+        resume = max(engine.parked, key=lambda state: common_prefix(state.ids, first_ids), default=None)
+        if resume is not None and common_prefix(resume.ids, first_ids) <= len(first_ids) // 2:
+            resume = None
+        feed = _KeyFeed(self, key)
+        try:
+            for report, stats in fold(engine, engine.drive(feed, config, self.max_batch, resume), config.method.value):
+                self._dispatch(report, stats)
+        except Exception as exc:  # noqa: BLE001: the server outlives a failed batch; its rows get the error
+            traceback.print_exc()
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            error = api.ApiError(500, f"the engine failed: {type(exc).__name__}: {first}", kind="server_error",
+                                 code="engine_error")
+            with self.cond:
+                failed = [t for t in self.running.values() if t.key == key]
+                for ticket in failed:
+                    del self.running[ticket.index]
+            for ticket in failed:
+                ticket.post(error)
+                ticket.post(None)
+            self.engines.pop(key, None)  # a fresh engine (and caches) for the next request
+
+    def _dispatch(self, report, stats) -> None:
+        ticket = self.running.get(report.index)
+        if ticket is None:
+            return
+        event = report.event
+        if isinstance(event, Joined):
+            self.metrics.joined(time.monotonic() - ticket.submitted, event.prompt_tokens, len(self.running))
+            return
+        if isinstance(event, Finished):
+            with self.cond:
+                del self.running[report.index]
+            self.metrics.batch_width.set(len(self.running))
+            self._finish(ticket, stats, report.state, event.stop)
+            return
+        if isinstance(event, RoundResult):
+            self.metrics.round(event, stats)
+        chunks = ticket.output.add(event, stats)
+        for chunk in chunks:
+            ticket.post(chunk)
+        if ticket.output.stopped:  # a stop string: the row ends before its next round
+            ticket.cancelled = True
+
+    def _finish(self, ticket: Ticket, stats, state: DecodeState, stop: str | None) -> None:
+        ids = state.final_ids(ticket.job.config)
+        if stop == "cancelled" and not ticket.output.stopped:  # the client left: nobody to answer
+            self.metrics.finished(ticket.job, "cancelled", stats)
+            ticket.post(None)
+            return
+        if ticket.job.stream:
+            for chunk in ticket.output.finish(stats, ids, stop):
+                ticket.post(chunk)
+        else:
+            ticket.post(ticket.output.response(stats, ids, stop))
+        self.served += 1
+        self.metrics.finished(ticket.job, ticket.output.reason, stats)
+        self.log(ticket.job, stats)
+        ticket.post(None)
+
+
+class _KeyFeed:
+    """The engine's view of the queue: requests of its drafting kind, while none of another
+    kind has waited longer; running rows whose client left are dropped."""
+
+    def __init__(self, scheduler: Scheduler, key: tuple):
+        self.scheduler, self.key = scheduler, key
+
+    def take(self, room: int) -> list[Request]:
+        s = self.scheduler
+        out = []
+        with s.cond:
+            while room > 0 and s.waiting and s.waiting[0].key == self.key and not s.stopping:
+                ticket = s.waiting.popleft()
+                config = ticket.job.config
+                ticket.output = Output(ticket.job, s.pair.target.tokenizer, len(ticket.ids))
+                s.running[ticket.index] = ticket
+                out.append(Request(ticket.ids, ticket.index, config.sampling, config.max_new_tokens,
+                                   config.sampling.seed))
+                room -= 1
+            s.metrics.queue_depth.set(len(s.waiting))
+        return out
+
+    def dropped(self) -> set[int]:
+        s = self.scheduler
+        with s.cond:
+            return {i for i, t in s.running.items() if t.cancelled or s.stopping}

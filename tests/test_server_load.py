@@ -1,0 +1,217 @@
+"""`specgen serve` under load and misbehaving clients: continuous batching of concurrent
+requests (each exactly what it would be alone when greedy), a full queue (503), clients that
+leave, stop reading, or give up while queued, memory over many requests, and the command's own
+errors (unsafe runtime directory, a non-loopback host without a key, bad options)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import resource
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from test_server import (PROMPT, invoke, last_json, local_run, model, options, pair, raw, served, settings_for,  # noqa: F401
+                         slow_rounds, start, stop)
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = ["Write a haiku about caches", "def add(a, b):", "Explain KV caches", "hello", "Why is the sky blue?",
+           "List three prime numbers", "x", "Summarize: the cat sat on the mat."]
+
+
+def stream_request(served, body: dict):
+    """An open streaming response over a raw connection: (connection, response)."""
+    host, port = served.state.info["url"].removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}).encode(),
+                 headers={"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def chat_body(served, prompt=PROMPT, **extra) -> dict:
+    return {"model": model(served), "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dirs):
+    """Rows join and leave a running batch (8 wide); every greedy answer is what `specgen run`
+    gives for that prompt alone, every sampled one has its length."""
+    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=120)
+    jobs = [(PROMPTS[i % len(PROMPTS)], 0.0 if i % 2 == 0 else 0.9, 8 + i % 5, i) for i in range(32)]
+
+    def one(job):
+        prompt, temperature, n, seed = job
+        chunks = sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": prompt}],
+                                             max_tokens=n, temperature=temperature, seed=seed, stream=True,
+                                             stream_options={"include_usage": True})
+        chunks = list(chunks)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(one, jobs))
+    expected = {}
+    for (prompt, temperature, n, _), (text, usage) in zip(jobs, answers):
+        assert usage.completion_tokens == n
+        if temperature == 0.0:
+            key = (prompt, n)
+            if key not in expected:
+                expected[key] = local_run(tiny_dirs, prompt, "-n", str(n))["text"]
+            assert text == expected[key], prompt
+
+
+def test_a_full_queue_answers_503_with_retry_after(tiny_dirs, pair, monkeypatch):
+    slow_rounds(monkeypatch, 0.05)
+    running, thread = start(settings_for(tiny_dirs), pair, max_batch_size=1, max_queue=1)
+    try:
+        first = stream_request(running, chat_body(running, max_tokens=40))  # runs
+        deadline = time.monotonic() + 10
+        while not running.scheduler.running:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = stream_request(running, chat_body(running, max_tokens=4))  # waits
+        while not running.scheduler.waiting:
+            time.sleep(0.01)
+        status, body, headers = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=4))
+        assert status == 503 and body["error"]["code"] == "queue_full" and headers["retry-after"] == "1"
+        for conn, response in (first, second):
+            assert b"[DONE]" in response.read()
+            conn.close()
+    finally:
+        stop(running, thread)
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(served, monkeypatch):
+    slow_rounds(monkeypatch, 0.02)
+    conn, response = stream_request(served, chat_body(served, max_tokens=200, temperature=0))
+    assert response.readline().startswith(b"data:")  # the stream has begun
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    deadline = time.monotonic() + 10
+    while served.scheduler.busy():
+        assert time.monotonic() < deadline, "the row of a client that left is still decoding"
+        time.sleep(0.02)
+    status, text, _ = raw(served, "GET", "/metrics")
+    assert 'specgen_requests_total{endpoint="chat",status="cancelled"}' in text
+
+
+def test_a_client_that_stops_reading_holds_nobody_up(served, monkeypatch):
+    """One stream is left unread while others come and go: they finish at the usual pace."""
+    conn, response = stream_request(served, chat_body(served, max_tokens=200, temperature=0))
+    started = time.monotonic()
+    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=30)
+    for _ in range(3):
+        answer = sdk.chat.completions.create(**chat_body(served, max_tokens=6, temperature=0))
+        assert answer.usage.completion_tokens == 6
+    assert time.monotonic() - started < 30
+    conn.close()
+
+
+def test_a_queued_request_whose_client_leaves_is_dropped_at_once(tiny_dirs, pair, monkeypatch):
+    slow_rounds(monkeypatch, 0.05)
+    running, thread = start(settings_for(tiny_dirs), pair, max_batch_size=1, max_queue=4)
+    try:
+        first = stream_request(running, chat_body(running, max_tokens=60))
+        while not running.scheduler.running:
+            time.sleep(0.01)
+        conn, response = stream_request(running, chat_body(running, max_tokens=4))
+        while not running.scheduler.waiting:
+            time.sleep(0.01)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        deadline = time.monotonic() + 2  # far less than the 60 paced rounds ahead of it
+        while running.scheduler.waiting:
+            assert time.monotonic() < deadline, "the queued request waited for the one ahead"
+            time.sleep(0.01)
+        assert running.scheduler.running  # the first one still runs
+        first[1].read()
+        first[0].close()
+    finally:
+        stop(running, thread)
+
+
+def test_many_sequential_requests_leave_memory_flat(served):
+    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=30)
+
+    def rss() -> int:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * resource.getpagesize()
+
+    def batch(n):
+        for i in range(n):
+            sdk.chat.completions.create(**chat_body(served, PROMPTS[i % len(PROMPTS)], max_tokens=2,
+                                                    temperature=0.5, seed=i))
+    batch(100)  # warm-up: allocator pools, the first shapes
+    before = rss()
+    batch(900)
+    after = rss()
+    assert after < before * 1.10, f"RSS grew from {before >> 20} MB to {after >> 20} MB over 900 requests"
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+def one_line_error(result, fragment: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.output
+
+
+def test_a_public_host_needs_an_api_key_and_bad_options_fail_at_once(tiny_dirs):
+    one_line_error(invoke("serve", *options(tiny_dirs), "--host", "0.0.0.0"), "--api-key")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--idle-minutes", "nan"), "--idle-minutes")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--port", "70000"), "--port")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--max-batch-size", "0"), "--max-batch-size")
+    one_line_error(invoke("serve", "--detach", "--stop"), "one of")
+
+
+def test_an_unsafe_runtime_directory_is_named_not_ignored(tmp_path, monkeypatch, tiny_dirs):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(open_dir))
+    one_line_error(invoke("serve", "--list"), "can be opened by other users")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--stop"), "can be opened by other users")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--detach"), "can be opened by other users")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(blocker / "runtime"))
+    one_line_error(invoke("serve", *options(tiny_dirs), "--detach"), "cannot create")
+
+
+def test_a_failed_detach_appends_to_the_log_and_says_why(tmp_path, monkeypatch, tiny_dirs):
+    from specgen.serve import discovery
+
+    runtime = tmp_path / "rt"
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(runtime))
+    args = ["--target", str(tmp_path / "no-such-model"), "--draft", str(tiny_dirs["draft"]), "--device", "cpu"]
+    settings = discovery.ModelSettings(str(tmp_path / "no-such-model"), str(tiny_dirs["draft"]), "cpu", None,
+                                       "auto", "auto", "auto", "auto")
+    runtime.mkdir(mode=0o700)
+    log = discovery.log_path(settings)
+    log.write_text("an earlier server's log\n")
+    result = invoke("serve", *args, "--detach", "--port", "0")
+    one_line_error(result, "did not start")
+    assert "does not exist" in result.output
+    assert log.read_text().startswith("an earlier server's log\n")
+
+
+def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, monkeypatch):
+    """The server stops mid-answer: the JSON client prints what came, marked interrupted, and
+    one error line."""
+    slow_rounds(monkeypatch, 0.03)
+    running, thread = start(settings_for(tiny_dirs), pair)
+    killer = threading.Timer(1.0, lambda: setattr(running.server, "force_exit", True) or
+                             setattr(running.server, "should_exit", True))
+    killer.start()
+    result = invoke("run", PROMPT, *options(tiny_dirs), "-n", "200", "-k", "2", "--format", "json")
+    thread.join(timeout=30)
+    assert result.exit_code == 1, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["interrupted"] and 0 < len(record["token_ids"]) < 200
+    assert record["stats"]["new_tokens"] == len(record["token_ids"])
+    assert "closed the connection" in result.stderr
