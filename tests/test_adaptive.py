@@ -200,9 +200,9 @@ def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(ti
     # the draft cache still holds a committed prefix that a fresh prefill agrees with
     ids = state.ids
     assert drafter.cache.lengths[0] <= len(ids) - 1
-    drafter.join(0, ids, None, len(ids) + 8)  # top the cache up to the committed sequence
-    with torch.no_grad():
-        cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
+    held = drafter.cache.lengths[0]
+    with torch.no_grad():  # top the cache up to the committed sequence
+        cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[held:]]))[0, -1]
         fresh = draft.model(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 

@@ -103,3 +103,17 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(t
         path.write_text(text)
         assert draft_length.choose(pair) == good
         assert json.loads(path.read_text())[key]["k"] == good.k
+
+
+def test_width_costs_draft_only_while_a_wide_verify_stays_cheap():
+    """Memory-bound verifies (flat in tokens) keep drafting at every width; verifies whose cost
+    grows with the tokens fed stop it once a plain round does as well; a promised gain under
+    the margin does not draft."""
+    from specgen.decoding.length import WidthCosts
+
+    flat = WidthCosts({1: 1.0, 16: 1.2}, {1: 1.05, 16: 1.3}, {1: 0.3, 16: 0.35})
+    assert all(flat.cap(width) >= 3 for width in (1, 2, 4, 8, 16))
+    compute_bound = WidthCosts({1: 1.0, 4: 1.06, 16: 1.76}, {1: 1.13, 4: 2.75, 16: 6.6}, {1: 0.39, 4: 0.47, 16: 0.63})
+    caps = [compute_bound.cap(width) for width in (1, 2, 4, 8, 16)]
+    assert caps[0] >= 3 and caps == sorted(caps, reverse=True) and caps[-1] == 0
+    assert compute_bound.cap(4) == 0  # k = 1 promises under WIDTH_MARGIN over plain rounds

@@ -10,7 +10,7 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import Engine, StopReason
+from specgen.decoding.engine import RESUME_TOKENS, Engine, StopReason
 from tiny import RowDrafterBase, decode, per_row
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
@@ -148,10 +148,34 @@ def test_commit_then_continue_equals_fresh_prefill(tiny_pair):
         fresh = target.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
         # the draft cache holds a committed prefix; topping it up matches a fresh draft prefill
-        drafter.join(0, ids, None, len(ids) + 8)
-        d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
+        held = drafter.cache.lengths[0]
+        d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[held:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
+    """The draft is fed a row's prompt lazily: at width cap 0 (a wide server batch) the draft
+    model never runs, and when the cap lifts mid-generation the row catches up and stays exact."""
+    _, draft = tiny_pair
+    drafter, calls = ChainDrafter(draft.model, draft.device), []
+    call = drafter.steps.call
+    drafter.steps.call = lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs)
+    engine = engine_for(tiny_pair, drafter)
+    engine.width_cap = lambda width: 0
+    out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=20, draft_tokens=3)
+    assert out == reference[:20] and not calls
+    steps = iter(range(100))
+    engine.width_cap = lambda width: 0 if next(steps) < 5 else 3  # drafting starts at round 6
+    out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
+    assert out == reference and calls
+    assert [len(r.draft_tokens) for r in rounds[:5]] == [0] * 5 and len(rounds[5].draft_tokens) == 3
+    # held back until fewer than RESUME_TOKENS remain: the row finishes plain, the draft unfed
+    calls.clear()
+    steps = iter(range(100))
+    engine.width_cap = lambda width: 0 if next(steps) < 40 - RESUME_TOKENS + 1 else 3
+    out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
+    assert out == reference and not calls and len(rounds) == 40
 
 
 @pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN])

@@ -38,6 +38,7 @@ from specgen.runtime.compiled import Steps
 from specgen.text import common_prefix
 
 
+RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draft again
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 
 
@@ -57,6 +58,7 @@ class DecodeState:
     context_bound: bool = False  # the budget was cut by the context length
     verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
     reused_tokens: int = 0  # cache positions kept from the row's previous generation
+    held: bool = False  # the batch's width cap kept the row from drafting (its draft is behind)
     prefill_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     stop: str | None = None
@@ -265,7 +267,7 @@ class Engine:
             self.drafter.join(row, prompt, state.generator, capacity)
         state.ids, state.prompt_length, state.index = list(prompt), len(prompt), request.index
         state.sampling, state.reused_tokens, state.verified = request.sampling, keep, len(prompt)
-        state.stop, state.started = None, started
+        state.stop, state.started, state.held = None, started, False
         if state.length is None:
             cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
             state.length = make_policy(config.schedule, config.round_tokens, cost=cost)
@@ -283,7 +285,7 @@ class Engine:
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
         cap = self.width_cap(len(rows))
-        ks = [min(self._k(state, config), cap) for state in rows]
+        ks = [self._capped(state, self._k(state, config), cap, config) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
@@ -304,6 +306,20 @@ class Engine:
         if config.method.is_tree and remaining <= config.tree_depth:
             return 0  # too close to the end for a tree
         return max(min(state.length.next_k(), remaining - 1), 0)
+
+    @staticmethod
+    def _capped(state: DecodeState, k: int, cap: int, config: GenerationConfig) -> int:
+        """The row's draft length under the batch's width cap. A row the cap held to plain rounds
+        has fallen behind in the draft's cache; it drafts again only with RESUME_TOKENS left to
+        repay the catch-up (so a wide batch's rows finish plain as it narrows)."""
+        if cap == 0:
+            state.held = state.held or k > 0
+            return 0
+        if state.held:
+            if state.limit(config) - len(state.ids) < RESUME_TOKENS:
+                return 0
+            state.held = False
+        return min(k, cap)
 
     def _commit(self, state: DecodeState, proposal: Proposal, verdict: verify.Verdict, tree: DraftTree | None,
                 config: GenerationConfig, draft_seconds: float, verify_seconds: float) -> RoundResult:

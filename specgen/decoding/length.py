@@ -343,6 +343,7 @@ def _entry(entry) -> Choice | None:
 # -- how many tokens to draft at a batch width -----------------------------------------------------
 WIDTH_ROWS = (1, 4, 16)  # batch widths measured; others are interpolated (and extrapolated past 16)
 WIDTH_REPEATS = 3
+WIDTH_MARGIN = 0.1  # the expected gain over plain rounds below which a batch does not draft
 
 
 @dataclass(frozen=True)
@@ -355,10 +356,12 @@ class WidthCosts:
     draft: dict[int, float]
 
     def cap(self, width: int, k_max: int = MAX_K + STOP_EXTRA, acceptance: float = ACCEPTANCE) -> int:
-        """The draft length with the best expected throughput at `width` rows; 0 when a plain
-        round does better (a verify of width x (k+1) tokens is no longer memory-bound)."""
+        """The draft length with the best expected throughput at `width` rows; 0 unless drafting
+        promises WIDTH_MARGIN more than plain rounds (a verify of width x (k+1) tokens is no
+        longer memory-bound). The margin covers what the model leaves out: per-round host work
+        that grows with the width, and requests whose acceptance is below `acceptance`."""
         one, five, draft = (_at(table, width) for table in (self.verify_one, self.verify_five, self.draft))
-        best_k, best = 0, width / one
+        best_k, best = 0, width / one * (1 + WIDTH_MARGIN)
         for k in range(1, k_max + 1):
             tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
             rate = width * tokens / (k * draft + one + (five - one) * k / 4)

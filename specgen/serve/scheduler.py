@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import torch
+
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.engine import DecodeState, Engine, Request
@@ -123,6 +125,9 @@ class Scheduler:
 
     # -- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        # flush-to-zero is a per-thread CPU flag: load_pair set it on the loading thread, and
+        # without it subnormal activations take x86's slow path (norms several times slower)
+        torch.set_flush_denormal(True)
         while True:
             with self.cond:
                 while not self.waiting and not self.stopping:

@@ -4,7 +4,8 @@
 row: a prefix of the committed sequence. A round feeds each row what it has not seen (the root,
 plus the last draft token after a fully accepted round, plus anything committed while the row
 drafted nothing, as a lookup round of lookup-chain), padded at the end to the widest row, then
-K-1 single-token steps for all rows; x_K is never fed. After the verdict a row keeps what was
+K-1 single-token steps for all rows; x_K is never fed. Prompts are fed lazily: a row further
+behind than a few tokens (new, or back from plain rounds) is first fed alone. After the verdict a row keeps what was
 committed of what it fed.
 
 With a confidence stop (length.ConfidenceStop) a row's draft ends once the draft's top
@@ -24,6 +25,8 @@ from specgen.decoding.sampling import on_device, sample, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
 
+CATCH_UP = 4  # unseen tokens a row feeds in the batched first step; more are fed row by row first
+
 
 class ChainDrafter:
     """The Drafter protocol for chains from one draft model (base.py has the calls)."""
@@ -39,19 +42,15 @@ class ChainDrafter:
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
+        """Make room for the row; its prompt is fed lazily, at the row's first proposal, so a
+        row that never drafts (a wide server batch at k = 0) never costs a draft forward."""
         while row >= self.cache.rows:
             self.cache.add_row()
             self.generators.append(None)
             self._base.append(0)
             self._fed.append(0)
         self.cache.reserve(capacity)
-        held = self.cache.lengths[row]
-        if len(prompt_ids) - 1 > held:  # the prompt but its last token: the first round feeds that
-            rows = slice(row, row + 1) if self.cache.rows > 1 else None
-            kvcache.forward(self.steps.call, self.cache, torch.tensor([prompt_ids[held:-1]], device=self.device),
-                            keep=1, rows=rows, full_view=self.steps.mode == "inductor")
-        else:
-            kvcache.set_length(self.cache, row, max(len(prompt_ids) - 1, 0))
+        kvcache.set_length(self.cache, row, min(self.cache.lengths[row], max(len(prompt_ids) - 1, 0)))
         self.generators[row] = on_device(generator, self.device)
         self._base[row], self._fed[row] = 0, 0
 
@@ -73,6 +72,7 @@ class ChainDrafter:
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
         count, steps = len(contexts), max(ks)
+        self._catch_up(contexts)
         new = [context[length:] for context, length in zip(contexts, self.cache.lengths)]
         width = max(len(tokens) for tokens in new)
         bases = list(self.cache.lengths)
@@ -117,6 +117,17 @@ class ChainDrafter:
     def observe(self, row: int, path: list[int]) -> None:
         """The first len(path) drafted tokens were committed: keep those that were fed."""
         kvcache.set_length(self.cache, row, self._base[row] + min(len(path), self._fed[row]))
+
+    def _catch_up(self, contexts: list[list[int]]) -> None:
+        """Feed a row alone what it has not seen but its last CATCH_UP tokens (a new row's prompt,
+        the tokens of rounds it drafted nothing in): padded into the batched first step, a long
+        span would cost every row its width."""
+        for row, (context, length) in enumerate(zip(contexts, self.cache.lengths)):
+            if len(context) - length > CATCH_UP:
+                rows = slice(row, row + 1) if self.cache.rows > 1 else None
+                kvcache.forward(self.steps.call, self.cache,
+                                torch.tensor([context[length:-CATCH_UP]], device=self.device), keep=1, rows=rows,
+                                full_view=self.steps.mode == "inductor")
 
     def _first_step(self, new: list[list[int]], width: int) -> torch.Tensor:
         """Feed each row's unseen tokens; the logits after each row's last one [rows, V]. Rows of
