@@ -354,3 +354,66 @@ def test_ctrl_c_in_the_client_ends_the_row_and_keeps_its_text(served, tiny_dirs,
     while served.scheduler.busy():  # the interrupted row left
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+# -- specgen chat on the server ---------------------------------------------------------------------
+
+CHAT_LINES = "Hello there\nTell me more about caches\n/stats\nAnd once more\n"
+
+
+def chat_json(result) -> list[dict]:
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_chat_on_the_server_replies_as_a_local_chat_and_reuses_the_row(served, tiny_dirs):
+    """Each turn token for token what a chat in its own process replies; from the second turn
+    on the server resumes the conversation's parked row (prompt tokens reused)."""
+    args = ("chat", *options(tiny_dirs), "--max-new-tokens", "12", "--format", "json", "--system", "Be brief.")
+    local = chat_json(invoke(*args, "--no-server", input=CHAT_LINES))
+    before = served.scheduler.served
+    remote = chat_json(invoke(*args, input=CHAT_LINES))
+    assert served.scheduler.served == before + 3  # three replies, all on the server
+    replies = [r for r in remote if "token_ids" in r]
+    assert [r["token_ids"] for r in replies] == [r["token_ids"] for r in local if "token_ids" in r]
+    assert [r["turn"] for r in replies] == [1, 2, 3]
+    assert replies[0]["reused_tokens"] == 0 and all(r["reused_tokens"] > 0 for r in replies[1:])
+    totals = next(r for r in remote if r.get("command") == "stats")["totals"]
+    assert totals["turns"] == 2 and totals["reused_tokens"] == replies[1]["reused_tokens"]
+
+
+def test_a_chat_on_the_server_keeps_commands_errors_and_the_context_fit(served, tiny_dirs, tmp_path):
+    args = ("chat", *options(tiny_dirs), "--max-new-tokens", "8", "--format", "plain")
+    save = tmp_path / "chat.json"
+    lines = f"/method nonsense\nHi\n/set temperature 0.7\n/set seed 3\nHow are you?\n/save {save}\n"
+    result = invoke(*args, input=lines)
+    assert result.exit_code == 1  # the bad /method line; the session went on
+    assert "chatting on the specgen server" in result.stderr
+    assert "unknown method" in result.stderr.lower() or "nonsense" in result.stderr
+    saved = json.loads(save.read_text())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert saved["settings"]["temperature"] == 0.7 and saved["settings"]["seed"] == 3
+    # a message longer than the context is one error line, counted by the server's tokenizer
+    long = invoke(*args, input="word " * 400 + "\n")
+    assert long.exit_code == 1 and "context holds" in long.stderr
+
+
+def test_tokenize_counts_what_a_request_would_decode(served):
+    status, body, _ = raw(served, "POST", "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] > 0
+    status, body, _ = raw(served, "POST", "/tokenize", {"prompt": "hi", "messages": []})
+    assert status == 400 and "error" in body
+    assert raw(served, "POST", "/tokenize", {"prompt": "hi"}, token=None)[0] == 401
+
+
+def test_a_chat_on_the_server_imports_no_torch(served, tiny_dirs):
+    import subprocess
+    import sys
+
+    probe = ("import sys; from typer.testing import CliRunner; from specgen.cli import app; "
+             f"r = CliRunner().invoke(app, {['chat', *options(tiny_dirs), '--max-new-tokens', '4']!r}, input='hi\\n'); "
+             "print(r.exit_code, 'torch' in sys.modules)")
+    before = served.scheduler.served
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stdout + done.stderr
+    assert served.scheduler.served == before + 1

@@ -1,72 +1,24 @@
-"""A chat session: the conversation, the engine state kept between turns, slash commands.
-
-Owns the messages (user/assistant turns; a reply cut by Ctrl-C is kept and marked
-`"interrupted": true`), the system prompt, the settings that slash commands change, session
-totals (the turns' Stats merged), rendering the conversation with the tokenizer's chat
-template, dropping the oldest turns when the context fills up, and save files (saves.py).
-Knows nothing about terminals or Typer: notices go to a `notify` callback, replies to whatever
-renderer the caller passes.
+"""A conversation with the pair loaded in this process: the engine state kept between turns.
 
 Cache reuse: each turn renders the whole conversation and hands the previous DecodeState to
 `run.generate`; the engine keeps the longest common prefix of both caches, so a turn prefills
 only its new tokens, and anything that changes earlier tokens (dropped turns, a new system
-prompt, a template that re-renders old turns) falls back from the first difference.
+prompt, a template that re-renders old turns) falls back from the first difference. The
+conversation itself (turns, settings, commands, totals, saves) is conversation.py's.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable
 
-from specgen.chat.saves import (SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedChat, config_from, read_save,
-                                settings_dict, write_save)
+from specgen.chat.conversation import Conversation
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding import run
 from specgen.decoding.build import build_engine
-from specgen.decoding.stats import Stats, histogram
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PromptError
 from specgen.models.load import load_draft
 from specgen.runtime.pair import Pair, quantize_draft
-
-HELP = """\
-/help                 this list
-/reset                forget the conversation (the system prompt and settings stay)
-/system [TEXT]        set the system prompt; without TEXT show it; /system --clear removes it
-/stats                session totals
-/method [NAME]        switch method: plain, chain, rsd-c, rsd-s, multi-draft, lookup, lookup-chain
-/set [NAME VALUE]     temperature, top_k, top_p, seed (or none), max_new_tokens, draft_tokens;
-                      without arguments show the settings
-/save FILE            write the conversation and settings as JSON
-/load FILE            resume a saved conversation
-/exit                 leave (also Ctrl-D, or Ctrl-C at an empty prompt)
-Any other line is a message; start it with // to send a line that begins with /."""
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What one call to `send` did."""
-
-    number: int
-    outcome: Outcome
-    prompt_tokens: int  # the rendered conversation
-    reused_tokens: int  # cache positions kept from the previous turn
-    dropped: int  # old turns dropped to fit the context before this one
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    message: str = ""
-    exit: bool = False
-    data: dict | None = None  # machine-readable form (for --format json)
-
-
-def plain_messages(messages: list[dict]) -> list[dict]:
-    """Only role and content: chat templates must not see our own keys (like `interrupted`)."""
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 def load_chat_draft(settings: ModelSettings, target, quiet: bool = False):
@@ -77,26 +29,18 @@ def load_chat_draft(settings: ModelSettings, target, quiet: bool = False):
     return quantize_draft(draft, target, settings.draft_quant, dtype_auto, quiet)
 
 
-class ChatSession:
-    """One conversation with a loaded pair; `send` runs a turn, `command` runs a slash command."""
+class LocalBackend:
+    """Replies from a pair in this process, the engine's caches kept between turns."""
 
     def __init__(self, pair: Pair, settings: ModelSettings, config: GenerationConfig,
-                 system: str | None = None, messages: list[dict] | None = None, *,
-                 notify: Callable[[str], None] | None = None, reuse_cache: bool = True, quiet: bool = False):
-        self.pair = pair
-        self.settings = settings
-        self.config = config
-        self.system = system or None
-        self.messages: list[dict] = [dict(m) for m in messages or []]
-        self.notify = notify or (lambda message: None)
+                 notify: Callable[[str], None], reuse_cache: bool = True, quiet: bool = False):
+        self.pair, self.settings, self.notify, self.quiet = pair, settings, notify, quiet
         self.reuse_cache = reuse_cache  # False: every turn prefills from scratch (for measurements)
-        self.quiet = quiet
-        self.totals: Stats | None = None  # every turn's Stats merged
-        self.turns_by_method: Counter = Counter()
-        self.dropped_turns = 0
+        self.config = config
         self.state = None  # the engine's DecodeState after the last turn
         self.engine = build_engine(pair, config)
         self._drafter_key = self._key(config)
+        self._rendered: tuple[list[dict], list[int]] = ([], [])
         if not getattr(self.tokenizer, "chat_template", None):
             raise PromptError("the target's tokenizer has no chat template; specgen chat needs one",
                               hint="use `specgen run --raw` for base models")
@@ -106,73 +50,42 @@ class ChatSession:
         return self.pair.target.tokenizer
 
     @property
+    def target_name(self) -> str:
+        return self.pair.target.name
+
+    @property
+    def draft_name(self) -> str | None:
+        return self.pair.draft.name if self.pair.draft is not None else None
+
+    @property
     def context_length(self) -> int:
         return self.engine.context_length
 
-    # -- turns ---------------------------------------------------------------------------
-    def render(self, messages: list[dict] | None = None) -> list[int]:
-        """The conversation (system prompt first) through the chat template, ready for a reply."""
-        messages = self.messages if messages is None else messages
-        full = ([{"role": "system", "content": self.system}] if self.system else []) + plain_messages(messages)
-        return list(self.tokenizer.apply_chat_template(full, add_generation_prompt=True,
-                                                       return_dict=True)["input_ids"])
+    def render(self, messages: list[dict]) -> list[int]:
+        """The messages through the chat template, ready for a reply (the last one remembered)."""
+        if self._rendered[0] != messages:
+            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                          return_dict=True)["input_ids"])
+            self._rendered = ([dict(m) for m in messages], ids)
+        return self._rendered[1]
 
-    def fit(self, messages: list[dict]) -> tuple[list[dict], list[int], int]:
-        """Drop the oldest turns until the conversation plus max_new_tokens fits the context.
+    def count(self, messages: list[dict]) -> int:
+        return len(self.render(messages))
 
-        A turn is a user message with the replies after it. The last user message is never
-        dropped, nor the system prompt. Returns (messages, rendered ids, turns dropped).
-        """
+    def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
         ids = self.render(messages)
-        dropped = 0
-        while len(ids) + self.config.max_new_tokens > self.context_length:
-            starts = [i for i, m in enumerate(messages) if m["role"] == "user"]
-            if len(starts) < 2:
-                break
-            messages = messages[starts[1]:]
-            ids = self.render(messages)
-            dropped += 1
-        if len(ids) >= self.context_length:
-            raise PromptError(f"the message needs {len(ids)} tokens with the system prompt and the chat "
-                              f"template, but the context holds {self.context_length}; shorten it")
-        return messages, ids, dropped
-
-    def send(self, text: str, renderer) -> Turn:
-        """One turn: the user's `text`, a reply generated into `renderer`, both kept."""
-        if not text.strip():
-            raise PromptError("the message is empty")
-        messages, ids, dropped = self.fit(self.messages + [{"role": "user", "content": text}])
-        if dropped:
-            self.dropped_turns += dropped
-            self.notify(f"dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} to fit the "
-                        f"context of {self.context_length} tokens ({len(ids)} in the conversation + "
-                        f"{self.config.max_new_tokens} for the reply)")
-        room = self.context_length - len(ids)
-        if room < self.config.max_new_tokens:
-            self.notify(f"the context leaves room for {room} new tokens in this reply")
-        self.messages = messages[:-1]  # the user's message joins once there is a reply
         if not self.reuse_cache:
             self._fresh()
-        previous = self.state
         try:
-            outcome = run.generate(self.engine, self.tokenizer, ids, self.config, renderer, state=previous)
+            outcome = run.generate(self.engine, self.tokenizer, ids, config, renderer, state=self.state)
         except KeyboardInterrupt:  # landed outside generate's own guard: the caches may be mid-update
             self._fresh()
             raise
         self.state = outcome.state
-        reused = 0
         if outcome.interrupted and not self._resumed(outcome.state, ids):
             self._fresh()  # Ctrl-C during the prefill: the state's ids no longer describe its cache
-        elif outcome.state is not None:
-            reused = outcome.state.reused_tokens
-        reply = {"role": "assistant", "content": outcome.text}
-        if outcome.interrupted:
-            reply["interrupted"] = True
-        self.messages = messages + [reply]
-        turn = replace(outcome.stats, reused_tokens=reused)
-        self.totals = turn if self.totals is None else self.totals.merge(turn)
-        self.turns_by_method[turn.method] += 1
-        return Turn(self.totals.generations, outcome, len(ids), reused, dropped)
+            return outcome, 0
+        return outcome, outcome.state.reused_tokens if outcome.state is not None else 0
 
     @staticmethod
     def _resumed(state, ids: list[int]) -> bool:
@@ -183,7 +96,6 @@ class ChatSession:
         self.state = None
         self.engine = build_engine(self.pair, self.config)
 
-    # -- settings ------------------------------------------------------------------------
     @staticmethod
     def _key(config: GenerationConfig) -> tuple:
         """What the drafter is built from: a change means a new drafter (with an empty cache)."""
@@ -193,7 +105,7 @@ class ChatSession:
         return m, config.draft_tokens if m is Method.LOOKUP_CHAIN else None, config.draft_confidence
 
     def configure(self, config: GenerationConfig) -> None:
-        """Switch to `config`, loading the draft model and building a new drafter where needed.
+        """Load the draft model where `config` needs it and build a new drafter where it changes.
 
         The target's cache is kept even when the drafter changes: the new engine takes it over,
         and its drafter, empty, is prefilled from the conversation by the next turn.
@@ -209,132 +121,25 @@ class ChatSession:
             self._drafter_key = key
         self.config = config
 
-    def set_option(self, name: str, value: str) -> None:
-        name = name.strip().lower().replace("-", "_")
-        if name not in SETTING_NAMES:
-            raise ConfigError(f"unknown setting '{name}'; choose one of: {', '.join(SETTING_NAMES)}")
-        value = value.strip()
-        if name == "seed" and value.lower() in ("none", "off", ""):
-            parsed = None
-        else:
-            kind = float if name in ("temperature", "top_p") else int
-            try:
-                parsed = kind(value)
-            except ValueError:
-                raise ConfigError(f"{name} takes {'a number' if kind is float else 'an integer'}, "
-                                  f"got '{value}'") from None
-        self.configure(config_from({name: parsed}, self.config))
 
-    def set_method(self, name: str) -> None:
-        self.configure(replace(self.config, method=Method.parse(name)))
+class ChatSession(Conversation):
+    """A conversation whose replies come from `pair`, loaded in this process."""
 
-    def set_system(self, text: str | None) -> None:
-        self.system = text or None
+    def __init__(self, pair: Pair, settings: ModelSettings, config: GenerationConfig,
+                 system: str | None = None, messages: list[dict] | None = None, *,
+                 notify: Callable[[str], None] | None = None, reuse_cache: bool = True, quiet: bool = False):
+        notify = notify or (lambda message: None)
+        super().__init__(LocalBackend(pair, settings, config, notify, reuse_cache, quiet), settings, config,
+                         system, messages, notify=notify)
 
-    def reset(self) -> None:
-        """Forget the turns; the caches stay (the system prompt's tokens are still reusable)."""
-        self.messages = []
+    @property
+    def pair(self) -> Pair:
+        return self.backend.pair
 
-    # -- save files ----------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        return {
-            "format": SAVE_FORMAT, "version": SAVE_VERSION,
-            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "models": {"target": self.settings.target, "draft": self.settings.draft,
-                       "target_name": self.pair.target.name},
-            "system": self.system,
-            "settings": settings_dict(self.config),
-            "messages": [dict(m) for m in self.messages],
-        }
+    @property
+    def engine(self):
+        return self.backend.engine
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path).expanduser()
-        write_save(path, self.snapshot())
-        return path
-
-    def load(self, path: str | Path) -> SavedChat:
-        """Resume a save file; on any error the session is unchanged."""
-        saved = read_save(path)
-        self.configure(config_from(saved.settings, self.config))  # may fail: nothing changed yet
-        self.system, self.messages = saved.system, [dict(m) for m in saved.messages]
-        if saved.models.get("target") not in (None, self.settings.target):
-            self.notify(f"the save was made with target {saved.models['target']}; "
-                        f"continuing with {self.settings.target}")
-        return saved
-
-    # -- session totals ------------------------------------------------------------------
-    def totals_dict(self) -> dict:
-        t = self.totals or Stats(method=self.config.method.value, generations=0)
-        return {
-            "turns": t.generations, "interrupted": t.interrupted, "new_tokens": t.new_tokens,
-            "rounds": t.rounds, "drafted": t.drafted, "accepted": t.accepted,
-            "acceptance_rate": round(t.acceptance_rate, 4),
-            "tokens_per_target_forward": round(t.tokens_per_target_forward, 4),
-            "tokens_per_second": round(t.tokens_per_second, 3),
-            "prompt_tokens": t.prompt_tokens, "reused_tokens": t.reused_tokens,
-            "prefilled_tokens": t.prompt_tokens - t.reused_tokens,
-            "dropped_turns": self.dropped_turns,
-            "prefill_seconds": round(t.prefill_seconds, 4), "decode_seconds": round(t.decode_seconds, 4),
-            "turns_by_method": dict(self.turns_by_method),
-            "accepted_length_histogram": histogram(t.accepted_lengths),
-        }
-
-    def totals_lines(self) -> list[str]:
-        t = self.totals or Stats(method=self.config.method.value, generations=0)
-        accept = f"accepted {t.accepted}/{t.drafted} ({t.acceptance_rate:.1%})" if t.drafted else "no drafts"
-        methods = ", ".join(f"{m} {n}" for m, n in sorted(self.turns_by_method.items())) or "-"
-        return [
-            f"turns {t.generations} ({t.interrupted} interrupted) · methods: {methods}",
-            f"{t.new_tokens} new tokens in {t.rounds} rounds · {accept} · "
-            f"{t.tokens_per_target_forward:.2f} tokens/target forward · {t.tokens_per_second:.1f} tok/s",
-            f"prompt tokens {t.prompt_tokens}: {t.reused_tokens} reused from the caches, "
-            f"{t.prompt_tokens - t.reused_tokens} prefilled in {t.prefill_seconds:.2f} s"
-            + (f" · {self.dropped_turns} old turns dropped" if self.dropped_turns else ""),
-        ]
-
-    # -- slash commands ------------------------------------------------------------------
-    def command(self, line: str) -> CommandResult:
-        """Run one slash command; a SpecgenError means the session is unchanged."""
-        name, _, arg = line.strip()[1:].partition(" ")
-        name, arg = name.lower(), arg.strip()
-        if name in ("exit", "quit"):
-            return CommandResult(exit=True)
-        if name in ("help", "?"):
-            return CommandResult(HELP)
-        if name == "reset":
-            self.reset()
-            return CommandResult("conversation cleared" + (" (the system prompt stays)" if self.system else ""))
-        if name == "system":
-            if arg == "--clear":
-                self.set_system(None)
-                return CommandResult("system prompt removed")
-            if not arg:
-                return CommandResult(f"system prompt: {self.system}" if self.system else "no system prompt")
-            self.set_system(arg)
-            return CommandResult("system prompt set")
-        if name == "stats":
-            return CommandResult("\n".join(self.totals_lines()), data={"totals": self.totals_dict()})
-        if name == "method":
-            if arg:
-                self.set_method(arg)
-            choices = ", ".join(m.value for m in Method)
-            return CommandResult(f"method: {self.config.method.value} (choices: {choices})")
-        if name == "set":
-            if arg:
-                option, _, value = arg.replace("=", " ", 1).partition(" ")
-                if not value.strip():
-                    raise ConfigError("/set needs a name and a value, like /set temperature 0.7")
-                self.set_option(option, value)
-            shown = settings_dict(self.config)
-            return CommandResult(" · ".join(f"{k} {shown[k]}" for k in ("method", *SETTING_NAMES)),
-                                 data={"settings": shown})
-        if name in ("save", "load"):
-            if not arg:
-                raise ConfigError(f"/{name} needs a file name, like /{name} chat.json")
-            if name == "save":
-                return CommandResult(f"saved {len(self.messages)} messages to {self.save(arg)}")
-            self.load(arg)
-            return CommandResult(f"loaded {len(self.messages)} messages from {arg}")
-        raise ConfigError(f"unknown command /{name}; /help lists the commands")
-
-
+    @property
+    def state(self):
+        return self.backend.state

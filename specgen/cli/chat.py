@@ -1,4 +1,5 @@
-"""`specgen chat`: options -> a ChatSession -> an interactive or a scripted loop.
+"""`specgen chat`: options -> a conversation (on a matching `specgen serve` when one runs,
+else with the pair loaded here) -> an interactive or a scripted loop.
 
 Owns the terminal side of chat: the prompt (with readline history and line editing where
 the platform has it), live replies, round summaries, notices and Ctrl-C/Ctrl-D. The
@@ -32,11 +33,14 @@ from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, DepthOp
                                  DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt,
                                  MethodOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt, TopPOpt,
                                  VerifyWindowOpt, check_text, decode_text, generation_config, user_errors)
+from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import ModelSettings
 from specgen.errors import PromptError, SpecgenError
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.serve.client import ServerChat, find
+from specgen.status import note
 
 PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
 DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
@@ -73,12 +77,13 @@ def chat(
     show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
     format: Annotated[Optional[Format], typer.Option(
         "--format", help="rich (terminal default), plain (pipe default) or json (one object per reply).")] = None,
+    server: Annotated[bool, typer.Option("--server/--no-server", help="Chat on a running `specgen serve` with the same model options when there is one.")] = True,
 ) -> None:
     """Chat with the target model; caches are kept between turns. /help lists the commands."""
     try:
         with user_errors():
             code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), show_tree, format,
-                         generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
+                         server, generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
                                            seed, branching, beam_width, depth, deterministic, verify_window))
     except KeyboardInterrupt:  # while loading models
         code = 130
@@ -86,12 +91,7 @@ def chat(
 
 
 def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and_quant, show_tree, format,
-          config) -> int:
-    # the session imports torch: only once the command runs (--help stays instant)
-    from specgen.chat.session import ChatSession
-    from specgen.decoding.build import resolve_draft_length
-    from specgen.runtime.pair import load
-
+          use_server, config) -> int:
     messages = None
     if system is not None:
         check_text(system, "--system")
@@ -111,13 +111,29 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
         err.print(f"note: {message}", style="yellow", markup=False)
 
     settings = ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
-    pair = load(settings, config.method, quiet=fmt is Format.json)
-    config, _ = resolve_draft_length(pair, config)
-    chat_session = ChatSession(pair, settings, config, system, messages, notify=notify, quiet=fmt is Format.json)
+    server = find(settings) if use_server else None
+    if server is not None:  # no torch in this process: the server has the pair
+        if fmt is not Format.json:
+            note(f"specgen: chatting on the specgen server (pid {server.info['pid']}, {server.info['models']})")
+        chat_session = Conversation(ServerChat(server), settings, config, system, messages, notify=notify)
+    else:
+        chat_session = _local_session(settings, config, system, messages, notify, quiet=fmt is Format.json)
     if load_file is not None:
         notify(f"resumed {len(chat_session.messages)} messages from {load_file}")
     ui = _Loop(chat_session, fmt, out, err, show_tree, float(os.environ.get(DELAY_ENV) or 0), interactive)
     return ui.interactive() if interactive else ui.scripted()
+
+
+def _local_session(settings: ModelSettings, config, system, messages, notify, quiet: bool):
+    """A conversation with the pair loaded here."""
+    # these import torch: only when no server answers (a chat on a server never loads it)
+    from specgen.chat.session import ChatSession
+    from specgen.decoding.build import resolve_draft_length
+    from specgen.runtime.pair import load
+
+    pair = load(settings, config.method, quiet=quiet)
+    config, _ = resolve_draft_length(pair, config)
+    return ChatSession(pair, settings, config, system, messages, notify=notify, quiet=quiet)
 
 
 def _given(ctx, name: str) -> bool:
@@ -169,8 +185,8 @@ class _Loop:
         readline = _readline()
         prompt = PROMPT if sys.stdout.isatty() else "you> "
         c = self.chat
-        draft = f" + draft {_escape(c.pair.draft.name)}" if c.pair.draft is not None else ""
-        self.out.print(f"[bold]specgen chat[/] · {_escape(c.pair.target.name)}{draft} · {c.config.method.value} · "
+        draft = f" + draft {_escape(c.backend.draft_name)}" if c.backend.draft_name else ""
+        self.out.print(f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
                        f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]")
         while True:
             try:

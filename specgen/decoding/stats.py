@@ -134,6 +134,7 @@ class Stats:
         return {
             "new_tokens": self.new_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
             "rounds": self.rounds,
             "drafted": self.drafted,
             "accepted": self.accepted,
@@ -163,8 +164,8 @@ class Stats:
 def from_dict(data: dict, method: str | None = None) -> Stats:
     """The Stats that `as_dict` wrote (a served run's statistics, read back by its client)."""
     stats = Stats(method=method or data.get("method") or "?")
-    for name in ("new_tokens", "prompt_tokens", "rounds", "drafted", "accepted", "verified_windows", "rollbacks",
-                 "rolled_back_tokens"):
+    for name in ("new_tokens", "prompt_tokens", "reused_tokens", "rounds", "drafted", "accepted", "verified_windows",
+                 "rollbacks", "rolled_back_tokens"):
         setattr(stats, name, int(data.get(name) or 0))
     for name in ("seconds", "prefill_seconds", "setup_seconds", "draft_seconds", "verify_seconds",
                  "replay_seconds"):

@@ -114,6 +114,19 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
                own_length=own)
 
 
+def read_tokenize(body: dict, defaults: GenerationConfig) -> Job:
+    """POST /tokenize (vLLM's shape): `messages` (through the chat template, with the
+    generation prompt) or `prompt` (raw) to count; `model` optional."""
+    for name in body:
+        if name not in ("model", "messages", "prompt", "add_generation_prompt", "add_special_tokens"):
+            raise ApiError(400, f"unknown parameter '{name}'", name, "unsupported_parameter")
+    if ("messages" in body) == ("prompt" in body):
+        raise ApiError(400, "give 'messages' or 'prompt'", "messages", "missing_parameter")
+    if "messages" in body:
+        return Job("chat", _messages(body["messages"]), None, defaults)
+    return Job("completion", None, _prompt(body["prompt"]), defaults)
+
+
 def _config(body: dict, defaults: GenerationConfig) -> tuple[GenerationConfig, bool]:
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"

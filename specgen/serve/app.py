@@ -2,7 +2,8 @@
 queues, streams and cancels; it never touches a tensor, and never answers with a traceback.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events when
-asked), GET /v1/models, GET /metrics (Prometheus), GET /health. Every route but /health needs
+asked), POST /tokenize (vLLM's: a prompt's token count), GET /v1/models, GET /metrics
+(Prometheus), GET /health. Every route but /health needs
 `Authorization: Bearer <key>`: the server's local token (in the user's runtime directory) or
 its --api-key, compared in constant time.
 """
@@ -88,6 +89,18 @@ def create_app(state: ServerState) -> FastAPI:
         if not authorized(request):
             return unauthorized()
         return Response(state.metrics.text(), media_type=state.metrics.content_type)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """The prompt's tokens as the server would decode them (a chat client fits its
+        conversation to the context with it): count, tokens, max_model_len."""
+        if not authorized(request):
+            return unauthorized()
+        try:
+            ids = _encode(tokenizer, api.read_tokenize(api.parse_body(await _body(request)), state.defaults))
+        except api.ApiError as exc:
+            return error(exc)
+        return {"count": len(ids), "tokens": ids, "max_model_len": state.context_length}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -85,8 +85,10 @@ def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
     return server.info
 
 
-def request_body(text: str, raw: bool, system: str | None, config: GenerationConfig, model: str) -> dict:
-    """A run's prompt and decoding options as an OpenAI request (chat, or a raw completion)."""
+def request_body(config: GenerationConfig, model: str, messages: list[dict] | None = None,
+                 prompt: str | None = None) -> dict:
+    """Decoding options as an OpenAI request, streamed with each round's pieces: a chat
+    (`messages`) or a raw completion (`prompt`)."""
     speculative = {"method": config.method.value, "branching": list(config.branching),
                    "beam_width": config.beam_width, "depth": config.depth, "deterministic": config.deterministic,
                    "verify_window": config.verify_window, "draft_schedule": config.schedule.value, "live": True}
@@ -99,11 +101,10 @@ def request_body(text: str, raw: bool, system: str | None, config: GenerationCon
             "top_k": s.top_k, "stream": True, "speculative": speculative}
     if s.seed is not None:
         body["seed"] = s.seed
-    if raw:
-        body["prompt"] = text
+    if prompt is not None:
+        body["prompt"] = prompt
     else:
-        body["messages"] = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": text}]
+        body["messages"] = messages
     return body
 
 
@@ -117,14 +118,57 @@ def generate_on_server(settings: ModelSettings, text: str, raw: bool, system: st
     if not quiet:
         note(f"specgen: generating on the specgen server (pid {server.info['pid']}, {server.info['models']})")
     path = "/v1/completions" if raw else "/v1/chat/completions"
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    body = request_body(config, server.info["model"], prompt=text) if raw else request_body(
+        config, server.info["model"], messages)
     try:
-        status, response = server.request("POST", path, request_body(text, raw, system, config, server.info["model"]),
-                                          timeout=None)
+        status, response = server.request("POST", path, body, timeout=None)
     except (OSError, http.client.HTTPException):
         return None  # it went away between the check and the request: load here
     if status != 200:
         raise _error(response)
     return _stream(response, renderer, config)
+
+
+class ServerChat:
+    """A chat's replies from a running server (the Backend of chat/conversation.py). The
+    server parks the conversation's row after each reply and resumes it for the next turn,
+    which shares its prefix: a turn prefills only its new tokens, as a local chat does."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.target_name = server.info["model"]
+        self.draft_name = server.info.get("draft")
+        self.context_length = 0
+        self.context_length = self._tokenize([{"role": "user", "content": "hi"}])["max_model_len"]
+
+    def _tokenize(self, messages: list[dict]) -> dict:
+        try:
+            status, response = self.server.request("POST", "/tokenize", {"messages": messages}, timeout=60)
+            if status != 200:
+                raise _error(response)
+            return json.loads(response.read())
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise SpecgenError(f"the specgen server did not answer: {exc}",
+                               hint="is it still running? `specgen serve --list`") from None
+
+    def count(self, messages: list[dict]) -> int:
+        return int(self._tokenize(messages)["count"])
+
+    def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
+        try:
+            status, response = self.server.request("POST", "/v1/chat/completions",
+                                                    request_body(config, self.target_name, messages), timeout=None)
+        except (OSError, http.client.HTTPException) as exc:
+            raise SpecgenError(f"the specgen server did not answer: {exc}",
+                               hint="is it still running? `specgen serve --list`") from None
+        if status != 200:
+            raise _error(response)
+        outcome = _stream(response, renderer, config)
+        return outcome, outcome.stats.reused_tokens
+
+    def configure(self, config: GenerationConfig) -> None:
+        """Nothing to prepare: each request carries its settings (the server checks them)."""
 
 
 def _error(response) -> SpecgenError:

@@ -143,10 +143,13 @@ class Scheduler:
         engine = self.engines.get(key)
         if engine is None:
             engine = self.engines[key] = self.build(config, capped)
-        # a request that continues a row the engine parked (a chat's next turn) resumes it
+        # a request that continues a row the engine parked resumes it: it extends that row's
+        # prompt (a chat's next turn) or shares more than half of its own
         resume = max(engine.parked, key=lambda state: common_prefix(state.ids, first_ids), default=None)
-        if resume is not None and common_prefix(resume.ids, first_ids) <= len(first_ids) // 2:
-            resume = None
+        if resume is not None:
+            common = common_prefix(resume.ids, first_ids)
+            if common < resume.prompt_length and common <= len(first_ids) // 2:
+                resume = None
         feed = _KeyFeed(self, key)
         try:
             for report, stats in fold(engine, engine.drive(feed, config, self.max_batch, resume), config.method.value):

@@ -178,7 +178,7 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
-            "model": pair.target.name}
+            "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None}
     state = ServerState(scheduler, config, [token] + ([options.api_key] if options.api_key else []), pair.target.name,
                         {settings.target}, info, pair.target.context_length, metrics, say)
     server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
