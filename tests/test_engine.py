@@ -194,6 +194,25 @@ def test_resume_reuses_the_cache_and_matches_a_fresh_prefill(tiny_pair, method):
     assert reused == fresh
 
 
+def test_resume_continues_a_parked_row_that_was_not_the_first(tiny_pair):
+    """A batch parks its last rows; the next generation may continue any of them (a server's
+    request continuing another row of the last batch), not only row 0."""
+    _, draft = tiny_pair
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=10, draft_tokens=3)
+    engine = engine_for(tiny_pair, ChainDrafter(draft.model, draft.device))
+    prompts = [PROMPT, PROMPT[:7] + [71, 72], PROMPT[3:] + [64, 65, 66]]
+    for _ in engine.generate(prompts, config, batch_size=3):
+        pass
+    third = max(engine.parked, key=lambda state: state.row)
+    assert third.row > 0
+    turn2 = third.ids + [198, 257, 84]
+    rounds, state = decode(engine, turn2, config, resume=third)
+    assert state.reused_tokens == len(turn2) - 4
+    fresh = [t for r in decode(engine_for(tiny_pair, ChainDrafter(draft.model, draft.device)), turn2, config)[0]
+             for t in r.emitted]
+    assert [t for r in rounds for t in r.emitted] == fresh
+
+
 def test_resume_after_a_differing_rerender_falls_back_to_the_first_difference(tiny_pair):
     target, draft = tiny_pair
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3)

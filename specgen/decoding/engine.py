@@ -170,6 +170,8 @@ class Engine:
         `generate`). A request's prompt must fit the context (`check` it before it is fed)."""
         resumed = resume is not None and any(resume is state for state in self.parked)
         self._settle(resume.row if resumed else None)
+        if resumed:
+            resume.row = 0  # the only row left
         rows: list[DecodeState] = []
         try:
             while True:
