@@ -564,3 +564,19 @@ def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
     pair = SimpleNamespace(target=SimpleNamespace(gguf=None, name="tiny", source="dir"))
     with pytest.raises(ConfigError, match="needs a GGUF target"):
         bench_llamacpp.LlamaCppRunner(pair, "llamacpp")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--batch-sizes", "1", "--verify-windows", "100000"], "--verify-window must be in"),
+    (["--verify-windows", "100000"], "--verify-window must be in"),
+    (["--threads", "100000"], "--threads must be in"),
+    (["--threads", "0"], "--threads must be in"),
+    (["--concurrency", "1", "--methods", "hf-lookup"], "--concurrency measures specgen's own methods"),
+    (["--concurrency", "0"], "--concurrency"),
+])
+def test_every_setting_is_checked_before_a_model_loads(tmp_path, args, fragment):
+    """A target that does not exist: had anything loaded, the error would be about the model."""
+    no_model = ["--target", str(tmp_path / "no-model"), "--json", str(tmp_path / "out.json")]
+    result = runner.invoke(app, ["bench", *no_model, *args])
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "out.json").exists()
