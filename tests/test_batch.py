@@ -261,3 +261,37 @@ def test_batched_trees_in_deterministic_mode_match_plain(row_sensitive):
     reference = batched(row_sensitive, prompts, 1, **settings)[0]
     assert batched(row_sensitive, prompts, 3, drafter="rsd-c", branching=(2, 2), **settings)[0] == reference
     assert batched(row_sensitive, prompts, 4, drafter="rsd-s", beam_width=2, depth=2, **settings)[0] == reference
+
+
+def test_cache_rows_join_without_copying_and_leave_in_place(tiny_pair):
+    """A joining row takes a spare row of the buffers (no copy of the others); a leaving row's
+    successors move down over it, their committed slots intact; any other order gathers."""
+    from specgen.runtime import kvcache
+
+    target, _ = tiny_pair
+    cache = kvcache.new_cache(target.model, rows=1)
+    prompts = [PROMPT, PROMPT[:9], PROMPT[2:], PROMPT[:5]]
+    expected = []
+    for i, prompt in enumerate(prompts):
+        row = 0 if i == 0 else cache.add_row()
+        kvcache.forward(target.model, cache, torch.tensor([prompt]), rows=slice(row, row + 1) if i else None)
+        expected.append([(layer.keys[row, :, : len(prompt)].clone(), layer.values[row, :, : len(prompt)].clone())
+                         for layer in cache.layers])
+    buffer = cache.layers[0]._keys.data_ptr()
+    assert cache.layers[0]._keys.shape[0] == 4 and cache.layers[0].keys.shape[0] == 4
+
+    def held(rows):
+        for row, source in enumerate(rows):
+            n = len(prompts[source])
+            assert cache.lengths[row] == n
+            for layer, (k, v) in zip(cache.layers, expected[source]):
+                assert torch.equal(layer.keys[row, :, :n], k) and torch.equal(layer.values[row, :, :n], v)
+
+    cache.select([0, 2, 3])  # row 1 leaves: 2 and 3 move down, in place
+    assert cache.layers[0]._keys.data_ptr() == buffer and cache.layers[0].keys.shape[0] == 3
+    held([0, 2, 3])
+    cache.add_row()  # the spare row: no new buffer
+    assert cache.layers[0]._keys.data_ptr() == buffer and cache.lengths[-1] == 0
+    cache.select([2, 0])  # out of order: gathered
+    assert cache.layers[0].keys.shape[0] == 2
+    held([3, 0])

@@ -49,9 +49,15 @@ class SlotLayer(CacheLayerMixin):
         owner = self.owner
         self.dtype, self.device = key_states.dtype, key_states.device
         shape = (owner.rows, key_states.shape[1], owner.capacity)
-        self.keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
-        self.values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self._keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self._values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self._view_rows(owner.rows)
         self.is_initialized = True  # fixed addresses from here on: captured CUDA graphs use them in place
+
+    def _view_rows(self, rows: int) -> None:
+        """`keys` and `values`: the first `rows` rows of the buffers (which may hold spare rows,
+        so that a joining row costs no copy of the others)."""
+        self.keys, self.values = self._keys[:rows], self._values[:rows]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -77,23 +83,44 @@ class SlotLayer(CacheLayerMixin):
         """Grow (copying what is held) or shrink the slot dimension."""
         if not self.is_initialized:
             return
-        old = self.keys.shape[2]
-        for name in ("keys", "values"):
+        rows, old = self.keys.shape[0], self.keys.shape[2]
+        for name in ("_keys", "_values"):
             tensor = getattr(self, name)
             new = tensor.new_zeros(*tensor.shape[:2], capacity, tensor.shape[-1])
             keep = min(old, capacity)
-            new[:, :, :keep] = tensor[:, :, :keep]
+            new[:rows, :, :keep] = tensor[:rows, :, :keep]
             setattr(self, name, new)
+        self._view_rows(rows)
 
     def add_row(self) -> None:
-        if self.is_initialized:
-            self.keys = torch.cat([self.keys, self.keys.new_zeros(1, *self.keys.shape[1:])])
-            self.values = torch.cat([self.values, self.values.new_zeros(1, *self.values.shape[1:])])
+        """One more row: a spare one of the buffers (what it holds is masked until written:
+        the row's length is 0), or buffers of twice the rows."""
+        if not self.is_initialized:
+            return
+        rows = self.keys.shape[0] + 1
+        if rows > self._keys.shape[0]:
+            for name in ("_keys", "_values"):
+                tensor = getattr(self, name)
+                new = tensor.new_zeros(max(rows, 2 * tensor.shape[0]), *tensor.shape[1:])
+                new[: rows - 1] = tensor[: rows - 1]
+                setattr(self, name, new)
+        self._view_rows(rows)
 
-    def select_rows(self, index: torch.Tensor) -> None:
-        if self.is_initialized:
-            self.keys = self.keys.index_select(0, index.to(self.device))
-            self.values = self.values.index_select(0, index.to(self.device))
+    def select_rows(self, keep: list[int], lengths: list[int]) -> None:
+        """Keep rows `keep` in that order. In place when they stay in order (a row leaving): each
+        kept row moves down over the gap, its committed slots only (`lengths`)."""
+        if not self.is_initialized:
+            return
+        if keep != sorted(keep):
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self._keys, self._values = self._keys.index_select(0, index), self._values.index_select(0, index)
+        else:
+            for row, source in enumerate(keep):
+                if source != row and lengths[source]:
+                    held = lengths[source]
+                    self._keys[row, :, :held].copy_(self._keys[source, :, :held])
+                    self._values[row, :, :held].copy_(self._values[source, :, :held])
+        self._view_rows(len(keep))
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.view, 0
@@ -177,9 +204,8 @@ class SlotCache(Cache):
         (captured CUDA graphs stay valid)."""
         if keep == list(range(self.rows)):
             return
-        index = torch.tensor(keep, dtype=torch.long)
         for layer in self.layers:
-            layer.select_rows(index)
+            layer.select_rows(keep, self.lengths)
         self.generation += 1
         self.lengths = [self.lengths[i] for i in keep]
         self.rows = len(keep)
