@@ -217,6 +217,27 @@ def test_a_damaged_or_foreign_cache_is_ignored_and_overwritten(cache_env, monkey
     assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache)), expected)
 
 
+@pytest.mark.parametrize("where", ["weights", "scales"])
+def test_a_cache_scrambled_in_place_fails_its_checksum_and_is_rebuilt(cache_env, monkeypatch, capsys, where):
+    """Bytes of the tensor data changed, the file's size and header intact: without the
+    checksum these weights would load and decode other tokens, silently (issue 25 item 2)."""
+    cache = cache_env / "int8" / "model.safetensors"
+    expected = logits_of(quant.quantize_cached(small_model(), cache))
+    data = bytearray(cache.read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    layout = json.loads(data[8:8 + size])
+    name = next(n for n in layout if n.endswith(".qweight" if where == "weights" else ".scales"))
+    begin, end = (8 + size + offset for offset in layout[name]["data_offsets"])
+    data[begin:end] = bytes((b + 1) % 256 for b in data[begin:end])  # every byte of one tensor
+    cache.write_bytes(bytes(data))
+    again = quant.quantize_cached(small_model(), cache, quiet=False)
+    assert "do not match their checksum; quantizing again" in capsys.readouterr().err
+    assert torch.equal(logits_of(again), expected)
+    forbid_quantizing(monkeypatch)  # rewritten with a good checksum
+    assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache, quiet=False)), expected)
+    assert "checksum" not in capsys.readouterr().err
+
+
 def test_a_cache_path_that_is_a_directory_does_not_raise(cache_env):
     cache = cache_env / "int8" / "model.safetensors"
     cache.mkdir(parents=True)

@@ -10,8 +10,9 @@ on-disk cache of int8 weights.
   and every variant is lossless (the draft reports the law it samples from).
 
 Quantized weights are cached in `$SPECGEN_CACHE/int8/` (safetensors of int8 weights and fp32
-scales, keyed by the source files), written atomically; a file that does not read back as the
-model's linears is quantized again.
+scales, keyed by the source files), written atomically with a checksum of their bytes in the
+metadata; a file that does not read back as the model's linears, or whose bytes no longer
+match their checksum (a disk or a copy that corrupted it), is quantized again with a notice.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,7 +36,7 @@ from specgen.runtime import int8
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
 from specgen.status import note
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a checksum of the tensors in the metadata
 TARGET_CHOICES = ("auto", "none", "int8")
 DRAFT_CHOICES = ("none", "int8", "int8-wo", "prune", "int8+prune", "int8-wo+prune")
 AUTO = "auto"
@@ -148,11 +150,22 @@ def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = Tru
     quantized and written there (None: no cache)."""
     if cache_file is None:
         return int8.quantize_model(model)
-    return int8.quantize_model(model, cached=lambda shapes: _read(cache_file, shapes),
+    return int8.quantize_model(model, cached=lambda shapes: _read(cache_file, shapes, quiet),
                                store=lambda weights: _write(cache_file, weights, quiet))
 
 
-def _read(path: Path, shapes: dict[str, tuple]) -> int8.Weights | None:
+def checksum(tensors) -> str:
+    """SHA-256 over each tensor's SHA-256 (hashed on a thread per core: hashlib releases the
+    GIL; about 0.5 s for the default target's 1.5 GB on 2 cores, see benchmarks/README.md)."""
+    def one(tensor: torch.Tensor) -> bytes:
+        return hashlib.sha256(memoryview(tensor.contiguous().view(torch.uint8).numpy())).digest()
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(one, tensors))
+    return hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+def _read(path: Path, shapes: dict[str, tuple], quiet: bool = True) -> int8.Weights | None:
     if not path.is_file():
         return None
     try:
@@ -165,16 +178,21 @@ def _read(path: Path, shapes: dict[str, tuple]) -> int8.Weights | None:
                 out[name] = (fh.get_tensor(f"{name}.qweight"), fh.get_tensor(f"{name}.scales"))
                 if tuple(out[name][0].shape) != shape or out[name][0].dtype != torch.int8:
                     return None
-        return out
     except Exception:  # noqa: BLE001 (SafetensorError, OSError, ValueError): quantize again, overwrite it
         return None
+    if meta.get("checksum") != checksum(t for pair in out.values() for t in pair):
+        if not quiet:
+            note(f"specgen: the cached int8 weights {path.name} do not match their checksum; quantizing again")
+        return None
+    return out
 
 
 def _write(path: Path, weights: int8.Weights, quiet: bool) -> None:
     tensors = {}
     for name, (q, s) in weights.items():
         tensors[f"{name}.qweight"], tensors[f"{name}.scales"] = q.contiguous(), s.contiguous()
-    metadata = {"names": json.dumps(list(weights)), "format": str(FORMAT_VERSION)}
+    metadata = {"names": json.dumps(list(weights)), "format": str(FORMAT_VERSION),
+                "checksum": checksum(t for pair in weights.values() for t in pair)}
     try:
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         stem = path.name.rsplit(".", 2)[0]  # model dir name + role: an older digest is stale
