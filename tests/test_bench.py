@@ -580,3 +580,26 @@ def test_every_setting_is_checked_before_a_model_loads(tmp_path, args, fragment)
     result = runner.invoke(app, ["bench", *no_model, *args])
     assert_one_line_error(result, fragment)
     assert not (tmp_path / "out.json").exists()
+
+
+def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_file, tmp_path):
+    """bench --concurrency: a server on the loaded pair, N streaming clients per method, runs
+    interleaved and pooled; aggregate tok/s, TTFT and per-token latency against plain."""
+    pytest.importorskip("fastapi")
+    out = tmp_path / "conc.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "-n", "6", "--methods",
+                                 "plain,chain,lookup-chain", "--concurrency", "1,3", "--requests-per-client", "2",
+                                 "--repeats", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "specgen bench --concurrency" in result.stdout
+    assert "draft length by batch width" in " ".join(result.stderr.split())
+    data = json.loads(out.read_text())
+    assert data["schema"] == "specgen-bench-concurrency/1" and data["settings"]["repeats"] == 2
+    cells = {(c["concurrency"], c["method"]): c for c in data["cells"]}
+    assert set(cells) == {(n, m) for n in (1, 3) for m in ("plain", "chain", "lookup-chain")}
+    for (clients, method), cell in cells.items():
+        assert cell["errors"] == [] and cell["requests"] == clients * 2 * 2
+        assert cell["tokens"] == cell["requests"] * 6 and cell["tokens_per_second"] > 0
+        assert cell["ttft_p50"] <= cell["ttft_p95"]
+    assert cells[(1, "plain")]["speedup"] == 1.0 and cells[(3, "chain")]["speedup"] > 0
+    assert data["settings"]["width_caps"]["1"] >= 1

@@ -100,9 +100,23 @@ def one_request(url: str, key: str, body: dict) -> Timing:
     return Timing(tokens, (first or end) - started, (last or end) - started, acceptance)
 
 
+@dataclass
+class Measured:
+    """One run of a cell: what its clients saw."""
+
+    timings: list[Timing]
+    errors: list[str]
+    seconds: float
+
+
 def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int,
                  per_client: int, max_tokens: int) -> ConcurrencyCell:
     """`clients` threads, each sending `per_client` streaming requests one after another."""
+    return summarize(name, clients, [drive(url, key, model, prompts, name, clients, per_client, max_tokens)])
+
+
+def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int, per_client: int,
+          max_tokens: int) -> Measured:
     timings: list[Timing] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -127,7 +141,14 @@ def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - started
+    return Measured(timings, errors, time.perf_counter() - started)
+
+
+def summarize(name: str, clients: int, runs: list[Measured]) -> ConcurrencyCell:
+    """A cell from its runs pooled: tokens over seconds of all runs, quantiles over all requests."""
+    timings = [t for run in runs for t in run.timings]
+    errors = [e for run in runs for e in run.errors]
+    seconds = sum(run.seconds for run in runs)
     tokens = sum(t.tokens for t in timings)
     ttfts = [t.ttft for t in timings] or [0.0]
     tpots = [(t.seconds - t.ttft) / (t.tokens - 1) for t in timings if t.tokens > 1] or [0.0]
@@ -138,15 +159,21 @@ def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name
 
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
-                    levels: list[int], per_client: int, max_tokens: int, on_cell=None) -> list[ConcurrencyCell]:
-    """Every method at every concurrency, interleaved by level (plain first at each), after one
-    warm-up request per method."""
+                    levels: list[int], per_client: int, max_tokens: int, on_cell=None,
+                    repeats: int = 1) -> list[ConcurrencyCell]:
+    """Every method at every concurrency after one warm-up request per method. Each level runs
+    its methods `repeats` times, every other time in reverse order (plain, chain, chain, plain,
+    ...), so drift in the machine's speed hits every method alike; a cell pools its runs."""
     for name in methods:
         measure_cell(url, key, model, prompts, name, 1, 1, min(8, max_tokens))
     cells = []
     for clients in levels:
+        runs: dict[str, list[Measured]] = {name: [] for name in methods}
+        for repeat in range(repeats):
+            for name in methods if repeat % 2 == 0 else methods[::-1]:
+                runs[name].append(drive(url, key, model, prompts, name, clients, per_client, max_tokens))
         for name in methods:
-            cell = measure_cell(url, key, model, prompts, name, clients, per_client, max_tokens)
+            cell = summarize(name, clients, runs[name])
             cells.append(cell)
             if on_cell is not None:
                 on_cell(cell)

@@ -43,7 +43,7 @@ def bench(
     limit: Annotated[Optional[int], typer.Option(
         "--limit", help="Keep the first N prompts of each prompt file.")] = None,
     repeats: Annotated[int, typer.Option(
-        "--repeats", "-r", help="Runs per prompt and method; the report uses medians.")] = 1,
+        "--repeats", "-r", help="Runs per prompt and method; the report uses medians. With --concurrency: runs per cell, in alternating order, pooled.")] = 1,
     warmup: Annotated[bool, typer.Option(
         "--warmup/--no-warmup", help="One short generation per method before measuring.")] = True,
     threads: Annotated[Optional[int], typer.Option(
@@ -119,7 +119,7 @@ def bench(
             for name in names:
                 speculative(name)  # only engine methods: before anything loads
             report.check_outputs({"--json": json_file})
-            _concurrency(names, items, config, levels, per_client, max_batch, models, json_file, threads)
+            _concurrency(names, items, config, levels, per_client, max_batch, models, json_file, threads, repeats)
             return
         if sizes:
             windows = windows or ([verify_window] if deterministic else [])
@@ -174,7 +174,7 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
 
 
 def _concurrency(names, items, config, levels, per_client, max_batch, models: ModelSettings, json_file,
-                 threads=None):
+                 threads=None, repeats: int = 1):
     """Start a server on the loaded pair (this process, a free port), drive it, stop it."""
     from specgen.bench import concurrency, measure  # torch: see bench()
     from specgen.runtime.pair import load
@@ -202,17 +202,18 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
 
         try:
             cells = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts, names, levels,
-                                                per_client, config.max_new_tokens, progress)
+                                                per_client, config.max_new_tokens, progress, repeats)
         finally:
             running.server.should_exit = True
             server.join(timeout=30)
     title = (f"specgen bench --concurrency · {pair.target.name}" + (f" + {pair.draft.name}" if pair.draft else "")
-             + f" · {len(prompts)} prompts · {per_client} requests per client · {config.max_new_tokens} new "
+             + f" · {len(prompts)} prompts · {per_client} requests per client"
+             + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "") + f" · {config.max_new_tokens} new "
              f"tokens · greedy · batch up to {max_batch}")
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
     if json_file is not None:
         data = {"schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
-                "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client,
+                "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client, "repeats": repeats,
                              "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
                              "width_caps": {str(w): k for w, k in caps.items()}},
                 "cells": [asdict(c) for c in cells]}
