@@ -10,6 +10,9 @@ same stop ids and budget, and decode greedily or with the same temperature / top
 and seed. llama.cpp computes with its own quantized weights, so its text can differ from
 specgen's plain decoding of the dequantized model: bench's identical column shows by how much.
 Acceptance counters are not exposed by llama-cpp-python, so those cells stay empty.
+
+llama.cpp runs in a child process per column (isolated.py): a crash there is that column's
+one-line result, and every other column is measured and written.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 
 import torch
 
+from specgen.bench.isolated import IsolatedRunner
 from specgen.bench.runners import Generation, Known
 from specgen.config import GenerationConfig
 from specgen.decoding.stats import Stats
@@ -31,6 +35,7 @@ METHODS = {
     "llamacpp-lookup": "llama.cpp prompt-lookup decoding, 10 tokens, same GGUF (llama-cpp-python)",
 }
 HINT = "pip install 'specgen[llamacpp]' (builds llama.cpp with this machine's compilers)"
+CRASH_HINT = " - see README 'llama.cpp on CPUs with AMX'"
 
 
 def installed() -> bool:
@@ -42,46 +47,48 @@ def require() -> None:
         raise ConfigError(f"the llamacpp methods need llama-cpp-python: {HINT}")
 
 
-class LlamaCppRunner:
-    """One llama.cpp context on the target's GGUF, shared by the generations of one bench run."""
-
-    _shared: dict = {}  # (gguf, lookup, n_ctx, threads) -> Llama: load the file once per process
+class LlamaCppRunner(IsolatedRunner):
+    """llama.cpp on the target's GGUF, in a child process of its own (isolated.py): a build that
+    crashes (SIGSEGV in its batched prompt decode on CPUs with AMX) ends this column with one
+    line, not the bench run. The child loads the file once and serves every prompt of the run."""
 
     def __init__(self, pair, name: str):
         require()
-        self.pair, self.name = pair, name
-        self.lookup = name == "llamacpp-lookup"
-        gguf = getattr(pair.target, "gguf", None)
+        target = pair.target
+        gguf = getattr(target, "gguf", None)
         if not gguf:
             raise ConfigError(f"method {name} needs a GGUF target (a catalog model or a .gguf file); "
-                              f"{pair.target.name} was loaded from {pair.target.source}")
-        self.gguf = gguf
+                              f"{target.name} was loaded from {target.source}")
+        n_ctx = min(target.context_length, 4096)
+        super().__init__(name, LlamaCppGenerator, (str(gguf), name, n_ctx, tuple(int(t) for t in target.stop_ids)),
+                         label="llama.cpp", crash_hint=CRASH_HINT)
 
-    def _llama(self):
-        from llama_cpp import Llama  # the optional extra: imported only when its columns run
 
+class LlamaCppGenerator:
+    """The child's side: one llama.cpp context on the GGUF, with the child's torch thread count
+    (the parent's, set by isolated.serve) for llama.cpp's threads."""
+
+    def __init__(self, gguf: str, name: str, n_ctx: int, stop_ids: tuple[int, ...]):
+        from llama_cpp import Llama  # the optional extra: imported only where its columns run
+
+        self.name, self.stops = name, set(stop_ids)
+        self.lookup = name == "llamacpp-lookup"
         threads = torch.get_num_threads()
-        n_ctx = min(self.pair.target.context_length, 4096)
-        key = (self.gguf, self.lookup, n_ctx, threads)
-        if key not in self._shared:
-            draft = None
-            if self.lookup:
-                from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # the optional extra
+        draft = None
+        if self.lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # the optional extra
 
-                draft = LlamaPromptLookupDecoding(num_pred_tokens=10)
-            with _quiet_stderr():
-                self._shared[key] = Llama(model_path=self.gguf, n_ctx=n_ctx, n_threads=threads,
-                                          n_threads_batch=threads, draft_model=draft, verbose=False, seed=0)
-        return self._shared[key]
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=10)
+        with _quiet_stderr():
+            self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                             draft_model=draft, verbose=False, seed=0)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation:
-        llm = self._llama()
+        llm = self.llm
         sampling = config.sampling
-        target = self.pair.target
         budget = min(config.max_new_tokens, llm.n_ctx() - len(prompt_ids) - 1)
         if budget < 1:
             raise ConfigError(f"the prompt ({len(prompt_ids)} tokens) leaves no room in llama.cpp's context")
-        stops = set(target.stop_ids)
         greedy = sampling.greedy
         llm.reset()  # no KV reuse from the previous prompt: every method starts cold
         if not greedy and sampling.seed is not None:
@@ -96,7 +103,7 @@ class LlamaCppRunner:
             if first_at is None:
                 first_at = time.perf_counter()
             token = int(token)
-            if token in stops:
+            if token in self.stops:
                 stop = "eos"
                 break
             ids.append(token)

@@ -1,6 +1,8 @@
 """Measuring: a warm-up per method, then for each prompt and repeat every method in a fixed
 order (plain first) so machine drift hits all alike; threads fixed; memory peaks per run; the
-environment each figure was measured in. Knows nothing about Typer or output formats."""
+environment each figure was measured in. A column whose isolated runner fails (a crashed
+llama.cpp) stops with one recorded line while the others go on. Knows nothing about Typer or
+output formats."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import platform
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,6 +21,7 @@ import transformers
 
 from specgen import __version__
 from specgen.bench import llamacpp as bench_llamacpp
+from specgen.bench.isolated import IsolatedRunner, RunnerFailed, closing
 from specgen.bench.methods import PLAIN, build_runner, parse_methods, registry
 from specgen.bench.prompts import BenchPrompt, encode
 from specgen.bench.references import assistant_settings
@@ -97,6 +100,18 @@ def to_measurement(item: BenchPrompt, method: str, repeat: int, prompt_tokens: i
         s.verify_seconds if times else None, peak, s.stop, list(gen.token_ids))
 
 
+@dataclass
+class Failure:
+    """A column that stopped: its one line, and where (repeat None: in its warm-up). What it
+    measured before stays in the measurements; it has no summary rows."""
+
+    method: str
+    prompt_id: str
+    category: str
+    repeat: int | None
+    error: str
+
+
 class MemoryProbe:
     """Peak memory of one run. CUDA: max_memory_allocated, reset per run. CPU: the process's
     peak RSS (VmHWM, reset per run through /proc/self/clear_refs where Linux allows it,
@@ -145,26 +160,46 @@ def fixed_threads(threads: int | None):
 
 def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
             settings: BenchSettings, memory: MemoryProbe | None = None,
-            warmups: dict | None = None) -> Iterator[Measurement]:
+            warmups: dict | None = None, failures: list[Failure] | None = None) -> Iterator[Measurement]:
     """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
     capture happen there, apart from every measurement), then for each prompt, for each
     repeat, run every method in the given order (the caller puts plain first). Yields
-    measurements as they complete."""
+    measurements as they complete. An isolated runner that fails (RunnerFailed) goes to
+    `failures` with its line, is said on stderr and is not run again; any other error ends the
+    run as before."""
     memory = memory or MemoryProbe()
+    failures = [] if failures is None else failures
     config = settings.generation
+
+    def attempt(runner, item: BenchPrompt, repeat: int | None, ids: list[int],
+                run_config: GenerationConfig) -> Generation | None:
+        try:
+            return runner.generate(ids, run_config)
+        except RunnerFailed as exc:
+            failures.append(Failure(runner.name, item.id, item.category, repeat, str(exc)))
+            note(f"bench: {runner.name}: {exc}")
+            return None
+
+    def live() -> list[Runner]:
+        failed = {f.method for f in failures}
+        return [r for r in runners if r.name not in failed]
+
     if settings.warmup and prompts:
         short = replace(config, max_new_tokens=min(settings.warmup_tokens, config.max_new_tokens))
-        for runner in runners:
+        item, ids = prompts[0]
+        for runner in live():
             started = time.perf_counter()
-            runner.generate(prompts[0][1], short)
-            if warmups is not None:
+            if attempt(runner, item, None, ids, short) is not None and warmups is not None:
                 warmups[runner.name] = round(time.perf_counter() - started, 3)
     for item, ids in prompts:
         for repeat in range(settings.repeats):
-            for runner in runners:
+            for runner in live():
                 memory.reset()
-                gen = runner.generate(ids, config)
-                yield to_measurement(item, runner.name, repeat, len(ids), gen, memory.peak())
+                gen = attempt(runner, item, repeat, ids, config)
+                if gen is not None:
+                    # an isolated runner's memory is its child's (the parent's peak says nothing of it)
+                    peak = runner.peak_memory_bytes if isinstance(runner, IsolatedRunner) else memory.peak()
+                    yield to_measurement(item, runner.name, repeat, len(ids), gen, peak)
 
 
 @dataclass
@@ -177,6 +212,7 @@ class BenchResult:
     prompts: list[PromptResult]
     summary: list[GroupSummary]
     interrupted: bool = False
+    failures: list[Failure] = field(default_factory=list)  # columns that stopped, one line each
 
 
 def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], settings: BenchSettings,
@@ -184,7 +220,9 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
               runners: list[Runner] | None = None) -> BenchResult:
     """Encode the prompts, build the runners (plain first), measure, summarise.
 
-    Ctrl-C stops the measurement and keeps what was measured (`interrupted` is set).
+    Ctrl-C stops the measurement and keeps what was measured (`interrupted` is set). A column
+    whose isolated runner fails is recorded in `failures` and left out of the summary; the
+    others are measured in full. Isolated runners' child processes are stopped on the way out.
     `runners` replaces the registry's runners (tests inject deliberately wrong methods).
     """
     specs = registry()
@@ -194,6 +232,12 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
             note(f"bench: llama.cpp columns skipped: target {pair.target.name} has no GGUF file")
             method_names = [n for n in method_names if n not in bench_llamacpp.METHODS]
         runners = [build_runner(pair, name) for name in method_names]
+    with closing(runners):
+        return _run(pair, runners, prompts, settings, specs, on_measurement)
+
+
+def _run(pair, runners: list[Runner], prompts: list[BenchPrompt], settings: BenchSettings, specs: dict,
+         on_measurement: Callable[[Measurement], None] | None) -> BenchResult:
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:
         raise ConfigError("plain decoding must be measured: it is the denominator of every speed-up")
@@ -209,11 +253,12 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     memory = MemoryProbe(devices)
     measurements: list[Measurement] = []
     warmups: dict[str, float] = {}
+    failures: list[Failure] = []
     interrupted = False
     with fixed_threads(settings.threads) as threads:
         env = environment(pair, threads)
         try:
-            for m in measure(runners, encoded, settings, memory, warmups):
+            for m in measure(runners, encoded, settings, memory, warmups, failures):
                 measurements.append(m)
                 if on_measurement is not None:
                     on_measurement(m)
@@ -229,8 +274,10 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
         **{k: v for k, v in asdict(settings.generation).items() if k != "method"}, "greedy": greedy,
         "hf_assistant": assistant_settings(pair, method_names),
     }
+    failed = {f.method for f in failures}
+    summarized = [name for name in method_names if name not in failed]
     return BenchResult(env, run_settings, method_names, greedy, measurements, prompt_results,
-                       summarize(measurements, prompt_results, method_names), interrupted)
+                       summarize(measurements, prompt_results, summarized), interrupted, failures)
 
 
 def environment(pair, threads: int) -> dict:

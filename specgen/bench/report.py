@@ -92,6 +92,7 @@ def to_json(result) -> dict:
         "settings": result.settings,
         "methods": result.methods,
         "interrupted": result.interrupted,
+        "failures": [asdict(f) for f in result.failures],  # columns that stopped: method, where, one line
         "summary": [asdict(g) for g in result.summary],
         "prompts": [asdict(p) for p in result.prompts],
         "measurements": [asdict(m) for m in result.measurements],
@@ -118,7 +119,7 @@ CSV_COLUMNS = [
     "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second",
     "acceptance_rate", "tokens_per_target_forward", "target_forwards", "drafted", "accepted",
     "accepted_length_histogram", "draft_seconds", "verify_seconds", "peak_memory_bytes",
-    "stop_reason", "identical_to_plain", "speedup_prompt", "token_ids",
+    "stop_reason", "identical_to_plain", "speedup_prompt", "token_ids", "error",
 ]
 
 
@@ -128,7 +129,9 @@ def histogram_text(histogram: dict[str, int] | None) -> str:
 
 
 def write_csv(result, path: Path) -> None:
-    """One row per measurement; the per-prompt exactness and speed-up are repeated on its rows."""
+    """One row per measurement; the per-prompt exactness and speed-up are repeated on its rows.
+    A column that stopped adds one row where it stopped, its line under `error` (repeat empty:
+    in the warm-up)."""
     by_prompt = {(p.prompt_id, p.method): p for p in result.prompts}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +145,9 @@ def write_csv(result, path: Path) -> None:
             row["token_ids"] = " ".join(map(str, m.token_ids))
             row["identical_to_plain"] = summary.identical_to_plain
             row["speedup_prompt"] = summary.speedup
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
+        for failure in result.failures:
+            row = asdict(failure)
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
 
 
@@ -209,8 +215,10 @@ def table(result):
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
     warm = s.get("warmup_seconds") or {}
-    caption = ("warm-up (compilation, capture; not in any figure): "
-               + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())) if warm else None
+    lines = ["warm-up (compilation, capture; not in any figure): "
+             + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())] if warm else []
+    lines += [f"{f.method} failed: {f.error}" for f in result.failures]
+    caption = "\n".join(lines) or None
     t = Table(title=escape(title), title_justify="left", header_style="bold",
               caption=escape(caption) if caption else None, caption_justify="left")
     for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
@@ -229,4 +237,6 @@ def table(result):
                   _fmt(g.speedup, ".2f", "x"), spread, _fmt(g.acceptance_rate, ".0%"),
                   _fmt(g.tokens_per_target_forward, ".2f"), _fmt(g.ttft_seconds, ".2f"), share, identical,
                   style="bold" if first else None, end_section=last)
+    for f in result.failures:  # a column that stopped: its line is in the caption, no figures here
+        t.add_row(escape(f.method), "failed", *["–"] * 9, style="bold red", end_section=True)
     return t
