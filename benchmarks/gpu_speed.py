@@ -3,6 +3,11 @@
 Usage (on a CUDA machine; nothing is downloaded):
     python benchmarks/gpu_speed.py OUT.json [--shapes q15,q7] [--new 128] [--modes graphs]
                                    [--ks 1,2,3,4] [--histogram benchmarks/results/quick-greedy.json]
+    python benchmarks/gpu_speed.py OUT.json --synthetic benchmarks/results/quick-greedy.json[:chain]
+                                   [--shapes q15,q7] [--modes inductor] [--skip costs]
+A smoke run on the CPU (tiny shapes, eager, transformers' static cache not compiled there):
+    python benchmarks/gpu_speed.py /tmp/smoke.json --device cpu --shapes tiny --draft tiny-draft \
+        --modes off --new 32 --repeats 1 --skip hf-eager,costs --synthetic benchmarks/results/quick-greedy.json
 
 Builds Qwen2 models with the exact shapes of Qwen2.5 0.5B / 1.5B / 7B (random bf16 weights,
 lm_head scaled so greedy paths are not near-ties) and reports, in one run on one GPU:
@@ -11,6 +16,14 @@ lm_head scaled so greedy paths are not near-ties) and reports, in one run on one
   * specgen plain decoding and chain decoding at k = 1..4 with the 0.5B-shape draft, per
     fixed-shape mode (`graphs`: CUDA graphs; `inductor`: torch.compile reduce-overhead; `off`);
   * per-forward costs (ms) of each model at widths 1..5, eager and replayed;
+  * with --synthetic FILE[:method]: chain speed at k = 1..4 MEASURED end to end with synthetic
+    acceptance (specgen/decoding/synthetic.py): each round accepts a length drawn from the
+    accepted-length histogram that FILE (a `specgen bench --json` of the real pair) records for
+    `method` (default chain), clipped to what the round drafted, and the target adds its own
+    token; everything else (draft steps, verify, caches, rewinds) runs as for real acceptances.
+    Reported against transformers' static-cache generate; every such figure is labelled
+    "synthetic acceptance"; its speed is pooled over max(--repeats, 20) runs, each replaying
+    another seed's draws (total tokens / total seconds). Without --synthetic:
   * a projection of chain speed: random weights accept nothing, so each chain round here costs
     what a real round costs but emits one token. The accepted lengths come from the real
     default pair (Qwen2.5-Coder 1.5B / 0.5B, greedy, k=4) in a bench JSON measured on the CPU;
@@ -29,18 +42,21 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specgen.config import GenerationConfig, Method  # noqa: E402
+from specgen.config import Acceptance, GenerationConfig, Method  # noqa: E402
+from specgen.decoding import synthetic  # noqa: E402
 from specgen.decoding.drafters.model import ChainDrafter  # noqa: E402
 from specgen.decoding.engine import Engine  # noqa: E402
 from specgen.decoding.events import RoundResult  # noqa: E402
 from specgen.runtime import kvcache  # noqa: E402
 from specgen.runtime.compiled import Steps  # noqa: E402
+from specgen.errors import ConfigError  # noqa: E402
 
 SHAPES = {  # Qwen2.5 0.5B / 1.5B / 7B
     "q05": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -49,7 +65,14 @@ SHAPES = {  # Qwen2.5 0.5B / 1.5B / 7B
                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936),
     "q7": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, tie_word_embeddings=False, vocab_size=152064),
+    # CPU smoke checks of this script (--device cpu): a target and a draft of a few MB
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=2048),
+    "tiny-draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=True, vocab_size=2048),
 }
+DEVICE = torch.device("cuda")  # --device sets it once in main()
+SYNTHETIC_RUNS = 20  # at least this many seeds per synthetic cell (about 600 rounds at 128 tokens)
 
 
 def build(name: str):
@@ -59,9 +82,9 @@ def build(name: str):
     config = Qwen2Config(**SHAPES[name], max_position_embeddings=32768, rope_theta=1e6, eos_token_id=None,
                          bos_token_id=None, pad_token_id=0)
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16 if DEVICE.type == "cuda" else torch.float32)
     try:
-        with torch.device("cuda"):
+        with DEVICE:
             model = Qwen2ForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(default)
@@ -72,11 +95,16 @@ def build(name: str):
     return model
 
 
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def sync_time(fn) -> float:
-    torch.cuda.synchronize()
+    synchronize()
     started = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - started
 
 
@@ -113,10 +141,10 @@ def specgen_run(engine, prompt_ids, config, record):
 def forward_costs(model, mode: str, widths=(1, 2, 3, 4, 5), context: int = 200, reps: int = 30) -> dict:
     steps = Steps(model, mode)
     cache = kvcache.new_cache(model, capacity=512)
-    kvcache.forward(model, cache, torch.randint(0, 1000, (1, context), device="cuda"))
+    kvcache.forward(model, cache, torch.randint(0, 1000, (1, context), device=DEVICE))
     costs = {}
     for w in widths:
-        x = torch.randint(0, 1000, (1, w), device="cuda")
+        x = torch.randint(0, 1000, (1, w), device=DEVICE)
 
         def step():
             steps.forward(cache, x)
@@ -137,17 +165,22 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
             print(args.draft, mode, "forward ms", result["draft_forward_ms"][mode], flush=True)
     cell = row.setdefault("specgen", {}).setdefault(mode, {})
     config = GenerationConfig(method=Method.PLAIN, max_new_tokens=n)
-    engine = Engine(model, torch.device("cuda"), frozenset(), 32768, None, compile=mode)
+    engine = Engine(model, DEVICE, frozenset(), 32768, None, compile=mode)
     record = {}
     warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
     cell["plain"] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
     print(shape, mode, "plain", cell["plain"], flush=True)
-    if mode == "off":
+    if mode == "off" and DEVICE.type == "cuda":
         return  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
     for k in ks:
-        drafter = ChainDrafter(draft, torch.device("cuda"), compile=mode)
-        engine = Engine(model, torch.device("cuda"), frozenset(), 32768, drafter, compile=mode)
-        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k)
+        drafter = ChainDrafter(draft, DEVICE, compile=mode)
+        engine = Engine(model, DEVICE, frozenset(), 32768, drafter, compile=mode)
+        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k, acceptance=args.acceptance)
+        if args.acceptance.synthetic:
+            warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
+            cell[f"chain-k{k}"] = synthetic_cell(args.acceptance, k, seconds, warm, record)
+            print(shape, mode, f"chain-k{k}", "(synthetic acceptance)", cell[f"chain-k{k}"], flush=True)
+            continue
         record = {}
         warm, seconds = measure(specgen_run(engine, prompt_ids, config, record), args.repeats)
         per_round = seconds / record["rounds"]
@@ -170,6 +203,61 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
             cell[f"chain-k{k}"]["forwards_ms_per_round"] = round(device_ms, 3)
             cell[f"chain-k{k}"]["host_overhead_ms_per_round"] = round(1000 * per_round - device_ms, 3)
         print(shape, mode, f"chain-k{k}", cell[f"chain-k{k}"], flush=True)
+
+
+def measure_synthetic(engine, prompt_ids, config, repeats: int) -> tuple[float, float, dict]:
+    """(warm-up seconds, total seconds, pooled record) of max(repeats, SYNTHETIC_RUNS) runs, each
+    replaying another seed's draws: one run of 128 tokens is about 30 rounds, so a single seed's
+    mean accepted length strays from the recording's by several percent; pooling averages it out."""
+    def run(seed: int, record: dict):
+        acceptance = replace(config.acceptance, seed=seed)
+        return specgen_run(engine, prompt_ids, replace(config, acceptance=acceptance), record)
+    warm = sync_time(run(10**6, {}))
+    records = [{} for _ in range(max(repeats, SYNTHETIC_RUNS))]
+    seconds = sum(sync_time(run(seed, record)) for seed, record in enumerate(records))
+    pooled = {key: sum(r[key] for r in records) for key in records[0]}
+    return warm, seconds, dict(pooled, runs=len(records))
+
+
+def synthetic_cell(acceptance: Acceptance, k: int, seconds: float, warm: float, record: dict) -> dict:
+    """A chain cell measured with synthetic acceptance, pooled over its runs: its speed, and its
+    acceptance next to the recording's (they agree within sampling noise; the last round of a
+    run may draft fewer)."""
+    rounds = record["rounds"]
+    return {
+        "acceptance_mode": "synthetic", "tokens_per_second": round(record["tokens"] / seconds, 2),
+        "warmup_seconds": round(warm, 2), "runs": record["runs"], "rounds": rounds,
+        "tokens_per_round": round(record["tokens"] / rounds, 3),
+        "recorded_tokens_per_round": round(1 + synthetic.expected_accepted(acceptance, k), 3),
+        "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
+        "recorded_acceptance": round(synthetic.expected_accepted(acceptance, k) / k, 4),
+        "ms_per_round": round(1000 * seconds / rounds, 3),
+        "draft_ms_per_round": round(1000 * record["draft_seconds"] / rounds, 3),
+        "verify_ms_per_round": round(1000 * record["verify_seconds"] / rounds, 3),
+    }
+
+
+def summary(result: dict) -> str:
+    """The synthetic run's table: speculative and plain against transformers' static cache."""
+    lines = [f"synthetic acceptance: accepted lengths replayed from {result['synthetic_acceptance']['source']} "
+             f"(recorded at k={result['synthetic_acceptance']['draft_tokens']}); {result['device']}, "
+             f"{result['new_tokens']} new tokens; plain and hf: median of {result['repeats']} runs, chain: "
+             f"pooled over {max(result['repeats'], SYNTHETIC_RUNS)} seeds"
+             + ("" if result["hf_static_compiled"] else "; transformers does not compile its static cache here"),
+             f"{'shape':<6} {'mode':<9} {'method':<10} {'tok/s':>9} {'vs hf-static':>12} {'acceptance':>10} "
+             f"{'recorded':>8} {'tok/round':>9}"]
+    for shape, row in result["shapes"].items():
+        base = row.get("hf-static", {}).get("tokens_per_second")
+        if base:
+            lines.append(f"{shape:<6} {'':<9} {'hf-static':<10} {base:>9.2f} {1:>12.3f}")
+        for mode, cells in row.get("specgen", {}).items():
+            for method, c in cells.items():
+                ratio = f"{c['vs_hf_static']:.3f}" if "vs_hf_static" in c else "-"
+                accepted = [f"{c[key]:.3f}" if key in c else "" for key in
+                            ("acceptance", "recorded_acceptance", "tokens_per_round")]
+                lines.append(f"{shape:<6} {mode:<9} {method:<10} {c['tokens_per_second']:>9.2f} {ratio:>12} "
+                             f"{accepted[0]:>10} {accepted[1]:>8} {accepted[2]:>9}")
+    return "\n".join(lines)
 
 
 def histogram(paths: list[str]) -> Counter:
@@ -197,28 +285,57 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", default="", help="comma list of parts to skip: hf-eager,hf-static,costs,eager")
     parser.add_argument("--histogram", nargs="*", default=["benchmarks/results/quick-greedy.json"])
+    parser.add_argument("--synthetic", metavar="FILE[:METHOD]",
+                        help="measure chain with synthetic acceptance replayed from this bench JSON's recording "
+                             "of METHOD (default chain) instead of projecting it")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: a smoke check of this script (use --shapes tiny --draft tiny-draft --modes off)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     skip = set(filter(None, args.skip.split(",")))
+    ks = [int(k) for k in args.ks.split(",") if k]
+    args.acceptance = Acceptance()
+    if args.synthetic:
+        try:
+            args.acceptance = synthetic.parse(args.synthetic)
+            for k in ks:
+                GenerationConfig(method=Method.CHAIN, draft_tokens=k, acceptance=args.acceptance)
+        except ConfigError as exc:
+            parser.error(str(exc))
     torch.backends.cuda.matmul.allow_tf32 = True
-    props = torch.cuda.get_device_properties(0)
+    name = (torch.cuda.get_device_properties(0).name if DEVICE.type == "cuda"
+            else f"CPU, {torch.get_num_threads()} threads")
     import transformers
 
-    result = {"device": props.name, "torch": torch.__version__, "transformers": transformers.__version__,
-              "new_tokens": args.new, "prompt_tokens": args.prompt, "repeats": args.repeats, "shapes": {}}
-    counts = histogram(args.histogram)
-    total = sum(counts.values())
-    result["histogram_k4"] = {str(a): c for a, c in sorted(counts.items())}
-    print(f"# {props.name}, torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"k=4 accepted-length histogram {dict(sorted(counts.items()))}", flush=True)
+    result = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+              "new_tokens": args.new, "prompt_tokens": args.prompt, "repeats": args.repeats, "shapes": {},
+              # transformers compiles a static cache's forward on CUDA, not on the CPU
+              "hf_static_compiled": DEVICE.type == "cuda"}
+    if args.acceptance.synthetic:
+        a = args.acceptance
+        result["acceptance"] = "synthetic"
+        result["synthetic_acceptance"] = {
+            "source": a.source, "draft_tokens": a.draft_tokens, "seed": a.seed,
+            "histogram": {str(length): n for length, n in zip(a.lengths, a.rounds)},
+            "note": "accepted lengths replayed from the recording: speeds measured end to end, tokens not the target's"}
+        counts = Counter()
+        print(f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}; synthetic acceptance "
+              f"from {a.source} (k={a.draft_tokens}): {result['synthetic_acceptance']['histogram']}", flush=True)
+    else:
+        counts = histogram(args.histogram)
+        result["histogram_k4"] = {str(a): c for a, c in sorted(counts.items())}
+        print(f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}; "
+              f"k=4 accepted-length histogram {dict(sorted(counts.items()))}", flush=True)
 
     draft = build(args.draft)
-    ks = [int(k) for k in args.ks.split(",") if k]
     modes = [m for m in args.modes.split(",") if m]
     for shape in args.shapes.split(","):
         model = build(shape)
         row = result["shapes"][shape] = {"params": sum(p.numel() for p in model.parameters())}
         gen = torch.Generator().manual_seed(1)
-        prompt = torch.randint(100, 150000, (1, args.prompt), generator=gen).cuda()
+        top = min(150000, SHAPES[shape]["vocab_size"])
+        prompt = torch.randint(100, top, (1, args.prompt), generator=gen).to(DEVICE)
         prompt_ids = prompt[0].tolist()
         n = args.new
         for name, static in (("hf-eager", False), ("hf-static", True)):
@@ -227,7 +344,7 @@ def main() -> None:
             warm, seconds = measure(hf_generate(model, prompt, n, static), args.repeats)
             row[name] = {"tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2)}
             print(shape, name, row[name], flush=True)
-        for mode in (["off"] if "eager" not in skip else []) + modes:
+        for mode in dict.fromkeys((["off"] if "eager" not in skip else []) + modes):
             try:
                 run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, args, skip)
             except Exception as exc:  # report, do not hide; the other modes and shapes still run
@@ -241,10 +358,13 @@ def main() -> None:
                     if values.get("projected_tokens_per_second"):
                         values["projected_vs_hf_static"] = round(values["projected_tokens_per_second"] / base, 3)
         del model
-        torch.cuda.empty_cache()
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
         Path(args.out).write_text(json.dumps(result, indent=1))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
+    if args.acceptance.synthetic:
+        print(summary(result))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,48 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+class AcceptanceMode(str, enum.Enum):
+    """Where a round's accepted length comes from. REAL: the acceptance rule (every command).
+    SYNTHETIC: replayed from a recording of a real pair's rounds (decoding/synthetic.py), so a
+    benchmark on random weights, which accept nothing, still runs rounds of realistic lengths;
+    its tokens are then not the target's. Only benchmark scripts set it."""
+
+    REAL = "real"
+    SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The acceptance mode and, when SYNTHETIC, the recorded accepted-length distribution
+    (`synthetic.load` reads one from a bench JSON). Draws are keyed by (seed, prompt index,
+    position), so a rerun replays the same rounds."""
+
+    mode: AcceptanceMode = AcceptanceMode.REAL
+    lengths: tuple[int, ...] = ()  # recorded accepted lengths, ascending
+    rounds: tuple[int, ...] = ()  # how many recorded rounds accepted each length
+    draft_tokens: int = 0  # the k the recording drafted: a round here may draft no more
+    seed: int = 0
+    source: str = ""  # where the recording came from (reports)
+
+    def __post_init__(self) -> None:
+        if self.mode is AcceptanceMode.REAL:
+            if self.lengths or self.rounds:
+                raise ConfigError("real acceptance takes no recording")
+            return
+        if not self.lengths or len(self.lengths) != len(self.rounds) or any(n < 0 for n in self.rounds) \
+                or not sum(self.rounds):
+            raise ConfigError("synthetic acceptance needs a non-empty histogram of rounds, "
+                              f"got {self.source or 'none'}")
+        if list(self.lengths) != sorted(set(self.lengths)) or self.lengths[0] < 0 \
+                or self.lengths[-1] > self.draft_tokens:
+            raise ConfigError(f"synthetic acceptance: accepted lengths {list(self.lengths)} must be distinct, "
+                              f"ascending and in 0..{self.draft_tokens} (the recording's draft length)")
+
+    @property
+    def synthetic(self) -> bool:
+        return self.mode is AcceptanceMode.SYNTHETIC
+
+
 LOOKUP_TOKENS = 4  # lookup-chain: tokens a lookup round may propose (the lookup method's default k)
 
 
@@ -105,6 +147,7 @@ class GenerationConfig:
     verify_window: int = 32
     device_draft_tokens: bool = False  # draft_tokens is a placeholder: decoding/length.choose sets it
     device_confidence: bool = False  # no --draft-confidence given: a device-chosen k brings its stop
+    acceptance: Acceptance = Acceptance()  # REAL everywhere but benchmark scripts (AcceptanceMode)
 
     @property
     def round_tokens(self) -> int:
@@ -153,6 +196,20 @@ class GenerationConfig:
             raise ConfigError(f"--draft-tokens must be >= 1, got {self.draft_tokens}")
         if self.draft_tokens > 64:
             raise ConfigError(f"--draft-tokens must be <= 64, got {self.draft_tokens}")
+        if self.acceptance.synthetic:
+            self._check_synthetic()
+
+    def _check_synthetic(self) -> None:
+        """Synthetic acceptance replays chain rounds at most as long as the recording's."""
+        if self.method.is_tree:
+            raise ConfigError(f"synthetic acceptance replays chain rounds; {self.method.value} drafts trees: "
+                              "use chain, lookup or lookup-chain")
+        if self.deterministic:
+            raise ConfigError("synthetic acceptance emits tokens that are not the target's: a deterministic "
+                              "replay would roll them back; turn --deterministic off")
+        if self.method is not Method.PLAIN and self.round_tokens > self.acceptance.draft_tokens:
+            raise ConfigError(f"synthetic acceptance recorded at k={self.acceptance.draft_tokens} cannot drive "
+                              f"k={self.round_tokens}: a longer round could accept more than the recording shows")
 
 
 def parse_branching(value: str) -> tuple[int, ...]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.config import AcceptanceMode
+
 
 class ProposalKind(enum.Enum):
     """What a drafter's tokens are, which decides the acceptance rule."""
@@ -30,13 +32,20 @@ class Rule(enum.Enum):
     POINT_MASS_SAMPLING = "point-mass-sampling"  # the same with p = one-hot(x_i)
     GREEDY_TREE = "greedy-tree"  # descend into the child equal to the target's choice
     RECURSIVE_REJECTION = "recursive-rejection"  # siblings tried in draw order (section 3)
+    SYNTHETIC = "synthetic"  # benchmarks only: a recorded accepted length, then the target's token (synthetic.py)
 
 
-def select_rule(greedy: bool, kind: ProposalKind, size: int, chain: bool) -> Rule:
+def select_rule(greedy: bool, kind: ProposalKind, size: int, chain: bool,
+                mode: AcceptanceMode = AcceptanceMode.REAL) -> Rule:
     """The rule for one row's proposal, from the sampling settings (`greedy`: argmax or keyed
-    choices) and what was proposed: how many tokens, a chain or a tree, and their kind."""
+    choices) and what was proposed: how many tokens, a chain or a tree, and their kind; in
+    SYNTHETIC mode (benchmarks) every chain takes the replayed rule."""
     if size == 0:
         return Rule.TARGET_ONLY
+    if mode is AcceptanceMode.SYNTHETIC:
+        if not chain:
+            raise ValueError("synthetic acceptance replays chains; GenerationConfig refuses tree methods")
+        return Rule.SYNTHETIC
     if not chain:
         return Rule.GREEDY_TREE if greedy else Rule.RECURSIVE_REJECTION
     if greedy:

@@ -293,7 +293,7 @@ class Engine:
         else:
             proposals = [Proposal.empty() for _ in rows]
         drafted = time.perf_counter()
-        inputs = [verify.RowInput(len(s.ids), p, s.sampling, s.generator) for s, p in zip(rows, proposals)]
+        inputs = [verify.RowInput(len(s.ids), p, s.sampling, s.generator, s.index) for s, p in zip(rows, proposals)]
         scored = verify.forward(self.steps, self.cache, inputs, roots)
         verdicts = verify.accept(inputs, scored, config, self.vocab)
         verified = time.perf_counter()

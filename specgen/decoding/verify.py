@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.config import GenerationConfig, SamplingConfig
+from specgen.decoding import synthetic
 from specgen.decoding.acceptance import (Rule, greedy_match, greedy_tree, point_mass_sampling, recursive_rejection,
                                          select_rule, speculative_sampling)
 from specgen.decoding.drafters.base import Proposal
@@ -45,6 +46,7 @@ class RowInput:
     proposal: Proposal
     sampling: SamplingConfig
     generator: torch.Generator | None
+    index: int = 0  # the prompt's position in the input (synthetic acceptance keys its draws by it)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def accept(rows: list[RowInput], scored: Scored, config: GenerationConfig, vocab
         proposal, n = row.proposal, inputs[i].shape[0]
         row_logits = logits[i, :n]
         greedy = row.sampling.greedy or keyed
-        rule = select_rule(greedy, proposal.kind, proposal.size, proposal.is_chain)
+        rule = select_rule(greedy, proposal.kind, proposal.size, proposal.is_chain, config.acceptance.mode)
         if rule is Rule.GREEDY_TREE or rule is Rule.RECURSIVE_REJECTION:
             tree = scored.trees[i]
             if rule is Rule.GREEDY_TREE:
@@ -116,7 +118,10 @@ def accept(rows: list[RowInput], scored: Scored, config: GenerationConfig, vocab
                 token = sample(warp(row_logits[0], row.sampling), row.generator)
             flat.append((i, torch.zeros((), dtype=torch.long, device=logits.device), token.view(())))
             continue
-        if rule is Rule.GREEDY_MATCH:
+        if rule is Rule.SYNTHETIC:  # benchmarks only: a recorded length, then the target's token
+            chosen = synthetic.verdict(draft, row_logits, config.acceptance, row.index, row.length, row.sampling,
+                                       row.generator)
+        elif rule is Rule.GREEDY_MATCH:
             chosen = greedy_match(draft, choice(row_logits, list(range(row.length, row.length + n)), row.sampling,
                                                 keyed))
         elif rule is Rule.SPECULATIVE_SAMPLING:
