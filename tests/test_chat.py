@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
-import time
 
 import pytest
 import typer
@@ -304,8 +304,13 @@ def test_a_real_terminal_session_survives_ctrl_c(models):
         child.sendintr()
         child.expect("interrupted")
         child.expect("you>")
+        os.kill(child.pid, signal.SIGSTOP)  # a machine too loaded to schedule the chat for a while
         child.send("half a line")
-        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGCONT)
+        # readline echoes what it has read: only then is the text in its buffer. A Ctrl-C sent
+        # earlier would find an empty line (the terminal flushes queued input with it) and leave
+        # the chat, as Ctrl-C at an empty prompt does: wait for the echo, never for a time.
+        child.expect("half a line")
         child.sendintr()  # Ctrl-C over typed text drops the line and stays
         child.expect("you>")
         child.sendline("/set max_new_tokens 4")
