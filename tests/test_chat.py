@@ -388,3 +388,44 @@ def test_set_seed_out_of_range_is_refused(tiny_dirs, tiny_pair):
     with pytest.raises(ConfigError, match="--seed must be in 0.."):
         chat_session.command(f"/set seed {2**64}")
     assert chat_session.config.sampling.seed is None
+
+
+# -- memory over many turns (issue: chat RSS grew with every turn in bf16) -------------------
+
+def test_a_long_chat_keeps_no_state_per_prompt_length(tiny_dirs, tiny_pair):
+    """Every turn prefills a prompt of a new length; nothing may be kept per length (the
+    causal masks of prefills were, 75 MB after 150 turns). benchmarks/chat_memory.py measures
+    the RSS itself over 300 turns in each dtype."""
+    import gc
+
+    import torch
+
+    from specgen.runtime import kvcache
+
+    def live_tensors() -> int:
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    session = make_session(tiny_dirs, tiny_pair)
+    counts = []
+    for turn in range(24):
+        session.send(f"turn {turn}: tell me about {turn * 7919 % 1000}", Quiet())
+        if turn in (8, 23):
+            counts.append(live_tensors())
+    assert counts[1] <= counts[0], counts  # 15 more prompt lengths, not one tensor more
+    cached = kvcache._chain_tree.cache_info().currsize
+    mask = kvcache.chain_tree(kvcache.CACHED_WIDTH + 1)  # a prefill's mask: built, not kept
+    assert bool(mask[-1].all()) and not bool(mask[0, 1])
+    assert kvcache._chain_tree.cache_info().currsize == cached
+
+
+def test_onednn_kernel_caches_are_bounded_unless_the_user_says_otherwise():
+    import subprocess
+
+    code = "import os, specgen; print(os.environ['LRU_CACHE_CAPACITY'], os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["128", "128"]
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, LRU_CACHE_CAPACITY="7"), capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["7", "128"]

@@ -328,16 +328,35 @@ def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, 
     return logits
 
 
-@functools.lru_cache(maxsize=256)
+CACHED_WIDTH = 64  # masks and offsets of rounds up to this many tokens are kept; prefills are not
+
+
 def chain_tree(n: int, offset: int = 0, device=None) -> torch.Tensor:
-    """[n, offset + n]: query j sees the round's slots up to its own (offset + j). Cached: the
-    default mask of every step (callers only read it)."""
+    """[n, offset + n]: query j sees the round's slots up to its own (offset + j). Callers only
+    read it. A decode round's mask is cached (every step needs one); a prefill's is built each
+    time: prompts of every length would otherwise keep an n x n mask each (a chat of a few
+    hundred turns held 75 MB of them)."""
+    if n + offset <= CACHED_WIDTH:
+        return _chain_tree(n, offset, device)
     with torch.inference_mode():
         return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
 @functools.lru_cache(maxsize=256)
+def _chain_tree(n: int, offset: int, device) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
 def _offsets(n: int, offset: int, device) -> torch.Tensor:
+    if n + offset <= CACHED_WIDTH:
+        return _cached_offsets(n, offset, device)
+    with torch.inference_mode():
+        return torch.arange(offset, offset + n, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_offsets(n: int, offset: int, device) -> torch.Tensor:
     with torch.inference_mode():
         return torch.arange(offset, offset + n, device=device)
 
