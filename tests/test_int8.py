@@ -537,3 +537,21 @@ def test_cli_int8_target_chain_equals_plain(tiny_dirs, cache_env):
     assert outputs["plain"] == outputs["chain"] == outputs["rsd-c"] and len(outputs["plain"]) == 16
     cached = list((cache_env / "specgen-cache" / "int8").glob("*.safetensors"))
     assert len(cached) == 1 and cached[0].name.startswith(tiny_dirs["target"].name)
+
+
+def test_a_16_bit_model_quantizes_without_an_fp32_copy_and_gives_the_same_logits(monkeypatch):
+    """Only what is left after the linears becomes fp32; the embedding keeps its 16-bit table and
+    returns fp32 rows. Bitwise what converting the whole model to fp32 first gave, and from a
+    cache no linear weight is converted at all (a memory-mapped checkpoint never pages it in)."""
+    reference = int8.quantize_model(small_model(2).to(torch.bfloat16).float())
+    weights = {}
+    lean = int8.quantize_model(small_model(2).to(torch.bfloat16), store=weights.update)
+    embedding = lean.get_input_embeddings()
+    assert isinstance(embedding, int8.Fp32Embedding) and embedding.weight.dtype == torch.bfloat16
+    assert int8.compute_dtype(lean) == torch.float32
+    assert all(p.dtype == torch.float32 for n, p in lean.named_parameters() if "embed" not in n)
+    assert torch.equal(logits_of(lean), logits_of(reference))
+
+    monkeypatch.setattr(int8, "quantize_weight", lambda weight: pytest.fail("a cached linear was converted"))
+    cached = int8.quantize_model(small_model(2).to(torch.bfloat16), cached=lambda shapes: dict(weights))
+    assert torch.equal(logits_of(cached), logits_of(reference))

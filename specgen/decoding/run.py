@@ -20,11 +20,12 @@ from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, Renderer, replay_view, round_view
 from specgen.text import TextStream
+from specgen.runtime import int8
 
 
 def weight_format(engine: Engine) -> str:
     """The target's weight dtype, as the statistics name it."""
-    return str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+    return str(int8.compute_dtype(engine.model)).removeprefix("torch.")
 
 
 def fold(engine: Engine, events: Iterator[RowEvent], label: str) -> Iterator[tuple[RowEvent, Stats]]:

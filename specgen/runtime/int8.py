@@ -130,6 +130,16 @@ class RowInt8Linear(nn.Module):
         self._packed = packed if packed is not None else _pack(qweight, scales)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
+    @classmethod
+    def packed(cls, packed, shape: tuple[int, int], bias: torch.Tensor | None) -> "RowInt8Linear":
+        """One around an already packed weight (or its row chunks) of `shape` [N, K]."""
+        linear = cls.__new__(cls)
+        nn.Module.__init__(linear)
+        linear.out_features, linear.in_features = shape
+        linear._packed = packed
+        linear.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        return linear
+
     @property
     def weight(self) -> torch.Tensor:
         """The dequantized weight (for inspection and tests; the forward never builds it)."""
@@ -221,8 +231,13 @@ def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weight
     """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear (sibling linears that
     read the same input fused into one product unless `fuse` is False); the rest runs in fp32.
     Weights come from `cached(shapes)` when it has them, else are quantized and handed to
-    `store`. Returns the model (changed in place)."""
-    model = model.float()
+    `store`. Returns the model (changed in place).
+
+    The linears' full-precision weights are never converted as a whole: read one at a time
+    when quantizing, not read at all when the cache has them (a memory-mapped checkpoint then
+    never pages them in), and only what is left (embeddings, norms) becomes fp32 at the end.
+    Converting the whole model first held an fp32 copy of every weight: 8 GB at the peak of a
+    warm start of the default pair."""
     names = linear_names(model)
     shapes = {name: tuple(model.get_submodule(name).weight.shape) for name in names}
     weights = cached(shapes)
@@ -232,19 +247,19 @@ def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weight
     groups = fusable_groups(model) if fuse else []
     grouped = {name for group in groups for name in group}
     jobs = [(name,) for name in names if name not in grouped] + groups
-
-    def chunks(job):  # (int8 rows, scales) of a job: one linear, or a group's concatenation
-        if len(job) == 1:
-            q, scales = weights[job[0]]
-        else:  # per output channel, so concatenating is exact
-            q, scales = torch.cat([weights[n][0] for n in job]), torch.cat([weights[n][1] for n in job])
-        return _chunks(q, scales)
-
-    work = sorted(((job, part) for job in jobs for part in chunks(job)), key=lambda item: -item[1][0].numel())
-    done = _pack_all([part for _, part in work])
+    tasks = []
+    for job in jobs:  # each task owns its int8 rows: they are freed as soon as they are packed
+        parts = [weights.pop(n) for n in job]
+        if len(job) == 1:  # a tall weight: row chunks, views of it
+            tasks += [_PackTask(job, i, *part) for i, part in enumerate(_chunks(*parts[0]))]
+        else:  # per output channel, so concatenating is exact (done in the worker, one group at a time)
+            tasks.append(_PackTask(job, 0, [q for q, _ in parts], [scale for _, scale in parts]))
+    tasks.sort(key=lambda task: -task.size)
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # fbgemm packs a weight on one thread
+        done = list(pool.map(_PackTask.pack, tasks))
     packed = {}
-    for (job, _), result in zip(work, done):
-        packed.setdefault(job, []).append(result)
+    for task, results in sorted(zip(tasks, done), key=lambda item: (jobs.index(item[0].job), item[0].index)):
+        packed.setdefault(task.job, []).extend(results)
     packed = {job: parts[0] if len(parts) == 1 else tuple(parts) for job, parts in packed.items()}
 
     def replace(name, module):
@@ -254,10 +269,62 @@ def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weight
     for job in jobs:
         old = [model.get_submodule(n) for n in job]
         if len(job) == 1:
-            replace(job[0], RowInt8Linear(*weights[job[0]], old[0].bias, packed[job]))
+            replace(job[0], RowInt8Linear.packed(packed[job], shapes[job[0]], old[0].bias))
             continue
         bias = None if old[0].bias is None else torch.cat([m.bias.detach().float() for m in old])
         fused = _Fused(packed[job], bias, [m.out_features for m in old])
         for index, (name, module) in enumerate(zip(job, old)):
             replace(name, RowInt8Part(fused, index, module.in_features))
+    rest_in_fp32(model)
     return model
+
+
+class _PackTask:
+    """The int8 rows of one packing job (a linear, a row chunk of a tall one, or a fused group
+    to concatenate), released when packed so the int8 copy and the packed one barely overlap."""
+
+    def __init__(self, job: tuple[str, ...], index: int, q, scales):
+        self.job, self.index, self._rows = job, index, (q, scales)
+        self.size = sum(t.numel() for t in q) if isinstance(q, list) else q.numel()
+
+    def pack(self) -> list:
+        """The packed weight: one, or a fused group's row chunks when the group is tall."""
+        q, scales = self._rows
+        self._rows = None
+        if not isinstance(q, list):
+            return [_pack(q, scales)]
+        return [_pack(*part) for part in _chunks(torch.cat(q), torch.cat(scales))]
+
+
+class Fp32Embedding(nn.Embedding):
+    """An input embedding that keeps its table in the dtype it was loaded in and returns fp32
+    rows: the int8 model's activations are fp32, and widening a 16-bit value is exact, so this
+    is bitwise what an fp32 table gives, at half the memory (0.47 GB for the 1.5B target)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids).float()
+
+
+def rest_in_fp32(model: nn.Module) -> None:
+    """Every parameter and buffer left after the linears became int8 (norms, biases, rotary
+    tables) in fp32; an input embedding keeps its table and returns fp32 rows (its class is
+    swapped, so hooks on it, such as a pruned head's, stay)."""
+    for module in model.modules():
+        if type(module) is nn.Embedding and module.weight.dtype in (torch.bfloat16, torch.float16):
+            module.__class__ = Fp32Embedding
+            continue
+        if isinstance(module, Fp32Embedding):
+            continue
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_floating_point() and param.dtype != torch.float32:
+                setattr(module, name, nn.Parameter(param.detach().float(), requires_grad=False))
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_floating_point() and buffer.dtype != torch.float32:
+                module._buffers[name] = buffer.float()
+
+
+def compute_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model's activations run in: fp32 behind an Fp32Embedding, else its weights'."""
+    if isinstance(model.get_input_embeddings(), Fp32Embedding):
+        return torch.float32
+    return next(model.parameters()).dtype

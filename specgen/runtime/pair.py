@@ -9,7 +9,7 @@ import torch
 
 from specgen.config import Method, ModelSettings
 from specgen.models.load import LoadedModel, load_pair
-from specgen.runtime import quant
+from specgen.runtime import int8, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
 from specgen.status import status
@@ -64,5 +64,5 @@ def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dt
     specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
     with status(f"{spec} weights for draft {draft.name} ...", quiet):
         model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
-    return replace(draft, model=model, dtype=next(model.parameters()).dtype,
+    return replace(draft, model=model, dtype=int8.compute_dtype(model),
                    weights=quant.describe_draft_quant(spec, model))
