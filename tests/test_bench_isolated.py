@@ -90,6 +90,8 @@ def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(ti
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     assert f"bench: fake-crash: {CRASH_LINE}" in result.stderr  # said as it happens
+    progress = [line for line in result.stderr.splitlines() if line.startswith("measured ")]
+    assert progress == ["measured 1/3: p1", "measured 2/3: p2", "measured 3/3: p3"]  # a line per prompt
     assert f"fake-crash failed: {CRASH_LINE}" in " ".join(result.stdout.split())  # the table's line
 
     data = json.loads(out_json.read_text())

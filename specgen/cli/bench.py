@@ -256,15 +256,24 @@ def _measure(names, items, settings, models: ModelSettings):
                 progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
             return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick), chosen)
-    per_prompt = settings.repeats * len(names)
-    done = [0]
+    # one line per prompt, said when the next prompt starts (a column that failed measures fewer
+    # generations per prompt, so counting them would misplace the lines) and after the last
+    said: list[str] = []
+    current: list = []
+
+    def say(prompt_id):
+        said.append(prompt_id)
+        err.print(f"measured {len(said)}/{len(items)}: {prompt_id}", style="dim", markup=False)
 
     def line(m):
-        done[0] += 1
-        if done[0] % per_prompt == 0:
-            err.print(f"measured {done[0] // per_prompt}/{len(items)}: {m.prompt_id}", style="dim", markup=False)
+        if current and current[0] != m.prompt_id:
+            say(current[0])
+        current[:] = [m.prompt_id]
 
-    return _noted(measure.run_bench(pair, names, items, settings, on_measurement=line), chosen)
+    result = measure.run_bench(pair, names, items, settings, on_measurement=line)
+    if current and current[0] not in said and not result.interrupted:
+        say(current[0])
+    return _noted(result, chosen)
 
 
 def _noted(result, chosen):
