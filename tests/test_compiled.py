@@ -283,3 +283,48 @@ def test_eager_runs_leave_the_cache_write_unwrapped_until_something_compiles():
     assert not [f for f in sources if "import torch._dynamo\n" in f.read_text() and f.name != "compiled.py"]
     compile_layers(build_model(9, layers=1))  # compiles lazily: nothing runs here
     assert getattr(kvcache.SlotCache.update, "_specgen_disabled", False)
+
+
+def test_compiled_layers_use_a_persistent_cache_that_says_whether_it_is_warm(tmp_path, monkeypatch, capsys):
+    """inductor's caches live in $SPECGEN_CACHE/compile/torch-<version> (not /tmp), unless the
+    user set TORCHINDUCTOR_CACHE_DIR; a cold cache is said once, so a slow first start explains
+    itself. (A second compiled process loading from it: test_a_second_compiled_run_loads_...)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from specgen.runtime import compile_cache
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor writes itself
+    monkeypatch.setattr(compile_cache, "_said", False)
+    ours = tmp_path / "compile" / f"torch-{torch.__version__}"
+    assert compile_cache.use_persistent_cache() is compile_cache.CompileCache.COLD
+    assert compile_cache.directory() == ours and torch._inductor.config.fx_graph_cache
+    assert "no compile cache yet" in capsys.readouterr().err
+    (ours / "fxgraph" / "ab").mkdir(parents=True)
+    monkeypatch.setattr(compile_cache, "_said", False)
+    assert compile_cache.use_persistent_cache() is compile_cache.CompileCache.WARM
+    assert "from the compile cache" in capsys.readouterr().err
+    assert compile_cache.use_persistent_cache() is compile_cache.CompileCache.WARM
+    assert capsys.readouterr().err == ""  # said once per process
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache.directory() == tmp_path / "mine"
+
+
+@pytest.mark.slow
+def test_a_second_compiled_run_loads_the_first_ones_compiled_layers(tiny_dirs, tmp_path):
+    """Two processes with --compile inductor on the CPU: the first compiles and stores, the
+    second loads (on this 2-core VM, tiny models: 119 s then 28 s while other jobs ran)."""
+    import subprocess
+    import sys
+
+    env = dict(__import__("os").environ, SPECGEN_CACHE=str(tmp_path))
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    command = [sys.executable, "-m", "specgen", "run", "hello", "--target", str(tiny_dirs["target"]),
+               "--draft", str(tiny_dirs["draft"]), "--compile", "inductor", "--device", "cpu", "-n", "4",
+               "--format", "plain"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "no compile cache yet" in first.stderr and "from the compile cache" in second.stderr
+    assert first.stdout == second.stdout
+    assert any((tmp_path / "compile").rglob("fxgraph/*"))

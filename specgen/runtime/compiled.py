@@ -30,7 +30,7 @@ import weakref
 import torch
 
 from specgen.errors import ConfigError
-from specgen.runtime import kvcache
+from specgen.runtime import compile_cache, kvcache
 from specgen.runtime.lean import call_for
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)
@@ -51,6 +51,7 @@ def compile_layers(model) -> None:
     import torch._dynamo  # only when compiling: importing it costs every eager start a second or more
 
     kvcache.keep_update_out_of_compiled_regions()
+    compile_cache.use_persistent_cache()
     # widths, prefill lengths and both models share the layer's code: allow the recompiles;
     # the layer index (an int attribute) must not specialise one compiled layer per layer
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
