@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from specgen.errors import PromptError
 
@@ -19,18 +20,35 @@ def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None 
                                               return_dict=True)["input_ids"])
 
 
-def read_prompts_file(path) -> list[str]:
-    """One prompt per line, or JSONL objects with a `prompt` field; blank lines skipped.
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a prompts file: its id (the JSONL `id` field, else its 1-based line number)."""
 
-    Anything else is one PromptError naming the file and line: a non-string or empty prompt,
-    invalid JSON, bytes that are not UTF-8.
+    id: str | int
+    text: str
+    line: int
+
+
+def read_prompts_file(path) -> list[str]:
+    """The prompts of a prompts file, in order (see `read_prompt_records`)."""
+    return [record.text for record in read_prompt_records(path)]
+
+
+def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
+    """One prompt per line, or JSONL objects with a `prompt` field (and an optional `id`, a string
+    or an integer); blank lines skipped. A prompt's id is its `id`, else its line number.
+
+    Anything else is one PromptError naming the file and line: a non-string or empty prompt, an
+    id that is neither a string nor an integer, invalid JSON, bytes that are not UTF-8; with
+    `unique_ids` (results keyed by id: `run --output`) also an id that an earlier line holds.
     """
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
-    prompts = []
+    records: list[PromptRecord] = []
+    seen: dict[str | int, int] = {}
     for number, raw in enumerate(data.splitlines(), 1):
         try:
             line = raw.decode("utf-8")
@@ -38,21 +56,33 @@ def read_prompts_file(path) -> list[str]:
             raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
         if not line.strip():
             continue
-        if not line.lstrip().startswith("{"):
-            prompts.append(line)
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise PromptError(f"{path}:{number}: not valid JSON") from None
-        if not isinstance(record, dict) or "prompt" not in record:
-            raise PromptError(f"{path}:{number}: expected a JSON object with a 'prompt' field")
-        prompt = record["prompt"]
-        if not isinstance(prompt, str):  # null, 3, [..] are not prompts, and str() would hide that
-            raise PromptError(f"{path}:{number}: 'prompt' must be a string, got {json.dumps(prompt)[:40]}")
-        if not prompt.strip():
-            raise PromptError(f"{path}:{number}: the prompt is empty")
-        prompts.append(prompt)
-    if not prompts:
+        record = _parse_line(line, path, number)
+        if unique_ids and record.id in seen:
+            raise PromptError(f"{path}:{number}: id {json.dumps(record.id)} is already the id of line "
+                              f"{seen[record.id]}", hint="results are kept by id: give every prompt its own")
+        seen.setdefault(record.id, number)
+        records.append(record)
+    if not records:
         raise PromptError(f"{path} holds no prompts")
-    return prompts
+    return records
+
+
+def _parse_line(line: str, path, number: int) -> PromptRecord:
+    if not line.lstrip().startswith("{"):
+        return PromptRecord(number, line, number)
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise PromptError(f"{path}:{number}: not valid JSON") from None
+    if not isinstance(record, dict) or "prompt" not in record:
+        raise PromptError(f"{path}:{number}: expected a JSON object with a 'prompt' field")
+    prompt = record["prompt"]
+    if not isinstance(prompt, str):  # null, 3, [..] are not prompts, and str() would hide that
+        raise PromptError(f"{path}:{number}: 'prompt' must be a string, got {json.dumps(prompt)[:40]}")
+    if not prompt.strip():
+        raise PromptError(f"{path}:{number}: the prompt is empty")
+    ident = record.get("id", number)
+    # True == 1 and 1.0 == 1 as keys: only strings and integers name a prompt unambiguously
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
+        raise PromptError(f"{path}:{number}: 'id' must be a string or an integer, got {json.dumps(ident)[:40]}")
+    return PromptRecord(ident, prompt, number)

@@ -6,7 +6,8 @@ folds events into statistics and one place that says which tokens are final.
 * `generate`: one prompt into a renderer (text views per round); Ctrl-C ends it early and
   keeps what was made; with `state` a chat turn continues its caches;
 * `run_prompts`: many prompts (dynamic batching), outcomes in input order; Ctrl-C keeps the
-  finished ones and marks the rest unfinished.
+  finished ones and marks the rest unfinished;
+* `finished_rows`: the same decoding, each outcome as soon as its row finishes.
 """
 
 from __future__ import annotations
@@ -85,16 +86,24 @@ def run_prompts(engine: Engine, tokenizer, prompts: list[list[int]], config: Gen
     """
     done, next_index = {}, 0
     try:
-        for report, stats in fold(engine, engine.generate(prompts, config, batch_size), config.method.value):
-            if isinstance(report.event, Finished):
-                ids = report.state.final_ids(config)
-                done[report.index] = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
+        for index, outcome in finished_rows(engine, tokenizer, prompts, config, batch_size):
+            done[index] = outcome
             while next_index in done:
                 yield next_index, done.pop(next_index)
                 next_index += 1
     except KeyboardInterrupt:
         for index in range(next_index, len(prompts)):
             yield index, done.pop(index) if index in done else unfinished(prompts[index], config)
+
+
+def finished_rows(engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig,
+                  batch_size: int = 1) -> Iterator[tuple[int, Outcome]]:
+    """Yield (index, Outcome) as each row finishes, in the order the engine finishes them (a
+    prompt set written to a file as it goes). Ctrl-C is the caller's: it ends the decoding."""
+    for report, stats in fold(engine, engine.generate(prompts, config, batch_size), config.method.value):
+        if isinstance(report.event, Finished):
+            ids = report.state.final_ids(config)
+            yield report.index, Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
 
 
 def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:
