@@ -38,14 +38,14 @@ def build_tokenizer(extra_token: str | None = None, eos: str = "<|im_end|>"):
 
 
 def build_model(seed: int, *, layers: int = 2, hidden: int = 64, context: int = 256,
-                vocab: int = 259, init_range: float = 0.3):
+                vocab: int = 259, init_range: float = 0.3, eos_id: int = 258, pad_id: int = 256):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-        initializer_range=init_range, tie_word_embeddings=False, eos_token_id=258,
-        bos_token_id=None, pad_token_id=256,
+        initializer_range=init_range, tie_word_embeddings=False, eos_token_id=eos_id,
+        bos_token_id=None, pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

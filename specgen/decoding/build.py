@@ -10,8 +10,12 @@ from specgen.decoding import length
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
 from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.drafters.retokenize import Bridge
+from specgen.decoding.drafters.text import TextDrafter
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.engine import Engine
+from specgen.errors import ConfigError
+from specgen.models.load import Vocabulary
 from specgen.runtime.compiled import can_capture
 from specgen.runtime.pair import Pair
 from specgen.status import note
@@ -41,6 +45,8 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
         return NoDrafter()
     if method is Method.LOOKUP:
         return lookup_drafters()
+    if draft.vocabulary is Vocabulary.TEXT:
+        return _text_drafter(pair, config)
     if method is Method.RSD_C:
         return PerRow(lambda: RSDConstant(draft.model, draft.device, config.branching, vocab, pair.compile))
     if method is Method.MULTI_DRAFT:
@@ -53,6 +59,22 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     if method is Method.LOOKUP_CHAIN:
         return LookupChain(chain, model_tokens=config.draft_tokens)
     return chain
+
+
+def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
+    """A draft of another tokenizer: chains drafted in its own ids, proposed to the target
+    through text (drafters/text.py). Trees would need the draft's laws over target ids."""
+    if config.method.is_tree:
+        raise ConfigError(f"--method {config.method.value} needs a draft with the target's tokenizer; "
+                          "this draft's differs (use chain or lookup-chain)")
+    draft = pair.draft
+    confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
+    vocab = min(len(draft.tokenizer), draft.model.config.vocab_size)  # never an id the tokenizer lacks
+    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile)
+    drafter = TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
+    if config.method is Method.LOOKUP_CHAIN:
+        return LookupChain(drafter, model_tokens=config.draft_tokens)
+    return drafter
 
 
 def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = None) -> Engine:

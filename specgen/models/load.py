@@ -7,12 +7,13 @@ a .gguf file), a catalog name, a Hugging Face id (local HF cache, or the hub whe
 from __future__ import annotations
 
 import difflib
+import enum
 import hashlib
 import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +24,20 @@ from specgen.errors import ModelError
 from specgen.models import catalog
 from specgen.models import placement as placement_mod
 from specgen.models.convert import ensure_converted
-from specgen.status import status
+from specgen.status import note, status
+
+TEXT_DRAFTING = "draft tokenizer differs: text-level drafting"
+ROUND_TRIP = "Hello, world! 12 + 30 = 42.\n"  # text any tokenizer a draft may use must decode back
+
+
+class Vocabulary(enum.Enum):
+    """How a draft's token ids relate to its target's (decided once, at load).
+
+    SHARED: the same tokenizer; the draft proposes target ids directly (the fast path).
+    TEXT: another tokenizer; drafts go through text (decoding/drafters/text.py)."""
+
+    SHARED = "shared"
+    TEXT = "text"
 
 
 @dataclass
@@ -37,6 +51,7 @@ class LoadedModel:
     path: str | None = None  # the directory the weights were loaded from (None: a hub id)
     weights: str = "none"  # int8 when its linears were quantized (runtime/quant.py)
     gguf: str | None = None  # the GGUF file the weights came from (llama.cpp reference columns)
+    vocabulary: Vocabulary = Vocabulary.SHARED  # a draft: its ids against its target's (a target: SHARED)
 
     @property
     def context_length(self) -> int:
@@ -184,9 +199,12 @@ def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: Load
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
     loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
                         input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target)
-    if loaded.tokenizer is not target.tokenizer:  # a shared one is the same by construction
-        check_tokenizers(target.tokenizer, loaded.tokenizer)
-    return loaded
+    if loaded.tokenizer is target.tokenizer:  # a shared one is the same by construction
+        return loaded
+    vocabulary = compare_tokenizers(target.tokenizer, loaded.tokenizer)
+    if vocabulary is Vocabulary.TEXT:
+        note(TEXT_DRAFTING)
+    return replace(loaded, vocabulary=vocabulary)
 
 
 def _gpus() -> tuple[int, dict[int, int] | None]:
@@ -196,21 +214,27 @@ def _gpus() -> tuple[int, dict[int, int] | None]:
     return cuda_count, budgets
 
 
-def check_tokenizers(target_tok, draft_tok) -> None:
-    """Same vocabulary and special tokens, or one line that says what differs."""
+def compare_tokenizers(target_tok, draft_tok) -> Vocabulary:
+    """SHARED when both tokenizers map the same ids to the same tokens with the same special
+    tokens, else TEXT (a draft of another family drafts through text). A draft tokenizer that
+    cannot give text back (ROUND_TRIP does not survive encode + decode) is refused: text-level
+    drafting needs it."""
     target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    if len(target_vocab) != len(draft_vocab):
-        raise ModelError(f"draft and target tokenizers differ: vocabulary sizes {len(draft_vocab)} "
-                         f"(draft) vs {len(target_vocab)} (target)")
-    if target_vocab != draft_vocab:
-        token = next(t for t in target_vocab if draft_vocab.get(t) != target_vocab[t])
-        raise ModelError(f"draft and target tokenizers differ: token {token!r} has id "
-                         f"{draft_vocab.get(token)} in the draft, {target_vocab[token]} in the target")
-    for attr in ("eos_token", "bos_token", "pad_token", "unk_token"):
-        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
-        if a != b:
-            raise ModelError(f"draft and target tokenizers differ: {attr} is {b!r} in the draft, "
-                             f"{a!r} in the target")
+    same = target_vocab == draft_vocab and all(
+        getattr(target_tok, attr, None) == getattr(draft_tok, attr, None)
+        for attr in ("eos_token", "bos_token", "pad_token", "unk_token"))
+    if same:
+        return Vocabulary.SHARED
+    try:
+        text = draft_tok.decode(draft_tok.encode(ROUND_TRIP, add_special_tokens=False), skip_special_tokens=True,
+                                clean_up_tokenization_spaces=False)
+    except Exception as exc:  # a tokenizer without a decoder, a broken one
+        raise ModelError(f"draft and target tokenizers differ, and the draft's cannot decode text: "
+                         f"{_first_line(exc)}") from None
+    if text.strip() != ROUND_TRIP.strip():
+        raise ModelError(f"draft and target tokenizers differ, and the draft's does not give text back "
+                         f"({ROUND_TRIP.strip()!r} decodes to {text.strip()!r}); text-level drafting needs it")
+    return Vocabulary.TEXT
 
 
 def _split_map(target: str, dtype: torch.dtype, gpus: list[int], budgets, quiet: bool) -> dict:

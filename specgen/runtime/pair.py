@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specgen.config import Method, ModelSettings
-from specgen.models.load import LoadedModel, load_pair
+from specgen.models.load import LoadedModel, Vocabulary, load_pair
 from specgen.runtime import int8, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
@@ -24,8 +24,10 @@ class Pair:
     @property
     def vocab(self) -> int | None:
         """The ids target and draft share when their heads are padded to different sizes (same
-        tokenizer): logits are compared over these only. None when the sizes agree."""
-        if self.draft is None:
+        tokenizer): logits are compared over these only. None when the sizes agree, and for a
+        draft of another tokenizer (it proposes target ids made from text: the target's whole
+        vocabulary counts)."""
+        if self.draft is None or self.draft.vocabulary is Vocabulary.TEXT:
             return None
         sizes = (self.target.model.config.vocab_size, self.draft.model.config.vocab_size)
         return min(sizes) if sizes[0] != sizes[1] else None
@@ -61,7 +63,9 @@ def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dt
     spec = quant.resolve_draft_quant(spec, draft.device, draft.dtype, dtype_auto=dtype_auto)
     if spec in (None, "none"):
         return draft
-    specials = tuple(sorted(set(target.stop_ids) | set(target.tokenizer.all_special_ids)))
+    # the ids a pruned head must keep are the draft's own: the target's when they share a tokenizer
+    owner = target if draft.vocabulary is Vocabulary.SHARED else draft
+    specials = tuple(sorted(set(owner.stop_ids) | set(owner.tokenizer.all_special_ids)))
     with status(f"{spec} weights for draft {draft.name} ...", quiet):
         model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
     return replace(draft, model=model, dtype=int8.compute_dtype(model),

@@ -25,8 +25,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import PerRow, Proposal
-from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.drafters.base import Drafter, PerRow, Proposal
 from specgen.text import common_prefix
 
 @dataclass(frozen=True)
@@ -199,9 +198,10 @@ class LookupChain:
     """Prompt lookup first, the draft model otherwise: one source per row and round.
 
     A row's round uses its lookup continuation when the matched tail has at least `min_match`
-    tokens, else the chain drafter, which drafts for every such row in one batched forward per
-    step. Lookup rounds may propose the round's whole k (`GenerationConfig.round_tokens`),
-    model rounds at most `model_tokens`. A proposal comes whole from one source, so its kind
+    tokens, else the model's drafter (the chain drafter, one batched forward per step for every
+    such row; for a draft of another tokenizer, the text drafter around it). Lookup rounds may
+    propose the round's whole k (`GenerationConfig.round_tokens`), model rounds at most
+    `model_tokens`. A proposal comes whole from one source, so its kind
     is consistent (point masses from lookup; the model's sampled laws or greedy point masses),
     and the acceptance rule is chosen per row and round as usual.
 
@@ -211,7 +211,7 @@ class LookupChain:
     lazily is cheaper than keeping it warm). When no row needs the model, it is not called.
     """
 
-    def __init__(self, model: ChainDrafter, min_match: int = 2, model_tokens: int | None = None,
+    def __init__(self, model: Drafter, min_match: int = 2, model_tokens: int | None = None,
                  make_lookup=PromptLookupDrafter):
         self.lookups = PerRow(make_lookup)
         probe = make_lookup()
