@@ -15,6 +15,7 @@ from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, Confide
                                  MaxNewOpt, MethodOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt,
                                  TemperatureOpt, TopKOpt, TopPOpt, VerifyWindowOpt, check_text, generation_config,
                                  read_prompt, user_errors)
+from specgen.cli.prompt_set import check_options, run_to_file
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import ModelSettings
 from specgen.decoding.prompts import encode_prompt, read_prompts_file
@@ -28,6 +29,10 @@ def run(
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="With --prompts-file: rows decoded together (dynamic batching).")] = 1,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="With --prompts-file: write each prompt's result as one JSON line here as it finishes (with its id); a rerun skips the prompts already there.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option("--ray", help="With --output: decode on a Ray cluster, 'auto' or its ADDRESS (pip install 'specgen[ray]').", show_default=False)] = None,
+    ray_actors: Annotated[Optional[int], typer.Option("--ray-actors", help="With --ray: actors, each loading the pair once (default: as many as the cluster fits).", show_default=False)] = None,
+    ray_threads: Annotated[Optional[int], typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) per actor (default 1).", show_default=False)] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
     target: TargetOpt = DEFAULT_TARGET,
@@ -68,10 +73,16 @@ def run(
         if batch_size > 1 and prompts_file is None:
             raise ConfigError("--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
                               hint="give --prompts-file FILE, or leave --batch-size out")
+        check_options(prompts_file, output, ray_address, ray_actors, ray_threads)
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
             fmt = format or Format.plain
+            if output is not None:
+                settings = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
+                run_to_file(prompts_file, output, batch_size, raw, system, config, settings, fmt is Format.json,
+                            ray_address, ray_actors, ray_threads or 1)
+                return
             _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
                       (draft_quant, compile, target_quant))
             return

@@ -1,0 +1,211 @@
+"""A prompt set on a Ray cluster (`specgen run --prompts-file F --output OUT --ray auto|ADDRESS`).
+
+Ray is an optional extra (`pip install 'specgen[ray]'`) and is imported here only, late.
+Actors each load the pair once (`Worker`: a `Decoder` with one GPU, or a set number of CPU
+threads) and are spread over the nodes (`SPREAD`). The driver keeps the queue: each actor has at
+most `IN_FLIGHT` small batches of the queue at a time and gets the next one when one comes back
+(work stealing: a slow actor simply takes fewer, no fixed shards), and each batch decodes with
+the same engine and dynamic batching as a local run. Results come back to the driver, which
+writes them. An actor that dies has its unfinished batches put back at the head of the queue
+for the others; a result is handed on only once per prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections import deque
+from typing import Iterator
+
+from specgen.config import GenerationConfig, ModelSettings
+from specgen.errors import ConfigError, SpecgenError
+
+INSTALL_HINT = "pip install 'specgen[ray]'"
+CONNECT_SECONDS = 3.0
+GCS_WAIT = "RAY_gcs_server_port_wait_time_s"  # Ray's own wait for a head (about 20 s by default)
+IN_FLIGHT = 2  # batches per actor: the next one waits in the actor while the current one decodes
+
+
+def import_ray():
+    """The `ray` module, or one ConfigError with the install hint."""
+    try:
+        import ray  # optional extra: only a --ray run needs it
+    except ImportError:
+        raise ConfigError("--ray needs Ray, which is not installed", hint=INSTALL_HINT) from None
+    return ray
+
+
+def connect(address: str):
+    """Join the cluster `address` names ('auto': $RAY_ADDRESS, or the cluster `ray start` began
+    on this machine, else a new local one). Returns (ray, whether this call started the session).
+    An address that does not answer within CONNECT_SECONDS is one ConfigError naming it."""
+    ray = import_ray()
+    address = address.strip()
+    if address.lower() != "auto":
+        _check_reachable(address)
+    if ray.is_initialized():  # this process is already in a cluster (a test, a notebook)
+        return ray, False
+    try:
+        if address.lower() == "auto":
+            ray.init(logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+        else:
+            with _quick_and_quiet():
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: no Ray head answered there",
+                          hint="start one with `ray start --head`, or use --ray auto") from None
+    except Exception as exc:  # Ray's own failures are many types: one line naming the address
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: {first}") from None
+    return ray, True
+
+
+@contextlib.contextmanager
+def _quick_and_quiet():
+    """While joining a cluster: Ray's wait for its head cut from 20 to CONNECT_SECONDS (it reads
+    the variable when it connects), and its C++ core's retry warnings, written straight to file
+    descriptor 2, kept off the terminal (a failure is our one line)."""
+    previous = os.environ.get(GCS_WAIT)
+    os.environ[GCS_WAIT] = str(int(CONNECT_SECONDS))
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+        if previous is None:
+            os.environ.pop(GCS_WAIT, None)
+        else:
+            os.environ[GCS_WAIT] = previous
+
+
+def _check_reachable(address: str) -> None:
+    """A quick TCP connect to the head (Ray itself retries for a minute before it gives up)."""
+    client = address.startswith("ray://")
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    try:
+        port_number = int(port) if port else (10001 if client else 6379)
+    except ValueError:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: '{port}' is not a port") from None
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: {reason}",
+                          hint="start one with `ray start --head`, or use --ray auto") from None
+
+
+class Worker:
+    """A Ray actor's state: a Decoder, or the one-line error its load raised."""
+
+    def __init__(self, settings: ModelSettings, config: GenerationConfig, raw: bool, system: str | None,
+                 threads: int):
+        from specgen.scale.local import Decoder  # torch and the models: in the actor only
+
+        self.decoder, self.error = None, None
+        try:
+            self.decoder = Decoder(settings, config, raw, system, quiet=True, threads=threads)
+        except SpecgenError as exc:
+            self.error = str(exc) + (f" ({exc.hint})" if exc.hint else "")
+
+    def ready(self) -> str | None:
+        return self.error
+
+    def decode(self, items: list[tuple[int, str]], batch_size: int):
+        return self.decoder.decode(items, batch_size)
+
+
+def actor_plan(ray, device: str | None, actors: int | None, threads: int) -> tuple[int, dict]:
+    """How many actors and what each reserves: a GPU each when the cluster has GPUs and the
+    device is not the CPU, else `threads` CPUs each; by default as many as the cluster fits."""
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if gpus and (device or "auto").lower() != "cpu":
+        return actors or gpus, {"num_gpus": 1, "num_cpus": threads}
+    fit = int(resources.get("CPU", 1) // threads)
+    return actors or max(fit, 1), {"num_cpus": threads}
+
+
+class RayRun:
+    """The driver's side of a run: iterate for (index, Outcome) as batches come back."""
+
+    def __init__(self, ray, settings: ModelSettings, config: GenerationConfig, raw: bool, system: str | None,
+                 items: list[tuple[int, str]], batch_size: int, actors: int | None = None, threads: int = 1,
+                 chunk: int | None = None, owned: bool = False):
+        self.ray, self.owned = ray, owned  # owned: this run started the Ray session, and ends it
+        self.queue = deque(items)
+        self.batch_size = batch_size
+        self.chunk = chunk or batch_size
+        count, reserve = actor_plan(ray, settings.device, actors, threads)
+        remote = ray.remote(Worker).options(scheduling_strategy="SPREAD", max_restarts=0, **reserve)
+        self.actors = [remote.remote(settings, config, raw, system, threads) for _ in range(count)]
+        self.retried = 0  # prompts put back in the queue because their actor died
+        self.last_actor = None  # the actor whose batch was handed on last
+
+    def wait_ready(self) -> int:
+        """Wait for every actor's load; a load error is one SpecgenError. Returns the actor count."""
+        errors = self.ray.get([actor.ready.remote() for actor in self.actors])
+        failed = next((e for e in errors if e), None)
+        if failed:
+            raise SpecgenError(f"a Ray actor could not load the pair: {failed}")
+        return len(self.actors)
+
+    def __iter__(self) -> Iterator[tuple[int, object]]:
+        ray = self.ray
+        from ray.exceptions import RayActorError  # optional extra, as import_ray
+
+        live = list(self.actors)
+        in_flight: dict = {}  # ObjectRef -> (actor, its batch)
+        handed: set[int] = set()
+
+        def feed(actor) -> None:
+            while self.queue and sum(1 for a, _ in in_flight.values() if a is actor) < IN_FLIGHT:
+                batch = [self.queue.popleft() for _ in range(min(self.chunk, len(self.queue)))]
+                in_flight[actor.decode.remote(batch, self.batch_size)] = (actor, batch)
+
+        for actor in live:
+            feed(actor)
+        while in_flight:
+            [ref], _ = ray.wait(list(in_flight), num_returns=1)
+            actor, batch = in_flight.pop(ref)
+            try:
+                results = ray.get(ref)
+            except RayActorError:  # the actor (or its node) died: its batches go back to the others
+                self.queue.extendleft(reversed(batch))
+                self.retried += len(batch)
+                if actor in live:
+                    live.remove(actor)
+                if not live:
+                    raise SpecgenError(f"every Ray actor died; {len(self.queue)} prompts were not decoded",
+                                       hint="rerun the same command: it finishes the rest") from None
+                for other in live:
+                    feed(other)
+                continue
+            except ray.exceptions.RayTaskError as exc:  # a failure inside decode: one line, as locally
+                cause = getattr(exc, "cause", None) or exc
+                if isinstance(cause, SpecgenError):
+                    raise cause from None
+                raise SpecgenError(f"a Ray actor failed: {type(cause).__name__}: "
+                                   f"{(str(cause).strip().splitlines() or [''])[0][:200]}") from None
+            if actor in live:
+                feed(actor)
+            self.last_actor = actor
+            for index, outcome in results:
+                if index not in handed:
+                    handed.add(index)
+                    yield index, outcome
+
+    def stop(self) -> None:
+        """End every actor (after the run, on Ctrl-C or on an error), and a session we started."""
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor)
+            except Exception:  # already dead: nothing to end
+                pass
+        if self.owned:
+            self.ray.shutdown()

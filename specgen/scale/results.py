@@ -1,0 +1,141 @@
+"""OUT.jsonl of a prompt set (`specgen run --prompts-file F --output OUT.jsonl`): one JSON line per
+finished prompt, keyed by the prompt's id, written as it finishes; a rerun skips what is there.
+
+Writes are atomic per line: each line is ONE `os.write` of the complete line (newline included)
+on an `O_APPEND` descriptor, so a crash of this process (Ctrl-C, kill -9, out of memory) never
+leaves half a line; the kernel holds every line that a write returned for. fsync policy: the
+file is fsynced after its first new line, then at most once every `SYNC_SECONDS` and when it
+closes (also on Ctrl-C), so a power loss or a kernel crash loses at most the last second of
+lines and may leave a torn last line. Opening the file again (the rerun) drops a last line that
+is incomplete or not a result line, so the file is whole again before anything is appended.
+A run holds an exclusive lock on the file (flock): a second run on the same file is refused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from specgen.decoding.views import Outcome
+from specgen.errors import ConfigError, SpecgenError
+
+SYNC_SECONDS = 1.0
+
+
+def result_record(ident, outcome: Outcome) -> dict:
+    """A finished prompt as its OUT.jsonl line holds it: id, text, token ids, method, stats."""
+    return {"id": ident, "text": outcome.text, "token_ids": outcome.token_ids, "method": outcome.stats.method,
+            "stats": outcome.stats.as_dict()}
+
+
+class ResultsFile:
+    """An OUT.jsonl opened for a run: `done` holds the ids already there; `write` appends one."""
+
+    def __init__(self, path, fd: int, done: set, dropped: int):
+        self.path = Path(path)
+        self.done = done
+        self.dropped = dropped  # bytes of a torn last line removed when the file was opened
+        self._fd: int | None = fd
+        self._synced_at: float | None = None
+
+    @classmethod
+    def open(cls, path) -> "ResultsFile":
+        """Open (or create) `path`, lock it, repair a torn last line and read the ids it holds."""
+        path = Path(path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot write --output {path}: {exc.strerror or exc}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(f"{path} is being written by another specgen run",
+                                  hint="wait for it, or give another --output") from None
+            done, keep, size = _scan(fd, path)
+            if keep < size:  # a torn (or garbled) last line: cut it before appending
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, done, size - keep)
+
+    def write(self, record: dict) -> None:
+        """Append one result line atomically; its id joins `done`."""
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        before = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, line)
+        except OSError as exc:
+            raise SpecgenError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        if written != len(line):  # a full disk: take the partial line back so the file stays whole
+            os.ftruncate(self._fd, before)
+            raise SpecgenError(f"cannot write {self.path}: only {written} of {len(line)} bytes fit (disk full?)")
+        self.done.add(record["id"])
+        now = time.monotonic()
+        if self._synced_at is None or now - self._synced_at >= SYNC_SECONDS:
+            os.fsync(self._fd)
+            self._synced_at = now
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # releases the lock
+
+    def __enter__(self) -> "ResultsFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _scan(fd: int, path: Path) -> tuple[set, int, int]:
+    """(ids of the complete result lines, bytes to keep, file size). A bad line in the middle of
+    the file is an error (it is not ours to delete); a bad or incomplete last line is dropped."""
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, min(1 << 24, size - offset), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    data = b"".join(chunks)
+    done: set = set()
+    keep, start, number = 0, 0, 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        number += 1
+        if end < 0:  # no newline: the write of this line never completed
+            break
+        if not data[start:end].strip():  # a blank line (edited by hand): harmless
+            start = keep = end + 1
+            continue
+        ident = _result_id(data[start:end])
+        if ident is None:
+            if data[end + 1:].strip():
+                raise ConfigError(f"{path}:{number}: not a specgen result line (a JSON object with an 'id')",
+                                  hint="give another --output, or remove that line")
+            break  # the last line, garbled by a crash of the machine: dropped like a torn one
+        done.add(ident)
+        start = keep = end + 1
+    return done, keep, len(data)
+
+
+def _result_id(line: bytes):
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "text" not in record:
+        return None
+    ident = record.get("id")
+    return ident if isinstance(ident, (str, int)) and not isinstance(ident, bool) else None
