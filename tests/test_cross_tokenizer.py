@@ -22,6 +22,7 @@ from specgen.cli import app
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding.build import make_drafter
 from specgen.decoding.drafters.lookup import LookupChain
+from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge, Seam
 from specgen.decoding.drafters.text import TextDrafter
 from specgen.decoding.events import Finished, ReplayResult, RoundResult
@@ -139,11 +140,14 @@ def test_load_accepts_another_tokenizer_with_one_notice(dirs, capfd):
     assert TEXT_DRAFTING not in capfd.readouterr().err
 
 
-def test_tree_methods_need_a_shared_tokenizer(byte_bpe):
+def test_the_drafter_a_pair_gets(byte_bpe, tiny_pair):
+    """Text drafting for chain and lookup-chain; trees refuse it; a shared tokenizer stays on ids."""
     with pytest.raises(ConfigError, match="chain or lookup-chain"):
         make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.RSD_C))
     assert isinstance(make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.CHAIN)), TextDrafter)
     assert isinstance(make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.LOOKUP_CHAIN)), LookupChain)
+    # a shared tokenizer keeps the id-level path
+    assert type(make_drafter(Pair(*tiny_pair), GenerationConfig(method=Method.CHAIN))) is ChainDrafter
 
 
 # -- the seams, tokenizers only -----------------------------------------------------------------
