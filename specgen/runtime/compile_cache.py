@@ -33,7 +33,7 @@ _said = False
 def directory() -> Path:
     """TORCHINDUCTOR_CACHE_DIR when the user set it, else ours. inductor writes its /tmp
     default into the environment once it has looked it up, so that value counts as unset."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # only when compiling (dynamo, inductor)
 
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
