@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import subprocess
 import zipfile
@@ -420,6 +421,32 @@ def test_convert_then_reload_from_the_cache(tmp_path, cache, monkeypatch):
                                         return_tensors="pt")["input_ids"]  # fmt: skip
     assert torch.equal(direct(ids).logits, cached(ids).logits)
     assert cached.dtype == torch.bfloat16 and tokenizer.eos_token == "<|im_end|>"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_streamed_conversion_is_bitwise_what_transformers_saves(tmp_path, cache, monkeypatch, arch):
+    """Tensor by tensor, sharded, one parse of the file: the same tensors, config and generation
+    config as transformers' own `from_pretrained(gguf_file=...)` + `save_pretrained` (llama's q/k
+    are permuted by its tensor processor; qwen2's are not)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    gguf = write_tiny_gguf(tmp_path / "m" / "tiny.gguf", arch=arch, seed=5)
+    reference = tmp_path / "reference"
+    AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+                                         quantization_config=GgufConfig(dequantize=True)).save_pretrained(reference)
+    monkeypatch.setattr(convert, "SHARD_BYTES", 20_000)  # several shards and an index
+    directory = convert.ensure_converted(gguf, torch.bfloat16, quiet=True)
+    shards = sorted(directory.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (directory / "model.safetensors.index.json").is_file()
+    ours = {name: t for shard in shards for name, t in load_file(shard).items()}
+    theirs = load_file(reference / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]) for name in ours)
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((directory / name).read_text()) == json.loads((reference / name).read_text())
+    loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    assert torch.equal(loaded.model.embed_tokens.weight, theirs["model.embed_tokens.weight"])
 
 
 def test_key_names_the_directory_and_file_changes_get_a_new_one(tmp_path, cache):
