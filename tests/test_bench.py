@@ -419,6 +419,26 @@ def test_method_variants_compare_draft_lengths_and_schedules(models, short_file,
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
 
 
+def test_another_draft_in_the_same_run_with_method_at_draft(models, tiny_dirs, short_file, tmp_path):
+    """`chain@DRAFT` runs chain with another draft model, loaded once beside the run's own, in
+    the same run against the same plain runs: here one with another tokenizer (text-level
+    drafting) beside the same-tokenizer draft. Exact under greedy either way."""
+    out = tmp_path / "d.json"
+    other = str(tiny_dirs["odd_draft"])
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
+                                 "--methods", f"chain,chain@{other},lookup-chain/k2@{other}", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["methods"] == ["plain", "chain", f"chain@{other}", f"lookup-chain/k2@{other}"]
+    assert all(p["identical_to_plain"] for p in data["prompts"])
+    assert list(data["environment"]["extra_drafts"]) == [other]
+    assert data["environment"]["draft"]["name"] != data["environment"]["extra_drafts"][other]["name"]
+    odd = [m for m in data["measurements"] if m["method"] == f"chain@{other}"]
+    assert odd and all(m["drafted"] is not None for m in odd)
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", f"plain@{other}"]), "METHOD@DRAFT")
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain@"]), "METHOD@DRAFT")
+
+
 def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(models, short_file, tmp_path):
     from specgen.bench.methods import variant
     from specgen.config import Method, Schedule

@@ -217,7 +217,7 @@ class BenchResult:
 
 def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], settings: BenchSettings,
               on_measurement: Callable[[Measurement], None] | None = None,
-              runners: list[Runner] | None = None) -> BenchResult:
+              runners: list[Runner] | None = None, drafts: dict | None = None) -> BenchResult:
     """Encode the prompts, build the runners (plain first), measure, summarise.
 
     Ctrl-C stops the measurement and keeps what was measured (`interrupted` is set). A column
@@ -231,9 +231,12 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
         if not getattr(pair.target, "gguf", None) and any(n in bench_llamacpp.METHODS for n in method_names):
             note(f"bench: llama.cpp columns skipped: target {pair.target.name} has no GGUF file")
             method_names = [n for n in method_names if n not in bench_llamacpp.METHODS]
-        runners = [build_runner(pair, name) for name in method_names]
+        runners = [build_runner(pair, name, drafts) for name in method_names]
     with closing(runners):
-        return _run(pair, runners, prompts, settings, specs, on_measurement)
+        result = _run(pair, runners, prompts, settings, specs, on_measurement)
+    if drafts:  # METHOD@DRAFT columns: which model each of them drafted with
+        result.environment["extra_drafts"] = {name: _model_record(model) for name, model in drafts.items()}
+    return result
 
 
 def _run(pair, runners: list[Runner], prompts: list[BenchPrompt], settings: BenchSettings, specs: dict,

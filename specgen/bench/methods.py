@@ -75,6 +75,27 @@ def _fraction(text: str) -> float | None:
     return value if 0.0 <= value < 1.0 else None
 
 
+DRAFT_MARK = "@"
+
+
+def split_draft(name: str) -> tuple[str, str | None]:
+    """'chain@smollm2-135m-instruct' -> ('chain', 'smollm2-135m-instruct'): a column that runs
+    its method with another draft model than the run's --draft (loaded once beside it), so one
+    bench run compares drafts against the same plain runs. ('chain', None) without a mark."""
+    base, mark, draft = name.partition(DRAFT_MARK)
+    return (base, draft) if mark else (name, None)
+
+
+def extra_drafts(names: list[str]) -> list[str]:
+    """The other draft models the columns name, each once, in order."""
+    return list(dict.fromkeys(d for d in (split_draft(n)[1] for n in names) if d))
+
+
+def _engine_method(name: str) -> Method | None:
+    methods = {m.value: m for m in Method}
+    return methods.get(name) or (variant(name) or (None,))[0]
+
+
 def parse_methods(text: str | None) -> list[str]:
     """A comma list -> method names, plain first (always measured: it is every denominator).
 
@@ -84,13 +105,23 @@ def parse_methods(text: str | None) -> list[str]:
     """
     specs = registry()
     names = list(specs) if text is None or not text.strip() else [
-        n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in specs and variant(n) is None]
+        n.strip() if DRAFT_MARK in n else n.strip().lower() for n in text.split(",") if n.strip()]
+    for name in names:
+        base, draft = split_draft(name)
+        if draft is None:
+            continue
+        method = _engine_method(base.lower())
+        if method is None or not method.needs_draft_model or not draft.strip():
+            raise ConfigError(f"'{name}' in --methods: METHOD@DRAFT takes a specgen method that drafts with a "
+                              "model (chain, lookup-chain, rsd-c, ...) and a draft model after the @")
+    names = [f"{split_draft(n)[0].lower()}{DRAFT_MARK}{split_draft(n)[1]}" if split_draft(n)[1] else n for n in names]
+    unknown = [n for n in names if n not in specs and variant(n) is None and split_draft(n)[1] is None]
     if any(n in bench_llamacpp.METHODS for n in unknown):
         bench_llamacpp.require()
     if unknown:
         raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
-                          "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain)")
+                          "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain; "
+                          "a method that drafts with a model takes @DRAFT for another draft model)")
     ordered = [PLAIN] + [n for n in names if n != PLAIN]
     return list(dict.fromkeys(ordered))
 
@@ -98,7 +129,7 @@ def parse_methods(text: str | None) -> list[str]:
 def check_settings(names: list[str], config: GenerationConfig) -> None:
     """Validate `config` as each engine method would see it, before any model is loaded."""
     engine_methods = {m.value: m for m in Method}
-    for name in names:
+    for name in (split_draft(n)[0] for n in names):
         if name in engine_methods:
             replace(config, method=engine_methods[name])
         elif variant(name) is not None:
@@ -107,12 +138,22 @@ def check_settings(names: list[str], config: GenerationConfig) -> None:
 
 
 def needs_draft(names: list[str]) -> bool:
+    """Whether a column runs with the run's own --draft (a METHOD@DRAFT column brings its own)."""
     specs = registry()
-    return any(specs[n].needs_draft if n in specs else variant(n)[0].needs_draft_model for n in names)
+    return any(specs[n].needs_draft if n in specs else variant(n)[0].needs_draft_model
+               for n in names if split_draft(n)[1] is None)
 
 
-def build_runner(pair, name: str) -> Runner:
+def build_runner(pair, name: str, drafts: dict | None = None) -> Runner:
+    """The runner of column `name`; `drafts` maps each METHOD@DRAFT column's draft to its
+    loaded model (runtime.pair.load_draft_alone)."""
     specs = registry()
+    base, draft = split_draft(name)
+    if draft is not None:
+        pair = replace(pair, draft=(drafts or {})[draft])
+        method = _engine_method(base)
+        overrides = variant(base)[1] if variant(base) is not None else {}
+        return EngineRunner(pair, method, name, overrides)
     if name in specs:
         return specs[name].build(pair)
     method, overrides = variant(name)

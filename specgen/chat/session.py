@@ -17,16 +17,12 @@ from specgen.decoding import run
 from specgen.decoding.build import build_engine
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PromptError
-from specgen.models.load import load_draft
-from specgen.runtime.pair import Pair, quantize_draft
+from specgen.runtime.pair import Pair, load_draft_alone
 
 
 def load_chat_draft(settings: ModelSettings, target, quiet: bool = False):
     """Load the draft alone, placed and quantized as a pair's draft is (for /method and /load)."""
-    draft = load_draft(settings.draft, target, device=settings.device,
-                       draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
-    dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
-    return quantize_draft(draft, target, settings.draft_quant, dtype_auto, quiet)
+    return load_draft_alone(settings, target, quiet)
 
 
 class LocalBackend:

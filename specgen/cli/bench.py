@@ -235,11 +235,13 @@ def _write_throughput(json_file, env, items, sizes, windows, config, cells, inte
 def _measure(names, items, settings, models: ModelSettings):
     from specgen.bench import measure, methods as registry  # torch: see bench()
     from specgen.decoding.build import resolve_draft_length
-    from specgen.runtime.pair import load
+    from specgen.runtime.pair import load, load_draft_alone
 
     err = Console(stderr=True, highlight=False)
     load_as = Method.CHAIN if registry.needs_draft(names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
+    drafts = {name: load_draft_alone(replace(models, draft=name), pair.target, quiet=not err.is_terminal)
+              for name in registry.extra_drafts(names)}  # METHOD@DRAFT columns: each other draft once
     generation, chosen = resolve_draft_length(pair, settings.generation, drafts=True)
     settings = replace(settings, generation=generation)
     if chosen is not None:
@@ -255,7 +257,7 @@ def _measure(names, items, settings, models: ModelSettings):
             def tick(m):
                 progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
-            return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick), chosen)
+            return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick, drafts=drafts), chosen)
     # one line per prompt, said when the next prompt starts (a column that failed measures fewer
     # generations per prompt, so counting them would misplace the lines) and after the last
     said: list[str] = []
@@ -270,7 +272,7 @@ def _measure(names, items, settings, models: ModelSettings):
             say(current[0])
         current[:] = [m.prompt_id]
 
-    result = measure.run_bench(pair, names, items, settings, on_measurement=line)
+    result = measure.run_bench(pair, names, items, settings, on_measurement=line, drafts=drafts)
     if current and current[0] not in said and not result.interrupted:
         say(current[0])
     return _noted(result, chosen)

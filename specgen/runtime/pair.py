@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specgen.config import Method, ModelSettings
-from specgen.models.load import LoadedModel, Vocabulary, load_pair
+from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair
 from specgen.runtime import int8, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
@@ -70,3 +70,12 @@ def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dt
         model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
     return replace(draft, model=model, dtype=int8.compute_dtype(model),
                    weights=quant.describe_draft_quant(spec, model))
+
+
+def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool = False) -> LoadedModel:
+    """`settings.draft` loaded beside an already loaded target, placed and in the format a
+    pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
+    draft = load_draft(settings.draft, target, device=settings.device, draft_device=settings.draft_device,
+                       dtype=settings.dtype, quiet=quiet)
+    dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
+    return quantize_draft(draft, target, settings.draft_quant, dtype_auto, quiet)
