@@ -2,7 +2,8 @@
 2 actors of 1 thread: the same outputs as a run in one process; an actor killed mid-run still
 gives every prompt exactly once; a bad address is one line. Skipped where Ray is not installed
 (it is not in the dev extra) and left out of the default run: `pip install 'specgen[ray]'`, then
-`python -m pytest -m ray` (about 45 s here, most of it starting Ray and its actors)."""
+`python -m pytest -m ray` (about 70 s here, most of it starting Ray, its actors and Ray Serve).
+`serve --ray --replicas 2`: the app in two Ray Serve replicas answers as a local run does."""
 
 from __future__ import annotations
 
@@ -98,3 +99,51 @@ def test_an_address_that_does_not_answer_is_one_line(models, prompts, tmp_path):
     assert result.exit_code == 1
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and f"cannot connect to the Ray cluster at 127.0.0.1:{port}" in lines[0], result.output
+
+
+def test_serve_replicas_answer_behind_one_endpoint(models, tiny_dirs):
+    """`serve --ray --replicas 2`: the HTTP app in two Ray Serve replicas; greedy answers are the
+    ones `specgen run` gives in its own process, and a request without the key gets 401."""
+    import httpx
+    from ray import serve
+
+    from specgen.config import ModelSettings
+    from specgen.serve import replicas
+    from specgen.serve.server import ServeOptions
+
+    local = runner.invoke(app, ["run", "hello there", "--raw", *models, "--format", "json", "--no-server"])
+    assert local.exit_code == 0, local.output
+    expected = json.loads(local.stdout.strip().splitlines()[-1])["text"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32", "auto",
+                             "auto", "auto")
+    url = replicas.deploy(settings, ServeOptions(port=port, api_key="key"), 2, 1)
+    try:
+        states = serve.status().applications[replicas.APP_NAME].deployments[replicas.APP_NAME].replica_states
+        assert states.get("RUNNING") == 2, states
+        headers = {"Authorization": "Bearer key"}
+        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+        for _ in range(4):
+            answer = httpx.post(f"{url}/v1/completions", headers=headers, timeout=60, json={
+                "model": model, "prompt": "hello there", "max_tokens": 6, "temperature": 0})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["text"] == expected
+        assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
+    finally:
+        replicas.undeploy()
+        serve.shutdown()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--ray", "auto"], "needs an --api-key"),
+    (["--replicas", "2"], "go with --ray"),
+    (["--ray", "auto", "--api-key", "k", "--detach"], "serves in the foreground"),
+])
+def test_serve_ray_options_are_checked_first(args, fragment, monkeypatch):
+    monkeypatch.delenv("SPECGEN_API_KEY", raising=False)
+    result = runner.invoke(app, ["serve", *args, "--target", "/nonexistent"])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.output

@@ -48,6 +48,13 @@ def serve(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, url).")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray", help="Serve as a Ray Serve deployment on this cluster: 'auto' or its ADDRESS (needs --api-key; "
+                      "pip install 'specgen[ray]').", show_default=False)] = None,
+    replicas: Annotated[int, typer.Option("--replicas", help="With --ray: replicas behind the one endpoint, "
+                                                              "each loading the pair once.")] = 1,
+    ray_threads: Annotated[int, typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) "
+                                                                    "per replica.")] = 1,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API, batching concurrent requests.
 
@@ -63,6 +70,13 @@ def serve(
             _list()
             return
         settings = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
+        if ray_address is not None:
+            if detach or stop:
+                raise ConfigError("--ray serves in the foreground; --detach and --stop are for a local server")
+            _serve_on_ray(settings, options, ray_address, replicas, ray_threads)
+            return
+        if replicas != 1 or ray_threads != 1:
+            raise ConfigError("--replicas and --ray-threads go with --ray")
         if stop:
             _stop(settings)
             return
@@ -78,6 +92,45 @@ def serve(
 
         why = run_server(settings, options)
         typer.echo(f"specgen server stopped: {why}", err=True)
+
+
+def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int, threads: int) -> None:
+    """The app as a Ray Serve deployment until Ctrl-C; then the deployment is deleted."""
+    if replicas < 1 or threads < 1:
+        raise ConfigError(f"--replicas and --ray-threads must be >= 1, got {replicas} and {threads}")
+    if not options.api_key:
+        raise ConfigError("serve --ray needs an --api-key (its replicas share it)",
+                          hint="give --api-key KEY or set SPECGEN_API_KEY")
+    options.check()
+    # Ray and the server's modules (torch) load only for a --ray server
+    from specgen.scale.cluster import connect
+    from specgen.serve import replicas as ray_serve
+
+    ray, owned = connect(address)
+    try:
+        with status(f"starting {replicas} Ray Serve replicas (each loads the pair) ...", False):
+            try:
+                url = ray_serve.deploy(settings, options, replicas, threads)
+            except ConfigError:
+                raise
+            except Exception as exc:  # Ray Serve's deployment failures carry a replica's traceback
+                lines = [line for line in str(exc).splitlines() if line.strip()]
+                raise ConfigError(f"the Ray Serve deployment failed: {(lines or [type(exc).__name__])[-1][:300]}") \
+                    from None
+        typer.echo(f"specgen: {replicas} Ray Serve replicas ready at {url}; OpenAI API at {url}/v1; "
+                   f"Ctrl-C stops them", err=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            typer.echo("specgen server stopped: Ctrl-C", err=True)
+    finally:
+        try:
+            ray_serve.undeploy()
+        except Exception:  # nothing deployed (a failed start), or the cluster went away
+            pass
+        if owned:
+            ray.shutdown()
 
 
 def _list() -> None:

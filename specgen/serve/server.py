@@ -156,6 +156,20 @@ def prepare(settings: ModelSettings, options: ServeOptions, quiet: bool = False,
 
 
 def _prepared(settings, options, quiet, log, pair, sock) -> Running:
+    token = secrets.token_urlsafe(32)
+    port = sock.getsockname()[1]
+    local = options.host if loopback(options.host) else "127.0.0.1"
+    url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
+    keys = [token] + ([options.api_key] if options.api_key else [])
+    scheduler, state = serving_state(settings, options, quiet, log, pair, url, keys)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5))
+    return Running(server, sock, scheduler, state, discovery.record_path(settings), token)
+
+
+def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]) -> tuple[Scheduler, ServerState]:
+    """The pair loaded (unless given) and warmed up, its scheduler (not started yet) and what the
+    routes need: for this process's uvicorn, or for a Ray Serve replica (replicas.py)."""
     pair = pair or load(settings, Method.CHAIN, quiet=quiet)
     config = defaults(pair, options)
     metrics = Metrics()
@@ -172,18 +186,12 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
                                                  f"prompt {stats.prompt_tokens} tokens"),
                           width_caps(pair, options.max_batch_size, config.draft_tokens, quiet))
     warm_up(scheduler, config)
-    token = secrets.token_urlsafe(32)
-    port = sock.getsockname()[1]
-    local = options.host if loopback(options.host) else "127.0.0.1"
-    url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
             "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None}
-    state = ServerState(scheduler, config, [token] + ([options.api_key] if options.api_key else []), pair.target.name,
-                        {settings.target}, info, pair.target.context_length, metrics, say)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5))
-    return Running(server, sock, scheduler, state, discovery.record_path(settings), token)
+    state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
+                        pair.target.context_length, metrics, say)
+    return scheduler, state
 
 
 def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False) -> str:

@@ -1,0 +1,85 @@
+"""`specgen serve --ray auto|ADDRESS --replicas N`: the same HTTP app as a Ray Serve deployment of
+N replicas behind one endpoint (Ray Serve's proxy on --host/--port), so an OpenAI client scales
+out unchanged. Each replica loads the pair once, warms it up and batches its own requests with
+its own scheduler, exactly as a single `specgen serve` does; Ray Serve spreads requests over
+the replicas. Ray (the optional extra `specgen[ray]`, which brings Ray Serve) is imported
+here only, late; the command (cli/serve.py) has joined the cluster before.
+
+Every request needs the --api-key (the replicas share it; there is no local token and no
+record for `specgen run` to find: a Ray deployment is for OpenAI clients).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+
+from specgen.config import ModelSettings
+from specgen.errors import ConfigError
+from specgen.serve.app import create_app
+from specgen.serve.server import ServeOptions, serving_state
+
+APP_NAME = "specgen"
+SERVE_HINT = "pip install 'specgen[ray]'"
+
+
+class Replica:
+    """One replica: the pair, its scheduler (started) and the FastAPI app over them."""
+
+    def __init__(self, settings: ModelSettings, options: ServeOptions, threads: int, url: str):
+        torch.set_num_threads(threads)
+        self.scheduler, self.state = serving_state(settings, options, True, sys.stderr, None, url, [options.api_key])
+        self.scheduler.start()
+
+    def __serve_build_asgi_app__(self):  # Ray Serve asks each replica for its app once it is built
+        return create_app(self.state)
+
+
+def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, threads: int) -> str:
+    """Start Ray Serve's proxy on options.host:port and N replicas (one GPU each when the cluster
+    has GPUs and the device is not the CPU, else `threads` CPUs each); returns the URL once every
+    replica has loaded. The caller has joined the cluster."""
+    if not options.api_key:
+        raise ConfigError("serve --ray needs an --api-key (its replicas share it)",
+                          hint="give --api-key KEY or set SPECGEN_API_KEY")
+    try:
+        from ray import serve  # the optional extra: only a --ray server needs it
+    except ImportError:
+        raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
+    import ray  # the optional extra, as above (installed, since ray.serve imported)
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    reserve = ({"num_gpus": 1, "num_cpus": threads} if gpus and (settings.device or "auto").lower() != "cpu"
+               else {"num_cpus": threads})
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines are not the user's business
+    url = f"http://{options.host}:{options.port}"
+    serve.start(http_options={"host": options.host, "port": options.port})
+    deployment = serve.deployment(serve.ingress()(Replica), name=APP_NAME, num_replicas=replicas,
+                                  ray_actor_options=reserve, max_ongoing_requests=options.max_batch_size
+                                  + options.max_queue)
+    try:
+        serve.run(deployment.bind(settings, options, threads, url), name=APP_NAME, route_prefix="/", blocking=False)
+    except RuntimeError as exc:  # "Failed to update the deployments": the reason is in the status
+        raise ConfigError(f"a Ray Serve replica could not start: {_replica_error(serve) or exc}") from None
+    return url
+
+
+def _replica_error(serve) -> str | None:
+    """The error a replica's constructor raised, from Ray Serve's status (its last traceback line)."""
+    try:
+        message = serve.status().applications[APP_NAME].deployments[APP_NAME].message
+    except Exception:  # no status to read: the caller says what Ray said
+        return None
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("specgen.errors.")]
+    last = (ours or lines or [""])[-1]
+    return last.split(": ", 1)[1] if ours and ": " in last else (last[:300] or None)
+
+
+def undeploy() -> None:
+    """Delete the deployment (its replicas end); Ray Serve's proxy goes with the session."""
+    from ray import serve  # the optional extra, imported by deploy before
+
+    serve.delete(APP_NAME)
