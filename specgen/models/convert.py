@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from specgen.errors import ModelError
+from specgen.memory import release_freed
 from specgen.models.cache import atomic_write, check_writable, converted_root, locked
 from specgen.status import status
 
@@ -106,6 +107,7 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
                 skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
             _write_tensors(gguf, reader, skeleton, dtype, out)
+            release_freed()  # the dequantizing threads' arenas: over a GB the load would never reuse
             skeleton.config.architectures = [type(skeleton).__name__]  # as save_pretrained records it
             skeleton.config.save_pretrained(out)
             if skeleton.can_generate():
