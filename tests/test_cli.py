@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli import app
+from tiny import stop_after_rows
 
 runner = CliRunner()
 
@@ -392,25 +393,6 @@ def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
     text = json.loads(json_run.stdout.strip().splitlines()[-1])["text"]
     assert text.endswith("\ufffd")
     assert plain_run.stdout == text + "\n"
-
-
-def stop_after_rows(monkeypatch, rows: int):
-    """Ctrl-C in the engine's batch once `rows` rows have finished (the engine itself is untouched)."""
-    from specgen.decoding.engine import Engine
-    from specgen.decoding.events import Finished
-
-    real = Engine.generate
-
-    def generate(self, *args, **kwargs):
-        count = 0
-        for report in real(self, *args, **kwargs):
-            yield report
-            if isinstance(report.event, Finished):
-                count += 1
-                if count == rows:
-                    raise KeyboardInterrupt
-
-    monkeypatch.setattr(Engine, "generate", generate)
 
 
 @pytest.mark.parametrize("fmt", ["json", "plain"])

@@ -12,9 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.decoding.engine import Engine
-from specgen.decoding.events import Finished
 from specgen.scale.results import ResultsFile
+from tiny import stop_after_rows
 
 runner = CliRunner()
 PROMPTS = 'hello there\n{"prompt": "second one", "id": "b"}\n\nthird\nand a fourth, longer prompt\nfifth\n'
@@ -107,22 +106,6 @@ def test_duplicate_ids_are_one_line_before_loading(prompts, tmp_path):
     prompts.write_text('{"prompt": "b", "id": [1]}\n')
     result = invoke("run", "--prompts-file", str(prompts), "--output", str(tmp_path / "o.jsonl"))
     assert_one_line_error(result, "'id' must be a string or an integer")
-
-
-def stop_after_rows(monkeypatch, rows: int):
-    """Ctrl-C once `rows` rows have finished (the engine raises it as decoding would)."""
-    real = Engine.generate
-
-    def generate(self, *args, **kwargs):
-        count = 0
-        for report in real(self, *args, **kwargs):
-            yield report
-            if isinstance(report.event, Finished):
-                count += 1
-                if count == rows:
-                    raise KeyboardInterrupt
-
-    monkeypatch.setattr(Engine, "generate", generate)
 
 
 def test_ctrl_c_keeps_every_finished_prompt_and_the_rerun_finishes(models, prompts, tmp_path, monkeypatch,

@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 
 from specgen.cli import app  # noqa: E402
 from specgen.scale import cluster  # noqa: E402
+from test_output import models  # noqa: E402,F401 (the same tiny pair and settings: a fixture)
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
@@ -29,12 +30,6 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def models(tiny_dirs):
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-            "--dtype", "float32", "--device", "cpu", "-n", "6"]
 
 
 @pytest.fixture

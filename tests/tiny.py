@@ -126,3 +126,23 @@ def batch_ids(engine, prompts, config, batch_size: int) -> list[list[int]]:
     finished = {r.index: r.state.ids for r in engine.generate(prompts, config, batch_size)
                 if isinstance(r.event, Finished)}
     return [finished[i] for i in range(len(prompts))]
+
+
+def stop_after_rows(monkeypatch, rows: int):
+    """Ctrl-C in the engine's batch once `rows` rows have finished (the engine raises it as
+    decoding would; the engine itself is untouched)."""
+    from specgen.decoding.engine import Engine
+    from specgen.decoding.events import Finished
+
+    real = Engine.generate
+
+    def generate(self, *args, **kwargs):
+        count = 0
+        for report in real(self, *args, **kwargs):
+            yield report
+            if isinstance(report.event, Finished):
+                count += 1
+                if count == rows:
+                    raise KeyboardInterrupt
+
+    monkeypatch.setattr(Engine, "generate", generate)
