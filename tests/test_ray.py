@@ -85,6 +85,20 @@ def test_an_actor_killed_mid_run_loses_no_prompt_and_repeats_none(models, prompt
     assert ids_of(out) == local
 
 
+def test_a_rerun_on_ray_writes_only_the_missing_prompts(models, prompts, tmp_path, local):
+    """An interrupted run left the first prompts in OUT.jsonl (here: a local run of them); the
+    same command on Ray then writes the others and nothing twice."""
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(prompts.read_text().splitlines(keepends=True)[:4]))
+    out = tmp_path / "out.jsonl"
+    assert runner.invoke(app, ["run", "--prompts-file", str(first), "--output", str(out), *models]).exit_code == 0
+    result = runner.invoke(app, ["run", "--prompts-file", str(prompts), "--output", str(out), "--ray", "auto",
+                                 "--ray-actors", "2", "--ray-threads", "1", *models])
+    assert result.exit_code == 0, result.output
+    assert "6 prompts written" in result.stderr
+    assert ids_of(out) == local
+
+
 def test_an_address_that_does_not_answer_is_one_line(models, prompts, tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
