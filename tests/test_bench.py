@@ -432,6 +432,7 @@ def test_another_draft_in_the_same_run_with_method_at_draft(models, tiny_dirs, s
     assert data["methods"] == ["plain", "chain", f"chain@{other}", f"lookup-chain/k2@{other}"]
     assert all(p["identical_to_plain"] for p in data["prompts"])
     assert list(data["environment"]["extra_drafts"]) == [other]
+    assert data["environment"]["extra_drafts"][other]["draft_tokens"] >= 1  # its own device k, measured
     assert data["environment"]["draft"]["name"] != data["environment"]["extra_drafts"][other]["name"]
     odd = [m for m in data["measurements"] if m["method"] == f"chain@{other}"]
     assert odd and all(m["drafted"] is not None for m in odd)

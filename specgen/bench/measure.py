@@ -235,7 +235,8 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     with closing(runners):
         result = _run(pair, runners, prompts, settings, specs, on_measurement)
     if drafts:  # METHOD@DRAFT columns: which model each of them drafted with
-        result.environment["extra_drafts"] = {name: _model_record(model) for name, model in drafts.items()}
+        result.environment["extra_drafts"] = {name: _model_record(extra.model) | extra.overrides
+                                              for name, extra in drafts.items()}
     return result
 
 

@@ -78,6 +78,16 @@ def _fraction(text: str) -> float | None:
 DRAFT_MARK = "@"
 
 
+@dataclass(frozen=True)
+class ExtraDraft:
+    """A METHOD@DRAFT column's draft model, and the draft length measured for it with the
+    target when the run's k is the device's (`--draft-tokens device`): its columns take that
+    unless their variant names a k (`chain/k3@DRAFT`)."""
+
+    model: object  # a LoadedModel
+    overrides: dict  # draft_tokens / draft_confidence for this pair; {} when the run set k itself
+
+
 def split_draft(name: str) -> tuple[str, str | None]:
     """'chain@smollm2-135m-instruct' -> ('chain', 'smollm2-135m-instruct'): a column that runs
     its method with another draft model than the run's --draft (loaded once beside it), so one
@@ -144,16 +154,16 @@ def needs_draft(names: list[str]) -> bool:
                for n in names if split_draft(n)[1] is None)
 
 
-def build_runner(pair, name: str, drafts: dict | None = None) -> Runner:
+def build_runner(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> Runner:
     """The runner of column `name`; `drafts` maps each METHOD@DRAFT column's draft to its
-    loaded model (runtime.pair.load_draft_alone)."""
+    ExtraDraft (the model from runtime.pair.load_draft_alone)."""
     specs = registry()
     base, draft = split_draft(name)
     if draft is not None:
-        pair = replace(pair, draft=(drafts or {})[draft])
+        extra = (drafts or {})[draft]
         method = _engine_method(base)
-        overrides = variant(base)[1] if variant(base) is not None else {}
-        return EngineRunner(pair, method, name, overrides)
+        overrides = extra.overrides | (variant(base)[1] if variant(base) is not None else {})
+        return EngineRunner(replace(pair, draft=extra.model), method, name, overrides)
     if name in specs:
         return specs[name].build(pair)
     method, overrides = variant(name)

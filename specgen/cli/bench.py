@@ -240,8 +240,14 @@ def _measure(names, items, settings, models: ModelSettings):
     err = Console(stderr=True, highlight=False)
     load_as = Method.CHAIN if registry.needs_draft(names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
-    drafts = {name: load_draft_alone(replace(models, draft=name), pair.target, quiet=not err.is_terminal)
-              for name in registry.extra_drafts(names)}  # METHOD@DRAFT columns: each other draft once
+    drafts = {}
+    for name in registry.extra_drafts(names):  # METHOD@DRAFT columns: each other draft once, with its own k
+        model = load_draft_alone(replace(models, draft=name), pair.target, quiet=not err.is_terminal)
+        own, choice = resolve_draft_length(replace(pair, draft=model), settings.generation, drafts=True)
+        drafts[name] = registry.ExtraDraft(model, {} if choice is None else {
+            "draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence})
+        if choice is not None:
+            err.print(f"bench: draft length k={choice.k} with {name} ({choice.reason})", style="dim", markup=False)
     generation, chosen = resolve_draft_length(pair, settings.generation, drafts=True)
     settings = replace(settings, generation=generation)
     if chosen is not None:
