@@ -8,19 +8,23 @@ file is fsynced after its first new line, then at most once every `SYNC_SECONDS`
 closes (also on Ctrl-C), so a power loss or a kernel crash loses at most the last second of
 lines and may leave a torn last line. Opening the file again (the rerun) drops a last line that
 is incomplete or not a result line, so the file is whole again before anything is appended.
-A run holds an exclusive lock on the file (flock): a second run on the same file is refused.
+A run holds an exclusive lock on the file (models.cache.locked, filelock, keyed by the file's
+resolved path): a second run on the same file is refused.
 """
 
 from __future__ import annotations
 
-import fcntl
+import hashlib
 import json
 import os
 import time
 from pathlib import Path
 
 from specgen.decoding.views import Outcome
+from filelock import Timeout
+
 from specgen.errors import ConfigError, SpecgenError
+from specgen.models.cache import locked
 
 SYNC_SECONDS = 1.0
 
@@ -34,8 +38,9 @@ def result_record(ident, outcome: Outcome) -> dict:
 class ResultsFile:
     """An OUT.jsonl opened for a run: `done` holds the ids already there; `write` appends one."""
 
-    def __init__(self, path, fd: int, done: set, dropped: int):
+    def __init__(self, path, fd: int, done: set, dropped: int, lock=None):
         self.path = Path(path)
+        self._lock = lock  # held while the file is open
         self.done = done
         self.dropped = dropped  # bytes of a torn last line removed when the file was opened
         self._fd: int | None = fd
@@ -46,23 +51,29 @@ class ResultsFile:
         """Open (or create) `path`, lock it, repair a torn last line and read the ids it holds."""
         path = Path(path)
         try:
+            lock = locked("output-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16], timeout=0)
+            lock.acquire()
+        except Timeout:
+            raise ConfigError(f"{path} is being written by another specgen run",
+                              hint="wait for it, or give another --output") from None
+        except OSError as exc:  # the cache's locks directory cannot be written
+            raise ConfigError(f"cannot lock --output {path} (lock files live in $SPECGEN_CACHE/locks): "
+                              f"{exc.strerror or exc}") from None
+        try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            lock.release()
             raise ConfigError(f"cannot write --output {path}: {exc.strerror or exc}") from None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ConfigError(f"{path} is being written by another specgen run",
-                                  hint="wait for it, or give another --output") from None
             done, keep, size = _scan(fd, path)
             if keep < size:  # a torn (or garbled) last line: cut it before appending
                 os.ftruncate(fd, keep)
                 os.fsync(fd)
         except BaseException:
             os.close(fd)
+            lock.release()
             raise
-        return cls(path, fd, done, size - keep)
+        return cls(path, fd, done, size - keep, lock)
 
     def write(self, record: dict) -> None:
         """Append one result line atomically; its id joins `done`."""
@@ -88,7 +99,9 @@ class ResultsFile:
         try:
             os.fsync(fd)
         finally:
-            os.close(fd)  # releases the lock
+            os.close(fd)
+            if self._lock is not None:
+                self._lock.release()
 
     def __enter__(self) -> "ResultsFile":
         return self
