@@ -269,7 +269,8 @@ def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weight
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # fbgemm packs a weight on one thread
         done = list(pool.map(_PackTask.pack, tasks))
     packed = {}
-    for task, results in sorted(zip(tasks, done), key=lambda item: (jobs.index(item[0].job), item[0].index)):
+    order = {job: i for i, job in enumerate(jobs)}
+    for task, results in sorted(zip(tasks, done), key=lambda item: (order[item[0].job], item[0].index)):
         packed.setdefault(task.job, []).extend(results)
     packed = {job: parts[0] if len(parts) == 1 else tuple(parts) for job, parts in packed.items()}
 
