@@ -99,6 +99,22 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
     cast to `dtype` and written in shards as they fill. transformers' `from_pretrained(gguf_file=)`
     does the same per tensor but holds the whole model in memory twice over (5.6 GB at the peak
     for the 1.5B default target) on one core; the files it would save are bitwise these (tested)."""
+    with opened(gguf, dtype) as (skeleton, tokenizer, tensors):
+        writer = ShardWriter(out)
+        for name, tensor in tensors:
+            writer.add(name, tensor)
+        writer.close()
+        save_beside(skeleton, tokenizer, out)
+    marker = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size, "dtype": _dtype_name(dtype)}
+    (out / MARKER).write_text(json.dumps(marker) + "\n")
+
+
+@contextlib.contextmanager
+def opened(gguf: Path, dtype):
+    """(skeleton, tokenizer, tensors) of a GGUF file: the model built on the meta device from
+    its config, its tokenizer, and an iterator of (Hugging Face name, tensor in `dtype`) over
+    the tensors the model has, dequantized one at a time. Errors of unsupported files are one
+    line (ModelError)."""
     try:
         with _muted_transformers(), _one_parse(gguf) as reader:
             # trust_remote_code=False: a model's own Python code never runs (see models/load.py)
@@ -106,17 +122,19 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
             with torch.device("meta"):
                 skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-            _write_tensors(gguf, reader, skeleton, dtype, out)
+            yield skeleton, tokenizer, _dequantized(gguf, reader, skeleton, dtype)
             release_freed()  # the dequantizing threads' arenas: over a GB the load would never reuse
-            skeleton.config.architectures = [type(skeleton).__name__]  # as save_pretrained records it
-            skeleton.config.save_pretrained(out)
-            if skeleton.can_generate():
-                skeleton.generation_config.save_pretrained(out)
-            tokenizer.save_pretrained(out)
     except (ValueError, KeyError, NotImplementedError) as error:
         raise _friendly(error, gguf) from error
-    marker = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size, "dtype": _dtype_name(dtype)}
-    (out / MARKER).write_text(json.dumps(marker) + "\n")
+
+
+def save_beside(skeleton, tokenizer, out: Path) -> None:
+    """The config, generation config and tokenizer files that make `out` loadable."""
+    skeleton.config.architectures = [type(skeleton).__name__]  # as save_pretrained records it
+    skeleton.config.save_pretrained(out)
+    if skeleton.can_generate():
+        skeleton.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 @contextlib.contextmanager
@@ -144,7 +162,7 @@ def _one_parse(gguf: Path):
         gguf_package.GGUFReader = original
 
 
-def _write_tensors(gguf: Path, reader, skeleton, dtype, out: Path) -> None:
+def _dequantized(gguf: Path, reader, skeleton, dtype):
     from gguf import dequantize  # the gguf package: a dependency, imported with the conversion
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map, load_gguf_checkpoint)
@@ -164,37 +182,47 @@ def _write_tensors(gguf: Path, reader, skeleton, dtype, out: Path) -> None:
         weights = result.weights if result.weights.flags.writeable else result.weights.copy()
         return names[result.name], torch.from_numpy(weights).to(dtype)
 
-    shards: list[dict] = [{}]
-    size = 0
-    files: list[str] = []
-
-    def flush(last: bool) -> None:
-        nonlocal size
-        if shards[-1] or last:
-            files.append(f"model-{len(files) + 1:05d}.safetensors")
-            save_file(shards[-1], str(out / files[-1]), metadata={"format": "pt"})
-            shards[-1], size = {}, 0
-
-    out.mkdir(parents=True, exist_ok=True)
-    total = 0
     for named in _in_order(one, reader.tensors, max(1, min(4, os.cpu_count() or 1))):
-        if named is None or named[0] not in wanted:
-            continue
-        shards[-1][named[0]] = named[1]
-        size += named[1].numel() * named[1].element_size()
-        total += named[1].numel() * named[1].element_size()
-        if size >= SHARD_BYTES:
-            flush(last=False)
-    flush(last=True)
-    if len(files) == 1:  # one shard: the name transformers gives an unsharded checkpoint
-        (out / files[0]).rename(out / "model.safetensors")
-        return
-    weight_map = {}
-    for file in files:
-        with safe_open(str(out / file), framework="pt") as handle:
-            weight_map.update({name: file for name in handle.keys()})
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                   "weight_map": weight_map}, indent=2))
+        if named is not None and named[0] in wanted:
+            yield named
+
+
+class ShardWriter:
+    """Tensors written to `out` as safetensors shards of about SHARD_BYTES as they come, named
+    as transformers names a checkpoint (one file, or shards and an index). `metadata(tensors)`
+    adds metadata to each shard (a checksum of its tensors, for derived weights)."""
+
+    def __init__(self, out: Path, metadata=lambda tensors: {}):
+        self.out, self.metadata = out, metadata
+        self.shard: dict = {}
+        self.size = self.total = 0
+        self.files: list[str] = []
+        out.mkdir(parents=True, exist_ok=True)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        self.shard[name] = tensor
+        self.size += tensor.numel() * tensor.element_size()
+        self.total += tensor.numel() * tensor.element_size()
+        if self.size >= SHARD_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.files.append(f"model-{len(self.files) + 1:05d}.safetensors")
+        save_file(self.shard, str(self.out / self.files[-1]), metadata={"format": "pt", **self.metadata(self.shard)})
+        self.shard, self.size = {}, 0
+
+    def close(self) -> None:
+        if self.shard or not self.files:
+            self._flush()
+        if len(self.files) == 1:  # one shard: the name transformers gives an unsharded checkpoint
+            (self.out / self.files[0]).rename(self.out / "model.safetensors")
+            return
+        weight_map = {}
+        for file in self.files:
+            with safe_open(str(self.out / file), framework="pt") as handle:
+                weight_map.update({name: file for name in handle.keys()})
+        index = {"metadata": {"total_size": self.total}, "weight_map": weight_map}
+        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def _in_order(function, items, workers: int):
