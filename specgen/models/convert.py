@@ -42,7 +42,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _file_key(gguf: Path) -> str:
+def file_key(gguf: Path) -> str:
     """Identifies one version of a file: its stem for people, a hash of (path, size, mtime) for us."""
     resolved = gguf.resolve()
     stat = resolved.stat()
@@ -53,7 +53,7 @@ def _file_key(gguf: Path) -> str:
 def converted_dir_for(gguf: Path, dtype, key: str | None = None) -> Path:
     """Where the conversion of `gguf` to `dtype` lives; `key` replaces the file-derived name
     (the catalog passes the model name, so its directory survives a re-download)."""
-    return converted_root() / f"{key or _file_key(Path(gguf))}-{_dtype_name(dtype)}"
+    return converted_root() / f"{key or file_key(Path(gguf))}-{_dtype_name(dtype)}"
 
 
 def is_converted(directory: Path) -> bool:
@@ -189,11 +189,12 @@ def _dequantized(gguf: Path, reader, skeleton, dtype):
 
 class ShardWriter:
     """Tensors written to `out` as safetensors shards of about SHARD_BYTES as they come, named
-    as transformers names a checkpoint (one file, or shards and an index). `metadata(tensors)`
+    as transformers names a checkpoint (one file, or shards and an index) unless `prefix` names
+    them `<prefix>-00001.safetensors`, ... (files that only specgen reads). `metadata(tensors)`
     adds metadata to each shard (a checksum of its tensors, for derived weights)."""
 
-    def __init__(self, out: Path, metadata=lambda tensors: {}):
-        self.out, self.metadata = out, metadata
+    def __init__(self, out: Path, metadata=lambda tensors: {}, prefix: str | None = None):
+        self.out, self.metadata, self.prefix = out, metadata, prefix
         self.shard: dict = {}
         self.size = self.total = 0
         self.files: list[str] = []
@@ -207,13 +208,15 @@ class ShardWriter:
             self._flush()
 
     def _flush(self) -> None:
-        self.files.append(f"model-{len(self.files) + 1:05d}.safetensors")
+        self.files.append(f"{self.prefix or 'model'}-{len(self.files) + 1:05d}.safetensors")
         save_file(self.shard, str(self.out / self.files[-1]), metadata={"format": "pt", **self.metadata(self.shard)})
         self.shard, self.size = {}, 0
 
     def close(self) -> None:
         if self.shard or not self.files:
             self._flush()
+        if self.prefix is not None:
+            return
         if len(self.files) == 1:  # one shard: the name transformers gives an unsharded checkpoint
             (self.out / self.files[0]).rename(self.out / "model.safetensors")
             return

@@ -15,6 +15,7 @@ import os
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -23,7 +24,7 @@ from transformers.utils import logging as hf_logging
 from specgen.errors import ModelError
 from specgen.models import catalog
 from specgen.models import placement as placement_mod
-from specgen.models.convert import ensure_converted
+from specgen.models.convert import check_gguf, ensure_converted, file_key
 from specgen.status import note, status
 
 TEXT_DRAFTING = "draft tokenizer differs: text-level drafting"
@@ -53,6 +54,15 @@ class LoadedModel:
     gguf: str | None = None  # the GGUF file the weights came from (llama.cpp reference columns)
     vocabulary: Vocabulary = Vocabulary.SHARED  # a draft: its ids against its target's (a target: SHARED)
 
+    def gguf_file(self, quiet: bool = False) -> str | None:
+        """The GGUF file the weights came from (a catalog model whose int8 store let it go
+        fetches it again); None for sources without one."""
+        if self.gguf is None:
+            return None
+        if self.source == "catalog":
+            return str(catalog.fetch(catalog.CATALOG[self.name], quiet=quiet))
+        return self.gguf
+
     @property
     def context_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
@@ -70,14 +80,53 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class Resolved:
-    path: str  # a directory to load from, or a hub id
+    path: str | None  # a directory to load from, or a hub id; None for a GGUF source not yet converted
     source: str
     name: str
-    gguf: str | None = None  # the GGUF file behind a converted directory
+    gguf: str | None = None  # the GGUF file of a GGUF or catalog source (a catalog model may have dropped it)
+    key: str | None = None  # what a GGUF source's derived files are named after
+
+    def gguf_file(self, quiet: bool = False) -> Path:
+        """The GGUF file, fetched again for a catalog model whose int8 store let it go."""
+        if self.source == "catalog":
+            return catalog.fetch(catalog.CATALOG[self.name], quiet=quiet)
+        return Path(self.gguf)
+
+    def converted(self, dtype: torch.dtype, quiet: bool = False) -> "Resolved":
+        """This source with a full-precision directory to load (a GGUF converted once, cached)."""
+        if self.path is not None:
+            return self
+        key = self.key if self.source == "catalog" else None
+        return replace(self, path=str(ensure_converted(self.gguf_file(quiet), dtype, key=key, quiet=quiet)))
 
 
-def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
-    """Turn a --target/--draft value into something from_pretrained can load."""
+class Builder(Protocol):
+    """Builds a model of a GGUF source in a form of its own instead of from a converted
+    full-precision copy (runtime/int8_store.py: the int8 linears and the rest). The models
+    layer calls it; the runtime layer that knows the form provides it."""
+
+    def accepts(self, resolved: Resolved, device: torch.device, dtype: torch.dtype) -> bool: ...
+
+    def prepare(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> str: ...
+
+    def load(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> object: ...
+
+
+class FullPrecision:
+    """The usual form: every model loads from its (converted) full-precision files."""
+
+    def accepts(self, resolved: Resolved, device: torch.device, dtype: torch.dtype) -> bool:
+        return False
+
+    def prepare(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> str:
+        raise AssertionError("never accepted")
+
+    load = prepare
+
+
+def resolve(arg: str, dtype: torch.dtype, quiet: bool = False, convert: bool = True) -> Resolved:
+    """Turn a --target/--draft value into something from_pretrained can load (with `convert`
+    False, a GGUF source is left unconverted and a catalog model unfetched: `Resolved.converted`)."""
     path = Path(arg).expanduser()
     if path.exists():
         if path.is_dir():
@@ -88,18 +137,20 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False) -> Resolved:
             raise ModelError(f"cannot read {path}: permission denied")
         if not _has_gguf_magic(path):
             raise ModelError(f"{path} is not a GGUF file (no GGUF header) and not a model directory")
-        return Resolved(str(ensure_converted(path, dtype, quiet=quiet)), "gguf", path.name, str(path.resolve()))
-    if arg in catalog.CATALOG:
+        check_gguf(path)
+        found = Resolved(None, "gguf", path.name, str(path.resolve()), file_key(path))
+    elif arg in catalog.CATALOG:
         model = catalog.CATALOG[arg]
-        gguf = catalog.fetch(model, quiet=quiet)
-        return Resolved(str(ensure_converted(gguf, dtype, key=model.name, quiet=quiet)), "catalog", arg, str(gguf))
-    if _looks_like_path(arg):
+        found = Resolved(None, "catalog", arg, str(catalog.gguf_path(model)), model.name)
+    elif _looks_like_path(arg):
         raise ModelError(f"model path {arg} does not exist")
-    if arg.count("/") == 1 and not arg.startswith("/"):
+    elif arg.count("/") == 1 and not arg.startswith("/"):
         return Resolved(arg, "hub", arg)
-    close = difflib.get_close_matches(arg, list(catalog.CATALOG), n=3, cutoff=0.4)
-    hint = f"; did you mean: {', '.join(close)}?" if close else "; see `specgen models list`"
-    raise ModelError(f"unknown model '{arg}': not a local path, a catalog name or a hub id{hint}")
+    else:
+        close = difflib.get_close_matches(arg, list(catalog.CATALOG), n=3, cutoff=0.4)
+        hint = f"; did you mean: {', '.join(close)}?" if close else "; see `specgen models list`"
+        raise ModelError(f"unknown model '{arg}': not a local path, a catalog name or a hub id{hint}")
+    return found.converted(dtype, quiet) if convert else found
 
 
 TOKENIZER_KEYS = ("eos_token", "bos_token", "pad_token", "unk_token", "added_tokens_decoder",
@@ -122,15 +173,23 @@ def tokenizer_fingerprint(path: str | None) -> str | None:
 
 
 def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.device,
-               quiet: bool = False, role: str = "model", share_tokenizer: LoadedModel | None = None) -> LoadedModel:
+               quiet: bool = False, role: str = "model", share_tokenizer: LoadedModel | None = None,
+               builder: Builder = FullPrecision()) -> LoadedModel:
     """Load one model and its tokenizer; any failure is a one-line ModelError naming `role`
     (target or draft) and the model. `share_tokenizer`: a model whose tokenizer to reuse when
     both tokenizers are built from the same files (a draft of the target's family: saves
     about a second per start), else the tokenizer is loaded.
 
     Every load passes trust_remote_code=False: specgen never runs Python code that comes with
-    a model, and transformers then never asks on stdin whether to (see `foreign_code`)."""
-    resolved = resolve(arg, dtype, quiet=quiet)
+    a model, and transformers then never asks on stdin whether to (see `foreign_code`).
+
+    `builder`: a GGUF source it accepts is built in its form (int8 linears on the CPU) instead of
+    converted to a full-precision copy."""
+    resolved = resolve(arg, dtype, quiet=quiet, convert=False)
+    built = device_map is None and resolved.source in ("gguf", "catalog") and builder.accepts(resolved, input_device,
+                                                                                              dtype)
+    resolved = replace(resolved, path=builder.prepare(resolved, dtype, quiet)) if built else \
+        resolved.converted(dtype, quiet)
     # local directories (and the converted cache) load safetensors only: never a pickled .bin
     local = {"use_safetensors": True} if resolved.source != "hub" else {}
     tokenizer = None
@@ -142,14 +201,19 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
         with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False)
-            model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map,
-                                                         trust_remote_code=False, **local)
+            if built:
+                model = builder.load(resolved, dtype, quiet)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map,
+                                                             trust_remote_code=False, **local)
     except OSError as exc:
         if resolved.source == "hub":
             offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
             raise ModelError(f"cannot load the {role} model '{arg}' from the Hugging Face cache or hub{offline}: "
                              f"{_first_line(exc)}") from exc
         raise ModelError(f"cannot load the {role} model from {resolved.path}: {_first_line(exc)}") from exc
+    except ModelError:
+        raise
     except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
         if "custom code" in str(exc):
             raise foreign_code(role, arg) from None
@@ -165,8 +229,10 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
 
 
 def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,
-              dtype: str = "auto", quiet: bool = False) -> tuple[LoadedModel, LoadedModel | None]:
-    """Load target (and draft), placed with accelerate; check that their tokenizers agree."""
+              dtype: str = "auto", quiet: bool = False, target_builder: Builder = FullPrecision(),
+              draft_builder: Builder = FullPrecision()) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load target (and draft), placed with accelerate; check that their tokenizers agree. A
+    builder builds the GGUF sources it accepts in its own form (`load_model`)."""
     # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
     # microcode slow path (ten times slower forwards: benchmarks/README.md).
     torch.set_flush_denormal(True)
@@ -181,24 +247,25 @@ def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_dev
         target_map = {"": str(first)} if gpus else None
         target_dev = first
     loaded_target = load_model(target, dtype=torch_dtype, device_map=target_map,
-                               input_device=target_dev, quiet=quiet, role="target")
+                               input_device=target_dev, quiet=quiet, role="target", builder=target_builder)
     if draft is None:
         return loaded_target, None
-    return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet)
+    return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet, draft_builder)
 
 
 def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_device: str | None = None,
-               dtype: str = "auto", quiet: bool = False) -> LoadedModel:
+               dtype: str = "auto", quiet: bool = False, builder: Builder = FullPrecision()) -> LoadedModel:
     """Load only the draft, placed as load_pair would place it (chat's /method and /load)."""
     cuda_count, budgets = _gpus()
     _, _, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
-    return _load_draft_on(draft, draft_dev, dtype, target, quiet)
+    return _load_draft_on(draft, draft_dev, dtype, target, quiet, builder)
 
 
-def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool) -> LoadedModel:
+def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool,
+                   builder: Builder) -> LoadedModel:
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
     loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
-                        input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target)
+                        input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target, builder=builder)
     if loaded.tokenizer is target.tokenizer:  # a shared one is the same by construction
         return loaded
     vocabulary = compare_tokenizers(target.tokenizer, loaded.tokenizer)

@@ -9,7 +9,7 @@ import torch
 
 from specgen.config import Method, ModelSettings
 from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair
-from specgen.runtime import int8, quant
+from specgen.runtime import int8, int8_store, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
 from specgen.status import status
@@ -46,15 +46,34 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     draft = settings.draft if method.needs_draft_model else None
     dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
-                                     draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet)
+                                     draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet,
+                                     target_builder=_target_builder(settings), draft_builder=_draft_builder(settings))
     if quant.resolve_target_quant(settings.target_quant, target, dtype_auto=dtype_auto) == "int8":
         with status(f"int8 weights for target {target.name} ...", quiet):
             model = quant.quantize_target(target.model, target.path, quiet)
             use_exact_attention(model)  # int8 rows are exact; attention must not undo it
         target = replace(target, model=model, dtype=torch.float32, weights="int8")
+    elif int8_store.is_store(target.path):
+        raise AssertionError("a target built from its int8 store must run with int8 linears")
     if loaded_draft is not None:
         loaded_draft = quantize_draft(loaded_draft, target, settings.draft_quant, dtype_auto, quiet)
     return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
+
+
+def _dtype_auto(settings: ModelSettings) -> bool:
+    return (settings.dtype or "auto").strip().lower() == "auto"
+
+
+def _target_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
+    """A GGUF target that will run with int8 linears on the CPU loads from its int8 store."""
+    wants = quant.target_wants_int8(settings.target_quant, _dtype_auto(settings))
+    return int8_store.StoreBuilder(lambda device, dtype: wants)
+
+
+def _draft_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
+    """A GGUF draft whose `--draft-quant` makes every linear int8 loads from its int8 store."""
+    return int8_store.StoreBuilder(lambda device, dtype: quant.draft_wants_int8(settings.draft_quant, device, dtype,
+                                                                                 _dtype_auto(settings)))
 
 
 def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dtype_auto: bool,
@@ -76,6 +95,6 @@ def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool =
     """`settings.draft` loaded beside an already loaded target, placed and in the format a
     pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
     draft = load_draft(settings.draft, target, device=settings.device, draft_device=settings.draft_device,
-                       dtype=settings.dtype, quiet=quiet)
+                       dtype=settings.dtype, quiet=quiet, builder=_draft_builder(settings))
     dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
     return quantize_draft(draft, target, settings.draft_quant, dtype_auto, quiet)

@@ -22,7 +22,6 @@ import glob
 import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -32,7 +31,8 @@ from torch import nn
 
 from specgen.errors import ConfigError
 from specgen.models.cache import atomic_write, cache_root
-from specgen.runtime import int8
+from specgen.runtime import int8, int8_store
+from specgen.runtime.int8_store import checksum
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
 from specgen.status import note
 
@@ -53,7 +53,8 @@ def parse_target_quant(spec: str | None) -> str:
 def resolve_target_quant(spec: str | None, target, dtype_auto: bool = True) -> str:
     """`none` or `int8` for the loaded target; int8 runs on the CPU kernels only."""
     value = parse_target_quant(spec)
-    on_cpu = all(p.device.type == "cpu" for p in target.model.parameters())
+    on_cpu = int8_store.is_store(getattr(target, "path", None)) or \
+        all(p.device.type == "cpu" for p in target.model.parameters())  # a store's linears are on meta until int8
     if value == "int8":
         if not on_cpu:
             raise ConfigError("--target-quant int8 runs on the CPU kernels only; use it with --device cpu")
@@ -65,8 +66,25 @@ def resolve_target_quant(spec: str | None, target, dtype_auto: bool = True) -> s
     return "none"
 
 
+def target_wants_int8(spec: str | None, dtype_auto: bool) -> bool:
+    """Whether a GGUF target on the CPU will run with int8 linears (then it loads from its int8
+    store: runtime/int8_store.py). Mirrors `resolve_target_quant`."""
+    value = parse_target_quant(spec)
+    return value == "int8" or (value == "auto" and dtype_auto)
+
+
+def draft_wants_int8(spec: str | None, device: torch.device, dtype: torch.dtype, dtype_auto: bool) -> bool:
+    """Whether a GGUF draft's `--draft-quant` is int8 on every linear (int8, int8+prune): then it
+    loads from its int8 store."""
+    parts = set(parse_draft_quant(resolve_draft_quant(spec, device, dtype, dtype_auto)))
+    return "int8" in parts and parts <= {"int8", "prune"}
+
+
 def quantize_target(model: nn.Module, source: str | None, quiet: bool = True) -> nn.Module:
-    """The target's linears in int8, weights from (or into) the cache when it has a source dir."""
+    """The target's linears in int8: from its int8 store when it was loaded from one, else from
+    (or into) the int8 cache when it has a source dir."""
+    if int8_store.is_store(source):
+        return int8.quantize_model(model, cached=int8_store.int8_weights(source, model, quiet))
     return quantize_cached(model, cache_file_for(source, "target") if source else None, quiet)
 
 
@@ -114,11 +132,16 @@ def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KE
     parts = parse_draft_quant(spec)
     if not parts:
         return model
-    if any(p.device.type != "cpu" for p in model.parameters()):
+    if any(p.device.type not in ("cpu", "meta") for p in model.parameters()):  # meta: from an int8 store
         raise ConfigError("--draft-quant runs on the CPU kernels only; put the draft on the CPU (--draft-device cpu)")
+    stored = int8_store.is_store(source)
     if "prune" in parts:
+        if stored and model.get_output_embeddings().weight.is_meta:  # an untied head: its rows are read
+            int8_store.materialize_head(source, model)
         prune_head(model, keep, special_ids)
-    if "int8" in parts:
+    if "int8" in parts and stored:
+        model = int8.quantize_model(model, cached=int8_store.int8_weights(source, model))
+    elif "int8" in parts:
         cache = cache_file_for(source, f"draft {'+'.join(parts)} keep={keep}") if source else None
         model = quantize_cached(model, cache, quiet=True)
     elif "int8-wo" in parts:
@@ -152,17 +175,6 @@ def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = Tru
         return int8.quantize_model(model)
     return int8.quantize_model(model, cached=lambda shapes: _read(cache_file, shapes, quiet),
                                store=lambda weights: _write(cache_file, weights, quiet))
-
-
-def checksum(tensors) -> str:
-    """SHA-256 over each tensor's SHA-256 (hashed on a thread per core: hashlib releases the
-    GIL; about 0.5 s for the default target's 1.5 GB on 2 cores, see benchmarks/README.md)."""
-    def one(tensor: torch.Tensor) -> bytes:
-        return hashlib.sha256(memoryview(tensor.contiguous().view(torch.uint8).numpy())).digest()
-
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(one, tensors))
-    return hashlib.sha256(b"".join(digests)).hexdigest()
 
 
 def _read(path: Path, shapes: dict[str, tuple], quiet: bool = True) -> int8.Weights | None:

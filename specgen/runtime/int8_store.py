@@ -1,0 +1,274 @@
+"""The int8 store: what a model on the int8 path loads, and nothing else.
+
+A GGUF model on the CPU runs with int8 linears (`--target-quant`, `--draft-quant`: quant.py).
+Loading them from a converted full-precision copy meant a 4.6 GB bf16 directory (9 GB in fp32)
+for the default pair whose linears were read once, to quantize them, and never again. The
+store is built straight from the GGUF, one tensor at a time, and holds:
+
+* every linear's int8 weight and fp32 scales (`<linear>.qweight`, `<linear>.scales`; quantized
+  from the weight in the load dtype, so they are bitwise what quantizing a converted copy
+  gives), and a tied output layer's too (quantized from the input embedding);
+* every other tensor (input embedding, norms, biases) in the load dtype, except embedding
+  tables of an fp32 load, which are kept in bfloat16 (the int8 model runs its activations in
+  fp32 and widens a 16-bit table's rows exactly; an fp32 table would double their disk and
+  memory for precision the int8 linears do not keep);
+* the config, generation config and tokenizer files.
+
+Each shard carries a checksum of its tensors, checked when it loads (a corrupted file is
+rebuilt with a notice). `load` builds the model around it without ever materializing a
+full-precision linear: the module tree is created with its parameters on the meta device
+(accelerate's `init_empty_weights`, buffers such as rotary tables computed as usual), the
+non-linear tensors are assigned, and `weights` hands the int8 weights to `int8.quantize_model`,
+which replaces every linear. A pruned draft head's int8 rows are the kept rows of the output
+layer's (per output channel, so selecting rows commutes with quantizing).
+
+Layout: `$SPECGEN_CACHE/int8/<key>-<dtype>.store/` with a `.complete` marker, written at a
+temporary name under a lock and renamed into place like every other cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import init_empty_weights
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from specgen.errors import ModelError
+from specgen.memory import release_freed
+from specgen.models import catalog, convert
+from specgen.models.cache import atomic_write, cache_root, check_writable, converted_dirs, locked
+from specgen.models.load import Resolved
+from specgen.runtime import int8
+from specgen.status import note, status
+
+FORMAT_VERSION = 1
+SUFFIX = ".store"
+MARKER = ".complete"
+
+
+def checksum(tensors) -> str:
+    """SHA-256 over each tensor's SHA-256 (hashed on a thread per core: hashlib releases the
+    GIL; about 0.5 s for the default target's 1.5 GB on 2 cores, see benchmarks/README.md)."""
+    def one(tensor: torch.Tensor) -> bytes:
+        return hashlib.sha256(memoryview(tensor.contiguous().view(torch.uint8).numpy())).digest()
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(one, tensors))
+    return hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+def _shard_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    return checksum(tensors[name] for name in sorted(tensors))
+
+
+def store_dir(key: str, dtype: torch.dtype) -> Path:
+    return cache_root() / "int8" / f"{key}-{str(dtype).removeprefix('torch.')}{SUFFIX}"
+
+
+def is_store(path: str | os.PathLike | None) -> bool:
+    """Whether `path` is a complete int8 store (what `LoadedModel.path` is for a model loaded from one)."""
+    return path is not None and Path(path).name.endswith(SUFFIX) and (Path(path) / MARKER).is_file()
+
+
+def ensure(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> Path:
+    """The store of the GGUF or catalog source `resolved` in `dtype`, built first when there is
+    none (fetching a catalog model's GGUF again if it was let go). Once a catalog model's store
+    is built, its GGUF is let go unless a converted copy was made from it: nothing else reads
+    it, and the cache stays under twice the download (`specgen bench`'s llama.cpp columns and a
+    full-precision load fetch it again)."""
+    target = store_dir(resolved.key, dtype)
+    if is_store(target):
+        return target
+    check_writable(target.parent)
+    with locked(f"int8-store-{target.name}"):
+        if is_store(target):  # another process built it while we waited
+            return target
+        shutil.rmtree(target, ignore_errors=True)  # a leftover without its marker
+        gguf = resolved.gguf_file(quiet)
+        with status(f"building the int8 weights of {resolved.name} (once; later loads read only these)", quiet):
+            atomic_write(target, lambda tmp: _build(gguf, dtype, tmp, resolved),
+                         tmp=target.with_name(f"{target.name}.tmp"))
+    if resolved.source == "catalog" and not converted_dirs(resolved.key):
+        catalog.let_go(catalog.CATALOG[resolved.name])
+    return target
+
+
+def _build(gguf: Path, dtype: torch.dtype, out: Path, resolved: Resolved) -> None:
+    with convert.opened(gguf, dtype) as (skeleton, tokenizer, tensors):
+        linears = {f"{name}.weight": name for name in int8.linear_names(skeleton)}
+        embedding = _weight_name(skeleton, skeleton.get_input_embeddings())
+        tied = _tied_head(skeleton)
+        rest, weights = (convert.ShardWriter(out, metadata=lambda shard: {"checksum": _shard_checksum(shard)},
+                                             prefix=prefix) for prefix in ("rest", "int8"))
+        quantized = set()
+
+        def add_int8(name: str, weight: torch.Tensor) -> None:
+            if name not in quantized:
+                quantized.add(name)
+                q, scales = int8.quantize_weight(weight)
+                weights.add(f"{name}.qweight", q)
+                weights.add(f"{name}.scales", scales)
+
+        for name, tensor in tensors:
+            if name in linears:
+                add_int8(linears[name], tensor)
+                continue
+            if name == embedding and tied is not None:
+                add_int8(tied, tensor)
+            if name == embedding and tensor.dtype == torch.float32:
+                tensor = tensor.to(torch.bfloat16)
+            rest.add(name, tensor)
+        rest.close()
+        weights.close()
+        convert.save_beside(skeleton, tokenizer, out)
+    release_freed()
+    marker = {"source": resolved.source, "name": resolved.name, "gguf": resolved.gguf, "key": resolved.key,
+              "dtype": str(dtype), "format": FORMAT_VERSION}
+    (out / MARKER).write_text(json.dumps(marker) + "\n")
+
+
+def _weight_name(model: nn.Module, module: nn.Module) -> str | None:
+    return next((f"{name}.weight" for name, m in model.named_modules() if m is module), None)
+
+
+def _tied_head(model: nn.Module) -> str | None:
+    """The output linear's name when its weight is the input embedding's, else None."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or not model.config.get_text_config().tie_word_embeddings:
+        return None
+    return next(name for name, module in model.named_modules() if module is head)
+
+
+class CorruptStore(ModelError):
+    """A store file whose bytes no longer match their checksum."""
+
+
+def _read(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for shard in sorted(directory.glob(f"{prefix}-*.safetensors")):
+        try:
+            with safe_open(str(shard), framework="pt") as handle:
+                expected = (handle.metadata() or {}).get("checksum")
+                part = {name: handle.get_tensor(name) for name in handle.keys()}
+        except Exception as error:  # noqa: BLE001 (SafetensorError, OSError): a damaged file, rebuilt
+            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
+                               f"({str(error).splitlines()[0][:120]})") from None
+        if expected != _shard_checksum(part):
+            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
+        tensors.update(part)
+    return tensors
+
+
+def _resolved(directory: Path) -> Resolved:
+    marker = json.loads((directory / MARKER).read_text())
+    return Resolved(None, marker["source"], marker["name"], marker["gguf"], marker["key"])
+
+
+def _rebuilt(directory: Path, dtype: torch.dtype, error: CorruptStore, quiet: bool) -> Path:
+    note(f"specgen: {error}; building it again")
+    resolved = _resolved(directory)
+    with locked(f"int8-store-{directory.name}"):
+        shutil.rmtree(directory, ignore_errors=True)
+    return ensure(resolved, dtype, quiet)
+
+
+def load_model(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> nn.Module:
+    """The model of the store at `resolved.path`, its linears on the meta device until
+    `int8_weights` replaces them; a corrupted store is rebuilt once, with a notice."""
+    directory = Path(resolved.path)
+    try:
+        rest = _read(directory, "rest")
+    except CorruptStore as error:
+        directory = _rebuilt(directory, dtype, error, quiet)
+        rest = _read(directory, "rest")
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed as usual
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+    linears = {f"{name}.weight" for name in int8.linear_names(model)}
+    missing = set(model.state_dict()) - set(rest) - linears
+    if missing:
+        raise ModelError(f"the int8 store {directory.name} lacks {sorted(missing)[0]}",
+                         hint=f"remove {directory} to build it again")
+    model.load_state_dict(rest, strict=False, assign=True)
+    if _tied_head(model) is not None:
+        model.tie_weights()
+    return model.eval()
+
+
+def int8_weights(directory: str | os.PathLike, model: nn.Module,
+                 quiet: bool = False) -> Callable[[dict[str, tuple]], int8.Weights]:
+    """`int8.quantize_model`'s `cached` for `model`, loaded from the store at `directory` (its
+    head possibly pruned: the pruned head's inner linear takes the kept rows of the full head's
+    int8 weight). A corrupted file is rebuilt once, with a notice."""
+    directory = Path(directory)
+
+    def cached(shapes: dict[str, tuple]) -> int8.Weights:
+        try:
+            tensors = _read(directory, "int8")
+        except CorruptStore as error:
+            tensors = _read(_rebuilt(directory, _dtype(directory), error, quiet), "int8")
+        stored = {name.removesuffix(".qweight"): (q, tensors[name.removesuffix(".qweight") + ".scales"])
+                  for name, q in tensors.items() if name.endswith(".qweight")}
+        out = {}
+        for name, shape in shapes.items():
+            if name in stored:
+                out[name] = stored.pop(name)
+            elif name.endswith(".linear") and name.removesuffix(".linear") in stored:  # a pruned head
+                ids = model.get_submodule(name.removesuffix(".linear")).ids
+                q, scales = stored[name.removesuffix(".linear")]
+                out[name] = (q.index_select(0, ids), scales.index_select(0, ids))
+            else:
+                raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
+                                 hint=f"remove {directory} to build it again")
+            if tuple(out[name][0].shape) != tuple(shape):
+                raise ModelError(f"the int8 store {directory.name} has {name} of shape "
+                                 f"{tuple(out[name][0].shape)}, the model {tuple(shape)}",
+                                 hint=f"remove {directory} to build it again")
+        return out
+    return cached
+
+
+def materialize_head(directory: str | os.PathLike, model: nn.Module) -> None:
+    """An untied output layer's weight (on the meta device in a model from the store) as the
+    dequantized int8 rows in the model's dtype: a pruned draft head reads rows of it."""
+    name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
+    for shard in sorted(Path(directory).glob("int8-*.safetensors")):
+        with safe_open(str(shard), framework="pt") as handle:
+            if f"{name}.qweight" in handle.keys():
+                q, scales = handle.get_tensor(f"{name}.qweight"), handle.get_tensor(f"{name}.scales")
+                dtype = model.get_input_embeddings().weight.dtype
+                weight = (q.float() * scales[:, None]).to(dtype)
+                model.get_output_embeddings().weight = nn.Parameter(weight, requires_grad=False)
+                return
+    raise ModelError(f"the int8 store {Path(directory).name} has no weights for {name}",
+                     hint=f"remove {directory} to build it again")
+
+
+def _dtype(directory: Path) -> torch.dtype:
+    return getattr(torch, json.loads((directory / MARKER).read_text())["dtype"].removeprefix("torch."))
+
+
+class StoreBuilder:
+    """`models.load.Builder` of the int8 form: a GGUF or catalog source on the CPU whose linears
+    `wanted(device, dtype)` says will be int8 loads from its store, never from a converted copy."""
+
+    def __init__(self, wanted: Callable[[torch.device, torch.dtype], bool]):
+        self.wanted = wanted
+
+    def accepts(self, resolved: Resolved, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and int8.available() and self.wanted(device, dtype)
+
+    def prepare(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> str:
+        return str(ensure(resolved, dtype, quiet))
+
+    def load(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> nn.Module:
+        return load_model(resolved, dtype, quiet)

@@ -1,0 +1,125 @@
+"""The int8 store (runtime/int8_store.py): a GGUF model on the int8 path loads from int8 linears
+plus the non-linear tensors, never from a full-precision copy, and runs bitwise as the model
+quantized from a converted copy does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gguf_factory import write_tiny_gguf
+from specgen.config import Method, ModelSettings
+from specgen.models import cache as cache_mod
+from specgen.models import convert
+from specgen.models.load import load_model
+from specgen.runtime import int8_store, pair, quant
+
+IDS = torch.tensor([[5, 17, 99, 3, 40, 200, 7, 7, 120]])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def ggufs(tmp_path):
+    return {"target": write_tiny_gguf(tmp_path / "g" / "target.gguf", arch="qwen2", seed=3, tied=True),
+            "draft": write_tiny_gguf(tmp_path / "g" / "draft.gguf", arch="qwen2", seed=4, hidden=32, tied=True),
+            "untied": write_tiny_gguf(tmp_path / "g" / "untied.gguf", arch="llama", seed=5)}
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def settings(target, draft, **kwargs) -> ModelSettings:
+    return ModelSettings(target=str(target), draft=str(draft), device="cpu", dtype="bfloat16", **kwargs)
+
+
+def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(cache, ggufs):
+    loaded = pair.load(settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8"),
+                       Method.CHAIN)
+    assert not (cache / "converted").exists()  # no full-precision copy was made
+    stores = sorted(p.name for p in (cache / "int8").iterdir())
+    assert stores == [f"{convert.file_key(ggufs[r])}-bfloat16.store" for r in ("draft", "target")]
+    assert loaded.target.weights == "int8" and loaded.draft.weights == "int8"
+    assert int8_store.is_store(loaded.target.path) and loaded.target.tokenizer.eos_token == "<|im_end|>"
+    # the same models quantized from converted copies (the path of a local directory)
+    dirs = {role: convert.ensure_converted(ggufs[role], torch.bfloat16, quiet=True) for role in ("target", "draft")}
+    reference = pair.load(settings(dirs["target"], dirs["draft"], target_quant="int8", draft_quant="int8"),
+                          Method.CHAIN)
+    assert torch.equal(logits(loaded.target.model), logits(reference.target.model))
+    assert torch.equal(logits(loaded.draft.model), logits(reference.draft.model))
+    assert not any(p.is_meta for p in loaded.target.model.parameters())
+
+
+@pytest.mark.parametrize("name", ["draft", "untied"])
+def test_a_pruned_int8_draft_from_the_store_is_the_one_from_a_converted_copy(cache, ggufs, name):
+    builder = int8_store.StoreBuilder(lambda device, dtype: True)
+    stored = load_model(str(ggufs[name]), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
+                        quiet=True, builder=builder)
+    directory = convert.ensure_converted(ggufs[name], torch.bfloat16, quiet=True)
+    plain = load_model(str(directory), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
+                       quiet=True)
+    models = [quant.apply_draft_quant(m.model, "int8+prune", keep=100, special_ids=(318, 319), source=m.path)
+              for m in (stored, plain)]
+    ours, theirs = logits(models[0]), logits(models[1])
+    static = list(range(100)) + [318, 319]
+    assert torch.equal(ours[..., static], theirs[..., static])
+    assert torch.isinf(ours[..., 150]).all()  # pruned: an id never read is never proposed
+    # ids read later take rows of the head: the embedding's when tied (the same), else the
+    # dequantized int8 rows of an untied head (its full-precision rows are not stored)
+    read = sorted(set(IDS.flatten().tolist()) - set(static))
+    if name == "draft":
+        assert torch.equal(ours, theirs)
+    else:
+        assert torch.allclose(ours[..., read], theirs[..., read], rtol=0.05, atol=0.05)
+
+
+def test_the_store_holds_int8_linears_and_16_bit_tables_only(cache, ggufs):
+    resolved = _resolved(ggufs["target"])
+    directory = int8_store.ensure(resolved, torch.float32, quiet=True)
+    rest = {k: v for f in directory.glob("rest-*.safetensors") for k, v in load_file(f).items()}
+    weights = {k: v for f in directory.glob("int8-*.safetensors") for k, v in load_file(f).items()}
+    assert rest["model.embed_tokens.weight"].dtype == torch.bfloat16  # a table of an fp32 load: 16-bit
+    assert rest["model.norm.weight"].dtype == torch.float32
+    assert not any(name.endswith("proj.weight") for name in rest)
+    assert weights["lm_head.qweight"].dtype == torch.int8  # the tied head, quantized from the embedding
+    assert weights["model.layers.0.mlp.up_proj.qweight"].dtype == torch.int8
+    assert json.loads((directory / ".complete").read_text())["source"] == "gguf"
+
+
+@pytest.mark.parametrize("prefix", ["int8", "rest"])
+def test_a_corrupted_store_is_rebuilt_with_a_notice(cache, ggufs, capsys, prefix):
+    run = settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8")
+    before = logits(pair.load(run, Method.CHAIN).target.model)
+    directory = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
+    shard = next(directory.glob(f"{prefix}-*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-64:] = bytes(64)  # the same size, other bytes
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    after = logits(pair.load(run, Method.CHAIN).target.model)
+    assert "does not match its checksum; building it again" in capsys.readouterr().err
+    assert torch.equal(before, after)
+
+
+def test_models_rm_and_list_see_the_store(cache, ggufs):
+    int8_store.ensure(_resolved(ggufs["target"]), torch.bfloat16, quiet=True)
+    key = convert.file_key(ggufs["target"])
+    [store] = cache_mod.int8_files(key)
+    assert store.is_dir() and cache_mod.size_on_disk(store) > 0
+    cache_mod.remove_converted(key)
+    assert not store.exists()
+
+
+def _resolved(gguf):
+    from specgen.models.load import resolve
+
+    return resolve(str(gguf), torch.bfloat16, quiet=True, convert=False)
