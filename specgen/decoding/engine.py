@@ -29,6 +29,7 @@ from specgen.decoding import verify
 from specgen.decoding.drafters.base import Drafter, NoDrafter, Proposal
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason, TreeInfo
 from specgen.decoding.length import LengthPolicy, make_policy
+from specgen.decoding.rates import Choice, WidthRates
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.sampling import make_generator
 from specgen.decoding.tree import DraftTree
@@ -146,6 +147,8 @@ class Engine:
         # the most tokens a row may draft when `width` rows share a round (a server sets it from
         # measured costs, length.WidthCosts: past some width plain rounds win); default no limit
         self.width_cap: Callable[[int], int] = lambda width: MAX_DRAFT
+        # where the cap allows drafting, whether it pays there, from measured rounds (a server's)
+        self.rates: WidthRates | None = None
 
     # -- the loop ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
@@ -183,11 +186,15 @@ class Engine:
                 requests = feed.take(batch_size - len(rows))
                 if requests and not rows and not resumed:
                     self._settle(None)  # the rows parked by the last round: one spare row stays
-                for request in requests:
-                    state = self._join(request, config, resume if resumed else None)
-                    resumed = False
-                    rows.append(state)
-                    yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds))
+                while requests:
+                    for request in requests:
+                        state = self._join(request, config, resume if resumed else None)
+                        resumed = False
+                        rows.append(state)
+                        yield self._event(state, Joined(len(request.ids), state.reused_tokens,
+                                                        state.prefill_seconds))
+                    # requests that came while those prefilled join before the round, not a round later
+                    requests = feed.take(batch_size - len(rows))
                 if not rows:
                     return
                 for state, result in zip(rows, self._round(rows, config)):
@@ -287,7 +294,12 @@ class Engine:
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
         cap = self.width_cap(len(rows))
-        ks = [self._capped(state, self._k(state, config), cap, config) for state in rows]
+        choice = self.rates.choose(len(rows)) if cap and self.rates is not None else None
+        if choice is Choice.EXPLORE:  # one plain round to measure: no row is held back
+            ks = [0] * len(rows)
+        else:
+            cap = 0 if choice is Choice.PLAIN else cap
+            ks = [self._capped(state, self._k(state, config), cap, config) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
@@ -297,8 +309,12 @@ class Engine:
         scored = verify.forward(self.steps, self.cache, inputs, roots)
         verdicts = verify.accept(inputs, scored, config, self.vocab)
         verified = time.perf_counter()
-        return [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted)
-                for state, proposal, verdict, tree in zip(rows, proposals, verdicts, scored.trees)]
+        results = [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted)
+                   for state, proposal, verdict, tree in zip(rows, proposals, verdicts, scored.trees)]
+        if choice is not None:
+            self.rates.record(len(rows), any(p.size for p in proposals), sum(len(r.emitted) for r in results),
+                              time.perf_counter() - started)
+        return results
 
     def _k(self, state: DecodeState, config: GenerationConfig) -> int:
         """How many tokens the row may draft this round (0: none)."""

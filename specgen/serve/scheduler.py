@@ -30,6 +30,7 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.engine import DecodeState, Engine, Request
 from specgen.decoding.events import Finished, Joined, RoundResult
+from specgen.decoding.rates import WidthRates
 from specgen.decoding.run import fold
 from specgen.runtime.pair import Pair
 from specgen.serve import api
@@ -121,6 +122,7 @@ class Scheduler:
         if capped and self.caps and config.method in (Method.CHAIN, Method.LOOKUP_CHAIN):
             widest = max(self.caps)
             engine.width_cap = lambda width: self.caps.get(width, self.caps[widest])
+            engine.rates = WidthRates()  # and drafts only where its measured rounds say it pays
         return engine
 
     # -- the engine thread ------------------------------------------------------------------------

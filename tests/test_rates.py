@@ -1,0 +1,119 @@
+"""Drafting only where measured rounds say it pays (decoding/rates.py), and requests that arrive
+while others prefill joining before the round; greedy outputs stay those of plain decoding."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.engine import RESUME_TOKENS, Request
+from specgen.decoding.events import Finished, RoundResult
+from specgen.decoding.rates import Choice, WidthRates
+from tiny import batch_ids, engine_with
+
+PROMPTS = [[257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64], [257, 84, 82], [71, 127, 102, 258, 198, 64],
+           [198, 71, 127, 102]]
+
+
+def rounds(rates: WidthRates, width: int, n: int, draft: tuple[int, float], plain: tuple[int, float]) -> list[Choice]:
+    """`n` rounds at `width` with made-up (tokens, seconds) per kind; the choices made."""
+    out = []
+    for _ in range(n):
+        choice = rates.choose(width)
+        out.append(choice)
+        tokens, seconds = draft if choice is Choice.DRAFT else plain
+        rates.record(width, choice is Choice.DRAFT, tokens, seconds)
+    return out
+
+
+def test_plain_rounds_are_explored_then_the_faster_kind_wins():
+    rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
+    # drafting pays (8 tokens in 0.3 s against 2 in 0.1 s): a plain round in 4 until measured, then
+    # one in `refresh`
+    seen = rounds(rates, 2, 40, draft=(8, 0.3), plain=(2, 0.1))
+    assert seen[:12] == [Choice.DRAFT] * 3 + [Choice.EXPLORE] + [Choice.DRAFT] * 3 + [Choice.EXPLORE] \
+        + [Choice.DRAFT] * 3 + [Choice.EXPLORE]
+    assert seen[12:].count(Choice.EXPLORE) == 2 and Choice.PLAIN not in seen
+    # at another width drafting does not pay (5 tokens in 0.3 s): plain rounds, retried after `retry`
+    seen = rounds(rates, 3, 60, draft=(5, 0.3), plain=(3, 0.1))
+    assert seen[12] is Choice.PLAIN and seen[12:].count(Choice.DRAFT) == 2
+    assert rates.summary()[3][0] < rates.summary()[3][1]
+    # a tie (within the margin) goes to plain rounds
+    seen = rounds(rates, 4, 20, draft=(8, 0.2), plain=(4, 0.1))
+    assert seen[12:] == [Choice.PLAIN] * 8
+
+
+def test_a_width_measured_plain_first_measures_drafting_too():
+    rates = WidthRates(min_rounds=2)
+    for _ in range(3):  # rows held to plain rounds (k = 0) while drafting was allowed
+        rates.record(4, False, 4, 0.1)
+    assert rates.choose(4) is Choice.DRAFT
+
+
+class Scripted(WidthRates):
+    """Choices from a script, cycled: exactness must not depend on what was measured."""
+
+    def __init__(self, script: list[Choice]):
+        super().__init__()
+        self.script, self.i = script, 0
+        self.made: list[Choice] = []
+
+    def choose(self, width: int) -> Choice:
+        choice = self.script[self.i % len(self.script)]
+        self.i += 1
+        self.made.append(choice)
+        return choice
+
+
+def test_greedy_outputs_equal_plain_whatever_the_rates_choose(tiny_pair):
+    prompts = PROMPTS * 2
+    plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=40)
+    expected = batch_ids(engine_with(tiny_pair, plain), prompts, plain, 3)
+    for method in (Method.CHAIN, Method.LOOKUP_CHAIN):
+        config = GenerationConfig(method=method, max_new_tokens=40, draft_tokens=3)
+        engine = engine_with(tiny_pair, config)
+        engine.rates = Scripted([Choice.DRAFT, Choice.EXPLORE, Choice.DRAFT, Choice.PLAIN, Choice.PLAIN,
+                                 Choice.DRAFT, Choice.DRAFT])
+        assert batch_ids(engine, prompts, config, 3) == expected, method
+        assert {Choice.DRAFT, Choice.EXPLORE, Choice.PLAIN} <= set(engine.rates.made)
+
+
+def test_an_explored_plain_round_holds_no_row_back(tiny_pair):
+    """After an EXPLORE round the rows draft again at once (a PLAIN round holds them back)."""
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
+    engine = engine_with(tiny_pair, config)
+    engine.rates = Scripted([Choice.DRAFT, Choice.EXPLORE])
+    drafted = [len(r.event.draft_tokens) for r in engine.generate([PROMPTS[0]], config)
+               if isinstance(r.event, RoundResult)]
+    assert drafted[1] == 0 and drafted[2] > 0 and drafted[3] == 0
+    engine.rates = Scripted([Choice.DRAFT, Choice.PLAIN, Choice.DRAFT])
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=RESUME_TOKENS - 2, draft_tokens=3)
+    drafted = [len(r.event.draft_tokens) for r in engine.generate([PROMPTS[0]], config)
+               if isinstance(r.event, RoundResult)]
+    assert drafted[1] == 0 and drafted[2] == 0  # held back until RESUME_TOKENS are left
+
+
+class Arriving:
+    """A feed whose second request arrives while the first one prefills."""
+
+    def __init__(self, prompts):
+        self.waiting = deque(Request(p, i, SamplingConfig(), 12) for i, p in enumerate(prompts))
+        self.takes = 0
+
+    def take(self, room: int) -> list:
+        self.takes += 1
+        return [self.waiting.popleft()] if room and self.waiting else []
+
+    def dropped(self) -> set[int]:
+        return set()
+
+
+def test_requests_that_arrive_during_a_prefill_join_before_the_round(tiny_pair):
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=3)
+    engine = engine_with(tiny_pair, config)
+    events = list(engine.drive(Arriving(PROMPTS[:3]), config, batch_size=4))
+    first = next(i for i, r in enumerate(events) if isinstance(r.event, RoundResult))
+    assert len({r.index for r in events[:first]}) == 3  # all three joined before the first round
+    finished = {r.index: r.state.ids for r in events if isinstance(r.event, Finished)}
+    plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=12)
+    assert [finished[i] for i in range(3)] == batch_ids(engine_with(tiny_pair, plain), PROMPTS[:3], plain, 1)
