@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import deque
 
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import RESUME_TOKENS, Request
+from specgen.decoding.engine import RESUME_TOKENS
 from specgen.decoding.events import Finished, RoundResult
+from specgen.decoding.feed import Request
 from specgen.decoding.rates import Choice, WidthRates
 from tiny import batch_ids, engine_with
 

@@ -18,9 +18,8 @@ round are the reads of the verdicts.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import torch
 
@@ -28,6 +27,7 @@ from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding import verify
 from specgen.decoding.drafters.base import Drafter, NoDrafter, Proposal
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason, TreeInfo
+from specgen.decoding.feed import Feed, ListFeed, Request
 from specgen.decoding.length import LengthPolicy, make_policy
 from specgen.decoding.rates import Choice, WidthRates
 from specgen.decoding.replay import replay_tokens, window_start
@@ -78,42 +78,6 @@ class DecodeState:
         replay-verified ones."""
         end = max(self.verified, self.prompt_length) if config.deterministic else len(self.ids)
         return self.ids[self.prompt_length: end]
-
-
-@dataclass(frozen=True)
-class Request:
-    """One prompt to decode, with its own settings: a row of the batch once it joins."""
-
-    ids: list[int]
-    index: int  # its position in the input (events carry it)
-    sampling: SamplingConfig  # its law (and, in deterministic mode, the seed of its keyed choices)
-    max_new_tokens: int
-    seed: int | None = None  # its random stream (None: fresh entropy)
-
-
-class Feed(Protocol):
-    """Where a generation's rows come from: `take(room)` gives at most `room` requests that may
-    join now, `dropped()` the indices of running rows to end before the next round (a client
-    that went away). The loop ends once no row runs and `take` gives nothing."""
-
-    def take(self, room: int) -> list[Request]: ...
-
-    def dropped(self) -> set[int]: ...
-
-
-class ListFeed:
-    """A fixed list of prompts, with the run's settings; prompt i samples with seed + i."""
-
-    def __init__(self, prompts: list[list[int]], config: GenerationConfig):
-        seed = config.sampling.seed
-        self.waiting = deque(Request(list(ids), i, config.sampling, config.max_new_tokens,
-                                     None if seed is None else seed + i) for i, ids in enumerate(prompts))
-
-    def take(self, room: int) -> list[Request]:
-        return [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-
-    def dropped(self) -> set[int]:
-        return set()
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ import torch
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import DecodeState, Engine, Request
+from specgen.decoding.engine import DecodeState, Engine
 from specgen.decoding.events import Finished, Joined, RoundResult
+from specgen.decoding.feed import Request
 from specgen.decoding.rates import WidthRates
 from specgen.decoding.run import fold
 from specgen.runtime.pair import Pair
