@@ -623,4 +623,5 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
         assert cell["tokens"] == cell["requests"] * 6 and cell["tokens_per_second"] > 0
         assert cell["ttft_p50"] <= cell["ttft_p95"]
     assert cells[(1, "plain")]["speedup"] == 1.0 and cells[(3, "chain")]["speedup"] > 0
+    assert all(len(cell["runs"]) == data["settings"]["repeats"] and min(cell["runs"]) > 0 for cell in cells.values())
     assert data["settings"]["width_caps"]["1"] >= 1

@@ -49,6 +49,7 @@ class ConcurrencyCell:
     acceptance_rate: float | None = None
     speedup: float | None = None  # over plain at the same concurrency
     errors: list[str] = field(default_factory=list)
+    runs: list[float] = field(default_factory=list)  # each run's tok/s, in order: the machine's drift shows
 
 
 def speculative(name: str) -> dict:
@@ -155,7 +156,9 @@ def summarize(name: str, clients: int, runs: list[Measured]) -> ConcurrencyCell:
     accepted = [t.acceptance for t in timings if t.acceptance is not None]
     return ConcurrencyCell(name, clients, len(timings), tokens, seconds, tokens / seconds if seconds else 0.0,
                            _quantile(ttfts, 0.5), _quantile(ttfts, 0.95), _quantile(tpots, 0.5),
-                           _quantile(tpots, 0.95), statistics.mean(accepted) if accepted else None, errors=errors)
+                           _quantile(tpots, 0.95), statistics.mean(accepted) if accepted else None, errors=errors,
+                           runs=[sum(t.tokens for t in run.timings) / run.seconds if run.seconds else 0.0
+                                 for run in runs])
 
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
@@ -193,7 +196,7 @@ def _quantile(values: list[float], q: float) -> float:
 def table(cells: list[ConcurrencyCell], title: str) -> Table:
     t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in ("clients", "method", "requests", "tok/s", "vs plain", "acceptance", "TTFT p50", "TTFT p95",
-                 "s/token p50", "s/token p95", "errors"):
+                 "s/token p50", "s/token p95", "errors", "tok/s by run"):
         t.add_column(name, justify="left" if name == "method" else "right")
     for i, c in enumerate(cells):
         last = i + 1 == len(cells) or cells[i + 1].concurrency != c.concurrency
@@ -201,5 +204,5 @@ def table(cells: list[ConcurrencyCell], title: str) -> Table:
                   "–" if c.speedup is None else f"{c.speedup:.2f}x",
                   "–" if c.acceptance_rate is None else f"{c.acceptance_rate:.0%}", f"{c.ttft_p50:.2f}",
                   f"{c.ttft_p95:.2f}", f"{c.tpot_p50:.3f}", f"{c.tpot_p95:.3f}", str(len(c.errors)),
-                  end_section=last)
+                  " ".join(f"{r:.1f}" for r in c.runs) if len(c.runs) > 1 else "", end_section=last)
     return t
