@@ -42,9 +42,11 @@ def settings(target, draft, **kwargs) -> ModelSettings:
     return ModelSettings(target=str(target), draft=str(draft), device="cpu", dtype="bfloat16", **kwargs)
 
 
-def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(cache, ggufs):
+def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(cache, ggufs,
+                                                                                           capsys):
     loaded = pair.load(settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8"),
                        Method.CHAIN)
+    assert "building the int8 weights of draft.gguf alongside" in capsys.readouterr().err  # a first run
     assert not (cache / "converted").exists()  # no full-precision copy was made
     stores = sorted(p.name for p in (cache / "int8").iterdir())
     assert stores == [f"{convert.file_key(ggufs[r])}-bfloat16.store" for r in ("draft", "target")]

@@ -261,10 +261,10 @@ def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weight
     tasks = []
     for job in jobs:  # each task owns its int8 rows: they are freed as soon as they are packed
         parts = [weights.pop(n) for n in job]
-        if len(job) == 1:  # a tall weight: row chunks, views of it
-            tasks += [_PackTask(job, i, *part) for i, part in enumerate(_chunks(*parts[0]))]
+        if len(job) == 1 and not isinstance(parts[0], Deferred):  # a tall weight: row chunks, views of it
+            tasks += [_PackTask(job, i, [part]) for i, part in enumerate(_chunks(*parts[0]))]
         else:  # per output channel, so concatenating is exact (done in the worker, one group at a time)
-            tasks.append(_PackTask(job, 0, [q for q, _ in parts], [scale for _, scale in parts]))
+            tasks.append(_PackTask(job, 0, parts))
     tasks.sort(key=lambda task: -task.size)
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # fbgemm packs a weight on one thread
         done = list(pool.map(_PackTask.pack, tasks))
@@ -292,21 +292,36 @@ def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weight
     return model
 
 
+class Deferred:
+    """Int8 rows (weight, scales) read only when their packing task runs: a `cached` that
+    streams them (the int8 store) holds in memory just the rows being packed."""
+
+    def __init__(self, load: Callable[[], tuple[torch.Tensor, torch.Tensor]], numel: int):
+        self.load, self.numel = load, numel
+
+
 class _PackTask:
     """The int8 rows of one packing job (a linear, a row chunk of a tall one, or a fused group
     to concatenate), released when packed so the int8 copy and the packed one barely overlap."""
 
-    def __init__(self, job: tuple[str, ...], index: int, q, scales):
-        self.job, self.index, self._rows = job, index, (q, scales)
-        self.size = sum(t.numel() for t in q) if isinstance(q, list) else q.numel()
+    def __init__(self, job: tuple[str, ...], index: int, parts: list):
+        self.job, self.index, self._parts = job, index, parts
+        self.size = sum(p.numel if isinstance(p, Deferred) else p[0].numel() for p in parts)
 
     def pack(self) -> list:
-        """The packed weight: one, or a fused group's row chunks when the group is tall."""
-        q, scales = self._rows
-        self._rows = None
-        if not isinstance(q, list):
-            return [_pack(q, scales)]
-        return [_pack(*part) for part in _chunks(torch.cat(q), torch.cat(scales))]
+        """The packed weight, or its row chunks when tall. Then the freed int8 rows go back to
+        the system: glibc keeps a freed block below its mmap threshold (which grows to 32 MB) in
+        the arena that allocated it while the packed copies come from the packing threads'
+        arenas, so without this the int8 copies stayed resident until packing ended."""
+        parts = [p.load() if isinstance(p, Deferred) else p for p in self._parts]
+        self._parts = None
+        q, scales = parts[0] if len(parts) == 1 else (torch.cat([q for q, _ in parts]),
+                                                       torch.cat([s for _, s in parts]))
+        del parts
+        packed = [_pack(*part) for part in _chunks(q, scales)]
+        del q, scales
+        release_freed()
+        return packed
 
 
 class Fp32Embedding(nn.Embedding):

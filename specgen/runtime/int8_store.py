@@ -28,8 +28,10 @@ temporary name under a lock and renamed into place like every other cache entry.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import mmap
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -208,33 +210,73 @@ def int8_weights(directory: str | os.PathLike, model: nn.Module,
                  quiet: bool = False) -> Callable[[dict[str, tuple]], int8.Weights]:
     """`int8.quantize_model`'s `cached` for `model`, loaded from the store at `directory` (its
     head possibly pruned: the pruned head's inner linear takes the kept rows of the full head's
-    int8 weight). A corrupted file is rebuilt once, with a notice."""
+    int8 weight). The files are checked against their checksums first, hashing their bytes in
+    place; then each weight is read when its packing task runs, so only the rows being packed
+    are in memory. A corrupted file is rebuilt once, with a notice."""
     directory = Path(directory)
 
     def cached(shapes: dict[str, tuple]) -> int8.Weights:
+        nonlocal directory
         try:
-            tensors = _read(directory, "int8")
+            index = _verified(directory, "int8")
         except CorruptStore as error:
-            tensors = _read(_rebuilt(directory, _dtype(directory), error, quiet), "int8")
-        stored = {name.removesuffix(".qweight"): (q, tensors[name.removesuffix(".qweight") + ".scales"])
-                  for name, q in tensors.items() if name.endswith(".qweight")}
+            directory = _rebuilt(directory, _dtype(directory), error, quiet)
+            index = _verified(directory, "int8")
         out = {}
         for name, shape in shapes.items():
-            if name in stored:
-                out[name] = stored.pop(name)
-            elif name.endswith(".linear") and name.removesuffix(".linear") in stored:  # a pruned head
-                ids = model.get_submodule(name.removesuffix(".linear")).ids
-                q, scales = stored[name.removesuffix(".linear")]
-                out[name] = (q.index_select(0, ids), scales.index_select(0, ids))
+            head = name.removesuffix(".linear")
+            if f"{name}.qweight" in index:
+                source, stored_shape, ids = name, index[f"{name}.qweight"][1], None
+            elif name.endswith(".linear") and f"{head}.qweight" in index:  # a pruned head: kept rows of the full one
+                ids = model.get_submodule(head).ids
+                source, stored_shape = head, (len(ids), index[f"{head}.qweight"][1][1])
             else:
                 raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
                                  hint=f"remove {directory} to build it again")
-            if tuple(out[name][0].shape) != tuple(shape):
-                raise ModelError(f"the int8 store {directory.name} has {name} of shape "
-                                 f"{tuple(out[name][0].shape)}, the model {tuple(shape)}",
-                                 hint=f"remove {directory} to build it again")
+            if tuple(stored_shape) != tuple(shape):
+                raise ModelError(f"the int8 store {directory.name} has {name} of shape {tuple(stored_shape)}, "
+                                 f"the model {tuple(shape)}", hint=f"remove {directory} to build it again")
+            files = (index[f"{source}.qweight"][0], index[f"{source}.scales"][0])
+            out[name] = int8.Deferred(functools.partial(_rows, files, source, ids), shape[0] * shape[1])
         return out
     return cached
+
+
+def _rows(files: tuple[Path, Path], name: str, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One linear's int8 weight and scales (the kept rows `ids` of them), read from their shards."""
+    q, scales = (_tensor(file, f"{name}.{part}") for file, part in zip(files, ("qweight", "scales")))
+    return (q, scales) if ids is None else (q.index_select(0, ids), scales.index_select(0, ids))
+
+
+def _tensor(file: Path, name: str) -> torch.Tensor:
+    with safe_open(str(file), framework="pt") as handle:
+        return handle.get_tensor(name)
+
+
+def _verified(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
+    """tensor name -> (its shard, its shape), once every `prefix` shard's bytes
+    match its checksum (hashed through a memory map, tensor by tensor as `checksum` hashes them;
+    nothing is copied into the process)."""
+    index = {}
+    for shard in sorted(directory.glob(f"{prefix}-*.safetensors")):
+        try:
+            with open(shard, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                size = int.from_bytes(mapped[:8], "little")
+                header = json.loads(bytes(mapped[8:8 + size]))
+                expected = header.pop("__metadata__", {}).get("checksum")
+                view = memoryview(mapped)
+                spans = [header[name]["data_offsets"] for name in sorted(header)]
+                with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+                    digests = list(pool.map(lambda span: hashlib.sha256(view[8 + size + span[0]:8 + size + span[1]])
+                                            .digest(), spans))
+                view.release()
+        except (OSError, ValueError, KeyError) as error:  # a truncated or garbled file: rebuilt
+            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
+                               f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})") from None
+        if expected != hashlib.sha256(b"".join(digests)).hexdigest():
+            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
+        index.update({name: (shard, tuple(entry["shape"])) for name, entry in header.items()})
+    return index
 
 
 def materialize_head(directory: str | os.PathLike, model: nn.Module) -> None:
@@ -246,7 +288,10 @@ def materialize_head(directory: str | os.PathLike, model: nn.Module) -> None:
             if f"{name}.qweight" in handle.keys():
                 q, scales = handle.get_tensor(f"{name}.qweight"), handle.get_tensor(f"{name}.scales")
                 dtype = model.get_input_embeddings().weight.dtype
-                weight = (q.float() * scales[:, None]).to(dtype)
+                weight = torch.empty(q.shape, dtype=dtype)
+                for start in range(0, len(q), int8.QUANTIZE_ROWS):  # fp32 temporaries of a block only
+                    rows = slice(start, start + int8.QUANTIZE_ROWS)
+                    weight[rows] = q[rows].float() * scales[rows, None]
                 model.get_output_embeddings().weight = nn.Parameter(weight, requires_grad=False)
                 return
     raise ModelError(f"the int8 store {Path(directory).name} has no weights for {name}",

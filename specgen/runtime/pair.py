@@ -3,16 +3,21 @@ runtime runs (int8 target, cheaper draft), and the fixed-shape mode of their ste
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
 
 from specgen.config import Method, ModelSettings
-from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair
+from specgen.errors import SpecgenError
+from specgen.models import placement
+from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair, resolve
 from specgen.runtime import int8, int8_store, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
-from specgen.status import status
+from specgen.status import note, status
 
 
 @dataclass
@@ -44,6 +49,8 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     """Load the pair `method` needs (no draft for plain and lookup), in the formats `settings` ask."""
     check(settings)
     draft = settings.draft if method.needs_draft_model else None
+    if draft is not None:
+        build_side_by_side(settings, quiet)
     dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet,
@@ -74,6 +81,37 @@ def _draft_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
     """A GGUF draft whose `--draft-quant` makes every linear int8 loads from its int8 store."""
     return int8_store.StoreBuilder(lambda device, dtype: quant.draft_wants_int8(settings.draft_quant, device, dtype,
                                                                                  _dtype_auto(settings)))
+
+
+def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
+    """On a first run, build the draft's int8 store in a child process while this one builds the
+    target's. Each build spends most of its time on one thread (parsing the GGUF's vocabulary,
+    making the tokenizer from it), so two cores do the two side by side (benchmarks/README.md).
+    Does nothing unless both are GGUF sources on the CPU's int8 path with no store yet; a child
+    that fails changes nothing (the draft's own load builds it and says why)."""
+    if torch.cuda.is_available() or (os.cpu_count() or 1) < 2:
+        return
+    cpu = torch.device("cpu")
+    try:
+        placement.plan(settings.device, settings.draft_device, 0)
+        dtype = placement.resolve_dtype(settings.dtype, cpu)
+        sources = [resolve(arg, dtype, quiet=True, convert=False) for arg in (settings.target, settings.draft)]
+    except SpecgenError:
+        return  # the load says why
+    builders = (_target_builder(settings), _draft_builder(settings))
+    if sources[0].key == sources[1].key or not all(
+            r.source in ("gguf", "catalog") and b.accepts(r, cpu, dtype) and not int8_store.is_store(
+                int8_store.store_dir(r.key, dtype)) for r, b in zip(sources, builders)):
+        return
+    if not quiet:
+        note(f"building the int8 weights of {sources[1].name} alongside, in a second process")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        child = pool.submit(int8_store.ensure, sources[1], dtype, True)
+        int8_store.ensure(sources[0], dtype, quiet)
+        try:
+            child.result()
+        except Exception:  # noqa: BLE001 (any failure, even a broken pool): the draft's load builds it
+            pass
 
 
 def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dtype_auto: bool,
