@@ -6,7 +6,7 @@ second process, which `/usr/bin/time` would not add), and what the cache holds a
 
 The cache directory (default: a fresh temporary one) is emptied first, then `specgen run
 "Write a haiku about caches" -n 32 --no-server --format plain` runs once cold and N times warm
-(default 2). Each line of the command's stderr is stamped with the seconds since its start, so
+(default 2); `FIRST_RUN_ARGS` in the environment adds options to it. Each line of the command's stderr is stamped with the seconds since its start, so
 the log shows where the time goes. Results: OUT_DIR/first-run.json and one log per run.
 Never run it beside another heavy job: it times the machine.
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 
 COMMAND = ["specgen", "run", "Write a haiku about caches", "-n", "32", "--no-server", "--format", "plain"]
+EXTRA = os.environ.get("FIRST_RUN_ARGS", "").split()  # e.g. "--dtype float32 --target-quant int8"
 
 
 def tree_rss(process: psutil.Process) -> int:
@@ -43,7 +44,7 @@ def tree_rss(process: psutil.Process) -> int:
 def run(cache: Path, log: Path) -> dict:
     env = {**os.environ, "SPECGEN_CACHE": str(cache)}
     start = time.perf_counter()
-    child = subprocess.Popen(COMMAND, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(COMMAND + EXTRA, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = [0]
     done = threading.Event()
 
@@ -88,7 +89,7 @@ def main() -> None:
     cache = args.cache or Path(tempfile.mkdtemp(prefix="specgen-first-run-"))
     shutil.rmtree(cache, ignore_errors=True)
     flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    result = {"command": COMMAND, "cpu": [line for line in flags.splitlines() if line.startswith(("Model name", "Flags"))]}
+    result = {"command": COMMAND + EXTRA, "cpu": [line for line in flags.splitlines() if line.startswith(("Model name", "Flags"))]}
     result["first"] = run(cache, args.out / "first.log")
     result["disk_gb"] = disk(cache)
     result["disk_total_gb"] = round(sum(result["disk_gb"].values()), 2)

@@ -110,11 +110,11 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
 
 
 @contextlib.contextmanager
-def opened(gguf: Path, dtype):
+def opened(gguf: Path, dtype, workers: int | None = None):
     """(skeleton, tokenizer, tensors) of a GGUF file: the model built on the meta device from
     its config, its tokenizer, and an iterator of (Hugging Face name, tensor in `dtype`) over
     the tensors the model has, dequantized one at a time. Errors of unsupported files are one
-    line (ModelError)."""
+    line (ModelError). `workers`: dequantizing threads (default: one per core, up to 4)."""
     try:
         with _muted_transformers(), _one_parse(gguf) as reader:
             # trust_remote_code=False: a model's own Python code never runs (see models/load.py)
@@ -122,7 +122,8 @@ def opened(gguf: Path, dtype):
             with torch.device("meta"):
                 skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-            yield skeleton, tokenizer, _dequantized(gguf, reader, skeleton, dtype)
+            yield skeleton, tokenizer, _dequantized(gguf, reader, skeleton, dtype,
+                                                    workers or max(1, min(4, os.cpu_count() or 1)))
             release_freed()  # the dequantizing threads' arenas: over a GB the load would never reuse
     except (ValueError, KeyError, NotImplementedError) as error:
         raise _friendly(error, gguf) from error
@@ -162,7 +163,7 @@ def _one_parse(gguf: Path):
         gguf_package.GGUFReader = original
 
 
-def _dequantized(gguf: Path, reader, skeleton, dtype):
+def _dequantized(gguf: Path, reader, skeleton, dtype, workers: int):
     from gguf import dequantize  # the gguf package: a dependency, imported with the conversion
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map, load_gguf_checkpoint)
@@ -182,7 +183,7 @@ def _dequantized(gguf: Path, reader, skeleton, dtype):
         weights = result.weights if result.weights.flags.writeable else result.weights.copy()
         return names[result.name], torch.from_numpy(weights).to(dtype)
 
-    for named in _in_order(one, reader.tensors, max(1, min(4, os.cpu_count() or 1))):
+    for named in _in_order(one, reader.tensors, workers):
         if named is not None and named[0] in wanted:
             yield named
 

@@ -81,12 +81,12 @@ def is_store(path: str | os.PathLike | None) -> bool:
     return path is not None and Path(path).name.endswith(SUFFIX) and (Path(path) / MARKER).is_file()
 
 
-def ensure(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> Path:
+def ensure(resolved: Resolved, dtype: torch.dtype, quiet: bool = False, workers: int | None = None) -> Path:
     """The store of the GGUF or catalog source `resolved` in `dtype`, built first when there is
     none (fetching a catalog model's GGUF again if it was let go). Once a catalog model's store
     is built, its GGUF is let go unless a converted copy was made from it: nothing else reads
     it, and the cache stays under twice the download (`specgen bench`'s llama.cpp columns and a
-    full-precision load fetch it again)."""
+    full-precision load fetch it again). `workers`: dequantizing threads (default: one per core)."""
     target = store_dir(resolved.key, dtype)
     if is_store(target):
         return target
@@ -97,15 +97,15 @@ def ensure(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> Path:
         shutil.rmtree(target, ignore_errors=True)  # a leftover without its marker
         gguf = resolved.gguf_file(quiet)
         with status(f"building the int8 weights of {resolved.name} (once; later loads read only these)", quiet):
-            atomic_write(target, lambda tmp: _build(gguf, dtype, tmp, resolved),
+            atomic_write(target, lambda tmp: _build(gguf, dtype, tmp, resolved, workers),
                          tmp=target.with_name(f"{target.name}.tmp"))
     if resolved.source == "catalog" and not converted_dirs(resolved.key):
         catalog.let_go(catalog.CATALOG[resolved.name])
     return target
 
 
-def _build(gguf: Path, dtype: torch.dtype, out: Path, resolved: Resolved) -> None:
-    with convert.opened(gguf, dtype) as (skeleton, tokenizer, tensors):
+def _build(gguf: Path, dtype: torch.dtype, out: Path, resolved: Resolved, workers: int | None) -> None:
+    with convert.opened(gguf, dtype, workers) as (skeleton, tokenizer, tensors):
         linears = {f"{name}.weight": name for name in int8.linear_names(skeleton)}
         embedding = _weight_name(skeleton, skeleton.get_input_embeddings())
         tied = _tied_head(skeleton)

@@ -106,8 +106,10 @@ def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
     if not quiet:
         note(f"building the int8 weights of {sources[1].name} alongside, in a second process")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        child = pool.submit(int8_store.ensure, sources[1], dtype, True)
-        int8_store.ensure(sources[0], dtype, quiet)
+        # one dequantizing thread each: the two processes fill the two cores, and the tensors in
+        # flight (a 151936-row table is 0.9 GB in fp32) are half as many at the peak
+        child = pool.submit(int8_store.ensure, sources[1], dtype, True, 1)
+        int8_store.ensure(sources[0], dtype, quiet, 1)
         try:
             child.result()
         except Exception:  # noqa: BLE001 (any failure, even a broken pool): the draft's load builds it
