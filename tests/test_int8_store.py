@@ -125,3 +125,16 @@ def _resolved(gguf):
     from specgen.models.load import resolve
 
     return resolve(str(gguf), torch.bfloat16, quiet=True, convert=False)
+
+
+def test_a_store_with_a_damaged_marker_and_a_damaged_file_is_one_line(cache, ggufs):
+    run = settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8")
+    pair.load(run, Method.CHAIN, quiet=True)
+    directory = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
+    (directory / ".complete").write_text("{not json")
+    shard = next(directory.glob("int8-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-64] + bytes(64))
+    from specgen.errors import ModelError
+
+    with pytest.raises(ModelError, match="is damaged and does not say what it was built from"):
+        pair.load(run, Method.CHAIN, quiet=True)

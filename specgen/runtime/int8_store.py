@@ -34,6 +34,7 @@ import json
 import mmap
 import os
 import shutil
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -170,14 +171,23 @@ def _read(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _resolved(directory: Path) -> Resolved:
-    marker = json.loads((directory / MARKER).read_text())
-    return Resolved(None, marker["source"], marker["name"], marker["gguf"], marker["key"])
+def _marker(directory: Path) -> tuple[Resolved, torch.dtype]:
+    """The source a store was built from and its dtype, as its marker records them."""
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+        dtype = getattr(torch, marker["dtype"].removeprefix("torch."))
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(marker["dtype"])
+        return Resolved(None, marker["source"], marker["name"], marker["gguf"], marker["key"]), dtype
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise ModelError(f"the int8 store {directory.name} is damaged and does not say what it was built from",
+                         hint=f"remove {directory}; the next run builds it again") from None
 
 
-def _rebuilt(directory: Path, dtype: torch.dtype, error: CorruptStore, quiet: bool) -> Path:
+def _rebuilt(directory: Path, error: CorruptStore, source: Resolved, dtype: torch.dtype, quiet: bool) -> Path:
+    """The store of `source` in `dtype` built again after `error`."""
     note(f"specgen: {error}; building it again")
-    resolved = _resolved(directory)
+    resolved = replace(source, path=None)
     with locked(f"int8-store-{directory.name}"):
         shutil.rmtree(directory, ignore_errors=True)
     return ensure(resolved, dtype, quiet)
@@ -190,7 +200,7 @@ def load_model(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> n
     try:
         rest = _read(directory, "rest")
     except CorruptStore as error:
-        directory = _rebuilt(directory, dtype, error, quiet)
+        directory = _rebuilt(directory, error, resolved, dtype, quiet)
         rest = _read(directory, "rest")
     config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
     with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed as usual
@@ -220,7 +230,7 @@ def int8_weights(directory: str | os.PathLike, model: nn.Module,
         try:
             index = _verified(directory, "int8")
         except CorruptStore as error:
-            directory = _rebuilt(directory, _dtype(directory), error, quiet)
+            directory = _rebuilt(directory, error, *_marker(directory), quiet)
             index = _verified(directory, "int8")
         out = {}
         for name, shape in shapes.items():
@@ -296,10 +306,6 @@ def materialize_head(directory: str | os.PathLike, model: nn.Module) -> None:
                 return
     raise ModelError(f"the int8 store {Path(directory).name} has no weights for {name}",
                      hint=f"remove {directory} to build it again")
-
-
-def _dtype(directory: Path) -> torch.dtype:
-    return getattr(torch, json.loads((directory / MARKER).read_text())["dtype"].removeprefix("torch."))
 
 
 class StoreBuilder:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import threading
 from dataclasses import dataclass, replace
 
 import torch
@@ -105,15 +106,41 @@ def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
         return
     if not quiet:
         note(f"building the int8 weights of {sources[1].name} alongside, in a second process")
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        # one dequantizing thread each: the two processes fill the two cores, and the tensors in
-        # flight (a 151936-row table is 0.9 GB in fp32) are half as many at the peak
-        child = pool.submit(int8_store.ensure, sources[1], dtype, True, 1)
+    # one dequantizing thread each: the two processes fill the two cores, and the tensors in
+    # flight (a 151936-row table is 0.9 GB in fp32) are half as many at the peak
+    child = multiprocessing.get_context("spawn").Process(target=_build_quietly, args=(sources[1], dtype),
+                                                         daemon=True)
+    _start_ignoring_ctrl_c(child)
+    try:
         int8_store.ensure(sources[0], dtype, quiet, 1)
-        try:
-            child.result()
-        except Exception:  # noqa: BLE001 (any failure, even a broken pool): the draft's load builds it
-            pass
+        child.join()
+    finally:  # Ctrl-C or a failure here: the child stops too (what it wrote was a temporary)
+        if child.is_alive():
+            child.terminate()
+            child.join()
+
+
+def _start_ignoring_ctrl_c(child) -> None:
+    """Start `child` with SIGINT ignored (inherited across exec, and Python then installs no
+    KeyboardInterrupt handler): a Ctrl-C reaches the whole process group, and the child must
+    print nothing. This process stops it instead (`terminate`)."""
+    if threading.current_thread() is not threading.main_thread():
+        child.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _build_quietly(source, dtype: torch.dtype) -> None:
+    """The child's side of `build_side_by_side`: any failure is left to the draft's own load,
+    which builds the store again and says why in one line."""
+    try:
+        int8_store.ensure(source, dtype, True, 1)
+    except BaseException:  # noqa: BLE001 (Ctrl-C included): nothing printed here, ever
+        pass
 
 
 def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dtype_auto: bool,
