@@ -9,8 +9,9 @@ on-disk cache of int8 weights.
   chose; an explicit `--dtype float32` keeps the draft as loaded. The target is never touched,
   and every variant is lossless (the draft reports the law it samples from).
 
-Quantized weights are cached in `$SPECGEN_CACHE/int8/` (safetensors of int8 weights and fp32
-scales, keyed by the source files), written atomically with a checksum of their bytes in the
+A GGUF model on this path loads from its int8 store (int8_store.py), which holds only what it
+runs. A local directory's quantized weights are cached in `$SPECGEN_CACHE/int8/` (safetensors of
+int8 weights and fp32 scales, keyed by the source files), written atomically with a checksum of their bytes in the
 metadata; a file that does not read back as the model's linears, or whose bytes no longer
 match their checksum (a disk or a copy that corrupted it), is quantized again with a notice.
 """
