@@ -67,7 +67,7 @@ def test_list_table(index):
 
 
 def test_path_verify_rm(index):
-    assert_one_line_error(invoke("path", NAME), f"{NAME} is not downloaded", "specgen models pull")
+    assert_one_line_error(invoke("path", NAME), f"{NAME}'s GGUF is not downloaded", "specgen models pull")
     assert invoke("pull", NAME, "--find-links", str(index), "-q").exit_code == 0
     result = invoke("path", NAME)
     assert result.exit_code == 0 and result.stdout.strip() == str(catalog.gguf_path(catalog.CATALOG[NAME]))
@@ -126,3 +126,15 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
     assert result.exit_code == 0 and f"({(gguf_bytes + 6000) / 1000:.1f} KB freed)" in result.stderr
     assert not converted.exists() and not orphan.exists() and other.exists()
     assert {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME] == {}
+
+
+def test_a_model_holding_only_its_int8_store(index):
+    """After its store is built a catalog model lets its GGUF go: list says `int8 only`, path
+    says what it holds, rm removes the store."""
+    store = catalog.cache_root() / "int8" / f"{NAME}-bfloat16.store"
+    store.mkdir(parents=True)
+    (store / "int8-00001.safetensors").write_bytes(bytes(2048))
+    result = invoke("list")
+    assert result.exit_code == 0 and "int8 only" in result.stdout
+    assert_one_line_error(invoke("path", NAME), "GGUF is not downloaded (it holds only its int8 store")
+    assert invoke("rm", NAME).exit_code == 0 and not store.exists()

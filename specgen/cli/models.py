@@ -110,7 +110,9 @@ def path(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
     try:
         model = catalog.lookup(name)
         if not catalog.is_cached(model):
-            raise ModelError(f"{model.name} is not downloaded; run `specgen models pull {model.name}`")
+            held = " (it holds only its int8 store, which is all the CPU's int8 path loads)" \
+                if "int8" in catalog.holdings(model) else ""
+            raise ModelError(f"{model.name}'s GGUF is not downloaded{held}; run `specgen models pull {model.name}`")
     except SpecgenError as error:
         raise _fail(error) from None
     typer.echo(str(catalog.gguf_path(model)))
