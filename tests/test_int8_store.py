@@ -43,7 +43,8 @@ def settings(target, draft, **kwargs) -> ModelSettings:
 
 
 def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(cache, ggufs,
-                                                                                           capsys):
+                                                                                           capsys, monkeypatch):
+    monkeypatch.setattr(pair.os, "cpu_count", lambda: 2)  # the draft's store is built beside the target's
     loaded = pair.load(settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8"),
                        Method.CHAIN)
     assert "building the int8 weights of draft.gguf alongside" in capsys.readouterr().err  # a first run
