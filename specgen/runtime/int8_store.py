@@ -14,16 +14,19 @@ store is built straight from the GGUF, one tensor at a time, and holds:
   memory for precision the int8 linears do not keep);
 * the config, generation config and tokenizer files.
 
-Each shard carries a checksum of its tensors, checked when it loads (a corrupted file is
-rebuilt with a notice). `load` builds the model around it without ever materializing a
+The int8 tensors and the rest live in separate shards (`int8-*.safetensors`, `rest-*`), each
+with a checksum of its tensors, checked when it loads (a corrupted file is rebuilt with a
+notice). `load_model` builds the model around the store without ever materializing a
 full-precision linear: the module tree is created with its parameters on the meta device
-(accelerate's `init_empty_weights`, buffers such as rotary tables computed as usual), the
-non-linear tensors are assigned, and `weights` hands the int8 weights to `int8.quantize_model`,
-which replaces every linear. A pruned draft head's int8 rows are the kept rows of the output
-layer's (per output channel, so selecting rows commutes with quantizing).
+(accelerate's `init_empty_weights`, buffers such as rotary tables computed as usual) and the
+non-linear tensors are assigned. `int8_weights` then hands `int8.quantize_model` each linear's
+int8 rows, read only when its packing task runs. A pruned draft head's int8 rows are the kept
+rows of the output layer's (per output channel, so selecting rows commutes with quantizing).
+An untied output layer is stored in int8 only: a pruned draft reads its dequantized rows.
 
-Layout: `$SPECGEN_CACHE/int8/<key>-<dtype>.store/` with a `.complete` marker, written at a
-temporary name under a lock and renamed into place like every other cache entry.
+Layout: `$SPECGEN_CACHE/int8/<key>-<dtype>.store/` with a `.complete` marker recording its
+source, written at a temporary name under a lock and renamed into place like every other cache
+entry. `StoreBuilder` is the `models.load.Builder` that loads a model this way.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import json
 import mmap
 import os
 import shutil
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
