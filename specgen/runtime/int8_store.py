@@ -159,18 +159,15 @@ class CorruptStore(ModelError):
 
 
 def _read(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the `prefix` shards, once their bytes match their checksums."""
     tensors = {}
-    for shard in sorted(directory.glob(f"{prefix}-*.safetensors")):
+    for shard in sorted({file for file, _ in _verified(directory, prefix).values()}):
         try:
             with safe_open(str(shard), framework="pt") as handle:
-                expected = (handle.metadata() or {}).get("checksum")
-                part = {name: handle.get_tensor(name) for name in handle.keys()}
+                tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
         except Exception as error:  # noqa: BLE001 (SafetensorError, OSError): a damaged file, rebuilt
             raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
                                f"({str(error).splitlines()[0][:120]})") from None
-        if expected != _shard_checksum(part):
-            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
-        tensors.update(part)
     return tensors
 
 
@@ -266,49 +263,69 @@ def _tensor(file: Path, name: str) -> torch.Tensor:
         return handle.get_tensor(name)
 
 
+def _index(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
+    """tensor name -> (its shard, its shape), from the `prefix` shards' headers (nothing hashed)."""
+    return {name: (shard, tuple(entry["shape"])) for shard in _shards(directory, prefix)
+            for name, entry in _header(shard, directory)[1].items()}
+
+
 def _verified(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
-    """tensor name -> (its shard, its shape), once every `prefix` shard's bytes
-    match its checksum (hashed through a memory map, tensor by tensor as `checksum` hashes them;
-    nothing is copied into the process)."""
-    index = {}
-    for shard in sorted(directory.glob(f"{prefix}-*.safetensors")):
+    """`_index`, once every `prefix` shard's bytes match its checksum (hashed through a memory
+    map, tensor by tensor as `checksum` hashes them; nothing is copied into the process)."""
+    for shard in _shards(directory, prefix):
+        start, header, expected = _header(shard, directory)
+        spans = [header[name]["data_offsets"] for name in sorted(header)]
         try:
             with open(shard, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                size = int.from_bytes(mapped[:8], "little")
-                header = json.loads(bytes(mapped[8:8 + size]))
-                expected = header.pop("__metadata__", {}).get("checksum")
                 view = memoryview(mapped)
-                spans = [header[name]["data_offsets"] for name in sorted(header)]
                 with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-                    digests = list(pool.map(lambda span: hashlib.sha256(view[8 + size + span[0]:8 + size + span[1]])
+                    digests = list(pool.map(lambda span: hashlib.sha256(view[start + span[0]:start + span[1]])
                                             .digest(), spans))
                 view.release()
-        except (OSError, ValueError, KeyError) as error:  # a truncated or garbled file: rebuilt
+        except (OSError, ValueError) as error:  # a truncated file: rebuilt
             raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
                                f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})") from None
         if expected != hashlib.sha256(b"".join(digests)).hexdigest():
             raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
-        index.update({name: (shard, tuple(entry["shape"])) for name, entry in header.items()})
-    return index
+    return _index(directory, prefix)
+
+
+def _shards(directory: Path, prefix: str) -> list[Path]:
+    return sorted(directory.glob(f"{prefix}-*.safetensors"))
+
+
+def _header(shard: Path, directory: Path) -> tuple[int, dict, str | None]:
+    """(where the data starts, the tensors' entries, the recorded checksum) of one shard."""
+    try:
+        with open(shard, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        expected = header.pop("__metadata__", {}).get("checksum")
+        if not all(isinstance(entry, dict) and "data_offsets" in entry and "shape" in entry
+                   for entry in header.values()):
+            raise ValueError("an entry without offsets or shape")
+    except (OSError, ValueError, AttributeError) as error:  # a truncated or garbled header: rebuilt
+        raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
+                           f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})") from None
+    return 8 + size, header, expected
 
 
 def materialize_head(directory: str | os.PathLike, model: nn.Module) -> None:
     """An untied output layer's weight (on the meta device in a model from the store) as the
-    dequantized int8 rows in the model's dtype: a pruned draft head reads rows of it."""
+    dequantized int8 rows in the model's dtype: a pruned draft head reads rows of it. Its bytes
+    are checked where `int8_weights` reads the int8 shards next."""
+    directory = Path(directory)
     name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
-    for shard in sorted(Path(directory).glob("int8-*.safetensors")):
-        with safe_open(str(shard), framework="pt") as handle:
-            if f"{name}.qweight" in handle.keys():
-                q, scales = handle.get_tensor(f"{name}.qweight"), handle.get_tensor(f"{name}.scales")
-                dtype = model.get_input_embeddings().weight.dtype
-                weight = torch.empty(q.shape, dtype=dtype)
-                for start in range(0, len(q), int8.QUANTIZE_ROWS):  # fp32 temporaries of a block only
-                    rows = slice(start, start + int8.QUANTIZE_ROWS)
-                    weight[rows] = q[rows].float() * scales[rows, None]
-                model.get_output_embeddings().weight = nn.Parameter(weight, requires_grad=False)
-                return
-    raise ModelError(f"the int8 store {Path(directory).name} has no weights for {name}",
-                     hint=f"remove {directory} to build it again")
+    index = _index(directory, "int8")
+    if f"{name}.qweight" not in index or f"{name}.scales" not in index:
+        raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
+                         hint=f"remove {directory} to build it again")
+    q, scales = _rows((index[f"{name}.qweight"][0], index[f"{name}.scales"][0]), name, None)
+    weight = torch.empty(q.shape, dtype=model.get_input_embeddings().weight.dtype)
+    for start in range(0, len(q), int8.QUANTIZE_ROWS):  # fp32 temporaries of a block only
+        rows = slice(start, start + int8.QUANTIZE_ROWS)
+        weight[rows] = q[rows].float() * scales[rows, None]
+    model.get_output_embeddings().weight = nn.Parameter(weight, requires_grad=False)
 
 
 class StoreBuilder:
