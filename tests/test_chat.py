@@ -413,10 +413,10 @@ def test_a_long_chat_keeps_no_state_per_prompt_length(tiny_dirs, tiny_pair):
         if turn in (8, 23):
             counts.append(live_tensors())
     assert counts[1] <= counts[0], counts  # 15 more prompt lengths, not one tensor more
-    cached = kvcache._chain_tree.cache_info().currsize
+    cached = kvcache._cached_tree.cache_info().currsize
     mask = kvcache.chain_tree(kvcache.CACHED_WIDTH + 1)  # a prefill's mask: built, not kept
     assert bool(mask[-1].all()) and not bool(mask[0, 1])
-    assert kvcache._chain_tree.cache_info().currsize == cached
+    assert kvcache._cached_tree.cache_info().currsize == cached
 
 
 def test_onednn_kernel_caches_are_bounded_unless_the_user_says_otherwise():

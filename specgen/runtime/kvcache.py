@@ -336,29 +336,25 @@ def chain_tree(n: int, offset: int = 0, device=None) -> torch.Tensor:
     read it. A decode round's mask is cached (every step needs one); a prefill's is built each
     time: prompts of every length would otherwise keep an n x n mask each (a chat of a few
     hundred turns held 75 MB of them)."""
-    if n + offset <= CACHED_WIDTH:
-        return _chain_tree(n, offset, device)
-    with torch.inference_mode():
-        return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
-
-
-@functools.lru_cache(maxsize=256)
-def _chain_tree(n: int, offset: int, device) -> torch.Tensor:
-    with torch.inference_mode():
-        return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
+    return (_cached_tree if n + offset <= CACHED_WIDTH else _tree)(n, offset, device)
 
 
 def _offsets(n: int, offset: int, device) -> torch.Tensor:
-    if n + offset <= CACHED_WIDTH:
-        return _cached_offsets(n, offset, device)
+    return (_cached_offsets if n + offset <= CACHED_WIDTH else _positions)(n, offset, device)
+
+
+def _tree(n: int, offset: int, device) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.ones(n, offset + n, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def _positions(n: int, offset: int, device) -> torch.Tensor:
     with torch.inference_mode():
         return torch.arange(offset, offset + n, device=device)
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_offsets(n: int, offset: int, device) -> torch.Tensor:
-    with torch.inference_mode():
-        return torch.arange(offset, offset + n, device=device)
+_cached_tree = functools.lru_cache(maxsize=256)(_tree)
+_cached_offsets = functools.lru_cache(maxsize=256)(_positions)
 
 
 def keep_update_out_of_compiled_regions() -> None:
