@@ -52,7 +52,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     draft = settings.draft if method.needs_draft_model else None
     if draft is not None:
         build_side_by_side(settings, quiet)
-    dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
+    dtype_auto = _dtype_auto(settings)
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet,
                                      target_builder=_target_builder(settings), draft_builder=_draft_builder(settings))
@@ -163,5 +163,4 @@ def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool =
     pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
     draft = load_draft(settings.draft, target, device=settings.device, draft_device=settings.draft_device,
                        dtype=settings.dtype, quiet=quiet, builder=_draft_builder(settings))
-    dtype_auto = (settings.dtype or "auto").strip().lower() == "auto"
-    return quantize_draft(draft, target, settings.draft_quant, dtype_auto, quiet)
+    return quantize_draft(draft, target, settings.draft_quant, _dtype_auto(settings), quiet)

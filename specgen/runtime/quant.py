@@ -84,9 +84,7 @@ def draft_wants_int8(spec: str | None, device: torch.device, dtype: torch.dtype,
 def quantize_target(model: nn.Module, source: str | None, quiet: bool = True) -> nn.Module:
     """The target's linears in int8: from its int8 store when it was loaded from one, else from
     (or into) the int8 cache when it has a source dir."""
-    if int8_store.is_store(source):
-        return int8.quantize_model(model, cached=int8_store.int8_weights(source, model, quiet))
-    return quantize_cached(model, cache_file_for(source, "target") if source else None, quiet)
+    return quantize_from(model, source, "target", quiet)
 
 
 # -- --draft-quant ---------------------------------------------------------------------------
@@ -135,16 +133,12 @@ def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KE
         return model
     if any(p.device.type not in ("cpu", "meta") for p in model.parameters()):  # meta: from an int8 store
         raise ConfigError("--draft-quant runs on the CPU kernels only; put the draft on the CPU (--draft-device cpu)")
-    stored = int8_store.is_store(source)
     if "prune" in parts:
-        if stored and model.get_output_embeddings().weight.is_meta:  # an untied head: its rows are read
+        if int8_store.is_store(source) and model.get_output_embeddings().weight.is_meta:  # an untied head: its rows are read
             int8_store.materialize_head(source, model)
         prune_head(model, keep, special_ids)
-    if "int8" in parts and stored:
-        model = int8.quantize_model(model, cached=int8_store.int8_weights(source, model))
-    elif "int8" in parts:
-        cache = cache_file_for(source, f"draft {'+'.join(parts)} keep={keep}") if source else None
-        model = quantize_cached(model, cache, quiet=True)
+    if "int8" in parts:
+        model = quantize_from(model, source, f"draft {'+'.join(parts)} keep={keep}", quiet=True)
     elif "int8-wo" in parts:
         quantize_int8_weight_only(model)
     return model
@@ -167,6 +161,15 @@ def cache_file_for(source: str | os.PathLike, role_key: str = "") -> Path | None
         digest.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
     role = "".join(c if c.isalnum() or c in "+=" else "-" for c in role_key.lower()) or "model"
     return cache_root() / "int8" / f"{path.name}.{role}.{digest.hexdigest()[:16]}.safetensors"
+
+
+def quantize_from(model: nn.Module, source: str | None, role_key: str, quiet: bool = True) -> nn.Module:
+    """`model`'s linears in int8, their weights from where `source` keeps them: its int8 store
+    when the model was loaded from one (int8_store.py), else the int8 file cache of a local
+    directory, read or written (`role_key` names the variant); no source: quantized, not cached."""
+    if int8_store.is_store(source):
+        return int8.quantize_model(model, cached=int8_store.int8_weights(source, model, quiet))
+    return quantize_cached(model, cache_file_for(source, role_key) if source else None, quiet)
 
 
 def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = True) -> nn.Module:
