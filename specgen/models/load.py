@@ -57,11 +57,7 @@ class LoadedModel:
     def gguf_file(self, quiet: bool = False) -> str | None:
         """The GGUF file the weights came from (a catalog model whose int8 store let it go
         fetches it again); None for sources without one."""
-        if self.gguf is None:
-            return None
-        if self.source == "catalog":
-            return str(catalog.fetch(catalog.CATALOG[self.name], quiet=quiet))
-        return self.gguf
+        return None if self.gguf is None else str(_gguf_file(self.source, self.name, self.gguf, quiet))
 
     @property
     def context_length(self) -> int:
@@ -88,9 +84,7 @@ class Resolved:
 
     def gguf_file(self, quiet: bool = False) -> Path:
         """The GGUF file, fetched again for a catalog model whose int8 store let it go."""
-        if self.source == "catalog":
-            return catalog.fetch(catalog.CATALOG[self.name], quiet=quiet)
-        return Path(self.gguf)
+        return _gguf_file(self.source, self.name, self.gguf, quiet)
 
     def converted(self, dtype: torch.dtype, quiet: bool = False) -> "Resolved":
         """This source with a full-precision directory to load (a GGUF converted once, cached)."""
@@ -98,6 +92,12 @@ class Resolved:
             return self
         key = self.key if self.source == "catalog" else None
         return replace(self, path=str(ensure_converted(self.gguf_file(quiet), dtype, key=key, quiet=quiet)))
+
+
+def _gguf_file(source: str, name: str, gguf: str, quiet: bool) -> Path:
+    """A GGUF or catalog source's file: a catalog model's is fetched (again, if its int8 store
+    let it go; a no-op when it is in place), a user's file is what it is."""
+    return catalog.fetch(catalog.CATALOG[name], quiet=quiet) if source == "catalog" else Path(gguf)
 
 
 class Builder(Protocol):
