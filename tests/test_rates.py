@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections import deque
 
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import RESUME_TOKENS
+from specgen.decoding.engine import MAX_DRAFT, RESUME_TOKENS
 from specgen.decoding.events import Finished, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import Choice, WidthRates
+from specgen.runtime.pair import Pair
+from specgen.serve.metrics import Metrics
+from specgen.serve.scheduler import Scheduler
 from tiny import batch_ids, engine_with
 
 PROMPTS = [[257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64], [257, 84, 82], [71, 127, 102, 258, 198, 64],
@@ -70,7 +73,7 @@ def test_greedy_outputs_equal_plain_whatever_the_rates_choose(tiny_pair):
     prompts = PROMPTS * 2
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=40)
     expected = batch_ids(engine_with(tiny_pair, plain), prompts, plain, 3)
-    for method in (Method.CHAIN, Method.LOOKUP_CHAIN):
+    for method in (Method.CHAIN, Method.LOOKUP_CHAIN, Method.LOOKUP, Method.RSD_S):
         config = GenerationConfig(method=method, max_new_tokens=40, draft_tokens=3)
         engine = engine_with(tiny_pair, config)
         engine.rates = Scripted([Choice.DRAFT, Choice.EXPLORE, Choice.DRAFT, Choice.PLAIN, Choice.PLAIN,
@@ -118,3 +121,17 @@ def test_requests_that_arrive_during_a_prefill_join_before_the_round(tiny_pair):
     finished = {r.index: r.state.ids for r in events if isinstance(r.event, Finished)}
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=12)
     assert [finished[i] for i in range(3)] == batch_ids(engine_with(tiny_pair, plain), PROMPTS[:3], plain, 1)
+
+
+def test_the_server_lets_measured_rounds_decide_for_every_speculative_method(tiny_pair):
+    """Every speculative method drafts only where its rounds pay (prompt lookup too: at a wide
+    batch its padded verify can cost more than it gives); a draft model's k also follows the
+    width caps; a request that set its own draft length keeps it."""
+    scheduler = Scheduler(Pair(*tiny_pair, "off"), 8, 8, Metrics(), caps={1: 4, 2: 2, 3: 0})
+    for method in Method:
+        engine = scheduler.build(GenerationConfig(method=method, draft_tokens=4))
+        assert (engine.rates is not None) == (method is not Method.PLAIN), method
+        capped = method.needs_draft_model
+        assert [engine.width_cap(w) for w in (2, 3, 9)] == ([2, 0, 0] if capped else [MAX_DRAFT] * 3), method
+        own = scheduler.build(GenerationConfig(method=method, draft_tokens=4), capped=False)
+        assert own.rates is None and own.width_cap(9) == MAX_DRAFT

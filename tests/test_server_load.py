@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from specgen.config import Method
+from specgen.runtime.pair import load
 from test_server import (PROMPT, invoke, last_json, local_run, model, options, pair, raw, served, settings_for,  # noqa: F401
                          slow_rounds, start, stop)
 
@@ -81,6 +83,26 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_dirs, pair, monkeypatch)
         for conn, response in (first, second):
             assert b"[DONE]" in response.read()
             conn.close()
+    finally:
+        stop(running, thread)
+
+
+def test_a_server_without_a_draft_model_serves_plain_and_lookup(tiny_dirs):
+    """`bench --concurrency --methods plain,lookup` loads no draft: the server's default drafting is
+    prompt lookup, and a method that needs the draft model gets a 400, not an engine failure."""
+    settings = settings_for(tiny_dirs)
+    running, thread = start(settings, load(settings, Method.LOOKUP, quiet=True), max_batch_size=4, max_queue=8)
+    try:
+        assert running.state.defaults.method is Method.LOOKUP
+        for method in ("plain", "lookup", None):
+            extra = {"speculative": {"method": method}} if method else {}
+            status, body, _ = raw(running, "POST", "/v1/chat/completions",
+                                  chat_body(running, max_tokens=6, temperature=0, **extra))
+            assert status == 200 and body["speculative"]["method"] == (method or "lookup"), body
+        status, body, _ = raw(running, "POST", "/v1/chat/completions",
+                              chat_body(running, max_tokens=6, speculative={"method": "rsd-s"}))
+        assert status == 400 and "needs a draft model" in body["error"]["message"]
+        assert body["error"]["param"] == "speculative.method"
     finally:
         stop(running, thread)
 

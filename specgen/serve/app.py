@@ -118,6 +118,9 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             job = api.read_job(api.parse_body(await _body(request)), kind, state.defaults,
                                {state.model_id} | state.aliases)
+            if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
+                raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
+                                   "runs without one; plain and lookup need none", "speculative.method")
             ids = _encode(tokenizer, job)
             if len(ids) + 1 > state.context_length:
                 raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "

@@ -117,13 +117,19 @@ class Scheduler:
             return bool(self.waiting or self.running)
 
     def build(self, config: GenerationConfig, capped: bool = True) -> Engine:
-        """An engine for `config`'s drafting; a model chain's k follows the batch width unless
-        the requests set their own (`capped` False)."""
+        """An engine for `config`'s drafting. Unless the requests set their own draft length
+        (`capped` False), every speculative method drafts only at the batch widths where its own
+        measured rounds beat plain ones (decoding/rates.py), and a draft model's k (a chain's, or
+        a tree's permission to draft at all) also follows the measured costs of wider verifies
+        (`caps`). Prompt lookup drafts for free, so only its measured rounds decide: at a wide
+        batch its padded verify can cost more than its few accepted tokens give."""
         engine = build_engine(self.pair, config)
-        if capped and self.caps and config.method in (Method.CHAIN, Method.LOOKUP_CHAIN):
+        if not capped or config.method is Method.PLAIN:
+            return engine
+        if self.caps and config.method.needs_draft_model:
             widest = max(self.caps)
             engine.width_cap = lambda width: self.caps.get(width, self.caps[widest])
-            engine.rates = WidthRates()  # and drafts only where its measured rounds say it pays
+        engine.rates = WidthRates()
         return engine
 
     # -- the engine thread ------------------------------------------------------------------------

@@ -85,8 +85,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def defaults(pair, options: ServeOptions) -> GenerationConfig:
-    """A request's drafting and budget when it names none: chain at the device's k."""
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=options.max_tokens, device_draft_tokens=True,
+    """A request's drafting and budget when it names none: chain at the device's k, or prompt
+    lookup on a pair loaded without a draft model (a bench of plain and lookup only)."""
+    method = Method.CHAIN if pair.draft is not None else Method.LOOKUP
+    config = GenerationConfig(method=method, max_new_tokens=options.max_tokens, device_draft_tokens=True,
                               device_confidence=True, sampling=SamplingConfig(temperature=1.0))
     config, _ = resolve_draft_length(pair, config)
     return config
