@@ -43,8 +43,21 @@ def test_plain_rounds_are_explored_then_the_faster_kind_wins():
     assert seen[12] is Choice.PLAIN and seen[12:].count(Choice.DRAFT) == 2
     assert rates.summary()[3][0] < rates.summary()[3][1]
     # a tie (within the margin) goes to plain rounds
-    seen = rounds(rates, 4, 20, draft=(8, 0.2), plain=(4, 0.1))
+    seen = rounds(WidthRates(min_rounds=3, explore=4, refresh=10, retry=20), 4, 20, draft=(8, 0.2), plain=(4, 0.1))
     assert seen[12:] == [Choice.PLAIN] * 8
+
+
+def test_a_wider_batch_than_one_where_drafting_lost_starts_plain():
+    """Drafting that lost at a width loses at wider ones (the same acceptance, a costlier verify):
+    no exploring there, only the retry; a narrower width where drafting won still explores."""
+    rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
+    rounds(rates, 2, 30, draft=(5, 0.3), plain=(2, 0.1))  # drafting loses at width 2
+    seen = rounds(rates, 4, 45, draft=(9, 0.5), plain=(4, 0.12))
+    assert seen[:19] == [Choice.PLAIN] * 19 and seen[19] is Choice.DRAFT and seen[20:39] == [Choice.PLAIN] * 19
+    assert 3 not in rates.summary()  # never seen, nothing explored
+    rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
+    rounds(rates, 2, 30, draft=(8, 0.3), plain=(2, 0.1))  # drafting wins at width 2
+    assert rounds(rates, 4, 4, draft=(9, 0.5), plain=(4, 0.12)) == [Choice.DRAFT] * 3 + [Choice.EXPLORE]
 
 
 def test_a_width_measured_plain_first_measures_drafting_too():

@@ -17,6 +17,11 @@ before a round at a width where the cost model allows drafting:
   tokens per second than plain ones, else PLAIN (the rows are held to plain rounds as at a cap
   of 0). A tie goes to plain rounds: going back to drafting costs held rows the draft's
   catch-up prefill, which the steady rounds' rates do not show;
+- at a width not measured yet, PLAIN at once when the nearest narrower measured width chose
+  plain rounds: the same requests accept the same, and a wider verify costs more per token
+  drafted, so drafting cannot win there either. Exploring every width costs the most where
+  drafting is cheap to try and loses (prompt lookup's padded verifies in a wide batch: width by
+  width, its exploring rounds cost a server 4-6% of its throughput);
 - and the kind not chosen runs once in a while, so a change (other requests, another text, the
   machine's speed) is seen: a plain round after REFRESH drafting rounds (it costs at most one
   round's gain), a drafting round after RETRY plain rounds (rows held to plain rounds pay the
@@ -90,6 +95,8 @@ class WidthRates:
         if width < self.least:
             return None
         w = self.widths.setdefault(width, _Width())
+        if self._inferred(width, w):
+            return Choice.DRAFT if w.since + 1 >= self.retry else Choice.PLAIN
         if w.draft.rounds < self.min_rounds and w.plain.rounds >= self.min_rounds:
             return Choice.DRAFT  # plain measured first (explored while held): measure drafting too
         if w.plain.rounds < self.min_rounds:
@@ -102,11 +109,22 @@ class WidthRates:
         """A round at `width` ran: whether any row drafted, the tokens it committed, its seconds."""
         w = self.widths.setdefault(width, _Width())
         (w.draft if drafted else w.plain).add(tokens, seconds, self.decay)
-        chosen_is_draft = w.plain.rounds < self.min_rounds or self._drafting(w)
+        chosen_is_draft = not self._inferred(width, w) and (w.plain.rounds < self.min_rounds or self._drafting(w))
         w.since = w.since + 1 if drafted == chosen_is_draft else 0
 
     def _drafting(self, w: _Width) -> bool:
         return w.draft.rate > w.plain.rate * (1 + self.margin)
+
+    def _measured(self, w: _Width) -> bool:
+        return w.draft.rounds >= self.min_rounds and w.plain.rounds >= self.min_rounds
+
+    def _inferred(self, width: int, w: _Width) -> bool:
+        """Plain rounds at `width` from a narrower width: its drafting is unmeasured here, and the
+        nearest narrower width whose rounds of both kinds are measured chose plain ones."""
+        if w.draft.rounds >= self.min_rounds:
+            return False
+        narrower = [n for n in self.widths if n < width and self._measured(self.widths[n])]
+        return bool(narrower) and not self._drafting(self.widths[max(narrower)])
 
     def summary(self) -> dict[int, tuple[float, float]]:
         """Per width: (drafting rounds' tok/s, plain rounds' tok/s), 0 where unmeasured."""
