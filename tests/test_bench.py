@@ -625,3 +625,6 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
     assert cells[(1, "plain")]["speedup"] == 1.0 and cells[(3, "chain")]["speedup"] > 0
     assert all(len(cell["runs"]) == data["settings"]["repeats"] and min(cell["runs"]) > 0 for cell in cells.values())
     assert data["settings"]["width_caps"]["1"] >= 1
+    # what the served engines' measured rounds settled on, per method and batch width (2 and up)
+    assert set(data["learned"]) <= {"chain", "lookup-chain"}
+    assert all(int(w) >= 2 and v["k"] >= 0 for widths in data["learned"].values() for w, v in widths.items())

@@ -9,7 +9,7 @@ from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.engine import MAX_DRAFT, RESUME_TOKENS
 from specgen.decoding.events import Finished, RoundResult
 from specgen.decoding.feed import Request
-from specgen.decoding.rates import Choice, WidthRates
+from specgen.decoding.rates import Choice, Pick, WidthRates
 from specgen.runtime.pair import Pair
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import Scheduler
@@ -19,14 +19,19 @@ PROMPTS = [[257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64], [257, 84
            [198, 71, 127, 102]]
 
 
-def rounds(rates: WidthRates, width: int, n: int, draft: tuple[int, float], plain: tuple[int, float]) -> list[Choice]:
-    """`n` rounds at `width` with made-up (tokens, seconds) per kind; the choices made."""
+def rounds(rates: WidthRates, width: int, n: int, draft, plain: tuple[int, float], cap: int = 3,
+           ks: list[int] | None = None) -> list[Choice]:
+    """`n` rounds at `width` with made-up (tokens, seconds) per kind; `draft` is one pair for
+    every draft length or a dict by draft length. The choices made (and their ks in `ks`)."""
     out = []
     for _ in range(n):
-        choice = rates.choose(width)
-        out.append(choice)
-        tokens, seconds = draft if choice is Choice.DRAFT else plain
-        rates.record(width, choice is Choice.DRAFT, tokens, seconds)
+        pick = rates.choose(width, cap)
+        out.append(pick.kind)
+        if ks is not None:
+            ks.append(pick.k)
+        drafts = pick.kind is Choice.DRAFT
+        tokens, seconds = (draft[pick.k] if isinstance(draft, dict) else draft) if drafts else plain
+        rates.record(width, pick.k if drafts else 0, tokens, seconds)
     return out
 
 
@@ -34,17 +39,37 @@ def test_plain_rounds_are_explored_then_the_faster_kind_wins():
     rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
     # drafting pays (8 tokens in 0.3 s against 2 in 0.1 s): a plain round in 4 until measured, then
     # one in `refresh`
-    seen = rounds(rates, 2, 40, draft=(8, 0.3), plain=(2, 0.1))
+    ks = []
+    seen = rounds(rates, 2, 40, draft=(8, 0.3), plain=(2, 0.1), ks=ks)
     assert seen[:12] == [Choice.DRAFT] * 3 + [Choice.EXPLORE] + [Choice.DRAFT] * 3 + [Choice.EXPLORE] \
         + [Choice.DRAFT] * 3 + [Choice.EXPLORE]
     assert seen[12:].count(Choice.EXPLORE) == 2 and Choice.PLAIN not in seen
-    # at another width drafting does not pay (5 tokens in 0.3 s): plain rounds, retried after `retry`
-    seen = rounds(rates, 3, 60, draft=(5, 0.3), plain=(3, 0.1))
-    assert seen[12] is Choice.PLAIN and seen[12:].count(Choice.DRAFT) == 2
-    assert rates.summary()[3][0] < rates.summary()[3][1]
+    assert {k for k, c in zip(ks, seen) if c is Choice.DRAFT} == {3}  # the cap's k, which won
+    # at another width drafting does not pay at any k (5 tokens in 0.3 s): k = 3, then 1, measured
+    # in turn, then plain rounds, retried (one token) after `retry`
+    ks = []
+    seen = rounds(rates, 3, 60, draft=(5, 0.3), plain=(3, 0.1), ks=ks)
+    assert ks[:15] == [3, 3, 3, 0] * 3 + [1, 1, 1] and seen[15] is Choice.PLAIN
+    assert seen[15:].count(Choice.DRAFT) == 2 and {ks[i] for i in range(15, 60) if seen[i] is Choice.DRAFT} == {1}
+    arm, drafting, plain = rates.summary()[3]
+    assert arm == 0 and plain > 0
     # a tie (within the margin) goes to plain rounds
     seen = rounds(WidthRates(min_rounds=3, explore=4, refresh=10, retry=20), 4, 20, draft=(8, 0.2), plain=(4, 0.1))
-    assert seen[12:] == [Choice.PLAIN] * 8
+    assert seen[15:] == [Choice.PLAIN] * 5
+
+
+def test_a_shorter_draft_is_measured_when_the_cap_loses():
+    """The cap's k loses to plain rounds, half of it wins: the width drafts that (the cost model's
+    k at width 2 on a 2-core CPU was 3 where 1 paid)."""
+    rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
+    ks = []
+    seen = rounds(rates, 2, 40, draft={3: (5, 0.3), 1: (4, 0.15)}, plain=(2, 0.1), ks=ks)
+    assert ks[:15] == [3, 3, 3, 0] * 3 + [1, 1, 1]
+    assert Choice.PLAIN not in seen and {k for k, c in zip(ks[15:], seen[15:]) if c is Choice.DRAFT} == {1}
+    assert rates.summary()[2][0] == 1
+    # a wider width starts from there: at most one token, measured against plain rounds
+    assert rounds(rates, 4, 4, draft={1: (6, 0.2)}, plain=(4, 0.12), ks=(ks := [])) == [Choice.DRAFT] * 3 \
+        + [Choice.EXPLORE] and ks[:3] == [1, 1, 1]
 
 
 def test_a_wider_batch_than_one_where_drafting_lost_starts_plain():
@@ -63,23 +88,26 @@ def test_a_wider_batch_than_one_where_drafting_lost_starts_plain():
 def test_a_width_measured_plain_first_measures_drafting_too():
     rates = WidthRates(min_rounds=2)
     for _ in range(3):  # rows held to plain rounds (k = 0) while drafting was allowed
-        rates.record(4, False, 4, 0.1)
-    assert rates.choose(4) is Choice.DRAFT
+        rates.record(4, 0, 4, 0.1)
+    assert rates.choose(4, 3) == Pick(Choice.DRAFT, 3)
+
+
+DRAFT, EXPLORE, PLAIN = Pick(Choice.DRAFT, 3), Pick(Choice.EXPLORE), Pick(Choice.PLAIN)
 
 
 class Scripted(WidthRates):
     """Choices from a script, cycled: exactness must not depend on what was measured."""
 
-    def __init__(self, script: list[Choice]):
+    def __init__(self, script: list[Pick]):
         super().__init__()
         self.script, self.i = script, 0
         self.made: list[Choice] = []
 
-    def choose(self, width: int) -> Choice:
-        choice = self.script[self.i % len(self.script)]
+    def choose(self, width: int, cap: int) -> Pick:
+        pick = self.script[self.i % len(self.script)]
         self.i += 1
-        self.made.append(choice)
-        return choice
+        self.made.append(pick.kind)
+        return pick
 
 
 def test_greedy_outputs_equal_plain_whatever_the_rates_choose(tiny_pair):
@@ -89,8 +117,7 @@ def test_greedy_outputs_equal_plain_whatever_the_rates_choose(tiny_pair):
     for method in (Method.CHAIN, Method.LOOKUP_CHAIN, Method.LOOKUP, Method.RSD_S):
         config = GenerationConfig(method=method, max_new_tokens=40, draft_tokens=3)
         engine = engine_with(tiny_pair, config)
-        engine.rates = Scripted([Choice.DRAFT, Choice.EXPLORE, Choice.DRAFT, Choice.PLAIN, Choice.PLAIN,
-                                 Choice.DRAFT, Choice.DRAFT])
+        engine.rates = Scripted([DRAFT, EXPLORE, Pick(Choice.DRAFT, 1), PLAIN, PLAIN, Pick(Choice.DRAFT, 2), DRAFT])
         assert batch_ids(engine, prompts, config, 3) == expected, method
         assert {Choice.DRAFT, Choice.EXPLORE, Choice.PLAIN} <= set(engine.rates.made)
 
@@ -99,11 +126,11 @@ def test_an_explored_plain_round_holds_no_row_back(tiny_pair):
     """After an EXPLORE round the rows draft again at once (a PLAIN round holds them back)."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     engine = engine_with(tiny_pair, config)
-    engine.rates = Scripted([Choice.DRAFT, Choice.EXPLORE])
+    engine.rates = Scripted([DRAFT, EXPLORE])
     drafted = [len(r.event.draft_tokens) for r in engine.generate([PROMPTS[0]], config)
                if isinstance(r.event, RoundResult)]
     assert drafted[1] == 0 and drafted[2] > 0 and drafted[3] == 0
-    engine.rates = Scripted([Choice.DRAFT, Choice.PLAIN, Choice.DRAFT])
+    engine.rates = Scripted([DRAFT, PLAIN, DRAFT])
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=RESUME_TOKENS - 2, draft_tokens=3)
     drafted = [len(r.event.draft_tokens) for r in engine.generate([PROMPTS[0]], config)
                if isinstance(r.event, RoundResult)]

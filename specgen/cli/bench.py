@@ -206,6 +206,10 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
         finally:
             running.server.should_exit = True
             server.join(timeout=30)
+    learned = _learned(running.scheduler)
+    for method, widths in learned.items():
+        err.print(f"{method}: draft length learned by batch width: "
+                  + ", ".join(f"{w}:{v['k']}" for w, v in widths.items()), style="dim", markup=False)
     title = (f"specgen bench --concurrency · {pair.target.name}" + (f" + {pair.draft.name}" if pair.draft else "")
              + f" · {len(prompts)} prompts · {per_client} requests per client"
              + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "") + f" · {config.max_new_tokens} new "
@@ -216,10 +220,22 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
                 "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client, "repeats": repeats,
                              "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
                              "width_caps": {str(w): k for w, k in caps.items()}},
+                "learned": learned,
                 "cells": [asdict(c) for c in cells]}
         text = json.dumps(data, indent=1, default=str) + "\n"
         if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
             raise typer.Exit(1)
+
+
+def _learned(scheduler) -> dict:
+    """Per method the server ran with measured rounds: per batch width, the draft length its
+    rounds settled on and the tok/s of those drafting rounds and of plain ones."""
+    out = {}
+    for key, engine in scheduler.engines.items():
+        if engine.rates is not None:
+            out[key[0].value] = {str(w): {"k": k, "draft_tok_s": round(d, 2), "plain_tok_s": round(p, 2)}
+                                 for w, (k, d, p) in engine.rates.summary().items()}
+    return out
 
 
 def _write_throughput(json_file, env, items, sizes, windows, config, cells, interrupted) -> None:

@@ -258,11 +258,11 @@ class Engine:
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
         cap = self.width_cap(len(rows))
-        choice = self.rates.choose(len(rows)) if cap and self.rates is not None else None
-        if choice is Choice.EXPLORE:  # one plain round to measure: no row is held back
+        pick = self.rates.choose(len(rows), cap) if cap and self.rates is not None else None
+        if pick is not None and pick.kind is Choice.EXPLORE:  # one plain round to measure: no row is held
             ks = [0] * len(rows)
         else:
-            cap = 0 if choice is Choice.PLAIN else cap
+            cap = cap if pick is None else pick.k  # PLAIN: 0, rows held to plain rounds
             ks = [self._capped(state, self._k(state, config), cap, config) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
@@ -275,9 +275,9 @@ class Engine:
         verified = time.perf_counter()
         results = [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted)
                    for state, proposal, verdict, tree in zip(rows, proposals, verdicts, scored.trees)]
-        if choice is not None:
-            self.rates.record(len(rows), any(p.size for p in proposals), sum(len(r.emitted) for r in results),
-                              time.perf_counter() - started)
+        if pick is not None:
+            self.rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
+                              sum(len(r.emitted) for r in results), time.perf_counter() - started)
         return results
 
     def _k(self, state: DecodeState, config: GenerationConfig) -> int:

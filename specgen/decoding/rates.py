@@ -1,31 +1,35 @@
-"""Whether drafting pays at a batch width, decided from the engine's own measured rounds.
+"""How many tokens to draft at a batch width, decided from the engine's own measured rounds.
 
 The width cost model (length.WidthCosts) says from timed forwards how many tokens to draft at
 each batch width. It leaves things out that only a running batch shows: the draft's catch-up
 prefill of a joining row, a draft step's host syncs (the confidence stop), a wider first step,
-the acceptance of the requests actually served. On the default pair on a 2-core CPU it promised
-drafting 17% more than plain rounds at width 2 and rounds delivered 0.92-1.0x of plain
-(benchmarks/README.md, issue 24).
+the acceptance of the requests actually served, and a verify whose cost is flat up to some
+number of tokens and then climbs. On the default pair on a 2-core CPU it promised drafting 17%
+more than plain rounds at width 2 (k = 3) and rounds delivered 0.92-1.0x of plain, while k = 1
+there gave 1.08x in-process (benchmarks/README.md, issue 24).
 
-`WidthRates` keeps, per batch width, the tokens per second that drafting rounds and plain rounds
-achieved (each an exponentially weighted sum over its own rounds, HALFLIFE rounds) and answers,
-before a round at a width where the cost model allows drafting:
+`WidthRates` keeps, per batch width, the tokens per second that plain rounds and drafting rounds
+at each draft length ("arm") achieved (each an exponentially weighted sum over its own rounds,
+HALFLIFE rounds), and answers, before a round at a width where the cap allows drafting, a `Pick`:
 
-- DRAFT while plain rounds there are unmeasured, but one round in EXPLORE is a plain round
-  (EXPLORE: nothing is held back, the draft catches up the one token next round);
-- once both kinds have MIN_ROUNDS rounds: DRAFT when drafting rounds delivered MARGIN more
-  tokens per second than plain ones, else PLAIN (the rows are held to plain rounds as at a cap
-  of 0). A tie goes to plain rounds: going back to drafting costs held rows the draft's
-  catch-up prefill, which the steady rounds' rates do not show;
-- at a width not measured yet, PLAIN at once when the nearest narrower measured width chose
-  plain rounds: the same requests accept the same, and a wider verify costs more per token
-  drafted, so drafting cannot win there either. Exploring every width costs the most where
-  drafting is cheap to try and loses (prompt lookup's padded verifies in a wide batch: width by
-  width, its exploring rounds cost a server 4-6% of its throughput);
+- DRAFT at the width's arm (it starts at the cap) while plain rounds there are unmeasured, but
+  one round in EXPLORE is a plain round (EXPLORE: nothing is held back, the draft catches up the
+  one token next round);
+- once plain rounds and the arm have MIN_ROUNDS rounds each: the arm stays while its rounds
+  deliver MARGIN more tokens per second than plain ones, else it is halved (3 -> 1 -> 0), and
+  the halved arm is measured in turn. At 0 the rows are held to plain rounds (PLAIN, as at a cap
+  of 0). A tie goes to plain rounds: going back to drafting costs held rows the draft's catch-up
+  prefill, which the steady rounds' rates do not show;
+- a width not measured yet starts at the arm of the nearest narrower width that decided (its
+  arm won, or it went down to plain rounds): the same requests accept the same, and a wider
+  verify costs more per token drafted, so a longer draft cannot win there. Exploring every width
+  costs the most where drafting is cheap to try and loses (prompt lookup's padded verifies in a
+  wide batch: width by width, its exploring rounds cost a server 4-6% of its throughput);
 - and the kind not chosen runs once in a while, so a change (other requests, another text, the
   machine's speed) is seen: a plain round after REFRESH drafting rounds (it costs at most one
-  round's gain), a drafting round after RETRY plain rounds (rows held to plain rounds pay the
-  draft's catch-up prefill when they draft again, and only rows with enough tokens left do).
+  round's gain), a one-token drafting round after RETRY plain rounds (rows held to plain rounds
+  pay the draft's catch-up prefill when they draft again, and only rows with enough tokens left
+  do); once those have MIN_ROUNDS rounds and win, the width drafts one token again.
 
 Only the draft length changes, never what a round commits: every k gives the same greedy output
 and the same sampling law (length.py), so the choice is exact whatever it measures.
@@ -45,12 +49,21 @@ RETRY = 256  # plain rounds between two drafting rounds, once plain rounds are c
 # One row drafts the device's own k, as `specgen run` does (length.choose measured it; a served
 # request alone gives what a local run gives, round for round): rates decide from two rows on.
 LEAST = 2
+UNSET = 1 << 30  # a width's arm before its cap is known: the cap
 
 
 class Choice(Enum):
-    DRAFT = "draft"  # the round drafts as the width cap allows
+    DRAFT = "draft"  # the round drafts up to the pick's k
     EXPLORE = "explore"  # one plain round to measure; rows keep their place in the draft
     PLAIN = "plain"  # drafting did not pay here: plain rounds (as a width cap of 0)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The kind of the next round and, for DRAFT, the most tokens a row drafts in it."""
+
+    kind: Choice
+    k: int = 0
 
 
 @dataclass
@@ -73,13 +86,15 @@ class _Tally:
 
 @dataclass
 class _Width:
-    draft: _Tally = field(default_factory=_Tally)
     plain: _Tally = field(default_factory=_Tally)
+    drafts: dict[int, _Tally] = field(default_factory=dict)  # per draft length drafted
+    arm: int = UNSET  # the draft length in use (0: plain rounds)
     since: int = 0  # rounds since the kind not chosen last ran
 
 
 class WidthRates:
-    """Measured throughput of drafting and plain rounds per batch width (see the module)."""
+    """Measured throughput of plain rounds and of each draft length per batch width (see the
+    module)."""
 
     def __init__(self, halflife: float = HALFLIFE, min_rounds: int = MIN_ROUNDS, explore: int = EXPLORE,
                  refresh: int = REFRESH, retry: int = RETRY, least: int = LEAST,
@@ -89,43 +104,59 @@ class WidthRates:
         self.least, self.margin = least, margin
         self.widths: dict[int, _Width] = {}
 
-    def choose(self, width: int) -> Choice | None:
-        """The kind of the next round at `width` (where the width cap allows drafting); None
+    def choose(self, width: int, cap: int) -> Pick | None:
+        """The next round at `width`, where the width cap allows `cap` (> 0) draft tokens; None
         below `least` rows: as the cap says, unmeasured."""
         if width < self.least:
             return None
         w = self.widths.setdefault(width, _Width())
-        if self._inferred(width, w):
-            return Choice.DRAFT if w.since + 1 >= self.retry else Choice.PLAIN
-        if w.draft.rounds < self.min_rounds and w.plain.rounds >= self.min_rounds:
-            return Choice.DRAFT  # plain measured first (explored while held): measure drafting too
+        arm = self._arm(width, w, cap)
+        if arm == 0:
+            return Pick(Choice.DRAFT, 1) if w.since + 1 >= self.retry else Pick(Choice.PLAIN)
         if w.plain.rounds < self.min_rounds:
-            return Choice.EXPLORE if w.since + 1 >= self.explore else Choice.DRAFT
-        if self._drafting(w):
-            return Choice.EXPLORE if w.since + 1 >= self.refresh else Choice.DRAFT
-        return Choice.DRAFT if w.since + 1 >= self.retry else Choice.PLAIN
+            return Pick(Choice.EXPLORE) if w.since + 1 >= self.explore else Pick(Choice.DRAFT, arm)
+        if w.drafts.get(arm, _Tally()).rounds >= self.min_rounds and w.since + 1 >= self.refresh:
+            return Pick(Choice.EXPLORE)
+        return Pick(Choice.DRAFT, arm)
 
-    def record(self, width: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A round at `width` ran: whether any row drafted, the tokens it committed, its seconds."""
+    def record(self, width: int, k: int, tokens: int, seconds: float) -> None:
+        """A round at `width` ran: the pick's k if any row drafted (else 0), the tokens it
+        committed, its seconds."""
         w = self.widths.setdefault(width, _Width())
-        (w.draft if drafted else w.plain).add(tokens, seconds, self.decay)
-        chosen_is_draft = not self._inferred(width, w) and (w.plain.rounds < self.min_rounds or self._drafting(w))
-        w.since = w.since + 1 if drafted == chosen_is_draft else 0
+        (w.plain if k == 0 else w.drafts.setdefault(k, _Tally())).add(tokens, seconds, self.decay)
+        if w.plain.rounds >= self.min_rounds:
+            arm = w.arm
+            if 0 < arm < UNSET and arm in w.drafts and w.drafts[arm].rounds >= self.min_rounds \
+                    and not self._wins(w, arm):
+                w.arm = arm // 2  # measured and lost: half the draft (at 0, plain rounds)
+            elif w.arm == 0 and k > 0 and w.drafts[k].rounds >= self.min_rounds and self._wins(w, k):
+                w.arm = k  # a retry won again
+        w.since = w.since + 1 if (k > 0) == (w.arm > 0) else 0
 
-    def _drafting(self, w: _Width) -> bool:
-        return w.draft.rate > w.plain.rate * (1 + self.margin)
+    def _wins(self, w: _Width, k: int) -> bool:
+        return w.drafts[k].rate > w.plain.rate * (1 + self.margin)
 
-    def _measured(self, w: _Width) -> bool:
-        return w.draft.rounds >= self.min_rounds and w.plain.rounds >= self.min_rounds
-
-    def _inferred(self, width: int, w: _Width) -> bool:
-        """Plain rounds at `width` from a narrower width: its drafting is unmeasured here, and the
-        nearest narrower width whose rounds of both kinds are measured chose plain ones."""
-        if w.draft.rounds >= self.min_rounds:
+    def _decided(self, w: _Width) -> bool:
+        """The width's arm is measured: it won, or its arms went down to plain rounds."""
+        if w.plain.rounds < self.min_rounds or w.arm == UNSET:
             return False
-        narrower = [n for n in self.widths if n < width and self._measured(self.widths[n])]
-        return bool(narrower) and not self._drafting(self.widths[max(narrower)])
+        return w.arm == 0 or (w.arm in w.drafts and w.drafts[w.arm].rounds >= self.min_rounds and self._wins(w, w.arm))
 
-    def summary(self) -> dict[int, tuple[float, float]]:
-        """Per width: (drafting rounds' tok/s, plain rounds' tok/s), 0 where unmeasured."""
-        return {width: (w.draft.rate, w.plain.rate) for width, w in sorted(self.widths.items())}
+    def _arm(self, width: int, w: _Width, cap: int) -> int:
+        """The width's draft length: at most the cap and, until this width measured its own,
+        the nearest narrower decided width's."""
+        w.arm = min(w.arm, cap)
+        if not (w.arm in w.drafts and w.drafts[w.arm].rounds >= self.min_rounds):
+            narrower = [n for n, v in self.widths.items() if n < width and self._decided(v)]
+            if narrower:
+                w.arm = min(w.arm, self.widths[max(narrower)].arm)
+        return w.arm
+
+    def summary(self) -> dict[int, tuple[int, float, float]]:
+        """Per width: (its draft length, that length's tok/s, plain rounds' tok/s), 0 where
+        unmeasured."""
+        out = {}
+        for width, w in sorted(self.widths.items()):
+            arm = 0 if w.arm == UNSET else w.arm
+            out[width] = (arm, w.drafts[arm].rate if arm in w.drafts else 0.0, w.plain.rate)
+        return out
