@@ -10,7 +10,7 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import RESUME_TOKENS, Engine, StopReason
+from specgen.decoding.engine import RESUME_ROUNDS, RESUME_TOKENS, Engine, StopReason
 from tiny import RowDrafterBase, decode, per_row
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
@@ -166,10 +166,18 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=20, draft_tokens=3)
     assert out == reference[:20] and not calls
     steps = iter(range(100))
-    engine.width_cap = lambda width: 0 if next(steps) < 5 else 3  # drafting starts at round 6
+    engine.width_cap = lambda width: 0 if next(steps) < 5 else 3  # drafting allowed from round 6
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     assert out == reference and calls
-    assert [len(r.draft_tokens) for r in rounds[:5]] == [0] * 5 and len(rounds[5].draft_tokens) == 3
+    resumed = 5 + RESUME_ROUNDS - 1  # the held row drafts once the cap allowed it RESUME_ROUNDS rounds in a row
+    assert [len(r.draft_tokens) for r in rounds[:resumed]] == [0] * resumed
+    assert len(rounds[resumed].draft_tokens) == 3
+    # a cap that lifts for fewer rounds than that (a batch narrowed between two requests) keeps the row plain
+    calls.clear()
+    steps = iter(range(100))
+    engine.width_cap = lambda width: 3 if next(steps) % 4 == 3 else 0
+    out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
+    assert out == reference and not calls
     # held back until fewer than RESUME_TOKENS remain: the row finishes plain, the draft unfed
     calls.clear()
     steps = iter(range(100))

@@ -40,6 +40,10 @@ from specgen.text import common_prefix
 
 
 RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draft again
+# rounds in a row the cap must allow drafting before a held row drafts again: a batch narrows
+# for a round whenever a request ends and the next has not arrived yet (2 clients sending one
+# request after another), and a catch-up for that one round cost 2 clients 5-7% of plain
+RESUME_ROUNDS = 3
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 
 
@@ -60,6 +64,7 @@ class DecodeState:
     verified: int = 0  # deterministic mode: length of the replay-verified prefix of ids
     reused_tokens: int = 0  # cache positions kept from the row's previous generation
     held: bool = False  # the batch's width cap kept the row from drafting (its draft is behind)
+    allowed: int = 0  # held: rounds in a row since the cap allowed drafting again
     prefill_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     stop: str | None = None
@@ -240,7 +245,7 @@ class Engine:
             self.drafter.join(row, prompt, state.generator, capacity)
         state.ids, state.prompt_length, state.index = list(prompt), len(prompt), request.index
         state.sampling, state.reused_tokens, state.verified = request.sampling, keep, len(prompt)
-        state.stop, state.started, state.held = None, started, False
+        state.stop, state.started, state.held, state.allowed = None, started, False, 0
         if state.length is None:
             cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
             state.length = make_policy(config.schedule, config.round_tokens, cost=cost)
@@ -292,13 +297,15 @@ class Engine:
     @staticmethod
     def _capped(state: DecodeState, k: int, cap: int, config: GenerationConfig) -> int:
         """The row's draft length under the batch's width cap. A row the cap held to plain rounds
-        has fallen behind in the draft's cache; it drafts again only with RESUME_TOKENS left to
-        repay the catch-up (so a wide batch's rows finish plain as it narrows)."""
+        has fallen behind in the draft's cache; it drafts again only once the cap allowed drafting
+        RESUME_ROUNDS rounds in a row, with RESUME_TOKENS left to repay the catch-up (so a wide
+        batch's rows finish plain as it narrows, and a batch narrowed for a round stays plain)."""
         if cap == 0:
-            state.held = state.held or k > 0
+            state.held, state.allowed = state.held or k > 0, 0
             return 0
         if state.held:
-            if state.limit(config) - len(state.ids) < RESUME_TOKENS:
+            state.allowed += 1
+            if state.allowed < RESUME_ROUNDS or state.limit(config) - len(state.ids) < RESUME_TOKENS:
                 return 0
             state.held = False
         return min(k, cap)
