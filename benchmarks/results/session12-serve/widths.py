@@ -1,6 +1,7 @@
-# in-process: plain vs chain at draft caps 1, 2, 3 and lookup-chain at 2, batch width 2, interleaved (python chain_width2.py REPEATS MAX_NEW)
+# in-process A/B at fixed batch widths, engines interleaved (from the repository root: python benchmarks/results/session12-serve/widths.py REPEATS MAX_NEW lookup|chain):
+# lookup: plain vs prompt lookup at draft caps 1, 2, 4 at widths 4 and 8; chain: plain vs chain at caps 1, 2, 3
+# and lookup-chain at 2, width 2
 import time, sys, json, statistics as st, torch
-sys.path.insert(0, "/work/main")
 from specgen.config import ModelSettings, GenerationConfig, Method
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.pair import load
@@ -9,17 +10,21 @@ from specgen.decoding.events import RoundResult
 torch.set_flush_denormal(True)
 pair = load(ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"), Method.CHAIN, quiet=True)
 tok = pair.target.tokenizer
-texts = [json.loads(l)["prompt"] for l in open("/work/main/prompts/quick.jsonl")]
+texts = [json.loads(l)["prompt"] for l in open("prompts/quick.jsonl")]
 prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False), add_special_tokens=False) for t in texts]
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+SETS = {"lookup": ([("lookup1", Method.LOOKUP, 1), ("lookup2", Method.LOOKUP, 2), ("lookup4", Method.LOOKUP, 4)], (4, 8)),
+        "chain": ([("chain1", Method.CHAIN, 1), ("chain2", Method.CHAIN, 2), ("chain3", Method.CHAIN, 3),
+                   ("lc2", Method.LOOKUP_CHAIN, 2)], (2,))}
+spec, widths = SETS[sys.argv[3]]
 engines = {}
-for name, m, cap in [("plain", Method.PLAIN, None), ("chain1", Method.CHAIN, 1), ("chain2", Method.CHAIN, 2), ("chain3", Method.CHAIN, 3), ("lc2", Method.LOOKUP_CHAIN, 2)]:
+for name, m, cap in [("plain", Method.PLAIN, None)] + spec:
     cfg, _ = resolve_draft_length(pair, GenerationConfig(method=m, max_new_tokens=N))
     e = build_engine(pair, cfg)
     if cap is not None:
         e.width_cap = (lambda c: lambda w: c)(cap)
     engines[name] = (e, cfg)
-for width in (2,):
+for width in widths:
     batch = (prompts * 4)[:width]
     res = {m: [] for m in engines}; acc = {m: [0, 0, 0] for m in engines}
     for rep in range(int(sys.argv[1])):
