@@ -64,6 +64,14 @@ def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dir
             if key not in expected:
                 expected[key] = local_run(tiny_dirs, prompt, "-n", str(n))["text"]
             assert text == expected[key], prompt
+    # the chain engine's draft length per batch width: the width caps, lowered where its measured
+    # rounds chose less (0: plain rounds)
+    status, text, _ = raw(served, "GET", "/metrics")
+    prefix = 'specgen_draft_length{method="chain",width="'
+    lengths = {int(line[len(prefix):].split('"')[0]): float(line.split()[-1])
+               for line in text.splitlines() if line.startswith(prefix)}
+    caps = served.scheduler.caps
+    assert status == 200 and lengths[1] == caps[1] and all(0 <= k <= caps[w] for w, k in lengths.items())
 
 
 def test_a_full_queue_answers_503_with_retry_after(tiny_dirs, pair, monkeypatch):

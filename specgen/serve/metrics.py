@@ -33,6 +33,9 @@ class Metrics:
                                 registry=r)
         self.per_forward = Gauge("specgen_tokens_per_target_forward", "Generated tokens per target forward since "
                                  "the start", registry=r)
+        self.draft_length = Gauge("specgen_draft_length", "Most draft tokens per row at this batch width: the width "
+                                  "cap, lowered by what measured rounds chose (0: plain rounds)", ["method", "width"],
+                                  registry=r)
         self.ttft = Histogram("specgen_time_to_first_token_seconds", "From the request's prefill to its first "
                               "token", buckets=LATENCY, registry=r)
         self.queued = Histogram("specgen_queue_seconds", "From the request's arrival to its row", buckets=LATENCY,
@@ -59,6 +62,10 @@ class Metrics:
             self.ttft.observe(stats.time_to_first_token)
         self.acceptance.set(counts[1] / counts[0] if counts[0] else 0.0)
         self.per_forward.set(counts[2] / counts[3])
+
+    def draft_lengths(self, method: str, lengths: dict[int, int]) -> None:
+        for width, k in lengths.items():
+            self.draft_length.labels(method, str(width)).set(k)
 
     def finished(self, job, outcome: str, stats) -> None:
         self.requests.labels(job.kind, outcome).inc()

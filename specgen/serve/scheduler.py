@@ -162,7 +162,7 @@ class Scheduler:
         feed = _KeyFeed(self, key)
         try:
             for report, stats in fold(engine, engine.drive(feed, config, self.max_batch, resume), config.method.value):
-                self._dispatch(report, stats)
+                self._dispatch(report, stats, engine)
         except Exception as exc:  # noqa: BLE001: the server outlives a failed batch; its rows get the error
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -177,7 +177,7 @@ class Scheduler:
                 ticket.post(None)
             self.engines.pop(key, None)  # a fresh engine (and caches) for the next request
 
-    def _dispatch(self, report, stats) -> None:
+    def _dispatch(self, report, stats, engine: Engine) -> None:
         ticket = self.running.get(report.index)
         if ticket is None:
             return
@@ -189,6 +189,8 @@ class Scheduler:
             with self.cond:
                 del self.running[report.index]
             self.metrics.batch_width.set(len(self.running))
+            if engine.rates is not None:
+                self.metrics.draft_lengths(ticket.job.config.method.value, self._lengths(engine, ticket.job.config))
             self._finish(ticket, stats, report.state, event.stop)
             return
         if isinstance(event, RoundResult):
@@ -198,6 +200,13 @@ class Scheduler:
             ticket.post(chunk)
         if ticket.output.stopped:  # a stop string: the row ends before its next round
             ticket.cancelled = True
+
+    def _lengths(self, engine: Engine, config: GenerationConfig) -> dict[int, int]:
+        """The most tokens a row drafts per batch width: the width caps of a draft model's
+        methods, lowered where the engine's measured rounds chose less."""
+        lengths = dict(self.caps) if config.method.needs_draft_model else {}
+        lengths.update({width: k for width, (k, _, _) in engine.rates.summary().items()})
+        return lengths
 
     def _finish(self, ticket: Ticket, stats, state: DecodeState, stop: str | None) -> None:
         ids = state.final_ids(ticket.job.config)
