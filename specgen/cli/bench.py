@@ -229,12 +229,13 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
 
 def _learned(scheduler) -> dict:
     """Per method the server ran with measured rounds: per batch width, the draft length its
-    rounds settled on and the tok/s of those drafting rounds and of plain ones."""
+    rounds settled on, the tok/s of its drafting rounds at each length tried, and of plain ones."""
     out = {}
     for key, engine in scheduler.engines.items():
         if engine.rates is not None:
-            out[key[0].value] = {str(w): {"k": k, "draft_tok_s": round(d, 2), "plain_tok_s": round(p, 2)}
-                                 for w, (k, d, p) in engine.rates.summary().items()}
+            out[key[0].value] = {str(w): {"k": k, "draft_tok_s": {str(n): round(r, 2) for n, r in drafts.items()},
+                                          "plain_tok_s": round(p, 2)}
+                                 for w, (k, drafts, p) in engine.rates.summary().items()}
     return out
 
 

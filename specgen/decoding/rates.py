@@ -27,9 +27,11 @@ HALFLIFE rounds), and answers, before a round at a width where the cap allows dr
   wide batch: width by width, its exploring rounds cost a server 4-6% of its throughput);
 - and the kind not chosen runs once in a while, so a change (other requests, another text, the
   machine's speed) is seen: a plain round after REFRESH drafting rounds (it costs at most one
-  round's gain), a one-token drafting round after RETRY plain rounds (rows held to plain rounds
-  pay the draft's catch-up prefill when they draft again, and only rows with enough tokens left
-  do); once those have MIN_ROUNDS rounds and win, the width drafts one token again.
+  round's gain), a one-token drafting round after RETRY plain rounds; once those have
+  MIN_ROUNDS rounds and win, the width drafts one token again. A retry is dear with a draft
+  model: every held row with enough tokens left pays the draft's catch-up of its whole text
+  (0.3-0.4 s each on the 2-core CPU: at 2 rows and a retry every 256 rounds, 2-3% of the
+  throughput), so retries are rare.
 
 Only the draft length changes, never what a round commits: every k gives the same greedy output
 and the same sampling law (length.py), so the choice is exact whatever it measures.
@@ -45,7 +47,7 @@ MIN_ROUNDS = 4  # rounds of each kind before their rates are compared
 MARGIN = 0.05  # drafting rounds must deliver this much more than plain ones to be chosen
 EXPLORE = 4  # while plain rounds are unmeasured: one round in EXPLORE is plain
 REFRESH = 48  # drafting rounds between two plain rounds, once drafting is chosen
-RETRY = 256  # plain rounds between two drafting rounds, once plain rounds are chosen
+RETRY = 1024  # plain rounds between two drafting rounds, once plain rounds are chosen
 # One row drafts the device's own k, as `specgen run` does (length.choose measured it; a served
 # request alone gives what a local run gives, round for round): rates decide from two rows on.
 LEAST = 2
@@ -152,11 +154,8 @@ class WidthRates:
                 w.arm = min(w.arm, self.widths[max(narrower)].arm)
         return w.arm
 
-    def summary(self) -> dict[int, tuple[int, float, float]]:
-        """Per width: (its draft length, that length's tok/s, plain rounds' tok/s), 0 where
-        unmeasured."""
-        out = {}
-        for width, w in sorted(self.widths.items()):
-            arm = 0 if w.arm == UNSET else w.arm
-            out[width] = (arm, w.drafts[arm].rate if arm in w.drafts else 0.0, w.plain.rate)
-        return out
+    def summary(self) -> dict[int, tuple[int, dict[int, float], float]]:
+        """Per width: (its draft length, tok/s of the drafting rounds of each length tried,
+        plain rounds' tok/s, 0 where unmeasured)."""
+        return {width: (0 if w.arm == UNSET else w.arm, {k: t.rate for k, t in sorted(w.drafts.items())},
+                        w.plain.rate) for width, w in sorted(self.widths.items())}
