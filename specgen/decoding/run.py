@@ -16,7 +16,8 @@ import time
 from typing import Iterator
 
 from specgen.config import GenerationConfig
-from specgen.decoding.engine import DecodeState, Engine, RowEvent
+from specgen.decoding.engine import Engine, RowEvent
+from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, Renderer, replay_view, round_view

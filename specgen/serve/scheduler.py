@@ -21,14 +21,15 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import DecodeState, Engine
+from specgen.decoding.engine import Engine
+from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import WidthRates
