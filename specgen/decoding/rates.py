@@ -117,7 +117,7 @@ class WidthRates:
             return Pick(Choice.DRAFT, 1) if w.since + 1 >= self.retry else Pick(Choice.PLAIN)
         if w.plain.rounds < self.min_rounds:
             return Pick(Choice.EXPLORE) if w.since + 1 >= self.explore else Pick(Choice.DRAFT, arm)
-        if w.drafts.get(arm, _Tally()).rounds >= self.min_rounds and w.since + 1 >= self.refresh:
+        if self._measured(w, arm) and w.since + 1 >= self.refresh:
             return Pick(Choice.EXPLORE)
         return Pick(Choice.DRAFT, arm)
 
@@ -127,28 +127,28 @@ class WidthRates:
         w = self.widths.setdefault(width, _Width())
         (w.plain if k == 0 else w.drafts.setdefault(k, _Tally())).add(tokens, seconds, self.decay)
         if w.plain.rounds >= self.min_rounds:
-            arm = w.arm
-            if 0 < arm < UNSET and arm in w.drafts and w.drafts[arm].rounds >= self.min_rounds \
-                    and not self._wins(w, arm):
-                w.arm = arm // 2  # measured and lost: half the draft (at 0, plain rounds)
-            elif w.arm == 0 and k > 0 and w.drafts[k].rounds >= self.min_rounds and self._wins(w, k):
+            if self._measured(w, w.arm) and not self._wins(w, w.arm):
+                w.arm //= 2  # measured and lost: half the draft (at 0, plain rounds)
+            elif w.arm == 0 and self._measured(w, k) and self._wins(w, k):
                 w.arm = k  # a retry won again
         w.since = w.since + 1 if (k > 0) == (w.arm > 0) else 0
+
+    def _measured(self, w: _Width, k: int) -> bool:
+        """Drafting rounds of length k (> 0) ran MIN_ROUNDS times at this width."""
+        return k in w.drafts and w.drafts[k].rounds >= self.min_rounds
 
     def _wins(self, w: _Width, k: int) -> bool:
         return w.drafts[k].rate > w.plain.rate * (1 + self.margin)
 
     def _decided(self, w: _Width) -> bool:
         """The width's arm is measured: it won, or its arms went down to plain rounds."""
-        if w.plain.rounds < self.min_rounds or w.arm == UNSET:
-            return False
-        return w.arm == 0 or (w.arm in w.drafts and w.drafts[w.arm].rounds >= self.min_rounds and self._wins(w, w.arm))
+        return w.plain.rounds >= self.min_rounds and (w.arm == 0 or (self._measured(w, w.arm) and self._wins(w, w.arm)))
 
     def _arm(self, width: int, w: _Width, cap: int) -> int:
         """The width's draft length: at most the cap and, until this width measured its own,
         the nearest narrower decided width's."""
         w.arm = min(w.arm, cap)
-        if not (w.arm in w.drafts and w.drafts[w.arm].rounds >= self.min_rounds):
+        if not self._measured(w, w.arm):
             narrower = [n for n, v in self.widths.items() if n < width and self._decided(v)]
             if narrower:
                 w.arm = min(w.arm, self.widths[max(narrower)].arm)
