@@ -186,8 +186,9 @@ def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(ti
     drafter = ConfidentModelDrafter(draft.model, draft.device, ConfidenceStop(threshold))
     out, rounds, state = run(tiny_pair, drafter, PROMPT, max_new_tokens=40, draft_tokens=4)
     assert out == reference
-    lengths, produced = set(), 0
-    for r in rounds:  # rounds the budget did not cap (the engine drafts at most remaining - 1)
+    assert not rounds[0].draft_tokens  # the first token does not wait for the draft to read the prompt
+    lengths, produced = set(), len(rounds[0].emitted)
+    for r in rounds[1:]:  # rounds the budget did not cap (the engine drafts at most remaining - 1)
         if 40 - produced > 4:
             lengths.add(len(r.draft_tokens))
         produced += len(r.emitted)

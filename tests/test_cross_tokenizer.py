@@ -288,6 +288,7 @@ def first_two(pair, generations: int, seed: int) -> torch.Tensor:
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
                               sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
     engine = engine_with(pair, config, stop_ids=frozenset())
+    engine.prompt_catch_up = 1 << 30  # the first token is drafted too, though the prompt is long
     prompt = prompt_ids(pair, STAT_PROMPT)
     finished = {r.index: r.state.ids[-2:] for r in engine.generate([prompt] * generations, config, 300)
                 if isinstance(r.event, Finished)}

@@ -10,8 +10,9 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import RESUME_ROUNDS, RESUME_TOKENS, Engine, StopReason
-from tiny import RowDrafterBase, decode, per_row
+from specgen.decoding.engine import PROMPT_CATCH_UP, RESUME_ROUNDS, RESUME_TOKENS, Engine, StopReason
+from specgen.decoding.events import RoundResult
+from tiny import RowDrafterBase, decode, engine_with, per_row
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
 
@@ -90,7 +91,8 @@ def test_chain_with_target_as_draft_accepts_everything(tiny_pair, reference):
                       max_new_tokens=40, draft_tokens=4)
     assert out == reference
     assert all(r.accepted == len(r.draft_tokens) for r in rounds)
-    assert len(rounds) == 8  # 5 tokens per target forward
+    assert not rounds[0].draft_tokens  # a first token never waits for the draft to read the prompt
+    assert len(rounds) == 9  # then 5 tokens per target forward
 
 
 @pytest.mark.parametrize("k", [1, 4, 5])
@@ -184,6 +186,33 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     engine.width_cap = lambda width: 0 if next(steps) < 40 - RESUME_TOKENS + 1 else 3
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     assert out == reference and not calls and len(rounds) == 40
+
+
+@pytest.mark.parametrize("method", [Method.CHAIN, Method.RSD_C, Method.LOOKUP_CHAIN])
+def test_a_first_token_never_waits_for_the_draft_to_read_the_prompt(tiny_pair, reference, method):
+    """A prompt longer than PROMPT_CATCH_UP new tokens: the first round drafts nothing, so no
+    draft forward runs before the first token (time to first token as plain decoding's); the
+    draft reads the prompt in round 2 and the output stays exact. A short prompt, or a chat
+    turn adding few tokens, drafts from its first round."""
+    config = GenerationConfig(method=method, max_new_tokens=20, draft_tokens=3, branching=(2, 1))
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
+    calls, first = [], []  # every draft forward runs the draft's embedding
+    hook = tiny_pair[1].model.get_input_embeddings().register_forward_hook(lambda *args: calls.append(1))
+    try:
+        for report in engine.generate([PROMPT], config):
+            if isinstance(report.event, RoundResult) and not first:
+                first.append((report.event, len(calls)))
+        assert len(PROMPT) > PROMPT_CATCH_UP
+        assert not first[0][0].draft_tokens and first[0][1] == 0 and calls
+        rounds, state = decode(engine, PROMPT, config)
+        assert [t for r in rounds for t in r.emitted] == reference[:20]
+        turn, resumed = decode(engine, state.ids + PROMPT[:PROMPT_CATCH_UP - 1], config, resume=state)
+        assert resumed.prompt_length - resumed.reused_tokens == PROMPT_CATCH_UP
+        short = decode(engine, PROMPT[-PROMPT_CATCH_UP:], config)[0]
+    finally:
+        hook.remove()
+    if method is not Method.LOOKUP_CHAIN:  # lookup-chain drafts from whichever source matches
+        assert short[0].draft_tokens and turn[0].draft_tokens
 
 
 @pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN])

@@ -99,7 +99,8 @@ def test_commit_after_tree_rounds_equals_fresh_prefill(tiny_pair, config, temper
         torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
         drafter = engine.drafter.rows[0]  # the row's tree drafter
         assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
-        drafter.start(ids, None, len(ids) + 8)  # top the cache up to the committed sequence
+        # top the cache up to the committed sequence (start keeps the cache; propose feeds the rest)
+        kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[drafter.cached:-1]]))
         d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)

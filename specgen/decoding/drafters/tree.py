@@ -49,15 +49,12 @@ class TreeDrafter(abc.ABC):
         self._base = 0  # the context length at the last proposal
 
     def start(self, prompt_ids: list[int], generator, capacity: int) -> None:
-        """Hold the prompt but its last token, reusing what a rewind left valid."""
+        """Keep what a rewind left valid of the prompt; the rest is fed lazily, with the first
+        proposal, so a row whose first rounds draft nothing costs no draft forward yet."""
         self.cache.reserve(capacity)
         self.generator = on_device(generator, self.device)
-        ids = prompt_ids[:-1]
-        self.cached = min(self.cached, len(ids))
+        self.cached = min(self.cached, len(prompt_ids) - 1)
         kvcache.crop(self.cache, self.cached)
-        if len(ids) > self.cached:
-            self._forward(torch.tensor([ids[self.cached:]], device=self.device))
-            self.cached = len(ids)
 
     def rewind(self, valid: int) -> None:
         self.cached = min(self.cached, valid)
