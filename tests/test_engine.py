@@ -11,8 +11,8 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import PROMPT_CATCH_UP, RESUME_ROUNDS, RESUME_TOKENS, Engine, StopReason
-from specgen.decoding.events import RoundResult
-from tiny import RowDrafterBase, decode, engine_with, per_row
+from specgen.decoding.events import Finished, RoundResult
+from tiny import RowDrafterBase, batch_ids, decode, engine_with, per_row
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
 
@@ -171,7 +171,9 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     engine.width_cap = lambda width: 0 if next(steps) < 5 else 3  # drafting allowed from round 6
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     assert out == reference and calls
-    resumed = 5 + RESUME_ROUNDS - 1  # the held row drafts once the cap allowed it RESUME_ROUNDS rounds in a row
+    # the held row drafts once the cap allowed it RESUME_ROUNDS rounds in a row (rounds[0] is the
+    # first token, from the prefill, before any round)
+    resumed = 1 + 5 + RESUME_ROUNDS - 1
     assert [len(r.draft_tokens) for r in rounds[:resumed]] == [0] * resumed
     assert len(rounds[resumed].draft_tokens) == 3
     # a cap that lifts for fewer rounds than that (a batch narrowed between two requests) keeps the row plain
@@ -188,31 +190,60 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     assert out == reference and not calls and len(rounds) == 40
 
 
+def counting(model) -> tuple[list, object]:
+    """Calls of `model`'s forward (every forward runs its embedding), and the hook to remove."""
+    calls: list = []
+    return calls, model.get_input_embeddings().register_forward_hook(lambda *args: calls.append(1))
+
+
 @pytest.mark.parametrize("method", [Method.CHAIN, Method.RSD_C, Method.LOOKUP_CHAIN])
-def test_a_first_token_never_waits_for_the_draft_to_read_the_prompt(tiny_pair, reference, method):
-    """A prompt longer than PROMPT_CATCH_UP new tokens: the first round drafts nothing, so no
-    draft forward runs before the first token (time to first token as plain decoding's); the
-    draft reads the prompt in round 2 and the output stays exact. A short prompt, or a chat
-    turn adding few tokens, drafts from its first round."""
+def test_a_first_token_comes_from_the_prefill(tiny_pair, reference, method):
+    """A prompt of more than PROMPT_CATCH_UP new tokens: its first token comes from the prefill
+    (one target forward, no draft forward: time to first token as plain decoding's), the draft
+    reads the prompt in the first round, and the output stays exact. A short prompt, or a chat
+    turn adding few tokens, has its first token speculated like any other."""
     config = GenerationConfig(method=method, max_new_tokens=20, draft_tokens=3, branching=(2, 1))
     engine = engine_with(tiny_pair, config, stop_ids=frozenset())
-    calls, first = [], []  # every draft forward runs the draft's embedding
-    hook = tiny_pair[1].model.get_input_embeddings().register_forward_hook(lambda *args: calls.append(1))
+    (drafts, d_hook), (targets, t_hook) = counting(tiny_pair[1].model), counting(tiny_pair[0].model)
+    first = []
     try:
         for report in engine.generate([PROMPT], config):
             if isinstance(report.event, RoundResult) and not first:
-                first.append((report.event, len(calls)))
+                first.append((report.event, len(drafts), len(targets)))
         assert len(PROMPT) > PROMPT_CATCH_UP
-        assert not first[0][0].draft_tokens and first[0][1] == 0 and calls
+        assert not first[0][0].draft_tokens and first[0][1:] == (0, 1) and drafts
         rounds, state = decode(engine, PROMPT, config)
         assert [t for r in rounds for t in r.emitted] == reference[:20]
         turn, resumed = decode(engine, state.ids + PROMPT[:PROMPT_CATCH_UP - 1], config, resume=state)
         assert resumed.prompt_length - resumed.reused_tokens == PROMPT_CATCH_UP
         short = decode(engine, PROMPT[-PROMPT_CATCH_UP:], config)[0]
     finally:
-        hook.remove()
+        d_hook.remove()
+        t_hook.remove()
     if method is not Method.LOOKUP_CHAIN:  # lookup-chain drafts from whichever source matches
         assert short[0].draft_tokens and turn[0].draft_tokens
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_rows_that_end_at_their_first_token_leave_before_any_round(tiny_pair, deterministic):
+    """One new token per prompt, 5 prompts 2 rows at a time: every row ends at its prefill (a
+    deterministic row after its window's replay), the next prompts still join, and no round runs."""
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(5)]
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=1, draft_tokens=3, deterministic=deterministic)
+    expected = [reference_greedy(tiny_pair[0].model, p, 1) for p in prompts]
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
+    (drafts, d_hook), (targets, t_hook) = counting(tiny_pair[1].model), counting(tiny_pair[0].model)
+    try:
+        assert [ids[len(p):] for ids, p in zip(batch_ids(engine, prompts, config, 2), prompts)] == expected
+    finally:
+        d_hook.remove()
+        t_hook.remove()
+    assert not drafts and len(targets) == 5 * (2 if deterministic else 1)  # prefills (and replays)
+    # a first token that is a stop token ends its row the same way
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset(t for [t] in expected))
+    again = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=deterministic)
+    finished = [r.event.stop for r in engine.generate(prompts, again, 2) if isinstance(r.event, Finished)]
+    assert finished == [StopReason.EOS] * 5
 
 
 @pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN])

@@ -3,11 +3,11 @@ while others prefill joining before the round; greedy outputs stay those of plai
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.engine import MAX_DRAFT, RESUME_TOKENS
-from specgen.decoding.events import Finished, RoundResult
+from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import Choice, Pick, WidthRates
 from specgen.runtime.pair import Pair
@@ -122,18 +122,23 @@ def test_greedy_outputs_equal_plain_whatever_the_rates_choose(tiny_pair):
         assert {Choice.DRAFT, Choice.EXPLORE, Choice.PLAIN} <= set(engine.rates.made)
 
 
+def first_token_then_rounds(engine, config) -> list[int]:
+    """Tokens drafted per round of one long prompt, after its first token (from the prefill)."""
+    results = [r.event for r in engine.generate([PROMPTS[0]], config) if isinstance(r.event, RoundResult)]
+    assert len(PROMPTS[0]) > engine.prompt_catch_up and not results[0].draft_tokens
+    return [len(r.draft_tokens) for r in results[1:]]
+
+
 def test_an_explored_plain_round_holds_no_row_back(tiny_pair):
     """After an EXPLORE round the rows draft again at once (a PLAIN round holds them back)."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     engine = engine_with(tiny_pair, config)
     engine.rates = Scripted([DRAFT, EXPLORE])
-    drafted = [len(r.event.draft_tokens) for r in engine.generate([PROMPTS[0]], config)
-               if isinstance(r.event, RoundResult)]
+    drafted = first_token_then_rounds(engine, config)
     assert drafted[1] == 0 and drafted[2] > 0 and drafted[3] == 0
     engine.rates = Scripted([DRAFT, PLAIN, DRAFT])
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=RESUME_TOKENS - 2, draft_tokens=3)
-    drafted = [len(r.event.draft_tokens) for r in engine.generate([PROMPTS[0]], config)
-               if isinstance(r.event, RoundResult)]
+    drafted = first_token_then_rounds(engine, config)
     assert drafted[1] == 0 and drafted[2] == 0  # held back until RESUME_TOKENS are left
 
 
@@ -156,8 +161,12 @@ def test_requests_that_arrive_during_a_prefill_join_before_the_round(tiny_pair):
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=3)
     engine = engine_with(tiny_pair, config)
     events = list(engine.drive(Arriving(PROMPTS[:3]), config, batch_size=4))
-    first = next(i for i, r in enumerate(events) if isinstance(r.event, RoundResult))
-    assert len({r.index for r in events[:first]}) == 3  # all three joined before the first round
+    tokens = Counter()  # a row's first token comes from its prefill, the second from a round
+    for i, r in enumerate(events):
+        tokens[r.index] += isinstance(r.event, RoundResult)
+        if tokens[r.index] == 2:
+            break
+    assert len({r.index for r in events[:i] if isinstance(r.event, Joined)}) == 3  # all joined before the round
     finished = {r.index: r.state.ids for r in events if isinstance(r.event, Finished)}
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=12)
     assert [finished[i] for i in range(3)] == batch_ids(engine_with(tiny_pair, plain), PROMPTS[:3], plain, 1)

@@ -6,7 +6,8 @@ row: (1) the drafter proposes (a chain, a tree, or nothing); (2) the target scor
 one target token; (4) the commit sets each row's cache length (a chain) or gathers the accepted
 path into place (a tree) and tells the drafter what was kept. In deterministic mode a row
 whose window is full is then replayed at a fixed shape (replay.py), which decides what is
-final. Rows join and leave between rounds (dynamic batching).
+final. Rows join and leave between rounds (dynamic batching); a joining row's prefill gives its
+first token when the prompt is long enough for a draft's catch-up to matter (PROMPT_CATCH_UP).
 
 The target cache lives as long as the engine: when a generation ends its last rows stay, so
 the next generation can resume a row (a chat turn keeps the longest common prefix of both
@@ -45,11 +46,11 @@ RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draf
 # for a round whenever a request ends and the next has not arrived yet (2 clients sending one
 # request after another), and a catch-up for that one round cost 2 clients 5-7% of plain
 RESUME_ROUNDS = 3
-# new prompt tokens past which a row's first round drafts nothing: its first token then waits
-# for the target's prefill and one target step, as in plain decoding, not also for the draft
-# model to read the prompt (that catch-up moves to the second round; chain at one client: time
-# to first token 1.01 s -> 0.64 s, for about one target step more per request). In a batch where
-# other rows draft, the chain drafter still feeds the new row's prompt in that round.
+# new prompt tokens past which a row's first token comes from its prefill (which then feeds the
+# whole prompt), not from a first round: that token waits for no draft model to read the prompt
+# first (the draft catches up in the second round) and costs no target step of its own. Chain at
+# one client: time to first token 1.01 s -> 0.64 s. A shorter prompt (a short chat turn, the
+# tests of the first token's law) has its first token speculated like every other.
 PROMPT_CATCH_UP = 4
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 
@@ -87,8 +88,8 @@ class Engine:
         self.width_cap: Callable[[int], int] = lambda width: MAX_DRAFT
         # where the cap allows drafting, whether it pays there, from measured rounds (a server's)
         self.rates: WidthRates | None = None
-        # new prompt tokens past which a row's first round drafts nothing (time to first token);
-        # larger drafts the first round of longer prompts too (tests of the first token's law)
+        # new prompt tokens past which a row's first token comes from its prefill; larger
+        # speculates the first token of longer prompts too (tests of that token's law)
         self.prompt_catch_up = PROMPT_CATCH_UP
 
     # -- the loop ---------------------------------------------------------------------------
@@ -129,24 +130,34 @@ class Engine:
                     self._settle(None)  # the rows parked by the last round: one spare row stays
                 while requests:
                     for request in requests:
-                        state = self._join(request, config, resume if resumed else None)
+                        state, first = self._join(request, config, resume if resumed else None)
                         resumed = False
                         rows.append(state)
                         yield self._event(state, Joined(len(request.ids), state.reused_tokens,
                                                         state.prefill_seconds))
+                        if first is not None:
+                            yield from self._report(state, config, first)
                     # requests that came while those prefilled join before the round, not a round later
                     requests = feed.take(batch_size - len(rows))
+                joined = bool(rows)
+                rows = yield from self._leave(rows)  # a first token may have ended a row
                 if not rows:
+                    if joined:
+                        continue  # every row ended at its first token: take the next requests
                     return
                 for state, result in zip(rows, self._round(rows, config)):
-                    yield self._event(state, result)
-                    replay = self._close_window(state, config, result)
-                    if replay is not None:
-                        yield self._event(state, replay)
+                    yield from self._report(state, config, result)
                 rows = yield from self._leave(rows)
         except BaseException:  # Ctrl-C, or the caller stopped early: the rows stay resumable (a
             self.parked = rows  # resume crops each to the prefix it shares with its next prompt)
             raise
+
+    def _report(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> Iterator[RowEvent]:
+        """A row's result, and the replay of its window when that result filled it."""
+        yield self._event(state, result)
+        replay = self._close_window(state, config, result)
+        if replay is not None:
+            yield self._event(state, replay)
 
     def _leave(self, rows: list[DecodeState]) -> Iterator[RowEvent]:
         """Finished rows leave (an event each); the rows left are renumbered. When every row
@@ -192,7 +203,10 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, request: Request, config: GenerationConfig, resume: DecodeState | None) -> DecodeState:
+    def _join(self, request: Request, config: GenerationConfig,
+              resume: DecodeState | None) -> tuple[DecodeState, RoundResult | None]:
+        """Prefill a joining row; its first token too when the prompt brings more than
+        `prompt_catch_up` new tokens (PROMPT_CATCH_UP)."""
         started = time.perf_counter()
         cache, prompt = self.cache, request.ids
         if resume is not None:
@@ -208,8 +222,10 @@ class Engine:
         kvcache.set_length(cache, row, keep)
         capacity = self._capacity(len(prompt), request.max_new_tokens, config)
         cache.reserve(capacity)
-        if len(prompt) - 1 > keep:
-            self._forward(torch.tensor([prompt[keep:-1]], device=self.device), keep=1, row=row)
+        first = len(prompt) - keep > self.prompt_catch_up
+        if first or len(prompt) - 1 > keep:
+            logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
+                                   keep=1, row=row)
         # one random stream for the row's draft and its verdicts
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         if config.method is not Method.PLAIN:
@@ -223,8 +239,17 @@ class Engine:
             state.length = make_policy(config.schedule, config.round_tokens, cost=cost)
         state.budget = min(request.max_new_tokens, self.context_length - state.prompt_length)
         state.context_bound = state.budget < request.max_new_tokens
+        result = self._first_token(state, logits, config) if first else None
         state.prefill_seconds = time.perf_counter() - started
-        return state
+        return state, result
+
+    def _first_token(self, state: DecodeState, logits: torch.Tensor, config: GenerationConfig) -> RoundResult:
+        """The row's first token from its prefill's last logits, chosen as a round that proposed
+        nothing would choose it (the same rule, the row's random stream), and committed."""
+        root = torch.tensor(state.ids[-1:], device=self.device)
+        row = verify.RowInput(len(state.ids), Proposal.empty(), state.sampling, state.generator, state.index)
+        verdict = verify.accept([row], verify.Scored(logits[:, -1:], [root], [None]), config, self.vocab)[0]
+        return self._commit(state, row.proposal, verdict, None, config, 0.0, 0.0)
 
     # -- one round for every row ----------------------------------------------------------------
     @torch.inference_mode()
@@ -264,9 +289,6 @@ class Engine:
         remaining = state.limit(config) - len(state.ids)
         if config.method.is_tree and remaining <= config.tree_depth:
             return 0  # too close to the end for a tree
-        if len(state.ids) == state.prompt_length and config.method.needs_draft_model and \
-                state.prompt_length - state.reused_tokens > self.prompt_catch_up:
-            return 0  # the first token does not wait for the draft to read the prompt
         return max(min(state.length.next_k(), remaining - 1), 0)
 
     @staticmethod

@@ -105,7 +105,8 @@ class Stats:
     # -- derived figures ------------------------------------------------------------------------
     @property
     def target_forwards(self) -> int:
-        """Target forwards while decoding: one per round, plus one per replay (prefill excluded)."""
+        """Target forwards while decoding: one per round, plus one per replay (prefill excluded;
+        a first token from the prefill counts as its round)."""
         return self.rounds + self.verified_windows
 
     @property
