@@ -224,6 +224,9 @@ def test_malformed_bodies_and_keys(served, sdk):
         status, body, _ = raw(served, "POST", "/v1/chat/completions", request, token=token)
         assert status == 401 and body["error"]["code"] == "invalid_api_key"
     assert raw(served, "GET", "/metrics", token=None)[0] == 401
+    for method, path, status in (("GET", "/v1/chat/completions", 405), ("POST", "/v1/embeddings", 404)):
+        got, body, _ = raw(served, method, path, {})
+        assert got == status and set(body["error"]) == {"message", "type", "param", "code"}, body
     bad = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

@@ -18,6 +18,7 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import encode_prompt
@@ -69,6 +70,13 @@ def create_app(state: ServerState) -> FastAPI:
     async def unexpected(request: Request, exc: Exception):  # never a traceback on the wire
         return error(api.ApiError(500, f"internal error: {type(exc).__name__}", kind="server_error",
                                   code="internal_error"))
+
+    @app.exception_handler(HTTPException)
+    async def routing(request: Request, exc: HTTPException):  # an unknown path, a wrong method
+        message = {404: f"no route {request.url.path}; the API is under /v1",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
+                     headers=getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health(request: Request):
