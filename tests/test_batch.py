@@ -155,6 +155,9 @@ class ScriptedBatchDrafter:
     def leave(self, keep):
         self.rows = [self.rows[i] for i in keep]
 
+    def finished(self, row):
+        pass
+
     def propose(self, contexts, ks, samplings):
         out = []
         for row, (context, k) in enumerate(zip(contexts, ks)):

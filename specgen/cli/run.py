@@ -105,6 +105,7 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
     texts = read_prompts_file(path)
     pair = load(ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile), config.method,
                 quiet=fmt is Format.json)
+    pair.keep_prefixes()  # prompts of a set often share a system prompt or a preamble
     config, _ = resolve_draft_length(pair, config)
     prompts = [encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
     stopped: list[int] = []  # prompts that Ctrl-C left unfinished (1-based, input order)

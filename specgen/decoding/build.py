@@ -55,7 +55,7 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
         return PerRow(lambda: RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab,
                                                 pair.compile))
     confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
-    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile)
+    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile, pair.draft_prefixes)
     if method is Method.LOOKUP_CHAIN:
         return LookupChain(chain, model_tokens=config.draft_tokens)
     return chain
@@ -70,7 +70,7 @@ def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     draft = pair.draft
     confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
     vocab = min(len(draft.tokenizer), draft.model.config.vocab_size)  # never an id the tokenizer lacks
-    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile)
+    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile, pair.draft_prefixes)
     drafter = TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
     if config.method is Method.LOOKUP_CHAIN:
         return LookupChain(drafter, model_tokens=config.draft_tokens)
@@ -82,7 +82,7 @@ def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = No
     the rows it parked) it continues from."""
     target = pair.target
     engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
-                    pair.vocab, compile=pair.compile, after=after)
+                    pair.vocab, compile=pair.compile, after=after, prefixes=pair.target_prefixes)
     models = [("target", target.model)] + ([("draft", pair.draft.model)] if config.method.needs_draft_model else [])
     for role, model in models:
         why = can_capture(model) if pair.compile in ("graphs", "inductor") else None

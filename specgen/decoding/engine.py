@@ -11,7 +11,9 @@ first token when the prompt is long enough for a draft's catch-up to matter (PRO
 
 The target cache lives as long as the engine: when a generation ends its last rows stay, so
 the next generation can resume a row (a chat turn keeps the longest common prefix of both
-caches) or reuse its buffers (captured CUDA graphs stay valid). Each row reports a Joined
+caches) or reuse its buffers (captured CUDA graphs stay valid). A finished row's K/V goes to
+the target's prefix store, and a joining row copies the longest prefix stored there instead of
+prefilling it (runtime/prefixes.py; not in deterministic mode). Each row reports a Joined
 event, its rounds (RoundResult) and replays (ReplayResult), then Finished; the host syncs per
 round are the reads of the verdicts.
 """
@@ -38,6 +40,7 @@ from specgen.decoding.tree import DraftTree
 from specgen.errors import PromptError
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
+from specgen.runtime.prefixes import PrefixStore
 from specgen.text import common_prefix
 
 
@@ -70,7 +73,7 @@ class Engine:
 
     def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int], context_length: int,
                  drafter: Drafter | None = None, vocab: int | None = None, compile: str = "off",
-                 after: "Engine | None" = None):
+                 after: "Engine | None" = None, prefixes: PrefixStore | None = None):
         self.model = target_model
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
@@ -83,6 +86,7 @@ class Engine:
         self.cache = after.cache if after is not None else kvcache.SlotCache(target_model.config, rows=0)
         self.parked: list[DecodeState] = after.parked if after is not None else []  # rows the last generation left
         self._spare = False  # row 0 holds a finished row that the next join may take
+        self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         # the most tokens a row may draft when `width` rows share a round (a server sets it from
         # measured costs, length.WidthCosts: past some width plain rounds win); default no limit
         self.width_cap: Callable[[int], int] = lambda width: MAX_DRAFT
@@ -164,6 +168,8 @@ class Engine:
         finished, they stay in the cache: the next generation resumes or reuses one."""
         done = [state for state in rows if state.stop is not None]
         for state in done:
+            self.prefixes.save(self.cache, state.row, state.ids)
+            self.drafter.finished(state.row)
             yield self._event(state, Finished(state.stop))
         if not done:
             return rows
@@ -222,6 +228,8 @@ class Engine:
         kvcache.set_length(cache, row, keep)
         capacity = self._capacity(len(prompt), request.max_new_tokens, config)
         cache.reserve(capacity)
+        if not config.deterministic:
+            keep = self.prefixes.load(cache, row, prompt, have=keep)
         first = len(prompt) - keep > self.prompt_catch_up
         if first or len(prompt) - 1 > keep:
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),

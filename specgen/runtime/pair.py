@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import signal
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -18,6 +18,7 @@ from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair, 
 from specgen.runtime import int8, int8_store, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
+from specgen.runtime.prefixes import DEFAULT_MIB, PrefixStore
 from specgen.status import note, status
 
 
@@ -26,6 +27,14 @@ class Pair:
     target: LoadedModel
     draft: LoadedModel | None
     compile: str = "off"  # compiled.py: off, graphs (CUDA graphs), inductor, fixed
+    # finished rows' K/V by their tokens, one store per model, shared by every engine on the pair
+    # (empty until `keep_prefixes`)
+    target_prefixes: PrefixStore = field(default_factory=PrefixStore)
+    draft_prefixes: PrefixStore = field(default_factory=PrefixStore)
+
+    def keep_prefixes(self, mib: int = DEFAULT_MIB) -> None:
+        """Let each model's prefix store keep `mib` MiB of finished rows' K/V (0: none)."""
+        self.target_prefixes.budget = self.draft_prefixes.budget = mib << 20
 
     @property
     def vocab(self) -> int | None:

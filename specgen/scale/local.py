@@ -22,6 +22,7 @@ class Decoder:
         if threads:
             torch.set_num_threads(threads)
         self.pair = load(settings, config.method, quiet=quiet)
+        self.pair.keep_prefixes()  # prompts of a set often share a system prompt or a preamble
         self.config, _ = resolve_draft_length(self.pair, config)
         self.engine = build_engine(self.pair, self.config)
         self.raw, self.system = raw, system

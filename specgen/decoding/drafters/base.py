@@ -7,6 +7,8 @@ A drafter serves the rows of a batch (a single prompt is a batch of one). The en
   a `rewind` left valid. `generator` is the row's for random draws; `capacity` the positions the
   row may reach (caches are preallocated for it).
 * `leave(keep)`: only rows `keep` stay, renumbered 0.. in that order.
+* `finished(row)`: the row's request is done (it leaves, or stays parked for a next turn): a
+  drafter with a cache may keep what the row holds for later prompts that start the same way.
 * `rewind(row, valid)`: only the first `valid` tokens of the row's sequence still hold (a new
   chat turn, a deterministic-mode replay that rewrote the rest). Rows never joined are ignored.
 * `propose(contexts, ks, samplings) -> list[Proposal]`: one proposal per row, rows in order;
@@ -70,6 +72,8 @@ class Drafter(Protocol):
 
     def leave(self, keep: list[int]) -> None: ...
 
+    def finished(self, row: int) -> None: ...
+
     def rewind(self, row: int, valid: int) -> None: ...
 
     def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]: ...
@@ -86,6 +90,9 @@ class NoDrafter:
         pass
 
     def leave(self, keep) -> None:
+        pass
+
+    def finished(self, row) -> None:
         pass
 
     def rewind(self, row, valid) -> None:
@@ -132,6 +139,9 @@ class PerRow:
         kept = [self.rows[i] for i in keep if i < len(self.rows)]
         self.spent += sum(d.setup_seconds() for d in self.rows if d not in kept)
         self.rows = kept
+
+    def finished(self, row) -> None:
+        pass  # a row's tree search or lookup index serves that row only
 
     def rewind(self, row, valid) -> None:
         if row < len(self.rows):

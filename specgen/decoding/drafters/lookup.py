@@ -236,6 +236,9 @@ class LookupChain:
         self.model.leave(keep)
         self.sources = [self.sources[i] for i in keep if i < len(self.sources)]
 
+    def finished(self, row) -> None:
+        self.model.finished(row)
+
     def rewind(self, row, valid) -> None:
         self.lookups.rewind(row, valid)
         self.model.rewind(row, valid)

@@ -6,7 +6,9 @@ plus the last draft token after a fully accepted round, plus anything committed 
 drafted nothing, as a lookup round of lookup-chain), padded at the end to the widest row, then
 K-1 single-token steps for all rows; x_K is never fed. Prompts are fed lazily: a row further
 behind than a few tokens (new, or back from plain rounds) is first fed alone. After the verdict a row keeps what was
-committed of what it fed.
+committed of what it fed. A finished row's K/V goes to the draft model's prefix store, and a
+joining row starts from the longest prefix stored there (runtime/prefixes.py): a server's
+requests share a system prompt, a chat client's turn repeats its conversation.
 
 With a confidence stop (length.ConfidenceStop) a row's draft ends once the draft's top
 probability falls below the threshold (the token drawn is kept: lossless); the steps end when
@@ -24,6 +26,7 @@ from specgen.decoding.length import ConfidenceStop
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
+from specgen.runtime.prefixes import PrefixStore
 
 CATCH_UP = 4  # unseen tokens a row feeds in the batched first step; more are fed row by row first
 
@@ -32,13 +35,16 @@ class ChainDrafter:
     """The Drafter protocol for chains from one draft model (base.py has the calls)."""
 
     def __init__(self, model, device: torch.device, vocab: int | None = None,
-                 confidence: ConfidenceStop | None = None, compile: str = "off"):
+                 confidence: ConfidenceStop | None = None, compile: str = "off",
+                 prefixes: PrefixStore | None = None):
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
+        self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.steps = Steps(model, compile, exact=False)  # on CUDA: fixed-width steps as CUDA graphs
         self.cache = kvcache.SlotCache(model.config, rows=0)
         self.generators: list[torch.Generator | None] = []
         self._base: list[int] = []  # each row's context length at its last proposal
         self._fed: list[int] = []  # draft tokens fed at the last proposal
+        self._contexts: list[list[int]] = []  # each row's sequence as last given (its cache holds a prefix)
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
@@ -49,10 +55,17 @@ class ChainDrafter:
             self.generators.append(None)
             self._base.append(0)
             self._fed.append(0)
+            self._contexts.append([])
         self.cache.reserve(capacity)
         kvcache.set_length(self.cache, row, min(self.cache.lengths[row], max(len(prompt_ids) - 1, 0)))
+        self.prefixes.load(self.cache, row, prompt_ids, have=self.cache.lengths[row])
         self.generators[row] = on_device(generator, self.device)
-        self._base[row], self._fed[row] = 0, 0
+        self._base[row], self._fed[row], self._contexts[row] = 0, 0, prompt_ids
+
+    def finished(self, row: int) -> None:
+        """The row is done: its K/V goes to the prefix store."""
+        if row < self.cache.rows:
+            self.prefixes.save(self.cache, row, self._contexts[row])
 
     def leave(self, keep: list[int]) -> None:
         keep = [i for i in keep if i < self.cache.rows]
@@ -60,6 +73,7 @@ class ChainDrafter:
         self.generators = [self.generators[i] for i in keep]
         self._base = [self._base[i] for i in keep]
         self._fed = [self._fed[i] for i in keep]
+        self._contexts = [self._contexts[i] for i in keep]
 
     def rewind(self, row: int, valid: int) -> None:
         if row < self.cache.rows:
@@ -99,6 +113,7 @@ class ChainDrafter:
                     break
         fed = len(tokens) - 1
         self._base = [len(context) for context in contexts]
+        self._contexts = list(contexts)
         self._fed = [fed] * count
         drafted = torch.stack(tokens, dim=1)  # [rows, K] on the device
         stacked = torch.stack(probs, dim=1) if probs[0] is not None else None

@@ -115,6 +115,9 @@ class TextDrafter:
         self.rows = [self.rows[i] for i in keep if i < len(self.rows)]
         self.inner.leave(keep)
 
+    def finished(self, row: int) -> None:
+        self.inner.finished(row)
+
     def rewind(self, row: int, valid: int) -> None:
         if row < len(self.rows):
             state = self.rows[row]
