@@ -130,6 +130,31 @@ def test_chat_completion_equals_a_local_run_and_reports_its_speculation(served, 
         assert key in speculative
 
 
+def test_a_shared_prefix_comes_from_the_prefix_cache(served, sdk, tiny_dirs):
+    """Requests that start as an earlier one did (a system prompt) prefill only the rest; the
+    answer is a local run's, and usage and /metrics say how many prompt tokens were cached."""
+    system = "You answer every question in one short sentence, politely."
+    # questions longer than the system message: the engine's parked row (kept for a chat's next
+    # turn) shares too little with the next prompt to be resumed, so the store serves it
+    asks = ["What is a cache, and why does a CPU have three levels of them?" * 2,
+            "Why do birds sing at dawn rather than at noon, and do all of them?" * 2]
+    ask = {"model": model(served), "max_tokens": 6, "temperature": 0,
+           "extra_body": {"speculative": {"method": "chain", "draft_tokens": 3}}}
+    before = served.state.scheduler.pair.target_prefixes.loaded_tokens
+    sdk.chat.completions.create(messages=[{"role": "system", "content": system},
+                                          {"role": "user", "content": asks[0]}], **ask)
+    second = sdk.chat.completions.create(messages=[{"role": "system", "content": system},
+                                                   {"role": "user", "content": asks[1]}], **ask)
+    local = local_run(tiny_dirs, asks[1], "-n", "6", "-k", "3", "--system", system)
+    assert second.choices[0].message.content == local["text"]
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert len(system) < cached < second.usage.prompt_tokens  # byte tokens: the system message and more
+    assert served.state.scheduler.pair.target_prefixes.loaded_tokens - before >= cached
+    text = raw(served, "GET", "/metrics")[1]
+    counted = [line for line in text.splitlines() if line.startswith("specgen_cached_prompt_tokens_total")]
+    assert counted and float(counted[0].split()[-1]) >= cached
+
+
 def test_streamed_chat_and_usage(served, sdk, tiny_dirs):
     local = local_run(tiny_dirs, PROMPT, "-n", "10", "--method", "plain")
     chunks = list(sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": PROMPT}],

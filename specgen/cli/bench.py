@@ -187,7 +187,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
                for item in items]
     with measure.fixed_threads(threads) as used:
         running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
-                                               max_tokens=config.max_new_tokens), quiet=True, pair=pair,
+                                               max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
                           log=io.StringIO())
         server = threading.Thread(target=running.serve, daemon=True)
         server.start()

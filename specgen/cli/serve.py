@@ -44,6 +44,10 @@ def serve(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="A request's token budget when it sets none.")] = 512,
     idle_minutes: Annotated[float, typer.Option(
         "--idle-minutes", help="Stop after this many minutes without a request (0: never).")] = 0.0,
+    prefix_cache: Annotated[int, typer.Option(
+        "--prefix-cache", help="MiB of finished requests' K/V kept per model: a prompt that starts as an earlier "
+                               "one did (a system prompt, a chat's conversation) prefills only the rest (0: off).")]
+    = 256,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
@@ -63,7 +67,8 @@ def serve(
     from specgen.serve.server import ServeOptions  # the server's modules load torch: only once it runs
 
     with user_errors():
-        options = ServeOptions(host, port, api_key, max_batch_size, max_queue, idle_minutes, max_tokens)
+        options = ServeOptions(host, port, api_key, max_batch_size, max_queue, idle_minutes, max_tokens,
+                               prefix_cache)
         if detach + stop + list_ > 1:
             raise ConfigError("give one of --detach, --stop and --list")
         if list_:
@@ -169,7 +174,7 @@ def _detach(settings: ModelSettings, options) -> None:
             "--target-quant", settings.target_quant, "--compile", settings.compile, "--host", options.host,
             "--port", str(options.port), "--max-batch-size", str(options.max_batch_size),
             "--max-queue", str(options.max_queue), "--max-tokens", str(options.max_tokens),
-            "--idle-minutes", f"{options.idle_minutes:g}"]
+            "--idle-minutes", f"{options.idle_minutes:g}", "--prefix-cache", str(options.prefix_cache)]
     if settings.draft_device is not None:
         args += ["--draft-device", settings.draft_device]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -242,9 +242,12 @@ def finish_reason(stop: str | None) -> str:
     return "length" if stop in ("length", "context") else "stop"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, stats) -> dict:
+    """OpenAI's usage; `cached_tokens`: prompt tokens whose K/V came from an earlier request
+    (a kept row or the prefix store) instead of a prefill."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.reused_tokens}}
 
 
 def speculative_summary(stats) -> dict:
@@ -265,7 +268,7 @@ def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_to
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
         kind = "text_completion"
     return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens), "speculative": speculative_summary(stats)}
+            "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}
 
 
 def chunk(job: Job, text: str | None, reason: str | None = None, extra: dict | None = None,
@@ -288,4 +291,4 @@ def usage_chunk(job: Job, prompt_tokens: int, completion_tokens: int, stats) -> 
     """The last chunk with stream_options.include_usage: no choices, the usage."""
     kind = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
     return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens), "speculative": speculative_summary(stats)}
+            "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}

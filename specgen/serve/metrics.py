@@ -22,6 +22,8 @@ class Metrics:
         self.requests = Counter("specgen_requests", "Requests answered, by endpoint and outcome",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("specgen_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.cached_tokens = Counter("specgen_cached_prompt_tokens", "Prompt tokens whose K/V came from an earlier "
+                                     "request (a kept row or the prefix cache), not from a prefill", registry=r)
         self.generated_tokens = Counter("specgen_generated_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("specgen_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specgen_accepted_draft_tokens", "Draft tokens accepted by the target", registry=r)
@@ -42,9 +44,10 @@ class Metrics:
                                 registry=r)
         self._counts = [0, 0, 0, 0]  # drafted, accepted, tokens, forwards: for the gauges
 
-    def joined(self, queued_seconds: float, prompt_tokens: int, width: int) -> None:
+    def joined(self, queued_seconds: float, prompt_tokens: int, cached_tokens: int, width: int) -> None:
         self.queued.observe(queued_seconds)
         self.prompt_tokens.inc(prompt_tokens)
+        self.cached_tokens.inc(cached_tokens)
         self.batch_width.set(width)
 
     def round(self, result, stats) -> None:

@@ -184,7 +184,8 @@ class Scheduler:
             return
         event = report.event
         if isinstance(event, Joined):
-            self.metrics.joined(time.monotonic() - ticket.submitted, event.prompt_tokens, len(self.running))
+            self.metrics.joined(time.monotonic() - ticket.submitted, event.prompt_tokens, event.reused_tokens,
+                                len(self.running))
             return
         if isinstance(event, Finished):
             with self.cond:

@@ -28,6 +28,7 @@ from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.views import Outcome, Silent, summary_line
 from specgen.errors import ConfigError
 from specgen.runtime.pair import load
+from specgen.runtime.prefixes import DEFAULT_MIB
 from specgen.serve import discovery
 from specgen.serve.app import ServerState, create_app
 from specgen.serve.metrics import Metrics
@@ -44,6 +45,7 @@ class ServeOptions:
     max_queue: int = 64
     idle_minutes: float = 0.0
     max_tokens: int = 512  # a request's default token budget
+    prefix_cache: int = DEFAULT_MIB  # MiB of finished requests' K/V kept per model for later prompts (0: none)
 
     def check(self) -> None:
         """Refused before anything loads."""
@@ -58,6 +60,8 @@ class ServeOptions:
             raise ConfigError(f"--max-queue must be in 0..100000, got {self.max_queue}")
         if not (self.idle_minutes >= 0 and self.idle_minutes < float("inf")):  # nan fails both
             raise ConfigError(f"--idle-minutes must be a number >= 0, got {self.idle_minutes:g}")
+        if not 0 <= self.prefix_cache <= 1 << 20:
+            raise ConfigError(f"--prefix-cache must be in 0..1048576 (MiB), got {self.prefix_cache}")
 
 
 def loopback(host: str) -> bool:
@@ -173,6 +177,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
     """The pair loaded (unless given) and warmed up, its scheduler (not started yet) and what the
     routes need: for this process's uvicorn, or for a Ray Serve replica (replicas.py)."""
     pair = pair or load(settings, Method.CHAIN, quiet=quiet)
+    pair.keep_prefixes(options.prefix_cache)
     config = defaults(pair, options)
     metrics = Metrics()
 
