@@ -10,7 +10,8 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import PROMPT_CATCH_UP, RESUME_ROUNDS, RESUME_TOKENS, Engine, StopReason
+from specgen.decoding.engine import PROMPT_CATCH_UP, Engine, StopReason
+from specgen.decoding.rows import RESUME_ROUNDS, RESUME_TOKENS
 from specgen.decoding.events import Finished, RoundResult
 from tiny import RowDrafterBase, batch_ids, decode, engine_with, per_row
 

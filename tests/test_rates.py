@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import MAX_DRAFT, RESUME_TOKENS
+from specgen.decoding.engine import MAX_DRAFT
+from specgen.decoding.rows import RESUME_TOKENS
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import Choice, Pick, WidthRates

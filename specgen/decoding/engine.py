@@ -44,11 +44,6 @@ from specgen.runtime.prefixes import PrefixStore
 from specgen.text import common_prefix
 
 
-RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draft again
-# rounds in a row the cap must allow drafting before a held row drafts again: a batch narrows
-# for a round whenever a request ends and the next has not arrived yet (2 clients sending one
-# request after another), and a catch-up for that one round cost 2 clients 5-7% of plain
-RESUME_ROUNDS = 3
 # new prompt tokens past which a row's first token comes from its prefill (which then feeds the
 # whole prompt), not from a first round: that token waits for no draft model to read the prompt
 # first (the draft catches up in the second round) and costs no target step of its own (figures
@@ -273,7 +268,7 @@ class Engine:
             ks = [0] * len(rows)
         else:
             cap = cap if pick is None else pick.k  # PLAIN: 0, rows held to plain rounds
-            ks = [self._capped(state, self._k(state, config), cap, config) for state in rows]
+            ks = [state.capped(self._k(state, config), cap, config) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
@@ -298,22 +293,6 @@ class Engine:
         if config.method.is_tree and remaining <= config.tree_depth:
             return 0  # too close to the end for a tree
         return max(min(state.length.next_k(), remaining - 1), 0)
-
-    @staticmethod
-    def _capped(state: DecodeState, k: int, cap: int, config: GenerationConfig) -> int:
-        """The row's draft length under the batch's width cap. A row the cap held to plain rounds
-        has fallen behind in the draft's cache; it drafts again only once the cap allowed drafting
-        RESUME_ROUNDS rounds in a row, with RESUME_TOKENS left to repay the catch-up (so a wide
-        batch's rows finish plain as it narrows, and a batch narrowed for a round stays plain)."""
-        if cap == 0:
-            state.held, state.allowed = state.held or k > 0, 0
-            return 0
-        if state.held:
-            state.allowed += 1
-            if state.allowed < RESUME_ROUNDS or state.limit(config) - len(state.ids) < RESUME_TOKENS:
-                return 0
-            state.held = False
-        return min(k, cap)
 
     def _commit(self, state: DecodeState, proposal: Proposal, verdict: verify.Verdict, tree: DraftTree | None,
                 config: GenerationConfig, draft_seconds: float, verify_seconds: float) -> RoundResult:

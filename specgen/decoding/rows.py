@@ -13,6 +13,12 @@ from specgen.decoding.length import LengthPolicy
 from specgen.decoding.replay import window_start
 from specgen.runtime import kvcache
 
+RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draft again
+# rounds in a row the cap must allow drafting before a held row drafts again: a batch narrows
+# for a round whenever a request ends and the next has not arrived yet (2 clients sending one
+# request after another), and a catch-up for that one round cost 2 clients 5-7% of plain
+RESUME_ROUNDS = 3
+
 
 @dataclass
 class DecodeState:
@@ -44,6 +50,21 @@ class DecodeState:
                                  config.verify_window)
             end = min(end, start + config.verify_window)
         return end
+
+    def capped(self, k: int, cap: int, config: GenerationConfig) -> int:
+        """The row's draft length under the batch's width cap. A row the cap held to plain rounds
+        has fallen behind in the draft's cache; it drafts again only once the cap allowed drafting
+        RESUME_ROUNDS rounds in a row, with RESUME_TOKENS left to repay the catch-up (so a wide
+        batch's rows finish plain as it narrows, and a batch narrowed for a round stays plain)."""
+        if cap == 0:
+            self.held, self.allowed = self.held or k > 0, 0
+            return 0
+        if self.held:
+            self.allowed += 1
+            if self.allowed < RESUME_ROUNDS or self.limit(config) - len(self.ids) < RESUME_TOKENS:
+                return 0
+            self.held = False
+        return min(k, cap)
 
     def final_ids(self, config: GenerationConfig) -> list[int]:
         """The generated tokens that are final: all of them, or in deterministic mode the
