@@ -108,6 +108,25 @@ def test_a_later_prompt_prefills_only_what_it_does_not_share(tiny_pair, method):
         assert pair.draft_prefixes.entries
 
 
+def test_prompts_joining_together_share_the_first_ones_prefill(tiny_pair):
+    """A prompt's K/V is stored once it is prefilled: the next row joining the same batch copies
+    the shared prefix without waiting for the first row to finish."""
+    pair = Pair(*tiny_pair)
+    pair.keep_prefixes()
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=10, draft_tokens=3)
+    prompts = [SHARED + ask for ask in ASKS]
+    reused, outputs = {}, {}
+    for report in build_engine(pair, config).generate(prompts, config, batch_size=3):
+        if isinstance(report.event, Joined):
+            reused[report.index] = report.event.reused_tokens
+        if isinstance(report.event, Finished):
+            outputs[report.index] = report.state.ids[len(prompts[report.index]):]
+    assert reused == {0: 0, 1: len(SHARED) + 1, 2: len(SHARED) + 1}
+    stop_ids = tiny_pair[0].stop_ids
+    for i, prompt in enumerate(prompts):
+        assert outputs[i] == reference_greedy(tiny_pair[0].model, prompt, 10, stop_ids)[: len(outputs[i])]
+
+
 def test_deterministic_mode_prefills_its_whole_prompt(tiny_pair):
     """Its output depends on the request alone: it never takes another request's K/V."""
     pair = Pair(*tiny_pair)

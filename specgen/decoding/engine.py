@@ -229,6 +229,7 @@ class Engine:
         if first or len(prompt) - 1 > keep:
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
                                    keep=1, row=row)
+            self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         if config.method is not Method.PLAIN:

@@ -1,5 +1,5 @@
-"""Finished rows' K/V kept by their tokens: a later prompt that starts the same way copies that
-prefix into its row instead of computing it again.
+"""Rows' K/V kept by their tokens (a prompt once prefilled, a sequence once finished): a later
+prompt that starts the same way copies that prefix into its row instead of computing it again.
 
 What vLLM calls automatic prefix caching and llama-server `cache_prompt`. A server's requests
 share a chat template's system prompt, and a chat client sends its whole conversation with
@@ -14,7 +14,9 @@ an output that depends on the request alone, does not load from a store.
 
 A store belongs to one model (every cache of that model may share it: the engines of several
 methods on one pair). It keeps whole entries, least recently used first out, within
-`budget` bytes; an entry that a newer one extends is replaced by it. A pair's stores keep
+`budget` bytes; an entry that a newer one extends is replaced by it (a finished row's sequence
+replaces its prompt's entry; entries do not share memory, so a system prompt is held once per
+entry that starts with it). A pair's stores keep
 nothing unless a front end that serves many prompts gives them a budget (`Pair.keep_prefixes`:
 the server, prompt sets): a single run has nothing to share, a local chat resumes its own row,
 and a benchmark that ran each prompt under every method would measure the store.

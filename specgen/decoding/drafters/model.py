@@ -6,8 +6,8 @@ plus the last draft token after a fully accepted round, plus anything committed 
 drafted nothing, as a lookup round of lookup-chain), padded at the end to the widest row, then
 K-1 single-token steps for all rows; x_K is never fed. Prompts are fed lazily: a row further
 behind than a few tokens (new, or back from plain rounds) is first fed alone. After the verdict a row keeps what was
-committed of what it fed. A finished row's K/V goes to the draft model's prefix store, and a
-joining row starts from the longest prefix stored there (runtime/prefixes.py): a server's
+committed of what it fed. A row's K/V goes to the draft model's prefix store after its catch-up
+and when it finishes, and a joining row starts from the longest prefix stored there (runtime/prefixes.py): a server's
 requests share a system prompt, a chat client's turn repeats its conversation.
 
 With a confidence stop (length.ConfidenceStop) a row's draft ends once the draft's top
@@ -143,6 +143,7 @@ class ChainDrafter:
                 kvcache.forward(self.steps.call, self.cache,
                                 torch.tensor([context[length:-CATCH_UP]], device=self.device), keep=1, rows=rows,
                                 full_view=self.steps.mode == "inductor")
+                self.prefixes.save(self.cache, row, context)  # rows joining meanwhile copy it
 
     def _first_step(self, new: list[list[int]], width: int) -> torch.Tensor:
         """Feed each row's unseen tokens; the logits after each row's last one [rows, V]. Rows of
