@@ -155,6 +155,11 @@ def test_a_shared_prefix_comes_from_the_prefix_cache(served, sdk, tiny_dirs):
     assert counted and float(counted[0].split()[-1]) >= cached
 
 
+def test_engines_take_the_servers_prefill_chunk(served):
+    scheduler = served.state.scheduler
+    assert scheduler.build(served.state.defaults).prefill_chunk == scheduler.prefill_chunk == 128
+
+
 def test_streamed_chat_and_usage(served, sdk, tiny_dirs):
     local = local_run(tiny_dirs, PROMPT, "-n", "10", "--method", "plain")
     chunks = list(sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": PROMPT}],

@@ -204,6 +204,7 @@ def test_a_public_host_needs_an_api_key_and_bad_options_fail_at_once(tiny_dirs):
     one_line_error(invoke("serve", *options(tiny_dirs), "--port", "70000"), "--port")
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-batch-size", "0"), "--max-batch-size")
     one_line_error(invoke("serve", *options(tiny_dirs), "--prefix-cache", "-1"), "--prefix-cache")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--prefill-chunk", "-1"), "--prefill-chunk")
     one_line_error(invoke("serve", "--detach", "--stop"), "one of")
 
 

@@ -48,6 +48,10 @@ def serve(
         "--prefix-cache", help="MiB of finished requests' K/V kept per model: a prompt that starts as an earlier "
                                "one did (a system prompt, a chat's conversation) prefills only the rest (0: off).")]
     = 256,
+    prefill_chunk: Annotated[int, typer.Option(
+        "--prefill-chunk", help="On a CPU, a prompt longer than this joining requests that decode is prefilled this "
+                                "many tokens per round of theirs, so their streams do not stall for its whole "
+                                "prefill (0: whole).")] = 128,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
@@ -68,7 +72,7 @@ def serve(
 
     with user_errors():
         options = ServeOptions(host, port, api_key, max_batch_size, max_queue, idle_minutes, max_tokens,
-                               prefix_cache)
+                               prefix_cache, prefill_chunk)
         if detach + stop + list_ > 1:
             raise ConfigError("give one of --detach, --stop and --list")
         if list_:
@@ -174,7 +178,8 @@ def _detach(settings: ModelSettings, options) -> None:
             "--target-quant", settings.target_quant, "--compile", settings.compile, "--host", options.host,
             "--port", str(options.port), "--max-batch-size", str(options.max_batch_size),
             "--max-queue", str(options.max_queue), "--max-tokens", str(options.max_tokens),
-            "--idle-minutes", f"{options.idle_minutes:g}", "--prefix-cache", str(options.prefix_cache)]
+            "--idle-minutes", f"{options.idle_minutes:g}", "--prefix-cache", str(options.prefix_cache),
+            "--prefill-chunk", str(options.prefill_chunk)]
     if settings.draft_device is not None:
         args += ["--draft-device", settings.draft_device]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

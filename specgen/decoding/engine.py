@@ -7,7 +7,8 @@ one target token; (4) the commit sets each row's cache length (a chain) or gathe
 path into place (a tree) and tells the drafter what was kept. In deterministic mode a row
 whose window is full is then replayed at a fixed shape (replay.py), which decides what is
 final. Rows join and leave between rounds (dynamic batching); a joining row's prefill gives its
-first token when the prompt is long enough for a draft's catch-up to matter (PROMPT_CATCH_UP).
+first token when the prompt is long enough for a draft's catch-up to matter (PROMPT_CATCH_UP);
+a long prompt joining rows that decode is prefilled a chunk per round of theirs (staging.py).
 
 The target cache lives as long as the engine: when a generation ends its last rows stay, so
 the next generation can resume a row (a chat turn keeps the longest common prefix of both
@@ -31,11 +32,11 @@ from specgen.decoding import verify
 from specgen.decoding.drafters.base import Drafter, NoDrafter, Proposal
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason, TreeInfo
 from specgen.decoding.feed import Feed, ListFeed, Request
-from specgen.decoding.length import make_policy
 from specgen.decoding.rates import Choice, WidthRates
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.sampling import make_generator
+from specgen.decoding.staging import PREFILL_CHUNK, Staged, advance, stage
 from specgen.decoding.tree import DraftTree
 from specgen.errors import PromptError
 from specgen.runtime import kvcache
@@ -90,6 +91,9 @@ class Engine:
         # new prompt tokens past which a row's first token comes from its prefill; larger
         # speculates the first token of longer prompts too (tests of that token's law)
         self.prompt_catch_up = PROMPT_CATCH_UP
+        # a longer prompt joining rows that decode is prefilled this many tokens per round
+        # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds
+        self.prefill_chunk = PREFILL_CHUNK if device.type == "cpu" else 0
 
     # -- the loop ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
@@ -117,31 +121,40 @@ class Engine:
         if resumed:
             resume.row = 0  # the only row left
         rows: list[DecodeState] = []
+        staged: list[Staged] = []  # long prompts prefilled a chunk per round (staging.py), oldest first
         try:
             while True:
                 gone = feed.dropped()
                 for state in rows:
                     if state.index in gone:
                         state.stop = StopReason.CANCELLED
+                for waiting in [s for s in staged if s.request.index in gone]:
+                    staged.remove(waiting)
+                    yield from self._cancelled(waiting.request)
                 rows = yield from self._leave(rows)
-                requests = feed.take(batch_size - len(rows))
+                decoding = bool(rows)  # rows that joined earlier and run rounds: long prompts are staged
+                requests = feed.take(batch_size - len(rows) - len(staged))
                 if requests and not rows and not resumed:
                     self._settle(None)  # the rows parked by the last round: one spare row stays
                 while requests:
                     for request in requests:
-                        state, first = self._join(request, config, resume if resumed else None)
+                        if decoding and self.prefill_chunk and not config.deterministic \
+                                and len(request.ids) > self.prefill_chunk:
+                            staged.append(stage(self.model, request, self.prefixes))
+                            continue
+                        yield from self._admit(rows, request, config, resume if resumed else None)
                         resumed = False
-                        rows.append(state)
-                        yield self._event(state, Joined(len(request.ids), state.reused_tokens,
-                                                        state.prefill_seconds))
-                        if first is not None:
-                            yield from self._report(state, config, first)
                     # requests that came while those prefilled join before the round, not a round later
-                    requests = feed.take(batch_size - len(rows))
+                    requests = feed.take(batch_size - len(rows) - len(staged))
+                if staged:  # a chunk of the oldest staged prompt; all of it when no row decodes
+                    advance(self.steps.call, staged[0], self.prefill_chunk if rows else len(staged[0].request.ids),
+                            self.device, self.steps.mode == "inductor")
+                    if staged[0].done:
+                        yield from self._admit(rows, staged[0].request, config, None, staged.pop(0))
                 joined = bool(rows)
                 rows = yield from self._leave(rows)  # a first token may have ended a row
                 if not rows:
-                    if joined:
+                    if joined or staged:
                         continue  # every row ended at its first token: take the next requests
                     return
                 for state, result in zip(rows, self._round(rows, config)):
@@ -150,6 +163,21 @@ class Engine:
         except BaseException:  # Ctrl-C, or the caller stopped early: the rows stay resumable (a
             self.parked = rows  # resume crops each to the prefix it shares with its next prompt)
             raise
+
+    def _admit(self, rows: list[DecodeState], request: Request, config: GenerationConfig,
+               resume: DecodeState | None, staged: Staged | None = None) -> Iterator[RowEvent]:
+        """A request joins the batch (`_join`): its Joined event, and its first token if any."""
+        state, first = self._join(request, config, resume, staged)
+        rows.append(state)
+        yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds))
+        if first is not None:
+            yield from self._report(state, config, first)
+
+    def _cancelled(self, request: Request) -> Iterator[RowEvent]:
+        """A staged request whose client left before it joined: its events, with nothing made."""
+        state = DecodeState(list(request.ids), self.cache, len(request.ids), request.sampling, index=request.index)
+        yield self._event(state, Joined(len(request.ids), 0, 0.0))
+        yield self._event(state, Finished(StopReason.CANCELLED))
 
     def _report(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> Iterator[RowEvent]:
         """A row's result, and the replay of its window when that result filled it."""
@@ -204,11 +232,11 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, request: Request, config: GenerationConfig,
-              resume: DecodeState | None) -> tuple[DecodeState, RoundResult | None]:
-        """Prefill a joining row; its first token too when the prompt brings more than
-        `prompt_catch_up` new tokens (PROMPT_CATCH_UP)."""
-        started = time.perf_counter()
+    def _join(self, request: Request, config: GenerationConfig, resume: DecodeState | None,
+              staged: Staged | None = None) -> tuple[DecodeState, RoundResult | None]:
+        """Prefill a joining row (or take a staged prompt's prefill); its first token too when
+        the prompt brings more than `prompt_catch_up` new tokens (PROMPT_CATCH_UP)."""
+        started = time.perf_counter() if staged is None else staged.started
         cache, prompt = self.cache, request.ids
         if resume is not None:
             state, row = resume, resume.row
@@ -223,26 +251,23 @@ class Engine:
         kvcache.set_length(cache, row, keep)
         capacity = self._capacity(len(prompt), request.max_new_tokens, config)
         cache.reserve(capacity)
-        if not config.deterministic:
+        if staged is not None:  # fed whole (its last token too) in its own cache
+            kvcache.copy_prefix(staged.cache, 0, cache, row, len(prompt))
+            keep, logits = staged.keep, staged.logits
+        elif not config.deterministic:
             keep = self.prefixes.load(cache, row, prompt, have=keep)
-        first = len(prompt) - keep > self.prompt_catch_up
-        if first or len(prompt) - 1 > keep:
+        first = staged is not None or len(prompt) - keep > self.prompt_catch_up
+        if staged is None and (first or len(prompt) - 1 > keep):
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
                                    keep=1, row=row)
+        if len(prompt) - 1 > keep:
             self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         if config.method is not Method.PLAIN:
             self.drafter.rewind(row, common)
             self.drafter.join(row, prompt, state.generator, capacity)
-        state.ids, state.prompt_length, state.index = list(prompt), len(prompt), request.index
-        state.sampling, state.reused_tokens, state.verified = request.sampling, keep, len(prompt)
-        state.stop, state.started, state.held, state.allowed = None, started, False, 0
-        if state.length is None:
-            cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
-            state.length = make_policy(config.schedule, config.round_tokens, cost=cost)
-        state.budget = min(request.max_new_tokens, self.context_length - state.prompt_length)
-        state.context_bound = state.budget < request.max_new_tokens
+        state.begin(request, keep, started, config, self.context_length)
         result = self._first_token(state, logits, config) if first else None
         state.prefill_seconds = time.perf_counter() - started
         return state, result
@@ -269,7 +294,7 @@ class Engine:
             ks = [0] * len(rows)
         else:
             cap = cap if pick is None else pick.k  # PLAIN: 0, rows held to plain rounds
-            ks = [state.capped(self._k(state, config), cap, config) for state in rows]
+            ks = [state.capped(state.wanted(config), cap, config) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
@@ -285,15 +310,6 @@ class Engine:
             self.rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
                               sum(len(r.emitted) for r in results), time.perf_counter() - started)
         return results
-
-    def _k(self, state: DecodeState, config: GenerationConfig) -> int:
-        """How many tokens the row may draft this round (0: none)."""
-        if config.method is Method.PLAIN:
-            return 0
-        remaining = state.limit(config) - len(state.ids)
-        if config.method.is_tree and remaining <= config.tree_depth:
-            return 0  # too close to the end for a tree
-        return max(min(state.length.next_k(), remaining - 1), 0)
 
     def _commit(self, state: DecodeState, proposal: Proposal, verdict: verify.Verdict, tree: DraftTree | None,
                 config: GenerationConfig, draft_seconds: float, verify_seconds: float) -> RoundResult:

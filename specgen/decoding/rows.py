@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.config import GenerationConfig, SamplingConfig
-from specgen.decoding.length import LengthPolicy
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.feed import Request
+from specgen.decoding.length import LengthPolicy, make_policy
 from specgen.decoding.replay import window_start
 from specgen.runtime import kvcache
 
@@ -41,6 +42,29 @@ class DecodeState:
     prefill_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     stop: str | None = None
+
+    def begin(self, request: Request, reused: int, started: float, config: GenerationConfig,
+              context_length: int) -> None:
+        """The row starts on `request`'s prompt, `reused` of its tokens already in the cache. A
+        chat turn's row keeps its draft-length policy (what it learned of the draft)."""
+        prompt = request.ids
+        self.ids, self.prompt_length, self.index = list(prompt), len(prompt), request.index
+        self.sampling, self.reused_tokens, self.verified = request.sampling, reused, len(prompt)
+        self.stop, self.started, self.held, self.allowed = None, started, False, 0
+        if self.length is None:
+            cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
+            self.length = make_policy(config.schedule, config.round_tokens, cost=cost)
+        self.budget = min(request.max_new_tokens, context_length - self.prompt_length)
+        self.context_bound = self.budget < request.max_new_tokens
+
+    def wanted(self, config: GenerationConfig) -> int:
+        """How many tokens the row may draft this round, before any width cap (0: none)."""
+        if config.method is Method.PLAIN:
+            return 0
+        remaining = self.limit(config) - len(self.ids)
+        if config.method.is_tree and remaining <= config.tree_depth:
+            return 0  # too close to the end for a tree
+        return max(min(self.length.next_k(), remaining - 1), 0)
 
     def limit(self, config: GenerationConfig) -> int:
         """The length this row's fast path may reach before it must stop (or replay)."""

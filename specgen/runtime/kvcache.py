@@ -262,6 +262,18 @@ def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | 
         cache.lengths[row] = start + count
 
 
+@torch.inference_mode()
+def copy_prefix(source: SlotCache, source_row: int, target: SlotCache, target_row: int, n: int) -> None:
+    """Row `target_row` of `target` takes the first `n` slots of `source`'s row `source_row`
+    (a staged prefill joining the batch); the target's buffers are made if it has none yet."""
+    for a, b in zip(source.layers, target.layers):
+        if not b.is_initialized:
+            b.lazy_initialization(a.keys[source_row: source_row + 1], a.values[source_row: source_row + 1])
+        b.keys[target_row, :, :n].copy_(a.keys[source_row, :, :n])
+        b.values[target_row, :, :n].copy_(a.values[source_row, :, :n])
+    target.lengths[target_row] = n
+
+
 def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, view: int) -> torch.Tensor:
     """[rows, 1, n, view] bool: slot s is visible to query j of row b iff s < bases[b], or
     s = bases[b] + c with tree[b, j, c] (c < offset + n: the in-flight slots of this round)."""

@@ -29,11 +29,12 @@ import torch
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.engine import Engine
-from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import WidthRates
+from specgen.decoding.rows import DecodeState
 from specgen.decoding.run import fold
+from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.pair import Pair
 from specgen.serve import api
 from specgen.serve.metrics import Metrics
@@ -75,6 +76,7 @@ class Scheduler:
         self.pair, self.max_batch, self.max_queue, self.metrics, self.log = pair, max_batch, max_queue, metrics, log
         # model chains' draft length per batch width (length.WidthCosts.cap); none: as requested
         self.caps = caps or {}
+        self.prefill_chunk = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()
         self.waiting: deque[Ticket] = deque()
         self.running: dict[int, Ticket] = {}
@@ -125,6 +127,8 @@ class Scheduler:
         (`caps`). Prompt lookup drafts for free, so only its measured rounds decide: at a wide
         batch its padded verify can cost more than its few accepted tokens give."""
         engine = build_engine(self.pair, config)
+        if engine.prefill_chunk:  # 0 where the engine never stages (a GPU)
+            engine.prefill_chunk = self.prefill_chunk
         if not capped or config.method is Method.PLAIN:
             return engine
         if self.caps and config.method.needs_draft_model:

@@ -28,6 +28,7 @@ from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.views import Outcome, Silent, summary_line
 from specgen.errors import ConfigError
 from specgen.runtime.pair import load
+from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.prefixes import DEFAULT_MIB
 from specgen.serve import discovery
 from specgen.serve.app import ServerState, create_app
@@ -46,6 +47,7 @@ class ServeOptions:
     idle_minutes: float = 0.0
     max_tokens: int = 512  # a request's default token budget
     prefix_cache: int = DEFAULT_MIB  # MiB of finished requests' K/V kept per model for later prompts (0: none)
+    prefill_chunk: int = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU; 0: whole)
 
     def check(self) -> None:
         """Refused before anything loads."""
@@ -62,6 +64,8 @@ class ServeOptions:
             raise ConfigError(f"--idle-minutes must be a number >= 0, got {self.idle_minutes:g}")
         if not 0 <= self.prefix_cache <= 1 << 20:
             raise ConfigError(f"--prefix-cache must be in 0..1048576 (MiB), got {self.prefix_cache}")
+        if not 0 <= self.prefill_chunk <= 1 << 20:
+            raise ConfigError(f"--prefill-chunk must be in 0..1048576 (tokens), got {self.prefill_chunk}")
 
 
 def loopback(host: str) -> bool:
@@ -192,6 +196,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
                           lambda job, stats: say(f"{summary_line(Outcome('', [], stats))}; "
                                                  f"prompt {stats.prompt_tokens} tokens"),
                           width_caps(pair, options.max_batch_size, config.draft_tokens, quiet))
+    scheduler.prefill_chunk = options.prefill_chunk
     warm_up(scheduler, config)
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
