@@ -102,3 +102,29 @@ def test_a_staged_request_whose_client_left_ends_without_joining(tiny_pair):
     assert [type(e) for e in mine] == [Joined, Finished] and mine[1].stop == StopReason.CANCELLED
     out = [t for i, e in events if i == 0 and isinstance(e, RoundResult) for t in e.emitted]
     assert out == reference_greedy(tiny_pair[0].model, SHORT, 16)
+
+
+@pytest.mark.parametrize("method", [Method.CHAIN, Method.LOOKUP_CHAIN])
+def test_the_drafts_catch_up_of_a_long_prompt_is_chunked_too(tiny_pair, method):
+    """In a batch, a row's draft catch-up feeds at most `catch_up_chunk` tokens a round, and
+    the row drafts nothing until it is caught up; alone, it catches up at once. Exact either way."""
+    target, draft = tiny_pair
+    config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3)
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
+    engine.prefill_chunk = CHUNK
+    chain = engine.drafter if method is Method.CHAIN else engine.drafter.model
+    chain.catch_up_chunk = CHUNK
+    fed, hook = counted(draft.model)
+    try:
+        events = events_of(engine, config)
+        assert max(fed) <= max(CHUNK, 2 * (config.round_tokens + 1))
+        fed.clear()
+        alone = [r.event for r in engine.generate([LONG], config)]
+        assert max(fed) >= len(LONG) - 4 - 1  # alone: the whole prompt in one catch-up
+    finally:
+        hook.remove()
+    for index, prompt in enumerate([SHORT, LONG]):
+        out = [t for i, e in events if i == index and isinstance(e, RoundResult) for t in e.emitted]
+        assert out == reference_greedy(target.model, prompt, 16)
+    assert [t for e in alone if isinstance(e, RoundResult) for t in e.emitted] == reference_greedy(target.model,
+                                                                                                    LONG, 16)

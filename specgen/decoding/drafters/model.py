@@ -4,9 +4,12 @@
 row: a prefix of the committed sequence. A round feeds each row what it has not seen (the root,
 plus the last draft token after a fully accepted round, plus anything committed while the row
 drafted nothing, as a lookup round of lookup-chain), padded at the end to the widest row, then
-K-1 single-token steps for all rows; x_K is never fed. Prompts are fed lazily: a row further
-behind than a few tokens (new, or back from plain rounds) is first fed alone. After the verdict a row keeps what was
-committed of what it fed. A row's K/V goes to the draft model's prefix store after its catch-up
+K-1 single-token steps for all rows; x_K is never fed. Prompts are fed lazily: a row that is to
+draft and is further behind than a few tokens (new, or back from plain rounds) is first fed
+alone, in a batch at most `catch_up_chunk` tokens a round (a long prompt's catch-up would stall
+every row; the row drafts nothing until it is caught up). A row further behind that does not
+draft this round sits the round out (a pad token, its length restored). After the verdict a row
+keeps what was committed of what it fed. A row's K/V goes to the draft model's prefix store after its catch-up
 and when it finishes, and a joining row starts from the longest prefix stored there (runtime/prefixes.py): a server's
 requests share a system prompt, a chat client's turn repeats its conversation.
 
@@ -23,6 +26,7 @@ from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.length import ConfidenceStop
+from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
@@ -39,6 +43,8 @@ class ChainDrafter:
                  prefixes: PrefixStore | None = None):
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
+        # tokens of a row's catch-up per round when other rows share it (0: all at once; a GPU)
+        self.catch_up_chunk = PREFILL_CHUNK if device.type == "cpu" else 0
         self.steps = Steps(model, compile, exact=False)  # on CUDA: fixed-width steps as CUDA graphs
         self.cache = kvcache.SlotCache(model.config, rows=0)
         self.generators: list[torch.Generator | None] = []
@@ -86,14 +92,17 @@ class ChainDrafter:
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
         count, steps = len(contexts), max(ks)
-        self._catch_up(contexts)
-        new = [context[length:] for context, length in zip(contexts, self.cache.lengths)]
+        self._catch_up(contexts, ks)
+        # a row more than CATCH_UP behind after its catch-up sits the round out: a pad, no proposal
+        out_of_round = [len(context) - length > CATCH_UP for context, length in zip(contexts, self.cache.lengths)]
+        new = [[0] if out else context[length:] for context, length, out in zip(contexts, self.cache.lengths,
+                                                                              out_of_round)]
         width = max(len(tokens) for tokens in new)
         bases = list(self.cache.lengths)
         logits = self._first_step(new, width)
         kvcache.set_lengths(self.cache, [b + len(tokens) for b, tokens in zip(bases, new)])  # drop the pads
         tokens, probs = [], []
-        stopped = torch.zeros(count, dtype=torch.bool, device=self.device)
+        stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
         stop_at = [steps] * count
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
@@ -119,9 +128,9 @@ class ChainDrafter:
         stacked = torch.stack(probs, dim=1) if probs[0] is not None else None
         out = []
         for i, k in enumerate(ks):
-            k = min(k, stop_at[i])
-            if k <= 0:
-                kvcache.set_length(self.cache, i, self._base[i])  # no proposal: keep only the context
+            k = 0 if out_of_round[i] else min(k, stop_at[i])
+            if k <= 0:  # no proposal: keep only the context (or what it held, sitting out)
+                kvcache.set_length(self.cache, i, bases[i] if out_of_round[i] else self._base[i])
                 out.append(Proposal.empty(self.device))
             elif samplings[i].greedy:
                 out.append(Proposal.chain(drafted[i, :k], ProposalKind.DETERMINISTIC))
@@ -133,15 +142,19 @@ class ChainDrafter:
         """The first len(path) drafted tokens were committed: keep those that were fed."""
         kvcache.set_length(self.cache, row, self._base[row] + min(len(path), self._fed[row]))
 
-    def _catch_up(self, contexts: list[list[int]]) -> None:
-        """Feed a row alone what it has not seen but its last CATCH_UP tokens (a new row's prompt,
-        the tokens of rounds it drafted nothing in): padded into the batched first step, a long
-        span would cost every row its width."""
-        for row, (context, length) in enumerate(zip(contexts, self.cache.lengths)):
-            if len(context) - length > CATCH_UP:
+    def _catch_up(self, contexts: list[list[int]], ks: list[int]) -> None:
+        """Feed a row that is to draft, alone, what it has not seen but its last CATCH_UP tokens
+        (a new row's prompt, the tokens of rounds it drafted nothing in): padded into the batched
+        first step, a long span would cost every row its width. With other rows, at most
+        `catch_up_chunk` tokens a round."""
+        chunk = self.catch_up_chunk if len(contexts) > 1 else 0
+        for row, (context, length, k) in enumerate(zip(contexts, self.cache.lengths, ks)):
+            end = len(context) - CATCH_UP
+            if k > 0 and end > length:
+                end = min(end, length + chunk) if chunk else end
                 rows = slice(row, row + 1) if self.cache.rows > 1 else None
                 kvcache.forward(self.steps.call, self.cache,
-                                torch.tensor([context[length:-CATCH_UP]], device=self.device), keep=1, rows=rows,
+                                torch.tensor([context[length:end]], device=self.device), keep=1, rows=rows,
                                 full_view=self.steps.mode == "inductor")
                 self.prefixes.save(self.cache, row, context)  # rows joining meanwhile copy it
 
