@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.config import Method, ModelSettings
+from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.pair import load
 from specgen.serve import client, discovery
 from specgen.serve.server import ServeOptions, prepare
@@ -157,7 +158,7 @@ def test_a_shared_prefix_comes_from_the_prefix_cache(served, sdk, tiny_dirs):
 
 def test_engines_take_the_servers_prefill_chunk(served):
     scheduler = served.state.scheduler
-    assert scheduler.build(served.state.defaults).prefill_chunk == scheduler.prefill_chunk == 128
+    assert scheduler.build(served.state.defaults).prefill_chunk == scheduler.prefill_chunk == PREFILL_CHUNK
 
 
 def test_streamed_chat_and_usage(served, sdk, tiny_dirs):

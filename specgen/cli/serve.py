@@ -51,7 +51,7 @@ def serve(
     prefill_chunk: Annotated[int, typer.Option(
         "--prefill-chunk", help="On a CPU, a prompt longer than this joining requests that decode is prefilled this "
                                 "many tokens per round of theirs, so their streams do not stall for its whole "
-                                "prefill (0: whole).")] = 128,
+                                "prefill (0: whole).")] = 256,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
