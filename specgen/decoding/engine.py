@@ -12,9 +12,10 @@ a long prompt joining rows that decode is prefilled a chunk per round of theirs 
 
 The target cache lives as long as the engine: when a generation ends its last rows stay, so
 the next generation can resume a row (a chat turn keeps the longest common prefix of both
-caches) or reuse its buffers (captured CUDA graphs stay valid). A finished row's K/V goes to
-the target's prefix store, and a joining row copies the longest prefix stored there instead of
-prefilling it (runtime/prefixes.py; not in deterministic mode). Each row reports a Joined
+caches) or reuse its buffers (captured CUDA graphs stay valid). A row's K/V goes to the
+target's prefix store (its prompt once prefilled, its sequence once finished), and a joining row
+copies the longest prefix stored there instead of prefilling it (runtime/prefixes.py; not in
+deterministic mode). Each row reports a Joined
 event, its rounds (RoundResult) and replays (ReplayResult), then Finished; the host syncs per
 round are the reads of the verdicts.
 """
