@@ -154,6 +154,8 @@ def test_a_shared_prefix_comes_from_the_prefix_cache(served, sdk, tiny_dirs):
     text = raw(served, "GET", "/metrics")[1]
     counted = [line for line in text.splitlines() if line.startswith("specgen_cached_prompt_tokens_total")]
     assert counted and float(counted[0].split()[-1]) >= cached
+    held = [line for line in text.splitlines() if line.startswith('specgen_prefix_cache_bytes{model="target"}')]
+    assert held and float(held[0].split()[-1]) > 0
 
 
 def test_engines_take_the_servers_prefill_chunk(served):

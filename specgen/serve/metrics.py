@@ -38,6 +38,8 @@ class Metrics:
         self.draft_length = Gauge("specgen_draft_length", "Most draft tokens per row at this batch width: the width "
                                   "cap, lowered by what measured rounds chose (0: plain rounds)", ["method", "width"],
                                   registry=r)
+        self.prefix_cache = Gauge("specgen_prefix_cache_bytes", "K/V the prefix cache holds, per model (set as "
+                                  "requests finish)", ["model"], registry=r)
         self.ttft = Histogram("specgen_time_to_first_token_seconds", "From the request's prefill to its first "
                               "token", buckets=LATENCY, registry=r)
         self.queued = Histogram("specgen_queue_seconds", "From the request's arrival to its row", buckets=LATENCY,
@@ -72,6 +74,10 @@ class Metrics:
 
     def finished(self, job, outcome: str, stats) -> None:
         self.requests.labels(job.kind, outcome).inc()
+
+    def prefixes(self, target_bytes: int, draft_bytes: int) -> None:
+        self.prefix_cache.labels("target").set(target_bytes)
+        self.prefix_cache.labels("draft").set(draft_bytes)
 
     def refused(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, str(status)).inc()

@@ -197,6 +197,7 @@ class Scheduler:
             self.metrics.batch_width.set(len(self.running))
             if engine.rates is not None:
                 self.metrics.draft_lengths(ticket.job.config.method.value, self._lengths(engine, ticket.job.config))
+            self.metrics.prefixes(self.pair.target_prefixes.held, self.pair.draft_prefixes.held)
             self._finish(ticket, stats, report.state, event.stop)
             return
         if isinstance(event, RoundResult):
