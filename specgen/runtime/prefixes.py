@@ -13,13 +13,13 @@ forward's shapes, as a chat turn's kept prefix already is; deterministic mode, w
 an output that depends on the request alone, does not load from a store.
 
 A store belongs to one model (every cache of that model may share it: the engines of several
-methods on one pair). It keeps whole entries, least recently used first out, within
-`budget` bytes; an entry that a newer one extends is replaced by it (a finished row's sequence
-replaces its prompt's entry; entries do not share memory, so a system prompt is held once per
-entry that starts with it). A pair's stores keep
-nothing unless a front end that serves many prompts gives them a budget (`Pair.keep_prefixes`:
-the server, prompt sets): a single run has nothing to share, a local chat resumes its own row,
-and a benchmark that ran each prompt under every method would measure the store.
+methods on one pair). It keeps whole entries, least recently used first out, within `budget`
+bytes; an entry that a newer one extends is replaced by it (a finished row's sequence replaces
+its prompt's entry; entries do not share memory, so a system prompt is held once per entry that
+starts with it). A pair's stores keep nothing unless a front end that serves many prompts gives
+them a budget (`Pair.keep_prefixes`: the server, prompt sets): a single run has nothing to
+share, a local chat resumes its own row, and a benchmark that ran each prompt under every method
+would measure the store.
 """
 
 from __future__ import annotations

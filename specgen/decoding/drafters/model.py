@@ -9,9 +9,10 @@ draft and is further behind than a few tokens (new, or back from plain rounds) i
 alone, in a batch at most `catch_up_chunk` tokens a round (a long prompt's catch-up would stall
 every row; the row drafts nothing until it is caught up). A row further behind that does not
 draft this round sits the round out (a pad token, its length restored). After the verdict a row
-keeps what was committed of what it fed. A row's K/V goes to the draft model's prefix store after its catch-up
-and when it finishes, and a joining row starts from the longest prefix stored there (runtime/prefixes.py): a server's
-requests share a system prompt, a chat client's turn repeats its conversation.
+keeps what was committed of what it fed. A row's K/V goes to the draft model's prefix store
+after its catch-up and when it finishes, and a joining row starts from the longest prefix stored
+there (runtime/prefixes.py): a server's requests share a system prompt, a chat client's turn
+repeats its conversation.
 
 With a confidence stop (length.ConfidenceStop) a row's draft ends once the draft's top
 probability falls below the threshold (the token drawn is kept: lossless); the steps end when
