@@ -45,7 +45,7 @@ def serve(
     idle_minutes: Annotated[float, typer.Option(
         "--idle-minutes", help="Stop after this many minutes without a request (0: never).")] = 0.0,
     prefix_cache: Annotated[int, typer.Option(
-        "--prefix-cache", help="MiB of finished requests' K/V kept per model: a prompt that starts as an earlier "
+        "--prefix-cache", help="MiB of requests' K/V kept per model: a prompt that starts as an earlier "
                                "one did (a system prompt, a chat's conversation) prefills only the rest (0: off).")]
     = 256,
     prefill_chunk: Annotated[int, typer.Option(

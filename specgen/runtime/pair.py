@@ -27,13 +27,13 @@ class Pair:
     target: LoadedModel
     draft: LoadedModel | None
     compile: str = "off"  # compiled.py: off, graphs (CUDA graphs), inductor, fixed
-    # finished rows' K/V by their tokens, one store per model, shared by every engine on the pair
+    # rows' K/V by their tokens (runtime/prefixes.py), one store per model, shared by every engine on the pair
     # (empty until `keep_prefixes`)
     target_prefixes: PrefixStore = field(default_factory=PrefixStore)
     draft_prefixes: PrefixStore = field(default_factory=PrefixStore)
 
     def keep_prefixes(self, mib: int = DEFAULT_MIB) -> None:
-        """Let each model's prefix store keep `mib` MiB of finished rows' K/V (0: none)."""
+        """Let each model's prefix store keep `mib` MiB of rows' K/V (0: none)."""
         self.target_prefixes.budget = self.draft_prefixes.budget = mib << 20
 
     @property

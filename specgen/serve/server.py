@@ -46,7 +46,7 @@ class ServeOptions:
     max_queue: int = 64
     idle_minutes: float = 0.0
     max_tokens: int = 512  # a request's default token budget
-    prefix_cache: int = DEFAULT_MIB  # MiB of finished requests' K/V kept per model for later prompts (0: none)
+    prefix_cache: int = DEFAULT_MIB  # MiB of requests' K/V kept per model for later prompts (0: none)
     prefill_chunk: int = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU; 0: whole)
 
     def check(self) -> None:
