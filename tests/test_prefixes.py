@@ -13,6 +13,7 @@ from specgen.runtime import kvcache
 from specgen.runtime.pair import Pair
 from specgen.runtime.prefixes import LEAST, PrefixStore
 from test_engine import reference_greedy
+from tiny import fed_tokens
 
 SHARED = [257, *range(70, 100), 198]  # a 32-token "system prompt"
 ASKS = [[257, 84, 82, 68, 81, 198, 71, 127, 102, 258], [257, 101, 102, 103, 198, 66, 67, 258],
@@ -69,12 +70,6 @@ def test_the_store_keeps_to_its_budget_and_to_the_longest_sequences(tiny_pair):
     assert not nothing.entries
 
 
-def counted(model):
-    """Tokens fed to `model` per forward (its embedding's input shapes), and the hook to remove."""
-    fed: list[int] = []
-    return fed, model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].numel()))
-
-
 @pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN, Method.LOOKUP_CHAIN])
 def test_a_later_prompt_prefills_only_what_it_does_not_share(tiny_pair, method):
     """Requests one after another through one pair's engines: each finished row goes to the
@@ -85,7 +80,7 @@ def test_a_later_prompt_prefills_only_what_it_does_not_share(tiny_pair, method):
     pair.keep_prefixes()
     config = GenerationConfig(method=method, max_new_tokens=12, draft_tokens=3)
     prompts = [SHARED + ask for ask in (ASKS[1], ASKS[2], ASKS[0])]  # the last ends at its first token
-    (t_fed, t_hook), (d_fed, d_hook) = counted(target.model), counted(draft.model)
+    (t_fed, t_hook), (d_fed, d_hook) = fed_tokens(target.model), fed_tokens(draft.model)
     try:
         for i, prompt in enumerate(prompts):
             engine = build_engine(pair, config)  # a fresh engine each time: only the stores carry over

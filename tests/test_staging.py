@@ -11,16 +11,11 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.events import Finished, Joined, RoundResult, StopReason
 from specgen.decoding.feed import Request
 from test_engine import reference_greedy
-from tiny import engine_with
+from tiny import engine_with, fed_tokens
 
 SHORT = [257, 84, 82, 68, 81, 198, 71]
 LONG = [257, *range(60, 100), 198, 71, 127, 102, 258, 198, 257, 64]  # 49 tokens
 CHUNK = 8
-
-
-def counted(model):
-    fed: list[int] = []
-    return fed, model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].shape[-1]))
 
 
 class Feed:
@@ -53,7 +48,7 @@ def test_a_long_prompt_joining_decoding_rows_is_prefilled_a_chunk_per_round(tiny
     config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3)
     engine = engine_with(tiny_pair, config, stop_ids=frozenset())
     engine.prefill_chunk = CHUNK
-    fed, hook = counted(target.model)
+    fed, hook = fed_tokens(target.model)
     try:
         events = events_of(engine, config)
     finally:
@@ -77,7 +72,7 @@ def test_deterministic_mode_and_a_batch_with_nothing_decoding_prefill_whole(tiny
                               verify_window=4)
     engine = engine_with(tiny_pair, config, stop_ids=frozenset())
     engine.prefill_chunk = CHUNK
-    fed, hook = counted(tiny_pair[0].model)
+    fed, hook = fed_tokens(tiny_pair[0].model)
     try:
         events = events_of(engine, config)
         assert len(LONG) in fed  # deterministic: one whole prefill
@@ -114,7 +109,7 @@ def test_the_drafts_catch_up_of_a_long_prompt_is_chunked_too(tiny_pair, method):
     engine.prefill_chunk = CHUNK
     chain = engine.drafter if method is Method.CHAIN else engine.drafter.model
     chain.catch_up_chunk = CHUNK
-    fed, hook = counted(draft.model)
+    fed, hook = fed_tokens(draft.model)
     try:
         events = events_of(engine, config)
         assert max(fed) <= max(CHUNK, 2 * (config.round_tokens + 1))

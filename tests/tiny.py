@@ -146,3 +146,10 @@ def stop_after_rows(monkeypatch, rows: int):
                     raise KeyboardInterrupt
 
     monkeypatch.setattr(Engine, "generate", generate)
+
+
+def fed_tokens(model):
+    """Tokens per row fed to `model` per forward (its embedding's input widths), and the hook to
+    remove."""
+    fed: list[int] = []
+    return fed, model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].shape[-1]))

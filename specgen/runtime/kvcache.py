@@ -263,15 +263,21 @@ def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | 
 
 
 @torch.inference_mode()
+def write_prefix(target: SlotCache, row: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int) -> None:
+    """Row `row` of `target` takes `n` slots of K/V given per layer as [heads, >= n, dim] (a
+    staged prefill joining the batch, a stored prefix); the buffers are made if it has none yet."""
+    for layer, k, v in zip(target.layers, keys, values):
+        if not layer.is_initialized:  # as its first forward would make them
+            layer.lazy_initialization(k[None], v[None])
+        layer.keys[row, :, :n].copy_(k[:, :n])
+        layer.values[row, :, :n].copy_(v[:, :n])
+    target.lengths[row] = n
+
+
 def copy_prefix(source: SlotCache, source_row: int, target: SlotCache, target_row: int, n: int) -> None:
-    """Row `target_row` of `target` takes the first `n` slots of `source`'s row `source_row`
-    (a staged prefill joining the batch); the target's buffers are made if it has none yet."""
-    for a, b in zip(source.layers, target.layers):
-        if not b.is_initialized:
-            b.lazy_initialization(a.keys[source_row: source_row + 1], a.values[source_row: source_row + 1])
-        b.keys[target_row, :, :n].copy_(a.keys[source_row, :, :n])
-        b.values[target_row, :, :n].copy_(a.values[source_row, :, :n])
-    target.lengths[target_row] = n
+    """Row `target_row` of `target` takes the first `n` slots of `source`'s row `source_row`."""
+    write_prefix(target, target_row, [layer.keys[source_row] for layer in source.layers],
+                 [layer.values[source_row] for layer in source.layers], n)
 
 
 def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, view: int) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from specgen.runtime import kvcache
 from specgen.runtime.kvcache import SlotCache
 from specgen.text import common_prefix
 
@@ -102,12 +103,7 @@ class PrefixStore:
             return have
         entry = self.entries[best]
         self.entries.move_to_end(best)
-        for layer, keys, values in zip(cache.layers, entry.keys, entry.values):
-            if not layer.is_initialized:  # a new cache: its buffers as its first forward would make them
-                layer.lazy_initialization(keys[None], values[None])
-            layer.keys[row, :, :shared].copy_(keys[:, :shared])
-            layer.values[row, :, :shared].copy_(values[:, :shared])
-        cache.lengths[row] = shared
+        kvcache.write_prefix(cache, row, entry.keys, entry.values, shared)
         self.loaded_tokens += shared - have
         return shared
 

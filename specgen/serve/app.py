@@ -76,7 +76,7 @@ def create_app(state: ServerState) -> FastAPI:
         message = {404: f"no route {request.url.path}; the API is under /v1",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
-                     headers=getattr(exc, "headers", None))
+                     headers=exc.headers)
 
     @app.get("/health")
     async def health(request: Request):

@@ -103,7 +103,9 @@ class ChainDrafter:
         logits = self._first_step(new, width)
         kvcache.set_lengths(self.cache, [b + len(tokens) for b, tokens in zip(bases, new)])  # drop the pads
         tokens, probs = [], []
-        stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
+        stopped = torch.zeros(count, dtype=torch.bool, device=self.device)  # rows done drafting
+        if any(out_of_round):  # those sitting out are from the start (a host list copied only then)
+            stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
         stop_at = [steps] * count
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
