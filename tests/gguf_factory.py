@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 # Text the BPE merges are learned from; English words plus a little code, so tokens look familiar.
 _CORPUS = (
@@ -103,11 +103,14 @@ def write_tiny_gguf(
     ffn: int = 128,
     context: int = 512,
     tied: bool = False,
+    quantized_tables: bool = False,
 ) -> Path:
     """Write a random `arch` ("llama" or "qwen2") model with F32 tensors to `path`; return the path.
 
     With the defaults the file is about 0.4 MB and loads in well under a second. `tied`: no
     output layer of its own (it is the input embedding's), as in Qwen2.5's small models.
+    `quantized_tables`: the vocabulary tables (token_embd, output) in Q8_0, as real files have
+    them in a quantized type (`hidden` must then be a multiple of 32).
     """
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"arch must be 'llama' or 'qwen2', got {arch!r}")
@@ -119,7 +122,12 @@ def write_tiny_gguf(
     _add_tokenizer(writer, arch, tokens, merges)
     rng = np.random.default_rng(seed)
     for name, tensor in _tensors(rng, arch, vocab, hidden, layers, heads, kv_heads, ffn):
-        if not (tied and name == "output.weight"):
+        if tied and name == "output.weight":
+            continue
+        if quantized_tables and name in ("token_embd.weight", "output.weight"):
+            writer.add_tensor(name, quants.quantize(tensor, GGMLQuantizationType.Q8_0),
+                              raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
             writer.add_tensor(name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -15,7 +15,7 @@ from specgen.config import Method, ModelSettings
 from specgen.models import cache as cache_mod
 from specgen.models import convert
 from specgen.models.load import load_model
-from specgen.runtime import int8_store, pair, quant
+from specgen.runtime import int8, int8_store, pair, quant
 
 IDS = torch.tensor([[5, 17, 99, 3, 40, 200, 7, 7, 120]])
 
@@ -97,6 +97,35 @@ def test_the_store_holds_int8_linears_and_16_bit_tables_only(cache, ggufs):
     assert weights["lm_head.qweight"].dtype == torch.int8  # the tied head, quantized from the embedding
     assert weights["model.layers.0.mlp.up_proj.qweight"].dtype == torch.int8
     assert json.loads((directory / ".complete").read_text())["source"] == "gguf"
+
+
+def _store_tensors(directory) -> dict[str, torch.Tensor]:
+    return {k: v for f in sorted(directory.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("llama", False)])
+def test_vocabulary_tables_built_in_row_blocks_give_the_same_store(tmp_path, monkeypatch, arch, tied, dtype):
+    """A tall vocabulary table is dequantized, quantized and cast a block of rows at a time
+    (never whole at full precision): the store is bitwise the one built from whole tables."""
+    gguf = write_tiny_gguf(tmp_path / "q.gguf", arch=arch, seed=6, tied=tied, quantized_tables=True)
+    seen = []
+    stored = int8_store._stored
+    monkeypatch.setattr(int8_store, "_stored", lambda tensor, *a: seen.append(type(tensor)) or stored(tensor, *a))
+    stores = {}
+    for rows in (10**9, 7):  # whole tables, then blocks of 7 rows (the 320-row tables end in a ragged block)
+        monkeypatch.setattr(convert, "BLOCK_ROWS", rows)
+        monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / f"cache-{rows}"))
+        seen.clear()
+        stores[rows] = _store_tensors(int8_store.ensure(_resolved(gguf), dtype, quiet=True))
+        assert seen.count(convert.RowBlocks) == (0 if rows > 320 else 1 if tied else 2)
+    whole, blocked = stores.values()
+    assert whole.keys() == blocked.keys() and "lm_head.qweight" in whole
+    assert all(torch.equal(whole[name], blocked[name]) for name in whole)
+    # and the blocks are those rows of the whole: the int8 head matches quantizing a converted copy
+    directory = convert.ensure_converted(gguf, dtype, quiet=True)
+    head = load_file(directory / "model.safetensors")["model.embed_tokens.weight" if tied else "lm_head.weight"]
+    assert torch.equal(blocked["lm_head.qweight"], int8.quantize_weight(head)[0])
 
 
 @pytest.mark.parametrize("prefix", ["int8", "rest"])

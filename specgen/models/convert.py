@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import io
@@ -23,6 +24,7 @@ import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -109,12 +111,31 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 
 
+VOCABULARY_TABLES = ("token_embd.weight", "output.weight")  # GGUF names: the tallest tensors by far
+BLOCK_ROWS = 16384  # a vocabulary table handed over in blocks of this many rows (see RowBlocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBlocks:
+    """A vocabulary table dequantized a block of rows at a time, each block in the load dtype,
+    for a consumer that never needs it whole at full precision (the int8 store quantizes it or
+    keeps it in 16 bits). Whole, the 1.5B target's two tables are 0.93 GB each in fp32, and both
+    were in flight at once: most of a store build's peak. A GGUF row is a whole number of
+    quantization blocks, so a block of rows dequantizes to exactly those rows of the whole."""
+
+    shape: tuple[int, ...]
+    blocks: Callable[[], Iterator[torch.Tensor]]  # [rows, ...] in order, BLOCK_ROWS at most each
+
+
 @contextlib.contextmanager
-def opened(gguf: Path, dtype, workers: int | None = None):
+def opened(gguf: Path, dtype, workers: int | None = None, in_blocks: bool = False):
     """(skeleton, tokenizer, tensors) of a GGUF file: the model built on the meta device from
     its config, its tokenizer, and an iterator of (Hugging Face name, tensor in `dtype`) over
     the tensors the model has, dequantized one at a time. Errors of unsupported files are one
-    line (ModelError). `workers`: dequantizing threads (default: one per core, up to 4)."""
+    line (ModelError). `workers`: dequantizing threads (default: one per core, up to 4).
+    `in_blocks`: vocabulary tables taller than BLOCK_ROWS come as `RowBlocks` instead (where
+    the model's tensor processor leaves them as they are, as it does for every supported
+    architecture)."""
     try:
         with _muted_transformers(), _one_parse(gguf) as reader:
             # trust_remote_code=False: a model's own Python code never runs (see models/load.py)
@@ -123,7 +144,7 @@ def opened(gguf: Path, dtype, workers: int | None = None):
                 skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
             yield skeleton, tokenizer, _dequantized(gguf, reader, skeleton, dtype,
-                                                    workers or max(1, min(4, os.cpu_count() or 1)))
+                                                    workers or max(1, min(4, os.cpu_count() or 1)), in_blocks)
             release_freed()  # the dequantizing threads' arenas: over a GB the load would never reuse
     except (ValueError, KeyError, NotImplementedError) as error:
         raise _friendly(error, gguf) from error
@@ -163,7 +184,7 @@ def _one_parse(gguf: Path):
         gguf_package.GGUFReader = original
 
 
-def _dequantized(gguf: Path, reader, skeleton, dtype, workers: int):
+def _dequantized(gguf: Path, reader, skeleton, dtype, workers: int, in_blocks: bool = False):
     from gguf import dequantize  # the gguf package: a dependency, imported with the conversion
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map, load_gguf_checkpoint)
@@ -175,13 +196,27 @@ def _dequantized(gguf: Path, reader, skeleton, dtype, workers: int):
     wanted = {name for name, _ in skeleton.named_parameters()} | {name for name, _ in skeleton.named_buffers()}
     parsed["tensors"] = {}
 
+    def processed(weights, name):
+        return processor.process(weights=weights, name=name, tensor_key_mapping=names, parsed_parameters=parsed)
+
+    def as_torch(weights) -> torch.Tensor:
+        return torch.from_numpy(weights if weights.flags.writeable else weights.copy()).to(dtype)
+
     def one(tensor):
-        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                   tensor_key_mapping=names, parsed_parameters=parsed)
+        if in_blocks and tensor.name in VOCABULARY_TABLES and tensor.data.shape[0] > BLOCK_ROWS:
+            first = dequantize(tensor.data[:1], tensor.tensor_type)  # one row, to ask the processor
+            result = processed(first, tensor.name)
+            if result.weights is first and result.name in names:  # the processor leaves it as it is
+
+                def blocks():
+                    for start in range(0, tensor.data.shape[0], BLOCK_ROWS):
+                        yield as_torch(dequantize(tensor.data[start:start + BLOCK_ROWS], tensor.tensor_type))
+
+                return names[result.name], RowBlocks((tensor.data.shape[0], *first.shape[1:]), blocks)
+        result = processed(dequantize(tensor.data, tensor.tensor_type), tensor.name)
         if result.name not in names:
             return None
-        weights = result.weights if result.weights.flags.writeable else result.weights.copy()
-        return names[result.name], torch.from_numpy(weights).to(dtype)
+        return names[result.name], as_torch(result.weights)
 
     for named in _in_order(one, reader.tensors, workers):
         if named is not None and named[0] in wanted:
