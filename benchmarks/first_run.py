@@ -6,8 +6,13 @@ second process, which `/usr/bin/time` would not add), and what the cache holds a
 
 The cache directory (default: a fresh temporary one) is emptied first, then `specgen run
 "Write a haiku about caches" -n 32 --no-server --format plain` runs once cold and N times warm
-(default 2); `FIRST_RUN_ARGS` in the environment adds options to it. Each line of the command's stderr is stamped with the seconds since its start, so
-the log shows where the time goes. Results: OUT_DIR/first-run.json and one log per run.
+(default 2); `FIRST_RUN_ARGS` in the environment adds options to it. Each line of the
+command's stderr is stamped with the seconds since its start, so the log shows where the time
+goes. The RSS of the command, of its children and the anonymous part of both (without a mapped
+file's pages, which are dropped rather than swapped when memory is short) is sampled every
+0.2 s into a `.rss.tsv` beside each log; the JSON says when the peak came, how it split
+between the command and its children, and the anonymous peak. Results: OUT_DIR/first-run.json
+and one log per run.
 Never run it beside another heavy job: it times the machine.
 """
 
@@ -30,29 +35,34 @@ COMMAND = ["specgen", "run", "Write a haiku about caches", "-n", "32", "--no-ser
 EXTRA = os.environ.get("FIRST_RUN_ARGS", "").split()  # e.g. "--dtype float32 --target-quant int8"
 
 
-def tree_rss(process: psutil.Process) -> int:
-    """Resident bytes of `process` and every descendant, right now."""
-    total = 0
-    for p in [process, *process.children(recursive=True)]:
+def tree_rss(process: psutil.Process) -> tuple[int, int, int]:
+    """Resident bytes right now: of `process`, of all its descendants together, and the anonymous
+    part of both (RSS less file-backed and shared pages: what memory pressure is made of; a
+    memory-mapped file's pages count in RSS but are dropped, not swapped, when memory is short)."""
+    info = process.memory_info()
+    own, anonymous, children = info.rss, info.rss - info.shared, 0
+    for p in process.children(recursive=True):
         try:
-            total += p.memory_info().rss
+            info = p.memory_info()
         except psutil.Error:
-            pass
-    return total
+            continue
+        children += info.rss
+        anonymous += info.rss - info.shared
+    return own, children, anonymous
 
 
 def run(cache: Path, log: Path) -> dict:
     env = {**os.environ, "SPECGEN_CACHE": str(cache)}
     start = time.perf_counter()
     child = subprocess.Popen(COMMAND + EXTRA, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0]
+    timeline: list[tuple[float, int, int, int]] = []  # (seconds, the command's RSS, its children's, anonymous)
     done = threading.Event()
 
     def sample() -> None:
         watched = psutil.Process(child.pid)
         while not done.is_set():
             try:
-                peak[0] = max(peak[0], tree_rss(watched))
+                timeline.append((time.perf_counter() - start, *tree_rss(watched)))
             except psutil.Error:
                 break
             time.sleep(0.2)
@@ -66,7 +76,14 @@ def run(cache: Path, log: Path) -> dict:
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
-    return {"seconds": round(seconds, 1), "peak_rss_gb": round(peak[0] / 1e9, 2), "exit": code}
+    with open(log.with_suffix(".rss.tsv"), "w") as out:
+        out.write("seconds\tcommand_gb\tchildren_gb\tanonymous_gb\n")
+        out.writelines(f"{t:.1f}\t{own / 1e9:.3f}\t{kids / 1e9:.3f}\t{anon / 1e9:.3f}\n" for t, own, kids, anon in timeline)
+    at, own, kids, _ = max(timeline, key=lambda sample: sample[1] + sample[2], default=(0.0, 0, 0, 0))
+    anonymous = max((sample[3] for sample in timeline), default=0)
+    return {"seconds": round(seconds, 1), "peak_rss_gb": round((own + kids) / 1e9, 2), "exit": code,
+            "peak_at_s": round(at, 1), "peak_split_gb": [round(own / 1e9, 2), round(kids / 1e9, 2)],
+            "peak_anonymous_gb": round(anonymous / 1e9, 2)}
 
 
 def disk(cache: Path) -> dict:
