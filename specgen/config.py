@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -59,16 +60,20 @@ class Method(str, enum.Enum):
 
 
 SEED_MAX = 2**63 - 1  # batched rows seed with seed + row index, which must stay below 2**64
+MAX_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's top_logprobs limit)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How the next token is chosen. temperature 0 means greedy (argmax)."""
+    """How the next token is chosen. temperature 0 means greedy (argmax). `logprobs`: report each
+    committed token's log-probability under the target and the `logprobs` most likely tokens at
+    its position (None: nothing reported), as OpenAI's and vLLM's sampling parameters do."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k
     top_p: float = 1.0  # 1.0: no nucleus cut
     seed: int | None = None
+    logprobs: int | None = None  # 0..MAX_LOGPROBS alternatives per token
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -79,6 +84,8 @@ class SamplingConfig:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed <= SEED_MAX:  # torch generators take 64 bits
             raise ConfigError(f"--seed must be in 0..{SEED_MAX}, got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ConfigError(f"--logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -181,8 +188,10 @@ class GenerationConfig:
         if not 2 <= self.verify_window <= 512:
             raise ConfigError(f"--verify-window must be in 2..512, got {self.verify_window}")
         if self.deterministic and self.sampling.seed is None and not self.sampling.greedy:
-            object.__setattr__(self, "sampling", SamplingConfig(
-                self.sampling.temperature, self.sampling.top_k, self.sampling.top_p, 0))
+            object.__setattr__(self, "sampling", dataclasses.replace(self.sampling, seed=0))
+        if self.deterministic and self.sampling.logprobs is not None:
+            raise ConfigError("logprobs are not reported in deterministic mode (a replay may replace the "
+                              "tokens they would describe)")
         if not self.branching or any(b < 1 for b in self.branching) or len(self.branching) > 16:
             raise ConfigError(f"--branching needs 1 to 16 factors >= 1, got {','.join(map(str, self.branching))}")
         if not 1 <= self.beam_width <= 64 or not 1 <= self.depth <= 16:

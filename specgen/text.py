@@ -1,7 +1,9 @@
-"""Token sequences: incremental detokenization (a few tokens decoded per new token) and
-prefix comparison of id lists."""
+"""Token sequences: incremental detokenization (a few tokens decoded per new token), a token's
+exact bytes, and prefix comparison of id lists."""
 
 from __future__ import annotations
+
+import re
 
 
 class TextStream:
@@ -54,3 +56,48 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte (what byte-level BPE vocabularies are written in),
+    inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+class TokenBytes:
+    """A token's exact bytes, also for a token that holds part of a UTF-8 character (which has
+    no text of its own: what OpenAI's `logprobs.bytes` is for). Byte-level BPE vocabularies
+    (GPT-2, Qwen, Llama 3, SmolLM) spell bytes with printable stand-ins; SentencePiece ones have
+    `<0xNN>` byte tokens and `▁` for a space; anything else (a special token, another scheme) is
+    the token's decoded text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self.byte_level = type(decoder).__name__ == "ByteLevel"
+        self.alphabet = _byte_level_alphabet() if self.byte_level else {}
+        self.specials = frozenset(getattr(tokenizer, "all_special_ids", ()))
+
+    def __call__(self, token_id: int) -> bytes:
+        piece = None if token_id in self.specials else self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            if self.byte_level and all(ch in self.alphabet for ch in piece):
+                return bytes(self.alphabet[ch] for ch in piece)
+            found = _BYTE_TOKEN.fullmatch(piece)
+            if found:
+                return bytes([int(found.group(1), 16)])
+            if not self.byte_level and "\u2581" in piece:
+                return piece.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")

@@ -278,8 +278,10 @@ class Engine:
         nothing would choose it (the same rule, the row's random stream), and committed."""
         root = torch.tensor(state.ids[-1:], device=self.device)
         row = verify.RowInput(len(state.ids), Proposal.empty(), state.sampling, state.generator, state.index)
-        verdict = verify.accept([row], verify.Scored(logits[:, -1:], [root], [None]), config, self.vocab)[0]
-        return self._commit(state, row.proposal, verdict, None, config, 0.0, 0.0)
+        scored = verify.Scored(logits[:, -1:], [root], [None])
+        verdict = verify.accept([row], scored, config, self.vocab)[0]
+        reported = verify.logprobs([row], scored, [verdict], self.vocab)[0]
+        return self._commit(state, row.proposal, verdict, None, config, 0.0, 0.0, reported)
 
     # -- one round for every row ----------------------------------------------------------------
     @torch.inference_mode()
@@ -304,17 +306,20 @@ class Engine:
         inputs = [verify.RowInput(len(s.ids), p, s.sampling, s.generator, s.index) for s, p in zip(rows, proposals)]
         scored = verify.forward(self.steps, self.cache, inputs, roots)
         verdicts = verify.accept(inputs, scored, config, self.vocab)
+        reported = verify.logprobs(inputs, scored, verdicts, self.vocab)
         verified = time.perf_counter()
-        results = [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted)
-                   for state, proposal, verdict, tree in zip(rows, proposals, verdicts, scored.trees)]
+        results = [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted, lp)
+                   for state, proposal, verdict, tree, lp in zip(rows, proposals, verdicts, scored.trees, reported)]
         if pick is not None:
             self.rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
                               sum(len(r.emitted) for r in results), time.perf_counter() - started)
         return results
 
     def _commit(self, state: DecodeState, proposal: Proposal, verdict: verify.Verdict, tree: DraftTree | None,
-                config: GenerationConfig, draft_seconds: float, verify_seconds: float) -> RoundResult:
-        """Append the committed tokens; both caches keep everything but the new last token."""
+                config: GenerationConfig, draft_seconds: float, verify_seconds: float,
+                logprobs: list | None = None) -> RoundResult:
+        """Append the committed tokens (with their `logprobs` when the row asked for them);
+        both caches keep everything but the new last token."""
         remaining = state.limit(config) - len(state.ids)
         draft, path = verdict.draft, verdict.path
         tree_info = None
@@ -337,7 +342,7 @@ class Engine:
         if not config.deterministic:
             state.stop = stop
         return RoundResult(draft, verdict.accepted, verdict.token, emitted, draft_seconds, verify_seconds, stop,
-                           rejected, tree_info)
+                           rejected, tree_info, tuple(logprobs or ())[:len(emitted)])
 
     # -- deterministic mode -----------------------------------------------------------------
     def _close_window(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> ReplayResult | None:

@@ -29,6 +29,15 @@ class TreeInfo:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability under the target (its logits as the model gives them,
+    before temperature, top-k or top-p), and the most likely tokens at its position."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+
+
+@dataclass(frozen=True)
 class Joined:
     """A row started: its prompt is in the caches."""
 
@@ -50,6 +59,7 @@ class RoundResult:
     stop: str | None = None  # a StopReason once generation has ended
     rejected: tuple[int, ...] = ()  # draft tokens tried or discarded this round (shown red)
     tree: TreeInfo | None = None  # the proposal's tree, when it was not a single chain
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token, when the row's sampling asks
 
     @property
     def accepted_emitted(self) -> int:

@@ -18,6 +18,7 @@ from specgen.decoding import synthetic
 from specgen.decoding.acceptance import (Rule, greedy_match, greedy_tree, point_mass_sampling, recursive_rejection,
                                          select_rule, speculative_sampling)
 from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.events import TokenLogprob
 from specgen.decoding.replay import keyed_choice
 from specgen.decoding.sampling import sample, warp
 from specgen.decoding.tree import DraftTree
@@ -141,6 +142,37 @@ def accept(rows: list[RowInput], scored: Scored, config: GenerationConfig, vocab
             verdicts[i] = Verdict(values[offset: offset + k], list(range(1, accepted + 1)), values[m + j], [])
             offset += k
     return verdicts
+
+
+def logprobs(rows: list[RowInput], scored: Scored, verdicts: list[Verdict],
+             vocab: int | None) -> list[list[TokenLogprob] | None]:
+    """Per row whose sampling asks for them, each kept token's log-probability under the target
+    and the most likely tokens at its position, from the verify forward's logits (as the model
+    gives them: the target's own distribution, not the warped one a token was drawn from).
+    A token is predicted by its parent's position: the root predicts the first, node j the
+    child after it on the path, the path's last node the target's own token. One host sync for
+    all rows, and only in rounds where some row asks."""
+    wanted = [i for i, row in enumerate(rows) if row.sampling.logprobs is not None]
+    out: list[list[TokenLogprob] | None] = [None] * len(rows)
+    if not wanted:
+        return out
+    picks, tokens = [], []
+    for i in wanted:
+        verdict = verdicts[i]
+        picks.append(scored.logits[i, [0] + verdict.path, :vocab])
+        tokens += [verdict.draft[node - 1] for node in verdict.path] + [verdict.token]
+    log = torch.log_softmax(torch.cat(picks).float(), dim=-1)
+    chosen = log.gather(1, torch.tensor(tokens, device=log.device)[:, None])
+    top = log.topk(max(rows[i].sampling.logprobs for i in wanted), dim=-1)
+    # ids below 2**24 are exact in float32, and vocabularies are far smaller
+    table = torch.cat([chosen, top.values, top.indices.float()], dim=1).tolist()
+    start = 0
+    for i in wanted:
+        n, k, width = len(verdicts[i].path) + 1, rows[i].sampling.logprobs, top.values.shape[1]
+        out[i] = [TokenLogprob(line[0], tuple((int(line[1 + width + j]), line[1 + j]) for j in range(k)))
+                  for line in table[start:start + n]]
+        start += n
+    return out
 
 
 def choice(logits: torch.Tensor, positions: list[int], sampling: SamplingConfig, keyed: bool) -> torch.Tensor:

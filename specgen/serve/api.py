@@ -6,7 +6,8 @@ set is refused with a 400 rather than ignored: `n` other than 1, and any field t
 change decoding that specgen does not implement (penalties, logit bias, tools, ...). Fields
 that change nothing (`user`, `metadata`, ...) are accepted. The extension field `speculative`
 chooses the drafting (method, draft tokens, ...; the server's defaults otherwise) and asks for
-each round's accepted and rejected draft tokens in the stream (`live`).
+each round's accepted and rejected draft tokens in the stream (`live`). `logprobs` (and chat's
+`top_logprobs`) ask for each answered token's log-probability under the target.
 
 No torch here: the HTTP layer parses, the engine thread (scheduler.py) decodes.
 """
@@ -18,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from specgen.config import SEED_MAX, GenerationConfig, Method, SamplingConfig, Schedule, parse_branching
+from specgen.config import MAX_LOGPROBS, SEED_MAX, GenerationConfig, Method, SamplingConfig, Schedule, parse_branching
 from specgen.errors import ConfigError
 
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused (413)
@@ -27,7 +28,7 @@ MAX_STOPS = 4
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
 NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": (None, {}),
-           "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False, None), "best_of": (1, None),
+           "echo": (False, None), "best_of": (1, None),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
            "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}
 SPECULATIVE_KEYS = {"method", "draft_tokens", "draft_confidence", "draft_schedule", "branching", "beam_width",
@@ -80,7 +81,9 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     """The request as a Job, every field checked; an ApiError names the first bad one."""
     text_key = "messages" if kind == "chat" else "prompt"
     known = {"model", text_key, "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "n", "speculative"} | IGNORED
+             "stop", "stream", "n", "speculative", "logprobs"} | IGNORED
+    if kind == "chat":
+        known.add("top_logprobs")
     for name, value in body.items():
         if name in known:
             continue
@@ -108,7 +111,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
     include_usage = bool(options.get("include_usage", False))
-    config, live = _config(body, defaults)
+    config, live = _config(body, defaults, _logprobs(body, kind))
     own = "draft_tokens" in (body.get("speculative") or {})
     return Job(kind, messages, prompt, config, _stops(body.get("stop")), stream, include_usage, live, model,
                own_length=own)
@@ -127,7 +130,22 @@ def read_tokenize(body: dict, defaults: GenerationConfig) -> Job:
     return Job("completion", None, _prompt(body["prompt"]), defaults)
 
 
-def _config(body: dict, defaults: GenerationConfig) -> tuple[GenerationConfig, bool]:
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives per token the answer reports with each token's log-probability
+    (None: no logprobs): chat's `logprobs` (true/false) and `top_logprobs`, the legacy
+    completions' `logprobs` (a number of alternatives)."""
+    if kind == "chat":
+        top = body.get("top_logprobs")
+        if not _boolean(body, "logprobs"):
+            if top not in (None, 0):
+                raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            return None
+        return 0 if top is None else _integer(top, "top_logprobs", 0, MAX_LOGPROBS)
+    value = body.get("logprobs")
+    return None if value is None or value is False else _integer(value, "logprobs", 0, MAX_LOGPROBS)
+
+
+def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tuple[GenerationConfig, bool]:
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_new = defaults.max_new_tokens if limit is None else _integer(limit, key, 1)
@@ -147,7 +165,7 @@ def _config(body: dict, defaults: GenerationConfig) -> tuple[GenerationConfig, b
                            f"speculative.{name}", "unsupported_parameter")
     try:
         config = replace(defaults, max_new_tokens=max_new,
-                         sampling=SamplingConfig(temperature, top_k, top_p, seed), **_drafting(speculative))
+                         sampling=SamplingConfig(temperature, top_k, top_p, seed, logprobs), **_drafting(speculative))
     except ConfigError as exc:
         raise ApiError(400, str(exc).replace("--", ""), "speculative") from None
     return config, bool(speculative.get("live", False))
@@ -258,28 +276,56 @@ def speculative_summary(stats) -> dict:
     return {"method": stats.method, **{k: data[k] for k in keys}}
 
 
-def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats) -> dict:
+def logprobs_field(job: Job, entries: list[tuple[bytes, float, list[tuple[bytes, float]], int]]) -> dict | None:
+    """A choice's `logprobs` in OpenAI's shape for `entries` (a token's bytes, its
+    log-probability, the alternatives' bytes and log-probabilities, where the token starts in
+    the answer), or None when the request did not ask. A token's text is its bytes as UTF-8
+    (a replacement character for part of a character). Chat: `content` with each token's
+    bytes; completions: the legacy parallel lists with `text_offset`."""
+    if job.config.sampling.logprobs is None:
+        return None
+
+    def number(value: float) -> float:
+        return max(value, -9999.0)  # OpenAI's floor for an impossible token (JSON has no -inf)
+
+    def text(raw: bytes) -> str:
+        return raw.decode("utf-8", errors="replace")
+
+    if job.kind == "chat":
+        def item(raw: bytes, value: float) -> dict:
+            return {"token": text(raw), "logprob": number(value), "bytes": list(raw)}
+
+        return {"content": [{**item(raw, value), "top_logprobs": [item(t, v) for t, v in top]}
+                            for raw, value, top, _ in entries], "refusal": None}
+    return {"tokens": [text(e[0]) for e in entries], "token_logprobs": [number(e[1]) for e in entries],
+            "top_logprobs": [{text(t): number(v) for t, v in e[2]} for e in entries],
+            "text_offset": [e[3] for e in entries]}
+
+
+def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats,
+             logprobs: dict | None = None) -> dict:
     """A whole (non-streamed) answer."""
     if job.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                  "logprobs": None}
+                  "logprobs": logprobs}
         kind = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
     return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
             "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}
 
 
 def chunk(job: Job, text: str | None, reason: str | None = None, extra: dict | None = None,
-          first: bool = False) -> dict:
-    """One streamed piece: new text (or only a finish reason), and specgen's extension."""
+          first: bool = False, logprobs: dict | None = None) -> dict:
+    """One streamed piece: new text (or only a finish reason), its tokens' `logprobs` when asked,
+    and specgen's extension."""
     if job.kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
         kind = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
     out = {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice]}
     if extra:

@@ -12,7 +12,7 @@ from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import replay_view, round_view
 from specgen.serve import api
-from specgen.text import TextStream
+from specgen.text import TextStream, TokenBytes
 
 
 class Output:
@@ -27,6 +27,12 @@ class Output:
         self.stopped = False  # a stop string ended the answer
         self.started = False  # the first chunk (with the role) went out
         self.hold = max((len(s) for s in job.stops), default=1) - 1
+        # logprobs asked: each token's (start, end) in the text before any stop cut, id, TokenLogprob
+        self.tokens: list[tuple[int, int, int, object]] = []
+        self.chars = 0  # characters pushed so far, before any stop cut
+        self.reported = 0  # tokens whose logprobs went out
+        self.specials = frozenset(tokenizer.all_special_ids)
+        self.bytes_of = TokenBytes(tokenizer)
 
     # -- events ---------------------------------------------------------------------------------
     def add(self, event, stats: Stats) -> list[dict]:
@@ -36,6 +42,10 @@ class Output:
         if isinstance(event, RoundResult):
             view = round_view(event, self.stream, pending=self.job.config.deterministic)
             pieces = view.accepted + ([view.target] if view.target else [])
+            each = view.accepted + ([view.target] if event.target_emitted else [])  # a piece per token
+            for token, piece, logprob in zip(event.emitted, each, event.logprobs):
+                self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
+                self.chars += len(piece)
             if view.pending:
                 self.pending.extend(pieces)
             else:
@@ -65,7 +75,8 @@ class Output:
         extra = api.speculative_summary(stats)
         if self.job.live:  # the specgen client rebuilds its outcome from these
             extra.update(stats=stats.as_dict(), token_ids=self._kept_ids(token_ids), text=self.text)
-        out.append(api.chunk(self.job, None, reason, extra, first=not self.started))
+        logprobs = self._logprobs(len(self.text), final=True) if self.job.stream else None
+        out.append(api.chunk(self.job, None, reason, extra, first=not self.started, logprobs=logprobs))
         if self.job.include_usage:
             out.append(api.usage_chunk(self.job, self.prompt_tokens, stats.new_tokens, stats))
         self.reason = reason
@@ -74,7 +85,8 @@ class Output:
     def response(self, stats: Stats, token_ids: list[int], stop: str | None) -> dict:
         """The whole answer of a request that did not stream."""
         self.finish(stats, token_ids, stop)
-        return api.response(self.job, self.text, self.reason, self.prompt_tokens, stats.new_tokens, stats)
+        return api.response(self.job, self.text, self.reason, self.prompt_tokens, stats.new_tokens, stats,
+                            self._logprobs(len(self.text), final=True))
 
     # -- text -------------------------------------------------------------------------------------
     def _extend(self, piece: str) -> None:
@@ -99,7 +111,26 @@ class Output:
             return []
         first = not self.started
         self.started = True
-        return [api.chunk(self.job, text, None, extra, first=first)]
+        return [api.chunk(self.job, text, None, extra, first=first, logprobs=self._logprobs(end, final=False))]
+
+    def _logprobs(self, end: int, final: bool) -> dict | None:
+        """The `logprobs` of the tokens not yet reported whose text ends by character `end` of
+        the answer; at the end, every token that starts inside the (stop-cut) answer, and none
+        of its special tokens (EOS)."""
+        if self.job.config.sampling.logprobs is None:
+            return None
+        cut = len(self.text)
+        chosen = []
+        for start, stop, token, logprob in self.tokens[self.reported:]:
+            if not final and stop > end:
+                break
+            self.reported += 1
+            if token in self.specials or (final and self.stopped and start >= cut):
+                continue
+            chosen.append((start, token, logprob))
+        raw = self.bytes_of
+        return api.logprobs_field(self.job, [(raw(token), lp.logprob, [(raw(t), v) for t, v in lp.top], start)
+                                             for start, token, lp in chosen])
 
     def _kept_ids(self, token_ids: list[int]) -> list[int]:
         """The token ids behind the final text (all of them unless a stop string cut it)."""

@@ -1,0 +1,171 @@
+"""`logprobs` on the OpenAI API (chat's `logprobs`/`top_logprobs`, completions' `logprobs`):
+every answered token with the target's log-probability and the most likely alternatives,
+streamed or not, cut with the answer at a stop string; speculation reports what plain decoding
+reports. Driven by the official `openai` client and raw HTTP, on the tiny pair."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from test_server import model, pair, raw, sdk, served  # noqa: F401 (fixtures)
+
+openai = pytest.importorskip("openai")
+PROMPT = "Write a haiku about caches"
+CHAIN = {"speculative": {"method": "chain", "draft_tokens": 3}}
+
+
+def ask(sdk, served, method: str, **kwargs):
+    kwargs = {"max_tokens": 16, **kwargs}
+    return sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": PROMPT}],
+                                       temperature=0, logprobs=True, extra_body={"speculative": {"method": method}},
+                                       **kwargs)
+
+
+def joined(content) -> str:
+    """The answer rebuilt from its tokens' bytes."""
+    return b"".join(bytes(entry.bytes) for entry in content).decode("utf-8", "replace")
+
+
+def test_chat_logprobs_match_plain_decoding_streamed_or_not(served, sdk):
+    answer = ask(sdk, served, "chain", top_logprobs=2)
+    content = answer.choices[0].logprobs.content
+    assert joined(content) == answer.choices[0].message.content  # byte tokens: many hold part of a character
+    for entry in content:
+        assert entry.logprob <= 0 and bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.top_logprobs[0].token == entry.token and math.isclose(entry.top_logprobs[0].logprob,
+                                                                           entry.logprob)  # greedy
+    plain = ask(sdk, served, "plain", top_logprobs=2).choices[0].logprobs.content
+    assert [e.token for e in plain] == [e.token for e in content]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-4) for a, b in zip(plain, content))
+    chunks = list(ask(sdk, served, "chain", top_logprobs=2, stream=True))
+    streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    # the same up to float rounding: this prompt's K/V now comes from the prefix cache
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-4) for a, b in zip(streamed, content))
+    # without top_logprobs: the token alone; without logprobs: null, as before
+    assert ask(sdk, served, "chain").choices[0].logprobs.content[0].top_logprobs == []
+    plain_answer = sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": PROMPT}],
+                                               max_tokens=4, temperature=0)
+    assert plain_answer.choices[0].logprobs is None
+
+
+def test_completion_logprobs_in_the_legacy_shape(served, sdk):
+    answer = sdk.completions.create(model=model(served), prompt="def add(a, b):", max_tokens=12, temperature=0,
+                                    logprobs=3, extra_body=CHAIN)
+    text, logprobs = answer.choices[0].text, answer.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == len(logprobs.tokens) == len(logprobs.text_offset) > 0
+    assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
+    for token, offset, top in zip(logprobs.tokens, logprobs.text_offset, logprobs.top_logprobs):
+        assert "\ufffd" in token or text[offset: offset + len(token)] == token  # a whole character: in place
+        assert len(top) <= 3 and max(top, key=top.get) == token  # greedy: the most likely one
+    streamed = list(sdk.completions.create(model=model(served), prompt="def add(a, b):", max_tokens=12,
+                                           temperature=0, logprobs=3, stream=True, extra_body=CHAIN))
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == logprobs.tokens
+
+
+def test_a_stop_string_cuts_the_logprobs_with_the_answer(served, sdk):
+    whole = sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": PROMPT}],
+                                        max_tokens=30, temperature=0).choices[0].message.content
+    stop = whole[8:11]
+    expected = whole[: whole.index(stop)]
+    for stream in (False, True):
+        result = ask(sdk, served, "chain", max_tokens=30, stop=stop, stream=stream)
+        if stream:
+            chunks = list(result)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            content = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        else:
+            text, content = result.choices[0].message.content, result.choices[0].logprobs.content
+        assert text == expected
+        # the tokens that make the answer (which ones exactly: the Output tests below, on whole characters)
+        assert joined(content).startswith(expected) and len(content) < 30
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
+    ({"logprobs": True, "top_logprobs": 21}, "'top_logprobs' must be an integer 0..20"),
+    ({"logprobs": 1}, "'logprobs' must be true or false"),
+    ({"logprobs": True, "speculative": {"deterministic": True}}, "not reported in deterministic mode"),
+])
+def test_bad_logprobs_requests_are_400s(served, body, message):
+    status, answer, _ = raw(served, "POST", "/v1/chat/completions",
+                            {"model": model(served), "messages": [{"role": "user", "content": "hi"}], **body})
+    assert status == 400 and message in answer["error"]["message"], answer
+
+
+def test_bad_completion_logprobs_are_400s(served):
+    for value, message in ((-1, "'logprobs' must be an integer 0..20"), (True, "'logprobs' must be an integer")):
+        status, answer, _ = raw(served, "POST", "/v1/completions",
+                                {"model": model(served), "prompt": "hi", "logprobs": value})
+        assert status == 400 and message in answer["error"]["message"], answer
+    status, answer, _ = raw(served, "POST", "/v1/completions",
+                            {"model": model(served), "prompt": "hi", "top_logprobs": 2})
+    assert status == 400 and "unknown parameter 'top_logprobs'" in answer["error"]["message"]
+    status, answer, _ = raw(served, "POST", "/v1/completions",
+                            {"model": model(served), "prompt": "hi", "logprobs": 0, "max_tokens": 3})
+    assert status == 200 and len(answer["choices"][0]["logprobs"]["tokens"]) >= 1  # 0: the tokens, no alternatives
+    assert answer["choices"][0]["logprobs"]["top_logprobs"][0] == {}
+
+
+# -- which tokens an answer reports: Output alone, on ASCII text (a token per character) ---------------
+
+def _output_of(stops: list[str], stream: bool):
+    from specgen.config import GenerationConfig, SamplingConfig
+    from specgen.serve import api
+    from specgen.serve.output import Output
+    from tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    job = api.Job("completion", None, "p", GenerationConfig(sampling=SamplingConfig(logprobs=1)), stops=stops,
+                  stream=stream)
+    return Output(job, tokenizer, 1), tokenizer
+
+
+def _feed(output, tokenizer, text: str) -> list:
+    """`text` as rounds of three tokens; the chunks it made."""
+    from specgen.decoding.events import RoundResult, TokenLogprob
+    from specgen.decoding.stats import Stats
+
+    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    chunks = []
+    for start in range(0, len(ids), 3):
+        emitted = ids[start: start + 3]
+        logprobs = tuple(TokenLogprob(-0.25 * (start + i), ((t, -0.1),)) for i, t in enumerate(emitted))
+        event = RoundResult(emitted[:-1], len(emitted) - 1, emitted[-1], emitted, 0.0, 0.0, logprobs=logprobs)
+        chunks += output.add(event, Stats("chain"))
+    return ids, chunks
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_reports_the_tokens_that_make_it(stream):
+    output, tokenizer = _output_of(["lo w"], stream)
+    from specgen.decoding.stats import Stats
+
+    ids, chunks = _feed(output, tokenizer, "Hello world, and more")
+    if stream:
+        chunks += output.finish(Stats("chain"), ids, "eos")
+        fields = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    else:
+        answer = output.response(Stats("chain"), ids, "eos")
+        fields, text = [answer["choices"][0]["logprobs"]], answer["choices"][0]["text"]
+    tokens = [t for f in fields for t in f["tokens"]]
+    offsets = [o for f in fields for o in f["text_offset"]]
+    assert text == "Hel"
+    # the answer is cut before the stop string "lo w": its tokens H, e, l and none after
+    assert tokens == ["H", "e", "l"] and offsets == [0, 1, 2]
+    assert [v for f in fields for v in f["token_logprobs"]] == [0.0, -0.25, -0.5]
+
+
+def test_an_answer_without_a_stop_reports_every_token_but_the_eos():
+    output, tokenizer = _output_of([], stream=False)
+    from specgen.decoding.stats import Stats
+
+    ids, _ = _feed(output, tokenizer, "Hi there")
+    logprobs = output.response(Stats("chain"), ids, "eos")["choices"][0]["logprobs"]
+    assert "".join(logprobs["tokens"]) == "Hi there" and len(logprobs["tokens"]) == len(ids) - 1
+    assert logprobs["top_logprobs"][0] == {"H": -0.1}
