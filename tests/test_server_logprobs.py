@@ -85,6 +85,31 @@ def test_a_stop_string_cuts_the_logprobs_with_the_answer(served, sdk):
         assert joined(content).startswith(expected) and len(content) < 30
 
 
+def test_rows_asking_and_not_asking_share_a_batch(served, sdk):
+    """Concurrent greedy requests, half with logprobs: each answer is what it is alone, and each
+    reports logprobs exactly when it asked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["Write a haiku about caches", "def add(a, b):", "Explain KV caches", "hello", "x", "Why?"]
+
+    def one(i: int):
+        kwargs = {"logprobs": True, "top_logprobs": 1} if i % 2 else {}
+        return sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": prompts[i]}],
+                                           max_tokens=12, temperature=0, extra_body=CHAIN, **kwargs).choices[0]
+
+    alone = [one(i) for i in range(len(prompts))]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(one, range(len(prompts))))
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert a.message.content == b.message.content
+        if i % 2:
+            assert [e.token for e in a.logprobs.content] == [e.token for e in b.logprobs.content]
+            assert all(math.isclose(x.logprob, y.logprob, abs_tol=1e-4)
+                       for x, y in zip(a.logprobs.content, b.logprobs.content))
+        else:
+            assert a.logprobs is None and b.logprobs is None
+
+
 @pytest.mark.parametrize("body,message", [
     ({"top_logprobs": 2}, "'top_logprobs' needs 'logprobs': true"),
     ({"logprobs": True, "top_logprobs": 21}, "'top_logprobs' must be an integer 0..20"),
