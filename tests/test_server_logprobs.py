@@ -5,6 +5,7 @@ reports. Driven by the official `openai` client and raw HTTP, on the tiny pair."
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -194,3 +195,45 @@ def test_an_answer_without_a_stop_reports_every_token_but_the_eos():
     logprobs = output.response(Stats("chain"), ids, "eos")["choices"][0]["logprobs"]
     assert "".join(logprobs["tokens"]) == "Hi there" and len(logprobs["tokens"]) == len(ids) - 1
     assert logprobs["top_logprobs"][0] == {"H": -0.1}
+
+
+# -- `specgen run --logprobs`: in its own process, on the server, for a prompt set -----------------------
+
+def test_run_logprobs_are_the_same_in_its_own_process_and_on_the_server(served, tiny_dirs, tmp_path):
+    from test_server import invoke, last_json, options
+
+    args = ("run", PROMPT, *options(tiny_dirs), "-n", "10", "-k", "3", "--format", "json", "--logprobs", "2")
+    before = served.scheduler.served
+    local, remote = last_json(invoke(*args, "--no-server")), last_json(invoke(*args))
+    assert served.scheduler.served == before + 1  # the second one ran on the server
+    assert remote["token_ids"] == local["token_ids"] == [e["id"] for e in local["logprobs"]]
+    assert [e["id"] for e in remote["logprobs"]] == remote["token_ids"]
+    for a, b in zip(local["logprobs"], remote["logprobs"]):
+        assert a["token"] == b["token"] and math.isclose(a["logprob"], b["logprob"], abs_tol=1e-4)
+        assert [t["id"] for t in a["top"]] == [t["id"] for t in b["top"]] and len(a["top"]) == 2
+        assert a["top"][0]["id"] == a["id"] and bytes(a["bytes"]).decode("utf-8", "replace") == a["token"]
+    assert b"".join(bytes(e["bytes"]) for e in local["logprobs"]).decode("utf-8", "replace") == local["text"]
+    # a prompt set: each JSON line with its own tokens' logprobs, also in OUT.jsonl
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{PROMPT}\nhello\n")
+    many = invoke("run", "--prompts-file", str(prompts), *options(tiny_dirs), "-n", "6", "--batch-size", "2",
+                  "--format", "json", "--logprobs", "1")
+    assert many.exit_code == 0, many.output
+    rows = [json.loads(line) for line in many.stdout.splitlines()]
+    assert rows[0]["token_ids"] == local["token_ids"][:6]
+    assert all([e["id"] for e in row["logprobs"]] == row["token_ids"] for row in rows)
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", "--prompts-file", str(prompts), *options(tiny_dirs), "-n", "6", "--output", str(out),
+                  "--logprobs", "1").exit_code == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all([e["id"] for e in row["logprobs"]] == row["token_ids"] for row in written)
+
+
+def test_run_logprobs_need_json_output(tiny_dirs):
+    from test_server import invoke, options
+
+    for extra in (("--format", "plain"), ("--logprobs", "21", "--format", "json")):
+        result = invoke("run", "hi", *options(tiny_dirs), "--no-server", "--logprobs", "1", *extra)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "add --format json" in invoke("run", "hi", *options(tiny_dirs), "--logprobs", "1",
+                                         "--format", "plain").output

@@ -119,7 +119,7 @@ VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Determini
 
 def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                       branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
-                      schedule=None, draft_confidence=None):
+                      schedule=None, draft_confidence=None, logprobs=None):
     """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
     k, auto = parse_draft_tokens(draft_tokens)
     try:
@@ -129,7 +129,7 @@ def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, 
     return GenerationConfig(
         method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
         device_draft_tokens=str(draft_tokens).strip().lower() == "device",
-        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, logprobs=logprobs),
         branching=parse_branching(branching), beam_width=beam_width, depth=depth,
         deterministic=deterministic, verify_window=verify_window,
         draft_confidence=0.0 if draft_confidence is None else draft_confidence,

@@ -59,13 +59,16 @@ def run(
     verify_window: VerifyWindowOpt = 32,
     compile: CompileOpt = "auto",
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
+    logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="JSON output: each token's log-probability under the target and the N most likely tokens at its position (0..20).")] = None,
     server: Annotated[bool, typer.Option("--server/--no-server", help="Generate on a running `specgen serve` with the same model options when there is one (a single prompt).")] = True,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
-                                   draft_confidence)
+                                   draft_confidence, logprobs)
+        if logprobs is not None and format is not Format.json and output is None:
+            raise ConfigError("--logprobs are written in the JSON output", hint="add --format json")
         if system is not None:
             check_text(system, "--system")
         if batch_size < 1:

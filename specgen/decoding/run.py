@@ -20,8 +20,8 @@ from specgen.decoding.engine import Engine, RowEvent
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import Outcome, Renderer, replay_view, round_view
-from specgen.text import TextStream
+from specgen.decoding.views import Outcome, Renderer, logprob_entries, replay_view, round_view
+from specgen.text import TextStream, TokenBytes
 from specgen.runtime import int8
 
 
@@ -57,13 +57,14 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     """
     stats = Stats(method=label or config.method.value, prompt_tokens=len(prompt_ids), dtype=weight_format(engine))
     stream = TextStream(tokenizer)
-    interrupted = False
+    interrupted, logprobs = False, []
     with renderer:
         try:
             events = engine.generate([prompt_ids], config, resume=state)
             for report, stats in fold(engine, events, label or config.method.value):
                 state, event = report.state, report.event
                 if isinstance(event, RoundResult):
+                    logprobs += event.logprobs
                     renderer.on_round(round_view(event, stream, pending=config.deterministic), stats)
                 elif isinstance(event, ReplayResult):
                     renderer.on_replay(replay_view(event, stream), stats)
@@ -73,9 +74,17 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     if config.deterministic and state is not None:
         ids = ids[: max(state.verified - len(prompt_ids), 0)]  # only replay-verified tokens are final
     stats.interrupted = int(interrupted)
-    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state)
+    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state,
+                      extra=_logprobs(tokenizer, ids, logprobs, config))
     renderer.finish(outcome)
     return outcome
+
+
+def _logprobs(tokenizer, ids: list[int], logprobs: list, config: GenerationConfig) -> dict:
+    """An outcome's `logprobs` (views.logprob_entries) when its config asks for them."""
+    if config.sampling.logprobs is None:
+        return {}
+    return {"logprobs": logprob_entries(ids, logprobs, TokenBytes(tokenizer))}
 
 
 def run_prompts(engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig,
@@ -101,10 +110,14 @@ def finished_rows(engine: Engine, tokenizer, prompts: list[list[int]], config: G
                   batch_size: int = 1) -> Iterator[tuple[int, Outcome]]:
     """Yield (index, Outcome) as each row finishes, in the order the engine finishes them (a
     prompt set written to a file as it goes). Ctrl-C is the caller's: it ends the decoding."""
+    logprobs: dict[int, list] = {}
     for report, stats in fold(engine, engine.generate(prompts, config, batch_size), config.method.value):
+        if isinstance(report.event, RoundResult) and report.event.logprobs:
+            logprobs.setdefault(report.index, []).extend(report.event.logprobs)
         if isinstance(report.event, Finished):
             ids = report.state.final_ids(config)
-            yield report.index, Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
+            yield report.index, Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats,
+                                        extra=_logprobs(tokenizer, ids, logprobs.pop(report.index, []), config))
 
 
 def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:

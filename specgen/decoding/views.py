@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.events import ReplayResult, RoundResult, TokenLogprob
 from specgen.decoding.stats import Stats
-from specgen.text import TextStream
+from specgen.text import TextStream, TokenBytes
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,17 @@ def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:
     if replay.correction is not None:
         correction = stream.push(replay.correction)
     return ReplayView(rolled, correction)
+
+
+def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes: TokenBytes) -> list[dict]:
+    """Committed tokens with their log-probabilities, as JSON output carries them: id, text
+    (the token's bytes as UTF-8, a replacement character for part of a character), exact
+    bytes, log-probability and the most likely tokens at its position."""
+    def item(token: int, value: float) -> dict:
+        raw = token_bytes(token)
+        return {"id": token, "token": raw.decode("utf-8", errors="replace"), "bytes": list(raw), "logprob": value}
+
+    return [{**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]} for token, lp in zip(tokens, logprobs)]
 
 
 def summary_line(outcome: Outcome) -> str:

@@ -30,9 +30,10 @@ SYNC_SECONDS = 1.0
 
 
 def result_record(ident, outcome: Outcome) -> dict:
-    """A finished prompt as its OUT.jsonl line holds it: id, text, token ids, method, stats."""
+    """A finished prompt as its OUT.jsonl line holds it: id, text, token ids, method, stats (and
+    the tokens' logprobs when the run asked for them)."""
     return {"id": ident, "text": outcome.text, "token_ids": outcome.token_ids, "method": outcome.stats.method,
-            "stats": outcome.stats.as_dict()}
+            **outcome.extra, "stats": outcome.stats.as_dict()}
 
 
 class ResultsFile:

@@ -105,6 +105,8 @@ def request_body(config: GenerationConfig, model: str, messages: list[dict] | No
         body["prompt"] = prompt
     else:
         body["messages"] = messages
+    if s.logprobs is not None:  # the live chunks carry each round's tokens' logprobs (views.logprob_entries)
+        body.update({"logprobs": s.logprobs} if prompt is not None else {"logprobs": True, "top_logprobs": s.logprobs})
     return body
 
 
@@ -186,6 +188,7 @@ class _Received:
         self.pieces: list[str] = []
         self.pending: list[tuple[str, int]] = []
         self.ids: list[int] = []
+        self.logprobs: list[dict] = []  # each token's, when the run asked for them
         self.stats = Stats(method=method)
 
     def round(self, live: dict) -> RoundView:
@@ -196,6 +199,7 @@ class _Received:
                                                             frozenset(tree["accepted"]), frozenset(tree["tried"])),
                          live["pending"])
         self.ids.extend(live["ids"])
+        self.logprobs.extend(live.get("logprobs", ()))
         pieces = view.accepted + ([view.target] if view.target else [])
         if view.pending:
             self.pending.extend(pieces)
@@ -218,7 +222,11 @@ class _Received:
     def outcome(self, config: GenerationConfig) -> Outcome:
         ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]
         self.stats.interrupted = 1
-        return Outcome("".join(self.pieces), ids, self.stats, interrupted=True)
+        return Outcome("".join(self.pieces), ids, self.stats, interrupted=True, extra=self.extra(config, ids))
+
+    def extra(self, config: GenerationConfig, ids: list[int]) -> dict:
+        """The outcome's `logprobs`, as a run in its own process gives them, when asked for."""
+        return {} if config.sampling.logprobs is None else {"logprobs": self.logprobs[: len(ids)]}
 
 
 def _stream(response, renderer, config: GenerationConfig) -> Outcome:
@@ -236,7 +244,8 @@ def _stream(response, renderer, config: GenerationConfig) -> Outcome:
                     renderer.on_replay(received.replay(live), received.stats)
                 elif "token_ids" in live:  # the last chunk: the whole outcome
                     stats = from_dict(live["stats"], live.get("method"))
-                    outcome = Outcome(live["text"], live["token_ids"], stats)
+                    outcome = Outcome(live["text"], live["token_ids"], stats,
+                                      extra=received.extra(config, live["token_ids"]))
         except KeyboardInterrupt:
             response.close()  # the server ends the row before its next round
             outcome = received.outcome(config)

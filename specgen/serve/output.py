@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import replay_view, round_view
+from specgen.decoding.views import logprob_entries, replay_view, round_view
 from specgen.serve import api
 from specgen.text import TextStream, TokenBytes
 
@@ -56,6 +56,8 @@ class Output:
                                                             "parents": list(view.tree.parents),
                                                             "accepted": sorted(view.tree.accepted),
                                                             "tried": sorted(view.tree.tried)}}
+            if self.job.live and event.logprobs:  # `specgen run --logprobs` on the server
+                live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
         else:
             view = replay_view(event, self.stream)
             keep = len(self.pending) - len(view.rolled_back)
