@@ -19,6 +19,7 @@ class TextStream:
         self.ids: list[int] = []
         self._prefix = 0  # start of the window decoded for context
         self._read = 0  # end of the part already released as text
+        self._released = [0]  # every length at which all text so far had been released
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
@@ -27,15 +28,22 @@ class TextStream:
         after = decode(self.ids[self._prefix:], skip_special_tokens=True)
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self.ids)
+            self._released.append(self._read)
             return after[len(before):]
         if not after.endswith("\ufffd"):
             self._read = len(self.ids)  # a special or empty token: nothing to show
+            self._released.append(self._read)
         return ""
 
     def truncate(self, length: int) -> None:
-        """Forget the ids from `length` on (a deterministic-mode rollback)."""
+        """Forget the ids from `length` on (a deterministic-mode rollback). Reading resumes at the
+        last point where everything before it had been released: a token that completed no
+        character gave its text to a later token, and if that one is cut, its text comes again
+        with the next one."""
         del self.ids[length:]
-        self._read = min(self._read, length)
+        while self._released[-1] > length:
+            self._released.pop()
+        self._read = self._released[-1]
         self._prefix = min(self._prefix, max(self._read - 6, 0))
 
     def token_text(self, token_id: int) -> str:

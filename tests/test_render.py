@@ -78,3 +78,31 @@ def test_plain_renderer_prints_only_verified_text():
     assert out.getvalue() == ""
     renderer.on_replay(ReplayView(["b"], "Z"), stats)
     assert out.getvalue() == "aZ"
+
+
+def test_a_rollback_counts_tokens_even_those_that_complete_no_character():
+    """Byte tokens: 'U', a byte that completes no character (its text comes with the next token),
+    'F'. A replay that rolls back 'F' keeps 'U' and the byte, and the correction brings the
+    byte's text again: every view shows what decoding the kept tokens gives."""
+    from specgen.cli.render import ReplayView
+    from specgen.decoding.events import ReplayResult, RoundResult
+    from specgen.decoding.views import replay_view, round_view
+    from specgen.text import TextStream
+    from tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    u, byte, f, g = (tokenizer.convert_tokens_to_ids(t) for t in ("U", "ô", "F", "G"))  # ô: GPT-2's stand-in for 0xF4
+    stream = TextStream(tokenizer)
+    first = round_view(RoundResult([u], 1, byte, [u, byte], 0.0, 0.0), stream, pending=True)
+    second = round_view(RoundResult([], 0, f, [f], 0.0, 0.0), stream, pending=True)
+    assert first.pieces == ["U", ""] and second.pieces == ["\ufffdF"]  # a piece per token, the empty one too
+    replay = replay_view(ReplayResult(2, 1, (f,), g, 3, 0.0), stream)
+    assert replay.correction == "\ufffdG" == tokenizer.decode([u, byte, g])[1:]
+    out, err = io.StringIO(), io.StringIO()
+    plain = RichRenderer(Console(file=io.StringIO(), width=80)), PlainRenderer(out, err)
+    stats = Stats(method="chain")
+    for renderer in plain:
+        renderer.on_round(first, stats)
+        renderer.on_round(second, stats)
+        renderer.on_replay(ReplayView(replay.rolled_back, replay.correction), stats)
+    assert plain[0].text.plain == out.getvalue() == "U\ufffdG" == tokenizer.decode([u, byte, g])

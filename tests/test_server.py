@@ -276,6 +276,9 @@ def test_malformed_bodies_and_keys(served, sdk):
     ("Spell 'tree' backwards.", ["--method", "chain", "-k", "2", "--temperature", "0.8", "--top-k", "20",
                                  "--seed", "11"]),
     ("Why do birds sing?", ["--method", "chain", "-k", "3", "--deterministic", "--verify-window", "4"]),
+    # sampled, in deterministic mode: replays roll back byte tokens that complete no character
+    ("Write a haiku about caches", ["--method", "chain", "-k", "3", "--temperature", "0.9", "--seed", "5",
+                                    "--deterministic", "--verify-window", "4"]),
     ("def fib(n):", ["--method", "lookup-chain", "--raw"]),
 ])
 def test_a_served_run_returns_what_a_local_run_returns(served, tiny_dirs, prompt, extra):

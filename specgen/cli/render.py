@@ -90,7 +90,9 @@ class RichRenderer:
             self._live = None
 
     def on_round(self, view: RoundView, stats: Stats) -> None:
-        pieces = [(piece, ACCEPTED) for piece in view.accepted] + ([(view.target, TARGET)] if view.target else [])
+        # a piece per emitted token (empty ones too): a replay's rollback counts tokens
+        pieces = [(piece, ACCEPTED) for piece in view.accepted] + ([(view.target, TARGET)] if view.target_emitted
+                                                                    else [])
         if view.pending:
             self.pending.extend(pieces)
         else:
@@ -151,11 +153,10 @@ class PlainRenderer:
     def on_round(self, view: RoundView, stats: Stats) -> None:
         if self.show_tree and view.tree is not None:
             Console(file=self.err, highlight=False).print(rich_tree(view.tree, f"round {stats.rounds}"))
-        pieces = view.accepted + [view.target]
-        if view.pending:  # only verified text is printed
-            self._pending.extend(pieces)
+        if view.pending:  # only verified text is printed; a piece per token, as a rollback counts them
+            self._pending.extend(view.pieces)
             return
-        self._write("".join(pieces))
+        self._write("".join(view.pieces))
 
     def on_replay(self, view: ReplayView, stats: Stats) -> None:
         keep = len(self._pending) - len(view.rolled_back)

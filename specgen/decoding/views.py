@@ -33,6 +33,13 @@ class RoundView:
     rejected: list[str] = field(default_factory=list)
     tree: TreeView | None = None
     pending: bool = False  # deterministic mode: not yet verified by a replay
+    target_emitted: bool = True  # False when the round was cut (EOS, length) before the target's token
+
+    @property
+    def pieces(self) -> list[str]:
+        """A piece per emitted token, in order (an empty one for a token that completes no
+        character yet, or a special token): what a replay's rollback, counted in tokens, cuts."""
+        return self.accepted + ([self.target] if self.target_emitted else [])
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,7 @@ def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -
         info = result.tree
         tree = TreeView([stream.token_text(t) for t in info.tokens], info.parents,
                         frozenset(info.accepted_nodes), frozenset(info.tried))
-    return RoundView(accepted, target, rejected, tree, pending)
+    return RoundView(accepted, target, rejected, tree, pending, result.target_emitted)
 
 
 def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:

@@ -197,14 +197,13 @@ class _Received:
         view = RoundView(live["accepted"], live["target"], live["rejected"],
                          None if tree is None else TreeView(tree["texts"], tuple(tree["parents"]),
                                                             frozenset(tree["accepted"]), frozenset(tree["tried"])),
-                         live["pending"])
+                         live["pending"], len(live["ids"]) > len(live["accepted"]))
         self.ids.extend(live["ids"])
         self.logprobs.extend(live.get("logprobs", ()))
-        pieces = view.accepted + ([view.target] if view.target else [])
-        if view.pending:
-            self.pending.extend(pieces)
+        if view.pending:  # a piece per token: a replay's rollback counts tokens
+            self.pending.extend(view.pieces)
         else:
-            self.pieces.extend(pieces)
+            self.pieces.extend(view.pieces)
         return view
 
     def replay(self, live: dict) -> ReplayView:

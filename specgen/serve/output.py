@@ -41,15 +41,13 @@ class Output:
             return []
         if isinstance(event, RoundResult):
             view = round_view(event, self.stream, pending=self.job.config.deterministic)
-            pieces = view.accepted + ([view.target] if view.target else [])
-            each = view.accepted + ([view.target] if event.target_emitted else [])  # a piece per token
-            for token, piece, logprob in zip(event.emitted, each, event.logprobs):
+            for token, piece, logprob in zip(event.emitted, view.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
                 self.chars += len(piece)
-            if view.pending:
-                self.pending.extend(pieces)
+            if view.pending:  # a piece per token: a replay's rollback counts tokens
+                self.pending.extend(view.pieces)
             else:
-                self._extend("".join(pieces))
+                self._extend("".join(view.pieces))
             live = {"round": stats.rounds, "ids": event.emitted, "accepted": view.accepted, "target": view.target,
                     "rejected": view.rejected, "pending": view.pending,
                     "tree": None if view.tree is None else {"texts": view.tree.texts,
