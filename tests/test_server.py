@@ -225,7 +225,7 @@ def test_models_health_and_metrics(served, sdk):
 # -- errors in OpenAI's format, and the server going on -------------------------------------------
 
 @pytest.mark.parametrize("body, status, fragment, param", [
-    ({"n": 2}, 400, "'n' must be 1", "n"),
+    ({"n": 17}, 400, "'n' must be an integer 1..16", "n"),
     ({"logit_bias": {"5": 10}}, 400, "not supported", "logit_bias"),
     ({"frobnicate": True}, 400, "unknown parameter", "frobnicate"),
     ({"temperature": -1}, 400, "temperature", "temperature"),

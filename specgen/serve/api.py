@@ -2,8 +2,9 @@
 
 `chat/completions` and `completions` bodies become a `Job` (prompt, decoding settings, stop
 strings, stream options) or an `ApiError` with OpenAI's error object. What a request may not
-set is refused with a 400 rather than ignored: `n` other than 1, and any field that would
-change decoding that specgen does not implement (penalties, logit bias, tools, ...). Fields
+set is refused with a 400 rather than ignored: any field that would change decoding that
+specgen does not implement (penalties, logit bias, tools, ...). `n` choices become n Jobs
+(`choices`), a row each, and their answers one (`merged`). Fields
 that change nothing (`user`, `metadata`, ...) are accepted. The extension field `speculative`
 chooses the drafting (method, draft tokens, ...; the server's defaults otherwise) and asks for
 each round's accepted and rejected draft tokens in the stream (`live`). `logprobs` (and chat's
@@ -24,6 +25,7 @@ from specgen.errors import ConfigError
 
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused (413)
 MAX_STOPS = 4
+MAX_CHOICES = 16  # `n`: choices per request, each a row of the batch
 # fields that change nothing about decoding
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
@@ -61,6 +63,8 @@ class Job:
     live: bool = False  # each chunk carries its round's draft pieces and statistics
     model: str = ""
     own_length: bool = False  # the request set its draft length: the server's width policy leaves it
+    n: int = 1  # choices asked for: a row each (`choices` makes a Job per choice)
+    choice: int = 0  # which choice this Job decodes
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -99,8 +103,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     if model not in served:
         raise ApiError(404, f"the model '{model}' does not exist on this server; GET /v1/models lists it", "model",
                        "model_not_found")
-    if body.get("n", 1) not in (1, None):
-        raise ApiError(400, "'n' must be 1: specgen returns one choice", "n", "unsupported_parameter")
+    n = 1 if body.get("n") is None else _integer(body["n"], "n", 1, MAX_CHOICES)
     messages = prompt = None
     if kind == "chat":
         messages = _messages(body.get("messages"))
@@ -114,7 +117,51 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     config, live = _config(body, defaults, _logprobs(body, kind))
     own = "draft_tokens" in (body.get("speculative") or {})
     return Job(kind, messages, prompt, config, _stops(body.get("stop")), stream, include_usage, live, model,
-               own_length=own)
+               own_length=own, n=n)
+
+
+def choices(job: Job) -> list[Job]:
+    """A Job per choice of a request: the same prompt and settings, each its own row; with a
+    `seed`, choice i samples with seed + i (as a prompt set's prompt i does), so the choices
+    differ and a rerun gives them again. Greedy choices are all the same answer."""
+    seed = job.config.sampling.seed
+    return [job] if job.n == 1 else [
+        replace(job, choice=i, config=replace(job.config, sampling=replace(
+            job.config.sampling, seed=None if seed is None else min(seed + i, SEED_MAX)))) for i in range(job.n)]
+
+
+def merged(job: Job, answers: list[dict]) -> dict:
+    """One answer of n choices from the n choices' answers: their choices in order (each with
+    its own `speculative` summary), usage summed over the choices (the prompt counted once),
+    the speculation's totals."""
+    if len(answers) == 1:
+        return answers[0]
+    out = dict(answers[0])
+    out["choices"] = [{**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)]
+    out["usage"] = _summed_usage([a["usage"] for a in answers])
+    drafted, accepted, forwards = (sum(a["speculative"][k] for a in answers)
+                                   for k in ("drafted", "accepted", "target_forwards"))
+    completion = out["usage"]["completion_tokens"]
+    out["speculative"] = {"method": answers[0]["speculative"]["method"], "drafted": drafted, "accepted": accepted,
+                          "acceptance_rate": accepted / drafted if drafted else 0.0, "target_forwards": forwards,
+                          "tokens_per_target_forward": completion / forwards if forwards else 0.0}
+    return out
+
+
+def merged_usage(chunks: list[dict]) -> dict:
+    """The one usage chunk of a streamed request of n choices, from each choice's."""
+    out = dict(chunks[0])
+    out["usage"] = _summed_usage([c["usage"] for c in chunks])
+    out.pop("speculative", None)  # per choice: on each choice's last chunk
+    return out
+
+
+def _summed_usage(usages: list[dict]) -> dict:
+    """The prompt once (and its cached tokens as the first choice found them), the choices' tokens summed."""
+    completion = sum(u["completion_tokens"] for u in usages)
+    prompt = usages[0]["prompt_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": usages[0]["prompt_tokens_details"]}
 
 
 def read_tokenize(body: dict, defaults: GenerationConfig) -> Job:

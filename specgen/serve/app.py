@@ -139,25 +139,27 @@ def create_app(state: ServerState) -> FastAPI:
             state.say(f"error {exc.status}: {exc.message}")
             return error(exc)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue = asyncio.Queue()  # (choice, chunk, answer, ApiError or None at its end)
 
-        def post(item) -> None:  # called on the engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the server's loop has closed: nobody waits for this answer
-                pass
+        def poster(choice: int):
+            def post(item) -> None:  # called on the engine thread
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (choice, item))
+                except RuntimeError:  # the server's loop has closed: nobody waits for this answer
+                    pass
+            return post
 
-        ticket = Ticket(job, ids, post)
+        tickets = [Ticket(one, ids, poster(one.choice)) for one in api.choices(job)]
         try:
-            state.scheduler.submit(ticket)
+            state.scheduler.submit(*tickets)
         except QueueFull:
             state.metrics.refused(endpoint, 503)
             return error(api.ApiError(503, "the server's queue is full; try again shortly", kind="server_error",
                                       code="queue_full"), {"Retry-After": str(RETRY_AFTER_SECONDS)})
         if job.stream:
-            return StreamingResponse(_events(state, ticket, queue), media_type="text/event-stream",
+            return StreamingResponse(_events(state, tickets, queue), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _whole(state, ticket, queue, request)
+        return await _whole(state, tickets, queue, request)
 
     return app
 
@@ -192,42 +194,56 @@ def _encode(tokenizer, job: api.Job) -> list[int]:
         raise api.ApiError(400, f"the chat template refused the messages: {exc}", "messages") from None
 
 
-async def _events(state: ServerState, ticket: Ticket, queue: asyncio.Queue):
-    """The SSE stream: `data: {chunk}` per piece, `data: [DONE]` at the end. If the client goes
-    away (the task is cancelled), its row ends before the next round."""
-    done = False
+async def _events(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue):
+    """The SSE stream: `data: {chunk}` per piece (each choice's under its index), `data: [DONE]`
+    once every choice ended. If the client goes away (the task is cancelled), the rows end
+    before the next round. The choices' usage chunks become one, last."""
+    left, usage = len(tickets), []
     try:
-        while True:
-            item = await queue.get()
+        while left:
+            choice, item = await queue.get()
             if item is None:
-                done = True
-                break
+                left -= 1
+                continue
             if isinstance(item, api.ApiError):
                 yield f"data: {json.dumps(item.body())}\n\n"
                 continue
+            if len(tickets) > 1 and not item["choices"]:
+                usage.append(item)
+                continue
+            for part in item["choices"]:
+                part["index"] = choice
             yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+        if usage:
+            yield f"data: {json.dumps(api.merged_usage(usage), ensure_ascii=False)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
-        if not done:
-            state.scheduler.cancel(ticket)
+        if left:
+            for ticket in tickets:
+                state.scheduler.cancel(ticket)
 
 
-async def _whole(state: ServerState, ticket: Ticket, queue: asyncio.Queue, request: Request):
-    """A request that did not stream: wait for its answer, giving up its row if the client leaves."""
-    answer = None
-    while True:
+async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue, request: Request):
+    """A request that did not stream: wait for its choices' answers, giving up their rows if the
+    client leaves; one answer (api.merged), or the first choice's error."""
+    answers: list = [None] * len(tickets)
+    left = len(tickets)
+    while left:
         try:
-            item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
+            choice, item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
         except asyncio.TimeoutError:
             if await request.is_disconnected():
-                state.scheduler.cancel(ticket)
+                for ticket in tickets:
+                    state.scheduler.cancel(ticket)
                 return Response(status_code=499)
             continue
         if item is None:
-            break
-        answer = item
-    if isinstance(answer, api.ApiError):
-        return error(answer)
-    if answer is None:
+            left -= 1
+        else:
+            answers[choice] = item
+    failed = next((a for a in answers if a is None or isinstance(a, api.ApiError)), False)
+    if isinstance(failed, api.ApiError):
+        return error(failed)
+    if failed is None:
         return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
-    return JSONResponse(answer)
+    return JSONResponse(api.merged(tickets[0].job, answers))

@@ -73,7 +73,8 @@ class Metrics:
             self.draft_length.labels(method, str(width)).set(k)
 
     def finished(self, job, outcome: str, stats) -> None:
-        self.requests.labels(job.kind, outcome).inc()
+        if job.choice == 0:  # a request of n choices is one request (its rows count in the token totals)
+            self.requests.labels(job.kind, outcome).inc()
 
     def prefixes(self, target_bytes: int, draft_bytes: int) -> None:
         self.prefix_cache.labels("target").set(target_bytes)

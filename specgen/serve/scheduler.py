@@ -96,13 +96,16 @@ class Scheduler:
             self.stopping = True
             self.cond.notify_all()
 
-    def submit(self, ticket: Ticket) -> None:
+    def submit(self, *tickets: Ticket) -> None:
+        """Queue a request's tickets (one per choice), all of them or, when the queue has no room
+        for all, none (QueueFull)."""
         with self.cond:
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) + len(tickets) > self.max_queue:
                 raise QueueFull()
-            self.serial += 1
-            ticket.index = self.serial
-            self.waiting.append(ticket)
+            for ticket in tickets:
+                self.serial += 1
+                ticket.index = self.serial
+                self.waiting.append(ticket)
             self.metrics.queue_depth.set(len(self.waiting))
             self.cond.notify_all()
 

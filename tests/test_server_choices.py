@@ -1,0 +1,94 @@
+"""`n` choices per request: a row of the batch each; choice i with a seed samples as a request
+with seed + i does; streamed under their indices with one usage chunk; one request in the
+metrics; a queue without room for all of them answers 503; a client that leaves frees every
+row. Driven by the official `openai` client and raw HTTP, on the tiny pair."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from test_server import model, pair, raw, sdk, served, settings_for, slow_rounds, start, stop  # noqa: F401
+from test_server_load import chat_body, stream_request
+
+openai = pytest.importorskip("openai")
+PROMPT = "Write a haiku about caches"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+def test_choice_i_is_the_request_with_seed_plus_i(served, sdk):
+    """In deterministic mode a sampled answer depends on its seed alone (not on the batch), so
+    choice i is exactly the request with seed + i."""
+    kwargs = dict(model=model(served), messages=MESSAGES, max_tokens=10, temperature=0.9,
+                  extra_body={"speculative": {"method": "chain", "draft_tokens": 3, "deterministic": True,
+                                              "verify_window": 4}})
+    answer = sdk.chat.completions.create(n=3, seed=5, **kwargs)
+    alone = [sdk.chat.completions.create(seed=5 + i, **kwargs) for i in range(3)]
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert [c.message.content for c in answer.choices] == [a.choices[0].message.content for a in alone]
+    assert len({c.message.content for c in answer.choices}) > 1  # sampled: the choices differ
+    assert answer.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert answer.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    totals = answer.model_extra["speculative"]
+    assert totals["drafted"] == sum(c.model_extra["speculative"]["drafted"] for c in answer.choices)
+    assert totals["accepted"] == sum(c.model_extra["speculative"]["accepted"] for c in answer.choices)
+    # not deterministic: the choices still differ (each row its own random stream)
+    kwargs["extra_body"] = {"speculative": {"method": "chain", "draft_tokens": 3}}
+    assert len({c.message.content for c in sdk.chat.completions.create(n=3, seed=5, **kwargs).choices}) > 1
+
+
+def test_streamed_choices_come_under_their_indices_with_one_usage_chunk(served, sdk):
+    kwargs = dict(model=model(served), messages=MESSAGES, max_tokens=8, temperature=0.7, seed=11)
+    whole = sdk.chat.completions.create(n=2, **kwargs)
+    chunks = list(sdk.chat.completions.create(n=2, stream=True, stream_options={"include_usage": True}, **kwargs))
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+             for i in range(2)]
+    assert texts == [c.message.content for c in whole.choices]
+    finished = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert finished == [0, 1]
+    usage = [c for c in chunks if not c.choices]
+    assert len(usage) == 1 and chunks[-1] is usage[0]
+    assert usage[0].usage.completion_tokens == whole.usage.completion_tokens == 16
+    completions = sdk.completions.create(model=model(served), prompt="def add(a, b):", max_tokens=6, temperature=0,
+                                         n=2)
+    assert [c.index for c in completions.choices] == [0, 1]
+    assert completions.choices[0].text == completions.choices[1].text  # greedy: one answer, twice
+
+
+def test_a_request_of_n_choices_is_one_request_in_the_metrics(served):
+    def count() -> float:
+        text = raw(served, "GET", "/metrics")[1]
+        lines = [line for line in text.splitlines() if line.startswith('specgen_requests_total{endpoint="chat"')
+                 and 'status="length"' in line]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    before = count()
+    status, body, _ = raw(served, "POST", "/v1/chat/completions", chat_body(served, max_tokens=3, n=4))
+    assert status == 200 and len(body["choices"]) == 4
+    assert count() == before + 1
+
+
+def test_a_queue_without_room_for_every_choice_answers_503(tiny_dirs, pair):  # noqa: F811
+    running, thread = start(settings_for(tiny_dirs), pair, max_batch_size=2, max_queue=2)
+    try:
+        status, body, headers = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=3, n=3))
+        assert status == 503 and body["error"]["code"] == "queue_full" and headers["retry-after"] == "1"
+        assert not running.scheduler.busy()  # none of the three was queued
+        status, body, _ = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=3, n=2))
+        assert status == 200 and len(body["choices"]) == 2
+    finally:
+        stop(running, thread)
+
+
+def test_a_client_leaving_frees_every_choices_row(served, monkeypatch):
+    slow_rounds(monkeypatch, 0.02)
+    conn, response = stream_request(served, chat_body(served, max_tokens=200, temperature=0, n=3))
+    assert response.readline().startswith(b"data:")  # the stream has begun
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    deadline = time.monotonic() + 10
+    while served.scheduler.busy():
+        assert time.monotonic() < deadline, "the rows of a client that left are still decoding"
+        time.sleep(0.02)
