@@ -5,13 +5,10 @@ row. Driven by the official `openai` client and raw HTTP, on the tiny pair."""
 
 from __future__ import annotations
 
-import socket
-import time
-
 import pytest
 
 from test_server import model, pair, raw, sdk, served, settings_for, slow_rounds, start, stop  # noqa: F401
-from test_server_load import chat_body, stream_request
+from test_server_load import chat_body, leave_mid_stream
 
 openai = pytest.importorskip("openai")
 PROMPT = "Write a haiku about caches"
@@ -84,11 +81,4 @@ def test_a_queue_without_room_for_every_choice_answers_503(tiny_dirs, pair):  # 
 
 def test_a_client_leaving_frees_every_choices_row(served, monkeypatch):
     slow_rounds(monkeypatch, 0.02)
-    conn, response = stream_request(served, chat_body(served, max_tokens=200, temperature=0, n=3))
-    assert response.readline().startswith(b"data:")  # the stream has begun
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.close()
-    deadline = time.monotonic() + 10
-    while served.scheduler.busy():
-        assert time.monotonic() < deadline, "the rows of a client that left are still decoding"
-        time.sleep(0.02)
+    leave_mid_stream(served, chat_body(served, max_tokens=200, temperature=0, n=3))

@@ -115,16 +115,21 @@ def test_a_server_without_a_draft_model_serves_plain_and_lookup(tiny_dirs):
         stop(running, thread)
 
 
-def test_a_client_leaving_mid_stream_frees_its_row(served, monkeypatch):
-    slow_rounds(monkeypatch, 0.02)
-    conn, response = stream_request(served, chat_body(served, max_tokens=200, temperature=0))
+def leave_mid_stream(served, body: dict) -> None:
+    """Start a stream of `body`, leave once it has begun, and wait until the server is idle."""
+    conn, response = stream_request(served, body)
     assert response.readline().startswith(b"data:")  # the stream has begun
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     deadline = time.monotonic() + 10
     while served.scheduler.busy():
-        assert time.monotonic() < deadline, "the row of a client that left is still decoding"
+        assert time.monotonic() < deadline, "the rows of a client that left are still decoding"
         time.sleep(0.02)
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(served, monkeypatch):
+    slow_rounds(monkeypatch, 0.02)
+    leave_mid_stream(served, chat_body(served, max_tokens=200, temperature=0))
     status, text, _ = raw(served, "GET", "/metrics")
     assert 'specgen_requests_total{endpoint="chat",status="cancelled"}' in text
 
