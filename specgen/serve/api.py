@@ -323,30 +323,26 @@ def speculative_summary(stats) -> dict:
     return {"method": stats.method, **{k: data[k] for k in keys}}
 
 
-def logprobs_field(job: Job, entries: list[tuple[bytes, float, list[tuple[bytes, float]], int]]) -> dict | None:
-    """A choice's `logprobs` in OpenAI's shape for `entries` (a token's bytes, its
-    log-probability, the alternatives' bytes and log-probabilities, where the token starts in
-    the answer), or None when the request did not ask. A token's text is its bytes as UTF-8
-    (a replacement character for part of a character). Chat: `content` with each token's
-    bytes; completions: the legacy parallel lists with `text_offset`."""
+def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | None:
+    """A choice's `logprobs` in OpenAI's shape for `entries` (views.logprob_entries: each token's
+    text, exact bytes, log-probability and alternatives) starting at `offsets` in the answer, or
+    None when the request did not ask. Chat: `content` with each token's bytes; completions:
+    the legacy parallel lists with `text_offset`."""
     if job.config.sampling.logprobs is None:
         return None
 
     def number(value: float) -> float:
         return max(value, -9999.0)  # OpenAI's floor for an impossible token (JSON has no -inf)
 
-    def text(raw: bytes) -> str:
-        return raw.decode("utf-8", errors="replace")
+    def item(entry: dict) -> dict:
+        return {"token": entry["token"], "logprob": number(entry["logprob"]), "bytes": entry["bytes"]}
 
     if job.kind == "chat":
-        def item(raw: bytes, value: float) -> dict:
-            return {"token": text(raw), "logprob": number(value), "bytes": list(raw)}
-
-        return {"content": [{**item(raw, value), "top_logprobs": [item(t, v) for t, v in top]}
-                            for raw, value, top, _ in entries], "refusal": None}
-    return {"tokens": [text(e[0]) for e in entries], "token_logprobs": [number(e[1]) for e in entries],
-            "top_logprobs": [{text(t): number(v) for t, v in e[2]} for e in entries],
-            "text_offset": [e[3] for e in entries]}
+        return {"content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries],
+                "refusal": None}
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [number(e["logprob"]) for e in entries],
+            "top_logprobs": [{t["token"]: number(t["logprob"]) for t in e["top"]} for e in entries],
+            "text_offset": offsets}
 
 
 def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats,

@@ -8,7 +8,7 @@ streaming, a tail that could be the start of a stop string is held back until it
 
 from __future__ import annotations
 
-from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
+from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult, TokenLogprob
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import logprob_entries, replay_view, round_view
 from specgen.serve import api
@@ -28,10 +28,9 @@ class Output:
         self.started = False  # the first chunk (with the role) went out
         self.hold = max((len(s) for s in job.stops), default=1) - 1
         # logprobs asked: each token's (start, end) in the text before any stop cut, id, TokenLogprob
-        self.tokens: list[tuple[int, int, int, object]] = []
+        self.tokens: list[tuple[int, int, int, TokenLogprob]] = []
         self.chars = 0  # characters pushed so far, before any stop cut
         self.reported = 0  # tokens whose logprobs went out
-        self.specials = frozenset(tokenizer.all_special_ids)
         self.bytes_of = TokenBytes(tokenizer)
 
     # -- events ---------------------------------------------------------------------------------
@@ -125,12 +124,11 @@ class Output:
             if not final and stop > end:
                 break
             self.reported += 1
-            if token in self.specials or (final and self.stopped and start >= cut):
+            if token in self.bytes_of.specials or (final and self.stopped and start >= cut):
                 continue
             chosen.append((start, token, logprob))
-        raw = self.bytes_of
-        return api.logprobs_field(self.job, [(raw(token), lp.logprob, [(raw(t), v) for t, v in lp.top], start)
-                                             for start, token, lp in chosen])
+        entries = logprob_entries([token for _, token, _ in chosen], [lp for _, _, lp in chosen], self.bytes_of)
+        return api.logprobs_field(self.job, entries, [start for start, _, _ in chosen])
 
     def _kept_ids(self, token_ids: list[int]) -> list[int]:
         """The token ids behind the final text (all of them unless a stop string cut it)."""
