@@ -139,7 +139,7 @@ def create_app(state: ServerState) -> FastAPI:
             state.say(f"error {exc.status}: {exc.message}")
             return error(exc)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()  # (choice, chunk, answer, ApiError or None at its end)
+        queue: asyncio.Queue = asyncio.Queue()  # (choice, item): a chunk, an answer, an ApiError, None at its end
 
         def poster(choice: int):
             def post(item) -> None:  # called on the engine thread
