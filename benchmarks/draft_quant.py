@@ -22,6 +22,7 @@ from specgen.bench.prompts import encode, load_prompts
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import run_prompts
+from specgen.models.compat import CACHE_ARG
 from specgen.models.load import load_pair
 from specgen.runtime import kvcache
 from specgen.runtime.pair import load
@@ -33,12 +34,12 @@ def time_steps(model, context: int, steps: int) -> float:
     cache = kvcache.new_cache(model)
     ids = torch.arange(1000, 1000 + context).unsqueeze(0)
     with torch.inference_mode():
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
         token = torch.tensor([[1234]])
-        model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)  # warm
+        model(input_ids=token, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)  # warm
         started = time.perf_counter()
         for _ in range(steps):
-            logits = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            logits = model(input_ids=token, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1).logits
             token = logits[:, -1:].argmax(-1)
         int(token)
     return (time.perf_counter() - started) / steps

@@ -140,3 +140,24 @@ def test_a_draft_forward_takes_one_dispatch_for_a_single_row_and_row_int8_for_mo
         got = kvcache.forward(draft, cache, torch.tensor([[41, 42, 43]]))
     assert torch.equal(got, reference)
     assert isinstance(Steps(model, exact=False).call, lean.LeanForward)
+
+
+def test_forwards_pass_the_cache_by_the_name_this_transformers_takes():
+    """transformers 5.24 renamed a forward's `past_key_values` to `cache` (the old name warns and
+    is to go in 5.40): every forward specgen makes, the model's own and the lean one, uses the name
+    the installed version takes, so none warns and none breaks when the old name goes."""
+    import inspect
+    import warnings
+
+    from transformers import Qwen2ForCausalLM
+
+    from specgen.models.compat import CACHE_ARG
+
+    assert CACHE_ARG in inspect.signature(Qwen2ForCausalLM.forward).parameters
+    model = build_model(11, layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for call in (model, lean.LeanForward(model)):
+            cache = kvcache.new_cache(model, rows=1)
+            with torch.inference_mode():
+                kvcache.forward(call, cache, torch.arange(3, 9)[None], keep=1)

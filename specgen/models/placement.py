@@ -227,6 +227,8 @@ def _decode_step_seconds(dtype: torch.dtype) -> float:
     """
     from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM  # only when measuring: rare
 
+    from specgen.models.compat import CACHE_ARG  # imports transformers too
+
     config = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=1, num_attention_heads=12,
                          num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
     torch.manual_seed(0)
@@ -234,10 +236,10 @@ def _decode_step_seconds(dtype: torch.dtype) -> float:
     best = float("inf")
     with torch.inference_mode():
         cache = DynamicCache(config=config)
-        model(input_ids=torch.arange(64).view(1, -1), past_key_values=cache)
+        model(input_ids=torch.arange(64).view(1, -1), **{CACHE_ARG: cache})
         for step in range(6):
             started = time.perf_counter()
-            model(input_ids=torch.tensor([[step]]), past_key_values=cache)
+            model(input_ids=torch.tensor([[step]]), **{CACHE_ARG: cache})
             if step:  # the first step warms up
                 best = min(best, time.perf_counter() - started)
     return best

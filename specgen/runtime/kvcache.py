@@ -28,6 +28,8 @@ import itertools
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specgen.models.compat import CACHE_ARG
+
 MIN_CAPACITY = 256
 _SERIALS = itertools.count()
 
@@ -300,7 +302,7 @@ def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, of
     cache.view, cache.active = view, rows
     mask = _mask(bases, offset, tree, view)
     out = call(input_ids=input_ids, position_ids=bases[:, None] + depth, attention_mask=mask,
-               past_key_values=cache, use_cache=True, logits_to_keep=keep)
+               use_cache=True, logits_to_keep=keep, **{CACHE_ARG: cache})
     cache.active = None
     return out.logits
 

@@ -9,7 +9,7 @@ bitwise those of `model.forward` (tested), for every width, row count and mask:
 * embeddings, rotary tables (the model's own rotary module) and the final norm as in the model;
 * per layer: RMSNorm (torch's rms_norm: the same arithmetic in one dispatch), q/k/v (one int8
   product when they are fused, `int8._Fused`), rotary for q and k together, the cache write
-  through `past_key_values.update`, attention (SDPA and `exact_attention`'s float64 decode path
+  through the cache's `update`, attention (SDPA and `exact_attention`'s float64 decode path
   called directly, with the arguments transformers passes; any other implementation through
   transformers' registry), o_proj, RMSNorm, gate/up (fused likewise), SiLU, down_proj;
 * the head over the last `logits_to_keep` positions.
@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from specgen.models.compat import CACHE_ARG
 from specgen.runtime import int8
 from specgen.runtime.exact_attention import EXACT_WIDTH, NAME as EXACT_NAME, grouped_attention
 from specgen.runtime.pruned import PrunedHead
@@ -190,8 +191,8 @@ class LeanForward:
         return ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 past_key_values, use_cache: bool = True, logits_to_keep: int = 0, **_) -> SimpleNamespace:
-        cache = past_key_values
+                 use_cache: bool = True, logits_to_keep: int = 0, **kwargs) -> SimpleNamespace:
+        cache = kwargs[CACHE_ARG]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [b, n, 1, D]: one rotation for q and k together
