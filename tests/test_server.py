@@ -260,6 +260,8 @@ def test_malformed_bodies_and_keys(served, sdk):
     for method, path, status in (("GET", "/v1/chat/completions", 405), ("POST", "/v1/embeddings", 404)):
         got, body, _ = raw(served, method, path, {})
         assert got == status and set(body["error"]) == {"message", "type", "param", "code"}, body
+        if status == 404:  # says what the server does answer
+            assert "POST /v1/chat/completions" in body["error"]["message"] and "/v1/embeddings" not in body["error"]["message"].split(";")[1]
     bad = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

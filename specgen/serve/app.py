@@ -73,7 +73,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def routing(request: Request, exc: HTTPException):  # an unknown path, a wrong method
-        message = {404: f"no route {request.url.path}; the API is under /v1",
+        routes = ", ".join(f"{method} {route.path}" for route in app.routes for method in sorted(route.methods))
+        message = {404: f"no route {request.url.path}; this server answers {routes}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
                      headers=exc.headers)
