@@ -152,7 +152,7 @@ class GenerationConfig:
     draft_confidence: float = 0.0  # chain: stop drafting when the draft's top probability is below
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
-    device_draft_tokens: bool = False  # draft_tokens is a placeholder: decoding/length.choose sets it
+    device_draft_tokens: bool = False  # draft_tokens is a placeholder: decoding/costs.choose sets it
     device_confidence: bool = False  # no --draft-confidence given: a device-chosen k brings its stop
     acceptance: Acceptance = Acceptance()  # REAL everywhere but benchmark scripts (AcceptanceMode)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from specgen.decoding import length as draft_length
+from specgen.decoding import costs as draft_length
 from specgen.config import parse_draft_tokens
 
 
@@ -109,7 +109,7 @@ def test_width_costs_draft_only_while_a_wide_verify_stays_cheap():
     """Memory-bound verifies (flat in tokens) keep drafting at every width; verifies whose cost
     grows with the tokens fed stop it once a plain round does as well; a promised gain under
     the margin does not draft."""
-    from specgen.decoding.length import WidthCosts
+    from specgen.decoding.costs import WidthCosts
 
     flat = WidthCosts({1: 1.0, 16: 1.2}, {1: 1.05, 16: 1.3}, {1: 0.3, 16: 0.35})
     assert all(flat.cap(width) >= 3 for width in (1, 2, 4, 8, 16))
@@ -117,3 +117,41 @@ def test_width_costs_draft_only_while_a_wide_verify_stays_cheap():
     caps = [compute_bound.cap(width) for width in (1, 2, 4, 8, 16)]
     assert caps[0] >= 3 and caps == sorted(caps, reverse=True) and caps[-1] == 0
     assert compute_bound.cap(4) == 0  # k = 1 promises under WIDTH_MARGIN over plain rounds
+
+
+GOOD_WIDTHS = {"verify_one": {"1": 1.0, "4": 1.1}, "verify_five": {"1": 1.1, "4": 1.9}, "draft": {"1": 0.3, "4": 0.4}}
+BAD_WIDTHS = [None, [1], "x", {}, {**GOOD_WIDTHS, "draft": None}, {**GOOD_WIDTHS, "draft": {"1": "0.3"}},
+              {**GOOD_WIDTHS, "draft": {"1": -0.3}}, {**GOOD_WIDTHS, "draft": {"one": 0.3}},
+              {**GOOD_WIDTHS, "draft": {"1": float("inf")}}, {**GOOD_WIDTHS, "draft": {"1": float("nan")}},
+              {**GOOD_WIDTHS, "draft": {"0": 0.3, "1": 0.3}}, {**GOOD_WIDTHS, "draft": {"4": 0.4}},
+              {**GOOD_WIDTHS, "draft": {"1": True}}]
+
+
+def test_batch_width_costs_are_measured_once_and_a_bad_entry_again_with_a_notice(tiny_pair, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The server's width costs share draft-length.json: measured once, then read back; an entry
+    that does not validate (a hand edit: strings, negatives, Infinity, NaN, a width of 0, no
+    single-row cost) is measured again with one notice, never a crash or a nonsense cap."""
+    import json
+
+    from specgen.decoding.costs import WidthCosts, width_costs
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    measured = WidthCosts({1: 1.0, 4: 1.2}, {1: 1.1, 4: 2.0}, {1: 0.3, 4: 0.35})
+    calls = []
+    monkeypatch.setattr(draft_length, "_measure_widths", lambda pair: calls.append(1) or measured)
+    target, draft = tiny_pair
+    pair = SimpleNamespace(target=target, draft=draft)
+    assert width_costs(pair) == measured and len(calls) == 1
+    assert width_costs(pair) == measured and len(calls) == 1  # read back
+    path = tmp_path / "draft-length.json"
+    key = next(k for k in json.loads(path.read_text()) if k.startswith("width "))
+    path.write_text(json.dumps({key: GOOD_WIDTHS}))
+    assert width_costs(pair).verify_five == {1: 1.1, 4: 1.9} and len(calls) == 1
+    for entry in BAD_WIDTHS:
+        path.write_text(json.dumps({key: entry}))
+        capsys.readouterr()
+        before = len(calls)
+        assert width_costs(pair) == measured and len(calls) == before + 1, entry
+        assert "not valid; measuring them again" in capsys.readouterr().err, entry
+        assert width_costs(pair) == measured and len(calls) == before + 1  # written back valid

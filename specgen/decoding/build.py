@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specgen.config import GenerationConfig, Method
-from specgen.decoding import length
+from specgen.decoding import costs, length
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
 from specgen.decoding.drafters.model import ChainDrafter
@@ -24,7 +24,7 @@ from specgen.status import note
 def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | None = None):
     """`--draft-tokens device` (the default): the k measured best for this pair on this device.
 
-    Returns (config with k set and the placeholder cleared, the length.Choice or None).
+    Returns (config with k set and the placeholder cleared, the costs.Choice or None).
     `drafts`: whether a model-drafting method with a fixed k will run (default: from
     config.method; bench, which runs several methods, says so itself)."""
     if not config.device_draft_tokens:
@@ -33,7 +33,7 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
         drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
     if pair.draft is None or not drafts:
         return replace(config, device_draft_tokens=False), None
-    choice = length.choose(pair)  # a few seconds, once per machine and pair; cached after that
+    choice = costs.choose(pair)  # a few seconds, once per machine and pair; cached after that
     confidence = choice.confidence if config.device_confidence else config.draft_confidence
     return replace(config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence), choice
 

@@ -85,7 +85,7 @@ class Engine:
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         # the most tokens a row may draft when `width` rows share a round (a server sets it from
-        # measured costs, length.WidthCosts: past some width plain rounds win); default no limit
+        # measured costs, costs.WidthCosts: past some width plain rounds win); default no limit
         self.width_cap: Callable[[int], int] = lambda width: MAX_DRAFT
         # where the cap allows drafting, whether it pays there, from measured rounds (a server's)
         self.rates: WidthRates | None = None

@@ -1,6 +1,6 @@
 """How many tokens to draft at a batch width, decided from the engine's own measured rounds.
 
-The width cost model (length.WidthCosts) says from timed forwards how many tokens to draft at
+The width cost model (costs.WidthCosts) says from timed forwards how many tokens to draft at
 each batch width. It leaves things out that only a running batch shows: the draft's catch-up
 prefill of a joining row, a draft step's host syncs (the confidence stop), a wider first step,
 the acceptance of the requests actually served, and a verify whose cost is flat up to some
@@ -48,7 +48,7 @@ MARGIN = 0.05  # drafting rounds must deliver this much more than plain ones to 
 EXPLORE = 4  # while plain rounds are unmeasured: one round in EXPLORE is plain
 REFRESH = 48  # drafting rounds between two plain rounds, once drafting is chosen
 RETRY = 1024  # plain rounds between two drafting rounds, once plain rounds are chosen
-# One row drafts the device's own k, as `specgen run` does (length.choose measured it; a served
+# One row drafts the device's own k, as `specgen run` does (costs.choose measured it; a served
 # request alone gives what a local run gives, round for round): rates decide from two rows on.
 LEAST = 2
 UNSET = 1 << 30  # a width's arm before its cap is known: the cap

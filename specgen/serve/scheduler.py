@@ -74,7 +74,7 @@ class Scheduler:
                  log: Callable[[api.Job, object], None] = lambda job, stats: None,
                  caps: dict[int, int] | None = None):
         self.pair, self.max_batch, self.max_queue, self.metrics, self.log = pair, max_batch, max_queue, metrics, log
-        # model chains' draft length per batch width (length.WidthCosts.cap); none: as requested
+        # model chains' draft length per batch width (costs.WidthCosts.cap); none: as requested
         self.caps = caps or {}
         self.prefill_chunk = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()

@@ -23,7 +23,7 @@ import uvicorn
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding import run as driver
 from specgen.decoding.build import resolve_draft_length
-from specgen.decoding.length import width_costs
+from specgen.decoding.costs import width_costs
 from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.views import Outcome, Silent, summary_line
 from specgen.errors import ConfigError
@@ -105,7 +105,7 @@ def defaults(pair, options: ServeOptions) -> GenerationConfig:
 def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
     """A model chain's draft length at each batch width up to `widest`: the device's `k` for one
     row (what `specgen run` drafts), scaled down as the measured costs of wider rounds say
-    (length.WidthCosts, measured once per machine and pair, cached), down to 0 (plain rounds)
+    (costs.WidthCosts, measured once per machine and pair, cached), down to 0 (plain rounds)
     where a wide verify no longer pays. Empty without a draft model."""
     if pair.draft is None:
         return {}

@@ -1,0 +1,282 @@
+"""How many tokens to draft on this device, from measured forward costs.
+
+**The device default** (`--draft-tokens device`, `choose`): a chain round at draft length k
+costs k draft steps plus one target forward over k+1 tokens. Where a draft step is cheap next
+to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
+where the draft costs a third of the target (the default pair on a CPU) short ones do.
+`choose` times the three forwards once on a short context (in turn, REPEATS times, a few
+seconds), picks the k in 1..MAX_K with the best expected tokens per unit of time at the
+typical acceptance `ACCEPTANCE`, and caches the answer per machine, thread count and model pair
+in `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with
+a notice. A draft on the CPU also gets a confidence stop (STOP, `length.ConfidenceStop`) and
+STOP_EXTRA more tokens of room.
+
+**At a batch width** (`width_costs`, the server): a verify of width x (k+1) tokens stops being
+memory-bound as the width grows, so `WidthCosts.cap` gives each width the k with the best
+expected throughput, down to 0 (plain rounds), from the costs measured at WIDTH_ROWS (cached in
+the same file). `rates.py` then checks that estimate against what rounds deliver.
+
+The per-round policies that adapt k within these bounds are in `length.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specgen.models.cache import cache_root, locked, write_text
+from specgen.models.placement import cpu_flags, cpu_name
+from specgen.runtime import kvcache
+from specgen.runtime.lean import call_for
+from specgen.status import note
+
+
+# per-token acceptance of the default pair on the quick set, fitted to tokens per round at
+# k = 1..3 (benchmarks/README.md); the accepted share per drafted token understates it, as
+# acceptances come in runs.
+ACCEPTANCE = 0.85
+FORMAT = 6  # bump when the engine's forwards change cost (cached choices are then measured again)
+MAX_K = 6
+GPU_K = 4
+REPEATS = 7  # turns of the three timed forwards
+# A draft on the CPU stops early when its top probability falls below STOP (ConfidenceStop),
+# and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
+# tokens are not drafted (the variants compared: benchmarks/README.md). On a GPU the stop would
+# add a host sync per draft step, so it stays off there.
+STOP, STOP_EXTRA = 0.5, 2
+
+
+@dataclass(frozen=True)
+class Choice:
+    k: int
+    reason: str
+    confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
+
+
+def expected_rate(k: int, draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE) -> float:
+    """Expected tokens per target-step time at draft length k (costs relative to one target step)."""
+    tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+    return tokens / (k * draft_cost + verify_cost[k + 1])
+
+
+def best_k(draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE) -> int:
+    return max(range(1, MAX_K + 1), key=lambda k: (expected_rate(k, draft_cost, verify_cost, acceptance), -k))
+
+
+def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
+    """Verify cost at 1..MAX_K+1 tokens from costs measured at 1 and `width` tokens (linear)."""
+    slope = (wide - one) / (width - 1)
+    return {n: 1.0 + slope * (n - 1) / one for n in range(1, MAX_K + 2)}
+
+
+class _Probe:
+    """One model's forward of `width` tokens per row over `rows` short cached contexts, timed on
+    demand; `keep` logits per row, as the loop asks (a verify reads every position's)."""
+
+    def __init__(self, model, width: int, context: int = 32, exact: bool = True, rows: int = 1, keep: int = 1):
+        self.call = call_for(model, exact)  # what the decode loop calls
+        self.device = next(model.parameters()).device
+        vocab = model.get_input_embeddings().num_embeddings
+        self.cache, self.context, self.keep = kvcache.new_cache(model, rows=rows), context, keep
+        prompt = (torch.arange(100, 100 + context, device=self.device) % vocab)[None].expand(rows, context)
+        kvcache.forward(self.call, self.cache, prompt, keep=1)
+        self.tokens = (torch.arange(300, 300 + width, device=self.device) % vocab)[None].expand(rows, width)
+        self.seconds()  # the first forward warms up
+
+    def seconds(self) -> float:
+        started = time.perf_counter()
+        kvcache.forward(self.call, self.cache, self.tokens, keep=self.keep)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - started
+        kvcache.crop(self.cache, self.context)
+        return elapsed
+
+
+def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float]:
+    """(draft step, 5-token verify) in target steps: the three forwards are timed in turn,
+    `repeats` times, and the medians of the per-turn ratios are kept, so a machine whose speed
+    drifts between forwards (shared CPUs do) moves all three together."""
+    step, wide = _Probe(pair.target.model, 1), _Probe(pair.target.model, 5)
+    draft = _Probe(pair.draft.model, 1, exact=False)
+    draft_ratio, wide_ratio = [], []
+    for _ in range(repeats):
+        one, five, small = step.seconds(), wide.seconds(), draft.seconds()
+        one = (one + step.seconds()) / 2  # the target step around the others
+        draft_ratio.append(small / one)
+        wide_ratio.append(five / one)
+    return statistics.median(draft_ratio), statistics.median(wide_ratio)
+
+
+def _key(pair) -> str:
+    return " | ".join([f"v{FORMAT}", cpu_name(), ",".join(sorted(cpu_flags() or ())), str(torch.get_num_threads()),
+                       f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
+                       f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}"])
+
+
+def choose(pair) -> Choice:
+    """k for chain-style methods on this pair and device (measured once, then cached)."""
+    if pair.draft is None:
+        return Choice(GPU_K, "no draft model")
+    if pair.target.device.type == "cuda" and pair.draft.device.type == "cuda":
+        return Choice(GPU_K, "GPU: a wide verify costs about one step")
+    path, key = cache_root() / "draft-length.json", _key(pair)
+    known = _read(path)
+    if key in known:
+        chosen = _entry(known[key])
+        if chosen is not None:
+            return chosen
+        note(f"specgen: the draft length cached in {path} is not valid; measuring it again")
+    chosen = _measure(pair)
+    try:
+        with locked("draft-length"):  # read, change one entry, write: other processes keep theirs
+            known = _read(path)
+            known[key] = {"k": chosen.k, "reason": chosen.reason, "confidence": chosen.confidence}
+            write_text(path, json.dumps(known, indent=1))
+    except OSError:
+        pass  # an unwritable cache only means measuring again next time
+    return chosen
+
+
+def _measure(pair) -> Choice:
+    with torch.inference_mode():
+        draft, wide = _ratios(pair)
+    k = best_k(draft, _interpolate(1.0, wide, 5))
+    reason = (f"measured: draft step {draft:.2f} of a target step, 5-token verify "
+              f"{wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance")
+    confidence = 0.0
+    if pair.draft.device.type == "cpu":
+        k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
+        reason += f"; up to {STOP_EXTRA} more while the draft's top probability stays at {STOP} or above"
+    return Choice(k, reason, confidence)
+
+
+def _read(path) -> dict:
+    """The cache file's entries; an unreadable or foreign file counts as empty (measured again)."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _entry(entry) -> Choice | None:
+    """A cached entry, if it is one this version wrote: k an integer in 1..MAX_K, confidence a
+    number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
+    if not isinstance(entry, dict):
+        return None
+    k, confidence, reason = entry.get("k"), entry.get("confidence", 0.0), entry.get("reason", "measured earlier")
+    if type(k) is not int or not 1 <= k <= MAX_K:
+        return None
+    if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
+        return None
+    return Choice(k, reason, float(confidence))
+
+
+# -- how many tokens to draft at a batch width -----------------------------------------------------
+WIDTH_ROWS = (1, 4, 16)  # batch widths measured; others are interpolated (and extrapolated past 16)
+WIDTH_REPEATS = 3
+WIDTH_MARGIN = 0.1  # the expected gain over plain rounds below which a batch does not draft
+
+
+@dataclass(frozen=True)
+class WidthCosts:
+    """Measured forward costs at the batch widths of WIDTH_ROWS, relative to one single-row
+    target step: a target verify of 1 and of 5 tokens per row, and a draft step."""
+
+    verify_one: dict[int, float]  # rows -> cost
+    verify_five: dict[int, float]
+    draft: dict[int, float]
+
+    def cap(self, width: int, k_max: int = MAX_K + STOP_EXTRA, acceptance: float = ACCEPTANCE) -> int:
+        """The draft length with the best expected throughput at `width` rows; 0 unless drafting
+        promises WIDTH_MARGIN more than plain rounds (a verify of width x (k+1) tokens is no
+        longer memory-bound). The margin covers what the model leaves out: per-round host work
+        that grows with the width, and requests whose acceptance is below `acceptance`."""
+        one, five, draft = (_at(table, width) for table in (self.verify_one, self.verify_five, self.draft))
+        best_k, best = 0, width / one * (1 + WIDTH_MARGIN)
+        for k in range(1, k_max + 1):
+            tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
+            rate = width * tokens / (k * draft + one + (five - one) * k / 4)
+            if rate > best:
+                best_k, best = k, rate
+        return best_k
+
+    def as_dict(self) -> dict:
+        return {name: {str(r): v for r, v in getattr(self, name).items()} for name in ("verify_one", "verify_five",
+                                                                                       "draft")}
+
+
+def _at(table: dict[int, float], rows: int) -> float:
+    """The table's value at `rows`: linear between measured widths, extended past the last."""
+    points = sorted(table)
+    if len(points) == 1:
+        return table[points[0]]
+    low, high = points[0], points[1]
+    for low, high in zip(points, points[1:]):
+        if rows <= high:
+            break
+    return table[low] + (table[high] - table[low]) * (rows - low) / (high - low)
+
+
+def width_costs(pair) -> WidthCosts:
+    """The pair's costs at WIDTH_ROWS (measured once per machine and pair, then cached)."""
+    path, key = cache_root() / "draft-length.json", "width " + _key(pair)
+    known = _read(path)
+    if key in known:
+        costs = _width_entry(known[key])
+        if costs is not None:
+            return costs
+        note(f"specgen: the batch-width costs cached in {path} are not valid; measuring them again")
+    with torch.inference_mode():
+        costs = _measure_widths(pair)
+    try:
+        with locked("draft-length"):
+            known = _read(path)
+            known[key] = costs.as_dict()
+            write_text(path, json.dumps(known, indent=1))
+    except OSError:
+        pass
+    return costs
+
+
+def _width_entry(entry) -> WidthCosts | None:
+    """A cached WidthCosts, if this version wrote it: each table maps a positive whole number of
+    rows (WIDTH_ROWS' first among them) to a finite positive cost. Anything else is None."""
+    if not isinstance(entry, dict):
+        return None
+    tables = []
+    for name in ("verify_one", "verify_five", "draft"):
+        table = entry.get(name)
+        if not isinstance(table, dict) or not table:
+            return None
+        try:
+            rows = {int(r): v for r, v in table.items()}
+        except ValueError:
+            return None
+        if WIDTH_ROWS[0] not in rows or min(rows) < 1 or not all(
+                type(v) in (int, float) and math.isfinite(v) and v > 0 for v in rows.values()):
+            return None
+        tables.append({r: float(v) for r, v in rows.items()})
+    return WidthCosts(*tables)
+
+
+def _measure_widths(pair) -> WidthCosts:
+    base = _Probe(pair.target.model, 1)
+    tables = ({}, {}, {})
+    for rows in WIDTH_ROWS:
+        probes = (_Probe(pair.target.model, 1, rows=rows, keep=0), _Probe(pair.target.model, 5, rows=rows, keep=0),
+                  _Probe(pair.draft.model, 1, exact=False, rows=rows))
+        ratios = ([], [], [])
+        for _ in range(WIDTH_REPEATS):
+            unit = base.seconds()
+            for probe, out in zip(probes, ratios):
+                out.append(probe.seconds() / unit)
+        for table, out in zip(tables, ratios):
+            table[rows] = statistics.median(out)
+    return WidthCosts(*tables)
