@@ -61,6 +61,23 @@ def test_plain_session_prints_replies_to_stdout_and_stats_to_stderr(models):
     assert "turn 2: conversation" in result.stderr
 
 
+def test_chat_takes_the_draft_schedule_and_confidence_that_run_takes(models):
+    """--draft-confidence and --draft-schedule reach the chat's engine as they reach run's: a
+    confidence of 0.99 stops the tiny draft's chains early (each draft token is kept, then the
+    draft ends), 0 drafts all k; a bad schedule is one line and a non-zero exit."""
+    def drafted(*options) -> int:
+        result = session_run(models, ["hello there"], "-n", "6", "-k", "4", "--format", "json", *options)
+        assert result.exit_code == 0, result.output
+        return json_lines(result.stdout)[0]["stats"]["drafted"]
+
+    assert drafted("--draft-confidence", "0") == drafted("--draft-confidence", "0", "--draft-schedule", "fixed")
+    assert drafted("--draft-confidence", "0.99") < drafted("--draft-confidence", "0")
+    assert drafted("--draft-confidence", "0", "--draft-schedule", "additive") >= 1
+    result = session_run(models, ["hello"], "--draft-schedule", "sometimes")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1
+    assert "--draft-schedule" in error_lines(result.output)[0]
+
+
 def test_slash_commands_change_the_session(models):
     lines = ["hello there",
              "/set temperature 0.7", "/set top-k 5", "/set seed 3", "/set max_new_tokens 5", "/set draft_tokens 2",

@@ -29,9 +29,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, DepthOpt, DeterministicOpt, DeviceOpt,
-                                 DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt,
-                                 MethodOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt, TopPOpt,
+from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
+                                 DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt,
+                                 MethodOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt, TopPOpt,
                                  VerifyWindowOpt, check_text, decode_text, generation_config, user_errors)
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
@@ -59,6 +59,8 @@ def chat(
     method: MethodOpt = "chain",
     max_new_tokens: MaxNewOpt = 256,
     draft_tokens: DraftTokensOpt = "device",
+    draft_schedule: ScheduleOpt = None,
+    draft_confidence: ConfidenceOpt = None,
     deterministic: DeterministicOpt = False,
     verify_window: VerifyWindowOpt = 32,
     device: DeviceOpt = "auto",
@@ -84,7 +86,8 @@ def chat(
         with user_errors():
             code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), show_tree, format,
                          server, generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
-                                           seed, branching, beam_width, depth, deterministic, verify_window))
+                                           seed, branching, beam_width, depth, deterministic, verify_window,
+                                           draft_schedule, draft_confidence))
     except KeyboardInterrupt:  # while loading models
         code = 130
     raise typer.Exit(code)
