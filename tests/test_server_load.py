@@ -146,6 +146,36 @@ def test_a_client_that_stops_reading_holds_nobody_up(served, monkeypatch):
     conn.close()
 
 
+def test_a_prompt_that_takes_long_to_tokenize_stalls_no_stream(served, monkeypatch):
+    """Tokenizing a 4 MB prompt takes seconds (2.7 s with the default pair's tokenizer): it runs
+    off the event loop, so a stream already going keeps going meanwhile. The tokenizer is held
+    here until the stream has ended; on the event loop it would have stopped every stream."""
+    from specgen.serve import app as app_module
+
+    entered, release = threading.Event(), threading.Event()
+    real = app_module._encode
+
+    def slow(tokenizer, job):
+        if job.kind == "completion" and job.prompt == "tokenize me slowly":
+            entered.set()
+            assert release.wait(60)
+        return real(tokenizer, job)
+
+    monkeypatch.setattr(app_module, "_encode", slow)
+    conn, response = stream_request(served, chat_body(served, max_tokens=24, temperature=0))
+    assert response.readline().startswith(b"data: ")  # the stream is going
+    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=60)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(sdk.completions.create, model=model(served), prompt="tokenize me slowly", max_tokens=3,
+                           temperature=0)
+        assert entered.wait(30)
+        rest = response.read().decode()  # the whole stream while the other prompt is being tokenized
+        assert rest.rstrip().endswith("data: [DONE]") and not release.is_set()
+        release.set()
+        assert held.result(timeout=60).usage.completion_tokens == 3
+    conn.close()
+
+
 def test_a_queued_request_whose_client_leaves_is_dropped_at_once(tiny_dirs, pair, monkeypatch):
     slow_rounds(monkeypatch, 0.05)
     running, thread = start(settings_for(tiny_dirs), pair, max_batch_size=1, max_queue=4)
