@@ -19,3 +19,13 @@ class ConfigError(SpecgenError):
 
 class PromptError(SpecgenError):
     """An empty prompt, or one that does not fit the context."""
+
+
+class DiskFullError(SpecgenError, OSError):
+    """The disk filled while specgen wrote a file: one line saying where and what to do. Also an
+    OSError, so a caller that keeps its data elsewhere when a write fails (bench's outputs, a
+    chat's /save) still does."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message, hint)
+        self.strerror = message  # what callers that report an OSError's strerror print

@@ -540,3 +540,33 @@ def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(c
     assert len(pip_calls) == 2 and again.path == loaded.path  # a later load reads only the store
     assert Path(loaded.gguf_file()).read_bytes() == blob and len(pip_calls) == 4
     assert sorted(catalog.holdings(model)) == ["gguf", "int8"]
+
+
+def test_a_full_disk_under_any_write_is_one_line_and_outputs_keep_their_fallback(cache, tmp_path):
+    """atomic_write turns a full disk into a DiskFullError, whichever library was writing: in the
+    cache it names SPECGEN_CACHE, elsewhere only the space; the temporary is gone; and it is
+    still an OSError, so a caller that keeps its data elsewhere on a failed write still does."""
+    from specgen.bench import report
+    from specgen.errors import DiskFullError, SpecgenError
+    from specgen.models.cache import atomic_write
+
+    def full(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for path, hint in ((cache / "x" / "file.json", "or set SPECGEN_CACHE"), (tmp_path / "out.json", "")):
+        with pytest.raises(DiskFullError, match=f"disk full while writing {path}; free some space") as raised:
+            atomic_write(path, full)
+        assert isinstance(raised.value, OSError) and isinstance(raised.value, SpecgenError)
+        assert (hint in str(raised.value)) and (hint or "SPECGEN_CACHE" not in str(raised.value))
+        assert not path.exists() and not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    calls = []
+
+    def full_once(tmp):
+        calls.append(tmp)
+        if len(calls) == 1:
+            full(tmp)
+        tmp.write_text("{}")
+
+    assert report.save("--json", tmp_path / "out.json", full_once, fallback=True) is False
+    assert len(calls) == 2  # the data went to a spare file instead

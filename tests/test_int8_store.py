@@ -169,3 +169,20 @@ def test_a_store_with_a_damaged_marker_and_a_damaged_file_is_one_line(cache, ggu
 
     with pytest.raises(ModelError, match="is damaged and does not say what it was built from"):
         pair.load(run, Method.CHAIN, quiet=True)
+
+
+def test_a_full_disk_while_building_the_store_is_one_line_and_leaves_nothing(cache, ggufs, monkeypatch):
+    """safetensors reports a full disk as a SafetensorError whose text says so (not an OSError):
+    the build stops with one line that says where and what to do, and no half store is left."""
+    from specgen.errors import DiskFullError
+
+    def full(tensors, filename, metadata=None):
+        with open(filename, "wb") as out:
+            out.write(b"half a shard")
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(convert, "save_file", full)
+    with pytest.raises(DiskFullError, match=r"disk full while writing .*\.store; free some space or set "
+                                            r"SPECGEN_CACHE to another disk"):
+        int8_store.ensure(_resolved(ggufs["target"]), torch.bfloat16, quiet=True)
+    assert not list((cache / "int8").glob("*"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -156,3 +157,52 @@ def test_serve_ray_options_are_checked_first(args, fragment, monkeypatch):
     assert result.exit_code == 1
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output
+
+
+class _FakeRay:
+    """Just enough of Ray for RayRun's start, with no Ray running: actors whose `ready` answers
+    None, a load error's text, or raises what Ray raises for an actor that died while starting."""
+
+    def __init__(self, fates):
+        self.fates = iter(fates)  # per actor: None (ready), a load error's text, or "died"
+
+    def cluster_resources(self):
+        return {"CPU": 3}
+
+    def remote(self, cls):
+        def start(*_):
+            fate = next(self.fates)
+            return SimpleNamespace(ready=SimpleNamespace(remote=lambda: fate))
+
+        handle = SimpleNamespace(remote=start)
+        handle.options = lambda **_: handle
+        return handle
+
+    def get(self, fate):
+        if fate == "died":
+            raise ray.exceptions.RayActorError(
+                error_msg="The actor died because of an error raised in its creation task, ray::Worker.__init__()\n"
+                          "  File \"x.py\", line 1, in __init__\nMemoryError: the node ran out of memory")
+        return fate
+
+
+def test_an_actor_that_dies_while_starting_is_left_out_and_the_run_goes_on(models, capsys):
+    """An actor that dies in its creation (not a load error of the pair, which every actor would
+    share) is left out with one notice; none left is one line that says why, never an
+    'unexpected ActorDiedError'; a load error still stops the run with its own line."""
+    from specgen.config import GenerationConfig, ModelSettings
+    from specgen.errors import SpecgenError
+
+    def start(*fates):
+        run = cluster.RayRun(_FakeRay(fates), ModelSettings("t", "d"), GenerationConfig(), False, None, [(0, "hi")], 1,
+                             actors=len(fates))
+        return run, run.wait_ready()
+
+    run, count = start(None, "died", None)
+    assert count == 2 and len(run.actors) == 2
+    assert "1 of 3 Ray actors could not start (MemoryError: the node ran out of memory); going on with 2" in (
+        capsys.readouterr().err)
+    with pytest.raises(SpecgenError, match=r"^no Ray actor could start: MemoryError: the node ran out of memory$"):
+        start("died", "died")
+    with pytest.raises(SpecgenError, match="a Ray actor could not load the pair: no such model"):
+        start(None, "no such model")

@@ -113,7 +113,7 @@ def _source(todo, batch_size, raw, system, config, settings, quiet, ray_address,
     run = cluster.RayRun(ray, settings, config, raw, system, todo, batch_size, actors, threads, owned=owned)
     try:
         with status(f"loading the pair in {len(run.actors)} Ray actors ...", quiet):
-            run.wait_ready()
+            run.wait_ready(quiet)
     except BaseException:
         run.stop()
         raise

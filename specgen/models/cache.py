@@ -20,6 +20,7 @@ Layout under `cache_root()`:
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -29,7 +30,7 @@ from typing import Callable
 
 from filelock import FileLock
 
-from specgen.errors import ModelError
+from specgen.errors import DiskFullError, ModelError
 
 
 def cache_root() -> Path:
@@ -99,7 +100,8 @@ def check_writable(*dirs: Path) -> None:
 def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = None, parents: bool = True) -> None:
     """`write(tmp)` creates a file or a directory at a temporary path beside `path`; once it
     returns, the result is synced to disk and renamed over `path`. On any failure (Ctrl-C
-    included) the temporary is removed and `path` is untouched.
+    included) the temporary is removed and `path` is untouched; a full disk (whichever library
+    was writing) becomes a DiskFullError that says where and what to do.
 
     `tmp`: a fixed temporary name instead of a unique one, for writers that hold a `locked`
     lock (a leftover of a killed process is then overwritten by the next writer, not kept).
@@ -113,10 +115,30 @@ def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = N
         write(tmp)
         _sync(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         _remove(tmp)
+        if disk_full(error):
+            raise DiskFullError(f"disk full while writing {path}; {_free_space_hint(path)}") from None
         raise
     _sync_directory(path.parent)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Did `error` come from a full disk? An OSError says so by its errno; safetensors'
+    writer (a SafetensorError, from Rust) only in its text."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    return "No space left on device" in text or f"os error {errno.ENOSPC}" in text
+
+
+def _free_space_hint(path: Path) -> str:
+    """What to do about a full disk: in the cache, SPECGEN_CACHE can name another disk."""
+    try:
+        in_cache = Path(path).resolve().is_relative_to(cache_root().resolve())
+    except OSError:
+        in_cache = False
+    return "free some space or set SPECGEN_CACHE to another disk" if in_cache else "free some space"
 
 
 def write_text(path: Path, text: str, parents: bool = True) -> None:

@@ -21,6 +21,7 @@ from typing import Iterator
 
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.errors import ConfigError, SpecgenError
+from specgen.status import note
 
 INSTALL_HINT = "pip install 'specgen[ray]'"
 CONNECT_SECONDS = 3.0
@@ -147,13 +148,30 @@ class RayRun:
         self.retried = 0  # prompts put back in the queue because their actor died
         self.last_actor = None  # the actor whose batch was handed on last
 
-    def wait_ready(self) -> int:
-        """Wait for every actor's load; a load error is one SpecgenError. Returns the actor count."""
-        errors = self.ray.get([actor.ready.remote() for actor in self.actors])
-        failed = next((e for e in errors if e), None)
-        if failed:
-            raise SpecgenError(f"a Ray actor could not load the pair: {failed}")
-        return len(self.actors)
+    def wait_ready(self, quiet: bool = False) -> int:
+        """Wait for every actor's load; a load error (the pair itself: every actor would say the
+        same) is one SpecgenError. An actor that died while starting (an unexpected error in it,
+        its node lost or out of memory) is left out with a notice, and the run goes on with the
+        others; with none left, one SpecgenError says why. Returns the actor count."""
+        from ray.exceptions import RayActorError  # optional extra, as import_ray
+
+        started, causes = [], []
+        for actor, ref in [(actor, actor.ready.remote()) for actor in self.actors]:
+            try:
+                failed = self.ray.get(ref)
+            except RayActorError as exc:
+                causes.append(_last_line(exc))
+                continue
+            if failed:
+                raise SpecgenError(f"a Ray actor could not load the pair: {failed}")
+            started.append(actor)
+        if not started:
+            raise SpecgenError(f"no Ray actor could start: {causes[0]}")
+        if causes and not quiet:
+            note(f"specgen: {len(causes)} of {len(self.actors)} Ray actors could not start ({causes[0]}); "
+                 f"going on with {len(started)}")
+        self.actors = started
+        return len(started)
 
     def __iter__(self) -> Iterator[tuple[int, object]]:
         ray = self.ray
@@ -209,3 +227,9 @@ class RayRun:
                 pass
         if self.owned:
             self.ray.shutdown()
+
+
+def _last_line(exc: Exception) -> str:
+    """Why a Ray actor died, in one line: Ray's message ends with the error that ended it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:200]
