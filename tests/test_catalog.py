@@ -407,6 +407,23 @@ def test_not_a_gguf_file(tmp_path, cache):
         convert.ensure_converted(tmp_path / "absent.gguf", torch.float32, quiet=True)
 
 
+def test_a_truncated_gguf_is_one_line_wherever_it_was_cut(tmp_path, cache, tiny_blob):
+    """A user's GGUF cut short (an interrupted download) fails in the gguf package's parser in
+    many ways (IndexError, ValueError ...): each is one ModelError naming the file, for the
+    conversion and the int8 store alike, and nothing is left in the cache."""
+    from specgen.models.load import resolve
+    from specgen.runtime import int8_store
+
+    cut = tmp_path / "cut.gguf"
+    for size in (24, 200, len(tiny_blob) // 3, len(tiny_blob) // 2, len(tiny_blob) - 10):
+        cut.write_bytes(tiny_blob[:size])
+        with pytest.raises(ModelError, match=r"cut.gguf: the GGUF file is truncated or damaged \(\w+: "):
+            convert.ensure_converted(cut, torch.float32, quiet=True)
+        with pytest.raises(ModelError, match="the GGUF file is truncated or damaged"):
+            int8_store.ensure(resolve(str(cut), torch.bfloat16, quiet=True, convert=False), torch.bfloat16, quiet=True)
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".lock"]
+
+
 def test_unsupported_architecture(tmp_path, cache):
     import numpy as np
     from gguf import GGUFWriter

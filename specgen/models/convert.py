@@ -169,7 +169,12 @@ def _one_parse(gguf: Path):
     import gguf as gguf_package  # a dependency; transformers imports its GGUFReader at each call
 
     original = gguf_package.GGUFReader
-    reader = original(str(gguf))
+    try:
+        reader = original(str(gguf))
+    except Exception as error:  # noqa: BLE001 (the parser fails on a short file in many ways: IndexError, ValueError, ...)
+        detail = (str(error).strip().splitlines() or [""])[0][:120]
+        raise ModelError(f"cannot read {gguf}: the GGUF file is truncated or damaged ({type(error).__name__}: "
+                         f"{detail})", hint="download it again") from None
     resolved = gguf.resolve()
 
     def shared(path, *args, **kwargs):
