@@ -512,6 +512,17 @@ def test_a_truncated_safetensors_file_names_the_model_and_its_role(tiny_dirs, tm
     assert_one_line_error(result, "cannot load the draft model", "broken")
 
 
+def test_a_broken_json_file_of_a_model_directory_is_named(tiny_dirs, tmp_path):
+    """A JSONDecodeError does not say which file it read: the line names the one that does not parse."""
+    import shutil
+
+    broken = tmp_path / "broken-tokenizer"
+    shutil.copytree(tiny_dirs["target"], broken)
+    (broken / "tokenizer.json").write_text("{half a file")
+    result = invoke("run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2")
+    assert_one_line_error(result, "cannot load the target model", "tokenizer.json is not valid JSON")
+
+
 def test_a_local_directory_loads_safetensors_only(tmp_path):
     """A pickled pytorch_model.bin is never unpickled from a local directory."""
     from tiny import build_model, build_tokenizer

@@ -217,7 +217,8 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
     except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
         if "custom code" in str(exc):
             raise foreign_code(role, arg) from None
-        raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
+        where = f" ({_broken_json(resolved.path)} is not valid JSON)" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ModelError(f"cannot load the {role} model '{arg}'{where}: {_first_line(exc)}") from exc
     rows = model.get_input_embeddings().num_embeddings
     if rows < len(tokenizer):
         raise ModelError(f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
@@ -335,6 +336,16 @@ def _has_gguf_magic(path: Path) -> bool:
 
 def _looks_like_path(arg: str) -> bool:
     return arg.startswith((".", "/", "~")) or arg.lower().endswith(".gguf") or os.sep + os.sep in arg
+
+
+def _broken_json(path) -> str:
+    """Which JSON file of a model directory does not parse (a JSONDecodeError does not say)."""
+    for file in sorted(Path(path).glob("*.json")) if Path(path).is_dir() else []:
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return file.name
+    return "a file"
 
 
 def _first_line(exc: BaseException) -> str:
