@@ -238,6 +238,9 @@ def test_models_health_and_metrics(served, sdk):
     ({"messages": [{"role": "user", "content": "x" * 400}]}, 400, "context holds", "messages"),
     ({"speculative": {"method": "teleport"}}, 400, "unknown method", "speculative"),
     ({"speculative": {"warp": 9}}, 400, "unknown field", "speculative.warp"),
+    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, 400, "lone surrogate (\\ud800) at character 1",
+     "messages[0].content"),
+    ({"stop": ["\udfff"]}, 400, "not valid Unicode text", "stop"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, fragment, param):
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
@@ -251,6 +254,11 @@ def test_bad_requests_get_openai_errors(served, body, status, fragment, param):
 def test_malformed_bodies_and_keys(served, sdk):
     assert raw(served, "POST", "/v1/chat/completions", b"{not json")[0] == 400
     assert raw(served, "POST", "/v1/chat/completions", b"[1, 2]")[0] == 400
+    deep = raw(served, "POST", "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000)  # Python's parser recurses
+    assert deep[0] == 400 and "nested too deeply" in deep[1]["error"]["message"]
+    for path, extra in (("/v1/completions", {"max_tokens": 2}), ("/tokenize", {})):
+        got, answer, _ = raw(served, "POST", path, {"model": model(served), "prompt": "a\ud800", **extra})
+        assert got == 400 and "lone surrogate" in answer["error"]["message"], answer
     assert raw(served, "POST", "/v1/chat/completions", b"x" * (5 << 20))[0] == 413
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for token in (None, "wrong", ""):

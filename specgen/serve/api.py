@@ -76,6 +76,8 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # "[[[[...]]]]": Python's parser recurses once per level
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     return body
@@ -258,6 +260,7 @@ def _messages(value) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be text", f"messages[{i}].content")
+        _unicode(content, f"messages[{i}].content")
         role = "system" if message["role"] == "developer" else message["role"]
         out.append({"role": role, "content": content})
     return out
@@ -269,7 +272,18 @@ def _prompt(value) -> str:
     if not isinstance(value, str) or not value:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", "prompt",
                        "missing_parameter")
-    return value
+    return _unicode(value, "prompt")
+
+
+def _unicode(text: str, name: str) -> str:
+    """`text`, if it is Unicode text: JSON's \\ud800 escapes decode to lone surrogates, which no
+    tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"'{name}' is not valid Unicode text: it holds a lone surrogate "
+                            f"(\\u{ord(text[exc.start]):04x}) at character {exc.start}", name) from None
+    return text
 
 
 def _stops(value) -> list[str]:
@@ -278,7 +292,7 @@ def _stops(value) -> list[str]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} non-empty strings", "stop")
-    return list(stops)
+    return [_unicode(stop, "stop") for stop in stops]
 
 
 def _boolean(body: dict, name: str) -> bool:

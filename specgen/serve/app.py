@@ -202,6 +202,8 @@ def _encode(tokenizer, job: api.Job) -> list[int]:
     except SpecgenError as exc:
         raise api.ApiError(400, str(exc)) from None
     except (ValueError, TypeError) as exc:  # a template that refuses the conversation (e.g. its roles)
+        if job.kind == "completion":
+            raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
         raise api.ApiError(400, f"the chat template refused the messages: {exc}", "messages") from None
 
 
