@@ -241,6 +241,8 @@ def test_models_health_and_metrics(served, sdk):
     ({"messages": [{"role": "user", "content": "a\ud800b"}]}, 400, "lone surrogate (\\ud800) at character 1",
      "messages[0].content"),
     ({"stop": ["\udfff"]}, 400, "not valid Unicode text", "stop"),
+    ({"speculative": {"deterministic": "false"}}, 400, "must be true or false", "speculative.deterministic"),
+    ({"speculative": {"live": 1}}, 400, "must be true or false", "speculative.live"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, fragment, param):
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}

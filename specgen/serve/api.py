@@ -217,7 +217,7 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
                          sampling=SamplingConfig(temperature, top_k, top_p, seed, logprobs), **_drafting(speculative))
     except ConfigError as exc:
         raise ApiError(400, str(exc).replace("--", ""), "speculative") from None
-    return config, bool(speculative.get("live", False))
+    return config, _boolean(speculative, "live", "speculative.live")
 
 
 def _drafting(speculative: dict) -> dict:
@@ -239,7 +239,7 @@ def _drafting(speculative: dict) -> dict:
         value = speculative["branching"]
         out["branching"] = parse_branching(",".join(map(str, value)) if isinstance(value, list) else str(value))
     if "deterministic" in speculative:
-        out["deterministic"] = bool(speculative["deterministic"])
+        out["deterministic"] = _boolean(speculative, "deterministic", "speculative.deterministic")
     if "draft_tokens" in out and "draft_confidence" not in out:
         out["draft_confidence"] = 0.0  # a k of its own comes without the device's stop, as in `specgen run -k`
     return out
@@ -295,10 +295,12 @@ def _stops(value) -> list[str]:
     return [_unicode(stop, "stop") for stop in stops]
 
 
-def _boolean(body: dict, name: str) -> bool:
+def _boolean(body: dict, name: str, label: str | None = None) -> bool:
+    """body[name] as a JSON boolean (absent or null: false). A string such as "false" is refused
+    rather than read as true."""
     value = body.get(name, False)
     if value is not None and not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false", name)
+        raise ApiError(400, f"'{label or name}' must be true or false", label or name)
     return bool(value)
 
 
