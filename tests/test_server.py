@@ -243,6 +243,7 @@ def test_models_health_and_metrics(served, sdk):
     ({"stop": ["\udfff"]}, 400, "not valid Unicode text", "stop"),
     ({"speculative": {"deterministic": "false"}}, 400, "must be true or false", "speculative.deterministic"),
     ({"speculative": {"live": 1}}, 400, "must be true or false", "speculative.live"),
+    ({"stream_options": {"include_usage": "no"}}, 400, "must be true or false", "stream_options.include_usage"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, fragment, param):
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}

@@ -115,7 +115,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
-    include_usage = bool(options.get("include_usage", False))
+    include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     config, live = _config(body, defaults, _logprobs(body, kind))
     own = "draft_tokens" in (body.get("speculative") or {})
     return Job(kind, messages, prompt, config, _stops(body.get("stop")), stream, include_usage, live, model,
