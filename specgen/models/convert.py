@@ -171,7 +171,7 @@ def _one_parse(gguf: Path):
     original = gguf_package.GGUFReader
     try:
         reader = original(str(gguf))
-    except Exception as error:  # noqa: BLE001 (the parser fails on a short file in many ways: IndexError, ValueError, ...)
+    except Exception as error:  # noqa: BLE001 (a short file fails the parser in many ways: IndexError, ValueError)
         detail = (str(error).strip().splitlines() or [""])[0][:120]
         raise ModelError(f"cannot read {gguf}: the GGUF file is truncated or damaged ({type(error).__name__}: "
                          f"{detail})", hint="download it again") from None
