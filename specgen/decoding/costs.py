@@ -125,22 +125,9 @@ def choose(pair) -> Choice:
         return Choice(GPU_K, "no draft model")
     if pair.target.device.type == "cuda" and pair.draft.device.type == "cuda":
         return Choice(GPU_K, "GPU: a wide verify costs about one step")
-    path, key = cache_root() / "draft-length.json", _key(pair)
-    known = _read(path)
-    if key in known:
-        chosen = _entry(known[key])
-        if chosen is not None:
-            return chosen
-        note(f"specgen: the draft length cached in {path} is not valid; measuring it again")
-    chosen = _measure(pair)
-    try:
-        with locked("draft-length"):  # read, change one entry, write: other processes keep theirs
-            known = _read(path)
-            known[key] = {"k": chosen.k, "reason": chosen.reason, "confidence": chosen.confidence}
-            write_text(path, json.dumps(known, indent=1))
-    except OSError:
-        pass  # an unwritable cache only means measuring again next time
-    return chosen
+    return _cached(_key(pair), _entry, lambda: _measure(pair),
+                   lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence},
+                   "the draft length cached in {path} is not valid; measuring it again")
 
 
 def _measure(pair) -> Choice:
@@ -154,6 +141,28 @@ def _measure(pair) -> Choice:
         k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
         reason += f"; up to {STOP_EXTRA} more while the draft's top probability stays at {STOP} or above"
     return Choice(k, reason, confidence)
+
+
+def _cached(key: str, parse, measure, as_json, stale: str):
+    """The entry `key` of draft-length.json, parsed (`parse`: None when it does not validate),
+    else measured and written back: one entry changed under the lock, so other processes keep
+    theirs. An entry that does not validate is measured again with the notice `stale`."""
+    path = cache_root() / "draft-length.json"
+    known = _read(path)
+    if key in known:
+        value = parse(known[key])
+        if value is not None:
+            return value
+        note("specgen: " + stale.format(path=path))
+    value = measure()
+    try:
+        with locked("draft-length"):
+            known = _read(path)
+            known[key] = as_json(value)
+            write_text(path, json.dumps(known, indent=1))
+    except OSError:
+        pass  # an unwritable cache only means measuring again next time
+    return value
 
 
 def _read(path) -> dict:
@@ -226,23 +235,12 @@ def _at(table: dict[int, float], rows: int) -> float:
 
 def width_costs(pair) -> WidthCosts:
     """The pair's costs at WIDTH_ROWS (measured once per machine and pair, then cached)."""
-    path, key = cache_root() / "draft-length.json", "width " + _key(pair)
-    known = _read(path)
-    if key in known:
-        costs = _width_entry(known[key])
-        if costs is not None:
-            return costs
-        note(f"specgen: the batch-width costs cached in {path} are not valid; measuring them again")
-    with torch.inference_mode():
-        costs = _measure_widths(pair)
-    try:
-        with locked("draft-length"):
-            known = _read(path)
-            known[key] = costs.as_dict()
-            write_text(path, json.dumps(known, indent=1))
-    except OSError:
-        pass
-    return costs
+    def measure() -> WidthCosts:
+        with torch.inference_mode():
+            return _measure_widths(pair)
+
+    return _cached("width " + _key(pair), _width_entry, measure, WidthCosts.as_dict,
+                   "the batch-width costs cached in {path} are not valid; measuring them again")
 
 
 def _width_entry(entry) -> WidthCosts | None:
