@@ -158,6 +158,24 @@ def test_tiny_temperature_still_gives_a_distribution():
     assert torch.isfinite(probs).all()
 
 
+@pytest.mark.parametrize("top_p", [1e-40, 1e-46, 5e-324])
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_top_p_that_fp32_rounds_to_zero_keeps_the_top_token(top_p, flush):
+    """A top_p below fp32's smallest normal (flushed to 0 on the engine thread) or below its
+    smallest subnormal used to drop every token: 0/0, and torch.multinomial failed for the
+    whole batch. The nucleus is the top token."""
+    sampling = SamplingConfig(temperature=1.0, top_p=top_p)  # checked before flushing: DAZ reads 5e-324 as 0
+    logits = random_logits(3, VOCAB, seed=2)
+    flushing = (torch.tensor([1e-38]) * 0.5).item() == 0.0  # the thread's flag as it was (load_pair sets it)
+    torch.set_flush_denormal(flush)
+    try:
+        probs = warp(logits, sampling)
+    finally:
+        torch.set_flush_denormal(flushing)
+    assert torch.isfinite(probs).all()
+    torch.testing.assert_close(probs, torch.nn.functional.one_hot(logits.argmax(-1), VOCAB).float())
+
+
 # -- draws -----------------------------------------------------------------------------------
 
 def test_same_seed_same_draws_and_no_global_rng():

@@ -31,9 +31,11 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     probs = torch.softmax(logits, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # keep a token if the mass strictly before it is < top_p (so the top token always stays)
+        # keep a token if the mass strictly before it is < top_p; the top token always stays,
+        # even for a top_p that fp32 rounds to 0 (below 1.4e-45, or subnormal and flushed)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= sampling.top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
