@@ -224,6 +224,23 @@ def test_many_sequential_requests_leave_memory_flat(served):
         f"RSS grew from {before >> 20} MB to {after >> 20} MB over 900 requests ({grown >> 20} MB of it the prefix cache)"
 
 
+def test_engines_for_many_drafting_settings_are_bounded(served, monkeypatch):
+    """Every request may choose its drafting (draft_confidence is any number): past MAX_ENGINES
+    the least recently used engine (and its caches) is given up, and answers stay right."""
+    from specgen.serve import scheduler
+
+    monkeypatch.setattr(scheduler, "MAX_ENGINES", 3)
+    answers = set()
+    for i in range(6):
+        status, body, _ = raw(served, "POST", "/v1/chat/completions",
+                              chat_body(served, max_tokens=6, temperature=0, speculative={"draft_confidence": 0.1 + i / 100}))
+        assert status == 200, body
+        answers.add(body["choices"][0]["message"]["content"])
+        assert len(served.scheduler.engines) <= 3
+    assert len(answers) == 1  # greedy: the drafting never changes the answer
+    assert len(served.scheduler.rates) >= 6  # what each measured outlives its engine
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 def one_line_error(result, fragment: str) -> None:

@@ -231,11 +231,10 @@ def _learned(scheduler) -> dict:
     """Per method the server ran with measured rounds: per batch width, the draft length its
     rounds settled on, the tok/s of its drafting rounds at each length tried, and of plain ones."""
     out = {}
-    for key, engine in scheduler.engines.items():
-        if engine.rates is not None:
-            out[key[0].value] = {str(w): {"k": k, "draft_tok_s": {str(n): round(r, 2) for n, r in drafts.items()},
-                                          "plain_tok_s": round(p, 2)}
-                                 for w, (k, drafts, p) in engine.rates.summary().items()}
+    for key, rates in scheduler.rates.items():
+        out[key[0].value] = {str(w): {"k": k, "draft_tok_s": {str(n): round(r, 2) for n, r in drafts.items()},
+                                      "plain_tok_s": round(p, 2)}
+                             for w, (k, drafts, p) in rates.summary().items()}
     return out
 
 

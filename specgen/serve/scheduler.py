@@ -12,7 +12,11 @@ drains in turn and none starves. A request's event goes to its own output and, a
 to its HTTP task's queue: a client that reads slowly holds nobody up.
 
 Between requests each engine keeps its last row in the cache: a request that continues the
-same conversation (a chat's next turn) prefills only its new tokens.
+same conversation (a chat's next turn) prefills only its new tokens. At most MAX_ENGINES engines
+(each with its K/V caches) are kept, the least recently used given up first: a request chooses
+its drafting freely (`draft_confidence` is any number), and one engine per setting kept forever
+would let a client fill the memory. What an engine measured of its rounds (its WidthRates)
+outlives it, so a rebuilt engine starts from it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,6 +44,10 @@ from specgen.serve import api
 from specgen.serve.metrics import Metrics
 from specgen.serve.output import Output
 from specgen.text import common_prefix
+
+
+MAX_ENGINES = 8  # engines kept (a drafting setting each); bench --concurrency runs up to 8 methods
+MAX_RATES = 64  # drafting settings whose measured rounds are kept
 
 
 class QueueFull(Exception):
@@ -80,7 +88,8 @@ class Scheduler:
         self.cond = threading.Condition()
         self.waiting: deque[Ticket] = deque()
         self.running: dict[int, Ticket] = {}
-        self.engines: dict[tuple, Engine] = {}
+        self.engines: OrderedDict[tuple, Engine] = OrderedDict()  # least recently used first
+        self.rates: OrderedDict[tuple, WidthRates] = OrderedDict()  # per key, kept past its engine
         self.serial = 0
         self.served = 0  # requests answered (not counting those whose client left)
         self.stopping = False
@@ -137,7 +146,20 @@ class Scheduler:
         if self.caps and config.method.needs_draft_model:
             widest = max(self.caps)
             engine.width_cap = lambda width: self.caps.get(width, self.caps[widest])
-        engine.rates = WidthRates()
+        key = drafting_key(config) + (not capped,)
+        engine.rates = self.rates.pop(key, None) or WidthRates()
+        self.rates[key] = engine.rates
+        while len(self.rates) > MAX_RATES:
+            self.rates.popitem(last=False)
+        return engine
+
+    def engine(self, key: tuple, config: GenerationConfig, capped: bool) -> Engine:
+        """The engine of `key`, built if need be; the least recently used ones past MAX_ENGINES
+        are given up (their caches freed)."""
+        engine = self.engines.pop(key, None) or self.build(config, capped)
+        self.engines[key] = engine
+        while len(self.engines) > MAX_ENGINES:
+            self.engines.popitem(last=False)
         return engine
 
     # -- the engine thread ------------------------------------------------------------------------
@@ -157,9 +179,7 @@ class Scheduler:
 
     def _serve(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
         """Run the engine of `key` until nothing of its kind is left to admit or running."""
-        engine = self.engines.get(key)
-        if engine is None:
-            engine = self.engines[key] = self.build(config, capped)
+        engine = self.engine(key, config, capped)
         # a request that continues a row the engine parked resumes it: it extends that row's
         # prompt (a chat's next turn) or shares more than half of its own
         resume = max(engine.parked, key=lambda state: common_prefix(state.ids, first_ids), default=None)

@@ -123,7 +123,7 @@ def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
     """Short generations on the default engine before the first request, so that it pays no
     one-time costs (first-touch allocations; on a GPU the compilation and capture). Two prompt
     lengths: compiled layers see a second prefill length and then take any length."""
-    engine = scheduler.engines.setdefault(drafting_key(config) + (False,), scheduler.build(config))
+    engine = scheduler.engine(drafting_key(config) + (False,), config, capped=True)
     tokenizer = scheduler.pair.target.tokenizer
     short = replace(config, max_new_tokens=4, sampling=SamplingConfig())
     for text in ("Hello", "Write a short poem about the sea, then explain its meter in one sentence."):
