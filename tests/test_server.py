@@ -244,6 +244,19 @@ def test_models_health_and_metrics(served, sdk):
     ({"speculative": {"deterministic": "false"}}, 400, "must be true or false", "speculative.deterministic"),
     ({"speculative": {"live": 1}}, 400, "must be true or false", "speculative.live"),
     ({"stream_options": {"include_usage": "no"}}, 400, "must be true or false", "stream_options.include_usage"),
+    # the engine's checks say the request's field, not the command-line option
+    ({"speculative": {"draft_tokens": 65}}, 400, "'speculative.draft_tokens' must be <= 64", "speculative.draft_tokens"),
+    ({"speculative": {"draft_confidence": 1.0}}, 400, "'speculative.draft_confidence' must be in [0, 1)",
+     "speculative.draft_confidence"),
+    ({"speculative": {"method": None}}, 400, "'speculative.method' must be a string", "speculative.method"),
+    ({"speculative": {"branching": {"a": 1}}}, 400, "list of integers", "speculative.branching"),
+    ({"speculative": []}, 400, "must be an object", "speculative"),
+    ({"speculative": False}, 400, "must be an object", "speculative"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "role 'tool' is not supported", "messages[0].role"),
+    # a client's text is quoted with its control characters escaped, and cut short
+    ({"x\n12:00:00 [chain] forged": 1}, 400, "unknown parameter 'x\\n12:00:00 [chain] forged'",
+     "x\\n12:00:00 [chain] forged"),
+    ({"y" * 10_000: 1}, 400, "unknown parameter '" + "y" * 60 + "...'", "y" * 60 + "..."),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, fragment, param):
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
@@ -263,6 +276,11 @@ def test_malformed_bodies_and_keys(served, sdk):
         got, answer, _ = raw(served, "POST", path, {"model": model(served), "prompt": "a\ud800", **extra})
         assert got == 400 and "lone surrogate" in answer["error"]["message"], answer
     assert raw(served, "POST", "/v1/chat/completions", b"x" * (5 << 20))[0] == 413
+    digits = raw(served, "POST", "/v1/chat/completions", b'{"max_tokens": ' + b"1" * 5000 + b"}")
+    assert digits[0] == 400 and digits[1]["error"]["message"] == "a number in the request body has too many digits"
+    for prompt in ([1, 2, 3], ["a", "b"]):
+        got, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt})
+        assert got == 400 and answer["error"]["code"] == "unsupported_parameter", answer
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for token in (None, "wrong", ""):
         status, body, _ = raw(served, "POST", "/v1/chat/completions", request, token=token)
@@ -453,6 +471,18 @@ def test_a_chat_on_the_server_keeps_commands_errors_and_the_context_fit(served, 
 def test_tokenize_counts_what_a_request_would_decode(served):
     status, body, _ = raw(served, "POST", "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
     assert status == 200 and body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] > 0
+    # vLLM's two options are honoured, not ignored
+    _, bare, _ = raw(served, "POST", "/tokenize", {"messages": [{"role": "user", "content": "hi"}],
+                                                   "add_generation_prompt": False})
+    assert bare["tokens"] == body["tokens"][:bare["count"]] and bare["count"] < body["count"]
+    tokenizer = served.scheduler.pair.target.tokenizer
+    _, plain, _ = raw(served, "POST", "/tokenize", {"prompt": "hi"})
+    _, special, _ = raw(served, "POST", "/tokenize", {"prompt": "hi", "add_special_tokens": True})
+    assert plain["tokens"] == tokenizer.encode("hi", add_special_tokens=False)
+    assert special["tokens"] == tokenizer.encode("hi", add_special_tokens=True)
+    for extra in ({"prompt": "hi", "add_special_tokens": "banana"}, {"prompt": "hi", "add_generation_prompt": True}):
+        status, answer, _ = raw(served, "POST", "/tokenize", extra)
+        assert status == 400 and answer["error"]["param"] in extra, answer
     status, body, _ = raw(served, "POST", "/tokenize", {"prompt": "hi", "messages": []})
     assert status == 400 and "error" in body
     assert raw(served, "POST", "/tokenize", {"prompt": "hi"}, token=None)[0] == 401

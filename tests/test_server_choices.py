@@ -67,11 +67,12 @@ def test_a_request_of_n_choices_is_one_request_in_the_metrics(served):
     assert count() == before + 1
 
 
-def test_a_queue_without_room_for_every_choice_answers_503(tiny_dirs, pair):  # noqa: F811
+def test_more_choices_than_the_queue_ever_holds_answer_400(tiny_dirs, pair):  # noqa: F811
+    """Not a 503: a retry could never succeed (and the SDK retries 503s by itself)."""
     running, thread = start(settings_for(tiny_dirs), pair, max_batch_size=2, max_queue=2)
     try:
         status, body, headers = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=3, n=3))
-        assert status == 503 and body["error"]["code"] == "queue_full" and headers["retry-after"] == "1"
+        assert status == 400 and body["error"]["param"] == "n" and "at most 2" in body["error"]["message"]
         assert not running.scheduler.busy()  # none of the three was queued
         status, body, _ = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=3, n=2))
         assert status == 200 and len(body["choices"]) == 2

@@ -9,7 +9,10 @@ import http.client
 import json
 import os
 import resource
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +91,9 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_dirs, pair, monkeypatch)
             time.sleep(0.01)
         status, body, headers = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=4))
         assert status == 503 and body["error"]["code"] == "queue_full" and headers["retry-after"] == "1"
+        # more choices than the queue ever holds: a 400, not a 503 that a retry cannot cure
+        status, body, _ = raw(running, "POST", "/v1/chat/completions", chat_body(running, max_tokens=4, n=2))
+        assert status == 400 and body["error"]["param"] == "n" and "--max-queue" in body["error"]["message"]
         for conn, response in (first, second):
             assert b"[DONE]" in response.read()
             conn.close()
@@ -155,11 +161,11 @@ def test_a_prompt_that_takes_long_to_tokenize_stalls_no_stream(served, monkeypat
     entered, release = threading.Event(), threading.Event()
     real = app_module._encode
 
-    def slow(tokenizer, job):
+    def slow(tokenizer, job, *rest):
         if job.kind == "completion" and job.prompt == "tokenize me slowly":
             entered.set()
             assert release.wait(60)
-        return real(tokenizer, job)
+        return real(tokenizer, job, *rest)
 
     monkeypatch.setattr(app_module, "_encode", slow)
     conn, response = stream_request(served, chat_body(served, max_tokens=24, temperature=0))
@@ -241,6 +247,79 @@ def test_engines_for_many_drafting_settings_are_bounded(served, monkeypatch):
     assert len(served.scheduler.rates) >= 6  # what each measured outlives its engine
 
 
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_all_tokenized(served):
+    """Counted a piece at a time, stopping once past the context: a 4 MB prompt costs about
+    what one that fits costs, and holds up the tokenizing thread no longer."""
+    from specgen.serve.app import _beyond
+
+    tokenizer = served.scheduler.pair.target.tokenizer
+    seen = []
+
+    class Counting:
+        def encode(self, text, **kwargs):
+            seen.append(len(text))
+            return tokenizer.encode(text, **kwargs)
+
+    context = served.state.context_length
+    words = "lorem ipsum dolor sit amet " * 150_000  # 4 MB
+    assert _beyond(Counting(), [words], context) > context
+    assert sum(seen) < 100_000
+    for fits in (["hello " * (context // 8)], ["a" * (context // 2), "b" * (context // 2)]):
+        assert _beyond(Counting(), fits, context) == 0
+    # the whole text is counted in pieces when it is long but fits: no false refusal
+    long_fit = ["\u4e2d" * (context - 10)]  # 3 bytes, 3 byte-level tokens, per character
+    assert _beyond(Counting(), long_fit, 10 * context) == 0
+    status, body, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": words, "max_tokens": 2})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and "more than" in body["error"]["message"]
+
+
+def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(served):
+    import logging
+
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        host, port = served.state.info["url"].removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                         + served.token.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.3)
+        time.sleep(0.5)
+        assert raw(served, "GET", "/health")[0] == 200
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert not records, [r.getMessage() for r in records]
+
+
+def test_a_top_p_too_small_for_fp32_answers_and_fails_no_other_row(served):
+    """It once gave every row of the batch a 500 (0/0 in the nucleus): now the nucleus is the
+    top token, so the answer is the greedy one."""
+    greedy = raw(served, "POST", "/v1/chat/completions", chat_body(served, max_tokens=6, temperature=0))[1]
+    status, body, _ = raw(served, "POST", "/v1/chat/completions",
+                          chat_body(served, max_tokens=6, temperature=1.0, top_p=1e-40, seed=3))
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
+
+
+def test_a_failed_batch_answers_500_counts_it_and_the_server_goes_on(served, monkeypatch):
+    from specgen.serve import scheduler
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a kernel failed\nwith a second line")
+        yield
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scheduler, "fold", broken)
+        status, body, _ = raw(served, "POST", "/v1/chat/completions", chat_body(served, max_tokens=4, n=2))
+    assert status == 500 and body["error"]["code"] == "engine_error"
+    assert body["error"]["message"] == "the engine failed: RuntimeError: a kernel failed"
+    text = raw(served, "GET", "/metrics")[1]
+    assert 'specgen_requests_total{endpoint="chat",status="500"} 1.0' in text
+    assert raw(served, "POST", "/v1/chat/completions", chat_body(served, max_tokens=4))[0] == 200
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 def one_line_error(result, fragment: str) -> None:
@@ -255,6 +334,10 @@ def test_a_public_host_needs_an_api_key_and_bad_options_fail_at_once(tiny_dirs):
     one_line_error(invoke("serve", *options(tiny_dirs), "--idle-minutes", "nan"), "--idle-minutes")
     one_line_error(invoke("serve", *options(tiny_dirs), "--port", "70000"), "--port")
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-batch-size", "0"), "--max-batch-size")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--max-queue", "0"), "--max-queue")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--max-tokens", "0"), "--max-tokens")
+    for key in ("abc ", " ", "k\r", "clé"):  # HTTP strips a header's spaces: no client could send these
+        one_line_error(invoke("serve", *options(tiny_dirs), "--api-key", key), "--api-key")
     one_line_error(invoke("serve", *options(tiny_dirs), "--prefix-cache", "-1"), "--prefix-cache")
     one_line_error(invoke("serve", *options(tiny_dirs), "--prefill-chunk", "-1"), "--prefill-chunk")
     one_line_error(invoke("serve", "--detach", "--stop"), "one of")
@@ -289,6 +372,29 @@ def test_a_failed_detach_appends_to_the_log_and_says_why(tmp_path, monkeypatch, 
     one_line_error(result, "did not start")
     assert "does not exist" in result.output
     assert log.read_text().startswith("an earlier server's log\n")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_server_cleanly(tmp_path, tiny_dirs, sig):
+    """SIGTERM (what `--stop` sends) and Ctrl-C end the server after a graceful shutdown: it
+    removes its record, which holds its token, and says why it stopped. uvicorn raised the
+    signal again, and SIGTERM's default action ended the process before either."""
+    runtime = tmp_path / "rt"
+    env = {**os.environ, "SPECGEN_RUNTIME_DIR": str(runtime)}
+    process = subprocess.Popen([sys.executable, "-m", "specgen", "serve", *options(tiny_dirs), "--port", "0"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(runtime.glob("*.json")):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.poll() else ""
+            time.sleep(0.1)
+        process.send_signal(sig)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "specgen server stopped: stopped by a signal" in err and "Traceback" not in err
+    assert not list(runtime.glob("*.json"))
 
 
 def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, monkeypatch):

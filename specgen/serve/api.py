@@ -33,6 +33,12 @@ NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_b
            "echo": (False, None), "best_of": (1, None),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
            "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}
+# the command-line options that GenerationConfig's checks name, as a request's fields
+OPTION_FIELDS = {"--draft-tokens": "speculative.draft_tokens", "--draft-confidence": "speculative.draft_confidence",
+                 "--verify-window": "speculative.verify_window", "--branching": "speculative.branching",
+                 "--beam-width": "speculative.beam_width", "--depth": "speculative.depth",
+                 "--max-new-tokens": "max_tokens", "--temperature": "temperature", "--top-p": "top_p",
+                 "--top-k": "top_k", "--seed": "seed", "--logprobs": "logprobs"}
 SPECULATIVE_KEYS = {"method", "draft_tokens", "draft_confidence", "draft_schedule", "branching", "beam_width",
                     "depth", "deterministic", "verify_window", "live"}
 
@@ -75,6 +81,8 @@ def parse_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
+        if "digits" in str(exc):  # Python's bound on an integer's digits (CVE-2020-10735), not JSON's
+            raise ApiError(400, "a number in the request body has too many digits", code="invalid_json") from None
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # "[[[[...]]]]": Python's parser recurses once per level
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
@@ -98,12 +106,12 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
                 raise ApiError(400, f"'{name}' is not supported by specgen (only its neutral value)", name,
                                "unsupported_parameter")
             continue
-        raise ApiError(400, f"unknown parameter '{name}'", name, "unsupported_parameter")
+        raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", "model", "missing_parameter")
     if model not in served:
-        raise ApiError(404, f"the model '{model}' does not exist on this server; GET /v1/models lists it", "model",
+        raise ApiError(404, f"the model '{shown(model)}' does not exist on this server; GET /v1/models lists it", "model",
                        "model_not_found")
     n = 1 if body.get("n") is None else _integer(body["n"], "n", 1, MAX_CHOICES)
     messages = prompt = None
@@ -166,17 +174,32 @@ def _summed_usage(usages: list[dict]) -> dict:
             "prompt_tokens_details": usages[0]["prompt_tokens_details"]}
 
 
-def read_tokenize(body: dict, defaults: GenerationConfig) -> Job:
+@dataclass
+class Tokenize:
+    """A /tokenize request: the Job whose prompt to count, and vLLM's two options (None: as a
+    completion or chat request would be decoded)."""
+
+    job: Job
+    generation_prompt: bool = True  # chat: end with the assistant's turn opening
+    special_tokens: bool | None = None  # add the tokenizer's BOS/EOS around the text
+
+
+def read_tokenize(body: dict, defaults: GenerationConfig) -> Tokenize:
     """POST /tokenize (vLLM's shape): `messages` (through the chat template, with the
-    generation prompt) or `prompt` (raw) to count; `model` optional."""
+    generation prompt unless `add_generation_prompt` is false) or `prompt` (raw) to count;
+    `add_special_tokens` as vLLM takes it; `model` optional."""
     for name in body:
         if name not in ("model", "messages", "prompt", "add_generation_prompt", "add_special_tokens"):
-            raise ApiError(400, f"unknown parameter '{name}'", name, "unsupported_parameter")
+            raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
     if ("messages" in body) == ("prompt" in body):
         raise ApiError(400, "give 'messages' or 'prompt'", "messages", "missing_parameter")
+    generation = _boolean(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else True
+    special = _boolean(body, "add_special_tokens") if body.get("add_special_tokens") is not None else None
     if "messages" in body:
-        return Job("chat", _messages(body["messages"]), None, defaults)
-    return Job("completion", None, _prompt(body["prompt"]), defaults)
+        return Tokenize(Job("chat", _messages(body["messages"]), None, defaults), generation, special)
+    if "add_generation_prompt" in body:
+        raise ApiError(400, "'add_generation_prompt' applies to 'messages' only", "add_generation_prompt")
+    return Tokenize(Job("completion", None, _prompt(body["prompt"]), defaults), True, special)
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -205,25 +228,33 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
     top_k = _integer(body.get("top_k", 0), "top_k", 0)
     seed = body.get("seed")
     seed = None if seed is None else _integer(seed, "seed", 0, SEED_MAX)
-    speculative = body.get("speculative") or {}
+    speculative = {} if body.get("speculative") is None else body["speculative"]
     if not isinstance(speculative, dict):
         raise ApiError(400, "'speculative' must be an object", "speculative")
     for name in speculative:
         if name not in SPECULATIVE_KEYS:
-            raise ApiError(400, f"unknown field 'speculative.{name}'; known: {', '.join(sorted(SPECULATIVE_KEYS))}",
-                           f"speculative.{name}", "unsupported_parameter")
+            raise ApiError(400, f"unknown field 'speculative.{shown(name)}'; known: "
+                           f"{', '.join(sorted(SPECULATIVE_KEYS))}", f"speculative.{shown(name)}",
+                           "unsupported_parameter")
     try:
         config = replace(defaults, max_new_tokens=max_new,
                          sampling=SamplingConfig(temperature, top_k, top_p, seed, logprobs), **_drafting(speculative))
-    except ConfigError as exc:
-        raise ApiError(400, str(exc).replace("--", ""), "speculative") from None
+    except ConfigError as exc:  # the checks name the command-line options: say the request's fields
+        message, param = str(exc), "speculative"
+        for option, field_name in OPTION_FIELDS.items():
+            if option in message:
+                message, param = message.replace(option, f"'{field_name}'"), field_name
+        raise ApiError(400, message.replace("--", ""), param) from None
     return config, _boolean(speculative, "live", "speculative.live")
 
 
 def _drafting(speculative: dict) -> dict:
     out = {}
     if "method" in speculative:
-        out["method"] = Method.parse(str(speculative["method"]))
+        if not isinstance(speculative["method"], str):
+            raise ApiError(400, f"'speculative.method' must be a string: {', '.join(m.value for m in Method)}",
+                           "speculative.method")
+        out["method"] = Method.parse(shown(speculative["method"]))
     for name in ("draft_tokens", "beam_width", "depth", "verify_window"):
         if name in speculative:
             out[name] = _integer(speculative[name], f"speculative.{name}", 1)
@@ -237,6 +268,9 @@ def _drafting(speculative: dict) -> dict:
                            "speculative.draft_schedule") from None
     if "branching" in speculative:
         value = speculative["branching"]
+        if not (isinstance(value, str) or isinstance(value, list) and all(type(f) is int for f in value)):
+            raise ApiError(400, "'speculative.branching' must be a list of integers like [2, 2, 1] or a string "
+                           "like \"2,2,1\"", "speculative.branching")
         out["branching"] = parse_branching(",".join(map(str, value)) if isinstance(value, list) else str(value))
     if "deterministic" in speculative:
         out["deterministic"] = _boolean(speculative, "deterministic", "speculative.deterministic")
@@ -250,7 +284,11 @@ def _messages(value) -> list[dict]:
         raise ApiError(400, "'messages' must be a non-empty list", "messages", "missing_parameter")
     out = []
     for i, message in enumerate(value):
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role in ("tool", "function"):
+            raise ApiError(400, f"messages[{i}]: role '{role}' is not supported (this server calls no tools)",
+                           f"messages[{i}].role", "unsupported_parameter")
+        if role not in ("system", "developer", "user", "assistant"):
             raise ApiError(400, f"messages[{i}] needs a role: system, user or assistant", f"messages[{i}].role")
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
@@ -269,6 +307,9 @@ def _messages(value) -> list[dict]:
 def _prompt(value) -> str:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
+    if isinstance(value, list) and value:
+        raise ApiError(400, "'prompt' must be one string: token-id prompts and prompt batches are not supported "
+                       "(send a request per prompt)", "prompt", "unsupported_parameter")
     if not isinstance(value, str) or not value:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", "prompt",
                        "missing_parameter")
@@ -309,6 +350,14 @@ def _integer(value, name: str, low: int, high: int | None = None) -> int:
         bound = f"{low}..{high}" if high is not None else f">= {low}"
         raise ApiError(400, f"'{name}' must be an integer {bound}, got {json.dumps(value)[:40]}", name)
     return value
+
+
+def shown(text, limit: int = 60) -> str:
+    """A client's text as an error message or the log may quote it: control characters
+    escaped (no forged log lines), at most `limit` characters."""
+    text = str(text)
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
 
 
 def _number(value, name: str, low: float, high: float) -> float:

@@ -25,6 +25,7 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import encode_prompt
@@ -34,6 +35,10 @@ from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
 RETRY_AFTER_SECONDS = 1
+# a prompt of more characters than this per context token is counted a piece at a time first
+CHARS_PER_TOKEN = 8
+PIECE_CHARS = 1 << 15
+CUT_SLACK = 4
 DISCONNECT_POLL_SECONDS = 0.5
 
 
@@ -61,8 +66,9 @@ def create_app(state: ServerState) -> FastAPI:
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
-    async def encode(job: api.Job) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(tokenizing, _encode, tokenizer, job)
+    async def encode(job: api.Job, generation_prompt: bool = True, special_tokens: bool | None = None) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(
+            tokenizing, _encode, tokenizer, job, state.context_length, generation_prompt, special_tokens)
 
     def authorized(request: Request) -> bool:
         header = request.headers.get("authorization", "")
@@ -116,7 +122,8 @@ def create_app(state: ServerState) -> FastAPI:
         if not authorized(request):
             return unauthorized()
         try:
-            ids = await encode(api.read_tokenize(api.parse_body(await _body(request)), state.defaults))
+            asked = api.read_tokenize(api.parse_body(await _body(request)), state.defaults)
+            ids = await encode(asked.job, asked.generation_prompt, asked.special_tokens)
         except api.ApiError as exc:
             return error(exc)
         return {"count": len(ids), "tokens": ids, "max_model_len": state.context_length}
@@ -137,6 +144,9 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             job = api.read_job(api.parse_body(await _body(request)), kind, state.defaults,
                                {state.model_id} | state.aliases)
+            if job.n > state.scheduler.max_queue:  # a 503 would be retried in vain
+                raise api.ApiError(400, f"'n' is {job.n} but this server queues at most {state.scheduler.max_queue} "
+                                   "rows (its --max-queue)", "n")
             if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
                 raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
                                    "runs without one; plain and lookup need none", "speculative.method")
@@ -147,7 +157,7 @@ def create_app(state: ServerState) -> FastAPI:
                                    "context_length_exceeded")
         except api.ApiError as exc:
             state.metrics.refused(endpoint, exc.status)
-            state.say(f"error {exc.status}: {exc.message}")
+            state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
             return error(exc)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()  # (choice, item): a chunk, an answer, an ApiError, None at its end
@@ -176,28 +186,47 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 async def _body(request: Request) -> bytes:
-    """The body, refused past api.MAX_BODY_BYTES without reading it all."""
+    """The body, refused past api.MAX_BODY_BYTES without reading it all; a client that hangs up
+    before sending it all gets nothing (499) and leaves no traceback in the log."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > api.MAX_BODY_BYTES:
         raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes", code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > api.MAX_BODY_BYTES:
-            raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes",
-                               code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > api.MAX_BODY_BYTES:
+                raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes",
+                                   code="request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise api.ApiError(499, "the client closed the connection before sending its request",
+                           code="client_closed") from None
     return b"".join(chunks)
 
 
-def _encode(tokenizer, job: api.Job) -> list[int]:
-    """The prompt's token ids: chat messages through the chat template, completions raw."""
+def _encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = True,
+            special_tokens: bool | None = None) -> list[int]:
+    """The prompt's token ids: chat messages through the chat template, completions raw (with the
+    tokenizer's special tokens only when asked, or when the text alone gives none). A text far
+    longer than the context is refused once a count of its pieces passes it (`_beyond`), not
+    after tokenizing all of it."""
+    texts = [job.prompt] if job.kind == "completion" else [m["content"] for m in job.messages]
+    counted = _beyond(tokenizer, texts, context)
+    if counted:
+        raise api.ApiError(400, f"the prompt has more than {counted} tokens but the context holds {context}; "
+                           "shorten it", "prompt" if job.kind == "completion" else "messages", "context_length_exceeded")
     try:
         if job.kind == "completion":
+            if special_tokens is not None:
+                return tokenizer.encode(job.prompt, add_special_tokens=special_tokens)
             return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
         if not getattr(tokenizer, "chat_template", None):
             raise api.ApiError(400, "this model has no chat template; use /v1/completions", "messages")
-        return list(tokenizer.apply_chat_template(job.messages, add_generation_prompt=True,
+        if special_tokens:
+            text = tokenizer.apply_chat_template(job.messages, add_generation_prompt=generation_prompt, tokenize=False)
+            return tokenizer.encode(text, add_special_tokens=True)
+        return list(tokenizer.apply_chat_template(job.messages, add_generation_prompt=generation_prompt,
                                                   return_dict=True)["input_ids"])
     except SpecgenError as exc:
         raise api.ApiError(400, str(exc)) from None
@@ -205,6 +234,29 @@ def _encode(tokenizer, job: api.Job) -> list[int]:
         if job.kind == "completion":
             raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
         raise api.ApiError(400, f"the chat template refused the messages: {exc}", "messages") from None
+
+
+def _beyond(tokenizer, texts: list[str], context: int) -> int:
+    """0 when `texts` may fit `context` tokens; else a count of their tokens past it, reached by
+    tokenizing pieces of PIECE_CHARS (cut before a space) and stopping there. Texts of fewer than
+    CHARS_PER_TOKEN characters per context token are not counted (tokenizing them whole costs no
+    more than a prompt that fits). Each cut may split one word's tokens differently from the whole
+    text's, so the count must pass the context by CUT_SLACK tokens per cut."""
+    if sum(map(len, texts)) <= CHARS_PER_TOKEN * context:
+        return 0
+    count = cuts = 0
+    for text in texts:
+        start = 0
+        while start < len(text):
+            end = len(text) if len(text) - start <= PIECE_CHARS else start + PIECE_CHARS
+            if end < len(text):
+                space = text.rfind(" ", start + PIECE_CHARS // 2, end)
+                end, cuts = (space if space > start else end), cuts + 1
+            count += len(tokenizer.encode(text[start:end], add_special_tokens=False))
+            if count > context + CUT_SLACK * cuts:
+                return count - CUT_SLACK * cuts
+            start = end
+    return 0
 
 
 async def _events(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue):

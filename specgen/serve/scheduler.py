@@ -179,18 +179,8 @@ class Scheduler:
 
     def _serve(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
         """Run the engine of `key` until nothing of its kind is left to admit or running."""
-        engine = self.engine(key, config, capped)
-        # a request that continues a row the engine parked resumes it: it extends that row's
-        # prompt (a chat's next turn) or shares more than half of its own
-        resume = max(engine.parked, key=lambda state: common_prefix(state.ids, first_ids), default=None)
-        if resume is not None:
-            common = common_prefix(resume.ids, first_ids)
-            if common < resume.prompt_length and common <= len(first_ids) // 2:
-                resume = None
-        feed = _KeyFeed(self, key)
         try:
-            for report, stats in fold(engine, engine.drive(feed, config, self.max_batch, resume), config.method.value):
-                self._dispatch(report, stats, engine)
+            self._drive(key, config, first_ids, capped)
         except Exception as exc:  # noqa: BLE001: the server outlives a failed batch; its rows get the error
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -200,10 +190,31 @@ class Scheduler:
                 failed = [t for t in self.running.values() if t.key == key]
                 for ticket in failed:
                     del self.running[ticket.index]
+                if not failed and self.waiting:  # it failed before admitting a row (building the engine, say):
+                    head = self.waiting[0].job.id  # the request that chose it, or it would be tried for ever
+                    failed = [t for t in self.waiting if t.job.id == head]
+                    for ticket in failed:
+                        self.waiting.remove(ticket)
+                    self.metrics.queue_depth.set(len(self.waiting))
             for ticket in failed:
+                if ticket.job.choice == 0:  # one request of n choices
+                    self.metrics.refused(ticket.job.kind, 500)
                 ticket.post(error)
                 ticket.post(None)
             self.engines.pop(key, None)  # a fresh engine (and caches) for the next request
+
+    def _drive(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
+        engine = self.engine(key, config, capped)
+        # a request that continues a row the engine parked resumes it: it extends that row's
+        # prompt (a chat's next turn) or shares more than half of its own
+        resume = max(engine.parked, key=lambda state: common_prefix(state.ids, first_ids), default=None)
+        if resume is not None:
+            common = common_prefix(resume.ids, first_ids)
+            if common < resume.prompt_length and common <= len(first_ids) // 2:
+                resume = None
+        feed = _KeyFeed(self, key)
+        for report, stats in fold(engine, engine.drive(feed, config, self.max_batch, resume), config.method.value):
+            self._dispatch(report, stats, engine)
 
     def _dispatch(self, report, stats, engine: Engine) -> None:
         ticket = self.running.get(report.index)

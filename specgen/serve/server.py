@@ -9,9 +9,11 @@ removes it when it stops.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -58,8 +60,15 @@ class ServeOptions:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if not 1 <= self.max_batch_size <= 256:
             raise ConfigError(f"--max-batch-size must be in 1..256, got {self.max_batch_size}")
-        if not 0 <= self.max_queue <= 100_000:
-            raise ConfigError(f"--max-queue must be in 0..100000, got {self.max_queue}")
+        if not 1 <= self.max_queue <= 100_000:  # every request waits in the queue, if only until the next round
+            raise ConfigError(f"--max-queue must be in 1..100000, got {self.max_queue}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        key = self.api_key
+        if key is not None and (not key or not all(33 <= ord(c) < 127 for c in key)):
+            # HTTP strips a header's surrounding spaces, and a client cannot send other characters
+            raise ConfigError("--api-key must be printable ASCII without spaces (a client could never send it)",
+                              hint="check for a trailing newline or carriage return where the key was read")
         if not (self.idle_minutes >= 0 and self.idle_minutes < float("inf")):  # nan fails both
             raise ConfigError(f"--idle-minutes must be a number >= 0, got {self.idle_minutes:g}")
         if not 0 <= self.prefix_cache <= 1 << 20:
@@ -130,6 +139,26 @@ def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
         driver.generate(engine, tokenizer, encode_prompt(tokenizer, text), short, Silent())
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that SIGINT and SIGTERM end `run()` after the graceful shutdown
+    instead of being raised again there: uvicorn re-raises them, and SIGTERM's default action
+    ended the process before the server removed its record (which holds its token) or said why
+    it stopped."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
 @dataclass
 class Running:
     """A prepared server: call `serve()` to answer until stopped."""
@@ -172,8 +201,8 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     keys = [token] + ([options.api_key] if options.api_key else [])
     scheduler, state = serving_state(settings, options, quiet, log, pair, url, keys)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5))
+    server = _Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
+                                    timeout_graceful_shutdown=5))
     return Running(server, sock, scheduler, state, discovery.record_path(settings), token)
 
 
