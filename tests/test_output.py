@@ -151,6 +151,40 @@ def test_a_second_run_on_the_same_file_is_refused(prompts, tmp_path):
     assert_one_line_error(result, "being written by another specgen run")
 
 
+def test_the_lock_is_on_the_file_itself_whatever_the_cache(prompts, tmp_path, monkeypatch):
+    """Two runs with different caches (users, containers) on one file: the second is refused."""
+    out = tmp_path / "out.jsonl"
+    with ResultsFile.open(out):
+        monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "another-cache"))
+        result = invoke("run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent")
+    assert_one_line_error(result, "being written by another specgen run")
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("not a directory")
+    with ResultsFile.open(out) as results:  # an unusable cache does not stop --output
+        assert results.done == set()
+
+
+@pytest.mark.parametrize("content", [b"my precious single line\n", b'{"important": "config"}',
+                                     b'{"important": "config"}\n', b"first prompt\nsecond prompt\n"])
+def test_a_file_that_holds_no_results_is_refused_and_left_as_it_was(prompts, tmp_path, content):
+    """Only a results file's own torn last line is ever cut."""
+    out = tmp_path / "notes.txt"
+    out.write_bytes(content)
+    result = invoke("run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent")
+    assert_one_line_error(result, "not a specgen result")
+    assert out.read_bytes() == content
+    # the prompts file itself as the output
+    result = invoke("run", "--prompts-file", str(prompts), "--output", str(prompts), "--target", "/nonexistent")
+    assert_one_line_error(result, "not a specgen result")
+
+
+def test_a_device_as_the_output(models, prompts):
+    """/dev/null takes the results (fsync of a device fails with EINVAL: there is nothing to sync)."""
+    result = invoke("run", "--prompts-file", str(prompts), "--output", "/dev/null", *models)
+    assert result.exit_code == 0, result.output
+    assert "5 prompts written" in result.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["hi", "--output", "o.jsonl"], "--output writes the results of --prompts-file"),
     (["--prompts-file", "p.txt", "--ray", "auto"], "--ray writes its results to a file"),

@@ -7,24 +7,24 @@ leaves half a line; the kernel holds every line that a write returned for. fsync
 file is fsynced after its first new line, then at most once every `SYNC_SECONDS` and when it
 closes (also on Ctrl-C), so a power loss or a kernel crash loses at most the last second of
 lines and may leave a torn last line. Opening the file again (the rerun) drops a last line that
-is incomplete or not a result line, so the file is whole again before anything is appended.
-A run holds an exclusive lock on the file (models.cache.locked, filelock, keyed by the file's
-resolved path): a second run on the same file is refused.
+is incomplete or not a result line, if result lines come before it, so the file is whole again
+before anything is appended; a file whose lines are not results (a prompts file, notes) is
+refused, never cut. A run holds an exclusive lock on the file itself (`flock` on its descriptor,
+so two runs with different caches, users or containers see it too): a second run on the same
+file is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
+import fcntl
 import json
 import os
 import time
 from pathlib import Path
 
 from specgen.decoding.views import Outcome
-from filelock import Timeout
-
 from specgen.errors import ConfigError, SpecgenError
-from specgen.models.cache import locked
 
 SYNC_SECONDS = 1.0
 
@@ -39,9 +39,8 @@ def result_record(ident, outcome: Outcome) -> dict:
 class ResultsFile:
     """An OUT.jsonl opened for a run: `done` holds the ids already there; `write` appends one."""
 
-    def __init__(self, path, fd: int, done: set, dropped: int, lock=None):
+    def __init__(self, path, fd: int, done: set, dropped: int):
         self.path = Path(path)
-        self._lock = lock  # held while the file is open
         self.done = done
         self.dropped = dropped  # bytes of a torn last line removed when the file was opened
         self._fd: int | None = fd
@@ -52,29 +51,19 @@ class ResultsFile:
         """Open (or create) `path`, lock it, repair a torn last line and read the ids it holds."""
         path = Path(path)
         try:
-            lock = locked("output-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16], timeout=0)
-            lock.acquire()
-        except Timeout:
-            raise ConfigError(f"{path} is being written by another specgen run",
-                              hint="wait for it, or give another --output") from None
-        except OSError as exc:  # the cache's locks directory cannot be written
-            raise ConfigError(f"cannot lock --output {path} (lock files live in $SPECGEN_CACHE/locks): "
-                              f"{exc.strerror or exc}") from None
-        try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            lock.release()
             raise ConfigError(f"cannot write --output {path}: {exc.strerror or exc}") from None
         try:
+            _lock(fd, path)
             done, keep, size = _scan(fd, path)
             if keep < size:  # a torn (or garbled) last line: cut it before appending
                 os.ftruncate(fd, keep)
-                os.fsync(fd)
+                _sync(fd, path)
         except BaseException:
-            os.close(fd)
-            lock.release()
+            os.close(fd)  # and the lock with it
             raise
-        return cls(path, fd, done, size - keep, lock)
+        return cls(path, fd, done, size - keep)
 
     def write(self, record: dict) -> None:
         """Append one result line atomically; its id joins `done`."""
@@ -90,7 +79,7 @@ class ResultsFile:
         self.done.add(record["id"])
         now = time.monotonic()
         if self._synced_at is None or now - self._synced_at >= SYNC_SECONDS:
-            os.fsync(self._fd)
+            _sync(self._fd, self.path)
             self._synced_at = now
 
     def close(self) -> None:
@@ -98,17 +87,41 @@ class ResultsFile:
             return
         fd, self._fd = self._fd, None
         try:
-            os.fsync(fd)
+            _sync(fd, self.path)
         finally:
-            os.close(fd)
-            if self._lock is not None:
-                self._lock.release()
+            os.close(fd)  # the lock goes with it
 
     def __enter__(self) -> "ResultsFile":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.close()
+            return
+        try:  # an error already on its way (a full disk, Ctrl-C) is the one to report
+            self.close()
+        except SpecgenError:
+            pass
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"{path} is being written by another specgen run",
+                          hint="wait for it, or give another --output") from None
+    except OSError as exc:  # a file system without locks
+        raise ConfigError(f"cannot lock --output {path}: {exc.strerror or exc}") from None
+
+
+def _sync(fd: int, path: Path) -> None:
+    """fsync, where the file can be synced: a device (-o /dev/null) cannot, and needs none."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+            return
+        raise SpecgenError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _scan(fd: int, path: Path) -> tuple[set, int, int]:
@@ -135,12 +148,15 @@ def _scan(fd: int, path: Path) -> tuple[set, int, int]:
             continue
         ident = _result_id(data[start:end])
         if ident is None:
-            if data[end + 1:].strip():
+            if data[end + 1:].strip() or not done:  # not ours to delete: a results file's middle, or no results file
                 raise ConfigError(f"{path}:{number}: not a specgen result line (a JSON object with an 'id')",
                                   hint="give another --output, or remove that line")
             break  # the last line, garbled by a crash of the machine: dropped like a torn one
         done.add(ident)
         start = keep = end + 1
+    if keep < len(data) and not done:  # one unfinished line and nothing else: not known to be ours
+        raise ConfigError(f"{path}: not a specgen results file (its only line is not a whole result)",
+                          hint="give another --output, or remove that file")
     return done, keep, len(data)
 
 
