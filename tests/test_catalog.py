@@ -587,3 +587,30 @@ def test_a_full_disk_under_any_write_is_one_line_and_outputs_keep_their_fallback
 
     assert report.save("--json", tmp_path / "out.json", full_once, fallback=True) is False
     assert len(calls) == 2  # the data went to a spare file instead
+
+
+def test_a_write_goes_through_a_link_and_into_a_device_or_pipe_never_replacing_them(tmp_path):
+    """bench --json and chat /save go through atomic_write: a symbolic link keeps pointing at its
+    target, which gets the data; a device or a pipe (--json /dev/stdout) is written in place."""
+    import threading
+
+    from specgen.bench import report
+    from specgen.models.cache import atomic_write
+
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    atomic_write(link, lambda tmp: tmp.write_text("new"))
+    assert link.is_symlink() and target.read_text() == "new"
+    atomic_write(Path("/dev/null"), lambda tmp: tmp.write_text("discarded"))
+    assert Path("/dev/null").is_char_device()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    report.check_outputs({"--json": fifo})
+    atomic_write(fifo, lambda tmp: tmp.write_text('{"a": 1}'))
+    reader.join(10)
+    assert got == ['{"a": 1}'] and fifo.is_fifo()

@@ -38,6 +38,10 @@ def check_outputs(paths: dict) -> None:
             raise ConfigError(f"{option} {path} is a directory; give a file name")
         if option == "--plot":
             _check_plot_format(path)
+        if path.exists() and not path.is_file():  # a device or a pipe: written in place (cache.atomic_write)
+            if not os.access(path, os.W_OK):
+                raise ConfigError(f"cannot write {option} {path}: permission denied")
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # os.access says yes to root even on a read-only mount; only a real write tells

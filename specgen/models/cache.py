@@ -105,8 +105,16 @@ def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = N
 
     `tmp`: a fixed temporary name instead of a unique one, for writers that hold a `locked`
     lock (a leftover of a killed process is then overwritten by the next writer, not kept).
-    `parents`: make missing parent directories (caches); a user's file names an existing one."""
+    `parents`: make missing parent directories (caches); a user's file names an existing one.
+
+    A symbolic link is written through (its target replaced, the link kept); a device or a pipe
+    (`--json /dev/stdout`, /dev/null) is written in place, never replaced by a file."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file() and not path.is_dir():
+        _write_in_place(path, write)
+        return
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp or path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
@@ -121,6 +129,20 @@ def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = N
             raise DiskFullError(f"disk full while writing {path}; {_free_space_hint(path)}") from None
         raise
     _sync_directory(path.parent)
+
+
+def _write_in_place(path: Path, write: Callable[[Path], None]) -> None:
+    """`write` to a temporary file, then its bytes into `path` (a device or a pipe)."""
+    with tempfile.TemporaryDirectory(prefix="specgen-") as folder:
+        tmp = Path(folder) / path.name
+        try:
+            write(tmp)
+            with open(tmp, "rb") as source, open(path, "wb") as target:
+                shutil.copyfileobj(source, target)
+        except OSError as error:
+            if disk_full(error):
+                raise DiskFullError(f"disk full while writing {path}; free some space") from None
+            raise
 
 
 def disk_full(error: BaseException) -> bool:
