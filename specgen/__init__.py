@@ -12,3 +12,21 @@ __version__ = "0.1.0"
 for _name in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
     os.environ.setdefault(_name, "128")
 del _name
+
+
+def _hold_standard_descriptors() -> None:
+    """A standard descriptor the caller closed (`specgen ... 2>&-`) is held by /dev/null before
+    anything opens a file: the next file opened would take its number, and a note meant for
+    stderr would be written into it (or fail with EBADF). Python's own sys.stdin/stdout/stderr
+    stay None for the command to decide (cli.app.main)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+_hold_standard_descriptors()

@@ -554,3 +554,24 @@ def test_the_command_exits_with_its_status_without_python_teardown():
     assert done.stderr.strip() == "error: the prompt is empty"
     done = subprocess.run([sys.executable, "-m", "specgen", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Usage" in done.stdout
+
+
+@pytest.mark.parametrize("redirect, code, stdout, fragment", [
+    ("2>&-", 0, True, None),  # no stderr: the notes go nowhere, the answer and the status are whole
+    (">&-", 1, False, "stdout is closed"),  # refused before loading: the answer would be lost
+    ("<&-", 1, False, "the prompt is empty"),  # '-' reads a closed stdin as empty
+    (">/dev/full", 1, False, "no space left on the device"),
+])
+def test_closed_or_full_standard_streams_are_one_line(models, redirect, code, stdout, fragment):
+    import shlex
+    import subprocess
+    import sys
+
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "specgen", "run", "-", *models, "-n", "4",
+                                                "--no-server", "--format", "plain"])
+    done = subprocess.run(["bash", "-c", f"echo hi | {command} {redirect}"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == code, done.stderr
+    assert bool(done.stdout) == stdout and "Traceback" not in done.stderr and "unexpected" not in done.stderr
+    if fragment:
+        assert fragment in done.stderr.strip().splitlines()[-1], done.stderr

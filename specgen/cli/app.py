@@ -6,6 +6,7 @@ they run, so `--help` is instant and a run on a server imports none.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Annotated
@@ -46,7 +47,23 @@ def main() -> None:
     """The `specgen` command. It ends with `os._exit` once its output is flushed: Python's own
     teardown of a loaded pair (thousands of modules, packed weights and tensors, gigabytes)
     takes a second or more of every run and does nothing a finished command needs (every file
-    specgen writes is closed, or renamed into place, before this)."""
+    specgen writes is closed, or renamed into place, before this).
+
+    A standard stream closed by the caller (`>&-`) is None in Python: a closed stdout is refused
+    at once (the answer would be lost), a closed stdin reads as empty and a closed stderr takes
+    the notes nowhere."""
+    if sys.stdin is None:
+        sys.stdin = open(os.devnull, encoding="utf-8")
+    if sys.stderr is None or not _writable(2):  # closed, or its number taken by a file read-only (a shim's)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)  # child processes (the int8 builders) inherit it
+        os.close(null)
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    if sys.stdout is None or not _writable(1):
+        print("error: stdout is closed, and specgen writes its answers there; redirect it to a file or "
+              "/dev/null", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
     try:
         app()
         status = 0
@@ -58,6 +75,15 @@ def main() -> None:
         except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing left to say
             pass
     os._exit(status)
+
+
+def _writable(fd: int) -> bool:
+    """Is `fd` open for writing? (A full device says ENOSPC even to an empty write: it is open.)"""
+    try:
+        os.write(fd, b"")
+        return True
+    except OSError as exc:
+        return exc.errno != errno.EBADF
 
 
 def exit_status(code) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,11 @@ def user_errors():
     except Exception as exc:  # an unexpected failure: still one line, with a way to see more
         if os.environ.get("SPECGEN_DEBUG"):
             raise
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # stdout on a full disk, say
+            where = f" writing {exc.filename}" if exc.filename else ""
+            error_line(f"no space left on the device{where}: the output did not fit",
+                       "free some space, or send the output elsewhere")
+            raise typer.Exit(1) from None
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
         raise typer.Exit(1) from None
