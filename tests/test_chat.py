@@ -389,6 +389,29 @@ def test_an_undecodable_line_is_an_error_and_the_session_goes_on(models, tmp_pat
     assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["hello", "still here"]
 
 
+def test_a_reply_that_fails_is_an_error_and_the_session_goes_on(models, tmp_path, monkeypatch):
+    """An engine failure in one turn (once a top_p that fp32 rounds to 0 did it) is one error
+    line: the message is not kept, later turns and /save still run, and the caches start afresh."""
+    from specgen.decoding import run as driver
+
+    real, calls = driver.generate, []
+
+    def once_broken(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "generate", once_broken)
+    saved = tmp_path / "after.json"
+    result = session_run(models, ["first", "second", "third", f"/save {saved}"], "-n", "3", "--format", "json")
+    assert result.exit_code == 1  # a scripted session with a failed line does not pass
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "unexpected RuntimeError: probability tensor" in errors[0], result.stderr
+    assert "the conversation goes on" in result.stderr
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["first", "third"]
+
+
 def test_a_failed_save_makes_a_scripted_session_exit_non_zero(models, tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

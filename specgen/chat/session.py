@@ -74,7 +74,7 @@ class LocalBackend:
             self._fresh()
         try:
             outcome = run.generate(self.engine, self.tokenizer, ids, config, renderer, state=self.state)
-        except KeyboardInterrupt:  # landed outside generate's own guard: the caches may be mid-update
+        except BaseException:  # Ctrl-C outside generate's own guard, or a failure: the caches may be mid-update
             self._fresh()
             raise
         self.state = outcome.state

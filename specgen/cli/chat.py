@@ -246,6 +246,12 @@ class _Loop:
             self.turn(line[1:] if line.startswith("//") else line)
         except SpecgenError as exc:
             self.error(exc)
+        except (_Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001: a failed turn must not end the session (and lose it)
+            if os.environ.get("SPECGEN_DEBUG"):
+                raise
+            self.error(_unexpected(exc, "the reply failed; the message was not kept, the conversation goes on"))
         return False
 
     def command(self, line: str) -> bool:
@@ -253,6 +259,13 @@ class _Loop:
             result = self.chat.command(line)
         except SpecgenError as exc:
             self.error(exc)
+            return False
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if os.environ.get("SPECGEN_DEBUG"):
+                raise
+            self.error(_unexpected(exc, "the command failed; the conversation goes on"))
             return False
         if self.fmt is Format.json and result.data is not None:
             name = line.strip()[1:].split(" ", 1)[0].lower()
@@ -299,6 +312,11 @@ class _Loop:
         self.failed = True
         hint = f" [dim]({_escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
         self.err.print(f"[bold red]error:[/] {_escape(str(exc))}{hint}", markup=True)
+
+
+def _unexpected(exc: Exception, what: str) -> SpecgenError:
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return SpecgenError(f"unexpected {type(exc).__name__}: {first}", hint=f"{what}; SPECGEN_DEBUG=1 shows the traceback")
 
 
 class _Interrupted(Exception):
