@@ -523,6 +523,62 @@ def test_a_broken_json_file_of_a_model_directory_is_named(tiny_dirs, tmp_path):
     assert_one_line_error(result, "cannot load the target model", "tokenizer.json is not valid JSON")
 
 
+@pytest.mark.parametrize("change, fragments", [
+    (lambda d: (d / "tokenizer_config.json").write_text("[1, 2]"),
+     ["cannot load the draft model", "tokenizer_config.json holds a list, not a JSON object"]),
+    (lambda d: (d / "config.json").write_text("null"), ["config.json holds null, not a JSON object"]),
+    (lambda d: [(d / name).unlink() for name in ("tokenizer.json", "tokenizer_config.json")],
+     ["the draft model", "has no usable tokenizer"]),
+    (lambda d: (d / "config.json").write_text(
+        (d / "config.json").read_text().replace('"max_position_embeddings": 256', '"max_position_embeddings": -1')),
+     ["invalid config: max_position_embeddings is -1"]),
+])
+def test_a_broken_model_directory_is_one_line_naming_what_is_wrong(tiny_dirs, tmp_path, change, fragments):
+    import shutil
+
+    broken = tmp_path / "broken-draft"
+    shutil.copytree(tiny_dirs["draft"], broken)
+    change(broken)
+    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(broken),
+                    "--dtype", "float32", "-n", "2", "--no-server")
+    assert_one_line_error(result, *fragments)
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("{% for %}", "the model's chat template refused the messages"),
+    ("{{ raise_exception('no system role here') }}", "no system role here"),
+])
+def test_a_chat_template_that_fails_is_one_line(tiny_dirs, tmp_path, template, fragment):
+    import shutil
+
+    broken = tmp_path / "broken-template"
+    shutil.copytree(tiny_dirs["target"], broken)
+    (broken / "chat_template.jinja").write_text(template)
+    result = invoke("run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2",
+                    "--no-server")
+    assert_one_line_error(result, fragment)
+    assert "--raw" in result.output
+    raw = invoke("run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2",
+                 "--no-server", "--raw")
+    assert raw.exit_code == 0, raw.output
+
+
+def test_a_gguf_without_an_architecture_is_one_line(tmp_path):
+    from gguf import GGUFWriter
+
+    fake = tmp_path / "fake.gguf"
+    writer = GGUFWriter(str(fake), arch="llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fake.write_bytes(fake.read_bytes().replace(b"general.architecture", b"general.architecturX"))
+    result = invoke("run", "hello", "--target", str(fake), "--method", "plain", "-n", "2", "--no-server")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot read the GGUF file fake.gguf" in errors[0], result.output
+
+
 def test_a_local_directory_loads_safetensors_only(tmp_path):
     """A pickled pytorch_model.bin is never unpickled from a local directory."""
     from tiny import build_model, build_tokenizer

@@ -14,6 +14,7 @@ from typing import Callable
 from specgen.chat.conversation import Conversation
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding import run
+from specgen.decoding.prompts import render_chat
 from specgen.decoding.build import build_engine
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PromptError
@@ -60,8 +61,7 @@ class LocalBackend:
     def render(self, messages: list[dict]) -> list[int]:
         """The messages through the chat template, ready for a reply (the last one remembered)."""
         if self._rendered[0] != messages:
-            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                          return_dict=True)["input_ids"])
+            ids = render_chat(self.tokenizer, messages)
             self._rendered = ([dict(m) for m in messages], ids)
         return self._rendered[1]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from specgen.errors import PromptError
 
 
@@ -16,8 +18,19 @@ def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None 
         return tokenizer.encode(prompt, add_special_tokens=False) or tokenizer.encode(prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                              return_dict=True)["input_ids"])
+    return render_chat(tokenizer, messages)
+
+
+def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+    """`messages` through the model's chat template, tokenized. A template that fails (a syntax
+    error, its own raise_exception over roles it does not take) is one PromptError."""
+    try:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt,
+                                                  return_dict=True)["input_ids"])
+    except (TemplateError, ValueError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise PromptError(f"the model's chat template refused the messages: {first}",
+                          hint="--raw sends the prompt without the template") from None
 
 
 @dataclass(frozen=True)

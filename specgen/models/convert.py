@@ -283,14 +283,13 @@ def _in_order(function, items, workers: int):
 
 
 def _friendly(error: Exception, gguf: Path) -> Exception:
-    """transformers' unsupported-architecture errors, as one line naming the architecture."""
-    text = str(error)
+    """A GGUF file transformers cannot read (an unsupported architecture, metadata missing or
+    malformed) as one line naming the file, or the architecture."""
+    text = str(error).strip() or type(error).__name__
     found = re.search(r"architecture\s+'?([\w.\-]+)'?\s+is not supported", text)
     if found:
         return ModelError(f"GGUF architecture '{found.group(1)}' is not supported by transformers")
-    if "not supported" in text or "Unknown gguf" in text:
-        return ModelError(f"cannot convert {gguf.name}: {text.splitlines()[0]}")
-    return error
+    return ModelError(f"cannot read the GGUF file {gguf.name}: {text.splitlines()[0][:300]}")
 
 
 def _remove_leftovers(target: Path) -> None:

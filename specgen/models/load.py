@@ -167,7 +167,7 @@ def tokenizer_fingerprint(path: str | None) -> str | None:
         digest = hashlib.sha256(Path(path, "tokenizer.json").read_bytes())
         config = json.loads(Path(path, "tokenizer_config.json").read_text())
         digest.update(json.dumps({k: config.get(k) for k in TOKENIZER_KEYS}, sort_keys=True).encode())
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: a config that is not an object
         return None
     return digest.hexdigest()
 
@@ -217,8 +217,18 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
     except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
         if "custom code" in str(exc):
             raise foreign_code(role, arg) from None
-        where = f" ({_broken_json(resolved.path)} is not valid JSON)" if isinstance(exc, json.JSONDecodeError) else ""
-        raise ModelError(f"cannot load the {role} model '{arg}'{where}: {_first_line(exc)}") from exc
+        broken = _broken_json(resolved.path) if resolved.source != "hub" else None
+        if broken:  # the library's own message does not say which file
+            raise ModelError(f"cannot load the {role} model '{arg}': {broken}") from exc
+        raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
+    if len(tokenizer) < 2 or not tokenizer.encode("hello", add_special_tokens=False):
+        # transformers builds an empty tokenizer for a directory without tokenizer files
+        raise ModelError(f"the {role} model '{arg}' has no usable tokenizer (its tokenizer encodes no text)",
+                         hint="its directory needs tokenizer.json, or the files of a slow tokenizer")
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 2):
+        raise ModelError(f"the {role} model '{arg}' has an invalid config: max_position_embeddings is {context!r}",
+                         hint="the context length must be an integer of at least 2")
     rows = model.get_input_embeddings().num_embeddings
     if rows < len(tokenizer):
         raise ModelError(f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
@@ -338,14 +348,18 @@ def _looks_like_path(arg: str) -> bool:
     return arg.startswith((".", "/", "~")) or arg.lower().endswith(".gguf") or os.sep + os.sep in arg
 
 
-def _broken_json(path) -> str:
-    """Which JSON file of a model directory does not parse (a JSONDecodeError does not say)."""
-    for file in sorted(Path(path).glob("*.json")) if Path(path).is_dir() else []:
+def _broken_json(path) -> str | None:
+    """Which JSON file of a model directory does not parse, or holds no JSON object (every one a
+    model directory has is an object): the loader's error does not say which."""
+    for file in sorted(Path(path).glob("*.json")) if path and Path(path).is_dir() else []:
         try:
-            json.loads(file.read_text(encoding="utf-8"))
+            value = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return file.name
-    return "a file"
+            return f"{file.name} is not valid JSON"
+        if not isinstance(value, dict):
+            kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+            return f"{file.name} holds {kind}, not a JSON object"
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fastapi import FastAPI, Request
+from jinja2 import TemplateError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
-from specgen.decoding.prompts import encode_prompt
+from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
 from specgen.serve import api
 from specgen.serve.metrics import Metrics
@@ -226,11 +227,10 @@ def _encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = Tru
         if special_tokens:
             text = tokenizer.apply_chat_template(job.messages, add_generation_prompt=generation_prompt, tokenize=False)
             return tokenizer.encode(text, add_special_tokens=True)
-        return list(tokenizer.apply_chat_template(job.messages, add_generation_prompt=generation_prompt,
-                                                  return_dict=True)["input_ids"])
-    except SpecgenError as exc:
-        raise api.ApiError(400, str(exc)) from None
-    except (ValueError, TypeError) as exc:  # a template that refuses the conversation (e.g. its roles)
+        return render_chat(tokenizer, job.messages, generation_prompt)
+    except SpecgenError as exc:  # a template that refuses the conversation (e.g. its roles)
+        raise api.ApiError(400, str(exc), "messages" if job.kind == "chat" else "prompt") from None
+    except (ValueError, TypeError, TemplateError) as exc:
         if job.kind == "completion":
             raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
         raise api.ApiError(400, f"the chat template refused the messages: {exc}", "messages") from None
