@@ -76,8 +76,8 @@ class SamplingConfig:
     logprobs: int | None = None  # 0..MAX_LOGPROBS alternatives per token
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # NaN fails too; inf would be uniform noise
+            raise ConfigError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ConfigError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

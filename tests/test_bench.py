@@ -588,8 +588,13 @@ def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--batch-sizes", "1", "--verify-windows", "100000"], "--verify-window must be in"),
-    (["--verify-windows", "100000"], "--verify-window must be in"),
+    (["--batch-sizes", "1", "--verify-windows", "100000"], "--verify-windows values must be in 1..1024"),
+    (["--verify-windows", "600"], "--verify-window must be in"),
+    (["--batch-sizes", "99999999999"], "--batch-sizes values must be in 1..1024"),
+    (["--concurrency", "30000"], "--concurrency values must be in 1..1024"),
+    (["--concurrency", "2", "--max-batch-size", "0"], "--max-batch-size must be in 1..256"),
+    (["--methods", ""], "--methods is empty"),
+    (["--methods", " , "], "--methods is empty"),
     (["--threads", "100000"], "--threads must be in"),
     (["--threads", "0"], "--threads must be in"),
     (["--concurrency", "1", "--methods", "hf-lookup"], "--concurrency measures specgen's own methods"),

@@ -107,7 +107,7 @@ def test_slash_commands_change_the_session(models):
     assert commands["stats"]["totals"]["turns_by_method"] == {"chain": 2, "plain": 1}
     errors = error_lines(result.stderr)
     assert len(errors) == 6, result.stderr
-    for fragment, line in zip(["--temperature must be >= 0", "--top-p", "temperature takes a number",
+    for fragment, line in zip(["--temperature must be a finite number >= 0", "--top-p", "temperature takes a number",
                                "unknown setting 'colour'", "unknown method 'magic'", "unknown command /bogus"],
                               errors):
         assert fragment in line
@@ -175,6 +175,8 @@ def test_save_and_load_round_trip(models, tmp_path):
     ('{"format": "something-else", "version": 1}', "not a specgen chat save"),
     ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "robot", "content": "x"}]}', "messages[0]"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "--top-p"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}', "list of integers"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}', "a number"),
 ])
 def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fragment):
     bad = tmp_path / "bad.json"

@@ -160,6 +160,15 @@ def test_unknown_method(models):
 def test_impossible_sampling_settings(models):
     assert_one_line_error(invoke("run", "hi", *models, "--top-p", "0"), "--top-p")
     assert_one_line_error(invoke("run", "hi", *models, "--temperature", "-1"), "--temperature")
+    assert_one_line_error(invoke("run", "hi", *models, "--temperature", "inf"), "--temperature must be a finite")
+
+
+def test_a_prompts_file_with_a_prompt_too_long_fails_before_the_first_is_decoded(models, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("short one\n" + "x" * 400 + "\nanother\n")
+    result = invoke("run", "--prompts-file", str(prompts), *models, "-n", "2", "--raw")
+    assert_one_line_error(result, "prompt 2 of", "context holds 256")
+    assert result.stdout == ""  # nothing decoded, so nothing half-done
 
 
 def test_debug_variable_shows_the_traceback(models, monkeypatch):

@@ -114,7 +114,9 @@ def parse_methods(text: str | None) -> list[str]:
     combined as `chain/k4/c0.5` (see `variant`).
     """
     specs = registry()
-    names = list(specs) if text is None or not text.strip() else [
+    if text is not None and not [n for n in text.split(",") if n.strip()]:
+        raise ConfigError("--methods is empty; name methods (e.g. plain,chain) or leave it out for all of them")
+    names = list(specs) if text is None else [
         n.strip() if DRAFT_MARK in n else n.strip().lower() for n in text.split(",") if n.strip()]
     for name in names:
         base, draft = split_draft(name)

@@ -54,6 +54,9 @@ class ThroughputCell:
     outputs: list[list[int]] | None = None
 
 
+MAX_SIZE = 1024  # a batch width, a window or a number of concurrent clients
+
+
 def parse_sizes(text: str | None, what: str) -> list[int]:
     if text is None or not text.strip():
         return []
@@ -61,8 +64,8 @@ def parse_sizes(text: str | None, what: str) -> list[int]:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ConfigError(f"{what} takes a comma list of integers, got '{text}'") from None
-    if not values or any(v < 1 for v in values):
-        raise ConfigError(f"{what} values must be >= 1, got '{text}'")
+    if not values or any(not 1 <= v <= MAX_SIZE for v in values):
+        raise ConfigError(f"{what} values must be in 1..{MAX_SIZE}, got '{text}'")
     return list(dict.fromkeys(values))
 
 

@@ -46,13 +46,13 @@ def config_from(settings: dict, base: GenerationConfig | None = None) -> Generat
     base = base or GenerationConfig()
     merged = {**settings_dict(base), **settings}
     try:
-        sampling = SamplingConfig(temperature=float(merged["temperature"]), top_k=_int(merged["top_k"]),
-                                  top_p=float(merged["top_p"]),
+        sampling = SamplingConfig(temperature=_float(merged["temperature"]), top_k=_int(merged["top_k"]),
+                                  top_p=_float(merged["top_p"]),
                                   seed=None if merged["seed"] is None else _int(merged["seed"]))
         return replace(  # keeps what /set does not name (deterministic mode, the draft schedule)
             base, method=Method.parse(str(merged["method"])), max_new_tokens=_int(merged["max_new_tokens"]),
             draft_tokens=_int(merged["draft_tokens"]), sampling=sampling,
-            branching=tuple(_int(b) for b in merged["branching"]), beam_width=_int(merged["beam_width"]),
+            branching=tuple(_int(b) for b in _list(merged["branching"])), beam_width=_int(merged["beam_width"]),
             depth=_int(merged["depth"]))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid settings: {exc}") from None
@@ -62,6 +62,18 @@ def _int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not value.strip()):
         raise ValueError(f"expected an integer, got {value!r}")
     return int(value)
+
+
+def _float(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _list(value) -> list:
+    if not isinstance(value, (list, tuple)):  # a string would be read digit by digit
+        raise ValueError(f"expected a list of integers, got {value!r}")
+    return list(value)
 
 
 def write_save(path: Path, snapshot: dict) -> None:

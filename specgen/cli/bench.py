@@ -114,6 +114,8 @@ def bench(
                                   "--verify-windows, --csv or --plot")
             if per_client < 1:
                 raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
+            if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
+                raise ConfigError(f"--max-batch-size must be in 1..256, got {max_batch}")
             from specgen.bench.concurrency import speculative
 
             for name in names:

@@ -113,6 +113,8 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
     prompts = [encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
     stopped: list[int] = []  # prompts that Ctrl-C left unfinished (1-based, input order)
     engine = build_engine(pair, config)
+    for number, ids in enumerate(prompts, 1):  # every prompt fits, before the first is decoded
+        engine.check_prompt(ids, f"prompt {number} of {path}")
     if batch_size == 1:  # each prompt's text streams as it is made
         for number, ids in enumerate(prompts, 1):
             renderer = JsonRenderer() if fmt is Format.json else PlainRenderer()

@@ -107,7 +107,7 @@ class Engine:
         prompt's position in `prompts`.
         """
         for i, prompt in enumerate(prompts):
-            self._check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
+            self.check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
         if resume is not None and len(prompts) != 1:
             raise ValueError("resume continues one prompt")
         yield from self.drive(ListFeed(prompts, config), config, batch_size, resume)
@@ -208,7 +208,7 @@ class Engine:
 
     def check(self, prompt_ids: list[int], what: str = "the prompt") -> None:
         """A PromptError unless the prompt fits the context (with room for one new token)."""
-        self._check_prompt(prompt_ids, what)
+        self.check_prompt(prompt_ids, what)
 
     def setup_seconds(self) -> float:
         """Seconds spent so far capturing (and compiling) fixed-shape steps, target and draft."""
@@ -392,7 +392,8 @@ class Engine:
     def _event(self, state: DecodeState, event) -> RowEvent:
         return RowEvent(state.index, event, time.perf_counter() - state.started, state)
 
-    def _check_prompt(self, prompt_ids: list[int], what: str) -> None:
+    def check_prompt(self, prompt_ids: list[int], what: str) -> None:
+        """A prompt this engine can decode (not empty, shorter than the context), or a PromptError naming `what`."""
         if not prompt_ids:
             raise PromptError(f"{what} is empty")
         if len(prompt_ids) >= self.context_length:
