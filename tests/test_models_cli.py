@@ -146,6 +146,8 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
     assert result.exit_code == 0 and f"({(gguf_bytes + 6000) / 1000:.1f} KB freed)" in result.stderr
     assert not converted.exists() and not orphan.exists() and other.exists()
     assert {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME] == {}
+    again = invoke("rm", NAME)
+    assert again.exit_code == 0 and "holds nothing on disk" in again.stderr
 
 
 def test_a_model_holding_only_its_int8_store(index):

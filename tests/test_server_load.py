@@ -336,6 +336,7 @@ def test_a_public_host_needs_an_api_key_and_bad_options_fail_at_once(tiny_dirs):
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-batch-size", "0"), "--max-batch-size")
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-queue", "0"), "--max-queue")
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-tokens", "0"), "--max-tokens")
+    one_line_error(invoke("serve", *options(tiny_dirs), "--host", "192.0.2.1", "--api-key", "k"), "check --host")
     for key in ("abc ", " ", "k\r", "clé"):  # HTTP strips a header's spaces: no client could send these
         one_line_error(invoke("serve", *options(tiny_dirs), "--api-key", key), "--api-key")
     one_line_error(invoke("serve", *options(tiny_dirs), "--prefix-cache", "-1"), "--prefix-cache")
@@ -353,6 +354,9 @@ def test_an_unsafe_runtime_directory_is_named_not_ignored(tmp_path, monkeypatch,
     one_line_error(invoke("serve", *options(tiny_dirs), "--detach"), "can be opened by other users")
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(blocker))
+    one_line_error(invoke("serve", "--list"), "is not a directory")
+    assert "chmod" not in invoke("serve", "--list").output
     monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(blocker / "runtime"))
     one_line_error(invoke("serve", *options(tiny_dirs), "--detach"), "cannot create")
 

@@ -155,7 +155,10 @@ def rm(names: Annotated[list[str], typer.Argument(help="Model names.", show_defa
         for model in _lookup(names):
             freed = catalog.cached_bytes(model)
             catalog.remove(model)
-            _err.print(f"removed {model.name} ({_human(freed)} freed)", highlight=False)
+            if freed:
+                _err.print(f"removed {model.name} ({_human(freed)} freed)", highlight=False)
+            else:
+                _err.print(f"{model.name} holds nothing on disk: nothing to remove", highlight=False)
     except SpecgenError as error:
         raise _fail(error) from None
 

@@ -147,7 +147,7 @@ def _list() -> None:
     why = discovery.unsafe(directory)
     if why is not None:
         raise ConfigError(f"cannot look for servers: {why}",
-                          hint=f"chmod 700 {directory}, or set SPECGEN_RUNTIME_DIR elsewhere")
+                          hint=discovery.fix_hint(directory))
     servers = client.running()
     if not servers:
         typer.echo("no specgen server is running", err=True)

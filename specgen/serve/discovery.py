@@ -59,8 +59,15 @@ def private_dir() -> Path:
                           hint="set SPECGEN_RUNTIME_DIR to a directory you can write") from None
     why = unsafe(directory)
     if why is not None:
-        raise ConfigError(why, hint=f"chmod 700 {directory}, or set SPECGEN_RUNTIME_DIR elsewhere")
+        raise ConfigError(why, hint=fix_hint(directory))
     return directory
+
+
+def fix_hint(directory: Path) -> str:
+    """What to do about an unusable runtime directory: chmod only helps a directory."""
+    if directory.exists() and not directory.is_dir():
+        return "set SPECGEN_RUNTIME_DIR to a directory; this path is a file"
+    return f"chmod 700 {directory}, or set SPECGEN_RUNTIME_DIR elsewhere"
 
 
 def settings_key(settings: ModelSettings) -> str:

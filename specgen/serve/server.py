@@ -10,6 +10,7 @@ removes it when it stops.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 import secrets
@@ -95,8 +96,10 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        taken = exc.errno == errno.EADDRINUSE
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                          hint="choose another --port (0 picks a free one)") from None
+                          hint="choose another --port (0 picks a free one)" if taken else
+                          "check --host: it must be an address of this machine") from None
     sock.listen(128)
     return sock
 
