@@ -291,6 +291,10 @@ def test_malformed_bodies_and_keys(served, sdk):
         assert got == status and set(body["error"]) == {"message", "type", "param", "code"}, body
         if status == 404:  # says what the server does answer
             assert "POST /v1/chat/completions" in body["error"]["message"] and "/v1/embeddings" not in body["error"]["message"].split(";")[1]
+    # a trailing slash is not redirected (that came before the key check, to the client's Host)
+    got, body, headers = raw(served, "POST", "/v1/chat/completions/", request)
+    assert got == 404 and "location" not in headers
+    assert raw(served, "HEAD", "/health")[0] == 200
     bad = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

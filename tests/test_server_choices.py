@@ -83,3 +83,12 @@ def test_more_choices_than_the_queue_ever_holds_answer_400(tiny_dirs, pair):  # 
 def test_a_client_leaving_frees_every_choices_row(served, monkeypatch):
     slow_rounds(monkeypatch, 0.02)
     leave_mid_stream(served, chat_body(served, max_tokens=200, temperature=0, n=3))
+
+
+def test_choices_seeds_wrap_past_the_largest_seed_and_stay_distinct():
+    from specgen.config import SEED_MAX, GenerationConfig, SamplingConfig
+    from specgen.serve import api
+
+    job = api.Job("chat", [{"role": "user", "content": "x"}], None,
+                  GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=SEED_MAX)), n=3)
+    assert [c.config.sampling.seed for c in api.choices(job)] == [SEED_MAX, 0, 1]

@@ -132,12 +132,13 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
 
 def choices(job: Job) -> list[Job]:
     """A Job per choice of a request: the same prompt and settings, each its own row; with a
-    `seed`, choice i samples with seed + i (as a prompt set's prompt i does), so the choices
-    differ and a rerun gives them again. Greedy choices are all the same answer."""
+    `seed`, choice i samples with seed + i (as a prompt set's prompt i does; past SEED_MAX it
+    wraps to 0), so the choices differ and a rerun gives them again. Greedy choices are all
+    the same answer."""
     seed = job.config.sampling.seed
     return [job] if job.n == 1 else [
         replace(job, choice=i, config=replace(job.config, sampling=replace(
-            job.config.sampling, seed=None if seed is None else min(seed + i, SEED_MAX)))) for i in range(job.n)]
+            job.config.sampling, seed=None if seed is None else (seed + i) % (SEED_MAX + 1)))) for i in range(job.n)]
 
 
 def merged(job: Job, answers: list[dict]) -> dict:

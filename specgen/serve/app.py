@@ -63,7 +63,9 @@ def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect of a trailing slash: it was answered before the key was checked, with a
+    # Location built from the client's Host header
+    app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
@@ -96,7 +98,7 @@ def create_app(state: ServerState) -> FastAPI:
         return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
                      headers=exc.headers)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' checks send
     async def health(request: Request):
         body = {"status": "ok"}
         if authorized(request):
