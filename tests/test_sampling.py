@@ -164,11 +164,12 @@ def test_a_top_p_that_fp32_rounds_to_zero_keeps_the_top_token(top_p, flush):
     """A top_p below fp32's smallest normal (flushed to 0 on the engine thread) or below its
     smallest subnormal used to drop every token: 0/0, and torch.multinomial failed for the
     whole batch. The nucleus is the top token."""
-    sampling = SamplingConfig(temperature=1.0, top_p=top_p)  # checked before flushing: DAZ reads 5e-324 as 0
-    logits = random_logits(3, VOCAB, seed=2)
     flushing = (torch.tensor([1e-38]) * 0.5).item() == 0.0  # the thread's flag as it was (load_pair sets it)
-    torch.set_flush_denormal(flush)
+    torch.set_flush_denormal(False)
     try:
+        sampling = SamplingConfig(temperature=1.0, top_p=top_p)  # checked unflushed: DAZ reads 5e-324 as 0
+        logits = random_logits(3, VOCAB, seed=2)
+        torch.set_flush_denormal(flush)
         probs = warp(logits, sampling)
     finally:
         torch.set_flush_denormal(flushing)
