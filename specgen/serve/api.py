@@ -1,10 +1,10 @@
-"""The OpenAI wire format: requests read and checked, responses and stream chunks built.
+"""The OpenAI wire format of requests: read and checked (answers are built in answers.py).
 
 `chat/completions` and `completions` bodies become a `Job` (prompt, decoding settings, stop
 strings, stream options) or an `ApiError` with OpenAI's error object. What a request may not
 set is refused with a 400 rather than ignored: any field that would change decoding that
 specgen does not implement (penalties, logit bias, tools, ...). `n` choices become n Jobs
-(`choices`), a row each, and their answers one (`merged`). Fields
+(`choices`), a row each, and their answers one (`answers.merged`). Fields
 that change nothing (`user`, `metadata`, ...) are accepted. The extension field `speculative`
 chooses the drafting (method, draft tokens, ...; the server's defaults otherwise) and asks for
 each round's accepted and rejected draft tokens in the stream (`live`). `logprobs` (and chat's
@@ -139,40 +139,6 @@ def choices(job: Job) -> list[Job]:
     return [job] if job.n == 1 else [
         replace(job, choice=i, config=replace(job.config, sampling=replace(
             job.config.sampling, seed=None if seed is None else (seed + i) % (SEED_MAX + 1)))) for i in range(job.n)]
-
-
-def merged(job: Job, answers: list[dict]) -> dict:
-    """One answer of n choices from the n choices' answers: their choices in order (each with
-    its own `speculative` summary), usage summed over the choices (the prompt counted once),
-    the speculation's totals."""
-    if len(answers) == 1:
-        return answers[0]
-    out = dict(answers[0])
-    out["choices"] = [{**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)]
-    out["usage"] = _summed_usage([a["usage"] for a in answers])
-    drafted, accepted, forwards = (sum(a["speculative"][k] for a in answers)
-                                   for k in ("drafted", "accepted", "target_forwards"))
-    completion = out["usage"]["completion_tokens"]
-    out["speculative"] = {"method": answers[0]["speculative"]["method"], "drafted": drafted, "accepted": accepted,
-                          "acceptance_rate": accepted / drafted if drafted else 0.0, "target_forwards": forwards,
-                          "tokens_per_target_forward": completion / forwards if forwards else 0.0}
-    return out
-
-
-def merged_usage(chunks: list[dict]) -> dict:
-    """The one usage chunk of a streamed request of n choices, from each choice's."""
-    out = dict(chunks[0])
-    out["usage"] = _summed_usage([c["usage"] for c in chunks])
-    out.pop("speculative", None)  # per choice: on each choice's last chunk
-    return out
-
-
-def _summed_usage(usages: list[dict]) -> dict:
-    """The prompt once (and its cached tokens as the first choice found them), the choices' tokens summed."""
-    completion = sum(u["completion_tokens"] for u in usages)
-    prompt = usages[0]["prompt_tokens"]
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": usages[0]["prompt_tokens_details"]}
 
 
 @dataclass
@@ -365,85 +331,3 @@ def _number(value, name: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         raise ApiError(400, f"'{name}' must be a number in {low:g}..{high:g}, got {json.dumps(value)[:40]}", name)
     return float(value)
-
-
-# -- responses ---------------------------------------------------------------------------------
-def finish_reason(stop: str | None) -> str:
-    """OpenAI's finish_reason for an engine stop: a stop string or EOS is "stop", a budget "length"."""
-    return "length" if stop in ("length", "context") else "stop"
-
-
-def usage(prompt_tokens: int, completion_tokens: int, stats) -> dict:
-    """OpenAI's usage; `cached_tokens`: prompt tokens whose K/V came from an earlier request
-    (a kept row or the prefix store) instead of a prefill."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.reused_tokens}}
-
-
-def speculative_summary(stats) -> dict:
-    """The `speculative` field of a response: what the drafting did for this request (a Stats)."""
-    data = stats.as_dict()
-    keys = ("drafted", "accepted", "acceptance_rate", "target_forwards", "tokens_per_target_forward",
-            "accepted_length_histogram", "time_to_first_token", "tokens_per_second")
-    return {"method": stats.method, **{k: data[k] for k in keys}}
-
-
-def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | None:
-    """A choice's `logprobs` in OpenAI's shape for `entries` (views.logprob_entries: each token's
-    text, exact bytes, log-probability and alternatives) starting at `offsets` in the answer, or
-    None when the request did not ask. Chat: `content` with each token's bytes; completions:
-    the legacy parallel lists with `text_offset`."""
-    if job.config.sampling.logprobs is None:
-        return None
-
-    def number(value: float) -> float:
-        return max(value, -9999.0)  # OpenAI's floor for an impossible token (JSON has no -inf)
-
-    def item(entry: dict) -> dict:
-        return {"token": entry["token"], "logprob": number(entry["logprob"]), "bytes": entry["bytes"]}
-
-    if job.kind == "chat":
-        return {"content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries],
-                "refusal": None}
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [number(e["logprob"]) for e in entries],
-            "top_logprobs": [{t["token"]: number(t["logprob"]) for t in e["top"]} for e in entries],
-            "text_offset": offsets}
-
-
-def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats,
-             logprobs: dict | None = None) -> dict:
-    """A whole (non-streamed) answer."""
-    if job.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                  "logprobs": logprobs}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
-        kind = "text_completion"
-    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}
-
-
-def chunk(job: Job, text: str | None, reason: str | None = None, extra: dict | None = None,
-          first: bool = False, logprobs: dict | None = None) -> dict:
-    """One streamed piece: new text (or only a finish reason), its tokens' `logprobs` when asked,
-    and specgen's extension."""
-    if job.kind == "chat":
-        delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
-        kind = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
-        kind = "text_completion"
-    out = {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice]}
-    if extra:
-        out["speculative"] = extra
-    return out
-
-
-def usage_chunk(job: Job, prompt_tokens: int, completion_tokens: int, stats) -> dict:
-    """The last chunk with stream_options.include_usage: no choices, the usage."""
-    kind = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
-    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}

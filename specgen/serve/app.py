@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from jinja2 import TemplateError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
-from specgen.serve import api
+from specgen.serve import answers, api
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
@@ -282,7 +282,7 @@ async def _events(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
                 part["index"] = choice
             yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
         if usage:
-            yield f"data: {json.dumps(api.merged_usage(usage), ensure_ascii=False)}\n\n"
+            yield f"data: {json.dumps(answers.merged_usage(usage), ensure_ascii=False)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         if left:
@@ -292,8 +292,8 @@ async def _events(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
 
 async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue, request: Request):
     """A request that did not stream: wait for its choices' answers, giving up their rows if the
-    client leaves; one answer (api.merged), or the first choice's error."""
-    answers: list = [None] * len(tickets)
+    client leaves; one answer (answers.merged), or the first choice's error."""
+    replies: list = [None] * len(tickets)
     left = len(tickets)
     while left:
         try:
@@ -307,10 +307,10 @@ async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue
         if item is None:
             left -= 1
         else:
-            answers[choice] = item
-    failed = next((a for a in answers if a is None or isinstance(a, api.ApiError)), False)
+            replies[choice] = item
+    failed = next((a for a in replies if a is None or isinstance(a, api.ApiError)), False)
     if isinstance(failed, api.ApiError):
         return error(failed)
     if failed is None:
         return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
-    return JSONResponse(api.merged(tickets[0].job, answers))
+    return JSONResponse(answers.merged(tickets[0].job, replies))

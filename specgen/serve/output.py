@@ -11,7 +11,7 @@ from __future__ import annotations
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult, TokenLogprob
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import logprob_entries, replay_view, round_view
-from specgen.serve import api
+from specgen.serve import answers, api
 from specgen.text import TextStream, TokenBytes
 
 
@@ -69,22 +69,22 @@ class Output:
         whole = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         if not self.stopped and whole.startswith(self.text):  # a character cut short at the end
             self._extend(whole[len(self.text):])
-        reason = "stop" if self.stopped else api.finish_reason(stop)
+        reason = "stop" if self.stopped else answers.finish_reason(stop)
         out = self._chunks({}, stats, final=True)
-        extra = api.speculative_summary(stats)
+        extra = answers.speculative_summary(stats)
         if self.job.live:  # the specgen client rebuilds its outcome from these
             extra.update(stats=stats.as_dict(), token_ids=self._kept_ids(token_ids), text=self.text)
         logprobs = self._logprobs(len(self.text), final=True) if self.job.stream else None
-        out.append(api.chunk(self.job, None, reason, extra, first=not self.started, logprobs=logprobs))
+        out.append(answers.chunk(self.job, None, reason, extra, first=not self.started, logprobs=logprobs))
         if self.job.include_usage:
-            out.append(api.usage_chunk(self.job, self.prompt_tokens, stats.new_tokens, stats))
+            out.append(answers.usage_chunk(self.job, self.prompt_tokens, stats.new_tokens, stats))
         self.reason = reason
         return out
 
     def response(self, stats: Stats, token_ids: list[int], stop: str | None) -> dict:
         """The whole answer of a request that did not stream."""
         self.finish(stats, token_ids, stop)
-        return api.response(self.job, self.text, self.reason, self.prompt_tokens, stats.new_tokens, stats,
+        return answers.response(self.job, self.text, self.reason, self.prompt_tokens, stats.new_tokens, stats,
                             self._logprobs(len(self.text), final=True))
 
     # -- text -------------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class Output:
             return []
         first = not self.started
         self.started = True
-        return [api.chunk(self.job, text, None, extra, first=first, logprobs=self._logprobs(end, final=False))]
+        return [answers.chunk(self.job, text, None, extra, first=first, logprobs=self._logprobs(end, final=False))]
 
     def _logprobs(self, end: int, final: bool) -> dict | None:
         """The `logprobs` of the tokens not yet reported whose text ends by character `end` of
@@ -128,7 +128,7 @@ class Output:
                 continue
             chosen.append((start, token, logprob))
         entries = logprob_entries([token for _, token, _ in chosen], [lp for _, _, lp in chosen], self.bytes_of)
-        return api.logprobs_field(self.job, entries, [start for start, _, _ in chosen])
+        return answers.logprobs_field(self.job, entries, [start for start, _, _ in chosen])
 
     def _kept_ids(self, token_ids: list[int]) -> list[int]:
         """The token ids behind the final text (all of them unless a stop string cut it)."""
