@@ -71,6 +71,7 @@ class Job:
     own_length: bool = False  # the request set its draft length: the server's width policy leaves it
     n: int = 1  # choices asked for: a row each (`choices` makes a Job per choice)
     choice: int = 0  # which choice this Job decodes
+    endpoint: str = ""  # the route that asked, where it is not `kind`'s own ("responses": a chat Job)
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -1,8 +1,9 @@
 """The HTTP layer: FastAPI routes in OpenAI's shape over the scheduler. It parses, checks,
 queues, streams and cancels; it never touches a tensor, and never answers with a traceback.
 
-Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events when
-asked), POST /tokenize (vLLM's: a prompt's token count), GET /v1/models, GET /metrics
+Routes: POST /v1/chat/completions, /v1/completions and /v1/responses (OpenAI's Responses API,
+answered through the chat path: responses.py), streamed as server-sent events when asked; POST
+/tokenize (vLLM's: a prompt's token count), GET /v1/models, GET /metrics
 (Prometheus), GET /health. Every route but /health needs
 `Authorization: Bearer <key>`: the server's local token (in the user's runtime directory) or
 its --api-key, compared in constant time.
@@ -31,7 +32,7 @@ from starlette.requests import ClientDisconnect
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
-from specgen.serve import answers, api
+from specgen.serve import answers, api, responses
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
@@ -139,14 +140,22 @@ def create_app(state: ServerState) -> FastAPI:
     async def completions(request: Request):
         return await complete(request, "completion")
 
-    async def complete(request: Request, kind: str):
-        endpoint = "chat" if kind == "chat" else "completion"
+    @app.post("/v1/responses")
+    async def responses_route(request: Request):
+        return await complete(request, "responses")
+
+    async def complete(request: Request, endpoint: str):
+        """One request of `endpoint` (chat, completion or responses: a chat Job answered in the
+        Responses API's shape)."""
         if not authorized(request):
             state.metrics.refused(endpoint, 401)
             return unauthorized()
         try:
-            job = api.read_job(api.parse_body(await _body(request)), kind, state.defaults,
-                               {state.model_id} | state.aliases)
+            body, served = api.parse_body(await _body(request)), {state.model_id} | state.aliases
+            if endpoint == "responses":
+                job = responses.read(body, state.defaults, served)
+            else:
+                job = api.read_job(body, endpoint, state.defaults, served)
             if job.n > state.scheduler.max_queue:  # a 503 would be retried in vain
                 raise api.ApiError(400, f"'n' is {job.n} but this server queues at most {state.scheduler.max_queue} "
                                    "rows (its --max-queue)", "n")
@@ -156,7 +165,8 @@ def create_app(state: ServerState) -> FastAPI:
             ids = await encode(job)
             if len(ids) + 1 > state.context_length:
                 raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
-                                   f"{state.context_length}; shorten it", "messages" if kind == "chat" else "prompt",
+                                   f"{state.context_length}; shorten it", {"chat": "messages", "completion": "prompt",
+                                                                           "responses": "input"}[endpoint],
                                    "context_length_exceeded")
         except api.ApiError as exc:
             state.metrics.refused(endpoint, exc.status)
@@ -181,9 +191,14 @@ def create_app(state: ServerState) -> FastAPI:
             return error(api.ApiError(503, "the server's queue is full; try again shortly", kind="server_error",
                                       code="queue_full"), {"Retry-After": str(RETRY_AFTER_SECONDS)})
         if job.stream:
-            return StreamingResponse(_events(state, tickets, queue), media_type="text/event-stream",
+            chunks = _chunks(state, tickets, queue)
+            stream = responses.events(job, chunks) if endpoint == "responses" else _chat_events(chunks)
+            return StreamingResponse(_closing(stream, chunks), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _whole(state, tickets, queue, request)
+        answer = await _whole(state, tickets, queue, request)
+        if isinstance(answer, Response):
+            return answer
+        return JSONResponse(responses.whole(job, answer) if endpoint == "responses" else answer)
 
     return app
 
@@ -261,10 +276,10 @@ def _beyond(tokenizer, texts: list[str], context: int) -> int:
     return 0
 
 
-async def _events(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue):
-    """The SSE stream: `data: {chunk}` per piece (each choice's under its index), `data: [DONE]`
-    once every choice ended. If the client goes away (the task is cancelled), the rows end
-    before the next round. The choices' usage chunks become one, last."""
+async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue):
+    """A streamed request's chunks (each choice's under its index) and errors (ApiError), until
+    every choice ended; the choices' usage chunks become one, last. If the client goes away (the
+    task is cancelled), the rows end before the next round."""
     left, usage = len(tickets), []
     try:
         while left:
@@ -273,26 +288,43 @@ async def _events(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
                 left -= 1
                 continue
             if isinstance(item, api.ApiError):
-                yield f"data: {json.dumps(item.body())}\n\n"
+                yield item
                 continue
             if len(tickets) > 1 and not item["choices"]:
                 usage.append(item)
                 continue
             for part in item["choices"]:
                 part["index"] = choice
-            yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+            yield item
         if usage:
-            yield f"data: {json.dumps(answers.merged_usage(usage), ensure_ascii=False)}\n\n"
-        yield "data: [DONE]\n\n"
+            yield answers.merged_usage(usage)
     finally:
         if left:
             for ticket in tickets:
                 state.scheduler.cancel(ticket)
 
 
-async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue, request: Request):
+async def _chat_events(chunks):
+    """Chat and completions streams: `data: {chunk}` per chunk, `data: [DONE]` at the end."""
+    async for item in chunks:
+        body = item.body() if isinstance(item, api.ApiError) else item
+        yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _closing(stream, chunks):
+    """`stream`, and its chunks closed with it (a client that leaves cancels the rows)."""
+    try:
+        async for text in stream:
+            yield text
+    finally:
+        await stream.aclose()
+        await chunks.aclose()
+
+
+async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue, request: Request) -> dict | Response:
     """A request that did not stream: wait for its choices' answers, giving up their rows if the
-    client leaves; one answer (answers.merged), or the first choice's error."""
+    client leaves; one answer (answers.merged), or a Response: the first choice's error, or 499."""
     replies: list = [None] * len(tickets)
     left = len(tickets)
     while left:
@@ -313,4 +345,4 @@ async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue
         return error(failed)
     if failed is None:
         return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
-    return JSONResponse(answers.merged(tickets[0].job, replies))
+    return answers.merged(tickets[0].job, replies)

@@ -74,7 +74,7 @@ class Metrics:
 
     def finished(self, job, outcome: str, stats) -> None:
         if job.choice == 0:  # a request of n choices is one request (its rows count in the token totals)
-            self.requests.labels(job.kind, outcome).inc()
+            self.requests.labels(job.endpoint or job.kind, outcome).inc()
 
     def prefixes(self, target_bytes: int, draft_bytes: int) -> None:
         self.prefix_cache.labels("target").set(target_bytes)

@@ -198,7 +198,7 @@ class Scheduler:
                     self.metrics.queue_depth.set(len(self.waiting))
             for ticket in failed:
                 if ticket.job.choice == 0:  # one request of n choices
-                    self.metrics.refused(ticket.job.kind, 500)
+                    self.metrics.refused(ticket.job.endpoint or ticket.job.kind, 500)
                 ticket.post(error)
                 ticket.post(None)
             self.engines.pop(key, None)  # a fresh engine (and caches) for the next request

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import uvicorn
 
@@ -146,7 +147,15 @@ class _Server(uvicorn.Server):
     """uvicorn's server, except that SIGINT and SIGTERM end `run()` after the graceful shutdown
     instead of being raised again there: uvicorn re-raises them, and SIGTERM's default action
     ended the process before the server removed its record (which holds its token) or said why
-    it stopped."""
+    it stopped. `on_started` runs once it listens, with its signal handlers in place: a record
+    written before them let a quick SIGTERM (`serve --stop`) end the process with the record left."""
+
+    on_started: Callable[[], None] = staticmethod(lambda: None)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            self.on_started()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -175,7 +184,7 @@ class Running:
 
     def serve(self) -> None:
         """Answer (blocking) until stopped; the record is there meanwhile, gone afterwards."""
-        discovery.write_record(self.record, {**self.state.info, "token": self.token})
+        self.server.on_started = lambda: discovery.write_record(self.record, {**self.state.info, "token": self.token})
         self.scheduler.start()
         try:
             self.server.run(sockets=[self.sock])

@@ -1,0 +1,175 @@
+"""OpenAI's Responses API (`POST /v1/responses`), served through the chat path.
+
+A Responses request means a chat completion: `instructions` become the system message, `input`
+(a string, or message items with text parts) the conversation, `max_output_tokens` the token
+budget. `read` checks it and hands the chat body to api.read_job, so the same checks, engine rows
+and `speculative` extension apply; `whole` and `events` turn the chat answer and its chunks into a
+Response object and the Responses stream events (`response.created` ... `response.completed`).
+Nothing is stored: `previous_response_id` is refused (send the conversation in `input`), and
+`store` changes nothing. Tools, images, files and reasoning items are refused, not ignored.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from typing import AsyncIterator
+
+from specgen.config import GenerationConfig
+from specgen.serve import api
+
+# fields passed on to the chat completion, under the name it takes
+PASSED = {"model": "model", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+          "max_output_tokens": "max_tokens", "stream": "stream", "speculative": "speculative"}
+# fields that change nothing here
+IGNORED = {"store", "metadata", "user", "service_tier", "parallel_tool_calls", "safety_identifier",
+           "prompt_cache_key", "stream_options"}
+# fields specgen does not implement, accepted only at the value that means "off"
+NEUTRAL = {"tools": (None, []), "tool_choice": (None, "none", "auto"), "include": (None, []),
+           "background": (None, False), "truncation": (None, "disabled"), "reasoning": (None, {}),
+           "max_tool_calls": (None,), "top_logprobs": (None, 0), "prompt": (None,), "conversation": (None,),
+           "text": (None, {}, {"format": {"type": "text"}})}
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
+    """The request as the chat Job it means; an ApiError names the first bad field."""
+    chat: dict = {}
+    for name, value in body.items():
+        if name in PASSED:
+            chat[PASSED[name]] = value
+        elif name == "previous_response_id":
+            if value is not None:
+                raise api.ApiError(400, "this server keeps no responses: send the whole conversation in 'input'",
+                                   name, "unsupported_parameter")
+        elif name in NEUTRAL:
+            if value not in NEUTRAL[name]:
+                raise api.ApiError(400, f"'{name}' is not supported by specgen (only its neutral value)", name,
+                                   "unsupported_parameter")
+        elif name not in IGNORED and name not in ("input", "instructions"):
+            raise api.ApiError(400, f"unknown parameter '{api.shown(name)}'", api.shown(name), "unsupported_parameter")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise api.ApiError(400, "'instructions' must be a string", "instructions")
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
+    chat["messages"] = messages
+    if chat.get("stream"):
+        chat["stream_options"] = {"include_usage": True}  # response.completed carries the usage
+    try:
+        job = api.read_job(chat, "chat", defaults, served)
+    except api.ApiError as exc:  # say the Responses API's names
+        param = {"max_tokens": "max_output_tokens"}.get(exc.param, exc.param)
+        if param and param.startswith("messages"):
+            param = "input"
+        raise api.ApiError(exc.status, exc.message.replace("'max_tokens'", "'max_output_tokens'"), param,
+                           exc.code, exc.kind) from None
+    return replace(job, id=f"resp_{uuid.uuid4().hex}", endpoint="responses")
+
+
+def _input(value) -> list[dict]:
+    """`input` as chat messages: a string is one user message; a list holds message items whose
+    content is a string or text parts."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise api.ApiError(400, "'input' must be a non-empty string or list of messages", "input", "missing_parameter")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+            raise api.ApiError(400, f"input[{i}]: only message items are supported, not '{api.shown(kind)}'",
+                               f"input[{i}]", "unsupported_parameter")
+        content = item.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
+                       for p in content):
+                raise api.ApiError(400, f"input[{i}]: only text content parts are supported", f"input[{i}].content",
+                                   "unsupported_parameter")
+            content = "".join(p["text"] for p in content)
+        out.append({"role": item.get("role"), "content": content})
+    return out
+
+
+# -- answers -----------------------------------------------------------------------------------
+def whole(job: api.Job, answer: dict) -> dict:
+    """The Response object of a finished chat completion."""
+    choice = answer["choices"][0]
+    return _response(job, choice["message"]["content"], choice["finish_reason"], answer["usage"],
+                     answer.get("speculative"))
+
+
+async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
+    """The Responses stream events (`event:` and `data:` lines) of a streamed chat completion's
+    chunks: created, in_progress, the message item and its text part added, a delta per chunk
+    with text, then the text, part, item done and the response completed (or an `error`)."""
+    number = 0
+    message = f"msg_{job.id.removeprefix('resp_')}"
+
+    def event(kind: str, **data) -> str:
+        nonlocal number
+        number += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': number - 1, **data}, ensure_ascii=False)}\n\n"
+
+    started = _response(job, "", None, None, None, status="in_progress")
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    yield event("response.output_item.added", output_index=0, item=_message(message, None, "in_progress"))
+    yield event("response.content_part.added", item_id=message, output_index=0, content_index=0,
+                part=_text_part(""))
+    text, reason, speculative = [], None, None
+    async for item in chunks:
+        if isinstance(item, api.ApiError):
+            body = item.body()["error"]
+            yield event("error", code=body["code"], message=body["message"], param=body["param"])
+            return
+        for choice in item["choices"]:
+            piece = choice["delta"].get("content")
+            extra = {"speculative": item["speculative"]} if "speculative" in item and not choice["finish_reason"] else {}
+            if piece:
+                text.append(piece)
+                yield event("response.output_text.delta", item_id=message, output_index=0, content_index=0,
+                            delta=piece, logprobs=[], **extra)
+            reason = choice["finish_reason"] or reason
+        if item.get("speculative") and (reason or not item["choices"]):
+            speculative = item["speculative"]
+        if item.get("usage"):
+            whole_text = "".join(text)
+            yield event("response.output_text.done", item_id=message, output_index=0, content_index=0,
+                        text=whole_text, logprobs=[])
+            yield event("response.content_part.done", item_id=message, output_index=0, content_index=0,
+                        part=_text_part(whole_text))
+            yield event("response.output_item.done", output_index=0, item=_message(message, whole_text, "completed"))
+            yield event("response.completed", response=_response(job, whole_text, reason, item["usage"], speculative))
+
+
+def _response(job: api.Job, text: str, reason: str | None, usage: dict | None, speculative: dict | None,
+              status: str | None = None) -> dict:
+    sampling = job.config.sampling
+    cut = reason == "length"
+    out = {"id": job.id, "object": "response", "created_at": job.created, "model": job.model,
+           "status": status or ("incomplete" if cut else "completed"), "error": None,
+           "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+           "instructions": next((m["content"] for m in job.messages if m["role"] == "system"), None),
+           "max_output_tokens": job.config.max_new_tokens, "temperature": sampling.temperature,
+           "top_p": sampling.top_p, "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
+           "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": {},
+           "output": [] if status else [_message(f"msg_{job.id.removeprefix('resp_')}", text, "completed")],
+           "usage": None if usage is None else {
+               "input_tokens": usage["prompt_tokens"],
+               "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+               "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": usage["total_tokens"]}}
+    if speculative is not None:
+        out["speculative"] = speculative
+    return out
+
+
+def _message(item_id: str, text: str | None, status: str) -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [] if text is None else [_text_part(text)]}
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
