@@ -138,6 +138,21 @@ def test_warmup_then_methods_interleaved_per_prompt_and_repeat():
     assert log == warm + round_(1) + round_(1) + round_(2) + round_(2)
 
 
+def test_a_column_that_raises_is_its_line_and_the_others_are_measured():
+    """Not only an isolated runner's crash: any error of one column is that column's failure."""
+
+    class Broken(FakeRunner):
+        def generate(self, prompt_ids, config):
+            raise ValueError("a tokenizer that cannot\ndo this")
+
+    log, failures = [], []
+    runners = [FakeRunner("plain", log), Broken("broken", log), FakeRunner("b", log)]
+    runs = list(measuring.measure(runners, fake_prompts(), settings(n=4), failures=failures))
+    assert [m.method for m in runs] == ["plain", "b", "plain", "b"]
+    assert [(f.method, f.prompt_id, f.error) for f in failures] == [
+        ("broken", "p1", "ValueError: a tokenizer that cannot")]
+
+
 def test_plain_always_comes_first_and_unknown_methods_are_refused():
     assert methods.parse_methods("hf-lookup,chain") == ["plain", "hf-lookup", "chain"]
     assert methods.parse_methods("chain,plain,chain") == ["plain", "chain"]
@@ -149,6 +164,8 @@ def test_plain_always_comes_first_and_unknown_methods_are_refused():
     assert every[:2] == ["plain", "chain"]
     with pytest.raises(ConfigError, match="unknown method 'tree'"):
         methods.parse_methods("chain,tree")
+    with pytest.raises(ConfigError, match="unknown method"):  # a superscript is a digit to isdigit(), not to int()
+        methods.parse_methods("chain/k\u00b2")
 
 
 def test_medians_over_repeats():

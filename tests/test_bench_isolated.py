@@ -87,8 +87,9 @@ def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(ti
         "bench", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--dtype", "float32",
         "--device", "cpu", "--threads", "1", "--prompts", str(prompts), "--methods", "fake-crash,fake-ref",
         "-n", "4", "--no-warmup", "--json", str(out_json), "--csv", str(out_csv)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # everything is written, and the run says a column failed
     assert "Traceback" not in result.output
+    assert result.stderr.strip().splitlines()[-1].startswith("error: 1 of 3 columns failed: fake-crash")
     assert f"bench: fake-crash: {CRASH_LINE}" in result.stderr  # said as it happens
     progress = [line for line in result.stderr.splitlines() if line.startswith("measured ")]
     assert progress == ["measured 1/3: p1", "measured 2/3: p2", "measured 3/3: p3"]  # a line per prompt

@@ -339,3 +339,22 @@ def test_cli_run_with_a_draft_of_another_tokenizer(dirs):
         notices = result.stderr.count(TEXT_DRAFTING)
         assert notices == (0 if method == "plain" else 1), result.stderr
     assert texts["plain"] == texts["chain"] == texts["lookup-chain"]
+
+
+def test_bench_with_a_draft_of_another_tokenizer(dirs, tmp_path):
+    """What such a pair cannot run (trees; transformers' assisted generation) is refused before
+    anything is measured when named, and left out with a line from the default list."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "c", "prompt": "the cat sat"}) + "\n")
+    base = ["bench", "--target", str(dirs["byte"]), "--draft", str(dirs["bpe"]), "--dtype", "float32",
+            "--prompts", str(prompts), "-n", "4", "--no-warmup", "--json", str(tmp_path / "b.json")]
+    named = CliRunner().invoke(app, [*base, "--methods", "chain,rsd-c"])
+    assert named.exit_code == 1 and "Traceback" not in named.output
+    assert "rsd-c drafts trees" in named.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "b.json").exists()
+    every = CliRunner().invoke(app, base)
+    assert every.exit_code == 0, every.output
+    for name in ("rsd-c", "rsd-s", "multi-draft", "hf-assisted", "hf-assisted-k4"):
+        assert f"bench: left out {name}" in every.stderr
+    measured = json.loads((tmp_path / "b.json").read_text())["methods"]
+    assert {"plain", "chain", "lookup-chain", "hf-lookup"} <= set(measured) and "rsd-c" not in measured

@@ -29,7 +29,7 @@ from specgen.bench.runners import Generation, Known, Runner
 from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
 from specgen.config import GenerationConfig
 from specgen.decoding.stats import histogram, rate
-from specgen.errors import ConfigError, PromptError
+from specgen.errors import ConfigError, PromptError, SpecgenError
 from specgen.models import placement
 from specgen.runtime.int8 import RowInt8Linear
 from specgen.status import note
@@ -164,9 +164,9 @@ def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
     """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
     capture happen there, apart from every measurement), then for each prompt, for each
     repeat, run every method in the given order (the caller puts plain first). Yields
-    measurements as they complete. An isolated runner that fails (RunnerFailed) goes to
-    `failures` with its line, is said on stderr and is not run again; any other error ends the
-    run as before."""
+    measurements as they complete. A column that fails (an isolated runner's crash, or any error
+    of a runner) goes to `failures` with its line, is said on stderr and is not run again; the
+    other columns go on."""
     memory = memory or MemoryProbe()
     failures = [] if failures is None else failures
     config = settings.generation
@@ -175,9 +175,13 @@ def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
                 run_config: GenerationConfig) -> Generation | None:
         try:
             return runner.generate(ids, run_config)
-        except RunnerFailed as exc:
-            failures.append(Failure(runner.name, item.id, item.category, repeat, str(exc)))
-            note(f"bench: {runner.name}: {exc}")
+        except Exception as exc:  # noqa: BLE001: one column's failure is its line, never the others' loss
+            if isinstance(exc, (RunnerFailed, SpecgenError)):
+                line = str(exc)
+            else:
+                line = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            failures.append(Failure(runner.name, item.id, item.category, repeat, line))
+            note(f"bench: {runner.name}: {line}")
             return None
 
     def live() -> list[Runner]:

@@ -11,6 +11,7 @@ from specgen.bench.references import REFERENCES, HFRunner
 from specgen.bench.runners import EngineRunner, Runner
 from specgen.config import GenerationConfig, Method, Schedule
 from specgen.errors import ConfigError
+from specgen.models.load import Vocabulary
 
 PLAIN = Method.PLAIN.value
 
@@ -54,7 +55,7 @@ def variant(name: str) -> tuple[Method, dict] | None:
         return None
     overrides: dict = {}
     for suffix in suffixes:
-        if suffix[:1] == "k" and suffix[1:].isdigit() and int(suffix[1:]) >= 1 and "draft_tokens" not in overrides:
+        if suffix[:1] == "k" and suffix[1:].isascii() and suffix[1:].isdigit() and int(suffix[1:]) >= 1 and "draft_tokens" not in overrides:
             overrides.update(draft_tokens=int(suffix[1:]), schedule=overrides.get("schedule", Schedule.FIXED))
         elif suffix[:1] == "c" and _fraction(suffix[1:]) is not None and "draft_confidence" not in overrides:
             overrides["draft_confidence"] = _fraction(suffix[1:])
@@ -156,9 +157,33 @@ def needs_draft(names: list[str]) -> bool:
                for n in names if split_draft(n)[1] is None)
 
 
+def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> str | None:
+    """Why column `name` cannot run on this pair, or None: a tree of a draft with another
+    tokenizer (its drafts go through text: chains only), transformers' assisted generation with a
+    draft of another tokenizer or vocabulary size (it refuses them)."""
+    base, draft_name = split_draft(name)
+    draft = (drafts or {})[draft_name].model if draft_name is not None else pair.draft
+    if draft is None:
+        return None
+    other = draft.vocabulary is Vocabulary.TEXT
+    method = _engine_method(base.lower())
+    if method is not None and method.is_tree and other:
+        return f"{name} drafts trees, which need a draft with the target's tokenizer; this draft's differs"
+    reference = next((r for r in REFERENCES if r.name == name), None)
+    if reference is not None and reference.uses_assistant and (
+            other or draft.model.config.vocab_size != pair.target.model.config.vocab_size):
+        return (f"{name} (transformers' assisted generation) needs a draft with the target's tokenizer and "
+                "vocabulary size; this draft's differ")
+    return None
+
+
 def build_runner(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> Runner:
     """The runner of column `name`; `drafts` maps each METHOD@DRAFT column's draft to its
-    ExtraDraft (the model from runtime.pair.load_draft_alone)."""
+    ExtraDraft (the model from runtime.pair.load_draft_alone). A column that cannot run on this
+    pair (`unsupported`) is a ConfigError before anything is measured."""
+    why = unsupported(pair, name, drafts)
+    if why is not None:
+        raise ConfigError(why, hint="leave it out of --methods")
     specs = registry()
     base, draft = split_draft(name)
     if draft is not None:

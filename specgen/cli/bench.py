@@ -26,6 +26,7 @@ from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, Confide
 from specgen.config import Method, ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.status import error_line
 
 REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen/bench/references.py
 DEFAULT_METHODS = ",".join(m.value for m in Method) + "," + REFERENCE_METHODS
@@ -136,11 +137,15 @@ def bench(
                         threads)
             return
         report.check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before the run
-        result = _measure(names, items, settings, models)
+        result = _measure(names, items, settings, models, named=methods is not None)
         if not _report(result, json_file, csv_file, plot_file):
             raise typer.Exit(1)
         if result.interrupted:
             raise typer.Exit(130)
+        if result.failures:  # everything measured is written; the run still did not do all it was asked
+            error_line(f"{len(result.failures)} of {len(result.methods)} columns failed: "
+                       + "; ".join(f"{f.method}: {f.error}" for f in result.failures)[:400])
+            raise typer.Exit(1)
 
 
 def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None):
@@ -250,7 +255,7 @@ def _write_throughput(json_file, env, items, sizes, windows, config, cells, inte
         raise typer.Exit(1)
 
 
-def _measure(names, items, settings, models: ModelSettings):
+def _measure(names, items, settings, models: ModelSettings, named: bool = True):
     from specgen.bench import measure, methods as registry  # torch: see bench()
     from specgen.decoding.build import resolve_draft_length
     from specgen.runtime.pair import load, load_draft_alone
@@ -266,10 +271,15 @@ def _measure(names, items, settings, models: ModelSettings):
             "draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence})
         if choice is not None:
             err.print(f"bench: draft length k={choice.k} with {name} ({choice.reason})", style="dim", markup=False)
-    generation, chosen = resolve_draft_length(pair, settings.generation, drafts=True)
+    if not named:  # the default list: what this pair cannot run is left out, and said
+        left_out = {n: why for n in names if (why := registry.unsupported(pair, n, drafts))}
+        for why in left_out.values():
+            err.print(f"bench: left out {why}", style="dim", markup=False)
+        names = [n for n in names if n not in left_out]
+    generation, k = resolve_draft_length(pair, settings.generation, drafts=True)
     settings = replace(settings, generation=generation)
-    if chosen is not None:
-        err.print(f"bench: draft length k={chosen.k} for this device ({chosen.reason})", style="dim", markup=False)
+    if k is not None:
+        err.print(f"bench: draft length k={k.k} for this device ({k.reason})", style="dim", markup=False)
     total = len(items) * settings.repeats * len(names)
     err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
               f"({', '.join(names)}) = {total} generations", style="dim", markup=False)
@@ -281,7 +291,7 @@ def _measure(names, items, settings, models: ModelSettings):
             def tick(m):
                 progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
-            return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick, drafts=drafts), chosen)
+            return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick, drafts=drafts), k)
     # one line per prompt, said when the next prompt starts (a column that failed measures fewer
     # generations per prompt, so counting them would misplace the lines) and after the last
     said: list[str] = []
@@ -299,7 +309,7 @@ def _measure(names, items, settings, models: ModelSettings):
     result = measure.run_bench(pair, names, items, settings, on_measurement=line, drafts=drafts)
     if current and current[0] not in said and not result.interrupted:
         say(current[0])
-    return _noted(result, chosen)
+    return _noted(result, k)
 
 
 def _noted(result, chosen):
