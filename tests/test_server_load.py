@@ -416,3 +416,24 @@ def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, 
     assert record["interrupted"] and 0 < len(record["token_ids"]) < 200
     assert record["stats"]["new_tokens"] == len(record["token_ids"])
     assert "closed the connection" in result.stderr
+
+
+def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(served, tiny_dirs, monkeypatch):
+    """The server's engine fails after some rounds: its error chunk ends the stream; the client
+    prints what came (a JSON object, marked interrupted) and then the server's one line."""
+    from specgen.serve import scheduler
+
+    real, calls = scheduler.Scheduler._dispatch, []
+
+    def failing(self, report, stats, engine):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("a kernel failed")
+        return real(self, report, stats, engine)
+
+    monkeypatch.setattr(scheduler.Scheduler, "_dispatch", failing)
+    result = invoke("run", "A prompt of its own", *options(tiny_dirs), "-n", "40", "-k", "2", "--format", "json")
+    assert result.exit_code == 1, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["interrupted"] and 0 < len(record["token_ids"]) < 40
+    assert "the specgen server failed: the engine failed: RuntimeError: a kernel failed" in result.stderr

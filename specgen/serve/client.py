@@ -230,12 +230,13 @@ class _Received:
 
 def _stream(response, renderer, config: GenerationConfig) -> Outcome:
     received = _Received(config.method.value)
-    outcome = None
+    outcome, failed = None, None
     with renderer:
         try:
             for chunk in _chunks(response):
-                if "error" in chunk:
-                    raise SpecgenError(f"the specgen server failed: {chunk['error'].get('message')}")
+                if "error" in chunk:  # the server's engine failed mid-answer: what came is kept, as below
+                    failed = f"the specgen server failed: {str(chunk['error'].get('message'))[:300]}"
+                    break
                 live = chunk.get("speculative") or {}
                 if "stats" in live and "round" in live:
                     renderer.on_round(received.round(live), received.stats)
@@ -248,12 +249,13 @@ def _stream(response, renderer, config: GenerationConfig) -> Outcome:
         except KeyboardInterrupt:
             response.close()  # the server ends the row before its next round
             outcome = received.outcome(config)
-        except (OSError, http.client.HTTPException, ValueError):
-            pass  # the connection broke: handled below, as an early end
-    if outcome is None:  # the server went away mid-answer: what came is kept and shown, then the error
+        except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError, KeyError):
+            pass  # the connection broke, or a chunk was not what the server sends: an early end
+    if outcome is None:  # the server went away or failed mid-answer: what came is shown, then the error
         renderer.finish(received.outcome(config))
-        raise SpecgenError("the specgen server closed the connection before the generation finished",
-                           hint="was it stopped? what was shown is kept, marked interrupted")
+        raise SpecgenError(failed or "the specgen server closed the connection before the generation finished",
+                           hint="the text received was shown, marked interrupted" if failed else
+                           "was it stopped? the text received was shown, marked interrupted")
     renderer.finish(outcome)
     return outcome
 

@@ -21,6 +21,8 @@ outlives it, so a rebuilt engine starts from it.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 import traceback
@@ -182,10 +184,13 @@ class Scheduler:
         try:
             self._drive(key, config, first_ids, capped)
         except Exception as exc:  # noqa: BLE001: the server outlives a failed batch; its rows get the error
-            traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             error = api.ApiError(500, f"the engine failed: {type(exc).__name__}: {first}", kind="server_error",
                                  code="engine_error")
+            if os.environ.get("SPECGEN_DEBUG"):
+                traceback.print_exc()
+            else:  # one line in the server's log; SPECGEN_DEBUG=1 shows the traceback
+                print(f"{time.strftime('%H:%M:%S')} error 500: {error.message}", file=sys.stderr, flush=True)
             with self.cond:
                 failed = [t for t in self.running.values() if t.key == key]
                 for ticket in failed:
