@@ -5,6 +5,7 @@ errors (unsafe runtime directory, a non-loopback host without a key, bad options
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -418,7 +419,7 @@ def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, 
     assert "closed the connection" in result.stderr
 
 
-def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(served, tiny_dirs, monkeypatch):
+def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(tiny_dirs, pair, monkeypatch):
     """The server's engine fails after some rounds: its error chunk ends the stream; the client
     prints what came (a JSON object, marked interrupted) and then the server's one line."""
     from specgen.serve import scheduler
@@ -432,8 +433,71 @@ def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(served
         return real(self, report, stats, engine)
 
     monkeypatch.setattr(scheduler.Scheduler, "_dispatch", failing)
-    result = invoke("run", "A prompt of its own", *options(tiny_dirs), "-n", "40", "-k", "2", "--format", "json")
+    running, thread = start(settings_for(tiny_dirs), pair)
+    try:
+        result = invoke("run", "A prompt of its own", *options(tiny_dirs), "-n", "40", "-k", "2", "--format", "json")
+    finally:
+        stop(running, thread)
     assert result.exit_code == 1, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["interrupted"] and 0 < len(record["token_ids"]) < 40
     assert "the specgen server failed: the engine failed: RuntimeError: a kernel failed" in result.stderr
+
+
+def test_a_client_proves_the_server_before_sending_its_token(served, tiny_dirs, tmp_path):
+    """What answers at a record's URL must show it holds the record's token (an HMAC of a fresh
+    challenge) before the client sends the token: after a crash, another user could listen there."""
+    import http.server
+
+    from specgen.serve import client, discovery
+
+    sent = []
+
+    class Squatter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # answers like a server, with the dead server's pid, but cannot prove the token
+            sent.append(self.headers.get("Authorization"))
+            body = json.dumps({"status": "ok", "pid": os.getpid(), "proof": "0" * 64}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    squatter = http.server.HTTPServer(("127.0.0.1", 0), Squatter)
+    thread = threading.Thread(target=squatter.serve_forever, daemon=True)
+    thread.start()
+    try:
+        record = {"url": f"http://127.0.0.1:{squatter.server_port}", "token": "the-secret-token", "pid": os.getpid(),
+                  "models": "m", "since": 0.0, "model": "m"}
+        assert client._answering(record, timeout=5) is None
+        assert sent == [None]  # the token was never sent
+    finally:
+        squatter.shutdown()
+    # the real server proves it: a challenge's answer is the HMAC under its token
+    real = {**record, "url": served.state.info["url"], "token": served.token}
+    assert client._answering(real, timeout=5) is not None
+
+
+def test_one_server_per_model_options(tiny_dirs, tmp_path, monkeypatch):
+    """Two starts of the same options (together, or beside a hung one): the second is refused
+    before it loads, instead of overwriting the first's record."""
+    from specgen.errors import ConfigError
+    from specgen.serve import discovery
+
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(tmp_path / "rt"))
+    discovery.private_dir()
+    settings = settings_for(tiny_dirs)
+    held = discovery.hold(settings)
+    try:
+        with pytest.raises(ConfigError, match="already running or starting"):
+            discovery.hold(settings)
+        other = discovery.hold(dataclasses.replace(settings, dtype="bfloat16"))  # other options: their own lock
+        os.close(other)
+        result = invoke("serve", *options(tiny_dirs), "--port", "0")
+        one_line_error(result, "already running or starting")
+    finally:
+        os.close(held)
+    again = discovery.hold(settings)  # released with its descriptor (and with its process)
+    os.close(again)

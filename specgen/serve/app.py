@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
-from specgen.serve import answers, api, responses
+from specgen.serve import answers, api, discovery, responses
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
@@ -101,7 +101,12 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' checks send
     async def health(request: Request):
+        """"ok"; to a caller with a key, what runs; to `?challenge=C`, proof that this server
+        holds its local token (discovery.proof), which a local client checks before it sends it."""
         body = {"status": "ok"}
+        challenge = request.query_params.get("challenge")
+        if challenge is not None and 0 < len(challenge) <= 128:
+            body["proof"] = discovery.proof(state.keys[0], challenge)
         if authorized(request):
             body.update(state.info, busy=state.scheduler.busy())
         return body

@@ -9,9 +9,11 @@ keeps what it was sent (text, token ids, statistics), marked interrupted.
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import json
 import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass
@@ -33,11 +35,12 @@ class Server:
     token: str
     info: dict  # pid, models, since
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
-        """(status, response) of one HTTP call; the response is open for reading."""
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0, key: bool = True):
+        """(status, response) of one HTTP call; the response is open for reading. `key`: send
+        the token (not before the server proved it holds it: `_answering`)."""
         parts = urlsplit(self.url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {self.token}"} if key else {})
         conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
         response = conn.getresponse()
         return response.status, response
@@ -51,15 +54,21 @@ def find(settings: ModelSettings, timeout: float = 2.0) -> Server | None:
 
 
 def _answering(record: dict | None, timeout: float) -> Server | None:
+    """The record's server, if what answers at its URL proves it holds the record's token
+    without being sent it (discovery.proof of a fresh challenge): after a crash, another user
+    could listen on that port and would get the token, the prompt, and the answer's say."""
     if record is None:
         return None
     server = Server(record["url"], record["token"], record)
+    challenge = secrets.token_hex(16)
     try:
-        status, response = server.request("GET", "/health", timeout=timeout)
+        status, response = server.request("GET", f"/health?challenge={challenge}", timeout=timeout, key=False)
         body = json.loads(response.read() or b"{}")
     except (OSError, ValueError, http.client.HTTPException):
         return None  # a stale record: its server is gone
-    if status != 200 or body.get("pid") != record["pid"]:
+    proof = body.get("proof") if isinstance(body, dict) else None
+    if status != 200 or not isinstance(proof, str) or \
+            not hmac.compare_digest(proof, discovery.proof(record["token"], challenge)):
         return None
     return server
 

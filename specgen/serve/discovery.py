@@ -9,7 +9,9 @@ served run imports no torch.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -20,7 +22,7 @@ from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.cache import atomic_write, cache_root
 
-PROTOCOL = 2  # the HTTP API
+PROTOCOL = 3  # the HTTP API (3: /health proves the token by a challenge)
 
 
 def runtime_dir() -> Path:
@@ -84,12 +86,39 @@ def settings_key(settings: ModelSettings) -> str:
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
+def proof(token: str, challenge: str) -> str:
+    """What a server answers to /health?challenge=C: an HMAC of C under its local token. A
+    client checks it before sending the token anywhere: what listens at a dead server's port
+    (another user, after a crash) cannot make it."""
+    return hmac.new(token.encode(), b"specgen-health:" + challenge.encode(), hashlib.sha256).hexdigest()
+
+
 def record_path(settings: ModelSettings) -> Path:
     return runtime_dir() / f"{settings_key(settings)}.json"
 
 
 def log_path(settings: ModelSettings) -> Path:
     return runtime_dir() / f"{settings_key(settings)}.log"
+
+
+def hold(settings: ModelSettings) -> int:
+    """An exclusive lock, for this process's lifetime, on the right to serve these model options
+    (`flock` on `<key>.lock` beside the record): a second server of the same options, started in
+    the same seconds or beside a hung one, is refused instead of overwriting the first's record.
+    Returns the descriptor (closing it releases the lock; so does the process's end)."""
+    path = runtime_dir() / f"{settings_key(settings)}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError("a specgen server with these model options is already running or starting",
+                          hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options "
+                               "stops it") from None
+    return fd
 
 
 def write_record(path: Path, record: dict) -> None:

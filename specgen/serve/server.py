@@ -190,7 +190,8 @@ class Running:
             self.server.run(sockets=[self.sock])
         finally:
             self.scheduler.stop()
-            self.record.unlink(missing_ok=True)
+            if (discovery.read_record(self.record) or {}).get("token") == self.token:  # ours, not a later server's
+                self.record.unlink(missing_ok=True)
             self.sock.close()
 
 
@@ -248,7 +249,11 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
 
 
 def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False) -> str:
-    """Load, warm up, listen and answer until stopped (SIGINT, SIGTERM, idle); why it stopped."""
+    """Load, warm up, listen and answer until stopped (SIGINT, SIGTERM, idle); why it stopped.
+    One server per model options: the lock (discovery.hold) is taken before anything loads."""
+    options.check()
+    discovery.private_dir()
+    discovery.hold(settings)  # held until this process ends
     running = prepare(settings, options, quiet)
     stopped = {"why": "stopped by a signal"}
     if options.idle_minutes:
