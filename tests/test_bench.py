@@ -650,3 +650,64 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
     # what the served engines' measured rounds settled on, per method and batch width (2 and up)
     assert set(data["learned"]) <= {"chain", "lookup-chain"}
     assert all(int(w) >= 2 and v["k"] >= 0 for widths in data["learned"].values() for w, v in widths.items())
+
+
+def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_failed(models, short_file, tmp_path,
+                                                                                  monkeypatch):
+    pytest.importorskip("fastapi")
+    from specgen.bench import concurrency
+
+    out = tmp_path / "conc.json"
+    args = ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "4", "--methods", "plain,chain",
+            "--concurrency", "1,2", "--requests-per-client", "1", "--json", str(out)]
+    real, calls = concurrency.drive, []
+
+    def interrupted_at_the_second_level(*a, **k):
+        calls.append(a[5])
+        if a[5] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(concurrency, "drive", interrupted_at_the_second_level)
+        result = runner.invoke(app, args)
+    assert result.exit_code == 130, result.output
+    data = json.loads(out.read_text())
+    assert data["interrupted"] and {(c["concurrency"], c["method"]) for c in data["cells"]} == {(1, "plain"),
+                                                                                              (1, "chain")}
+    with monkeypatch.context() as patch:  # every chain request fails: written, no speed-up, exit 1
+        def failing(url, key, body):
+            if body["speculative"]["method"] == "chain":
+                raise RuntimeError("HTTP 500: the engine failed")
+            return real_request(url, key, body)
+
+        real_request = concurrency.one_request
+        patch.setattr(concurrency, "one_request", failing)
+        result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "requests failed" in result.stderr.strip().splitlines()[-1]
+    cells = {(c["concurrency"], c["method"]): c for c in json.loads(out.read_text())["cells"]}
+    assert cells[(1, "chain")]["errors"] and cells[(1, "chain")]["speedup"] is None
+
+
+def test_throughput_mode_keeps_its_cells_when_one_fails(models, short_file, tmp_path, monkeypatch):
+    from specgen.bench import throughput
+
+    real = throughput._measure_cell
+
+    def failing(pair, method, name, *rest):
+        if name == "chain":
+            raise ValueError("a kernel failed")
+        return real(pair, method, name, *rest)
+
+    monkeypatch.setattr(throughput, "_measure_cell", failing)
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "4",
+                                 "--methods", "plain,chain,lookup", "--batch-sizes", "1", "--json", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "cells failed: chain b1 off: failed: ValueError: a kernel failed" in result.stderr
+    cells = {c["method"]: c for c in json.loads(out.read_text())["cells"]}
+    assert cells["chain"]["failed"] and cells["lookup"]["tokens_per_second"] > 0
+    named = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "plain,chain/k2",
+                                "--batch-sizes", "1"])
+    assert named.exit_code == 1 and "'chain/k2' is not one" in named.stderr

@@ -117,13 +117,17 @@ def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name
 
 
 def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int, per_client: int,
-          max_tokens: int) -> Measured:
+          max_tokens: int, stop: threading.Event | None = None) -> Measured:
+    """`clients` threads, each sending `per_client` streamed requests in turn; they send no more
+    once `stop` is set (Ctrl-C)."""
     timings: list[Timing] = []
     errors: list[str] = []
     lock = threading.Lock()
 
     def client(number: int) -> None:
         for i in range(per_client):
+            if stop is not None and stop.is_set():
+                return
             messages = prompts[(number * per_client + i) % len(prompts)]
             body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                     "stream": True, "stream_options": {"include_usage": True}, "speculative": speculative(name)}
@@ -137,7 +141,7 @@ def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, 
                 timings.append(timing)
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -163,29 +167,34 @@ def summarize(name: str, clients: int, runs: list[Measured]) -> ConcurrencyCell:
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
                     levels: list[int], per_client: int, max_tokens: int, on_cell=None,
-                    repeats: int = 1) -> list[ConcurrencyCell]:
+                    repeats: int = 1) -> tuple[list[ConcurrencyCell], bool]:
     """Every method at every concurrency after one warm-up request per method. Each level runs
     its methods `repeats` times, every other time in reverse order (plain, chain, chain, plain,
-    ...), so drift in the machine's speed hits every method alike; a cell pools its runs."""
-    for name in methods:
-        measure_cell(url, key, model, prompts, name, 1, 1, min(8, max_tokens))
-    cells = []
-    for clients in levels:
-        runs: dict[str, list[Measured]] = {name: [] for name in methods}
-        for repeat in range(repeats):
-            for name in methods if repeat % 2 == 0 else methods[::-1]:
-                runs[name].append(drive(url, key, model, prompts, name, clients, per_client, max_tokens))
+    ...), so drift in the machine's speed hits every method alike; a cell pools its runs.
+    Returns the cells and whether Ctrl-C stopped the run (the cells of whole levels are kept)."""
+    cells, stop, interrupted = [], threading.Event(), False
+    try:
         for name in methods:
-            cell = summarize(name, clients, runs[name])
-            cells.append(cell)
-            if on_cell is not None:
-                on_cell(cell)
+            measure_cell(url, key, model, prompts, name, 1, 1, min(8, max_tokens))
+        for clients in levels:
+            runs: dict[str, list[Measured]] = {name: [] for name in methods}
+            for repeat in range(repeats):
+                for name in methods if repeat % 2 == 0 else methods[::-1]:
+                    runs[name].append(drive(url, key, model, prompts, name, clients, per_client, max_tokens, stop))
+            for name in methods:
+                cell = summarize(name, clients, runs[name])
+                cells.append(cell)
+                if on_cell is not None:
+                    on_cell(cell)
+    except KeyboardInterrupt:
+        stop.set()  # the clients send no more; the server's rows end as their connections close
+        interrupted = True
     plain = {c.concurrency: c for c in cells if c.method == "plain"}
     for cell in cells:
         base = plain.get(cell.concurrency)
-        if base is not None and base.tokens_per_second:
-            cell.speedup = cell.tokens_per_second / base.tokens_per_second
-    return cells
+        if base is not None and base.tokens_per_second and not cell.errors and not base.errors:
+            cell.speedup = cell.tokens_per_second / base.tokens_per_second  # none where requests failed
+    return cells, interrupted
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -26,7 +26,7 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import run_prompts
 from specgen.decoding.stats import Stats, rate
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, SpecgenError
 
 OFF = "off"
 
@@ -51,6 +51,7 @@ class ThroughputCell:
     differs: int | None = None  # prompts whose tokens differ from the mode's reference
     skipped: str | None = None  # why the cell was not measured
     interrupted: bool = False  # Ctrl-C came before (or while) this cell was measured
+    failed: bool = False  # its method raised: `skipped` says what; the other cells go on
     outputs: list[list[int]] | None = None
 
 
@@ -92,6 +93,7 @@ def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: G
     """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped.
 
     Ctrl-C keeps the cells measured so far; the others are returned skipped and `interrupted`.
+    A cell whose method raises is returned `failed`, with its line; the others are measured.
     """
     modes: list[int | None] = ([None] if include_off else []) + list(windows)
     names = ["plain"] + [m for m in methods if m != "plain"]
@@ -104,7 +106,13 @@ def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: G
     try:
         decode_all(pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1)
         for name, size, window in grid:
-            cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
+            try:
+                cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
+            except Exception as exc:  # noqa: BLE001: one cell's failure is its line, never the others' loss
+                line = str(exc) if isinstance(exc, SpecgenError) else \
+                    f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+                cell = ThroughputCell(name, size, OFF if window is None else f"window {window}", len(prompts),
+                                      0, 0.0, 0.0, skipped=f"failed: {line}", failed=True)
             cells.append(cell)
             if on_cell is not None:
                 on_cell(cell)

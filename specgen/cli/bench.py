@@ -122,7 +122,8 @@ def bench(
             for name in names:
                 speculative(name)  # only engine methods: before anything loads
             report.check_outputs({"--json": json_file})
-            _concurrency(names, items, config, levels, per_client, max_batch, models, json_file, threads, repeats)
+            _concurrency(names, items, config, levels, per_client, max_batch, models, json_file, threads, repeats,
+                         named=methods is not None)
             return
         if sizes:
             windows = windows or ([verify_window] if deterministic else [])
@@ -133,8 +134,13 @@ def bench(
             if csv_file is not None or plot_file is not None:
                 raise ConfigError("--csv and --plot report the per-prompt bench; with --batch-sizes use --json")
             report.check_outputs({"--json": json_file})
-            _throughput(names, items, replace(config, deterministic=False), sizes, windows, models, json_file,
-                        threads)
+            engine_names = {m.value for m in Method}
+            other = [n for n in names if n not in engine_names]
+            if other and methods is not None:
+                raise ConfigError(f"--batch-sizes measures specgen's own methods (no variants, @DRAFT columns or "
+                                  f"references); '{other[0]}' is not one")
+            _throughput([n for n in names if n in engine_names], items, replace(config, deterministic=False), sizes,
+                        windows, models, json_file, threads, named=methods is not None)
             return
         report.check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before the run
         result = _measure(names, items, settings, models, named=methods is not None)
@@ -148,14 +154,15 @@ def bench(
             raise typer.Exit(1)
 
 
-def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None):
-    from specgen.bench import measure, prompts as prompt_sets, throughput  # torch: see bench()
+def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None,
+                named: bool = True):
+    from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput  # torch: see bench()
     from specgen.runtime.pair import load
 
-    names = [n for n in names if n in {m.value for m in Method}]
     err = Console(stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
+    names = _runnable(registry, pair, names, named, err)
     prompts = [prompt_sets.encode(pair.target.tokenizer, item) for item in items]
     modes = ["off"] + [f"window {w}" for w in windows]
     err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
@@ -178,20 +185,45 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
                           interrupted)
     if interrupted:
         raise typer.Exit(130)
+    failed = [c for c in cells if c.failed]
+    if failed:  # the table and the JSON hold every cell; the run still did not do all it was asked
+        error_line(f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].batch_size} "
+                   f"{failed[0].mode}: {failed[0].skipped}"[:400])
+        raise typer.Exit(1)
+
+
+def _runnable(registry, pair, names: list[str], named: bool, err, drafts=None) -> list[str]:
+    """The columns this pair can run: a named one it cannot is a ConfigError before anything is
+    measured; from the default list it is left out, with a line."""
+    unfit = {n: why for n in names if (why := registry.unsupported(pair, n, drafts))}
+    if unfit and named:
+        raise ConfigError(next(iter(unfit.values())), hint="leave it out of --methods")
+    for why in unfit.values():
+        err.print(f"bench: left out {why}", style="dim", markup=False)
+    return [n for n in names if n not in unfit]
 
 
 def _concurrency(names, items, config, levels, per_client, max_batch, models: ModelSettings, json_file,
-                 threads=None, repeats: int = 1):
+                 threads=None, repeats: int = 1, named: bool = True):
     """Start a server on the loaded pair (this process, a free port), drive it, stop it."""
     from specgen.bench import concurrency, measure  # torch: see bench()
     from specgen.runtime.pair import load
     from specgen.serve.server import ServeOptions, prepare
 
+    from specgen.bench import methods as registry
+    from specgen.decoding.prompts import render_chat
+
     err = Console(stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
+    names = _runnable(registry, pair, names, named, err)
     prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
                for item in items]
+    for item, messages in zip(items, prompts):  # every prompt fits, before the server starts
+        count = len(render_chat(pair.target.tokenizer, messages))
+        if count >= pair.target.context_length - 1:
+            raise ConfigError(f"prompt {item.id} has {count} tokens; the target's context holds "
+                              f"{pair.target.context_length}")
     with measure.fixed_threads(threads) as used:
         running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
                                                max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
@@ -208,22 +240,25 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
                       + (f" ({len(cell.errors)} errors)" if cell.errors else ""), style="dim", markup=False)
 
         try:
-            cells = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts, names, levels,
-                                                per_client, config.max_new_tokens, progress, repeats)
+            cells, interrupted = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts,
+                                                             names, levels, per_client, config.max_new_tokens,
+                                                             progress, repeats)
         finally:
             running.server.should_exit = True
             server.join(timeout=30)
     learned = _learned(running.scheduler)
     for method, widths in learned.items():
-        err.print(f"{method}: draft length learned by batch width: "
-                  + ", ".join(f"{w}:{v['k']}" for w, v in widths.items()), style="dim", markup=False)
+        if widths:
+            err.print(f"{method}: draft length learned by batch width: "
+                      + ", ".join(f"{w}:{v['k']}" for w, v in widths.items()), style="dim", markup=False)
     title = (f"specgen bench --concurrency · {pair.target.name}" + (f" + {pair.draft.name}" if pair.draft else "")
              + f" · {len(prompts)} prompts · {per_client} requests per client"
              + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "") + f" · {config.max_new_tokens} new "
-             f"tokens · greedy · batch up to {max_batch}")
+             f"tokens · greedy · batch up to {max_batch}" + (" · INTERRUPTED" if interrupted else ""))
     Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
     if json_file is not None:
         data = {"schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
+                "interrupted": interrupted,
                 "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client, "repeats": repeats,
                              "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
                              "width_caps": {str(w): k for w, k in caps.items()}},
@@ -232,6 +267,13 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
         text = json.dumps(data, indent=1, default=str) + "\n"
         if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
             raise typer.Exit(1)
+    if interrupted:
+        raise typer.Exit(130)
+    failed = [c for c in cells if c.errors]
+    if failed:  # written above; a cell whose requests failed does not measure what it says
+        error_line(f"{sum(len(c.errors) for c in failed)} requests failed in {len(failed)} cells: "
+                   f"{failed[0].method} at {failed[0].concurrency} clients: {failed[0].errors[0]}"[:400])
+        raise typer.Exit(1)
 
 
 def _learned(scheduler) -> dict:
@@ -271,11 +313,7 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
             "draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence})
         if choice is not None:
             err.print(f"bench: draft length k={choice.k} with {name} ({choice.reason})", style="dim", markup=False)
-    if not named:  # the default list: what this pair cannot run is left out, and said
-        left_out = {n: why for n in names if (why := registry.unsupported(pair, n, drafts))}
-        for why in left_out.values():
-            err.print(f"bench: left out {why}", style="dim", markup=False)
-        names = [n for n in names if n not in left_out]
+    names = _runnable(registry, pair, names, named, err, drafts)
     generation, k = resolve_draft_length(pair, settings.generation, drafts=True)
     settings = replace(settings, generation=generation)
     if k is not None:
