@@ -17,7 +17,7 @@ def status(message: str, quiet: bool):
         yield
         return
     # bound to the real stream now: a step that silences transformers swaps `sys.stderr` meanwhile
-    console = Console(file=sys.stderr)
+    console = Console(emoji=False, file=sys.stderr)
     if not console.is_terminal:  # piped or logged: a spinner would print nothing at all
         note(message)
         yield
@@ -37,7 +37,7 @@ def note(text: str) -> None:
 
 def error_line(message: str, hint: str | None = None) -> None:
     """A known failure as one red line on stderr, its hint dimmed in brackets."""
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console = Console(emoji=False, stderr=True, highlight=False, soft_wrap=True)
     # user text (paths, hints like `pip install 'specgen[plot]'`) must not be read as Rich markup
     console.print(f"[bold red]error:[/] {escape(message)}" + (f" [dim]({escape(hint)})[/]" if hint else ""),
                   markup=True)

@@ -640,3 +640,9 @@ def test_closed_or_full_standard_streams_are_one_line(models, redirect, code, st
     assert bool(done.stdout) == stdout and "Traceback" not in done.stderr and "unexpected" not in done.stderr
     if fragment:
         assert fragment in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_user_text_is_never_read_as_emoji_codes(tmp_path):
+    """Rich turns ':smile:' into an emoji unless told not to: a path must come back as typed."""
+    result = invoke("run", "hi", "--target", str(tmp_path / "no:thumbsup:dir"))
+    assert_one_line_error(result, "no:thumbsup:dir")

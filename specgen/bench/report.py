@@ -84,7 +84,7 @@ def save(option: str, path: Path, write, fallback: bool) -> bool:
                 where = "; no copy could be written either, only the table above is left"
         error_line(f"cannot write {option} {path}: {reason}{where}")
         return False
-    Console(stderr=True, highlight=False).print(f"wrote {path}", style="dim", markup=False)
+    Console(emoji=False, stderr=True, highlight=False).print(f"wrote {path}", style="dim", markup=False)
     return True
 
 

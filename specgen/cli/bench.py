@@ -159,7 +159,7 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
     from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput  # torch: see bench()
     from specgen.runtime.pair import load
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(emoji=False, stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = _runnable(registry, pair, names, named, err)
@@ -179,7 +179,7 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
              + (f" + {pair.draft.name}" if pair.draft else "") + f" · {len(prompts)} prompts · "
              f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}"
              + (" · INTERRUPTED" if interrupted else ""))
-    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(throughput.table(cells, title))
+    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(throughput.table(cells, title))
     if json_file is not None:
         _write_throughput(json_file, measure.environment(pair, used), items, sizes, windows, config, cells,
                           interrupted)
@@ -213,7 +213,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     from specgen.bench import methods as registry
     from specgen.decoding.prompts import render_chat
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(emoji=False, stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = _runnable(registry, pair, names, named, err)
@@ -255,7 +255,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
              + f" · {len(prompts)} prompts · {per_client} requests per client"
              + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "") + f" · {config.max_new_tokens} new "
              f"tokens · greedy · batch up to {max_batch}" + (" · INTERRUPTED" if interrupted else ""))
-    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
+    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
     if json_file is not None:
         data = {"schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
                 "interrupted": interrupted,
@@ -302,7 +302,7 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
     from specgen.decoding.build import resolve_draft_length
     from specgen.runtime.pair import load, load_draft_alone
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(emoji=False, stderr=True, highlight=False)
     load_as = Method.CHAIN if registry.needs_draft(names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
     drafts = {}
@@ -358,7 +358,7 @@ def _noted(result, chosen):
 
 def _report(result, json_file, csv_file, plot_file) -> bool:
     """The table, then each file; one that fails does not stop the others. False if any failed."""
-    Console(highlight=False, width=None if sys.stdout.isatty() else 160).print(report.table(result))
+    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(report.table(result))
     ok = True
     for option, path, write in (("--json", json_file, report.write_json), ("--csv", csv_file, report.write_csv),
                                 ("--plot", plot_file, report.write_plot)):

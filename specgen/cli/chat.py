@@ -107,8 +107,8 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
         messages = saved.messages
     interactive = sys.stdin.isatty()
     fmt = format or (Format.rich if interactive and sys.stdout.isatty() else Format.plain)
-    out = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = Console(emoji=False, highlight=False, soft_wrap=True)
+    err = Console(emoji=False, stderr=True, highlight=False, soft_wrap=True)
 
     def notify(message: str) -> None:
         err.print(f"note: {message}", style="yellow", markup=False)

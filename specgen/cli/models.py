@@ -24,7 +24,7 @@ models_app = typer.Typer(
     help="Manage the offline model catalog: download, verify and remove GGUF weights.",
     no_args_is_help=True,
 )
-_err = Console(stderr=True)
+_err = Console(emoji=False, stderr=True)
 
 
 def _fail(error: SpecgenError) -> typer.Exit:
@@ -80,7 +80,7 @@ def list_models(
         cached = "[green]yes[/green]" if row["cached"] else "int8 only" if "int8" in row["on_disk"] else "no"
         held = "\n".join(f"{kind.removeprefix('converted ')} {_human(size)}" for kind, size in row["on_disk"].items())
         table.add_row(row["name"], row["role"], _human(row["size"]), cached, escape(held))
-    Console().print(table)
+    Console(emoji=False).print(table)
 
 
 @models_app.command()

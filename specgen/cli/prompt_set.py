@@ -29,7 +29,7 @@ class PromptProgress:
         self.total, self.done = total, already
         self.tokens = self.drafted = self.accepted = 0
         self.started = time.perf_counter()
-        self.console = Console(file=sys.stderr)
+        self.console = Console(emoji=False, file=sys.stderr)
         self._bar: Progress | None = None
         self._printed = 0.0
 

@@ -67,7 +67,7 @@ class RichRenderer:
     """A Live view that grows the answer round by round, then a summary table."""
 
     def __init__(self, console: Console | None = None, header: str | None = None, show_tree: bool = False):
-        self.console = console or Console()
+        self.console = console or Console(emoji=False)
         self.header = header
         self.show_tree = show_tree
         self.text = Text()
@@ -152,7 +152,7 @@ class PlainRenderer:
 
     def on_round(self, view: RoundView, stats: Stats) -> None:
         if self.show_tree and view.tree is not None:
-            Console(file=self.err, highlight=False).print(rich_tree(view.tree, f"round {stats.rounds}"))
+            Console(emoji=False, file=self.err, highlight=False).print(rich_tree(view.tree, f"round {stats.rounds}"))
         if view.pending:  # only verified text is printed; a piece per token, as a rollback counts them
             self._pending.extend(view.pieces)
             return

@@ -192,7 +192,7 @@ def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dt
 
 def _renderer(fmt, show_tree: bool):
     if fmt is Format.rich:
-        return RichRenderer(Console(highlight=False), show_tree=show_tree)
+        return RichRenderer(Console(emoji=False, highlight=False), show_tree=show_tree)
     if fmt is Format.json:
         return JsonRenderer()
     return PlainRenderer(show_tree=show_tree)

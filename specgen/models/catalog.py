@@ -235,7 +235,7 @@ def _progress(quiet: bool, bytes_: bool):
     """A Rich progress bar on stderr (stdout is for generated text), counting parts or bytes."""
     count = DownloadColumn() if bytes_ else MofNCompleteColumn()
     columns = (TextColumn("{task.description}"), BarColumn(), count, TimeRemainingColumn())
-    return Progress(*columns, console=Console(stderr=True), disable=quiet)
+    return Progress(*columns, console=Console(emoji=False, stderr=True), disable=quiet)
 
 
 def _norm(package: str) -> str:
