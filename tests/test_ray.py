@@ -109,6 +109,23 @@ def test_an_address_that_does_not_answer_is_one_line(models, prompts, tmp_path):
     assert result.exit_code == 1
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and f"cannot connect to the Ray cluster at 127.0.0.1:{port}" in lines[0], result.output
+    assert not (tmp_path / "o.jsonl").exists()  # checked before OUT is touched
+
+
+def test_auto_with_a_ray_address_that_is_gone_and_an_empty_address_are_one_line(models, prompts, tmp_path,
+                                                                                 monkeypatch):
+    """`--ray auto` follows $RAY_ADDRESS: one that does not answer was minutes of Ray's retries."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    out = tmp_path / "o.jsonl"
+    result = runner.invoke(app, ["run", "--prompts-file", str(prompts), "--output", str(out), "--ray", "auto", *models])
+    assert result.exit_code == 1 and "($RAY_ADDRESS)" in result.output and "unset RAY_ADDRESS" in result.output
+    assert not out.exists()
+    monkeypatch.delenv("RAY_ADDRESS")
+    result = runner.invoke(app, ["run", "--prompts-file", str(prompts), "--output", str(out), "--ray", " ", *models])
+    assert result.exit_code == 1 and "--ray needs a cluster's ADDRESS" in result.output
 
 
 def test_serve_replicas_answer_behind_one_endpoint(models, tiny_dirs):
@@ -141,6 +158,10 @@ def test_serve_replicas_answer_behind_one_endpoint(models, tiny_dirs):
             assert answer.status_code == 200, answer.text
             assert answer.json()["choices"][0]["text"] == expected
         assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
+        # a second `serve --ray` on this cluster would replace this one: refused before it deploys
+        from specgen.errors import ConfigError
+        with pytest.raises(ConfigError, match="already runs on this Ray cluster"):
+            replicas.check_free()
     finally:
         replicas.undeploy()
         serve.shutdown()

@@ -71,6 +71,7 @@ def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | 
         # the optional extra (and its install hint) before any file is touched
         from specgen.scale import cluster
         cluster.import_ray()
+        cluster.check(ray_address)  # an address that does not answer: one line, and OUT is not touched
     with ResultsFile.open(output) as results:
         if results.dropped:
             note(f"{output}: dropped a torn last line ({results.dropped} bytes) left by an interrupted run")

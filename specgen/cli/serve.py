@@ -117,6 +117,12 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
 
     ray, owned = connect(address)
     try:
+        ray_serve.check_free()  # before anything of ours exists there: the `finally` below deletes ours
+    except BaseException:
+        if owned:
+            ray.shutdown()
+        raise
+    try:
         with status(f"starting {replicas} Ray Serve replicas (each loads the pair) ...", False):
             try:
                 url = ray_serve.deploy(settings, options, replicas, threads)

@@ -40,20 +40,21 @@ def import_ray():
 
 def connect(address: str):
     """Join the cluster `address` names ('auto': $RAY_ADDRESS, or the cluster `ray start` began
-    on this machine, else a new local one). Returns (ray, whether this call started the session).
-    An address that does not answer within CONNECT_SECONDS is one ConfigError naming it."""
+    on this machine, else a new local one; 'local': a new local one). Returns (ray, whether this
+    call started the session). An address that does not answer within CONNECT_SECONDS (given, or
+    $RAY_ADDRESS under 'auto') is one ConfigError naming it."""
     ray = import_ray()
-    address = address.strip()
-    if address.lower() != "auto":
-        _check_reachable(address)
+    kind, named = check(address)
+    address = named or address
     if ray.is_initialized():  # this process is already in a cluster (a test, a notebook)
         return ray, False
     try:
-        if address.lower() == "auto":
-            ray.init(logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+        if not named:
+            ray.init(address="local" if kind == "local" else None, logging_level=logging.ERROR,
+                     log_to_driver=False, include_dashboard=False)
         else:
             with _quick_and_quiet():
-                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+                ray.init(address=named, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError:
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: no Ray head answered there",
                           hint="start one with `ray start --head`, or use --ray auto") from None
@@ -61,6 +62,26 @@ def connect(address: str):
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: {first}") from None
     return ray, True
+
+
+def check(address: str) -> tuple[str, str]:
+    """(`auto`, `local` or the address, the head to join: "" for a local cluster), once the head
+    answers: called before a run touches its OUT, and by `connect`. `auto` with a $RAY_ADDRESS
+    that is gone is one line, not minutes of Ray's retries."""
+    address = address.strip()
+    if not address:
+        raise ConfigError("--ray needs a cluster's ADDRESS (host:port), 'auto' or 'local'")
+    kind = address.lower() if address.lower() in ("auto", "local") else address
+    named = os.environ.get("RAY_ADDRESS", "").strip() if kind == "auto" else "" if kind == "local" else address
+    if named.lower() in ("", "auto", "local"):
+        return kind, ""  # a new local cluster, or the one `ray start` began here
+    try:
+        _check_reachable(named)
+    except ConfigError as exc:
+        if kind != "auto":
+            raise
+        raise ConfigError(f"{exc} ($RAY_ADDRESS)", hint="unset RAY_ADDRESS for a local cluster") from None
+    return kind, named
 
 
 @contextlib.contextmanager

@@ -37,6 +37,18 @@ class Replica:
         return create_app(self.state)
 
 
+def check_free() -> None:
+    """Refuse a second `serve --ray` on one cluster: its deployment would replace the first's
+    (one app name, one HTTP address per cluster), and either's Ctrl-C would end both."""
+    try:
+        from ray import serve
+    except ImportError:
+        raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
+    if APP_NAME in serve.status().applications:
+        raise ConfigError("a specgen deployment already runs on this Ray cluster",
+                          hint="stop it (Ctrl-C where it was started), or use another cluster")
+
+
 def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, threads: int) -> str:
     """Start Ray Serve's proxy on options.host:port and N replicas (one GPU each when the cluster
     has GPUs and the device is not the CPU, else `threads` CPUs each); returns the URL once every
@@ -63,7 +75,27 @@ def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, thread
         serve.run(deployment.bind(settings, options, threads, url), name=APP_NAME, route_prefix="/", blocking=False)
     except RuntimeError as exc:  # "Failed to update the deployments": the reason is in the status
         raise ConfigError(f"a Ray Serve replica could not start: {_replica_error(serve) or exc}") from None
+    _check_answers(url)
     return url
+
+
+def _check_answers(url: str) -> None:
+    """Ray Serve keeps the HTTP address it started with on a cluster and ignores another (with
+    only a warning): say so rather than print a URL that nothing serves."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", "/health")
+        ok = conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        ok = False
+    if not ok:
+        undeploy()
+        raise ConfigError(f"nothing answers at {url}: Ray Serve on this cluster listens on the address it "
+                          "was first started with", hint="give that --host/--port, or restart the cluster")
 
 
 def _replica_error(serve) -> str | None:
