@@ -29,3 +29,10 @@ class DiskFullError(SpecgenError, OSError):
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message, hint)
         self.strerror = message  # what callers that report an OSError's strerror print
+
+
+def file_error(error: OSError) -> SpecgenError:
+    """An OSError of the file system as one line naming the path: what `open` and friends say
+    when a path is not what specgen expects (a directory where a file goes, a cache that is a file)."""
+    where = f" {error.filename}" if error.filename else ""
+    return SpecgenError(f"cannot use{where}: {error.strerror or error}")

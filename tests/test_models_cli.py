@@ -160,3 +160,25 @@ def test_a_model_holding_only_its_int8_store(index):
     assert result.exit_code == 0 and "int8 only" in result.stdout
     assert_one_line_error(invoke("path", NAME), "GGUF is not downloaded (it holds only its int8 store")
     assert invoke("rm", NAME).exit_code == 0 and not store.exists()
+
+
+def test_odd_cache_states_are_counted_safely_or_one_line(index, tmp_path, monkeypatch):
+    """A link in the cache is not followed (a link to / walked the whole file system); a
+    directory where the GGUF goes is removed with the model; a cache that is a file is one line."""
+    cache = tmp_path / "cache"
+    (cache / "converted").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * 5000)
+    (cache / "converted" / f"{NAME}-loop").symlink_to("/")
+    (cache / "converted" / f"{NAME}-bfloat16").symlink_to(outside)
+    listed = invoke("list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert {row["name"]: row["on_disk"] for row in json.loads(listed.stdout)}[NAME] == {}
+    gguf = catalog.gguf_path(catalog.CATALOG[NAME])
+    gguf.mkdir(parents=True)
+    assert invoke("rm", NAME).exit_code == 0 and not gguf.exists() and (outside / "big").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("SPECGEN_CACHE", str(blocker))
+    assert_one_line_error(invoke("rm", NAME), "Not a directory")

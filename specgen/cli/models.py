@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specgen.models import catalog
-from specgen.errors import ConfigError, ModelError, SpecgenError
+from specgen.errors import ConfigError, ModelError, SpecgenError, file_error
 
 models_app = typer.Typer(
     help="Manage the offline model catalog: download, verify and remove GGUF weights.",
@@ -51,7 +51,18 @@ def list_models(
 ) -> None:
     """List the catalog's models, whether each is downloaded, and what each holds on disk
     (the GGUF, converted copies per dtype, derived int8 weights)."""
-    rows = [
+    try:
+        rows = _rows()
+    except OSError as error:
+        raise _fail(file_error(error))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    _table(rows)
+
+
+def _rows() -> list[dict]:
+    return [
         {
             "name": m.name,
             "role": m.role,
@@ -64,9 +75,9 @@ def list_models(
         }
         for m in catalog.CATALOG.values()
     ]
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
+
+
+def _table(rows: list[dict]) -> None:
     total = sum(sum(row["on_disk"].values()) for row in rows)
     table = Table(title=f"models (cache: {escape(str(catalog.cache_root()))}, {_human(total)} in all)",
                   caption="a model's GGUF path: specgen models path NAME")
@@ -102,7 +113,9 @@ def pull(
             path = catalog.fetch(model, find_links=find_links, quiet=quiet)
             _err.print(f"{model.name}: {escape(str(path))}", highlight=False, soft_wrap=True)
     except SpecgenError as error:
-        raise _fail(error) from None
+        raise _fail(error)
+    except OSError as error:  # the cache in a state specgen did not leave it in
+        raise _fail(file_error(error)) from None
 
 
 @models_app.command()
@@ -115,7 +128,9 @@ def path(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
                 if "int8" in catalog.holdings(model) else ""
             raise ModelError(f"{model.name}'s GGUF is not downloaded{held}; run `specgen models pull {model.name}`")
     except SpecgenError as error:
-        raise _fail(error) from None
+        raise _fail(error)
+    except OSError as error:  # the cache in a state specgen did not leave it in
+        raise _fail(file_error(error)) from None
     typer.echo(str(catalog.gguf_path(model)))
 
 
@@ -132,7 +147,9 @@ def verify(
             raise ModelError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not downloaded; "
                              "nothing to verify")
     except SpecgenError as error:
-        raise _fail(error) from None
+        raise _fail(error)
+    except OSError as error:  # the cache in a state specgen did not leave it in
+        raise _fail(file_error(error)) from None
     if not models:
         _err.print("no downloaded models to verify")
         return
@@ -160,7 +177,9 @@ def rm(names: Annotated[list[str], typer.Argument(help="Model names.", show_defa
             else:
                 _err.print(f"{model.name} holds nothing on disk: nothing to remove", highlight=False)
     except SpecgenError as error:
-        raise _fail(error) from None
+        raise _fail(error)
+    except OSError as error:  # the cache in a state specgen did not leave it in
+        raise _fail(file_error(error)) from None
 
 
 def _lookup(names: list[str]) -> list[catalog.CatalogModel]:

@@ -51,7 +51,8 @@ def converted_dirs(key_prefix: str) -> list[Path]:
     root = converted_root()
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{key_prefix}-"))
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and not p.is_symlink() and p.name.startswith(f"{key_prefix}-"))
 
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the suffixes of converted directories
@@ -69,10 +70,19 @@ def int8_files(key_prefix: str) -> list[Path]:
 
 
 def size_on_disk(path: Path) -> int:
-    """Bytes of a file, or of every file under a directory."""
+    """Bytes of a file, or of every file under a directory; links are not followed (a link in
+    the cache to / would walk the whole file system)."""
+    if path.is_symlink():
+        return 0
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    total = 0
+    for folder, _, files in os.walk(path):  # followlinks=False
+        for name in files:
+            entry = Path(folder, name)
+            if not entry.is_symlink() and entry.is_file():
+                total += entry.stat().st_size
+    return total
 
 
 def remove_converted(key_prefix: str) -> None:

@@ -20,6 +20,7 @@ import errno
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -144,7 +145,7 @@ def holdings(model: CatalogModel) -> dict[str, int]:
         held["wheels"] = wheels
     for directory in converted_dirs(model.name):
         dtype = directory.name[len(model.name) + 1:]
-        held[f"converted {dtype}"] = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+        held[f"converted {dtype}"] = size_on_disk(directory)
     derived = sum(size_on_disk(p) for p in int8_files(model.name))
     if derived:
         held["int8"] = derived
@@ -180,7 +181,10 @@ def remove(model: CatalogModel) -> None:
     the int8 weights derived from them."""
     path = gguf_path(model)
     for p in (path, _partial_path(model), *_model_wheels(model)):
-        p.unlink(missing_ok=True)
+        if p.is_dir() and not p.is_symlink():  # not what specgen leaves there, but in its place: gone too
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
     remove_converted(model.name)
 
 
