@@ -86,6 +86,9 @@ def test_a_file_and_a_name_under_the_working_directory(tmp_path, monkeypatch, sh
     (['{"id": "a", "category": "c", "prompt": "x"}', '{"id": "a", "category": "c", "prompt": "y"}'],
      "appears twice"),
     (['{"id": "a", "category": "c", "messages": [{"role": "user"}]}'], "'messages' must be"),
+    (['{"id": "a", "category": "all", "prompt": "x"}'], "the category 'all' is the summary"),
+    (['{"id": "a\\u001b[31mRED", "category": "c", "prompt": "x"}'], "'id' holds a control character"),
+    (['{"id": "a", "category": "c", "prompt": "x\\ud800"}'], ":1: the text is not valid Unicode"),
 ])
 def test_a_malformed_file_is_one_line_naming_file_and_line(tmp_path, lines, fragment):
     path = tmp_path / "bad.jsonl"
@@ -326,12 +329,20 @@ def test_csv_schema(small_result, tmp_path):
         f"{k}:{v}" for k, v in small_result.measurements[1].accepted_length_histogram.items())
     assert len(chain["token_ids"].split()) == int(chain["new_tokens"])
     assert next(r for r in rows if r["method"] == "plain")["acceptance_rate"] == ""
+    # text a spreadsheet would run as a formula is quoted
+    from specgen.bench.report import _cell
+
+    assert _cell("=cmd|' /C calc'!A0") == "'=cmd|' /C calc'!A0" and _cell(-1.5) == -1.5 and _cell("chain") == "chain"
 
 
 def test_plot_draws_a_png(small_result, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
     bench_cli.write_plot(small_result, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plain_only = dataclasses.replace(small_result, methods=["plain"],
+                                     summary=[g for g in small_result.summary if g.method == "plain"])
+    bench_cli.write_plot(plain_only, path)  # no legend to draw: it failed with "number sections must be > 0"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

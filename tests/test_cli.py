@@ -646,3 +646,18 @@ def test_user_text_is_never_read_as_emoji_codes(tmp_path):
     """Rich turns ':smile:' into an emoji unless told not to: a path must come back as typed."""
     result = invoke("run", "hi", "--target", str(tmp_path / "no:thumbsup:dir"))
     assert_one_line_error(result, "no:thumbsup:dir")
+
+
+def test_ctrl_c_inside_an_import_is_an_interrupt_not_an_error():
+    """Python wraps a KeyboardInterrupt raised while a module initialises in an ImportError."""
+    import typer
+
+    from specgen.cli.options import user_errors
+
+    with pytest.raises(typer.Exit) as exited:
+        with user_errors():
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise ImportError("initialization failed")
+    assert exited.value.exit_code == 130

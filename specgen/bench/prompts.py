@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.decoding.prompts import encode_prompt
+from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.errors import ConfigError, PromptError
 
 QUICK = "quick"
@@ -106,9 +106,20 @@ def _prompt_from(obj, where: str) -> BenchPrompt:
     for key in ("id", "category"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise PromptError(f"{where}: missing or empty string field '{key}'")
+        if not obj[key].isprintable():  # printed in tables and progress lines: no terminal escapes
+            raise PromptError(f"{where}: '{key}' holds a control character")
+    if obj["category"] == ALL:
+        raise PromptError(f"{where}: the category '{ALL}' is the summary of every category; name it otherwise")
     prompt, messages = obj.get("prompt"), obj.get("messages")
     if (prompt is None) == (messages is None):
         raise PromptError(f"{where}: needs exactly one of 'prompt' or 'messages'")
+    texts = [prompt] if messages is None else [m.get("content") for m in messages if isinstance(m, dict)]
+    for text in (t for t in texts if isinstance(t, str)):  # JSON's \ud800 escapes decode to lone surrogates
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PromptError(f"{where}: the text is not valid Unicode (a lone surrogate at character "
+                              f"{exc.start})") from None
     if prompt is not None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError(f"{where}: 'prompt' must be a non-empty string")
@@ -127,5 +138,4 @@ def encode(tokenizer, item: BenchPrompt) -> list[int]:
         return encode_prompt(tokenizer, item.prompt)
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(f"prompt {item.id} is a conversation but the target's tokenizer has no chat template")
-    encoded = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True, return_dict=True)
-    return list(encoded["input_ids"])
+    return render_chat(tokenizer, list(item.messages))

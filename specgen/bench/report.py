@@ -149,10 +149,20 @@ def write_csv(result, path: Path) -> None:
             row["token_ids"] = " ".join(map(str, m.token_ids))
             row["identical_to_plain"] = summary.identical_to_plain
             row["speedup_prompt"] = summary.speedup
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
+            writer.writerow({k: _cell(row.get(k)) for k in CSV_COLUMNS})
         for failure in result.failures:
             row = asdict(failure)
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
+            writer.writerow({k: _cell(row.get(k)) for k in CSV_COLUMNS})
+
+
+def _cell(value):
+    """A CSV cell; text a spreadsheet would run as a formula (an id like `=cmd|...`) is quoted
+    with a leading apostrophe, as OWASP advises."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def require_matplotlib() -> None:
@@ -190,8 +200,9 @@ def write_plot(result, path: Path, kind: str | None = None) -> None:
     draft = env["draft"]["name"] if env.get("draft") else "-"
     fig.suptitle(f"{env['target']['name']} / {draft} · {env['target']['dtype']} · "
                  f"threads={env['torch_threads']}", fontsize="medium")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(methods), 4),
-               fontsize="small", frameon=False)
+    if methods:  # plain alone (or every other column failed): nothing to tell apart
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(methods), 4),
+                   fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, format=kind or plot_kind(path))

@@ -38,6 +38,8 @@ def user_errors():
     except Exception as exc:  # an unexpected failure: still one line, with a way to see more
         if os.environ.get("SPECGEN_DEBUG"):
             raise
+        if _caused_by_ctrl_c(exc):  # Ctrl-C inside an import, which wraps it in an ImportError
+            raise typer.Exit(130) from None
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # stdout on a full disk, say
             where = f" writing {exc.filename}" if exc.filename else ""
             error_line(f"no space left on the device{where}: the output did not fit",
@@ -49,6 +51,16 @@ def user_errors():
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
         raise typer.Exit(1) from None
+
+
+def _caused_by_ctrl_c(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
