@@ -501,3 +501,28 @@ def test_one_server_per_model_options(tiny_dirs, tmp_path, monkeypatch):
         os.close(held)
     again = discovery.hold(settings)  # released with its descriptor (and with its process)
     os.close(again)
+
+
+def test_a_quiet_stream_sends_keep_alives_and_a_silent_server_is_given_up(tiny_dirs, pair, monkeypatch):
+    """While a request waits or prefills, its stream carries SSE comments; a served run whose
+    server sends nothing at all for STREAM_TIMEOUT says so, keeping what came, instead of
+    waiting for ever."""
+    from specgen.serve import app as app_module, client
+
+    slow_rounds(monkeypatch, 0.3)
+    monkeypatch.setattr(app_module, "KEEPALIVE_SECONDS", 0.05)
+    running, thread = start(settings_for(tiny_dirs), pair)
+    try:
+        conn, response = stream_request(running, chat_body(running, max_tokens=2))
+        text = response.read().decode()
+        conn.close()
+        assert ": keep-alive" in text and text.rstrip().endswith("data: [DONE]")
+        monkeypatch.setattr(app_module, "KEEPALIVE_SECONDS", 60.0)
+        monkeypatch.setattr(client, "STREAM_TIMEOUT", 0.5)
+        slow_rounds(monkeypatch, 2.0)  # a round longer than the client waits: a hung server, to it
+        result = invoke("run", "Some prompt or other", *options(tiny_dirs), "-n", "8", "--format", "json")
+    finally:
+        stop(running, thread)
+    assert result.exit_code == 1, result.output
+    assert "the specgen server stopped answering" in result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["interrupted"]

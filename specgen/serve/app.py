@@ -37,6 +37,10 @@ from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
 RETRY_AFTER_SECONDS = 1
+# a stream with nothing to send for this long sends an SSE comment: a client's read timeout
+# (serve/client.py's STREAM_TIMEOUT) then means the server stopped answering, not that it is busy
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = object()
 # a prompt of more characters than this per context token is counted a piece at a time first
 CHARS_PER_TOKEN = 8
 PIECE_CHARS = 1 << 15
@@ -285,10 +289,15 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
     """A streamed request's chunks (each choice's under its index) and errors (ApiError), until
     every choice ended; the choices' usage chunks become one, last. If the client goes away (the
     task is cancelled), the rows end before the next round."""
-    left, usage = len(tickets), []
+    left, usage, getter = len(tickets), [], None
     try:
         while left:
-            choice, item = await queue.get()
+            getter = getter or asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter}, timeout=KEEPALIVE_SECONDS)
+            if not done:  # queued, or a long prefill: a comment keeps the client's read timeout at bay
+                yield KEEPALIVE
+                continue
+            (choice, item), getter = getter.result(), None
             if item is None:
                 left -= 1
                 continue
@@ -304,6 +313,8 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
         if usage:
             yield answers.merged_usage(usage)
     finally:
+        if getter is not None:
+            getter.cancel()
         if left:
             for ticket in tickets:
                 state.scheduler.cancel(ticket)
@@ -312,6 +323,9 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
 async def _chat_events(chunks):
     """Chat and completions streams: `data: {chunk}` per chunk, `data: [DONE]` at the end."""
     async for item in chunks:
+        if item is KEEPALIVE:
+            yield ": keep-alive\n\n"
+            continue
         body = item.body() if isinstance(item, api.ApiError) else item
         yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"

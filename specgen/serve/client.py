@@ -46,6 +46,10 @@ class Server:
         return response.status, response
 
 
+# a streamed answer's longest silence: the server sends a keep-alive every 15 s (app.KEEPALIVE_SECONDS)
+STREAM_TIMEOUT = 120.0
+
+
 def find(settings: ModelSettings, timeout: float = 2.0) -> Server | None:
     """The running server with these model options, if it answers (None otherwise)."""
     if os.environ.get("SPECGEN_NO_SERVER"):
@@ -133,7 +137,7 @@ def generate_on_server(settings: ModelSettings, text: str, raw: bool, system: st
     body = request_body(config, server.info["model"], prompt=text) if raw else request_body(
         config, server.info["model"], messages)
     try:
-        status, response = server.request("POST", path, body, timeout=None)
+        status, response = server.request("POST", path, body, timeout=STREAM_TIMEOUT)
     except (OSError, http.client.HTTPException):
         return None  # it went away between the check and the request: load here
     if status != 200:
@@ -169,7 +173,8 @@ class ServerChat:
     def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
         try:
             status, response = self.server.request("POST", "/v1/chat/completions",
-                                                    request_body(config, self.target_name, messages), timeout=None)
+                                                    request_body(config, self.target_name, messages),
+                                                    timeout=STREAM_TIMEOUT)
         except (OSError, http.client.HTTPException) as exc:
             raise SpecgenError(f"the specgen server did not answer: {exc}",
                                hint="is it still running? `specgen serve --list`") from None
@@ -258,6 +263,9 @@ def _stream(response, renderer, config: GenerationConfig) -> Outcome:
         except KeyboardInterrupt:
             response.close()  # the server ends the row before its next round
             outcome = received.outcome(config)
+        except TimeoutError:  # no chunk, not even a keep-alive, for STREAM_TIMEOUT seconds
+            response.close()
+            failed = f"the specgen server stopped answering: nothing came for {STREAM_TIMEOUT:.0f} s"
         except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError, KeyError):
             pass  # the connection broke, or a chunk was not what the server sends: an early end
     if outcome is None:  # the server went away or failed mid-answer: what came is shown, then the error

@@ -120,6 +120,9 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
                 part=_text_part(""))
     text, reason, speculative = [], None, None
     async for item in chunks:
+        if not isinstance(item, (dict, api.ApiError)):  # a keep-alive while the request waits
+            yield ": keep-alive\n\n"
+            continue
         if isinstance(item, api.ApiError):
             body = item.body()["error"]
             yield event("error", code=body["code"], message=body["message"], param=body["param"])
