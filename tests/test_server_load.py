@@ -526,3 +526,20 @@ def test_a_quiet_stream_sends_keep_alives_and_a_silent_server_is_given_up(tiny_d
     assert result.exit_code == 1, result.output
     assert "the specgen server stopped answering" in result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["interrupted"]
+
+
+@pytest.mark.parametrize("bad", [{"since": 1e20}, {"since": float("nan")}, {"url": ""}, {"url": "http://h:99999"},
+                                 {"pid": -1}, {"model": None}, {"url": "ftp://h:1"}])
+def test_a_record_a_server_would_not_write_is_no_server(tmp_path, monkeypatch, bad):
+    """It broke `serve --list` for every server and ended `run` in 'unexpected OverflowError'."""
+    from specgen.serve import discovery
+
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(tmp_path / "rt"))
+    directory = discovery.private_dir()
+    good = {"url": "http://127.0.0.1:8000", "token": "t", "pid": 5, "models": "m", "model": "m", "since": 1.0}
+    (directory / "a.json").write_text(json.dumps(good))
+    assert discovery.read_record(directory / "a.json") is not None
+    (directory / "a.json").write_text(json.dumps({**good, **bad}))
+    assert discovery.read_record(directory / "a.json") is None
+    listed = invoke("serve", "--list")
+    assert listed.exit_code == 0 and "unexpected" not in listed.output

@@ -13,9 +13,11 @@ import fcntl
 import hashlib
 import hmac
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from specgen import __version__
 from specgen.config import ModelSettings
@@ -141,9 +143,16 @@ def read_record(path: Path) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    fields = {"url": str, "token": str, "pid": int, "models": str, "since": (int, float)}
+    fields = {"url": str, "token": str, "pid": int, "models": str, "model": str, "since": (int, float)}
     if not isinstance(record, dict) or not all(isinstance(record.get(k), t) for k, t in fields.items()):
         return None
+    try:
+        parts = urlsplit(record["url"])
+        usable = parts.scheme == "http" and bool(parts.hostname) and parts.port is not None
+    except ValueError:  # a port out of range, a malformed address
+        usable = False
+    if not usable or not math.isfinite(record["since"]) or not 0 <= record["since"] < 1e11 or record["pid"] <= 0:
+        return None  # not what a server writes: left alone, as a record of no server
     return record
 
 
