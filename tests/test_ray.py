@@ -83,6 +83,7 @@ def test_an_actor_killed_mid_run_loses_no_prompt_and_repeats_none(models, prompt
                                  "--ray-actors", "2", "--ray-threads", "1", *models])
     assert result.exit_code == 0, result.output
     assert runs[0].retried >= 1  # the killed actor's batches went to the other one
+    assert "a Ray actor died; its" in result.stderr  # and the user is told
     assert ids_of(out) == local
 
 

@@ -353,6 +353,8 @@ def test_an_unsafe_runtime_directory_is_named_not_ignored(tmp_path, monkeypatch,
     one_line_error(invoke("serve", "--list"), "can be opened by other users")
     one_line_error(invoke("serve", *options(tiny_dirs), "--stop"), "can be opened by other users")
     one_line_error(invoke("serve", *options(tiny_dirs), "--detach"), "can be opened by other users")
+    local = invoke("run", "hi", *options(tiny_dirs), "-n", "2")  # runs in its own process, and says why
+    assert local.exit_code == 0 and "not looking for a server: " in local.stderr
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(blocker))

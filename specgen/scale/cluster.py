@@ -219,6 +219,7 @@ class RayRun:
                 self.retried += len(batch)
                 if actor in live:
                     live.remove(actor)
+                    note(f"specgen: a Ray actor died; its {len(batch)} prompts go to the {len(live)} others")
                 if not live:
                     raise SpecgenError(f"every Ray actor died; {len(self.queue)} prompts were not decoded",
                                        hint="rerun the same command: it finishes the rest") from None

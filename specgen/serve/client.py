@@ -54,6 +54,11 @@ def find(settings: ModelSettings, timeout: float = 2.0) -> Server | None:
     """The running server with these model options, if it answers (None otherwise)."""
     if os.environ.get("SPECGEN_NO_SERVER"):
         return None
+    directory = discovery.runtime_dir()
+    why = discovery.unsafe(directory) if directory.exists() else None
+    if why is not None:  # a server there is not trusted: say why this run loads in its own process
+        note(f"specgen: not looking for a server: {why}")
+        return None
     return _answering(discovery.read_record(discovery.record_path(settings)), timeout)
 
 

@@ -82,9 +82,12 @@ def settings_key(settings: ModelSettings) -> str:
         path = Path(arg).expanduser()
         return str(path.resolve()) if path.exists() else arg
 
+    def word(value: str | None) -> str | None:  # --dtype FLOAT32 is --dtype float32
+        return value.strip().lower() if isinstance(value, str) else value
+
     fields = [PROTOCOL, __version__, str(cache_root()), os.environ.get("CUDA_VISIBLE_DEVICES"),
-              model(settings.target), model(settings.draft), settings.device, settings.draft_device,
-              settings.dtype, settings.draft_quant, settings.compile, settings.target_quant]
+              model(settings.target), model(settings.draft), word(settings.device), word(settings.draft_device),
+              word(settings.dtype), word(settings.draft_quant), word(settings.compile), word(settings.target_quant)]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
