@@ -11,8 +11,10 @@ record for `specgen run` to find: a Ray deployment is for OpenAI clients).
 
 from __future__ import annotations
 
+import http.client
 import logging
 import sys
+from urllib.parse import urlsplit
 
 import torch
 
@@ -41,7 +43,7 @@ def check_free() -> None:
     """Refuse a second `serve --ray` on one cluster: its deployment would replace the first's
     (one app name, one HTTP address per cluster), and either's Ctrl-C would end both."""
     try:
-        from ray import serve
+        from ray import serve  # the optional extra: only a --ray server needs it
     except ImportError:
         raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
     if APP_NAME in serve.status().applications:
@@ -82,9 +84,6 @@ def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, thread
 def _check_answers(url: str) -> None:
     """Ray Serve keeps the HTTP address it started with on a cluster and ignores another (with
     only a warning): say so rather than print a URL that nothing serves."""
-    import http.client
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     try:
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
