@@ -31,6 +31,15 @@ class DiskFullError(SpecgenError, OSError):
         self.strerror = message  # what callers that report an OSError's strerror print
 
 
+class PartialReply(SpecgenError):
+    """A reply that broke off (the server went away or failed mid-answer): its one line, and
+    what came before (`outcome`, marked interrupted), which a chat keeps as a run prints it."""
+
+    def __init__(self, message: str, hint: str | None, outcome):
+        super().__init__(message, hint)
+        self.outcome = outcome
+
+
 def file_error(error: OSError) -> SpecgenError:
     """An OSError of the file system as one line naming the path: what `open` and friends say
     when a path is not what specgen expects (a directory where a file goes, a cache that is a file)."""

@@ -545,3 +545,31 @@ def test_a_record_a_server_would_not_write_is_no_server(tmp_path, monkeypatch, b
     assert discovery.read_record(directory / "a.json") is None
     listed = invoke("serve", "--list")
     assert listed.exit_code == 0 and "unexpected" not in listed.output
+
+
+def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch, tmp_path):
+    """As on Ctrl-C: what came is kept in the conversation, marked interrupted; the error is one
+    line, and the session goes on."""
+    from specgen.serve import scheduler
+
+    real, calls = scheduler.Scheduler._dispatch, []
+
+    def failing(self, report, stats, engine):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("a kernel failed")
+        return real(self, report, stats, engine)
+
+    monkeypatch.setattr(scheduler.Scheduler, "_dispatch", failing)
+    save = tmp_path / "chat.json"
+    running, thread = start(settings_for(tiny_dirs), pair)
+    try:
+        result = invoke("chat", *options(tiny_dirs), "-n", "30", "-k", "2", "--format", "plain",
+                        input=f"first\nsecond\n/save {save}\n")
+    finally:
+        stop(running, thread)
+    assert result.exit_code == 1, result.output
+    assert "the specgen server failed: the engine failed: RuntimeError" in result.stderr
+    messages = json.loads(save.read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[1].get("interrupted") and messages[1]["content"] and not messages[3].get("interrupted")

@@ -23,7 +23,7 @@ from specgen.chat.saves import (SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedC
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.stats import Stats, histogram
 from specgen.decoding.views import Outcome
-from specgen.errors import ConfigError, PromptError
+from specgen.errors import ConfigError, PartialReply, PromptError
 
 HELP = """\
 /help                 this list
@@ -140,7 +140,11 @@ class Conversation:
         if room < self.config.max_new_tokens:
             self.notify(f"the context leaves room for {room} new tokens in this reply")
         self.messages = messages[:-1]  # the user's message joins once there is a reply
-        outcome, reused = self.backend.reply(self.full(messages), self.config, renderer)
+        try:
+            outcome, reused = self.backend.reply(self.full(messages), self.config, renderer)
+        except PartialReply as broken:  # the server went away mid-answer: what came is kept, as on Ctrl-C
+            self.messages = messages + [{"role": "assistant", "content": broken.outcome.text, "interrupted": True}]
+            raise
         reply = {"role": "assistant", "content": outcome.text}
         if outcome.interrupted:
             reply["interrupted"] = True

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.views import Outcome, ReplayView, RoundView, TreeView
-from specgen.errors import SpecgenError
+from specgen.errors import PartialReply, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
 
@@ -274,10 +274,11 @@ def _stream(response, renderer, config: GenerationConfig) -> Outcome:
         except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError, KeyError):
             pass  # the connection broke, or a chunk was not what the server sends: an early end
     if outcome is None:  # the server went away or failed mid-answer: what came is shown, then the error
-        renderer.finish(received.outcome(config))
-        raise SpecgenError(failed or "the specgen server closed the connection before the generation finished",
-                           hint="the text received was shown, marked interrupted" if failed else
-                           "was it stopped? the text received was shown, marked interrupted")
+        partial = received.outcome(config)
+        renderer.finish(partial)
+        raise PartialReply(failed or "the specgen server closed the connection before the generation finished",
+                           "the text received was shown and kept, marked interrupted" if failed else
+                           "was it stopped? the text received was shown and kept, marked interrupted", partial)
     renderer.finish(outcome)
     return outcome
 
