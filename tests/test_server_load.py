@@ -573,3 +573,21 @@ def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch,
     messages = json.loads(save.read_text())["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[1].get("interrupted") and messages[1]["content"] and not messages[3].get("interrupted")
+
+
+@pytest.mark.parametrize("fmt", ["json", "plain", "rich"])
+def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(served, tiny_dirs, monkeypatch, fmt):
+    from specgen.serve import client
+
+    def interrupted(self, method, path, body=None, timeout=10.0, key=True):
+        if method == "POST":
+            raise KeyboardInterrupt
+        return real(self, method, path, body, timeout, key)
+
+    real = client.Server.request
+    monkeypatch.setattr(client.Server, "request", interrupted)
+    result = invoke("run", "hi", *options(tiny_dirs), "-n", "4", "--format", fmt)
+    assert result.exit_code == 130 and "Traceback" not in result.output
+    if fmt == "json":
+        record = json.loads(result.stdout.strip().splitlines()[-1])
+        assert record["interrupted"] and record["token_ids"] == []

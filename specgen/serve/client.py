@@ -143,7 +143,14 @@ def generate_on_server(settings: ModelSettings, text: str, raw: bool, system: st
         config, server.info["model"], messages)
     try:
         status, response = server.request("POST", path, body, timeout=STREAM_TIMEOUT)
+    except KeyboardInterrupt:  # before the answer began: an empty one, marked interrupted, as a local run prints
+        outcome = _Received(config.method.value).outcome(config)
+        with renderer:
+            pass
+        renderer.finish(outcome)
+        return outcome
     except (OSError, http.client.HTTPException):
+        note("specgen: the server did not answer; loading the models here")
         return None  # it went away between the check and the request: load here
     if status != 200:
         raise _error(response)
