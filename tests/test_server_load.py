@@ -576,7 +576,7 @@ def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch,
 
 
 @pytest.mark.parametrize("fmt", ["json", "plain", "rich"])
-def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(served, tiny_dirs, monkeypatch, fmt):
+def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(tiny_dirs, pair, monkeypatch, fmt):
     from specgen.serve import client
 
     def interrupted(self, method, path, body=None, timeout=10.0, key=True):
@@ -585,8 +585,13 @@ def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(se
         return real(self, method, path, body, timeout, key)
 
     real = client.Server.request
-    monkeypatch.setattr(client.Server, "request", interrupted)
-    result = invoke("run", "hi", *options(tiny_dirs), "-n", "4", "--format", fmt)
+    running, thread = start(settings_for(tiny_dirs), pair)
+    try:
+        monkeypatch.setattr(client.Server, "request", interrupted)
+        result = invoke("run", "hi", *options(tiny_dirs), "-n", "4", "--format", fmt)
+    finally:
+        monkeypatch.undo()
+        stop(running, thread)
     assert result.exit_code == 130 and "Traceback" not in result.output
     if fmt == "json":
         record = json.loads(result.stdout.strip().splitlines()[-1])
