@@ -615,3 +615,16 @@ def test_a_write_goes_through_a_link_and_into_a_device_or_pipe_never_replacing_t
     atomic_write(fifo, lambda tmp: tmp.write_text('{"a": 1}'))
     reader.join(10)
     assert got == ['{"a": 1}'] and fifo.is_fifo()
+
+
+def test_a_file_written_again_keeps_its_mode_and_another_models_copies_are_not_its(cache, tmp_path):
+    from specgen.models.cache import atomic_write, converted_dirs, converted_root
+
+    target = tmp_path / "results.json"
+    target.write_text("old")
+    target.chmod(0o444)
+    atomic_write(target, lambda tmp: tmp.write_text("new"))
+    assert target.read_text() == "new" and (target.stat().st_mode & 0o777) == 0o444
+    for name in ("m-bfloat16", "m-x-bfloat16", "m-"):
+        (converted_root() / name).mkdir(parents=True)
+    assert [p.name for p in converted_dirs("m")] == ["m-bfloat16"]

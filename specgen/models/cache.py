@@ -24,6 +24,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -51,8 +52,8 @@ def converted_dirs(key_prefix: str) -> list[Path]:
     root = converted_root()
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir()
-                  if p.is_dir() and not p.is_symlink() and p.name.startswith(f"{key_prefix}-"))
+    names = {f"{key_prefix}-{dtype}" for dtype in DTYPE_NAMES}  # exactly: `x-y-bfloat16` is another model's
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name in names)
 
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the suffixes of converted directories
@@ -132,6 +133,8 @@ def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = N
     try:
         write(tmp)
         _sync(tmp)
+        if path.is_file() and tmp.is_file():  # a file written again keeps its mode (a 0444 file stays 0444)
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
     except BaseException as error:
         _remove(tmp)
