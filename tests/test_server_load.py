@@ -596,3 +596,22 @@ def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(ti
     if fmt == "json":
         record = json.loads(result.stdout.strip().splitlines()[-1])
         assert record["interrupted"] and record["token_ids"] == []
+
+
+def test_a_chat_takes_up_its_server_started_again(tiny_dirs, pair):
+    """The server stopped between two turns and was started again with the same model options:
+    the chat goes on there (it failed every later turn)."""
+    from specgen.serve import client
+
+    settings = settings_for(tiny_dirs)
+    first, thread = start(settings, pair)
+    chat = client.ServerChat(client.find(settings), settings)
+    messages = [{"role": "user", "content": "hi"}]
+    before = chat.count(messages)
+    stop(first, thread)
+    second, thread = start(settings, pair)
+    try:
+        assert chat.count(messages) == before
+        assert chat.server.token == second.token  # each server has its own token
+    finally:
+        stop(second, thread)

@@ -118,7 +118,7 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
     if server is not None:  # no torch in this process: the server has the pair
         if fmt is not Format.json:
             note(f"specgen: chatting on the specgen server (pid {server.info['pid']}, {server.info['models']})")
-        chat_session = Conversation(ServerChat(server), settings, config, system, messages, notify=notify)
+        chat_session = Conversation(ServerChat(server, settings), settings, config, system, messages, notify=notify)
     else:
         chat_session = _local_session(settings, config, system, messages, notify, quiet=fmt is Format.json)
     if load_file is not None:

@@ -162,16 +162,29 @@ class ServerChat:
     server parks the conversation's row after each reply and resumes it for the next turn,
     which shares its prefix: a turn prefills only its new tokens, as a local chat does."""
 
-    def __init__(self, server: Server):
-        self.server = server
+    def __init__(self, server: Server, settings: ModelSettings | None = None):
+        self.server, self.settings = server, settings  # settings: to find the server again once restarted
         self.target_name = server.info["model"]
         self.draft_name = server.info.get("draft")
         self.context_length = 0
         self.context_length = self._tokenize([{"role": "user", "content": "hi"}])["max_model_len"]
 
+    def _request(self, path: str, body: dict, timeout: float):
+        """One request; when the server does not answer, a server started again with the same
+        model options (a new record) takes the conversation on."""
+        try:
+            return self.server.request("POST", path, body, timeout=timeout)
+        except (OSError, http.client.HTTPException):
+            fresh = find(self.settings) if self.settings is not None else None
+            if fresh is None or fresh.url == self.server.url and fresh.token == self.server.token:
+                raise
+            self.server = fresh
+            note(f"specgen: chatting on the specgen server started again (pid {fresh.info['pid']})")
+            return self.server.request("POST", path, body, timeout=timeout)
+
     def _tokenize(self, messages: list[dict]) -> dict:
         try:
-            status, response = self.server.request("POST", "/tokenize", {"messages": messages}, timeout=60)
+            status, response = self._request("/tokenize", {"messages": messages}, timeout=60)
             if status != 200:
                 raise _error(response)
             return json.loads(response.read())
@@ -184,9 +197,8 @@ class ServerChat:
 
     def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
         try:
-            status, response = self.server.request("POST", "/v1/chat/completions",
-                                                    request_body(config, self.target_name, messages),
-                                                    timeout=STREAM_TIMEOUT)
+            status, response = self._request("/v1/chat/completions", request_body(config, self.target_name, messages),
+                                             STREAM_TIMEOUT)
         except (OSError, http.client.HTTPException) as exc:
             raise SpecgenError(f"the specgen server did not answer: {exc}",
                                hint="is it still running? `specgen serve --list`") from None
