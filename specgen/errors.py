@@ -40,6 +40,20 @@ class PartialReply(SpecgenError):
         self.outcome = outcome
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's text (empty when it has none), cut at `limit`."""
+    return (str(exc).strip().splitlines() or [""])[0][:limit]
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line: a SpecgenError's own message; any other, its type and the
+    first line of its text (Python's and the libraries' messages run over many lines)."""
+    if isinstance(exc, SpecgenError):
+        return str(exc)
+    text = first_line(exc, limit)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def file_error(error: OSError) -> SpecgenError:
     """An OSError of the file system as one line naming the path: what `open` and friends say
     when a path is not what specgen expects (a directory where a file goes, a cache that is a file)."""

@@ -22,6 +22,7 @@ import torch
 
 from specgen.bench.runners import Generation
 from specgen.config import GenerationConfig
+from specgen.errors import one_line
 
 STOP_SECONDS = 10.0  # an idle child asked to stop gets this long before it is killed
 
@@ -163,11 +164,6 @@ def serve(conn, factory: Callable, args: tuple, threads: int) -> None:
             conn.send(("error", one_line(exc)))
             return
         conn.send(("ok", (generation, _peak() if resettable else None)))
-
-
-def one_line(exc: BaseException) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _reset_peak() -> bool:

@@ -29,7 +29,7 @@ from specgen.bench.runners import Generation, Known, Runner
 from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
 from specgen.config import GenerationConfig
 from specgen.decoding.stats import histogram, rate
-from specgen.errors import ConfigError, PromptError, SpecgenError
+from specgen.errors import ConfigError, PromptError, one_line
 from specgen.models import placement
 from specgen.runtime.int8 import RowInt8Linear
 from specgen.status import note
@@ -176,10 +176,7 @@ def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
         try:
             return runner.generate(ids, run_config)
         except Exception as exc:  # noqa: BLE001: one column's failure is its line, never the others' loss
-            if isinstance(exc, (RunnerFailed, SpecgenError)):
-                line = str(exc)
-            else:
-                line = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            line = str(exc) if isinstance(exc, RunnerFailed) else one_line(exc)
             failures.append(Failure(runner.name, item.id, item.category, repeat, line))
             note(f"bench: {runner.name}: {line}")
             return None

@@ -26,7 +26,7 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import run_prompts
 from specgen.decoding.stats import Stats, rate
-from specgen.errors import ConfigError, SpecgenError
+from specgen.errors import ConfigError, one_line
 
 OFF = "off"
 
@@ -109,10 +109,8 @@ def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: G
             try:
                 cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
             except Exception as exc:  # noqa: BLE001: one cell's failure is its line, never the others' loss
-                line = str(exc) if isinstance(exc, SpecgenError) else \
-                    f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
                 cell = ThroughputCell(name, size, OFF if window is None else f"window {window}", len(prompts),
-                                      0, 0.0, 0.0, skipped=f"failed: {line}", failed=True)
+                                      0, 0.0, 0.0, skipped=f"failed: {one_line(exc)}", failed=True)
             cells.append(cell)
             if on_cell is not None:
                 on_cell(cell)

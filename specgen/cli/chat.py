@@ -37,7 +37,7 @@ from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import ModelSettings
-from specgen.errors import PromptError, SpecgenError
+from specgen.errors import PromptError, SpecgenError, one_line
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.serve.client import ServerChat, find
 from specgen.status import note
@@ -315,8 +315,7 @@ class _Loop:
 
 
 def _unexpected(exc: Exception, what: str) -> SpecgenError:
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return SpecgenError(f"unexpected {type(exc).__name__}: {first}", hint=f"{what}; SPECGEN_DEBUG=1 shows the traceback")
+    return SpecgenError(f"unexpected {one_line(exc)}", hint=f"{what}; SPECGEN_DEBUG=1 shows the traceback")
 
 
 class _Interrupted(Exception):

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.config import GenerationConfig, Method, SamplingConfig, Schedule, parse_branching, parse_draft_tokens
-from specgen.errors import ConfigError, PromptError, SpecgenError, file_error
+from specgen.errors import ConfigError, PromptError, SpecgenError, file_error, one_line
 from specgen.status import error_line
 
 
@@ -48,8 +48,7 @@ def user_errors():
         if isinstance(exc, OSError) and exc.filename:  # a path that is not what it should be
             error_line(str(file_error(exc)))
             raise typer.Exit(1) from None
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        error_line(f"unexpected {type(exc).__name__}: {first}", "set SPECGEN_DEBUG=1 for the traceback")
+        error_line(f"unexpected {one_line(exc)}", "set SPECGEN_DEBUG=1 for the traceback")
         raise typer.Exit(1) from None
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
-from specgen.errors import PromptError
+from specgen.errors import PromptError, first_line
 
 
 def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:
@@ -28,8 +28,7 @@ def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True)
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt,
                                                   return_dict=True)["input_ids"])
     except (TemplateError, ValueError, TypeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise PromptError(f"the model's chat template refused the messages: {first}",
+        raise PromptError(f"the model's chat template refused the messages: {first_line(exc) or type(exc).__name__}",
                           hint="--raw sends the prompt without the template") from None
 
 

@@ -20,7 +20,7 @@ from collections import deque
 from typing import Iterator
 
 from specgen.config import GenerationConfig, ModelSettings
-from specgen.errors import ConfigError, SpecgenError
+from specgen.errors import ConfigError, SpecgenError, first_line, one_line
 from specgen.status import note
 
 INSTALL_HINT = "pip install 'specgen[ray]'"
@@ -56,12 +56,12 @@ def connect(address: str):
             with _quick_and_quiet():
                 ray.init(address=named, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError as exc:  # Ray's own first line says why (an auth token it wants, say)
-        said = (str(exc).strip().splitlines() or [""])[0][:200]
+        said = first_line(exc, 200)
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: "
                           + (f"no Ray head answered there ({said})" if said else "no Ray head answered there"),
                           hint="start one with `ray start --head`, or use --ray auto") from None
     except Exception as exc:  # Ray's own failures are many types: one line naming the address
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        first = first_line(exc, 200) or type(exc).__name__
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: {first}") from None
     return ray, True
 
@@ -232,8 +232,7 @@ class RayRun:
                 cause = getattr(exc, "cause", None) or exc
                 if isinstance(cause, SpecgenError):
                     raise cause from None
-                raise SpecgenError(f"a Ray actor failed: {type(cause).__name__}: "
-                                   f"{(str(cause).strip().splitlines() or [''])[0][:200]}") from None
+                raise SpecgenError(f"a Ray actor failed: {one_line(cause, 200)}") from None
             if actor in live:
                 feed(actor)
             self.last_actor = actor

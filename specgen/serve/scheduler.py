@@ -41,6 +41,7 @@ from specgen.decoding.rates import WidthRates
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.run import fold
 from specgen.decoding.staging import PREFILL_CHUNK
+from specgen.errors import one_line
 from specgen.runtime.pair import Pair
 from specgen.serve import api
 from specgen.serve.metrics import Metrics
@@ -184,8 +185,7 @@ class Scheduler:
         try:
             self._drive(key, config, first_ids, capped)
         except Exception as exc:  # noqa: BLE001: the server outlives a failed batch; its rows get the error
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            error = api.ApiError(500, f"the engine failed: {type(exc).__name__}: {first}", kind="server_error",
+            error = api.ApiError(500, f"the engine failed: {one_line(exc, 200)}", kind="server_error",
                                  code="engine_error")
             if os.environ.get("SPECGEN_DEBUG"):
                 traceback.print_exc()
