@@ -724,3 +724,15 @@ def test_throughput_mode_keeps_its_cells_when_one_fails(models, short_file, tmp_
     named = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "plain,chain/k2",
                                 "--batch-sizes", "1"])
     assert named.exit_code == 1 and "'chain/k2' is not one" in named.stderr
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch-sizes", "1"], ["--concurrency", "1"]])
+def test_a_prompt_past_the_context_is_one_line_before_any_mode_measures(models, tmp_path, mode):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "long", "category": "c", "prompt": "x " * 300}) + "\n")
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(prompts), "-n", "4", "--methods", "plain,chain",
+                                 *mode, "--json", str(tmp_path / "o.json")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "prompt long has" in errors[0] and "context holds" in errors[0], result.output
+    assert not (tmp_path / "o.json").exists()

@@ -23,13 +23,13 @@ from specgen import __version__
 from specgen.bench import llamacpp as bench_llamacpp
 from specgen.bench.isolated import IsolatedRunner, RunnerFailed, closing
 from specgen.bench.methods import PLAIN, build_runner, parse_methods, registry
-from specgen.bench.prompts import BenchPrompt, encode
+from specgen.bench.prompts import BenchPrompt, encode_all
 from specgen.bench.references import assistant_settings
 from specgen.bench.runners import Generation, Known, Runner
 from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
 from specgen.config import GenerationConfig
 from specgen.decoding.stats import histogram, rate
-from specgen.errors import ConfigError, PromptError, one_line
+from specgen.errors import ConfigError, one_line
 from specgen.models import placement
 from specgen.runtime.int8 import RowInt8Linear
 from specgen.status import note
@@ -246,14 +246,7 @@ def _run(pair, runners: list[Runner], prompts: list[BenchPrompt], settings: Benc
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:
         raise ConfigError("plain decoding must be measured: it is the denominator of every speed-up")
-    tokenizer = pair.target.tokenizer
-    encoded = []
-    for item in prompts:
-        ids = encode(tokenizer, item)
-        if len(ids) >= pair.target.context_length - 1:
-            raise PromptError(f"prompt {item.id} has {len(ids)} tokens; the target's context holds "
-                              f"{pair.target.context_length}")
-        encoded.append((item, ids))
+    encoded = list(zip(prompts, encode_all(pair.target.tokenizer, prompts, pair.target.context_length)))
     devices = [pair.target.device] + ([pair.draft.device] if pair.draft is not None else [])
     memory = MemoryProbe(devices)
     measurements: list[Measurement] = []

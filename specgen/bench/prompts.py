@@ -132,6 +132,18 @@ def _prompt_from(obj, where: str) -> BenchPrompt:
     return BenchPrompt(obj["id"], obj["category"], messages=tuple(dict(m) for m in messages))
 
 
+def encode_all(tokenizer, items: list[BenchPrompt], context: int) -> list[list[int]]:
+    """Every prompt's token ids, each checked against the target's context (with room for a
+    token) before anything is measured, in every bench mode."""
+    encoded = []
+    for item in items:
+        ids = encode(tokenizer, item)
+        if len(ids) >= context - 1:
+            raise PromptError(f"prompt {item.id} has {len(ids)} tokens; the target's context holds {context}")
+        encoded.append(ids)
+    return encoded
+
+
 def encode(tokenizer, item: BenchPrompt) -> list[int]:
     """Token ids of one prompt, through the chat template with the generation prompt added."""
     if item.messages is None:

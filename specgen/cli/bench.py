@@ -163,7 +163,7 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = _runnable(registry, pair, names, named, err)
-    prompts = [prompt_sets.encode(pair.target.tokenizer, item) for item in items]
+    prompts = prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)
     modes = ["off"] + [f"window {w}" for w in windows]
     err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
               f"{sizes} x modes {modes}", style="dim", markup=False)
@@ -206,12 +206,9 @@ def _runnable(registry, pair, names: list[str], named: bool, err, drafts=None) -
 def _concurrency(names, items, config, levels, per_client, max_batch, models: ModelSettings, json_file,
                  threads=None, repeats: int = 1, named: bool = True):
     """Start a server on the loaded pair (this process, a free port), drive it, stop it."""
-    from specgen.bench import concurrency, measure  # torch: see bench()
+    from specgen.bench import concurrency, measure, methods as registry, prompts as prompt_sets  # torch: see bench()
     from specgen.runtime.pair import load
     from specgen.serve.server import ServeOptions, prepare
-
-    from specgen.bench import methods as registry
-    from specgen.decoding.prompts import render_chat
 
     err = Console(emoji=False, stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
@@ -219,11 +216,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     names = _runnable(registry, pair, names, named, err)
     prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
                for item in items]
-    for item, messages in zip(items, prompts):  # every prompt fits, before the server starts
-        count = len(render_chat(pair.target.tokenizer, messages))
-        if count >= pair.target.context_length - 1:
-            raise ConfigError(f"prompt {item.id} has {count} tokens; the target's context holds "
-                              f"{pair.target.context_length}")
+    prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)  # each fits, before the server starts
     with measure.fixed_threads(threads) as used:
         running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
                                                max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
