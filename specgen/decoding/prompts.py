@@ -21,10 +21,16 @@ def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None 
     return render_chat(tokenizer, messages)
 
 
-def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True) -> list[int]:
-    """`messages` through the model's chat template, tokenized. A template that fails (a syntax
-    error, its own raise_exception over roles it does not take) is one PromptError."""
+def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True,
+                special_tokens: bool = False) -> list[int]:
+    """`messages` through the model's chat template, tokenized (`special_tokens`: with the
+    tokenizer's BOS/EOS added around the rendered text, as vLLM's /tokenize may ask). A template
+    that fails (a syntax error, its own raise_exception over roles it does not take) is one
+    PromptError."""
     try:
+        if special_tokens:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+            return tokenizer.encode(text, add_special_tokens=True)
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt,
                                                   return_dict=True)["input_ids"])
     except (TemplateError, ValueError, TypeError) as exc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from specgen.config import MAX_LOGPROBS, SEED_MAX, GenerationConfig, Method, SamplingConfig, Schedule, parse_branching
 from specgen.errors import ConfigError
 
+KEEPALIVE = object()  # a stream's item while nothing else comes: an SSE comment on the wire
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused (413)
 MAX_STOPS = 4
 MAX_CHOICES = 16  # `n`: choices per request, each a row of the batch

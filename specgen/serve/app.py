@@ -25,7 +25,6 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -40,7 +39,6 @@ RETRY_AFTER_SECONDS = 1
 # a stream with nothing to send for this long sends an SSE comment: a client's read timeout
 # (serve/client.py's STREAM_TIMEOUT) then means the server stopped answering, not that it is busy
 KEEPALIVE_SECONDS = 15.0
-KEEPALIVE = object()
 # a prompt of more characters than this per context token is counted a piece at a time first
 CHARS_PER_TOKEN = 8
 PIECE_CHARS = 1 << 15
@@ -250,16 +248,11 @@ def _encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = Tru
             return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
         if not getattr(tokenizer, "chat_template", None):
             raise api.ApiError(400, "this model has no chat template; use /v1/completions", "messages")
-        if special_tokens:
-            text = tokenizer.apply_chat_template(job.messages, add_generation_prompt=generation_prompt, tokenize=False)
-            return tokenizer.encode(text, add_special_tokens=True)
-        return render_chat(tokenizer, job.messages, generation_prompt)
+        return render_chat(tokenizer, job.messages, generation_prompt, bool(special_tokens))
     except SpecgenError as exc:  # a template that refuses the conversation (e.g. its roles)
-        raise api.ApiError(400, str(exc), "messages" if job.kind == "chat" else "prompt") from None
-    except (ValueError, TypeError, TemplateError) as exc:
-        if job.kind == "completion":
-            raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
-        raise api.ApiError(400, f"the chat template refused the messages: {exc}", "messages") from None
+        raise api.ApiError(400, str(exc), "messages") from None
+    except (ValueError, TypeError) as exc:  # a completion's text the tokenizer will not take
+        raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
 
 
 def _beyond(tokenizer, texts: list[str], context: int) -> int:
@@ -285,19 +278,40 @@ def _beyond(tokenizer, texts: list[str], context: int) -> int:
     return 0
 
 
+class _Inbox:
+    """A request's queue, read with a time limit that never loses an item: one get stays
+    pending across timeouts (asyncio.wait_for would cancel a get that had just been handed
+    one)."""
+
+    def __init__(self, queue: asyncio.Queue):
+        self.queue, self.getter = queue, None
+
+    async def get(self, timeout: float):
+        """The next (choice, item), or None after `timeout` seconds without one."""
+        self.getter = self.getter or asyncio.ensure_future(self.queue.get())
+        done, _ = await asyncio.wait({self.getter}, timeout=timeout)
+        if not done:
+            return None
+        got, self.getter = self.getter.result(), None
+        return got
+
+    def close(self) -> None:
+        if self.getter is not None:
+            self.getter.cancel()
+
+
 async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue):
     """A streamed request's chunks (each choice's under its index) and errors (ApiError), until
     every choice ended; the choices' usage chunks become one, last. If the client goes away (the
     task is cancelled), the rows end before the next round."""
-    left, usage, getter = len(tickets), [], None
+    left, usage, inbox = len(tickets), [], _Inbox(queue)
     try:
         while left:
-            getter = getter or asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({getter}, timeout=KEEPALIVE_SECONDS)
-            if not done:  # queued, or a long prefill: a comment keeps the client's read timeout at bay
-                yield KEEPALIVE
+            got = await inbox.get(KEEPALIVE_SECONDS)
+            if got is None:  # queued, or a long prefill: a comment keeps the client's read timeout at bay
+                yield api.KEEPALIVE
                 continue
-            (choice, item), getter = getter.result(), None
+            choice, item = got
             if item is None:
                 left -= 1
                 continue
@@ -313,8 +327,7 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
         if usage:
             yield answers.merged_usage(usage)
     finally:
-        if getter is not None:
-            getter.cancel()
+        inbox.close()
         if left:
             for ticket in tickets:
                 state.scheduler.cancel(ticket)
@@ -323,7 +336,7 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
 async def _chat_events(chunks):
     """Chat and completions streams: `data: {chunk}` per chunk, `data: [DONE]` at the end."""
     async for item in chunks:
-        if item is KEEPALIVE:
+        if item is api.KEEPALIVE:
             yield ": keep-alive\n\n"
             continue
         body = item.body() if isinstance(item, api.ApiError) else item
@@ -345,20 +358,23 @@ async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue
     """A request that did not stream: wait for its choices' answers, giving up their rows if the
     client leaves; one answer (answers.merged), or a Response: the first choice's error, or 499."""
     replies: list = [None] * len(tickets)
-    left = len(tickets)
-    while left:
-        try:
-            choice, item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_SECONDS)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                for ticket in tickets:
-                    state.scheduler.cancel(ticket)
-                return Response(status_code=499)
-            continue
-        if item is None:
-            left -= 1
-        else:
-            replies[choice] = item
+    left, inbox = len(tickets), _Inbox(queue)
+    try:
+        while left:
+            got = await inbox.get(DISCONNECT_POLL_SECONDS)
+            if got is None:
+                if await request.is_disconnected():
+                    for ticket in tickets:
+                        state.scheduler.cancel(ticket)
+                    return Response(status_code=499)
+                continue
+            choice, item = got
+            if item is None:
+                left -= 1
+            else:
+                replies[choice] = item
+    finally:
+        inbox.close()
     failed = next((a for a in replies if a is None or isinstance(a, api.ApiError)), False)
     if isinstance(failed, api.ApiError):
         return error(failed)

@@ -120,7 +120,7 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
                 part=_text_part(""))
     text, reason, speculative = [], None, None
     async for item in chunks:
-        if not isinstance(item, (dict, api.ApiError)):  # a keep-alive while the request waits
+        if item is api.KEEPALIVE:  # while the request waits or prefills
             yield ": keep-alive\n\n"
             continue
         if isinstance(item, api.ApiError):
