@@ -421,20 +421,25 @@ def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, 
     assert "closed the connection" in result.stderr
 
 
-def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(tiny_dirs, pair, monkeypatch):
-    """The server's engine fails after some rounds: its error chunk ends the stream; the client
-    prints what came (a JSON object, marked interrupted) and then the server's one line."""
+def fail_mid_answer(monkeypatch, events: int = 6) -> None:
+    """The server's engine raises at its `events`-th event: after some rounds of an answer."""
     from specgen.serve import scheduler
 
     real, calls = scheduler.Scheduler._dispatch, []
 
     def failing(self, report, stats, engine):
         calls.append(1)
-        if len(calls) == 6:
+        if len(calls) == events:
             raise RuntimeError("a kernel failed")
         return real(self, report, stats, engine)
 
     monkeypatch.setattr(scheduler.Scheduler, "_dispatch", failing)
+
+
+def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(tiny_dirs, pair, monkeypatch):
+    """The server's engine fails after some rounds: its error chunk ends the stream; the client
+    prints what came (a JSON object, marked interrupted) and then the server's one line."""
+    fail_mid_answer(monkeypatch)
     running, thread = start(settings_for(tiny_dirs), pair)
     try:
         result = invoke("run", "A prompt of its own", *options(tiny_dirs), "-n", "40", "-k", "2", "--format", "json")
@@ -550,17 +555,7 @@ def test_a_record_a_server_would_not_write_is_no_server(tmp_path, monkeypatch, b
 def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch, tmp_path):
     """As on Ctrl-C: what came is kept in the conversation, marked interrupted; the error is one
     line, and the session goes on."""
-    from specgen.serve import scheduler
-
-    real, calls = scheduler.Scheduler._dispatch, []
-
-    def failing(self, report, stats, engine):
-        calls.append(1)
-        if len(calls) == 6:
-            raise RuntimeError("a kernel failed")
-        return real(self, report, stats, engine)
-
-    monkeypatch.setattr(scheduler.Scheduler, "_dispatch", failing)
+    fail_mid_answer(monkeypatch)
     save = tmp_path / "chat.json"
     running, thread = start(settings_for(tiny_dirs), pair)
     try:
