@@ -113,7 +113,7 @@ def pull(
             path = catalog.fetch(model, find_links=find_links, quiet=quiet)
             _err.print(f"{model.name}: {escape(str(path))}", highlight=False, soft_wrap=True)
     except SpecgenError as error:
-        raise _fail(error)
+        raise _fail(error) from None
     except OSError as error:  # the cache in a state specgen did not leave it in
         raise _fail(file_error(error)) from None
 
@@ -128,7 +128,7 @@ def path(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
                 if "int8" in catalog.holdings(model) else ""
             raise ModelError(f"{model.name}'s GGUF is not downloaded{held}; run `specgen models pull {model.name}`")
     except SpecgenError as error:
-        raise _fail(error)
+        raise _fail(error) from None
     except OSError as error:  # the cache in a state specgen did not leave it in
         raise _fail(file_error(error)) from None
     typer.echo(str(catalog.gguf_path(model)))
@@ -147,7 +147,7 @@ def verify(
             raise ModelError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not downloaded; "
                              "nothing to verify")
     except SpecgenError as error:
-        raise _fail(error)
+        raise _fail(error) from None
     except OSError as error:  # the cache in a state specgen did not leave it in
         raise _fail(file_error(error)) from None
     if not models:
@@ -177,7 +177,7 @@ def rm(names: Annotated[list[str], typer.Argument(help="Model names.", show_defa
             else:
                 _err.print(f"{model.name} holds nothing on disk: nothing to remove", highlight=False)
     except SpecgenError as error:
-        raise _fail(error)
+        raise _fail(error) from None
     except OSError as error:  # the cache in a state specgen did not leave it in
         raise _fail(file_error(error)) from None
 
