@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
@@ -26,8 +27,15 @@ def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True,
     """`messages` through the model's chat template, tokenized (`special_tokens`: with the
     tokenizer's BOS/EOS added around the rendered text, as vLLM's /tokenize may ask). A template
     that fails (a syntax error, its own raise_exception over roles it does not take) is one
-    PromptError."""
+    PromptError.
+
+    A message's text is text: a special token written in it (`<|im_end|>`, `<|im_start|>system`)
+    becomes the tokens of its characters, so a client cannot end its turn or open another role's.
+    Only the template's own markup yields special tokens."""
     try:
+        literal = _specials_in(tokenizer, messages)
+        if literal:
+            return _render_literal(tokenizer, messages, generation_prompt, special_tokens, literal)
         if special_tokens:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
             return tokenizer.encode(text, add_special_tokens=True)
@@ -36,6 +44,62 @@ def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True,
     except (TemplateError, ValueError, TypeError) as exc:
         raise PromptError(f"the model's chat template refused the messages: {first_line(exc) or type(exc).__name__}",
                           hint="--raw sends the prompt without the template") from None
+
+
+def _specials_in(tokenizer, messages: list[dict]) -> list[str]:
+    """The special tokens' texts that some message's content holds, longest first."""
+    contents = [m.get("content") for m in messages]
+    texts = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content}
+    found = [s for s in texts if any(isinstance(c, str) and s in c for c in contents)]
+    return sorted(found, key=len, reverse=True)
+
+
+def _render_literal(tokenizer, messages: list[dict], generation_prompt: bool, special_tokens: bool,
+                    literal: list[str]) -> list[int]:
+    """Render with each special text in the contents masked by a private-use character the
+    template cannot hold, so that where they stand in the rendered text is known; tokenize the
+    rendered text once, as the plain path does, and replace each special token standing there by
+    its characters' tokens. Every other id is the plain path's."""
+    used = set(tokenizer.chat_template or "").union(*(m["content"] for m in messages if isinstance(m.get("content"), str)))
+    free = (chr(c) for c in range(_PRIVATE_USE[0], _PRIVATE_USE[1]) if chr(c) not in used)
+    masks = {s: next(free) for s in literal}
+    pattern = re.compile("|".join(map(re.escape, literal)))
+    masked = [dict(m, content=pattern.sub(lambda hit: masks[hit.group()], m["content"]))
+              if isinstance(m.get("content"), str) else m for m in messages]
+    rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=generation_prompt, tokenize=False)
+    unmask = {mask: s for s, mask in masks.items()}
+    parts, spans, length, last = [], [], 0, 0
+    for hit in re.finditer("[" + "".join(unmask) + "]", rendered):
+        parts.append(rendered[last:hit.start()])
+        length += hit.start() - last
+        spans.append((length, length + len(unmask[hit.group()])))
+        parts.append(unmask[hit.group()])
+        length, last = spans[-1][1], hit.end()
+    text = "".join(parts) + rendered[last:]
+    if not spans:  # the template left those contents out
+        return tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
+    if not getattr(tokenizer, "is_fast", False):  # no offsets: the pieces around those texts one by one
+        ends = [0] + [b for _, b in spans]
+        starts = [a for a, _ in spans] + [len(text)]
+        ids = tokenizer(text[:starts[0]], add_special_tokens=False)["input_ids"]
+        for (a, b), end, start in zip(spans, ends[1:], starts[1:]):
+            ids += _characters(tokenizer, text[a:b]) + tokenizer(text[end:start], add_special_tokens=False)["input_ids"]
+        return tokenizer.build_inputs_with_special_tokens(ids) if special_tokens else ids
+    special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    encoding = tokenizer(text, add_special_tokens=special_tokens, return_offsets_mapping=True)
+    ids = []
+    for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
+        inside = token in special and any(start <= a and b <= end for a, b in spans)
+        ids += _characters(tokenizer, text[start:end]) if inside else [token]
+    return ids
+
+
+def _characters(tokenizer, text: str) -> list[int]:
+    """`text` as the tokens of its characters, special tokens' texts included."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+_PRIVATE_USE = (0xE000, 0xF900)  # Unicode's private-use area: no template writes these
 
 
 @dataclass(frozen=True)
