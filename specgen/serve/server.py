@@ -37,6 +37,7 @@ from specgen.runtime.prefixes import DEFAULT_MIB
 from specgen.serve import discovery
 from specgen.serve.app import ServerState, create_app
 from specgen.serve.metrics import Metrics
+from specgen.serve.protocol import TimedH11
 from specgen.serve.scheduler import Scheduler, drafting_key
 from specgen.status import note, status
 
@@ -214,7 +215,7 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     keys = [token] + ([options.api_key] if options.api_key else [])
     scheduler, state = serving_state(settings, options, quiet, log, pair, url, keys)
-    server = _Server(uvicorn.Config(create_app(state), log_level="warning", access_log=False,
+    server = _Server(uvicorn.Config(create_app(state), http=TimedH11, log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=5))
     return Running(server, sock, scheduler, state, discovery.record_path(settings), token)
 
