@@ -472,6 +472,17 @@ def test_a_chat_on_the_server_keeps_commands_errors_and_the_context_fit(served, 
     assert long.exit_code == 1 and "context holds" in long.stderr
 
 
+def test_no_page_may_call_by_default(served):
+    """Without --allowed-origins a browser's preflight gets no permission (no CORS headers)."""
+    host, port = served.state.info["url"].removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://localhost:3000",
+                                                             "Access-Control-Request-Method": "POST"})
+    response = conn.getresponse()
+    response.read()
+    assert response.status >= 400 and response.getheader("access-control-allow-origin") is None
+
+
 def test_tokenize_counts_what_a_request_would_decode(served):
     status, body, _ = raw(served, "POST", "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
     assert status == 200 and body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] > 0

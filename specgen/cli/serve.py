@@ -52,6 +52,10 @@ def serve(
         "--prefill-chunk", help="On a CPU, a prompt longer than this joining requests that decode is prefilled this "
                                 "many tokens per round of theirs, so their streams do not stall for its whole "
                                 "prefill (0: whole).")] = 256,
+    allowed_origins: Annotated[Optional[str], typer.Option(
+        "--allowed-origins", help="Web pages whose scripts may call the server, comma-separated origins as a browser "
+                                  "sends them (http://localhost:3000), or * (CORS; they still need the key). "
+                                  "Default: none.", show_default=False)] = None,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
@@ -71,8 +75,9 @@ def serve(
     from specgen.serve.server import ServeOptions  # the server's modules load torch: only once it runs
 
     with user_errors():
+        origins = tuple(o.strip() for o in allowed_origins.split(",")) if allowed_origins is not None else ()
         options = ServeOptions(host, port, api_key, max_batch_size, max_queue, idle_minutes, max_tokens,
-                               prefix_cache, prefill_chunk)
+                               prefix_cache, prefill_chunk, origins)
         if detach + stop + list_ > 1:
             raise ConfigError("give one of --detach, --stop and --list")
         if list_:
@@ -188,6 +193,8 @@ def _detach(settings: ModelSettings, options) -> None:
             "--prefill-chunk", str(options.prefill_chunk)]
     if settings.draft_device is not None:
         args += ["--draft-device", settings.draft_device]
+    if options.allowed_origins:
+        args += ["--allowed-origins", ",".join(options.allowed_origins)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if options.api_key:
         env["SPECGEN_API_KEY"] = options.api_key  # not on the command line, where `ps` shows it

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -59,6 +60,7 @@ class ServerState:
     context_length: int
     metrics: Metrics
     say: Callable[[str], None] = lambda line: None  # the server's log: a line per refused request too
+    origins: tuple[str, ...] = ()  # web pages whose scripts may call (CORS); none by default
 
 
 def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
@@ -69,6 +71,9 @@ def create_app(state: ServerState) -> FastAPI:
     # no redirect of a trailing slash: it was answered before the key was checked, with a
     # Location built from the client's Host header
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
+    if state.origins:  # a page's script may call only from an origin named here, with the key as anyone
+        app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import ipaddress
 import os
+import re
 import secrets
 import signal
 import socket
@@ -53,6 +54,7 @@ class ServeOptions:
     max_tokens: int = 512  # a request's default token budget
     prefix_cache: int = DEFAULT_MIB  # MiB of requests' K/V kept per model for later prompts (0: none)
     prefill_chunk: int = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU; 0: whole)
+    allowed_origins: tuple[str, ...] = ()  # web pages (scheme://host[:port], or *) whose scripts may call (CORS)
 
     def check(self) -> None:
         """Refused before anything loads."""
@@ -78,6 +80,14 @@ class ServeOptions:
             raise ConfigError(f"--prefix-cache must be in 0..1048576 (MiB), got {self.prefix_cache}")
         if not 0 <= self.prefill_chunk <= 1 << 20:
             raise ConfigError(f"--prefill-chunk must be in 0..1048576 (tokens), got {self.prefill_chunk}")
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ConfigError(f"--allowed-origins: {origin!r} is not an origin",
+                                  hint="an origin is scheme://host[:port] with no path or trailing slash, "
+                                       "as a browser sends it (http://localhost:3000), or *")
+
+
+_ORIGIN = re.compile(r"https?://[^\s/?#@]+")
 
 
 def loopback(host: str) -> bool:
@@ -245,7 +255,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
             "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None}
     state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
-                        pair.target.context_length, metrics, say)
+                        pair.target.context_length, metrics, say, options.allowed_origins)
     return scheduler, state
 
 
