@@ -39,6 +39,7 @@ def test_a_named_page_may_call_with_the_key(served):
     # the call itself still needs the key, and its answer is readable by the page
     status, headers = _call(served, "GET", "/v1/models", {"Origin": PAGE, "Authorization": f"Bearer {served.token}"})
     assert status == 200 and headers["access-control-allow-origin"] == PAGE
+    assert "retry-after" in headers["access-control-expose-headers"].lower()  # a full queue's 503 says when
     status, headers = _call(served, "GET", "/v1/models", {"Origin": PAGE})
     assert status == 401
 

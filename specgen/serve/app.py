@@ -73,7 +73,8 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     if state.origins:  # a page's script may call only from an origin named here, with the key as anyone
         app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
-                           allow_headers=["Authorization", "Content-Type"], max_age=600)
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"],
+                           max_age=600)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
