@@ -36,17 +36,81 @@ def test_a_response_is_the_chat_completion_its_input_means(served, sdk):
 
 
 def test_a_streamed_response_sends_the_responses_events(served, sdk):
-    expected = chat_answer(served, sdk, 8).choices[0].message.content
-    with sdk.responses.stream(model=model(served), instructions="Be brief.", input=MESSAGES[1:],
-                              max_output_tokens=8, temperature=0) as stream:
-        kinds = [event.type for event in stream]
-        final = stream.get_final_response()
+    answer = chat_answer(served, sdk, 8).choices[0]
+    cut = answer.finish_reason == "length"
+    stream = sdk.responses.create(model=model(served), instructions="Be brief.", input=MESSAGES[1:],
+                                  max_output_tokens=8, temperature=0, stream=True)
+    events = list(stream)
+    kinds = [event.type for event in events]
+    ending = "response.incomplete" if cut else "response.completed"  # as OpenAI ends a stream the budget cut
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+                          ending]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
-    assert final.output_text == expected and final.usage.output_tokens == 8
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    final = events[-1].response
+    assert final.output_text == answer.message.content and final.usage.output_tokens == 8
+    assert final.status == events[-2].item.status == final.output[0].status == ("incomplete" if cut else "completed")
+
+
+def _job(served, **body):
+    from specgen.serve import responses
+
+    return responses.read({"model": model(served), "input": "hi", **body}, served.state.defaults,
+                          {model(served)})
+
+
+async def _events(job, chunks) -> list[tuple[str, dict]]:
+    import json
+
+    from specgen.serve import responses
+
+    async def given():
+        for chunk in chunks:
+            yield chunk
+
+    out = []
+    async for text in responses.events(job, given()):
+        kind, data = text.split("\n")[:2]
+        out.append((kind.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return out
+
+
+def test_a_stream_that_stops_completes_and_one_that_fails_says_so(served):
+    import asyncio
+
+    from specgen.serve import api
+
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    piece = {"choices": [{"index": 0, "delta": {"content": "ab"}, "finish_reason": None}]}
+    stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    done = asyncio.run(_events(_job(served), [piece, stop, {"choices": [], "usage": usage}]))
+    assert done[-1][0] == "response.completed" and done[-1][1]["response"]["status"] == "completed"
+    assert done[-1][1]["response"]["output"][0]["status"] == "completed"
+    failure = api.ApiError(500, "the engine failed: boom", kind="server_error", code="engine_error")
+    failed = asyncio.run(_events(_job(served), [piece, failure]))
+    assert [kind for kind, _ in failed[-3:]] == ["response.output_text.delta", "error", "response.failed"]
+    response = failed[-1][1]["response"]
+    assert response["status"] == "failed" and response["error"] == {"code": "engine_error",
+                                                                      "message": "the engine failed: boom"}
+    assert response["output"][0]["content"][0]["text"] == "ab" and response["output"][0]["status"] == "incomplete"
+
+
+def test_a_response_repeats_the_request_as_sent(served, sdk):
+    plain = sdk.responses.create(model=model(served), input=[{"role": "developer", "content": "be kind"},
+                                                             {"role": "user", "content": "hi"}])
+    assert plain.instructions is None and plain.max_output_tokens is None  # a system message is not instructions
+    assert plain.metadata == {} and plain.tool_choice == "auto" and plain.parallel_tool_calls is True
+    given = sdk.responses.create(model=model(served), instructions="Be brief.", input="hi", max_output_tokens=2,
+                                 metadata={"run": "7"}, tool_choice="none", parallel_tool_calls=False,
+                                 temperature=None, top_p=None)  # null: the default, as the SDK sends unset options
+    assert given.instructions == "Be brief." and given.max_output_tokens == 2 and given.metadata == {"run": "7"}
+    assert given.tool_choice == "none" and given.parallel_tool_calls is False and given.temperature == 1.0
+    chat = sdk.chat.completions.create(model=model(served), messages=MESSAGES, max_tokens=2, temperature=None,
+                                       top_p=None)
+    assert chat.choices[0].message.content is not None
 
 
 @pytest.mark.parametrize("extra, param, fragment", [
@@ -59,6 +123,13 @@ def test_a_streamed_response_sends_the_responses_events(served, sdk):
     ({"max_output_tokens": 0}, "max_output_tokens", "'max_output_tokens' must be an integer"),
     ({"input": "x" * 400}, "input", "context holds"),
     ({"frobnicate": 1}, "frobnicate", "unknown parameter"),
+    ({"input": "word " * 1000}, "input", "context holds"),  # counted piecewise
+    ({"instructions": "\ud800"}, "instructions", "'instructions' is not valid"),
+    ({"input": [{"role": "user", "content": "hi"}, {"role": "user", "content": "\ud800"}]}, "input[1].content",
+     "'input[1].content' is not valid"),
+    ({"input": [{"role": "bogus", "content": "hi"}]}, "input[0].role", "input[0] needs a role"),
+    ({"metadata": {"k": 1}}, "metadata", "up to 16 strings"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
 ])
 def test_what_the_server_cannot_do_is_refused(served, extra, param, fragment):
     status, body, _ = raw(served, "POST", "/v1/responses", {"model": model(served), "input": "hi", **extra})

@@ -75,6 +75,12 @@ class Job:
     endpoint: str = ""  # the route that asked, where it is not `kind`'s own ("responses": a chat Job)
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
+    echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
+
+    @property
+    def text_field(self) -> str:
+        """The request field that holds the text to decode, as this endpoint names it."""
+        return "input" if self.endpoint == "responses" else "prompt" if self.kind == "completion" else "messages"
 
 
 def parse_body(raw: bytes) -> dict:
@@ -190,11 +196,12 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_new = defaults.max_new_tokens if limit is None else _integer(limit, key, 1)
-    temperature = _number(body.get("temperature", 1.0), "temperature", 0.0, 2.0)
-    top_p = _number(body.get("top_p", 1.0), "top_p", 0.0, 1.0)
+    # null is the default, as OpenAI's API and SDKs (which send an unset option as null) mean it
+    temperature = _number(value_or(body, "temperature", 1.0), "temperature", 0.0, 2.0)
+    top_p = _number(value_or(body, "top_p", 1.0), "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise ApiError(400, "'top_p' must be in (0, 1]", "top_p")
-    top_k = _integer(body.get("top_k", 0), "top_k", 0)
+    top_k = _integer(value_or(body, "top_k", 0), "top_k", 0)
     seed = body.get("seed")
     seed = None if seed is None else _integer(seed, "seed", 0, SEED_MAX)
     speculative = {} if body.get("speculative") is None else body["speculative"]
@@ -215,6 +222,12 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
                 message, param = message.replace(option, f"'{field_name}'"), field_name
         raise ApiError(400, message.replace("--", ""), param) from None
     return config, _boolean(speculative, "live", "speculative.live")
+
+
+def value_or(body: dict, name: str, default):
+    """body[name], or `default` where it is absent or null."""
+    value = body.get(name)
+    return default if value is None else value
 
 
 def _drafting(speculative: dict) -> dict:
@@ -258,7 +271,7 @@ def _messages(value) -> list[dict]:
             raise ApiError(400, f"messages[{i}]: role '{role}' is not supported (this server calls no tools)",
                            f"messages[{i}].role", "unsupported_parameter")
         if role not in ("system", "developer", "user", "assistant"):
-            raise ApiError(400, f"messages[{i}] needs a role: system, user or assistant", f"messages[{i}].role")
+            raise ApiError(400, f"messages[{i}] needs a role: system, developer, user or assistant", f"messages[{i}].role")
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

@@ -178,9 +178,7 @@ def create_app(state: ServerState) -> FastAPI:
             ids = await encode(job)
             if len(ids) + 1 > state.context_length:
                 raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
-                                   f"{state.context_length}; shorten it", {"chat": "messages", "completion": "prompt",
-                                                                           "responses": "input"}[endpoint],
-                                   "context_length_exceeded")
+                                   f"{state.context_length}; shorten it", job.text_field, "context_length_exceeded")
         except api.ApiError as exc:
             state.metrics.refused(endpoint, exc.status)
             state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
@@ -246,17 +244,17 @@ def _encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = Tru
     counted = _beyond(tokenizer, texts, context)
     if counted:
         raise api.ApiError(400, f"the prompt has more than {counted} tokens but the context holds {context}; "
-                           "shorten it", "prompt" if job.kind == "completion" else "messages", "context_length_exceeded")
+                           "shorten it", job.text_field, "context_length_exceeded")
     try:
         if job.kind == "completion":
             if special_tokens is not None:
                 return tokenizer.encode(job.prompt, add_special_tokens=special_tokens)
             return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
         if not getattr(tokenizer, "chat_template", None):
-            raise api.ApiError(400, "this model has no chat template; use /v1/completions", "messages")
+            raise api.ApiError(400, "this model has no chat template; use /v1/completions", job.text_field)
         return render_chat(tokenizer, job.messages, generation_prompt, bool(special_tokens))
     except SpecgenError as exc:  # a template that refuses the conversation (e.g. its roles)
-        raise api.ApiError(400, str(exc), "messages") from None
+        raise api.ApiError(400, str(exc), job.text_field) from None
     except (ValueError, TypeError) as exc:  # a completion's text the tokenizer will not take
         raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
 

@@ -4,7 +4,10 @@ A Responses request means a chat completion: `instructions` become the system me
 (a string, or message items with text parts) the conversation, `max_output_tokens` the token
 budget. `read` checks it and hands the chat body to api.read_job, so the same checks, engine rows
 and `speculative` extension apply; `whole` and `events` turn the chat answer and its chunks into a
-Response object and the Responses stream events (`response.created` ... `response.completed`).
+Response object and the Responses stream events (`response.created` ... `response.completed`, or
+`response.incomplete` when the token budget cut the answer, or `response.failed`). An error names
+the request's own fields (`input[1].content`, `instructions`), and the answer repeats its
+`instructions`, `metadata`, `tool_choice`, `parallel_tool_calls` and `max_output_tokens` as sent.
 Nothing is stored: `previous_response_id` is refused (send the conversation in `input`), and
 `store` changes nothing. Tools, images, files and reasoning items are refused, not ignored.
 No torch here.
@@ -12,7 +15,9 @@ No torch here.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import uuid
 from dataclasses import replace
 from typing import AsyncIterator
@@ -23,7 +28,7 @@ from specgen.serve import api
 # fields passed on to the chat completion, under the name it takes
 PASSED = {"model": "model", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
           "max_output_tokens": "max_tokens", "stream": "stream", "speculative": "speculative"}
-# fields that change nothing here
+# fields that change nothing here (metadata, tool_choice and parallel_tool_calls are repeated in the answer)
 IGNORED = {"store", "metadata", "user", "service_tier", "parallel_tool_calls", "safety_identifier",
            "prompt_cache_key", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
@@ -53,19 +58,51 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise api.ApiError(400, "'instructions' must be a string", "instructions")
-    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
-    chat["messages"] = messages
+    given = body.get("input")
+    first = 1 if instructions else 0  # chat messages[first:] are the input's
+    chat["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + _input(given)
     if chat.get("stream"):
-        chat["stream_options"] = {"include_usage": True}  # response.completed carries the usage
+        chat["stream_options"] = {"include_usage": True}  # the closing event carries the usage
     try:
         job = api.read_job(chat, "chat", defaults, served)
     except api.ApiError as exc:  # say the Responses API's names
-        param = {"max_tokens": "max_output_tokens"}.get(exc.param, exc.param)
-        if param and param.startswith("messages"):
-            param = "input"
-        raise api.ApiError(exc.status, exc.message.replace("'max_tokens'", "'max_output_tokens'"), param,
-                           exc.code, exc.kind) from None
-    return replace(job, id=f"resp_{uuid.uuid4().hex}", endpoint="responses")
+        rename = functools.partial(_renamed, first=first, whole=isinstance(given, str))
+        raise api.ApiError(exc.status, rename(exc.message.replace("'max_tokens'", "'max_output_tokens'")),
+                           rename({"max_tokens": "max_output_tokens"}.get(exc.param, exc.param)), exc.code,
+                           exc.kind) from None
+    echo = {"instructions": instructions, "metadata": _metadata(body.get("metadata")),
+            "tool_choice": api.value_or(body, "tool_choice", "auto"),
+            "parallel_tool_calls": api.value_or(body, "parallel_tool_calls", True),
+            "max_output_tokens": body.get("max_output_tokens")}
+    if not isinstance(echo["parallel_tool_calls"], bool):
+        raise api.ApiError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return replace(job, id=f"resp_{uuid.uuid4().hex}", endpoint="responses", echo=echo)
+
+
+def _renamed(text: str | None, first: int, whole: bool) -> str | None:
+    """A chat error's `messages[i]` as the request named it: the instructions, or input[i - first]
+    (the input itself where it was one string)."""
+    def name(hit: re.Match) -> str:
+        index = int(hit.group(1))
+        if index < first:
+            return "instructions"
+        return "input" if whole else f"input[{index - first}]{hit.group(2)}"
+
+    if text is None:
+        return None
+    return re.sub(r"\bmessages\b", "input", re.sub(r"\bmessages\[(\d+)\]((?:\.\w+)*)", name, text))
+
+
+def _metadata(value) -> dict:
+    """The request's `metadata` as OpenAI takes it: up to 16 string pairs (keys up to 64
+    characters, values up to 512)."""
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and len(value) <= 16 and all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items())):
+        raise api.ApiError(400, "'metadata' must be an object of up to 16 strings (keys up to 64 characters, "
+                           "values up to 512)", "metadata")
+    return value
 
 
 def _input(value) -> list[dict]:
@@ -103,7 +140,8 @@ def whole(job: api.Job, answer: dict) -> dict:
 async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
     """The Responses stream events (`event:` and `data:` lines) of a streamed chat completion's
     chunks: created, in_progress, the message item and its text part added, a delta per chunk
-    with text, then the text, part, item done and the response completed (or an `error`)."""
+    with text, then the text, part and item done and `response.completed` (`response.incomplete`
+    when the token budget cut it), or an `error` and `response.failed` with the text so far."""
     number = 0
     message = f"msg_{job.id.removeprefix('resp_')}"
 
@@ -123,9 +161,13 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
         if item is api.KEEPALIVE:  # while the request waits or prefills
             yield ": keep-alive\n\n"
             continue
-        if isinstance(item, api.ApiError):
+        if isinstance(item, api.ApiError):  # the `error` event, then the response failed with what it had
             body = item.body()["error"]
             yield event("error", code=body["code"], message=body["message"], param=body["param"])
+            failed = _response(job, "".join(text), None, None, None, status="failed")
+            failed["error"] = {"code": body["code"], "message": body["message"]}
+            failed["output"] = [_message(message, "".join(text), "incomplete")]
+            yield event("response.failed", response=failed)
             return
         for choice in item["choices"]:
             piece = choice["delta"].get("content")
@@ -143,8 +185,9 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
                         text=whole_text, logprobs=[])
             yield event("response.content_part.done", item_id=message, output_index=0, content_index=0,
                         part=_text_part(whole_text))
-            yield event("response.output_item.done", output_index=0, item=_message(message, whole_text, "completed"))
-            yield event("response.completed", response=_response(job, whole_text, reason, item["usage"], speculative))
+            done = _response(job, whole_text, reason, item["usage"], speculative)
+            yield event("response.output_item.done", output_index=0, item=done["output"][0])
+            yield event(f"response.{done['status']}", response=done)  # completed, or incomplete when cut
 
 
 def _response(job: api.Job, text: str, reason: str | None, usage: dict | None, speculative: dict | None,
@@ -154,11 +197,13 @@ def _response(job: api.Job, text: str, reason: str | None, usage: dict | None, s
     out = {"id": job.id, "object": "response", "created_at": job.created, "model": job.model,
            "status": status or ("incomplete" if cut else "completed"), "error": None,
            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-           "instructions": next((m["content"] for m in job.messages if m["role"] == "system"), None),
-           "max_output_tokens": job.config.max_new_tokens, "temperature": sampling.temperature,
-           "top_p": sampling.top_p, "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
-           "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": {},
-           "output": [] if status else [_message(f"msg_{job.id.removeprefix('resp_')}", text, "completed")],
+           "instructions": job.echo.get("instructions"), "max_output_tokens": job.echo.get("max_output_tokens"),
+           "temperature": sampling.temperature, "top_p": sampling.top_p,
+           "parallel_tool_calls": job.echo.get("parallel_tool_calls", True),
+           "tool_choice": job.echo.get("tool_choice", "auto"), "tools": [], "text": {"format": {"type": "text"}},
+           "truncation": "disabled", "metadata": job.echo.get("metadata", {}),
+           "output": [] if status else [_message(f"msg_{job.id.removeprefix('resp_')}", text,
+                                                 "incomplete" if cut else "completed")],
            "usage": None if usage is None else {
                "input_tokens": usage["prompt_tokens"],
                "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
