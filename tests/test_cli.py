@@ -98,7 +98,9 @@ def test_raw_skips_the_chat_template(models):
 
 def test_missing_model_path(models, tmp_path):
     result = invoke("run", "hi", "--target", str(tmp_path / "nope"), "--method", "plain")
-    assert_one_line_error(result, "does not exist")
+    assert_one_line_error(result, "the target model: model path")
+    result = invoke("run", "hi", *models[:3], str(tmp_path / "nope"), *models[4:])  # the draft's: says so
+    assert_one_line_error(result, "the draft model: model path")
 
 
 def test_non_gguf_file(tmp_path):
@@ -661,3 +663,28 @@ def test_ctrl_c_inside_an_import_is_an_interrupt_not_an_error():
             except KeyboardInterrupt:
                 raise ImportError("initialization failed")
     assert exited.value.exit_code == 130
+
+
+def test_every_help_text_shows_its_brackets():
+    """Rich reads `[word]` in a help text as a markup tag and drops it: `pip install
+    'specgen[ray]'` showed as `pip install 'specgen'`. Every bracket a help text holds must show."""
+    import re
+
+    import click
+    from typer.main import get_command
+
+    def commands(group, path=()):
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                yield from commands(command, (*path, name))
+            else:
+                yield (*path, name), command
+
+    checked = 0
+    for path, command in commands(get_command(app)):
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"}).output
+        for param in command.params:
+            for word in re.findall(r"\[[^\]\s]+\]", (getattr(param, "help", None) or "").replace("\\[", "[")):
+                checked += 1
+                assert word in shown, f"{' '.join(path)} {param.name}: {word} is not shown"
+    assert checked >= 2  # run's and serve's --ray at least

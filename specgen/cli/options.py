@@ -112,7 +112,7 @@ def read_stdin() -> str:
 
 # Options shared by run (and later chat and bench).
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
-DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (same tokenizer as the target).")]
+DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model: a catalog name, a directory or a GGUF file. Another tokenizer than the target's works for chain and lookup-chain (it drafts text).")]
 MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s or multi-draft.")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
 DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")]
@@ -121,7 +121,7 @@ ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fi
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
 DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
-DraftQuantOpt = Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8 for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")]
+DraftQuantOpt = Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8+prune for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose, else none), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")]
 TargetQuantOpt = Annotated[str, typer.Option("--target-quant", help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, int8. Speculative output stays exact with respect to the target as quantized.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]

@@ -30,7 +30,7 @@ def run(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="With --prompts-file: rows decoded together (dynamic batching).")] = 1,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="With --prompts-file: write each prompt's result as one JSON line here as it finishes (with its id); a rerun skips the prompts already there.")] = None,
-    ray_address: Annotated[Optional[str], typer.Option("--ray", help="With --output: decode on a Ray cluster, 'auto' or its ADDRESS (pip install 'specgen[ray]').", show_default=False)] = None,
+    ray_address: Annotated[Optional[str], typer.Option("--ray", help="With --output: decode on a Ray cluster, 'auto' or its ADDRESS (pip install 'specgen\\[ray]').", show_default=False)] = None,
     ray_actors: Annotated[Optional[int], typer.Option("--ray-actors", help="With --ray: actors, each loading the pair once (default: as many as the cluster fits).", show_default=False)] = None,
     ray_threads: Annotated[Optional[int], typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) per actor (default 1).", show_default=False)] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,

@@ -62,7 +62,7 @@ def serve(
     list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, url).")] = False,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray", help="Serve as a Ray Serve deployment on this cluster: 'auto' or its ADDRESS (needs --api-key; "
-                      "pip install 'specgen[ray]').", show_default=False)] = None,
+                      "pip install 'specgen\\[ray]').", show_default=False)] = None,
     replicas: Annotated[int, typer.Option("--replicas", help="With --ray: replicas behind the one endpoint, "
                                                               "each loading the pair once.")] = 1,
     ray_threads: Annotated[int, typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) "

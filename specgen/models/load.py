@@ -185,7 +185,10 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
 
     `builder`: a GGUF source it accepts is built in its form (int8 linears on the CPU) instead of
     converted to a full-precision copy."""
-    resolved = resolve(arg, dtype, quiet=quiet, convert=False)
+    try:
+        resolved = resolve(arg, dtype, quiet=quiet, convert=False)
+    except ModelError as exc:  # say which of the two it is
+        raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
     built = device_map is None and resolved.source in ("gguf", "catalog") and builder.accepts(resolved, input_device,
                                                                                               dtype)
     resolved = replace(resolved, path=builder.prepare(resolved, dtype, quiet)) if built else \
