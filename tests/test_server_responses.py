@@ -130,10 +130,22 @@ def test_a_response_repeats_the_request_as_sent(served, sdk):
     ({"input": [{"role": "bogus", "content": "hi"}]}, "input[0].role", "input[0] needs a role"),
     ({"metadata": {"k": 1}}, "metadata", "up to 16 strings"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
+    ({"text": {"format": {"type": "json_object"}}}, "text", "not supported"),
+    ({"text": {"verbosity": "low"}}, "text", "not supported"),
 ])
 def test_what_the_server_cannot_do_is_refused(served, extra, param, fragment):
     status, body, _ = raw(served, "POST", "/v1/responses", {"model": model(served), "input": "hi", **extra})
     assert status == 400 and body["error"]["param"] == param and fragment in body["error"]["message"], body
+
+
+@pytest.mark.parametrize("extra", [{"reasoning": {"effort": None}}, {"reasoning": {"effort": None, "summary": None}},
+                                   {"text": {"verbosity": "medium"}},
+                                   {"text": {"format": {"type": "text"}, "verbosity": None}}])
+def test_the_neutral_settings_of_what_the_server_cannot_do_are_taken(served, extra):
+    status, body, _ = raw(served, "POST", "/v1/responses", {"model": model(served), "input": "hi",
+                                                            "max_output_tokens": 2, **extra})
+    assert status == 200, body
 
 
 def test_responses_count_under_their_own_endpoint(served, sdk):

@@ -50,7 +50,7 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
                 raise api.ApiError(400, "this server keeps no responses: send the whole conversation in 'input'",
                                    name, "unsupported_parameter")
         elif name in NEUTRAL:
-            if value not in NEUTRAL[name]:
+            if value not in NEUTRAL[name] and not _neutral_object(name, value):
                 raise api.ApiError(400, f"'{name}' is not supported by specgen (only its neutral value)", name,
                                    "unsupported_parameter")
         elif name not in IGNORED and name not in ("input", "instructions"):
@@ -77,6 +77,19 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
     if not isinstance(echo["parallel_tool_calls"], bool):
         raise api.ApiError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
     return replace(job, id=f"resp_{uuid.uuid4().hex}", endpoint="responses", echo=echo)
+
+
+def _neutral_object(name: str, value) -> bool:
+    """`reasoning` with no setting given (`{"effort": null}`) and `text` asking for plain text at
+    the default verbosity mean what specgen does anyway."""
+    if not isinstance(value, dict):
+        return False
+    if name == "reasoning":
+        return all(v is None for v in value.values())
+    if name == "text":
+        return set(value) <= {"format", "verbosity"} and value.get("format") in (None, {"type": "text"}) \
+            and value.get("verbosity") in (None, "medium")
+    return False
 
 
 def _renamed(text: str | None, first: int, whole: bool) -> str | None:
