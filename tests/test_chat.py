@@ -328,8 +328,8 @@ def test_a_real_terminal_session_survives_ctrl_c(models):
         child.send("half a line")
         os.kill(child.pid, signal.SIGCONT)
         # readline echoes what it has read: only then is the text in its buffer. A Ctrl-C sent
-        # earlier would find an empty line (the terminal flushes queued input with it) and leave
-        # the chat, as Ctrl-C at an empty prompt does: wait for the echo, never for a time.
+        # earlier would find an empty line (the terminal flushes queued input with it) and only
+        # ask how to leave: wait for the echo, never for a time.
         child.expect("half a line")
         child.sendintr()  # Ctrl-C over typed text drops the line and stays
         child.expect("you>")
@@ -350,12 +350,23 @@ def test_a_real_terminal_session_survives_ctrl_c(models):
     assert child.exitstatus == 0, child.before
 
 
-def test_ctrl_c_at_an_empty_prompt_exits_cleanly(models):
+def test_ctrl_c_twice_at_an_empty_prompt_exits_cleanly(models):
+    """One Ctrl-C at an empty prompt says how to leave (the Ctrl-C that stops a reply is often
+    pressed twice, and left the chat with the conversation unsaved); a second one leaves."""
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(sys.executable, [*chat_command(), *models], env=dict(os.environ, TERM="xterm"),
                           encoding="utf-8", timeout=60, dimensions=(40, 200))
     try:
         child.expect("you>", timeout=STARTUP_TIMEOUT)
+        child.sendintr()
+        child.expect("Ctrl-C again, Ctrl-D or /exit to leave")
+        child.expect("you>")
+        child.sendline("/set max_new_tokens 2")  # a line in between: the next Ctrl-C asks again
+        child.expect("max_new_tokens 2")
+        child.expect("you>")
+        child.sendintr()
+        child.expect("to leave")
+        child.expect("you>")
         child.sendintr()
         child.expect(pexpect.EOF)
     finally:
@@ -474,3 +485,33 @@ def test_onednn_kernel_caches_are_bounded_unless_the_user_says_otherwise():
     out = subprocess.run([sys.executable, "-c", code], env=dict(env, LRU_CACHE_CAPACITY="7"), capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["7", "128"]
+
+
+def test_a_reply_wider_than_the_terminal_is_shown_whole(models, tmp_path):
+    """The live view wraps a long reply line: a soft-wrapping console had Rich's Live crop every
+    line at the terminal's width, on screen and in the scrollback."""
+    import json
+    import re
+
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "80"],
+                          env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=60, dimensions=(50, 30))
+    save = tmp_path / "chat.json"
+    try:
+        child.expect("you>", timeout=STARTUP_TIMEOUT)
+        child.sendline("hello")
+        child.expect(r"turn 1 ·")
+        shown = child.before
+        child.expect("you>")
+        child.sendline(f"/save {save}")
+        child.expect("you>")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    reply = json.loads(save.read_text())["messages"][-1]["content"]
+
+    def letters(text: str) -> str:
+        return "".join(re.findall(r"[A-Za-z0-9]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)))
+
+    assert len(letters(reply)) > 10 and letters(reply) in letters(shown)

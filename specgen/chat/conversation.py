@@ -35,7 +35,7 @@ HELP = """\
                       without arguments show the settings
 /save FILE            write the conversation and settings as JSON
 /load FILE            resume a saved conversation
-/exit                 leave (also Ctrl-D, or Ctrl-C at an empty prompt)
+/exit                 leave (also Ctrl-D, or Ctrl-C twice at an empty prompt)
 Any other line is a message; start it with // to send a line that begins with /."""
 
 

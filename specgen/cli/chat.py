@@ -107,8 +107,10 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
         messages = saved.messages
     interactive = sys.stdin.isatty()
     fmt = format or (Format.rich if interactive and sys.stdout.isatty() else Format.plain)
-    out = Console(emoji=False, highlight=False, soft_wrap=True)
-    err = Console(emoji=False, stderr=True, highlight=False, soft_wrap=True)
+    # a terminal gets Rich's word wrapping (a soft-wrapping Live view cut each reply line at the
+    # width); a pipe or file gets every line whole
+    out = Console(emoji=False, highlight=False, soft_wrap=not sys.stdout.isatty())
+    err = Console(emoji=False, stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
     def notify(message: str) -> None:
         err.print(f"note: {message}", style="yellow", markup=False)
@@ -191,6 +193,7 @@ class _Loop:
         draft = f" + draft {_escape(c.backend.draft_name)}" if c.backend.draft_name else ""
         self.out.print(f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
                        f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]")
+        leaving = False  # a Ctrl-C at an empty prompt asks; a second one in a row leaves
         while True:
             try:
                 line = input(prompt)
@@ -201,11 +204,17 @@ class _Loop:
                 self.out.print()
                 return 0
             except KeyboardInterrupt:
-                if readline is not None and readline.get_line_buffer().strip():
-                    self.out.print()  # Ctrl-C over typed text drops the line, as in a shell
-                    continue
                 self.out.print()
-                return 0
+                if readline is not None and readline.get_line_buffer().strip():
+                    leaving = False  # Ctrl-C over typed text drops the line, as in a shell
+                    continue
+                if leaving:
+                    return 0
+                # the Ctrl-C that stopped a reply is often pressed twice: it must not end the chat
+                leaving = True
+                self.notice("(Ctrl-C again, Ctrl-D or /exit to leave)")
+                continue
+            leaving = False
             try:
                 if self.handle(line):
                     return 0
