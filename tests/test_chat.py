@@ -493,6 +493,8 @@ def test_a_reply_wider_than_the_terminal_is_shown_whole(models, tmp_path):
     import json
     import re
 
+    from specgen.cli.render import visible
+
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "80"],
                           env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=60, dimensions=(50, 30))
@@ -509,7 +511,7 @@ def test_a_reply_wider_than_the_terminal_is_shown_whole(models, tmp_path):
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
-    reply = json.loads(save.read_text())["messages"][-1]["content"]
+    reply = visible(json.loads(save.read_text())["messages"][-1]["content"])  # as the terminal shows it
 
     def letters(text: str) -> str:
         return "".join(re.findall(r"[A-Za-z0-9]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)))

@@ -73,10 +73,13 @@ def test_plain_format_streams_text_to_stdout_and_stats_to_stderr(models):
 
 
 def test_rich_format_shows_footer_and_summary(models):
-    result = invoke("run", "hello", *models, "-n", "8", "--format", "rich")
+    result = runner.invoke(app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "tokens/target forward" in result.output
     assert "summary" in result.output
+    # narrower than the table: its cells were blank; the summary is one line there
+    narrow = runner.invoke(app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "60"})
+    assert narrow.exit_code == 0 and "summary" not in narrow.output and "[chain] 8 tokens" in narrow.output
 
 
 def test_prompt_from_stdin_and_file(models, tmp_path):

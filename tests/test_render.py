@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
@@ -106,3 +107,53 @@ def test_a_rollback_counts_tokens_even_those_that_complete_no_character():
         renderer.on_round(second, stats)
         renderer.on_replay(ReplayView(replay.rolled_back, replay.correction), stats)
     assert plain[0].text.plain == out.getvalue() == "U\ufffdG" == tokenizer.decode([u, byte, g])
+
+
+def test_control_characters_reach_a_terminal_as_escapes_and_a_pipe_as_they_are():
+    """A model's ESC, BEL or CR could set the terminal's title, move the cursor or switch its
+    character set: a terminal shows them as `\\x1b`; a file or pipe gets the exact text."""
+    from specgen.cli.render import visible
+
+    title = "hi\x1b]0;pwned\x07\r\x0e\x9b there\n\tok"
+    assert visible(title) == "hi\\x1b]0;pwned\\x07\\x0d\\x0e\\x9b there\n\tok"
+    console = Console(record=True, force_terminal=True, width=120, file=io.StringIO())
+    stats = Stats(method="plain", new_tokens=1, rounds=1)
+    renderer = RichRenderer(console)
+    with renderer:
+        renderer.on_round(RoundView([], title), stats)
+    assert "\x1b]0;" not in console.file.getvalue() and "\\x1b]0;pwned" in console.export_text()
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for out, expected in ((Terminal(), visible(title)), (io.StringIO(), title)):
+        plain = PlainRenderer(out, io.StringIO())
+        plain.on_round(RoundView([], title), stats)
+        plain.finish(Outcome(title, [1], stats))
+        assert out.getvalue() == expected + "\n"
+
+
+def test_finished_lines_go_above_the_live_region():
+    """The live region holds the line being written: an answer taller than the screen keeps its
+    newest tokens and footer in view, and every line is printed once."""
+    out = io.StringIO()
+    console = Console(force_terminal=True, width=80, height=6, file=out)
+    stats = Stats(method="chain", new_tokens=1, rounds=1)
+    renderer = RichRenderer(console)
+    with renderer:
+        for i in range(20):
+            renderer.on_round(RoundView([f"line {i} "], f"end {i}\n"), stats)
+        renderer.on_round(RoundView(["last "], "words"), stats)
+        live = renderer._view().renderables[0].plain
+        assert live == "last words"
+    renderer.finish(Outcome(renderer.text.plain, [], stats))
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert all(shown.count(f"line {i} end {i}") == 1 for i in range(20)) and "last words" in shown
+
+
+def test_a_rate_is_shown_only_for_a_decode_long_enough_to_time():
+    from specgen.decoding.views import speed
+
+    assert speed(Stats(method="plain", new_tokens=1, prefill_seconds=0.5, seconds=0.50004)) == "– tok/s"
+    assert speed(Stats(method="plain", new_tokens=21, prefill_seconds=0.5, seconds=1.5)) == "21.0 tok/s"

@@ -22,7 +22,7 @@ from specgen.chat.saves import (SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedC
                                 settings_dict, write_save)
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.stats import Stats, histogram
-from specgen.decoding.views import Outcome
+from specgen.decoding.views import Outcome, speed
 from specgen.errors import ConfigError, PartialReply, PromptError
 
 HELP = """\
@@ -237,7 +237,7 @@ class Conversation:
         return [
             f"turns {t.generations} ({t.interrupted} interrupted) · methods: {methods}",
             f"{t.new_tokens} new tokens in {t.rounds} rounds · {accept} · "
-            f"{t.tokens_per_target_forward:.2f} tokens/target forward · {t.tokens_per_second:.1f} tok/s",
+            f"{t.tokens_per_target_forward:.2f} tokens/target forward · {speed(t)}",
             f"prompt tokens {t.prompt_tokens}: {t.reused_tokens} reused from the caches, "
             f"{t.prompt_tokens - t.reused_tokens} prefilled in {t.prefill_seconds:.2f} s"
             + (f" · {self.dropped_turns} old turns dropped" if self.dropped_turns else ""),

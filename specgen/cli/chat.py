@@ -36,6 +36,7 @@ from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, Confide
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
+from specgen.decoding.views import speed
 from specgen.config import ModelSettings
 from specgen.errors import PromptError, SpecgenError, one_line
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -337,7 +338,7 @@ def summary_line(turn) -> str:
     parts = [f"turn {turn.number}", s.method, f"{s.new_tokens} tokens in {s.rounds} rounds"]
     if s.drafted:
         parts.append(f"accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})")
-    parts += [f"{s.tokens_per_target_forward:.2f} tokens/target forward", f"{s.tokens_per_second:.1f} tok/s",
+    parts += [f"{s.tokens_per_target_forward:.2f} tokens/target forward", speed(s),
               f"first token {s.time_to_first_token or 0.0:.2f} s",
               f"prompt {turn.prompt_tokens} tokens ({turn.reused_tokens} reused, "
               f"{turn.prompt_tokens - turn.reused_tokens} prefilled)"]

@@ -6,6 +6,7 @@ Renderers see text pieces (decoding/views.py) and statistics only, never tensors
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from rich.console import Console, Group
@@ -15,7 +16,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import Outcome, ReplayView, RoundView, TreeView, summary_line
+from specgen.decoding.views import Outcome, ReplayView, RoundView, TreeView, speed, summary_line
 
 ACCEPTED = "green"
 REJECTED = "red strike"
@@ -24,6 +25,14 @@ PROMPT = "dim"
 
 
 PENDING = "dim"
+SUMMARY_WIDTH = 100  # narrower terminals get the summary as one line: the table's cells were blank there
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """Text for a terminal: control characters other than newline and tab shown as escapes
+    (`\x1b`), so what a model writes can move no cursor and set no title or mode there."""
+    return _CONTROL.sub(lambda hit: f"\\x{ord(hit.group()):02x}", text)
 
 
 def rich_tree(view: TreeView, title: str) -> Tree:
@@ -41,7 +50,7 @@ def footer(stats: Stats) -> Text:
     if stats.drafted:
         line.append(f" · accepted {stats.accepted}/{stats.drafted} ({stats.acceptance_rate:.0%})")
     line.append(f" · {stats.tokens_per_target_forward:.2f} tokens/target forward")
-    line.append(f" · {stats.tokens_per_second:.1f} tok/s")
+    line.append(f" · {speed(stats)}")
     line.append("   ")
     line.append("accepted", style=ACCEPTED)
     line.append(" ")
@@ -58,13 +67,18 @@ def summary_table(stats: Stats, title: str = "summary") -> Table:
         table.add_column(name, justify="right" if name != "method" else "left")
     table.add_row(stats.method, str(stats.new_tokens), str(stats.rounds),
                   f"{stats.acceptance_rate:.1%}" if stats.drafted else "-",
-                  f"{stats.tokens_per_target_forward:.2f}", f"{stats.tokens_per_second:.1f}",
+                  f"{stats.tokens_per_target_forward:.2f}", speed(stats).removesuffix(" tok/s"),
                   f"{stats.prefill_seconds:.2f}", f"{stats.draft_seconds:.2f}", f"{stats.verify_seconds:.2f}")
     return table
 
 
 class RichRenderer:
-    """A Live view that grows the answer round by round, then a summary table."""
+    """A Live view that grows the answer round by round, then a summary table.
+
+    Finished lines of the answer are printed above the live region as they complete, so it holds
+    only the line being written, this round's rejected tokens and the footer: an answer taller
+    than the screen keeps its newest tokens and footer in view (Live shows `...` past the
+    screen's height), and a resize or typed keys disturb one line, not every frame."""
 
     def __init__(self, console: Console | None = None, header: str | None = None, show_tree: bool = False):
         self.console = console or Console(emoji=False)
@@ -75,8 +89,11 @@ class RichRenderer:
         self.pending: list[tuple[str, str]] = []  # (text, final style) awaiting a replay
         self._live: Live | None = None
         self._stats: Stats | None = None
+        self._printed = 0  # characters of `text` printed above the live region
 
     def __enter__(self) -> "RichRenderer":
+        if self.header:
+            self.console.print(Text(visible(self.header), style=PROMPT))
         self._live = Live(self._view(), console=self.console, refresh_per_second=10,
                           transient=False, auto_refresh=False)
         self._live.__enter__()
@@ -97,38 +114,46 @@ class RichRenderer:
             self.pending.extend(pieces)
         else:
             for piece, style in pieces:
-                self.text.append(piece, style=style)
-        self.rejected = Text("".join(view.rejected), style=REJECTED)
+                self.text.append(visible(piece), style=style)
+        self.rejected = Text(visible("".join(view.rejected)), style=REJECTED)
         self._stats = stats
         if self.show_tree and view.tree is not None:
             self.console.print(rich_tree(view.tree, f"round {stats.rounds}"))  # above the live view
-        if self._live is not None:
-            self._live.update(self._view(), refresh=True)
+        self._refresh()
 
     def on_replay(self, view: ReplayView, stats: Stats) -> None:
         """Verified pending tokens take their colours; rolled-back ones show red this round."""
         keep = len(self.pending) - len(view.rolled_back)
         for piece, style in self.pending[:keep]:
-            self.text.append(piece, style=style)
+            self.text.append(visible(piece), style=style)
         if view.correction is not None:
-            self.text.append(view.correction, style=TARGET)
-        self.rejected = Text("".join(view.rolled_back), style=REJECTED)
+            self.text.append(visible(view.correction), style=TARGET)
+        self.rejected = Text(visible("".join(view.rolled_back)), style=REJECTED)
         self.pending = []
         self._stats = stats
-        if self._live is not None:
-            self._live.update(self._view(), refresh=True)
+        self._refresh()
 
     def finish(self, outcome: Outcome) -> None:
         if outcome.interrupted:
             self.console.print(Text("interrupted", style="yellow"))
-        self.console.print(summary_table(outcome.stats))
+        if self.console.width < SUMMARY_WIDTH:
+            self.console.print(summary_line(outcome), style="dim", markup=False)
+        else:
+            self.console.print(summary_table(outcome.stats))
+
+    def _refresh(self) -> None:
+        if self._live is None:
+            return
+        end = self.text.plain.rfind("\n") + 1  # the finished lines go above, for good
+        if end > self._printed:
+            self._live.console.print(self.text[self._printed:end], end="")
+            self._printed = end
+        self._live.update(self._view(), refresh=True)
 
     def _view(self) -> Group:
-        parts = []
-        if self.header:
-            parts.append(Text(self.header, style=PROMPT))
-        pending = Text("".join(piece for piece, _ in self.pending), style=PENDING)
-        parts.append(self.text + pending + self.rejected)
+        pending = Text(visible("".join(piece for piece, _ in self.pending)), style=PENDING)
+        line = self.text[self._printed:] + pending + self.rejected
+        parts = [line] if line.plain else []
         if self._stats is not None:
             parts.append(footer(self._stats))
         return Group(*parts)
@@ -166,8 +191,13 @@ class PlainRenderer:
     def _write(self, text: str) -> None:
         if text:
             self._written.append(text)
-            self.out.write(text)
+            self.out.write(visible(text) if self._terminal else text)  # a file or pipe gets the text as is
             self.out.flush()
+
+    @property
+    def _terminal(self) -> bool:
+        isatty = getattr(self.out, "isatty", None)
+        return bool(isatty and isatty())
 
     def finish(self, outcome: Outcome) -> None:
         # The stream holds back a character whose bytes are not all there yet; at the end the

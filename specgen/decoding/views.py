@@ -129,10 +129,19 @@ def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes
     return [{**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]} for token, lp in zip(tokens, logprobs)]
 
 
+MIN_TIMED_SECONDS = 0.05  # a decode shorter than this gives no rate worth showing
+
+
+def speed(stats) -> str:
+    """The decode rate as shown: `12.3 tok/s`, or `– tok/s` where decoding took too little time to
+    time (one token, which the prefill gives; a first round): 1 token in 40 us read 24963 tok/s."""
+    return f"{stats.tokens_per_second:.1f} tok/s" if stats.decode_seconds >= MIN_TIMED_SECONDS else "– tok/s"
+
+
 def summary_line(outcome: Outcome) -> str:
     """One line for a finished generation: plain output's stderr, the server's log."""
     s = outcome.stats
     note = " (interrupted)" if outcome.interrupted else ""
     accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
     return (f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
-            f"{s.tokens_per_target_forward:.2f} tokens/target forward, {s.tokens_per_second:.1f} tok/s{note}")
+            f"{s.tokens_per_target_forward:.2f} tokens/target forward, {speed(s)}{note}")
