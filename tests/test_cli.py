@@ -691,3 +691,32 @@ def test_every_help_text_shows_its_brackets():
                 checked += 1
                 assert word in shown, f"{' '.join(path)} {param.name}: {word} is not shown"
     assert checked >= 2  # run's and serve's --ray at least
+
+
+def test_ctrl_c_before_the_answer_says_so(capsys):
+    """Ctrl-C while the models load (or a prompt is read) ended the command with no word at all."""
+    import typer
+
+    from specgen.cli.options import user_errors
+
+    with pytest.raises(typer.Exit) as ended:
+        with user_errors():
+            raise KeyboardInterrupt
+    assert ended.value.exit_code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_prompt_read_from_a_terminal_says_how_to_end_it(models):
+    import os
+    import sys
+
+    pexpect = pytest.importorskip("pexpect")
+    args = ["-m", "specgen", "run", "-", *models, "-n", "2", "--no-server", "--format", "plain"]
+    child = pexpect.spawn(sys.executable, args, env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=240)
+    try:
+        child.expect("end it with Ctrl-D")
+        child.sendintr()
+        child.expect("interrupted")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130

@@ -33,12 +33,16 @@ def user_errors():
             raise
         error_line(str(exc), exc.hint)
         raise typer.Exit(1) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt, BrokenPipeError):
+    except KeyboardInterrupt:  # before the answer began (loading, reading stdin): say so, exit 130
+        _interrupted()
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort, BrokenPipeError):
         raise  # a closed pipe (`| head`): Typer exits 1 quietly, like other command-line tools
     except Exception as exc:  # an unexpected failure: still one line, with a way to see more
         if os.environ.get("SPECGEN_DEBUG"):
             raise
         if _caused_by_ctrl_c(exc):  # Ctrl-C inside an import, which wraps it in an ImportError
+            _interrupted()
             raise typer.Exit(130) from None
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # stdout on a full disk, say
             where = f" writing {exc.filename}" if exc.filename else ""
@@ -50,6 +54,15 @@ def user_errors():
             raise typer.Exit(1) from None
         error_line(f"unexpected {one_line(exc)}", "set SPECGEN_DEBUG=1 for the traceback")
         raise typer.Exit(1) from None
+
+
+def _interrupted() -> None:
+    """One line for a Ctrl-C that ends the command, on a line of its own after the terminal's ^C."""
+    try:
+        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + "interrupted\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _caused_by_ctrl_c(exc: BaseException) -> bool:
@@ -99,7 +112,11 @@ def check_text(text: str, where: str) -> str:
 
 
 def read_stdin() -> str:
-    """All of stdin as UTF-8 text (decoded here, so a bad byte is one clear error line)."""
+    """All of stdin as UTF-8 text (decoded here, so a bad byte is one clear error line). A
+    terminal's reader is told how to end it: a blank screen gave no sign of waiting."""
+    if sys.stdin.isatty():
+        sys.stderr.write("reading the prompt from the terminal; end it with Ctrl-D on a line of its own\n")
+        sys.stderr.flush()
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is not None:
         return decode_text(buffer.read(), "stdin")
