@@ -517,3 +517,27 @@ def test_a_reply_wider_than_the_terminal_is_shown_whole(models, tmp_path):
         return "".join(re.findall(r"[A-Za-z0-9]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)))
 
     assert len(letters(reply)) > 10 and letters(reply) in letters(shown)
+
+
+def test_a_pasted_text_of_several_lines_is_one_message(models):
+    """Bracketed paste: the chat asks the terminal to mark a paste (ESC [?2004h; CPython turns it
+    off, and each pasted line was sent as a message of its own), and a marked paste's lines stay
+    one message."""
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "2"],
+                          env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect_exact("\x1b[?2004h", timeout=STARTUP_TIMEOUT)  # readline turns bracketed paste on
+        child.expect("you>")
+        child.send("\x1b[200~first line\nsecond line\nthird\x1b[201~")
+        child.expect("third")
+        child.send("\r")
+        child.expect(r"turn 1 ·")
+        child.expect("you>")
+        child.sendline("/stats")
+        child.expect(r"turns (\d+)")
+        assert child.match.group(1) == "1"
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)

@@ -352,9 +352,13 @@ def _escape(text: str) -> str:
 
 
 def _readline():
-    """Line editing and in-session history for input(), where the platform has readline."""
+    """Line editing and in-session history for input(), where the platform has readline, with
+    bracketed paste: a pasted text of several lines is one message (CPython turns it off, and
+    each pasted line was sent as a message of its own)."""
     try:
         import readline  # not on every platform: imported where it exists
     except ImportError:  # e.g. Windows without pyreadline: input() still works, unedited
         return None
+    if "libedit" not in (readline.__doc__ or ""):  # GNU readline's setting (macOS's libedit has none)
+        readline.parse_and_bind("set enable-bracketed-paste on")
     return readline
