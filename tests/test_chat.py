@@ -107,7 +107,7 @@ def test_slash_commands_change_the_session(models):
     assert commands["stats"]["totals"]["turns_by_method"] == {"chain": 2, "plain": 1}
     errors = error_lines(result.stderr)
     assert len(errors) == 6, result.stderr
-    for fragment, line in zip(["--temperature must be a finite number >= 0", "--top-p", "temperature takes a number",
+    for fragment, line in zip(["error: temperature must be a finite number >= 0", "top_p", "temperature takes a number",
                                "unknown setting 'colour'", "unknown method 'magic'", "unknown command /bogus"],
                               errors):
         assert fragment in line
@@ -439,7 +439,7 @@ def test_set_seed_out_of_range_is_refused(tiny_dirs, tiny_pair):
     from specgen.errors import ConfigError
 
     chat_session = make_session(tiny_dirs, tiny_pair)
-    with pytest.raises(ConfigError, match="--seed must be in 0.."):
+    with pytest.raises(ConfigError, match="^seed must be in 0.."):
         chat_session.command(f"/set seed {2**64}")
     assert chat_session.config.sampling.seed is None
 
@@ -541,3 +541,20 @@ def test_a_pasted_text_of_several_lines_is_one_message(models):
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
+
+
+def test_slash_commands_name_what_they_take(tiny_dirs, tiny_pair):
+    """/set names the setting, not the command-line flag; a stray argument to /exit is refused, not
+    ignored; an unset seed reads `none`; one dropped turn is one turn."""
+    from specgen.errors import ConfigError
+
+    session = make_session(tiny_dirs, tiny_pair)
+    with pytest.raises(ConfigError, match=r"^temperature must") as bad:
+        session.command("/set temperature -1")
+    assert "--" not in str(bad.value)
+    with pytest.raises(ConfigError, match="takes nothing after it"):
+        session.command("/exit now")
+    assert session.command("/exit").exit
+    assert "seed none" in session.command("/set").message
+    session.dropped_turns = 1
+    assert "1 old turn dropped" in session.totals_lines()[-1]

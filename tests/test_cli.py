@@ -720,3 +720,10 @@ def test_a_prompt_read_from_a_terminal_says_how_to_end_it(models):
     finally:
         child.close(force=True)
     assert child.exitstatus == 130
+
+
+def test_show_tree_without_trees_to_show_says_so(models):
+    result = invoke("run", "hello", *models, "-n", "2", "--method", "chain", "--show-tree", "--format", "plain")
+    assert result.exit_code == 0 and "--show-tree draws the trees" in result.stderr
+    tree = invoke("run", "hello", *models, "-n", "2", "--method", "rsd-c", "--show-tree", "--format", "plain")
+    assert tree.exit_code == 0 and "--show-tree draws" not in tree.stderr

@@ -12,6 +12,7 @@ go to a `notify` callback, replies to whatever renderer the caller passes.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -174,7 +175,11 @@ class Conversation:
             except ValueError:
                 raise ConfigError(f"{name} takes {'a number' if kind is float else 'an integer'}, "
                                   f"got '{value}'") from None
-        self.configure(config_from({name: parsed}, self.config))
+        try:
+            self.configure(config_from({name: parsed}, self.config))
+        except ConfigError as exc:  # the checks name the command-line options: say the setting's name
+            raise ConfigError(re.sub(r"--([a-z-]+)", lambda hit: hit.group(1).replace("-", "_"), str(exc)),
+                              hint=exc.hint) from None
 
     def set_method(self, name: str) -> None:
         self.configure(replace(self.config, method=Method.parse(name)))
@@ -240,7 +245,8 @@ class Conversation:
             f"{t.tokens_per_target_forward:.2f} tokens/target forward · {speed(t)}",
             f"prompt tokens {t.prompt_tokens}: {t.reused_tokens} reused from the caches, "
             f"{t.prompt_tokens - t.reused_tokens} prefilled in {t.prefill_seconds:.2f} s"
-            + (f" · {self.dropped_turns} old turns dropped" if self.dropped_turns else ""),
+            + (f" · {self.dropped_turns} old turn{'s' if self.dropped_turns != 1 else ''} dropped"
+               if self.dropped_turns else ""),
         ]
 
     # -- slash commands ------------------------------------------------------------------
@@ -248,6 +254,8 @@ class Conversation:
         """Run one slash command; a SpecgenError means the session is unchanged."""
         name, _, arg = line.strip()[1:].partition(" ")
         name, arg = name.lower(), arg.strip()
+        if arg and name in ("exit", "quit", "help", "?", "reset", "stats"):
+            raise ConfigError(f"/{name} takes nothing after it, got '{arg[:40]}'")
         if name in ("exit", "quit"):
             return CommandResult(exit=True)
         if name in ("help", "?"):
@@ -277,8 +285,8 @@ class Conversation:
                     raise ConfigError("/set needs a name and a value, like /set temperature 0.7")
                 self.set_option(option, value)
             shown = settings_dict(self.config)
-            return CommandResult(" · ".join(f"{k} {shown[k]}" for k in ("method", *SETTING_NAMES)),
-                                 data={"settings": shown})
+            return CommandResult(" · ".join(f"{k} {'none' if shown[k] is None else shown[k]}"
+                                            for k in ("method", *SETTING_NAMES)), data={"settings": shown})
         if name in ("save", "load"):
             if not arg:
                 raise ConfigError(f"/{name} needs a file name, like /{name} chat.json")

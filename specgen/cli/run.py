@@ -22,6 +22,7 @@ from specgen.decoding.prompts import encode_prompt, read_prompts_file
 from specgen.errors import ConfigError, PromptError
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.serve.client import generate_on_server
+from specgen.status import note
 
 
 def run(
@@ -89,6 +90,9 @@ def run(
             _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
                       (draft_quant, compile, target_quant))
             return
+        if show_tree and (not config.method.is_tree or format is Format.json):
+            note("--show-tree draws the trees of rsd-c, rsd-s and multi-draft in the rich and plain views; "
+                 "this run has none to show")
         text = read_prompt(prompt, file)
         if not text.strip():
             raise PromptError("the prompt is empty")
