@@ -558,3 +558,27 @@ def test_slash_commands_name_what_they_take(tiny_dirs, tiny_pair):
     assert "seed none" in session.command("/set").message
     session.dropped_turns = 1
     assert "1 old turn dropped" in session.totals_lines()[-1]
+
+
+def test_keys_typed_during_a_reply_wait_for_the_next_prompt(models):
+    """Keys typed while a reply streams are not echoed into the live view (its lines were
+    printed twice); the next prompt's line holds them."""
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, SPECGEN_CHAT_TEST_DELAY="0.05", TERM="xterm")
+    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "60"], env=env,
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect("you>", timeout=STARTUP_TIMEOUT)
+        child.sendline("hello")
+        child.expect(r"round \d+")
+        child.send("typed ahead")
+        child.expect(r"turn 1 ·")
+        assert "typed ahead" not in child.before
+        child.expect("you>")
+        child.expect("typed ahead")  # readline shows the keys in the new line
+        child.send("\r")
+        child.expect(r"turn 2 ·")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)

@@ -18,6 +18,7 @@ that would otherwise finish in a blink.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -294,7 +295,8 @@ class _Loop:
         else:
             inner = PlainRenderer(show_tree=self.show_tree)
         try:
-            turn = self.chat.send(text, _TurnView(inner, self.delay))
+            with _keys_unechoed(self.is_tty):
+                turn = self.chat.send(text, _TurnView(inner, self.delay))
         except KeyboardInterrupt:
             self.notice("interrupted before the reply began; the message was not kept")
             if self.is_tty:
@@ -349,6 +351,30 @@ def summary_line(turn) -> str:
 
 def _escape(text: str) -> str:
     return escape(text)
+
+
+@contextlib.contextmanager
+def _keys_unechoed(terminal: bool):
+    """While a reply streams, keys typed are not echoed (the echo broke the live view's lines);
+    the terminal keeps them, and the next prompt's line shows them."""
+    saved = None
+    if terminal:
+        try:
+            import termios  # not on every platform
+            fd = sys.stdin.fileno()
+            saved = termios.tcgetattr(fd)
+        except Exception:  # noqa: BLE001: no termios, or no terminal after all (termios.error is no OSError)
+            saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 def _readline():
