@@ -36,6 +36,11 @@ def test_a_named_page_may_call_with_the_key(served):
         "Access-Control-Request-Headers": "authorization,content-type"})
     assert status == 200 and headers["access-control-allow-origin"] == PAGE
     assert "authorization" in headers["access-control-allow-headers"].lower()
+    # OpenAI's JavaScript SDK sends headers of its own on every call: its preflight passes too
+    status, headers = _call(served, "OPTIONS", "/v1/chat/completions", {
+        "Origin": PAGE, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os,openai-organization"})
+    assert status == 200 and "x-stainless-os" in headers["access-control-allow-headers"].lower()
     # the call itself still needs the key, and its answer is readable by the page
     status, headers = _call(served, "GET", "/v1/models", {"Origin": PAGE, "Authorization": f"Bearer {served.token}"})
     assert status == 200 and headers["access-control-allow-origin"] == PAGE

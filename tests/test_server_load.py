@@ -200,6 +200,9 @@ def test_a_queued_request_whose_client_leaves_is_dropped_at_once(tiny_dirs, pair
             assert time.monotonic() < deadline, "the queued request waited for the one ahead"
             time.sleep(0.01)
         assert running.scheduler.running  # the first one still runs
+        # and it counts, as a running row that loses its client does (it was left out of /metrics)
+        metrics = running.state.metrics.text().decode()
+        assert 'specgen_requests_total{endpoint="chat",status="cancelled"} 1.0' in metrics
         first[1].read()
         first[0].close()
     finally:

@@ -60,6 +60,28 @@ def test_a_request_that_does_not_arrive_in_time_loses_its_connection(served, sho
     assert status == 200, body
 
 
+def test_a_body_the_timer_cut_is_logged_and_counted_as_a_timeout(served, short_limit):
+    """Not as a client that left (499): an operator can tell a slow client from one that gave up."""
+    before = raw(served, "GET", "/metrics")[1]
+    sock = _connect(served)
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + served.token.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+        assert _closed_by_server(sock)
+    finally:
+        sock.close()
+    line = 'specgen_requests_total{endpoint="chat",status="408"}'
+    deadline = time.monotonic() + 10
+    while _count(raw(served, "GET", "/metrics")[1], line) <= _count(before, line):
+        assert time.monotonic() < deadline, "the cut request was not counted as a 408"
+        time.sleep(0.05)
+    assert "error 408: the request did not arrive within" in served.log.getvalue()
+
+
+def _count(metrics: str, line: str) -> float:
+    return next((float(row.split()[-1]) for row in metrics.splitlines() if row.startswith(line)), 0.0)
+
+
 def test_slow_clients_do_not_hold_up_the_others(served, short_limit):
     stalled = [_connect(served) for _ in range(20)]
     try:

@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
-from specgen.serve import answers, api, discovery, responses
+from specgen.serve import answers, api, discovery, protocol, responses
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
@@ -72,9 +72,9 @@ def create_app(state: ServerState) -> FastAPI:
     # Location built from the client's Host header
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     if state.origins:  # a page's script may call only from an origin named here, with the key as anyone
+        # any request header: OpenAI's JavaScript SDK sends X-Stainless-* and OpenAI-* headers
         app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["Retry-After"],
-                           max_age=600)
+                           allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
@@ -229,6 +229,9 @@ async def _body(request: Request) -> bytes:
                                    code="request_too_large")
             chunks.append(chunk)
     except ClientDisconnect:
+        if request.scope.get(protocol.TIMED_OUT):  # the server cut it: a slow client, not one that left
+            raise api.ApiError(408, f"the request did not arrive within {protocol.REQUEST_TIMEOUT:g} s; "
+                               "the connection was closed", code="request_timeout") from None
         raise api.ApiError(499, "the client closed the connection before sending its request",
                            code="client_closed") from None
     return b"".join(chunks)

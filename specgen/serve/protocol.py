@@ -6,9 +6,12 @@ at a time, or connects and sends nothing, holds its connection and a file descri
 as it likes, and enough of them exhaust the server's descriptors (slowloris). `TimedH11` is
 uvicorn's h11 protocol with one timer per request: armed when the connection opens and again when
 a response ends, it closes the connection if the next request has not fully arrived
-`REQUEST_TIMEOUT` seconds later, as nginx's `client_header_timeout` and `client_body_timeout` do.
-A request that has arrived is never timed: a long streamed answer runs as long as it needs, and a
-handler whose client is cut off mid-body sees a disconnect, as for any client that goes away.
+`REQUEST_TIMEOUT` seconds later. Unlike nginx's `client_body_timeout`, which times the gap
+between two reads, the limit is on the whole request: a body sent a byte a minute is cut too. A
+context-sized prompt (128 KB for 32K tokens) arrives in 60 s at 2 KB/s. A request that has
+arrived is never timed: a long streamed answer runs as long as it needs. A handler whose client
+is cut off mid-body sees a disconnect, with the request's scope marked `TIMED_OUT`, so the server
+logs and counts it as a 408, not as a client that went away.
 
 The server always uses this protocol (never httptools, which uvicorn would pick when installed):
 one implementation, one behaviour.
@@ -22,6 +25,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 REQUEST_TIMEOUT = 60.0  # seconds from connecting (or from the last response's end) to a whole request
+TIMED_OUT = "specgen.request_timed_out"  # set in the ASGI scope of a request whose body the timer cut
 
 
 class TimedH11(H11Protocol):
@@ -56,4 +60,6 @@ class TimedH11(H11Protocol):
         no request or only part of its head has come, SEND_BODY while part of its body has."""
         self._request_timer = None
         if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            if self.cycle is not None and self.conn.their_state is h11.SEND_BODY:
+                self.cycle.scope[TIMED_OUT] = True  # type: ignore[index]
             self.transport.close()

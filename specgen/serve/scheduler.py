@@ -126,9 +126,10 @@ class Scheduler:
         next round."""
         with self.cond:
             ticket.cancelled = True
-            if ticket in self.waiting:
+            if ticket in self.waiting:  # never admitted: counted here, as a running row is when it ends
                 self.waiting.remove(ticket)
                 self.metrics.queue_depth.set(len(self.waiting))
+                self.metrics.finished(ticket.job, "cancelled", None)
 
     def busy(self) -> bool:
         with self.cond:
