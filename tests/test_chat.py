@@ -524,6 +524,9 @@ def test_a_pasted_text_of_several_lines_is_one_message(models):
     off, and each pasted line was sent as a message of its own), and a marked paste's lines stay
     one message."""
     pexpect = pytest.importorskip("pexpect")
+    readline = pytest.importorskip("readline")
+    if "libedit" in (readline.__doc__ or ""):
+        pytest.skip("bracketed paste is GNU readline's; this Python has libedit")
     child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "2"],
                           env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=60, dimensions=(40, 200))
     try:
