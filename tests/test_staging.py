@@ -123,3 +123,20 @@ def test_the_drafts_catch_up_of_a_long_prompt_is_chunked_too(tiny_pair, method):
         assert out == reference_greedy(target.model, prompt, 16)
     assert [t for e in alone if isinstance(e, RoundResult) for t in e.emitted] == reference_greedy(target.model,
                                                                                                     LONG, 16)
+
+
+@pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN])
+def test_a_staged_prompt_whose_company_finished_joins_a_clean_batch(tiny_pair, method):
+    """Every decoding row ends while a long prompt is still staged: the finished rows stay in the
+    cache (parked for a resume), and the staged prompt joined beside them, so the next round's
+    mask had one row more than the batch and the engine crashed. It now settles the cache first,
+    as a request that joins an empty batch does."""
+    target = tiny_pair[0]
+    config = GenerationConfig(method=method, max_new_tokens=3, draft_tokens=2)
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
+    engine.prefill_chunk = CHUNK  # LONG takes 7 chunks; SHORT's 3 tokens end long before
+    events = events_of(engine, config, later=3)
+    for index, prompt in enumerate([SHORT, LONG]):
+        out = [t for i, e in events if i == index and isinstance(e, RoundResult) for t in e.emitted]
+        assert out == reference_greedy(target.model, prompt, 3)
+        assert isinstance([e for i, e in events if i == index][-1], Finished)

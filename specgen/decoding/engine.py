@@ -151,6 +151,8 @@ class Engine:
                     advance(self.steps.call, staged[0], self.prefill_chunk if rows else len(staged[0].request.ids),
                             self.device, self.steps.mode == "inductor")
                     if staged[0].done:
+                        if not rows and not resumed:  # every row ended meanwhile: parked rows go first
+                            self._settle(None)
                         yield from self._admit(rows, staged[0].request, config, None, staged.pop(0))
                 joined = bool(rows)
                 rows = yield from self._leave(rows)  # a first token may have ended a row
