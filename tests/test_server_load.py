@@ -613,3 +613,18 @@ def test_a_chat_takes_up_its_server_started_again(tiny_dirs, pair):
         assert chat.server.token == second.token  # each server has its own token
     finally:
         stop(second, thread)
+
+
+def test_a_server_starts_on_a_target_whose_context_is_shorter_than_its_warm_up(tmp_path):
+    """The warm-up's chat prompt (92 tokens here) did not fit a 48-token context: start-up failed."""
+    from tiny import save_tiny
+
+    target = save_tiny(tmp_path / "short", 0, context=48)
+    settings = dataclasses.replace(settings_for({"target": target, "draft": target}), draft=None)
+    running, thread = start(settings)
+    try:
+        status, body, _ = raw(running, "POST", "/v1/chat/completions", {"model": model(running), "max_tokens": 2,
+                                                                        "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200, body
+    finally:
+        stop(running, thread)

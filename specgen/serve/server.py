@@ -151,7 +151,8 @@ def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
     tokenizer = scheduler.pair.target.tokenizer
     short = replace(config, max_new_tokens=4, sampling=SamplingConfig())
     for text in ("Hello", "Write a short poem about the sea, then explain its meter in one sentence."):
-        driver.generate(engine, tokenizer, encode_prompt(tokenizer, text), short, Silent())
+        ids = encode_prompt(tokenizer, text)  # at most half the context: a short-context model starts too
+        driver.generate(engine, tokenizer, ids[-max(1, engine.context_length // 2):], short, Silent())
 
 
 class _Server(uvicorn.Server):
