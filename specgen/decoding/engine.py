@@ -135,8 +135,6 @@ class Engine:
                 rows = yield from self._leave(rows)
                 decoding = bool(rows)  # rows that joined earlier and run rounds: long prompts are staged
                 requests = feed.take(batch_size - len(rows) - len(staged))
-                if requests and not rows and not resumed:
-                    self._settle(None)  # the rows parked by the last round: one spare row stays
                 while requests:
                     for request in requests:
                         if decoding and self.prefill_chunk and not config.deterministic \
@@ -151,8 +149,6 @@ class Engine:
                     advance(self.steps.call, staged[0], self.prefill_chunk if rows else len(staged[0].request.ids),
                             self.device, self.steps.mode == "inductor")
                     if staged[0].done:
-                        if not rows and not resumed:  # every row ended meanwhile: parked rows go first
-                            self._settle(None)
                         yield from self._admit(rows, staged[0].request, config, None, staged.pop(0))
                 joined = bool(rows)
                 rows = yield from self._leave(rows)  # a first token may have ended a row
@@ -169,7 +165,12 @@ class Engine:
 
     def _admit(self, rows: list[DecodeState], request: Request, config: GenerationConfig,
                resume: DecodeState | None, staged: Staged | None = None) -> Iterator[RowEvent]:
-        """A request joins the batch (`_join`): its Joined event, and its first token if any."""
+        """A request joins the batch (`_join`): its Joined event, and its first token if any. The
+        first row of a fresh batch (not a resumed one) settles the cache before it: the rows the
+        last round parked leave, one spare row stays (a staged prompt whose company all ended
+        while it was fed joined beside them, and the next round's mask had a row too many)."""
+        if not rows and resume is None:
+            self._settle(None)
         state, first = self._join(request, config, resume, staged)
         rows.append(state)
         yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds))
