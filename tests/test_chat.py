@@ -312,11 +312,15 @@ def chat_command() -> list[str]:
     return ["-m", "specgen", "chat"]
 
 
+def spawn_chat(pexpect, models, *args: str, size: tuple[int, int] = (40, 200), **env: str):
+    """`specgen chat` on the tiny pair in a real terminal of `size` (rows, columns), TERM=xterm."""
+    return pexpect.spawn(sys.executable, [*chat_command(), *models, *args], env=dict(os.environ, TERM="xterm", **env),
+                         encoding="utf-8", timeout=60, dimensions=size)
+
+
 def test_a_real_terminal_session_survives_ctrl_c(models):
     pexpect = pytest.importorskip("pexpect")
-    env = dict(os.environ, SPECGEN_CHAT_TEST_DELAY="0.05", TERM="xterm", COLUMNS="200")
-    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "200"],
-                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child = spawn_chat(pexpect, models, "--max-new-tokens", "200", SPECGEN_CHAT_TEST_DELAY="0.05", COLUMNS="200")
     try:
         child.expect("you>", timeout=STARTUP_TIMEOUT)
         child.sendline("hello")
@@ -354,8 +358,7 @@ def test_ctrl_c_twice_at_an_empty_prompt_exits_cleanly(models):
     """One Ctrl-C at an empty prompt says how to leave (the Ctrl-C that stops a reply is often
     pressed twice, and left the chat with the conversation unsaved); a second one leaves."""
     pexpect = pytest.importorskip("pexpect")
-    child = pexpect.spawn(sys.executable, [*chat_command(), *models], env=dict(os.environ, TERM="xterm"),
-                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child = spawn_chat(pexpect, models)
     try:
         child.expect("you>", timeout=STARTUP_TIMEOUT)
         child.sendintr()
@@ -496,8 +499,7 @@ def test_a_reply_wider_than_the_terminal_is_shown_whole(models, tmp_path):
     from specgen.cli.render import visible
 
     pexpect = pytest.importorskip("pexpect")
-    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "80"],
-                          env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=60, dimensions=(50, 30))
+    child = spawn_chat(pexpect, models, "--max-new-tokens", "80", size=(50, 30))
     save = tmp_path / "chat.json"
     try:
         child.expect("you>", timeout=STARTUP_TIMEOUT)
@@ -527,8 +529,7 @@ def test_a_pasted_text_of_several_lines_is_one_message(models):
     readline = pytest.importorskip("readline")
     if "libedit" in (readline.__doc__ or ""):
         pytest.skip("bracketed paste is GNU readline's; this Python has libedit")
-    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "2"],
-                          env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child = spawn_chat(pexpect, models, "--max-new-tokens", "2")
     try:
         child.expect_exact("\x1b[?2004h", timeout=STARTUP_TIMEOUT)  # readline turns bracketed paste on
         child.expect("you>")
@@ -567,9 +568,7 @@ def test_keys_typed_during_a_reply_wait_for_the_next_prompt(models):
     """Keys typed while a reply streams are not echoed into the live view (its lines were
     printed twice); the next prompt's line holds them."""
     pexpect = pytest.importorskip("pexpect")
-    env = dict(os.environ, SPECGEN_CHAT_TEST_DELAY="0.05", TERM="xterm")
-    child = pexpect.spawn(sys.executable, [*chat_command(), *models, "--max-new-tokens", "60"], env=env,
-                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child = spawn_chat(pexpect, models, "--max-new-tokens", "60", SPECGEN_CHAT_TEST_DELAY="0.05")
     try:
         child.expect("you>", timeout=STARTUP_TIMEOUT)
         child.sendline("hello")
