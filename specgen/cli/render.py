@@ -144,7 +144,7 @@ class RichRenderer:
     def _refresh(self) -> None:
         if self._live is None:
             return
-        end = self.text.plain.rfind("\n") + 1  # the finished lines go above, for good
+        end = self.text.plain.rfind("\n", self._printed) + 1  # the finished lines go above, for good
         if end > self._printed:
             self._live.console.print(self.text[self._printed:end], end="")
             self._printed = end
