@@ -179,8 +179,8 @@ class Steps:
         """Logits [1, n, V] for tree nodes (all, or `nodes`) fed at once with the ancestor mask."""
         ancestors = tree.ancestor_mask.to(tokens.device)
         depth = torch.tensor(tree.depth, device=tokens.device)
-        if nodes is not None:
-            ancestors, depth, tokens = ancestors[nodes, : nodes.stop], depth[nodes], tokens[nodes]
+        if nodes is not None:  # the nodes fed before them are in flight: their depths stay
+            ancestors, depth, tokens = ancestors[nodes, : nodes.stop], depth[: nodes.stop], tokens[nodes]
         n = tokens.shape[0]
         width = next((w for w in WIDTHS if w >= n), n) if self.fixed else n
         if width > n:  # pad to a fixed width: pads see the cache and themselves only

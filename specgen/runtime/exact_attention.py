@@ -1,13 +1,20 @@
 """Attention whose result for a query does not depend on how many queries share the forward.
 
 torch's CPU flash-attention kernel blocks its work by the number of queries and keys, so the
-same token attends with a last-bit difference in a 1-token step and in a 5-token verify
-(measured: 1.2e-7). With fp32 linears that difference stays in the last bits; in front of
-int8 linears it can move an activation across a rounding step and change a logit. For
-decode-sized forwards (up to `EXACT_WIDTH` queries) this runs the same SDPA in float64 and
-rounds the result to float32: the blocking differences then sit ~1e-16 below the value and
-survive the rounding only with a probability of about 1e-9 per element. Prefill-sized
-forwards (the same prompt for every method) keep the fast float32 kernel.
+same token attends with a last-bit difference in a 1-token step, a 5-token verify and a
+300-token prefill (measured: 1.2e-7). With fp32 linears that difference stays in the last bits;
+in front of int8 linears (whose activations are quantized per row) it can move an activation
+across a rounding step and change a logit. So on the CPU every forward's attention runs here
+in float64 and is rounded to float32: the blocking differences then sit ~1e-16 below the value
+and survive the rounding only with a probability of about 1e-9 per element. A token's K/V and
+logits are then the same whether it was prefilled with its whole prompt, in chunks, after a
+prefix the prefix store gave back, in a chat turn's kept cache or in a verify: the server's
+caches cannot change a greedy answer. Long prefills attend a block of queries at a time to the
+keys that block can see, which keeps float64 near fp32's cost (benchmarks/README.md,
+"Exact prefill attention").
+
+Families whose attention is not SDPA's arithmetic keep theirs, in float64: Gemma 2's logit
+softcap and gpt-oss's attention sinks (`eager_attention`).
 
 `use_exact_attention(model)` switches a loaded model through transformers' public
 AttentionInterface / AttentionMaskInterface registries and `set_attn_implementation`.
@@ -15,19 +22,27 @@ AttentionInterface / AttentionMaskInterface registries and `set_attn_implementat
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "specgen_exact"
-EXACT_WIDTH = 64
 _registered = False
 
 
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-               **kwargs):
-    if query.device.type != "cpu" or query.shape[2] > EXACT_WIDTH or query.dtype != torch.float32:
+               softcap: float | None = None, s_aux: torch.Tensor | None = None, **kwargs):
+    exact = query.device.type == "cpu" and query.dtype == torch.float32
+    if softcap is not None or s_aux is not None:  # Gemma 2's logit softcap, gpt-oss's sinks: eager's arithmetic
+        if not exact:
+            eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+            return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                         softcap=softcap, s_aux=s_aux, **kwargs)
+        return eager_attention(query, key, value, attention_mask, scaling, softcap, s_aux), None
+    if not exact:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if attention_mask is None:  # a forward without our cache's explicit mask: causal from transformers
@@ -35,6 +50,25 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
                                               dropout=dropout, scaling=scaling, **kwargs)
         return out.float(), weights
     return grouped_attention(query, key, value, attention_mask, scaling), None
+
+
+QUERY_BLOCK = 256  # a longer forward attends this many queries at a time, each block to the keys it can see
+
+
+def _blocks(mask: torch.Tensor | None, n: int, length: int) -> list[tuple[int, int, int]]:
+    """(first query, end query, keys to read) per block: a block reads keys up to the last one
+    any of its queries sees (a prefill's causal mask leaves half the keys unread on average).
+    Decode-sized forwards are one block over every key, with no host sync."""
+    if n <= QUERY_BLOCK or mask is None:
+        return [(0, n, length)]
+    visible = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    seen = visible.reshape(-1, n, length).any(0)  # [n, L]
+    blocks = []
+    for start in range(0, n, QUERY_BLOCK):
+        end = min(n, start + QUERY_BLOCK)
+        columns = seen[start:end].any(0).nonzero()
+        blocks.append((start, end, int(columns[-1]) + 1 if columns.numel() else 1))
+    return blocks
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
@@ -46,6 +80,14 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     query (`pack_gqa`); doing it for every width means the keys are read (and converted) once
     per K/V head instead of being repeated for every query head (a verify's attention otherwise
     costs several times a step's: benchmarks/README.md)."""
+    n, length = query.shape[2], key.shape[2]
+    parts = [_grouped(query[:, :, start:end], key[:, :, :keys], value[:, :, :keys],
+                      mask[:, :, start:end, :keys], scale)
+             for start, end, keys in _blocks(mask, n, length)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _grouped(query, key, value, mask, scale) -> torch.Tensor:
     b, heads, n, dim = query.shape
     groups = key.shape[1]
     rep = heads // groups
@@ -60,6 +102,33 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     out = torch.nn.functional.scaled_dot_product_attention(q, key.double(), value.double(), attn_mask=mask,
                                                            scale=scale)
     return out.reshape(b, heads, n, dim).float().transpose(1, 2).contiguous()
+
+
+def eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """transformers' eager attention (Gemma 2's softcap: tanh(w / c) * c before the mask;
+    gpt-oss's per-head sink logit beside the keys, dropped after the softmax) in float64,
+    rounded to float32, a block of queries at a time. -> [b, n, H, D]"""
+    b, heads, n, dim = query.shape
+    rep = heads // key.shape[1]
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min / 2  # an additive mask's visible entries
+    out = []
+    for start, end, keys in _blocks(mask, n, key.shape[2]):
+        k = key[:, :, :keys].double().repeat_interleave(rep, dim=1)
+        weights = query[:, :, start:end].double() @ k.transpose(2, 3) * scale
+        if softcap is not None:
+            weights = torch.tanh(weights / softcap) * softcap
+        if mask is not None:
+            weights = weights.masked_fill(~mask[:, :, start:end, :keys], torch.finfo(torch.float64).min)
+        if sinks is not None:
+            sink = sinks.double().reshape(1, -1, 1, 1).expand(b, heads, end - start, 1)
+            weights = torch.cat([weights, sink], dim=-1)
+            weights = (weights - weights.amax(-1, keepdim=True)).softmax(-1)[..., :-1]
+        else:
+            weights = weights.softmax(-1)
+        out.append(weights @ value[:, :, :keys].double().repeat_interleave(rep, dim=1))
+    return torch.cat(out, dim=2).float().transpose(1, 2).contiguous()
 
 
 def _register() -> None:

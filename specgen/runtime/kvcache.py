@@ -29,13 +29,10 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specgen.models.compat import CACHE_ARG
+from specgen.runtime.families import layout, text_config
 
 MIN_CAPACITY = 256
 _SERIALS = itertools.count()
-
-
-def _text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 class SlotLayer(CacheLayerMixin):
@@ -138,7 +135,8 @@ class SlotCache(Cache):
     """A position-indexed KV cache for `rows` sequences; `lengths[b]` slots of row b are committed."""
 
     def __init__(self, config, rows: int = 1, capacity: int | None = None):
-        config = _text_config(config)
+        config = text_config(config)
+        self.layout = layout(config)  # each layer type's window, for the masks
         self.rows, self.capacity = rows, capacity or MIN_CAPACITY
         self.lengths = [0] * rows  # host copy: the engine always knows the committed lengths
         self.slots: torch.Tensor | None = None  # [rows, n] write slots of the forward in flight
@@ -282,26 +280,57 @@ def copy_prefix(source: SlotCache, source_row: int, target: SlotCache, target_ro
                  [layer.values[source_row] for layer in source.layers], n)
 
 
-def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, view: int) -> torch.Tensor:
+def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Tensor, view: int,
+          window: int | None = None) -> torch.Tensor:
     """[rows, 1, n, view] bool: slot s is visible to query j of row b iff s < bases[b], or
-    s = bases[b] + c with tree[b, j, c] (c < offset + n: the in-flight slots of this round)."""
+    s = bases[b] + c with tree[b, j, c] (c < offset + n: the in-flight slots of this round).
+
+    `window`: a sliding-window layer's W. Query j sits at position bases[b] + depth[b, offset + j],
+    a committed slot s at position s, an in-flight slot c at bases[b] + depth[b, c]; a slot is
+    visible only if the query's position minus its own is below W (transformers' sliding mask:
+    each query sees itself and the W - 1 positions before it)."""
     rows, n, width = tree.shape
     rel = torch.arange(view, device=bases.device)[None, :] - bases[:, None]  # [rows, view]
     inside = (rel >= 0) & (rel < width)
     column = torch.where(inside, rel, width)  # a column of False for slots outside the tree
     padded = torch.cat([tree, tree.new_zeros(rows, n, 1)], dim=2)  # [rows, n, width + 1]
     visible = padded.gather(2, column[:, None, :].expand(rows, n, view))  # [rows, n, view]
-    return ((rel < 0)[:, None, :] | visible)[:, None]
+    visible = (rel < 0)[:, None, :] | visible
+    if window is not None and window < view:
+        # each slot's position relative to the row's base: its own offset when committed, its
+        # node's depth when in flight (slots past the tree are invisible anyway)
+        held = torch.cat([depth, depth.new_zeros(rows, 1)], dim=1).gather(1, column)
+        position = torch.where(rel < 0, rel, held)  # [rows, view]
+        query = depth[:, offset:]  # [rows, n]
+        visible = visible & (query[:, :, None] - position[:, None, :] < window)
+    return visible[:, None]
+
+
+def masks(cache: "SlotCache", bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Tensor,
+          view: int):
+    """The attention mask(s) of one forward, as the model's layers read them: one tensor when
+    every layer attends alike, else a dict by layer type (transformers' own `causal_mask_mapping`,
+    which the models with mixed layers take); additive (0 / the dtype's minimum) for eager
+    attention, which adds its mask, boolean for SDPA and specgen's exact attention."""
+    layout = cache.layout
+    built = {window: _mask(bases, offset, tree, depth, view, window) for window in layout.distinct}
+    if layout.config._attn_implementation == "eager":
+        built = {w: torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(
+            ~m, torch.finfo(torch.float32).min) for w, m in built.items()}
+    if len(built) == 1:
+        return next(iter(built.values()))
+    return {kind: built[window] for kind, window in layout.windows.items()}
 
 
 def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, offset: int, depth: torch.Tensor,
         tree: torch.Tensor, view: int, keep: int = 0, rows: slice | None = None) -> torch.Tensor:
-    """The device-only part of a forward (capturable in a CUDA graph): slots, positions, mask, model."""
+    """The device-only part of a forward (capturable in a CUDA graph): slots, positions, mask, model.
+    `depth` [rows, offset + n]: every in-flight slot's position relative to the row's base."""
     n = input_ids.shape[1]
     cache.slots = bases[:, None] + torch.arange(offset, offset + n, device=bases.device)
     cache.view, cache.active = view, rows
-    mask = _mask(bases, offset, tree, view)
-    out = call(input_ids=input_ids, position_ids=bases[:, None] + depth, attention_mask=mask,
+    mask = masks(cache, bases, offset, tree, depth, view)
+    out = call(input_ids=input_ids, position_ids=bases[:, None] + depth[:, offset:], attention_mask=mask,
                use_cache=True, logits_to_keep=keep, **{CACHE_ARG: cache})
     cache.active = None
     return out.logits
@@ -314,8 +343,9 @@ def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, 
     """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
 
     `tree` [n, offset + n] or per row [b, n, offset + n] (bool) says which of this round's slots
-    each query sees (default: causal over the new tokens); `depth` [n] or [b, n] the positions
-    relative to the row's length (default offset + j). The row lengths afterwards are length + offset + n, as a growing cache would be.
+    each query sees (default: causal over the new tokens); `depth` [offset + n] or [b, offset + n]
+    the positions of this round's slots relative to the row's length (default c for slot c: a
+    chain), the last n those of the tokens fed. The row lengths afterwards are length + offset + n, as a growing cache would be.
     `rows` feeds a slice of the rows (a prefill of one row of a batch). `runner(cache, input_ids,
     bases, offset, depth, tree, keep)` is a fixed-shape (compiled or captured) forward to use
     instead of the eager one; its view covers the whole capacity.
@@ -334,7 +364,7 @@ def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, 
     if tree.dim() == 2:
         tree = tree.expand(rows_fed, *tree.shape)
     if depth.dim() == 1:
-        depth = depth.expand(rows_fed, n)
+        depth = depth.expand(rows_fed, offset + n)
     if runner is not None and rows is None:
         logits = runner(cache, input_ids, bases, offset, depth, tree, keep)
     else:
@@ -370,7 +400,7 @@ def _tree(n: int, offset: int, device) -> torch.Tensor:
 
 def _positions(n: int, offset: int, device) -> torch.Tensor:
     with torch.inference_mode():
-        return torch.arange(offset, offset + n, device=device)
+        return torch.arange(offset + n, device=device)
 
 
 _cached_tree = functools.lru_cache(maxsize=256)(_tree)

@@ -9,7 +9,7 @@ bitwise those of `model.forward` (tested), for every width, row count and mask:
 * embeddings, rotary tables (the model's own rotary module) and the final norm as in the model;
 * per layer: RMSNorm (torch's rms_norm: the same arithmetic in one dispatch), q/k/v (one int8
   product when they are fused, `int8._Fused`), rotary for q and k together, the cache write
-  through the cache's `update`, attention (SDPA and `exact_attention`'s float64 decode path
+  through the cache's `update`, attention (SDPA and `exact_attention`'s float64 path
   called directly, with the arguments transformers passes; any other implementation through
   transformers' registry), o_proj, RMSNorm, gate/up (fused likewise), SiLU, down_proj;
 * the head over the last `logits_to_keep` positions.
@@ -39,7 +39,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specgen.models.compat import CACHE_ARG
 from specgen.runtime import int8
-from specgen.runtime.exact_attention import EXACT_WIDTH, NAME as EXACT_NAME, grouped_attention
+from specgen.runtime.exact_attention import NAME as EXACT_NAME, grouped_attention
+from specgen.runtime.families import FULL
 from specgen.runtime.pruned import PrunedHead
 
 MODEL_TYPES = ("qwen2", "llama", "mistral")
@@ -53,8 +54,6 @@ def supported(model) -> str | None:
         return f"model type {model_type!r} is not one of {', '.join(MODEL_TYPES)}"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r} is not silu"
-    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
-        return "sliding-window layers"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     decoder = getattr(model, "model", None)
@@ -129,12 +128,12 @@ def _group(modules: tuple[nn.Module, ...], exact: bool = True):
 
 
 class _Layer:
-    __slots__ = ("index", "attn", "ln1", "eps1", "qkv", "o_proj", "ln2", "eps2", "gate_up", "down",
+    __slots__ = ("index", "kind", "attn", "ln1", "eps1", "qkv", "o_proj", "ln2", "eps2", "gate_up", "down",
                  "head_dim", "scaling", "groups")
 
-    def __init__(self, index: int, layer: nn.Module, exact: bool):
+    def __init__(self, index: int, layer: nn.Module, exact: bool, kind: str):
         attn, mlp = layer.self_attn, layer.mlp
-        self.index, self.attn = index, attn
+        self.index, self.kind, self.attn = index, kind, attn  # kind: its layer type (which mask it reads)
         self.ln1, self.eps1 = _rms(layer.input_layernorm)
         self.ln2, self.eps2 = _rms(layer.post_attention_layernorm)
         self.qkv = _group((attn.q_proj, attn.k_proj, attn.v_proj), exact)
@@ -168,7 +167,8 @@ class LeanForward:
         self.rotary = decoder.rotary_emb
         self.norm, self.norm_eps = _rms(decoder.norm)
         self.head = _single(model.lm_head, exact)
-        self.layers = [_Layer(i, layer, exact) for i, layer in enumerate(decoder.layers)]
+        kinds = getattr(self.config, "layer_types", None) or [FULL] * len(decoder.layers)
+        self.layers = [_Layer(i, layer, exact, kind) for i, (layer, kind) in enumerate(zip(decoder.layers, kinds))]
         self.heads = self.config.num_attention_heads
         self.groups = getattr(self.config, "num_key_value_heads", None) or self.heads
         self.head_dim = self.layers[0].head_dim
@@ -199,9 +199,10 @@ class LeanForward:
         b, n = hidden.shape[:2]
         heads, groups, dim = self.heads, self.groups, self.head_dim
         half = dim // 2
+        masks = attention_mask if isinstance(attention_mask, dict) else None  # by layer type: windows differ
         kind = self._attention_kind(attention_mask)
-        if kind == "exact" and not (n <= EXACT_WIDTH and hidden.dtype == torch.float32):
-            kind = "registry"  # exact_attention's own fallback for prefills
+        if kind == "exact" and hidden.dtype != torch.float32:
+            kind = "registry"  # exact_attention's own fallback
         function = self._registered() if kind == "registry" else None
         for layer in self.layers:
             residual = hidden
@@ -211,6 +212,8 @@ class LeanForward:
             qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin)
             q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
             k, v = cache.update(k, qkv[:, :, heads + groups:].transpose(1, 2), layer.index)
+            if masks is not None:
+                attention_mask = masks[layer.kind]
             if kind == "exact":
                 out = grouped_attention(q, k, v, attention_mask, layer.scaling)
             elif kind == "sdpa":

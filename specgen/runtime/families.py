@@ -1,0 +1,68 @@
+"""Which model families run exactly through specgen's cache, and how their layers attend.
+
+specgen calls every model through its own forward with an explicit mask (kvcache.py), so what a
+family's own code would build for itself must be built here: each layer's sliding window (a
+Mistral, a Gemma 2's alternating local and global layers, a Qwen2 whose top layers slide) and a
+mask in the format its attention reads. `Layout` says that for a config, once.
+
+Families checked against transformers' own `generate` (tests/test_families.py: tiny random
+models of each, windows shorter than the prompt, every method and path) are `CHECKED`. A model
+of another type is proved on a tiny random model of its own architecture first (`probe`), or
+refused in one line: never run to give other text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specgen.errors import ModelError
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+# model types whose every path the family matrix checks (README: "Model families")
+CHECKED = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi3", "olmo2", "granite", "starcoder2", "smollm3", "gpt_neox", "gpt2", "gpt_oss",
+})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model's layers read the cache: the sliding window of each layer type (None: full
+    attention), as the model's own code would apply them."""
+
+    config: object  # the text config (its `_attn_implementation` picks the mask format per forward)
+    windows: dict  # layer type -> window (None: the whole past)
+
+    @property
+    def distinct(self) -> tuple:
+        """The different windows the layers use, in a fixed order."""
+        return tuple(dict.fromkeys(self.windows.values()))
+
+
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def layout(config) -> Layout:
+    """The layout of `config`'s layers, or a ModelError naming what specgen cannot run exactly.
+
+    transformers 5 names each layer's kind in `layer_types` (Gemma 2/3, Qwen2/3, SmolLM3,
+    gpt-oss); a config without them (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE) slides every
+    layer when `sliding_window` is set, as those models' forwards do."""
+    config = text_config(config)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        kinds = {FULL: None} if window is None else {SLIDING: window}
+    else:
+        unknown = sorted(set(types) - {FULL, SLIDING})
+        if unknown:
+            raise ModelError(f"layers of type {', '.join(unknown)} ({getattr(config, 'model_type', '?')}) are "
+                             "not supported: specgen runs full and sliding-window attention only")
+        kinds = {kind: (window if kind == SLIDING else None) for kind in dict.fromkeys(types)}
+    for kind, size in kinds.items():
+        if kind == SLIDING and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ModelError(f"the config's sliding_window is {size!r}; a sliding-window layer needs a "
+                             "window of at least 1 token")
+    return Layout(config, kinds)
