@@ -16,6 +16,7 @@ import typer
 from specgen import __version__
 from specgen.cli.bench import bench
 from specgen.cli.chat import chat
+from specgen.cli.check import check
 from specgen.cli.models import models_app
 from specgen.cli.run import run
 from specgen.cli.serve import serve
@@ -40,6 +41,7 @@ app.command()(run)
 app.command()(chat)
 app.command()(bench)
 app.command()(serve)
+app.command()(check)
 app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, remove.")
 
 

@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from specgen.errors import ModelError
-from specgen.models import catalog
+from specgen.models import catalog, families
 from specgen.models import placement as placement_mod
 from specgen.models.convert import check_gguf, ensure_converted, file_key
 from specgen.status import note, status
@@ -61,7 +61,11 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+        """The longest sequence it runs: its config's, or the length up to which every path is
+        exact (families.exact_context: a longrope model's original context)."""
+        length = int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+        exact = families.exact_context(self.model.config)
+        return min(length, exact[0]) if exact is not None else length
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -237,9 +241,22 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
         raise ModelError(f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
                          f"{len(tokenizer)} tokens: ids {rows} and up would have no embedding",
                          hint="the model and tokenizer files do not belong together")
+    _masked_attention(model)
     model.eval()
     return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype,
                        resolved.path if resolved.source != "hub" else None, gguf=resolved.gguf)
+
+
+def _masked_attention(model) -> None:
+    """specgen passes every forward an explicit mask (runtime/kvcache.py): an attention that
+    cannot take one (flash attention, flex attention, named in a model's config) becomes SDPA,
+    or eager where the model has no SDPA path."""
+    if model.config._attn_implementation in ("sdpa", "eager"):
+        return
+    try:
+        model.set_attn_implementation("sdpa")
+    except (ValueError, ImportError):
+        model.set_attn_implementation("eager")
 
 
 def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,

@@ -111,7 +111,10 @@ def eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     rounded to float32, a block of queries at a time. -> [b, n, H, D]"""
     b, heads, n, dim = query.shape
     rep = heads // key.shape[1]
-    if mask is not None and mask.dtype != torch.bool:
+    if mask is None:  # transformers' SDPA mask skipped: causal, the queries the last n positions
+        length = key.shape[2]
+        mask = torch.ones(n, length, dtype=torch.bool, device=query.device).tril(length - n)[None, None]
+    elif mask.dtype != torch.bool:
         mask = mask > torch.finfo(mask.dtype).min / 2  # an additive mask's visible entries
     out = []
     for start, end, keys in _blocks(mask, n, key.shape[2]):
@@ -119,8 +122,7 @@ def eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         weights = query[:, :, start:end].double() @ k.transpose(2, 3) * scale
         if softcap is not None:
             weights = torch.tanh(weights / softcap) * softcap
-        if mask is not None:
-            weights = weights.masked_fill(~mask[:, :, start:end, :keys], torch.finfo(torch.float64).min)
+        weights = weights.masked_fill(~mask[:, :, start:end, :keys], torch.finfo(torch.float64).min)
         if sinks is not None:
             sink = sinks.double().reshape(1, -1, 1, 1).expand(b, heads, end - start, 1)
             weights = torch.cat([weights, sink], dim=-1)

@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specgen.models.compat import CACHE_ARG
-from specgen.runtime.families import layout, text_config
+from specgen.models.families import layout, text_config
 
 MIN_CAPACITY = 256
 _SERIALS = itertools.count()

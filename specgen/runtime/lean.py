@@ -40,7 +40,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from specgen.models.compat import CACHE_ARG
 from specgen.runtime import int8
 from specgen.runtime.exact_attention import NAME as EXACT_NAME, grouped_attention
-from specgen.runtime.families import FULL
+from specgen.models.families import FULL
 from specgen.runtime.pruned import PrunedHead
 
 MODEL_TYPES = ("qwen2", "llama", "mistral")

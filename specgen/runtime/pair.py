@@ -19,6 +19,7 @@ from specgen.runtime import int8, int8_store, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
 from specgen.runtime.prefixes import DEFAULT_MIB, PrefixStore
+from specgen.runtime.probe import require_exact
 from specgen.status import note, status
 
 
@@ -65,6 +66,9 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet,
                                      target_builder=_target_builder(settings), draft_builder=_draft_builder(settings))
+    for role, loaded in (("target", target), ("draft", loaded_draft)):
+        if loaded is not None:
+            require_exact(loaded.model, loaded.name, role)
     if quant.resolve_target_quant(settings.target_quant, target, dtype_auto=dtype_auto) == "int8":
         with status(f"int8 weights for target {target.name} ...", quiet):
             model = quant.quantize_target(target.model, target.path, quiet)
@@ -172,4 +176,5 @@ def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool =
     pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
     draft = load_draft(settings.draft, target, device=settings.device, draft_device=settings.draft_device,
                        dtype=settings.dtype, quiet=quiet, builder=_draft_builder(settings))
+    require_exact(draft.model, draft.name, "draft")
     return quantize_draft(draft, target, settings.draft_quant, _dtype_auto(settings), quiet)

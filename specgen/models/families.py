@@ -66,3 +66,40 @@ def layout(config) -> Layout:
             raise ModelError(f"the config's sliding_window is {size!r}; a sliding-window layer needs a "
                              "window of at least 1 token")
     return Layout(config, kinds)
+
+
+# rope types whose frequencies depend on the longest position of each forward (transformers'
+# `dynamic_rope_update`): past the threshold a token's rotation depends on what it was batched
+# with, so a verify, a batch or a chunked prefill would rotate it otherwise than plain decoding
+SEQUENCE_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def rope_types(config) -> set[str]:
+    """Every rope type a config names (Gemma 3 has one per layer type)."""
+    config = text_config(config)
+    found = set()
+    for source in (getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+        if not isinstance(source, dict):
+            continue
+        parameters = [source] + [v for v in source.values() if isinstance(v, dict)]
+        found.update(str(p.get("rope_type") or p.get("type")) for p in parameters if p.get("rope_type") or p.get("type"))
+    return found
+
+
+def exact_context(config) -> tuple[int, str] | None:
+    """(the most tokens every path computes exactly, why) when a model's rope switches its
+    frequencies at some length (Phi-3's and Phi-4-mini's longrope at 4096, dynamic NTK); None
+    when any length is exact."""
+    config = text_config(config)
+    kinds = rope_types(config) & set(SEQUENCE_DEPENDENT_ROPE)
+    if not kinds:
+        return None
+    parameters = getattr(config, "rope_parameters", None) or {}
+    limit = (getattr(config, "original_max_position_embeddings", None)
+             or (parameters.get("original_max_position_embeddings") if isinstance(parameters, dict) else None)
+             or getattr(config, "max_position_embeddings", None))
+    if not isinstance(limit, int) or limit < 2:
+        return None
+    kind = sorted(kinds)[0]
+    return limit, (f"its {kind} rope switches frequencies past {limit} tokens by the longest position of "
+                   "each forward, so a verify or a batch would rotate a token otherwise than plain decoding")

@@ -1,0 +1,93 @@
+"""`specgen check`: a short self-test of a pair against transformers' own `generate`. No tensor
+code here (bench/check.py does the work)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from specgen.cli.options import (CompileOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DtypeOpt, MaxNewOpt,
+                                 TargetOpt, TargetQuantOpt, user_errors)
+from specgen.config import Method, ModelSettings
+from specgen.errors import ConfigError
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+NO_DRAFT = "none"
+
+
+def check(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: Annotated[str, typer.Option("--draft", "-d", help="Draft model (a catalog name, a directory or a GGUF file), or 'none' to check the target's plain and lookup decoding only.")] = DEFAULT_DRAFT,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods to check (default: every one the pair runs).", show_default=False)] = None,
+    prompts: Annotated[int, typer.Option("--prompts", help="Prompts per case (each longer than the model's longest sliding window).")] = 3,
+    max_new_tokens: MaxNewOpt = 32,
+    device: DeviceOpt = "auto",
+    draft_device: DraftDeviceOpt = None,
+    dtype: DtypeOpt = "auto",
+    draft_quant: DraftQuantOpt = "auto",
+    target_quant: TargetQuantOpt = "auto",
+    compile: CompileOpt = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a line per case.")] = False,
+) -> None:
+    """Check that specgen's greedy output equals transformers' own generate on this pair: every
+    method, batched rows, cached prefixes, chunked prefill, a chat turn and deterministic mode.
+    Prints each case as identical or where it first differs; exits 1 if any differs."""
+    with user_errors():
+        if not 1 <= prompts <= 16:
+            raise ConfigError(f"--prompts must be in 1..16, got {prompts}")
+        if max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        chosen = [Method.parse(m) for m in methods.split(",") if m.strip()] if methods else None
+        no_draft = draft.strip().lower() == NO_DRAFT
+        if no_draft and chosen and any(m.needs_draft_model for m in chosen):
+            raise ConfigError("--draft none checks plain and lookup only; give a draft for "
+                              + ", ".join(m.value for m in chosen if m.needs_draft_model))
+        settings = ModelSettings(target, None if no_draft else draft, device, draft_device, dtype, draft_quant,
+                                 compile, target_quant)
+        failed = _check(settings, chosen, prompts, max_new_tokens, as_json)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json: bool) -> bool:
+    from specgen.bench import check as machinery  # torch: only once the command runs
+    from specgen.runtime.pair import load
+
+    pair = load(settings, Method.CHAIN if settings.draft else Method.PLAIN, quiet=as_json)
+    cases = machinery.standard_cases(pair)
+    if chosen is not None:
+        cases = [c for c in cases if c.method in chosen]
+        missing = sorted({m.value for m in chosen} - {c.method.value for c in cases})
+        if missing:
+            raise ConfigError(f"this pair cannot run {', '.join(missing)} (a draft of another tokenizer drafts "
+                              "chains only)")
+    prompts = machinery.check_prompts(pair, count, new_tokens)
+    if not as_json:
+        sys.stderr.write(f"checking {len(cases)} cases on {count} prompts of {min(map(len, prompts))}-"
+                         f"{max(map(len, prompts))} tokens, {new_tokens} new tokens each, against transformers' "
+                         "generate\n")
+
+    def show(result) -> None:
+        if not as_json:
+            mark = "ok  " if result.identical else "FAIL"
+            print(f"{mark} {result.case.label:<28} {machinery.describe(result, pair, count)} "
+                  f"({result.seconds:.1f} s)", flush=True)
+
+    results = machinery.check(pair, prompts, cases, new_tokens, on_result=show)
+    failed = [r for r in results if not r.identical]
+    if as_json:
+        print(json.dumps({
+            "target": pair.target.name, "draft": pair.draft.name if pair.draft else None,
+            "weights": pair.target.weights, "dtype": str(pair.target.dtype).removeprefix("torch."),
+            "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": new_tokens,
+            "cases": [{"case": r.case.label, "identical": r.identical, "seconds": round(r.seconds, 3),
+                       "mismatches": [vars(m) for m in r.mismatches]} for r in results],
+        }, indent=2))
+    elif failed:
+        sys.stderr.write(f"{len(failed)} of {len(results)} cases differ from transformers' generate\n")
+    else:
+        sys.stderr.write(f"all {len(results)} cases are identical to transformers' generate\n")
+    return bool(failed)
