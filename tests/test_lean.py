@@ -8,6 +8,7 @@ import torch
 from specgen.runtime import int8, kvcache, lean
 from specgen.runtime.compiled import Steps
 from specgen.runtime.exact_attention import use_exact_attention
+from families import build
 from tiny import build_model
 
 
@@ -23,7 +24,8 @@ def llama_model(seed: int = 3):
 
 def variants():
     """(name, model): fp32 Qwen2 (q/k/v bias, GQA 2), tied Llama (no bias, GQA 4), Qwen2 with
-    eager attention, and the int8 target as specgen runs it (fused parts, exact attention)."""
+    eager attention, the int8 target as specgen runs it (fused parts, exact attention), and
+    sliding windows: Mistral's on every layer, Qwen2's on its top layers only."""
     yield "qwen2", build_model(11, layers=3)
     yield "llama", llama_model()
     yield "qwen2-bf16", build_model(17, layers=2).to(torch.bfloat16)  # the format auto picks with avx512_bf16
@@ -33,6 +35,10 @@ def variants():
     target = int8.quantize_model(build_model(12, layers=3))
     use_exact_attention(target)
     yield "qwen2-int8-exact", target
+    yield "mistral-window", build("mistral", seed=4)  # every layer slides (one mask)
+    sliding = int8.quantize_model(build("qwen2-sliding", seed=4))  # full and sliding layers (a mask per kind)
+    use_exact_attention(sliding)
+    yield "qwen2-sliding-int8-exact", sliding
 
 
 VARIANTS = list(variants())

@@ -105,10 +105,15 @@ def standard_cases(pair: Pair) -> list[Case]:
 
 def check_prompts(pair: Pair, count: int, new_tokens: int) -> list[list[int]]:
     """`count` prompts through the target's chat template, each longer than its longest sliding
-    window (within the context), of different lengths."""
+    window (within the context, leaving room for the chat case's second turn), of different
+    lengths."""
     tokenizer, config = pair.target.tokenizer, pair.target.model.config
     windows = [w for w in families.layout(config).windows.values() if w is not None]
-    room = pair.target.context_length - new_tokens - 1
+    follow_up = len(encode_prompt(tokenizer, FOLLOW_UP, raw=True))
+    room = pair.target.context_length - 2 * new_tokens - follow_up - 1  # a chat turn's second prompt fits
+    if room < 2 + 8 * count:
+        raise ConfigError(f"the target's context ({pair.target.context_length} tokens) leaves no room for "
+                          f"prompts and {new_tokens} new tokens in two turns", hint="use fewer --max-new-tokens")
     prompts = []
     for i in range(count):
         text = TEXTS[i % len(TEXTS)]
@@ -117,10 +122,8 @@ def check_prompts(pair: Pair, count: int, new_tokens: int) -> list[list[int]]:
         while len(ids) < want:
             text += "\n\n" + TEXTS[i % len(TEXTS)]
             ids = encode_prompt(tokenizer, text)
-        prompts.append(ids[-room:] if len(ids) > room else ids)
-    if any(not ids for ids in prompts) or room < 2:
-        raise ConfigError(f"the target's context ({pair.target.context_length} tokens) leaves no room for "
-                          f"prompts and {new_tokens} new tokens", hint="use fewer --max-new-tokens")
+        limit = room - 8 * i  # prompts cut to fit still differ in length
+        prompts.append(ids[-limit:] if len(ids) > limit else ids)
     return prompts
 
 

@@ -1,0 +1,86 @@
+"""`specgen check`: the self-test a user runs on their own pair, through the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specgen.cli import app
+
+runner = CliRunner()
+
+
+def options(tiny_dirs) -> list[str]:
+    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cpu",
+            "--dtype", "float32", "-n", "8", "--prompts", "2"]
+
+
+def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
+    result = runner.invoke(app, ["check", *options(tiny_dirs)])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+    labels = [line.split(None, 1)[1] for line in lines]
+    for label in ("plain ", "plain, batched", "plain, cached", "plain, chunked", "plain, chat turn", "lookup ",
+                  "chain ", "chain, batched", "lookup-chain", "rsd-c", "chain, deterministic"):
+        assert any(label.strip() == l.split("  ")[0].strip() for l in labels), label
+    assert all(line.startswith("ok") and "identical on 2 of 2 prompts" in line for line in lines)
+    assert "all 11 cases are identical to transformers' generate" in result.stderr
+
+
+def test_check_json_and_a_method_subset(tiny_dirs):
+    result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain,chain", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {c["case"] for c in report["cases"]} == {"plain", "plain, batched", "plain, cached", "plain, chunked",
+                                                    "plain, chat turn", "chain", "chain, batched",
+                                                    "chain, deterministic"}
+    assert all(c["identical"] and c["mismatches"] == [] for c in report["cases"])
+    assert len(report["prompt_tokens"]) == 2 and report["max_new_tokens"] == 8
+
+
+def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkeypatch):
+    """A reference that disagrees at token 3 (as a broken path would): each case says where, and
+    the command fails."""
+    from specgen.bench import check as machinery
+
+    real = machinery.reference
+
+    def shifted(pair, prompt, new_tokens):
+        ids = real(pair, prompt, new_tokens)
+        return ids[:3] + [(ids[3] + 1) % 256] + ids[4:]
+
+    monkeypatch.setattr(machinery, "reference", shifted)
+    result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain"])
+    assert result.exit_code == 1
+    assert "FAIL plain" in result.stdout and "new token 3:" in result.stdout and "logits" in result.stdout
+    assert "cases differ from transformers' generate" in result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompts", "0"], "--prompts must be in 1..16"),
+    (["--draft", "none", "--methods", "chain"], "--draft none checks plain and lookup only"),
+    (["--methods", "teleport"], "unknown method 'teleport'"),
+])
+def test_bad_options_are_one_line(tiny_dirs, args, message):
+    result = runner.invoke(app, ["check", "--target", str(tiny_dirs["target"]), "--device", "cpu", *args])
+    assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_without_a_draft(tiny_dirs):
+    result = runner.invoke(app, ["check", "--target", str(tiny_dirs["target"]), "--draft", "none", "--device",
+                                 "cpu", "--dtype", "float32", "-n", "6", "--prompts", "1"])
+    assert result.exit_code == 0, result.output
+    assert "all 7 cases are identical" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("user_cache")
+def test_the_catalog_pair_passes_check():
+    """The default pair on the CPU's default path (int8 target, int8+prune draft): every case
+    identical to transformers' generate on the same int8 target."""
+    result = runner.invoke(app, ["check", "-n", "24", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["weights"] == "int8" and all(c["identical"] for c in report["cases"])
