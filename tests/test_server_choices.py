@@ -37,7 +37,10 @@ def test_choice_i_is_the_request_with_seed_plus_i(served, sdk):
 
 
 def test_streamed_choices_come_under_their_indices_with_one_usage_chunk(served, sdk):
-    kwargs = dict(model=model(served), messages=MESSAGES, max_tokens=8, temperature=0.7, seed=11)
+    # a draft length of the request's own: the server's measured rates (timings) could otherwise
+    # choose another k for the second request, and a sampled chain's draws follow k
+    kwargs = dict(model=model(served), messages=MESSAGES, max_tokens=8, temperature=0.7, seed=11,
+                  extra_body={"speculative": {"draft_tokens": 3}})
     whole = sdk.chat.completions.create(n=2, **kwargs)
     chunks = list(sdk.chat.completions.create(n=2, stream=True, stream_options={"include_usage": True}, **kwargs))
     texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)

@@ -19,6 +19,7 @@ import copy
 import warnings
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from specgen.errors import ModelError
 from specgen.models import families
@@ -86,8 +87,6 @@ def toy_config(config):
 def probe(config) -> str | None:
     """None when a toy model of `config`'s architecture gives, through the slot cache, the
     logits of one full forward without a cache; else what differed (or why it could not run)."""
-    from transformers import AutoModelForCausalLM
-
     try:
         with warnings.catch_warnings(), torch.random.fork_rng():
             warnings.simplefilter("ignore")
