@@ -7,6 +7,7 @@ output formats."""
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import platform
 import resource
@@ -294,7 +295,17 @@ def environment(pair, threads: int) -> dict:
     }
     if gpus:
         env["cuda"] = torch.version.cuda
+    llama = _installed("llama-cpp-python")
+    if llama:  # the llamacpp columns' build: a native one crashes on AMX CPUs (README)
+        env["llama_cpp_python"] = llama
     return env
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _format_record() -> dict:
