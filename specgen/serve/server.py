@@ -35,6 +35,7 @@ from specgen.errors import ConfigError
 from specgen.runtime.pair import load
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.prefixes import DEFAULT_MIB
+from specgen.runtime.threads import release_pool
 from specgen.serve import discovery
 from specgen.serve.app import ServerState, create_app
 from specgen.serve.metrics import Metrics
@@ -252,6 +253,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
                           width_caps(pair, options.max_batch_size, config.draft_tokens, quiet))
     scheduler.prefill_chunk = options.prefill_chunk
     warm_up(scheduler, config)
+    release_pool()  # this thread is done with tensors: its OpenMP workers would slow the engine thread's
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
             "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None}
