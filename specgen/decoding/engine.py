@@ -80,7 +80,11 @@ class Engine:
         self.steps = Steps(target_model, compile)  # the target's forwards, fixed widths captured
         # the target cache, kept across generations; `after`: an engine this one replaces (chat's new
         # drafter), whose cache and parked rows it takes over, so the target keeps what it holds
-        self.cache = after.cache if after is not None else kvcache.SlotCache(target_model.config, rows=0)
+        self.cache = after.cache if after is not None else kvcache.SlotCache(target_model.config, rows=0,
+                                                                             taps=self.drafter.taps())
+        if after is not None and self.cache.tapped != tuple(self.drafter.taps()):  # chat's new method reads others
+            self.cache.retap(self.drafter.taps())
+        self.drafter.see(self.cache)
         self.parked: list[DecodeState] = after.parked if after is not None else []  # rows the last generation left
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
@@ -139,7 +143,7 @@ class Engine:
                     for request in requests:
                         if decoding and self.prefill_chunk and not config.deterministic \
                                 and len(request.ids) > self.prefill_chunk:
-                            staged.append(stage(self.model, request, self.prefixes))
+                            staged.append(stage(self.model, request, self.prefixes, self.drafter.taps()))
                             continue
                         yield from self._admit(rows, request, config, resume if resumed else None)
                         resumed = False

@@ -46,9 +46,10 @@ class Staged:
         return self.logits is not None
 
 
-def stage(model, request: Request, prefixes: PrefixStore) -> Staged:
-    """A one-row cache for the prompt, starting from what the prefix store holds of it."""
-    cache = kvcache.new_cache(model)
+def stage(model, request: Request, prefixes: PrefixStore, taps: tuple[int, ...] = ()) -> Staged:
+    """A one-row cache for the prompt (keeping the features of `taps`, as the batch's cache
+    does), starting from what the prefix store holds of it."""
+    cache = kvcache.new_cache(model, taps=taps)
     cache.reserve(len(request.ids))
     return Staged(request, cache, prefixes.load(cache, 0, request.ids))
 

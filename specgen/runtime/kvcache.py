@@ -16,6 +16,10 @@ caller's `tree` mask names (causal for a chain, ancestors for a tree). So:
 Rows: a batch keeps one row per sequence, each with its own length (no left padding: every row
 writes at its own slots); rows join (`add_row`) and leave (`select`) between rounds.
 
+Features: a cache made with `taps` (layer indices) also keeps, at the same slots, the hidden
+states entering those layers (`FeatureLayer`), which an EAGLE head reads as its input; they
+follow the K/V through every crop, row move, tree gather and prefix copy.
+
 Nothing here edits a library's private fields: the layers are our own `CacheLayerMixin`
 subclass, and the model is called through its public forward.
 """
@@ -131,10 +135,36 @@ class SlotLayer(CacheLayerMixin):
         return self.owner.capacity
 
 
+class FeatureLayer(SlotLayer):
+    """The hidden states entering the tapped layers, [rows, taps, capacity, hidden], written at
+    the forward's slots like K/V (its values are empty)."""
+
+    def write(self, index: int, hidden: torch.Tensor) -> None:
+        """Tap `index` of the forward in flight: `hidden` [b, n, H] goes to the slots being written."""
+        owner = self.owner
+        if not self.is_initialized:
+            shape = (hidden.shape[0], owner.tap_count, hidden.shape[1], hidden.shape[2])
+            empty = hidden.new_empty(shape)
+            self.lazy_initialization(empty, empty[..., :0])
+        keys = self.keys if owner.active is None else self.keys[owner.active]
+        slots = owner.slots if owner.slots.device == keys.device else owner.slots.to(keys.device)
+        hidden = hidden.to(keys.dtype)
+        if slots.shape[0] == 1:
+            keys[:, index].index_copy_(1, slots[0], hidden)
+        else:
+            keys[:, index].scatter_(1, slots[:, :, None].expand_as(hidden), hidden)
+
+    def read(self, row: int, start: int, end: int) -> torch.Tensor:
+        """Row `row`'s features at slots [start, end), the taps side by side: [end - start, taps * H]
+        (zeros where nothing was written, or before any forward: `width` wide)."""
+        keys = self.keys[row, :, start:end]  # [taps, n, H]
+        return keys.permute(1, 0, 2).reshape(end - start, -1)
+
+
 class SlotCache(Cache):
     """A position-indexed KV cache for `rows` sequences; `lengths[b]` slots of row b are committed."""
 
-    def __init__(self, config, rows: int = 1, capacity: int | None = None):
+    def __init__(self, config, rows: int = 1, capacity: int | None = None, taps: tuple[int, ...] = ()):
         config = text_config(config)
         self.layout = layout(config)  # each layer type's window, for the masks
         self.rows, self.capacity = rows, capacity or MIN_CAPACITY
@@ -147,6 +177,25 @@ class SlotCache(Cache):
         self._device_lengths: torch.Tensor | None = None  # `lengths` on the model's device
         self._mirrored: list[int] = []  # the lengths that tensor holds
         super().__init__(layers=[SlotLayer(self) for _ in range(config.num_hidden_layers)])
+        # the tapped layers in feature order, each tapped layer's places among them, how many
+        self.tapped, self.taps, self.tap_count = tuple(taps), _taps(taps), len(taps)
+        self.features = FeatureLayer(self)  # written only when there are taps
+
+    def retap(self, taps: tuple[int, ...]) -> None:
+        """Keep the features of other layers from now on (the rows' earlier slots read zeros)."""
+        self.tapped, self.taps, self.tap_count = tuple(taps), _taps(taps), len(taps)
+        self.features = FeatureLayer(self)
+        self.generation += 1
+
+    @property
+    def buffers(self) -> list[SlotLayer]:
+        """Every position-indexed buffer: the layers' K/V, and the features when tapped."""
+        return [*self.layers, self.features] if self.taps else list(self.layers)
+
+    def capture(self, layer: int, hidden: torch.Tensor) -> None:
+        """The hidden states `hidden` [b, n, H] entering `layer`, kept if that layer is tapped."""
+        for index in self.taps.get(layer, ()):
+            self.features.write(index, hidden)
 
     def device_lengths(self, device) -> torch.Tensor:
         """`lengths` as a tensor on `device`, kept in step by one small fill per changed row.
@@ -183,7 +232,7 @@ class SlotCache(Cache):
         capacity = max(self.capacity, MIN_CAPACITY)
         while capacity < length:
             capacity *= 2
-        for layer in self.layers:
+        for layer in self.buffers:
             layer.resize(capacity)
         self.capacity = capacity
         self.generation += 1
@@ -191,7 +240,7 @@ class SlotCache(Cache):
     @torch.inference_mode()
     def add_row(self) -> int:
         """Append an empty row (a prompt joining a batch); returns its index."""
-        for layer in self.layers:
+        for layer in self.buffers:
             layer.add_row()
         self.rows += 1
         self.generation += 1
@@ -204,15 +253,23 @@ class SlotCache(Cache):
         (captured CUDA graphs stay valid)."""
         if keep == list(range(self.rows)):
             return
-        for layer in self.layers:
+        for layer in self.buffers:
             layer.select_rows(keep, self.lengths)
         self.generation += 1
         self.lengths = [self.lengths[i] for i in keep]
         self.rows = len(keep)
 
 
-def new_cache(model, rows: int = 1, capacity: int | None = None) -> SlotCache:
-    return SlotCache(model.config, rows, capacity)
+def _taps(layers: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    """Each tapped layer's places among the features (a layer may be named twice)."""
+    places: dict[int, tuple[int, ...]] = {}
+    for i, layer in enumerate(layers):
+        places[layer] = places.get(layer, ()) + (i,)
+    return places
+
+
+def new_cache(model, rows: int = 1, capacity: int | None = None, taps: tuple[int, ...] = ()) -> SlotCache:
+    return SlotCache(model.config, rows, capacity, taps)
 
 
 def cache_length(cache: SlotCache) -> int:
@@ -249,7 +306,7 @@ def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | 
     """
     count = keep.shape[0]
     rows = slice(None) if row is None else slice(row, row + 1)
-    for layer in cache.layers:
+    for layer in cache.buffers:
         if not layer.is_initialized:
             continue
         source = keep.to(layer.device) + start
@@ -263,21 +320,33 @@ def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | 
 
 
 @torch.inference_mode()
-def write_prefix(target: SlotCache, row: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int) -> None:
+def write_prefix(target: SlotCache, row: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int,
+                 features: torch.Tensor | None = None) -> None:
     """Row `row` of `target` takes `n` slots of K/V given per layer as [heads, >= n, dim] (a
-    staged prefill joining the batch, a stored prefix); the buffers are made if it has none yet."""
+    staged prefill joining the batch, a stored prefix); the buffers are made if it has none yet.
+    A tapped `target` takes `features` [taps, >= n, H] too (zeros when the source kept none:
+    an EAGLE head then reads zeros there, which costs acceptance, never exactness)."""
     for layer, k, v in zip(target.layers, keys, values):
         if not layer.is_initialized:  # as its first forward would make them
             layer.lazy_initialization(k[None], v[None])
         layer.keys[row, :, :n].copy_(k[:, :n])
         layer.values[row, :, :n].copy_(v[:, :n])
+    held = target.features
+    if target.taps and (held.is_initialized or features is not None):
+        if not held.is_initialized:
+            held.lazy_initialization(features[None], features[None, ..., :0])
+        if features is not None and features.shape[0] == target.tap_count:
+            held.keys[row, :, :n].copy_(features[:, :n])
+        else:
+            held.keys[row, :, :n].zero_()
     target.lengths[row] = n
 
 
 def copy_prefix(source: SlotCache, source_row: int, target: SlotCache, target_row: int, n: int) -> None:
     """Row `target_row` of `target` takes the first `n` slots of `source`'s row `source_row`."""
+    features = source.features.keys[source_row] if source.taps and source.features.is_initialized else None
     write_prefix(target, target_row, [layer.keys[source_row] for layer in source.layers],
-                 [layer.values[source_row] for layer in source.layers], n)
+                 [layer.values[source_row] for layer in source.layers], n, features)
 
 
 def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Tensor, view: int,

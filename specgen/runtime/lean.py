@@ -204,7 +204,10 @@ class LeanForward:
         if kind == "exact" and hidden.dtype != torch.float32:
             kind = "registry"  # exact_attention's own fallback
         function = self._registered() if kind == "registry" else None
+        taps = getattr(cache, "taps", None)  # an EAGLE head's features (runtime/features.py)
         for layer in self.layers:
+            if taps and layer.index in taps:
+                cache.capture(layer.index, hidden)
             residual = hidden
             x = _norm(hidden, layer.ln1, layer.eps1)
             qkv = layer.qkv(x).view(b, n, heads + 2 * groups, dim)
@@ -226,6 +229,8 @@ class LeanForward:
             x = _norm(hidden, layer.ln2, layer.eps2)
             gate, up = layer.gate_up(x).chunk(2, -1)
             hidden = residual + layer.down(nn.functional.silu(gate) * up)
+        if taps and len(self.layers) in taps:
+            cache.capture(len(self.layers), hidden)
         hidden = _norm(hidden, self.norm, self.norm_eps)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]

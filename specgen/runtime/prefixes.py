@@ -43,10 +43,12 @@ class _Entry:
     ids: list[int]
     keys: list[torch.Tensor]  # per layer [heads, n, dim]
     values: list[torch.Tensor]
+    features: torch.Tensor | None = None  # [taps, n, H]: a tapped cache's features (kvcache.FeatureLayer)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        held = (*self.keys, *self.values) + ((self.features,) if self.features is not None else ())
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 class PrefixStore:
@@ -74,8 +76,9 @@ class PrefixStore:
                 return
             if shared == len(entry.ids):  # this sequence extends that entry
                 self._drop(key)
+        features = cache.features.keys[row, :, :n].clone() if cache.taps and cache.features.is_initialized else None
         entry = _Entry(ids, [layer.keys[row, :, :n].clone() for layer in layers],
-                       [layer.values[row, :, :n].clone() for layer in layers])
+                       [layer.values[row, :, :n].clone() for layer in layers], features)
         if entry.nbytes > self.budget:
             return
         self._serial += 1
@@ -103,7 +106,7 @@ class PrefixStore:
             return have
         entry = self.entries[best]
         self.entries.move_to_end(best)
-        kvcache.write_prefix(cache, row, entry.keys, entry.values, shared)
+        kvcache.write_prefix(cache, row, entry.keys, entry.values, shared, entry.features)
         self.loaded_tokens += shared - have
         return shared
 

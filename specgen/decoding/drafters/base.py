@@ -17,6 +17,10 @@ A drafter serves the rows of a batch (a single prompt is a batch of one). The en
   drafts greedily); a row with nothing to propose gets an empty proposal.
 * `observe(row, path)`: the accepted nodes of the row's last proposal that were committed.
 * `setup_seconds()`: time spent capturing and compiling its steps (CUDA), for statistics.
+* `taps()`: the target layers whose entering hidden states the drafter reads (an EAGLE head's
+  low, middle and high features; empty for every other drafter). The engine's target cache
+  keeps them at each committed position (kvcache.FeatureLayer), and the drafter reads them
+  from the cache the engine hands it with `see(target_cache)`.
 
 Contract: a proposal holds only drafted tokens (never the context), and for sampled proposals
 `probs` are exactly the laws the tokens were drawn from. A chain is a one-path tree; the engine
@@ -82,6 +86,10 @@ class Drafter(Protocol):
 
     def setup_seconds(self) -> float: ...
 
+    def taps(self) -> tuple[int, ...]: ...
+
+    def see(self, target_cache) -> None: ...
+
 
 class NoDrafter:
     """Plain decoding: nothing is ever proposed."""
@@ -106,6 +114,12 @@ class NoDrafter:
 
     def setup_seconds(self) -> float:
         return 0.0
+
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    def see(self, target_cache) -> None:
+        pass
 
 
 class RowDrafter(Protocol):
@@ -156,3 +170,9 @@ class PerRow:
 
     def setup_seconds(self) -> float:
         return self.spent + sum(d.setup_seconds() for d in self.rows)
+
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    def see(self, target_cache) -> None:
+        pass

@@ -246,6 +246,12 @@ class LookupChain:
     def setup_seconds(self) -> float:
         return self.model.setup_seconds()
 
+    def taps(self) -> tuple[int, ...]:
+        return self.model.taps()
+
+    def see(self, target_cache) -> None:
+        self.model.see(target_cache)
+
     def propose(self, contexts, ks, samplings) -> list[Proposal]:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)

@@ -89,6 +89,12 @@ class ChainDrafter:
     def setup_seconds(self) -> float:
         return self.steps.setup_seconds
 
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    def see(self, target_cache) -> None:
+        pass
+
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:

@@ -131,6 +131,12 @@ class TextDrafter:
     def setup_seconds(self) -> float:
         return self.inner.setup_seconds()
 
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    def see(self, target_cache) -> None:
+        pass
+
     # -- a round ------------------------------------------------------------------------------
     def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
         drafts = []
