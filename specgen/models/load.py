@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from specgen.errors import ModelError
-from specgen.models import catalog, families
+from specgen.models import catalog, eagle_format, families
 from specgen.models import placement as placement_mod
 from specgen.models.convert import check_gguf, ensure_converted, file_key
 from specgen.status import note, status
@@ -35,10 +35,13 @@ class Vocabulary(enum.Enum):
     """How a draft's token ids relate to its target's (decided once, at load).
 
     SHARED: the same tokenizer; the draft proposes target ids directly (the fast path).
-    TEXT: another tokenizer; drafts go through text (decoding/drafters/text.py)."""
+    TEXT: another tokenizer; drafts go through text (decoding/drafters/text.py).
+    HEAD: an EAGLE-3 head (models/eagle_head.py): no model of its own, it reads the target's
+    features and maps its draft vocabulary to target ids."""
 
     SHARED = "shared"
     TEXT = "text"
+    HEAD = "head"
 
 
 @dataclass
@@ -294,6 +297,8 @@ def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_d
 
 def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool,
                    builder: Builder) -> LoadedModel:
+    if eagle_format.is_head(draft):
+        return _load_head(draft, draft_dev, target, quiet)
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
     loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
                         input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target, builder=builder)
@@ -303,6 +308,18 @@ def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: Load
     if vocabulary is Vocabulary.TEXT:
         note(TEXT_DRAFTING)
     return replace(loaded, vocabulary=vocabulary)
+
+
+def _load_head(path: str, device: torch.device, target: LoadedModel, quiet: bool) -> LoadedModel:
+    """An EAGLE-3 head for `target` (models/eagle_format.py; HeadError, one line, if it is for
+    another target). Its weights in float32 on `device` (it shares the target's embedding)."""
+    with status(f"loading EAGLE-3 head {Path(path).name} ...", quiet):
+        head = eagle_format.load_head(path, target.model)
+        head.to(device=device, dtype=torch.float32)
+    if not quiet:
+        note(f"specgen: {eagle_format.describe(head)}")
+    return LoadedModel(head, target.tokenizer, Path(path).name, "dir", device, torch.float32, path=str(path),
+                       vocabulary=Vocabulary.HEAD)
 
 
 def _gpus() -> tuple[int, dict[int, int] | None]:
