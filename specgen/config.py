@@ -41,6 +41,7 @@ class Method(str, enum.Enum):
     MULTI_DRAFT = "multi-draft"
     LOOKUP = "lookup"  # prompt lookup: n-gram continuations, no draft model
     LOOKUP_CHAIN = "lookup-chain"  # prompt lookup when the tail matches well, the draft model otherwise
+    EAGLE = "eagle"  # chains from an EAGLE-3 head on the target's own features (--draft HEAD_DIR)
 
     @classmethod
     def parse(cls, value: str) -> "Method":

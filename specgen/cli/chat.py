@@ -89,7 +89,7 @@ def chat(
             code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), show_tree, format,
                          server, generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
                                            seed, branching, beam_width, depth, deterministic, verify_window,
-                                           draft_schedule, draft_confidence))
+                                           draft_schedule, draft_confidence, draft=draft))
     except KeyboardInterrupt:  # while loading models
         code = 130
     raise typer.Exit(code)

@@ -156,15 +156,21 @@ VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Determini
 
 def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                       branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
-                      schedule=None, draft_confidence=None, logprobs=None):
-    """Options -> a validated GenerationConfig (shared by run, chat and bench)."""
+                      schedule=None, draft_confidence=None, logprobs=None, draft=None):
+    """Options -> a validated GenerationConfig (shared by run, chat and bench). With `draft` an
+    EAGLE-3 head directory, chain (the default) means eagle: a head drafts chains."""
     k, auto = parse_draft_tokens(draft_tokens)
     try:
         chosen = Schedule(schedule) if schedule else (auto or Schedule.FIXED)
     except ValueError:
         raise ConfigError(f"unknown --draft-schedule '{schedule}'; use fixed, additive or expected-gain") from None
+    chosen_method = Method.parse(method)
+    if chosen_method is Method.CHAIN and draft:
+        from specgen.models.eagle_format import is_head  # json only: no torch
+        if is_head(draft):
+            chosen_method = Method.EAGLE
     return GenerationConfig(
-        method=Method.parse(method), max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
+        method=chosen_method, max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
         device_draft_tokens=str(draft_tokens).strip().lower() == "device",
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, logprobs=logprobs),
         branching=parse_branching(branching), beam_width=beam_width, depth=depth,

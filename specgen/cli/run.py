@@ -67,7 +67,7 @@ def run(
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
-                                   draft_confidence, logprobs)
+                                   draft_confidence, logprobs, draft)
         if logprobs is not None and format is not Format.json and output is None:
             raise ConfigError("--logprobs are written in the JSON output", hint="add --format json")
         if system is not None:

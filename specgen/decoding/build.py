@@ -8,6 +8,7 @@ from dataclasses import replace
 from specgen.config import GenerationConfig, Method
 from specgen.decoding import costs, length
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
+from specgen.decoding.drafters.eagle import EagleDrafter
 from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
@@ -16,6 +17,7 @@ from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasti
 from specgen.decoding.engine import Engine
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
+from specgen.runtime import features
 from specgen.runtime.compiled import can_capture
 from specgen.runtime.pair import Pair
 from specgen.status import note
@@ -31,7 +33,7 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
         return config, None
     if drafts is None:
         drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
-    if pair.draft is None or not drafts:
+    if pair.draft is None or not drafts or pair.draft.vocabulary is Vocabulary.HEAD:
         return replace(config, device_draft_tokens=False), None
     choice = costs.choose(pair)  # a few seconds, once per machine and pair; cached after that
     confidence = choice.confidence if config.device_confidence else config.draft_confidence
@@ -45,6 +47,11 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
         return NoDrafter()
     if method is Method.LOOKUP:
         return lookup_drafters()
+    if draft.vocabulary is Vocabulary.HEAD:
+        return _head_drafter(pair, config)
+    if method is Method.EAGLE:
+        raise ConfigError(f"--method eagle needs an EAGLE-3 head as --draft (a directory; "
+                          f"`specgen train-head` writes one); {draft.name} is a model")
     if draft.vocabulary is Vocabulary.TEXT:
         return _text_drafter(pair, config)
     if method is Method.RSD_C:
@@ -59,6 +66,20 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     if method is Method.LOOKUP_CHAIN:
         return LookupChain(chain, model_tokens=config.draft_tokens)
     return chain
+
+
+def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
+    """An EAGLE-3 head drafts chains (eagle; chain means the same with a head) and lookup-chain's
+    model rounds; trees from a head are not built."""
+    if config.method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN):
+        raise ConfigError(f"--method {config.method.value} needs a draft model; an EAGLE-3 head drafts "
+                          "eagle (chains) and lookup-chain")
+    features.install(pair.target.model)
+    vocab = pair.target.model.get_input_embeddings().weight.shape[0]
+    drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes)
+    if config.method is Method.LOOKUP_CHAIN:
+        return LookupChain(drafter, model_tokens=config.draft_tokens)
+    return drafter
 
 
 def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
@@ -83,7 +104,8 @@ def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = No
     target = pair.target
     engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
                     pair.vocab, compile=pair.compile, after=after, prefixes=pair.target_prefixes)
-    models = [("target", target.model)] + ([("draft", pair.draft.model)] if config.method.needs_draft_model else [])
+    drafts = config.method.needs_draft_model and pair.draft.vocabulary is not Vocabulary.HEAD
+    models = [("target", target.model)] + ([("draft", pair.draft.model)] if drafts else [])
     for role, model in models:
         why = can_capture(model) if pair.compile in ("graphs", "inductor") else None
         if why is not None:

@@ -43,7 +43,7 @@ class Pair:
         tokenizer): logits are compared over these only. None when the sizes agree, and for a
         draft of another tokenizer (it proposes target ids made from text: the target's whole
         vocabulary counts)."""
-        if self.draft is None or self.draft.vocabulary is Vocabulary.TEXT:
+        if self.draft is None or self.draft.vocabulary in (Vocabulary.TEXT, Vocabulary.HEAD):
             return None
         sizes = (self.target.model.config.vocab_size, self.draft.model.config.vocab_size)
         return min(sizes) if sizes[0] != sizes[1] else None
@@ -67,7 +67,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
                                      draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet,
                                      target_builder=_target_builder(settings), draft_builder=_draft_builder(settings))
     for role, loaded in (("target", target), ("draft", loaded_draft)):
-        if loaded is not None:
+        if loaded is not None and loaded.vocabulary is not Vocabulary.HEAD:
             require_exact(loaded.model, loaded.name, role)
     if quant.resolve_target_quant(settings.target_quant, target, dtype_auto=dtype_auto) == "int8":
         with status(f"int8 weights for target {target.name} ...", quiet):
@@ -162,6 +162,12 @@ def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dt
     spec = quant.resolve_draft_quant(spec, draft.device, draft.dtype, dtype_auto=dtype_auto)
     if spec in (None, "none"):
         return draft
+    if draft.vocabulary is Vocabulary.HEAD:  # int8 linears (a head has no vocabulary to prune: its own is small)
+        if "int8" not in spec or draft.device.type != "cpu" or not int8.available():
+            return draft
+        with status(f"int8 weights for head {draft.name} ...", quiet):
+            model = quant.quantize_head(draft.model)
+        return replace(draft, model=model, weights="int8")
     # the ids a pruned head must keep are the draft's own: the target's when they share a tokenizer
     owner = target if draft.vocabulary is Vocabulary.SHARED else draft
     specials = tuple(sorted(set(owner.stop_ids) | set(owner.tokenizer.all_special_ids)))
@@ -176,5 +182,6 @@ def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool =
     pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
     draft = load_draft(settings.draft, target, device=settings.device, draft_device=settings.draft_device,
                        dtype=settings.dtype, quiet=quiet, builder=_draft_builder(settings))
-    require_exact(draft.model, draft.name, "draft")
+    if draft.vocabulary is not Vocabulary.HEAD:
+        require_exact(draft.model, draft.name, "draft")
     return quantize_draft(draft, target, settings.draft_quant, _dtype_auto(settings), quiet)

@@ -145,6 +145,15 @@ def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KE
 
 
 # -- the int8 weight cache ---------------------------------------------------------------------
+def quantize_head(head: nn.Module) -> nn.Module:
+    """An EAGLE-3 head's linears as int8 row products (a draft: lossless whatever its format)."""
+    for name, module in list(head.named_modules()):
+        for child, linear in list(module.named_children()):
+            if type(linear) is nn.Linear:
+                setattr(module, child, int8.linear_of(linear.weight.detach().float(), linear.bias))
+    return head
+
+
 def cache_file_for(source: str | os.PathLike, role_key: str = "") -> Path | None:
     """Where the int8 weights of the model loaded from `source` (a local directory) are
     cached; None for sources without local weight files (then nothing is cached)."""

@@ -1,0 +1,191 @@
+"""Chains from an EAGLE-3 head (models/eagle_head.py): a draft that reads the target's features.
+
+The target's cache keeps, at every committed position, the hidden states entering the head's
+layers (`taps`; kvcache.FeatureLayer); the engine writes them with every forward it runs
+anyway (prefill, verify, replay), so drafting adds no target work and no host sync.
+
+Per row the head keeps its own one-layer K/V cache, indexed by position. Its entry at position
+p is computed from the target's features at p and the token at p + 1, and predicts the token
+at p + 2. Invariant: a row's head cache holds a prefix of the positions whose features the
+target has given (`length` <= committed - 1). A round, for each row with committed tokens
+x_0..x_(L-1):
+
+1. feed positions length..L-2 (the target's features there, tokens x_(length+1)..x_(L-1)); the
+   logits at L-2 give x_L, the first draft token (a long span, such as a prompt, alone first);
+2. K-1 single-token steps: position L-1+j reads the head's own output before its norm at the
+   position before, and the token just drafted;
+3. the head cache is cut back to L-1 positions: the next round feeds the accepted positions
+   again, from the target's own features.
+
+Draft ids are mapped to target ids (d2t). A sampled row draws from the head's law over its
+draft vocabulary, reported as a law over the target's (zero outside it), so the acceptance
+rule stays exact. With a prefix store the head's K/V of a finished row is kept by its tokens
+like a draft model's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.sampling import on_device, sample, warp
+from specgen.models.eagle_head import Eagle3Head
+from specgen.runtime import kvcache
+from specgen.runtime.prefixes import PrefixStore
+
+CATCH_UP = 4  # positions a row feeds in the batched first step; more are fed row by row first
+
+
+class EagleDrafter:
+    """The Drafter protocol for chains from an EAGLE-3 head (base.py has the calls)."""
+
+    def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, prefixes: PrefixStore | None = None):
+        self.head, self.device, self.vocab = head, device, vocab
+        self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
+        self.cache = kvcache.SlotCache(head.cache_config, rows=0)
+        self.target: kvcache.SlotCache | None = None  # the engine's target cache, with the features
+        self.map = head.draft_to_target().to(device)  # [Vd] target id of each draft id
+        self.generators: list[torch.Generator | None] = []
+        self._contexts: list[list[int]] = []
+
+    # -- rows ---------------------------------------------------------------------------------
+    def taps(self) -> tuple[int, ...]:
+        return self.head.config.layers
+
+    def see(self, cache: kvcache.SlotCache) -> None:
+        self.target = cache
+
+    def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
+        while row >= self.cache.rows:
+            self.cache.add_row()
+            self.generators.append(None)
+            self._contexts.append([])
+        self.cache.reserve(capacity)
+        # position p holds token p + 1: a prompt of n tokens fills at most n - 2 positions before its round
+        have = min(self.cache.lengths[row], max(len(prompt_ids) - 2, 0))
+        kvcache.set_length(self.cache, row, have)
+        # stored by the tokens their positions read (the key's last token is the last position's)
+        loaded = self.prefixes.load(self.cache, row, prompt_ids, have=have + 1)
+        if loaded > have + 1:
+            kvcache.set_length(self.cache, row, loaded - 1)
+        self.generators[row] = on_device(generator, self.device)
+        self._contexts[row] = prompt_ids
+
+    def finished(self, row: int) -> None:
+        if row < self.cache.rows:
+            self._save(row, self._contexts[row])
+
+    def leave(self, keep: list[int]) -> None:
+        keep = [i for i in keep if i < self.cache.rows]
+        self.cache.select(keep)
+        self.generators = [self.generators[i] for i in keep]
+        self._contexts = [self._contexts[i] for i in keep]
+
+    def rewind(self, row: int, valid: int) -> None:
+        if row < self.cache.rows:
+            kvcache.set_length(self.cache, row, min(self.cache.lengths[row], max(valid - 1, 0)))
+
+    def observe(self, row: int, path: list[int]) -> None:
+        """Nothing to keep: the head's drafted positions were cut at the proposal."""
+
+    def setup_seconds(self) -> float:
+        return 0.0
+
+    # -- a round ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+        count = len(contexts)
+        self._contexts = list(contexts)
+        self._catch_up(contexts, ks)
+        ends = [len(context) - 1 for context in contexts]  # positions with the target's features
+        for row, (length, end) in enumerate(zip(self.cache.lengths, ends)):
+            if length >= end > 0:  # a row rewound to its last position: feed that one again
+                kvcache.set_length(self.cache, row, end - 1)
+        # a one-token prompt has no features yet: it feeds a pad and drafts nothing this round
+        news = [range(length, max(end, length + 1)) for length, end in zip(self.cache.lengths, ends)]
+        ks = [k if end > 0 else 0 for k, end in zip(ks, ends)]
+        steps = max(ks)
+        if not steps:
+            return [Proposal.empty(self.device) for _ in contexts]
+        width = max(len(new) for new in news)
+        ids = torch.zeros(count, width, dtype=torch.long)
+        features = self._features(news, width)
+        for i, (context, new) in enumerate(zip(contexts, news)):
+            ids[i, : len(new)] = torch.tensor(context[new.start + 1: new.stop + 1], dtype=torch.long)
+        last = torch.tensor([len(new) - 1 for new in news], device=self.device)
+        logits, hidden = self._forward(ids.to(self.device), features)
+        rows = torch.arange(count, device=self.device)
+        logits, hidden = logits[rows, last], hidden[rows, last][:, None]
+        kvcache.set_lengths(self.cache, [new.start + len(new) for new in news])  # drop the pads
+        tokens, laws = [], []
+        for step in range(steps):
+            if step:
+                logits, hidden = self._forward(token.view(count, 1), hidden)
+                logits = logits[:, -1]
+            token, law = self._choose(logits, samplings)
+            tokens.append(token)
+            laws.append(law)
+        # the next round feeds accepted positions from the target's features
+        kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
+        drafted = torch.stack(tokens, dim=1)
+        stacked = torch.stack(laws, dim=1) if laws[0] is not None else None
+        out = []
+        for i, k in enumerate(ks):
+            if k <= 0:
+                out.append(Proposal.empty(self.device))
+            elif samplings[i].greedy:
+                out.append(Proposal.chain(drafted[i, :k], ProposalKind.DETERMINISTIC))
+            else:
+                out.append(Proposal.chain(drafted[i, :k], ProposalKind.SAMPLED, stacked[i, :k]))
+        return out
+
+    def _features(self, news: list[range], width: int, first: int = 0) -> torch.Tensor:
+        """[rows, width, taps * H]: the target's features at each row's new positions (zeros past
+        them, and where the target kept none); rows from `first` on."""
+        held = self.target.features if self.target is not None else None
+        size = len(self.head.config.layers) * self.head.config.hidden_size
+        out = torch.zeros(len(news), width, size, device=self.device)
+        if held is None or not held.is_initialized:
+            return out
+        for i, new in enumerate(news):
+            if len(new):
+                end = min(new.stop, held.keys.shape[2])
+                out[i, : end - new.start] = held.read(first + i, new.start, end).to(self.device, out.dtype)
+        return out
+
+    def _forward(self, ids: torch.Tensor, features: torch.Tensor):
+        """The head over `ids` [rows, n] at each row's next positions: (logits [rows, n, Vd], outputs [rows, n, H])."""
+        holder = {}
+        logits = kvcache.forward(self.head.caller(features, holder), self.cache, ids)
+        return logits, holder["hidden"]
+
+    def _catch_up(self, contexts: list[list[int]], ks: list[int]) -> None:
+        """A row far behind (a new prompt) feeds all but its last CATCH_UP positions alone."""
+        for row, (context, length, k) in enumerate(zip(contexts, self.cache.lengths, ks)):
+            end = len(context) - 1 - CATCH_UP
+            if k > 0 and end > length:
+                features = self._features([range(length, end)], end - length, first=row)
+                holder = {}
+                rows = slice(row, row + 1) if self.cache.rows > 1 else None
+                kvcache.forward(self.head.caller(features, holder), self.cache,
+                                torch.tensor([context[length + 1: end + 1]], device=self.device), keep=1, rows=rows)
+                self._save(row, context)
+
+    def _save(self, row: int, context: list[int]) -> None:
+        """The row's positions into the prefix store, keyed by the tokens they read (one more)."""
+        held = self.cache.lengths[row]
+        if held:
+            self.prefixes.save(self.cache, row, context[: held + 1])
+
+    def _choose(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
+        """Each row's target token and, when any row samples, the laws over the target's vocabulary."""
+        if all(s.greedy for s in samplings):
+            return self.map[logits.argmax(dim=-1)], None
+        dist = torch.stack([warp(logits[i], s) for i, s in enumerate(samplings)])  # [rows, Vd]
+        index = torch.stack([dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
+                             for i, s in enumerate(samplings)])
+        law = torch.zeros(len(samplings), self.vocab, device=dist.device)
+        law.scatter_(1, self.map.expand(len(samplings), -1), dist)
+        return self.map[index], law
