@@ -20,6 +20,7 @@ from specgen.cli.check import check
 from specgen.cli.models import models_app
 from specgen.cli.run import run
 from specgen.cli.serve import serve
+from specgen.cli.train_head import train_head
 
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -42,6 +43,7 @@ app.command()(chat)
 app.command()(bench)
 app.command()(serve)
 app.command()(check)
+app.command("train-head")(train_head)
 app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, remove.")
 
 

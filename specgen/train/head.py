@@ -1,0 +1,106 @@
+"""`specgen train-head`'s work: load the target, make and record the data once, train, write.
+
+A rerun with the same DIR resumes: recorded shards are read back, the checkpoint continues;
+`--minutes` adds that much training to what the checkpoint holds. Ctrl-C stops training after
+its step, writes the checkpoint and the head as trained so far, and exits 130.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specgen.bench.prompts import load_prompts
+from specgen.config import Method, ModelSettings
+from specgen.decoding.engine import Engine
+from specgen.errors import ConfigError
+from specgen.models.eagle_head import default_layers
+from specgen.models.families import text_config
+from specgen.runtime.pair import load
+from specgen.train import data
+from specgen.train.loop import Settings, Trainer, expected_tokens
+
+
+def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, answer_tokens: int,
+               train: Settings, quiet: bool = False) -> dict:
+    target = load(settings, Method.PLAIN, quiet=quiet).target
+    model = target.model
+    config = text_config(model.config)
+    layers = train.layers or default_layers(config.num_hidden_layers)
+    train = Settings(**{**train.__dict__, "layers": tuple(layers)})
+    out.mkdir(parents=True, exist_ok=True)
+    shards = data.Shards(out)
+    manifest = shards.manifest()
+    wanted = {"target": target.name, "source": source, "tokens": tokens, "layers": list(layers)}
+    if manifest and {k: manifest.get(k) for k in wanted} != wanted:
+        raise ConfigError(f"{out} holds data recorded for {manifest.get('target')} from {manifest.get('source')} "
+                          f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}); use another --out")
+    if not manifest:
+        shards.write_manifest({**wanted, "sequences": 0})
+    started = time.monotonic()
+    sequences = _sequences(target, source, tokens, answer_tokens, quiet)
+    if shards.manifest().get("sequences", 0) < len(sequences):
+        with _bar("recording the target's features", sum(len(s.ids) for s in sequences), quiet) as advance:
+            data.record(model, tuple(layers), sequences, shards, target.device, progress=advance)
+    recorded = time.monotonic() - started
+    with _bar("training the head", None, quiet) as advance:
+        trainer = Trainer(model, out, train, progress=advance)
+        try:
+            trainer.run()
+        finally:
+            trainer.evaluate()
+            trainer.write({"target": target.name, "source": source, "data_tokens": sum(len(s.ids) for s in sequences),
+                           "record_seconds": round(recorded, 1), "layers": list(layers),
+                           "expected_tokens_per_round": round(expected_tokens(trainer.report.acceptance), 3)})
+    return json.loads((out / "training.json").read_text())
+
+
+def _sequences(target, source: str, tokens: int, answer_tokens: int, quiet: bool) -> list[data.Sequence]:
+    if source == data.CODE:
+        found = data.code_sequences(target.tokenizer, tokens, max_tokens=min(1024, target.context_length))
+        if not found:
+            raise ConfigError("no documented Python functions were found to train on")
+        return found
+    prompts = [p.prompt or p.messages[-1]["content"] for p in load_prompts(source)]
+    engine = Engine(target.model, target.device, target.stop_ids, target.context_length)
+    sequences: list[data.Sequence] = []
+    while sum(len(s.ids) for s in sequences) < tokens and prompts:
+        take, prompts = prompts[:8], prompts[8:]
+        sequences += data.prompt_sequences(engine, target.tokenizer, take, answer_tokens)
+    return sequences
+
+
+class _bar:
+    """A rich progress bar (tokens/s; the last loss while training), or nothing when quiet."""
+
+    def __init__(self, label: str, total: int | None, quiet: bool):
+        self.label, self.total, self.quiet = label, total, quiet
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda tokens, loss=None: None
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} tokens"),
+                                 TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[loss]}"),
+                                 TimeElapsedColumn(), transient=False)
+        self.progress.start()
+        self.task = self.progress.add_task(self.label, total=self.total, rate="", loss="")
+        self.started, self.done = time.monotonic(), 0
+
+        def advance(tokens: int, loss: float | None = None) -> None:
+            self.done += tokens
+            rate = self.done / max(time.monotonic() - self.started, 1e-9)
+            self.progress.update(self.task, advance=tokens, rate=f"{rate:.0f} tok/s",
+                                 loss="" if loss is None else f"loss {loss:.3f}")
+        return advance
+
+    def __exit__(self, *exc):
+        if not self.quiet:
+            self.progress.stop()
+        return False
+
+
+__all__ = ["train_head", "torch"]

@@ -1,0 +1,228 @@
+"""Train a head: choose its draft vocabulary, initialise it from the target, run the
+training-time test (ttt.py) over recorded sequences, checkpoint, resume, write the head.
+
+* Vocabulary: the `draft_vocab` target ids most often the target's greedy answer in the
+  training data (then the lowest ids), sorted by id (d2t, t2d as EAGLE-3 builds them).
+* Initialisation: lm_head from the target's output rows of those ids, the final norm from the
+  target's, token embedding shared (frozen); fc and the layer random (std 0.02).
+* Training: AdamW, one sequence per step, held-out sequences (every `holdout`-th) never
+  trained on; their per-step acceptance is reported.
+* Checkpoints: `DIR/checkpoint.pt` (head, optimiser, position) every `checkpoint_minutes`,
+  written to a temporary file and renamed; a rerun resumes from it; Ctrl-C writes one first.
+* Output: `DIR/config.json` and `DIR/model.safetensors` in the public format (`fmt`), and
+  `DIR/training.json` (data, time, acceptance per position).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specgen.models.eagle_format import ORIGINAL, save_head
+from specgen.models.eagle_head import Eagle3Head, HeadConfig
+from specgen.models.families import text_config
+from specgen.train.data import Shards
+from specgen.train.ttt import unroll
+
+
+@dataclass
+class Settings:
+    steps: int = 3  # draft steps unrolled (training-time test)
+    draft_vocab: int = 32000
+    lr: float = 3e-4
+    epochs: int = 1
+    minutes: float = 0.0  # stop after this long (0: when the epochs are done)
+    checkpoint_minutes: float = 5.0
+    holdout: int = 10  # every holdout-th sequence is held out
+    intermediate: int = 0  # the layer's MLP width (0: the target's)
+    seed: int = 0
+    fmt: str = ORIGINAL
+    bf16: bool = False  # bfloat16 autocast for the products (CPUs with native bf16)
+    layers: tuple[int, ...] = ()
+
+
+@dataclass
+class Report:
+    tokens: int = 0
+    seconds: float = 0.0
+    steps_done: int = 0
+    acceptance: list[float] = field(default_factory=list)  # held out: P(draft i accepted)
+    accuracy: list[float] = field(default_factory=list)
+
+
+def choose_vocabulary(shards: Shards, size: int, vocab: int, holdout: int) -> torch.Tensor:
+    """[size] sorted target ids: the most frequent trained labels, then the lowest ids."""
+    counts: Counter = Counter()
+    for i, (_, start, _, labels) in enumerate(shards.sequences()):
+        if i % holdout:
+            counts.update(labels[max(start, 0):].tolist())
+    size = min(size, vocab)
+    chosen = [t for t, _ in counts.most_common(size)]
+    missing = size - len(chosen)
+    if missing:
+        have = set(chosen)
+        chosen += [t for t in range(vocab) if t not in have][:missing]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def new_head(target_model, layers: tuple[int, ...], used: torch.Tensor, intermediate: int, seed: int) -> Eagle3Head:
+    config = text_config(target_model.config)
+    vocab = target_model.get_input_embeddings().weight.shape[0]
+    heads = config.num_attention_heads
+    hc = HeadConfig(hidden_size=config.hidden_size, heads=heads,
+                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                    intermediate_size=intermediate or config.intermediate_size, vocab_size=vocab,
+                    draft_vocab_size=used.shape[0], layers=layers, rms_norm_eps=getattr(config, "rms_norm_eps", 1e-6),
+                    rope_theta=float(getattr(config, "rope_theta", 10000.0) or 10000.0),
+                    max_position_embeddings=config.max_position_embeddings)
+    torch.manual_seed(seed)
+    head = Eagle3Head(hc)
+    for name, param in head.named_parameters():
+        if param.dim() == 2:
+            torch.nn.init.normal_(param, std=0.02)
+    with torch.no_grad():
+        head.d2t.copy_(used - torch.arange(used.shape[0]))
+        head.t2d.zero_()
+        head.t2d[used] = True
+        output = target_model.get_output_embeddings()
+        weight = getattr(output, "weight", None)
+        if weight is None:  # an int8 head: its rows dequantized
+            weight = output(torch.eye(config.hidden_size)).T
+        head.lm_head.weight.copy_(weight[used].float())
+        head.norm.weight.copy_(target_model.model.norm.weight.float())
+    head.use_embedding(target_model.get_input_embeddings())
+    return head
+
+
+def draft_index(head: Eagle3Head) -> torch.Tensor:
+    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
+    index[head.draft_to_target()] = torch.arange(head.config.draft_vocab_size)
+    return index
+
+
+class Trainer:
+    def __init__(self, target_model, directory: Path, settings: Settings, progress=None):
+        self.target, self.dir, self.settings, self.progress = target_model, directory, settings, progress
+        self.shards = Shards(directory)
+        self.checkpoint = directory / "checkpoint.pt"
+        self.report = Report()
+        self.position = 0  # sequences trained in this epoch
+        self.epoch = 0
+        if self.checkpoint.is_file():
+            saved = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+            used = saved["used"]
+        else:
+            saved, used = None, None
+        vocab = target_model.get_input_embeddings().weight.shape[0]
+        if used is None:
+            used = choose_vocabulary(self.shards, settings.draft_vocab, vocab, settings.holdout)
+        self.head = new_head(target_model, settings.layers, used, settings.intermediate, settings.seed)
+        self.head.train()
+        self.index = draft_index(self.head)
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.used = used
+        if saved is not None:
+            self.head.load_state_dict(saved["head"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.position, self.epoch = saved["position"], saved["epoch"]
+            self.report = Report(**saved["report"])
+
+    def save_checkpoint(self) -> None:
+        tmp = self.checkpoint.with_suffix(".tmp")
+        torch.save({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "used": self.used,
+                    "position": self.position, "epoch": self.epoch, "report": self.report.__dict__}, tmp)
+        tmp.rename(self.checkpoint)
+
+    def order(self) -> list[int]:
+        count = sum(1 for _ in self.shards.sequences())
+        train = [i for i in range(count) if i % self.settings.holdout]
+        random.Random(self.settings.seed + self.epoch).shuffle(train)
+        return train
+
+    def run(self) -> Report:
+        """Train until the epochs or the minutes are spent; checkpoint as it goes."""
+        settings = self.settings
+        started, last_save = time.monotonic(), time.monotonic()
+        spent_before = self.report.seconds
+        sequences = list(self.shards.sequences())
+        try:
+            while self.epoch < settings.epochs:
+                order = self.order()
+                while self.position < len(order):
+                    if settings.minutes and self.report.seconds >= settings.minutes * 60:
+                        return self.report
+                    ids, start, feats, labels = sequences[order[self.position]]
+                    self._step(ids, start, feats, labels)
+                    self.position += 1
+                    self.report.seconds = spent_before + time.monotonic() - started
+                    if time.monotonic() - last_save > settings.checkpoint_minutes * 60:
+                        self.save_checkpoint()
+                        last_save = time.monotonic()
+                self.epoch, self.position = self.epoch + 1, 0
+            return self.report
+        finally:  # Ctrl-C included: the last checkpoint holds everything trained
+            self.save_checkpoint()
+
+    def _step(self, ids, start, feats, labels) -> None:
+        lr = self.settings.lr * min(1.0, (self.report.steps_done + 1) / 50)  # a short warm-up
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
+            outcome = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
+        if outcome.loss.requires_grad:
+            self.optimizer.zero_grad(set_to_none=True)
+            outcome.loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
+            self.optimizer.step()
+        self.report.tokens += int(ids.shape[0])
+        self.report.steps_done += 1
+        if self.progress is not None:
+            self.progress(int(ids.shape[0]), float(outcome.loss.detach()))
+
+    @torch.no_grad()
+    def evaluate(self) -> Report:
+        """Held-out acceptance per draft position (greedy chains) and accuracy per step."""
+        chained = torch.zeros(self.settings.steps)
+        correct = torch.zeros(self.settings.steps)
+        counted = torch.zeros(self.settings.steps)
+        self.head.eval()
+        for i, (ids, start, feats, labels) in enumerate(self.shards.sequences()):
+            if i % self.settings.holdout == 0:
+                outcome = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
+                chained += outcome.chained
+                correct += outcome.correct
+                counted += outcome.counted
+        self.head.train()
+        self.report.acceptance = [round(float(c / max(n, 1)), 4) for c, n in zip(chained, counted)]
+        self.report.accuracy = [round(float(c / max(n, 1)), 4) for c, n in zip(correct, counted)]
+        return self.report
+
+    def write(self, extra: dict | None = None) -> None:
+        """The head in its public format, and training.json."""
+        self.head.eval()
+        config = text_config(self.target.config)
+        save_head(self.head, self.dir, self.settings.fmt, getattr(self.target, "name_or_path", "") or "",
+                  config.num_hidden_layers)
+        record = {"tokens_trained": self.report.tokens, "seconds": round(self.report.seconds, 1),
+                  "steps": self.report.steps_done, "epochs": self.epoch, "ttt_steps": self.settings.steps,
+                  "draft_vocab": int(self.used.shape[0]), "lr": self.settings.lr,
+                  "heldout_acceptance_per_position": self.report.acceptance,
+                  "heldout_accuracy_per_step": self.report.accuracy, **(extra or {})}
+        (self.dir / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def expected_tokens(acceptance: list[float]) -> float:
+    """Tokens a round emits with greedy chains at these per-position acceptances (+1: the target's)."""
+    return 1.0 + sum(acceptance)
+
+
+__all__ = ["Settings", "Trainer", "expected_tokens", "math"]

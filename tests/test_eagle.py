@@ -1,0 +1,376 @@
+"""EAGLE-3 heads: the target's features, heads in both public layouts, method eagle (greedy
+identical to plain in every mode, sampled exact with a negative control), the trainer
+(resumes after a kill and after Ctrl-C) and the refusals.
+
+The target is a tiny 6-layer Qwen2 (random, seeded); heads are random (seeded) or trained for
+a few seconds on the target's own answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specgen.cli import app
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.engine import Engine
+from specgen.decoding.events import Finished
+from specgen.models.eagle_format import HeadError, load_head, save_head
+from specgen.models.eagle_head import Eagle3Head, HeadConfig, default_layers
+from specgen.models.load import Vocabulary, load_draft, load_pair
+from specgen.runtime import features, kvcache
+from specgen.train import data
+from specgen.train.loop import Settings, Trainer
+from tiny import batch_ids, build_model, decode, engine_with, save_tiny, two_token_law
+
+LAYERS = 6
+HERE = Path(__file__).resolve().parent
+
+
+def random_head(seed: int = 0, draft_vocab: int = 200, vocab: int = 259, hidden: int = 64) -> Eagle3Head:
+    torch.manual_seed(seed)
+    head = Eagle3Head(HeadConfig(hidden, 4, 2, hidden // 4, 2 * hidden, vocab, draft_vocab, default_layers(LAYERS)))
+    for param in head.parameters():
+        torch.nn.init.normal_(param, std=0.2)
+    used = torch.randperm(vocab)[:draft_vocab].sort().values
+    with torch.no_grad():
+        head.d2t.copy_(used - torch.arange(draft_vocab))
+        head.t2d.zero_()
+        head.t2d[used] = True
+    return head
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    out = {"target": save_tiny(root / "target", seed=1, layers=LAYERS),
+           "other": save_tiny(root / "other", seed=5, layers=LAYERS, hidden=32)}
+    head = random_head()
+    save_head(head, root / "original", "original", "tiny", LAYERS)
+    save_head(head, root / "speculators", "speculators", "tiny", LAYERS)
+    # the original layout as EAGLE's own training saves it: pytorch_model.bin, LlamaForCausalLM
+    bin_dir = root / "original-bin"
+    bin_dir.mkdir()
+    config = json.loads((root / "original" / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    (bin_dir / "config.json").write_text(json.dumps(config))
+    torch.save(head.state_dict(), bin_dir / "pytorch_model.bin")
+    out.update(original=root / "original", speculators=root / "speculators", original_bin=bin_dir, root=root)
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(dirs):
+    return load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0]
+
+
+def head_draft(dirs, target, name):
+    return load_draft(str(dirs[name]), target, device="cpu", dtype="float32", quiet=True)
+
+
+PROMPTS = [list(range(40, 75)), [257, 84, 82, 68, 81, 198, 33, 90], list(range(100, 180))]
+
+
+def plain_ids(target, prompt, new=40):
+    config = GenerationConfig(method=Method.PLAIN, max_new_tokens=new)
+    return decode(engine_with((target, None), config), prompt, config)[1].ids
+
+
+# -- the target's features ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2"])
+def test_the_cache_keeps_the_hidden_states_entering_the_tapped_layers(family):
+    """Features written by a forward (the lean path for Qwen2, transformers' own forward with
+    hooks for Gemma 2) equal transformers' output_hidden_states, per row and position."""
+    from families import build as build_family  # tests/families.py: tiny models of each family
+
+    model = build_model(3, layers=LAYERS) if family == "qwen2" else build_family("gemma2", 3)
+    count = model.config.num_hidden_layers
+    layers = (1, count - 1, count)
+    features.install(model)
+    from specgen.runtime.lean import call_for
+
+    call = call_for(model)
+    cache = kvcache.SlotCache(model.config, rows=2, taps=layers)
+    ids = torch.randint(0, 200, (2, 12))
+    kvcache.forward(call, cache, ids[:, :7])
+    kvcache.forward(call, cache, ids[:, 7:])  # a second forward writes the next slots
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    for row in range(2):
+        got = cache.features.read(row, 0, 12).view(12, len(layers), -1)
+        for place, layer in enumerate(layers):
+            want = hidden[layer][row] if layer < count else None
+            if want is None:  # transformers' last entry is after the final norm; ours before it
+                continue
+            torch.testing.assert_close(got[:, place], want, atol=1e-5, rtol=1e-4)
+
+
+# -- heads in the public layouts ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["original", "speculators", "original_bin"])
+def test_heads_in_both_layouts_load_and_decode_exactly(dirs, target, name):
+    draft = head_draft(dirs, target, name)
+    assert draft.vocabulary is Vocabulary.HEAD and draft.model.config.layers == default_layers(LAYERS)
+    reference = random_head()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(draft.model.state_dict()[key].to(value.dtype), value)
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=40, draft_tokens=4)
+    for prompt in PROMPTS:
+        events, state = decode(engine_with((target, draft), config), prompt, config)
+        assert state.ids == plain_ids(target, prompt)
+        assert sum(len(e.draft_tokens) for e in events) > 0
+
+
+def test_a_speculators_head_keeps_its_layers_and_residual_option(dirs, target, tmp_path):
+    config = json.loads((dirs["speculators"] / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 6]
+    config["norm_before_residual"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(dirs["speculators"] / "model.safetensors")
+    head = load_head(tmp_path, target.model)
+    assert head.config.layers == (1, 2, 6) and head.config.norm_before_residual
+    original = json.loads((dirs["original"] / "config.json").read_text())
+    assert original["architectures"] == ["LlamaForCausalLMEagle3"] and "eagle_config" not in original
+
+
+# -- method eagle: every path identical to plain ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(dirs, target):
+    """A head trained for a few seconds on the target's own answers to 12 prompts."""
+    out = dirs["root"] / "trained"
+    torch.manual_seed(0)
+    prompts = [torch.randint(0, 256, (12,)).tolist() for _ in range(12)]
+    engine = Engine(target.model, target.device, frozenset(), target.context_length)
+    config = GenerationConfig(method=Method.PLAIN, max_new_tokens=60)
+    done = {r.index: r.state.ids for r in engine.generate(prompts, config, batch_size=6)
+            if isinstance(r.event, Finished)}
+    sequences = [data.Sequence(done[i], 11) for i in range(len(prompts))]
+    data.record(target.model, default_layers(LAYERS), sequences, data.Shards(out), target.device)
+    trainer = Trainer(target.model, out, Settings(steps=3, draft_vocab=259, lr=2e-3, epochs=60, holdout=1000,
+                                                  layers=default_layers(LAYERS)))
+    trainer.run()
+    trainer.evaluate()
+    trainer.write()
+    return {"dir": out, "prompts": prompts, "draft": load_draft(str(out), target, device="cpu", dtype="float32",
+                                                                 quiet=True)}
+
+
+def test_a_trained_head_drafts_what_the_target_says(trained, target):
+    """Trained on these prompts' answers, the head's drafts are accepted (training and drafting
+    read the same features at the same positions), and the output is plain's."""
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=60, draft_tokens=3)
+    accepted = drafted = 0
+    for prompt in trained["prompts"][1:5]:
+        events, state = decode(engine_with((target, trained["draft"]), config), prompt, config)
+        assert state.ids == plain_ids(target, prompt, 60)
+        accepted += sum(e.accepted for e in events)
+        drafted += sum(len(e.draft_tokens) for e in events)
+    assert accepted / drafted > 0.5, (accepted, drafted)
+    record = json.loads((trained["dir"] / "training.json").read_text())
+    assert len(record["heldout_acceptance_per_position"]) == 3
+
+
+def test_eagle_batched_deterministic_chat_and_lookup_chain_equal_plain(trained, target):
+    draft = trained["draft"]
+    prompts = [trained["prompts"][1], PROMPTS[0], PROMPTS[1], trained["prompts"][2]]
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=30, draft_tokens=3)
+    batched = batch_ids(engine_with((target, draft), config), prompts, config, batch_size=3)
+    assert batched == [plain_ids(target, p, 30) for p in prompts]
+    deterministic = dataclasses.replace(config, deterministic=True, verify_window=8)
+    assert decode(engine_with((target, draft), deterministic), prompts[0], deterministic)[1].ids == \
+        plain_ids(target, prompts[0], 30)
+    chained = dataclasses.replace(config, method=Method.LOOKUP_CHAIN)
+    assert decode(engine_with((target, draft), chained), prompts[2], chained)[1].ids == plain_ids(target, prompts[2], 30)
+    # a chat turn: the second prompt extends the first's sequence; the caches keep the common prefix
+    engine = engine_with((target, draft), config)
+    _, state = decode(engine, prompts[0], config)
+    follow = state.ids + [10, 11, 12]
+    _, resumed = decode(engine, follow, config, resume=state)
+    assert resumed.ids == plain_ids(target, follow, 30)
+
+
+def test_eagle_with_prefix_store_and_chunked_prefill_equals_plain(trained, target):
+    """The target's prefix store and staged prefill carry the features too."""
+    from specgen.decoding.build import make_drafter
+    from specgen.runtime.pair import Pair
+    from specgen.runtime.prefixes import PrefixStore
+
+    pair = Pair(target, trained["draft"], "off", PrefixStore(budget=64 << 20), PrefixStore(budget=64 << 20))
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=20, draft_tokens=3)
+    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
+                    prefixes=pair.target_prefixes)
+    engine.prefill_chunk = 16
+    long_prompt = trained["prompts"][3] + list(range(60, 130))
+    prompts = [trained["prompts"][1], long_prompt, long_prompt[:50] + [5, 6, 7]]
+    assert batch_ids(engine, prompts, config, batch_size=3) == [plain_ids(target, p, 20) for p in prompts]
+    assert pair.target_prefixes.entries and pair.target_prefixes.entries[next(iter(pair.target_prefixes.entries))].features is not None
+
+
+# -- sampled: exact in distribution --------------------------------------------------------------------
+
+SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95)
+PROMPT = [257, 84, 82, 68, 81, 198]
+
+
+def first_two(target, draft, seeds) -> torch.Tensor:
+    from specgen.decoding.build import make_drafter
+    from specgen.runtime.pair import Pair
+
+    out = []
+    for seed in seeds:
+        config = GenerationConfig(method=Method.EAGLE, max_new_tokens=2, draft_tokens=3,
+                                  sampling=dataclasses.replace(SAMPLING, seed=seed))
+        engine = Engine(target.model, target.device, frozenset(), target.context_length,
+                        make_drafter(Pair(target, draft), config))
+        engine.prompt_catch_up = 100  # the first token is speculated too
+        out.append([t for r in decode(engine, PROMPT, config)[0] for t in r.emitted])
+    return torch.tensor(out)
+
+
+@pytest.mark.statistical
+def test_sampled_eagle_follows_the_target_law_and_the_control_fails(dirs, target, monkeypatch):
+    """1000 generations of 2 tokens: pairs ~ q0(t1) q1(t2 | t1) (alpha 1e-3); with the
+    acceptance rule's residual removed the first token's law fails the same test."""
+    from test_statistical import SMALL_ALPHA, gof_pvalue, rule_without_residual
+
+    import specgen.decoding.verify as verify
+
+    draft = head_draft(dirs, target, "original")
+    q0, joint = two_token_law(target.model, PROMPT, SAMPLING)
+    tokens = first_two(target, draft, range(1000))
+    vocab = joint.shape[0]
+    assert gof_pvalue(tokens[:, 0], q0) > SMALL_ALPHA
+    assert gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten()) > SMALL_ALPHA
+    monkeypatch.setattr(verify, "speculative_sampling", rule_without_residual)
+    broken = first_two(target, draft, range(5000, 6000))
+    assert gof_pvalue(broken[:, 0], q0) < SMALL_ALPHA
+
+
+# -- refusals --------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_a_head_for_another_target_and_a_corrupt_head_are_refused(dirs, tmp_path):
+    other = load_pair(str(dirs["other"]), None, device="cpu", dtype="float32", quiet=True)[0]
+    with pytest.raises(HeadError, match="hidden size 64"):
+        load_head(dirs["original"], other.model)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text((dirs["original"] / "config.json").read_text())
+    (corrupt / "model.safetensors").write_bytes((dirs["original"] / "model.safetensors").read_bytes()[:300])
+    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(corrupt),
+                                 "--device", "cpu", "--dtype", "float32", "--no-server", "-n", "4"])
+    assert result.exit_code == 1 and "cannot be read" in result.output and "Traceback" not in result.output
+    bad_layers = tmp_path / "bad-layers"
+    bad_layers.mkdir()
+    config = json.loads((dirs["speculators"] / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 40]
+    (bad_layers / "config.json").write_text(json.dumps(config))
+    (bad_layers / "model.safetensors").symlink_to(dirs["speculators"] / "model.safetensors")
+    with pytest.raises(HeadError, match="layer"):
+        load_head(bad_layers, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model)
+
+
+def test_method_eagle_without_a_head_and_trees_from_a_head_are_one_line(dirs, tiny_dirs):
+    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                                 "--method", "eagle", "--device", "cpu", "--dtype", "float32", "--no-server"])
+    assert result.exit_code == 1 and "needs an EAGLE-3 head" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(dirs["original"]),
+                                 "--method", "rsd-c", "--device", "cpu", "--dtype", "float32", "--no-server"])
+    assert result.exit_code == 1 and "EAGLE-3 head drafts" in result.output
+
+
+def test_run_with_a_head_defaults_to_eagle_and_matches_plain(dirs):
+    common = ["--target", str(dirs["target"]), "--device", "cpu", "--dtype", "float32", "--no-server", "-n", "16",
+              "--format", "json", "--raw"]
+    head = runner.invoke(app, ["run", "def f(x):", "--draft", str(dirs["original"]), *common])
+    plain = runner.invoke(app, ["run", "def f(x):", "--method", "plain", *common])
+    assert head.exit_code == 0 and plain.exit_code == 0, head.output + plain.output
+    got, want = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (head, plain))
+    assert got["text"] == want["text"] and got["method"] == "eagle"
+
+
+# -- the trainer ------------------------------------------------------------------------------------
+
+TRAIN_SCRIPT = """
+import sys, time, torch
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from specgen.models.load import load_pair
+from specgen.train.loop import Settings, Trainer
+target = load_pair({target!r}, None, device="cpu", dtype="float32", quiet=True)[0]
+def slow(tokens, loss):
+    time.sleep(0.05)
+trainer = Trainer(target.model, Path({out!r}), Settings(steps=2, draft_vocab=259, epochs=50, holdout=1000,
+                  checkpoint_minutes=0.002, layers={layers!r}), progress=slow)
+print("resumed at", trainer.report.steps_done, flush=True)
+trainer.run()
+"""
+
+
+def test_the_trainer_resumes_after_a_kill_and_after_ctrl_c(trained, dirs, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(trained["dir"] / "data", out / "data")  # the recorded features, reused
+    script = TRAIN_SCRIPT.format(tests=str(HERE), target=str(dirs["target"]), out=str(out),
+                                 layers=default_layers(LAYERS))
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoint.pt").is_file() or (out / "checkpoint.pt").stat().st_mtime < time.time() - 0.5:
+        assert time.monotonic() < deadline and child.poll() is None, "no checkpoint"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert saved["report"]["steps_done"] > 0
+    # a rerun resumes where the checkpoint left off; Ctrl-C writes a checkpoint first
+    target = load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0]
+    steps = []
+
+    def interrupt(tokens, loss):
+        steps.append(tokens)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+
+    trainer = Trainer(target.model, out, Settings(steps=2, draft_vocab=259, epochs=50, holdout=1000,
+                                                  layers=default_layers(LAYERS)), progress=interrupt)
+    resumed = trainer.report.steps_done
+    assert resumed >= saved["report"]["steps_done"]
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    after = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert after["report"]["steps_done"] == resumed + 3
+
+
+def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
+    out = tmp_path / "head"
+    result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
+                                 "--dtype", "float32", "--tokens", "3000", "--draft-vocab", "100", "--quiet",
+                                 "--format", "speculators"])
+    assert result.exit_code == 0, result.output
+    assert "held-out acceptance per draft position" in result.output
+    draft = head_draft({"h": out}, target, "h")
+    assert draft.model.config.draft_vocab_size == 100
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=20, draft_tokens=3)
+    assert decode(engine_with((target, draft), config), PROMPTS[0], config)[1].ids == plain_ids(target, PROMPTS[0], 20)
+    bad = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
+                              "--dtype", "float32", "--tokens", "5000", "--quiet"])
+    assert bad.exit_code == 1 and "holds data recorded" in bad.output
+
+
+__all__ = ["os"]
