@@ -180,6 +180,12 @@ class ScriptedBatchDrafter:
     def setup_seconds(self):
         return 0.0
 
+    def taps(self):
+        return ()
+
+    def see(self, target_cache):
+        pass
+
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_batched_chain_with_scripted_acceptance_equals_plain(tiny_pair, batch_size):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -373,4 +372,51 @@ def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
     assert bad.exit_code == 1 and "holds data recorded" in bad.output
 
 
-__all__ = ["os"]
+
+# -- the server --------------------------------------------------------------------------------------
+
+def test_the_server_drafts_with_a_head_and_refuses_trees(trained, dirs):
+    """`specgen serve --draft HEAD_DIR`: eagle (and its default, chain) through the openai client
+    give plain's greedy answer, in one batch of concurrent requests too; a tree method is a 400."""
+    openai = pytest.importorskip("openai")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specgen.config import ModelSettings
+    from specgen.runtime.pair import load
+    from test_server import start, stop
+
+    settings = ModelSettings(str(dirs["target"]), str(trained["dir"]), "cpu", None, "float32", "auto", "auto", "auto")
+    pair = load(settings, Method.EAGLE, quiet=True)
+    running, thread = start(settings, pair, max_batch_size=4, max_queue=16)
+    try:
+        sdk = openai.OpenAI(base_url=running.state.info["url"] + "/v1", api_key=running.token, max_retries=0,
+                            timeout=60)
+        model = running.state.model_id
+
+        def complete(prompt: str, method: str) -> str:
+            answer = sdk.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0,
+                                            extra_body={"speculative": {"method": method}})
+            return answer.choices[0].text
+
+        prompts = ["def fib(n):", "The cache holds", "import torch\n", "Once upon a time"]
+        plain = [complete(p, "plain") for p in prompts]
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(lambda p: complete(p, "eagle"), prompts)) == plain
+        assert complete(prompts[0], "chain") == plain[0]
+        with pytest.raises(openai.BadRequestError, match="EAGLE-3 head drafts"):
+            complete(prompts[0], "rsd-c")
+    finally:
+        stop(running, thread)
+
+
+def test_specgen_check_covers_a_head(trained, dirs):
+    """`specgen check --draft HEAD_DIR`: eagle alone, batched, from the prefix cache, chunked, in a
+    chat turn and deterministic, and lookup-chain over the head, against transformers' generate."""
+    result = runner.invoke(app, ["check", "--target", str(dirs["target"]), "--draft", str(trained["dir"]),
+                                 "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "16",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    labels = [case["case"] for case in report["cases"]]
+    assert all(case["identical"] for case in report["cases"]), report
+    assert any("eagle" in label for label in labels) and any("chunked" in label for label in labels), labels

@@ -15,7 +15,8 @@ import specgen
 
 ROOT = Path(specgen.__file__).parent
 COMMON = {"specgen", "specgen.config", "specgen.errors", "specgen.text", "specgen.status", "specgen.memory"}
-RANKS = {"models": 1, "runtime": 2, "decoding": 3, "chat": 4, "bench": 4, "serve": 4, "scale": 4, "cli": 5}
+RANKS = {"models": 1, "runtime": 2, "decoding": 3, "chat": 4, "bench": 4, "serve": 4, "scale": 4, "train": 4,
+         "cli": 5}
 MAX_LINES = 450
 
 

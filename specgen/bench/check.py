@@ -95,11 +95,15 @@ def standard_cases(pair: Pair) -> list[Case]:
     """Every method the pair can run, and each path once: what `specgen check` runs."""
     cases = [Case(Method.PLAIN), Case(Method.PLAIN, Path.BATCHED), Case(Method.PLAIN, Path.CACHED),
              Case(Method.PLAIN, Path.CHUNKED), Case(Method.PLAIN, Path.CHAT), Case(Method.LOOKUP)]
+    head = pair.draft is not None and pair.draft.vocabulary is Vocabulary.HEAD
+    chain = Method.EAGLE if head else Method.CHAIN
     if pair.draft is not None:
-        cases += [Case(Method.CHAIN), Case(Method.CHAIN, Path.BATCHED), Case(Method.LOOKUP_CHAIN)]
+        cases += [Case(chain), Case(chain, Path.BATCHED), Case(Method.LOOKUP_CHAIN)]
         if pair.draft.vocabulary is Vocabulary.SHARED:
             cases.append(Case(Method.RSD_C))
-    cases.append(Case(Method.CHAIN if pair.draft is not None else Method.PLAIN, deterministic=True))
+        if head:  # a head reads the target's features, which the cache carries through these paths too
+            cases += [Case(chain, Path.CACHED), Case(chain, Path.CHUNKED), Case(chain, Path.CHAT)]
+    cases.append(Case(chain if pair.draft is not None else Method.PLAIN, deterministic=True))
     return cases
 
 

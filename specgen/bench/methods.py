@@ -117,7 +117,8 @@ def parse_methods(text: str | None) -> list[str]:
     specs = registry()
     if text is not None and not [n for n in text.split(",") if n.strip()]:
         raise ConfigError("--methods is empty; name methods (e.g. plain,chain) or leave it out for all of them")
-    names = list(specs) if text is None else [
+    # the default run: every method but eagle, which needs a head (--draft HEAD_DIR or eagle@HEAD_DIR)
+    names = [n for n in specs if n != Method.EAGLE.value] if text is None else [
         n.strip() if DRAFT_MARK in n else n.strip().lower() for n in text.split(",") if n.strip()]
     for name in names:
         base, draft = split_draft(name)
@@ -167,6 +168,13 @@ def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) ->
         return None
     other = draft.vocabulary is Vocabulary.TEXT
     method = _engine_method(base.lower())
+    head = draft.vocabulary is Vocabulary.HEAD
+    if method is Method.EAGLE and not head:
+        return f"{name} needs an EAGLE-3 head as its draft: --draft HEAD_DIR, or eagle@HEAD_DIR"
+    assisted = any(r.name == name and r.uses_assistant for r in REFERENCES)
+    if head and (assisted or method is not None and method.needs_draft_model
+                 and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN)):
+        return f"{name} needs a draft model; an EAGLE-3 head drafts eagle (chains) and lookup-chain"
     if method is not None and method.is_tree and other:
         return f"{name} drafts trees, which need a draft with the target's tokenizer; this draft's differs"
     reference = next((r for r in REFERENCES if r.name == name), None)

@@ -29,7 +29,7 @@ from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.status import error_line
 
 REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen/bench/references.py
-DEFAULT_METHODS = ",".join(m.value for m in Method) + "," + REFERENCE_METHODS
+DEFAULT_METHODS = ",".join(m.value for m in Method if m is not Method.EAGLE) + "," + REFERENCE_METHODS
 
 
 def bench(

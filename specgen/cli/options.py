@@ -166,7 +166,7 @@ def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, 
         raise ConfigError(f"unknown --draft-schedule '{schedule}'; use fixed, additive or expected-gain") from None
     chosen_method = Method.parse(method)
     if chosen_method is Method.CHAIN and draft:
-        from specgen.models.eagle_format import is_head  # json only: no torch
+        from specgen.models.head_dir import is_head  # reads a config.json: no torch
         if is_head(draft):
             chosen_method = Method.EAGLE
     return GenerationConfig(

@@ -38,6 +38,7 @@ def train_head(
     then drafts with it: method eagle). The target's features are recorded once; training can
     be stopped (Ctrl-C) and resumed."""
     with user_errors():
+        # the trainer (torch): only once the command runs
         from specgen.models.eagle_format import FORMATS
         from specgen.train.loop import Settings
 
@@ -59,10 +60,16 @@ def train_head(
         train = Settings(steps=steps, draft_vocab=draft_vocab, lr=lr, epochs=epochs, minutes=minutes,
                          checkpoint_minutes=checkpoint_minutes, intermediate=intermediate, fmt=fmt, bf16=bf16,
                          layers=chosen)
+        from specgen.train.data import CODE
         from specgen.train.head import train_head as work
 
+        texts = None
+        if prompts != CODE:
+            from specgen.bench.prompts import load_prompts
+
+            texts = [p.prompt or p.messages[-1]["content"] for p in load_prompts(prompts)]
         try:
-            record = work(settings, out, prompts, tokens, answer_tokens, train, quiet)
+            record = work(settings, out, prompts, tokens, answer_tokens, train, quiet, texts)
         except KeyboardInterrupt:
             typer.echo(f"stopped: the checkpoint and the head as trained so far are in {out}; rerun to resume",
                        err=True)

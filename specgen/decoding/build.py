@@ -40,6 +40,21 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
     return replace(config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence), choice
 
 
+def why_not(pair: Pair, method: Method) -> str | None:
+    """Why this pair's draft cannot run `method` (None when it can): eagle needs an EAGLE-3
+    head, and a head drafts only chains (eagle, chain, lookup-chain's model rounds)."""
+    draft = pair.draft
+    if not method.needs_draft_model or draft is None:
+        return None
+    head = draft.vocabulary is Vocabulary.HEAD
+    if method is Method.EAGLE and not head:
+        return (f"method eagle needs an EAGLE-3 head as the draft (a directory; `specgen train-head` writes "
+                f"one); {draft.name} is a model")
+    if head and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN):
+        return f"method {method.value} needs a draft model; an EAGLE-3 head drafts eagle (chains) and lookup-chain"
+    return None
+
+
 def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     """The drafter of `config.method` for the rows of a batch (one row or many)."""
     method, draft, vocab = config.method, pair.draft, pair.vocab
@@ -47,11 +62,11 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
         return NoDrafter()
     if method is Method.LOOKUP:
         return lookup_drafters()
+    why = why_not(pair, method)
+    if why is not None:
+        raise ConfigError(why)
     if draft.vocabulary is Vocabulary.HEAD:
         return _head_drafter(pair, config)
-    if method is Method.EAGLE:
-        raise ConfigError(f"--method eagle needs an EAGLE-3 head as --draft (a directory; "
-                          f"`specgen train-head` writes one); {draft.name} is a model")
     if draft.vocabulary is Vocabulary.TEXT:
         return _text_drafter(pair, config)
     if method is Method.RSD_C:
@@ -71,9 +86,6 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
 def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     """An EAGLE-3 head drafts chains (eagle; chain means the same with a head) and lookup-chain's
     model rounds; trees from a head are not built."""
-    if config.method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN):
-        raise ConfigError(f"--method {config.method.value} needs a draft model; an EAGLE-3 head drafts "
-                          "eagle (chains) and lookup-chain")
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
     drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes)

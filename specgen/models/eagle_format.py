@@ -19,13 +19,13 @@ target (hidden size, vocabulary, layer ids) is refused with one line (`HeadError
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from specgen.errors import ConfigError
+from specgen.models.families import text_config
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, check_layers, default_layers
 from specgen.models.head_dir import is_head, read_config
 
@@ -97,7 +97,6 @@ def load_head(path: str | Path, target_model) -> Eagle3Head:
     config = read_config(path)
     if config is None:
         raise HeadError(f"{path} is not an EAGLE-3 head (no config.json naming one)")
-    from specgen.models.families import text_config
     target = text_config(target_model.config)
     hc = head_config(config, target.num_hidden_layers)
     try:
@@ -178,5 +177,3 @@ def describe(head: Eagle3Head) -> str:
     return (f"EAGLE-3 head: {hc.draft_vocab_size} draft ids, reads target layers {list(hc.layers)}, "
             f"{sum(p.numel() for p in head.parameters()) / 1e6:.0f}M parameters")
 
-
-__all__ = ["FORMATS", "HeadError", "asdict", "describe", "is_head", "load_head", "read_config", "save_head"]

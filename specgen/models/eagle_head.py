@@ -26,6 +26,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from specgen.models.compat import CACHE_ARG
+
 
 def default_layers(layer_count: int) -> tuple[int, int, int]:
     """vLLM's aux layers for a target of `layer_count` layers when a head names none:
@@ -186,7 +188,6 @@ class Eagle3Head(nn.Module):
         """A `call` for kvcache.forward: the head's step on `features`, its outputs before the norm
         left in holder["hidden"]."""
         def call(input_ids, position_ids, attention_mask, use_cache=True, logits_to_keep=0, **kwargs):
-            from specgen.models.compat import CACHE_ARG
             logits, holder["hidden"] = self.step(input_ids, features, position_ids, attention_mask,
                                                  kwargs[CACHE_ARG], logits_to_keep)
             return SimpleNamespace(logits=logits)

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
+from specgen.decoding.build import why_not
 from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
 from specgen.serve import answers, api, discovery, protocol, responses
@@ -175,6 +176,9 @@ def create_app(state: ServerState) -> FastAPI:
             if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
                 raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
                                    "runs without one; plain and lookup need none", "speculative.method")
+            why = why_not(state.scheduler.pair, job.config.method)
+            if why is not None:
+                raise api.ApiError(400, why, "speculative.method")
             ids = await encode(job)
             if len(ids) + 1 > state.context_length:
                 raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "

@@ -32,6 +32,7 @@ from specgen.decoding.costs import width_costs
 from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.views import Outcome, Silent, summary_line
 from specgen.errors import ConfigError
+from specgen.models.load import Vocabulary
 from specgen.runtime.pair import load
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.prefixes import DEFAULT_MIB
@@ -131,8 +132,9 @@ def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
     """A model chain's draft length at each batch width up to `widest`: the device's `k` for one
     row (what `specgen run` drafts), scaled down as the measured costs of wider rounds say
     (costs.WidthCosts, measured once per machine and pair, cached), down to 0 (plain rounds)
-    where a wide verify no longer pays. Empty without a draft model."""
-    if pair.draft is None:
+    where a wide verify no longer pays. Empty without a draft model, and for an EAGLE-3 head (a
+    head's step is a small fraction of a target step at any width: its chains keep their k)."""
+    if pair.draft is None or pair.draft.vocabulary is Vocabulary.HEAD:
         return {}
     with status("measuring forward costs at several batch widths (once per machine) ...", quiet):
         costs = width_costs(pair)

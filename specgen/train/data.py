@@ -34,6 +34,7 @@ from specgen.decoding.events import Finished
 from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.runtime import features as taps
 from specgen.runtime import kvcache
+from specgen.runtime.lean import call_for
 
 CODE = "code"
 CHUNK = 512  # positions the target reads per forward while recording
@@ -153,8 +154,6 @@ class Shards:
 def record(model, layers: tuple[int, ...], sequences: list[Sequence], shards: Shards, device,
            progress=None, shard_tokens: int = 16384) -> None:
     """Record the sequences not yet on disk (the manifest counts those done) into shards."""
-    from specgen.runtime.lean import call_for
-
     taps.install(model)
     call = call_for(model)
     manifest = shards.manifest()

@@ -11,10 +11,8 @@ import json
 import time
 from pathlib import Path
 
-import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specgen.bench.prompts import load_prompts
 from specgen.config import Method, ModelSettings
 from specgen.decoding.engine import Engine
 from specgen.errors import ConfigError
@@ -26,7 +24,8 @@ from specgen.train.loop import Settings, Trainer, expected_tokens
 
 
 def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, answer_tokens: int,
-               train: Settings, quiet: bool = False) -> dict:
+               train: Settings, quiet: bool = False, prompts: list[str] | None = None) -> dict:
+    """`source` is data.CODE, or the name of the prompt set whose texts are `prompts`."""
     target = load(settings, Method.PLAIN, quiet=quiet).target
     model = target.model
     config = text_config(model.config)
@@ -42,7 +41,7 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     if not manifest:
         shards.write_manifest({**wanted, "sequences": 0})
     started = time.monotonic()
-    sequences = _sequences(target, source, tokens, answer_tokens, quiet)
+    sequences = _sequences(target, source, prompts or [], tokens, answer_tokens)
     if shards.manifest().get("sequences", 0) < len(sequences):
         with _bar("recording the target's features", sum(len(s.ids) for s in sequences), quiet) as advance:
             data.record(model, tuple(layers), sequences, shards, target.device, progress=advance)
@@ -59,13 +58,12 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     return json.loads((out / "training.json").read_text())
 
 
-def _sequences(target, source: str, tokens: int, answer_tokens: int, quiet: bool) -> list[data.Sequence]:
+def _sequences(target, source: str, prompts: list[str], tokens: int, answer_tokens: int) -> list[data.Sequence]:
     if source == data.CODE:
         found = data.code_sequences(target.tokenizer, tokens, max_tokens=min(1024, target.context_length))
         if not found:
             raise ConfigError("no documented Python functions were found to train on")
         return found
-    prompts = [p.prompt or p.messages[-1]["content"] for p in load_prompts(source)]
     engine = Engine(target.model, target.device, target.stop_ids, target.context_length)
     sequences: list[data.Sequence] = []
     while sum(len(s.ids) for s in sequences) < tokens and prompts:
@@ -102,5 +100,3 @@ class _bar:
             self.progress.stop()
         return False
 
-
-__all__ = ["train_head", "torch"]

@@ -16,7 +16,6 @@ training-time test (ttt.py) over recorded sequences, checkpoint, resume, write t
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections import Counter
@@ -224,5 +223,3 @@ def expected_tokens(acceptance: list[float]) -> float:
     """Tokens a round emits with greedy chains at these per-position acceptances (+1: the target's)."""
     return 1.0 + sum(acceptance)
 
-
-__all__ = ["Settings", "Trainer", "expected_tokens", "math"]
