@@ -4,7 +4,8 @@ Sequences come from one of two sources:
 
 * `code` (offline, the default): instructions made from the functions of the Python packages
   installed here ("Write a Python function `name(args)`: <its docstring>"), answered with the
-  function's own source, in the target's chat template;
+  function's own source, in the target's chat template; trained on at every position (the
+  labels are the target's own greedy tokens there, whatever the text says);
 * a prompt set or file (`--prompts`): self-distillation, the target's own greedy answers (the
   text it will later verify), `--answer-tokens` each, made by the engine (lookup-chain when a
   draft is loaded would be faster; plain keeps this module free of a draft).
@@ -56,7 +57,7 @@ def code_sequences(tokenizer, tokens: int, seed: int = 0, max_tokens: int = 1024
         if len(ids) > max_tokens // 2:
             continue
         answer = tokenizer.encode(f"```python\n{source}\n```", add_special_tokens=False)[: max_tokens - len(ids)]
-        out.append(Sequence(ids + answer, len(ids) - 1))
+        out.append(Sequence(ids + answer, 0))  # every position: the docstring's prose and the code
         total += len(ids) + len(answer)
         if total >= tokens:
             break

@@ -3,8 +3,9 @@ training-time test (ttt.py) over recorded sequences, checkpoint, resume, write t
 
 * Vocabulary: the `draft_vocab` target ids most often the target's greedy answer in the
   training data (then the lowest ids), sorted by id (d2t, t2d as EAGLE-3 builds them).
-* Initialisation: lm_head from the target's output rows of those ids, the final norm from the
-  target's, token embedding shared (frozen); fc and the layer random (std 0.02).
+* Initialisation: lm_head from the target's output rows of those ids (kept frozen, as vLLM's
+  speculators trainer does: the target's own output space, and a third less to train), the
+  final norm from the target's, token embedding shared (frozen); fc and the layer random (std 0.02).
 * Training: AdamW, one sequence per step, held-out sequences (every `holdout`-th) never
   trained on; their per-step acceptance is reported.
 * Checkpoints: `DIR/checkpoint.pt` (head, optimiser, position) every `checkpoint_minutes`,
@@ -97,6 +98,7 @@ def new_head(target_model, layers: tuple[int, ...], used: torch.Tensor, intermed
             weight = output(torch.eye(config.hidden_size)).T
         head.lm_head.weight.copy_(weight[used].float())
         head.norm.weight.copy_(target_model.model.norm.weight.float())
+    head.lm_head.weight.requires_grad_(False)
     head.use_embedding(target_model.get_input_embeddings())
     return head
 
