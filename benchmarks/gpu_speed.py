@@ -16,6 +16,9 @@ lm_head scaled so greedy paths are not near-ties) and reports, in one run on one
   * specgen plain decoding and chain decoding at k = 1..4 with the 0.5B-shape draft, per
     fixed-shape mode (`graphs`: CUDA graphs; `inductor`: torch.compile reduce-overhead; `off`);
   * per-forward costs (ms) of each model at widths 1..5, eager and replayed;
+  * with --eagle FILE[:method]: eagle-k{k} cells, an EAGLE-3 head of the target's shape (random
+    weights, so its step costs what a trained head's does) with acceptance replayed from FILE's
+    recording of `method` (default eagle: a bench of a trained head);
   * with --synthetic FILE[:method]: chain speed at k = 1..4 MEASURED end to end with synthetic
     acceptance (specgen/decoding/synthetic.py): each round accepts a length drawn from the
     accepted-length histogram that FILE (a `specgen bench --json` of the real pair) records for
@@ -51,10 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specgen.config import Acceptance, GenerationConfig, Method  # noqa: E402
 from specgen.decoding import synthetic  # noqa: E402
+from specgen.decoding.drafters.eagle import EagleDrafter  # noqa: E402
 from specgen.decoding.drafters.model import ChainDrafter  # noqa: E402
 from specgen.decoding.engine import Engine  # noqa: E402
 from specgen.decoding.events import RoundResult  # noqa: E402
-from specgen.runtime import kvcache  # noqa: E402
+from specgen.models.eagle_head import Eagle3Head, HeadConfig, default_layers  # noqa: E402
+from specgen.runtime import features, kvcache  # noqa: E402
 from specgen.runtime.compiled import Steps  # noqa: E402
 from specgen.errors import ConfigError  # noqa: E402
 
@@ -172,6 +177,16 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
     print(shape, mode, "plain", cell["plain"], flush=True)
     if mode == "off" and DEVICE.type == "cuda":
         return  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
+    if args.eagle_acceptance is not None:  # an EAGLE-3 head of the target's shape, random weights
+        head = eagle_head(model)
+        for k in ks:
+            engine = Engine(model, DEVICE, frozenset(), 32768, EagleDrafter(head, DEVICE, head.config.vocab_size),
+                            compile=mode)
+            config = GenerationConfig(method=Method.EAGLE, max_new_tokens=n, draft_tokens=k,
+                                      acceptance=args.eagle_acceptance)
+            warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
+            cell[f"eagle-k{k}"] = synthetic_cell(args.eagle_acceptance, k, seconds, warm, record)
+            print(shape, mode, f"eagle-k{k}", "(synthetic acceptance)", cell[f"eagle-k{k}"], flush=True)
     for k in ks:
         drafter = ChainDrafter(draft, DEVICE, compile=mode)
         engine = Engine(model, DEVICE, frozenset(), 32768, drafter, compile=mode)
@@ -203,6 +218,25 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
             cell[f"chain-k{k}"]["forwards_ms_per_round"] = round(device_ms, 3)
             cell[f"chain-k{k}"]["host_overhead_ms_per_round"] = round(1000 * per_round - device_ms, 3)
         print(shape, mode, f"chain-k{k}", cell[f"chain-k{k}"], flush=True)
+
+
+def eagle_head(model):
+    """A random EAGLE-3 head for `model` (its hidden size, heads and MLP width; a 32,000-id draft
+    vocabulary; vLLM's default layers), in the model's dtype on DEVICE, reading its features."""
+    config = model.config
+    layers = config.num_hidden_layers
+    vocab = config.vocab_size
+    used = torch.arange(min(32000, vocab))
+    head = Eagle3Head(HeadConfig(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                 config.hidden_size // config.num_attention_heads, config.intermediate_size, vocab,
+                                 used.shape[0], default_layers(layers)))
+    with torch.no_grad():
+        for param in head.parameters():
+            param.normal_(0, 0.02)
+        head.t2d[used] = True
+    head.use_embedding(model.get_input_embeddings())
+    features.install(model)
+    return head.to(DEVICE, next(model.parameters()).dtype).eval()
 
 
 def measure_synthetic(engine, prompt_ids, config, repeats: int) -> tuple[float, float, dict]:
@@ -288,6 +322,10 @@ def main() -> None:
     parser.add_argument("--synthetic", metavar="FILE[:METHOD]",
                         help="measure chain with synthetic acceptance replayed from this bench JSON's recording "
                              "of METHOD (default chain) instead of projecting it")
+    parser.add_argument("--eagle", metavar="FILE[:METHOD]",
+                        help="also measure an EAGLE-3 head of each shape (random weights, a draft step of its real "
+                             "cost) with synthetic acceptance replayed from this bench JSON's recording of METHOD "
+                             "(default eagle): the acceptance a trained head showed on the CPU")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: a smoke check of this script (use --shapes tiny --draft tiny-draft --modes off)")
     args = parser.parse_args()
@@ -301,6 +339,12 @@ def main() -> None:
             args.acceptance = synthetic.parse(args.synthetic)
             for k in ks:
                 GenerationConfig(method=Method.CHAIN, draft_tokens=k, acceptance=args.acceptance)
+        except ConfigError as exc:
+            parser.error(str(exc))
+    args.eagle_acceptance = None
+    if args.eagle:
+        try:
+            args.eagle_acceptance = synthetic.parse(args.eagle if ":" in args.eagle else args.eagle + ":eagle")
         except ConfigError as exc:
             parser.error(str(exc))
     torch.backends.cuda.matmul.allow_tf32 = True

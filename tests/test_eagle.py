@@ -420,3 +420,12 @@ def test_specgen_check_covers_a_head(trained, dirs):
     labels = [case["case"] for case in report["cases"]]
     assert all(case["identical"] for case in report["cases"]), report
     assert any("eagle" in label for label in labels) and any("chunked" in label for label in labels), labels
+
+
+def test_bench_reports_acceptance_per_draft_position():
+    from collections import Counter
+
+    from specgen.bench.summary import per_position
+
+    assert per_position(Counter({"0": 2, "1": 1, "3": 1})) == [0.5, 0.25, 0.25]
+    assert per_position(Counter()) is None

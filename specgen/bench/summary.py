@@ -51,6 +51,17 @@ class GroupSummary:
     identical: int | None  # prompts identical to plain (greedy only)
     compared: int
     peak_memory_bytes: int | None
+    # of the rounds that drafted, the share whose i-th draft token was accepted (i = 1, 2, ...)
+    acceptance_per_position: list[float] | None = None
+
+
+def per_position(pooled: Counter) -> list[float] | None:
+    """From an accepted-length histogram (accepted -> rounds): position i's acceptance."""
+    rounds = sum(pooled.values())
+    if not rounds:
+        return None
+    longest = max(int(k) for k in pooled)
+    return [round(sum(n for k, n in pooled.items() if int(k) >= i) / rounds, 4) for i in range(1, longest + 1)]
 
 
 def geometric_mean(values: list[float]) -> float | None:
@@ -131,4 +142,4 @@ def _group(method: str, category: str, runs: list, results: list[PromptResult]) 
         _median([r.ttft_seconds for r in results]), total("draft_seconds"), total("verify_seconds"),
         None if pooled is None else histogram(pooled),
         sum(r.identical_to_plain for r in compared) if compared else None, len(compared),
-        max(peaks) if peaks else None)
+        max(peaks) if peaks else None, None if pooled is None else per_position(pooled))

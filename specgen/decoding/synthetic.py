@@ -32,7 +32,7 @@ from specgen.errors import ConfigError
 
 BENCH_SCHEMA = "specgen-bench/1"
 DEFAULT_METHOD = "chain"
-CHAIN_METHODS = ("chain", "lookup", "lookup-chain")  # engine methods whose rounds are chains
+CHAIN_METHODS = ("chain", "lookup", "lookup-chain", "eagle")  # engine methods whose rounds are chains
 
 
 def parse(spec: str, option: str = "--synthetic", seed: int = 0) -> Acceptance:
