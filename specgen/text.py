@@ -3,6 +3,8 @@ exact bytes, and prefix comparison of id lists."""
 
 from __future__ import annotations
 
+import json
+
 import re
 
 
@@ -109,3 +111,13 @@ class TokenBytes:
             if not self.byte_level and "\u2581" in piece:
                 return piece.replace("\u2581", " ").encode("utf-8")
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+def json_value(text: str | bytes):
+    """`json.loads`, except that a document nested too deeply for Python's parser (which
+    recurses once per level: "[[[[...]]]]") is a JSONDecodeError like any other bad JSON, not a
+    RecursionError: local files (caches, prompt files, saves, results) are read with it."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from specgen.text import json_value
 from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.errors import ConfigError, PromptError
 
@@ -93,7 +94,7 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
             continue
         where = f"{path}:{number}"
         try:
-            obj = json.loads(line)
+            obj = json_value(line)
         except json.JSONDecodeError as exc:
             raise PromptError(f"{where}: not valid JSON ({exc.msg})") from None
         prompts.append(_prompt_from(obj, where))

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from specgen.text import json_value
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.errors import ConfigError, SpecgenError
 from specgen.models.cache import write_text
@@ -88,7 +89,7 @@ def read_save(path: str | Path) -> SavedChat:
     """Read and validate a save file; anything wrong is one SaveFileError line."""
     path = Path(path).expanduser()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_value(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SaveFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

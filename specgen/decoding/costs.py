@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.text import json_value
 from specgen.models.cache import cache_root, locked, write_text
 from specgen.models.placement import cpu_flags, cpu_name
 from specgen.runtime import kvcache
@@ -168,7 +169,7 @@ def _cached(key: str, parse, measure, as_json, stale: str):
 def _read(path) -> dict:
     """The cache file's entries; an unreadable or foreign file counts as empty (measured again)."""
     try:
-        known = json.loads(path.read_text())
+        known = json_value(path.read_text())
     except (OSError, ValueError):
         return {}
     return known if isinstance(known, dict) else {}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
+from specgen.text import json_value
 from specgen.errors import PromptError, first_line
 
 
@@ -153,7 +154,7 @@ def _parse_line(line: str, path, number: int) -> PromptRecord:
     if not line.lstrip().startswith("{"):
         return PromptRecord(number, line, number)
     try:
-        record = json.loads(line)
+        record = json_value(line)
     except ValueError:
         raise PromptError(f"{path}:{number}: not valid JSON") from None
     if not isinstance(record, dict) or "prompt" not in record:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from specgen.text import json_value
 from specgen.config import Acceptance, AcceptanceMode, SamplingConfig
 from specgen.decoding.acceptance import ChainVerdict
 from specgen.decoding.sampling import sample, warp
@@ -52,7 +53,7 @@ def load(path: Path, method: str = DEFAULT_METHOD, option: str = "--synthetic", 
         raise ConfigError(f"{where}: '{method}' is not a chain method of specgen's; synthetic acceptance replays "
                           f"chain rounds: choose one of {', '.join(CHAIN_METHODS)} (or a variant such as chain/k2)")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json_value(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.text import json_value
 from specgen.errors import ConfigError
 from specgen.models.cache import cache_root, write_text
 from specgen.status import note
@@ -141,7 +142,7 @@ def measured_cpu_format(cache_file=None) -> CpuFormat:
 def _read_format(path, key: str) -> CpuFormat | None:
     """The cached choice for `key`, or None (absent, another machine's, or not valid)."""
     try:
-        saved = json.loads(path.read_text())
+        saved = json_value(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):

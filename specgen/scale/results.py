@@ -23,6 +23,7 @@ import os
 import time
 from pathlib import Path
 
+from specgen.text import json_value
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, SpecgenError
 
@@ -162,7 +163,7 @@ def _scan(fd: int, path: Path) -> tuple[set, int, int]:
 
 def _result_id(line: bytes):
     try:
-        record = json.loads(line)
+        record = json_value(line)
     except ValueError:
         return None
     if not isinstance(record, dict) or "text" not in record:

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from specgen.text import json_value
 from specgen import __version__
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
@@ -143,7 +144,7 @@ def read_record(path: Path) -> dict | None:
     if unsafe(path.parent) is not None:
         return None
     try:
-        record = json.loads(path.read_text())
+        record = json_value(path.read_text())
     except (OSError, ValueError):
         return None
     fields = {"url": str, "token": str, "pid": int, "models": str, "model": str, "since": (int, float)}

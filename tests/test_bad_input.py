@@ -1,0 +1,54 @@
+"""Local files nested too deeply for Python's JSON parser (a recursion per level) are bad JSON
+like any other: one line, or a cache measured again, or a torn results line dropped; never a
+RecursionError."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgen.errors import PromptError, SpecgenError
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_deep_cache_file_counts_as_empty(tmp_path):
+    from specgen.decoding import costs
+    from specgen.models import placement
+
+    path = tmp_path / "draft-length.json"
+    path.write_text(DEEP)
+    assert costs._read(path) == {}
+    path = tmp_path / "cpu-format.json"
+    path.write_text(DEEP)
+    assert placement._read_format(path, "key") is None
+
+
+def test_a_deep_prompts_file_line_chat_save_and_bench_file_are_one_line(tmp_path):
+    from specgen.bench.prompts import read_prompt_file
+    from specgen.chat.saves import SaveFileError, read_save
+    from specgen.decoding.prompts import read_prompts_file
+
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text('{"prompt": "fine"}\n{"prompt": ' + DEEP + "}\n")
+    with pytest.raises(PromptError, match="prompts.jsonl:2"):
+        read_prompts_file(lines)
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text('{"id": "a", "category": "c", "prompt": "fine"}\n' + DEEP + "\n")
+    with pytest.raises(PromptError, match="bench.jsonl:2: not valid JSON .nested too deeply"):
+        read_prompt_file(bench)
+    save = tmp_path / "chat.json"
+    save.write_text(DEEP)
+    with pytest.raises(SaveFileError, match="nested too deeply"):
+        read_save(save)
+
+
+def test_a_deep_torn_last_results_line_is_dropped(tmp_path):
+    from specgen.scale.results import ResultsFile
+
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n' + DEEP + "\n")
+    with ResultsFile.open(path) as results:
+        assert results.done == {"a"} and results.dropped > 0
+    with pytest.raises(SpecgenError):  # in the middle of the file: not ours to delete
+        path.write_text(DEEP + "\n" + '{"id": "a", "text": "x"}\n')
+        ResultsFile.open(path)
