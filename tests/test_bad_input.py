@@ -52,3 +52,13 @@ def test_a_deep_torn_last_results_line_is_dropped(tmp_path):
     with pytest.raises(SpecgenError):  # in the middle of the file: not ours to delete
         path.write_text(DEEP + "\n" + '{"id": "a", "text": "x"}\n')
         ResultsFile.open(path)
+
+
+def test_run_file_dev_zero_is_one_line(tiny_dirs):
+    from typer.testing import CliRunner
+
+    from specgen.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--file", "/dev/zero", "--target", str(tiny_dirs["target"]),
+                                      "--method", "plain", "--device", "cpu", "--no-server"])
+    assert result.exit_code == 1 and "more than 32 MiB" in result.output and "Traceback" not in result.output

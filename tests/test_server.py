@@ -521,3 +521,26 @@ def test_a_chat_on_the_server_imports_no_torch(served, tiny_dirs):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stdout + done.stderr
     assert served.scheduler.served == before + 1
+
+
+def test_null_penalties_mean_default_and_every_answer_has_a_request_id(served, sdk):
+    body = {"model": model(served), "prompt": "def f(x):", "max_tokens": 4, "temperature": 0,
+            "presence_penalty": None, "frequency_penalty": None}
+    status, answer, headers = raw(served, "POST", "/v1/completions", body, headers={"x-request-id": "abc-123"})
+    assert status == 200, answer
+    assert {k.lower(): v for k, v in headers.items()}["x-request-id"] == "abc-123"
+    status, _, headers = raw(served, "GET", "/v1/models")
+    assert status == 200 and len({k.lower(): v for k, v in headers.items()}["x-request-id"]) == 32
+    status, answer, _ = raw(served, "POST", "/v1/completions", dict(body, presence_penalty=0.5))
+    assert status == 400 and answer["error"]["param"] == "presence_penalty"
+
+
+def test_trees_from_a_draft_of_another_tokenizer_are_a_400(tiny_dirs):
+    from specgen.decoding.build import why_not
+    from specgen.runtime.pair import Pair
+
+    pair = load(ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["odd_draft"]), "cpu", None, "float32", "none",
+                              "off", "none"), Method.CHAIN, quiet=True)
+    for method in (Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT):
+        assert "drafts trees" in why_not(pair, method) and "--" not in why_not(pair, method)
+    assert why_not(pair, Method.CHAIN) is None and why_not(Pair(pair.target, None), Method.RSD_C) is None

@@ -75,12 +75,27 @@ def _caused_by_ctrl_c(exc: BaseException) -> bool:
     return False
 
 
+# the most prompt text read from a file or stdin: more than any model's context holds (a
+# million tokens at 32 bytes each), so `--file /dev/zero` ends with a line, not out of memory;
+# a prompt longer than the target's context is refused once it is tokenized
+MAX_PROMPT_BYTES = 32 << 20
+
+
+def read_bounded(stream, where: str) -> bytes:
+    data = stream.read(MAX_PROMPT_BYTES + 1)
+    if len(data) > MAX_PROMPT_BYTES:
+        raise PromptError(f"{where} holds more than {MAX_PROMPT_BYTES >> 20} MiB: more text than any model's "
+                          "context takes; shorten it")
+    return data
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise PromptError("give the prompt as an argument or with --file, not both")
     if file is not None:
         try:
-            data = file.read_bytes()
+            with open(file, "rb") as stream:
+                data = read_bounded(stream, f"prompt file {file}")
         except OSError as exc:
             raise PromptError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
         return decode_text(data, f"prompt file {file}")
@@ -119,9 +134,11 @@ def read_stdin() -> str:
         sys.stderr.flush()
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is not None:
-        return decode_text(buffer.read(), "stdin")
+        return decode_text(read_bounded(buffer, "stdin"), "stdin")
     try:
-        text = sys.stdin.read()
+        text = sys.stdin.read(MAX_PROMPT_BYTES + 1)
+        if len(text) > MAX_PROMPT_BYTES:
+            raise PromptError(f"stdin holds more than {MAX_PROMPT_BYTES >> 20} MiB; shorten it")
     except UnicodeDecodeError as exc:
         raise PromptError(f"stdin is not valid UTF-8 text ({exc.reason})") from None
     return check_text(text, "stdin")

@@ -47,6 +47,9 @@ def why_not(pair: Pair, method: Method) -> str | None:
     if not method.needs_draft_model or draft is None:
         return None
     head = draft.vocabulary is Vocabulary.HEAD
+    if method.is_tree and draft.vocabulary is Vocabulary.TEXT:
+        return (f"method {method.value} drafts trees, which need a draft with the target's tokenizer; "
+                f"{draft.name}'s differs (use chain or lookup-chain: they draft its text)")
     if method is Method.EAGLE and not head:
         return (f"method eagle needs an EAGLE-3 head as the draft (a directory; `specgen train-head` writes "
                 f"one); {draft.name} is a model")
@@ -96,10 +99,7 @@ def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
 
 def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     """A draft of another tokenizer: chains drafted in its own ids, proposed to the target
-    through text (drafters/text.py). Trees would need the draft's laws over target ids."""
-    if config.method.is_tree:
-        raise ConfigError(f"--method {config.method.value} needs a draft with the target's tokenizer; "
-                          "this draft's differs (use chain or lookup-chain)")
+    through text (drafters/text.py). Trees would need the draft's laws over target ids (`why_not`)."""
     draft = pair.draft
     confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
     vocab = min(len(draft.tokenizer), draft.model.config.vocab_size)  # never an id the tokenizer lacks

@@ -30,7 +30,7 @@ MAX_CHOICES = 16  # `n`: choices per request, each a row of the batch
 # fields that change nothing about decoding
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
-NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": (None, {}),
+NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": (None, {}),
            "echo": (False, None), "best_of": (1, None),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
            "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -68,6 +69,27 @@ def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
+class RequestIds:
+    """ASGI middleware: every answer carries `x-request-id`, the client's own (as vLLM echoes it;
+    printable ASCII up to 128 characters) or a new one."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"")
+        ident = given if 0 < len(given) <= 128 and all(33 <= c < 127 for c in given) else \
+            uuid.uuid4().hex.encode()
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", ident)])
+            await send(message)
+        await self.app(scope, receive, sending)
+
+
 def create_app(state: ServerState) -> FastAPI:
     # no redirect of a trailing slash: it was answered before the key was checked, with a
     # Location built from the client's Host header
@@ -75,7 +97,8 @@ def create_app(state: ServerState) -> FastAPI:
     if state.origins:  # a page's script may call only from an origin named here, with the key as anyone
         # any request header: OpenAI's JavaScript SDK sends X-Stainless-* and OpenAI-* headers
         app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
-                           allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
+                           allow_headers=["*"], expose_headers=["Retry-After", "x-request-id"], max_age=600)
+    app.add_middleware(RequestIds)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
