@@ -62,3 +62,38 @@ def test_run_file_dev_zero_is_one_line(tiny_dirs):
     result = CliRunner().invoke(app, ["run", "--file", "/dev/zero", "--target", str(tiny_dirs["target"]),
                                       "--method", "plain", "--device", "cpu", "--no-server"])
     assert result.exit_code == 1 and "more than 32 MiB" in result.output and "Traceback" not in result.output
+
+
+def test_a_request_may_decode_past_eos_or_stop_at_its_own_ids(tiny_pair):
+    """Request.ignore_eos decodes past the engine's stop ids; Request.stop_ids end a row early."""
+    from specgen.config import GenerationConfig, Method
+    from specgen.decoding.engine import Engine
+    from specgen.decoding.events import Finished
+    from specgen.decoding.feed import Request
+
+    target = tiny_pair[0]
+    prompt = [257, 84, 82, 68, 81, 198]
+    config = GenerationConfig(method=Method.PLAIN, max_new_tokens=20)
+
+    class Feed:
+        def __init__(self, request):
+            self.requests = [request]
+
+        def take(self, room):
+            out, self.requests = self.requests[:room], self.requests[room:]
+            return out
+
+        def dropped(self):
+            return set()
+
+    def run(engine_stops, **request):
+        engine = Engine(target.model, target.device, frozenset(engine_stops), target.context_length)
+        feed = Feed(Request(prompt, 0, config.sampling, 20, **request))
+        return next(r.state.ids[len(prompt):] for r in engine.drive(feed, config) if isinstance(r.event, Finished))
+
+    free = run(())
+    assert len(free) == 20
+    at = next(i for i in range(1, 20) if free[i] not in free[:i])
+    assert run({free[at]}) == free[: at + 1]
+    assert run({free[at]}, ignore_eos=True) == free
+    assert run((), stop_ids=frozenset({free[at]})) == free[: at + 1]

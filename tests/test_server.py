@@ -231,7 +231,7 @@ def test_models_health_and_metrics(served, sdk):
     ({"temperature": -1}, 400, "temperature", "temperature"),
     ({"max_tokens": 0}, 400, "max_tokens", "max_tokens"),
     ({"seed": "x"}, 400, "seed", "seed"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "stop"),
+    ({"stop": ["s"] * 65}, 400, "stop", "stop"),
     ({"model": "not-this-one"}, 404, "does not exist", "model"),
     ({"messages": []}, 400, "non-empty", "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role", "messages[0].role"),
@@ -544,3 +544,31 @@ def test_trees_from_a_draft_of_another_tokenizer_are_a_400(tiny_dirs):
     for method in (Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT):
         assert "drafts trees" in why_not(pair, method) and "--" not in why_not(pair, method)
     assert why_not(pair, Method.CHAIN) is None and why_not(Pair(pair.target, None), Method.RSD_C) is None
+
+
+def test_vllms_sampling_extensions_that_load_generators_send(served, sdk, tiny_dirs):
+    """guidellm and lm-eval send vLLM's fields: ignore_eos decodes to max_tokens past any EOS,
+    stop_token_ids end the answer, include_stop_str_in_output keeps the stop string, more than 4
+    stop strings are fine; neutral values of the rest pass, others are one 400 naming them."""
+    base = {"model": model(served), "prompt": "def f(x):", "max_tokens": 24, "temperature": 0}
+    status, plain, _ = raw(served, "POST", "/v1/completions", base)
+    assert status == 200
+    text = plain["choices"][0]["text"]
+    status, long, _ = raw(served, "POST", "/v1/completions", dict(base, ignore_eos=True, min_tokens=24,
+                                                                   max_tokens=24, skip_special_tokens=True,
+                                                                   spaces_between_special_tokens=True,
+                                                                   repetition_penalty=1.0))
+    assert status == 200 and long["usage"]["completion_tokens"] == 24, long
+    ids = local_run(tiny_dirs, "def f(x):", "-n", "24", "--raw", "--method", "plain")["token_ids"]
+    at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    status, cut, _ = raw(served, "POST", "/v1/completions", dict(base, stop_token_ids=[ids[at]]))
+    assert status == 200 and cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] == at + 1
+    if len(text) > 6:
+        stop = text[3:5]
+        status, kept, _ = raw(served, "POST", "/v1/completions", dict(base, stop=[stop] + ["zz" + str(i) for i in range(6)],
+                                                                      include_stop_str_in_output=True))
+        assert status == 200 and kept["choices"][0]["text"] == text[: text.index(stop) + len(stop)]
+    for field, value in (("repetition_penalty", 1.2), ("min_tokens", 5), ("stop_token_ids", "x")):
+        status, answer, _ = raw(served, "POST", "/v1/completions", dict(base, **{field: value}))
+        assert status == 400 and answer["error"]["param"] == field, (field, answer)

@@ -276,6 +276,7 @@ class Engine:
             self.drafter.rewind(row, common)
             self.drafter.join(row, prompt, state.generator, capacity)
         state.begin(request, keep, started, config, self.context_length)
+        state.stop_ids = (frozenset() if request.ignore_eos else self.stop_ids) | request.stop_ids
         result = self._first_token(state, logits, config) if first else None
         state.prefill_seconds = time.perf_counter() - started
         return state, result
@@ -339,7 +340,7 @@ class Engine:
             rejected = tuple(draft[verdict.accepted:])
             if proposal.size:
                 state.length.update(len(draft), verdict.accepted)  # before any cut
-        emitted, stop = self._cut([draft[node - 1] for node in path] + [verdict.token], remaining)
+        emitted, stop = self._cut([draft[node - 1] for node in path] + [verdict.token], remaining, state.stop_ids)
         state.ids.extend(emitted)
         kvcache.set_length(state.cache, state.row, len(state.ids) - 1)
         if proposal.size:
@@ -362,7 +363,7 @@ class Engine:
             return None
         replay = self._replay(state, config, start)
         stop = None
-        if state.ids[state.verified - 1] in self.stop_ids and state.verified > state.prompt_length:
+        if state.ids[state.verified - 1] in state.stop_ids and state.verified > state.prompt_length:
             stop = StopReason.EOS
         elif state.verified - state.prompt_length >= state.budget:
             stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
@@ -418,8 +419,9 @@ class Engine:
         preallocated for it, so fixed-shape steps keep their shapes)."""
         return min(prompt_length + max_new_tokens, self.context_length) + self.headroom(config)
 
-    def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], str | None]:
+    @staticmethod
+    def _cut(emitted: list[int], remaining: int, stop_ids: frozenset[int]) -> tuple[list[int], str | None]:
         for i, token in enumerate(emitted[:remaining]):
-            if token in self.stop_ids:
+            if token in stop_ids:
                 return emitted[: i + 1], StopReason.EOS
         return emitted[:remaining], None

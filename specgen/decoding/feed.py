@@ -19,6 +19,8 @@ class Request:
     sampling: SamplingConfig  # its law (and, in deterministic mode, the seed of its keyed choices)
     max_new_tokens: int
     seed: int | None = None  # its random stream (None: fresh entropy)
+    ignore_eos: bool = False  # decode past the model's end-of-sequence tokens (a load generator's fixed lengths)
+    stop_ids: frozenset[int] = frozenset()  # more token ids that end it
 
 
 class Feed(Protocol):

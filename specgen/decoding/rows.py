@@ -42,6 +42,7 @@ class DecodeState:
     prefill_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     stop: str | None = None
+    stop_ids: frozenset[int] = frozenset()  # the ids that end this row (the engine's, the request's)
 
     def begin(self, request: Request, reused: int, started: float, config: GenerationConfig,
               context_length: int) -> None:

@@ -25,12 +25,15 @@ from specgen.errors import ConfigError
 
 KEEPALIVE = object()  # a stream's item while nothing else comes: an SSE comment on the wire
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused (413)
-MAX_STOPS = 4
+MAX_STOPS = 64  # OpenAI allows 4; lm-eval sends more (vLLM sets no limit)
 MAX_CHOICES = 16  # `n`: choices per request, each a row of the batch
 # fields that change nothing about decoding
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
 NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": (None, {}),
+           # vLLM's sampling extensions that load generators (guidellm) and eval tools send
+           "repetition_penalty": (1, 1.0, None), "skip_special_tokens": (True, None),
+           "spaces_between_special_tokens": (True, None), "min_p": (0, 0.0, None),
            "echo": (False, None), "best_of": (1, None),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
            "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}
@@ -40,6 +43,10 @@ OPTION_FIELDS = {"--draft-tokens": "speculative.draft_tokens", "--draft-confiden
                  "--beam-width": "speculative.beam_width", "--depth": "speculative.depth",
                  "--max-new-tokens": "max_tokens", "--temperature": "temperature", "--top-p": "top_p",
                  "--top-k": "top_k", "--seed": "seed", "--logprobs": "logprobs"}
+# vLLM's extensions with a meaning here: ignore_eos (decode past EOS), stop_token_ids (more ids
+# that end the answer), include_stop_str_in_output, min_tokens (only where nothing could end the
+# answer sooner: it would otherwise change what is sampled)
+EXTENSIONS = {"ignore_eos", "stop_token_ids", "include_stop_str_in_output", "min_tokens"}
 SPECULATIVE_KEYS = {"method", "draft_tokens", "draft_confidence", "draft_schedule", "branching", "beam_width",
                     "depth", "deterministic", "verify_window", "live"}
 
@@ -73,6 +80,9 @@ class Job:
     n: int = 1  # choices asked for: a row each (`choices` makes a Job per choice)
     choice: int = 0  # which choice this Job decodes
     endpoint: str = ""  # the route that asked, where it is not `kind`'s own ("responses": a chat Job)
+    ignore_eos: bool = False  # vLLM's: decode past the model's end-of-sequence tokens
+    stop_ids: frozenset[int] = frozenset()  # vLLM's stop_token_ids
+    include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string stays in the answer
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
@@ -103,7 +113,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     """The request as a Job, every field checked; an ApiError names the first bad one."""
     text_key = "messages" if kind == "chat" else "prompt"
     known = {"model", text_key, "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "n", "speculative", "logprobs"} | IGNORED
+             "stop", "stream", "n", "speculative", "logprobs"} | IGNORED | EXTENSIONS
     if kind == "chat":
         known.add("top_logprobs")
     for name, value in body.items():
@@ -134,8 +144,28 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     config, live = _config(body, defaults, _logprobs(body, kind))
     own = "draft_tokens" in (body.get("speculative") or {})
-    return Job(kind, messages, prompt, config, _stops(body.get("stop")), stream, include_usage, live, model,
-               own_length=own, n=n)
+    stops = _stops(body.get("stop"))
+    ignore_eos = _boolean(body, "ignore_eos")
+    stop_ids = _stop_ids(body.get("stop_token_ids"))
+    minimum = _integer(value_or(body, "min_tokens", 0), "min_tokens", 0)
+    if minimum > 1 and not (ignore_eos and not stops and not stop_ids):
+        raise ApiError(400, "'min_tokens' is supported only with 'ignore_eos': true and no stop strings or "
+                       "stop_token_ids (it would change what is sampled)", "min_tokens", "unsupported_parameter")
+    if minimum > config.max_new_tokens:
+        raise ApiError(400, f"'min_tokens' ({minimum}) is more than 'max_tokens' ({config.max_new_tokens})",
+                       "min_tokens")
+    include = _boolean(body, "include_stop_str_in_output")
+    return Job(kind, messages, prompt, config, stops, stream, include_usage, live, model, own_length=own, n=n,
+               ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include)
+
+
+def _stop_ids(value) -> frozenset[int]:
+    """vLLM's stop_token_ids: a list of token ids (null: none)."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or len(value) > 64 or not all(type(v) is int and 0 <= v < 2**31 for v in value):
+        raise ApiError(400, "'stop_token_ids' must be a list of at most 64 token ids", "stop_token_ids")
+    return frozenset(value)
 
 
 def choices(job: Job) -> list[Job]:

@@ -94,9 +94,10 @@ class Output:
             return
         start = max(0, len(self.text) - self.hold)
         self.text += piece
-        found = [i for i in (self.text.find(s, start) for s in self.job.stops) if i >= 0]
-        if found:
-            self.text = self.text[: min(found)]
+        found = [(i, -len(s)) for s in self.job.stops if (i := self.text.find(s, start)) >= 0]
+        if found:  # the earliest, and the longest there; kept with include_stop_str_in_output
+            at, minus = min(found)
+            self.text = self.text[: at - minus if self.job.include_stop else at]
             self.stopped = True
 
     def _chunks(self, live: dict, stats: Stats, final: bool) -> list[dict]:

@@ -289,7 +289,7 @@ class _KeyFeed:
                 ticket.output = Output(ticket.job, s.pair.target.tokenizer, len(ticket.ids))
                 s.running[ticket.index] = ticket
                 out.append(Request(ticket.ids, ticket.index, config.sampling, config.max_new_tokens,
-                                   config.sampling.seed))
+                                   config.sampling.seed, ticket.job.ignore_eos, ticket.job.stop_ids))
                 room -= 1
             s.metrics.queue_depth.set(len(s.waiting))
         return out
