@@ -38,7 +38,7 @@ class Settings:
     draft_vocab: int = 32000
     lr: float = 3e-4
     epochs: int = 1
-    minutes: float = 0.0  # stop after this long (0: when the epochs are done)
+    minutes: float = 0.0  # stop after training this much longer (0: when the epochs are done)
     checkpoint_minutes: float = 5.0
     holdout: int = 10  # every holdout-th sequence is held out
     intermediate: int = 0  # the layer's MLP width (0: the target's)
@@ -159,7 +159,7 @@ class Trainer:
             while self.epoch < settings.epochs:
                 order = self.order()
                 while self.position < len(order):
-                    if settings.minutes and self.report.seconds >= settings.minutes * 60:
+                    if settings.minutes and self.report.seconds - spent_before >= settings.minutes * 60:
                         return self.report
                     ids, start, feats, labels = sequences[order[self.position]]
                     self._step(ids, start, feats, labels)
