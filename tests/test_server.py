@@ -278,9 +278,10 @@ def test_malformed_bodies_and_keys(served, sdk):
     assert raw(served, "POST", "/v1/chat/completions", b"x" * (5 << 20))[0] == 413
     digits = raw(served, "POST", "/v1/chat/completions", b'{"max_tokens": ' + b"1" * 5000 + b"}")
     assert digits[0] == 400 and digits[1]["error"]["message"] == "a number in the request body has too many digits"
-    for prompt in ([1, 2, 3], ["a", "b"]):
-        got, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt})
-        assert got == 400 and answer["error"]["code"] == "unsupported_parameter", answer
+    for prompt in ([], [1, "a"], [[1, 2], []], [10**6], [["a"]]):
+        got, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt,
+                                                                   "max_tokens": 2})
+        assert got == 400 and answer["error"]["param"] == "prompt", (prompt, answer)
     request = {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for token in (None, "wrong", ""):
         status, body, _ = raw(served, "POST", "/v1/chat/completions", request, token=token)
@@ -572,3 +573,30 @@ def test_vllms_sampling_extensions_that_load_generators_send(served, sdk, tiny_d
     for field, value in (("repetition_penalty", 1.2), ("min_tokens", 5), ("stop_token_ids", "x")):
         status, answer, _ = raw(served, "POST", "/v1/completions", dict(base, **{field: value}))
         assert status == 400 and answer["error"]["param"] == field, (field, answer)
+
+
+def test_completions_take_batches_and_token_ids_as_openai_defines_them(served, sdk):
+    """A list of prompts, token ids, or lists of token ids: each prompt its own choices, prompt p's
+    choice c at index p * n + c; token ids decode as their text does; usage counts each prompt."""
+    tokenizer = served.state.scheduler.pair.target.tokenizer
+    texts = ["def add(a, b):", "The cache", "import os"]
+    alone = [sdk.completions.create(model=model(served), prompt=t, max_tokens=6, temperature=0) for t in texts]
+    batch = sdk.completions.create(model=model(served), prompt=texts, max_tokens=6, temperature=0, n=2)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    by_ids = sdk.completions.create(model=model(served), prompt=ids, max_tokens=6, temperature=0)
+    assert [c.text for c in by_ids.choices] == [a.choices[0].text for a in alone]
+    one = sdk.completions.create(model=model(served), prompt=ids[0], max_tokens=6, temperature=0)
+    assert one.choices[0].text == alone[0].choices[0].text
+    streamed = sdk.completions.create(model=model(served), prompt=texts[:2], max_tokens=6, temperature=0,
+                                      stream=True, stream_options={"include_usage": True})
+    pieces, usage = {}, None
+    for chunk in streamed:
+        for choice in chunk.choices:
+            pieces[choice.index] = pieces.get(choice.index, "") + choice.text
+        usage = chunk.usage or usage
+    assert pieces == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}
+    assert usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens

@@ -97,7 +97,7 @@ def merged(job: Job, answers: list[dict]) -> dict:
         return answers[0]
     out = dict(answers[0])
     out["choices"] = [{**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)]
-    out["usage"] = _summed_usage([a["usage"] for a in answers])
+    out["usage"] = _summed_usage([a["usage"] for a in answers], job.n)
     drafted, accepted, forwards = (sum(a["speculative"][k] for a in answers)
                                    for k in ("drafted", "accepted", "target_forwards"))
     completion = out["usage"]["completion_tokens"]
@@ -107,17 +107,18 @@ def merged(job: Job, answers: list[dict]) -> dict:
     return out
 
 
-def merged_usage(chunks: list[dict]) -> dict:
-    """The one usage chunk of a streamed request of n choices, from each choice's."""
+def merged_usage(chunks: list[dict], n: int = 1) -> dict:
+    """The one usage chunk of a streamed request of n choices per prompt, from each choice's (in order)."""
     out = dict(chunks[0])
-    out["usage"] = _summed_usage([c["usage"] for c in chunks])
+    out["usage"] = _summed_usage([c["usage"] for c in chunks], n)
     out.pop("speculative", None)  # per choice: on each choice's last chunk
     return out
 
 
-def _summed_usage(usages: list[dict]) -> dict:
-    """The prompt once (and its cached tokens as the first choice found them), the choices' tokens summed."""
+def _summed_usage(usages: list[dict], n: int = 1) -> dict:
+    """Each prompt once (the first choice of each group of `n`; cached tokens as the first choice
+    found them), the choices' tokens summed."""
     completion = sum(u["completion_tokens"] for u in usages)
-    prompt = usages[0]["prompt_tokens"]
+    prompt = sum(u["prompt_tokens"] for u in usages[::max(n, 1)])
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": usages[0]["prompt_tokens_details"]}

@@ -69,7 +69,7 @@ class Job:
 
     kind: str  # "chat" or "completion"
     messages: list[dict] | None  # chat: role/content pairs, rendered with the chat template
-    prompt: str | None  # completion: raw text, no template
+    prompt: str | tuple[int, ...] | None  # completion: raw text (no template), or token ids
     config: GenerationConfig  # the drafting, and the request's own sampling and token budget
     stops: list[str] = field(default_factory=list)
     stream: bool = False
@@ -86,6 +86,7 @@ class Job:
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
+    more: tuple = ()  # a completion's further prompts (a batch): choices of their own, after this one's
 
     @property
     def text_field(self) -> str:
@@ -136,7 +137,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     if kind == "chat":
         messages = _messages(body.get("messages"))
     else:
-        prompt = _prompt(body.get("prompt"))
+        prompt, *more = _prompts(body.get("prompt"))
     stream = _boolean(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -156,7 +157,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
                        "min_tokens")
     include = _boolean(body, "include_stop_str_in_output")
     return Job(kind, messages, prompt, config, stops, stream, include_usage, live, model, own_length=own, n=n,
-               ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include)
+               ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include, more=tuple(more) if kind != "chat" else ())
 
 
 def _stop_ids(value) -> frozenset[int]:
@@ -169,14 +170,22 @@ def _stop_ids(value) -> frozenset[int]:
 
 
 def choices(job: Job) -> list[Job]:
-    """A Job per choice of a request: the same prompt and settings, each its own row; with a
-    `seed`, choice i samples with seed + i (as a prompt set's prompt i does; past SEED_MAX it
-    wraps to 0), so the choices differ and a rerun gives them again. Greedy choices are all
-    the same answer."""
+    """A Job per choice of a request: each prompt (a completion may send a batch) `n` times,
+    each its own row, indexed as OpenAI does (prompt p's choice c is p * n + c); with a `seed`,
+    choice c samples with seed + c (as a prompt set's prompt i does; past SEED_MAX it wraps to
+    0), so the choices differ and a rerun gives them again. Greedy choices are all the same answer."""
     seed = job.config.sampling.seed
-    return [job] if job.n == 1 else [
-        replace(job, choice=i, config=replace(job.config, sampling=replace(
-            job.config.sampling, seed=None if seed is None else (seed + i) % (SEED_MAX + 1)))) for i in range(job.n)]
+    prompts = (job.prompt, *job.more)
+    if job.n == 1 and len(prompts) == 1:
+        return [job]
+    return [replace(job, prompt=prompt, more=(), choice=p * job.n + i, config=replace(job.config, sampling=replace(
+            job.config.sampling, seed=None if seed is None else (seed + i) % (SEED_MAX + 1))))
+            for p, prompt in enumerate(prompts) for i in range(job.n)]
+
+
+def rows(job: Job) -> int:
+    """The rows a request takes: its choices over all its prompts."""
+    return job.n * (1 + len(job.more))
 
 
 @dataclass
@@ -316,16 +325,40 @@ def _messages(value) -> list[dict]:
     return out
 
 
+MAX_PROMPTS = 64  # prompts in one completions request (a batch)
+
+
 def _prompt(value) -> str:
+    """One text prompt (/tokenize's)."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
-    if isinstance(value, list) and value:
-        raise ApiError(400, "'prompt' must be one string: token-id prompts and prompt batches are not supported "
-                       "(send a request per prompt)", "prompt", "unsupported_parameter")
     if not isinstance(value, str) or not value:
-        raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", "prompt",
-                       "missing_parameter")
+        raise ApiError(400, "'prompt' must be a non-empty string", "prompt", "missing_parameter")
     return _unicode(value, "prompt")
+
+
+def _prompts(value) -> list[str | tuple[int, ...]]:
+    """A completion's prompts as OpenAI's API takes them: a string, a list of strings, a list of
+    token ids, or a list of lists of token ids."""
+    message = ("'prompt' must be a non-empty string, a list of strings, a list of token ids or a list of lists "
+               f"of token ids (at most {MAX_PROMPTS} prompts)")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, message, "prompt", "missing_parameter")
+    if all(type(v) is int for v in value):
+        value = [value]
+    if len(value) > MAX_PROMPTS:
+        raise ApiError(400, message, "prompt")
+    out: list[str | tuple[int, ...]] = []
+    for item in value:
+        if isinstance(item, str) and item:
+            out.append(_unicode(item, "prompt"))
+        elif isinstance(item, list) and item and all(type(t) is int and 0 <= t < 2**31 for t in item):
+            out.append(tuple(item))
+        else:
+            raise ApiError(400, message, "prompt")
+    return out
 
 
 def _unicode(text: str, name: str) -> str:

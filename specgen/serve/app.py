@@ -193,19 +193,24 @@ def create_app(state: ServerState) -> FastAPI:
                 job = responses.read(body, state.defaults, served)
             else:
                 job = api.read_job(body, endpoint, state.defaults, served)
-            if job.n > state.scheduler.max_queue:  # a 503 would be retried in vain
-                raise api.ApiError(400, f"'n' is {job.n} but this server queues at most {state.scheduler.max_queue} "
-                                   "rows (its --max-queue)", "n")
+            if api.rows(job) > state.scheduler.max_queue:  # a 503 would be retried in vain
+                raise api.ApiError(400, f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
+                                   f"server queues at most {state.scheduler.max_queue} (its --max-queue)", "n")
             if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
                 raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
                                    "runs without one; plain and lookup need none", "speculative.method")
             why = why_not(state.scheduler.pair, job.config.method)
             if why is not None:
                 raise api.ApiError(400, why, "speculative.method")
-            ids = await encode(job)
-            if len(ids) + 1 > state.context_length:
-                raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
-                                   f"{state.context_length}; shorten it", job.text_field, "context_length_exceeded")
+            expanded = api.choices(job)
+            encoded: dict = {}  # each prompt once
+            for one in expanded:
+                if one.prompt not in encoded:
+                    encoded[one.prompt] = ids = await encode(one)
+                    if len(ids) + 1 > state.context_length:
+                        raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
+                                           f"{state.context_length}; shorten it", job.text_field,
+                                           "context_length_exceeded")
         except api.ApiError as exc:
             state.metrics.refused(endpoint, exc.status)
             state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
@@ -221,7 +226,7 @@ def create_app(state: ServerState) -> FastAPI:
                     pass
             return post
 
-        tickets = [Ticket(one, ids, poster(one.choice)) for one in api.choices(job)]
+        tickets = [Ticket(one, encoded[one.prompt], poster(one.choice)) for one in expanded]
         try:
             state.scheduler.submit(*tickets)
         except QueueFull:
@@ -270,6 +275,12 @@ def _encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = Tru
     tokenizer's special tokens only when asked, or when the text alone gives none). A text far
     longer than the context is refused once a count of its pieces passes it (`_beyond`), not
     after tokenizing all of it."""
+    if isinstance(job.prompt, tuple):  # token ids: checked against the vocabulary, used as sent
+        vocab = len(tokenizer)
+        bad = next((t for t in job.prompt if t >= vocab), None)
+        if bad is not None:
+            raise api.ApiError(400, f"token id {bad} is not in the model's vocabulary ({vocab} tokens)", "prompt")
+        return list(job.prompt)
     texts = [job.prompt] if job.kind == "completion" else [m["content"] for m in job.messages]
     counted = _beyond(tokenizer, texts, context)
     if counted:
@@ -353,13 +364,13 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
                 yield item
                 continue
             if len(tickets) > 1 and not item["choices"]:
-                usage.append(item)
+                usage.append((choice, item))
                 continue
             for part in item["choices"]:
                 part["index"] = choice
             yield item
         if usage:
-            yield answers.merged_usage(usage)
+            yield answers.merged_usage([item for _, item in sorted(usage, key=lambda u: u[0])], tickets[0].job.n)
     finally:
         inbox.close()
         if left:
