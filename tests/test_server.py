@@ -600,3 +600,37 @@ def test_completions_take_batches_and_token_ids_as_openai_defines_them(served, s
         usage = chunk.usage or usage
     assert pieces == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}
     assert usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
+
+
+def test_echo_gives_the_prompts_logprobs_as_a_forward_does(served, tiny_dirs):
+    """lm-eval's loglikelihood request (echo, logprobs 1, max_tokens 0 or 1): the answer starts
+    with the prompt, each prompt token after the first carries the target's log-probability
+    (the first null), equal to a transformers forward over the same tokens."""
+    import torch
+
+    pair = served.state.scheduler.pair
+    tokenizer, target = pair.target.tokenizer, pair.target.model
+    prompt = "def add(a, b):\n    return a + b"
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    with torch.no_grad():
+        log = torch.log_softmax(target(torch.tensor([ids])).logits[0].float(), -1)
+    want = [log[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    for max_tokens in (0, 1):
+        for prompt_field in (prompt, ids):
+            body = {"model": model(served), "prompt": prompt_field, "max_tokens": max_tokens, "echo": True,
+                    "logprobs": 1, "temperature": 0}
+            status, answer, _ = raw(served, "POST", "/v1/completions", body)
+            assert status == 200, answer
+            choice = answer["choices"][0]
+            assert choice["text"].startswith(prompt) and (max_tokens or choice["text"] == prompt)
+            got = choice["logprobs"]["token_logprobs"]
+            assert got[0] is None and choice["logprobs"]["top_logprobs"][0] is None
+            assert len(got) == len(ids) + max_tokens
+            assert max(abs(a - b) for a, b in zip(got[1:len(ids)], want)) < 1e-4
+            assert answer["usage"]["completion_tokens"] == max_tokens
+    status, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt,
+                                                                  "max_tokens": 4, "echo": True, "temperature": 0})
+    assert status == 200 and answer["choices"][0]["text"].startswith(prompt)
+    status, answer, _ = raw(served, "POST", "/v1/chat/completions", {"model": model(served), "echo": True,
+                                                                       "messages": [{"role": "user", "content": "x"}]})
+    assert status == 400 and answer["error"]["param"] == "echo"

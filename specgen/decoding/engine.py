@@ -142,7 +142,7 @@ class Engine:
                 while requests:
                     for request in requests:
                         if decoding and self.prefill_chunk and not config.deterministic \
-                                and len(request.ids) > self.prefill_chunk:
+                                and len(request.ids) > self.prefill_chunk and not request.prompt_logprobs:
                             staged.append(stage(self.model, request, self.prefixes, self.drafter.taps()))
                             continue
                         yield from self._admit(rows, request, config, resume if resumed else None)
@@ -177,7 +177,8 @@ class Engine:
             self._settle(None)
         state, first = self._join(request, config, resume, staged)
         rows.append(state)
-        yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds))
+        yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds,
+                                        state.prompt_logprobs))
         if first is not None:
             yield from self._report(state, config, first)
 
@@ -262,12 +263,16 @@ class Engine:
         if staged is not None:  # fed whole (its last token too) in its own cache
             kvcache.copy_prefix(staged.cache, 0, cache, row, len(prompt))
             keep, logits = staged.keep, staged.logits
-        elif not config.deterministic:
+        elif not config.deterministic and not request.prompt_logprobs:
             keep = self.prefixes.load(cache, row, prompt, have=keep)
         first = staged is not None or len(prompt) - keep > self.prompt_catch_up
         if staged is None and (first or len(prompt) - 1 > keep):
+            whole = request.prompt_logprobs and keep == 0  # every position's logits: the prompt's own
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
-                                   keep=1, row=row)
+                                   keep=0 if whole else 1, row=row)
+            if whole:
+                state.prompt_logprobs = verify.prompt_logprobs(logits[0, : len(prompt) - 1], prompt[1:],
+                                                               request.sampling.logprobs or 0, self.vocab)
         if len(prompt) - 1 > keep:
             self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts

@@ -44,6 +44,8 @@ class Joined:
     prompt_tokens: int
     reused_tokens: int  # cache positions kept from the row's previous generation (a chat turn)
     prefill_seconds: float
+    # the request asked (Request.prompt_logprobs): prompt tokens 2.. under the target, from the prefill
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ class Request:
     seed: int | None = None  # its random stream (None: fresh entropy)
     ignore_eos: bool = False  # decode past the model's end-of-sequence tokens (a load generator's fixed lengths)
     stop_ids: frozenset[int] = frozenset()  # more token ids that end it
+    # the target's log-probability of each prompt token after the first (and sampling.logprobs
+    # alternatives), from a prefill of the whole prompt (no prefix cache, no chunks)
+    prompt_logprobs: bool = False
 
 
 class Feed(Protocol):

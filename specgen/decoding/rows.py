@@ -43,6 +43,7 @@ class DecodeState:
     started: float = field(default_factory=time.perf_counter)
     stop: str | None = None
     stop_ids: frozenset[int] = frozenset()  # the ids that end this row (the engine's, the request's)
+    prompt_logprobs: tuple = ()  # asked for: the prompt's tokens 2.. under the target (events.Joined)
 
     def begin(self, request: Request, reused: int, started: float, config: GenerationConfig,
               context_length: int) -> None:

@@ -175,6 +175,18 @@ def logprobs(rows: list[RowInput], scored: Scored, verdicts: list[Verdict],
     return out
 
 
+def prompt_logprobs(logits: torch.Tensor, tokens: list[int], top: int, vocab: int | None) -> tuple[TokenLogprob, ...]:
+    """Each of `tokens` under the logits [n, V] of the position before it, with the `top` most
+    likely tokens there (a prompt's own log-probabilities, from its prefill; one host read)."""
+    log = torch.log_softmax(logits[:, :vocab].float(), dim=-1)
+    chosen = log.gather(1, torch.tensor(tokens, device=log.device)[:, None])
+    best = log.topk(max(top, 1), dim=-1)
+    table = torch.cat([chosen, best.values, best.indices.float()], dim=1).tolist()
+    width = best.values.shape[1]
+    return tuple(TokenLogprob(line[0], tuple((int(line[1 + width + j]), line[1 + j]) for j in range(top)))
+                 for line in table)
+
+
 def choice(logits: torch.Tensor, positions: list[int], sampling: SamplingConfig, keyed: bool) -> torch.Tensor:
     """The target's token per row of logits: argmax, or in deterministic mode the keyed draw."""
     if keyed:

@@ -126,7 +126,9 @@ def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes
         raw = token_bytes(token)
         return {"id": token, "token": raw.decode("utf-8", errors="replace"), "bytes": list(raw), "logprob": value}
 
-    return [{**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]} for token, lp in zip(tokens, logprobs)]
+    # None: a token nothing predicts (an echoed prompt's first)
+    return [{**item(token, None), "top": None} if lp is None else
+            {**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]} for token, lp in zip(tokens, logprobs)]
 
 
 MIN_TIMED_SECONDS = 0.05  # a decode shorter than this gives no rate worth showing

@@ -37,8 +37,8 @@ def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | 
     if job.config.sampling.logprobs is None:
         return None
 
-    def number(value: float) -> float:
-        return max(value, -9999.0)  # OpenAI's floor for an impossible token (JSON has no -inf)
+    def number(value: float | None) -> float | None:
+        return None if value is None else max(value, -9999.0)  # OpenAI's floor (JSON has no -inf)
 
     def item(entry: dict) -> dict:
         return {"token": entry["token"], "logprob": number(entry["logprob"]), "bytes": entry["bytes"]}
@@ -47,7 +47,8 @@ def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | 
         return {"content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries],
                 "refusal": None}
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [number(e["logprob"]) for e in entries],
-            "top_logprobs": [{t["token"]: number(t["logprob"]) for t in e["top"]} for e in entries],
+            "top_logprobs": [None if e["top"] is None else {t["token"]: number(t["logprob"]) for t in e["top"]}
+                             for e in entries],
             "text_offset": offsets}
 
 

@@ -34,7 +34,7 @@ NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, Non
            # vLLM's sampling extensions that load generators (guidellm) and eval tools send
            "repetition_penalty": (1, 1.0, None), "skip_special_tokens": (True, None),
            "spaces_between_special_tokens": (True, None), "min_p": (0, 0.0, None),
-           "echo": (False, None), "best_of": (1, None),
+           "best_of": (1, None),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
            "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}
 # the command-line options that GenerationConfig's checks name, as a request's fields
@@ -83,6 +83,8 @@ class Job:
     ignore_eos: bool = False  # vLLM's: decode past the model's end-of-sequence tokens
     stop_ids: frozenset[int] = frozenset()  # vLLM's stop_token_ids
     include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string stays in the answer
+    echo_prompt: bool = False  # a completion's `echo`: the answer starts with its prompt (and its logprobs)
+    max_zero: bool = False  # max_tokens 0 (with echo): one token is decoded and left out of the answer
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
@@ -115,6 +117,14 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     text_key = "messages" if kind == "chat" else "prompt"
     known = {"model", text_key, "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
              "stop", "stream", "n", "speculative", "logprobs"} | IGNORED | EXTENSIONS
+    if kind != "chat":
+        known.add("echo")
+    elif body.get("echo") not in (None, False):
+        raise ApiError(400, "'echo' is a completions field", "echo", "unsupported_parameter")
+    echo = _boolean(body, "echo")
+    max_zero = echo and body.get("max_tokens") == 0 and body.get("max_completion_tokens") is None
+    if max_zero:
+        body = dict(body, max_tokens=1)
     if kind == "chat":
         known.add("top_logprobs")
     for name, value in body.items():
@@ -157,7 +167,8 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
                        "min_tokens")
     include = _boolean(body, "include_stop_str_in_output")
     return Job(kind, messages, prompt, config, stops, stream, include_usage, live, model, own_length=own, n=n,
-               ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include, more=tuple(more) if kind != "chat" else ())
+               ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include, more=tuple(more) if kind != "chat" else (),
+               echo_prompt=echo, max_zero=max_zero)
 
 
 def _stop_ids(value) -> frozenset[int]:

@@ -18,8 +18,10 @@ from specgen.text import TextStream, TokenBytes
 class Output:
     """Turns one row's events into chunks (streaming) or one response (at the end)."""
 
-    def __init__(self, job: api.Job, tokenizer, prompt_tokens: int):
+    def __init__(self, job: api.Job, tokenizer, prompt_tokens: int, prompt_ids: list[int] = ()):
         self.job, self.tokenizer, self.prompt_tokens = job, tokenizer, prompt_tokens
+        self.prompt_ids = list(prompt_ids)
+        self.floor = 0  # characters of `text` that are the echoed prompt (never searched for stops)
         self.stream = TextStream(tokenizer)
         self.text = ""  # final text so far (verified, stop strings cut)
         self.sent = 0  # characters of `text` already streamed
@@ -36,7 +38,9 @@ class Output:
     # -- events ---------------------------------------------------------------------------------
     def add(self, event, stats: Stats) -> list[dict]:
         """The chunks an event produces (nothing after a stop string)."""
-        if self.stopped or isinstance(event, (Joined, Finished)):
+        if isinstance(event, Joined) and self.job.echo_prompt:
+            return self._echo(event, stats)
+        if self.stopped or isinstance(event, (Joined, Finished)) or self.job.max_zero:
             return []
         if isinstance(event, RoundResult):
             view = round_view(event, self.stream, pending=self.job.config.deterministic)
@@ -67,8 +71,9 @@ class Output:
     def finish(self, stats: Stats, token_ids: list[int], stop: str | None) -> list[dict]:
         """The last chunks: what was held back, the finish reason, usage and the statistics."""
         whole = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        if not self.stopped and whole.startswith(self.text):  # a character cut short at the end
-            self._extend(whole[len(self.text):])
+        answer = self.text[self.floor:]
+        if not self.stopped and not self.job.max_zero and whole.startswith(answer):  # a character cut short at the end
+            self._extend(whole[len(answer):])
         reason = "stop" if self.stopped else answers.finish_reason(stop)
         out = self._chunks({}, stats, final=True)
         extra = answers.speculative_summary(stats)
@@ -77,22 +82,38 @@ class Output:
         logprobs = self._logprobs(len(self.text), final=True) if self.job.stream else None
         out.append(answers.chunk(self.job, None, reason, extra, first=not self.started, logprobs=logprobs))
         if self.job.include_usage:
-            out.append(answers.usage_chunk(self.job, self.prompt_tokens, stats.new_tokens, stats))
+            out.append(answers.usage_chunk(self.job, self.prompt_tokens, self._completion_tokens(stats), stats))
         self.reason = reason
         return out
 
     def response(self, stats: Stats, token_ids: list[int], stop: str | None) -> dict:
         """The whole answer of a request that did not stream."""
         self.finish(stats, token_ids, stop)
-        return answers.response(self.job, self.text, self.reason, self.prompt_tokens, stats.new_tokens, stats,
+        return answers.response(self.job, self.text, self.reason, self.prompt_tokens, self._completion_tokens(stats), stats,
                             self._logprobs(len(self.text), final=True))
+
+    def _completion_tokens(self, stats: Stats) -> int:
+        return 0 if self.job.max_zero else stats.new_tokens
+
+    def _echo(self, joined: Joined, stats: Stats) -> list[dict]:
+        """The prompt, first in the answer (as sent when it was text), with its tokens' logprobs
+        from the prefill: none for the first token, which nothing predicts."""
+        ids = self.prompt_ids
+        prompt = self.job.prompt if isinstance(self.job.prompt, str) else self.tokenizer.decode(ids)
+        if joined.prompt_logprobs:  # each token's text, incrementally (no re-decoding of the prefix)
+            stream, end = TextStream(self.tokenizer), 0
+            for i, token in enumerate(ids):
+                start, end = end, end + len(stream.push(token))
+                self.tokens.append((start, end, token, joined.prompt_logprobs[i - 1] if i else None))
+        self.text, self.chars, self.floor = prompt, len(prompt), len(prompt)
+        return self._chunks({}, stats, final=False)
 
     # -- text -------------------------------------------------------------------------------------
     def _extend(self, piece: str) -> None:
         """Append final text; cut it at the first stop string, which ends the answer."""
         if not piece or self.stopped:
             return
-        start = max(0, len(self.text) - self.hold)
+        start = max(self.floor, len(self.text) - self.hold)
         self.text += piece
         found = [(i, -len(s)) for s in self.job.stops if (i := self.text.find(s, start)) >= 0]
         if found:  # the earliest, and the longest there; kept with include_stop_str_in_output

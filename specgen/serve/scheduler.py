@@ -230,6 +230,8 @@ class Scheduler:
         if isinstance(event, Joined):
             self.metrics.joined(time.monotonic() - ticket.submitted, event.prompt_tokens, event.reused_tokens,
                                 len(self.running))
+            for chunk in ticket.output.add(event, stats):  # an echoed prompt
+                ticket.post(chunk)
             return
         if isinstance(event, Finished):
             with self.cond:
@@ -286,10 +288,11 @@ class _KeyFeed:
             while room > 0 and s.waiting and s.waiting[0].key == self.key and not s.stopping:
                 ticket = s.waiting.popleft()
                 config = ticket.job.config
-                ticket.output = Output(ticket.job, s.pair.target.tokenizer, len(ticket.ids))
+                ticket.output = Output(ticket.job, s.pair.target.tokenizer, len(ticket.ids), ticket.ids)
                 s.running[ticket.index] = ticket
                 out.append(Request(ticket.ids, ticket.index, config.sampling, config.max_new_tokens,
-                                   config.sampling.seed, ticket.job.ignore_eos, ticket.job.stop_ids))
+                                   config.sampling.seed, ticket.job.ignore_eos, ticket.job.stop_ids,
+                                   ticket.job.echo_prompt and config.sampling.logprobs is not None))
                 room -= 1
             s.metrics.queue_depth.set(len(s.waiting))
         return out
