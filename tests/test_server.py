@@ -634,3 +634,15 @@ def test_echo_gives_the_prompts_logprobs_as_a_forward_does(served, tiny_dirs):
     status, answer, _ = raw(served, "POST", "/v1/chat/completions", {"model": model(served), "echo": True,
                                                                        "messages": [{"role": "user", "content": "x"}]})
     assert status == 400 and answer["error"]["param"] == "echo"
+
+
+def test_lm_evals_remote_tokenizer_endpoints(served):
+    tokenizer = served.state.scheduler.pair.target.tokenizer
+    status, info, _ = raw(served, "GET", "/tokenizer_info")
+    assert status == 200 and info["eos_token"] == tokenizer.eos_token and info["chat_template"]
+    ids = tokenizer.encode("hello there", add_special_tokens=False)
+    status, body, _ = raw(served, "POST", "/detokenize", {"tokens": ids})
+    assert status == 200 and body == {"prompt": "hello there"}
+    for bad in ({"tokens": "x"}, {"tokens": [10**7]}, {"tokens": [1], "other": 1}):
+        assert raw(served, "POST", "/detokenize", bad)[0] == 400
+    assert raw(served, "GET", "/tokenizer_info", token=None)[0] == 401

@@ -209,6 +209,18 @@ class Tokenize:
     special_tokens: bool | None = None  # add the tokenizer's BOS/EOS around the text
 
 
+def read_detokenize(body: dict, vocab: int) -> list[int]:
+    """POST /detokenize (vLLM's shape): `tokens`, ids of the model's vocabulary; `model` optional."""
+    for name in body:
+        if name not in ("model", "tokens"):
+            raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or len(tokens) > MAX_BODY_BYTES // 2 or \
+            not all(type(t) is int and 0 <= t < vocab for t in tokens):
+        raise ApiError(400, f"'tokens' must be a list of token ids below {vocab}", "tokens")
+    return tokens
+
+
 def read_tokenize(body: dict, defaults: GenerationConfig) -> Tokenize:
     """POST /tokenize (vLLM's shape): `messages` (through the chat template, with the
     generation prompt unless `add_generation_prompt` is false) or `prompt` (raw) to count;

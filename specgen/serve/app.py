@@ -169,6 +169,29 @@ def create_app(state: ServerState) -> FastAPI:
             return error(exc)
         return {"count": len(ids), "tokens": ids, "max_model_len": state.context_length}
 
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's: token ids -> {"prompt": their text} (lm-eval's remote tokenizer decodes with it)."""
+        if not authorized(request):
+            return unauthorized()
+        try:
+            ids = api.read_detokenize(api.parse_body(await _body(request)), len(tokenizer))
+        except api.ApiError as exc:
+            return error(exc)
+        return {"prompt": tokenizer.decode(ids)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request):
+        """vLLM's: the tokenizer's special tokens, chat template and length limit (what lm-eval's
+        remote tokenizer probes before it sends token-id prompts)."""
+        if not authorized(request):
+            return unauthorized()
+        return {"tokenizer_class": type(tokenizer).__name__, "eos_token": tokenizer.eos_token,
+                "bos_token": tokenizer.bos_token, "pad_token": tokenizer.pad_token,
+                "unk_token": getattr(tokenizer, "unk_token", None),
+                "chat_template": getattr(tokenizer, "chat_template", None),
+                "model_max_length": state.context_length, "vocab_size": len(tokenizer)}
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await complete(request, "chat")
