@@ -147,7 +147,7 @@ def read_stdin() -> str:
 # Options shared by run (and later chat and bench).
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
 DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model: a catalog name, a directory or a GGUF file. Another tokenizer than the target's works for chain and lookup-chain (it drafts text).")]
-MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s or multi-draft.")]
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an EAGLE-3 head as --draft; chain means eagle there).")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
 DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")]
 ConfidenceOpt = Annotated[Optional[float], typer.Option("--draft-confidence", help="chain and lookup-chain: stop a draft early when the draft's top probability falls below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).", show_default=False)]
