@@ -429,3 +429,21 @@ def test_bench_reports_acceptance_per_draft_position():
 
     assert per_position(Counter({"0": 2, "1": 1, "3": 1})) == [0.5, 0.25, 0.25]
     assert per_position(Counter()) is None
+
+
+def test_an_int8_head_on_the_cpu_drafts_the_same_way(trained, dirs, target):
+    """`--draft-quant int8` (the CPU default for a 16-bit run): the head's linears in int8, output
+    still plain's, its drafts still accepted."""
+    from specgen.config import ModelSettings
+    from specgen.runtime.pair import load
+
+    pair = load(ModelSettings(str(dirs["target"]), str(trained["dir"]), "cpu", None, "float32", "int8", "off", "none"),
+                Method.EAGLE, quiet=True)
+    assert pair.draft.weights == "int8"
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=40, draft_tokens=3)
+    accepted = 0
+    for prompt in trained["prompts"][1:4]:
+        events, state = decode(engine_with((pair.target, pair.draft), config), prompt, config)
+        assert state.ids == plain_ids(target, prompt, 40)
+        accepted += sum(e.accepted for e in events)
+    assert accepted > 0
