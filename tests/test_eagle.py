@@ -447,3 +447,15 @@ def test_an_int8_head_on_the_cpu_drafts_the_same_way(trained, dirs, target):
         assert state.ids == plain_ids(target, prompt, 40)
         accepted += sum(e.accepted for e in events)
     assert accepted > 0
+
+
+def test_eagle_through_the_fixed_shape_steps(trained, target):
+    """`compile="fixed"`: the target's forwards at the fixed widths CUDA graphs replay (run eagerly
+    here, whole-capacity views); the features still reach the head (its drafts are accepted)."""
+    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=40, draft_tokens=3)
+    accepted = 0
+    for prompt in trained["prompts"][1:3]:
+        events, state = decode(engine_with((target, trained["draft"]), config, compile="fixed"), prompt, config)
+        assert state.ids == plain_ids(target, prompt, 40)
+        accepted += sum(e.accepted for e in events)
+    assert accepted > 0

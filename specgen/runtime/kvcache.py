@@ -440,6 +440,7 @@ def keep_update_out_of_compiled_regions() -> None:
     Done lazily because the decorator imports torch._dynamo (a second or more of every start),
     which eager runs never need."""
     if not getattr(SlotCache.update, "_specgen_disabled", False):
-        disabled = torch.compiler.disable(SlotCache.update)
-        disabled._specgen_disabled = True
-        SlotCache.update = disabled
+        for name in ("update", "capture"):  # capture: an EAGLE head's features, written like K/V
+            disabled = torch.compiler.disable(getattr(SlotCache, name))
+            disabled._specgen_disabled = True
+            setattr(SlotCache, name, disabled)
