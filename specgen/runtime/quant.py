@@ -191,23 +191,28 @@ def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = Tru
 
 
 def _read(path: Path, shapes: dict[str, tuple], quiet: bool = True) -> int8.Weights | None:
+    """The cached weights, or None: absent (silently), or damaged in any way, which is said on
+    stderr whatever the output format (`quiet` only hides progress): the file is rebuilt."""
     if not path.is_file():
         return None
+    why = None
     try:
         out = {}
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             if json.loads(meta.get("names", "[]")) != list(shapes):
-                return None
-            for name, shape in shapes.items():
+                why = "hold other layers than the model's"
+            for name, shape in ({} if why else shapes).items():
                 out[name] = (fh.get_tensor(f"{name}.qweight"), fh.get_tensor(f"{name}.scales"))
                 if tuple(out[name][0].shape) != shape or out[name][0].dtype != torch.int8:
-                    return None
-    except Exception:  # noqa: BLE001 (SafetensorError, OSError, ValueError): quantize again, overwrite it
-        return None
-    if meta.get("checksum") != checksum(t for pair in out.values() for t in pair):
-        if not quiet:
-            note(f"specgen: the cached int8 weights {path.name} do not match their checksum; quantizing again")
+                    why = f"hold {name} in another shape"
+                    break
+    except Exception as exc:  # noqa: BLE001 (SafetensorError, OSError, ValueError): quantize again, overwrite it
+        why = f"cannot be read ({type(exc).__name__})"
+    if why is None and meta.get("checksum") != checksum(t for pair in out.values() for t in pair):
+        why = "do not match their checksum"
+    if why is not None:
+        note(f"specgen: the cached int8 weights {path.name} {why}; quantizing again")
         return None
     return out
 
