@@ -97,3 +97,31 @@ def test_a_request_may_decode_past_eos_or_stop_at_its_own_ids(tiny_pair):
     assert run({free[at]}) == free[: at + 1]
     assert run({free[at]}, ignore_eos=True) == free
     assert run((), stop_ids=frozenset({free[at]})) == free[: at + 1]
+
+
+def test_sigterm_ends_a_prompt_set_as_ctrl_c_does(tiny_dirs, tmp_path):
+    """`kill` (SIGTERM) on `specgen run --prompts-file --output`: the summary line, exit 130, every
+    finished result kept; a rerun finishes the rest."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"prompt number {i}\n" for i in range(40)))
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "specgen", "run", "--prompts-file", str(prompts), "--output", str(out),
+               "--target", str(tiny_dirs["target"]), "--method", "plain", "--device", "cpu", "--dtype", "float32",
+               "-n", "200", "--batch-size", "1"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out.is_file() and out.read_text().count("\n") >= 2):
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read() if child.poll() else "slow"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "interrupted:" in err and "Traceback" not in err
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 2 <= len(kept) < 40

@@ -6,7 +6,9 @@ import contextlib
 import enum
 import errno
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -87,6 +89,17 @@ def read_bounded(stream, where: str) -> bytes:
         raise PromptError(f"{where} holds more than {MAX_PROMPT_BYTES >> 20} MiB: more text than any model's "
                           "context takes; shorten it")
     return data
+
+
+def sigterm_as_ctrl_c() -> None:
+    """SIGTERM (what `kill`, a job scheduler or a container stop sends) ends the command as Ctrl-C
+    does: its summary line, and what was finished kept."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

@@ -14,7 +14,7 @@ from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, Confide
                                  DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format,
                                  MaxNewOpt, MethodOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt,
                                  TemperatureOpt, TopKOpt, TopPOpt, VerifyWindowOpt, check_text, generation_config,
-                                 read_prompt, user_errors)
+                                 read_prompt, user_errors, sigterm_as_ctrl_c)
 from specgen.cli.prompt_set import check_options, run_to_file
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import ModelSettings
@@ -64,6 +64,7 @@ def run(
     server: Annotated[bool, typer.Option("--server/--no-server", help="Generate on a running `specgen serve` with the same model options when there is one (a single prompt).")] = True,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
+    sigterm_as_ctrl_c()
     with user_errors():
         config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
                                    branching, beam_width, depth, deterministic, verify_window, draft_schedule,
