@@ -125,3 +125,63 @@ def test_sigterm_ends_a_prompt_set_as_ctrl_c_does(tiny_dirs, tmp_path):
     assert "interrupted:" in err and "Traceback" not in err
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert 2 <= len(kept) < 40
+
+
+def test_two_ctrl_cs_to_a_server_with_open_streams_end_them_with_an_error_event(tiny_dirs):
+    """SIGINT twice while 3 streams run: every stream's last events are the server_shutdown error
+    and [DONE], the server exits 0 with its one line, and no traceback reaches its log."""
+    import http.client
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "--target", str(tiny_dirs["target"]),
+                               "--draft", str(tiny_dirs["draft"]), "--device", "cpu", "--dtype", "float32",
+                               "--port", str(port), "--api-key", "key"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    streams: dict[int, bytes] = {}
+
+    def stream(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = {"model": "target", "prompt": "hello", "max_tokens": 240, "stream": True, "ignore_eos": True,
+                "speculative": {"method": "plain"}}
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Authorization": "Bearer key", "Content-Type": "application/json"})
+        response, data = conn.getresponse(), b""
+        try:
+            while chunk := response.read(64):
+                data += chunk
+        except http.client.IncompleteRead as exc:
+            data += exc.partial + b"<cut>"
+        streams[i] = data
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    server.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    server.send_signal(signal.SIGINT)
+    _, err = server.communicate(timeout=60)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert server.returncode == 0 and "Traceback" not in err and "CancelledError" not in err, err
+    for data in streams.values():
+        assert data.endswith(b"data: [DONE]\n\n") and b"server_shutdown" in data, data[-300:]

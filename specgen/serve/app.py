@@ -70,11 +70,12 @@ def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
 
 
 class RequestIds:
-    """ASGI middleware: every answer carries `x-request-id`, the client's own (as vLLM echoes it;
-    printable ASCII up to 128 characters) or a new one."""
+    """ASGI middleware, outermost: every answer carries `x-request-id`, the client's own (as vLLM
+    echoes it; printable ASCII up to 128 characters) or a new one; a request cancelled because
+    the server was forced to stop ends quietly (uvicorn would log a traceback per connection)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, stopping=lambda: False):
+        self.app, self.stopping = app, stopping
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -87,7 +88,11 @@ class RequestIds:
             if message["type"] == "http.response.start":
                 message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", ident)])
             await send(message)
-        await self.app(scope, receive, sending)
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:  # the server forced to stop (a second Ctrl-C): its connections just close
+            if not self.stopping():
+                raise
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -98,7 +103,7 @@ def create_app(state: ServerState) -> FastAPI:
         # any request header: OpenAI's JavaScript SDK sends X-Stainless-* and OpenAI-* headers
         app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
                            allow_headers=["*"], expose_headers=["Retry-After", "x-request-id"], max_age=600)
-    app.add_middleware(RequestIds)
+    app.add_middleware(RequestIds, stopping=lambda: state.scheduler.stopping)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 

@@ -104,9 +104,16 @@ class Scheduler:
         self.thread.start()
 
     def stop(self) -> None:
+        """No more rows: running ones end before their next round and every request still
+        queued or running is answered that the server is stopping (a stream's last event)."""
         with self.cond:
             self.stopping = True
+            waiting = list(self.waiting)
+            self.waiting.clear()
             self.cond.notify_all()
+        for ticket in waiting:
+            ticket.post(shutting_down())
+            ticket.post(None)
 
     def submit(self, *tickets: Ticket) -> None:
         """Queue a request's tickets (one per choice), all of them or, when the queue has no room
@@ -259,8 +266,10 @@ class Scheduler:
 
     def _finish(self, ticket: Ticket, stats, state: DecodeState, stop: str | None) -> None:
         ids = state.final_ids(ticket.job.config)
-        if stop == "cancelled" and not ticket.output.stopped:  # the client left: nobody to answer
+        if stop == "cancelled" and not ticket.output.stopped:  # the client left, or the server is stopping
             self.metrics.finished(ticket.job, "cancelled", stats)
+            if self.stopping and not ticket.cancelled:
+                ticket.post(shutting_down())
             ticket.post(None)
             return
         if ticket.job.stream:
@@ -272,6 +281,11 @@ class Scheduler:
         self.metrics.finished(ticket.job, ticket.output.reason, stats)
         self.log(ticket.job, stats)
         ticket.post(None)
+
+
+def shutting_down() -> api.ApiError:
+    return api.ApiError(503, "the server is stopping; send the request again once it is back", kind="server_error",
+                        code="server_shutdown")
 
 
 class _KeyFeed:

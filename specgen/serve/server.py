@@ -166,6 +166,12 @@ class _Server(uvicorn.Server):
     written before them let a quick SIGTERM (`serve --stop`) end the process with the record left."""
 
     on_started: Callable[[], None] = staticmethod(lambda: None)
+    on_exit: Callable[[], None] = staticmethod(lambda: None)  # the first signal: requests are told
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:  # off the signal handler: the scheduler's lock may be held right here
+            threading.Thread(target=self.on_exit, daemon=True).start()
+        super().handle_exit(sig, frame)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
@@ -200,6 +206,7 @@ class Running:
     def serve(self) -> None:
         """Answer (blocking) until stopped; the record is there meanwhile, gone afterwards."""
         self.server.on_started = lambda: discovery.write_record(self.record, {**self.state.info, "token": self.token})
+        self.server.on_exit = self.scheduler.stop
         self.scheduler.start()
         try:
             self.server.run(sockets=[self.sock])
