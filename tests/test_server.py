@@ -646,3 +646,27 @@ def test_lm_evals_remote_tokenizer_endpoints(served):
     for bad in ({"tokens": "x"}, {"tokens": [10**7]}, {"tokens": [1], "other": 1}):
         assert raw(served, "POST", "/detokenize", bad)[0] == 400
     assert raw(served, "GET", "/tokenizer_info", token=None)[0] == 401
+
+
+def test_vllms_prompt_logprobs_field(served):
+    import torch
+
+    pair = served.state.scheduler.pair
+    tokenizer, target = pair.target.tokenizer, pair.target.model
+    prompt = "x = [1, 2, 3]\nprint(x)"
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    with torch.no_grad():
+        log = torch.log_softmax(target(torch.tensor([ids])).logits[0].float(), -1)
+    status, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt,
+                                                                  "max_tokens": 2, "prompt_logprobs": 2})
+    assert status == 200, answer
+    entries = answer["choices"][0]["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    for i, entry in enumerate(entries[1:], 1):
+        own = entry[str(ids[i])]
+        assert abs(own["logprob"] - log[i - 1, ids[i]].item()) < 1e-4
+        assert own["rank"] == int((log[i - 1] > log[i - 1, ids[i]]).sum()) + 1
+        assert 2 <= len(entry) <= 3 and any(v["rank"] == 1 for v in entry.values())
+    status, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt,
+                                                                  "max_tokens": 2, "prompt_logprobs": 99})
+    assert status == 400 and answer["error"]["param"] == "prompt_logprobs"

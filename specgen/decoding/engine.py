@@ -272,7 +272,8 @@ class Engine:
                                    keep=0 if whole else 1, row=row)
             if whole:
                 state.prompt_logprobs = verify.prompt_logprobs(logits[0, : len(prompt) - 1], prompt[1:],
-                                                               request.sampling.logprobs or 0, self.vocab)
+                                                               max(request.sampling.logprobs or 0, request.prompt_top),
+                                                               self.vocab)
         if len(prompt) - 1 > keep:
             self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts

@@ -35,6 +35,7 @@ class TokenLogprob:
 
     logprob: float
     top: tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+    rank: int = 0  # 1 for the most likely token; 0 where it was not counted (decoded tokens)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ class Request:
     # the target's log-probability of each prompt token after the first (and sampling.logprobs
     # alternatives), from a prefill of the whole prompt (no prefix cache, no chunks)
     prompt_logprobs: bool = False
+    prompt_top: int = 0  # alternatives per prompt token (vLLM's prompt_logprobs: N), beside sampling.logprobs
 
 
 class Feed(Protocol):

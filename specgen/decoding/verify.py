@@ -181,10 +181,11 @@ def prompt_logprobs(logits: torch.Tensor, tokens: list[int], top: int, vocab: in
     log = torch.log_softmax(logits[:, :vocab].float(), dim=-1)
     chosen = log.gather(1, torch.tensor(tokens, device=log.device)[:, None])
     best = log.topk(max(top, 1), dim=-1)
-    table = torch.cat([chosen, best.values, best.indices.float()], dim=1).tolist()
+    rank = (log > chosen).sum(dim=-1, keepdim=True).float() + 1
+    table = torch.cat([chosen, rank, best.values, best.indices.float()], dim=1).tolist()
     width = best.values.shape[1]
-    return tuple(TokenLogprob(line[0], tuple((int(line[1 + width + j]), line[1 + j]) for j in range(top)))
-                 for line in table)
+    return tuple(TokenLogprob(line[0], tuple((int(line[2 + width + j]), line[2 + j]) for j in range(top)),
+                              int(line[1])) for line in table)
 
 
 def choice(logits: torch.Tensor, positions: list[int], sampling: SamplingConfig, keyed: bool) -> torch.Tensor:

@@ -46,7 +46,7 @@ OPTION_FIELDS = {"--draft-tokens": "speculative.draft_tokens", "--draft-confiden
 # vLLM's extensions with a meaning here: ignore_eos (decode past EOS), stop_token_ids (more ids
 # that end the answer), include_stop_str_in_output, min_tokens (only where nothing could end the
 # answer sooner: it would otherwise change what is sampled)
-EXTENSIONS = {"ignore_eos", "stop_token_ids", "include_stop_str_in_output", "min_tokens"}
+EXTENSIONS = {"ignore_eos", "stop_token_ids", "include_stop_str_in_output", "min_tokens", "prompt_logprobs"}
 SPECULATIVE_KEYS = {"method", "draft_tokens", "draft_confidence", "draft_schedule", "branching", "beam_width",
                     "depth", "deterministic", "verify_window", "live"}
 
@@ -85,6 +85,8 @@ class Job:
     include_stop: bool = False  # vLLM's include_stop_str_in_output: the stop string stays in the answer
     echo_prompt: bool = False  # a completion's `echo`: the answer starts with its prompt (and its logprobs)
     max_zero: bool = False  # max_tokens 0 (with echo): one token is decoded and left out of the answer
+    prompt_top: int = 0  # vLLM's prompt_logprobs: N alternatives per prompt token (with prompt_logprobs)
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs field was given: the choice carries them
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
@@ -166,9 +168,11 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
         raise ApiError(400, f"'min_tokens' ({minimum}) is more than 'max_tokens' ({config.max_new_tokens})",
                        "min_tokens")
     include = _boolean(body, "include_stop_str_in_output")
+    asked = body.get("prompt_logprobs")
+    prompt_top = 0 if asked is None else _integer(asked, "prompt_logprobs", 0, MAX_LOGPROBS)
     return Job(kind, messages, prompt, config, stops, stream, include_usage, live, model, own_length=own, n=n,
                ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include, more=tuple(more) if kind != "chat" else (),
-               echo_prompt=echo, max_zero=max_zero)
+               echo_prompt=echo, max_zero=max_zero, prompt_top=prompt_top, prompt_logprobs=asked is not None)
 
 
 def _stop_ids(value) -> frozenset[int]:

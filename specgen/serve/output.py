@@ -22,6 +22,7 @@ class Output:
         self.job, self.tokenizer, self.prompt_tokens = job, tokenizer, prompt_tokens
         self.prompt_ids = list(prompt_ids)
         self.floor = 0  # characters of `text` that are the echoed prompt (never searched for stops)
+        self.prompt_logprobs: tuple = ()  # the prompt's tokens 2.. under the target, when asked
         self.stream = TextStream(tokenizer)
         self.text = ""  # final text so far (verified, stop strings cut)
         self.sent = 0  # characters of `text` already streamed
@@ -38,8 +39,10 @@ class Output:
     # -- events ---------------------------------------------------------------------------------
     def add(self, event, stats: Stats) -> list[dict]:
         """The chunks an event produces (nothing after a stop string)."""
-        if isinstance(event, Joined) and self.job.echo_prompt:
-            return self._echo(event, stats)
+        if isinstance(event, Joined):
+            self.prompt_logprobs = event.prompt_logprobs
+            if self.job.echo_prompt:
+                return self._echo(event, stats)
         if self.stopped or isinstance(event, (Joined, Finished)) or self.job.max_zero:
             return []
         if isinstance(event, RoundResult):
@@ -89,8 +92,23 @@ class Output:
     def response(self, stats: Stats, token_ids: list[int], stop: str | None) -> dict:
         """The whole answer of a request that did not stream."""
         self.finish(stats, token_ids, stop)
-        return answers.response(self.job, self.text, self.reason, self.prompt_tokens, self._completion_tokens(stats), stats,
-                            self._logprobs(len(self.text), final=True))
+        answer = answers.response(self.job, self.text, self.reason, self.prompt_tokens, self._completion_tokens(stats),
+                                  stats, self._logprobs(len(self.text), final=True))
+        if self.job.prompt_logprobs:
+            answer["choices"][0]["prompt_logprobs"] = self._prompt_entries()
+        return answer
+
+    def _prompt_entries(self) -> list:
+        """vLLM's `prompt_logprobs`: null for the first prompt token, then per token a map of token
+        id to its logprob, rank and text, for the token itself and the N most likely."""
+        entries: list = [None]
+        for token, logprob in zip(self.prompt_ids[1:], self.prompt_logprobs):
+            shown = {token: (logprob.logprob, logprob.rank)}
+            for rank, (other, value) in enumerate(logprob.top[: self.job.prompt_top], 1):
+                shown.setdefault(other, (value, rank))
+            entries.append({str(t): {"logprob": max(v, -9999.0), "rank": r,
+                                     "decoded_token": self.tokenizer.decode([t])} for t, (v, r) in shown.items()})
+        return entries
 
     def _completion_tokens(self, stats: Stats) -> int:
         return 0 if self.job.max_zero else stats.new_tokens

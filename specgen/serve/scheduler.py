@@ -306,7 +306,9 @@ class _KeyFeed:
                 s.running[ticket.index] = ticket
                 out.append(Request(ticket.ids, ticket.index, config.sampling, config.max_new_tokens,
                                    config.sampling.seed, ticket.job.ignore_eos, ticket.job.stop_ids,
-                                   ticket.job.echo_prompt and config.sampling.logprobs is not None))
+                                   ticket.job.prompt_logprobs or (ticket.job.echo_prompt and
+                                                                  config.sampling.logprobs is not None),
+                                   ticket.job.prompt_top))
                 room -= 1
             s.metrics.queue_depth.set(len(s.waiting))
         return out
