@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -69,32 +68,6 @@ def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-class RequestIds:
-    """ASGI middleware, outermost: every answer carries `x-request-id`, the client's own (as vLLM
-    echoes it; printable ASCII up to 128 characters) or a new one; a request cancelled because
-    the server was forced to stop ends quietly (uvicorn would log a traceback per connection)."""
-
-    def __init__(self, app, stopping=lambda: False):
-        self.app, self.stopping = app, stopping
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = dict(scope.get("headers") or []).get(b"x-request-id", b"")
-        ident = given if 0 < len(given) <= 128 and all(33 <= c < 127 for c in given) else \
-            uuid.uuid4().hex.encode()
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", ident)])
-            await send(message)
-        try:
-            await self.app(scope, receive, sending)
-        except asyncio.CancelledError:  # the server forced to stop (a second Ctrl-C): its connections just close
-            if not self.stopping():
-                raise
-
-
 def create_app(state: ServerState) -> FastAPI:
     # no redirect of a trailing slash: it was answered before the key was checked, with a
     # Location built from the client's Host header
@@ -103,7 +76,7 @@ def create_app(state: ServerState) -> FastAPI:
         # any request header: OpenAI's JavaScript SDK sends X-Stainless-* and OpenAI-* headers
         app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
                            allow_headers=["*"], expose_headers=["Retry-After", "x-request-id"], max_age=600)
-    app.add_middleware(RequestIds, stopping=lambda: state.scheduler.stopping)
+    app.add_middleware(protocol.RequestIds, stopping=lambda: state.scheduler.stopping)
     tokenizer = state.scheduler.pair.target.tokenizer
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 

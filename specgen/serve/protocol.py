@@ -20,6 +20,7 @@ one implementation, one behaviour.
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -63,3 +64,29 @@ class TimedH11(H11Protocol):
             if self.cycle is not None and self.conn.their_state is h11.SEND_BODY:
                 self.cycle.scope[TIMED_OUT] = True  # type: ignore[index]
             self.transport.close()
+
+
+class RequestIds:
+    """ASGI middleware, outermost: every answer carries `x-request-id`, the client's own (as vLLM
+    echoes it; printable ASCII up to 128 characters) or a new one; a request cancelled because
+    the server was forced to stop ends quietly (uvicorn would log a traceback per connection)."""
+
+    def __init__(self, app, stopping=lambda: False):
+        self.app, self.stopping = app, stopping
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"")
+        ident = given if 0 < len(given) <= 128 and all(33 <= c < 127 for c in given) else \
+            uuid.uuid4().hex.encode()
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", ident)])
+            await send(message)
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:  # the server forced to stop (a second Ctrl-C): its connections just close
+            if not self.stopping():
+                raise
