@@ -214,10 +214,6 @@ class Engine:
             self.parked = done  # still in the cache, in their rows: the next generation may resume one
         return [rows[i] for i in keep]
 
-    def check(self, prompt_ids: list[int], what: str = "the prompt") -> None:
-        """A PromptError unless the prompt fits the context (with room for one new token)."""
-        self.check_prompt(prompt_ids, what)
-
     def setup_seconds(self) -> float:
         """Seconds spent so far capturing (and compiling) fixed-shape steps, target and draft."""
         return self.steps.setup_seconds + self.drafter.setup_seconds()
