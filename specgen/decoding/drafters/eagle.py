@@ -114,10 +114,14 @@ class EagleDrafter:
         features = self._features(news, width)
         for i, (context, new) in enumerate(zip(contexts, news)):
             ids[i, : len(new)] = torch.tensor(context[new.start + 1: new.stop + 1], dtype=torch.long)
-        last = torch.tensor([len(new) - 1 for new in news], device=self.device)
-        logits, hidden = self._forward(ids.to(self.device), features)
-        rows = torch.arange(count, device=self.device)
-        logits, hidden = logits[rows, last], hidden[rows, last][:, None]
+        if all(len(new) == width for new in news):  # one width: the output layer reads the last position only
+            logits, hidden = self._forward(ids.to(self.device), features, keep=1)
+            logits, hidden = logits[:, -1], hidden[:, -1:]
+        else:
+            last = torch.tensor([len(new) - 1 for new in news], device=self.device)
+            logits, hidden = self._forward(ids.to(self.device), features)
+            rows = torch.arange(count, device=self.device)
+            logits, hidden = logits[rows, last], hidden[rows, last][:, None]
         kvcache.set_lengths(self.cache, [new.start + len(new) for new in news])  # drop the pads
         tokens, laws = [], []
         for step in range(steps):
@@ -155,10 +159,11 @@ class EagleDrafter:
                 out[i, : end - new.start] = held.read(first + i, new.start, end).to(self.device, out.dtype)
         return out
 
-    def _forward(self, ids: torch.Tensor, features: torch.Tensor):
-        """The head over `ids` [rows, n] at each row's next positions: (logits [rows, n, Vd], outputs [rows, n, H])."""
+    def _forward(self, ids: torch.Tensor, features: torch.Tensor, keep: int = 0):
+        """The head over `ids` [rows, n] at each row's next positions: (logits [rows, n|keep, Vd],
+        outputs [rows, n, H])."""
         holder = {}
-        logits = kvcache.forward(self.head.caller(features, holder), self.cache, ids)
+        logits = kvcache.forward(self.head.caller(features, holder), self.cache, ids, keep=keep)
         return logits, holder["hidden"]
 
     def _catch_up(self, contexts: list[list[int]], ks: list[int]) -> None:
