@@ -52,9 +52,11 @@ def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dir
 
     def one(job):
         prompt, temperature, n, seed = job
+        # a sampled row may draw EOS (which rows share its rounds changes its draws): ignore_eos holds it to n
         chunks = sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": prompt}],
                                              max_tokens=n, temperature=temperature, seed=seed, stream=True,
-                                             stream_options={"include_usage": True})
+                                             stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True} if temperature else None)
         chunks = list(chunks)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
 
