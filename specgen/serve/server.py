@@ -184,12 +184,13 @@ class _Server(uvicorn.Server):
             yield
             return
         handled = (signal.SIGINT, signal.SIGTERM)
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        for sig in handled:
+            signal.signal(sig, self.handle_exit)
         try:
             yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+        finally:  # stopped: another Ctrl-C while the record is removed changes nothing (it said
+            for sig in handled:  # "interrupted" and exited 130 for a server that had stopped cleanly)
+                signal.signal(sig, signal.SIG_IGN)
 
 
 @dataclass
