@@ -145,7 +145,8 @@ def test_two_ctrl_cs_to_a_server_with_open_streams_end_them_with_an_error_event(
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "--target", str(tiny_dirs["target"]),
                                "--draft", str(tiny_dirs["draft"]), "--device", "cpu", "--dtype", "float32",
-                               "--port", str(port), "--api-key", "key", "--max-batch-size", "1"],
+                               "--port", str(port), "--api-key", "key", "--max-batch-size", "1",
+                               "--draft-quant", "none"],  # other model options than test_server's: its own lock
                               stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
