@@ -602,18 +602,22 @@ def test_completions_take_batches_and_token_ids_as_openai_defines_them(served, s
     assert usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
 
 
+def forward_logprobs(served, prompt: str):
+    """(the prompt's ids, log-softmax of a transformers forward of the served target over them [n, V])."""
+    import torch
+
+    pair = served.state.scheduler.pair
+    ids = pair.target.tokenizer.encode(prompt, add_special_tokens=False)
+    with torch.no_grad():
+        return ids, torch.log_softmax(pair.target.model(torch.tensor([ids])).logits[0].float(), -1)
+
+
 def test_echo_gives_the_prompts_logprobs_as_a_forward_does(served, tiny_dirs):
     """lm-eval's loglikelihood request (echo, logprobs 1, max_tokens 0 or 1): the answer starts
     with the prompt, each prompt token after the first carries the target's log-probability
     (the first null), equal to a transformers forward over the same tokens."""
-    import torch
-
-    pair = served.state.scheduler.pair
-    tokenizer, target = pair.target.tokenizer, pair.target.model
     prompt = "def add(a, b):\n    return a + b"
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
-    with torch.no_grad():
-        log = torch.log_softmax(target(torch.tensor([ids])).logits[0].float(), -1)
+    ids, log = forward_logprobs(served, prompt)
     want = [log[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
     for max_tokens in (0, 1):
         for prompt_field in (prompt, ids):
@@ -649,14 +653,8 @@ def test_lm_evals_remote_tokenizer_endpoints(served):
 
 
 def test_vllms_prompt_logprobs_field(served):
-    import torch
-
-    pair = served.state.scheduler.pair
-    tokenizer, target = pair.target.tokenizer, pair.target.model
     prompt = "x = [1, 2, 3]\nprint(x)"
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
-    with torch.no_grad():
-        log = torch.log_softmax(target(torch.tensor([ids])).logits[0].float(), -1)
+    ids, log = forward_logprobs(served, prompt)
     status, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": prompt,
                                                                   "max_tokens": 2, "prompt_logprobs": 2})
     assert status == 200, answer

@@ -267,9 +267,9 @@ class Engine:
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
                                    keep=0 if whole else 1, row=row)
             if whole:
-                state.prompt_logprobs = verify.prompt_logprobs(logits[0, : len(prompt) - 1], prompt[1:],
-                                                               max(request.sampling.logprobs or 0, request.prompt_top),
-                                                               self.vocab)
+                state.prompt_logprobs = tuple(verify.token_logprobs(
+                    logits[0, : len(prompt) - 1, : self.vocab], prompt[1:],
+                    max(request.sampling.logprobs or 0, request.prompt_top), rank=True))
         if len(prompt) - 1 > keep:
             self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts

@@ -161,31 +161,27 @@ def logprobs(rows: list[RowInput], scored: Scored, verdicts: list[Verdict],
         verdict = verdicts[i]
         picks.append(scored.logits[i, [0] + verdict.path, :vocab])
         tokens += [verdict.draft[node - 1] for node in verdict.path] + [verdict.token]
-    log = torch.log_softmax(torch.cat(picks).float(), dim=-1)
-    chosen = log.gather(1, torch.tensor(tokens, device=log.device)[:, None])
-    top = log.topk(max(rows[i].sampling.logprobs for i in wanted), dim=-1)
-    # ids below 2**24 are exact in float32, and vocabularies are far smaller
-    table = torch.cat([chosen, top.values, top.indices.float()], dim=1).tolist()
+    entries = token_logprobs(torch.cat(picks), tokens, max(rows[i].sampling.logprobs for i in wanted))
     start = 0
     for i in wanted:
-        n, k, width = len(verdicts[i].path) + 1, rows[i].sampling.logprobs, top.values.shape[1]
-        out[i] = [TokenLogprob(line[0], tuple((int(line[1 + width + j]), line[1 + j]) for j in range(k)))
-                  for line in table[start:start + n]]
+        n, k = len(verdicts[i].path) + 1, rows[i].sampling.logprobs
+        out[i] = [TokenLogprob(e.logprob, e.top[:k]) for e in entries[start:start + n]]
         start += n
     return out
 
 
-def prompt_logprobs(logits: torch.Tensor, tokens: list[int], top: int, vocab: int | None) -> tuple[TokenLogprob, ...]:
-    """Each of `tokens` under the logits [n, V] of the position before it, with the `top` most
-    likely tokens there (a prompt's own log-probabilities, from its prefill; one host read)."""
-    log = torch.log_softmax(logits[:, :vocab].float(), dim=-1)
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int, rank: bool = False) -> list[TokenLogprob]:
+    """Each of `tokens` under its row of `logits` [n, V] (the position before it), with the `top`
+    most likely tokens there and, with `rank`, its own rank; one host read for all of them."""
+    log = torch.log_softmax(logits.float(), dim=-1)
     chosen = log.gather(1, torch.tensor(tokens, device=log.device)[:, None])
     best = log.topk(max(top, 1), dim=-1)
-    rank = (log > chosen).sum(dim=-1, keepdim=True).float() + 1
-    table = torch.cat([chosen, rank, best.values, best.indices.float()], dim=1).tolist()
+    ranks = (log > chosen).sum(dim=-1, keepdim=True).float() + 1 if rank else torch.zeros_like(chosen)
+    # ids below 2**24 are exact in float32, and vocabularies are far smaller
+    table = torch.cat([chosen, ranks, best.values, best.indices.float()], dim=1).tolist()
     width = best.values.shape[1]
-    return tuple(TokenLogprob(line[0], tuple((int(line[2 + width + j]), line[2 + j]) for j in range(top)),
-                              int(line[1])) for line in table)
+    return [TokenLogprob(line[0], tuple((int(line[2 + width + j]), line[2 + j]) for j in range(top)), int(line[1]))
+            for line in table]
 
 
 def choice(logits: torch.Tensor, positions: list[int], sampling: SamplingConfig, keyed: bool) -> torch.Tensor:

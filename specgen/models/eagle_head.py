@@ -18,7 +18,7 @@ and vLLM's `llama_eagle3` runs (specgen/models/eagle_format.py reads and writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -58,7 +58,6 @@ class HeadConfig:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 32768
     norm_before_residual: bool = False
-    extra: dict = field(default_factory=dict, compare=False)  # other config fields, written back as read
 
     def llama(self) -> LlamaConfig:
         """The head's decoder layer as a one-layer Llama config (its rotary table, its cache)."""

@@ -20,11 +20,6 @@ from __future__ import annotations
 import torch
 
 from specgen.models.compat import CACHE_ARG
-from specgen.models.families import text_config
-
-
-def layer_count(model) -> int:
-    return text_config(model.config).num_hidden_layers
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:

@@ -59,6 +59,13 @@ class Proposal:
         return cls(tokens, tuple(range(tokens.shape[0])), kind, probs)
 
     @classmethod
+    def drafted(cls, tokens: torch.Tensor, sampling: SamplingConfig, probs: torch.Tensor | None) -> "Proposal":
+        """A drafted chain: point masses for a greedy row, else the laws its tokens were drawn from."""
+        if sampling.greedy:
+            return cls.chain(tokens, ProposalKind.DETERMINISTIC)
+        return cls.chain(tokens, ProposalKind.SAMPLED, probs)
+
+    @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Proposal":
         return cls(torch.zeros(0, dtype=torch.long, device=device), (), ProposalKind.DETERMINISTIC)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 
 from specgen.config import SamplingConfig
-from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head
@@ -135,15 +134,8 @@ class EagleDrafter:
         kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
         drafted = torch.stack(tokens, dim=1)
         stacked = torch.stack(laws, dim=1) if laws[0] is not None else None
-        out = []
-        for i, k in enumerate(ks):
-            if k <= 0:
-                out.append(Proposal.empty(self.device))
-            elif samplings[i].greedy:
-                out.append(Proposal.chain(drafted[i, :k], ProposalKind.DETERMINISTIC))
-            else:
-                out.append(Proposal.chain(drafted[i, :k], ProposalKind.SAMPLED, stacked[i, :k]))
-        return out
+        return [Proposal.drafted(drafted[i, :k], samplings[i], None if stacked is None else stacked[i, :k])
+                if k > 0 else Proposal.empty(self.device) for i, k in enumerate(ks)]
 
     def _features(self, news: list[range], width: int, first: int = 0) -> torch.Tensor:
         """[rows, width, taps * H]: the target's features at each row's new positions (zeros past

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from specgen.config import SamplingConfig
-from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.length import ConfidenceStop
 from specgen.decoding.staging import PREFILL_CHUNK
@@ -141,10 +140,8 @@ class ChainDrafter:
             if k <= 0:  # no proposal: keep only the context (or what it held, sitting out)
                 kvcache.set_length(self.cache, i, bases[i] if out_of_round[i] else self._base[i])
                 out.append(Proposal.empty(self.device))
-            elif samplings[i].greedy:
-                out.append(Proposal.chain(drafted[i, :k], ProposalKind.DETERMINISTIC))
             else:
-                out.append(Proposal.chain(drafted[i, :k], ProposalKind.SAMPLED, stacked[i, :k]))
+                out.append(Proposal.drafted(drafted[i, :k], samplings[i], None if stacked is None else stacked[i, :k]))
         return out
 
     def observe(self, row: int, path: list[int]) -> None:
