@@ -1,4 +1,4 @@
-"""Time to first token of chat turn 5, with and without cache reuse (issue 7).
+"""Time to first token of chat turn 5, with and without cache reuse (benchmarks/chat.md).
 
 Runs the same 5-turn conversation twice through specgen's ChatSession on the default pair:
 once keeping both KV caches between turns (a turn prefills only its new tokens), once

@@ -2,7 +2,7 @@
 
 Runs each prompt under several settings (plain, chain k=2/4, rsd-c, and batched plain with
 batch sizes 1/3/8) with and without deterministic mode, and counts prompts whose tokens differ
-from plain decoding of the same prompt alone. Reported, never asserted (issue 8).
+from plain decoding of the same prompt alone. Reported, never asserted (benchmarks/exactness.md).
 
     python benchmarks/determinism.py --prompts quick --max-new-tokens 48
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The standard measurement (issue 5): the default pair (Qwen2.5-Coder 1.5B target, 0.5B draft),
+# The standard measurement: the default pair (Qwen2.5-Coder 1.5B target, 0.5B draft),
 # dtype auto (bf16 on a CPU), greedy, 128 new tokens, the 4-prompt quick set, medians of 3,
 # every method, threads fixed to the machine's core count. Writes JSON and CSV (and a PNG
 # when matplotlib is installed) into benchmarks/results/, named by set and UTC time.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9: end-to-end effect of --draft-quant and of the draft-length schedules on the default
+# End-to-end effect of --draft-quant and of the draft-length schedules on the default
 # pair (quick set, greedy). Each run measures plain in the same run, so ratios are fair.
 set -euo pipefail
 cd "$(dirname "$0")/.."

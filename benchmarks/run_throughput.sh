@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8: throughput of dynamic batching, the cost of deterministic mode per method and batch
+# Throughput of dynamic batching, the cost of deterministic mode per method and batch
 # size, its rollback rate per window, and how often outputs differ without it (default pair,
 # quick set, greedy). One process: every ratio compares cells measured in the same run.
 set -euo pipefail

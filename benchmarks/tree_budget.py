@@ -1,4 +1,4 @@
-"""Tokens per target forward at equal tree budgets (issue 6's measurement).
+"""Tokens per target forward at equal tree budgets (benchmarks/trees.md).
 
 Chain drafting (k = 3 and 4) against multi-draft (i.i.d. children, with replacement),
 RSD-C (Gumbel-top-k, without replacement) and RSD-S (stochastic beam search) with the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Warm start (issue 15): `specgen run "hi" -n 1` end to end, on a running `specgen serve` and in
+# Warm start: `specgen run "hi" -n 1` end to end, on a running `specgen serve` and in
 # its own process (--no-server), interleaved, on the default pair (already in the cache).
 # Prints one line per run and the machine's CPU flags; extra options go to serve and run.
 #   benchmarks/warm_start.sh              # 3 of each

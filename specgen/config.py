@@ -238,7 +238,7 @@ def parse_draft_tokens(value: str) -> tuple[int, Schedule | None]:
     placeholder that decoding/build.py replaces by the k measured for the device.
 
     The adaptive schedule is expected-gain, the better of the two in bench's schedule
-    comparison (benchmarks/README.md).
+    comparison (benchmarks/quantization.md).
     """
     value = str(value).strip().lower()
     if value == "device":

@@ -222,7 +222,7 @@ def test_a_damaged_or_foreign_cache_is_ignored_and_overwritten(cache_env, monkey
 @pytest.mark.parametrize("where", ["weights", "scales"])
 def test_a_cache_scrambled_in_place_fails_its_checksum_and_is_rebuilt(cache_env, monkeypatch, capsys, where):
     """Bytes of the tensor data changed, the file's size and header intact: without the
-    checksum these weights would load and decode other tokens, silently (issue 25 item 2)."""
+    checksum these weights would load and decode other tokens, silently."""
     cache = cache_env / "int8" / "model.safetensors"
     expected = logits_of(quant.quantize_cached(small_model(), cache))
     data = bytearray(cache.read_bytes())

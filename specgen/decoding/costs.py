@@ -38,7 +38,7 @@ from specgen.status import note
 
 
 # per-token acceptance of the default pair on the quick set, fitted to tokens per round at
-# k = 1..3 (benchmarks/README.md); the accepted share per drafted token understates it, as
+# k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
 FORMAT = 6  # bump when the engine's forwards change cost (cached choices are then measured again)
@@ -47,7 +47,7 @@ GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
 # A draft on the CPU stops early when its top probability falls below STOP (ConfidenceStop),
 # and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
-# tokens are not drafted (the variants compared: benchmarks/README.md). On a GPU the stop would
+# tokens are not drafted (the variants compared: benchmarks/avx2-epyc.md). On a GPU the stop would
 # add a host sync per draft step, so it stays off there.
 STOP, STOP_EXTRA = 0.5, 2
 

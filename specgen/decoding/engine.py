@@ -49,7 +49,7 @@ from specgen.text import common_prefix
 # new prompt tokens past which a row's first token comes from its prefill (which then feeds the
 # whole prompt), not from a first round: that token waits for no draft model to read the prompt
 # first (the draft catches up in the second round) and costs no target step of its own (figures
-# in benchmarks/README.md). A shorter prompt (a short chat turn, the tests of the first token's
+# in benchmarks/server.md). A shorter prompt (a short chat turn, the tests of the first token's
 # law) has its first token speculated like every other.
 PROMPT_CATCH_UP = 4
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)

@@ -6,7 +6,7 @@ prefill of a joining row, a draft step's host syncs (the confidence stop), a wid
 the acceptance of the requests actually served, and a verify whose cost is flat up to some
 number of tokens and then climbs. On the default pair on a 2-core CPU it promised drafting 17%
 more than plain rounds at width 2 (k = 3) and rounds delivered 0.92-1.0x of plain, while k = 1
-there gave 1.08x in-process (benchmarks/README.md, issue 24).
+there gave 1.08x in-process (benchmarks/server.md, "Draft lengths per width").
 
 `WidthRates` keeps, per batch width, the tokens per second that plain rounds and drafting rounds
 at each draft length ("arm") achieved (each an exponentially weighted sum over its own rounds,

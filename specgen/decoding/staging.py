@@ -27,7 +27,7 @@ from specgen.runtime import kvcache
 from specgen.runtime.prefixes import PrefixStore
 
 # tokens of a staged prompt fed per round of the running rows on a CPU: on the 2-core Zen 4 VM
-# about 2.5 s of the default pair's target (benchmarks/README.md, "Chunked prefill")
+# about 2.5 s of the default pair's target (benchmarks/server.md, "Chunked prefill")
 PREFILL_CHUNK = 256
 
 

@@ -268,7 +268,7 @@ def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_dev
     """Load target (and draft), placed with accelerate; check that their tokenizers agree. A
     builder builds the GGUF sources it accepts in its own form (`load_model`)."""
     # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
-    # microcode slow path (ten times slower forwards: benchmarks/README.md).
+    # microcode slow path (ten times slower forwards: benchmarks/code-choices.md).
     torch.set_flush_denormal(True)
     cuda_count, budgets = _gpus()
     kind, gpus, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)

@@ -79,7 +79,7 @@ def choose_cpu_dtype(flags: frozenset[str] | None, bf16_works: bool = True) -> C
     - native bf16 (avx512_bf16 or amx_bf16): bf16 (half the bytes, native dot products);
     - AVX-512 without native bf16: not conclusive (conversions are cheap there): measured;
     - AVX2 and below: fp32 (bf16 is emulated element by element there: several times slower,
-      benchmarks/README.md);
+      benchmarks/code-choices.md);
     - anything else (another architecture, no flags): not conclusive, measured.
     """
     if not bf16_works:
@@ -224,7 +224,7 @@ def _decode_step_seconds(dtype: torch.dtype) -> float:
     """Best of 5 single-token steps of a one-layer Qwen2 with the 1.5B's widths (64-token cache).
 
     A whole layer, not a matmul: norms, rotary and softmax decide as much as the products where
-    bf16 is emulated (benchmarks/README.md has the figures).
+    bf16 is emulated (benchmarks/code-choices.md has the figures).
     """
     from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM  # only when measuring: rare
 

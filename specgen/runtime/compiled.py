@@ -63,7 +63,7 @@ def compile_layers(model) -> None:
 
 def resolve_compile(value: str | bool | None, device) -> str:
     """--compile auto|on|off|graphs|inductor -> a mode. auto and on: inductor on CUDA (the fastest
-    measured: benchmarks/README.md); auto is off on the CPU, where graphs do not exist and no
+    measured: benchmarks/gpu.md); auto is off on the CPU, where graphs do not exist and no
     compiled mode was measured faster than eager; on is inductor there."""
     value = {True: "on", False: "off", None: "auto"}.get(value, value).strip().lower()
     cuda = torch.device(device).type == "cuda"

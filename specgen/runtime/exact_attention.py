@@ -11,7 +11,7 @@ logits are then the same whether it was prefilled with its whole prompt, in chun
 prefix the prefix store gave back, in a chat turn's kept cache or in a verify: the server's
 caches cannot change a greedy answer. Long prefills attend a block of queries at a time to the
 keys that block can see: a 300-3000-token prefill of the 1.5B target costs 0-22% more than with
-fp32 SDPA (benchmarks/README.md, "what exact prefill attention costs").
+fp32 SDPA (benchmarks/exactness.md, "what exact prefill attention costs").
 
 Families whose attention is not SDPA's arithmetic keep theirs, in float64: Gemma 2's logit
 softcap and gpt-oss's attention sinks (`eager_attention`).
@@ -79,7 +79,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     [b, n, H, D] float32. Stacking ([b, KV, H/KV * n, D]) is what transformers does for one
     query (`pack_gqa`); doing it for every width means the keys are read (and converted) once
     per K/V head instead of being repeated for every query head (a verify's attention otherwise
-    costs several times a step's: benchmarks/README.md)."""
+    costs several times a step's: benchmarks/code-choices.md)."""
     n, length = query.shape[2], key.shape[2]
     parts = [_grouped(query[:, :, start:end], key[:, :, :keys], value[:, :, :keys],
                       mask[:, :, start:end, :keys], scale)

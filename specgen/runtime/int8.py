@@ -14,7 +14,7 @@ and greedy speculative decoding would no longer reproduce plain decoding of the 
 The fixed input scale makes the integer product of a row depend on that row only, and the
 epilogue is elementwise, so a row's output is bitwise the same at any batch width (tested).
 Relative error against fp32 is about 2%, the same as torch's dynamic kernel, at about its
-speed (benchmarks/README.md).
+speed (benchmarks/code-choices.md).
 
 `quantize_model` takes already-quantized weights when it is given them (runtime/quant.py
 caches them on disk); fbgemm's packing, whose layout cannot be saved, is redone at every load.
@@ -171,7 +171,7 @@ class _Fused:
     and the others take their columns. Each output channel's integer product and epilogue are
     those of the separate linear, so the parts are bitwise what the separate linears give
     (tested). One product instead of three halves the cost of q/k/v at one row
-    (benchmarks/README.md)."""
+    (benchmarks/code-choices.md)."""
 
     def __init__(self, packed, bias: torch.Tensor | None, sizes: list[int]):
         self.packed, self.bias, self.sizes = packed, bias, sizes

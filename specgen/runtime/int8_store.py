@@ -63,7 +63,7 @@ MARKER = ".complete"
 
 def checksum(tensors) -> str:
     """SHA-256 over each tensor's SHA-256 (hashed on a thread per core: hashlib releases the
-    GIL; about 0.5 s for the default target's 1.5 GB on 2 cores, see benchmarks/README.md)."""
+    GIL; about 0.5 s for the default target's 1.5 GB on 2 cores, see benchmarks/first-run.md)."""
     def one(tensor: torch.Tensor) -> bytes:
         return hashlib.sha256(memoryview(tensor.contiguous().view(torch.uint8).numpy())).digest()
 

@@ -14,7 +14,7 @@ bitwise those of `model.forward` (tested), for every width, row count and mask:
   transformers' registry), o_proj, RMSNorm, gate/up (fused likewise), SiLU, down_proj;
 * the head over the last `logits_to_keep` positions.
 
-It cuts about a tenth of a CPU decode step, bitwise unchanged (benchmarks/README.md).
+It cuts about a tenth of a CPU decode step, bitwise unchanged (benchmarks/avx2-epyc.md).
 
 A draft does not need bitwise logits (any draft is lossless; only its acceptance matters), so
 `LeanForward(model, exact=False)` sends single-row int8 products through fbgemm's dynamic

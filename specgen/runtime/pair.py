@@ -100,7 +100,7 @@ def _draft_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
 def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
     """On a first run, build the draft's int8 store in a child process while this one builds the
     target's. Each build spends most of its time on one thread (parsing the GGUF's vocabulary,
-    making the tokenizer from it), so two cores do the two side by side (benchmarks/README.md).
+    making the tokenizer from it), so two cores do the two side by side (benchmarks/first-run.md).
     Does nothing unless both are GGUF sources on the CPU's int8 path with no store yet; a child
     that fails changes nothing (the draft's own load builds it and says why)."""
     if torch.cuda.is_available() or (os.cpu_count() or 1) < 2:

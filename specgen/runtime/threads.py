@@ -7,7 +7,7 @@ and runs every forward on its engine thread; the loading thread's pool stays, li
 counts more threads than cores and stops its workers spinning between ops, so each parallel op
 of the engine thread waits for its workers to wake: on a 2-core CPU an int8 product or a matvec
 took 15-35% longer than the same op on the loading thread, and the served engine decoded 15-20%
-slower than `specgen run` (benchmarks/README.md, "The server as fast as the engine").
+slower than `specgen run` (benchmarks/server-peers.md).
 `release_pool()`, called on the loading thread once it is done with tensors, frees that pool
 (OpenMP 5's `omp_pause_resource_all`); a later parallel op on that thread would build a new one.
 """
