@@ -22,7 +22,7 @@ def int8_exact(family: str):
 
 
 # dense families: an MoE's fused experts stay fp32 on the int8 path, and their grouped products
-# round by how many tokens reach each expert (README: "Model families")
+# round by how many tokens reach each expert (docs/how-it-works.md: "Model families")
 MODELS = {family: int8_exact(family) for family in ("qwen2", "gemma2", "gemma3", "mistral")}
 
 

@@ -158,3 +158,16 @@ def test_the_command_line_and_a_served_run_import_no_torch():
     probe = ("import sys; import specgen.cli, specgen.serve.client, specgen.decoding.stats, "
              "specgen.decoding.views; print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_module_map_lists_every_module_and_only_modules_that_exist():
+    """docs/modules.md has a line for each module under specgen/ (every .py file but a package's
+    __init__.py) and names no module that is not there."""
+    import re
+
+    page = (ROOT.parent / "docs" / "modules.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"`(specgen/[\w/]+\.py)`", page))
+    present = {path.relative_to(ROOT.parent).as_posix() for path in ROOT.rglob("*.py")
+               if path.name != "__init__.py"}
+    assert not present - listed, f"modules missing from docs/modules.md: {sorted(present - listed)}"
+    assert not listed - present, f"docs/modules.md lists modules that do not exist: {sorted(listed - present)}"

@@ -19,7 +19,7 @@ from specgen.errors import ModelError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
-# model types whose every path the family matrix checks (README: "Model families")
+# model types whose every path the family matrix checks (docs/how-it-works.md: "Model families")
 CHECKED = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
     "gemma3_text", "phi3", "olmo2", "granite", "starcoder2", "smollm3", "gpt_neox", "gpt2", "gpt_oss",
