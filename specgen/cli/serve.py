@@ -22,6 +22,7 @@ from specgen.serve import client, discovery
 from specgen.status import status
 
 STARTUP_TIMEOUT = 900.0  # a first start may download and convert the models
+BROWSER_SECONDS = 10.0  # how long --open waits for the browser's launcher
 
 
 def serve(
@@ -56,6 +57,8 @@ def serve(
         "--allowed-origins", help="Web pages whose scripts may call the server, comma-separated origins as a browser "
                                   "sends them (http://localhost:3000), or * (CORS; they still need the key). "
                                   "Default: none.", show_default=False)] = None,
+    open_: Annotated[bool, typer.Option(
+        "--open", help="Open the playground (GET /) in your browser once the server answers.")] = False,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
@@ -87,7 +90,7 @@ def serve(
         if ray_address is not None:
             if detach or stop:
                 raise ConfigError("--ray serves in the foreground; --detach and --stop are for a local server")
-            _serve_on_ray(settings, options, ray_address, replicas, ray_threads)
+            _serve_on_ray(settings, options, ray_address, replicas, ray_threads, open_)
             return
         if replicas != 1 or ray_threads != 1:
             raise ConfigError("--replicas and --ray-threads go with --ray")
@@ -100,15 +103,16 @@ def serve(
             raise ConfigError("a specgen server with these model options is already running",
                               hint="`specgen serve --stop` with the same options stops it")
         if detach:
-            _detach(settings, options)
+            _detach(settings, options, open_)
             return
         from specgen.serve.server import run_server  # torch: only the server process loads it
 
-        why = run_server(settings, options)
+        why = run_server(settings, options, browse=open_)
         typer.echo(f"specgen server stopped: {why}", err=True)
 
 
-def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int, threads: int) -> None:
+def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int, threads: int,
+                  browse: bool = False) -> None:
     """The app as a Ray Serve deployment until Ctrl-C; then the deployment is deleted."""
     if replicas < 1 or threads < 1:
         raise ConfigError(f"--replicas and --ray-threads must be >= 1, got {replicas} and {threads}")
@@ -138,7 +142,9 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
                 raise ConfigError(f"the Ray Serve deployment failed: {(lines or [type(exc).__name__])[-1][:300]}") \
                     from None
         typer.echo(f"specgen: {replicas} Ray Serve replicas ready at {url}; OpenAI API at {url}/v1; "
-                   f"Ctrl-C stops them", err=True)
+                   f"Ctrl-C stops them; playground {url}/", err=True)
+        if browse:
+            _browse(url)
         try:
             while True:
                 time.sleep(3600)
@@ -151,6 +157,12 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
             pass
         if owned:
             ray.shutdown()
+
+
+def _browse(url: str) -> None:
+    from specgen.serve.playground import open_page  # FastAPI: only when a page is opened
+
+    open_page(url, lambda line: typer.echo(line, err=True)).join(BROWSER_SECONDS)  # before this process ends
 
 
 def _list() -> None:
@@ -179,7 +191,7 @@ def _stop(settings: ModelSettings) -> None:
     typer.echo(f"stopped the specgen server (pid {info['pid']}, {info['models']})", err=True)
 
 
-def _detach(settings: ModelSettings, options) -> None:
+def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
     """Start `specgen serve` with the same options as a background process (its own session, so
     closing the terminal does not stop it) and wait until it answers or fails. Its log is
     appended to, never truncated: a second start cannot erase a running server's log."""
@@ -215,7 +227,9 @@ def _detach(settings: ModelSettings, options) -> None:
                 server = client.find(settings, timeout=2.0)
                 if server is not None:
                     typer.echo(f"specgen server ready at {server.url}: pid {server.info['pid']}, "
-                               f"{server.info['models']}; log {log}", err=True)
+                               f"{server.info['models']}; log {log}; playground {server.url}/", err=True)
+                    if browse:
+                        _browse(server.url)
                     return
                 time.sleep(0.5)
     except KeyboardInterrupt:

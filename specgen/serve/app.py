@@ -1,7 +1,7 @@
 """The HTTP layer: FastAPI routes in OpenAI's shape over the scheduler. It parses, checks,
 queues, streams and cancels; it never touches a tensor, and never answers with a traceback.
 
-Routes: POST /v1/chat/completions, /v1/completions and /v1/responses (OpenAI's Responses API,
+Routes: GET / (the playground page: playground.py), POST /v1/chat/completions, /v1/completions and /v1/responses (OpenAI's Responses API,
 answered through the chat path: responses.py), streamed as server-sent events when asked; POST
 /tokenize (vLLM's: a prompt's token count), GET /v1/models, GET /metrics
 (Prometheus), GET /health. Every route but /health needs
@@ -33,7 +33,7 @@ from specgen.config import GenerationConfig
 from specgen.decoding.build import why_not
 from specgen.decoding.prompts import render_chat
 from specgen.errors import SpecgenError
-from specgen.serve import answers, api, discovery, protocol, responses
+from specgen.serve import answers, api, discovery, playground, protocol, responses
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
@@ -108,6 +108,8 @@ def create_app(state: ServerState) -> FastAPI:
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
                      headers=exc.headers)
+
+    playground.add_routes(app)  # GET /: the page (no key; every API call it makes needs one)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' checks send
     async def health(request: Request):

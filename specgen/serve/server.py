@@ -27,7 +27,7 @@ import uvicorn
 
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding import run as driver
-from specgen.decoding.build import resolve_draft_length
+from specgen.decoding.build import resolve_draft_length, why_not
 from specgen.decoding.costs import width_costs
 from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.views import Outcome, Silent, summary_line
@@ -37,7 +37,7 @@ from specgen.runtime.pair import load
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.prefixes import DEFAULT_MIB
 from specgen.runtime.threads import release_pool
-from specgen.serve import discovery
+from specgen.serve import discovery, playground
 from specgen.serve.app import ServerState, create_app
 from specgen.serve.metrics import Metrics
 from specgen.serve.protocol import TimedH11
@@ -128,6 +128,12 @@ def defaults(pair, options: ServeOptions) -> GenerationConfig:
     return config
 
 
+def servable(pair) -> list[str]:
+    """The methods this pair can serve (the playground's picker)."""
+    return [m.value for m in Method
+            if not (m.needs_draft_model and pair.draft is None) and why_not(pair, m) is None]
+
+
 def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
     """A model chain's draft length at each batch width up to `widest`: the device's `k` for one
     row (what `specgen run` drafts), scaled down as the measured costs of wider rounds say
@@ -204,9 +210,14 @@ class Running:
     record: object  # the record's path
     token: str
 
-    def serve(self) -> None:
-        """Answer (blocking) until stopped; the record is there meanwhile, gone afterwards."""
-        self.server.on_started = lambda: discovery.write_record(self.record, {**self.state.info, "token": self.token})
+    def serve(self, ready: Callable[[], None] = lambda: None) -> None:
+        """Answer (blocking) until stopped; the record is there meanwhile, gone afterwards.
+        `ready` runs once the server answers (`--open` opens the playground then)."""
+        def started() -> None:
+            discovery.write_record(self.record, {**self.state.info, "token": self.token})
+            ready()
+
+        self.server.on_started = started
         self.server.on_exit = self.scheduler.stop
         self.scheduler.start()
         try:
@@ -266,15 +277,17 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
     release_pool()  # this thread is done with tensors: its OpenMP workers would slow the engine thread's
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
-            "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None}
+            "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None,
+            "methods": servable(pair), "method": config.method.value, "draft_tokens": config.draft_tokens}
     state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
                         pair.target.context_length, metrics, say, options.allowed_origins)
     return scheduler, state
 
 
-def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False) -> str:
+def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False, browse: bool = False) -> str:
     """Load, warm up, listen and answer until stopped (SIGINT, SIGTERM, idle); why it stopped.
-    One server per model options: the lock (discovery.hold) is taken before anything loads."""
+    One server per model options: the lock (discovery.hold) is taken before anything loads.
+    `browse`: open the playground in the user's browser once the server answers."""
     options.check()
     discovery.private_dir()
     discovery.hold(settings)  # held until this process ends
@@ -287,9 +300,18 @@ def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = Fal
         url = running.state.info["url"]
         note(f"specgen: server ready at {url} (pid {os.getpid()}, {running.state.info['models']}); "
              f"OpenAI API at {url}/v1")
+        note(f"specgen: playground at {url}/ (its key: {playground_key(options, running.token)})")
         note("specgen: `specgen run` with the same model options generates here; Ctrl-C stops the server")
-    running.serve()
+    running.serve(lambda: playground.open_page(running.state.info["url"], note) if browse else None)
     return stopped["why"]
+
+
+def playground_key(options: ServeOptions, token: str) -> str:
+    """What to type into the playground's key box: the --api-key (never printed), or, on a
+    loopback server without one, the local token (the record in the private runtime directory
+    holds it too)."""
+    return "your --api-key" if options.api_key else f"this server's local token {token}"
+
 
 
 def _watch_idle(server: uvicorn.Server, scheduler: Scheduler, minutes: float, stopped: dict) -> None:

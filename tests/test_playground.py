@@ -1,0 +1,116 @@
+"""The playground's server side, without a browser (tests/test_browser.py drives it in Chromium):
+`GET /` and its two files need no key, carry a Content-Security-Policy of this origin only and
+hold no secret; every API call the page makes still needs the key; `--open` opens the page once
+the server answers."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import re
+import sys
+import threading
+import time
+import webbrowser
+
+import pytest
+
+from specgen.serve import playground
+from specgen.serve.server import ServeOptions, prepare
+from test_server import invoke, options, pair, served, settings_for, start, stop  # noqa: F401
+
+
+def _get(running, path: str, headers: dict | None = None, method: str = "GET"):
+    host, port = running.state.info["url"].removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request(method, path, headers=headers or {})
+    response = conn.getresponse()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
+
+@pytest.mark.parametrize("path, kind", [("/", "text/html"), ("/playground.js", "text/javascript"),
+                                        ("/playground.css", "text/css")])
+def test_the_page_needs_no_key_and_allows_only_its_own_origin(served, path, kind):
+    status, headers, body = _get(served, path)
+    assert status == 200 and headers["content-type"].startswith(kind) and body
+    policy = dict(part.strip().split(" ", 1) for part in headers["content-security-policy"].split(";"))
+    assert policy["default-src"] == "'none'"
+    for directive in ("script-src", "style-src", "connect-src"):
+        assert policy[directive] == "'self'"  # no inline script or style, nothing from another origin
+    assert policy["frame-ancestors"] == "'none'" and headers["x-frame-options"] == "DENY"
+    assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+    # the page holds no secret: neither the local token nor the server's --api-key
+    assert served.token.encode() not in body
+    status, _, _ = _get(served, path, method="HEAD")
+    assert status == 200
+
+
+def test_the_page_loads_nothing_from_elsewhere_and_keeps_the_key_out_of_urls():
+    html, script = playground.content("playground.html").decode(), playground.content("playground.js").decode()
+    for text in (html, script, playground.content("playground.css").decode()):
+        assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text)  # no CDN, no other origin
+        assert "style=" not in text.replace('"style-src', "")  # inline styles would need 'unsafe-inline'
+    assert "<script>" not in html and 'src="/playground.js"' in html  # no inline script
+    assert "sessionStorage" in script and "localStorage" not in script
+    assert not re.search(r"[?&](key|api_key|token)=", script)  # the key goes in a header, never in a URL
+    assert re.search(r"fetch\(\"/", script) and "http" not in re.sub(r"https?://www\.w3\.org/2000/svg", "", script)
+
+
+def test_every_api_call_still_needs_the_key(served):
+    for path in ("/v1/models", "/metrics", "/tokenizer_info"):
+        status, _, body = _get(served, path)
+        assert status == 401 and b"a valid API key is required" in body
+    status, _, _ = _get(served, "/v1/models", {"Authorization": f"Bearer {served.token}"})
+    assert status == 200
+    # /health tells a caller with the key what the page may offer: the methods this pair serves
+    status, _, body = _get(served, "/health", {"Authorization": f"Bearer {served.token}"})
+    info = json.loads(body)
+    assert status == 200 and {"plain", "chain", "lookup", "lookup-chain"} <= set(info["methods"])
+    assert "eagle" not in info["methods"]  # the tiny pair's draft is a model, not a head
+    status, _, body = _get(served, "/health")
+    assert "methods" not in json.loads(body)
+
+
+def test_nothing_a_caller_sends_names_a_file(served):
+    for path in ("/?name=../../../etc/passwd", "/playground.js?name=playground.py"):
+        status, headers, body = _get(served, path)
+        assert status == 200 and b"root:" not in body and b"import" not in body[:200]
+    for path in ("/static/playground.js", "/../playground.py", "/playground.py"):
+        assert _get(served, path)[0] == 404
+
+
+def test_open_starts_the_users_browser_once_the_server_answers(tiny_dirs, pair, tmp_path, monkeypatch):  # noqa: F811
+    opened = tmp_path / "opened"
+    # a "browser" that loads the page it is given: webbrowser runs $BROWSER with the URL for %s
+    browser = tmp_path / "browser.py"
+    browser.write_text("import sys, urllib.request\n"
+                       f"status = urllib.request.urlopen(sys.argv[1], timeout=10).status\n"
+                       f"open({str(opened)!r}, 'w').write(f'{{sys.argv[1]}} {{status}}')\n")
+    monkeypatch.setenv("BROWSER", f"{sys.executable} {browser} %s")
+    monkeypatch.setattr(webbrowser, "_tryorder", None)  # read $BROWSER again
+    said = []
+    running = prepare(settings_for(tiny_dirs), ServeOptions(port=0), quiet=True, log=io.StringIO(), pair=pair)
+    url = running.state.info["url"]
+    thread = threading.Thread(target=running.serve, args=(lambda: playground.open_page(url, said.append),),
+                              daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not opened.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert opened.read_text() == f"{url}/ 200" and not said
+    finally:
+        stop(running, thread)
+
+
+def test_no_browser_gives_a_line_not_a_failure(monkeypatch):
+    monkeypatch.setattr(webbrowser, "open", lambda url: False)
+    said = []
+    playground.open_page("http://127.0.0.1:1", said.append).join(10)
+    assert said == ["specgen: no browser could be opened; the playground is at http://127.0.0.1:1/"]
+
+
+def test_serve_open_is_an_option(tiny_dirs):
+    result = invoke("serve", "--help")
+    assert "--open" in result.output
