@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html.parser
 import json
 import math
 import sys
@@ -346,6 +347,83 @@ def test_plot_draws_a_png(small_result, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+class Page(html.parser.HTMLParser):
+    """A strict reading of an HTML page: every element closed in order (void ones excepted), the
+    SVG plots and their marks counted, anything that would load or run something noted."""
+
+    VOID = {"meta", "link", "br", "hr", "img", "input", "line", "rect", "polyline", "circle", "path"}
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.open, self.problems, self.plots, self.rects, self.cells = [], [], 0, 0, []
+        self.feed(text)
+        self.close()
+        if self.open:
+            self.problems.append(f"unclosed: {self.open}")
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "svg" and "data-plot" in attrs:
+            self.plots += 1
+        self.rects += tag == "rect"
+        if tag in ("script", "iframe", "img", "link") or any(v and "//" in v and k != "xmlns" for k, v in attrs.items()):
+            self.problems.append(f"loads something: <{tag} {attrs}>")
+        if tag not in self.VOID:
+            self.open.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.handle_starttag(tag, attrs)
+            self.handle_endtag(tag)
+        else:
+            self.handle_starttag(tag, attrs)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.open or self.open[-1] != tag:
+            self.problems.append(f"</{tag}> closes {self.open[-1:] or 'nothing'}")
+        else:
+            self.open.pop()
+
+    def handle_data(self, data):
+        if self.open and self.open[-1] == "td":
+            self.cells.append(data)
+
+
+def test_html_report_is_one_page_with_an_svg_per_plot(small_result, tmp_path):
+    from specgen.bench.html import write_html
+
+    path = tmp_path / "r" / "bench.html"
+    write_html(small_result, path)
+    text = path.read_text(encoding="utf-8")
+    page = Page(text)
+    assert page.problems == [] and text.startswith("<!doctype html>")
+    assert page.plots == 3  # speed-up with ranges, acceptance per position, draft share
+    chain = next(g for g in small_result.summary if g.method == "chain" and g.category == "all")
+    assert bench_cli.summary_cells(chain) == page.cells[len(bench_cli.COLUMNS) * 3:len(bench_cli.COLUMNS) * 4]
+    assert "chain</strong>: identical to plain on 3/3 prompts" in text
+    for heading in ("Speed-up over plain", "Acceptance per draft position", "Draft share of decode time",
+                    "First token that differs from plain"):
+        assert heading in text
+    # a method that differs: its first differing token, prompt by prompt
+    differing = [dataclasses.replace(p, identical_to_plain=False, first_mismatch=4) if p.method == "chain"
+                 and p.prompt_id == "code-2" else p for p in small_result.prompts]
+    text = bench_cli_html(dataclasses.replace(small_result, prompts=differing))
+    assert "differs from plain on 1/3 prompts: code-2 at token 4" in text
+    # plain alone: the plots are still there, and say there is nothing to draw
+    plain_only = dataclasses.replace(small_result, methods=["plain"],
+                                     summary=[g for g in small_result.summary if g.method == "plain"])
+    page = Page(bench_cli_html(plain_only))
+    assert page.problems == [] and page.plots == 3
+
+
+def bench_cli_html(result) -> str:
+    from specgen.bench.html import page
+
+    return page(result)
+
+
 # -- the command ------------------------------------------------------------------------------
 app = typer.Typer(add_completion=False)
 app.command()(bench_command)
@@ -374,18 +452,20 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
-def test_cli_end_to_end_with_json_and_csv(models, short_file, tmp_path):
-    out_json, out_csv = tmp_path / "r" / "b.json", tmp_path / "r" / "b.csv"
+def test_cli_end_to_end_with_json_csv_and_html(models, short_file, tmp_path):
+    out_json, out_csv, out_html = tmp_path / "r" / "b.json", tmp_path / "r" / "b.csv", tmp_path / "r" / "b.html"
     result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2",
                                  "--methods", "chain,hf-lookup", "-n", "6", "--repeats", "2",
-                                 "--json", str(out_json), "--csv", str(out_csv)])
+                                 "--json", str(out_json), "--csv", str(out_csv), "--html", str(out_html)])
     assert result.exit_code == 0, result.output
     assert "speed-up" in result.stdout and "hf-lookup" in result.stdout and "2/2" in result.stdout
     data = json.loads(out_json.read_text())
     assert data["methods"] == ["plain", "chain", "hf-lookup"]
     assert len(data["measurements"]) == 2 * 2 * 3
     assert len(list(csv.DictReader(out_csv.open()))) == 12
-    assert f"wrote {out_json}" in result.stderr
+    assert f"wrote {out_json}" in result.stderr and f"wrote {out_html}" in result.stderr
+    page = Page(out_html.read_text(encoding="utf-8"))
+    assert page.problems == [] and page.plots == 3 and "hf-lookup" in out_html.read_text()
 
 
 def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp_path):
@@ -533,7 +613,7 @@ def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monke
     assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
 
 
-@pytest.mark.parametrize("option", ["--json", "--csv"])
+@pytest.mark.parametrize("option", ["--json", "--csv", "--html"])
 def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -551,6 +631,8 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     assert_one_line_error(result, "cannot write --json")
     result = runner.invoke(app, ["bench", *no_model, "--batch-sizes", "1", "--csv", str(tmp_path / "t.csv")])
     assert_one_line_error(result, "with --batch-sizes use --json")
+    result = runner.invoke(app, ["bench", *no_model, "--concurrency", "1", "--html", str(tmp_path / "t.html")])
+    assert_one_line_error(result, "it takes --json, not", "--html")
 
 
 def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(models, short_file, tmp_path,

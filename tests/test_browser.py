@@ -216,3 +216,31 @@ def test_the_page_fits_at_1280_and_360_px(browser, served, output, width):  # no
         assert page.errors == []
     finally:
         page.page.close()
+
+
+def test_a_bench_report_loads_in_chromium(browser, tiny_dirs, tmp_path, output):
+    from test_server import invoke, options
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "one", "category": "code", "prompt": "def fib(n):"}\n'
+                       '{"id": "two", "category": "chat", "prompt": "Say hello"}\n', encoding="utf-8")
+    report = tmp_path / "bench.html"
+    result = invoke("bench", *options(tiny_dirs), "--prompts", str(prompts), "--methods", "chain,lookup",
+                    "-n", "8", "--no-warmup", "--threads", "1", "--html", str(report))
+    assert result.exit_code == 0, result.output
+    page = browser.new_page(viewport={"width": WIDE, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: errors.append(f"fetched {r.url}") if not r.url.startswith("file:") else None)
+    try:
+        page.goto(report.as_uri())
+        assert page.locator("svg[data-plot]").count() == 3
+        assert page.locator("table tbody tr").count() == 3 * 3  # plain, chain, lookup: all, code, chat
+        for plot in page.locator("svg[data-plot]").all():
+            box = plot.bounding_box()
+            assert box["width"] > 200 and box["height"] > 60
+        page.screenshot(path=str(output / "bench-report.png"), full_page=True)
+        assert errors == []
+    finally:
+        page.close()

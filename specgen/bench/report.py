@@ -220,10 +220,29 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def table(result):
-    """Per method: the `all` row (bold), then one row per category."""
+COLUMNS = ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance", "tok/fwd", "TTFT s",
+           "draft share", "identical")
+
+
+def draft_share(g) -> float | None:
+    """The draft's share of a group's drafting and verifying time."""
+    busy = (g.draft_seconds or 0.0) + (g.verify_seconds or 0.0)
+    return g.draft_seconds / busy if g.draft_seconds is not None and busy else None
+
+
+def summary_cells(g) -> list[str]:
+    """A summary row's cells as the table shows them (COLUMNS), for every report."""
+    identical = "–" if g.identical is None or g.method == "plain" else f"{g.identical}/{g.compared}"
+    spread = "–" if g.speedup_min is None or g.method == "plain" else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}"
+    return [g.method, g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"), _fmt(g.speedup, ".2f", "x"),
+            spread, _fmt(g.acceptance_rate, ".0%"), _fmt(g.tokens_per_target_forward, ".2f"),
+            _fmt(g.ttft_seconds, ".2f"), _fmt(draft_share(g), ".0%"), identical]
+
+
+def title(result) -> str:
+    """The report's one-line title: models, formats, threads, draft length, mode, budget."""
     env, s = result.environment, result.settings
-    title = (f"specgen bench · {env['target']['name']}"
+    return (f"specgen bench · {env['target']['name']}"
              + (f" + {env['draft']['name']}" if env.get("draft") else "")
              + f" · {env['target']['dtype']}"
              + (f" + int8 linears" if env['target'].get('weights') == "int8" else "")
@@ -236,28 +255,29 @@ def table(result):
              + " · "
              f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
              f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
-    warm = s.get("warmup_seconds") or {}
+
+
+def notes(result) -> list[str]:
+    """What the table's caption says: warm-up times, columns that failed."""
+    warm = result.settings.get("warmup_seconds") or {}
     lines = ["warm-up (compilation, capture; not in any figure): "
              + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())] if warm else []
-    lines += [f"{f.method} failed: {f.error}" for f in result.failures]
-    caption = "\n".join(lines) or None
-    t = Table(title=escape(title), title_justify="left", header_style="bold",
+    return lines + [f"{f.method} failed: {f.error}" for f in result.failures]
+
+
+def table(result):
+    """Per method: the `all` row (bold), then one row per category."""
+    caption = "\n".join(notes(result)) or None
+    t = Table(title=escape(title(result)), title_justify="left", header_style="bold",
               caption=escape(caption) if caption else None, caption_justify="left")
-    for name in ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance",
-                 "tok/fwd", "TTFT s", "draft share", "identical"):
+    for name in COLUMNS:
         t.add_column(name, justify="left" if name in ("method", "category") else "right")
     rows = result.summary
     for i, g in enumerate(rows):
         first = g.category == "all"
-        identical = "–" if g.identical is None or g.method == "plain" else f"{g.identical}/{g.compared}"
-        busy = (g.draft_seconds or 0.0) + (g.verify_seconds or 0.0)
-        share = _fmt(g.draft_seconds / busy if g.draft_seconds is not None and busy else None, ".0%")
-        spread = ("–" if g.speedup_min is None or g.method == "plain"
-                  else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}")
+        cells = summary_cells(g)
         last = i + 1 == len(rows) or rows[i + 1].method != g.method
-        t.add_row(escape(g.method) if first else "", escape(g.category), str(g.prompts), _fmt(g.tokens_per_second, ".1f"),
-                  _fmt(g.speedup, ".2f", "x"), spread, _fmt(g.acceptance_rate, ".0%"),
-                  _fmt(g.tokens_per_target_forward, ".2f"), _fmt(g.ttft_seconds, ".2f"), share, identical,
+        t.add_row(*(escape(c) for c in [cells[0] if first else ""] + cells[1:]),
                   style="bold" if first else None, end_section=last)
     for f in result.failures:  # a column that stopped: its line is in the caption, no figures here
         t.add_row(escape(f.method), "failed", *["–"] * 9, style="bold red", end_section=True)

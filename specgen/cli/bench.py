@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specgen.bench import report
+from specgen.bench.html import write_html
 from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
                                  DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt,
                                  MaxNewOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt,
@@ -88,6 +89,10 @@ def bench(
         "--csv", help="Write one CSV row per measurement.")] = None,
     plot_file: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw speed-up and tokens per target forward to a PNG (needs matplotlib).")] = None,
+    html_file: Annotated[Optional[Path], typer.Option(
+        "--html", help="Write a self-contained page: the table, speed-up per method and category with its range, "
+                       "acceptance per draft position, draft share, first token differing from plain (inline "
+                       "SVG; nothing else needed).")] = None,
 ) -> None:
     """Measure decoding methods against plain decoding of the target on a prompt set."""
     with user_errors():
@@ -110,9 +115,9 @@ def bench(
             sizes = [1]
         levels = throughput.parse_sizes(concurrency, "--concurrency")
         if levels:
-            if sizes or windows or csv_file is not None or plot_file is not None:
+            if sizes or windows or csv_file is not None or plot_file is not None or html_file is not None:
                 raise ConfigError("--concurrency reports its own cells; it takes --json, not --batch-sizes, "
-                                  "--verify-windows, --csv or --plot")
+                                  "--verify-windows, --csv, --plot or --html")
             if per_client < 1:
                 raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
             if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
@@ -131,8 +136,8 @@ def bench(
                 if window < 2:
                     raise ConfigError("--verify-windows values must be >= 2")
                 replace(config, deterministic=True, verify_window=window)
-            if csv_file is not None or plot_file is not None:
-                raise ConfigError("--csv and --plot report the per-prompt bench; with --batch-sizes use --json")
+            if csv_file is not None or plot_file is not None or html_file is not None:
+                raise ConfigError("--csv, --plot and --html report the per-prompt bench; with --batch-sizes use --json")
             report.check_outputs({"--json": json_file})
             engine_names = {m.value for m in Method}
             other = [n for n in names if n not in engine_names]
@@ -142,9 +147,10 @@ def bench(
             _throughput([n for n in names if n in engine_names], items, replace(config, deterministic=False), sizes,
                         windows, models, json_file, threads, named=methods is not None)
             return
-        report.check_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot_file})  # before the run
+        outputs = {"--json": json_file, "--csv": csv_file, "--plot": plot_file, "--html": html_file}
+        report.check_outputs(outputs)  # before the run
         result = _measure(names, items, settings, models, named=methods is not None)
-        if not _report(result, json_file, csv_file, plot_file):
+        if not _report(result, outputs):
             raise typer.Exit(1)
         if result.interrupted:
             raise typer.Exit(130)
@@ -349,12 +355,14 @@ def _noted(result, chosen):
     return result
 
 
-def _report(result, json_file, csv_file, plot_file) -> bool:
+def _report(result, outputs: dict) -> bool:
     """The table, then each file; one that fails does not stop the others. False if any failed."""
     Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(report.table(result))
     ok = True
-    for option, path, write in (("--json", json_file, report.write_json), ("--csv", csv_file, report.write_csv),
-                                ("--plot", plot_file, report.write_plot)):
+    writers = {"--json": report.write_json, "--csv": report.write_csv, "--plot": report.write_plot,
+               "--html": write_html}
+    for option, path in outputs.items():
+        write = writers[option]
         if path is not None:  # the format comes from the real name: the temporary file's is .tmp
             kind = {"kind": report.plot_kind(path)} if option == "--plot" else {}
             ok &= report.save(option, path, lambda p, write=write, kind=kind: write(result, p, **kind),
