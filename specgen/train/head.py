@@ -47,7 +47,7 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
             data.record(model, tuple(layers), sequences, shards, target.device, progress=advance)
     recorded = time.monotonic() - started
     with _bar("training the head", None, quiet) as advance:
-        trainer = Trainer(model, out, train, progress=advance)
+        trainer = Trainer(model, out, train, progress=advance, heldout=advance.heldout)
         try:
             trainer.run()
         finally:
@@ -72,20 +72,31 @@ def _sequences(target, source: str, prompts: list[str], tokens: int, answer_toke
     return sequences
 
 
+class _Advance:
+    """What a bar's owner calls: (tokens, loss) per step, `heldout(acceptance)` per measurement."""
+
+    def __init__(self, step=lambda tokens, loss=None: None, heldout=lambda acceptance: None):
+        self.step, self.heldout = step, heldout
+
+    def __call__(self, tokens: int, loss: float | None = None) -> None:
+        self.step(tokens, loss)
+
+
 class _bar:
-    """A rich progress bar (tokens/s; the last loss while training), or nothing when quiet."""
+    """A rich progress bar (tokens/s; while training, the last loss and the held-out acceptance
+    per draft position as last measured), or nothing when quiet."""
 
     def __init__(self, label: str, total: int | None, quiet: bool):
         self.label, self.total, self.quiet = label, total, quiet
 
     def __enter__(self):
         if self.quiet:
-            return lambda tokens, loss=None: None
+            return _Advance()
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} tokens"),
                                  TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[loss]}"),
-                                 TimeElapsedColumn(), transient=False)
+                                 TextColumn("{task.fields[heldout]}"), TimeElapsedColumn(), transient=False)
         self.progress.start()
-        self.task = self.progress.add_task(self.label, total=self.total, rate="", loss="")
+        self.task = self.progress.add_task(self.label, total=self.total, rate="", loss="", heldout="")
         self.started, self.done = time.monotonic(), 0
 
         def advance(tokens: int, loss: float | None = None) -> None:
@@ -93,7 +104,10 @@ class _bar:
             rate = self.done / max(time.monotonic() - self.started, 1e-9)
             self.progress.update(self.task, advance=tokens, rate=f"{rate:.0f} tok/s",
                                  loss="" if loss is None else f"loss {loss:.3f}")
-        return advance
+
+        def heldout(acceptance: list[float]) -> None:
+            self.progress.update(self.task, heldout="held-out acceptance " + "/".join(f"{a:.2f}" for a in acceptance))
+        return _Advance(advance, heldout)
 
     def __exit__(self, *exc):
         if not self.quiet:

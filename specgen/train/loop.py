@@ -7,7 +7,8 @@ training-time test (ttt.py) over recorded sequences, checkpoint, resume, write t
   speculators trainer does: the target's own output space, and a third less to train), the
   final norm from the target's, token embedding shared (frozen); fc and the layer random (std 0.02).
 * Training: AdamW, one sequence per step, held-out sequences (every `holdout`-th) never
-  trained on; their per-step acceptance is reported.
+  trained on; their acceptance per draft position is measured every `evaluate_minutes` while
+  training (the progress bar shows it) and at the end.
 * Checkpoints: `DIR/checkpoint.pt` (head, optimiser, position) every `checkpoint_minutes`,
   written to a temporary file and renamed; a rerun resumes from it; Ctrl-C writes one first.
 * Output: `DIR/config.json` and `DIR/model.safetensors` in the public format (`fmt`), and
@@ -40,6 +41,7 @@ class Settings:
     epochs: int = 1
     minutes: float = 0.0  # stop after training this much longer (0: when the epochs are done)
     checkpoint_minutes: float = 5.0
+    evaluate_minutes: float = 2.0  # the held-out acceptance is measured this often while training (0: at the end)
     holdout: int = 10  # every holdout-th sequence is held out
     intermediate: int = 0  # the layer's MLP width (0: the target's)
     seed: int = 0
@@ -110,8 +112,12 @@ def draft_index(head: Eagle3Head) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, target_model, directory: Path, settings: Settings, progress=None):
+    """`progress(tokens, loss)` after each step; `heldout(acceptance per position)` after each
+    measurement of the held-out sequences."""
+
+    def __init__(self, target_model, directory: Path, settings: Settings, progress=None, heldout=None):
         self.target, self.dir, self.settings, self.progress = target_model, directory, settings, progress
+        self.heldout = heldout
         self.shards = Shards(directory)
         self.checkpoint = directory / "checkpoint.pt"
         self.report = Report()
@@ -152,7 +158,7 @@ class Trainer:
     def run(self) -> Report:
         """Train until the epochs or the minutes are spent; checkpoint as it goes."""
         settings = self.settings
-        started, last_save = time.monotonic(), time.monotonic()
+        started = last_save = last_evaluation = time.monotonic()
         spent_before = self.report.seconds
         sequences = list(self.shards.sequences())
         try:
@@ -165,6 +171,9 @@ class Trainer:
                     self._step(ids, start, feats, labels)
                     self.position += 1
                     self.report.seconds = spent_before + time.monotonic() - started
+                    if settings.evaluate_minutes and time.monotonic() - last_evaluation > settings.evaluate_minutes * 60:
+                        self.evaluate()
+                        last_evaluation = time.monotonic()
                     if time.monotonic() - last_save > settings.checkpoint_minutes * 60:
                         self.save_checkpoint()
                         last_save = time.monotonic()
@@ -205,6 +214,8 @@ class Trainer:
         self.head.train()
         self.report.acceptance = [round(float(c / max(n, 1)), 4) for c, n in zip(chained, counted)]
         self.report.accuracy = [round(float(c / max(n, 1)), 4) for c, n in zip(correct, counted)]
+        if self.heldout is not None:
+            self.heldout(self.report.acceptance)
         return self.report
 
     def write(self, extra: dict | None = None) -> None:
