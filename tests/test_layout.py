@@ -1,7 +1,7 @@
 """The package's shape: layers import downwards only, no import cycles, modules of one job and
 a readable size, no mode chosen by `hasattr` in decoding, function-local imports explained.
 
-Layers, lowest first: the common modules (config, errors, text, status, memory), models/, runtime/,
+Layers, lowest first: the common modules (config, errors, text, status, memory, ground), models/, runtime/,
 decoding/, then the front ends chat/, bench/, serve/ and scale/ (which never import each other), then
 cli/. A module may import its own layer and the layers below it.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 import specgen
 
 ROOT = Path(specgen.__file__).parent
-COMMON = {"specgen", "specgen.config", "specgen.errors", "specgen.text", "specgen.status", "specgen.memory"}
+COMMON = {"specgen", "specgen.config", "specgen.errors", "specgen.text", "specgen.status", "specgen.memory",
+          "specgen.ground"}
 RANKS = {"models": 1, "runtime": 2, "decoding": 3, "chat": 4, "bench": 4, "serve": 4, "scale": 4, "train": 4,
          "cli": 5}
 MAX_LINES = 450

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specgen.errors import ConfigError
-from specgen.models.cache import atomic_write
+from specgen.ground import atomic_write
 from specgen.status import error_line
 
 
@@ -45,7 +45,7 @@ def check_outputs(paths: dict) -> None:
             raise ConfigError(f"cannot write {option} {path}: {folder} is a file, not a folder")
         if option == "--plot":
             _check_plot_format(path)
-        if path.exists() and not path.is_file():  # a device or a pipe: written in place (cache.atomic_write)
+        if path.exists() and not path.is_file():  # a device or a pipe: written in place (ground.atomic_write)
             if not os.access(path, os.W_OK):
                 raise ConfigError(f"cannot write {option} {path}: permission denied")
             continue

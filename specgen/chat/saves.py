@@ -10,7 +10,7 @@ from pathlib import Path
 from specgen.text import json_value
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.errors import ConfigError, SpecgenError
-from specgen.models.cache import write_text
+from specgen.ground import write_text
 
 SAVE_FORMAT = "specgen-chat"
 SAVE_VERSION = 1

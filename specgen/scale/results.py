@@ -17,7 +17,6 @@ file is refused.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from specgen.text import json_value
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, SpecgenError
+from specgen.ground import flock_now
 
 SYNC_SECONDS = 1.0
 
@@ -107,7 +107,7 @@ class ResultsFile:
 
 def _lock(fd: int, path: Path) -> None:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        flock_now(fd)
     except BlockingIOError:
         raise ConfigError(f"{path} is being written by another specgen run",
                           hint="wait for it, or give another --output") from None

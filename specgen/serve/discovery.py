@@ -9,7 +9,6 @@ served run imports no torch.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import json
@@ -23,7 +22,7 @@ from specgen.text import json_value
 from specgen import __version__
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
-from specgen.models.cache import atomic_write, cache_root
+from specgen.ground import atomic_write, cache_root, flock_now
 
 PROTOCOL = 3  # the HTTP API (3: /health proves the token by a challenge)
 
@@ -118,7 +117,7 @@ def hold(settings: ModelSettings) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        flock_now(fd)
     except OSError:
         os.close(fd)
         raise ConfigError("a specgen server with these model options is already running or starting",
