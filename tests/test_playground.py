@@ -72,6 +72,18 @@ def test_every_api_call_still_needs_the_key(served):
     assert "methods" not in json.loads(body)
 
 
+def test_an_api_key_server_serves_the_page_and_still_needs_the_key(tiny_dirs, pair):  # noqa: F811
+    running, thread = start(settings_for(tiny_dirs), pair, api_key="sesame-0123")
+    try:
+        status, headers, body = _get(running, "/")
+        assert status == 200 and b"sesame-0123" not in body and "content-security-policy" in headers
+        assert _get(running, "/v1/models")[0] == 401
+        assert _get(running, "/v1/models", {"Authorization": "Bearer wrong"})[0] == 401
+        assert _get(running, "/v1/models", {"Authorization": "Bearer sesame-0123"})[0] == 200
+    finally:
+        stop(running, thread)
+
+
 def test_nothing_a_caller_sends_names_a_file(served):
     for path in ("/?name=../../../etc/passwd", "/playground.js?name=playground.py"):
         status, headers, body = _get(served, path)
@@ -114,3 +126,10 @@ def test_no_browser_gives_a_line_not_a_failure(monkeypatch):
 def test_serve_open_is_an_option(tiny_dirs):
     result = invoke("serve", "--help")
     assert "--open" in result.output
+
+
+def test_the_start_line_says_which_key_the_page_wants():
+    from specgen.serve.server import playground_key
+
+    assert playground_key(ServeOptions(api_key="k"), "tok") == "your --api-key"  # never printed
+    assert playground_key(ServeOptions(), "tok") == "this server's local token tok"
