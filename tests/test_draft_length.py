@@ -65,11 +65,11 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     assert choice.k == min(draft_length.MAX_K, best + draft_length.STOP_EXTRA)
     assert choice.confidence == draft_length.STOP and "top probability" in choice.reason
     # no --draft-confidence: the device's k brings its stop; an explicit value (0 included) wins
-    default = generation_config("chain", 16, "device", 0.0, 0, 1.0, None)
+    default = generation_config(method="chain", max_new_tokens=16)
     assert default.device_confidence and default.draft_confidence == 0.0
     config, _ = resolve_draft_length(pair, default)
     assert (config.draft_tokens, config.draft_confidence) == (choice.k, draft_length.STOP)
-    config, _ = resolve_draft_length(pair, generation_config("chain", 16, "device", 0.0, 0, 1.0, None,
+    config, _ = resolve_draft_length(pair, generation_config(method="chain", max_new_tokens=16,
                                                              draft_confidence=0.0))
     assert config.draft_confidence == 0.0
     config, _ = resolve_draft_length(pair, replace(GenerationConfig(method=Method.CHAIN, draft_tokens=3)))

@@ -20,22 +20,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specgen.bench import report
 from specgen.bench.html import write_html
-from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
-                                 DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt,
-                                 MaxNewOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt,
-                                 TopPOpt, VerifyWindowOpt, generation_config, user_errors)
-from specgen.config import Method, ModelSettings
+from specgen.cli.options import user_errors, with_options
+from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.errors import ConfigError
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.status import error_line
 
 REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen/bench/references.py
 DEFAULT_METHODS = ",".join(m.value for m in Method if m is not Method.EAGLE) + "," + REFERENCE_METHODS
 
 
+@with_options(defaults={"max_new_tokens": 128}, fixed={"method": "plain"})
 def bench(
-    target: TargetOpt = DEFAULT_TARGET,
-    draft: DraftOpt = DEFAULT_DRAFT,
+    *,
+    models: ModelSettings,
     methods: Annotated[Optional[str], typer.Option(
         "--methods", help=f"Comma list of methods (default: all of them, {DEFAULT_METHODS}). "
                           "plain is always measured: it is the denominator of every speed-up.")] = None,
@@ -50,25 +47,7 @@ def bench(
         "--warmup/--no-warmup", help="One short generation per method before measuring.")] = True,
     threads: Annotated[Optional[int], typer.Option(
         "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count).")] = None,
-    max_new_tokens: MaxNewOpt = 128,
-    draft_tokens: DraftTokensOpt = "device",
-    draft_schedule: ScheduleOpt = None,
-    draft_confidence: ConfidenceOpt = None,
-    deterministic: DeterministicOpt = False,
-    verify_window: VerifyWindowOpt = 32,
-    device: DeviceOpt = "auto",
-    draft_device: DraftDeviceOpt = None,
-    dtype: DtypeOpt = "auto",
-    draft_quant: DraftQuantOpt = "auto",
-    target_quant: TargetQuantOpt = "auto",
-    compile: CompileOpt = "auto",
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 0,
-    top_p: TopPOpt = 1.0,
-    seed: SeedOpt = None,
-    branching: BranchingOpt = "2,2,1",
-    beam_width: BeamWidthOpt = 3,
-    depth: DepthOpt = 4,
+    generation: GenerationConfig,
     batch_sizes: Annotated[Optional[str], typer.Option(
         "--batch-sizes", help="Throughput mode: decode the whole prompt set at each batch size (comma list, "
                               "e.g. 1,4,8) per method, with deterministic mode off and on.")] = None,
@@ -99,13 +78,10 @@ def bench(
         # the measuring modules import torch and transformers: only once the command runs
         from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput
 
-        config = generation_config("plain", max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                                   branching, beam_width, depth, deterministic, verify_window,
-                                   schedule=draft_schedule, draft_confidence=draft_confidence)
+        config = generation
         settings = measure.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
         names = registry.parse_methods(methods)
         registry.check_settings(names, config)
-        models = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
         if plot_file is not None:
             report.require_matplotlib()  # before a long run, not after it
         items = prompt_sets.load_prompts(prompts, limit)
@@ -131,7 +107,7 @@ def bench(
                          named=methods is not None)
             return
         if sizes:
-            windows = windows or ([verify_window] if deterministic else [])
+            windows = windows or ([config.verify_window] if config.deterministic else [])
             for window in windows:  # each deterministic cell's settings, before any model loads
                 if window < 2:
                     raise ConfigError("--verify-windows values must be >= 2")

@@ -30,17 +30,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
-                                 DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format, MaxNewOpt,
-                                 MethodOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt, TemperatureOpt, TopKOpt, TopPOpt,
-                                 VerifyWindowOpt, check_text, decode_text, generation_config, user_errors)
+from specgen.cli.options import Format, check_text, decode_text, user_errors, with_options
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.decoding.views import speed
-from specgen.config import ModelSettings
+from specgen.config import GenerationConfig, ModelSettings
 from specgen.errors import PromptError, SpecgenError, one_line
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.serve.client import ServerChat, find
 from specgen.status import note
 
@@ -51,33 +47,15 @@ _SETTING_OPTIONS = ("method", "max_new_tokens", "draft_tokens", "temperature", "
                     "branching", "beam_width", "depth")
 
 
+@with_options()
 def chat(
+    *,
     ctx: typer.Context,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the conversation.")] = None,
     load_file: Annotated[Optional[Path], typer.Option(
         "--load", help="Resume a conversation saved with /save (options given here override its settings).")] = None,
-    target: TargetOpt = DEFAULT_TARGET,
-    draft: DraftOpt = DEFAULT_DRAFT,
-    method: MethodOpt = "chain",
-    max_new_tokens: MaxNewOpt = 256,
-    draft_tokens: DraftTokensOpt = "device",
-    draft_schedule: ScheduleOpt = None,
-    draft_confidence: ConfidenceOpt = None,
-    deterministic: DeterministicOpt = False,
-    verify_window: VerifyWindowOpt = 32,
-    device: DeviceOpt = "auto",
-    draft_device: DraftDeviceOpt = None,
-    dtype: DtypeOpt = "auto",
-    draft_quant: DraftQuantOpt = "auto",
-    target_quant: TargetQuantOpt = "auto",
-    compile: CompileOpt = "auto",
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 0,
-    top_p: TopPOpt = 1.0,
-    seed: SeedOpt = None,
-    branching: BranchingOpt = "2,2,1",
-    beam_width: BeamWidthOpt = 3,
-    depth: DepthOpt = 4,
+    models: ModelSettings,
+    generation: GenerationConfig,
     show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
     format: Annotated[Optional[Format], typer.Option(
         "--format", help="rich (terminal default), plain (pipe default) or json (one object per reply).")] = None,
@@ -86,17 +64,13 @@ def chat(
     """Chat with the target model; caches are kept between turns. /help lists the commands."""
     try:
         with user_errors():
-            code = _chat(ctx, system, load_file, target, draft, device, draft_device, (dtype, draft_quant, compile, target_quant), show_tree, format,
-                         server, generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p,
-                                           seed, branching, beam_width, depth, deterministic, verify_window,
-                                           draft_schedule, draft_confidence, draft=draft))
+            code = _chat(ctx, system, load_file, models, show_tree, format, server, generation)
     except KeyboardInterrupt:  # while loading models
         code = 130
     raise typer.Exit(code)
 
 
-def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and_quant, show_tree, format,
-          use_server, config) -> int:
+def _chat(ctx, system, load_file, settings: ModelSettings, show_tree, format, use_server, config) -> int:
     messages = None
     if system is not None:
         check_text(system, "--system")
@@ -117,7 +91,6 @@ def _chat(ctx, system, load_file, target, draft, device, draft_device, dtype_and
     def notify(message: str) -> None:
         err.print(f"note: {message}", style="yellow", markup=False)
 
-    settings = ModelSettings(target, draft, device, draft_device, *dtype_and_quant)
     server = find(settings) if use_server else None
     if server is not None:  # no torch in this process: the server has the pair
         if fmt is not Format.json:

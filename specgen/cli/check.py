@@ -5,31 +5,26 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import (CompileOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DtypeOpt, MaxNewOpt,
-                                 TargetOpt, TargetQuantOpt, user_errors)
+from specgen.cli.options import MaxNewOpt, user_errors, with_options
 from specgen.config import Method, ModelSettings
 from specgen.errors import ConfigError
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
 NO_DRAFT = "none"
+CheckDraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (a catalog name, a directory or a GGUF file), or 'none' to check the target's plain and lookup decoding only.")]
 
 
+@with_options(options={"draft": CheckDraftOpt})
 def check(
-    target: TargetOpt = DEFAULT_TARGET,
-    draft: Annotated[str, typer.Option("--draft", "-d", help="Draft model (a catalog name, a directory or a GGUF file), or 'none' to check the target's plain and lookup decoding only.")] = DEFAULT_DRAFT,
+    *,
+    models: ModelSettings,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods to check (default: every one the pair runs).", show_default=False)] = None,
     prompts: Annotated[int, typer.Option("--prompts", help="Prompts per case (each longer than the model's longest sliding window).")] = 3,
     max_new_tokens: MaxNewOpt = 32,
-    device: DeviceOpt = "auto",
-    draft_device: DraftDeviceOpt = None,
-    dtype: DtypeOpt = "auto",
-    draft_quant: DraftQuantOpt = "auto",
-    target_quant: TargetQuantOpt = "auto",
-    compile: CompileOpt = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a line per case.")] = False,
 ) -> None:
     """Check that specgen's greedy output equals transformers' own generate on this pair: every
@@ -41,12 +36,11 @@ def check(
         if max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
         chosen = [Method.parse(m) for m in methods.split(",") if m.strip()] if methods else None
-        no_draft = draft.strip().lower() == NO_DRAFT
+        no_draft = models.draft.strip().lower() == NO_DRAFT
         if no_draft and chosen and any(m.needs_draft_model for m in chosen):
             raise ConfigError("--draft none checks plain and lookup only; give a draft for "
                               + ", ".join(m.value for m in chosen if m.needs_draft_model))
-        settings = ModelSettings(target, None if no_draft else draft, device, draft_device, dtype, draft_quant,
-                                 compile, target_quant)
+        settings = replace(models, draft=None) if no_draft else models
         failed = _check(settings, chosen, prompts, max_new_tokens, as_json)
     if failed:
         raise typer.Exit(1)

@@ -1,10 +1,13 @@
-"""Options and error handling shared by the commands (run, chat, bench, serve). No tensors here."""
+"""Options and error handling shared by the commands: the option groups declared once and mapped by keyword onto
+ModelSettings and GenerationConfig (`with_options`), one-line errors, prompt reading. No tensors here."""
 
 from __future__ import annotations
 
 import contextlib
 import enum
 import errno
+import functools
+import inspect
 import os
 import signal
 import sys
@@ -14,8 +17,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.config import GenerationConfig, Method, SamplingConfig, Schedule, parse_branching, parse_draft_tokens
+from specgen.config import (GenerationConfig, Method, ModelSettings, SamplingConfig, Schedule, parse_branching,
+                            parse_draft_tokens)
 from specgen.errors import ConfigError, PromptError, SpecgenError, file_error, one_line
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.status import error_line
 
 
@@ -157,43 +162,98 @@ def read_stdin() -> str:
     return check_text(text, "stdin")
 
 
-# Options shared by run (and later chat and bench).
+# -- the option groups, declared once ------------------------------------------------------------
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
 DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model: a catalog name, a directory or a GGUF file. Another tokenizer than the target's works for chain and lookup-chain (it drafts text).")]
-MethodOpt = Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an EAGLE-3 head as --draft; chain means eagle there).")]
-MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
-DraftTokensOpt = Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")]
-ConfidenceOpt = Annotated[Optional[float], typer.Option("--draft-confidence", help="chain and lookup-chain: stop a draft early when the draft's top probability falls below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).", show_default=False)]
-ScheduleOpt = Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
-DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
-DraftQuantOpt = Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8+prune for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose, else none), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")]
 TargetQuantOpt = Annotated[str, typer.Option("--target-quant", help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, int8. Speculative output stays exact with respect to the target as quantized.")]
-TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")]
-BranchingOpt = Annotated[str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")]
-BeamWidthOpt = Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")]
-DepthOpt = Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")]
+MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
+
+# ModelSettings' fields, by keyword: (the option, its default)
+MODEL_OPTIONS = {
+    "target": (TargetOpt, DEFAULT_TARGET),
+    "draft": (DraftOpt, DEFAULT_DRAFT),
+    "device": (DeviceOpt, "auto"),
+    "draft_device": (Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")], None),
+    "dtype": (DtypeOpt, "auto"),
+    "draft_quant": (Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8+prune for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose, else none), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")], "auto"),
+    "target_quant": (TargetQuantOpt, "auto"),
+    "compile": (Annotated[str, typer.Option("--compile", help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).")], "auto"),
+}
+
+# generation_config's keywords: (the option, its default)
+GENERATION_OPTIONS = {
+    "method": (Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an EAGLE-3 head as --draft; chain means eagle there).")], "chain"),
+    "max_new_tokens": (MaxNewOpt, 256),
+    "draft_tokens": (Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")], "device"),
+    "draft_schedule": (Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")], None),
+    "draft_confidence": (Annotated[Optional[float], typer.Option("--draft-confidence", help="chain and lookup-chain: stop a draft early when the draft's top probability falls below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).", show_default=False)], None),
+    "deterministic": (Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")], False),
+    "verify_window": (Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")], 32),
+    "temperature": (Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")], 0.0),
+    "top_k": (Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")], 0),
+    "top_p": (Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")], 1.0),
+    "seed": (Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")], None),
+    "branching": (Annotated[str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")], "2,2,1"),
+    "beam_width": (Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")], 3),
+    "depth": (Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")], 4),
+}
 
 
-DeterministicOpt = Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")]
-CompileOpt = Annotated[str, typer.Option("--compile", help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).")]
-VerifyWindowOpt = Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")]
+def with_options(defaults: dict | None = None, options: dict | None = None, fixed: dict | None = None):
+    """A command's option groups, declared once above: its parameter `models: ModelSettings`
+    becomes the MODEL_OPTIONS and `generation: GenerationConfig` the GENERATION_OPTIONS (in
+    their place, for --help), and the command is called with the objects they make, mapped by
+    keyword (a bad value is one error line, as in the command's body).
+
+    `defaults`: another default for an option (bench's --max-new-tokens); `options`: another
+    help for one (check's --draft); `fixed`: a keyword given to the group, not an option
+    (bench's method, plain)."""
+    defaults, options, fixed = defaults or {}, options or {}, fixed or {}
+    groups = {"models": MODEL_OPTIONS, "generation": GENERATION_OPTIONS}
+
+    def wrap(command):
+        signature = inspect.signature(command, eval_str=True)
+        parameters, members = [], {}
+        for parameter in signature.parameters.values():
+            if parameter.name not in groups:
+                parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+                continue
+            members[parameter.name] = [name for name in groups[parameter.name] if name not in fixed]
+            for name in members[parameter.name]:
+                annotation, default = groups[parameter.name][name]
+                parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                                    annotation=options.get(name, annotation),
+                                                    default=defaults.get(name, default)))
+
+        @functools.wraps(command)
+        def run(**values):
+            with user_errors():
+                taken = {group: {name: values.pop(name) for name in names} for group, names in members.items()}
+                if "models" in taken:
+                    values["models"] = ModelSettings(**taken["models"])
+                if "generation" in taken:
+                    draft = values["models"].draft if "models" in values else None
+                    values["generation"] = generation_config(**taken["generation"], **fixed, draft=draft)
+            return command(**values)
+
+        run.__signature__ = signature.replace(parameters=parameters)  # Typer passes every option by name
+        return run
+
+    return wrap
 
 
-def generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                      branching="2,2,1", beam_width=3, depth=4, deterministic=False, verify_window=32,
-                      schedule=None, draft_confidence=None, logprobs=None, draft=None):
+def generation_config(*, method="chain", max_new_tokens=256, draft_tokens="device", temperature=0.0, top_k=0,
+                      top_p=1.0, seed=None, branching="2,2,1", beam_width=3, depth=4, deterministic=False,
+                      verify_window=32, draft_schedule=None, draft_confidence=None, logprobs=None, draft=None):
     """Options -> a validated GenerationConfig (shared by run, chat and bench). With `draft` an
     EAGLE-3 head directory, chain (the default) means eagle: a head drafts chains."""
     k, auto = parse_draft_tokens(draft_tokens)
     try:
-        chosen = Schedule(schedule) if schedule else (auto or Schedule.FIXED)
+        chosen = Schedule(draft_schedule) if draft_schedule else (auto or Schedule.FIXED)
     except ValueError:
-        raise ConfigError(f"unknown --draft-schedule '{schedule}'; use fixed, additive or expected-gain") from None
+        raise ConfigError(f"unknown --draft-schedule '{draft_schedule}'; use fixed, additive or expected-gain") from None
     chosen_method = Method.parse(method)
     if chosen_method is Method.CHAIN and draft:
         from specgen.models.head_dir import is_head  # reads a config.json: no torch

@@ -4,28 +4,26 @@ matches) or a prompts file (dynamic batching, outputs in input order). No tensor
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from specgen.cli.options import (BeamWidthOpt, BranchingOpt, CompileOpt, ConfidenceOpt, DepthOpt, DeterministicOpt,
-                                 DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DraftTokensOpt, DtypeOpt, Format,
-                                 MaxNewOpt, MethodOpt, ScheduleOpt, SeedOpt, TargetOpt, TargetQuantOpt,
-                                 TemperatureOpt, TopKOpt, TopPOpt, VerifyWindowOpt, check_text, generation_config,
-                                 read_prompt, user_errors, sigterm_as_ctrl_c)
+from specgen.cli.options import Format, check_text, read_prompt, sigterm_as_ctrl_c, user_errors, with_options
 from specgen.cli.prompt_set import check_options, run_to_file
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
-from specgen.config import ModelSettings
+from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.prompts import encode_prompt, read_prompts_file
 from specgen.errors import ConfigError, PromptError
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.serve.client import generate_on_server
 from specgen.status import note
 
 
+@with_options()
 def run(
+    *,
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' reads it from stdin.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
@@ -36,29 +34,9 @@ def run(
     ray_threads: Annotated[Optional[int], typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) per actor (default 1).", show_default=False)] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
-    target: TargetOpt = DEFAULT_TARGET,
-    draft: DraftOpt = DEFAULT_DRAFT,
-    method: MethodOpt = "chain",
-    max_new_tokens: MaxNewOpt = 256,
-    draft_tokens: DraftTokensOpt = "device",
-    draft_schedule: ScheduleOpt = None,
-    draft_confidence: ConfidenceOpt = None,
-    device: DeviceOpt = "auto",
-    draft_device: DraftDeviceOpt = None,
-    dtype: DtypeOpt = "auto",
-    draft_quant: DraftQuantOpt = "auto",
-    target_quant: TargetQuantOpt = "auto",
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 0,
-    top_p: TopPOpt = 1.0,
-    seed: SeedOpt = None,
-    branching: BranchingOpt = "2,2,1",
-    beam_width: BeamWidthOpt = 3,
-    depth: DepthOpt = 4,
+    models: ModelSettings,
+    generation: GenerationConfig,
     show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
-    deterministic: DeterministicOpt = False,
-    verify_window: VerifyWindowOpt = 32,
-    compile: CompileOpt = "auto",
     format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
     logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="JSON output: each token's log-probability under the target and the N most likely tokens at its position (0..20).")] = None,
     server: Annotated[bool, typer.Option("--server/--no-server", help="Generate on a running `specgen serve` with the same model options when there is one (a single prompt).")] = True,
@@ -66,9 +44,7 @@ def run(
     """Generate a reply to PROMPT, showing each speculative round."""
     sigterm_as_ctrl_c()
     with user_errors():
-        config = generation_config(method, max_new_tokens, draft_tokens, temperature, top_k, top_p, seed,
-                                   branching, beam_width, depth, deterministic, verify_window, draft_schedule,
-                                   draft_confidence, logprobs, draft)
+        config = replace(generation, sampling=replace(generation.sampling, logprobs=logprobs))
         if logprobs is not None and format is not Format.json and output is None:
             raise ConfigError("--logprobs are written in the JSON output", hint="add --format json")
         if system is not None:
@@ -84,12 +60,10 @@ def run(
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
             fmt = format or Format.plain
             if output is not None:
-                settings = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
-                run_to_file(prompts_file, output, batch_size, raw, system, config, settings, fmt is Format.json,
+                run_to_file(prompts_file, output, batch_size, raw, system, config, models, fmt is Format.json,
                             ray_address, ray_actors, ray_threads or 1)
                 return
-            _run_many(prompts_file, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
-                      (draft_quant, compile, target_quant))
+            _run_many(prompts_file, batch_size, raw, system, config, fmt, models)
             return
         if show_tree and (not config.method.is_tree or format is Format.json):
             note("--show-tree draws the trees of rsd-c, rsd-s and multi-draft in the rich and plain views; "
@@ -98,12 +72,10 @@ def run(
         if not text.strip():
             raise PromptError("the prompt is empty")
         fmt = format or (Format.rich if sys.stdout.isatty() else Format.plain)
-        _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree,
-             (draft_quant, compile, target_quant), server)
+        _run(text, raw, system, config, fmt, models, show_tree, server)
 
 
-def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device, draft_device, dtype,
-              quant_and_compile=(None, "auto", "auto")) -> None:
+def _run_many(path, batch_size, raw, system, config, fmt, settings: ModelSettings) -> None:
     """Several prompts; outputs in input order. Batches decode together with any method."""
     # decoding imports torch: only once a run needs it (--help and a served run stay light)
     from specgen.decoding import run as driver
@@ -111,8 +83,7 @@ def _run_many(path, batch_size, raw, system, config, fmt, target, draft, device,
     from specgen.runtime.pair import load
 
     texts = read_prompts_file(path)
-    pair = load(ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile), config.method,
-                quiet=fmt is Format.json)
+    pair = load(settings, config.method, quiet=fmt is Format.json)
     pair.keep_prefixes()  # prompts of a set often share a system prompt or a preamble
     config, _ = resolve_draft_length(pair, config)
     prompts = [encode_prompt(pair.target.tokenizer, text, raw, system) for text in texts]
@@ -170,9 +141,7 @@ def _numbers(values: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _run(text, raw, system, config, fmt, target, draft, device, draft_device, dtype, show_tree=False,
-         quant_and_compile=(None, "auto", "auto"), use_server=False) -> None:
-    settings = ModelSettings(target, draft, device, draft_device, dtype, *quant_and_compile)
+def _run(text, raw, system, config, fmt, settings: ModelSettings, show_tree=False, use_server=False) -> None:
     renderer = _renderer(fmt, show_tree)
     if use_server:  # a running `specgen serve` with these model options: no loading at all
         try:

@@ -13,11 +13,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import (CompileOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftQuantOpt, DtypeOpt, TargetOpt,
-                                 TargetQuantOpt, user_errors)
+from specgen.cli.options import user_errors, with_options
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.serve import client, discovery
 from specgen.status import status
 
@@ -25,15 +23,10 @@ STARTUP_TIMEOUT = 900.0  # a first start may download and convert the models
 BROWSER_SECONDS = 10.0  # how long --open waits for the browser's launcher
 
 
+@with_options()
 def serve(
-    target: TargetOpt = DEFAULT_TARGET,
-    draft: DraftOpt = DEFAULT_DRAFT,
-    device: DeviceOpt = "auto",
-    draft_device: DraftDeviceOpt = None,
-    dtype: DtypeOpt = "auto",
-    draft_quant: DraftQuantOpt = "auto",
-    target_quant: TargetQuantOpt = "auto",
-    compile: CompileOpt = "auto",
+    *,
+    models: ModelSettings,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (another than loopback needs --api-key).")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8000,
@@ -86,7 +79,7 @@ def serve(
         if list_:
             _list()
             return
-        settings = ModelSettings(target, draft, device, draft_device, dtype, draft_quant, compile, target_quant)
+        settings = models
         if ray_address is not None:
             if detach or stop:
                 raise ConfigError("--ray serves in the foreground; --detach and --stop are for a local server")
