@@ -8,6 +8,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const METHODS = ["plain", "chain", "lookup", "lookup-chain", "rsd-c", "rsd-s", "multi-draft", "eagle"];
 const METRICS_SECONDS = 3;
 const RATE_WINDOW = 8; // rounds in each point of the tokens/s plot
+const MIN_RATE_SECONDS = 0.01; // a window shorter than this gives no rate worth plotting
 
 const $ = (id) => document.getElementById(id);
 const state = { model: null, controller: null, runs: [], metricsTimer: null, metricsUpdates: 0 };
@@ -225,7 +226,8 @@ function addRound(run, live) {
   run.answer.append(round);
   run.answer.scrollTop = run.answer.scrollHeight;
   run.emitted.push({ time: stats.decode_seconds, tokens: live.ids.length });
-  run.points.push(ratePoint(run));
+  const point = ratePoint(run);
+  if (point) run.points.push(point);
 }
 
 function addReplay(run, live) {
@@ -276,7 +278,8 @@ function ratePoint(run) {
   const first = run.emitted.length > RATE_WINDOW ? run.emitted[run.emitted.length - RATE_WINDOW - 1].time : 0;
   const last = recent[recent.length - 1].time;
   const tokens = recent.reduce((sum, r) => sum + r.tokens, 0);
-  return { time: last, rate: last > first ? tokens / (last - first) : 0 };
+  // the first round's token comes with the prefill, in no decode time: no rate until time has passed
+  return last - first >= MIN_RATE_SECONDS ? { time: last, rate: tokens / (last - first) } : null;
 }
 
 function showSpeed(run, stats) {
@@ -311,7 +314,7 @@ function plotFrame(figure, label) {
   figure.querySelector("svg")?.remove();
   const frame = svg("svg", { viewBox: "0 0 320 120", role: "img", "aria-label": label });
   figure.append(frame);
-  frame.append(svg("line", { class: "axis", x1: 30, y1: 100, x2: 315, y2: 100 }));
+  frame.append(svg("line", { class: "axis", x1: 36, y1: 100, x2: 315, y2: 100 }));
   return frame;
 }
 
@@ -327,11 +330,11 @@ function drawHistogram(figure, counts) {
     frame.append(none);
     return;
   }
-  const width = 285 / (top + 1);
+  const width = 279 / (top + 1);
   for (let k = 0; k <= top; k++) {
     const n = counts[String(k)] || 0;
     const height = (88 * n) / most;
-    const x = 30 + k * width;
+    const x = 36 + k * width;
     const bar = svg("rect", { class: "bar", x: x + 2, y: 100 - height, width: Math.max(1, width - 4), height });
     bar.append(svg("title"));
     bar.firstChild.textContent = `${k} accepted: ${n} rounds`;
@@ -340,7 +343,7 @@ function drawHistogram(figure, counts) {
     label.textContent = String(k);
     frame.append(label);
   }
-  const peak = svg("text", { x: 26, y: 16, "text-anchor": "end" });
+  const peak = svg("text", { x: 32, y: 16, "text-anchor": "end" });
   peak.textContent = String(most);
   frame.append(peak);
 }
@@ -350,10 +353,10 @@ function drawRate(figure, points) {
   if (!points.length) return;
   const end = Math.max(1e-6, points[points.length - 1].time);
   const high = Math.max(1e-6, ...points.map((p) => p.rate));
-  const xy = points.map((p) => `${(30 + (285 * p.time) / end).toFixed(1)},${(100 - (88 * p.rate) / high).toFixed(1)}`);
+  const xy = points.map((p) => `${(36 + (279 * p.time) / end).toFixed(1)},${(100 - (88 * p.rate) / high).toFixed(1)}`);
   frame.append(svg("polyline", { class: "line", points: xy.join(" ") }));
-  const peak = svg("text", { x: 26, y: 16, "text-anchor": "end" });
-  peak.textContent = high.toFixed(0);
+  const peak = svg("text", { x: 32, y: 16, "text-anchor": "end" });
+  peak.textContent = high >= 100 ? high.toFixed(0) : high.toFixed(1);
   const span = svg("text", { x: 315, y: 114, "text-anchor": "end" });
   span.textContent = `${end.toFixed(2)} s`;
   frame.append(peak, span);
