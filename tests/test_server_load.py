@@ -159,10 +159,10 @@ def test_a_prompt_that_takes_long_to_tokenize_stalls_no_stream(served, monkeypat
     """Tokenizing a 4 MB prompt takes seconds (2.7 s with the default pair's tokenizer): it runs
     off the event loop, so a stream already going keeps going meanwhile. The tokenizer is held
     here until the stream has ended; on the event loop it would have stopped every stream."""
-    from specgen.serve import app as app_module
+    from specgen.serve import encoding
 
     entered, release = threading.Event(), threading.Event()
-    real = app_module._encode
+    real = encoding.encode
 
     def slow(tokenizer, job, *rest):
         if job.kind == "completion" and job.prompt == "tokenize me slowly":
@@ -170,7 +170,7 @@ def test_a_prompt_that_takes_long_to_tokenize_stalls_no_stream(served, monkeypat
             assert release.wait(60)
         return real(tokenizer, job, *rest)
 
-    monkeypatch.setattr(app_module, "_encode", slow)
+    monkeypatch.setattr(encoding, "encode", slow)
     conn, response = stream_request(served, chat_body(served, max_tokens=24, temperature=0))
     assert response.readline().startswith(b"data: ")  # the stream is going
     sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=60)
@@ -256,7 +256,7 @@ def test_engines_for_many_drafting_settings_are_bounded(served, monkeypatch):
 def test_a_prompt_far_past_the_context_is_refused_before_it_is_all_tokenized(served):
     """Counted a piece at a time, stopping once past the context: a 4 MB prompt costs about
     what one that fits costs, and holds up the tokenizing thread no longer."""
-    from specgen.serve.app import _beyond
+    from specgen.serve.encoding import beyond
 
     tokenizer = served.scheduler.pair.target.tokenizer
     seen = []
@@ -268,13 +268,13 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_all_tokenized(ser
 
     context = served.state.context_length
     words = "lorem ipsum dolor sit amet " * 150_000  # 4 MB
-    assert _beyond(Counting(), [words], context) > context
+    assert beyond(Counting(), [words], context) > context
     assert sum(seen) < 100_000
     for fits in (["hello " * (context // 8)], ["a" * (context // 2), "b" * (context // 2)]):
-        assert _beyond(Counting(), fits, context) == 0
+        assert beyond(Counting(), fits, context) == 0
     # the whole text is counted in pieces when it is long but fits: no false refusal
     long_fit = ["\u4e2d" * (context - 10)]  # 3 bytes, 3 byte-level tokens, per character
-    assert _beyond(Counting(), long_fit, 10 * context) == 0
+    assert beyond(Counting(), long_fit, 10 * context) == 0
     status, body, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": words, "max_tokens": 2})
     assert status == 400 and body["error"]["code"] == "context_length_exceeded" and "more than" in body["error"]["message"]
 

@@ -78,10 +78,9 @@ def bench(
         # the measuring modules import torch and transformers: only once the command runs
         from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput
 
-        config = generation
-        settings = measure.BenchSettings(config, repeats=repeats, warmup=warmup, threads=threads)
+        settings = measure.BenchSettings(generation, repeats=repeats, warmup=warmup, threads=threads)
         names = registry.parse_methods(methods)
-        registry.check_settings(names, config)
+        registry.check_settings(names, generation)
         if plot_file is not None:
             report.require_matplotlib()  # before a long run, not after it
         items = prompt_sets.load_prompts(prompts, limit)
@@ -90,50 +89,67 @@ def bench(
         if windows and not sizes:
             sizes = [1]
         levels = throughput.parse_sizes(concurrency, "--concurrency")
-        if levels:
-            if sizes or windows or csv_file is not None or plot_file is not None or html_file is not None:
-                raise ConfigError("--concurrency reports its own cells; it takes --json, not --batch-sizes, "
-                                  "--verify-windows, --csv, --plot or --html")
-            if per_client < 1:
-                raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
-            if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
-                raise ConfigError(f"--max-batch-size must be in 1..256, got {max_batch}")
-            from specgen.bench.concurrency import speculative
-
-            for name in names:
-                speculative(name)  # only engine methods: before anything loads
-            report.check_outputs({"--json": json_file})
-            _concurrency(names, items, config, levels, per_client, max_batch, models, json_file, threads, repeats,
-                         named=methods is not None)
-            return
-        if sizes:
-            windows = windows or ([config.verify_window] if config.deterministic else [])
-            for window in windows:  # each deterministic cell's settings, before any model loads
-                if window < 2:
-                    raise ConfigError("--verify-windows values must be >= 2")
-                replace(config, deterministic=True, verify_window=window)
-            if csv_file is not None or plot_file is not None or html_file is not None:
-                raise ConfigError("--csv, --plot and --html report the per-prompt bench; with --batch-sizes use --json")
-            report.check_outputs({"--json": json_file})
-            engine_names = {m.value for m in Method}
-            other = [n for n in names if n not in engine_names]
-            if other and methods is not None:
-                raise ConfigError(f"--batch-sizes measures specgen's own methods (no variants, @DRAFT columns or "
-                                  f"references); '{other[0]}' is not one")
-            _throughput([n for n in names if n in engine_names], items, replace(config, deterministic=False), sizes,
-                        windows, models, json_file, threads, named=methods is not None)
-            return
         outputs = {"--json": json_file, "--csv": csv_file, "--plot": plot_file, "--html": html_file}
-        report.check_outputs(outputs)  # before the run
-        result = _measure(names, items, settings, models, named=methods is not None)
-        if not _report(result, outputs):
-            raise typer.Exit(1)
-        if result.interrupted:
-            raise typer.Exit(130)
-        if result.failures:  # everything measured is written; the run still did not do all it was asked
-            error_line(f"{len(result.failures)} of {len(result.methods)} columns failed: "
-                       + "; ".join(f"{f.method}: {f.error}" for f in result.failures)[:400])
-            raise typer.Exit(1)
+        named = methods is not None
+        if levels:
+            _check_concurrency(names, bool(sizes or windows), outputs, per_client, max_batch)
+            _concurrency(names, items, generation, levels, per_client, max_batch, models, json_file, threads, repeats,
+                         named=named)
+        elif sizes:
+            names, windows = _check_throughput(names, generation, windows, outputs, named)
+            _throughput(names, items, replace(generation, deterministic=False), sizes, windows, models, json_file,
+                        threads, named=named)
+        else:
+            _per_prompt(names, items, settings, models, outputs, named)
+
+
+def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client: int, max_batch: int) -> None:
+    """bench --concurrency's settings, before anything loads."""
+    from specgen.bench.concurrency import speculative  # torch: see bench()
+
+    if throughput_asked or any(outputs[option] is not None for option in ("--csv", "--plot", "--html")):
+        raise ConfigError("--concurrency reports its own cells; it takes --json, not --batch-sizes, "
+                          "--verify-windows, --csv, --plot or --html")
+    if per_client < 1:
+        raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
+    if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
+        raise ConfigError(f"--max-batch-size must be in 1..256, got {max_batch}")
+    for name in names:
+        speculative(name)  # only engine methods: before anything loads
+    report.check_outputs({"--json": outputs["--json"]})
+
+
+def _check_throughput(names, config, windows: list[int], outputs: dict, named: bool) -> tuple[list[str], list[int]]:
+    """bench --batch-sizes's settings, before anything loads: the engine methods it measures and
+    its deterministic windows (--verify-window's when --deterministic is given and none are)."""
+    windows = windows or ([config.verify_window] if config.deterministic else [])
+    for window in windows:  # each deterministic cell's settings, before any model loads
+        if window < 2:
+            raise ConfigError("--verify-windows values must be >= 2")
+        replace(config, deterministic=True, verify_window=window)
+    if any(outputs[option] is not None for option in ("--csv", "--plot", "--html")):
+        raise ConfigError("--csv, --plot and --html report the per-prompt bench; with --batch-sizes use --json")
+    report.check_outputs({"--json": outputs["--json"]})
+    engine_names = {m.value for m in Method}
+    other = [n for n in names if n not in engine_names]
+    if other and named:
+        raise ConfigError(f"--batch-sizes measures specgen's own methods (no variants, @DRAFT columns or "
+                          f"references); '{other[0]}' is not one")
+    return [n for n in names if n in engine_names], windows
+
+
+def _per_prompt(names, items, settings, models: ModelSettings, outputs: dict, named: bool) -> None:
+    """The per-prompt bench: measured, then the table and each file; the exit status says what failed."""
+    report.check_outputs(outputs)  # before the run
+    result = _measure(names, items, settings, models, named=named)
+    if not _report(result, outputs):
+        raise typer.Exit(1)
+    if result.interrupted:
+        raise typer.Exit(130)
+    if result.failures:  # everything measured is written; the run still did not do all it was asked
+        error_line(f"{len(result.failures)} of {len(result.methods)} columns failed: "
+                   + "; ".join(f"{f.method}: {f.error}" for f in result.failures)[:400])
+        raise typer.Exit(1)
 
 
 def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None,
@@ -232,16 +248,14 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
              f"tokens · greedy · batch up to {max_batch}" + (" · INTERRUPTED" if interrupted else ""))
     Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
     if json_file is not None:
-        data = {"schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
-                "interrupted": interrupted,
-                "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client, "repeats": repeats,
-                             "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
-                             "width_caps": {str(w): k for w, k in caps.items()}},
-                "learned": learned,
-                "cells": [asdict(c) for c in cells]}
-        text = json.dumps(data, indent=1, default=str) + "\n"
-        if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
-            raise typer.Exit(1)
+        _write_json(json_file, {
+            "schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
+            "interrupted": interrupted,
+            "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client,
+                         "repeats": repeats, "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
+                         "width_caps": {str(w): k for w, k in caps.items()}},
+            "learned": learned,
+            "cells": [asdict(c) for c in cells]})
     if interrupted:
         raise typer.Exit(130)
     failed = [c for c in cells if c.errors]
@@ -263,10 +277,15 @@ def _learned(scheduler) -> dict:
 
 
 def _write_throughput(json_file, env, items, sizes, windows, config, cells, interrupted) -> None:
-    data = {"schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
-            "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
-                         **{k: v for k, v in asdict(config).items() if k != "method"}},
-            "cells": [asdict(c) for c in cells]}
+    _write_json(json_file, {
+        "schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
+        "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
+                     **{k: v for k, v in asdict(config).items() if k != "method"}},
+        "cells": [asdict(c) for c in cells]})
+
+
+def _write_json(json_file, data: dict) -> None:
+    """--json of the throughput and concurrency modes (atomically, a spare file if it fails)."""
     text = json.dumps(data, indent=1, default=str) + "\n"
     if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
         raise typer.Exit(1)

@@ -8,10 +8,7 @@ answered through the chat path: responses.py), streamed as server-sent events wh
 `Authorization: Bearer <key>`: the server's local token (in the user's runtime directory) or
 its --api-key, compared in constant time.
 
-Prompts are tokenized on a thread of their own, never on the event loop: a 4 MB prompt takes
-seconds to tokenize (2.7 s for the default pair's tokenizer on a 2-core Zen 4), and every other
-client's stream would stop for that long. One thread, so a flood of long prompts takes one core
-at most and the tokenizer is never entered twice at once from here.
+Prompts are tokenized off the event loop (encoding.py).
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,9 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
 from specgen.decoding.build import why_not
-from specgen.decoding.prompts import render_chat
-from specgen.errors import SpecgenError
-from specgen.serve import answers, api, discovery, playground, protocol, responses
+from specgen.serve import answers, api, discovery, encoding, playground, protocol, responses
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
 
@@ -41,10 +35,6 @@ RETRY_AFTER_SECONDS = 1
 # a stream with nothing to send for this long sends an SSE comment: a client's read timeout
 # (serve/client.py's STREAM_TIMEOUT) then means the server stopped answering, not that it is busy
 KEEPALIVE_SECONDS = 15.0
-# a prompt of more characters than this per context token is counted a piece at a time first
-CHARS_PER_TOKEN = 8
-PIECE_CHARS = 1 << 15
-CUT_SLACK = 4
 DISCONNECT_POLL_SECONDS = 0.5
 
 
@@ -69,33 +59,29 @@ def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
 
 
 def create_app(state: ServerState) -> FastAPI:
+    """The app: its middleware and error handlers, then the routes, each group added by its own part."""
     # no redirect of a trailing slash: it was answered before the key was checked, with a
     # Location built from the client's Host header
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
+    _add_middleware(app, state)
+    _add_error_handlers(app)
+    playground.add_routes(app)  # GET /: the page (no key; every API call it makes needs one)
+    encode = encoding.encoder(state.scheduler.pair.target.tokenizer, state.context_length)
+    _add_status_routes(app, state)
+    _add_tokenizer_routes(app, state, encode)
+    _add_completion_routes(app, state, encode)
+    return app
+
+
+def _add_middleware(app: FastAPI, state: ServerState) -> None:
     if state.origins:  # a page's script may call only from an origin named here, with the key as anyone
         # any request header: OpenAI's JavaScript SDK sends X-Stainless-* and OpenAI-* headers
         app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
                            allow_headers=["*"], expose_headers=["Retry-After", "x-request-id"], max_age=600)
     app.add_middleware(protocol.RequestIds, stopping=lambda: state.scheduler.stopping)
-    tokenizer = state.scheduler.pair.target.tokenizer
-    tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
-    async def encode(job: api.Job, generation_prompt: bool = True, special_tokens: bool | None = None) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(
-            tokenizing, _encode, tokenizer, job, state.context_length, generation_prompt, special_tokens)
 
-    def authorized(request: Request) -> bool:
-        header = request.headers.get("authorization", "")
-        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-        ok = False
-        for key in state.keys:  # every key compared, in constant time
-            ok |= hmac.compare_digest(given.encode(), key.encode())
-        return ok
-
-    def unauthorized() -> JSONResponse:
-        return error(api.ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                  code="invalid_api_key"))
-
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # never a traceback on the wire
         return error(api.ApiError(500, f"internal error: {type(exc).__name__}", kind="server_error",
@@ -109,7 +95,22 @@ def create_app(state: ServerState) -> FastAPI:
         return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
                      headers=exc.headers)
 
-    playground.add_routes(app)  # GET /: the page (no key; every API call it makes needs one)
+
+def _authorized(state: ServerState, request: Request) -> bool:
+    header = request.headers.get("authorization", "")
+    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    ok = False
+    for key in state.keys:  # every key compared, in constant time
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    return ok
+
+
+def _unauthorized() -> JSONResponse:
+    return error(api.ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key"))
+
+
+def _add_status_routes(app: FastAPI, state: ServerState) -> None:
+    """/health, /v1/models and /metrics."""
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' checks send
     async def health(request: Request):
@@ -119,29 +120,34 @@ def create_app(state: ServerState) -> FastAPI:
         challenge = request.query_params.get("challenge")
         if challenge is not None and 0 < len(challenge) <= 128:
             body["proof"] = discovery.proof(state.keys[0], challenge)
-        if authorized(request):
+        if _authorized(state, request):
             body.update(state.info, busy=state.scheduler.busy())
         return body
 
     @app.get("/v1/models")
     async def models(request: Request):
-        if not authorized(request):
-            return unauthorized()
+        if not _authorized(state, request):
+            return _unauthorized()
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": int(state.info["since"]),
                                             "owned_by": "specgen"}]}
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        if not authorized(request):
-            return unauthorized()
+        if not _authorized(state, request):
+            return _unauthorized()
         return Response(state.metrics.text(), media_type=state.metrics.content_type)
+
+
+def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
+    """vLLM's /tokenize, /detokenize and /tokenizer_info."""
+    tokenizer = state.scheduler.pair.target.tokenizer
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         """The prompt's tokens as the server would decode them (a chat client fits its
         conversation to the context with it): count, tokens, max_model_len."""
-        if not authorized(request):
-            return unauthorized()
+        if not _authorized(state, request):
+            return _unauthorized()
         try:
             asked = api.read_tokenize(api.parse_body(await _body(request)), state.defaults)
             ids = await encode(asked.job, asked.generation_prompt, asked.special_tokens)
@@ -152,8 +158,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request):
         """vLLM's: token ids -> {"prompt": their text} (lm-eval's remote tokenizer decodes with it)."""
-        if not authorized(request):
-            return unauthorized()
+        if not _authorized(state, request):
+            return _unauthorized()
         try:
             ids = api.read_detokenize(api.parse_body(await _body(request)), len(tokenizer))
         except api.ApiError as exc:
@@ -164,13 +170,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def tokenizer_info(request: Request):
         """vLLM's: the tokenizer's special tokens, chat template and length limit (what lm-eval's
         remote tokenizer probes before it sends token-id prompts)."""
-        if not authorized(request):
-            return unauthorized()
+        if not _authorized(state, request):
+            return _unauthorized()
         return {"tokenizer_class": type(tokenizer).__name__, "eos_token": tokenizer.eos_token,
                 "bos_token": tokenizer.bos_token, "pad_token": tokenizer.pad_token,
                 "unk_token": getattr(tokenizer, "unk_token", None),
                 "chat_template": getattr(tokenizer, "chat_template", None),
                 "model_max_length": state.context_length, "vocab_size": len(tokenizer)}
+
+
+def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
+    """/v1/chat/completions, /v1/completions and /v1/responses: read and check the request
+    (`_admit`), queue its choices, then stream them or answer once they all finished."""
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -187,49 +198,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def complete(request: Request, endpoint: str):
         """One request of `endpoint` (chat, completion or responses: a chat Job answered in the
         Responses API's shape)."""
-        if not authorized(request):
+        if not _authorized(state, request):
             state.metrics.refused(endpoint, 401)
-            return unauthorized()
+            return _unauthorized()
         try:
-            body, served = api.parse_body(await _body(request)), {state.model_id} | state.aliases
-            if endpoint == "responses":
-                job = responses.read(body, state.defaults, served)
-            else:
-                job = api.read_job(body, endpoint, state.defaults, served)
-            if api.rows(job) > state.scheduler.max_queue:  # a 503 would be retried in vain
-                raise api.ApiError(400, f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
-                                   f"server queues at most {state.scheduler.max_queue} (its --max-queue)", "n")
-            if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
-                raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
-                                   "runs without one; plain and lookup need none", "speculative.method")
-            why = why_not(state.scheduler.pair, job.config.method)
-            if why is not None:
-                raise api.ApiError(400, why, "speculative.method")
-            expanded = api.choices(job)
-            encoded: dict = {}  # each prompt once
-            for one in expanded:
-                if one.prompt not in encoded:
-                    encoded[one.prompt] = ids = await encode(one)
-                    if len(ids) + 1 > state.context_length:
-                        raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
-                                           f"{state.context_length}; shorten it", job.text_field,
-                                           "context_length_exceeded")
+            job, expanded, encoded = await _admit(state, request, endpoint, encode)
         except api.ApiError as exc:
             state.metrics.refused(endpoint, exc.status)
             state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
             return error(exc)
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()  # (choice, item): a chunk, an answer, an ApiError, None at its end
-
-        def poster(choice: int):
-            def post(item) -> None:  # called on the engine thread
-                try:
-                    loop.call_soon_threadsafe(queue.put_nowait, (choice, item))
-                except RuntimeError:  # the server's loop has closed: nobody waits for this answer
-                    pass
-            return post
-
-        tickets = [Ticket(one, encoded[one.prompt], poster(one.choice)) for one in expanded]
+        post = _poster(asyncio.get_running_loop(), queue)
+        tickets = [Ticket(one, encoded[one.prompt], post(one.choice)) for one in expanded]
         try:
             state.scheduler.submit(*tickets)
         except QueueFull:
@@ -246,7 +226,45 @@ def create_app(state: ServerState) -> FastAPI:
             return answer
         return JSONResponse(responses.whole(job, answer) if endpoint == "responses" else answer)
 
-    return app
+
+async def _admit(state: ServerState, request: Request, endpoint: str, encode) -> tuple[api.Job, list, dict]:
+    """The request read as a Job, checked against this server (rows, method, context), its
+    choices and each prompt's ids (each prompt once); an ApiError for anything refused."""
+    body, served = api.parse_body(await _body(request)), {state.model_id} | state.aliases
+    if endpoint == "responses":
+        job = responses.read(body, state.defaults, served)
+    else:
+        job = api.read_job(body, endpoint, state.defaults, served)
+    if api.rows(job) > state.scheduler.max_queue:  # a 503 would be retried in vain
+        raise api.ApiError(400, f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
+                           f"server queues at most {state.scheduler.max_queue} (its --max-queue)", "n")
+    if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
+        raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
+                           "runs without one; plain and lookup need none", "speculative.method")
+    why = why_not(state.scheduler.pair, job.config.method)
+    if why is not None:
+        raise api.ApiError(400, why, "speculative.method")
+    expanded = api.choices(job)
+    encoded: dict = {}
+    for one in expanded:
+        if one.prompt not in encoded:
+            encoded[one.prompt] = ids = await encode(one)
+            if len(ids) + 1 > state.context_length:
+                raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
+                                   f"{state.context_length}; shorten it", job.text_field, "context_length_exceeded")
+    return job, expanded, encoded
+
+
+def _poster(loop, queue: asyncio.Queue):
+    """`post(choice)`: what a choice's ticket calls on the engine thread with each item."""
+    def poster(choice: int):
+        def post(item) -> None:  # called on the engine thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (choice, item))
+            except RuntimeError:  # the server's loop has closed: nobody waits for this answer
+                pass
+        return post
+    return poster
 
 
 async def _body(request: Request) -> bytes:
@@ -270,60 +288,6 @@ async def _body(request: Request) -> bytes:
         raise api.ApiError(499, "the client closed the connection before sending its request",
                            code="client_closed") from None
     return b"".join(chunks)
-
-
-def _encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = True,
-            special_tokens: bool | None = None) -> list[int]:
-    """The prompt's token ids: chat messages through the chat template, completions raw (with the
-    tokenizer's special tokens only when asked, or when the text alone gives none). A text far
-    longer than the context is refused once a count of its pieces passes it (`_beyond`), not
-    after tokenizing all of it."""
-    if isinstance(job.prompt, tuple):  # token ids: checked against the vocabulary, used as sent
-        vocab = len(tokenizer)
-        bad = next((t for t in job.prompt if t >= vocab), None)
-        if bad is not None:
-            raise api.ApiError(400, f"token id {bad} is not in the model's vocabulary ({vocab} tokens)", "prompt")
-        return list(job.prompt)
-    texts = [job.prompt] if job.kind == "completion" else [m["content"] for m in job.messages]
-    counted = _beyond(tokenizer, texts, context)
-    if counted:
-        raise api.ApiError(400, f"the prompt has more than {counted} tokens but the context holds {context}; "
-                           "shorten it", job.text_field, "context_length_exceeded")
-    try:
-        if job.kind == "completion":
-            if special_tokens is not None:
-                return tokenizer.encode(job.prompt, add_special_tokens=special_tokens)
-            return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
-        if not getattr(tokenizer, "chat_template", None):
-            raise api.ApiError(400, "this model has no chat template; use /v1/completions", job.text_field)
-        return render_chat(tokenizer, job.messages, generation_prompt, bool(special_tokens))
-    except SpecgenError as exc:  # a template that refuses the conversation (e.g. its roles)
-        raise api.ApiError(400, str(exc), job.text_field) from None
-    except (ValueError, TypeError) as exc:  # a completion's text the tokenizer will not take
-        raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
-
-
-def _beyond(tokenizer, texts: list[str], context: int) -> int:
-    """0 when `texts` may fit `context` tokens; else a count of their tokens past it, reached by
-    tokenizing pieces of PIECE_CHARS (cut before a space) and stopping there. Texts of fewer than
-    CHARS_PER_TOKEN characters per context token are not counted (tokenizing them whole costs no
-    more than a prompt that fits). Each cut may split one word's tokens differently from the whole
-    text's, so the count must pass the context by CUT_SLACK tokens per cut."""
-    if sum(map(len, texts)) <= CHARS_PER_TOKEN * context:
-        return 0
-    count = cuts = 0
-    for text in texts:
-        start = 0
-        while start < len(text):
-            end = len(text) if len(text) - start <= PIECE_CHARS else start + PIECE_CHARS
-            if end < len(text):
-                space = text.rfind(" ", start + PIECE_CHARS // 2, end)
-                end, cuts = (space if space > start else end), cuts + 1
-            count += len(tokenizer.encode(text[start:end], add_special_tokens=False))
-            if count > context + CUT_SLACK * cuts:
-                return count - CUT_SLACK * cuts
-            start = end
-    return 0
 
 
 class _Inbox:
