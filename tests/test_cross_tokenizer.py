@@ -287,8 +287,8 @@ def first_two(pair, generations: int, seed: int) -> torch.Tensor:
     """The first two tokens of `generations` rows of one prompt, 300 rows at a time."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
                               sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
-    engine = engine_with(pair, config, stop_ids=frozenset())
-    engine.prompt_catch_up = 1 << 30  # the first token is drafted too, though the prompt is long
+    # the first token is drafted too, though the prompt is long
+    engine = engine_with(pair, config, stop_ids=frozenset(), prompt_catch_up=1 << 30)
     prompt = prompt_ids(pair, STAT_PROMPT)
     finished = {r.index: r.state.ids[-2:] for r in engine.generate([prompt] * generations, config, 300)
                 if isinstance(r.event, Finished)}

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import Engine
+from specgen.decoding.engine import Engine, Policy
 from specgen.decoding.events import Finished
 from specgen.models.eagle_format import HeadError, load_head, save_head
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, default_layers
@@ -209,8 +209,7 @@ def test_eagle_with_prefix_store_and_chunked_prefill_equals_plain(trained, targe
     pair = Pair(target, trained["draft"], "off", PrefixStore(budget=64 << 20), PrefixStore(budget=64 << 20))
     config = GenerationConfig(method=Method.EAGLE, max_new_tokens=20, draft_tokens=3)
     engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
-                    prefixes=pair.target_prefixes)
-    engine.prefill_chunk = 16
+                    prefixes=pair.target_prefixes, policy=Policy(prefill_chunk=16))
     long_prompt = trained["prompts"][3] + list(range(60, 130))
     prompts = [trained["prompts"][1], long_prompt, long_prompt[:50] + [5, 6, 7]]
     assert batch_ids(engine, prompts, config, batch_size=3) == [plain_ids(target, p, 20) for p in prompts]
@@ -232,8 +231,8 @@ def first_two(target, draft, seeds) -> torch.Tensor:
         config = GenerationConfig(method=Method.EAGLE, max_new_tokens=2, draft_tokens=3,
                                   sampling=dataclasses.replace(SAMPLING, seed=seed))
         engine = Engine(target.model, target.device, frozenset(), target.context_length,
-                        make_drafter(Pair(target, draft), config))
-        engine.prompt_catch_up = 100  # the first token is speculated too
+                        make_drafter(Pair(target, draft), config),
+                        policy=Policy(prompt_catch_up=100))  # the first token is speculated too
         out.append([t for r in decode(engine, PROMPT, config)[0] for t in r.emitted])
     return torch.tensor(out)
 

@@ -10,7 +10,7 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import PROMPT_CATCH_UP, Engine, StopReason
+from specgen.decoding.engine import PROMPT_CATCH_UP, Engine, Policy, StopReason
 from specgen.decoding.rows import RESUME_ROUNDS, RESUME_TOKENS
 from specgen.decoding.events import Finished, RoundResult
 from tiny import RowDrafterBase, batch_ids, decode, engine_with, per_row
@@ -52,11 +52,11 @@ class ScriptedDrafter(RowDrafterBase):
         self.observed.append(len(path))
 
 
-def engine_for(pair, drafter=None, stop_ids=frozenset()):
+def engine_for(pair, drafter=None, stop_ids=frozenset(), policy=Policy()):
     target, _ = pair
     if isinstance(drafter, RowDrafterBase):
         drafter = per_row(drafter)
-    return Engine(target.model, target.device, stop_ids, target.context_length, drafter)
+    return Engine(target.model, target.device, stop_ids, target.context_length, drafter, policy=policy)
 
 
 def run(engine, prompt, **kwargs):
@@ -164,12 +164,12 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     drafter, calls = ChainDrafter(draft.model, draft.device), []
     call = drafter.steps.call
     drafter.steps.call = lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs)
-    engine = engine_for(tiny_pair, drafter)
-    engine.width_cap = lambda width: 0
+    caps = [lambda width: 0]  # the cap of each run below, read at every round
+    engine = engine_for(tiny_pair, drafter, policy=Policy(width_cap=lambda width: caps[0](width)))
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=20, draft_tokens=3)
     assert out == reference[:20] and not calls
     steps = iter(range(100))
-    engine.width_cap = lambda width: 0 if next(steps) < 5 else 3  # drafting allowed from round 6
+    caps[0] = lambda width: 0 if next(steps) < 5 else 3  # drafting allowed from round 6
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     assert out == reference and calls
     # the held row drafts once the cap allowed it RESUME_ROUNDS rounds in a row (rounds[0] is the
@@ -180,13 +180,13 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     # a cap that lifts for fewer rounds than that (a batch narrowed between two requests) keeps the row plain
     calls.clear()
     steps = iter(range(100))
-    engine.width_cap = lambda width: 3 if next(steps) % 4 == 3 else 0
+    caps[0] = lambda width: 3 if next(steps) % 4 == 3 else 0
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     assert out == reference and not calls
     # held back until fewer than RESUME_TOKENS remain: the row finishes plain, the draft unfed
     calls.clear()
     steps = iter(range(100))
-    engine.width_cap = lambda width: 0 if next(steps) < 40 - RESUME_TOKENS + 1 else 3
+    caps[0] = lambda width: 0 if next(steps) < 40 - RESUME_TOKENS + 1 else 3
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
     assert out == reference and not calls and len(rounds) == 40
 

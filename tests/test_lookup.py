@@ -12,7 +12,7 @@ from scipy import stats
 
 import specgen.decoding.verify as engine_module
 from specgen.runtime import kvcache
-from specgen.decoding.acceptance import ChainVerdict as Verdict
+from specgen.decoding.acceptance import Verdict
 from specgen.decoding.acceptance import ProposalKind, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.drafters.base import Proposal
@@ -411,7 +411,7 @@ def rule_without_residual(draft_tokens, draft_probs, target_probs, generator) ->
     uniforms = torch.rand(k, generator=generator)
     accepted = (uniforms < q_x).to(torch.int64).cumprod(dim=0).sum()
     token = torch.multinomial(target_probs[accepted], 1, generator=generator)[0]
-    return Verdict(accepted, token)
+    return Verdict.chain(accepted, token, k)
 
 
 def rule_with_p_equal_to_q(draft_tokens, draft_probs, target_probs, generator) -> Verdict:
@@ -541,4 +541,4 @@ def test_an_extension_query_is_not_counted_as_another_lookup_round():
     for _ in range(5):
         combined.propose([[3, 3]], [3], [STAT_SAMPLING])
         combined.observe(0, [])
-    assert combined.lookups.rows[0].stats.rounds == 5
+    assert combined.lookups[0].stats.rounds == 5

@@ -117,27 +117,26 @@ def test_greedy_outputs_equal_plain_whatever_the_rates_choose(tiny_pair):
     expected = batch_ids(engine_with(tiny_pair, plain), prompts, plain, 3)
     for method in (Method.CHAIN, Method.LOOKUP_CHAIN, Method.LOOKUP, Method.RSD_S):
         config = GenerationConfig(method=method, max_new_tokens=40, draft_tokens=3)
-        engine = engine_with(tiny_pair, config)
-        engine.rates = Scripted([DRAFT, EXPLORE, Pick(Choice.DRAFT, 1), PLAIN, PLAIN, Pick(Choice.DRAFT, 2), DRAFT])
+        rates = Scripted([DRAFT, EXPLORE, Pick(Choice.DRAFT, 1), PLAIN, PLAIN, Pick(Choice.DRAFT, 2), DRAFT])
+        engine = engine_with(tiny_pair, config, rates=rates)
         assert batch_ids(engine, prompts, config, 3) == expected, method
-        assert {Choice.DRAFT, Choice.EXPLORE, Choice.PLAIN} <= set(engine.rates.made)
+        assert {Choice.DRAFT, Choice.EXPLORE, Choice.PLAIN} <= set(rates.made)
 
 
 def first_token_then_rounds(engine, config) -> list[int]:
     """Tokens drafted per round of one long prompt, after its first token (from the prefill)."""
     results = [r.event for r in engine.generate([PROMPTS[0]], config) if isinstance(r.event, RoundResult)]
-    assert len(PROMPTS[0]) > engine.prompt_catch_up and not results[0].draft_tokens
+    assert len(PROMPTS[0]) > engine.policy.prompt_catch_up and not results[0].draft_tokens
     return [len(r.draft_tokens) for r in results[1:]]
 
 
 def test_an_explored_plain_round_holds_no_row_back(tiny_pair):
     """After an EXPLORE round the rows draft again at once (a PLAIN round holds them back)."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=40, draft_tokens=3)
-    engine = engine_with(tiny_pair, config)
-    engine.rates = Scripted([DRAFT, EXPLORE])
+    engine = engine_with(tiny_pair, config, rates=Scripted([DRAFT, EXPLORE]))
     drafted = first_token_then_rounds(engine, config)
     assert drafted[1] == 0 and drafted[2] > 0 and drafted[3] == 0
-    engine.rates = Scripted([DRAFT, PLAIN, DRAFT])
+    engine = engine_with(tiny_pair, config, rates=Scripted([DRAFT, PLAIN, DRAFT]))
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=RESUME_TOKENS - 2, draft_tokens=3)
     drafted = first_token_then_rounds(engine, config)
     assert drafted[1] == 0 and drafted[2] == 0  # held back until RESUME_TOKENS are left
@@ -180,8 +179,9 @@ def test_the_server_lets_measured_rounds_decide_for_every_speculative_method(tin
     scheduler = Scheduler(Pair(*tiny_pair, "off"), 8, 8, Metrics(), caps={1: 4, 2: 2, 3: 0})
     for method in (m for m in Method if m is not Method.EAGLE):  # eagle needs a head (tests/test_eagle.py)
         engine = scheduler.build(GenerationConfig(method=method, draft_tokens=4))
-        assert (engine.rates is not None) == (method is not Method.PLAIN), method
+        policy = engine.policy
+        assert (policy.rates is not None) == (method is not Method.PLAIN), method
         capped = method.needs_draft_model
-        assert [engine.width_cap(w) for w in (2, 3, 9)] == ([2, 0, 0] if capped else [MAX_DRAFT] * 3), method
-        own = scheduler.build(GenerationConfig(method=method, draft_tokens=4), capped=False)
+        assert [policy.width_cap(w) for w in (2, 3, 9)] == ([2, 0, 0] if capped else [MAX_DRAFT] * 3), method
+        own = scheduler.build(GenerationConfig(method=method, draft_tokens=4), capped=False).policy
         assert own.rates is None and own.width_cap(9) == MAX_DRAFT

@@ -94,8 +94,8 @@ def test_a_rollback_counts_tokens_even_those_that_complete_no_character():
     tokenizer = build_tokenizer()
     u, byte, f, g = (tokenizer.convert_tokens_to_ids(t) for t in ("U", "ô", "F", "G"))  # ô: GPT-2's stand-in for 0xF4
     stream = TextStream(tokenizer)
-    first = round_view(RoundResult([u], 1, byte, [u, byte], 0.0, 0.0), stream, pending=True)
-    second = round_view(RoundResult([], 0, f, [f], 0.0, 0.0), stream, pending=True)
+    first = round_view(RoundResult([u], (0,), (1,), byte, emitted=[u, byte]), stream, pending=True)
+    second = round_view(RoundResult(target_token=f, emitted=[f]), stream, pending=True)
     assert first.pieces == ["U", ""] and second.pieces == ["\ufffdF"]  # a piece per token, the empty one too
     replay = replay_view(ReplayResult(2, 1, (f,), g, 3, 0.0), stream)
     assert replay.correction == "\ufffdG" == tokenizer.decode([u, byte, g])[1:]

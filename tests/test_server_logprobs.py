@@ -161,7 +161,8 @@ def _feed(output, tokenizer, text: str) -> list:
     for start in range(0, len(ids), 3):
         emitted = ids[start: start + 3]
         logprobs = tuple(TokenLogprob(-0.25 * (start + i), ((t, -0.1),)) for i, t in enumerate(emitted))
-        event = RoundResult(emitted[:-1], len(emitted) - 1, emitted[-1], emitted, 0.0, 0.0, logprobs=logprobs)
+        event = RoundResult(emitted[:-1], tuple(range(len(emitted) - 1)), tuple(range(1, len(emitted))), emitted[-1],
+                            emitted=emitted, logprobs=logprobs)
         chunks += output.add(event, Stats("chain"))
     return ids, chunks
 

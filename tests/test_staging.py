@@ -46,8 +46,7 @@ def events_of(engine, config, **feed):
 def test_a_long_prompt_joining_decoding_rows_is_prefilled_a_chunk_per_round(tiny_pair, method):
     target = tiny_pair[0]
     config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3)
-    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
-    engine.prefill_chunk = CHUNK
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset(), prefill_chunk=CHUNK)
     fed, hook = fed_tokens(target.model)
     try:
         events = events_of(engine, config)
@@ -70,8 +69,7 @@ def test_deterministic_mode_and_a_batch_with_nothing_decoding_prefill_whole(tiny
     mode, not alone, not among the prompts a batch starts with."""
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=True,
                               verify_window=4)
-    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
-    engine.prefill_chunk = CHUNK
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset(), prefill_chunk=CHUNK)
     fed, hook = fed_tokens(tiny_pair[0].model)
     try:
         events = events_of(engine, config)
@@ -90,8 +88,7 @@ def test_deterministic_mode_and_a_batch_with_nothing_decoding_prefill_whole(tiny
 
 def test_a_staged_request_whose_client_left_ends_without_joining(tiny_pair):
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=16, draft_tokens=3)
-    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
-    engine.prefill_chunk = CHUNK
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset(), prefill_chunk=CHUNK)
     events = events_of(engine, config, drop_after=3)
     mine = [e for i, e in events if i == 1]
     assert [type(e) for e in mine] == [Joined, Finished] and mine[1].stop == StopReason.CANCELLED
@@ -105,8 +102,7 @@ def test_the_drafts_catch_up_of_a_long_prompt_is_chunked_too(tiny_pair, method):
     the row drafts nothing until it is caught up; alone, it catches up at once. Exact either way."""
     target, draft = tiny_pair
     config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3)
-    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
-    engine.prefill_chunk = CHUNK
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset(), prefill_chunk=CHUNK)
     chain = engine.drafter if method is Method.CHAIN else engine.drafter.model
     chain.catch_up_chunk = CHUNK
     fed, hook = fed_tokens(draft.model)
@@ -133,8 +129,8 @@ def test_a_staged_prompt_whose_company_finished_joins_a_clean_batch(tiny_pair, m
     as a request that joins an empty batch does."""
     target = tiny_pair[0]
     config = GenerationConfig(method=method, max_new_tokens=3, draft_tokens=2)
-    engine = engine_with(tiny_pair, config, stop_ids=frozenset())
-    engine.prefill_chunk = CHUNK  # LONG takes 7 chunks; SHORT's 3 tokens end long before
+    engine = engine_with(tiny_pair, config, stop_ids=frozenset(), prefill_chunk=CHUNK)  # LONG: 7 chunks;
+    # SHORT's 3 tokens end long before
     events = events_of(engine, config, later=3)
     for index, prompt in enumerate([SHORT, LONG]):
         out = [t for i, e in events if i == index and isinstance(e, RoundResult) for t in e.emitted]

@@ -24,7 +24,7 @@ import torch
 from scipy import stats
 
 import specgen.decoding.verify as engine_module
-from specgen.decoding.acceptance import ChainVerdict as Verdict
+from specgen.decoding.acceptance import Verdict
 from specgen.decoding.acceptance import point_mass_sampling, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.drafters.model import ChainDrafter
@@ -119,7 +119,7 @@ ROUNDS = 100_000
 
 
 def _verdict_fields(verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
-    return verdict.accepted, verdict.token
+    return verdict.accepted, verdict.chosen
 
 
 def run_rule(rule, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -140,7 +140,7 @@ def run_rule_loop(rule, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | 
     generator = make_generator(seed)
     verdicts = [rule(tokens, draft_probs, target_probs, generator) for tokens in draft_tokens]
     return (torch.stack([v.accepted for v in verdicts]),
-            torch.stack([v.token for v in verdicts]))
+            torch.stack([v.chosen for v in verdicts]))
 
 
 def draw_drafts(draft_probs: torch.Tensor, n: int, seed: int) -> torch.Tensor:
@@ -170,7 +170,7 @@ def rule_without_residual(draft_tokens, draft_probs, target_probs, generator) ->
     accepted = (uniforms * p_x < q_x).to(torch.int64).cumprod(dim=0).sum()
     q_row = target_probs.index_select(0, accepted.view(1))[0]
     token = torch.multinomial(q_row, 1, generator=generator)[0]
-    return Verdict(accepted, token)
+    return Verdict.chain(accepted, token, k)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -600,15 +600,15 @@ def test_pruned_draft_chain_follows_target_law(tiny_pair, target_law):
 
 def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target_law, monkeypatch):
     """Negative control: sample from the pruned law but report the full draft's law."""
-    real_choose = ChainDrafter._choose
+    real_sample = ChainDrafter._sample
 
-    def misreporting_choose(self, logits, samplings):
-        token, dist = real_choose(self, logits, samplings)
+    def misreporting_sample(self, logits, samplings):
+        token, dist = real_sample(self, logits, samplings)
         finite = torch.isfinite(logits)
         spread = torch.where(finite, dist, torch.full_like(dist, 1.0))
         return token, spread / spread.sum(-1, keepdim=True)  # mass on ids it can never propose
 
-    monkeypatch.setattr(ChainDrafter, "_choose", misreporting_choose)
+    monkeypatch.setattr(ChainDrafter, "_sample", misreporting_sample)
     from specgen.runtime.pruned import PrunedHead
 
     monkeypatch.setattr(PrunedHead, "see", lambda self, ids: None)  # a static kept set: the same

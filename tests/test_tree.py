@@ -9,11 +9,13 @@ from specgen.runtime import kvcache
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.engine import Engine
 from specgen.runtime.compiled import Steps
-from specgen.decoding.tree import DraftTree
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.drafters.base import Proposal
 from test_engine import PROMPT, reference_greedy
 from tiny import decode, engine_with
 
-TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), (-1, 0, 0, 1, 1, 2, 3))
+NODES = torch.tensor([11, 12, 13, 14, 15, 16, 17])  # the root's token first
+TREE = Proposal(NODES[1:], (0, 0, 1, 1, 2, 3), ProposalKind.DETERMINISTIC)
 
 
 def test_structure_is_derived_from_parents():
@@ -29,9 +31,11 @@ def test_structure_is_derived_from_parents():
 
 def test_bad_trees_are_refused():
     with pytest.raises(ValueError):
-        DraftTree(torch.tensor([1, 2]), (0, 0))
+        Proposal(torch.tensor([1, 2]), (0, 2), ProposalKind.DETERMINISTIC)  # a parent after its child
     with pytest.raises(ValueError):
-        DraftTree(torch.tensor([1, 2, 3]), (-1, 2, 0))
+        Proposal(torch.tensor([1, 2, 3]), (0, -1, 0), ProposalKind.DETERMINISTIC)
+    with pytest.raises(ValueError):
+        Proposal(torch.tensor([1, 2, 3]), (0, 0), ProposalKind.DETERMINISTIC)  # a parent per token
 
 
 def test_tree_logits_equal_chain_logits_and_step_by_step(tiny_pair):
@@ -41,14 +45,14 @@ def test_tree_logits_equal_chain_logits_and_step_by_step(tiny_pair):
     with torch.no_grad():
         cache = kvcache.new_cache(model)
         kvcache.forward(model, cache, prefix)
-        tree_logits = Steps(model).tree(cache, TREE.tokens, TREE)[0]
+        tree_logits = Steps(model).tree(cache, NODES, TREE)[0]
         for path in TREE.paths():
-            chain = model(torch.cat([prefix[0], TREE.tokens[path]])[None]).logits[0, cached:]
+            chain = model(torch.cat([prefix[0], NODES[path]])[None]).logits[0, cached:]
             torch.testing.assert_close(tree_logits[path], chain, atol=1e-4, rtol=1e-4)
             step_cache = kvcache.new_cache(model)
             kvcache.forward(model, step_cache, prefix)
             for depth, node in enumerate(path):
-                step = kvcache.forward(model, step_cache, TREE.tokens[node].view(1, 1))[0, -1]
+                step = kvcache.forward(model, step_cache, NODES[node].view(1, 1))[0, -1]
                 torch.testing.assert_close(tree_logits[node], step, atol=1e-4, rtol=1e-4)
 
 

@@ -16,11 +16,22 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specgen.decoding.acceptance import recursive_rejection
-from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind, recursive_rejection, walk
+from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.sampling import gumbel_top_k
-from specgen.decoding.tree import DraftTree
 from specgen.decoding.drafters.tree import RSDStochasticBeam
+
+
+def as_tree(tokens: list[int], parents: list[int]) -> tuple[list[int], Proposal]:
+    """Node tokens (the root first) and the proposal of the nodes after the root, whose
+    parents were written with the root's own -1 first."""
+    return tokens, Proposal(torch.tensor(tokens[1:], dtype=torch.int64), tuple(parents[1:]), ProposalKind.SAMPLED)
+
+
+def walked(tree: Proposal, verdict) -> tuple[list[int], int]:
+    """A verdict read and walked as the engine does: (the accepted path, the target's token)."""
+    path, token, _ = walk(tree.children, verdict.passed.tolist(), verdict.token.tolist())
+    return path, token
 
 pytestmark = pytest.mark.statistical
 ALPHA = 1e-3
@@ -39,10 +50,11 @@ def chi2_pvalue(samples: list[int] | torch.Tensor, expected_probs: torch.Tensor)
 def one_node(children: torch.Tensor, p: torch.Tensor, q: torch.Tensor, generator, replacement: bool) -> int:
     """Verify one node with the given children; return the first emitted token."""
     k = children.numel()
-    tree = DraftTree(torch.cat([torch.zeros(1, dtype=torch.int64), children]), tuple([-1] + [0] * k))
+    tree = Proposal(children.to(torch.int64), (0,) * k, ProposalKind.SAMPLED)
     verdict = recursive_rejection(tree.children, tree.tokens, p.expand(k + 1, -1), q.expand(k + 1, -1),
                                   generator, replacement=replacement)
-    return verdict.node_tokens[verdict.path[0]] if verdict.path else verdict.token
+    path, token = walked(tree, verdict)
+    return int(children[path[0] - 1]) if path else token
 
 
 def sample_node(n: int, k: int, *, replacement_draws: bool, replacement_rule: bool, resort: bool = False,
@@ -107,22 +119,22 @@ def build_constant(root: int, branching, generator, iid: bool):
             tokens.extend(kids[row].tolist())
             parents.extend([f] * b)
         frontier = list(range(start, len(tokens)))
-    return DraftTree(torch.tensor(tokens), tuple(parents))
+    return as_tree(tokens, parents)
 
 
 def build_beam(root: int, width: int, depth: int, generator):
     drafter = RSDStochasticBeam.__new__(RSDStochasticBeam)
     drafter.width = width
-    sampling = SamplingConfig(temperature=1.0)
     tokens, parents, frontier, scores = [root], [-1], [0], None
     for level in range(depth):
         probs = P_TABLE[torch.tensor([tokens[f] for f in frontier])]
-        new = drafter._children(level, frontier, probs.log(), probs, scores, sampling, generator)
+        new_parents, new_tokens, scores = drafter._children(level, frontier, probs, scores, ProposalKind.SAMPLED,
+                                                            generator)
         start = len(tokens)
-        tokens.extend(new.tokens.tolist())
-        parents.extend(new.parents)
-        frontier, scores = list(range(start, len(tokens))), new.scores
-    return DraftTree(torch.tensor(tokens), tuple(parents))
+        tokens.extend(new_tokens.tolist())
+        parents.extend(new_parents)
+        frontier = list(range(start, len(tokens)))
+    return as_tree(tokens, parents)
 
 
 def first_two_tokens(build, n: int, seed: int, resort: bool = False, replacement: bool = False) -> list[int]:
@@ -133,32 +145,32 @@ def first_two_tokens(build, n: int, seed: int, resort: bool = False, replacement
         emitted = []
         while len(emitted) < 2:
             root = emitted[-1] if emitted else 0
-            tree = build(root, generator)
+            nodes, tree = build(root, generator)
             if resort:
-                tree = resort_siblings(tree)
-            rows = torch.tensor(tree.tokens.tolist())
+                nodes, tree = resort_siblings(nodes, tree)
+            rows = torch.tensor(nodes)
             verdict = recursive_rejection(tree.children, tree.tokens, P_TABLE[rows], Q_TABLE[rows], generator,
                                           replacement=replacement)
-            emitted += [verdict.node_tokens[i] for i in verdict.path] + [verdict.token]
+            path, token = walked(tree, verdict)
+            emitted += [nodes[i] for i in path] + [token]
         out.append(emitted[0] * V + emitted[1])
     return out
 
 
-def resort_siblings(tree: DraftTree) -> DraftTree:
+def resort_siblings(nodes: list[int], tree: Proposal) -> tuple[list[int], Proposal]:
     """Rebuild the tree with each node's children ordered by draft probability (descending)."""
-    order = [0]
     new_index = {0: 0}
-    tokens, parents = [int(tree.tokens[0])], [-1]
+    tokens, parents = [nodes[0]], [-1]
     queue = [0]
     while queue:
         node = queue.pop(0)
-        kids = sorted(tree.children[node], key=lambda c: -float(P_TABLE[int(tree.tokens[node]), int(tree.tokens[c])]))
+        kids = sorted(tree.children[node], key=lambda c: -float(P_TABLE[nodes[node], nodes[c]]))
         for child in kids:
             new_index[child] = len(tokens)
-            tokens.append(int(tree.tokens[child]))
+            tokens.append(nodes[child])
             parents.append(new_index[node])
             queue.append(child)
-    return DraftTree(torch.tensor(tokens), tuple(parents))
+    return as_tree(tokens, parents)
 
 
 def test_rsd_c_tree_emits_q():

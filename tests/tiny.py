@@ -73,11 +73,13 @@ def two_token_law(model, prompt: list[int], sampling) -> tuple[torch.Tensor, tor
 
 
 def decode(engine, prompt: list[int], config, resume=None):
-    """One prompt through the engine's loop: (its rounds and replays, its final DecodeState)."""
+    """One prompt through the engine's loop: (its rounds and replays, its final DecodeState);
+    `resume`: the DecodeState of an earlier generation it continues."""
+    from specgen.decoding.engine import FRESH  # tiny.py imports no specgen module at its top
     from specgen.decoding.events import ReplayResult, RoundResult
 
     events, state = [], resume
-    for report in engine.generate([prompt], config, resume=resume):
+    for report in engine.generate([prompt], config, resume=FRESH if resume is None else resume):
         state = report.state
         if isinstance(report.event, (RoundResult, ReplayResult)):
             events.append(report.event)
@@ -107,16 +109,18 @@ def per_row(drafter):
     return PerRow(lambda: drafter)
 
 
-def engine_with(pair, config, stop_ids=None, compile: str = "off"):
-    """An engine for `config.method` on a (target, draft) pair, its drafter built as run's is."""
+def engine_with(pair, config, stop_ids=None, compile: str = "off", **policy):
+    """An engine for `config.method` on a (target, draft) pair, its drafter built as run's is;
+    `policy`: the engine.Policy fields it is built with."""
     from specgen.decoding.build import make_drafter
-    from specgen.decoding.engine import Engine
+    from specgen.decoding.engine import Engine, Policy
     from specgen.runtime.pair import Pair
 
     target, draft = pair
     drafter = make_drafter(Pair(target, draft, compile), config)
     stop_ids = target.stop_ids if stop_ids is None else stop_ids
-    return Engine(target.model, target.device, stop_ids, target.context_length, drafter, compile=compile)
+    return Engine(target.model, target.device, stop_ids, target.context_length, drafter, compile=compile,
+                  policy=Policy(**policy))
 
 
 def batch_ids(engine, prompts, config, batch_size: int) -> list[list[int]]:

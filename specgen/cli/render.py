@@ -16,7 +16,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import Outcome, ReplayView, RoundView, TreeView, speed, summary_line
+from specgen.decoding.views import Outcome, ReplayView, RoundView, speed, summary_line
 
 ACCEPTED = "green"
 REJECTED = "red strike"
@@ -35,12 +35,12 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda hit: f"\\x{ord(hit.group()):02x}", text)
 
 
-def rich_tree(view: TreeView, title: str) -> Tree:
+def rich_tree(view: RoundView, title: str) -> Tree:
     """A tree round as a Rich tree: accepted nodes green, tried ones struck through in red."""
-    nodes = [Tree(Text(title + " ", style="bold") + Text(repr(view.texts[0]), style=PROMPT))]
-    for i in range(1, len(view.texts)):
-        style = ACCEPTED if i in view.accepted else REJECTED if i in view.tried else "dim"
-        nodes.append(nodes[view.parents[i]].add(Text(repr(view.texts[i]), style=style)))
+    nodes = [Tree(Text(title + " ", style="bold") + Text(repr(view.nodes[0]), style=PROMPT))]
+    for i, parent in enumerate(view.parents, 1):
+        style = ACCEPTED if i in view.path else REJECTED if i in view.tried else "dim"
+        nodes.append(nodes[parent].add(Text(repr(view.nodes[i]), style=style)))
     return nodes[0]
 
 
@@ -117,8 +117,8 @@ class RichRenderer:
                 self.text.append(visible(piece), style=style)
         self.rejected = Text(visible("".join(view.rejected)), style=REJECTED)
         self._stats = stats
-        if self.show_tree and view.tree is not None:
-            self.console.print(rich_tree(view.tree, f"round {stats.rounds}"))  # above the live view
+        if self.show_tree and view.is_tree:
+            self.console.print(rich_tree(view, f"round {stats.rounds}"))  # above the live view
         self._refresh()
 
     def on_replay(self, view: ReplayView, stats: Stats) -> None:
@@ -176,8 +176,8 @@ class PlainRenderer:
         pass
 
     def on_round(self, view: RoundView, stats: Stats) -> None:
-        if self.show_tree and view.tree is not None:
-            Console(emoji=False, file=self.err, highlight=False).print(rich_tree(view.tree, f"round {stats.rounds}"))
+        if self.show_tree and view.is_tree:
+            Console(emoji=False, file=self.err, highlight=False).print(rich_tree(view, f"round {stats.rounds}"))
         if view.pending:  # only verified text is printed; a piece per token, as a rollback counts them
             self._pending.extend(view.pieces)
             return

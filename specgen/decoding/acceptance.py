@@ -1,11 +1,11 @@
 """The acceptance rules, and the one place that chooses between them.
 
 Notation (docs/ALGORITHMS.md): p = draft distribution, q = target distribution, both warped.
-A chain rule takes the draft tokens x1..xk, what the draft reported for them, and the target's
-q0..qk from one forward over [root, x1..xk]; it returns how many draft tokens are accepted and
-the one token the target contributes (the correction at the first rejection, or the bonus),
-as 0-dim tensors on the device, so the engine reads every row's in one sync. A tree rule walks
-the tree on the host after one sync per row.
+Every rule, chain or tree, returns the same `Verdict`, on the device: whether each proposed
+node passes its test once the walk reaches its parent, and the token the target contributes
+wherever the walk stops (the correction at a rejection, or the bonus after a leaf). The engine
+reads every row's verdict in one sync, and `walk` turns it into the accepted path on the host:
+from the root, descend into the first child that passes; stop where none does.
 """
 
 from __future__ import annotations
@@ -15,14 +15,21 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.config import AcceptanceMode
+from specgen.config import AcceptanceMode, SamplingConfig
 
 
 class ProposalKind(enum.Enum):
-    """What a drafter's tokens are, which decides the acceptance rule."""
+    """What a drafter's tokens are, which decides the acceptance rule (and how a drafter drafts:
+    `drafting` gives the kind a row's sampling asks for)."""
 
     SAMPLED = "sampled"  # drawn from the reported distribution p
-    DETERMINISTIC = "deterministic"  # point masses: argmax drafts, lookup, scripted drafters
+    GREEDY = "greedy"  # the draft's argmax (a greedy row): point masses, no law reported
+    DETERMINISTIC = "deterministic"  # other point masses: lookup, text drafts, scripted drafters
+
+    @staticmethod
+    def drafting(sampling: SamplingConfig) -> "ProposalKind":
+        """How a draft model drafts for a row with these settings: greedily, or by sampling."""
+        return ProposalKind.GREEDY if sampling.greedy else ProposalKind.SAMPLED
 
 
 class Rule(enum.Enum):
@@ -54,25 +61,56 @@ def select_rule(greedy: bool, kind: ProposalKind, size: int, chain: bool,
 
 
 @dataclass(frozen=True)
-class ChainVerdict:
-    accepted: torch.Tensor  # 0-dim int64: number of draft tokens accepted
-    token: torch.Tensor  # 0-dim int64: the target's own token after them
+class Verdict:
+    """What a rule decided for one row's proposal of n nodes, on the device (nodes as in
+    `Proposal`: 0 is the root, j >= 1 the proposal's j-th token)."""
+
+    passed: torch.Tensor  # [n] bool: node j + 1 passes its test once the walk reaches its parent
+    token: torch.Tensor  # [n + 1] int64: the target's token when the walk stops at node i
+
+    @classmethod
+    def chain(cls, accepted: torch.Tensor, token: torch.Tensor, k: int) -> "Verdict":
+        """A chain rule's outcome: the first `accepted` (0-dim) of k nodes pass, then `token`."""
+        return cls(torch.arange(k, device=token.device) < accepted, token.expand(k + 1))
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """0-dim int64, for a chain: how many nodes the walk accepts (the passing prefix)."""
+        return self.passed.to(torch.int64).cumprod(dim=0).sum()
+
+    @property
+    def chosen(self) -> torch.Tensor:
+        """0-dim int64, for a chain: the target's token where the walk stops."""
+        return self.token.index_select(0, self.accepted.view(1))[0]
 
 
-def greedy_match(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> ChainVerdict:
+def walk(children: tuple[tuple[int, ...], ...], passed: list, token: list[int]) -> tuple[list[int], int, list[int]]:
+    """A verdict read to the host, walked from the root: (the accepted path, root excluded; the
+    target's token where it stops; the children tried and rejected on the way, in order)."""
+    node, path, tried = 0, [], []
+    while True:
+        for child in children[node]:
+            if passed[child - 1]:
+                path.append(child)
+                node = child
+                break
+            tried.append(child)
+        else:
+            return path, token[node], tried
+
+
+def greedy_match(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
     """Accept the longest prefix with x_i == the target's choice c_(i-1); then c at the stop.
 
     target_choice [k+1] is argmax q under greedy decoding, or the keyed draws of
     deterministic mode (see replay.keyed_choice); draft_tokens [k].
     """
     k = draft_tokens.shape[0]
-    matches = (draft_tokens == target_choice[:k]).to(torch.int64)
-    accepted = matches.cumprod(dim=0).sum()
-    return ChainVerdict(accepted, target_choice[accepted])
+    return Verdict(draft_tokens == target_choice[:k], target_choice)
 
 
 def speculative_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                         generator: torch.Generator | None) -> ChainVerdict:
+                         generator: torch.Generator | None) -> Verdict:
     """Leviathan/Chen rule: accept x_i w.p. min(1, q(x_i)/p(x_i)); residual norm(max(0, q - p)).
 
     draft_probs [k, V] is the exact distribution each x_i was drawn from; target_probs [k+1, V].
@@ -87,7 +125,7 @@ def speculative_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, 
 
 
 def point_mass_sampling(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
-                        generator: torch.Generator | None) -> ChainVerdict:
+                        generator: torch.Generator | None) -> Verdict:
     """The same rule for deterministic proposals (lookup, argmax drafts): p_i = one-hot(x_i), so
     x_i is accepted w.p. q(x_i) and a rejection draws from norm(q - one-hot(x_i))^+."""
     k, vocab = draft_tokens.shape[0], target_probs.shape[-1]
@@ -102,14 +140,14 @@ def point_mass_sampling(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
     return _chain(draft_tokens, ones, p_row, target_probs, generator)
 
 
-def _chain(draft_tokens, p_x, p_row, target_probs, generator) -> ChainVerdict:
+def _chain(draft_tokens, p_x, p_row, target_probs, generator) -> Verdict:
     """Accept x_i w.p. min(1, q(x_i)/p(x_i)) in order; at the stop, draw from norm(q - p)^+."""
     k = draft_tokens.shape[0]
     device = target_probs.device
     q_x = target_probs[torch.arange(k, device=device), draft_tokens]
     uniforms = torch.rand(k, generator=generator, device=device)
-    accept = (uniforms * p_x < q_x).to(torch.int64)  # u < q/p without dividing
-    accepted = accept.cumprod(dim=0).sum()
+    passed = uniforms * p_x < q_x  # u < q/p without dividing
+    accepted = passed.to(torch.int64).cumprod(dim=0).sum()
     stop = accepted.view(1)
     q_row = target_probs.index_select(0, stop)[0]
     residual = (q_row - p_row(stop)).clamp_min(0.0)
@@ -117,47 +155,38 @@ def _chain(draft_tokens, p_x, p_row, target_probs, generator) -> ChainVerdict:
     # sum(r) == 0 only through rounding (q == p on the support): fall back to q itself.
     residual = torch.where(total > 0, residual / total.clamp_min(1e-30), q_row)
     token = torch.multinomial(residual, 1, generator=generator)[0]
-    return ChainVerdict(accepted, token)
+    return Verdict(passed, token.expand(k + 1))
 
 
 # -- trees -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TreeVerdict:
-    path: list[int]  # accepted node indices, root excluded, root-to-leaf order
-    token: int  # the target's own token after the path (residual or bonus draw)
-    tried: list[int]  # candidates tried and rejected, in the order they were tried
-    node_tokens: list[int]  # every node's token, read in the same sync
-
-
-def greedy_tree(children: tuple[tuple[int, ...], ...], tokens: torch.Tensor,
-                choice: torch.Tensor) -> TreeVerdict:
-    """A chosen target token per node (argmax, or keyed draws): accept the first child equal
-    to it, else emit it."""
-    tokens_list, choice_list = torch.stack([tokens, choice]).tolist()  # the one sync
-    return _walk(children, lambda node, k, child: tokens_list[child] == choice_list[node],
-                 lambda node: choice_list[node], tokens_list)
+def greedy_tree(parents: tuple[int, ...], tokens: torch.Tensor, choice: torch.Tensor) -> Verdict:
+    """A chosen target token per node (argmax, or keyed draws): a node passes when it equals
+    its parent's choice (the walk takes the first such child); where the walk stops, that
+    node's choice. tokens [n] (the proposal's), choice [n + 1] (root first)."""
+    parent_index = torch.tensor(parents, dtype=torch.long).to(choice.device)
+    return Verdict(tokens == choice.index_select(0, parent_index), choice)
 
 
 def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Tensor,
                         draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                        generator: torch.Generator | None, *, replacement: bool) -> TreeVerdict:
+                        generator: torch.Generator | None, *, replacement: bool) -> Verdict:
     """Recursive rejection sampling over a tree (ALGORITHMS.md section 3).
 
     At each node the children are tried in draw order: accept x_k w.p. min(1, q_k(x_k)/p_k(x_k));
     on rejection q_(k+1) = norm(max(q_k - p_k, 0)) and, without replacement,
     p_(k+1) = p_k with x_k removed and renormalised (with replacement p is left alone).
     If every child is rejected (or there are none) the node emits y ~ q_(K+1).
-    draft_probs [N, V]: p(.|node) for nodes with children; target_probs [N, V]: q(.|node).
-    Everything is computed for all nodes at once; one sync reads the outcomes, and the number
-    of random draws does not depend on them.
+    tokens [n] (the proposal's); draft_probs [N, V]: p(.|node) for nodes with children;
+    target_probs [N, V]: q(.|node), N = n + 1 nodes, root first. Everything is computed for all
+    nodes at once, on the device, and the number of random draws does not depend on the outcomes.
     """
     size, vocab = target_probs.shape
     widest = max(len(c) for c in children)
     device = target_probs.device
     inner = [i for i in range(size) if children[i]]
-    accept_rows = torch.zeros(size, max(widest, 1), dtype=torch.bool, device=device)
+    passed = torch.zeros(size - 1, dtype=torch.bool, device=device)
     final = target_probs.clone()  # q_(K+1) per node; leaves keep q (the bonus distribution)
     if inner:
         index = torch.tensor(inner, device=device)
@@ -165,14 +194,15 @@ def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Ten
         for row, node in enumerate(inner):
             kids[row, : len(children[node])] = torch.tensor(children[node])
         valid = (kids >= 0).to(device)
-        kid_tokens = tokens.index_select(0, kids.clamp_min(0).view(-1).to(device)).view(len(inner), widest)
+        kid_tokens = tokens.index_select(0, (kids.clamp_min(1) - 1).view(-1).to(device)).view(len(inner), widest)
         q = target_probs.index_select(0, index)
         p = draft_probs.index_select(0, index).float()
         uniforms = torch.rand(len(inner), widest, generator=generator, device=device)
+        tests = []
         for k in range(widest):
             x = kid_tokens[:, k : k + 1]
             q_x, p_x = q.gather(1, x), p.gather(1, x)
-            accept_rows[index, k] = (uniforms[:, k : k + 1] * p_x < q_x).squeeze(1) & valid[:, k]
+            tests.append((uniforms[:, k : k + 1] * p_x < q_x).squeeze(1))
             residual = (q - p).clamp_min(0.0)
             total = residual.sum(dim=1, keepdim=True)
             step = valid[:, k : k + 1]
@@ -181,24 +211,10 @@ def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Ten
                 removed = p.scatter(1, x, 0.0)
                 p = torch.where(step, removed / (1.0 - p_x).clamp_min(1e-30), p)
         final.index_copy_(0, index, q)
+        # each child's test, in node order (kids known on the host: no sync to place them)
+        flat = kids.view(-1)
+        slots = (flat >= 0).nonzero().squeeze(1)
+        passed.index_copy_(0, (flat[slots] - 1).to(device),
+                           torch.stack(tests, dim=1).view(-1).index_select(0, slots.to(device)))
     draws = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [N]
-    width = accept_rows.shape[1]
-    flat = torch.cat([accept_rows.to(torch.int64).view(-1), draws, tokens]).tolist()  # the sync
-    accept_list = [flat[i * width:(i + 1) * width] for i in range(size)]
-    draw_list, token_list = flat[size * width: size * width + size], flat[size * width + size:]
-    return _walk(children, lambda node, k, child: accept_list[node][k] == 1,
-                 lambda node: draw_list[node], token_list)
-
-
-def _walk(children, accepted, emit, node_tokens) -> TreeVerdict:
-    """Walk from the root: descend into the first accepted child; stop where none is."""
-    node, path, tried = 0, [], []
-    while True:
-        for k, child in enumerate(children[node]):
-            if accepted(node, k, child):
-                path.append(child)
-                node = child
-                break
-            tried.append(child)
-        else:
-            return TreeVerdict(path, emit(node), tried, node_tokens)
+    return Verdict(passed, draws)

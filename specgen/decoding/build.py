@@ -14,7 +14,7 @@ from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
 from specgen.decoding.drafters.text import TextDrafter
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
-from specgen.decoding.engine import Engine
+from specgen.decoding.engine import Engine, Policy
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
 from specgen.runtime import features
@@ -110,12 +110,13 @@ def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     return drafter
 
 
-def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = None) -> Engine:
+def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = None,
+                 policy: Policy = Policy()) -> Engine:
     """An engine running `config.method` on the pair; `after`: an engine whose target cache (and
-    the rows it parked) it continues from."""
+    the rows it parked) it continues from; `policy`: how it schedules rounds (a server's)."""
     target = pair.target
     engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
-                    pair.vocab, compile=pair.compile, after=after, prefixes=pair.target_prefixes)
+                    pair.vocab, compile=pair.compile, after=after, prefixes=pair.target_prefixes, policy=policy)
     drafts = config.method.needs_draft_model and pair.draft.vocabulary is not Vocabulary.HEAD
     models = [("target", target.model)] + ([("draft", pair.draft.model)] if drafts else [])
     for role, model in models:

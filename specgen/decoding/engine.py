@@ -24,21 +24,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Union
 
 import torch
 
-from specgen.config import GenerationConfig, Method
+from specgen.config import GenerationConfig
 from specgen.decoding import verify
-from specgen.decoding.drafters.base import Drafter, NoDrafter, Proposal
-from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason, TreeInfo
+from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
+from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import Feed, ListFeed, Request
 from specgen.decoding.rates import Choice, WidthRates
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.sampling import make_generator
 from specgen.decoding.staging import PREFILL_CHUNK, Staged, advance, stage
-from specgen.decoding.tree import DraftTree
 from specgen.errors import PromptError
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
@@ -53,6 +52,39 @@ from specgen.text import common_prefix
 # law) has its first token speculated like every other.
 PROMPT_CATCH_UP = 4
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
+
+
+class Fresh:
+    """A joining row prefilled here, from what the prefix store holds of its prompt."""
+
+
+FRESH = Fresh()
+# where a joining row's K/V comes from: a prefill here, the parked row of the previous generation
+# that it continues (a chat turn: the state it resumes), or a prompt prefilled a chunk per round
+Origin = Union[Fresh, DecodeState, Staged]
+
+
+def no_cap(width: int) -> int:
+    """No width cap: a row drafts what its own policy asks at every batch width."""
+    return MAX_DRAFT
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How an engine schedules its rounds, given when it is built (a server's from measured
+    costs, serve/scheduler.py); never what a round commits."""
+
+    # the most tokens a row may draft when `width` rows share a round (costs.WidthCosts: past
+    # some width plain rounds win)
+    width_cap: Callable[[int], int] = no_cap
+    # where the cap allows drafting, whether it pays there, from measured rounds (a server's)
+    rates: WidthRates | None = None
+    # a longer prompt joining rows that decode is prefilled this many tokens per round
+    # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds
+    prefill_chunk: int = PREFILL_CHUNK
+    # new prompt tokens past which a row's first token comes from its prefill; larger
+    # speculates the first token of longer prompts too (tests of that token's law)
+    prompt_catch_up: int = PROMPT_CATCH_UP
 
 
 @dataclass(frozen=True)
@@ -70,7 +102,7 @@ class Engine:
 
     def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int], context_length: int,
                  drafter: Drafter | None = None, vocab: int | None = None, compile: str = "off",
-                 after: "Engine | None" = None, prefixes: PrefixStore | None = None):
+                 after: "Engine | None" = None, prefixes: PrefixStore | None = None, policy: Policy = Policy()):
         self.model = target_model
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
@@ -88,41 +120,32 @@ class Engine:
         self.parked: list[DecodeState] = after.parked if after is not None else []  # rows the last generation left
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
-        # the most tokens a row may draft when `width` rows share a round (a server sets it from
-        # measured costs, costs.WidthCosts: past some width plain rounds win); default no limit
-        self.width_cap: Callable[[int], int] = lambda width: MAX_DRAFT
-        # where the cap allows drafting, whether it pays there, from measured rounds (a server's)
-        self.rates: WidthRates | None = None
-        # new prompt tokens past which a row's first token comes from its prefill; larger
-        # speculates the first token of longer prompts too (tests of that token's law)
-        self.prompt_catch_up = PROMPT_CATCH_UP
-        # a longer prompt joining rows that decode is prefilled this many tokens per round
-        # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds
-        self.prefill_chunk = PREFILL_CHUNK if device.type == "cpu" else 0
+        self.policy = policy
+        self.prefill_chunk = policy.prefill_chunk if device.type == "cpu" else 0  # a GPU prefills whole
 
     # -- the loop ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
-                 resume: DecodeState | None = None) -> Iterator[RowEvent]:
+                 resume: DecodeState | Fresh = FRESH) -> Iterator[RowEvent]:
         """Decode every prompt, `batch_size` rows at a time; rows join as others finish.
 
-        With `resume` (this engine's state of a previous generation, one prompt) the caches
+        With `resume` a DecodeState (this engine's of a previous generation, one prompt) the caches
         keep the longest common prefix of the old and the new sequence, so a chat turn
         prefills only its new tokens. Yields each row's events as they happen; `index` is the
         prompt's position in `prompts`.
         """
         for i, prompt in enumerate(prompts):
             self.check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
-        if resume is not None and len(prompts) != 1:
+        if isinstance(resume, DecodeState) and len(prompts) != 1:
             raise ValueError("resume continues one prompt")
         yield from self.drive(ListFeed(prompts, config), config, batch_size, resume)
 
     def drive(self, feed: Feed, config: GenerationConfig, batch_size: int = 1,
-              resume: DecodeState | None = None) -> Iterator[RowEvent]:
+              resume: DecodeState | Fresh = FRESH) -> Iterator[RowEvent]:
         """The loop: rows join from `feed` while there is room, every round serves every row,
         finished and dropped rows leave. `resume` continues the first request's row (see
         `generate`). A request's prompt must fit the context (`check` it before it is fed)."""
-        resumed = resume is not None and any(resume is state for state in self.parked)
-        self._settle(resume.row if resumed else None)
+        resumed = any(resume is state for state in self.parked)  # still in the cache: continued
+        self._settle(resume if resumed else FRESH)
         if resumed:
             resume.row = 0  # the only row left
         rows: list[DecodeState] = []
@@ -145,7 +168,7 @@ class Engine:
                                 and len(request.ids) > self.prefill_chunk and not request.prompt_logprobs:
                             staged.append(stage(self.model, request, self.prefixes, self.drafter.taps()))
                             continue
-                        yield from self._admit(rows, request, config, resume if resumed else None)
+                        yield from self._admit(rows, request, config, resume if resumed else FRESH)
                         resumed = False
                     # requests that came while those prefilled join before the round, not a round later
                     requests = feed.take(batch_size - len(rows) - len(staged))
@@ -153,7 +176,7 @@ class Engine:
                     advance(self.steps.call, staged[0], self.prefill_chunk if rows else len(staged[0].request.ids),
                             self.device, self.steps.mode == "inductor")
                     if staged[0].done:
-                        yield from self._admit(rows, staged[0].request, config, None, staged.pop(0))
+                        yield from self._admit(rows, staged[0].request, config, staged.pop(0))
                 joined = bool(rows)
                 rows = yield from self._leave(rows)  # a first token may have ended a row
                 if not rows:
@@ -168,14 +191,14 @@ class Engine:
             raise
 
     def _admit(self, rows: list[DecodeState], request: Request, config: GenerationConfig,
-               resume: DecodeState | None, staged: Staged | None = None) -> Iterator[RowEvent]:
+               origin: Origin) -> Iterator[RowEvent]:
         """A request joins the batch (`_join`): its Joined event, and its first token if any. The
         first row of a fresh batch (not a resumed one) settles the cache before it: the rows the
         last round parked leave, one spare row stays (a staged prompt whose company all ended
         while it was fed joined beside them, and the next round's mask had a row too many)."""
-        if not rows and resume is None:
-            self._settle(None)
-        state, first = self._join(request, config, resume, staged)
+        if not rows and not isinstance(origin, DecodeState):
+            self._settle(FRESH)
+        state, first = self._join(request, config, origin)
         rows.append(state)
         yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds,
                                         state.prompt_logprobs))
@@ -224,12 +247,12 @@ class Engine:
         return max(config.round_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2
 
     # -- rows joining and leaving -------------------------------------------------------------
-    def _settle(self, resumed_row: int | None) -> None:
-        """Before a generation: keep only the resumed row, or one spare row whose buffers (and
-        captured graphs) the first joining row reuses."""
-        keep = [resumed_row] if resumed_row is not None else list(range(min(self.cache.rows, 1)))
-        self._select(keep)
-        self._spare = resumed_row is None and self.cache.rows == 1
+    def _settle(self, origin: DecodeState | Fresh) -> None:
+        """Before a generation: keep only the row it resumes, or for a fresh one one spare row
+        whose buffers (and captured graphs) the first joining row reuses."""
+        resumed = isinstance(origin, DecodeState)
+        self._select([origin.row] if resumed else list(range(min(self.cache.rows, 1))))
+        self._spare = not resumed and self.cache.rows == 1
         self.parked = []
 
     def _select(self, keep: list[int]) -> None:
@@ -237,14 +260,15 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, request: Request, config: GenerationConfig, resume: DecodeState | None,
-              staged: Staged | None = None) -> tuple[DecodeState, RoundResult | None]:
-        """Prefill a joining row (or take a staged prompt's prefill); its first token too when
-        the prompt brings more than `prompt_catch_up` new tokens (PROMPT_CATCH_UP)."""
-        started = time.perf_counter() if staged is None else staged.started
+    def _join(self, request: Request, config: GenerationConfig, origin: Origin) -> tuple[DecodeState, RoundResult | None]:
+        """Prefill a joining row (or take a staged prompt's prefill, or continue a parked row);
+        its first token too when the prompt brings more than `policy.prompt_catch_up` new tokens
+        (PROMPT_CATCH_UP)."""
+        staged = isinstance(origin, Staged)  # fed whole (its last token too) in its own cache
+        started = origin.started if staged else time.perf_counter()
         cache, prompt = self.cache, request.ids
-        if resume is not None:
-            state, row = resume, resume.row
+        if isinstance(origin, DecodeState):  # a chat turn: the caches keep what both sequences share
+            state, row = origin, origin.row
             common = common_prefix(state.ids, prompt)
             keep = min(common, len(prompt) - 1, cache.lengths[row])
             state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
@@ -256,13 +280,13 @@ class Engine:
         kvcache.set_length(cache, row, keep)
         capacity = self._capacity(len(prompt), request.max_new_tokens, config)
         cache.reserve(capacity)
-        if staged is not None:  # fed whole (its last token too) in its own cache
-            kvcache.copy_prefix(staged.cache, 0, cache, row, len(prompt))
-            keep, logits = staged.keep, staged.logits
+        if staged:
+            kvcache.copy_prefix(origin.cache, 0, cache, row, len(prompt))
+            keep, logits = origin.keep, origin.logits
         elif not config.deterministic and not request.prompt_logprobs:
             keep = self.prefixes.load(cache, row, prompt, have=keep)
-        first = staged is not None or len(prompt) - keep > self.prompt_catch_up
-        if staged is None and (first or len(prompt) - 1 > keep):
+        first = staged or len(prompt) - keep > self.policy.prompt_catch_up
+        if not staged and (first or len(prompt) - 1 > keep):
             whole = request.prompt_logprobs and keep == 0  # every position's logits: the prompt's own
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
                                    keep=0 if whole else 1, row=row)
@@ -274,9 +298,8 @@ class Engine:
             self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
-        if config.method is not Method.PLAIN:
-            self.drafter.rewind(row, common)
-            self.drafter.join(row, prompt, state.generator, capacity)
+        self.drafter.rewind(row, common)
+        self.drafter.join(row, prompt, state.generator, capacity)
         state.begin(request, keep, started, config, self.context_length)
         state.stop_ids = (frozenset() if request.ignore_eos else self.stop_ids) | request.stop_ids
         result = self._first_token(state, logits, config) if first else None
@@ -287,11 +310,10 @@ class Engine:
         """The row's first token from its prefill's last logits, chosen as a round that proposed
         nothing would choose it (the same rule, the row's random stream), and committed."""
         root = torch.tensor(state.ids[-1:], device=self.device)
-        row = verify.RowInput(len(state.ids), Proposal.empty(), state.sampling, state.generator, state.index)
-        scored = verify.Scored(logits[:, -1:], [root], [None])
-        verdict = verify.accept([row], scored, config, self.vocab)[0]
-        reported = verify.logprobs([row], scored, [verdict], self.vocab)[0]
-        return self._commit(state, row.proposal, verdict, None, config, 0.0, 0.0, reported)
+        scored = verify.Scored(logits[:, -1:], [root])
+        result = verify.accept([state], [EMPTY], scored, config, self.vocab)[0]
+        reported = verify.logprobs([state], scored, [result], self.vocab)[0]
+        return self._commit(state, EMPTY, result, config, 0.0, 0.0, reported)
 
     # -- one round for every row ----------------------------------------------------------------
     @torch.inference_mode()
@@ -301,8 +323,8 @@ class Engine:
         # the roots go to the device now, while it is idle: copied after the draft steps were
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
-        cap = self.width_cap(len(rows))
-        pick = self.rates.choose(len(rows), cap) if cap and self.rates is not None else None
+        cap, rates = self.policy.width_cap(len(rows)), self.policy.rates
+        pick = rates.choose(len(rows), cap) if cap and rates is not None else None
         if pick is not None and pick.kind is Choice.EXPLORE:  # one plain round to measure: no row is held
             ks = [0] * len(rows)
         else:
@@ -311,48 +333,42 @@ class Engine:
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
-            proposals = [Proposal.empty() for _ in rows]
+            proposals = [EMPTY] * len(rows)
         drafted = time.perf_counter()
-        inputs = [verify.RowInput(len(s.ids), p, s.sampling, s.generator, s.index) for s, p in zip(rows, proposals)]
-        scored = verify.forward(self.steps, self.cache, inputs, roots)
-        verdicts = verify.accept(inputs, scored, config, self.vocab)
-        reported = verify.logprobs(inputs, scored, verdicts, self.vocab)
+        scored = verify.forward(self.steps, self.cache, proposals, roots)
+        judged = verify.accept(rows, proposals, scored, config, self.vocab)
+        reported = verify.logprobs(rows, scored, judged, self.vocab)
         verified = time.perf_counter()
-        results = [self._commit(state, proposal, verdict, tree, config, drafted - started, verified - drafted, lp)
-                   for state, proposal, verdict, tree, lp in zip(rows, proposals, verdicts, scored.trees, reported)]
+        results = [self._commit(state, proposal, result, config, drafted - started, verified - drafted, lp)
+                   for state, proposal, result, lp in zip(rows, proposals, judged, reported)]
         if pick is not None:
-            self.rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
+            rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
                               sum(len(r.emitted) for r in results), time.perf_counter() - started)
         return results
 
-    def _commit(self, state: DecodeState, proposal: Proposal, verdict: verify.Verdict, tree: DraftTree | None,
-                config: GenerationConfig, draft_seconds: float, verify_seconds: float,
-                logprobs: list | None = None) -> RoundResult:
-        """Append the committed tokens (with their `logprobs` when the row asked for them);
-        both caches keep everything but the new last token."""
+    def _commit(self, state: DecodeState, proposal: Proposal, result: RoundResult, config: GenerationConfig,
+                draft_seconds: float, verify_seconds: float, logprobs: list | None = None) -> RoundResult:
+        """Append the committed tokens of the round's `result` (with their `logprobs` when the
+        row asked for them); both caches keep everything but the new last token."""
         remaining = state.limit(config) - len(state.ids)
-        draft, path = verdict.draft, verdict.path
-        tree_info = None
-        if tree is not None:
-            kvcache.keep_positions(state.cache, len(state.ids) - 1, torch.tensor([0] + path, device=self.device),
+        path = result.path
+        if not proposal.is_chain:  # the accepted path's K/V into contiguous slots
+            kvcache.keep_positions(state.cache, len(state.ids) - 1, torch.tensor([0, *path], device=self.device),
                                    row=state.row)
-            rejected = tuple(draft[node - 1] for node in verdict.tried)
-            tree_info = TreeInfo([state.ids[-1]] + draft, tree.parents, path, verdict.tried)
-        else:
-            rejected = tuple(draft[verdict.accepted:])
-            if proposal.size:
-                state.length.update(len(draft), verdict.accepted)  # before any cut
-        emitted, stop = self._cut([draft[node - 1] for node in path] + [verdict.token], remaining, state.stop_ids)
+        elif proposal.size:
+            state.length.update(proposal.size, result.accepted)  # before any cut
+        emitted, stop = self._cut([result.draft_tokens[node - 1] for node in path] + [result.target_token],
+                                  remaining, state.stop_ids)
         state.ids.extend(emitted)
         kvcache.set_length(state.cache, state.row, len(state.ids) - 1)
         if proposal.size:
-            self.drafter.observe(state.row, path[: len(emitted) - 1])
+            self.drafter.observe(state.row, list(path[: len(emitted) - 1]))
         if stop is None and not config.deterministic and len(state.ids) - state.prompt_length >= state.budget:
             stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
         if not config.deterministic:
             state.stop = stop
-        return RoundResult(draft, verdict.accepted, verdict.token, emitted, draft_seconds, verify_seconds, stop,
-                           rejected, tree_info, tuple(logprobs or ())[:len(emitted)])
+        return replace(result, emitted=emitted, draft_seconds=draft_seconds, verify_seconds=verify_seconds, stop=stop,
+                       logprobs=tuple(logprobs or ())[:len(emitted)])
 
     # -- deterministic mode -----------------------------------------------------------------
     def _close_window(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> ReplayResult | None:
@@ -392,8 +408,7 @@ class Engine:
             rolled_back, correction = tuple(ids[mismatch:]), replayed[mismatch - start]
             del ids[mismatch:]
             ids.append(correction)
-            if config.method is not Method.PLAIN:
-                self.drafter.rewind(state.row, mismatch)
+            self.drafter.rewind(state.row, mismatch)
         kvcache.set_length(state.cache, state.row, len(ids) - 1)  # keep the replay's KV of verified tokens
         state.verified = len(ids)
         return ReplayResult(start, checked, rolled_back, correction, len(ids), time.perf_counter() - started)

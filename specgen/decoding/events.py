@@ -7,7 +7,7 @@ into text, and a client process can read them without loading torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 
@@ -16,16 +16,6 @@ class StopReason:
     LENGTH = "length"
     CONTEXT = "context"
     CANCELLED = "cancelled"  # the feed dropped the row (its client went away)
-
-
-@dataclass(frozen=True)
-class TreeInfo:
-    """A tree round's shape in host ids, for --show-tree and statistics."""
-
-    tokens: list[int]  # node tokens, index 0 the root
-    parents: tuple[int, ...]
-    accepted_nodes: list[int]  # the accepted path, root excluded
-    tried: list[int]  # nodes tried and rejected
 
 
 @dataclass(frozen=True)
@@ -51,18 +41,51 @@ class Joined:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """What one round did for one row, in token ids. `emitted` is what was committed."""
+    """One row's round in token ids, from the verdict (verify.py) to the views: what was
+    proposed, what the target's rule kept, and what the engine committed of it.
 
-    draft_tokens: list[int]  # everything the drafter proposed (empty for plain decoding)
-    accepted: int  # draft tokens accepted by the target's rule
-    target_token: int  # the target's own token (correction or bonus)
-    emitted: list[int]  # committed this round: accepted drafts + target token, cut at EOS/length
-    draft_seconds: float
-    verify_seconds: float
+    Nodes as in `drafters.base.Proposal`: 0 is the root, node j >= 1 is `draft_tokens[j - 1]`
+    and `parents[j - 1]` its parent. `emitted` is what was committed: the path's tokens and the
+    target's own, cut at EOS or the length limit."""
+
+    draft_tokens: list[int] = field(default_factory=list)  # everything the drafter proposed (none: a plain round)
+    parents: tuple[int, ...] = ()  # the proposal's shape (a chain: 0, 1, .., k - 1)
+    path: tuple[int, ...] = ()  # accepted nodes, root excluded, root to leaf
+    target_token: int = 0  # the target's own token after the path (correction or bonus)
+    tried: tuple[int, ...] = ()  # nodes tried and rejected on the way, in the order they were tried
+    root: int = 0  # node 0's token: the row's last committed token when the round started
+    emitted: list[int] = field(default_factory=list)  # the engine's: committed this round
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
     stop: str | None = None  # a StopReason once generation has ended
-    rejected: tuple[int, ...] = ()  # draft tokens tried or discarded this round (shown red)
-    tree: TreeInfo | None = None  # the proposal's tree, when it was not a single chain
     logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token, when the row's sampling asks
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted by the target's rule."""
+        return len(self.path)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(len(self.parents)))
+
+    @property
+    def tree(self) -> "RoundResult | None":
+        """The round itself when its proposal was a tree (not one chain), else None."""
+        return None if self.is_chain else self
+
+    @property
+    def tokens(self) -> list[int]:
+        """Each node's token, the root first."""
+        return [self.root] + self.draft_tokens
+
+    @property
+    def rejected(self) -> tuple[int, ...]:
+        """Draft tokens discarded this round (shown red): the rest of a chain past its accepted
+        prefix, or a tree's nodes that were tried and rejected."""
+        if self.is_chain:
+            return tuple(self.draft_tokens[len(self.path):])
+        return tuple(self.draft_tokens[node - 1] for node in self.tried)
 
     @property
     def accepted_emitted(self) -> int:

@@ -60,9 +60,8 @@ class DecodeState:
         self.context_bound = self.budget < request.max_new_tokens
 
     def wanted(self, config: GenerationConfig) -> int:
-        """How many tokens the row may draft this round, before any width cap (0: none)."""
-        if config.method is Method.PLAIN:
-            return 0
+        """How many tokens the row may draft this round, before any width cap (0: none; a plain
+        engine's drafter, NoDrafter, proposes nothing whatever it is allowed)."""
         remaining = self.limit(config) - len(self.ids)
         if config.method.is_tree and remaining <= config.tree_depth:
             return 0  # too close to the end for a tree

@@ -16,7 +16,7 @@ import time
 from typing import Iterator
 
 from specgen.config import GenerationConfig
-from specgen.decoding.engine import Engine, RowEvent
+from specgen.decoding.engine import FRESH, Engine, RowEvent
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
@@ -60,7 +60,7 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
     interrupted, logprobs = False, []
     with renderer:
         try:
-            events = engine.generate([prompt_ids], config, resume=state)
+            events = engine.generate([prompt_ids], config, resume=FRESH if state is None else state)
             for report, stats in fold(engine, events, label or config.method.value):
                 state, event = report.state, report.event
                 if isinstance(event, RoundResult):

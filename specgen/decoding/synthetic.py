@@ -27,7 +27,7 @@ import torch
 
 from specgen.text import json_value
 from specgen.config import Acceptance, AcceptanceMode, SamplingConfig
-from specgen.decoding.acceptance import ChainVerdict
+from specgen.decoding.acceptance import Verdict
 from specgen.decoding.sampling import sample, warp
 from specgen.errors import ConfigError
 
@@ -109,7 +109,7 @@ def draw(acceptance: Acceptance, index: int, position: int) -> int:
 
 
 def verdict(draft: torch.Tensor, logits: torch.Tensor, acceptance: Acceptance, index: int, position: int,
-            sampling: SamplingConfig, generator: torch.Generator | None) -> ChainVerdict:
+            sampling: SamplingConfig, generator: torch.Generator | None) -> Verdict:
     """Accept the first min(draw, k) draft tokens; the target's own token follows them (argmax,
     or a draw from its warped law there). logits [k+1, V]: the verify forward's, root first."""
     accepted = min(draw(acceptance, index, position), draft.shape[0])
@@ -118,7 +118,7 @@ def verdict(draft: torch.Tensor, logits: torch.Tensor, acceptance: Acceptance, i
     else:
         token = sample(warp(logits[accepted], sampling), generator)
     # a fill on the device, not a copy from the host (which would wait for the verify forward)
-    return ChainVerdict(torch.full((), accepted, dtype=torch.long, device=logits.device), token)
+    return Verdict.chain(torch.full((), accepted, dtype=torch.long, device=logits.device), token, draft.shape[0])
 
 
 def expected_accepted(acceptance: Acceptance, k: int) -> float:

@@ -15,25 +15,25 @@ from specgen.text import TextStream, TokenBytes
 
 
 @dataclass(frozen=True)
-class TreeView:
-    """A tree round as text: node texts (index 0 the root), parents, what was accepted/tried."""
-
-    texts: list[str]
-    parents: tuple[int, ...]
-    accepted: frozenset[int]
-    tried: frozenset[int]
-
-
-@dataclass(frozen=True)
 class RoundView:
-    """One round as text: accepted draft pieces, the target's piece, discarded draft pieces."""
+    """One round (events.RoundResult) as text: a piece per emitted token, pushed through the
+    text stream (accepted draft pieces, then the target's), the discarded drafts' own texts, and
+    for a tree round each node's text beside the round's shape (what a terminal draws; a
+    client of the server, which sees no ids, gets the same)."""
 
     accepted: list[str]
     target: str
     rejected: list[str] = field(default_factory=list)
-    tree: TreeView | None = None
     pending: bool = False  # deterministic mode: not yet verified by a replay
     target_emitted: bool = True  # False when the round was cut (EOS, length) before the target's token
+    nodes: list[str] = field(default_factory=list)  # a tree round: each node's text, the root first; else empty
+    parents: tuple[int, ...] = ()  # a tree round: node j's parent is parents[j - 1] (RoundResult's)
+    path: frozenset[int] = frozenset()  # a tree round: the accepted nodes
+    tried: frozenset[int] = frozenset()  # a tree round: the nodes tried and rejected
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.nodes)
 
     @property
     def pieces(self) -> list[str]:
@@ -99,12 +99,11 @@ def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -
     accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
     target = stream.push(result.emitted[-1]) if result.target_emitted else ""
     rejected = [stream.token_text(t) for t in result.rejected]
-    tree = None
-    if result.tree is not None:
-        info = result.tree
-        tree = TreeView([stream.token_text(t) for t in info.tokens], info.parents,
-                        frozenset(info.accepted_nodes), frozenset(info.tried))
-    return RoundView(accepted, target, rejected, tree, pending, result.target_emitted)
+    if result.is_chain:
+        return RoundView(accepted, target, rejected, pending, result.target_emitted)
+    return RoundView(accepted, target, rejected, pending, result.target_emitted,
+                     [stream.token_text(t) for t in result.tokens], result.parents, frozenset(result.path),
+                     frozenset(result.tried))
 
 
 def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.stats import Stats, from_dict
-from specgen.decoding.views import Outcome, ReplayView, RoundView, TreeView
+from specgen.decoding.views import Outcome, ReplayView, RoundView
 from specgen.errors import PartialReply, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
@@ -231,11 +231,10 @@ class _Received:
 
     def round(self, live: dict) -> RoundView:
         self.stats = from_dict(live["stats"], self.stats.method)
-        tree = live.get("tree")
-        view = RoundView(live["accepted"], live["target"], live["rejected"],
-                         None if tree is None else TreeView(tree["texts"], tuple(tree["parents"]),
-                                                            frozenset(tree["accepted"]), frozenset(tree["tried"])),
-                         live["pending"], len(live["ids"]) > len(live["accepted"]))
+        tree = live.get("tree") or {"texts": [], "parents": [], "accepted": [], "tried": []}
+        view = RoundView(live["accepted"], live["target"], live["rejected"], live["pending"],
+                         len(live["ids"]) > len(live["accepted"]), tree["texts"], tuple(tree["parents"]),
+                         frozenset(tree["accepted"]), frozenset(tree["tried"]))
         self.ids.extend(live["ids"])
         self.logprobs.extend(live.get("logprobs", ()))
         if view.pending:  # a piece per token: a replay's rollback counts tokens

@@ -56,10 +56,8 @@ class Output:
                 self._extend("".join(view.pieces))
             live = {"round": stats.rounds, "ids": event.emitted, "accepted": view.accepted, "target": view.target,
                     "rejected": view.rejected, "pending": view.pending,
-                    "tree": None if view.tree is None else {"texts": view.tree.texts,
-                                                            "parents": list(view.tree.parents),
-                                                            "accepted": sorted(view.tree.accepted),
-                                                            "tried": sorted(view.tree.tried)}}
+                    "tree": None if not view.is_tree else {"texts": view.nodes, "parents": list(view.parents),
+                                                           "accepted": sorted(view.path), "tried": sorted(view.tried)}}
             if self.job.live and event.logprobs:  # `specgen run --logprobs` on the server
                 live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
         else:

@@ -34,7 +34,7 @@ import torch
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import Engine
+from specgen.decoding.engine import Engine, Policy, no_cap
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import WidthRates
@@ -83,11 +83,11 @@ class Ticket:
 class Scheduler:
     def __init__(self, pair: Pair, max_batch: int, max_queue: int, metrics: Metrics,
                  log: Callable[[api.Job, object], None] = lambda job, stats: None,
-                 caps: dict[int, int] | None = None):
+                 caps: dict[int, int] | None = None, prefill_chunk: int = PREFILL_CHUNK):
         self.pair, self.max_batch, self.max_queue, self.metrics, self.log = pair, max_batch, max_queue, metrics, log
         # model chains' draft length per batch width (costs.WidthCosts.cap); none: as requested
         self.caps = caps or {}
-        self.prefill_chunk = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU)
+        self.prefill_chunk = prefill_chunk  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()
         self.waiting: deque[Ticket] = deque()
         self.running: dict[int, Ticket] = {}
@@ -149,20 +149,24 @@ class Scheduler:
         a tree's permission to draft at all) also follows the measured costs of wider verifies
         (`caps`). Prompt lookup drafts for free, so only its measured rounds decide: at a wide
         batch its padded verify can cost more than its few accepted tokens give."""
-        engine = build_engine(self.pair, config)
-        if engine.prefill_chunk:  # 0 where the engine never stages (a GPU)
-            engine.prefill_chunk = self.prefill_chunk
+        return build_engine(self.pair, config, policy=self.policy(config, capped))
+
+    def policy(self, config: GenerationConfig, capped: bool) -> Policy:
+        """How `build`'s engine schedules its rounds: the server's prefill chunk (on a CPU), and
+        unless the requests set their own draft length, its width caps and measured rates."""
         if not capped or config.method is Method.PLAIN:
-            return engine
-        if self.caps and config.method.needs_draft_model:
-            widest = max(self.caps)
-            engine.width_cap = lambda width: self.caps.get(width, self.caps[widest])
+            return Policy(prefill_chunk=self.prefill_chunk)
+        caps = self.caps
+
+        def measured(width: int) -> int:  # past the widest measured width, the widest's cap
+            return caps.get(width, caps[max(caps)])
+        cap = measured if caps and config.method.needs_draft_model else no_cap
         key = drafting_key(config) + (not capped,)
-        engine.rates = self.rates.pop(key, None) or WidthRates()
-        self.rates[key] = engine.rates
+        rates = self.rates.pop(key, None) or WidthRates()
+        self.rates[key] = rates
         while len(self.rates) > MAX_RATES:
             self.rates.popitem(last=False)
-        return engine
+        return Policy(cap, rates, self.prefill_chunk)
 
     def engine(self, key: tuple, config: GenerationConfig, capped: bool) -> Engine:
         """The engine of `key`, built if need be; the least recently used ones past MAX_ENGINES
@@ -244,7 +248,7 @@ class Scheduler:
             with self.cond:
                 del self.running[report.index]
             self.metrics.batch_width.set(len(self.running))
-            if engine.rates is not None:
+            if engine.policy.rates is not None:
                 self.metrics.draft_lengths(ticket.job.config.method.value, self._lengths(engine, ticket.job.config))
             self.metrics.prefixes(self.pair.target_prefixes.held, self.pair.draft_prefixes.held)
             self._finish(ticket, stats, report.state, event.stop)
@@ -261,7 +265,7 @@ class Scheduler:
         """The most tokens a row drafts per batch width: the width caps of a draft model's
         methods, lowered where the engine's measured rounds chose less."""
         lengths = dict(self.caps) if config.method.needs_draft_model else {}
-        lengths.update({width: k for width, (k, _, _) in engine.rates.summary().items()})
+        lengths.update({width: k for width, (k, _, _) in engine.policy.rates.summary().items()})
         return lengths
 
     def _finish(self, ticket: Ticket, stats, state: DecodeState, stop: str | None) -> None:

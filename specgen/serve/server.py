@@ -271,8 +271,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
     scheduler = Scheduler(pair, options.max_batch_size, options.max_queue, metrics,
                           lambda job, stats: say(f"{summary_line(Outcome('', [], stats))}; "
                                                  f"prompt {stats.prompt_tokens} tokens"),
-                          width_caps(pair, options.max_batch_size, config.draft_tokens, quiet))
-    scheduler.prefill_chunk = options.prefill_chunk
+                          width_caps(pair, options.max_batch_size, config.draft_tokens, quiet), options.prefill_chunk)
     warm_up(scheduler, config)
     release_pool()  # this thread is done with tensors: its OpenMP workers would slow the engine thread's
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")

@@ -1,33 +1,14 @@
 """The drafter protocol: what the engine's round talks to, for every method and batch size.
 
-A drafter serves the rows of a batch (a single prompt is a batch of one). The engine calls:
-
-* `join(row, prompt_ids, generator, capacity)`: row `row` starts on a prompt. `row` is the
-  drafter's next new row, or one it holds already (a chat turn, a reused row), which keeps what
-  a `rewind` left valid. `generator` is the row's for random draws; `capacity` the positions the
-  row may reach (caches are preallocated for it).
-* `leave(keep)`: only rows `keep` stay, renumbered 0.. in that order.
-* `finished(row)`: the row's request is done (it leaves, or stays parked for a next turn): a
-  drafter with a cache may keep what the row holds for later prompts that start the same way.
-* `rewind(row, valid)`: only the first `valid` tokens of the row's sequence still hold (a new
-  chat turn, a deterministic-mode replay that rewrote the rest). Rows never joined are ignored.
-* `propose(contexts, ks, samplings) -> list[Proposal]`: one proposal per row, rows in order;
-  `contexts[i]` is row i's committed sequence, `ks[i]` how many tokens it may draft (a tree
-  drafter builds its tree when ks[i] > 0), `samplings[i]` its sampling settings (a greedy row
-  drafts greedily); a row with nothing to propose gets an empty proposal.
-* `observe(row, path)`: the accepted nodes of the row's last proposal that were committed.
-* `setup_seconds()`: time spent capturing and compiling its steps (CUDA), for statistics.
-* `taps()`: the target layers whose entering hidden states the drafter reads (an EAGLE head's
-  low, middle and high features; empty for every other drafter). The engine's target cache
-  keeps them at each committed position (kvcache.FeatureLayer), and the drafter reads them
-  from the cache the engine hands it with `see(target_cache)`.
+A drafter serves the rows of a batch (a single prompt is a batch of one); `Drafter` documents
+each call. Every method's drafter speaks it: plain decoding's (`NoDrafter`, which proposes
+nothing), the chain drafters (drafters/model.py, eagle.py, text.py), lookup-chain, and the
+per-row ones (a tree search, a lookup index), which `PerRow` serves from one `RowDrafter` per
+row.
 
 Contract: a proposal holds only drafted tokens (never the context), and for sampled proposals
 `probs` are exactly the laws the tokens were drawn from. A chain is a one-path tree; the engine
 reads a proposal's shape from its parents and never asks what kind of drafter made it.
-
-Per-row drafters (a tree search, a lookup index) implement the smaller `RowDrafter` and are
-served to the engine by `PerRow`, one instance per row.
 """
 
 from __future__ import annotations
@@ -42,16 +23,29 @@ from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Proposal:
-    """One row's draft: `tokens` [n] (BFS order, the root excluded) and their parents (0 is the
-    root, the row's last committed token; j >= 1 is tokens[j - 1])."""
+    """One row's draft: a tree of tokens, a chain being a tree with one path.
+
+    Nodes are numbered from the root: node 0 is the root (the row's last committed token, not
+    yet in the target's cache, never part of the proposal), node j >= 1 is `tokens[j - 1]`, and
+    `parents[j - 1]` is node j's parent, always a node before it (breadth-first order). Every
+    shape the verify forward and the walk need (depths, children, the ancestor mask, paths) is
+    derived from the parents on the host, indexed by node (root included), so nothing about the
+    tree costs a sync.
+    """
 
     tokens: torch.Tensor  # [n] int64
-    parents: tuple[int, ...]  # [n]
+    parents: tuple[int, ...]  # [n]: parents[j - 1] < j
     kind: ProposalKind
-    probs: torch.Tensor | None = None  # SAMPLED: [m, V], row j the law node j's children were drawn from
+    probs: torch.Tensor | None = None  # SAMPLED: [m, V], row i the law node i's children were drawn from
     replacement: bool = False  # siblings drawn with replacement (multi-draft)
+
+    def __post_init__(self) -> None:
+        if self.tokens.shape[0] != len(self.parents):
+            raise ValueError("one parent per proposed token")
+        if any(not 0 <= p <= j for j, p in enumerate(self.parents)):
+            raise ValueError("a node's parent must precede it (node 0 is the root; breadth-first order)")
 
     @classmethod
     def chain(cls, tokens: torch.Tensor, kind: ProposalKind, probs: torch.Tensor | None = None) -> "Proposal":
@@ -59,11 +53,10 @@ class Proposal:
         return cls(tokens, tuple(range(tokens.shape[0])), kind, probs)
 
     @classmethod
-    def drafted(cls, tokens: torch.Tensor, sampling: SamplingConfig, probs: torch.Tensor | None) -> "Proposal":
-        """A drafted chain: point masses for a greedy row, else the laws its tokens were drawn from."""
-        if sampling.greedy:
-            return cls.chain(tokens, ProposalKind.DETERMINISTIC)
-        return cls.chain(tokens, ProposalKind.SAMPLED, probs)
+    def drafted(cls, tokens: torch.Tensor, kind: ProposalKind, probs: torch.Tensor | None) -> "Proposal":
+        """A drafted chain of `kind` (ProposalKind.drafting): the laws its tokens were drawn from
+        when they were sampled, none for greedy point masses."""
+        return cls.chain(tokens, kind, probs if kind is ProposalKind.SAMPLED else None)
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Proposal":
@@ -71,31 +64,107 @@ class Proposal:
 
     @property
     def size(self) -> int:
+        """Proposed tokens (nodes besides the root)."""
         return len(self.parents)
 
     @cached_property
     def is_chain(self) -> bool:
         return self.parents == tuple(range(len(self.parents)))
 
+    @cached_property
+    def depth(self) -> tuple[int, ...]:
+        """Each node's depth, root (0) included."""
+        depth = [0] * (self.size + 1)
+        for j, parent in enumerate(self.parents, 1):
+            depth[j] = depth[parent] + 1
+        return tuple(depth)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Each node's children, root included, in index order (= draw order: drafters append
+        children in the order they were drawn)."""
+        kids: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for j, parent in enumerate(self.parents, 1):
+            kids[parent].append(j)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n + 1, n + 1] bool over the nodes, root included: node i may attend to node j iff j
+        is i or one of its ancestors."""
+        mask = torch.zeros(self.size + 1, self.size + 1, dtype=torch.bool)
+        mask[0, 0] = True
+        for j, parent in enumerate(self.parents, 1):
+            mask[j] = mask[parent]
+            mask[j, j] = True
+        return mask
+
+    def position_ids(self, cached: int, device=None) -> torch.Tensor:
+        """[1, n + 1]: cached length + depth (siblings share a position)."""
+        return (torch.tensor(self.depth, device=device) + cached).unsqueeze(0)
+
+    def attention_mask(self, cached: int, device=None) -> torch.Tensor:
+        """[1, 1, n + 1, cached + n + 1] bool: every node sees the whole cache and its own ancestors."""
+        visible_cache = torch.ones(self.size + 1, cached, dtype=torch.bool)
+        return torch.cat([visible_cache, self.ancestor_mask], dim=1).to(device)[None, None]
+
+    def path_to(self, node: int) -> list[int]:
+        """The nodes from the root to `node`, both included."""
+        path = [node]
+        while node:
+            node = self.parents[node - 1]
+            path.append(node)
+        return path[::-1]
+
+    def paths(self) -> list[list[int]]:
+        """Every root-to-leaf path as node indices."""
+        return [self.path_to(node) for node, kids in enumerate(self.children) if not kids]
+
+
+EMPTY = Proposal.empty()  # nothing proposed (frozen: one shared instance)
+
 
 class Drafter(Protocol):
-    def join(self, row: int, prompt_ids: list[int], generator: torch.Generator | None, capacity: int) -> None: ...
+    """The calls the engine makes, rows numbered as in the engine's batch."""
 
-    def leave(self, keep: list[int]) -> None: ...
+    def join(self, row: int, prompt_ids: list[int], generator: torch.Generator | None, capacity: int) -> None:
+        """Row `row` starts on a prompt. `row` is the drafter's next new row, or one it holds
+        already (a chat turn, a reused row), which keeps what a `rewind` left valid. `generator`
+        is the row's for random draws (None: a greedy row); `capacity` the positions the row may
+        reach (caches are preallocated for it)."""
 
-    def finished(self, row: int) -> None: ...
+    def leave(self, keep: list[int]) -> None:
+        """Only rows `keep` stay, renumbered 0.. in that order."""
 
-    def rewind(self, row: int, valid: int) -> None: ...
+    def finished(self, row: int) -> None:
+        """The row's request is done (it leaves, or stays parked for a next turn): a drafter with
+        a cache may keep what the row holds for later prompts that start the same way."""
 
-    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]: ...
+    def rewind(self, row: int, valid: int) -> None:
+        """Only the first `valid` tokens of the row's sequence still hold (a new chat turn, a
+        deterministic-mode replay that rewrote the rest). Rows never joined are ignored."""
 
-    def observe(self, row: int, path: list[int]) -> None: ...
+    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+        """One proposal per row, rows in order. `contexts[i]` is row i's committed sequence,
+        `ks[i]` how many tokens it may draft (a tree drafter builds its tree when ks[i] > 0; 0:
+        none), `samplings[i]` its sampling settings, whose `ProposalKind.drafting` says how to
+        draft (greedily, or sampling and reporting the laws). A row with nothing to propose
+        gets an empty proposal (`EMPTY`)."""
 
-    def setup_seconds(self) -> float: ...
+    def observe(self, row: int, path: list[int]) -> None:
+        """The accepted nodes of the row's last proposal that were committed (node indices as in
+        `Proposal`, root excluded, root to leaf): a drafter with a cache keeps theirs."""
 
-    def taps(self) -> tuple[int, ...]: ...
+    def setup_seconds(self) -> float:
+        """Time spent capturing and compiling its steps (CUDA), for statistics."""
 
-    def see(self, target_cache) -> None: ...
+    def taps(self) -> tuple[int, ...]:
+        """The target layers whose entering hidden states the drafter reads (an EAGLE head's low,
+        middle and high features; empty for every other drafter). The engine's target cache
+        keeps them at each committed position (kvcache.FeatureLayer)."""
+
+    def see(self, target_cache) -> None:
+        """The engine's target cache, once: where a drafter with `taps` reads the features."""
 
 
 class NoDrafter:
@@ -114,7 +183,7 @@ class NoDrafter:
         pass
 
     def propose(self, contexts, ks, samplings) -> list[Proposal]:
-        return [Proposal.empty() for _ in contexts]
+        return [EMPTY] * len(contexts)
 
     def observe(self, row, path) -> None:
         pass
@@ -130,21 +199,27 @@ class NoDrafter:
 
 
 class RowDrafter(Protocol):
-    """One row's drafter (served by PerRow): the same calls for a single sequence."""
+    """What `PerRow` asks of one row's drafter: the Drafter calls for a single sequence."""
 
-    def start(self, prompt_ids: list[int], generator: torch.Generator | None, capacity: int) -> None: ...
+    def start(self, prompt_ids: list[int], generator: torch.Generator | None, capacity: int) -> None:
+        """`Drafter.join` for this row (it keeps what a `rewind` left valid)."""
 
-    def rewind(self, valid: int) -> None: ...
+    def rewind(self, valid: int) -> None:
+        """`Drafter.rewind`: only the first `valid` tokens still hold."""
 
-    def propose(self, context: list[int], k: int, sampling: SamplingConfig) -> Proposal: ...
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig) -> Proposal:
+        """`Drafter.propose` for this row; called only when k > 0."""
 
-    def observe(self, path: list[int]) -> None: ...
+    def observe(self, path: list[int]) -> None:
+        """`Drafter.observe`: the committed nodes of its last proposal."""
 
-    def setup_seconds(self) -> float: ...
+    def setup_seconds(self) -> float:
+        """`Drafter.setup_seconds`."""
 
 
 class PerRow:
-    """The Drafter protocol over one RowDrafter per row; `make` builds a joining row's drafter."""
+    """The Drafter protocol's helper for per-row drafters (a tree search, a lookup index: state
+    that serves one sequence): one RowDrafter per row, `make` building a joining row's."""
 
     def __init__(self, make: Callable[[], RowDrafter]):
         self.make = make
@@ -169,7 +244,7 @@ class PerRow:
             self.rows[row].rewind(valid)
 
     def propose(self, contexts, ks, samplings) -> list[Proposal]:
-        return [self.rows[row].propose(context, k, sampling) if k > 0 else Proposal.empty()
+        return [self.rows[row].propose(context, k, sampling) if k > 0 else EMPTY
                 for row, (context, k, sampling) in enumerate(zip(contexts, ks, samplings))]
 
     def observe(self, row, path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head
@@ -122,20 +123,25 @@ class EagleDrafter:
             rows = torch.arange(count, device=self.device)
             logits, hidden = logits[rows, last], hidden[rows, last][:, None]
         kvcache.set_lengths(self.cache, [new.start + len(new) for new in news])  # drop the pads
+        kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
+        sampled = ProposalKind.SAMPLED in kinds  # laws are built only when some row samples
         tokens, laws = [], []
         for step in range(steps):
             if step:
                 logits, hidden = self._forward(token.view(count, 1), hidden)
                 logits = logits[:, -1]
-            token, law = self._choose(logits, samplings)
+            if sampled:
+                token, law = self._sample(logits, samplings)
+                laws.append(law)
+            else:
+                token = self.map[logits.argmax(dim=-1)]
             tokens.append(token)
-            laws.append(law)
         # the next round feeds accepted positions from the target's features
         kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
         drafted = torch.stack(tokens, dim=1)
-        stacked = torch.stack(laws, dim=1) if laws[0] is not None else None
-        return [Proposal.drafted(drafted[i, :k], samplings[i], None if stacked is None else stacked[i, :k])
-                if k > 0 else Proposal.empty(self.device) for i, k in enumerate(ks)]
+        stacked = torch.stack(laws, dim=1) if sampled else drafted  # laws [rows, K, V] (unread when greedy)
+        return [Proposal.drafted(drafted[i, :k], kinds[i], stacked[i, :k]) if k > 0 else Proposal.empty(self.device)
+                for i, k in enumerate(ks)]
 
     def _features(self, news: list[range], width: int, first: int = 0) -> torch.Tensor:
         """[rows, width, taps * H]: the target's features at each row's new positions (zeros past
@@ -176,10 +182,8 @@ class EagleDrafter:
         if held:
             self.prefixes.save(self.cache, row, context[: held + 1])
 
-    def _choose(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
-        """Each row's target token and, when any row samples, the laws over the target's vocabulary."""
-        if all(s.greedy for s in samplings):
-            return self.map[logits.argmax(dim=-1)], None
+    def _sample(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
+        """When any row samples: each row's target token and the laws over the target's vocabulary."""
         dist = torch.stack([warp(logits[i], s) for i, s in enumerate(samplings)])  # [rows, Vd]
         index = torch.stack([dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
                              for i, s in enumerate(samplings)])

@@ -25,7 +25,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Drafter, PerRow, Proposal
+from specgen.decoding.drafters.base import EMPTY, Drafter, PerRow, Proposal
 from specgen.text import common_prefix
 
 @dataclass(frozen=True)
@@ -213,7 +213,8 @@ class LookupChain:
 
     def __init__(self, model: Drafter, min_match: int = 2, model_tokens: int | None = None,
                  make_lookup=PromptLookupDrafter):
-        self.lookups = PerRow(make_lookup)
+        self.make_lookup = make_lookup
+        self.lookups: list[PromptLookupDrafter] = []  # each row's own index (LookupChain asks it itself)
         probe = make_lookup()
         if not probe.min_ngram <= min_match <= probe.max_ngram:
             raise ValueError(f"min_match must be in {probe.min_ngram}..{probe.max_ngram}, got {min_match}")
@@ -225,22 +226,24 @@ class LookupChain:
         self.extended = 0  # model rounds extended by a lookup continuation
 
     def join(self, row, prompt_ids, generator, capacity) -> None:
-        self.lookups.join(row, prompt_ids, generator, capacity)
-        self.model.join(row, prompt_ids, generator, capacity)
-        while row >= len(self.sources):
+        while row >= len(self.lookups):
+            self.lookups.append(self.make_lookup())
             self.sources.append(None)
+        self.lookups[row].start(prompt_ids)
+        self.model.join(row, prompt_ids, generator, capacity)
         self.sources[row] = None
 
     def leave(self, keep) -> None:
-        self.lookups.leave(keep)
         self.model.leave(keep)
+        self.lookups = [self.lookups[i] for i in keep if i < len(self.lookups)]
         self.sources = [self.sources[i] for i in keep if i < len(self.sources)]
 
     def finished(self, row) -> None:
         self.model.finished(row)
 
     def rewind(self, row, valid) -> None:
-        self.lookups.rewind(row, valid)
+        if row < len(self.lookups):
+            self.lookups[row].rewind(valid)
         self.model.rewind(row, valid)
 
     def setup_seconds(self) -> float:
@@ -256,7 +259,7 @@ class LookupChain:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)
         for row, (context, k) in enumerate(zip(contexts, ks)):
-            match = self.lookups.rows[row].find(context, k) if k > 0 else None
+            match = self.lookups[row].find(context, k) if k > 0 else None
             if match is not None and match.ngram >= self.min_match:
                 self.sources[row] = Source.LOOKUP
                 out[row] = PromptLookupDrafter.proposal(match)
@@ -265,7 +268,7 @@ class LookupChain:
                 model_ks[row] = min(k, self.model_tokens or k)
             else:
                 self.sources[row] = None
-                out[row] = Proposal.empty()
+                out[row] = EMPTY
             if self.sources[row] is not None:
                 self.rounds[self.sources[row]] += 1
         if any(model_ks):
@@ -283,7 +286,7 @@ class LookupChain:
         room = k - proposal.size
         if room <= 0 or proposal.size == 0:
             return proposal
-        match = self.lookups.rows[row].find(context + proposal.tokens.tolist(), room, new_round=False)
+        match = self.lookups[row].find(context + proposal.tokens.tolist(), room, new_round=False)
         if match is None or match.ngram < self.min_match:
             return proposal
         extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)

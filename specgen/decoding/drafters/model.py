@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from specgen.config import SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.length import ConfidenceStop
 from specgen.decoding.staging import PREFILL_CHUNK
@@ -107,7 +108,10 @@ class ChainDrafter:
         bases = list(self.cache.lengths)
         logits = self._first_step(new, width)
         kvcache.set_lengths(self.cache, [b + len(tokens) for b, tokens in zip(bases, new)])  # drop the pads
-        tokens, probs = [], []
+        # the rows' kinds decide how a step chooses: argmax for all, or laws when any row samples
+        kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
+        sampled = ProposalKind.SAMPLED in kinds
+        tokens, laws = [], []
         stopped = torch.zeros(count, dtype=torch.bool, device=self.device)  # rows done drafting
         if any(out_of_round):  # those sitting out are from the start (a host list copied only then)
             stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
@@ -115,13 +119,17 @@ class ChainDrafter:
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
                 logits = self.steps.forward(self.cache, token.view(count, 1).to(self.device))[:, -1, : self.vocab]
-            token, dist = self._choose(logits, samplings)
+            if sampled:
+                token, law = self._sample(logits, samplings)
+                laws.append(law)
+            else:
+                token = logits.argmax(dim=-1)
             tokens.append(token)
-            probs.append(dist)
             if step == steps - 1:
                 break
             if self.confidence is not None:
-                stopped = stopped | self.confidence(logits, dist).to(stopped.device)
+                confident = self.confidence(logits, law) if sampled else self.confidence(logits)
+                stopped = stopped | confident.to(stopped.device)
                 flags = stopped.tolist()  # one small host sync per draft step
                 for i, flag in enumerate(flags):
                     if flag and stop_at[i] == steps:
@@ -133,7 +141,7 @@ class ChainDrafter:
         self._contexts = list(contexts)
         self._fed = [fed] * count
         drafted = torch.stack(tokens, dim=1)  # [rows, K] on the device
-        stacked = torch.stack(probs, dim=1) if probs[0] is not None else None
+        stacked = torch.stack(laws, dim=1) if sampled else drafted  # laws [rows, K, V] (unread when greedy)
         out = []
         for i, k in enumerate(ks):
             k = 0 if out_of_round[i] else min(k, stop_at[i])
@@ -141,7 +149,7 @@ class ChainDrafter:
                 kvcache.set_length(self.cache, i, bases[i] if out_of_round[i] else self._base[i])
                 out.append(Proposal.empty(self.device))
             else:
-                out.append(Proposal.drafted(drafted[i, :k], samplings[i], None if stacked is None else stacked[i, :k]))
+                out.append(Proposal.drafted(drafted[i, :k], kinds[i], stacked[i, :k]))
         return out
 
     def observe(self, row: int, path: list[int]) -> None:
@@ -180,10 +188,8 @@ class ChainDrafter:
         logits = self.steps.forward(self.cache, ids)
         return logits[torch.arange(count, device=logits.device), last.to(logits.device), : self.vocab]
 
-    def _choose(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
-        """Each row's token (argmax for a greedy row) and, when any row samples, the laws [rows, V]."""
-        if all(s.greedy for s in samplings):
-            return logits.argmax(dim=-1), None
+    def _sample(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
+        """When any row samples: each row's token (argmax for a greedy row) and the laws [rows, V]."""
         if len(set(samplings)) == 1:
             dist = warp(logits, samplings[0])
         else:  # rows with their own settings (a server's requests)

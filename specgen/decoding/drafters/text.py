@@ -32,7 +32,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Drafter, Proposal
+from specgen.decoding.drafters.base import EMPTY, Drafter, Proposal
 from specgen.decoding.drafters.retokenize import Bridge, Seam
 from specgen.text import common_prefix
 
@@ -158,7 +158,7 @@ class TextDrafter:
             tokens = drafted[row].tokens.tolist() if k > 0 else []
             state.seen = draft + tokens
             if not tokens:
-                out.append(Proposal.empty())
+                out.append(EMPTY)
                 continue
             ids, seam = self.bridge.proposal(context, state.anchor, draft, tokens, k, state.held)
             self.stats.rounds[seam] += 1

@@ -13,7 +13,6 @@ into contiguous slots and an unfed accepted leaf is fed at the start of the next
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 
 import torch
 
@@ -21,16 +20,8 @@ from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
-from specgen.decoding.tree import DraftTree
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
-
-
-@dataclass
-class _Level:
-    parents: list[int]  # parent node index of each new child (host)
-    tokens: torch.Tensor  # [C] child tokens, grouped by parent, each group in draw order
-    scores: torch.Tensor | None = None  # RSD-S: (phi, G) per child, carried to the next depth
 
 
 class TreeDrafter(abc.ABC):
@@ -68,32 +59,35 @@ class TreeDrafter(abc.ABC):
         """The whole tree (its shape is fixed by the method, not by k)."""
         n = len(context)
         unseen = torch.tensor([context[self.cached:]], device=self.device)
+        root = unseen[0, -1:]
         logits = self._forward(unseen)[0, -1:, : self.vocab]  # root's next-token logits
         self.cached = n
-        parents, tokens = [-1], [unseen[0, -1:]]
-        rows: list[torch.Tensor | None] = []  # p(.|node) per node, in node order
+        kind = ProposalKind.drafting(sampling)
+        sampled = kind is ProposalKind.SAMPLED
+        parents: list[int] = []  # node j's parent is parents[j - 1] (Proposal's numbering)
+        tokens: list[torch.Tensor] = []
+        laws: list[torch.Tensor] = []  # sampled: p(.|node) of every node with children, in node order
         frontier, scores = [0], None
         for level in range(self.depth):
-            probs = None if sampling.greedy else warp(logits, sampling)
-            rows.extend(probs.unbind(0) if probs is not None else [None] * len(frontier))
-            new = self._children(level, frontier, logits, probs, scores, sampling, self.generator)
-            if not new.parents:
+            dist = warp(logits, sampling) if sampled else logits  # greedy: children from the draft's logits
+            if sampled:
+                laws.append(dist)
+            new_parents, new_tokens, scores = self._children(level, frontier, dist, scores, kind, self.generator)
+            if not new_parents:
                 break
-            start = len(parents)
-            parents.extend(new.parents)
-            tokens.append(new.tokens)
-            frontier, scores = list(range(start, len(parents))), new.scores
+            start = len(parents) + 1
+            parents.extend(new_parents)
+            tokens.append(new_tokens)
+            frontier = list(range(start, len(parents) + 1))
             if level < self.depth - 1:
-                tree = DraftTree(torch.cat(tokens), tuple(parents))
-                logits = self._feed(tree, frontier, n)
-        tree = DraftTree(torch.cat(tokens), tuple(parents))
-        self._base, self._fed_nodes = n, (frontier[0] - 1 if len(parents) > 1 else 0)
-        rows.extend([None] * (tree.size - len(rows)))
-        probs, kind = None, ProposalKind.DETERMINISTIC
-        if not sampling.greedy:
-            zero = torch.zeros_like(next(r for r in rows if r is not None))
-            probs, kind = torch.stack([r if r is not None else zero for r in rows]), ProposalKind.SAMPLED
-        return Proposal(tree.tokens[1:], tree.parents[1:], kind, probs, self.replacement)
+                logits = self._feed(root, Proposal(torch.cat(tokens), tuple(parents), kind), frontier, n)
+        self._base, self._fed_nodes = n, (frontier[0] - 1 if parents else 0)
+        drafted = torch.cat(tokens) if tokens else root.new_zeros(0)
+        probs = None
+        if sampled:  # leaves drew nothing: zero rows
+            probs = torch.cat(laws)
+            probs = torch.cat([probs, probs.new_zeros(len(parents) + 1 - probs.shape[0], probs.shape[1])])
+        return Proposal(drafted, tuple(parents), kind, probs, self.replacement)
 
     def observe(self, path: list[int]) -> None:
         """Keep the root and the accepted nodes that were fed; drop every other tree slot."""
@@ -106,7 +100,7 @@ class TreeDrafter(abc.ABC):
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.steps.forward(self.cache, input_ids, keep=1)
 
-    def _feed(self, tree: DraftTree, frontier: list[int], n: int) -> torch.Tensor:
+    def _feed(self, root: torch.Tensor, tree: Proposal, frontier: list[int], n: int) -> torch.Tensor:
         """One batched forward over the frontier with the tree mask -> their logits.
 
         The root sits at slot n-1 and node i at slot n-1+i: with the cache cut back to n-1, the
@@ -114,12 +108,17 @@ class TreeDrafter(abc.ABC):
         """
         first, last = frontier[0], frontier[-1]
         kvcache.crop(self.cache, n - 1)
-        logits = self.steps.tree(self.cache, tree.tokens, tree, offset=first, nodes=slice(first, last + 1))
+        logits = self.steps.tree(self.cache, torch.cat([root, tree.tokens]), tree, offset=first,
+                                 nodes=slice(first, last + 1))
         return logits[0, :, : self.vocab]
 
     @abc.abstractmethod
-    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
-        """The children of every frontier node, grouped by parent, each group in draw order."""
+    def _children(self, level: int, frontier: list[int], dist: torch.Tensor, scores: torch.Tensor | None,
+                  kind: ProposalKind, generator) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+        """The children of every frontier node, grouped by parent, each group in draw order:
+        (each child's parent node, their tokens [C], what the next depth carries (RSD-S's
+        scores)). `dist` [F, V] is the frontier's warped law when `kind` is SAMPLED, its
+        logits when GREEDY."""
 
 
 class RSDConstant(TreeDrafter):
@@ -130,13 +129,13 @@ class RSDConstant(TreeDrafter):
         super().__init__(model, device, len(branching), vocab, compile)
         self.branching = branching
 
-    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
+    def _children(self, level, frontier, dist, scores, kind, generator):
         b = self.branching[level]
-        if probs is None:  # greedy target: deterministic top-b children are fine
-            tokens = torch.topk(logits, b, dim=-1).indices
+        if kind is ProposalKind.GREEDY:  # greedy target: deterministic top-b children are fine
+            tokens = torch.topk(dist, b, dim=-1).indices
         else:
-            tokens, _ = gumbel_top_k(probs, b, generator)
-        return _Level([f for f in frontier for _ in range(b)], tokens.reshape(-1))
+            tokens, _ = gumbel_top_k(dist, b, generator)
+        return [f for f in frontier for _ in range(b)], tokens.reshape(-1), None
 
 
 class MultiDraft(RSDConstant):
@@ -144,12 +143,12 @@ class MultiDraft(RSDConstant):
 
     replacement = True
 
-    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
-        if probs is None:
-            return super()._children(level, frontier, logits, probs, scores, sampling, generator)
+    def _children(self, level, frontier, dist, scores, kind, generator):
+        if kind is ProposalKind.GREEDY:
+            return super()._children(level, frontier, dist, scores, kind, generator)
         b = self.branching[level]
-        tokens = torch.multinomial(probs, b, replacement=True, generator=generator)
-        return _Level([f for f in frontier for _ in range(b)], tokens.reshape(-1))
+        tokens = torch.multinomial(dist, b, replacement=True, generator=generator)
+        return [f for f in frontier for _ in range(b)], tokens.reshape(-1), None
 
 
 class RSDStochasticBeam(TreeDrafter):
@@ -160,13 +159,14 @@ class RSDStochasticBeam(TreeDrafter):
         super().__init__(model, device, depth, vocab, compile)
         self.width = beam_width
 
-    def _children(self, level, frontier, logits, probs, scores, sampling, generator) -> _Level:
+    def _children(self, level, frontier, dist, scores, kind, generator):
         width, count = self.width, len(frontier)
-        log_p = torch.log_softmax(logits.float(), dim=-1) if probs is None else probs.log()
-        if scores is None:  # the root: phi = G = 0
-            scores = torch.zeros(count, 2, device=logits.device)
+        greedy = kind is ProposalKind.GREEDY
+        log_p = torch.log_softmax(dist.float(), dim=-1) if greedy else dist.log()
+        if level == 0:  # the root: phi = G = 0
+            scores = torch.zeros(count, 2, device=dist.device)
         phi = scores[:, :1] + log_p  # [F, V]
-        if probs is None:  # greedy: plain beam search on the draft's log-probabilities
+        if greedy:  # plain beam search on the draft's log-probabilities
             keys = phi
         else:
             perturbed = phi + gumbel(phi.shape, generator, phi.device)
@@ -186,4 +186,4 @@ class RSDStochasticBeam(TreeDrafter):
         rows, tokens = parent_rows.index_select(0, order_t), child_tokens.index_select(0, order_t)
         kept_phi = phi[rows, tokens].unsqueeze(1)
         kept_g = flat.values.index_select(0, order_t).unsqueeze(1)
-        return _Level([frontier[parent_of[j]] for j in order], tokens, torch.cat([kept_phi, kept_g], 1))
+        return [frontier[parent_of[j]] for j in order], tokens, torch.cat([kept_phi, kept_g], 1)
