@@ -307,7 +307,10 @@ def test_json_schema(small_result, tmp_path):
     assert data["environment"]["torch_threads"] == 1
     assert data["environment"]["target"]["dtype"] == "float32"
     assert data["settings"]["repeats"] == 2 and data["settings"]["greedy"] is True
-    fields = {f.name for f in dataclasses.fields(measuring.Measurement)}
+    fields = {"prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
+              "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second", "acceptance_rate",
+              "tokens_per_target_forward", "target_forwards", "drafted", "accepted", "accepted_length_histogram",
+              "draft_seconds", "verify_seconds", "peak_memory_bytes", "stop_reason", "token_ids"}
     assert len(data["measurements"]) == 3 * 2 * 2
     assert all(set(m) == fields for m in data["measurements"])
     assert all(set(p) == {f.name for f in dataclasses.fields(summary.PromptResult)} for p in data["prompts"])

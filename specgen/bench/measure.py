@@ -26,10 +26,9 @@ from specgen.bench.isolated import IsolatedRunner, RunnerFailed, closing
 from specgen.bench.methods import PLAIN, build_runner, parse_methods, registry
 from specgen.bench.prompts import BenchPrompt, encode_all
 from specgen.bench.references import assistant_settings
-from specgen.bench.runners import Generation, Known, Runner
+from specgen.bench.runners import Generation, Runner
 from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
 from specgen.config import GenerationConfig
-from specgen.decoding.stats import histogram, rate
 from specgen.errors import ConfigError, one_line
 from specgen.models import placement
 from specgen.runtime.int8 import RowInt8Linear
@@ -50,55 +49,6 @@ class BenchSettings:
         cpus = os.cpu_count() or 1
         if self.threads is not None and not 1 <= self.threads <= cpus:  # more threads than CPUs never pays
             raise ConfigError(f"--threads must be in 1..{cpus} (this machine's CPUs), got {self.threads}")
-
-
-@dataclass
-class Measurement:
-    """One generation of one prompt by one method in one repeat."""
-
-    prompt_id: str
-    category: str
-    method: str
-    repeat: int
-    prompt_tokens: int
-    new_tokens: int
-    seconds: float
-    prefill_seconds: float | None
-    ttft_seconds: float | None
-    tokens_per_second: float  # new tokens / total seconds, the same for every method
-    decode_tokens_per_second: float | None  # tokens after the first arrival / time after it
-    acceptance_rate: float | None
-    tokens_per_target_forward: float | None
-    target_forwards: int | None
-    drafted: int | None
-    accepted: int | None
-    accepted_length_histogram: dict[str, int] | None
-    draft_seconds: float | None
-    verify_seconds: float | None
-    peak_memory_bytes: int | None
-    stop_reason: str | None
-    token_ids: list[int]
-
-
-def to_measurement(item: BenchPrompt, method: str, repeat: int, prompt_tokens: int,
-                   gen: Generation, peak: int | None) -> Measurement:
-    """A flat record of one generation (bench's JSON and CSV rows), from its Stats; figures the
-    runner could not count stay None."""
-    s, known = gen.stats, gen.known
-    new = len(gen.token_ids)
-    after_first = new - gen.first_tokens
-    decode_time = gen.seconds - gen.ttft_seconds if gen.ttft_seconds is not None else 0.0
-    forwards = s.target_forwards if Known.FORWARDS in known else None
-    drafts = Known.DRAFTS in known
-    times = Known.TIMES in known
-    return Measurement(
-        item.id, item.category, method, repeat, prompt_tokens, new, gen.seconds,
-        s.prefill_seconds if times else None, gen.ttft_seconds, rate(new, gen.seconds) or 0.0,
-        rate(after_first, decode_time) if after_first > 0 and decode_time > 0 else None,
-        rate(s.accepted, s.drafted) if drafts else None, rate(new, forwards) if forwards else None,
-        forwards, s.drafted if drafts else None, s.accepted if drafts else None,
-        histogram(s.accepted_lengths) if drafts else None, s.draft_seconds if drafts else None,
-        s.verify_seconds if times else None, peak, s.stop, list(gen.token_ids))
 
 
 @dataclass
@@ -161,7 +111,7 @@ def fixed_threads(threads: int | None):
 
 def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
             settings: BenchSettings, memory: MemoryProbe | None = None,
-            warmups: dict | None = None, failures: list[Failure] | None = None) -> Iterator[Measurement]:
+            warmups: dict | None = None, failures: list[Failure] | None = None) -> Iterator[Generation]:
     """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
     capture happen there, apart from every measurement), then for each prompt, for each
     repeat, run every method in the given order (the caller puts plain first). Yields
@@ -201,7 +151,8 @@ def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
                 if gen is not None:
                     # an isolated runner's memory is its child's (the parent's peak says nothing of it)
                     peak = runner.peak_memory_bytes if isinstance(runner, IsolatedRunner) else memory.peak()
-                    yield to_measurement(item, runner.name, repeat, len(ids), gen, peak)
+                    yield replace(gen, prompt_id=item.id, category=item.category, method=runner.name, repeat=repeat,
+                                  prompt_tokens=len(ids), peak_memory_bytes=peak)
 
 
 @dataclass
@@ -210,7 +161,7 @@ class BenchResult:
     settings: dict
     methods: list[str]
     greedy: bool
-    measurements: list[Measurement]
+    measurements: list[Generation]
     prompts: list[PromptResult]
     summary: list[GroupSummary]
     interrupted: bool = False
@@ -218,7 +169,7 @@ class BenchResult:
 
 
 def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], settings: BenchSettings,
-              on_measurement: Callable[[Measurement], None] | None = None,
+              on_measurement: Callable[[Generation], None] | None = None,
               runners: list[Runner] | None = None, drafts: dict | None = None) -> BenchResult:
     """Encode the prompts, build the runners (plain first), measure, summarise.
 
@@ -243,14 +194,14 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
 
 
 def _run(pair, runners: list[Runner], prompts: list[BenchPrompt], settings: BenchSettings, specs: dict,
-         on_measurement: Callable[[Measurement], None] | None) -> BenchResult:
+         on_measurement: Callable[[Generation], None] | None) -> BenchResult:
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:
         raise ConfigError("plain decoding must be measured: it is the denominator of every speed-up")
     encoded = list(zip(prompts, encode_all(pair.target.tokenizer, prompts, pair.target.context_length)))
     devices = [pair.target.device] + ([pair.draft.device] if pair.draft is not None else [])
     memory = MemoryProbe(devices)
-    measurements: list[Measurement] = []
+    measurements: list[Generation] = []
     warmups: dict[str, float] = {}
     failures: list[Failure] = []
     interrupted = False

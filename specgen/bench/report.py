@@ -106,7 +106,7 @@ def to_json(result) -> dict:
         "failures": [asdict(f) for f in result.failures],  # columns that stopped: method, where, one line
         "summary": [asdict(g) for g in result.summary],
         "prompts": [asdict(p) for p in result.prompts],
-        "measurements": [asdict(m) for m in result.measurements],
+        "measurements": [m.record() for m in result.measurements],
     }
 
 
@@ -150,7 +150,7 @@ def write_csv(result, path: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         for m in result.measurements:
-            row = asdict(m)
+            row = m.record()
             summary = by_prompt[(m.prompt_id, m.method)]
             row["accepted_length_histogram"] = histogram_text(m.accepted_length_histogram)
             row["token_ids"] = " ".join(map(str, m.token_ids))

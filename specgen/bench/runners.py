@@ -1,5 +1,6 @@
 """What bench measures: a runner generates one prompt with one method and reports a
-Generation, built from a Stats (the one counter) plus the wall-clock figures bench adds.
+Generation, built from a Stats (the one counter) plus the wall-clock figures bench adds; once
+measured, the same Generation is bench's record of it (its JSON and CSV row).
 
 Engine methods count everything; the reference columns (transformers, llama.cpp) count what
 their libraries let them see, which `known` says.
@@ -14,7 +15,7 @@ from typing import Protocol
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import timed
-from specgen.decoding.stats import Stats
+from specgen.decoding.stats import Stats, histogram, rate
 
 
 class Known(enum.Flag):
@@ -26,9 +27,20 @@ class Known(enum.Flag):
     TIMES = enum.auto()  # prefill and verify time
 
 
+# bench's JSON and CSV row of a generation (`Generation.record`), in this order
+RECORD_FIELDS = ("prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
+                 "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second",
+                 "acceptance_rate", "tokens_per_target_forward", "target_forwards", "drafted", "accepted",
+                 "accepted_length_histogram", "draft_seconds", "verify_seconds", "peak_memory_bytes", "stop_reason",
+                 "token_ids")
+
+
 @dataclass
 class Generation:
-    """One generation as a runner reports it."""
+    """One generation of one prompt by one method: what its runner reports (the ids, the
+    wall-clock figures, its Stats and which of their figures the runner could count) and, once
+    measured, where (prompt, repeat, the memory peak). Its figures are read from the Stats;
+    those the runner could not count are None."""
 
     token_ids: list[int]
     seconds: float  # wall time from the call to the last token on the host
@@ -36,6 +48,74 @@ class Generation:
     first_tokens: int  # tokens that arrived together with the first one
     stats: Stats
     known: Known = Known.NONE
+    # where it was measured (bench/measure.py sets them)
+    prompt_id: str = ""
+    category: str = ""
+    method: str = ""  # the column's name (a variant, a reference)
+    repeat: int = 0
+    prompt_tokens: int = 0
+    peak_memory_bytes: int | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens over the whole wall time, the same for every method."""
+        return rate(self.new_tokens, self.seconds) or 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Tokens after the first arrival over the time after it."""
+        after_first = self.new_tokens - self.first_tokens
+        decode_time = self.seconds - self.ttft_seconds if self.ttft_seconds is not None else 0.0
+        return rate(after_first, decode_time) if after_first > 0 and decode_time > 0 else None
+
+    @property
+    def target_forwards(self) -> int | None:
+        return self.stats.target_forwards if Known.FORWARDS in self.known else None
+
+    @property
+    def tokens_per_target_forward(self) -> float | None:
+        forwards = self.target_forwards
+        return rate(self.new_tokens, forwards) if forwards else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return rate(self.stats.accepted, self.stats.drafted) if Known.DRAFTS in self.known else None
+
+    @property
+    def drafted(self) -> int | None:
+        return self.stats.drafted if Known.DRAFTS in self.known else None
+
+    @property
+    def accepted(self) -> int | None:
+        return self.stats.accepted if Known.DRAFTS in self.known else None
+
+    @property
+    def accepted_length_histogram(self) -> dict[str, int] | None:
+        return histogram(self.stats.accepted_lengths) if Known.DRAFTS in self.known else None
+
+    @property
+    def draft_seconds(self) -> float | None:
+        return self.stats.draft_seconds if Known.DRAFTS in self.known else None
+
+    @property
+    def prefill_seconds(self) -> float | None:
+        return self.stats.prefill_seconds if Known.TIMES in self.known else None
+
+    @property
+    def verify_seconds(self) -> float | None:
+        return self.stats.verify_seconds if Known.TIMES in self.known else None
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.stats.stop
+
+    def record(self) -> dict:
+        """The flat row of bench's JSON and CSV (RECORD_FIELDS)."""
+        return {name: list(self.token_ids) if name == "token_ids" else getattr(self, name) for name in RECORD_FIELDS}
 
 
 class Runner(Protocol):

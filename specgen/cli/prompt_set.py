@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import typer
 from rich.console import Console
@@ -13,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.prompts import read_prompt_records
-from specgen.decoding.stats import Stats
+from specgen.decoding.stats import Stats, rate
 from specgen.errors import ConfigError
 from specgen.scale.results import ResultsFile, result_record
 from specgen.status import note, status
@@ -27,7 +28,7 @@ class PromptProgress:
 
     def __init__(self, total: int, already: int):
         self.total, self.done = total, already
-        self.tokens = self.drafted = self.accepted = 0
+        self.totals = Stats(method="prompts", generations=0)  # every prompt finished in this run
         self.started = time.perf_counter()
         self.console = Console(emoji=False, file=sys.stderr)
         self._bar: Progress | None = None
@@ -44,9 +45,7 @@ class PromptProgress:
 
     def advance(self, stats: Stats) -> None:
         self.done += 1
-        self.tokens += stats.new_tokens
-        self.drafted += stats.drafted
-        self.accepted += stats.accepted
+        self.totals = self.totals.merge(replace(stats, tree_sizes=[]))  # the trees' sizes are not shown
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, line=self.figures())
         elif time.perf_counter() - self._printed >= PLAIN_EVERY or self.done == self.total:
@@ -55,8 +54,8 @@ class PromptProgress:
 
     def figures(self) -> str:
         seconds = max(time.perf_counter() - self.started, 1e-9)
-        accept = f", acceptance {self.accepted / self.drafted:.1%}" if self.drafted else ""
-        return f"{self.tokens / seconds:.1f} tok/s{accept}"
+        accept = f", acceptance {self.totals.acceptance_rate:.1%}" if self.totals.drafted else ""
+        return f"{rate(self.totals.new_tokens, seconds):.1f} tok/s{accept}"
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:

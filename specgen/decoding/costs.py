@@ -53,7 +53,9 @@ STOP, STOP_EXTRA = 0.5, 2
 
 
 @dataclass(frozen=True)
-class Choice:
+class DraftLength:
+    """The draft length a device favours for a pair (k and the confidence stop with it), and why."""
+
     k: int
     reason: str
     confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
@@ -120,18 +122,18 @@ def _key(pair) -> str:
                        f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}"])
 
 
-def choose(pair) -> Choice:
+def choose(pair) -> DraftLength:
     """k for chain-style methods on this pair and device (measured once, then cached)."""
     if pair.draft is None:
-        return Choice(GPU_K, "no draft model")
+        return DraftLength(GPU_K, "no draft model")
     if pair.target.device.type == "cuda" and pair.draft.device.type == "cuda":
-        return Choice(GPU_K, "GPU: a wide verify costs about one step")
+        return DraftLength(GPU_K, "GPU: a wide verify costs about one step")
     return _cached(_key(pair), _entry, lambda: _measure(pair),
                    lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence},
                    "the draft length cached in {path} is not valid; measuring it again")
 
 
-def _measure(pair) -> Choice:
+def _measure(pair) -> DraftLength:
     with torch.inference_mode():
         draft, wide = _ratios(pair)
     k = best_k(draft, _interpolate(1.0, wide, 5))
@@ -141,7 +143,7 @@ def _measure(pair) -> Choice:
     if pair.draft.device.type == "cpu":
         k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
         reason += f"; up to {STOP_EXTRA} more while the draft's top probability stays at {STOP} or above"
-    return Choice(k, reason, confidence)
+    return DraftLength(k, reason, confidence)
 
 
 def _cached(key: str, parse, measure, as_json, stale: str):
@@ -175,7 +177,7 @@ def _read(path) -> dict:
     return known if isinstance(known, dict) else {}
 
 
-def _entry(entry) -> Choice | None:
+def _entry(entry) -> DraftLength | None:
     """A cached entry, if it is one this version wrote: k an integer in 1..MAX_K, confidence a
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
@@ -185,7 +187,7 @@ def _entry(entry) -> Choice | None:
         return None
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
         return None
-    return Choice(k, reason, float(confidence))
+    return DraftLength(k, reason, float(confidence))
 
 
 # -- how many tokens to draft at a batch width -----------------------------------------------------

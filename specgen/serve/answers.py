@@ -5,6 +5,9 @@ one. Requests are read in api.py. No torch here.
 
 from __future__ import annotations
 
+import functools
+
+from specgen.decoding.stats import Stats
 from specgen.serve.api import Job
 
 
@@ -93,19 +96,26 @@ def usage_chunk(job: Job, prompt_tokens: int, completion_tokens: int, stats) -> 
 def merged(job: Job, answers: list[dict]) -> dict:
     """One answer of n choices from the n choices' answers: their choices in order (each with
     its own `speculative` summary), usage summed over the choices (the prompt counted once),
-    the speculation's totals."""
+    the speculation's totals (the choices' Stats merged)."""
     if len(answers) == 1:
         return answers[0]
     out = dict(answers[0])
     out["choices"] = [{**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)]
     out["usage"] = _summed_usage([a["usage"] for a in answers], job.n)
-    drafted, accepted, forwards = (sum(a["speculative"][k] for a in answers)
-                                   for k in ("drafted", "accepted", "target_forwards"))
-    completion = out["usage"]["completion_tokens"]
-    out["speculative"] = {"method": answers[0]["speculative"]["method"], "drafted": drafted, "accepted": accepted,
-                          "acceptance_rate": accepted / drafted if drafted else 0.0, "target_forwards": forwards,
-                          "tokens_per_target_forward": completion / forwards if forwards else 0.0}
+    total = functools.reduce(Stats.merge, map(_counted, answers))
+    out["speculative"] = {"method": answers[0]["speculative"]["method"], "drafted": total.drafted,
+                          "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
+                          "target_forwards": total.target_forwards,
+                          "tokens_per_target_forward": total.tokens_per_target_forward}
     return out
+
+
+def _counted(answer: dict) -> Stats:
+    """What a choice's answer counts of its Stats: tokens, drafts and target forwards (as rounds:
+    the replays are among them)."""
+    summary = answer["speculative"]
+    return Stats(method=summary["method"], new_tokens=answer["usage"]["completion_tokens"],
+                 drafted=summary["drafted"], accepted=summary["accepted"], rounds=summary["target_forwards"])
 
 
 def merged_usage(chunks: list[dict], n: int = 1) -> dict:

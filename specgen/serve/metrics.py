@@ -11,6 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from specgen.decoding.stats import Stats
+
 LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -44,7 +46,7 @@ class Metrics:
                               "token", buckets=LATENCY, registry=r)
         self.queued = Histogram("specgen_queue_seconds", "From the request's arrival to its row", buckets=LATENCY,
                                 registry=r)
-        self._counts = [0, 0, 0, 0]  # drafted, accepted, tokens, forwards: for the gauges
+        self.totals = Stats(method="served", generations=0)  # every round since the start: for the gauges
 
     def joined(self, queued_seconds: float, prompt_tokens: int, cached_tokens: int, width: int) -> None:
         self.queued.observe(queued_seconds)
@@ -54,19 +56,19 @@ class Metrics:
 
     def round(self, result, stats) -> None:
         drafted = len(result.draft_tokens)
-        counts = self._counts
-        counts[0] += drafted
-        counts[1] += result.accepted_emitted
-        counts[2] += len(result.emitted)
-        counts[3] += 1
+        totals = self.totals
+        totals.drafted += drafted
+        totals.accepted += result.accepted_emitted
+        totals.new_tokens += len(result.emitted)
+        totals.rounds += 1
         self.drafted.inc(drafted)
         self.accepted.inc(result.accepted_emitted)
         self.generated_tokens.inc(len(result.emitted))
         self.target_forwards.inc()
         if stats.rounds == 1 and stats.time_to_first_token is not None:
             self.ttft.observe(stats.time_to_first_token)
-        self.acceptance.set(counts[1] / counts[0] if counts[0] else 0.0)
-        self.per_forward.set(counts[2] / counts[3])
+        self.acceptance.set(totals.acceptance_rate)
+        self.per_forward.set(totals.tokens_per_target_forward)
 
     def draft_lengths(self, method: str, lengths: dict[int, int]) -> None:
         for width, k in lengths.items():
