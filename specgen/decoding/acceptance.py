@@ -180,24 +180,31 @@ def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Ten
     If every child is rejected (or there are none) the node emits y ~ q_(K+1).
     tokens [n] (the proposal's); draft_probs [N, V]: p(.|node) for nodes with children;
     target_probs [N, V]: q(.|node), N = n + 1 nodes, root first. Everything is computed for all
-    nodes at once, on the device, and the number of random draws does not depend on the outcomes.
+    nodes at once, on the device (the tree's indices copied there once), and the number of
+    random draws does not depend on the outcomes.
     """
     size, vocab = target_probs.shape
-    widest = max(len(c) for c in children)
+    n, widest = size - 1, max(len(c) for c in children)
     device = target_probs.device
     inner = [i for i in range(size) if children[i]]
-    passed = torch.zeros(size - 1, dtype=torch.bool, device=device)
+    passed = torch.zeros(n, dtype=torch.bool, device=device)
     final = target_probs.clone()  # q_(K+1) per node; leaves keep q (the bonus distribution)
     if inner:
-        index = torch.tensor(inner, device=device)
-        kids = torch.full((len(inner), widest), -1, dtype=torch.int64)
+        m, cells = len(inner), len(inner) * widest
+        kids = torch.full((m, widest), -1, dtype=torch.int64)  # each inner node's children, in draw order
         for row, node in enumerate(inner):
             kids[row, : len(children[node])] = torch.tensor(children[node])
-        valid = (kids >= 0).to(device)
-        kid_tokens = tokens.index_select(0, (kids.clamp_min(1) - 1).view(-1).to(device)).view(len(inner), widest)
+        flat = kids.view(-1)
+        slots = (flat >= 0).nonzero().squeeze(1)  # the cells that hold a child, in node order (BFS)
+        # every index the device needs, known on the host, in ONE copy
+        packed = torch.cat([torch.tensor(inner), flat.clamp_min(1) - 1, (flat >= 0).long(), slots, flat[slots] - 1])
+        packed = packed.to(device)
+        index, kid_index, valid = packed[:m], packed[m: m + cells], packed[m + cells: m + 2 * cells].view(m, widest) > 0
+        cell_index, child_index = packed[m + 2 * cells: m + 2 * cells + n], packed[m + 2 * cells + n:]
+        kid_tokens = tokens.index_select(0, kid_index).view(m, widest)
         q = target_probs.index_select(0, index)
         p = draft_probs.index_select(0, index).float()
-        uniforms = torch.rand(len(inner), widest, generator=generator, device=device)
+        uniforms = torch.rand(m, widest, generator=generator, device=device)
         tests = []
         for k in range(widest):
             x = kid_tokens[:, k : k + 1]
@@ -211,10 +218,6 @@ def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Ten
                 removed = p.scatter(1, x, 0.0)
                 p = torch.where(step, removed / (1.0 - p_x).clamp_min(1e-30), p)
         final.index_copy_(0, index, q)
-        # each child's test, in node order (kids known on the host: no sync to place them)
-        flat = kids.view(-1)
-        slots = (flat >= 0).nonzero().squeeze(1)
-        passed.index_copy_(0, (flat[slots] - 1).to(device),
-                           torch.stack(tests, dim=1).view(-1).index_select(0, slots.to(device)))
+        passed.index_copy_(0, child_index, torch.stack(tests, dim=1).view(-1).index_select(0, cell_index))
     draws = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [N]
     return Verdict(passed, draws)

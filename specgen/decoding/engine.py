@@ -15,9 +15,9 @@ the next generation can resume a row (a chat turn keeps the longest common prefi
 caches) or reuse its buffers (captured CUDA graphs stay valid). A row's K/V goes to the
 target's prefix store (its prompt once prefilled, its sequence once finished), and a joining row
 copies the longest prefix stored there instead of prefilling it (runtime/prefixes.py; not in
-deterministic mode). Each row reports a Joined
-event, its rounds (RoundResult) and replays (ReplayResult), then Finished; the host syncs per
-round are the reads of the verdicts.
+deterministic mode). Each row reports a Joined event, its rounds (RoundResult) and replays
+(ReplayResult), then Finished; one host sync per round reads every row's verdict. How rounds are
+scheduled (width caps, measured rates, prefill chunks) is the `Policy` the engine is built with.
 """
 
 from __future__ import annotations
@@ -260,7 +260,8 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, request: Request, config: GenerationConfig, origin: Origin) -> tuple[DecodeState, RoundResult | None]:
+    def _join(self, request: Request, config: GenerationConfig,
+              origin: Origin) -> tuple[DecodeState, RoundResult | None]:
         """Prefill a joining row (or take a staged prompt's prefill, or continue a parked row);
         its first token too when the prompt brings more than `policy.prompt_catch_up` new tokens
         (PROMPT_CATCH_UP)."""

@@ -53,12 +53,6 @@ class Proposal:
         return cls(tokens, tuple(range(tokens.shape[0])), kind, probs)
 
     @classmethod
-    def drafted(cls, tokens: torch.Tensor, kind: ProposalKind, probs: torch.Tensor | None) -> "Proposal":
-        """A drafted chain of `kind` (ProposalKind.drafting): the laws its tokens were drawn from
-        when they were sampled, none for greedy point masses."""
-        return cls.chain(tokens, kind, probs if kind is ProposalKind.SAMPLED else None)
-
-    @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Proposal":
         return cls(torch.zeros(0, dtype=torch.long, device=device), (), ProposalKind.DETERMINISTIC)
 

@@ -139,9 +139,9 @@ class EagleDrafter:
         # the next round feeds accepted positions from the target's features
         kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
         drafted = torch.stack(tokens, dim=1)
-        stacked = torch.stack(laws, dim=1) if sampled else drafted  # laws [rows, K, V] (unread when greedy)
-        return [Proposal.drafted(drafted[i, :k], kinds[i], stacked[i, :k]) if k > 0 else Proposal.empty(self.device)
-                for i, k in enumerate(ks)]
+        stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
+        return [Proposal.chain(drafted[i, :k], kinds[i], stacked[i, :k] if kinds[i] is ProposalKind.SAMPLED else None)
+                if k > 0 else Proposal.empty(self.device) for i, k in enumerate(ks)]
 
     def _features(self, news: list[range], width: int, first: int = 0) -> torch.Tensor:
         """[rows, width, taps * H]: the target's features at each row's new positions (zeros past

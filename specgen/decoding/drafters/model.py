@@ -141,7 +141,7 @@ class ChainDrafter:
         self._contexts = list(contexts)
         self._fed = [fed] * count
         drafted = torch.stack(tokens, dim=1)  # [rows, K] on the device
-        stacked = torch.stack(laws, dim=1) if sampled else drafted  # laws [rows, K, V] (unread when greedy)
+        stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
         out = []
         for i, k in enumerate(ks):
             k = 0 if out_of_round[i] else min(k, stop_at[i])
@@ -149,7 +149,8 @@ class ChainDrafter:
                 kvcache.set_length(self.cache, i, bases[i] if out_of_round[i] else self._base[i])
                 out.append(Proposal.empty(self.device))
             else:
-                out.append(Proposal.drafted(drafted[i, :k], kinds[i], stacked[i, :k]))
+                sampled_row = kinds[i] is ProposalKind.SAMPLED
+                out.append(Proposal.chain(drafted[i, :k], kinds[i], stacked[i, :k] if sampled_row else None))
         return out
 
     def observe(self, row: int, path: list[int]) -> None:
