@@ -13,7 +13,7 @@ import json
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from rich.markup import escape
@@ -21,17 +21,8 @@ from rich.table import Table
 
 from specgen.bench.methods import variant
 from specgen.config import Method
+from specgen.decoding.stats import Stats, rate
 from specgen.errors import ConfigError
-
-
-@dataclass
-class Timing:
-    """One request as its client saw it."""
-
-    tokens: int
-    ttft: float  # seconds from the request to its first text
-    seconds: float  # to its last chunk
-    acceptance: float | None = None
 
 
 @dataclass
@@ -71,7 +62,10 @@ def speculative(name: str) -> dict:
     return out
 
 
-def one_request(url: str, key: str, body: dict) -> Timing:
+def one_request(url: str, key: str, body: dict) -> Stats:
+    """One streamed request as its client saw it: a Stats of its tokens (the usage chunk's),
+    its time to the first text and to the last chunk, and its drafts (the `speculative` summary;
+    a request whose summary never came covers no generation's counts)."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
     started = time.perf_counter()
@@ -81,7 +75,7 @@ def one_request(url: str, key: str, body: dict) -> Timing:
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
     first = last = None
-    tokens, acceptance = 0, None
+    seen = Stats(method=body["speculative"]["method"], generations=0)
     for line in response:
         line = line.strip()
         if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -94,18 +88,19 @@ def one_request(url: str, key: str, body: dict) -> Timing:
             first = first or now
             last = now
         if "usage" in chunk and chunk["usage"]:
-            tokens = chunk["usage"]["completion_tokens"]
-            acceptance = (chunk.get("speculative") or {}).get("acceptance_rate")
+            summary = chunk.get("speculative") or {}
+            seen = replace(seen, new_tokens=chunk["usage"]["completion_tokens"], generations=int(bool(summary)),
+                           drafted=summary.get("drafted", 0), accepted=summary.get("accepted", 0))
     conn.close()
     end = time.perf_counter()
-    return Timing(tokens, (first or end) - started, (last or end) - started, acceptance)
+    return replace(seen, time_to_first_token=(first or end) - started, seconds=(last or end) - started)
 
 
 @dataclass
 class Measured:
     """One run of a cell: what its clients saw."""
 
-    timings: list[Timing]
+    timings: list[Stats]  # each request's, as its client saw it
     errors: list[str]
     seconds: float
 
@@ -120,7 +115,7 @@ def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, 
           max_tokens: int, stop: threading.Event | None = None) -> Measured:
     """`clients` threads, each sending `per_client` streamed requests in turn; they send no more
     once `stop` is set (Ctrl-C)."""
-    timings: list[Timing] = []
+    timings: list[Stats] = []
     errors: list[str] = []
     lock = threading.Lock()
 
@@ -154,15 +149,15 @@ def summarize(name: str, clients: int, runs: list[Measured]) -> ConcurrencyCell:
     timings = [t for run in runs for t in run.timings]
     errors = [e for run in runs for e in run.errors]
     seconds = sum(run.seconds for run in runs)
-    tokens = sum(t.tokens for t in timings)
-    ttfts = [t.ttft for t in timings] or [0.0]
-    tpots = [(t.seconds - t.ttft) / (t.tokens - 1) for t in timings if t.tokens > 1] or [0.0]
-    accepted = [t.acceptance for t in timings if t.acceptance is not None]
-    return ConcurrencyCell(name, clients, len(timings), tokens, seconds, tokens / seconds if seconds else 0.0,
+    tokens = sum(t.new_tokens for t in timings)
+    ttfts = [t.time_to_first_token for t in timings] or [0.0]
+    tpots = [rate(t.seconds - t.time_to_first_token, t.new_tokens - 1) for t in timings if t.new_tokens > 1] or [0.0]
+    # each request's acceptance as the server reports it (rounded as in Stats.as_dict)
+    accepted = [round(t.acceptance_rate, 4) for t in timings if t.generations]
+    return ConcurrencyCell(name, clients, len(timings), tokens, seconds, rate(tokens, seconds) or 0.0,
                            _quantile(ttfts, 0.5), _quantile(ttfts, 0.95), _quantile(tpots, 0.5),
                            _quantile(tpots, 0.95), statistics.mean(accepted) if accepted else None, errors=errors,
-                           runs=[sum(t.tokens for t in run.timings) / run.seconds if run.seconds else 0.0
-                                 for run in runs])
+                           runs=[rate(sum(t.new_tokens for t in run.timings), run.seconds) or 0.0 for run in runs])
 
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],

@@ -91,6 +91,9 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
     more: tuple = ()  # a completion's further prompts (a batch): choices of their own, after this one's
+    # how the prompt is tokenized: /tokenize may say otherwise (vLLM's add_generation_prompt, add_special_tokens)
+    generation_prompt: bool = True  # chat: end with the assistant's turn opening
+    special_tokens: bool | None = None  # the tokenizer's BOS/EOS around the text (None: as decoding takes it)
 
     @property
     def text_field(self) -> str:
@@ -203,16 +206,6 @@ def rows(job: Job) -> int:
     return job.n * (1 + len(job.more))
 
 
-@dataclass
-class Tokenize:
-    """A /tokenize request: the Job whose prompt to count, and vLLM's two options (None: as a
-    completion or chat request would be decoded)."""
-
-    job: Job
-    generation_prompt: bool = True  # chat: end with the assistant's turn opening
-    special_tokens: bool | None = None  # add the tokenizer's BOS/EOS around the text
-
-
 def read_detokenize(body: dict, vocab: int) -> list[int]:
     """POST /detokenize (vLLM's shape): `tokens`, ids of the model's vocabulary; `model` optional."""
     for name in body:
@@ -225,10 +218,10 @@ def read_detokenize(body: dict, vocab: int) -> list[int]:
     return tokens
 
 
-def read_tokenize(body: dict, defaults: GenerationConfig) -> Tokenize:
-    """POST /tokenize (vLLM's shape): `messages` (through the chat template, with the
-    generation prompt unless `add_generation_prompt` is false) or `prompt` (raw) to count;
-    `add_special_tokens` as vLLM takes it; `model` optional."""
+def read_tokenize(body: dict, defaults: GenerationConfig) -> Job:
+    """POST /tokenize (vLLM's shape) as the Job whose prompt to count: `messages` (through the
+    chat template, with the generation prompt unless `add_generation_prompt` is false) or
+    `prompt` (raw); `add_special_tokens` as vLLM takes it; `model` optional."""
     for name in body:
         if name not in ("model", "messages", "prompt", "add_generation_prompt", "add_special_tokens"):
             raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
@@ -237,10 +230,11 @@ def read_tokenize(body: dict, defaults: GenerationConfig) -> Tokenize:
     generation = _boolean(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else True
     special = _boolean(body, "add_special_tokens") if body.get("add_special_tokens") is not None else None
     if "messages" in body:
-        return Tokenize(Job("chat", _messages(body["messages"]), None, defaults), generation, special)
+        return Job("chat", _messages(body["messages"]), None, defaults, generation_prompt=generation,
+                   special_tokens=special)
     if "add_generation_prompt" in body:
         raise ApiError(400, "'add_generation_prompt' applies to 'messages' only", "add_generation_prompt")
-    return Tokenize(Job("completion", None, _prompt(body["prompt"]), defaults), True, special)
+    return Job("completion", None, _prompt(body["prompt"]), defaults, special_tokens=special)
 
 
 def _logprobs(body: dict, kind: str) -> int | None:

@@ -149,8 +149,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
         if not _authorized(state, request):
             return _unauthorized()
         try:
-            asked = api.read_tokenize(api.parse_body(await _body(request)), state.defaults)
-            ids = await encode(asked.job, asked.generation_prompt, asked.special_tokens)
+            ids = await encode(api.read_tokenize(api.parse_body(await _body(request)), state.defaults))
         except api.ApiError as exc:
             return error(exc)
         return {"count": len(ids), "tokens": ids, "max_model_len": state.context_length}

@@ -24,20 +24,16 @@ CUT_SLACK = 4
 
 
 def encoder(tokenizer, context: int):
-    """`await encode(job, generation_prompt, special_tokens)`: a prompt's ids, tokenized on the one
-    tokenizing thread, off the event loop."""
+    """`await encode(job)`: a prompt's ids, tokenized on the one tokenizing thread, off the event loop."""
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
-    async def encode_off_loop(job: api.Job, generation_prompt: bool = True,
-                              special_tokens: bool | None = None) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(
-            tokenizing, encode, tokenizer, job, context, generation_prompt, special_tokens)
+    async def encode_off_loop(job: api.Job) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(tokenizing, encode, tokenizer, job, context)
 
     return encode_off_loop
 
 
-def encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = True,
-            special_tokens: bool | None = None) -> list[int]:
+def encode(tokenizer, job: api.Job, context: int) -> list[int]:
     """The prompt's token ids: chat messages through the chat template, completions raw (with the
     tokenizer's special tokens only when asked, or when the text alone gives none). A text far
     longer than the context is refused once a count of its pieces passes it (`beyond`), not
@@ -55,12 +51,12 @@ def encode(tokenizer, job: api.Job, context: int, generation_prompt: bool = True
                            "shorten it", job.text_field, "context_length_exceeded")
     try:
         if job.kind == "completion":
-            if special_tokens is not None:
-                return tokenizer.encode(job.prompt, add_special_tokens=special_tokens)
+            if job.special_tokens is not None:
+                return tokenizer.encode(job.prompt, add_special_tokens=job.special_tokens)
             return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
         if not getattr(tokenizer, "chat_template", None):
             raise api.ApiError(400, "this model has no chat template; use /v1/completions", job.text_field)
-        return render_chat(tokenizer, job.messages, generation_prompt, bool(special_tokens))
+        return render_chat(tokenizer, job.messages, job.generation_prompt, bool(job.special_tokens))
     except SpecgenError as exc:  # a template that refuses the conversation (e.g. its roles)
         raise api.ApiError(400, str(exc), job.text_field) from None
     except (ValueError, TypeError) as exc:  # a completion's text the tokenizer will not take
