@@ -134,7 +134,7 @@ def _measure_cell(pair, method: Method, name: str, size: int, window: int | None
     cell.drafted, cell.accepted, cell.replays = stats.drafted, stats.accepted, stats.verified_windows
     cell.rollbacks, cell.rolled_back_tokens = stats.rollbacks, stats.rolled_back_tokens
     if window is not None:
-        cell.rollback_rate = cell.rolled_back_tokens / max(new + cell.rolled_back_tokens, 1)
+        cell.rollback_rate = rate(cell.rolled_back_tokens, new + cell.rolled_back_tokens) or 0.0
     return cell
 
 
