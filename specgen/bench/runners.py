@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
-from typing import Protocol
+from operator import attrgetter
+from typing import Callable, Protocol
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
@@ -25,6 +26,11 @@ class Known(enum.Flag):
     FORWARDS = enum.auto()  # target forwards
     DRAFTS = enum.auto()  # drafted, accepted, the accepted-length histogram, draft time
     TIMES = enum.auto()  # prefill and verify time
+
+
+def _counted(flag: Known, read: Callable[[Stats], object]) -> property:
+    """A Generation's figure read from its Stats where its runner could count it (`flag`), else None."""
+    return property(lambda generation: read(generation.stats) if flag in generation.known else None)
 
 
 # bench's JSON and CSV row of a generation (`Generation.record`), in this order
@@ -72,42 +78,20 @@ class Generation:
         decode_time = self.seconds - self.ttft_seconds if self.ttft_seconds is not None else 0.0
         return rate(after_first, decode_time) if after_first > 0 and decode_time > 0 else None
 
-    @property
-    def target_forwards(self) -> int | None:
-        return self.stats.target_forwards if Known.FORWARDS in self.known else None
+    # figures of the Stats that the runner counted (`known`), else None
+    target_forwards = _counted(Known.FORWARDS, attrgetter("target_forwards"))
+    acceptance_rate = _counted(Known.DRAFTS, lambda s: rate(s.accepted, s.drafted))
+    drafted = _counted(Known.DRAFTS, attrgetter("drafted"))
+    accepted = _counted(Known.DRAFTS, attrgetter("accepted"))
+    accepted_length_histogram = _counted(Known.DRAFTS, lambda s: histogram(s.accepted_lengths))
+    draft_seconds = _counted(Known.DRAFTS, attrgetter("draft_seconds"))
+    prefill_seconds = _counted(Known.TIMES, attrgetter("prefill_seconds"))
+    verify_seconds = _counted(Known.TIMES, attrgetter("verify_seconds"))
 
     @property
     def tokens_per_target_forward(self) -> float | None:
         forwards = self.target_forwards
         return rate(self.new_tokens, forwards) if forwards else None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return rate(self.stats.accepted, self.stats.drafted) if Known.DRAFTS in self.known else None
-
-    @property
-    def drafted(self) -> int | None:
-        return self.stats.drafted if Known.DRAFTS in self.known else None
-
-    @property
-    def accepted(self) -> int | None:
-        return self.stats.accepted if Known.DRAFTS in self.known else None
-
-    @property
-    def accepted_length_histogram(self) -> dict[str, int] | None:
-        return histogram(self.stats.accepted_lengths) if Known.DRAFTS in self.known else None
-
-    @property
-    def draft_seconds(self) -> float | None:
-        return self.stats.draft_seconds if Known.DRAFTS in self.known else None
-
-    @property
-    def prefill_seconds(self) -> float | None:
-        return self.stats.prefill_seconds if Known.TIMES in self.known else None
-
-    @property
-    def verify_seconds(self) -> float | None:
-        return self.stats.verify_seconds if Known.TIMES in self.known else None
 
     @property
     def stop_reason(self) -> str | None:
