@@ -187,8 +187,8 @@ def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], m
     plain = {c.concurrency: c for c in cells if c.method == "plain"}
     for cell in cells:
         base = plain.get(cell.concurrency)
-        if base is not None and base.tokens_per_second and not cell.errors and not base.errors:
-            cell.speedup = cell.tokens_per_second / base.tokens_per_second  # none where requests failed
+        if base is not None and not cell.errors and not base.errors:  # none where requests failed
+            cell.speedup = rate(cell.tokens_per_second, base.tokens_per_second)
     return cells, interrupted
 
 

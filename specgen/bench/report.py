@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from specgen.decoding.stats import rate
 from specgen.errors import ConfigError
 from specgen.ground import atomic_write
 from specgen.status import error_line
@@ -227,7 +228,7 @@ COLUMNS = ("method", "category", "prompts", "tok/s", "speed-up", "range", "accep
 def draft_share(g) -> float | None:
     """The draft's share of a group's drafting and verifying time."""
     busy = (g.draft_seconds or 0.0) + (g.verify_seconds or 0.0)
-    return g.draft_seconds / busy if g.draft_seconds is not None and busy else None
+    return rate(g.draft_seconds, busy) if g.draft_seconds is not None else None
 
 
 def summary_cells(g) -> list[str]:

@@ -100,7 +100,7 @@ def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
         results.append(PromptResult(
             prompt_id, runs[0].category, method, len(runs), runs[0].new_tokens, tps,
             statistics.median(m.seconds for m in runs), _median([m.ttft_seconds for m in runs]),
-            tps / plain_tps if plain_tps else None, identical, mismatch))
+            rate(tps, plain_tps), identical, mismatch))
     return results
 
 

@@ -146,11 +146,11 @@ def _compare(cells: list[ThroughputCell]) -> None:
         references.setdefault(cell.mode, cell)
     offs = {(c.method, c.batch_size): c for c in measured if c.mode == OFF}
     for cell in measured:
-        if base is not None and base.tokens_per_second:
-            cell.speedup = cell.tokens_per_second / base.tokens_per_second
+        if base is not None:
+            cell.speedup = rate(cell.tokens_per_second, base.tokens_per_second)
         off = offs.get((cell.method, cell.batch_size))
-        if cell.mode != OFF and off is not None and off.tokens_per_second:
-            cell.deterministic_cost = cell.tokens_per_second / off.tokens_per_second
+        if cell.mode != OFF and off is not None:
+            cell.deterministic_cost = rate(cell.tokens_per_second, off.tokens_per_second)
         reference = references[cell.mode]
         cell.differs = sum(a != b for a, b in zip(cell.outputs, reference.outputs))
 
