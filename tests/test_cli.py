@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from specgen.cli import app
+from specgen.cli.options import model_args, with_options
+from specgen.config import GenerationConfig, ModelSettings
 from tiny import stop_after_rows
 
 runner = CliRunner()
@@ -727,3 +730,28 @@ def test_show_tree_without_trees_to_show_says_so(models):
     assert result.exit_code == 0 and "--show-tree draws the trees" in result.stderr
     tree = invoke("run", "hello", *models, "-n", "2", "--method", "rsd-c", "--show-tree", "--format", "plain")
     assert tree.exit_code == 0 and "--show-tree draws" not in tree.stderr
+
+
+def test_the_option_groups_map_by_keyword_and_a_detached_servers_options_read_back_the_same():
+    """with_options: the model and generation groups become ModelSettings and a GenerationConfig
+    (per command defaults and fixed keywords); model_args (a detached server's command line)
+    gives back the same settings."""
+    seen = []
+
+    @with_options(defaults={"max_new_tokens": 7}, fixed={"method": "plain"})
+    def probe(*, models: ModelSettings, generation: GenerationConfig, extra: int = 1) -> None:
+        seen.append((models, generation, extra))
+
+    probe_app = typer.Typer()
+    probe_app.command()(probe)
+    probe_app.command("other")(lambda: None)
+    settings = ModelSettings(target="t", draft="d", device="cpu", draft_device="cuda:1", dtype="float32",
+                             draft_quant="none", compile="off", target_quant="int8")
+    result = runner.invoke(probe_app, ["probe", *model_args(settings), "--top-k", "3", "--extra", "2"])
+    assert result.exit_code == 0, result.output
+    [(models, generation, extra)] = seen
+    assert models == settings and extra == 2
+    assert generation.method.value == "plain" and generation.max_new_tokens == 7 and generation.sampling.top_k == 3
+    assert "--method" not in runner.invoke(probe_app, ["probe", "--help"]).output
+    result = runner.invoke(probe_app, ["probe", "--top-p", "7"])  # a bad value: one line, as in a command's body
+    assert result.exit_code == 1 and "Traceback" not in result.output

@@ -201,6 +201,16 @@ GENERATION_OPTIONS = {
 }
 
 
+def model_args(settings: ModelSettings) -> list[str]:
+    """The command-line options that give `settings` (a detached server's own command line)."""
+    args = []
+    for name in MODEL_OPTIONS:  # each option is named after its field: --draft-device, draft_device
+        value = getattr(settings, name)
+        if value is not None:
+            args += ["--" + name.replace("_", "-"), str(value)]
+    return args
+
+
 def with_options(defaults: dict | None = None, options: dict | None = None, fixed: dict | None = None):
     """A command's option groups, declared once above: its parameter `models: ModelSettings`
     becomes the MODEL_OPTIONS and `generation: GenerationConfig` the GENERATION_OPTIONS (in

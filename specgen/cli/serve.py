@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import user_errors, with_options
+from specgen.cli.options import model_args, user_errors, with_options
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.serve import client, discovery
@@ -72,8 +72,9 @@ def serve(
 
     with user_errors():
         origins = tuple(o.strip() for o in allowed_origins.split(",")) if allowed_origins is not None else ()
-        options = ServeOptions(host, port, api_key, max_batch_size, max_queue, idle_minutes, max_tokens,
-                               prefix_cache, prefill_chunk, origins)
+        options = ServeOptions(host=host, port=port, api_key=api_key, max_batch_size=max_batch_size,
+                               max_queue=max_queue, idle_minutes=idle_minutes, max_tokens=max_tokens,
+                               prefix_cache=prefix_cache, prefill_chunk=prefill_chunk, allowed_origins=origins)
         if detach + stop + list_ > 1:
             raise ConfigError("give one of --detach, --stop and --list")
         if list_:
@@ -189,15 +190,11 @@ def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
     closing the terminal does not stop it) and wait until it answers or fails. Its log is
     appended to, never truncated: a second start cannot erase a running server's log."""
     log = discovery.log_path(settings)
-    args = [sys.executable, "-m", "specgen", "serve", "--target", settings.target, "--draft", settings.draft,
-            "--device", settings.device, "--dtype", settings.dtype, "--draft-quant", settings.draft_quant,
-            "--target-quant", settings.target_quant, "--compile", settings.compile, "--host", options.host,
+    args = [sys.executable, "-m", "specgen", "serve", *model_args(settings), "--host", options.host,
             "--port", str(options.port), "--max-batch-size", str(options.max_batch_size),
             "--max-queue", str(options.max_queue), "--max-tokens", str(options.max_tokens),
             "--idle-minutes", f"{options.idle_minutes:g}", "--prefix-cache", str(options.prefix_cache),
             "--prefill-chunk", str(options.prefill_chunk)]
-    if settings.draft_device is not None:
-        args += ["--draft-device", settings.draft_device]
     if options.allowed_origins:
         args += ["--allowed-origins", ",".join(options.allowed_origins)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -56,7 +56,8 @@ def train_head(
             chosen = tuple(int(x) for x in layers.split(",")) if layers else ()
         except ValueError:
             raise ConfigError(f"--layers {layers!r}: comma-separated layer numbers") from None
-        settings = ModelSettings(target, None, device, None, dtype, "none", "off", target_quant)
+        settings = ModelSettings(target=target, draft=None, device=device, dtype=dtype, draft_quant="none",
+                                 compile="off", target_quant=target_quant)
         train = Settings(steps=steps, draft_vocab=draft_vocab, lr=lr, epochs=epochs, minutes=minutes,
                          checkpoint_minutes=checkpoint_minutes, intermediate=intermediate, fmt=fmt, bf16=bf16,
                          layers=chosen)
