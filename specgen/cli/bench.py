@@ -5,6 +5,7 @@ in specgen/bench/report.py; no tensor code here.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -203,10 +204,9 @@ def _runnable(registry, pair, names: list[str], named: bool, err, drafts=None) -
 
 def _concurrency(names, items, config, levels, per_client, max_batch, models: ModelSettings, json_file,
                  threads=None, repeats: int = 1, named: bool = True):
-    """Start a server on the loaded pair (this process, a free port), drive it, stop it."""
+    """Start a server on the loaded pair (this process, a free port), drive it, stop it, report."""
     from specgen.bench import concurrency, measure, methods as registry, prompts as prompt_sets  # torch: see bench()
     from specgen.runtime.pair import load
-    from specgen.serve.server import ServeOptions, prepare
 
     err = Console(emoji=False, stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
@@ -215,28 +215,15 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
                for item in items]
     prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)  # each fits, before the server starts
-    with measure.fixed_threads(threads) as used:
-        running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
-                                               max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
-                          log=io.StringIO())
-        server = threading.Thread(target=running.serve, daemon=True)
-        server.start()
+
+    def progress(cell):
+        err.print(f"{cell.concurrency} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
+                  + (f" ({len(cell.errors)} errors)" if cell.errors else ""), style="dim", markup=False)
+
+    with measure.fixed_threads(threads) as used, _serving(models, pair, config, levels, max_batch, err) as running:
         info = running.state.info
-        caps = running.scheduler.caps
-        err.print(f"bench concurrency: server at {info['url']}; draft length by batch width: "
-                  + (", ".join(f"{w}:{k}" for w, k in caps.items()) or "as requested"), style="dim", markup=False)
-
-        def progress(cell):
-            err.print(f"{cell.concurrency} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
-                      + (f" ({len(cell.errors)} errors)" if cell.errors else ""), style="dim", markup=False)
-
-        try:
-            cells, interrupted = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts,
-                                                             names, levels, per_client, config.max_new_tokens,
-                                                             progress, repeats)
-        finally:
-            running.server.should_exit = True
-            server.join(timeout=30)
+        cells, interrupted = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts, names,
+                                                         levels, per_client, config.max_new_tokens, progress, repeats)
     learned = _learned(running.scheduler)
     for method, widths in learned.items():
         if widths:
@@ -253,7 +240,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
             "interrupted": interrupted,
             "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client,
                          "repeats": repeats, "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
-                         "width_caps": {str(w): k for w, k in caps.items()}},
+                         "width_caps": {str(w): k for w, k in running.scheduler.caps.items()}},
             "learned": learned,
             "cells": [asdict(c) for c in cells]})
     if interrupted:
@@ -263,6 +250,26 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
         error_line(f"{sum(len(c.errors) for c in failed)} requests failed in {len(failed)} cells: "
                    f"{failed[0].method} at {failed[0].concurrency} clients: {failed[0].errors[0]}"[:400])
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _serving(models: ModelSettings, pair, config, levels, max_batch: int, err):
+    """A server on the loaded pair in this process, on a free port, stopped on the way out."""
+    from specgen.serve.server import ServeOptions, prepare  # torch: see bench()
+
+    running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
+                                           max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
+                      log=io.StringIO())
+    server = threading.Thread(target=running.serve, daemon=True)
+    server.start()
+    caps = running.scheduler.caps
+    err.print(f"bench concurrency: server at {running.state.info['url']}; draft length by batch width: "
+              + (", ".join(f"{w}:{k}" for w, k in caps.items()) or "as requested"), style="dim", markup=False)
+    try:
+        yield running
+    finally:
+        running.server.should_exit = True
+        server.join(timeout=30)
 
 
 def _learned(scheduler) -> dict:
