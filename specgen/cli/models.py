@@ -8,7 +8,6 @@ imports torch or transformers, so `--help` stays instant.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
