@@ -71,7 +71,8 @@ class RoundResult:
 
     @property
     def tree(self) -> "RoundResult | None":
-        """The round itself when its proposal was a tree (not one chain), else None."""
+        """The round itself when its proposal was a tree (not one chain), else None (what
+        statistics count tree rounds and their nodes by: `len(tree.tokens) - 1`)."""
         return None if self.is_chain else self
 
     @property

@@ -34,7 +34,7 @@ import torch
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import Engine, Policy, no_cap
+from specgen.decoding.engine import FRESH, Engine, Policy, no_cap
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import WidthRates
@@ -230,7 +230,8 @@ class Scheduler:
             if common < resume.prompt_length and common <= len(first_ids) // 2:
                 resume = None
         feed = _KeyFeed(self, key)
-        for report, stats in fold(engine, engine.drive(feed, config, self.max_batch, resume), config.method.value):
+        events = engine.drive(feed, config, self.max_batch, FRESH if resume is None else resume)
+        for report, stats in fold(engine, events, config.method.value):
             self._dispatch(report, stats, engine)
 
     def _dispatch(self, report, stats, engine: Engine) -> None:
