@@ -79,7 +79,8 @@ def accept(rows: list[DecodeState], proposals: list[Proposal], scored: Scored, c
         nodes = values[offset + 2 * n + 1: offset + 3 * n + 2]
         offset += 3 * n + 2
         path, target, tried = walk(proposal.children, passed, token)
-        results.append(RoundResult(nodes[1:], proposal.parents, tuple(path), target, tuple(tried), nodes[0]))
+        results.append(RoundResult(draft_tokens=nodes[1:], parents=proposal.parents, path=tuple(path),
+                                   target_token=target, tried=tuple(tried), root=nodes[0]))
     return results
 
 

@@ -6,7 +6,7 @@ is never re-decoded as a whole. Host data only (no torch import): a client reads
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from specgen.decoding.events import ReplayResult, RoundResult, TokenLogprob
@@ -99,11 +99,11 @@ def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -
     accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
     target = stream.push(result.emitted[-1]) if result.target_emitted else ""
     rejected = [stream.token_text(t) for t in result.rejected]
+    view = RoundView(accepted, target, rejected, pending=pending, target_emitted=result.target_emitted)
     if result.is_chain:
-        return RoundView(accepted, target, rejected, pending, result.target_emitted)
-    return RoundView(accepted, target, rejected, pending, result.target_emitted,
-                     [stream.token_text(t) for t in result.tokens], result.parents, frozenset(result.path),
-                     frozenset(result.tried))
+        return view
+    return replace(view, nodes=[stream.token_text(t) for t in result.tokens], parents=result.parents,
+                   path=frozenset(result.path), tried=frozenset(result.tried))
 
 
 def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:

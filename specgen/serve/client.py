@@ -232,9 +232,10 @@ class _Received:
     def round(self, live: dict) -> RoundView:
         self.stats = from_dict(live["stats"], self.stats.method)
         tree = live.get("tree") or {"texts": [], "parents": [], "accepted": [], "tried": []}
-        view = RoundView(live["accepted"], live["target"], live["rejected"], live["pending"],
-                         len(live["ids"]) > len(live["accepted"]), tree["texts"], tuple(tree["parents"]),
-                         frozenset(tree["accepted"]), frozenset(tree["tried"]))
+        view = RoundView(live["accepted"], live["target"], live["rejected"], pending=live["pending"],
+                         target_emitted=len(live["ids"]) > len(live["accepted"]), nodes=tree["texts"],
+                         parents=tuple(tree["parents"]), path=frozenset(tree["accepted"]),
+                         tried=frozenset(tree["tried"]))
         self.ids.extend(live["ids"])
         self.logprobs.extend(live.get("logprobs", ()))
         if view.pending:  # a piece per token: a replay's rollback counts tokens
