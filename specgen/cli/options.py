@@ -218,7 +218,7 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
     keyword (a bad value is one error line, as in the command's body).
 
     `defaults`: another default for an option (bench's --max-new-tokens); `options`: another
-    help for one (check's --draft); `fixed`: a keyword given to the group, not an option
+    help for one (check's --draft); `fixed`: a generation keyword given without its option
     (bench's method, plain)."""
     defaults, options, fixed = defaults or {}, options or {}, fixed or {}
     groups = {"models": MODEL_OPTIONS, "generation": GENERATION_OPTIONS}
