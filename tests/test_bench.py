@@ -201,6 +201,31 @@ def test_speedup_is_per_prompt_then_a_geometric_mean():
     assert list(rows)[:3] == [("plain", "all"), ("plain", "A"), ("plain", "B")]
 
 
+def test_draft_step_is_a_draft_token_s_time_in_plain_target_forwards():
+    """plain: 10 forwards in 0.5 s of verify time (0.05 s a forward); a: 20 drafted tokens in
+    0.2 s of draft time (0.01 s each) -> a draft step costs 0.2 target steps."""
+
+    class Counted(FakeRunner):
+        def __init__(self, name, log, stats):
+            super().__init__(name, log)
+            self.stats = stats
+
+        def generate(self, prompt_ids, config):
+            n = config.max_new_tokens
+            return Generation(list(range(n)), 1.0, 0.1, 1, dataclasses.replace(self.stats, new_tokens=n),
+                              known=bench_runners.Known.FORWARDS | bench_runners.Known.DRAFTS
+                              | bench_runners.Known.TIMES)
+
+    plain = Stats(method="plain", rounds=10, verify_seconds=0.5)
+    drafted = Stats(method="a", rounds=5, verify_seconds=0.3, drafted=20, accepted=10, draft_seconds=0.2)
+    runners = [Counted("plain", [], plain), Counted("a", [], drafted)]
+    runs = list(measuring.measure(runners, fake_prompts(), settings(n=10)))
+    rows = {(g.method, g.category): g for g in summary.summarize(runs, summary.per_prompt(runs, True), ["plain", "a"])}
+    assert rows[("a", "all")].draft_step == pytest.approx(0.2) and rows[("a", "A")].draft_step == pytest.approx(0.2)
+    assert rows[("plain", "all")].draft_step is None
+    assert bench_cli.summary_cells(rows[("a", "all")])[bench_cli.COLUMNS.index("draft step")] == "0.20"
+
+
 def test_an_interrupted_run_keeps_what_was_measured(pair):
     class Stop(FakeRunner):
         def generate(self, prompt_ids, config):

@@ -222,7 +222,7 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
 
 
 COLUMNS = ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance", "tok/fwd", "TTFT s",
-           "draft share", "identical")
+           "draft share", "draft step", "identical")
 
 
 def draft_share(g) -> float | None:
@@ -237,7 +237,7 @@ def summary_cells(g) -> list[str]:
     spread = "–" if g.speedup_min is None or g.method == "plain" else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}"
     return [g.method, g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"), _fmt(g.speedup, ".2f", "x"),
             spread, _fmt(g.acceptance_rate, ".0%"), _fmt(g.tokens_per_target_forward, ".2f"),
-            _fmt(g.ttft_seconds, ".2f"), _fmt(draft_share(g), ".0%"), identical]
+            _fmt(g.ttft_seconds, ".2f"), _fmt(draft_share(g), ".0%"), _fmt(g.draft_step, ".2f"), identical]
 
 
 def title(result) -> str:
@@ -281,5 +281,5 @@ def table(result):
         t.add_row(*(escape(c) for c in [cells[0] if first else ""] + cells[1:]),
                   style="bold" if first else None, end_section=last)
     for f in result.failures:  # a column that stopped: its line is in the caption, no figures here
-        t.add_row(escape(f.method), "failed", *["–"] * 9, style="bold red", end_section=True)
+        t.add_row(escape(f.method), "failed", *["–"] * (len(COLUMNS) - 2), style="bold red", end_section=True)
     return t

@@ -53,6 +53,9 @@ class GroupSummary:
     peak_memory_bytes: int | None
     # of the rounds that drafted, the share whose i-th draft token was accepted (i = 1, 2, ...)
     acceptance_per_position: list[float] | None = None
+    # a draft step's cost in target steps: draft seconds per drafted token over plain's seconds
+    # per target forward on the same prompts (an EAGLE-3 head's goal: under 0.08)
+    draft_step: float | None = None
 
 
 def per_position(pooled: Counter) -> list[float] | None:
@@ -114,11 +117,23 @@ def summarize(measurements: list, prompt_results: list[PromptResult],
             runs = [m for m in measurements if m.method == method and category in (ALL, m.category)]
             results = [r for r in prompt_results if r.method == method and category in (ALL, r.category)]
             if runs:
-                rows.append(_group(method, category, runs, results))
+                plain = [m for m in measurements if m.method == PLAIN and category in (ALL, m.category)]
+                rows.append(_group(method, category, runs, results, target_step(plain)))
     return rows
 
 
-def _group(method: str, category: str, runs: list, results: list[PromptResult]) -> GroupSummary:
+def target_step(plain_runs: list) -> float | None:
+    """Plain decoding's seconds per target forward over these runs (its verify time: every
+    forward after the prefill)."""
+    seconds = [m.verify_seconds for m in plain_runs]
+    forwards = [m.target_forwards for m in plain_runs]
+    if not plain_runs or None in seconds or None in forwards:
+        return None
+    return rate(sum(seconds), sum(forwards))
+
+
+def _group(method: str, category: str, runs: list, results: list[PromptResult],
+           step: float | None = None) -> GroupSummary:
     def total(attr):
         values = [getattr(m, attr) for m in runs]
         return None if any(v is None for v in values) else sum(values)
@@ -142,4 +157,12 @@ def _group(method: str, category: str, runs: list, results: list[PromptResult]) 
         _median([r.ttft_seconds for r in results]), total("draft_seconds"), total("verify_seconds"),
         None if pooled is None else histogram(pooled),
         sum(r.identical_to_plain for r in compared) if compared else None, len(compared),
-        max(peaks) if peaks else None, None if pooled is None else per_position(pooled))
+        max(peaks) if peaks else None, None if pooled is None else per_position(pooled),
+        _draft_step(total("draft_seconds"), drafted, step) if method != PLAIN else None)
+
+
+def _draft_step(draft_seconds: float | None, drafted: int | None, step: float | None) -> float | None:
+    """Seconds per drafted token in target steps (None where either is unknown)."""
+    if draft_seconds is None or not drafted or not step:
+        return None
+    return rate(draft_seconds / drafted, step)
