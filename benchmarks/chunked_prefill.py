@@ -101,9 +101,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     for _ in range(args.runs):
         for chunk in [int(c) for c in args.chunks.split(",")]:
-            scheduler.prefill_chunk = chunk
-            for engine in scheduler.engines.values():
-                engine.prefill_chunk = chunk
+            scheduler.prefill_chunk = chunk  # an engine's policy is fixed when built: the next request builds anew
+            scheduler.engines.clear()
             name = f"chunk {chunk}" if chunk else "whole"
             result = one_run(client, model, prompt, args)
             results.setdefault(name, []).append(result)

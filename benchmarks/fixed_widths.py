@@ -7,6 +7,7 @@ from specgen.config import ModelSettings, GenerationConfig, Method
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.pair import load
 from specgen.decoding.build import build_engine, resolve_draft_length
+from specgen.decoding.engine import Policy
 from specgen.decoding.events import RoundResult
 torch.set_flush_denormal(True)
 pair = load(ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"), Method.CHAIN, quiet=True)
@@ -21,9 +22,8 @@ spec, widths = SETS[sys.argv[3]]
 engines = {}
 for name, m, cap in [("plain", Method.PLAIN, None)] + spec:
     cfg, _ = resolve_draft_length(pair, GenerationConfig(method=m, max_new_tokens=N))
-    e = build_engine(pair, cfg)
-    if cap is not None:
-        e.width_cap = (lambda c: lambda w: c)(cap)
+    policy = Policy(width_cap=(lambda c: lambda w: c)(cap)) if cap is not None else Policy()
+    e = build_engine(pair, cfg, policy=policy)
     engines[name] = (e, cfg)
 for width in widths:
     batch = (prompts * 4)[:width]

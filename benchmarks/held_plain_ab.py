@@ -6,6 +6,7 @@ from specgen.config import ModelSettings, GenerationConfig, Method
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.pair import load
 from specgen.decoding.build import build_engine, resolve_draft_length
+from specgen.decoding.engine import Policy
 from specgen.decoding.events import Finished, Joined, RoundResult
 torch.set_flush_denormal(True)
 pair = load(ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"), Method.CHAIN, quiet=True)
@@ -17,9 +18,7 @@ prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], 
 engines = {}
 for m in (Method.PLAIN, Method.CHAIN, Method.LOOKUP_CHAIN):
     cfg, _ = resolve_draft_length(pair, GenerationConfig(method=m, max_new_tokens=24))
-    e = build_engine(pair, cfg)
-    if m is not Method.PLAIN:
-        e.width_cap = lambda w: 0
+    e = build_engine(pair, cfg, policy=Policy() if m is Method.PLAIN else Policy(width_cap=lambda w: 0))
     engines[m] = (e, cfg)
 res = {m: {"round": [], "join": [], "wall": []} for m in engines}
 with torch.inference_mode():

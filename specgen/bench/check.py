@@ -24,7 +24,7 @@ import torch
 from specgen.bench.references import _quiet_generate, hf_generate_kwargs
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import Engine
+from specgen.decoding.engine import Engine, Policy
 from specgen.decoding.events import Finished
 from specgen.decoding.feed import Request
 from specgen.decoding.prompts import encode_prompt
@@ -144,9 +144,9 @@ def reference(pair: Pair, prompt: list[int], new_tokens: int) -> list[int]:
 
 def check(pair: Pair, prompts: list[list[int]], cases: list[Case], new_tokens: int,
           on_result: Callable[[Result], None] = lambda result: None,
-          make_engine: Callable[[Pair, GenerationConfig], Engine] = build_engine) -> list[Result]:
+          make_engine: Callable[..., Engine] = build_engine) -> list[Result]:
     """Each case's output on `prompts` against the reference; `on_result` is told of each as it
-    ends. `make_engine` builds an engine (the tests pass one with fixed-shape steps)."""
+    ends. `make_engine(pair, config, policy=...)` builds an engine (build_engine's signature)."""
     expected = [reference(pair, p, new_tokens) for p in prompts]
     follow_up = encode_prompt(pair.target.tokenizer, FOLLOW_UP, raw=True)
     second = [p + e + follow_up for p, e in zip(prompts, expected)]
@@ -171,14 +171,13 @@ def check(pair: Pair, prompts: list[list[int]], cases: list[Case], new_tokens: i
 
 
 def _run(pair: Pair, config: GenerationConfig, path: Path, prompts: list[list[int]],
-         make_engine: Callable[[Pair, GenerationConfig], Engine]) -> list[list[int]]:
+         make_engine: Callable[..., Engine]) -> list[list[int]]:
     if path is Path.CACHED:  # a store of its own: the first run fills it, the second is compared
         pair = replace(pair, target_prefixes=PrefixStore(budget=1 << 30), draft_prefixes=PrefixStore(budget=1 << 30))
         _finals(make_engine(pair, config), prompts, config, 1)
         return _finals(make_engine(pair, config), prompts, config, 1)
     if path is Path.CHUNKED:  # each prompt joins a row that decodes: its prefill comes a chunk per round
-        engine = make_engine(pair, config)
-        engine.prefill_chunk = CHUNK
+        engine = make_engine(pair, config, policy=Policy(prefill_chunk=CHUNK))
         outputs = []
         for prompt in prompts:
             feed = _Staggered(prompt[: max(1, CHUNK // 2)], prompt, config, len(prompt) // CHUNK + 4)
@@ -212,7 +211,7 @@ def _finals(engine: Engine, prompts: list[list[int]], config: GenerationConfig, 
 
 
 def _chat(pair: Pair, config: GenerationConfig, prompts, second,
-          make_engine: Callable[[Pair, GenerationConfig], Engine]) -> list[list[int]]:
+          make_engine: Callable[..., Engine]) -> list[list[int]]:
     """Turn 1, then turn 2 (turn 1's prompt and the reference's answer, and a follow-up)
     resuming that engine's cache: what turn 1 left that turn 2 shares is kept, not prefilled."""
     outputs = []

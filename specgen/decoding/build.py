@@ -26,7 +26,7 @@ from specgen.status import note
 def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | None = None):
     """`--draft-tokens device` (the default): the k measured best for this pair on this device.
 
-    Returns (config with k set and the placeholder cleared, the costs.Choice or None).
+    Returns (config with k set and the placeholder cleared, the costs.DraftLength or None).
     `drafts`: whether a model-drafting method with a fixed k will run (default: from
     config.method; bench, which runs several methods, says so itself)."""
     if not config.device_draft_tokens:

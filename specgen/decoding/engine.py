@@ -121,7 +121,12 @@ class Engine:
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.policy = policy
-        self.prefill_chunk = policy.prefill_chunk if device.type == "cpu" else 0  # a GPU prefills whole
+
+    @property
+    def prefill_chunk(self) -> int:
+        """The policy's prefill chunk on a CPU; 0 on a GPU, which prefills whole. Read-only: the
+        policy is given when the engine is built."""
+        return self.policy.prefill_chunk if self.device.type == "cpu" else 0
 
     # -- the loop ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,

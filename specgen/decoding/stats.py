@@ -70,8 +70,8 @@ class Stats:
         self.verify_seconds += result.verify_seconds
         if result.draft_tokens:
             self.accepted_lengths[result.accepted] += 1
-        if result.tree is not None:
-            self.tree_sizes.append(len(result.tree.tokens) - 1)
+        if not result.is_chain:
+            self.tree_sizes.append(len(result.draft_tokens))
         if self.time_to_first_token is None and result.emitted:
             self.time_to_first_token = elapsed
         self.seconds = elapsed

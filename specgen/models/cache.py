@@ -19,9 +19,7 @@ import tempfile
 from pathlib import Path
 
 from specgen.errors import ModelError
-# the writing and locking themselves live on the ground floor (specgen/ground.py); the names are
-# kept here for the modules of models/ and runtime/ that import them from the cache
-from specgen.ground import atomic_write, cache_root, locked, remove, says_disk_full, write_text  # noqa: F401
+from specgen.ground import cache_root, remove  # the writing and locking live on the ground floor
 
 
 def converted_root() -> Path:

@@ -31,9 +31,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specgen.ground import atomic_write, cache_root, locked, says_disk_full
 from specgen.errors import ConfigError, ModelError
-from specgen.models.cache import (atomic_write, cache_root, check_writable, converted_dirs, int8_files, locked,
-                                  remove_converted, says_disk_full, size_on_disk)
+from specgen.models.cache import check_writable, converted_dirs, int8_files, remove_converted, size_on_disk
 
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
 

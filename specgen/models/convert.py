@@ -32,9 +32,10 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from specgen.ground import atomic_write, locked
 from specgen.errors import ModelError
 from specgen.memory import release_freed
-from specgen.models.cache import atomic_write, check_writable, converted_root, locked
+from specgen.models.cache import check_writable, converted_root
 from specgen.status import status
 
 MARKER = ".complete"

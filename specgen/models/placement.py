@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.ground import cache_root, write_text
 from specgen.text import json_value
 from specgen.errors import ConfigError
-from specgen.models.cache import cache_root, write_text
 from specgen.status import note
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")

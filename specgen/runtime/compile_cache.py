@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specgen.models.cache import cache_root
+from specgen.ground import cache_root
 from specgen.status import note
 
 

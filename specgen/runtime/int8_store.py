@@ -48,10 +48,11 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from specgen.ground import atomic_write, cache_root, locked
 from specgen.errors import ModelError
 from specgen.memory import release_freed
 from specgen.models import catalog, convert
-from specgen.models.cache import atomic_write, cache_root, check_writable, converted_dirs, locked
+from specgen.models.cache import check_writable, converted_dirs
 from specgen.models.load import Resolved
 from specgen.runtime import int8
 from specgen.status import note, status
