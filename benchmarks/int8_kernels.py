@@ -79,7 +79,7 @@ def dense_bf16(weight):  # not int8: the reference a replacement has to beat in 
     return lambda x: F.linear(x.to(torch.bfloat16), w).float()
 
 
-KERNELS = {"today (fbgemm, row-exact)": today, "torchao int8 dyn-act int8-weight": torchao_dynamic,
+KERNELS = {"today (fbgemm row-exact)": today, "torchao int8 dyn-act int8-weight": torchao_dynamic,
            "_weight_int8pack_mm (bf16 act)": int8pack, "compiled dequant-matmul (bf16)": compiled_dequant,
            "dense bf16 (no int8)": dense_bf16}
 

@@ -558,3 +558,19 @@ def test_a_16_bit_model_quantizes_without_an_fp32_copy_and_gives_the_same_logits
     monkeypatch.setattr(int8, "quantize_weight", lambda weight: pytest.fail("a cached linear was converted"))
     cached = int8.quantize_model(small_model(2).to(torch.bfloat16), cached=lambda shapes: dict(weights))
     assert torch.equal(logits_of(cached), logits_of(reference))
+
+
+def test_a_torch_without_the_quantized_ops_loads_without_int8(monkeypatch):
+    """torch 2.13 deprecates the quantized ops the kernel is reached by: where they are gone,
+    int8 is not available, `auto` keeps the model's own weights and an explicit int8 is refused
+    in one line (benchmarks/int8-kernels.md: no replacement is as fast yet)."""
+    from specgen.errors import ConfigError
+    from specgen.runtime import int8, quant
+
+    assert int8.available() and not int8.has_op("no_such_op")
+    monkeypatch.setattr(int8, "OPS", int8.OPS + ("no_such_op",))
+    assert not int8.available()
+    target = SimpleNamespace(path=None, source="catalog", model=nn.Linear(4, 4))
+    assert quant.resolve_target_quant("auto", target) == "none"
+    with pytest.raises(ConfigError, match="int8 kernels, which this build lacks"):
+        quant.resolve_target_quant("int8", target)

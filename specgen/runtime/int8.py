@@ -36,9 +36,23 @@ _ZERO_POINT = 64
 _INPUT_SCALE = 1.0 / 63.0  # x / max|x| in [-1, 1] -> round(x * 63) + 64 in [1, 127]: 7 bits
 
 
+OPS = ("linear_prepack", "linear_unpack", "linear_with_input_q_dq_qweight_dq_output_fp32")
+
+
 def available() -> bool:
-    return "x86" in torch.backends.quantized.supported_engines or \
-        "fbgemm" in torch.backends.quantized.supported_engines
+    """Whether this torch has fbgemm's x86 kernels and the quantized ops they are reached by
+    (deprecated in torch 2.13; a torch without them loads 16- or 32-bit weights instead:
+    benchmarks/int8-kernels.md)."""
+    engines = torch.backends.quantized.supported_engines
+    return ("x86" in engines or "fbgemm" in engines) and all(has_op(name) for name in OPS)
+
+
+def has_op(name: str) -> bool:
+    try:
+        getattr(torch.ops.quantized, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def _engine() -> None:
