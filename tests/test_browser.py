@@ -94,7 +94,7 @@ def test_the_page_loads_with_no_console_errors(page, served):  # noqa: F811
     assert page.title() == "specgen playground"
     assert page.is_visible("#legend") and page.inner_text("#legend .rej")
     login(page, served.token)
-    until(page, "() => document.querySelectorAll('#method option').length > 1")
+    until(page, "() => document.getElementById('served').textContent.startsWith('Serving')")  # /health read
     methods = page.eval_on_selector_all("#method option", "options => options.map(o => o.value)")
     assert "chain" in methods and "eagle" not in methods  # what this server can run
     assert page.evaluate("sessionStorage.getItem('specgen-playground-key')") == served.token

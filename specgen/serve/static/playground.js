@@ -8,7 +8,6 @@ const SVG = "http://www.w3.org/2000/svg";
 const METHODS = ["plain", "chain", "lookup", "lookup-chain", "rsd-c", "rsd-s", "multi-draft", "eagle"];
 const METRICS_SECONDS = 3;
 const RATE_WINDOW = 8; // rounds in each point of the tokens/s plot
-const MIN_RATE_SECONDS = 0.01; // a window shorter than this gives no rate worth plotting
 
 const $ = (id) => document.getElementById(id);
 const state = { model: null, controller: null, runs: [], metricsTimer: null, metricsUpdates: 0 };
@@ -274,12 +273,14 @@ function select(run, index) {
 }
 
 function ratePoint(run) {
-  const recent = run.emitted.slice(-RATE_WINDOW);
-  const first = run.emitted.length > RATE_WINDOW ? run.emitted[run.emitted.length - RATE_WINDOW - 1].time : 0;
-  const last = recent[recent.length - 1].time;
-  const tokens = recent.reduce((sum, r) => sum + r.tokens, 0);
-  // the first round's token comes with the prefill, in no decode time: no rate until time has passed
-  return last - first >= MIN_RATE_SECONDS ? { time: last, rate: tokens / (last - first) } : null;
+  // tokens/s over the last RATE_WINDOW rounds, measured from the end of the round before them:
+  // the first round's token comes with the prefill, in no decode time, so it starts no window
+  const rounds = run.emitted, last = rounds.length - 1;
+  if (last < 1) return null;
+  const start = Math.max(0, last - RATE_WINDOW);
+  const seconds = rounds[last].time - rounds[start].time;
+  const tokens = rounds.slice(start + 1).reduce((sum, r) => sum + r.tokens, 0);
+  return seconds > 0 ? { time: rounds[last].time, rate: tokens / seconds } : null;
 }
 
 function showSpeed(run, stats) {
