@@ -396,6 +396,8 @@ class Page(html.parser.HTMLParser):
         self.rects += tag == "rect"
         if tag in ("script", "iframe", "img", "link") or any(v and "//" in v and k != "xmlns" for k, v in attrs.items()):
             self.problems.append(f"loads something: <{tag} {attrs}>")
+        if tag == "td":
+            self.cells.append("")
         if tag not in self.VOID:
             self.open.append(tag)
 
@@ -416,7 +418,7 @@ class Page(html.parser.HTMLParser):
 
     def handle_data(self, data):
         if self.open and self.open[-1] == "td":
-            self.cells.append(data)
+            self.cells[-1] += data
 
 
 def test_html_report_is_one_page_with_an_svg_per_plot(small_result, tmp_path):
