@@ -200,6 +200,30 @@ def test_eagle_batched_deterministic_chat_and_lookup_chain_equal_plain(trained, 
     assert resumed.ids == plain_ids(target, follow, 30)
 
 
+def test_trees_from_a_head_equal_plain_alone_batched_in_chat_and_deterministic(trained, target):
+    """`--method rsd-c` with a head: RSD-C trees (top children when greedy), through the same
+    tree verification as a draft model's."""
+    draft = trained["draft"]
+    config = GenerationConfig(method=Method.RSD_C, max_new_tokens=30, branching=(3, 2, 1))
+    accepted, sizes = 0, set()
+    for prompt in trained["prompts"][1:4]:
+        events, state = decode(engine_with((target, draft), config), prompt, config)
+        assert state.ids == plain_ids(target, prompt, 30)
+        accepted += sum(e.accepted for e in events)
+        sizes |= {len(e.draft_tokens) for e in events if e.draft_tokens}
+    assert accepted > 0 and sizes == {3 + 6 + 6}  # a tree of 3 children, 2 each, 1 each: 15 nodes
+    prompts = [trained["prompts"][1], PROMPTS[0], PROMPTS[1], trained["prompts"][2]]
+    assert batch_ids(engine_with((target, draft), config), prompts, config, batch_size=3) == \
+        [plain_ids(target, p, 30) for p in prompts]
+    deterministic = dataclasses.replace(config, deterministic=True, verify_window=8)
+    assert decode(engine_with((target, draft), deterministic), prompts[0], deterministic)[1].ids == \
+        plain_ids(target, prompts[0], 30)
+    engine = engine_with((target, draft), config)  # a chat turn continues the same caches
+    _, state = decode(engine, prompts[0], config)
+    follow = state.ids + [10, 11, 12]
+    assert decode(engine, follow, config, resume=state)[1].ids == plain_ids(target, follow, 30)
+
+
 def test_eagle_with_prefix_store_and_chunked_prefill_equals_plain(trained, target):
     """The target's prefix store and staged prefill carry the features too."""
     from specgen.decoding.build import make_drafter
@@ -222,18 +246,19 @@ SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95)
 PROMPT = [257, 84, 82, 68, 81, 198]
 
 
-def first_two(target, draft, seeds) -> torch.Tensor:
+def first_two(target, draft, seeds, method: Method = Method.EAGLE) -> torch.Tensor:
     from specgen.decoding.build import make_drafter
     from specgen.runtime.pair import Pair
 
     out = []
     for seed in seeds:
-        config = GenerationConfig(method=Method.EAGLE, max_new_tokens=2, draft_tokens=3,
-                                  sampling=dataclasses.replace(SAMPLING, seed=seed))
+        # a tree is drafted only while more tokens remain than its depth: trees decode three
+        config = GenerationConfig(method=method, max_new_tokens=3 if method.is_tree else 2, draft_tokens=3,
+                                  branching=(3, 2), sampling=dataclasses.replace(SAMPLING, seed=seed))
         engine = Engine(target.model, target.device, frozenset(), target.context_length,
                         make_drafter(Pair(target, draft), config),
                         policy=Policy(prompt_catch_up=100))  # the first token is speculated too
-        out.append([t for r in decode(engine, PROMPT, config)[0] for t in r.emitted])
+        out.append([t for r in decode(engine, PROMPT, config)[0] for t in r.emitted][:2])
     return torch.tensor(out)
 
 
@@ -253,6 +278,35 @@ def test_sampled_eagle_follows_the_target_law_and_the_control_fails(dirs, target
     assert gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten()) > SMALL_ALPHA
     monkeypatch.setattr(verify, "speculative_sampling", rule_without_residual)
     broken = first_two(target, draft, range(5000, 6000))
+    assert gof_pvalue(broken[:, 0], q0) < SMALL_ALPHA
+
+
+@pytest.mark.statistical
+def test_sampled_trees_from_a_head_follow_the_target_law_and_the_control_fails(dirs, target, monkeypatch):
+    """RSD-C trees from a head (Gumbel-top-k children of its law over the target's vocabulary):
+    1000 generations of 2 tokens follow q0(t1) q1(t2 | t1); with the laws the children were
+    drawn from lost on their way to the tree rule (zeros: every child the target can emit is
+    accepted), the first token's law fails the same test."""
+    from test_statistical import SMALL_ALPHA, gof_pvalue
+
+    import specgen.decoding.verify as verify
+
+    def broken_tree_rule(monkeypatch, module):
+        original = module.recursive_rejection
+
+        def lost_laws(children, tokens, draft_probs, target_probs, generator, *, replacement):
+            return original(children, tokens, torch.zeros_like(draft_probs), target_probs, generator,
+                            replacement=replacement)
+        monkeypatch.setattr(module, "recursive_rejection", lost_laws)
+
+    draft = head_draft(dirs, target, "original")
+    q0, joint = two_token_law(target.model, PROMPT, SAMPLING)
+    tokens = first_two(target, draft, range(1000), Method.RSD_C)
+    vocab = joint.shape[0]
+    assert gof_pvalue(tokens[:, 0], q0) > SMALL_ALPHA
+    assert gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten()) > SMALL_ALPHA
+    broken_tree_rule(monkeypatch, verify)
+    broken = first_two(target, draft, range(5000, 6000), Method.RSD_C)
     assert gof_pvalue(broken[:, 0], q0) < SMALL_ALPHA
 
 
@@ -282,13 +336,17 @@ def test_a_head_for_another_target_and_a_corrupt_head_are_refused(dirs, tmp_path
         load_head(bad_layers, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model)
 
 
-def test_method_eagle_without_a_head_and_trees_from_a_head_are_one_line(dirs, tiny_dirs):
+def test_method_eagle_without_a_head_and_beams_from_a_head_are_one_line(dirs, tiny_dirs):
     result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(tiny_dirs["draft"]),
                                  "--method", "eagle", "--device", "cpu", "--dtype", "float32", "--no-server"])
     assert result.exit_code == 1 and "needs an EAGLE-3 head" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(dirs["original"]),
-                                 "--method", "rsd-c", "--device", "cpu", "--dtype", "float32", "--no-server"])
+                                 "--method", "rsd-s", "--device", "cpu", "--dtype", "float32", "--no-server"])
     assert result.exit_code == 1 and "EAGLE-3 head drafts" in result.output
+    # RSD-C trees from a head run (test_trees_from_a_head_...): the command line gets them too
+    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(dirs["original"]),
+                                 "--method", "rsd-c", "--device", "cpu", "--dtype", "float32", "--no-server", "-n", "8"])
+    assert result.exit_code == 0, result.output
 
 
 def test_run_with_a_head_defaults_to_eagle_and_matches_plain(dirs):
@@ -374,9 +432,10 @@ def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
 
 # -- the server --------------------------------------------------------------------------------------
 
-def test_the_server_drafts_with_a_head_and_refuses_trees(trained, dirs):
-    """`specgen serve --draft HEAD_DIR`: eagle (and its default, chain) through the openai client
-    give plain's greedy answer, in one batch of concurrent requests too; a tree method is a 400."""
+def test_the_server_drafts_with_a_head_chains_and_trees(trained, dirs):
+    """`specgen serve --draft HEAD_DIR`: eagle (and its default, chain) and rsd-c trees through
+    the openai client give plain's greedy answer, in one batch of concurrent requests too; a
+    beam search (rsd-s) from a head is a 400."""
     openai = pytest.importorskip("openai")
     from concurrent.futures import ThreadPoolExecutor
 
@@ -402,15 +461,18 @@ def test_the_server_drafts_with_a_head_and_refuses_trees(trained, dirs):
         with ThreadPoolExecutor(4) as pool:
             assert list(pool.map(lambda p: complete(p, "eagle"), prompts)) == plain
         assert complete(prompts[0], "chain") == plain[0]
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(lambda p: complete(p, "rsd-c"), prompts)) == plain
         with pytest.raises(openai.BadRequestError, match="EAGLE-3 head drafts"):
-            complete(prompts[0], "rsd-c")
+            complete(prompts[0], "rsd-s")
     finally:
         stop(running, thread)
 
 
 def test_specgen_check_covers_a_head(trained, dirs):
     """`specgen check --draft HEAD_DIR`: eagle alone, batched, from the prefix cache, chunked, in a
-    chat turn and deterministic, and lookup-chain over the head, against transformers' generate."""
+    chat turn and deterministic, RSD-C trees and lookup-chain over the head, against transformers'
+    generate."""
     result = runner.invoke(app, ["check", "--target", str(dirs["target"]), "--draft", str(trained["dir"]),
                                  "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "16",
                                  "--json"])
@@ -419,6 +481,7 @@ def test_specgen_check_covers_a_head(trained, dirs):
     labels = [case["case"] for case in report["cases"]]
     assert all(case["identical"] for case in report["cases"]), report
     assert any("eagle" in label for label in labels) and any("chunked" in label for label in labels), labels
+    assert any("rsd-c" in label for label in labels), labels  # trees from the head
 
 
 def test_bench_reports_acceptance_per_draft_position():

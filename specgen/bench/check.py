@@ -99,7 +99,7 @@ def standard_cases(pair: Pair) -> list[Case]:
     chain = Method.EAGLE if head else Method.CHAIN
     if pair.draft is not None:
         cases += [Case(chain), Case(chain, Path.BATCHED), Case(Method.LOOKUP_CHAIN)]
-        if pair.draft.vocabulary is Vocabulary.SHARED:
+        if pair.draft.vocabulary is not Vocabulary.TEXT:  # trees: a draft model's or a head's
             cases.append(Case(Method.RSD_C))
         if head:  # a head reads the target's features, which the cache carries through these paths too
             cases += [Case(chain, Path.CACHED), Case(chain, Path.CHUNKED), Case(chain, Path.CHAT)]

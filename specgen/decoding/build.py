@@ -8,7 +8,7 @@ from dataclasses import replace
 from specgen.config import GenerationConfig, Method
 from specgen.decoding import costs, length
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
-from specgen.decoding.drafters.eagle import EagleDrafter
+from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
@@ -42,7 +42,7 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
 
 def why_not(pair: Pair, method: Method) -> str | None:
     """Why this pair's draft cannot run `method` (None when it can): eagle needs an EAGLE-3
-    head, and a head drafts only chains (eagle, chain, lookup-chain's model rounds)."""
+    head, and a head drafts chains (eagle, chain, lookup-chain's model rounds) and RSD-C trees."""
     draft = pair.draft
     if not method.needs_draft_model or draft is None:
         return None
@@ -53,8 +53,9 @@ def why_not(pair: Pair, method: Method) -> str | None:
     if method is Method.EAGLE and not head:
         return (f"method eagle needs an EAGLE-3 head as the draft (a directory; `specgen train-head` writes "
                 f"one); {draft.name} is a model")
-    if head and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN):
-        return f"method {method.value} needs a draft model; an EAGLE-3 head drafts eagle (chains) and lookup-chain"
+    if head and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C):
+        return (f"method {method.value} needs a draft model; an EAGLE-3 head drafts eagle (chains), rsd-c "
+                "(trees) and lookup-chain")
     return None
 
 
@@ -87,10 +88,12 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
 
 
 def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
-    """An EAGLE-3 head drafts chains (eagle; chain means the same with a head) and lookup-chain's
-    model rounds; trees from a head are not built."""
+    """An EAGLE-3 head drafts chains (eagle; chain means the same with a head), RSD-C trees and
+    lookup-chain's model rounds."""
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
+    if config.method is Method.RSD_C:
+        return EagleTreeDrafter(pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes)
     drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes)
     if config.method is Method.LOOKUP_CHAIN:
         return LookupChain(drafter, model_tokens=config.draft_tokens)

@@ -30,7 +30,7 @@ import torch
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
-from specgen.decoding.sampling import on_device, sample, warp
+from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head
 from specgen.runtime import kvcache
 from specgen.runtime.prefixes import PrefixStore
@@ -96,33 +96,11 @@ class EagleDrafter:
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
-        count = len(contexts)
-        self._contexts = list(contexts)
-        self._catch_up(contexts, ks)
-        ends = [len(context) - 1 for context in contexts]  # positions with the target's features
-        for row, (length, end) in enumerate(zip(self.cache.lengths, ends)):
-            if length >= end > 0:  # a row rewound to its last position: feed that one again
-                kvcache.set_length(self.cache, row, end - 1)
-        # a one-token prompt has no features yet: it feeds a pad and drafts nothing this round
-        news = [range(length, max(end, length + 1)) for length, end in zip(self.cache.lengths, ends)]
-        ks = [k if end > 0 else 0 for k, end in zip(ks, ends)]
-        steps = max(ks)
-        if not steps:
+        started = self._start(contexts, ks)
+        if started is None:
             return [Proposal.empty(self.device) for _ in contexts]
-        width = max(len(new) for new in news)
-        ids = torch.zeros(count, width, dtype=torch.long)
-        features = self._features(news, width)
-        for i, (context, new) in enumerate(zip(contexts, news)):
-            ids[i, : len(new)] = torch.tensor(context[new.start + 1: new.stop + 1], dtype=torch.long)
-        if all(len(new) == width for new in news):  # one width: the output layer reads the last position only
-            logits, hidden = self._forward(ids.to(self.device), features, keep=1)
-            logits, hidden = logits[:, -1], hidden[:, -1:]
-        else:
-            last = torch.tensor([len(new) - 1 for new in news], device=self.device)
-            logits, hidden = self._forward(ids.to(self.device), features)
-            rows = torch.arange(count, device=self.device)
-            logits, hidden = logits[rows, last], hidden[rows, last][:, None]
-        kvcache.set_lengths(self.cache, [new.start + len(new) for new in news])  # drop the pads
+        ks, ends, logits, hidden = started
+        count, steps = len(contexts), max(ks)
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds  # laws are built only when some row samples
         tokens, laws = [], []
@@ -142,6 +120,39 @@ class EagleDrafter:
         stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
         return [Proposal.chain(drafted[i, :k], kinds[i], stacked[i, :k] if kinds[i] is ProposalKind.SAMPLED else None)
                 if k > 0 else Proposal.empty(self.device) for i, k in enumerate(ks)]
+
+    def _start(self, contexts: list[list[int]], ks: list[int]):
+        """Feed every row's positions up to its last committed one from the target's features
+        (steps 1 of the module docstring): (each row's k, each row's last committed position,
+        the head's logits there [rows, Vd] and its outputs there [rows, 1, H]), or None when no
+        row drafts."""
+        count = len(contexts)
+        self._contexts = list(contexts)
+        self._catch_up(contexts, ks)
+        ends = [len(context) - 1 for context in contexts]  # positions with the target's features
+        for row, (length, end) in enumerate(zip(self.cache.lengths, ends)):
+            if length >= end > 0:  # a row rewound to its last position: feed that one again
+                kvcache.set_length(self.cache, row, end - 1)
+        # a one-token prompt has no features yet: it feeds a pad and drafts nothing this round
+        news = [range(length, max(end, length + 1)) for length, end in zip(self.cache.lengths, ends)]
+        ks = [k if end > 0 else 0 for k, end in zip(ks, ends)]
+        if not max(ks):
+            return None
+        width = max(len(new) for new in news)
+        ids = torch.zeros(count, width, dtype=torch.long)
+        features = self._features(news, width)
+        for i, (context, new) in enumerate(zip(contexts, news)):
+            ids[i, : len(new)] = torch.tensor(context[new.start + 1: new.stop + 1], dtype=torch.long)
+        if all(len(new) == width for new in news):  # one width: the output layer reads the last position only
+            logits, hidden = self._forward(ids.to(self.device), features, keep=1)
+            logits, hidden = logits[:, -1], hidden[:, -1:]
+        else:
+            last = torch.tensor([len(new) - 1 for new in news], device=self.device)
+            logits, hidden = self._forward(ids.to(self.device), features)
+            rows = torch.arange(count, device=self.device)
+            logits, hidden = logits[rows, last], hidden[rows, last][:, None]
+        kvcache.set_lengths(self.cache, [new.start + len(new) for new in news])  # drop the pads
+        return ks, ends, logits, hidden
 
     def _features(self, news: list[range], width: int, first: int = 0) -> torch.Tensor:
         """[rows, width, taps * H]: the target's features at each row's new positions (zeros past
@@ -190,3 +201,78 @@ class EagleDrafter:
         law = torch.zeros(len(samplings), self.vocab, device=dist.device)
         law.scatter_(1, self.map.expand(len(samplings), -1), dist)
         return self.map[index], law
+
+
+class EagleTreeDrafter(EagleDrafter):
+    """RSD-C trees from an EAGLE-3 head (`--method rsd-c` with a head as the draft): each node at
+    depth l gets `branching[l]` children, the head's top ones when greedy, Gumbel-top-k draws
+    without replacement from its law (over the target's vocabulary, zero outside the draft's)
+    when sampling, so RSD-C's acceptance rule stays exact.
+
+    A round starts as a chain's does (`_start`); then, per row, each depth but the last is one
+    head forward over its nodes, each reading its parent's output and seeing the committed
+    positions and its own ancestors (the tree mask). Node i (breadth-first, root 0) sits in the
+    head's cache at slot length + i - 1, at position length + depth(i) - 1; the cache is cut
+    back to the committed positions afterwards, as after a chain."""
+
+    def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, branching: tuple[int, ...],
+                 prefixes: PrefixStore | None = None):
+        super().__init__(head, device, vocab, prefixes)
+        self.branching = branching
+
+    @torch.inference_mode()
+    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+        started = self._start(contexts, ks)
+        if started is None:
+            return [Proposal.empty(self.device) for _ in contexts]
+        ks, ends, logits, hidden = started
+        proposals = [self._tree(row, logits[row:row + 1], hidden[row], samplings[row]) if k > 0
+                     else Proposal.empty(self.device) for row, k in enumerate(ks)]
+        kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
+        return proposals
+
+    def _tree(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig) -> Proposal:
+        """One row's tree from the head's logits [1, Vd] and outputs [1, H] at its last committed position."""
+        kind = ProposalKind.drafting(sampling)
+        sampled = kind is ProposalKind.SAMPLED
+        base = self.cache.lengths[row]
+        parents: list[int] = []
+        tokens: list[torch.Tensor] = []
+        laws: list[torch.Tensor] = []
+        frontier = [0]
+        for level, b in enumerate(self.branching):
+            if sampled:
+                dist = warp(logits, sampling)  # [F, Vd]
+                picks, _ = gumbel_top_k(dist, min(b, dist.shape[-1]), self.generators[row])
+                law = torch.zeros(len(frontier), self.vocab, device=dist.device)
+                laws.append(law.scatter_(1, self.map.expand(len(frontier), -1), dist))
+            else:
+                picks = torch.topk(logits, min(b, logits.shape[-1]), dim=-1).indices
+            per = picks.shape[1]
+            start = len(parents) + 1
+            parents.extend(f for f in frontier for _ in range(per))
+            tokens.append(self.map[picks.reshape(-1)])
+            frontier = list(range(start, len(parents) + 1))
+            if level < len(self.branching) - 1:
+                tree = Proposal(torch.cat(tokens), tuple(parents), kind)
+                logits, hidden = self._feed(row, base, tree, frontier, hidden.repeat_interleave(per, dim=0))
+        kvcache.set_length(self.cache, row, base)
+        drafted = torch.cat(tokens)
+        probs = None
+        if sampled:  # the leaves drew nothing: zero rows
+            probs = torch.cat(laws)
+            probs = torch.cat([probs, probs.new_zeros(len(parents) + 1 - probs.shape[0], probs.shape[1])])
+        return Proposal(drafted, tuple(parents), kind, probs)
+
+    def _feed(self, row: int, base: int, tree: Proposal, frontier: list[int], inputs: torch.Tensor):
+        """The head over the frontier's nodes (their parents' outputs `inputs` [F, H]) with the tree
+        mask: (logits [F, Vd], outputs [F, H])."""
+        first, last = frontier[0], frontier[-1]
+        kvcache.set_length(self.cache, row, base)  # the nodes fed before sit in slots base .. base + first - 2
+        mask = tree.ancestor_mask[first:last + 1, 1:last + 1]  # [F, last]: the round's slots are nodes 1..last
+        depth = torch.tensor(tree.depth[1:last + 1]) - 1  # node i's position: base + depth(i) - 1
+        holder = {}
+        rows = slice(row, row + 1) if self.cache.rows > 1 else None
+        logits = kvcache.forward(self.head.caller(inputs[None], holder), self.cache,
+                                 tree.tokens[first - 1:last][None], offset=first - 1, depth=depth, tree=mask, rows=rows)
+        return logits[0], holder["hidden"][0]
