@@ -173,8 +173,8 @@ def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) ->
         return f"{name} needs an EAGLE-3 head as its draft: --draft HEAD_DIR, or eagle@HEAD_DIR"
     assisted = any(r.name == name and r.uses_assistant for r in REFERENCES)
     if head and (assisted or method is not None and method.needs_draft_model
-                 and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN)):
-        return f"{name} needs a draft model; an EAGLE-3 head drafts eagle (chains) and lookup-chain"
+                 and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C)):
+        return f"{name} needs a draft model; an EAGLE-3 head drafts eagle (chains), rsd-c (trees) and lookup-chain"
     if method is not None and method.is_tree and other:
         return f"{name} drafts trees, which need a draft with the target's tokenizer; this draft's differs"
     reference = next((r for r in REFERENCES if r.name == name), None)
