@@ -100,7 +100,16 @@ class EagleDrafter:
         if started is None:
             return [Proposal.empty(self.device) for _ in contexts]
         ks, ends, logits, hidden = started
-        count, steps = len(contexts), max(ks)
+        proposals = self._draft(ks, logits, hidden, samplings)
+        # the next round feeds accepted positions from the target's features
+        kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
+        return proposals
+
+    def _draft(self, ks: list[int], logits: torch.Tensor, hidden: torch.Tensor,
+               samplings: list[SamplingConfig]) -> list[Proposal]:
+        """Each row's chain of ks[i] tokens from the head's logits [rows, Vd] and outputs [rows, 1, H]
+        at its last committed position (steps 2 of the module docstring)."""
+        count, steps = len(ks), max(ks)
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds  # laws are built only when some row samples
         tokens, laws = [], []
@@ -114,8 +123,6 @@ class EagleDrafter:
             else:
                 token = self.map[logits.argmax(dim=-1)]
             tokens.append(token)
-        # the next round feeds accepted positions from the target's features
-        kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
         drafted = torch.stack(tokens, dim=1)
         stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
         return [Proposal.chain(drafted[i, :k], kinds[i], stacked[i, :k] if kinds[i] is ProposalKind.SAMPLED else None)
@@ -220,16 +227,9 @@ class EagleTreeDrafter(EagleDrafter):
         super().__init__(head, device, vocab, prefixes)
         self.branching = branching
 
-    @torch.inference_mode()
-    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
-        started = self._start(contexts, ks)
-        if started is None:
-            return [Proposal.empty(self.device) for _ in contexts]
-        ks, ends, logits, hidden = started
-        proposals = [self._tree(row, logits[row:row + 1], hidden[row], samplings[row]) if k > 0
-                     else Proposal.empty(self.device) for row, k in enumerate(ks)]
-        kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
-        return proposals
+    def _draft(self, ks, logits, hidden, samplings) -> list[Proposal]:
+        return [self._tree(row, logits[row:row + 1], hidden[row], samplings[row]) if k > 0
+                else Proposal.empty(self.device) for row, k in enumerate(ks)]
 
     def _tree(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig) -> Proposal:
         """One row's tree from the head's logits [1, Vd] and outputs [1, H] at its last committed position."""
