@@ -133,3 +133,39 @@ def test_the_start_line_says_which_key_the_page_wants():
 
     assert playground_key(ServeOptions(api_key="k"), "tok") == "your --api-key"  # never printed
     assert playground_key(ServeOptions(), "tok") == "this server's local token tok"
+
+
+def test_serve_detach_open_opens_the_page_once_the_server_answers(tiny_dirs, monkeypatch):
+    """`specgen serve --detach --open`: the browser gets the playground's URL after the
+    background server answers, not before (the process and the server are stand-ins here)."""
+    from specgen.cli import serve as serve_cli
+    from specgen.serve import client
+
+    events = []
+
+    class Child:
+        pid, returncode = 4242, None
+
+        def __init__(self, args, **kwargs):
+            events.append("started")
+
+        def poll(self):
+            return None
+
+    answers = iter([None, client.Server("http://127.0.0.1:8765", "t", {"pid": 4242, "models": "target tiny"})])
+
+    def find(settings, timeout=2.0):
+        server = next(answers)
+        events.append("answers" if server else "not yet")
+        return server
+
+    def start_then_answer(settings, timeout=2.0):  # nothing runs before the start
+        return find(settings, timeout) if "started" in events else None
+
+    monkeypatch.setattr(serve_cli.subprocess, "Popen", Child)
+    monkeypatch.setattr(client, "find", start_then_answer)
+    monkeypatch.setattr(webbrowser, "open", lambda url: events.append(f"opened {url}") or True)
+    result = invoke("serve", *options(tiny_dirs), "--detach", "--open")
+    assert result.exit_code == 0, result.output
+    assert events == ["started", "not yet", "answers", "opened http://127.0.0.1:8765/"]
+    assert "playground http://127.0.0.1:8765/" in result.stderr
