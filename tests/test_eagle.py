@@ -521,3 +521,15 @@ def test_eagle_through_the_fixed_shape_steps(trained, target):
         assert state.ids == plain_ids(target, prompt, 40)
         accepted += sum(e.accepted for e in events)
     assert accepted > 0
+
+
+def test_bench_columns_with_a_head_follow_the_engine(trained, target):
+    """bench asks the engine's own refusal (build.why_not) of a head: chains and rsd-c run,
+    a beam search and transformers' assisted generation do not."""
+    from specgen.bench.methods import unsupported
+    from specgen.runtime.pair import Pair
+
+    pair = Pair(target, trained["draft"])
+    assert [unsupported(pair, name) for name in ("eagle", "chain", "lookup-chain", "rsd-c")] == [None] * 4
+    assert "EAGLE-3 head drafts" in unsupported(pair, "rsd-s")
+    assert "not an EAGLE-3 head" in unsupported(pair, "hf-assisted")

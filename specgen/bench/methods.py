@@ -10,6 +10,7 @@ from specgen.bench import llamacpp as bench_llamacpp
 from specgen.bench.references import REFERENCES, HFRunner
 from specgen.bench.runners import EngineRunner, Runner
 from specgen.config import GenerationConfig, Method, Schedule
+from specgen.decoding.build import why_not
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
 
@@ -159,24 +160,24 @@ def needs_draft(names: list[str]) -> bool:
 
 
 def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> str | None:
-    """Why column `name` cannot run on this pair, or None: a tree of a draft with another
-    tokenizer (its drafts go through text: chains only), transformers' assisted generation with a
-    draft of another tokenizer or vocabulary size (it refuses them)."""
+    """Why column `name` cannot run on this pair, or None: what the engine refuses of its draft
+    (build.why_not: trees of a draft with another tokenizer, eagle without a head, a head's
+    beams), transformers' assisted generation with a head or with a draft of another tokenizer
+    or vocabulary size (it refuses them)."""
     base, draft_name = split_draft(name)
     draft = (drafts or {})[draft_name].model if draft_name is not None else pair.draft
     if draft is None:
         return None
     other = draft.vocabulary is Vocabulary.TEXT
     method = _engine_method(base.lower())
-    head = draft.vocabulary is Vocabulary.HEAD
-    if method is Method.EAGLE and not head:
+    if method is Method.EAGLE and draft.vocabulary is not Vocabulary.HEAD:
         return f"{name} needs an EAGLE-3 head as its draft: --draft HEAD_DIR, or eagle@HEAD_DIR"
+    if method is not None:  # what the engine itself refuses of this draft (decoding/build.why_not)
+        why = why_not(replace(pair, draft=draft), method)
+        return None if why is None else f"{name}: {why}"
     assisted = any(r.name == name and r.uses_assistant for r in REFERENCES)
-    if head and (assisted or method is not None and method.needs_draft_model
-                 and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C)):
-        return f"{name} needs a draft model; an EAGLE-3 head drafts eagle (chains), rsd-c (trees) and lookup-chain"
-    if method is not None and method.is_tree and other:
-        return f"{name} drafts trees, which need a draft with the target's tokenizer; this draft's differs"
+    if assisted and draft.vocabulary is Vocabulary.HEAD:
+        return f"{name} (transformers' assisted generation) needs a draft model, not an EAGLE-3 head"
     reference = next((r for r in REFERENCES if r.name == name), None)
     if reference is not None and reference.uses_assistant and (
             other or draft.model.config.vocab_size != pair.target.model.config.vocab_size):

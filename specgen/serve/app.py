@@ -237,10 +237,7 @@ async def _admit(state: ServerState, request: Request, endpoint: str, encode) ->
     if api.rows(job) > state.scheduler.max_queue:  # a 503 would be retried in vain
         raise api.ApiError(400, f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
                            f"server queues at most {state.scheduler.max_queue} (its --max-queue)", "n")
-    if job.config.method.needs_draft_model and state.scheduler.pair.draft is None:
-        raise api.ApiError(400, f"method '{job.config.method.value}' needs a draft model and this server "
-                           "runs without one; plain and lookup need none", "speculative.method")
-    why = why_not(state.scheduler.pair, job.config.method)
+    why = refusal(state.scheduler.pair, job.config.method)
     if why is not None:
         raise api.ApiError(400, why, "speculative.method")
     expanded = api.choices(job)
@@ -264,6 +261,15 @@ def _poster(loop, queue: asyncio.Queue):
                 pass
         return post
     return poster
+
+
+def refusal(pair, method) -> str | None:
+    """Why this server's pair cannot serve `method` (None when it can): a draft model it runs
+    without, or what the engine refuses of its draft (build.why_not)."""
+    if method.needs_draft_model and pair.draft is None:
+        return (f"method '{method.value}' needs a draft model and this server runs without one; plain and lookup "
+                "need none")
+    return why_not(pair, method)
 
 
 async def _body(request: Request) -> bytes:

@@ -27,7 +27,7 @@ import uvicorn
 
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding import run as driver
-from specgen.decoding.build import resolve_draft_length, why_not
+from specgen.decoding.build import resolve_draft_length
 from specgen.decoding.costs import width_costs
 from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.views import Outcome, Silent, summary_line
@@ -38,7 +38,7 @@ from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.prefixes import DEFAULT_MIB
 from specgen.runtime.threads import release_pool
 from specgen.serve import discovery, playground
-from specgen.serve.app import ServerState, create_app
+from specgen.serve.app import ServerState, create_app, refusal
 from specgen.serve.metrics import Metrics
 from specgen.serve.protocol import TimedH11
 from specgen.serve.scheduler import Scheduler, drafting_key
@@ -130,8 +130,7 @@ def defaults(pair, options: ServeOptions) -> GenerationConfig:
 
 def servable(pair) -> list[str]:
     """The methods this pair can serve (the playground's picker)."""
-    return [m.value for m in Method
-            if not (m.needs_draft_model and pair.draft is None) and why_not(pair, m) is None]
+    return [m.value for m in Method if refusal(pair, m) is None]
 
 
 def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
