@@ -180,7 +180,8 @@ function onChunk(run, chunk) {
   if (live.stats && "round" in live) addRound(run, live);
   else if (live.stats && live.replay) addReplay(run, live);
   if (live.stats) showSpeed(run, live.stats);
-  if ("acceptance_rate" in live && !("round" in live) && !live.replay) finish(run, live);
+  // the finish chunk carries the summary (and the text); the usage chunk after it repeats the summary
+  if ("acceptance_rate" in live && !("round" in live) && !live.replay && !run.summary) finish(run, live);
 }
 
 function newRun(method) {
