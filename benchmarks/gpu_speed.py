@@ -179,7 +179,8 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
         return  # eager chain is known to lose (one eager forward costs 23-30 ms at any size)
     if args.eagle_acceptance is not None:  # an EAGLE-3 head of the target's shape, random weights
         head = eagle_head(model)
-        for k in ks:
+        # a recording at k replays rounds of at most k drafts (config refuses longer ones)
+        for k in [k for k in ks if k <= args.eagle_acceptance.draft_tokens]:
             engine = Engine(model, DEVICE, frozenset(), 32768, EagleDrafter(head, DEVICE, head.config.vocab_size),
                             compile=mode)
             config = GenerationConfig(method=Method.EAGLE, max_new_tokens=n, draft_tokens=k,

@@ -533,3 +533,26 @@ def test_bench_columns_with_a_head_follow_the_engine(trained, target):
     assert [unsupported(pair, name) for name in ("eagle", "chain", "lookup-chain", "rsd-c")] == [None] * 4
     assert "EAGLE-3 head drafts" in unsupported(pair, "rsd-s")
     assert "not an EAGLE-3 head" in unsupported(pair, "hf-assisted")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["graphs", "inductor"])
+@pytest.mark.parametrize("method", ["eagle", "rsd-c"])
+def test_a_head_under_cuda_graphs_decides_what_eager_decides(trained, dirs, mode, method):
+    """Captured (and compiled) target steps still write the features the head reads: on CUDA the
+    same drafts, verdicts and tokens as eager, and plain decoding's output."""
+    target = load_pair(str(dirs["target"]), None, device="cuda", dtype="float32", quiet=True)[0]
+    draft = load_draft(str(trained["dir"]), target, device="cuda", dtype="float32", quiet=True)
+    config = GenerationConfig(method=Method(method), max_new_tokens=30, draft_tokens=3, branching=(2, 2, 1))
+    prompt = trained["prompts"][1]
+    out = {}
+    for run in (mode, "off"):
+        engine = engine_with((target, draft), config, stop_ids=frozenset(), compile=run)
+        events, state = decode(engine, prompt, config)
+        out[run] = (state.ids, [(tuple(e.draft_tokens), e.accepted) for e in events])
+    assert engine.steps.mode == "off" and out[mode] == out["off"]
+    assert sum(accepted for _, accepted in out["off"][1]) > 0
+    plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=30)
+    reference = engine_with((target, None), plain, stop_ids=frozenset())
+    assert out[mode][0] == decode(reference, prompt, plain)[1].ids

@@ -170,6 +170,13 @@ def test_pools_prompts_and_reads_a_variants_k(tmp_path):
     assert (acceptance.lengths, acceptance.rounds, acceptance.draft_tokens) == ((0, 1, 2), (1, 2, 4), 2)
 
 
+def test_a_heads_variant_reads_its_k_not_the_heads_path(tmp_path):
+    """'eagle/k2@/heads/coder': the k is the variant's; the slashes of the head's path are no variants."""
+    path = bench_json(tmp_path, [{"method": "eagle/k2@/heads/coder", "accepted_length_histogram": {"0": 3, "1": 1}}])
+    acceptance = synthetic.parse(f"{path}:eagle/k2@/heads/coder")
+    assert (acceptance.lengths, acceptance.rounds, acceptance.draft_tokens) == ((0, 1), (3, 1), 2)
+
+
 @pytest.mark.parametrize("content, spec_suffix, message", [
     (None, "", "cannot read it"),
     ("not json {", "", "not a JSON file"),

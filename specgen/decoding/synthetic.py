@@ -85,7 +85,7 @@ def load(path: Path, method: str = DEFAULT_METHOD, option: str = "--synthetic", 
 def _draft_tokens(method: str, settings: dict, where: str) -> int:
     """The k the recording drafted: a '/kN' variant's N, else the run's --draft-tokens; adaptive
     schedules drafted varying lengths and are refused."""
-    suffixes = method.split("/")[1:]
+    suffixes = method.split("@", 1)[0].split("/")[1:]  # 'eagle/k2@HEAD': the head's path is no variant
     if any(s in ("additive", "expected-gain") for s in suffixes) or \
             (not any(re.fullmatch(r"k\d+", s) for s in suffixes) and settings.get("schedule", "fixed") != "fixed"):
         raise ConfigError(f"{where}: '{method}' drafted varying lengths (an adaptive schedule); "
