@@ -3,7 +3,7 @@
 # benchmarks/gpu_speed.py on one shape with chain and an EAGLE-3 head, both with the synthetic
 # acceptance a real CPU bench recorded (so rounds accept what the real pair and head accepted).
 #   benchmarks/gpu_check.sh OUT [SHAPE]     (SHAPE: q15 or q7, default q7)
-# Each step has its own time limit so that one hang leaves the others' output in OUT.
+# KS and SKIP override gpu_speed's --ks and --skip. Each step has its own time limit so that one hang leaves the others' output in OUT.
 set -u
 out=${1:?usage: gpu_check.sh OUT [SHAPE]}
 shape=${2:-q7}
@@ -17,6 +17,6 @@ timeout "${GPU_TESTS_TIMEOUT:-200}" python3 -m pytest -m gpu tests/test_compiled
   -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
 echo "gpu tests: exit $?"; tail -3 "$out/gpu-tests.log"
 timeout "${GPU_SPEED_TIMEOUT:-330}" python3 benchmarks/gpu_speed.py "$out/$shape.json" --shapes "$shape" \
-  --modes inductor --ks 1,2,3,4 --skip hf-eager,costs,eager \
+  --modes inductor --ks "${KS:-1,2,3,4}" --skip "${SKIP:-hf-eager,costs,eager}" \
   --synthetic "$bench:chain" --eagle "$bench:eagle/k2@/work/heads/coder-1.5b" > "$out/$shape.log" 2>&1
 echo "gpu_speed $shape: exit $?"; grep -v '^ \|^{\|^}' "$out/$shape.log" | tail -20

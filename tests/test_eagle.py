@@ -517,7 +517,9 @@ def test_eagle_through_the_fixed_shape_steps(trained, target):
     config = GenerationConfig(method=Method.EAGLE, max_new_tokens=40, draft_tokens=3)
     accepted = 0
     for prompt in trained["prompts"][1:3]:
-        events, state = decode(engine_with((target, trained["draft"]), config, compile="fixed"), prompt, config)
+        engine = engine_with((target, trained["draft"]), config, compile="fixed")
+        assert engine.drafter.from_target.mode == engine.drafter.from_head.mode == "fixed"  # the head's too
+        events, state = decode(engine, prompt, config)
         assert state.ids == plain_ids(target, prompt, 40)
         accepted += sum(e.accepted for e in events)
     assert accepted > 0
@@ -540,18 +542,21 @@ def test_bench_columns_with_a_head_follow_the_engine(trained, target):
 @pytest.mark.parametrize("mode", ["graphs", "inductor"])
 @pytest.mark.parametrize("method", ["eagle", "rsd-c"])
 def test_a_head_under_cuda_graphs_decides_what_eager_decides(trained, dirs, mode, method):
-    """Captured (and compiled) target steps still write the features the head reads: on CUDA the
-    same drafts, verdicts and tokens as eager, and plain decoding's output."""
+    """Captured (and compiled) target steps still write the features the head reads, and the head's
+    own steps captured as CUDA graphs read each replay's features: on CUDA the same drafts,
+    verdicts and tokens as eager, and plain decoding's output."""
     target = load_pair(str(dirs["target"]), None, device="cuda", dtype="float32", quiet=True)[0]
     draft = load_draft(str(trained["dir"]), target, device="cuda", dtype="float32", quiet=True)
     config = GenerationConfig(method=Method(method), max_new_tokens=30, draft_tokens=3, branching=(2, 2, 1))
     prompt = trained["prompts"][1]
-    out = {}
+    out, engines = {}, {}
     for run in (mode, "off"):
-        engine = engine_with((target, draft), config, stop_ids=frozenset(), compile=run)
+        engine = engines[run] = engine_with((target, draft), config, stop_ids=frozenset(), compile=run)
         events, state = decode(engine, prompt, config)
         out[run] = (state.ids, [(tuple(e.draft_tokens), e.accepted) for e in events])
-    assert engine.steps.mode == "off" and out[mode] == out["off"]
+    drafter = engines[mode].drafter  # the head's steps are captured too (a tree's deeper levels are not)
+    assert drafter.from_target.mode == drafter.from_head.mode == "graphs" and drafter.from_target.graphs
+    assert out[mode] == out["off"]
     assert sum(accepted for _, accepted in out["off"][1]) > 0
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=30)
     reference = engine_with((target, None), plain, stop_ids=frozenset())

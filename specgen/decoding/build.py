@@ -93,8 +93,9 @@ def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
     if config.method is Method.RSD_C:
-        return EagleTreeDrafter(pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes)
-    drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes)
+        return EagleTreeDrafter(pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes,
+                                pair.compile)
+    drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes, pair.compile)
     if config.method is Method.LOOKUP_CHAIN:
         return LookupChain(drafter, model_tokens=config.draft_tokens)
     return drafter

@@ -191,3 +191,38 @@ class Eagle3Head(nn.Module):
                                                  kwargs[CACHE_ARG], logits_to_keep)
             return SimpleNamespace(logits=logits)
         return call
+
+
+class HeadStep(nn.Module):
+    """The head as a model of fixed-shape steps (runtime.compiled.Steps: on CUDA, graphs captured
+    per width). `feed` copies a forward's features into a buffer kept per shape, so a graph
+    captured over it reads each replay's own; the forward returns as `logits` the head's logits
+    and its outputs before the norm side by side, [b, n|keep, Vd + H], the one tensor a captured
+    step hands back (`split` parts them). A drafter keeps one per kind of features (the target's,
+    [.., taps * H], or the head's own, [.., H]): a graph is keyed by width, not by what it reads."""
+
+    def __init__(self, head: Eagle3Head):
+        super().__init__()
+        self.head = head
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._features: torch.Tensor | None = None
+
+    def feed(self, features: torch.Tensor) -> None:
+        key = (tuple(features.shape), features.dtype)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = self._buffers[key] = torch.empty_like(features)
+        buffer.copy_(features)
+        self._features = buffer
+
+    def forward(self, input_ids, position_ids, attention_mask, use_cache=True, logits_to_keep=0, **kwargs):
+        logits, hidden = self.head.step(input_ids, self._features, position_ids, attention_mask, kwargs[CACHE_ARG],
+                                        logits_to_keep)
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        dtype = torch.promote_types(logits.dtype, kept.dtype)
+        return SimpleNamespace(logits=torch.cat([logits.to(dtype), kept.to(dtype)], dim=-1))
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [.., Vd], outputs before the norm [.., H]) of a forward's output."""
+        vd = self.head.config.draft_vocab_size
+        return out[..., :vd], out[..., vd:].to(self.head.norm.weight.dtype)

@@ -31,18 +31,32 @@ from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
-from specgen.models.eagle_head import Eagle3Head
+from specgen.models.eagle_head import Eagle3Head, HeadStep
 from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps
 from specgen.runtime.prefixes import PrefixStore
 
 CATCH_UP = 4  # positions a row feeds in the batched first step; more are fed row by row first
 
 
+def head_mode(compile: str, device: torch.device) -> str:
+    """The head's fixed-shape mode for the target's `compile`: the same, but inductor's CUDA graphs
+    without compiling the head's one layer (graphs), and eager where the CPU compiles the target."""
+    if compile == "inductor":
+        return "graphs" if torch.device(device).type == "cuda" else "off"
+    return compile
+
+
 class EagleDrafter:
     """The Drafter protocol for chains from an EAGLE-3 head (base.py has the calls)."""
 
-    def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, prefixes: PrefixStore | None = None):
+    def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, prefixes: PrefixStore | None = None,
+                 compile: str = "off"):
         self.head, self.device, self.vocab = head, device, vocab
+        # the head's batched forwards as fixed-shape steps (CUDA graphs on a GPU, where an eager
+        # head step is bound by the host): one for the target's features, one for its own outputs
+        mode = head_mode(compile, device)
+        self.from_target, self.from_head = Steps(HeadStep(head), mode), Steps(HeadStep(head), mode)
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.cache = kvcache.SlotCache(head.cache_config, rows=0)
         self.target: kvcache.SlotCache | None = None  # the engine's target cache, with the features
@@ -91,7 +105,7 @@ class EagleDrafter:
         """Nothing to keep: the head's drafted positions were cut at the proposal."""
 
     def setup_seconds(self) -> float:
-        return 0.0
+        return self.from_target.setup_seconds + self.from_head.setup_seconds
 
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -176,11 +190,11 @@ class EagleDrafter:
         return out
 
     def _forward(self, ids: torch.Tensor, features: torch.Tensor, keep: int = 0):
-        """The head over `ids` [rows, n] at each row's next positions: (logits [rows, n|keep, Vd],
-        outputs [rows, n, H])."""
-        holder = {}
-        logits = kvcache.forward(self.head.caller(features, holder), self.cache, ids, keep=keep)
-        return logits, holder["hidden"]
+        """The head over `ids` [rows, n] at each row's next positions, reading the target's features
+        or its own outputs: (logits [rows, n|keep, Vd], outputs [rows, n|keep, H])."""
+        steps = self.from_head if features.shape[-1] == self.head.config.hidden_size else self.from_target
+        steps.model.feed(features)
+        return steps.model.split(steps.forward(self.cache, ids, keep=keep))
 
     def _catch_up(self, contexts: list[list[int]], ks: list[int]) -> None:
         """A row far behind (a new prompt) feeds all but its last CATCH_UP positions alone."""
@@ -223,8 +237,8 @@ class EagleTreeDrafter(EagleDrafter):
     back to the committed positions afterwards, as after a chain."""
 
     def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, branching: tuple[int, ...],
-                 prefixes: PrefixStore | None = None):
-        super().__init__(head, device, vocab, prefixes)
+                 prefixes: PrefixStore | None = None, compile: str = "off"):
+        super().__init__(head, device, vocab, prefixes, compile)
         self.branching = branching
 
     def _draft(self, ks, logits, hidden, samplings) -> list[Proposal]:
