@@ -72,8 +72,8 @@ def main() -> None:
              f"shape {args.shape}, compile {args.compile}, acceptance {acceptance.source}"]
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     for k in (int(x) for x in args.k.split(",")):
-        engine = Engine(model, device, frozenset(), 32768, EagleDrafter(head, device, head.config.vocab_size),
-                        compile=args.compile)
+        drafter = EagleDrafter(head, device, head.config.vocab_size, compile=args.compile)
+        engine = Engine(model, device, frozenset(), 32768, drafter, compile=args.compile)
         config = GenerationConfig(method=Method.EAGLE, max_new_tokens=args.new, draft_tokens=k, acceptance=acceptance)
 
         def run(seed: int) -> list[RoundResult]:

@@ -181,8 +181,8 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
         head = eagle_head(model)
         # a recording at k replays rounds of at most k drafts (config refuses longer ones)
         for k in [k for k in ks if k <= args.eagle_acceptance.draft_tokens]:
-            engine = Engine(model, DEVICE, frozenset(), 32768, EagleDrafter(head, DEVICE, head.config.vocab_size),
-                            compile=mode)
+            drafter = EagleDrafter(head, DEVICE, head.config.vocab_size, compile=mode)  # the head's steps as run's
+            engine = Engine(model, DEVICE, frozenset(), 32768, drafter, compile=mode)
             config = GenerationConfig(method=Method.EAGLE, max_new_tokens=n, draft_tokens=k,
                                       acceptance=args.eagle_acceptance)
             warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
