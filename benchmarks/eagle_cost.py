@@ -21,6 +21,7 @@ import torch
 from specgen.config import Method, ModelSettings
 from specgen.decoding.costs import _Probe
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.models.eagle_head import HeadStep
 from specgen.runtime import kvcache
 from specgen.runtime.pair import load
 
@@ -31,17 +32,18 @@ class HeadProbe:
         self.cache = kvcache.SlotCache(head.cache_config, rows=1)
         width = len(head.config.layers) * head.config.hidden_size
         feats = torch.randn(1, context, width) * 0.1
-        holder: dict = {}
-        kvcache.forward(head.caller(feats, holder), self.cache, torch.arange(100, 100 + context)[None], keep=1)
-        self.hidden = holder["hidden"][:, -1:]
+        self.step = HeadStep(head, widest=0)  # the head's forward as the drafter calls it, never buffered
+        self.step.feed(feats)
+        self.hidden = self.step.split(kvcache.forward(self.step, self.cache, torch.arange(100, 100 + context)[None],
+                                                      keep=1))[1]
         self.token = torch.tensor([[300]])
         self.seconds()
 
     @torch.inference_mode()
     def seconds(self) -> float:
-        holder: dict = {}
         started = time.perf_counter()
-        kvcache.forward(self.head.caller(self.hidden, holder), self.cache, self.token, keep=1)
+        self.step.feed(self.hidden)
+        kvcache.forward(self.step, self.cache, self.token, keep=1)
         elapsed = time.perf_counter() - started
         kvcache.crop(self.cache, self.context)
         return elapsed

@@ -511,10 +511,13 @@ def test_an_int8_head_on_the_cpu_drafts_the_same_way(trained, dirs, target):
     assert accepted > 0
 
 
-def test_eagle_through_the_fixed_shape_steps(trained, target):
-    """`compile="fixed"`: the target's forwards at the fixed widths CUDA graphs replay (run eagerly
-    here, whole-capacity views); the features still reach the head (its drafts are accepted)."""
-    config = GenerationConfig(method=Method.EAGLE, max_new_tokens=40, draft_tokens=3)
+@pytest.mark.parametrize("method", ["eagle", "rsd-c"])
+def test_eagle_through_the_fixed_shape_steps(trained, target, method):
+    """`compile="fixed"`: the target's forwards and the head's (chain steps, a tree's levels, the
+    catch-up) at the fixed widths CUDA graphs replay, run eagerly here over whole-capacity views,
+    from the features buffers a graph reads; the features still reach the head (its drafts are
+    accepted), and the output is plain's, one row and batched."""
+    config = GenerationConfig(method=Method(method), max_new_tokens=40, draft_tokens=3, branching=(2, 2, 1))
     accepted = 0
     for prompt in trained["prompts"][1:3]:
         engine = engine_with((target, trained["draft"]), config, compile="fixed")
@@ -523,6 +526,9 @@ def test_eagle_through_the_fixed_shape_steps(trained, target):
         assert state.ids == plain_ids(target, prompt, 40)
         accepted += sum(e.accepted for e in events)
     assert accepted > 0
+    prompts = [trained["prompts"][1], PROMPTS[0], PROMPTS[1]]
+    assert batch_ids(engine_with((target, trained["draft"]), config, compile="fixed"), prompts, config, 2) == \
+        [plain_ids(target, p, 40) for p in prompts]
 
 
 def test_bench_columns_with_a_head_follow_the_engine(trained, target):

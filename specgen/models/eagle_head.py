@@ -183,15 +183,6 @@ class Eagle3Head(nn.Module):
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return self.lm_head(self.norm(kept)), hidden
 
-    def caller(self, features: torch.Tensor, holder: dict):
-        """A `call` for kvcache.forward: the head's step on `features`, its outputs before the norm
-        left in holder["hidden"]."""
-        def call(input_ids, position_ids, attention_mask, use_cache=True, logits_to_keep=0, **kwargs):
-            logits, holder["hidden"] = self.step(input_ids, features, position_ids, attention_mask,
-                                                 kwargs[CACHE_ARG], logits_to_keep)
-            return SimpleNamespace(logits=logits)
-        return call
-
 
 class HeadStep(nn.Module):
     """The head as a model of fixed-shape steps (runtime.compiled.Steps: on CUDA, graphs captured
@@ -201,13 +192,17 @@ class HeadStep(nn.Module):
     step hands back (`split` parts them). A drafter keeps one per kind of features (the target's,
     [.., taps * H], or the head's own, [.., H]): a graph is keyed by width, not by what it reads."""
 
-    def __init__(self, head: Eagle3Head):
+    def __init__(self, head: Eagle3Head, widest: int):
         super().__init__()
         self.head = head
+        self.widest = widest  # the widest forward a graph may capture: wider ones are never buffered
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._features: torch.Tensor | None = None
 
     def feed(self, features: torch.Tensor) -> None:
+        if features.shape[1] > self.widest:  # a long catch-up: eager, and a buffer per length would pile up
+            self._features = features
+            return
         key = (tuple(features.shape), features.dtype)
         buffer = self._buffers.get(key)
         if buffer is None:

@@ -33,7 +33,7 @@ from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head, HeadStep
 from specgen.runtime import kvcache
-from specgen.runtime.compiled import Steps
+from specgen.runtime.compiled import WIDTHS, Steps
 from specgen.runtime.prefixes import PrefixStore
 
 CATCH_UP = 4  # positions a row feeds in the batched first step; more are fed row by row first
@@ -56,7 +56,7 @@ class EagleDrafter:
         # the head's batched forwards as fixed-shape steps (CUDA graphs on a GPU, where an eager
         # head step is bound by the host): one for the target's features, one for its own outputs
         mode = head_mode(compile, device)
-        self.from_target, self.from_head = Steps(HeadStep(head), mode), Steps(HeadStep(head), mode)
+        self.from_target, self.from_head = (Steps(HeadStep(head, max(WIDTHS)), mode) for _ in range(2))
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.cache = kvcache.SlotCache(head.cache_config, rows=0)
         self.target: kvcache.SlotCache | None = None  # the engine's target cache, with the features
@@ -189,12 +189,13 @@ class EagleDrafter:
                 out[i, : end - new.start] = held.read(first + i, new.start, end).to(self.device, out.dtype)
         return out
 
-    def _forward(self, ids: torch.Tensor, features: torch.Tensor, keep: int = 0):
-        """The head over `ids` [rows, n] at each row's next positions, reading the target's features
-        or its own outputs: (logits [rows, n|keep, Vd], outputs [rows, n|keep, H])."""
+    def _forward(self, ids: torch.Tensor, features: torch.Tensor, keep: int = 0, **where):
+        """The head over `ids` [rows, n] at each row's next positions (`where`: kvcache.forward's
+        rows, offset, depth and tree), reading the target's features or its own outputs:
+        (logits [rows, n|keep, Vd], outputs [rows, n|keep, H])."""
         steps = self.from_head if features.shape[-1] == self.head.config.hidden_size else self.from_target
         steps.model.feed(features)
-        return steps.model.split(steps.forward(self.cache, ids, keep=keep))
+        return steps.model.split(steps.forward(self.cache, ids, keep=keep, **where))
 
     def _catch_up(self, contexts: list[list[int]], ks: list[int]) -> None:
         """A row far behind (a new prompt) feeds all but its last CATCH_UP positions alone."""
@@ -202,10 +203,9 @@ class EagleDrafter:
             end = len(context) - 1 - CATCH_UP
             if k > 0 and end > length:
                 features = self._features([range(length, end)], end - length, first=row)
-                holder = {}
                 rows = slice(row, row + 1) if self.cache.rows > 1 else None
-                kvcache.forward(self.head.caller(features, holder), self.cache,
-                                torch.tensor([context[length + 1: end + 1]], device=self.device), keep=1, rows=rows)
+                self._forward(torch.tensor([context[length + 1: end + 1]], device=self.device), features, keep=1,
+                              rows=rows)
                 self._save(row, context)
 
     def _save(self, row: int, context: list[int]) -> None:
@@ -285,8 +285,7 @@ class EagleTreeDrafter(EagleDrafter):
         kvcache.set_length(self.cache, row, base)  # the nodes fed before sit in slots base .. base + first - 2
         mask = tree.ancestor_mask[first:last + 1, 1:last + 1]  # [F, last]: the round's slots are nodes 1..last
         depth = torch.tensor(tree.depth[1:last + 1]) - 1  # node i's position: base + depth(i) - 1
-        holder = {}
         rows = slice(row, row + 1) if self.cache.rows > 1 else None
-        logits = kvcache.forward(self.head.caller(inputs[None], holder), self.cache,
-                                 tree.tokens[first - 1:last][None], offset=first - 1, depth=depth, tree=mask, rows=rows)
-        return logits[0], holder["hidden"][0]
+        logits, hidden = self._forward(tree.tokens[first - 1:last][None], inputs[None], offset=first - 1, depth=depth,
+                                       tree=mask, rows=rows)
+        return logits[0], hidden[0]
