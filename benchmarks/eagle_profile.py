@@ -35,7 +35,8 @@ from specgen.decoding.engine import Engine  # noqa: E402
 from specgen.decoding.events import RoundResult  # noqa: E402
 
 PHASES = ("propose", "_start", "_catch_up", "_features", "_forward", "_draft", "_sample")
-DEFAULT_RECORDING = "benchmarks/results/eagle-prompts-all-xeon-amx-2026-11-26/bench.json:eagle/k2@/work/heads/coder-1.5b"
+DEFAULT_RECORDING = ("benchmarks/results/eagle-prompts-all-xeon-amx-2026-11-26/bench.json"
+                     ":eagle/k2@/work/heads/coder-1.5b")
 
 
 def marked(cls) -> None:
@@ -97,8 +98,8 @@ def main() -> None:
         for event in averages:
             if event.key.startswith("eagle."):
                 device_us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
-                lines.append(f"  {event.key:18s} calls/round {event.count / n:5.2f}  host {event.cpu_time_total / 1000 / n:7.3f}  "
-                             f"device {device_us / 1000 / n:7.3f}")
+                lines.append(f"  {event.key:18s} calls/round {event.count / n:5.2f}  "
+                             f"host {event.cpu_time_total / 1000 / n:7.3f}  device {device_us / 1000 / n:7.3f}")
         lines.append(averages.table(sort_by=sort, row_limit=30))
         syncs = [e for e in averages if "Synchronize" in e.key or e.key in ("aten::item", "aten::_local_scalar_dense")]
         lines.append("syncs per round: " + ", ".join(f"{e.key} {e.count / n:.2f}" for e in syncs))

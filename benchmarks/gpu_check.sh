@@ -3,7 +3,8 @@
 # benchmarks/gpu_speed.py on one shape with chain and an EAGLE-3 head, both with the synthetic
 # acceptance a real CPU bench recorded (so rounds accept what the real pair and head accepted).
 #   benchmarks/gpu_check.sh OUT [SHAPE]     (SHAPE: q15 or q7, default q7)
-# KS and SKIP override gpu_speed's --ks and --skip. Each step has its own time limit so that one hang leaves the others' output in OUT.
+# KS and SKIP override gpu_speed's --ks and --skip. Each step has its own time limit, so that
+# one hang leaves the others' output in OUT.
 set -u
 out=${1:?usage: gpu_check.sh OUT [SHAPE]}
 shape=${2:-q7}

@@ -56,7 +56,8 @@ class EagleDrafter:
         # the head's batched forwards as fixed-shape steps (CUDA graphs on a GPU, where an eager
         # head step is bound by the host): one for the target's features, one for its own outputs
         mode = head_mode(compile, device)
-        self.from_target, self.from_head = (Steps(HeadStep(head, max(WIDTHS)), mode) for _ in range(2))
+        widest = max(WIDTHS) if mode != "off" else 0  # eager steps read features as given: no buffers
+        self.from_target, self.from_head = (Steps(HeadStep(head, widest), mode) for _ in range(2))
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.cache = kvcache.SlotCache(head.cache_config, rows=0)
         self.target: kvcache.SlotCache | None = None  # the engine's target cache, with the features
