@@ -277,13 +277,13 @@ class Scheduler:
                 ticket.post(shutting_down())
             ticket.post(None)
             return
-        if ticket.job.stream:
-            for chunk in ticket.output.finish(stats, ids, stop):
-                ticket.post(chunk)
-        else:
-            ticket.post(ticket.output.response(stats, ids, stop))
+        output = ticket.output
+        chunks = output.finish(stats, ids, stop) if ticket.job.stream else [output.response(stats, ids, stop)]
+        # counted before the answer goes out: a client that reads /metrics once answered sees its request
         self.served += 1
         self.metrics.finished(ticket.job, ticket.output.reason, stats)
+        for chunk in chunks:
+            ticket.post(chunk)
         self.log(ticket.job, stats)
         ticket.post(None)
 
