@@ -18,6 +18,11 @@ class StopReason:
     CANCELLED = "cancelled"  # the feed dropped the row (its client went away)
 
 
+def is_chain(parents: tuple[int, ...]) -> bool:
+    """A tree's shape (node j's parent is parents[j - 1], node 0 the root) is one chain."""
+    return parents == tuple(range(len(parents)))
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """A committed token's log-probability under the target (its logits as the model gives them,
@@ -67,7 +72,7 @@ class RoundResult:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents == tuple(range(len(self.parents)))
+        return is_chain(self.parents)
 
     @property
     def tree(self) -> "RoundResult | None":

@@ -21,6 +21,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.events import is_chain
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +64,7 @@ class Proposal:
 
     @cached_property
     def is_chain(self) -> bool:
-        return self.parents == tuple(range(len(self.parents)))
+        return is_chain(self.parents)
 
     @cached_property
     def depth(self) -> tuple[int, ...]:
