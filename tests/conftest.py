@@ -46,6 +46,15 @@ def isolated_cache(tmp_path_factory):
         os.environ["SPECGEN_CACHE"] = USER_CACHE
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core machine: one thread is ~40x faster than two (contention)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def user_cache(monkeypatch):
     """The user's cache: real-model tests share downloads and conversions with `specgen run`."""

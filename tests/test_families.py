@@ -35,12 +35,7 @@ TEXTS = ("The quick brown fox jumps", "def add(a, b):\n    return a + b\n\nprint
 NEW = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

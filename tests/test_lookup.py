@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 import torch
-from scipy import stats
 
 import specgen.decoding.verify as engine_module
 from specgen.runtime import kvcache
@@ -21,6 +20,7 @@ from specgen.decoding.engine import Engine
 from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter, Source
 from specgen.text import common_prefix
 from specgen.decoding.sampling import make_generator
+from test_statistical import gof_pvalue
 from tiny import RowDrafterBase, decode, per_row
 
 GREEDY = SamplingConfig()
@@ -351,26 +351,6 @@ STAT_SAMPLING = SamplingConfig(temperature=1.0)
 STAT_GENERATIONS = 800
 CONTROL_GENERATIONS = 400
 ALPHA = 1e-3
-
-
-def gof_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Chi-square goodness of fit of integer samples against probs [V]; cells with expected
-    count < min_expected are pooled into one tail cell; a sample where p = 0 gives 0."""
-    probs = probs.double().flatten() / probs.double().sum()
-    counts = torch.bincount(samples.flatten(), minlength=probs.numel()).double()
-    if counts[probs == 0].sum() > 0:
-        return 0.0
-    expected = probs * samples.numel()
-    big = expected >= min_expected
-    obs, exp = counts[big].tolist(), expected[big].tolist()
-    tail_obs, tail_exp = counts[~big].sum().item(), expected[~big].sum().item()
-    if tail_exp >= min_expected:
-        obs.append(tail_obs)
-        exp.append(tail_exp)
-    elif exp:
-        obs[-1] += tail_obs
-        exp[-1] += tail_exp
-    return float(stats.chisquare(obs, exp).pvalue) if len(obs) > 1 else 1.0
 
 
 def assert_two_token_law(tokens: torch.Tensor, q0: torch.Tensor, joint: torch.Tensor) -> None:

@@ -33,19 +33,10 @@ from specgen.decoding.events import Finished
 from specgen.decoding.sampling import make_generator, sample, warp
 from tiny import decode
 
-pytestmark = pytest.mark.statistical
+pytestmark = [pytest.mark.statistical, pytest.mark.usefixtures("one_thread")]
 
 ALPHA = 1e-4  # rule level: false-failure probability of each positive test
 SMALL_ALPHA = 1e-3  # drafter and engine level (thousands of samples): the same, per test
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread is ~40x faster than two (contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # -- chi-square helpers -------------------------------------------------------------------------
