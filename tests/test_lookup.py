@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import specgen.decoding.verify as engine_module
-from specgen.runtime import kvcache
 from specgen.decoding.acceptance import Verdict
 from specgen.decoding.acceptance import ProposalKind, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
@@ -21,7 +20,7 @@ from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter, S
 from specgen.text import common_prefix
 from specgen.decoding.sampling import make_generator
 from test_statistical import gof_pvalue
-from tiny import RowDrafterBase, decode, per_row
+from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
 
 GREEDY = SamplingConfig()
 
@@ -315,13 +314,7 @@ def test_combined_with_a_draft_model_matches_plain_greedy_and_keeps_its_cache(ti
     out = [t for r in rounds for t in r.emitted]
     assert out == references["runs-of-37"]
     assert combined.rounds[Source.LOOKUP] > 0 and combined.rounds[Source.MODEL] > 0
-    ids = state.ids
-    assert kvcache.cache_length(model_drafter.cache) <= len(ids) - 1
-    with torch.no_grad():
-        held = model_drafter.cache.lengths[0]  # top the cache up to the committed sequence
-        cached = kvcache.forward(draft.model, model_drafter.cache, torch.tensor([ids[held:]]))[0, -1]
-        fresh = draft.model(torch.tensor([ids])).logits[0, -1]
-    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+    assert_cache_agrees(draft.model, model_drafter.cache, state.ids)
 
 
 def test_combined_under_sampling_is_reproducible(tiny_pair):

@@ -157,3 +157,16 @@ def fed_tokens(model):
     remove."""
     fed: list[int] = []
     return fed, model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].shape[-1]))
+
+
+def assert_cache_agrees(model, cache, ids: list[int]) -> None:
+    """A draft cache holds a committed prefix of `ids`, and topping it up to `ids` gives the
+    logits of a fresh prefill."""
+    from specgen.runtime import kvcache
+
+    held = cache.lengths[0]
+    assert held <= len(ids) - 1
+    with torch.no_grad():
+        cached = kvcache.forward(model, cache, torch.tensor([ids[held:]]))[0, -1]
+        fresh = model(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
