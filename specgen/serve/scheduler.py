@@ -246,13 +246,13 @@ class Scheduler:
                 ticket.post(chunk)
             return
         if isinstance(event, Finished):
-            with self.cond:
-                del self.running[report.index]
-            self.metrics.batch_width.set(len(self.running))
             if engine.policy.rates is not None:
                 self.metrics.draft_lengths(ticket.job.config.method.value, self._lengths(engine, ticket.job.config))
             self.metrics.prefixes(self.pair.target_prefixes.held, self.pair.draft_prefixes.held)
             self._finish(ticket, stats, report.state, event.stop)
+            with self.cond:  # counted and answered first: a scheduler that is not busy has counted every row
+                del self.running[report.index]
+            self.metrics.batch_width.set(len(self.running))
             return
         if isinstance(event, RoundResult):
             self.metrics.round(event, stats)
