@@ -119,6 +119,13 @@ class Proposal:
 EMPTY = Proposal.empty()  # nothing proposed (frozen: one shared instance)
 
 
+def node_laws(laws: list[torch.Tensor], nodes: int) -> torch.Tensor:
+    """A sampled tree's `probs`: the laws its inner nodes' children were drawn from, [F, V] per
+    depth in node order, then zero rows for the leaves, which drew nothing ([nodes, V])."""
+    probs = torch.cat(laws)
+    return torch.cat([probs, probs.new_zeros(nodes - probs.shape[0], probs.shape[1])])
+
+
 class Drafter(Protocol):
     """The calls the engine makes, rows numbered as in the engine's batch."""
 

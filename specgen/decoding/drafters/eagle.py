@@ -29,7 +29,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.base import Proposal, node_laws
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head, HeadStep
 from specgen.runtime import kvcache
@@ -273,10 +273,7 @@ class EagleTreeDrafter(EagleDrafter):
                 logits, hidden = self._feed(row, base, tree, frontier, hidden.repeat_interleave(per, dim=0))
         kvcache.set_length(self.cache, row, base)
         drafted = torch.cat(tokens)
-        probs = None
-        if sampled:  # the leaves drew nothing: zero rows
-            probs = torch.cat(laws)
-            probs = torch.cat([probs, probs.new_zeros(len(parents) + 1 - probs.shape[0], probs.shape[1])])
+        probs = node_laws(laws, len(parents) + 1) if sampled else None
         return Proposal(drafted, tuple(parents), kind, probs)
 
     def _feed(self, row: int, base: int, tree: Proposal, frontier: list[int], inputs: torch.Tensor):

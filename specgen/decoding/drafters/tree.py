@@ -18,7 +18,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.base import Proposal, node_laws
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
@@ -83,10 +83,7 @@ class TreeDrafter(abc.ABC):
                 logits = self._feed(root, Proposal(torch.cat(tokens), tuple(parents), kind), frontier, n)
         self._base, self._fed_nodes = n, (frontier[0] - 1 if parents else 0)
         drafted = torch.cat(tokens) if tokens else root.new_zeros(0)
-        probs = None
-        if sampled:  # leaves drew nothing: zero rows
-            probs = torch.cat(laws)
-            probs = torch.cat([probs, probs.new_zeros(len(parents) + 1 - probs.shape[0], probs.shape[1])])
+        probs = node_laws(laws, len(parents) + 1) if sampled else None
         return Proposal(drafted, tuple(parents), kind, probs, self.replacement)
 
     def observe(self, path: list[int]) -> None:
