@@ -349,7 +349,7 @@ class Engine:
                    for state, proposal, result, lp in zip(rows, proposals, judged, reported)]
         if pick is not None:
             rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
-                              sum(len(r.emitted) for r in results), time.perf_counter() - started)
+                         sum(len(r.emitted) for r in results), time.perf_counter() - started)
         return results
 
     def _commit(self, state: DecodeState, proposal: Proposal, result: RoundResult, config: GenerationConfig,
