@@ -43,6 +43,17 @@ def test_help_lists_commands():
     assert "run" in result.output
 
 
+def test_each_command_has_a_one_line_summary():
+    """`specgen --help` lists a command by its docstring's first paragraph, line breaks kept:
+    that paragraph is one line."""
+    group = typer.main.get_command(app)
+    commands = dict(group.commands)
+    commands.update({f"models {name}": command for name, command in group.commands["models"].commands.items()})
+    for name, command in commands.items():
+        summary = (command.short_help or command.help or "").split("\n\n")[0].strip()
+        assert summary and "\n" not in summary, (name, summary)
+
+
 def test_json_has_the_documented_keys(models):
     result = invoke("run", "Write a haiku about caches", *models, "-n", "12", "--format", "json")
     assert result.exit_code == 0, result.output

@@ -27,9 +27,10 @@ def check(
     max_new_tokens: MaxNewOpt = 32,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a line per case.")] = False,
 ) -> None:
-    """Check that specgen's greedy output equals transformers' own generate on this pair: every
-    method, batched rows, cached prefixes, chunked prefill, a chat turn and deterministic mode.
-    Prints each case as identical or where it first differs; exits 1 if any differs."""
+    """Check that greedy output equals transformers' own generate on this pair.
+
+    Every method, batched rows, cached prefixes, chunked prefill, a chat turn and deterministic
+    mode. Prints each case as identical or where it first differs; exits 1 if any differs."""
     with user_errors():
         if not 1 <= prompts <= 16:
             raise ConfigError(f"--prompts must be in 1..16, got {prompts}")

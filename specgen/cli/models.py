@@ -38,8 +38,9 @@ def _human(size: int) -> str:
 def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array instead of a table.")] = False,
 ) -> None:
-    """List the catalog's models, whether each is downloaded, and what each holds on disk
-    (the GGUF, converted copies per dtype, derived int8 weights)."""
+    """List the catalog's models, whether each is downloaded, and what each holds on disk.
+
+    On disk: the GGUF, converted copies per dtype, derived int8 weights."""
     with user_errors():  # a cache in a state specgen did not leave it in: one line
         rows = _rows()
     if as_json:

@@ -34,9 +34,10 @@ def train_head(
     target_quant: TargetQuantOpt = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
-    """Train an EAGLE-3 draft head for TARGET and write it in the public format (`--draft DIR`
-    then drafts with it: method eagle). The target's features are recorded once; training can
-    be stopped (Ctrl-C) and resumed."""
+    """Train an EAGLE-3 draft head for the target, written in the public format.
+
+    `--draft DIR` then drafts with it (method eagle). The target's features are recorded once;
+    training can be stopped (Ctrl-C) and resumed."""
     with user_errors():
         # the trainer (torch): only once the command runs
         from specgen.models.eagle_format import FORMATS
