@@ -192,6 +192,7 @@ class Source(enum.Enum):
 
     LOOKUP = "lookup"
     MODEL = "model"
+    NONE = "none"  # nothing proposed this round (k was 0, or the round is over)
 
 
 class LookupChain:
@@ -221,17 +222,17 @@ class LookupChain:
         self.model = model
         self.min_match = min_match
         self.model_tokens = model_tokens  # the model's k; a lookup round may use the round's whole k
-        self.sources: list[Source | None] = []  # per row: who proposed last
-        self.rounds = {source: 0 for source in Source}
+        self.sources: list[Source] = []  # per row: who proposed last
+        self.rounds = {Source.LOOKUP: 0, Source.MODEL: 0}  # rounds each drafter proposed in
         self.extended = 0  # model rounds extended by a lookup continuation
 
     def join(self, row, prompt_ids, generator, capacity) -> None:
         while row >= len(self.lookups):
             self.lookups.append(self.make_lookup())
-            self.sources.append(None)
+            self.sources.append(Source.NONE)
         self.lookups[row].start(prompt_ids)
         self.model.join(row, prompt_ids, generator, capacity)
-        self.sources[row] = None
+        self.sources[row] = Source.NONE
 
     def leave(self, keep) -> None:
         self.model.leave(keep)
@@ -267,9 +268,9 @@ class LookupChain:
                 self.sources[row] = Source.MODEL
                 model_ks[row] = min(k, self.model_tokens or k)
             else:
-                self.sources[row] = None
+                self.sources[row] = Source.NONE
                 out[row] = EMPTY
-            if self.sources[row] is not None:
+            if self.sources[row] is not Source.NONE:
                 self.rounds[self.sources[row]] += 1
         if any(model_ks):
             drafted = self.model.propose(contexts, model_ks, samplings)
@@ -292,11 +293,11 @@ class LookupChain:
         extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
         self.extended += 1
         probs = proposal.probs
-        if probs is not None:
+        if proposal.kind is ProposalKind.SAMPLED:
             probs = torch.cat([probs, torch.nn.functional.one_hot(extra, probs.shape[-1]).to(probs.dtype)])
         return Proposal.chain(torch.cat([proposal.tokens, extra]), proposal.kind, probs)
 
     def observe(self, row, path) -> None:
         if self.sources[row] is Source.MODEL:
             self.model.observe(row, path)
-        self.sources[row] = None
+        self.sources[row] = Source.NONE
