@@ -22,8 +22,7 @@ from specgen.decoding.engine import Engine
 from specgen.decoding.drafters.lookup import PromptLookupDrafter
 from specgen.decoding.sampling import choose, warp
 from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
-
-PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
+from test_engine import PROMPT, reference_greedy
 
 
 def schedule(policy, rounds: list[tuple[int, int]]) -> list[int]:
@@ -152,14 +151,6 @@ class PolicyDrafter(RowDrafterBase):
     def observe(self, path):
         self.policy.update(self._proposed, len(path))
         self.inner.observe(path)
-
-
-def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def run(pair, drafter, prompt, **kwargs):

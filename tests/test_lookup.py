@@ -21,6 +21,7 @@ from specgen.text import common_prefix
 from specgen.decoding.sampling import make_generator
 from test_statistical import gof_pvalue
 from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
+from test_engine import reference_greedy
 
 GREEDY = SamplingConfig()
 
@@ -173,15 +174,6 @@ def test_index_work_per_round_does_not_grow_with_the_context():
 # (190 x6 -> 37 x14, 12 x12, 163 x2, then no repeats), so lookups are accepted in full, in
 # part and not at all within one generation.
 LOOP_PROMPTS = {"runs-of-37": [190] * 6, "runs-of-180": [159] * 6}
-
-
-def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """Obviously correct and slow: the whole sequence without a cache for every token."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 def lookup_engine(pair, drafter) -> Engine:

@@ -17,8 +17,8 @@ from specgen.decoding.events import Finished, RoundResult
 from specgen.decoding.run import fold, timed
 from specgen.errors import ConfigError
 from tiny import engine_with
+from test_engine import PROMPT
 
-PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
 PROMPTS = [PROMPT, [257, 72, 101, 108, 108, 111, 44, 32], [257, 100, 101, 102, 32, 102, 40, 120, 41, 58],
            [257, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74], [257, 116, 104, 101, 32, 99, 97, 116],
            [257, 49, 50, 51, 52, 53], [257, 120, 121, 122, 32, 120, 121, 122, 32], [257, 33, 63, 33, 63, 33]]
