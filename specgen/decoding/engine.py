@@ -276,8 +276,10 @@ class Engine:
         if isinstance(origin, DecodeState):  # a chat turn: the caches keep what both sequences share
             state, row = origin, origin.row
             common = common_prefix(state.ids, prompt)
-            keep = min(common, len(prompt) - 1, cache.lengths[row])
+            # the prompt's own log-probabilities need its whole prefill: the row keeps nothing
+            keep = 0 if request.prompt_logprobs else min(common, len(prompt) - 1, cache.lengths[row])
             state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
+            state.prompt_logprobs = ()  # the previous generation's
         else:
             row = 0 if self._spare else cache.add_row()
             common = keep = 0
