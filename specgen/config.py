@@ -195,11 +195,14 @@ class GenerationConfig:
                               "tokens they would describe)")
         if not self.branching or any(b < 1 for b in self.branching) or len(self.branching) > 16:
             raise ConfigError(f"--branching needs 1 to 16 factors >= 1, got {','.join(map(str, self.branching))}")
-        if not 1 <= self.beam_width <= 64 or not 1 <= self.depth <= 16:
-            raise ConfigError(f"--beam-width must be in 1..64 and --depth in 1..16, got "
-                              f"{self.beam_width} and {self.depth}")
+        if not 1 <= self.beam_width <= 64:
+            raise ConfigError(f"--beam-width must be in 1..64, got {self.beam_width}")
+        if not 1 <= self.depth <= 16:
+            raise ConfigError(f"--depth must be in 1..16, got {self.depth}")
         if self.method.is_tree and self.tree_budget > 256:
-            raise ConfigError(f"the draft tree would have {self.tree_budget} nodes; keep it at most 256")
+            shape = "--beam-width times --depth" if self.method is Method.RSD_S else "--branching"
+            raise ConfigError(f"the draft tree of this {shape} would have {self.tree_budget} nodes; "
+                              "keep it at most 256")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft_tokens < 1:

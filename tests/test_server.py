@@ -236,7 +236,7 @@ def test_models_health_and_metrics(served, sdk):
     ({"messages": []}, 400, "non-empty", "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role", "messages[0].role"),
     ({"messages": [{"role": "user", "content": "x" * 400}]}, 400, "context holds", "messages"),
-    ({"speculative": {"method": "teleport"}}, 400, "unknown method", "speculative"),
+    ({"speculative": {"method": "teleport"}}, 400, "unknown method", "speculative.method"),
     ({"speculative": {"warp": 9}}, 400, "unknown field", "speculative.warp"),
     ({"messages": [{"role": "user", "content": "a\ud800b"}]}, 400, "lone surrogate (\\ud800) at character 1",
      "messages[0].content"),
@@ -248,7 +248,11 @@ def test_models_health_and_metrics(served, sdk):
     ({"speculative": {"draft_tokens": 65}}, 400, "'speculative.draft_tokens' must be <= 64", "speculative.draft_tokens"),
     ({"speculative": {"draft_confidence": 1.0}}, 400, "'speculative.draft_confidence' must be in [0, 1)",
      "speculative.draft_confidence"),
-    ({"speculative": {"method": None}}, 400, "'speculative.method' must be a string", "speculative.method"),
+    ({"speculative": {"method": 3}}, 400, "'speculative.method' must be a string", "speculative.method"),
+    ({"speculative": {"method": "rsd-c", "branching": [16, 16]}}, 400, "would have 272 nodes", "speculative.branching"),
+    ({"speculative": {"method": "rsd-s", "beam_width": 2**70}}, 400, "'speculative.beam_width' must be in 1..64",
+     "speculative.beam_width"),
+    ({"stream": True, "prompt_logprobs": 1}, 400, "does not stream", "prompt_logprobs"),
     ({"speculative": {"branching": {"a": 1}}}, 400, "list of integers", "speculative.branching"),
     ({"speculative": []}, 400, "must be an object", "speculative"),
     ({"speculative": False}, 400, "must be an object", "speculative"),
@@ -534,6 +538,12 @@ def test_null_penalties_mean_default_and_every_answer_has_a_request_id(served, s
     assert status == 200 and len({k.lower(): v for k, v in headers.items()}["x-request-id"]) == 32
     status, answer, _ = raw(served, "POST", "/v1/completions", dict(body, presence_penalty=0.5))
     assert status == 400 and answer["error"]["param"] == "presence_penalty"
+    # a null max_completion_tokens leaves max_tokens in force; a null drafting field is its default
+    nulls = {name: None for name in ("method", "draft_tokens", "draft_confidence", "draft_schedule", "branching",
+                                     "beam_width", "depth", "verify_window", "deterministic", "live")}
+    status, answer, _ = raw(served, "POST", "/v1/completions", dict(body, max_tokens=3, max_completion_tokens=None,
+                                                                    speculative=nulls))
+    assert status == 200 and answer["usage"]["completion_tokens"] <= 3, answer
 
 
 def test_trees_from_a_draft_of_another_tokenizer_are_a_400(tiny_dirs):
@@ -638,6 +648,33 @@ def test_echo_gives_the_prompts_logprobs_as_a_forward_does(served, tiny_dirs):
     status, answer, _ = raw(served, "POST", "/v1/chat/completions", {"model": model(served), "echo": True,
                                                                        "messages": [{"role": "user", "content": "x"}]})
     assert status == 400 and answer["error"]["param"] == "echo"
+
+
+def test_echoed_logprobs_of_a_prompt_the_server_has_just_answered(served):
+    """A request that continues a row the engine parked (its prompt starts with that row's
+    sequence, or is it) still gets its prompt's log-probabilities, as a forward gives them: the
+    row is prefilled again, whole, not left with empty lists."""
+    prompt = "class Point:\n    def __init__(self, x, y):"
+    ids, log = forward_logprobs(served, prompt)
+    want = [log[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    for earlier in (prompt, prompt[:20]):
+        for _ in range(2):  # a plain answer parks the row; then one that asks for logprobs again
+            status, answer, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": earlier,
+                                                                          "max_tokens": 2, "temperature": 0})
+            assert status == 200, answer
+        body = {"model": model(served), "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}
+        status, answer, _ = raw(served, "POST", "/v1/completions", body)
+        assert status == 200, answer
+        got = answer["choices"][0]["logprobs"]["token_logprobs"]
+        assert len(got) == len(ids) and got[0] is None
+        assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4
+        body = {"model": model(served), "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0, "n": 2}
+        status, answer, _ = raw(served, "POST", "/v1/completions", body)
+        assert status == 200, answer
+        for choice in answer["choices"]:
+            entries = choice["prompt_logprobs"]
+            assert len(entries) == len(ids) and entries[0] is None
+            assert max(abs(entry[str(ids[i])]["logprob"] - want[i - 1]) for i, entry in enumerate(entries[1:], 1)) < 1e-4
 
 
 def test_lm_evals_remote_tokenizer_endpoints(served):

@@ -159,7 +159,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
     include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     config, live = _config(body, defaults, _logprobs(body, kind))
-    own = "draft_tokens" in (body.get("speculative") or {})
+    own = (body.get("speculative") or {}).get("draft_tokens") is not None
     stops = _stops(body.get("stop"))
     ignore_eos = _boolean(body, "ignore_eos")
     stop_ids = _stop_ids(body.get("stop_token_ids"))
@@ -173,6 +173,9 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     include = _boolean(body, "include_stop_str_in_output")
     asked = body.get("prompt_logprobs")
     prompt_top = 0 if asked is None else _integer(asked, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if asked is not None and stream:
+        raise ApiError(400, "'prompt_logprobs' is answered only in a request that does not stream",
+                       "prompt_logprobs", "unsupported_parameter")
     return Job(kind, messages, prompt, config, stops, stream, include_usage, live, model, own_length=own, n=n,
                ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include, more=tuple(more) if kind != "chat" else (),
                echo_prompt=echo, max_zero=max_zero, prompt_top=prompt_top, prompt_logprobs=asked is not None)
@@ -253,8 +256,8 @@ def _logprobs(body: dict, kind: str) -> int | None:
 
 
 def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tuple[GenerationConfig, bool]:
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    limit = body.get(key)
     max_new = defaults.max_new_tokens if limit is None else _integer(limit, key, 1)
     # null is the default, as OpenAI's API and SDKs (which send an unset option as null) mean it
     temperature = _number(value_or(body, "temperature", 1.0), "temperature", 0.0, 2.0)
@@ -272,6 +275,7 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
             raise ApiError(400, f"unknown field 'speculative.{shown(name)}'; known: "
                            f"{', '.join(sorted(SPECULATIVE_KEYS))}", f"speculative.{shown(name)}",
                            "unsupported_parameter")
+    speculative = {name: value for name, value in speculative.items() if value is not None}  # null: the default
     try:
         config = replace(defaults, max_new_tokens=max_new,
                          sampling=SamplingConfig(temperature, top_k, top_p, seed, logprobs), **_drafting(speculative))
@@ -296,7 +300,10 @@ def _drafting(speculative: dict) -> dict:
         if not isinstance(speculative["method"], str):
             raise ApiError(400, f"'speculative.method' must be a string: {', '.join(m.value for m in Method)}",
                            "speculative.method")
-        out["method"] = Method.parse(shown(speculative["method"]))
+        try:
+            out["method"] = Method.parse(shown(speculative["method"]))
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), "speculative.method") from None
     for name in ("draft_tokens", "beam_width", "depth", "verify_window"):
         if name in speculative:
             out[name] = _integer(speculative[name], f"speculative.{name}", 1)
