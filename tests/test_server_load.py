@@ -277,6 +277,13 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_all_tokenized(ser
     assert beyond(Counting(), long_fit, 10 * context) == 0
     status, body, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": words, "max_tokens": 2})
     assert status == 400 and body["error"]["code"] == "context_length_exceeded" and "more than" in body["error"]["message"]
+    # empty messages have no text to count, but each takes a token of the template at least
+    many = [{"role": "user", "content": ""}] * 100_000
+    for path in ("/v1/chat/completions", "/tokenize"):
+        status, body, _ = raw(served, "POST", path, {"model": model(served), "messages": many, "max_tokens": 2}
+                              if path != "/tokenize" else {"messages": many})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+        assert "100000 messages" in body["error"]["message"]
 
 
 def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(served):

@@ -1,6 +1,6 @@
 """A request's prompt as token ids, for the server: chat messages through the chat template,
-completions raw, token ids checked against the vocabulary; a text far past the context refused
-before all of it is tokenized.
+completions raw, token ids checked against the vocabulary; a text far past the context (or a
+conversation of more messages than the context has tokens) refused before all of it is tokenized.
 
 Prompts are tokenized on a thread of their own, never on the event loop: a 4 MB prompt takes
 seconds to tokenize (2.7 s for the default pair's tokenizer on a 2-core Zen 4), and every other
@@ -44,6 +44,9 @@ def encode(tokenizer, job: api.Job, context: int) -> list[int]:
         if bad is not None:
             raise api.ApiError(400, f"token id {bad} is not in the model's vocabulary ({vocab} tokens)", "prompt")
         return list(job.prompt)
+    if job.kind == "chat" and len(job.messages) > context:  # every message takes a token at least (its role)
+        raise api.ApiError(400, f"the conversation has {len(job.messages)} messages, each a token at least, but "
+                           f"the context holds {context} tokens; shorten it", job.text_field, "context_length_exceeded")
     texts = [job.prompt] if job.kind == "completion" else [m["content"] for m in job.messages]
     counted = beyond(tokenizer, texts, context)
     if counted:
