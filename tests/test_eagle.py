@@ -429,6 +429,32 @@ def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
     assert bad.exit_code == 1 and "holds data recorded" in bad.output
 
 
+@pytest.mark.parametrize("extra, fragment", [
+    (["--layers", "100"], "--layers: the head reads layer(s) [100]"),
+    (["--lr", "nan"], "--lr must be a number > 0"),
+    (["--minutes", "inf"], "--minutes must be a number >= 0"),
+    (["--intermediate", "-1"], "--intermediate must be in 0.."),
+    (["--answer-tokens", "0"], "--answer-tokens must be >= 1"),
+])
+def test_train_head_refuses_bad_settings_and_leaves_its_directory_usable(dirs, tmp_path, extra, fragment):
+    out = tmp_path / "head"
+    result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
+                                 "--dtype", "float32", "--quiet", *extra])
+    assert result.exit_code == 1 and fragment in result.output and "unexpected" not in result.output, result.output
+    assert not (out / "data" / "manifest.json").exists()  # a rerun with good settings is not refused
+
+
+def test_train_head_never_writes_into_a_directory_of_other_files(dirs, tmp_path):
+    """A model directory (the target's own, or `-o ''`: the current one) would lose its
+    config.json and model.safetensors to the head's."""
+    before = {p.name: p.read_bytes() for p in dirs["target"].iterdir() if p.is_file()}
+    for out in (dirs["target"], tmp_path / "file"):
+        (tmp_path / "file").write_text("x")
+        result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--quiet"])
+        assert result.exit_code == 1 and "--out" in result.output, result.output
+    assert {p.name: p.read_bytes() for p in dirs["target"].iterdir() if p.is_file()} == before
+
+
 
 # -- the server --------------------------------------------------------------------------------------
 

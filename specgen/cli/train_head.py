@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,6 +12,8 @@ from specgen.cli.options import DeviceOpt, DtypeOpt, TargetOpt, TargetQuantOpt, 
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.catalog import DEFAULT_TARGET
+
+MAX_INTERMEDIATE = 1 << 16  # the head's MLP width: past the widest target's (a 70B's 28,672) twice over
 
 
 def train_head(
@@ -51,8 +54,17 @@ def train_head(
             raise ConfigError(f"--draft-vocab must be at least 16, got {draft_vocab}")
         if fmt not in FORMATS:
             raise ConfigError(f"--format {fmt!r}: choose {', '.join(FORMATS)}")
-        if minutes < 0 or epochs < 1 or lr <= 0 or checkpoint_minutes <= 0:
-            raise ConfigError("--minutes must be >= 0, --epochs >= 1, --lr and --checkpoint-minutes > 0")
+        if not (math.isfinite(minutes) and minutes >= 0):
+            raise ConfigError(f"--minutes must be a number >= 0, got {minutes}")
+        if epochs < 1:
+            raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+        for name, value in (("--lr", lr), ("--checkpoint-minutes", checkpoint_minutes)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a number > 0, got {value}")
+        if not 0 <= intermediate <= MAX_INTERMEDIATE:
+            raise ConfigError(f"--intermediate must be in 0..{MAX_INTERMEDIATE}, got {intermediate}")
+        if answer_tokens < 1:
+            raise ConfigError(f"--answer-tokens must be >= 1, got {answer_tokens}")
         try:
             chosen = tuple(int(x) for x in layers.split(",")) if layers else ()
         except ValueError:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from specgen.config import Method, ModelSettings
 from specgen.decoding.engine import Engine
 from specgen.errors import ConfigError
-from specgen.models.eagle_head import default_layers
+from specgen.models.eagle_head import check_layers, default_layers
 from specgen.models.families import text_config
 from specgen.runtime.pair import load
 from specgen.train import data
@@ -26,10 +26,15 @@ from specgen.train.loop import Settings, Trainer, expected_tokens
 def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, answer_tokens: int,
                train: Settings, quiet: bool = False, prompts: list[str] | None = None) -> dict:
     """`source` is data.CODE, or the name of the prompt set whose texts are `prompts`."""
+    check_out(out)
     target = load(settings, Method.PLAIN, quiet=quiet).target
     model = target.model
     config = text_config(model.config)
     layers = train.layers or default_layers(config.num_hidden_layers)
+    try:  # before anything is written: a bad --layers must not leave a manifest behind
+        check_layers(tuple(layers), config.num_hidden_layers)
+    except ValueError as exc:
+        raise ConfigError(f"--layers: {exc}") from None
     train = Settings(**{**train.__dict__, "layers": tuple(layers)})
     out.mkdir(parents=True, exist_ok=True)
     shards = data.Shards(out)
@@ -56,6 +61,16 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
                            "record_seconds": round(recorded, 1), "layers": list(layers),
                            "expected_tokens_per_round": round(expected_tokens(trainer.report.acceptance), 3)})
     return json.loads((out / "training.json").read_text())
+
+
+def check_out(out: Path) -> None:
+    """--out is new, empty, or an earlier run's (which a rerun resumes): never a directory of
+    other files, whose config.json and model.safetensors the head would overwrite."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / "data" / "manifest.json").is_file():
+        raise ConfigError(f"--out {out} holds other files, not an earlier train-head run's; give a new or "
+                          "empty directory")
 
 
 def _sequences(target, source: str, prompts: list[str], tokens: int, answer_tokens: int) -> list[data.Sequence]:
