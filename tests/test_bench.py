@@ -663,6 +663,11 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     assert_one_line_error(result, "with --batch-sizes use --json")
     result = runner.invoke(app, ["bench", *no_model, "--concurrency", "1", "--html", str(tmp_path / "t.html")])
     assert_one_line_error(result, "it takes --json, not", "--html")
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"id": "a", "category": "c", "prompt": "hi"}\n')
+    result = runner.invoke(app, ["bench", *no_model, "--prompts", str(prompts), option, str(prompts)])
+    assert_one_line_error(result, f"{option} {prompts} is the prompt file this run reads")
+    assert prompts.read_text().startswith('{"id": "a"')
 
 
 def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(models, short_file, tmp_path,

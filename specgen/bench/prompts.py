@@ -62,6 +62,11 @@ def load_prompts(spec: str, limit: int | None = None, dirs: list[Path] | None = 
     return prompts
 
 
+def prompt_files(spec: str, dirs: list[Path] | None = None) -> list[Path]:
+    """The files `--prompts spec` reads (see `load_prompts`)."""
+    return _prompt_files(spec.strip(), prompt_dirs() if dirs is None else dirs)
+
+
 def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
     if spec == ALL:
         for directory in dirs:

@@ -22,6 +22,14 @@ from specgen.status import error_line
 
 
 # -- output files ----------------------------------------------------------------------------
+def check_not_read(paths: dict, reads: list[Path]) -> None:
+    """No output option names a file the run reads (its prompts): the report would replace it."""
+    read = {Path(p).expanduser().resolve() for p in reads}
+    for option, path in paths.items():
+        if path is not None and Path(path).expanduser().resolve() in read:
+            raise ConfigError(f"{option} {path} is the prompt file this run reads; give another file")
+
+
 def check_outputs(paths: dict) -> None:
     """Fail before minutes of measuring if an output file cannot be written: its folder is made
     (as the writers would) and must take a file, the path must not be a folder, and no two

@@ -91,6 +91,7 @@ def bench(
             sizes = [1]
         levels = throughput.parse_sizes(concurrency, "--concurrency")
         outputs = {"--json": json_file, "--csv": csv_file, "--plot": plot_file, "--html": html_file}
+        report.check_not_read(outputs, prompt_sets.prompt_files(prompts))
         named = methods is not None
         if levels:
             _check_concurrency(names, bool(sizes or windows), outputs, per_client, max_batch)
