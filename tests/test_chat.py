@@ -177,6 +177,9 @@ def test_save_and_load_round_trip(models, tmp_path):
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "--top-p"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}', "list of integers"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}', "a number"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
+     "messages[0] holds a lone surrogate"),
+    ('{"format": "specgen-chat", "version": 1, "system": "\\udfff", "messages": []}', "system holds a lone surrogate"),
 ])
 def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fragment):
     bad = tmp_path / "bad.json"
@@ -194,6 +197,30 @@ def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fra
     kept = json.loads(after.read_text())
     assert [m["content"] for m in kept["messages"]][:1] == ["hello"] and len(kept["messages"]) == 2
     assert kept["settings"]["temperature"] == 0.3
+
+
+def test_save_never_replaces_a_file_that_is_not_a_chat_save(models, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my prompts\n")
+    earlier = tmp_path / "earlier.json"
+    result = session_run(models, ["hello", f"/save {earlier}", f"/save {earlier}", f"/save {notes}"], "-n", "2")
+    assert result.exit_code == 1, result.output  # a save over a save is fine; over the notes, refused
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "is not a specgen chat save; give another file name" in errors[0]
+    assert notes.read_text() == "my prompts\n" and json.loads(earlier.read_text())["format"] == "specgen-chat"
+
+
+def test_a_save_or_prompts_file_past_its_bound_is_one_line(models, tmp_path, monkeypatch):
+    """`--load /dev/zero` or `--prompts-file /dev/zero` would read until memory runs out."""
+    from specgen.chat import saves
+    from specgen.decoding import prompts
+
+    monkeypatch.setattr(saves, "MAX_SAVE_BYTES", 1 << 10)
+    monkeypatch.setattr(prompts, "MAX_PROMPTS_FILE_BYTES", 1 << 10)
+    result = session_run(models, [], "--load", "/dev/zero")
+    assert result.exit_code == 1 and "holds more than" in result.output, result.output
+    with pytest.raises(prompts.PromptError, match="holds more than"):
+        prompts.read_prompt_records("/dev/zero")
 
 
 def test_missing_save_file_and_unwritable_target(models, tmp_path):

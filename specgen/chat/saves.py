@@ -13,6 +13,7 @@ from specgen.errors import ConfigError, SpecgenError
 from specgen.ground import write_text
 
 SAVE_FORMAT = "specgen-chat"
+MAX_SAVE_BYTES = 256 << 20  # far past any conversation a context holds; `--load /dev/zero` ends with a line
 SAVE_VERSION = 1
 ROLES = ("user", "assistant")
 
@@ -78,18 +79,35 @@ def _list(value) -> list:
 
 
 def write_save(path: Path, snapshot: dict) -> None:
-    """The snapshot as indented JSON, through the atomic-write helper."""
+    """The snapshot as indented JSON, through the atomic-write helper. A file already there is
+    replaced only if it is a chat save: anything else (a prompts file, notes) is someone's work."""
+    if path.is_file() and not _is_save(path):
+        raise SaveFileError(f"{path} exists and is not a specgen chat save; give another file name")
     try:
         write_text(path, json.dumps(snapshot, ensure_ascii=False, indent=2) + "\n", parents=False)
     except OSError as exc:
         raise SaveFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def _is_save(path: Path) -> bool:
+    """Whether the file at `path` reads as a chat save of any version (its "format" field)."""
+    try:
+        with open(path, "rb") as stream:
+            data = json_value(stream.read(MAX_SAVE_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON (JSONDecodeError is a ValueError)
+        return False
+    return isinstance(data, dict) and data.get("format") == SAVE_FORMAT
+
+
 def read_save(path: str | Path) -> SavedChat:
     """Read and validate a save file; anything wrong is one SaveFileError line."""
     path = Path(path).expanduser()
     try:
-        data = json_value(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_SAVE_BYTES + 1)
+        if len(raw) > MAX_SAVE_BYTES:
+            raise SaveFileError(f"{path} holds more than {MAX_SAVE_BYTES >> 20} MiB: not a specgen chat save")
+        data = json_value(raw.decode("utf-8"))
     except OSError as exc:
         raise SaveFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -112,6 +130,11 @@ def read_save(path: str | Path) -> SavedChat:
                 or not isinstance(m.get("interrupted", False), bool)):
             raise SaveFileError(f"{path}: messages[{i}] needs \"role\" (user or assistant) and "
                                 f"\"content\" text")
+    for where, text in [("system", system or "")] + [(f"messages[{i}]", m["content"]) for i, m in enumerate(messages)]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's \ud800 escapes: no tokenizer takes a lone surrogate
+            raise SaveFileError(f"{path}: {where} holds a lone surrogate, not Unicode text") from None
     settings = data.get("settings", {})
     if not isinstance(settings, dict):
         raise SaveFileError(f"{path}: \"settings\" must be an object")

@@ -117,6 +117,11 @@ def read_prompts_file(path) -> list[str]:
     return [record.text for record in read_prompt_records(path)]
 
 
+# the most a prompts file may hold: a million prompts of 1 KB; `--prompts-file /dev/zero` ends
+# with a line, not out of memory
+MAX_PROMPTS_FILE_BYTES = 1 << 30
+
+
 def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     """One prompt per line, or JSONL objects with a `prompt` field (and an optional `id`, a string
     or an integer); blank lines skipped. A prompt's id is its `id`, else its line number.
@@ -127,9 +132,11 @@ def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     """
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_PROMPTS_FILE_BYTES + 1)
     except OSError as exc:
         raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PROMPTS_FILE_BYTES:
+        raise PromptError(f"prompts file {path} holds more than {MAX_PROMPTS_FILE_BYTES >> 30} GiB; split it")
     records: list[PromptRecord] = []
     seen: dict[str | int, int] = {}
     for number, raw in enumerate(data.splitlines(), 1):
