@@ -23,10 +23,10 @@ def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
     lines = [line for line in result.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
     labels = [line.split(None, 1)[1] for line in lines]
     for label in ("plain ", "plain, batched", "plain, cached", "plain, chunked", "plain, chat turn", "lookup ",
-                  "chain ", "chain, batched", "lookup-chain", "rsd-c", "chain, deterministic"):
+                  "chain ", "chain, batched", "lookup-chain", "rsd-c", "rsd-s", "multi-draft", "chain, deterministic"):
         assert any(label.strip() == l.split("  ")[0].strip() for l in labels), label
     assert all(line.startswith("ok") and "identical on 2 of 2 prompts" in line for line in lines)
-    assert "all 11 cases are identical to transformers' generate" in result.stderr
+    assert "all 13 cases are identical to transformers' generate" in result.stderr
 
 
 def test_check_json_and_a_method_subset(tiny_dirs):
@@ -62,8 +62,11 @@ def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkey
     (["--prompts", "0"], "--prompts must be in 1..16"),
     (["--draft", "none", "--methods", "chain"], "--draft none checks plain and lookup only"),
     (["--methods", "teleport"], "unknown method 'teleport'"),
+    (["--methods", ","], "--methods ',' names no method"),
+    (["--draft", "DRAFT", "--methods", "eagle"], "method eagle needs an EAGLE-3 head as the draft"),
 ])
 def test_bad_options_are_one_line(tiny_dirs, args, message):
+    args = [str(tiny_dirs["draft"]) if a == "DRAFT" else a for a in args]
     result = runner.invoke(app, ["check", "--target", str(tiny_dirs["target"]), "--device", "cpu", *args])
     assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.output
 

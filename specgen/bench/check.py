@@ -101,6 +101,8 @@ def standard_cases(pair: Pair) -> list[Case]:
         cases += [Case(chain), Case(chain, Path.BATCHED), Case(Method.LOOKUP_CHAIN)]
         if pair.draft.vocabulary is not Vocabulary.TEXT:  # trees: a draft model's or a head's
             cases.append(Case(Method.RSD_C))
+        if pair.draft.vocabulary is Vocabulary.SHARED:  # a draft model's beams and sibling drafts
+            cases += [Case(Method.RSD_S), Case(Method.MULTI_DRAFT)]
         if head:  # a head reads the target's features, which the cache carries through these paths too
             cases += [Case(chain, Path.CACHED), Case(chain, Path.CHUNKED), Case(chain, Path.CHAT)]
     cases.append(Case(chain if pair.draft is not None else Method.PLAIN, deterministic=True))

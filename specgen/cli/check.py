@@ -36,7 +36,9 @@ def check(
             raise ConfigError(f"--prompts must be in 1..16, got {prompts}")
         if max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-        chosen = [Method.parse(m) for m in methods.split(",") if m.strip()] if methods else None
+        chosen = None if methods is None else [Method.parse(m) for m in methods.split(",") if m.strip()]
+        if chosen == []:
+            raise ConfigError(f"--methods {methods!r} names no method; give a comma list like plain,chain")
         no_draft = models.draft.strip().lower() == NO_DRAFT
         if no_draft and chosen and any(m.needs_draft_model for m in chosen):
             raise ConfigError("--draft none checks plain and lookup only; give a draft for "
@@ -49,16 +51,16 @@ def check(
 
 def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json: bool) -> bool:
     from specgen.bench import check as machinery  # torch: only once the command runs
+    from specgen.decoding.build import why_not
     from specgen.runtime.pair import load
 
     pair = load(settings, Method.CHAIN if settings.draft else Method.PLAIN, quiet=as_json)
     cases = machinery.standard_cases(pair)
     if chosen is not None:
         cases = [c for c in cases if c.method in chosen]
-        missing = sorted({m.value for m in chosen} - {c.method.value for c in cases})
+        missing = [m for m in chosen if m not in {c.method for c in cases}]
         if missing:
-            raise ConfigError(f"this pair cannot run {', '.join(missing)} (a draft of another tokenizer drafts "
-                              "chains only)")
+            raise ConfigError(why_not(pair, missing[0]) or f"this pair cannot run {missing[0].value}")
     prompts = machinery.check_prompts(pair, count, new_tokens)
     if not as_json:
         sys.stderr.write(f"checking {len(cases)} cases on {count} prompts of {min(map(len, prompts))}-"
