@@ -670,6 +670,14 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     assert prompts.read_text().startswith('{"id": "a"')
 
 
+def test_llama_cpp_columns_named_for_a_target_of_no_gguf_are_refused(models, short_file, tmp_path):
+    out = tmp_path / "b.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "-n", "2", "--no-warmup",
+                                 "--methods", "plain,llamacpp", "--json", str(out)])
+    assert_one_line_error(result, "llamacpp (llama.cpp) needs a GGUF target")
+    assert not out.exists()
+
+
 def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(models, short_file, tmp_path,
                                                                                monkeypatch):
     import shutil

@@ -160,10 +160,13 @@ def needs_draft(names: list[str]) -> bool:
 
 
 def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> str | None:
-    """Why column `name` cannot run on this pair, or None: what the engine refuses of its draft
+    """Why column `name` cannot run on this pair, or None: llama.cpp without a GGUF target; what
+    the engine refuses of its draft
     (build.why_not: trees of a draft with another tokenizer, eagle without a head, a head's
     beams), transformers' assisted generation with a head or with a draft of another tokenizer
     or vocabulary size (it refuses them)."""
+    if name in bench_llamacpp.METHODS and not pair.target.gguf:
+        return f"{name} (llama.cpp) needs a GGUF target; {pair.target.name} was not loaded from one"
     base, draft_name = split_draft(name)
     draft = (drafts or {})[draft_name].model if draft_name is not None else pair.draft
     if draft is None:
