@@ -48,7 +48,7 @@ def test_a_deep_torn_last_results_line_is_dropped(tmp_path):
     path = tmp_path / "out.jsonl"
     path.write_text('{"id": "a", "text": "x"}\n' + DEEP + "\n")
     with ResultsFile.open(path) as results:
-        assert results.done == {"a"} and results.dropped > 0
+        assert set(results.done) == {"a"} and results.dropped > 0
     with pytest.raises(SpecgenError):  # in the middle of the file: not ours to delete
         path.write_text(DEEP + "\n" + '{"id": "a", "text": "x"}\n')
         ResultsFile.open(path)

@@ -92,6 +92,13 @@ def test_a_rerun_writes_only_the_missing_prompts_and_repairs_a_torn_line(models,
     assert again.exit_code == 0, again.output
     assert "all 5 prompts are already in" in again.stderr
     assert out.read_bytes() == data
+    # a prompt inserted at the top renumbers the lines: their results answer other prompts now
+    edited = tmp_path / "edited.txt"
+    edited.write_text("gamma\n" + prompts.read_text())
+    moved = invoke("run", "--prompts-file", str(edited), "--output", str(out), "--target", "/nonexistent")
+    assert moved.exit_code == 1 and "result for id 1 made from another prompt than line 1" in moved.stderr, \
+        moved.output
+    assert out.read_bytes() == data
 
 
 def test_duplicate_ids_are_one_line_before_loading(prompts, tmp_path):
@@ -138,7 +145,7 @@ def test_each_line_is_one_write_and_a_garbled_middle_line_is_refused(tmp_path, m
     assert len(writes) == 2 and all(w.endswith(b"\n") and w.count(b"\n") == 1 for w in writes)
     monkeypatch.undo()
     with ResultsFile.open(out) as results:
-        assert results.done == {1, "b"} and results.dropped == 0
+        assert set(results.done) == {1, "b"} and results.dropped == 0
     out.write_bytes(out.read_bytes() + b"{not json\n" + b'{"id": 3, "text": ""}\n')
     result = invoke("run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent")
     assert_one_line_error(result, "out.jsonl:3", "not a specgen result line")
@@ -161,7 +168,7 @@ def test_the_lock_is_on_the_file_itself_whatever_the_cache(prompts, tmp_path, mo
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("not a directory")
     with ResultsFile.open(out) as results:  # an unusable cache does not stop --output
-        assert results.done == set()
+        assert results.done == {}
 
 
 @pytest.mark.parametrize("content", [b"my precious single line\n", b'{"important": "config"}',

@@ -4,6 +4,7 @@ file as each prompt finishes, resumable, in this process or on a Ray cluster; a 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
@@ -16,7 +17,7 @@ from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.prompts import read_prompt_records
 from specgen.decoding.stats import Stats, rate
 from specgen.errors import ConfigError
-from specgen.scale.results import ResultsFile, result_record
+from specgen.scale.results import ResultsFile, prompt_digest, result_record
 from specgen.status import note, status
 
 PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
@@ -74,6 +75,12 @@ def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | 
     with ResultsFile.open(output) as results:
         if results.dropped:
             note(f"{output}: dropped a torn last line ({results.dropped} bytes) left by an interrupted run")
+        for record in records:
+            made = results.done.get(record.id)
+            if made is not None and made != prompt_digest(record.text):
+                raise ConfigError(f"{output} holds a result for id {json.dumps(record.id)} made from another "
+                                  f"prompt than line {record.line} of {prompts_path} holds",
+                                  hint="give another --output, or remove that result's line to decode it again")
         todo = [(i, r.text) for i, r in enumerate(records) if r.id not in results.done]
         already = len(records) - len(todo)
         if not todo:
@@ -86,7 +93,7 @@ def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | 
             source = _source(todo, batch_size, raw, system, config, settings, quiet, ray_address, actors, threads)
             with PromptProgress(len(records), already) as progress:
                 for index, outcome in source:
-                    results.write(result_record(records[index].id, outcome))
+                    results.write(result_record(records[index].id, records[index].text, outcome))
                     written += 1
                     progress.advance(outcome.stats)
         except KeyboardInterrupt:

@@ -17,6 +17,7 @@ file is refused.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import time
@@ -30,17 +31,24 @@ from specgen.ground import flock_now
 SYNC_SECONDS = 1.0
 
 
-def result_record(ident, outcome: Outcome) -> dict:
-    """A finished prompt as its OUT.jsonl line holds it: id, text, token ids, method, stats (and
-    the tokens' logprobs when the run asked for them)."""
-    return {"id": ident, "text": outcome.text, "token_ids": outcome.token_ids, "method": outcome.stats.method,
-            **outcome.extra, "stats": outcome.stats.as_dict()}
+def prompt_digest(prompt: str) -> str:
+    """What a result line keeps of its prompt: a rerun on an edited prompts file can tell."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
+
+def result_record(ident, prompt: str, outcome: Outcome) -> dict:
+    """A finished prompt as its OUT.jsonl line holds it: id, the prompt's digest, text, token ids,
+    method, stats (and the tokens' logprobs when the run asked for them)."""
+    return {"id": ident, "prompt_sha256": prompt_digest(prompt), "text": outcome.text,
+            "token_ids": outcome.token_ids, "method": outcome.stats.method, **outcome.extra,
+            "stats": outcome.stats.as_dict()}
 
 
 class ResultsFile:
-    """An OUT.jsonl opened for a run: `done` holds the ids already there; `write` appends one."""
+    """An OUT.jsonl opened for a run: `done` maps the ids already there to their prompts' digests
+    (None in a line written before results kept one); `write` appends one."""
 
-    def __init__(self, path, fd: int, done: set, dropped: int):
+    def __init__(self, path, fd: int, done: dict, dropped: int):
         self.path = Path(path)
         self.done = done
         self.dropped = dropped  # bytes of a torn last line removed when the file was opened
@@ -77,7 +85,7 @@ class ResultsFile:
         if written != len(line):  # a full disk: take the partial line back so the file stays whole
             os.ftruncate(self._fd, before)
             raise SpecgenError(f"cannot write {self.path}: only {written} of {len(line)} bytes fit (disk full?)")
-        self.done.add(record["id"])
+        self.done[record["id"]] = record.get("prompt_sha256")
         now = time.monotonic()
         if self._synced_at is None or now - self._synced_at >= SYNC_SECONDS:
             _sync(self._fd, self.path)
@@ -125,8 +133,8 @@ def _sync(fd: int, path: Path) -> None:
         raise SpecgenError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _scan(fd: int, path: Path) -> tuple[set, int, int]:
-    """(ids of the complete result lines, bytes to keep, file size). A bad line in the middle of
+def _scan(fd: int, path: Path) -> tuple[dict, int, int]:
+    """(the complete result lines' ids and digests, bytes to keep, file size). A bad line in the middle of
     the file is an error (it is not ours to delete); a bad or incomplete last line is dropped."""
     size = os.fstat(fd).st_size
     chunks, offset = [], 0
@@ -137,7 +145,7 @@ def _scan(fd: int, path: Path) -> tuple[set, int, int]:
         chunks.append(chunk)
         offset += len(chunk)
     data = b"".join(chunks)
-    done: set = set()
+    done: dict = {}
     keep, start, number = 0, 0, 0
     while start < len(data):
         end = data.find(b"\n", start)
@@ -147,13 +155,14 @@ def _scan(fd: int, path: Path) -> tuple[set, int, int]:
         if not data[start:end].strip():  # a blank line (edited by hand): harmless
             start = keep = end + 1
             continue
-        ident = _result_id(data[start:end])
+        ident, digest = _result_id(data[start:end])
         if ident is None:
             if data[end + 1:].strip() or not done:  # not ours to delete: a results file's middle, or no results file
-                raise ConfigError(f"{path}:{number}: not a specgen result line (a JSON object with an 'id')",
+                raise ConfigError(f"{path}:{number}: not a specgen result line (a JSON object with an 'id' and "
+                                  "a 'text')",
                                   hint="give another --output, or remove that line")
             break  # the last line, garbled by a crash of the machine: dropped like a torn one
-        done.add(ident)
+        done[ident] = digest
         start = keep = end + 1
     if keep < len(data) and not done:  # one unfinished line and nothing else: not known to be ours
         raise ConfigError(f"{path}: not a specgen results file (its only line is not a whole result)",
@@ -161,12 +170,15 @@ def _scan(fd: int, path: Path) -> tuple[set, int, int]:
     return done, keep, len(data)
 
 
-def _result_id(line: bytes):
+def _result_id(line: bytes) -> tuple:
+    """(id, prompt digest or None) of a result line; (None, None) for any other line."""
     try:
         record = json_value(line)
     except ValueError:
-        return None
+        return None, None
     if not isinstance(record, dict) or "text" not in record:
-        return None
-    ident = record.get("id")
-    return ident if isinstance(ident, (str, int)) and not isinstance(ident, bool) else None
+        return None, None
+    ident, digest = record.get("id"), record.get("prompt_sha256")
+    if not isinstance(ident, (str, int)) or isinstance(ident, bool):
+        return None, None
+    return ident, digest if isinstance(digest, str) else None
