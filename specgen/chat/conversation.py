@@ -92,7 +92,8 @@ class Conversation:
         self.settings = settings
         self.config = config
         self.system = system or None
-        self.messages: list[dict] = [dict(m) for m in messages or []]
+        self.messages: list[dict] = [dict(m) for m in messages or []]  # the turns the context holds
+        self.earlier: list[dict] = []  # turns dropped from the context to fit it: a save keeps them
         self.notify = notify or (lambda message: None)
         self.totals: Stats | None = None  # every turn's Stats merged
         self.turns_by_method: Counter = Counter()
@@ -131,8 +132,10 @@ class Conversation:
         """One turn: the user's `text`, a reply generated into `renderer`, both kept."""
         if not text.strip():
             raise PromptError("the message is empty")
-        messages, count, dropped = self.fit(self.messages + [{"role": "user", "content": text}])
+        asked = self.messages + [{"role": "user", "content": text}]
+        messages, count, dropped = self.fit(asked)
         if dropped:
+            self.earlier += asked[: len(asked) - len(messages)]
             self.dropped_turns += dropped
             self.notify(f"dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} to fit the "
                         f"context of {self.context_length} tokens ({count} in the conversation + "
@@ -189,7 +192,7 @@ class Conversation:
 
     def reset(self) -> None:
         """Forget the turns; the caches stay (the system prompt's tokens are still reusable)."""
-        self.messages = []
+        self.messages, self.earlier = [], []
 
     # -- save files ----------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -200,7 +203,7 @@ class Conversation:
                        "target_name": self.backend.target_name},
             "system": self.system,
             "settings": settings_dict(self.config),
-            "messages": [dict(m) for m in self.messages],
+            "messages": [dict(m) for m in self.earlier + self.messages],  # every turn, dropped ones too
         }
 
     def save(self, path: str | Path) -> Path:
@@ -212,7 +215,7 @@ class Conversation:
         """Resume a save file; on any error the session is unchanged."""
         saved = read_save(path)
         self.configure(config_from(saved.settings, self.config))  # may fail: nothing changed yet
-        self.system, self.messages = saved.system, [dict(m) for m in saved.messages]
+        self.system, self.messages, self.earlier = saved.system, [dict(m) for m in saved.messages], []
         if saved.models.get("target") not in (None, self.settings.target):
             self.notify(f"the save was made with target {saved.models['target']}; "
                         f"continuing with {self.settings.target}")
@@ -291,7 +294,7 @@ class Conversation:
             if not arg:
                 raise ConfigError(f"/{name} needs a file name, like /{name} chat.json")
             if name == "save":
-                return CommandResult(f"saved {len(self.messages)} messages to {self.save(arg)}")
+                return CommandResult(f"saved {len(self.earlier) + len(self.messages)} messages to {self.save(arg)}")
             self.load(arg)
             return CommandResult(f"loaded {len(self.messages)} messages from {arg}")
         raise ConfigError(f"unknown command /{name}; /help lists the commands")
