@@ -202,6 +202,16 @@ def test_output_and_ray_options_are_checked_first(args, fragment):
     assert_one_line_error(invoke("run", *args, "--target", "/nonexistent"), fragment)
 
 
+def test_a_run_that_fails_before_its_first_result_leaves_no_file_it_made(prompts, tmp_path):
+    out = tmp_path / "new.jsonl"
+    result = invoke("run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent")
+    assert result.exit_code == 1 and not out.exists(), result.output
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("")  # the user's own (empty) file stays
+    result = invoke("run", "--prompts-file", str(prompts), "--output", str(mine), "--target", "/nonexistent")
+    assert result.exit_code == 1 and mine.exists()
+
+
 def test_ray_missing_gives_the_install_hint(prompts, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     result = invoke("run", "--prompts-file", str(prompts), "--output", str(tmp_path / "o.jsonl"), "--ray", "auto",

@@ -48,10 +48,11 @@ class ResultsFile:
     """An OUT.jsonl opened for a run: `done` maps the ids already there to their prompts' digests
     (None in a line written before results kept one); `write` appends one."""
 
-    def __init__(self, path, fd: int, done: dict, dropped: int):
+    def __init__(self, path, fd: int, done: dict, dropped: int, created: bool = False):
         self.path = Path(path)
         self.done = done
         self.dropped = dropped  # bytes of a torn last line removed when the file was opened
+        self.created = created  # this run made the file: a run that fails before its first line removes it
         self._fd: int | None = fd
         self._synced_at: float | None = None
 
@@ -60,6 +61,7 @@ class ResultsFile:
         """Open (or create) `path`, lock it, repair a torn last line and read the ids it holds."""
         path = Path(path)
         try:
+            created = not path.exists()
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise ConfigError(f"cannot write --output {path}: {exc.strerror or exc}") from None
@@ -72,7 +74,7 @@ class ResultsFile:
         except BaseException:
             os.close(fd)  # and the lock with it
             raise
-        return cls(path, fd, done, size - keep)
+        return cls(path, fd, done, size - keep, created)
 
     def write(self, record: dict) -> None:
         """Append one result line atomically; its id joins `done`."""
@@ -108,8 +110,10 @@ class ResultsFile:
             self.close()
             return
         try:  # an error already on its way (a full disk, Ctrl-C) is the one to report
+            if self.created and self._fd is not None and os.fstat(self._fd).st_size == 0:
+                self.path.unlink(missing_ok=True)  # nothing written: the run leaves no file behind (lock held)
             self.close()
-        except SpecgenError:
+        except (SpecgenError, OSError):
             pass
 
 
