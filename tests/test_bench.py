@@ -99,6 +99,13 @@ def test_a_malformed_file_is_one_line_naming_file_and_line(tmp_path, lines, frag
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_prompt_file_of_bytes_that_are_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"id": "a", "category": "c", "prompt": "x"}\n\xff\xfe\n')
+    with pytest.raises(PromptError, match=r"bad.jsonl:2: not valid UTF-8 text \(byte 0xff\)"):
+        prompt_sets.load_prompts(str(path))
+
+
 def test_an_unknown_set_lists_the_names():
     with pytest.raises(PromptError, match="unknown prompt set 'nope'.*code-generation.*quick.*all"):
         prompt_sets.load_prompts("nope")
