@@ -23,6 +23,9 @@ class ModelSettings:
     target_quant: str = "none"  # runtime/quant.py: auto, none, int8
 
 
+MAX_DRAFT_TOKENS = 64  # the most tokens a round may draft (--draft-tokens)
+
+
 class Schedule(str, enum.Enum):
     """How many tokens to draft each round (decoding/length.py): a fixed k, or adaptive up to k."""
 
@@ -207,8 +210,8 @@ class GenerationConfig:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft_tokens < 1:
             raise ConfigError(f"--draft-tokens must be >= 1, got {self.draft_tokens}")
-        if self.draft_tokens > 64:
-            raise ConfigError(f"--draft-tokens must be <= 64, got {self.draft_tokens}")
+        if self.draft_tokens > MAX_DRAFT_TOKENS:
+            raise ConfigError(f"--draft-tokens must be <= {MAX_DRAFT_TOKENS}, got {self.draft_tokens}")
         if self.acceptance.synthetic:
             self._check_synthetic()
 

@@ -175,7 +175,7 @@ def test_plain_always_comes_first_and_unknown_methods_are_refused():
     assert every[:2] == ["plain", "chain"]
     with pytest.raises(ConfigError, match="unknown method 'tree'"):
         methods.parse_methods("chain,tree")
-    with pytest.raises(ConfigError, match="unknown method"):  # a superscript is a digit to isdigit(), not to int()
+    with pytest.raises(ConfigError, match="is not a variant of chain"):  # a superscript: a digit to isdigit(), not to int()
         methods.parse_methods("chain/k\u00b2")
 
 
@@ -516,7 +516,7 @@ def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp
     (["--methods", "chain,warp"], "unknown method 'warp'"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--limit", "0"], "--limit must be >= 1"),
-    (["--methods", "rsd-c", "--branching", "8,8,8"], "draft tree would have"),
+    (["--methods", "rsd-c", "--branching", "8,8,8"], "would have 584 nodes"),
 ])
 def test_cli_bad_options_are_one_line(models, args, fragment):
     assert_one_line_error(runner.invoke(app, ["bench", *models, *args]), fragment)
@@ -560,7 +560,10 @@ def test_method_variants_compare_draft_lengths_and_schedules(models, short_file,
     assert all(p["identical_to_plain"] for p in data["prompts"])
     k1 = [m for m in data["measurements"] if m["method"] == "chain/k1"]
     assert all(m["drafted"] <= m["target_forwards"] for m in k1)  # one draft token per round
-    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "unknown method")
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "/k0 drafts 0 tokens")
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k99"]), "must be in 1..64")
+    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/c1.5"]),
+                          "/c1.5 is not a variant of chain")
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
 
 
@@ -593,8 +596,10 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
                                                                      "draft_confidence": 0.5})
     assert variant("chain/expected-gain/k6") == (Method.CHAIN, {"schedule": Schedule.EXPECTED_GAIN, "draft_tokens": 6})
     assert variant("chain/c0") == (Method.CHAIN, {"draft_confidence": 0.0})  # no stop, whatever the run's default
-    for bad in ("chain/k2/k3", "chain/c1.5", "chain/c-1", "chain/cx", "chain/"):
-        assert variant(bad) is None, bad
+    for bad in ("chain/k2/k3", "chain/c1.5", "chain/c-1", "chain/cx", "chain/", "chain/k0", "chain/k65"):
+        with pytest.raises(ConfigError, match="in --methods: /"):
+            variant(bad)
+    assert variant("chain") is None and variant("rsd-c/k2") is None and variant("warp/k2") is None
     out = tmp_path / "c.json"
     result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
                                  "--methods", "chain/k4/c0,chain/k4/c0.99", "--json", str(out)])

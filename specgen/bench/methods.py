@@ -9,7 +9,7 @@ from typing import Callable
 from specgen.bench import llamacpp as bench_llamacpp
 from specgen.bench.references import REFERENCES, HFRunner
 from specgen.bench.runners import EngineRunner, Runner
-from specgen.config import GenerationConfig, Method, Schedule
+from specgen.config import MAX_DRAFT_TOKENS, GenerationConfig, Method, Schedule
 from specgen.decoding.build import why_not
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
@@ -47,7 +47,8 @@ def variant(name: str) -> tuple[Method, dict] | None:
     """'chain/k2' -> (CHAIN, {draft_tokens: 2, schedule: fixed}); 'chain/additive' or
     'lookup/expected-gain' -> an adaptive schedule (up to the run's --draft-tokens, or 8 with
     'auto'); 'chain/c0.5' -> a draft confidence stop at 0.5 (--draft-confidence; c0: none); suffixes
-    combine ('lookup-chain/k4/c0.5'). None when `name` is not a variant. Lets one bench run
+    combine ('lookup-chain/k4/c0.5'). None when `name` is not a variant; a ConfigError when its
+    method takes variants but a suffix is not one. Lets one bench run
     compare draft lengths, schedules and confidence stops of the same method, each against the
     same plain runs."""
     base, *suffixes = name.split("/")
@@ -56,14 +57,19 @@ def variant(name: str) -> tuple[Method, dict] | None:
         return None
     overrides: dict = {}
     for suffix in suffixes:
-        if suffix[:1] == "k" and suffix[1:].isascii() and suffix[1:].isdigit() and int(suffix[1:]) >= 1 and "draft_tokens" not in overrides:
+        if suffix[:1] == "k" and suffix[1:].isascii() and suffix[1:].isdigit() and "draft_tokens" not in overrides:
+            if not 1 <= int(suffix[1:]) <= MAX_DRAFT_TOKENS:
+                raise ConfigError(f"'{name}' in --methods: /{suffix} drafts {int(suffix[1:])} tokens; a variant's k "
+                                  f"must be in 1..{MAX_DRAFT_TOKENS}")
             overrides.update(draft_tokens=int(suffix[1:]), schedule=overrides.get("schedule", Schedule.FIXED))
         elif suffix[:1] == "c" and _fraction(suffix[1:]) is not None and "draft_confidence" not in overrides:
             overrides["draft_confidence"] = _fraction(suffix[1:])
         elif suffix in {s.value for s in Schedule} and "schedule_named" not in overrides:
             overrides.update(schedule=Schedule(suffix), schedule_named=True)
-        else:
-            return None
+        else:  # a method that takes variants, with a suffix that is not one (or one given twice)
+            raise ConfigError(f"'{name}' in --methods: /{suffix} is not a variant of {base} (or repeats one); "
+                              f"use /kN (N in 1..{MAX_DRAFT_TOKENS}), /cX (X in [0, 1): a confidence stop) or /fixed, "
+                              "/additive, /expected-gain")
     overrides.pop("schedule_named", None)
     return methods[base], overrides
 
@@ -130,7 +136,7 @@ def parse_methods(text: str | None) -> list[str]:
             raise ConfigError(f"'{name}' in --methods: METHOD@DRAFT takes a specgen method that drafts with a "
                               "model (chain, lookup-chain, rsd-c, ...) and a draft model after the @")
     names = [f"{split_draft(n)[0].lower()}{DRAFT_MARK}{split_draft(n)[1]}" if split_draft(n)[1] else n for n in names]
-    unknown = [n for n in names if n not in specs and variant(n) is None and split_draft(n)[1] is None]
+    unknown = [n for n in names if n not in specs and split_draft(n)[1] is None and variant(n) is None]
     if any(n in bench_llamacpp.METHODS for n in unknown):
         bench_llamacpp.require()
     if unknown:
