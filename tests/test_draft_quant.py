@@ -29,7 +29,7 @@ def draft_with(tiny_dirs, spec: str):
 
 def test_parse_and_errors():
     assert parse_quant("none") == () and parse_quant("int8+prune") == ("int8", "prune")
-    for bad in ("int4", "int8+int8-wo", "prune+x"):
+    for bad in ("int4", "int8+int8-wo", "prune+x", "int8+int8", "+prune", "int8+", "prune+prune"):
         with pytest.raises(ConfigError):
             parse_quant(bad)
 

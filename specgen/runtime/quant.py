@@ -102,10 +102,10 @@ def parse_draft_quant(text: str | None) -> tuple[str, ...]:
     """'int8+prune' -> ('int8', 'prune'); 'none' or None -> (). Resolve `auto` first."""
     if text is None or text.strip().lower() in ("", "none"):
         return ()
-    parts = tuple(p.strip().lower() for p in text.split("+") if p.strip())
+    parts = tuple(p.strip().lower() for p in text.split("+"))
     known = {"int8", "int8-wo", "prune"}
-    bad = [p for p in parts if p not in known]
-    if bad or ("int8" in parts and "int8-wo" in parts):
+    bad = [p for p in parts if p not in known]  # an empty part too: '+prune', 'int8+'
+    if bad or len(set(parts)) < len(parts) or ("int8" in parts and "int8-wo" in parts):
         raise ConfigError(f"--draft-quant '{text}': choose auto, none, int8, int8-wo, prune, or a "
                           "quantization + prune (e.g. int8+prune)")
     return parts
