@@ -26,12 +26,12 @@ from specgen.decoding.stats import Stats, histogram
 from specgen.decoding.views import Outcome, speed
 from specgen.errors import ConfigError, PartialReply, PromptError
 
-HELP = """\
+HELP = f"""\
 /help                 this list
 /reset                forget the conversation (the system prompt and settings stay)
 /system [TEXT]        set the system prompt; without TEXT show it; /system --clear removes it
 /stats                session totals
-/method [NAME]        switch method: plain, chain, rsd-c, rsd-s, multi-draft, lookup, lookup-chain
+/method [NAME]        switch method: {", ".join(m.value for m in Method)}
 /set [NAME VALUE]     temperature, top_k, top_p, seed (or none), max_new_tokens, draft_tokens;
                       without arguments show the settings
 /save FILE            write the conversation and settings as JSON
