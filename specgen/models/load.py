@@ -134,6 +134,8 @@ class FullPrecision:
 def resolve(arg: str, dtype: torch.dtype, quiet: bool = False, convert: bool = True) -> Resolved:
     """Turn a --target/--draft value into something from_pretrained can load (with `convert`
     False, a GGUF source is left unconverted and a catalog model unfetched: `Resolved.converted`)."""
+    if not arg.strip():  # Path("") is the current directory
+        raise ModelError("the name is empty; give a model directory, a .gguf file or a catalog name")
     path = Path(arg).expanduser()
     if path.exists():
         if path.is_dir():
