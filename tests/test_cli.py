@@ -118,6 +118,8 @@ def test_missing_model_path(models, tmp_path):
     assert_one_line_error(result, "the target model: model path")
     result = invoke("run", "hi", *models[:3], str(tmp_path / "nope"), *models[4:])  # the draft's: says so
     assert_one_line_error(result, "the draft model: model path")
+    result = invoke("run", "hi", "--raw", "--system", "Be brief.", "--target", str(tmp_path / "nope"))
+    assert_one_line_error(result, "--system goes through the chat template, which --raw leaves out")
     result = invoke("run", "hi", "--target", "", "--method", "plain")  # not the current directory
     assert_one_line_error(result, "the target model: the name is empty")
 

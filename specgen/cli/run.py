@@ -49,6 +49,9 @@ def run(
             raise ConfigError("--logprobs are written in the JSON output", hint="add --format json")
         if system is not None:
             check_text(system, "--system")
+            if raw:
+                raise ConfigError("--system goes through the chat template, which --raw leaves out",
+                                  hint="put the system text in the prompt itself, or drop --raw")
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
         if batch_size > 1 and prompts_file is None:
