@@ -39,7 +39,8 @@ def bench(
                           "plain is always measured: it is the denominator of every speed-up.")] = None,
     prompts: Annotated[str, typer.Option(
         "--prompts", "-p", help="A prompt set in prompts/ by name (quick, code-generation, ...), "
-                                "'all' (every category set), or a JSONL file.")] = "quick",
+                                "'all' (every category set), or a JSONL file: each line an object with 'id', "
+                                "'category' and 'prompt' (text) or 'messages' (a conversation).")] = "quick",
     limit: Annotated[Optional[int], typer.Option(
         "--limit", help="Keep the first N prompts of each prompt file.")] = None,
     repeats: Annotated[int, typer.Option(
