@@ -12,7 +12,6 @@ go to a `notify` callback, replies to whatever renderer the caller passes.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -178,11 +177,7 @@ class Conversation:
             except ValueError:
                 raise ConfigError(f"{name} takes {'a number' if kind is float else 'an integer'}, "
                                   f"got '{value}'") from None
-        try:
-            self.configure(config_from({name: parsed}, self.config))
-        except ConfigError as exc:  # the checks name the command-line options: say the setting's name
-            raise ConfigError(re.sub(r"--([a-z-]+)", lambda hit: hit.group(1).replace("-", "_"), str(exc)),
-                              hint=exc.hint) from None
+        self.configure(config_from({name: parsed}, self.config))  # its errors name the setting
 
     def set_method(self, name: str) -> None:
         self.configure(replace(self.config, method=Method.parse(name)))

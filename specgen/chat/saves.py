@@ -4,6 +4,7 @@ back with every field checked (anything wrong is one SaveFileError line)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,32 +45,46 @@ def settings_dict(config: GenerationConfig) -> dict:
 
 
 def config_from(settings: dict, base: GenerationConfig | None = None) -> GenerationConfig:
-    """A validated GenerationConfig from (some of) settings_dict's keys over `base`."""
+    """A validated GenerationConfig from (some of) settings_dict's keys over `base`; a ConfigError
+    names the setting (as /set and a save file call it, not the command-line option)."""
     base = base or GenerationConfig()
     merged = {**settings_dict(base), **settings}
-    try:
-        sampling = SamplingConfig(temperature=_float(merged["temperature"]), top_k=_int(merged["top_k"]),
-                                  top_p=_float(merged["top_p"]),
-                                  seed=None if merged["seed"] is None else _int(merged["seed"]))
-        return replace(  # keeps what /set does not name (deterministic mode, the draft schedule)
-            base, method=Method.parse(str(merged["method"])), max_new_tokens=_int(merged["max_new_tokens"]),
-            draft_tokens=_int(merged["draft_tokens"]), sampling=sampling,
-            branching=tuple(_int(b) for b in _list(merged["branching"])), beam_width=_int(merged["beam_width"]),
-            depth=_int(merged["depth"]))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid settings: {exc}") from None
+
+    def read(name: str, convert):
+        try:
+            return convert(merged[name])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid setting {name}: {exc}") from None
+
+    sampling = dict(temperature=read("temperature", _float), top_k=read("top_k", _int), top_p=read("top_p", _float),
+                    seed=None if merged["seed"] is None else read("seed", _int))
+    method = read("method", lambda value: Method.parse(str(value)))
+    fields = dict(max_new_tokens=read("max_new_tokens", _int), draft_tokens=read("draft_tokens", _int),
+                  branching=read("branching", lambda value: tuple(_int(b) for b in _list(value))),
+                  beam_width=read("beam_width", _int), depth=read("depth", _int))
+    try:  # keeps what /set does not name (deterministic mode, the draft schedule)
+        return replace(base, method=method, sampling=SamplingConfig(**sampling), **fields)
+    except ConfigError as exc:  # the checks name the command-line options: say the setting's name
+        raise ConfigError(re.sub(r"--([a-z-]+)", lambda hit: hit.group(1).replace("-", "_"), str(exc)),
+                          hint=exc.hint) from None
 
 
 def _int(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not value.strip()):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"expected an integer, got {value!r}")
-    return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {value!r}") from None
 
 
 def _float(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"expected a number, got {value!r}") from None
 
 
 def _list(value) -> list:
