@@ -265,8 +265,7 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, request: Request, config: GenerationConfig,
-              origin: Origin) -> tuple[DecodeState, RoundResult | None]:
+    def _join(self, request: Request, config: GenerationConfig, origin: Origin) -> tuple[DecodeState, RoundResult | None]:
         """Prefill a joining row (or take a staged prompt's prefill, or continue a parked row);
         its first token too when the prompt brings more than `policy.prompt_catch_up` new tokens
         (PROMPT_CATCH_UP)."""
@@ -276,8 +275,7 @@ class Engine:
         if isinstance(origin, DecodeState):  # a chat turn: the caches keep what both sequences share
             state, row = origin, origin.row
             common = common_prefix(state.ids, prompt)
-            # the prompt's own log-probabilities need its whole prefill: the row keeps nothing
-            keep = 0 if request.prompt_logprobs else min(common, len(prompt) - 1, cache.lengths[row])
+            keep = 0 if request.prompt_logprobs else min(common, len(prompt) - 1, cache.lengths[row])  # 0: all logits
             state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
             state.prompt_logprobs = ()  # the previous generation's
         else:
