@@ -257,6 +257,8 @@ def test_models_health_and_metrics(served, sdk):
     ({"speculative": []}, 400, "must be an object", "speculative"),
     ({"speculative": False}, 400, "must be an object", "speculative"),
     ({"messages": [{"role": "tool", "content": "x"}]}, 400, "role 'tool' is not supported", "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
+     400, "calls no tools", "messages[1].tool_calls"),
     # a client's text is quoted with its control characters escaped, and cut short
     ({"x\n12:00:00 [chain] forged": 1}, 400, "unknown parameter 'x\\n12:00:00 [chain] forged'",
      "x\\n12:00:00 [chain] forged"),

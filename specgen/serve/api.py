@@ -339,6 +339,10 @@ def _messages(value) -> list[dict]:
                            f"messages[{i}].role", "unsupported_parameter")
         if role not in ("system", "developer", "user", "assistant"):
             raise ApiError(400, f"messages[{i}] needs a role: system, developer, user or assistant", f"messages[{i}].role")
+        if message.get("tool_calls") not in (None, []) or message.get("function_call") is not None:
+            name = "tool_calls" if message.get("tool_calls") not in (None, []) else "function_call"
+            raise ApiError(400, f"messages[{i}].{name}: this server calls no tools", f"messages[{i}].{name}",
+                           "unsupported_parameter")
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
