@@ -122,6 +122,30 @@ def test_prompts_joining_together_share_the_first_ones_prefill(tiny_pair):
         assert outputs[i] == reference_greedy(tiny_pair[0].model, prompt, 10, stop_ids)[: len(outputs[i])]
 
 
+@pytest.mark.parametrize("method", [Method.CHAIN, Method.RSD_S, Method.MULTI_DRAFT, Method.LOOKUP_CHAIN])
+def test_a_seeded_sampled_prompt_draws_the_same_tokens_cached_or_not(tiny_pair, method):
+    """Its first token comes from its prefill whether the caches held its prompt or not (the
+    prefix store, a parked row it resumes), so its random numbers are used the same way: the
+    same seed gives the same tokens. (A first token speculated only when cached drew them
+    differently: a server's second call of a request answered otherwise than its first.)"""
+    from specgen.config import SamplingConfig
+    from tiny import decode
+
+    pair = Pair(*tiny_pair)
+    pair.keep_prefixes()
+    config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3, beam_width=2, depth=2,
+                              branching=(2, 1), sampling=SamplingConfig(temperature=0.9, seed=5))
+    prompt = SHARED + ASKS[0]
+    fresh, state = decode(build_engine(pair, config), prompt, config)
+    stored_engine = build_engine(pair, config)
+    stored, parked = decode(stored_engine, prompt, config)  # the prefix store holds all of it but its last token
+    assert parked.reused_tokens == len(prompt) - 1
+    resumed, again = decode(stored_engine, prompt, config, resume=parked)  # the parked row continues
+    assert again.reused_tokens == len(prompt) - 1
+    ids = [state.ids, parked.ids, again.ids]
+    assert ids[0] == ids[1] == ids[2] and len(ids[0]) > len(prompt)
+
+
 def test_deterministic_mode_prefills_its_whole_prompt(tiny_pair):
     """Its output depends on the request alone: it never takes another request's K/V."""
     pair = Pair(*tiny_pair)

@@ -679,6 +679,21 @@ def test_echoed_logprobs_of_a_prompt_the_server_has_just_answered(served):
             assert max(abs(entry[str(ids[i])]["logprob"] - want[i - 1]) for i, entry in enumerate(entries[1:], 1)) < 1e-4
 
 
+@pytest.mark.parametrize("method", ["chain", "rsd-s", "multi-draft"])
+def test_a_seeded_sampled_request_answers_the_same_every_time(served, method):
+    """The first call prefills the prompt; later ones find it in the prefix store or a parked
+    row. A request that names its draft length draws its random numbers the same way each time."""
+    body = {"model": model(served), "prompt": f"A new prompt about {method} and cats", "max_tokens": 24,
+            "temperature": 0.8, "seed": 5, "n": 2, "speculative": {"method": method, "draft_tokens": 3}}
+    answers = []
+    for _ in range(3):
+        status, answer, _ = raw(served, "POST", "/v1/completions", body)
+        assert status == 200, answer
+        answers.append([choice["text"] for choice in answer["choices"]])
+    assert answers[0] == answers[1] == answers[2]
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
 def test_lm_evals_remote_tokenizer_endpoints(served):
     tokenizer = served.state.scheduler.pair.target.tokenizer
     status, info, _ = raw(served, "GET", "/tokenizer_info")

@@ -7,7 +7,7 @@ one target token; (4) the commit sets each row's cache length (a chain) or gathe
 path into place (a tree) and tells the drafter what was kept. In deterministic mode a row
 whose window is full is then replayed at a fixed shape (replay.py), which decides what is
 final. Rows join and leave between rounds (dynamic batching); a joining row's prefill gives its
-first token when the prompt is long enough for a draft's catch-up to matter (PROMPT_CATCH_UP);
+first token when the prompt is longer than a draft's catch-up (PROMPT_CATCH_UP), cached or not;
 a long prompt joining rows that decode is prefilled a chunk per round of theirs (staging.py).
 
 The target cache lives as long as the engine: when a generation ends its last rows stay, so
@@ -267,8 +267,8 @@ class Engine:
     @torch.inference_mode()
     def _join(self, request: Request, config: GenerationConfig, origin: Origin) -> tuple[DecodeState, RoundResult | None]:
         """Prefill a joining row (or take a staged prompt's prefill, or continue a parked row);
-        its first token too when the prompt brings more than `policy.prompt_catch_up` new tokens
-        (PROMPT_CATCH_UP)."""
+        its first token too when the prompt is longer than `policy.prompt_catch_up` tokens
+        (PROMPT_CATCH_UP), whatever the caches held of it."""
         staged = isinstance(origin, Staged)  # fed whole (its last token too) in its own cache
         started = origin.started if staged else time.perf_counter()
         cache, prompt = self.cache, request.ids
@@ -291,7 +291,7 @@ class Engine:
             keep, logits = origin.keep, origin.logits
         elif not config.deterministic and not request.prompt_logprobs:
             keep = self.prefixes.load(cache, row, prompt, have=keep)
-        first = staged or len(prompt) - keep > self.policy.prompt_catch_up
+        first = staged or len(prompt) > self.policy.prompt_catch_up  # the prompt's, not the caches': seeds replay
         if not staged and (first or len(prompt) - 1 > keep):
             whole = request.prompt_logprobs and keep == 0  # every position's logits: the prompt's own
             logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
