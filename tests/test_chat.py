@@ -202,6 +202,10 @@ def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fra
 
 
 def test_save_never_replaces_a_file_that_is_not_a_chat_save(models, tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("")  # touch, mktemp: nothing to lose
+    assert session_run(models, ["hello", f"/save {empty}"], "-n", "2").exit_code == 0
+    assert json.loads(empty.read_text())["format"] == "specgen-chat"
     notes = tmp_path / "notes.txt"
     notes.write_text("my prompts\n")
     earlier = tmp_path / "earlier.json"
@@ -249,6 +253,22 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_going(models, tmp_pat
     # the save keeps every turn, those dropped from the context too (a load drops them again to fit)
     assert [m["content"] for m in data["messages"] if m["role"] == "user"] == messages
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"] * 6
+
+
+def test_a_loaded_save_far_past_the_context_is_fitted_and_kept_whole(models, tmp_path):
+    """A save keeps every turn, so it may hold many contexts' worth: the next turn drops what
+    does not fit (found by bisection, not a re-count per dropped turn) and a save keeps it all."""
+    history = [{"role": role, "content": f"turn {i}: caches and drafts"} for i in range(300)
+               for role in ("user", "assistant")]
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"format": "specgen-chat", "version": 1, "messages": history}))
+    again = tmp_path / "again.json"
+    result = session_run(models, ["and now?", f"/save {again}"], "--load", str(long), "-n", "8", "--format", "json")
+    assert result.exit_code == 0, result.output
+    reply = json_lines(result.stdout)[0]
+    assert reply["dropped_turns"] > 280 and reply["conversation_tokens"] + 8 <= 256
+    saved = json.loads(again.read_text())["messages"]
+    assert saved[:600] == history and saved[600]["content"] == "and now?" and len(saved) == 602
 
 
 def test_a_message_too_long_for_the_context_leaves_the_session_unchanged(models):

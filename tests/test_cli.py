@@ -278,6 +278,8 @@ def test_prompts_file_errors(models, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt field"}\n')
     assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1")
+    bad.write_text('{"prompt": "a\\ud800b"}\n')  # JSON's escape of a lone surrogate
+    assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1: the prompt holds a lone")
     good = tmp_path / "good.txt"
     good.write_text("a\nb\n")
     assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "0", *models), "--batch-size")

@@ -624,6 +624,29 @@ def test_a_chat_takes_up_its_server_started_again(tiny_dirs, pair):
         stop(second, thread)
 
 
+def test_a_chat_on_the_server_fits_a_conversation_far_past_the_context(tiny_dirs, pair):
+    """A loaded save may hold many times the context (a save keeps dropped turns): the server
+    refuses to count such a conversation, and the chat drops turns to fit instead of failing."""
+    from specgen.chat.conversation import Conversation
+    from specgen.config import GenerationConfig
+    from specgen.decoding.views import Silent
+    from specgen.serve import client
+
+    settings = settings_for(tiny_dirs)
+    running, thread = start(settings, pair)
+    try:
+        chat = client.ServerChat(client.find(settings), settings)
+        history = [{"role": role, "content": f"turn {i} " + "tell me more about caches " * 3}
+                   for i in range(400) for role in ("user", "assistant")]
+        assert chat.count(history) > chat.context_length  # the server's refusal, as a count past the context
+        conversation = Conversation(chat, settings, GenerationConfig(max_new_tokens=8), messages=history)
+        turn = conversation.send("and now?", Silent())
+        assert turn.dropped > 390 and turn.prompt_tokens + 8 <= chat.context_length
+        assert len(conversation.snapshot()["messages"]) == len(history) + 2  # every turn kept for a save
+    finally:
+        stop(running, thread)
+
+
 def test_a_server_starts_on_a_target_whose_context_is_shorter_than_its_warm_up(tmp_path):
     """The warm-up's chat prompt (92 tokens here) did not fit a 48-token context: start-up failed."""
     from tiny import save_tiny

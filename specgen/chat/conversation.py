@@ -65,7 +65,8 @@ class Backend(Protocol):
     context_length: int
 
     def count(self, messages: list[dict]) -> int:
-        """Tokens of `messages` (system first, role/content only) rendered for a reply."""
+        """Tokens of `messages` (system first, role/content only) rendered for a reply; at least
+        context_length + 1 for a conversation known to be longer than the context."""
 
     def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
         """The next reply generated into `renderer`, and the prompt tokens its caches kept.
@@ -115,13 +116,20 @@ class Conversation:
         """
         count = self.backend.count(self.full(messages))
         dropped = 0
-        while count + self.config.max_new_tokens > self.context_length:
-            starts = [i for i, m in enumerate(messages) if m["role"] == "user"]
-            if len(starts) < 2:
-                break
-            messages = messages[starts[1]:]
-            count = self.backend.count(self.full(messages))
-            dropped += 1
+        starts = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if count + self.config.max_new_tokens > self.context_length and len(starts) > 1:
+            # the fewest turns to drop, by bisection: a loaded save may hold far more than fits
+            counts = {}
+            low, high = 1, len(starts) - 1  # drop `high` turns: all but the last (it may still not fit)
+            while low < high:
+                middle = (low + high) // 2
+                counts[middle] = self.backend.count(self.full(messages[starts[middle]:]))
+                if counts[middle] + self.config.max_new_tokens > self.context_length:
+                    low = middle + 1
+                else:
+                    high = middle
+            dropped, messages = low, messages[starts[low]:]
+            count = counts[low] if low in counts else self.backend.count(self.full(messages))
         if count >= self.context_length:
             raise PromptError(f"the message needs {count} tokens with the system prompt and the chat "
                               f"template, but the context holds {self.context_length}; shorten it")

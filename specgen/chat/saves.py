@@ -96,7 +96,7 @@ def _list(value) -> list:
 def write_save(path: Path, snapshot: dict) -> None:
     """The snapshot as indented JSON, through the atomic-write helper. A file already there is
     replaced only if it is a chat save: anything else (a prompts file, notes) is someone's work."""
-    if path.is_file() and not _is_save(path):
+    if path.is_file() and path.stat().st_size and not _is_save(path):  # an empty file (touch, mktemp) holds nothing
         raise SaveFileError(f"{path} exists and is not a specgen chat save; give another file name")
     try:
         write_text(path, json.dumps(snapshot, ensure_ascii=False, indent=2) + "\n", parents=False)

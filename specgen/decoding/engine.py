@@ -45,11 +45,11 @@ from specgen.runtime.prefixes import PrefixStore
 from specgen.text import common_prefix
 
 
-# new prompt tokens past which a row's first token comes from its prefill (which then feeds the
-# whole prompt), not from a first round: that token waits for no draft model to read the prompt
-# first (the draft catches up in the second round) and costs no target step of its own (figures
-# in benchmarks/server.md). A shorter prompt (a short chat turn, the tests of the first token's
-# law) has its first token speculated like every other.
+# prompt tokens past which a row's first token comes from its prefill (of what the caches lack, its
+# last token at least), not from a first round: it waits for no draft model to read the prompt
+# (benchmarks/server.md). The prompt's length decides, never the caches, so a seeded request draws
+# the same tokens cached or not. A shorter prompt (the tests of the first token's law) has its
+# first token speculated like every other.
 PROMPT_CATCH_UP = 4
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 

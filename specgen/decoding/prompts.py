@@ -171,6 +171,11 @@ def _parse_line(line: str, path, number: int) -> PromptRecord:
         raise PromptError(f"{path}:{number}: 'prompt' must be a string, got {json.dumps(prompt)[:40]}")
     if not prompt.strip():
         raise PromptError(f"{path}:{number}: the prompt is empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON's \ud800 escapes decode to lone surrogates
+        raise PromptError(f"{path}:{number}: the prompt holds a lone surrogate at character {exc.start}, "
+                          "not Unicode text") from None
     ident = record.get("id", number)
     # True == 1 and 1.0 == 1 as keys: only strings and integers name a prompt unambiguously
     if isinstance(ident, bool) or not isinstance(ident, (str, int)):

@@ -112,9 +112,13 @@ class ResultsFile:
         try:  # an error already on its way (a full disk, Ctrl-C) is the one to report
             if self.created and self._fd is not None and os.fstat(self._fd).st_size == 0:
                 self.path.unlink(missing_ok=True)  # nothing written: the run leaves no file behind (lock held)
-            self.close()
-        except (SpecgenError, OSError):
+        except OSError:
             pass
+        finally:
+            try:
+                self.close()
+            except SpecgenError:
+                pass
 
 
 def _lock(fd: int, path: Path) -> None:

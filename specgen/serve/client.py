@@ -186,7 +186,10 @@ class ServerChat:
         try:
             status, response = self._request("/tokenize", {"messages": messages}, timeout=60)
             if status != 200:
-                raise _error(response)
+                error = _error(response)
+                if error.code == "context_length_exceeded":  # far past the context: counted no further
+                    return {"count": self.context_length + 1}
+                raise error
             return json.loads(response.read())
         except (OSError, ValueError, http.client.HTTPException) as exc:
             raise SpecgenError(f"the specgen server did not answer: {exc}",
@@ -211,12 +214,21 @@ class ServerChat:
         """Nothing to prepare: each request carries its settings (the server checks them)."""
 
 
-def _error(response) -> SpecgenError:
+class Refused(SpecgenError):
+    """The server's answer to a request it refused: its message, and its error code."""
+
+    def __init__(self, message: str, code: str | None):
+        super().__init__(f"the specgen server refused the request: {message}")
+        self.code = code
+
+
+def _error(response) -> Refused:
     try:
-        message = json.loads(response.read())["error"]["message"]
-    except (ValueError, KeyError, TypeError, OSError):
-        message = f"HTTP {response.status}"
-    return SpecgenError(f"the specgen server refused the request: {message}")
+        error = json.loads(response.read())["error"]
+        message, code = str(error["message"]), error.get("code")
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        message, code = f"HTTP {response.status}", None
+    return Refused(message, code)
 
 
 class _Received:
