@@ -57,10 +57,12 @@ def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json
     pair = load(settings, Method.CHAIN if settings.draft else Method.PLAIN, quiet=as_json)
     cases = machinery.standard_cases(pair)
     if chosen is not None:
+        covered = list(dict.fromkeys(c.method for c in cases))
         cases = [c for c in cases if c.method in chosen]
-        missing = [m for m in chosen if m not in {c.method for c in cases}]
+        missing = [m for m in chosen if m not in covered]
         if missing:
-            raise ConfigError(why_not(pair, missing[0]) or f"this pair cannot run {missing[0].value}")
+            raise ConfigError(why_not(pair, missing[0]) or f"check covers {', '.join(m.value for m in covered)} on "
+                              f"this pair, not {missing[0].value}")
     prompts = machinery.check_prompts(pair, count, new_tokens)
     if not as_json:
         sys.stderr.write(f"checking {len(cases)} cases on {count} prompts of {min(map(len, prompts))}-"
