@@ -308,6 +308,8 @@ def test_hf_references_run_on_the_pair_with_our_settings(pair, short_file, monke
             assert m.target_forwards is not None and 1 <= m.target_forwards <= 12
             assert m.tokens_per_target_forward == pytest.approx(12 / m.target_forwards)
             assert m.drafted is not None and m.accepted <= m.drafted
+            assert m.draft_seconds is None  # transformers' drafts are counted, not timed: "–", never 0.00
+    assert all(s.draft_step is None for s in result.summary)
     k4 = [m for m in result.measurements if m.method == "hf-assisted-k4"]
     assert all(m.drafted <= 4 * m.target_forwards for m in k4)
     assert pair.draft.model.generation_config is draft_config and draft_config.to_dict() == before
