@@ -797,11 +797,41 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
         assert cell["tokens"] == cell["requests"] * 6 and cell["tokens_per_second"] > 0
         assert cell["ttft_p50"] <= cell["ttft_p95"]
     assert cells[(1, "plain")]["speedup"] == 1.0 and cells[(3, "chain")]["speedup"] > 0
+    assert cells[(1, "plain")]["acceptance_rate"] is None and 0 <= cells[(1, "chain")]["acceptance_rate"] <= 1
     assert all(len(cell["runs"]) == data["settings"]["repeats"] and min(cell["runs"]) > 0 for cell in cells.values())
     assert data["settings"]["width_caps"]["1"] >= 1
     # what the served engines' measured rounds settled on, per method and batch width (2 and up)
     assert set(data["learned"]) <= {"chain", "lookup-chain"}
     assert all(int(w) >= 2 and v["k"] >= 0 for widths in data["learned"].values() for w, v in widths.items())
+
+
+def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods_by_default(models, short_file,
+                                                                                            tmp_path, monkeypatch):
+    """The default method list holds transformers' columns, which run no server: left out, not
+    an error. A sampled run's requests carry its law (each its own seed), and the title says so."""
+    pytest.importorskip("fastapi")
+    from specgen.bench import concurrency
+
+    sent = []
+    real = concurrency.one_request
+    monkeypatch.setattr(concurrency, "one_request", lambda url, key, body: sent.append(body) or real(url, key, body))
+    out = tmp_path / "conc.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "3",
+                                 "--concurrency", "1", "--requests-per-client", "2", "--temperature", "0.8",
+                                 "--seed", "7", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert {c["method"] for c in data["cells"]} == {m.value for m in Method if m is not Method.EAGLE}
+    assert data["settings"]["sampling"]["temperature"] == 0.8 and "temperature 0.8" in result.stdout
+    measured = [b for b in sent if b["max_tokens"] == 3]
+    assert all(b["temperature"] == 0.8 for b in measured) and {b["seed"] for b in measured} == {7, 8}
+
+
+def test_a_quantile_interpolates_between_its_neighbours():
+    from specgen.bench.concurrency import _quantile
+
+    assert _quantile([1.0, 3.0], 0.5) == 2.0 and _quantile([5.0], 0.95) == 5.0
+    assert _quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0 and _quantile([0.0, 10.0], 0.95) == 9.5
 
 
 def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_failed(models, short_file, tmp_path,
@@ -816,7 +846,7 @@ def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_faile
 
     def interrupted_at_the_second_level(*a, **k):
         calls.append(a[5])
-        if a[5] == 2:
+        if a[5] == 2 and a[4] == "chain":  # plain's run at 2 clients finished: it is kept
             raise KeyboardInterrupt
         return real(*a, **k)
 
@@ -825,8 +855,8 @@ def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_faile
         result = runner.invoke(app, args)
     assert result.exit_code == 130, result.output
     data = json.loads(out.read_text())
-    assert data["interrupted"] and {(c["concurrency"], c["method"]) for c in data["cells"]} == {(1, "plain"),
-                                                                                              (1, "chain")}
+    assert data["interrupted"] and {(c["concurrency"], c["method"]) for c in data["cells"]} == {
+        (1, "plain"), (1, "chain"), (2, "plain")}
     with monkeypatch.context() as patch:  # every chain request fails: written, no speed-up, exit 1
         def failing(url, key, body):
             if body["speculative"]["method"] == "chain":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -105,16 +104,21 @@ class Measured:
     seconds: float
 
 
+GREEDY = {"temperature": 0}
+
+
 def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int,
-                 per_client: int, max_tokens: int) -> ConcurrencyCell:
+                 per_client: int, max_tokens: int, sampling: dict = GREEDY) -> ConcurrencyCell:
     """`clients` threads, each sending `per_client` streaming requests one after another."""
-    return summarize(name, clients, [drive(url, key, model, prompts, name, clients, per_client, max_tokens)])
+    return summarize(name, clients, [drive(url, key, model, prompts, name, clients, per_client, max_tokens,
+                                           sampling=sampling)])
 
 
 def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int, per_client: int,
-          max_tokens: int, stop: threading.Event | None = None) -> Measured:
+          max_tokens: int, stop: threading.Event | None = None, sampling: dict = GREEDY) -> Measured:
     """`clients` threads, each sending `per_client` streamed requests in turn; they send no more
-    once `stop` is set (Ctrl-C)."""
+    once `stop` is set (Ctrl-C). `sampling`: each request's temperature, top_p, top_k and seed
+    (a seed is offset by the request's number, so requests differ but every method sees the same)."""
     timings: list[Stats] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -124,7 +128,10 @@ def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, 
             if stop is not None and stop.is_set():
                 return
             messages = prompts[(number * per_client + i) % len(prompts)]
-            body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            laws = dict(sampling)
+            if laws.get("seed") is not None:
+                laws["seed"] += number * per_client + i
+            body = {"model": model, "messages": messages, "max_tokens": max_tokens, **laws,
                     "stream": True, "stream_options": {"include_usage": True}, "speculative": speculative(name)}
             try:
                 timing = one_request(url, key, body)
@@ -152,38 +159,50 @@ def summarize(name: str, clients: int, runs: list[Measured]) -> ConcurrencyCell:
     tokens = sum(t.new_tokens for t in timings)
     ttfts = [t.time_to_first_token for t in timings] or [0.0]
     tpots = [rate(t.seconds - t.time_to_first_token, t.new_tokens - 1) for t in timings if t.new_tokens > 1] or [0.0]
-    # each request's acceptance as the server reports it (rounded as in Stats.as_dict)
-    accepted = [round(t.acceptance_rate, 4) for t in timings if t.generations]
+    # pooled over the requests the server summarized, as the per-prompt bench pools: none where nothing was drafted
+    drafted = sum(t.drafted for t in timings if t.generations)
+    accepted = sum(t.accepted for t in timings if t.generations)
     return ConcurrencyCell(name, clients, len(timings), tokens, seconds, rate(tokens, seconds) or 0.0,
                            _quantile(ttfts, 0.5), _quantile(ttfts, 0.95), _quantile(tpots, 0.5),
-                           _quantile(tpots, 0.95), statistics.mean(accepted) if accepted else None, errors=errors,
+                           _quantile(tpots, 0.95), rate(accepted, drafted) if drafted else None, errors=errors,
                            runs=[rate(sum(t.new_tokens for t in run.timings), run.seconds) or 0.0 for run in runs])
 
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
                     levels: list[int], per_client: int, max_tokens: int, on_cell=None,
-                    repeats: int = 1) -> tuple[list[ConcurrencyCell], bool]:
+                    repeats: int = 1, sampling: dict = GREEDY) -> tuple[list[ConcurrencyCell], bool]:
     """Every method at every concurrency after one warm-up request per method. Each level runs
     its methods `repeats` times, every other time in reverse order (plain, chain, chain, plain,
     ...), so drift in the machine's speed hits every method alike; a cell pools its runs.
-    Returns the cells and whether Ctrl-C stopped the run (the cells of whole levels are kept)."""
+    Returns the cells and whether Ctrl-C stopped the run: the level it stopped in keeps a cell
+    per method from the runs that finished (its `runs` says how many)."""
     cells, stop, interrupted = [], threading.Event(), False
-    try:
+    runs: dict[str, list[Measured]] = {}
+
+    def close_level(clients: int) -> None:
         for name in methods:
-            measure_cell(url, key, model, prompts, name, 1, 1, min(8, max_tokens))
-        for clients in levels:
-            runs: dict[str, list[Measured]] = {name: [] for name in methods}
-            for repeat in range(repeats):
-                for name in methods if repeat % 2 == 0 else methods[::-1]:
-                    runs[name].append(drive(url, key, model, prompts, name, clients, per_client, max_tokens, stop))
-            for name in methods:
+            if runs.get(name):
                 cell = summarize(name, clients, runs[name])
                 cells.append(cell)
                 if on_cell is not None:
                     on_cell(cell)
+
+    clients = 0
+    try:
+        for name in methods:
+            measure_cell(url, key, model, prompts, name, 1, 1, min(8, max_tokens), sampling)
+        for clients in levels:
+            runs = {name: [] for name in methods}
+            for repeat in range(repeats):
+                for name in methods if repeat % 2 == 0 else methods[::-1]:
+                    runs[name].append(drive(url, key, model, prompts, name, clients, per_client, max_tokens, stop,
+                                            sampling))
+            close_level(clients)
+            runs = {}
     except KeyboardInterrupt:
         stop.set()  # the clients send no more; the server's rows end as their connections close
         interrupted = True
+        close_level(clients)
     plain = {c.concurrency: c for c in cells if c.method == "plain"}
     for cell in cells:
         base = plain.get(cell.concurrency)
@@ -193,8 +212,13 @@ def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], m
 
 
 def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile, interpolated between the two nearest values (numpy's default): the p50 of
+    two requests is their mean, not the slower one."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def table(cells: list[ConcurrencyCell], title: str) -> Table:

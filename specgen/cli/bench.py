@@ -95,7 +95,7 @@ def bench(
         report.check_not_read(outputs, prompt_sets.prompt_files(prompts))
         named = methods is not None
         if levels:
-            _check_concurrency(names, bool(sizes or windows), outputs, per_client, max_batch)
+            names = _check_concurrency(names, bool(sizes or windows), outputs, per_client, max_batch, named)
             _concurrency(names, items, generation, levels, per_client, max_batch, models, json_file, threads, repeats,
                          named=named)
         elif sizes:
@@ -106,7 +106,8 @@ def bench(
             _per_prompt(names, items, settings, models, outputs, named)
 
 
-def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client: int, max_batch: int) -> None:
+def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client: int, max_batch: int,
+                       named: bool) -> list[str]:
     """bench --concurrency's settings, before anything loads."""
     from specgen.bench.concurrency import speculative  # torch: see bench()
 
@@ -117,9 +118,20 @@ def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client:
         raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
     if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
         raise ConfigError(f"--max-batch-size must be in 1..256, got {max_batch}")
+    if not named:  # the default list: specgen's own methods only (transformers' and llama.cpp's run no server)
+        names = [n for n in names if _serves(speculative, n)]
     for name in names:
-        speculative(name)  # only engine methods: before anything loads
+        speculative(name)  # a named method that is not specgen's: one line, before anything loads
     report.check_outputs({"--json": outputs["--json"]})
+    return names
+
+
+def _serves(speculative, name: str) -> bool:
+    try:
+        speculative(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def _check_throughput(names, config, windows: list[int], outputs: dict, named: bool) -> tuple[list[str], list[int]]:
@@ -214,6 +226,9 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = _runnable(registry, pair, names, named, err)
+    law = config.sampling
+    sampling = concurrency.GREEDY if law.greedy else {"temperature": law.temperature, "top_p": law.top_p,
+                                                      "top_k": law.top_k, "seed": law.seed}
     prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
                for item in items]
     prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)  # each fits, before the server starts
@@ -225,7 +240,8 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     with measure.fixed_threads(threads) as used, _serving(models, pair, config, levels, max_batch, err) as running:
         info = running.state.info
         cells, interrupted = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts, names,
-                                                         levels, per_client, config.max_new_tokens, progress, repeats)
+                                                         levels, per_client, config.max_new_tokens, progress, repeats,
+                                                         sampling)
     learned = _learned(running.scheduler)
     for method, widths in learned.items():
         if widths:
@@ -234,7 +250,8 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     title = (f"specgen bench --concurrency · {pair.target.name}" + (f" + {pair.draft.name}" if pair.draft else "")
              + f" · {len(prompts)} prompts · {per_client} requests per client"
              + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "") + f" · {config.max_new_tokens} new "
-             f"tokens · greedy · batch up to {max_batch}" + (" · INTERRUPTED" if interrupted else ""))
+             f"tokens · {'greedy' if law.greedy else f'temperature {law.temperature}'} · batch up to {max_batch}"
+             + (" · INTERRUPTED" if interrupted else ""))
     Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
     if json_file is not None:
         _write_json(json_file, {
@@ -242,6 +259,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
             "interrupted": interrupted,
             "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client,
                          "repeats": repeats, "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
+                         "sampling": sampling,
                          "width_caps": {str(w): k for w, k in running.scheduler.caps.items()}},
             "learned": learned,
             "cells": [asdict(c) for c in cells]})
