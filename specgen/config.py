@@ -202,6 +202,9 @@ class GenerationConfig:
             raise ConfigError(f"--beam-width must be in 1..64, got {self.beam_width}")
         if not 1 <= self.depth <= 16:
             raise ConfigError(f"--depth must be in 1..16, got {self.depth}")
+        if self.deterministic and self.method.is_tree and self.verify_window <= self.tree_depth:
+            raise ConfigError(f"--verify-window {self.verify_window} leaves no room for a tree {self.tree_depth} deep "
+                              f"({self.method.value} would never draft); give at least {self.tree_depth + 1}")
         if self.method.is_tree and self.tree_budget > 256:
             shape = "--beam-width times --depth" if self.method is Method.RSD_S else "--branching"
             raise ConfigError(f"the draft tree of this {shape} would have {self.tree_budget} nodes; "

@@ -250,6 +250,9 @@ def test_deterministic_json_stats_and_same_text_across_methods(models):
 
 def test_bad_verify_window(models):
     assert_one_line_error(invoke("run", "hi", *models, "--deterministic", "--verify-window", "1"), "--verify-window")
+    # a tree as deep as the window could never be drafted: the run would be plain decoding under rsd-s's name
+    assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-s", "--depth", "4", "--deterministic",
+                                 "--verify-window", "4"), "leaves no room for a tree 4 deep")
 
 
 def test_prompts_file_batched_outputs_in_input_order(models, tmp_path):
