@@ -768,6 +768,7 @@ def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
     (["--threads", "0"], "--threads must be in"),
     (["--concurrency", "1", "--methods", "hf-lookup"], "--concurrency measures specgen's own methods"),
     (["--concurrency", "0"], "--concurrency"),
+    (["--batch-sizes", "1,2", "--repeats", "3"], "--batch-sizes runs each cell once"),
 ])
 def test_every_setting_is_checked_before_a_model_loads(tmp_path, args, fragment):
     """A target that does not exist: had anything loaded, the error would be about the model."""

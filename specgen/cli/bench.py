@@ -99,7 +99,7 @@ def bench(
             _concurrency(names, items, generation, levels, per_client, max_batch, models, json_file, threads, repeats,
                          named=named)
         elif sizes:
-            names, windows = _check_throughput(names, generation, windows, outputs, named)
+            names, windows = _check_throughput(names, generation, windows, outputs, named, repeats)
             _throughput(names, items, replace(generation, deterministic=False), sizes, windows, models, json_file,
                         threads, named=named)
         else:
@@ -134,18 +134,23 @@ def _serves(speculative, name: str) -> bool:
     return True
 
 
-def _check_throughput(names, config, windows: list[int], outputs: dict, named: bool) -> tuple[list[str], list[int]]:
+def _check_throughput(names, config, windows: list[int], outputs: dict, named: bool,
+                      repeats: int = 1) -> tuple[list[str], list[int]]:
     """bench --batch-sizes's settings, before anything loads: the engine methods it measures and
     its deterministic windows (--verify-window's when --deterministic is given and none are)."""
     windows = windows or ([config.verify_window] if config.deterministic else [])
+    engine_names = {m.value for m in Method}
     for window in windows:  # each deterministic cell's settings, before any model loads
         if window < 2:
             raise ConfigError("--verify-windows values must be >= 2")
-        replace(config, deterministic=True, verify_window=window)
+        for name in [n for n in names if n in engine_names] or [config.method.value]:
+            replace(config, method=Method(name), deterministic=True, verify_window=window)
     if any(outputs[option] is not None for option in ("--csv", "--plot", "--html")):
         raise ConfigError("--csv, --plot and --html report the per-prompt bench; with --batch-sizes use --json")
+    if repeats > 1:
+        raise ConfigError("--batch-sizes runs each cell once; --repeats is for the per-prompt and --concurrency "
+                          "modes")
     report.check_outputs({"--json": outputs["--json"]})
-    engine_names = {m.value for m in Method}
     other = [n for n in names if n not in engine_names]
     if other and named:
         raise ConfigError(f"--batch-sizes measures specgen's own methods (no variants, @DRAFT columns or "
@@ -170,12 +175,16 @@ def _per_prompt(names, items, settings, models: ModelSettings, outputs: dict, na
 def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None,
                 named: bool = True):
     from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput  # torch: see bench()
+    from specgen.decoding.build import resolve_draft_length
     from specgen.runtime.pair import load
 
     err = Console(emoji=False, stderr=True, highlight=False)
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = _runnable(registry, pair, names, named, err)
+    config, k = resolve_draft_length(pair, config, drafts=True)  # the k the per-prompt bench and `run` use
+    if k is not None:
+        err.print(f"bench: draft length k={k.k} for this device ({k.reason})", style="dim", markup=False)
     prompts = prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)
     modes = ["off"] + [f"window {w}" for w in windows]
     err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
