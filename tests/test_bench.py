@@ -547,6 +547,18 @@ def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(mod
     assert grid["plain", 1, "off"]["speedup"] == 1.0
 
 
+def test_throughput_mode_compares_sampled_tokens_only_in_deterministic_windows(pair):
+    """Sampled rounds draw by method and batch: there 'differs' says nothing, and is None; the
+    keyed draws of a deterministic window are the same in every cell."""
+    from specgen.bench import throughput
+
+    ids = [pair.target.tokenizer.encode(t) for t in ("one two", "three four five")]
+    config = GenerationConfig(max_new_tokens=6, sampling=SamplingConfig(temperature=0.8, seed=3))
+    cells = throughput.run_throughput(pair, ["plain", "chain"], ids, config, [1, 2], [8])
+    assert {c.differs for c in cells if c.mode == "off"} == {None}
+    assert {c.differs for c in cells if c.mode != "off"} == {0}
+
+
 def test_throughput_mode_bad_sizes_are_one_line(models):
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "1,x"]), "--batch-sizes")
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "0"]), "--batch-sizes")

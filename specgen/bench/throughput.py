@@ -118,7 +118,7 @@ def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: G
         for name, size, window in grid[len(cells):]:
             cells.append(ThroughputCell(name, size, OFF if window is None else f"window {window}", len(prompts),
                                         0, 0.0, 0.0, skipped="interrupted", interrupted=True))
-    _compare(cells)
+    _compare(cells, config.sampling.greedy)
     return cells
 
 
@@ -138,7 +138,10 @@ def _measure_cell(pair, method: Method, name: str, size: int, window: int | None
     return cell
 
 
-def _compare(cells: list[ThroughputCell]) -> None:
+def _compare(cells: list[ThroughputCell], greedy: bool = True) -> None:
+    """Speed-ups, deterministic mode's cost, and the tokens each cell shares with its mode's
+    reference: greedy, or in a deterministic window (keyed draws); sampled rounds outside one
+    draw by method and batch, so there nothing is compared (differs stays None)."""
     measured = [c for c in cells if c.skipped is None]
     base = next((c for c in measured if (c.method, c.batch_size, c.mode) == ("plain", 1, OFF)), None)
     references = {}
@@ -152,7 +155,8 @@ def _compare(cells: list[ThroughputCell]) -> None:
         if cell.mode != OFF and off is not None:
             cell.deterministic_cost = rate(cell.tokens_per_second, off.tokens_per_second)
         reference = references[cell.mode]
-        cell.differs = sum(a != b for a, b in zip(cell.outputs, reference.outputs))
+        if greedy or cell.mode != OFF:
+            cell.differs = sum(a != b for a, b in zip(cell.outputs, reference.outputs))
 
 
 def table(cells: list[ThroughputCell], title: str):
@@ -170,7 +174,8 @@ def table(cells: list[ThroughputCell], title: str):
                   _fmt(c.speedup, ".2f", "x"), _fmt(c.deterministic_cost, ".2f", "x"),
                   _fmt(rate(c.accepted, c.drafted), ".0%"),
                   str(c.replays) if c.mode != OFF else "–", str(c.rollbacks) if c.mode != OFF else "–",
-                  _fmt(c.rollback_rate, ".1%"), f"{c.differs}/{c.prompts}", end_section=last)
+                  _fmt(c.rollback_rate, ".1%"), "–" if c.differs is None else f"{c.differs}/{c.prompts}",
+                  end_section=last)
     return t
 
 
