@@ -127,6 +127,55 @@ def test_sigterm_ends_a_prompt_set_as_ctrl_c_does(tiny_dirs, tmp_path):
     assert 2 <= len(kept) < 40
 
 
+def test_a_sigterm_lets_a_running_request_finish_and_answers_a_new_one_503(tiny_dirs):
+    """`serve --stop` (SIGTERM) drains: the running stream ends with its finish reason, not the
+    server_shutdown error (it was cut at once, though the docs promised it time), and the
+    server exits 0."""
+    import http.client
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "--target", str(tiny_dirs["target"]),
+                               "--draft", str(tiny_dirs["draft"]), "--device", "cpu", "--dtype", "float32",
+                               "--port", str(port), "--api-key", "key", "--compile", "off"],  # its own lock
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                conn.getresponse().read()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = {"model": "target", "prompt": "hello", "max_tokens": 40, "stream": True, "ignore_eos": True,
+                "speculative": {"method": "plain"}}
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Authorization": "Bearer key", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        data = response.read(64)  # it runs
+        server.send_signal(signal.SIGTERM)
+        while chunk := response.read(64):
+            data += chunk
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert data.endswith(b"data: [DONE]\n\n") and b'"finish_reason": "length"' in data, data[-300:]
+    assert b"server_shutdown" not in data
+    assert server.returncode == 0 and "Traceback" not in err, err
+
+
 def test_two_ctrl_cs_to_a_server_with_open_streams_end_them_with_an_error_event(tiny_dirs):
     """SIGINT twice while 6 streams run or wait (one row at a time): every stream ends with [DONE],
     each one that had not finished with the server_shutdown error before it (the queued ones at

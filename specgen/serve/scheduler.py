@@ -21,6 +21,7 @@ outlives it, so a rebuilt engine starts from it.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -96,6 +97,7 @@ class Scheduler:
         self.serial = 0
         self.served = 0  # requests answered (not counting those whose client left)
         self.stopping = False
+        self.stop_at = math.inf  # stopping: running rows end at this time.monotonic() (a drain's end)
         self.idle_since = time.monotonic()
         self.thread = threading.Thread(target=self._run, name="specgen-engine", daemon=True)
 
@@ -103,11 +105,13 @@ class Scheduler:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
-        """No more rows: running ones end before their next round and every request still
-        queued or running is answered that the server is stopping (a stream's last event)."""
+    def stop(self, grace: float = 0.0) -> None:
+        """No more rows: every request still queued is answered that the server is stopping (a
+        stream's last event); running ones may finish within `grace` seconds, then end before
+        their next round with the same answer."""
         with self.cond:
             self.stopping = True
+            self.stop_at = min(self.stop_at, time.monotonic() + grace)
             waiting = list(self.waiting)
             self.waiting.clear()
             self.cond.notify_all()
@@ -321,4 +325,5 @@ class _KeyFeed:
     def dropped(self) -> set[int]:
         s = self.scheduler
         with s.cond:
-            return {i for i, t in s.running.items() if t.cancelled or s.stopping}
+            ended = s.stopping and time.monotonic() >= s.stop_at
+            return {i for i, t in s.running.items() if t.cancelled or ended}

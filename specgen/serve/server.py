@@ -44,6 +44,10 @@ from specgen.serve.protocol import TimedH11
 from specgen.serve.scheduler import Scheduler, drafting_key
 from specgen.status import note, status
 
+# a first SIGINT/SIGTERM: running requests get this long to finish (queued ones are answered
+# that the server is stopping), then their rows end; uvicorn closes what is left a second later
+DRAIN_SECONDS = 4.0
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -171,12 +175,15 @@ class _Server(uvicorn.Server):
     written before them let a quick SIGTERM (`serve --stop`) end the process with the record left."""
 
     on_started: Callable[[], None] = staticmethod(lambda: None)
-    on_exit: Callable[[], None] = staticmethod(lambda: None)  # the first signal: requests are told
+    on_exit: Callable[[float], None] = staticmethod(lambda grace: None)  # rows get `grace` seconds to finish
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.should_exit:  # off the signal handler: the scheduler's lock may be held right here
-            threading.Thread(target=self.on_exit, daemon=True).start()
-        super().handle_exit(sig, frame)
+        # the first signal drains (running rows may finish), a second one ends them at once; off
+        # the signal handler: the scheduler's lock may be held right here
+        grace = 0.0 if self.should_exit else DRAIN_SECONDS
+        threading.Thread(target=self.on_exit, args=(grace,), daemon=True).start()
+        if not self.should_exit:  # not uvicorn's forced exit on a second one: it cancels the app's
+            super().handle_exit(sig, frame)  # lifespan mid-wait (a traceback); the rows' connections close anyway
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
@@ -248,7 +255,7 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     keys = [token] + ([options.api_key] if options.api_key else [])
     scheduler, state = serving_state(settings, options, quiet, log, pair, url, keys)
     server = _Server(uvicorn.Config(create_app(state), http=TimedH11, log_level="warning", access_log=False,
-                                    timeout_graceful_shutdown=5))
+                                    timeout_graceful_shutdown=DRAIN_SECONDS + 1))
     return Running(server, sock, scheduler, state, discovery.record_path(settings), token)
 
 
