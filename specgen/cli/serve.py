@@ -230,5 +230,7 @@ def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
     with open(log, "rb") as handle:
         handle.seek(start)
         lines = [line for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
-    last = lines[-1] if len(lines) > 1 else f"exit status {process.returncode}"
+    # its error line, not merely the log's last: another server starting at once writes there too
+    errors = [line for line in lines if line.startswith("error:")]
+    last = errors[-1] if errors else lines[-1] if len(lines) > 1 else f"exit status {process.returncode}"
     raise ConfigError(f"the specgen server did not start: {last.removeprefix('error: ')}", hint=f"log: {log}")
