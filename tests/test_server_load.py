@@ -510,8 +510,9 @@ def test_one_server_per_model_options(tiny_dirs, tmp_path, monkeypatch):
     settings = settings_for(tiny_dirs)
     held = discovery.hold(settings)
     try:
-        with pytest.raises(ConfigError, match="already running or starting"):
-            discovery.hold(settings)
+        with pytest.raises(ConfigError, match=rf"already running or starting \(pid {os.getpid()}\)") as refused:
+            discovery.hold(settings)  # named by its pid: a server whose record is lost can still be found
+        assert f"kill {os.getpid()}" in refused.value.hint
         other = discovery.hold(dataclasses.replace(settings, dtype="bfloat16"))  # other options: their own lock
         os.close(other)
         result = invoke("serve", *options(tiny_dirs), "--port", "0")
