@@ -127,13 +127,10 @@ def test_sigterm_ends_a_prompt_set_as_ctrl_c_does(tiny_dirs, tmp_path):
     assert 2 <= len(kept) < 40
 
 
-def test_a_sigterm_lets_a_running_request_finish_and_answers_a_new_one_503(tiny_dirs):
-    """`serve --stop` (SIGTERM) drains: the running stream ends with its finish reason, not the
-    server_shutdown error (it was cut at once, though the docs promised it time), and the
-    server exits 0."""
+def served_in_a_process(tiny_dirs, *extra: str):
+    """`specgen serve` on the tiny pair in a process of its own, answering: (the process, its
+    port). `extra`: options that also give it model options of its own (its own lock)."""
     import http.client
-    import json
-    import signal
     import socket
     import subprocess
     import sys
@@ -144,19 +141,30 @@ def test_a_sigterm_lets_a_running_request_finish_and_answers_a_new_one_503(tiny_
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "--target", str(tiny_dirs["target"]),
                                "--draft", str(tiny_dirs["draft"]), "--device", "cpu", "--dtype", "float32",
-                               "--port", str(port), "--api-key", "key", "--compile", "off"],  # its own lock
+                               "--port", str(port), "--api-key", "key", *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+            return server, port
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+
+
+def test_a_sigterm_lets_a_running_request_finish(tiny_dirs):
+    """`serve --stop` (SIGTERM) drains: the running stream ends with its finish reason, not the
+    server_shutdown error (it was cut at once, though the docs promised it time), and the
+    server exits 0."""
+    import http.client
+    import json
+    import signal
+
+    server, port = served_in_a_process(tiny_dirs, "--compile", "off")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/health")
-                conn.getresponse().read()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         body = {"model": "target", "prompt": "hello", "max_tokens": 40, "stream": True, "ignore_eos": True,
                 "speculative": {"method": "plain"}}
@@ -183,31 +191,10 @@ def test_two_ctrl_cs_to_a_server_with_open_streams_end_them_with_an_error_event(
     import http.client
     import json
     import signal
-    import socket
-    import subprocess
-    import sys
     import threading
     import time
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "--target", str(tiny_dirs["target"]),
-                               "--draft", str(tiny_dirs["draft"]), "--device", "cpu", "--dtype", "float32",
-                               "--port", str(port), "--api-key", "key", "--max-batch-size", "1",
-                               "--draft-quant", "none"],  # other model options than test_server's: its own lock
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/health")
-            conn.getresponse().read()
-            break
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+    server, port = served_in_a_process(tiny_dirs, "--max-batch-size", "1", "--draft-quant", "none")
     streams: dict[int, bytes] = {}
 
     def stream(i: int) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.text import json_value
-from specgen.decoding.prompts import MAX_PROMPTS_FILE_BYTES, encode_prompt, render_chat
+from specgen.decoding.prompts import encode_prompt, read_prompts_bytes, render_chat
 from specgen.errors import ConfigError, PromptError
 
 QUICK = "quick"
@@ -89,13 +89,7 @@ def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
 
 def read_prompt_file(path: Path) -> list[BenchPrompt]:
     """Parse and check one JSONL prompt file; any problem is one line naming file:line."""
-    try:
-        with open(path, "rb") as stream:
-            data = stream.read(MAX_PROMPTS_FILE_BYTES + 1)
-    except OSError as exc:
-        raise PromptError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_PROMPTS_FILE_BYTES:
-        raise PromptError(f"prompt file {path} holds more than {MAX_PROMPTS_FILE_BYTES >> 30} GiB; split it")
+    data = read_prompts_bytes(path)
     try:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:

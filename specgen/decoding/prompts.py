@@ -122,6 +122,18 @@ def read_prompts_file(path) -> list[str]:
 MAX_PROMPTS_FILE_BYTES = 1 << 30
 
 
+def read_prompts_bytes(path) -> bytes:
+    """A prompts file's bytes, up to MAX_PROMPTS_FILE_BYTES; anything else is one PromptError."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_PROMPTS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PROMPTS_FILE_BYTES:
+        raise PromptError(f"prompts file {path} holds more than {MAX_PROMPTS_FILE_BYTES >> 30} GiB; split it")
+    return data
+
+
 def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     """One prompt per line, or JSONL objects with a `prompt` field (and an optional `id`, a string
     or an integer); blank lines skipped. A prompt's id is its `id`, else its line number.
@@ -130,13 +142,7 @@ def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     id that is neither a string nor an integer, invalid JSON, bytes that are not UTF-8; with
     `unique_ids` (results keyed by id: `run --output`) also an id that an earlier line holds.
     """
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PROMPTS_FILE_BYTES + 1)
-    except OSError as exc:
-        raise PromptError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_PROMPTS_FILE_BYTES:
-        raise PromptError(f"prompts file {path} holds more than {MAX_PROMPTS_FILE_BYTES >> 30} GiB; split it")
+    data = read_prompts_bytes(path)
     records: list[PromptRecord] = []
     seen: dict[str | int, int] = {}
     for number, raw in enumerate(data.splitlines(), 1):
