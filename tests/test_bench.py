@@ -559,6 +559,15 @@ def test_throughput_mode_compares_sampled_tokens_only_in_deterministic_windows(p
     assert {c.differs for c in cells if c.mode != "off"} == {0}
 
 
+def test_verify_windows_alone_say_they_measure_throughput_cells(models, short_file, tmp_path):
+    out = tmp_path / "w.json"
+    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "4",
+                                 "--methods", "chain", "--verify-windows", "8", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "--verify-windows measures throughput cells" in result.stderr
+    assert {c["batch_size"] for c in json.loads(out.read_text())["cells"]} == {1}
+
+
 def test_throughput_mode_bad_sizes_are_one_line(models):
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "1,x"]), "--batch-sizes")
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--batch-sizes", "0"]), "--batch-sizes")

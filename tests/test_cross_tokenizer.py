@@ -356,5 +356,7 @@ def test_bench_with_a_draft_of_another_tokenizer(dirs, tmp_path):
     assert every.exit_code == 0, every.output
     for name in ("rsd-c", "rsd-s", "multi-draft", "hf-assisted", "hf-assisted-k4"):
         assert f"bench: left out {name}" in every.stderr
-    measured = json.loads((tmp_path / "b.json").read_text())["methods"]
+    data = json.loads((tmp_path / "b.json").read_text())
+    measured = data["methods"]
     assert {"plain", "chain", "lookup-chain", "hf-lookup"} <= set(measured) and "rsd-c" not in measured
+    assert "drafts trees" in data["settings"]["left_out"]["rsd-c"]  # the JSON says what was left out, and why

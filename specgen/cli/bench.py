@@ -24,7 +24,7 @@ from specgen.bench.html import write_html
 from specgen.cli.options import user_errors, with_options
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.errors import ConfigError
-from specgen.status import error_line
+from specgen.status import error_line, note
 
 REFERENCE_METHODS = "hf-assisted,hf-assisted-k4,hf-lookup"  # see specgen/bench/references.py
 DEFAULT_METHODS = ",".join(m.value for m in Method if m is not Method.EAGLE) + "," + REFERENCE_METHODS
@@ -90,6 +90,7 @@ def bench(
         windows = throughput.parse_sizes(verify_windows, "--verify-windows")
         if windows and not sizes:
             sizes = [1]
+            note("bench: --verify-windows measures throughput cells (--batch-sizes 1 unless given)")
         levels = throughput.parse_sizes(concurrency, "--concurrency")
         outputs = {"--json": json_file, "--csv": csv_file, "--plot": plot_file, "--html": html_file}
         report.check_not_read(outputs, prompt_sets.prompt_files(prompts))
@@ -343,7 +344,9 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
             "draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence})
         if choice is not None:
             err.print(f"bench: draft length k={choice.k} with {name} ({choice.reason})", style="dim", markup=False)
+    asked = names
     names = _runnable(registry, pair, names, named, err, drafts)
+    left_out = {n: registry.unsupported(pair, n, drafts) for n in asked if n not in names}  # the JSON says so too
     generation, k = resolve_draft_length(pair, settings.generation, drafts=True)
     settings = replace(settings, generation=generation)
     if k is not None:
@@ -359,7 +362,8 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
             def tick(m):
                 progress.update(task, advance=1, description=escape(f"{m.prompt_id} · {m.method}"))
 
-            return _noted(measure.run_bench(pair, names, items, settings, on_measurement=tick, drafts=drafts), k)
+            result = measure.run_bench(pair, names, items, settings, on_measurement=tick, drafts=drafts)
+            return _noted(result, k, left_out)
     # one line per prompt, said when the next prompt starts (a column that failed measures fewer
     # generations per prompt, so counting them would misplace the lines) and after the last
     said: list[str] = []
@@ -377,12 +381,14 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
     result = measure.run_bench(pair, names, items, settings, on_measurement=line, drafts=drafts)
     if current and current[0] not in said and not result.interrupted:
         say(current[0])
-    return _noted(result, k)
+    return _noted(result, k, left_out)
 
 
-def _noted(result, chosen):
-    """Record how the draft length was chosen (JSON settings, table title)."""
+def _noted(result, chosen, left_out: dict):
+    """Record how the draft length was chosen (JSON settings, table title), and the default
+    list's methods this pair cannot run, each with why."""
     result.settings["draft_tokens_choice"] = f"device default: {chosen.reason}" if chosen else "given"
+    result.settings["left_out"] = left_out
     return result
 
 
