@@ -88,9 +88,9 @@ def bench(
         items = prompt_sets.load_prompts(prompts, limit)
         sizes = throughput.parse_sizes(batch_sizes, "--batch-sizes")
         windows = throughput.parse_sizes(verify_windows, "--verify-windows")
-        if windows and not sizes:
+        implied = bool(windows and not sizes)
+        if implied:
             sizes = [1]
-            note("bench: --verify-windows measures throughput cells (--batch-sizes 1 unless given)")
         levels = throughput.parse_sizes(concurrency, "--concurrency")
         outputs = {"--json": json_file, "--csv": csv_file, "--plot": plot_file, "--html": html_file}
         report.check_not_read(outputs, prompt_sets.prompt_files(prompts))
@@ -101,6 +101,8 @@ def bench(
                          named=named)
         elif sizes:
             names, windows = _check_throughput(names, generation, windows, outputs, named, repeats)
+            if implied:  # once the settings are known good: an error stays one line
+                note("bench: --verify-windows measures throughput cells (--batch-sizes 1 unless given)")
             _throughput(names, items, replace(generation, deterministic=False), sizes, windows, models, json_file,
                         threads, named=named)
         else:
