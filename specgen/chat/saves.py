@@ -104,12 +104,21 @@ def write_save(path: Path, snapshot: dict) -> None:
         raise SaveFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def _json_file(path: Path):
+    """The file's JSON value, read up to MAX_SAVE_BYTES (a SaveFileError past it); OSError,
+    UnicodeDecodeError and JSONDecodeError as they come."""
+    with open(path, "rb") as stream:
+        raw = stream.read(MAX_SAVE_BYTES + 1)
+    if len(raw) > MAX_SAVE_BYTES:
+        raise SaveFileError(f"{path} holds more than {MAX_SAVE_BYTES >> 20} MiB: not a specgen chat save")
+    return json_value(raw.decode("utf-8"))
+
+
 def _is_save(path: Path) -> bool:
     """Whether the file at `path` reads as a chat save of any version (its "format" field)."""
     try:
-        with open(path, "rb") as stream:
-            data = json_value(stream.read(MAX_SAVE_BYTES + 1).decode("utf-8"))
-    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON (JSONDecodeError is a ValueError)
+        data = _json_file(path)
+    except (OSError, ValueError, SaveFileError):  # unreadable, too big, not UTF-8, not JSON
         return False
     return isinstance(data, dict) and data.get("format") == SAVE_FORMAT
 
@@ -118,11 +127,7 @@ def read_save(path: str | Path) -> SavedChat:
     """Read and validate a save file; anything wrong is one SaveFileError line."""
     path = Path(path).expanduser()
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_SAVE_BYTES + 1)
-        if len(raw) > MAX_SAVE_BYTES:
-            raise SaveFileError(f"{path} holds more than {MAX_SAVE_BYTES >> 20} MiB: not a specgen chat save")
-        data = json_value(raw.decode("utf-8"))
+        data = _json_file(path)
     except OSError as exc:
         raise SaveFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -122,19 +122,11 @@ def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client:
     if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
         raise ConfigError(f"--max-batch-size must be in 1..256, got {max_batch}")
     if not named:  # the default list: specgen's own methods only (transformers' and llama.cpp's run no server)
-        names = [n for n in names if _serves(speculative, n)]
+        names = [n for n in names if n in {m.value for m in Method}]
     for name in names:
         speculative(name)  # a named method that is not specgen's: one line, before anything loads
     report.check_outputs({"--json": outputs["--json"]})
     return names
-
-
-def _serves(speculative, name: str) -> bool:
-    try:
-        speculative(name)
-    except ConfigError:
-        return False
-    return True
 
 
 def _check_throughput(names, config, windows: list[int], outputs: dict, named: bool,

@@ -339,8 +339,8 @@ def _messages(value) -> list[dict]:
                            f"messages[{i}].role", "unsupported_parameter")
         if role not in ("system", "developer", "user", "assistant"):
             raise ApiError(400, f"messages[{i}] needs a role: system, developer, user or assistant", f"messages[{i}].role")
-        if message.get("tool_calls") not in (None, []) or message.get("function_call") is not None:
-            name = "tool_calls" if message.get("tool_calls") not in (None, []) else "function_call"
+        name = next((n for n in ("tool_calls", "function_call") if message.get(n) not in (None, [])), None)
+        if name is not None:
             raise ApiError(400, f"messages[{i}].{name}: this server calls no tools", f"messages[{i}].{name}",
                            "unsupported_parameter")
         content = message.get("content")
