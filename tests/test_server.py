@@ -652,6 +652,28 @@ def test_echo_gives_the_prompts_logprobs_as_a_forward_does(served, tiny_dirs):
     assert status == 400 and answer["error"]["param"] == "echo"
 
 
+def test_echo_lists_every_prompt_token_special_ones_too(served):
+    """lm-eval reads an echoed prompt's log-probabilities by token position (its context's length
+    cuts them), so a special token inside a prompt of token ids (a BOS, a turn's end) has its
+    entry too, with the value a forward gives."""
+    import torch
+
+    pair = served.state.scheduler.pair
+    tokenizer = pair.target.tokenizer
+    words = tokenizer.encode("x = 1\ny = 2", add_special_tokens=False)
+    ids = [tokenizer.eos_token_id] + words[:4] + [tokenizer.eos_token_id] + words[4:]
+    with torch.no_grad():
+        log = torch.log_softmax(pair.target.model(torch.tensor([ids])).logits[0].float(), -1)
+    body = {"model": model(served), "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0}
+    status, answer, _ = raw(served, "POST", "/v1/completions", body)
+    assert status == 200, answer
+    got = answer["choices"][0]["logprobs"]
+    assert len(got["token_logprobs"]) == len(ids) and got["token_logprobs"][0] is None
+    assert got["tokens"][0] == got["tokens"][5] == tokenizer.eos_token
+    want = [log[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    assert max(abs(a - b) for a, b in zip(got["token_logprobs"][1:], want)) < 1e-4
+
+
 def test_echoed_logprobs_of_a_prompt_the_server_has_just_answered(served):
     """A request that continues a row the engine parked (its prompt starts with that row's
     sequence, or is it) still gets its prompt's log-probabilities, as a forward gives them: the

@@ -151,18 +151,21 @@ def _output_of(stops: list[str], stream: bool):
     return Output(job, tokenizer, 1), tokenizer
 
 
-def _feed(output, tokenizer, text: str) -> list:
-    """`text` as rounds of three tokens; the chunks it made."""
-    from specgen.decoding.events import RoundResult, TokenLogprob
+def _feed(output, tokenizer, text: str, middle: list[int] = ()) -> list:
+    """`text` (then `middle`'s tokens, then its end again) as rounds of three tokens, ended by
+    EOS as the engine ends a row; the chunks it made."""
+    from specgen.decoding.events import RoundResult, StopReason, TokenLogprob
     from specgen.decoding.stats import Stats
 
-    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    words = tokenizer.encode(text, add_special_tokens=False)
+    ids = words + list(middle) + (words[-2:] if middle else []) + [tokenizer.eos_token_id]
     chunks = []
     for start in range(0, len(ids), 3):
         emitted = ids[start: start + 3]
         logprobs = tuple(TokenLogprob(-0.25 * (start + i), ((t, -0.1),)) for i, t in enumerate(emitted))
         event = RoundResult(emitted[:-1], tuple(range(len(emitted) - 1)), tuple(range(1, len(emitted))), emitted[-1],
-                            emitted=emitted, logprobs=logprobs)
+                            emitted=emitted, logprobs=logprobs,
+                            stop=StopReason.EOS if start + 3 >= len(ids) else None)
         chunks += output.add(event, Stats("chain"))
     return ids, chunks
 
@@ -196,6 +199,29 @@ def test_an_answer_without_a_stop_reports_every_token_but_the_eos():
     logprobs = output.response(Stats("chain"), ids, "eos")["choices"][0]["logprobs"]
     assert "".join(logprobs["tokens"]) == "Hi there" and len(logprobs["tokens"]) == len(ids) - 1
     assert logprobs["top_logprobs"][0] == {"H": -0.1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_special_token_mid_answer_has_its_entry(stream):
+    """A special token decoded mid-answer (a random model's, or one under ignore_eos) is a
+    completion token like any other: it has its entry, so the entries stay one per token (its text is the token's own, which the answer's text leaves out); only the
+    end-of-sequence token that ended the row has none."""
+    output, tokenizer = _output_of([], stream=stream)
+    from specgen.decoding.stats import Stats
+
+    special = tokenizer.eos_token_id
+    ids, chunks = _feed(output, tokenizer, "Hi there", middle=[special])
+    if stream:
+        chunks += output.finish(Stats("chain"), ids, "eos")
+        fields = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    else:
+        fields = [output.response(Stats("chain"), ids, "eos")["choices"][0]["logprobs"]]
+    tokens = [t for f in fields for t in f["tokens"]]
+    values = [v for f in fields for v in f["token_logprobs"]]
+    assert len(tokens) == len(ids) - 1  # every token but the last EOS
+    assert tokens[len("Hi there")] == tokenizer.eos_token
+    assert "".join(tokens).replace(tokenizer.eos_token, "") == "Hi therere"
+    assert values == [-0.25 * i for i in range(len(ids) - 1)]
 
 
 # -- `specgen run --logprobs`: in its own process, on the server, for a prompt set -----------------------

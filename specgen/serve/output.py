@@ -8,7 +8,7 @@ streaming, a tail that could be the start of a stop string is held back until it
 
 from __future__ import annotations
 
-from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult, TokenLogprob
+from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult, StopReason, TokenLogprob
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import logprob_entries, replay_view, round_view
 from specgen.serve import answers, api
@@ -34,6 +34,7 @@ class Output:
         self.tokens: list[tuple[int, int, int, TokenLogprob]] = []
         self.chars = 0  # characters pushed so far, before any stop cut
         self.reported = 0  # tokens whose logprobs went out
+        self.ended_at = -1  # index in `tokens` of the special stop token that ended the row (-1: none)
         self.bytes_of = TokenBytes(tokenizer)
 
     # -- events ---------------------------------------------------------------------------------
@@ -50,6 +51,8 @@ class Output:
             for token, piece, logprob in zip(event.emitted, view.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
                 self.chars += len(piece)
+            if event.stop == StopReason.EOS and event.emitted and event.emitted[-1] in self.bytes_of.specials:
+                self.ended_at = len(self.tokens) - 1  # the end-of-sequence token: no text, no entry
             if view.pending:  # a piece per token: a replay's rollback counts tokens
                 self.pending.extend(view.pieces)
             else:
@@ -152,8 +155,9 @@ class Output:
 
     def _logprobs(self, end: int, final: bool) -> dict | None:
         """The `logprobs` of the tokens not yet reported whose text ends by character `end` of
-        the answer; at the end, every token that starts inside the (stop-cut) answer, and none
-        of its special tokens (EOS)."""
+        the answer; at the end, every token that starts inside the (stop-cut) answer. Special
+        tokens decoded mid-answer have entries (their text is empty, as the answer's is); the
+        end-of-sequence token that ended the row has none, as in OpenAI's answers."""
         if self.job.config.sampling.logprobs is None:
             return None
         cut = len(self.text)
@@ -162,7 +166,7 @@ class Output:
             if not final and stop > end:
                 break
             self.reported += 1
-            if token in self.bytes_of.specials or (final and self.stopped and start >= cut):
+            if self.reported - 1 == self.ended_at or (final and self.stopped and start >= cut):
                 continue
             chosen.append((start, token, logprob))
         entries = logprob_entries([token for _, token, _ in chosen], [lp for _, _, lp in chosen], self.bytes_of)
