@@ -62,6 +62,17 @@ class Method(str, enum.Enum):
     def is_tree(self) -> bool:
         return self in (Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT)
 
+    @property
+    def options(self) -> frozenset[str]:
+        """The drafting options this method reads (GenerationConfig's names): chains take a
+        draft length and its schedule (a draft model's chains a confidence stop too), trees a
+        shape whatever the draft length, plain none."""
+        length = frozenset({"draft_tokens", "schedule"})
+        return {Method.PLAIN: frozenset(), Method.LOOKUP: length, Method.EAGLE: length,
+                Method.CHAIN: length | {"draft_confidence"}, Method.LOOKUP_CHAIN: length | {"draft_confidence"},
+                Method.RSD_C: frozenset({"branching"}), Method.MULTI_DRAFT: frozenset({"branching"}),
+                Method.RSD_S: frozenset({"beam_width", "depth"})}[self]
+
 
 SEED_MAX = 2**63 - 1  # batched rows seed with seed + row index, which must stay below 2**64
 MAX_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's top_logprobs limit)

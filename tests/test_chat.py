@@ -61,6 +61,12 @@ def test_plain_session_prints_replies_to_stdout_and_stats_to_stderr(models):
     assert "turn 2: conversation" in result.stderr
 
 
+def test_chat_names_a_drafting_option_its_method_does_not_read(models):
+    result = session_run(models, ["hello"], "-n", "2", "--method", "chain", "--depth", "3")
+    assert result.exit_code == 0, result.output
+    assert "--depth is unused by chain (it applies to rsd-s)" in result.stderr
+
+
 def test_chat_takes_the_draft_schedule_and_confidence_that_run_takes(models):
     """--draft-confidence and --draft-schedule reach the chat's engine as they reach run's: a
     confidence of 0.99 stops the tiny draft's chains early (each draft token is kept, then the

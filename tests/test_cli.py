@@ -745,6 +745,31 @@ def test_a_prompt_read_from_a_terminal_says_how_to_end_it(models):
     assert child.exitstatus == 130
 
 
+@pytest.mark.parametrize("method,options,named", [
+    ("plain", ["-k", "3"], "--draft-tokens is unused by plain"),
+    ("chain", ["--branching", "3,1"], "--branching is unused by chain (it applies to rsd-c, multi-draft)"),
+    ("lookup", ["--draft-confidence", "0.3"], "--draft-confidence is unused by lookup"),
+    ("rsd-c", ["--beam-width", "2"], "--beam-width is unused by rsd-c (it applies to rsd-s)"),
+    ("chain", ["--verify-window", "8"], "--verify-window sets deterministic mode's window"),
+])
+def test_a_drafting_option_the_method_does_not_read_is_named(models, method, options, named):
+    """An option the run's method never reads is not silently dropped: a note names it and the
+    methods that read it (not an error: the run is still what was asked)."""
+    result = invoke("run", "hello", *models, "-n", "2", "--method", method, *options, "--format", "plain",
+                    "--no-server")
+    assert result.exit_code == 0, result.output
+    assert named in result.stderr
+
+
+def test_drafting_options_the_method_reads_bring_no_note(models):
+    for method, options in [("rsd-s", ["--beam-width", "2", "--depth", "2"]), ("rsd-c", ["--branching", "2,1"]),
+                            ("chain", ["-k", "3", "--draft-confidence", "0.2", "--draft-schedule", "additive"]),
+                            ("chain", ["--deterministic", "--verify-window", "8"])]:
+        result = invoke("run", "hello", *models, "-n", "2", "--method", method, *options, "--format", "plain",
+                        "--no-server")
+        assert result.exit_code == 0 and "unused" not in result.stderr, (method, result.stderr)
+
+
 def test_show_tree_without_trees_to_show_says_so(models):
     result = invoke("run", "hello", *models, "-n", "2", "--method", "chain", "--show-tree", "--format", "plain")
     assert result.exit_code == 0 and "--show-tree draws the trees" in result.stderr

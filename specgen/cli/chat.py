@@ -30,7 +30,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.cli.options import Format, check_text, decode_text, user_errors, with_options
+from specgen.cli.options import Format, check_text, decode_text, given, note_unused, user_errors, with_options
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
@@ -76,11 +76,12 @@ def _chat(ctx, system, load_file, settings: ModelSettings, show_tree, format, us
         check_text(system, "--system")
     if load_file is not None:
         saved = read_save(load_file)
-        given = {name for name in _SETTING_OPTIONS if _given(ctx, name)}
+        named = {name for name in _SETTING_OPTIONS if given(ctx, name)}
         ours = settings_dict(config)
-        config = config_from({**saved.settings, **{k: ours[k] for k in given}}, config)
-        system = system if _given(ctx, "system") else saved.system
+        config = config_from({**saved.settings, **{k: ours[k] for k in named}}, config)
+        system = system if given(ctx, "system") else saved.system
         messages = saved.messages
+    note_unused(ctx, config)
     interactive = sys.stdin.isatty()
     fmt = format or (Format.rich if interactive and sys.stdout.isatty() else Format.plain)
     # a terminal gets Rich's word wrapping (a soft-wrapping Live view cut each reply line at the
@@ -114,12 +115,6 @@ def _local_session(settings: ModelSettings, config, system, messages, notify, qu
     pair = load(settings, config.method, quiet=quiet)
     config, _ = resolve_draft_length(pair, config)
     return ChatSession(pair, settings, config, system, messages, notify=notify, quiet=quiet)
-
-
-def _given(ctx, name: str) -> bool:
-    """Was option `name` given on the command line (or by an environment variable)?"""
-    source = ctx.get_parameter_source(name) if ctx is not None else None
-    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
 
 
 class _TurnView:

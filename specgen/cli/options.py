@@ -21,7 +21,7 @@ from specgen.config import (GenerationConfig, Method, ModelSettings, SamplingCon
                             parse_draft_tokens)
 from specgen.errors import ConfigError, PromptError, SpecgenError, file_error, one_line
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.status import error_line
+from specgen.status import error_line, note
 
 
 class Format(str, enum.Enum):
@@ -252,6 +252,32 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
         return run
 
     return wrap
+
+
+# a drafting option's keyword here -> its GenerationConfig name (Method.options)
+DRAFTING_OPTIONS = {"draft_tokens": "draft_tokens", "draft_schedule": "schedule", "draft_confidence": "draft_confidence",
+                    "branching": "branching", "beam_width": "beam_width", "depth": "depth"}
+
+
+def given(ctx, name: str) -> bool:
+    """Was option `name` given on the command line (or by an environment variable)?"""
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+def note_unused(ctx, config: GenerationConfig) -> None:
+    """A note per drafting option given on the command line that this run does not read
+    (`--branching` with chain, `--verify-window` without `--deterministic`): it is not refused,
+    as chat's /set may switch to a method that reads it, but never ignored silently."""
+    for name in [name for name in (*DRAFTING_OPTIONS, "verify_window") if given(ctx, name)]:
+        flag = "--" + name.replace("_", "-")
+        if name == "verify_window":
+            if not config.deterministic:
+                note(f"specgen: {flag} sets deterministic mode's window; without --deterministic it is unused")
+            continue
+        if DRAFTING_OPTIONS[name] not in config.method.options:
+            users = [m.value for m in Method if DRAFTING_OPTIONS[name] in m.options]
+            note(f"specgen: {flag} is unused by {config.method.value} (it applies to {', '.join(users)})")
 
 
 def generation_config(*, method="chain", max_new_tokens=256, draft_tokens="device", temperature=0.0, top_k=0,

@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from specgen.cli.options import Format, check_text, read_prompt, sigterm_as_ctrl_c, user_errors, with_options
+from specgen.cli.options import (Format, check_text, note_unused, read_prompt, sigterm_as_ctrl_c, user_errors,
+                                 with_options)
 from specgen.cli.prompt_set import check_options, run_to_file
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import GenerationConfig, ModelSettings
@@ -24,6 +25,7 @@ from specgen.status import note
 @with_options()
 def run(
     *,
+    ctx: typer.Context,
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' reads it from stdin.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
@@ -45,6 +47,7 @@ def run(
     sigterm_as_ctrl_c()
     with user_errors():
         config = replace(generation, sampling=replace(generation.sampling, logprobs=logprobs))
+        note_unused(ctx, config)
         if logprobs is not None and format is not Format.json and output is None:
             raise ConfigError("--logprobs are written in the JSON output", hint="add --format json")
         if system is not None:
