@@ -241,7 +241,7 @@ def draft_share(g) -> float | None:
 
 def summary_cells(g) -> list[str]:
     """A summary row's cells as the table shows them (COLUMNS), for every report."""
-    identical = "–" if g.identical is None or g.method == "plain" else f"{g.identical}/{g.compared}"
+    identical = "–" if g.identical is None else f"{g.identical}/{g.compared}"
     spread = "–" if g.speedup_min is None or g.method == "plain" else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}"
     return [g.method, g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"), _fmt(g.speedup, ".2f", "x"),
             spread, _fmt(g.acceptance_rate, ".0%"), _fmt(g.tokens_per_target_forward, ".2f"),

@@ -96,8 +96,8 @@ def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
         plain = sorted(groups.get((prompt_id, PLAIN), []), key=lambda m: m.repeat)
         tps = statistics.median(m.tokens_per_second for m in runs)
         plain_tps = statistics.median(m.tokens_per_second for m in plain) if plain else None
-        identical = mismatch = None
-        if greedy and plain:
+        identical = mismatch = None  # plain is the reference: it is compared with nothing
+        if greedy and plain and method != PLAIN:
             mismatch = _first_mismatch(runs[0].token_ids, plain[0].token_ids)
             identical = mismatch is None
         results.append(PromptResult(
