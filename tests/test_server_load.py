@@ -523,6 +523,44 @@ def test_one_server_per_model_options(tiny_dirs, tmp_path, monkeypatch):
     os.close(again)
 
 
+def test_list_and_stop_find_a_server_that_does_not_answer_yet(tiny_dirs, tmp_path, monkeypatch):
+    """A server holds its options' lock from before it loads: `--list` shows one still loading
+    (or whose record is lost) by that lock, with its log, and `--stop` ends it, once its
+    command line proves it is `specgen serve`; a lock's holder that is something else is named,
+    never signalled."""
+    from specgen.serve import discovery
+
+    monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(tmp_path / "rt"))
+    discovery.private_dir()
+    settings = settings_for(tiny_dirs)
+    code = ("import sys, time; from specgen.config import ModelSettings; from specgen.serve import discovery; "
+            f"discovery.hold(ModelSettings(*{list(dataclasses.astuple(settings))!r})); print('held', flush=True); "
+            "time.sleep(120)")
+    loading = subprocess.Popen([sys.executable, "-c", code, "specgen", "serve"], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ})
+    try:
+        assert loading.stdout.readline().strip() == "held"
+        listed = invoke("serve", "--list")
+        assert listed.exit_code == 0, listed.output
+        key = discovery.settings_key(settings)
+        assert f"pid {loading.pid}  not answering yet" in listed.stdout and f"{key}.log" in listed.stdout
+        assert discovery.holder(discovery.lock_path(settings)) == loading.pid  # the probe left it held
+        stopped = invoke("serve", *options(tiny_dirs), "--stop")
+        assert stopped.exit_code == 0, stopped.output
+        assert f"stopped the specgen server (pid {loading.pid}" in stopped.stderr
+        assert loading.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        loading.kill()
+        loading.wait()
+    assert "no specgen server is running" in invoke("serve", "--list").stderr
+    held = discovery.hold(settings)  # this process is no `specgen serve`: named, not signalled
+    try:
+        one_line_error(invoke("serve", *options(tiny_dirs), "--stop"), f"starting or not answering (pid {os.getpid()})")
+    finally:
+        os.close(held)
+    one_line_error(invoke("serve", *options(tiny_dirs), "--stop"), "no specgen server with these model options")
+
+
 def test_a_quiet_stream_sends_keep_alives_and_a_silent_server_is_given_up(tiny_dirs, pair, monkeypatch):
     """While a request waits or prefills, its stream carries SSE comments; a served run whose
     server sends nothing at all for STREAM_TIMEOUT says so, keeping what came, instead of

@@ -166,12 +166,16 @@ def _list() -> None:
         raise ConfigError(f"cannot look for servers: {why}",
                           hint=discovery.fix_hint(directory))
     servers = client.running()
-    if not servers:
+    silent = client.silent(servers)
+    if not servers and not silent:
         typer.echo("no specgen server is running", err=True)
         return
     for info in servers:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
         typer.echo(f"pid {info['pid']}  {info['models']}  since {since}  {info['url']}")
+    for key, pid in silent:  # a server holds its options' lock from before it loads until it ends
+        typer.echo(f"pid {pid or '?'}  not answering yet (loading, or its record is lost)  "
+                   f"log {directory / (key + '.log')}")
 
 
 def _stop(settings: ModelSettings) -> None:

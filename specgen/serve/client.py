@@ -17,12 +17,13 @@ import secrets
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.views import Outcome, ReplayView, RoundView
-from specgen.errors import PartialReply, SpecgenError
+from specgen.errors import ConfigError, PartialReply, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
 
@@ -91,16 +92,35 @@ def running(timeout: float = 2.0) -> list[dict]:
     return sorted(found, key=lambda info: info["since"])
 
 
+def silent(servers: list[dict]) -> list[tuple[str, int]]:
+    """(model-options key, pid) of each server that holds its lock but is not among `servers`
+    (those that answer): one still loading, or one whose record is lost."""
+    answering = {Path(info["record"]).stem for info in servers}
+    return [(key, pid) for key, pid in discovery.held() if key not in answering]
+
+
 def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
-    """Stop the matching server (SIGTERM to the pid it answered with); its record, or None."""
+    """Stop the matching server (SIGTERM to the pid it answered with, or to the `specgen serve`
+    holding these options' lock: one still loading, or whose record is lost); what it was, or
+    None when none runs. A lock's holder that cannot be proven a server is a ConfigError."""
     server = find(settings)
-    if server is None:
-        return None
-    os.kill(server.info["pid"], signal.SIGTERM)
+    lock = discovery.lock_path(settings)
+    if server is not None:
+        pid, info = server.info["pid"], server.info
+    else:
+        pid = discovery.holder(lock)
+        if pid is None:
+            return None
+        if not pid or not discovery.is_server(pid):
+            shown = f" (pid {pid})" if pid else ""
+            raise ConfigError(f"the specgen server with these model options is starting or not answering{shown}",
+                              hint=f"kill {pid} ends it" if pid else "try again in a moment")
+        info = {"pid": pid, "models": "not answering yet"}
+    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and find(settings, timeout=0.5) is not None:
+    while time.monotonic() < deadline and discovery.holder(lock) is not None:
         time.sleep(0.2)
-    return server.info
+    return info
 
 
 def request_body(config: GenerationConfig, model: str, messages: list[dict] | None = None,

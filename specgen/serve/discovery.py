@@ -106,12 +106,57 @@ def log_path(settings: ModelSettings) -> Path:
     return runtime_dir() / f"{settings_key(settings)}.log"
 
 
+def lock_path(settings: ModelSettings) -> Path:
+    return runtime_dir() / f"{settings_key(settings)}.lock"
+
+
+def holder(path: Path) -> int | None:
+    """Who holds the lock at `path` (`hold`): its pid, 0 for a holder that has not written it
+    yet, None when no process does (the lock is free, or there is none). A server holds its
+    lock from before it loads until it ends, so this finds one still loading, or whose record
+    is lost. Probing takes the lock for an instant when it is free."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            flock_now(fd)
+            return None  # free: released again as the descriptor closes
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else 0
+        except OSError:  # a file system without locks: nothing to learn from it
+            return None
+    finally:
+        os.close(fd)
+
+
+def held() -> list[tuple[str, int]]:
+    """(model-options key, holder's pid) of every held lock in the runtime directory."""
+    directory = runtime_dir()
+    if not directory.is_dir() or unsafe(directory) is not None:
+        return []
+    found = [(path.stem, holder(path)) for path in sorted(directory.glob("*.lock"))]
+    return [(key, pid) for key, pid in found if pid is not None]
+
+
+def is_server(pid: int) -> bool:
+    """Whether process `pid` runs `specgen serve` (Linux's /proc; elsewhere never proven): what a
+    signal to a pid read from a lock file needs first."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(b"specgen" in word for word in words) and b"serve" in words
+
+
 def hold(settings: ModelSettings) -> int:
     """An exclusive lock, for this process's lifetime, on the right to serve these model options
     (`flock` on `<key>.lock` beside the record): a second server of the same options, started in
     the same seconds or beside a hung one, is refused instead of overwriting the first's record.
     Returns the descriptor (closing it releases the lock; so does the process's end)."""
-    path = runtime_dir() / f"{settings_key(settings)}.lock"
+    path = lock_path(settings)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -125,8 +170,7 @@ def hold(settings: ModelSettings) -> int:
             os.close(fd)
         pid = f" (pid {holder})" if holder.isdigit() else ""
         raise ConfigError(f"a specgen server with these model options is already running or starting{pid}",
-                          hint="`specgen serve --list` shows it once it answers; `specgen serve --stop` with the same "
-                               f"options stops it" + (f"; one that never answers: kill {holder}" if pid else "")) from None
+                          hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options stops it" + (f"; one that never answers: kill {holder}" if pid else "")) from None
     os.ftruncate(fd, 0)  # the holder's pid, for the refusal above: a server whose record is lost can still be named
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
