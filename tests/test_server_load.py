@@ -490,13 +490,17 @@ def test_a_client_proves_the_server_before_sending_its_token(served, tiny_dirs, 
     try:
         record = {"url": f"http://127.0.0.1:{squatter.server_port}", "token": "the-secret-token", "pid": os.getpid(),
                   "models": "m", "since": 0.0, "model": "m"}
-        assert client._answering(record, timeout=5) is None
+        assert client._answering(record, timeout=5, key=discovery.settings_key(settings_for(tiny_dirs))) is None
         assert sent == [None]  # the token was never sent
     finally:
         squatter.shutdown()
-    # the real server proves it: a challenge's answer is the HMAC under its token
+    # the real server proves it: a challenge's answer is the HMAC under its token, of its options' key
     real = {**record, "url": served.state.info["url"], "token": served.token}
-    assert client._answering(real, timeout=5) is not None
+    key = discovery.settings_key(settings_for(tiny_dirs))
+    assert served.state.info["key"] == key and client._answering(real, timeout=5, key=key) is not None
+    # its record copied under another options' name leads nowhere: the proof names the options
+    other = discovery.settings_key(dataclasses.replace(settings_for(tiny_dirs), dtype="bfloat16"))
+    assert client._answering(real, timeout=5, key=other) is None
 
 
 def test_one_server_per_model_options(tiny_dirs, tmp_path, monkeypatch):

@@ -119,7 +119,7 @@ def _add_status_routes(app: FastAPI, state: ServerState) -> None:
         body = {"status": "ok"}
         challenge = request.query_params.get("challenge")
         if challenge is not None and 0 < len(challenge) <= 128:
-            body["proof"] = discovery.proof(state.keys[0], challenge)
+            body["proof"] = discovery.proof(state.keys[0], challenge, state.info.get("key", ""))
         if _authorized(state, request):
             body.update(state.info, busy=state.scheduler.busy())
         return body

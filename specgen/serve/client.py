@@ -60,13 +60,16 @@ def find(settings: ModelSettings, timeout: float = 2.0) -> Server | None:
     if why is not None:  # a server there is not trusted: say why this run loads in its own process
         note(f"specgen: not looking for a server: {why}")
         return None
-    return _answering(discovery.read_record(discovery.record_path(settings)), timeout)
+    path = discovery.record_path(settings)
+    return _answering(discovery.read_record(path), timeout, path.stem)
 
 
-def _answering(record: dict | None, timeout: float) -> Server | None:
-    """The record's server, if what answers at its URL proves it holds the record's token
-    without being sent it (discovery.proof of a fresh challenge): after a crash, another user
-    could listen on that port and would get the token, the prompt, and the answer's say."""
+def _answering(record: dict | None, timeout: float, key: str) -> Server | None:
+    """The record's server, if what answers at its URL proves it holds the record's token and
+    serves the model options `key` names, without being sent the token (discovery.proof of a
+    fresh challenge): after a crash, another user could listen on that port and would get the
+    token, the prompt, and the answer's say; a record copied under another options' name would
+    send a run to a server of other models."""
     if record is None:
         return None
     server = Server(record["url"], record["token"], record)
@@ -78,7 +81,7 @@ def _answering(record: dict | None, timeout: float) -> Server | None:
         return None  # a stale record: its server is gone
     proof = body.get("proof") if isinstance(body, dict) else None
     if status != 200 or not isinstance(proof, str) or \
-            not hmac.compare_digest(proof, discovery.proof(record["token"], challenge)):
+            not hmac.compare_digest(proof, discovery.proof(record["token"], challenge, key)):
         return None
     return server
 
@@ -87,7 +90,7 @@ def running(timeout: float = 2.0) -> list[dict]:
     """Every server of this user that answers (pid, models, since, url), oldest first."""
     found = []
     for path, record in discovery.records():
-        if _answering(record, timeout) is not None:
+        if _answering(record, timeout, path.stem) is not None:
             found.append({**record, "record": str(path)})
     return sorted(found, key=lambda info: info["since"])
 

@@ -24,7 +24,7 @@ from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.ground import atomic_write, cache_root, flock_now
 
-PROTOCOL = 3  # the HTTP API (3: /health proves the token by a challenge)
+PROTOCOL = 4  # the HTTP API (3: /health proves the token by a challenge; 4: and the model options)
 
 
 def runtime_dir() -> Path:
@@ -91,11 +91,13 @@ def settings_key(settings: ModelSettings) -> str:
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
-def proof(token: str, challenge: str) -> str:
-    """What a server answers to /health?challenge=C: an HMAC of C under its local token. A
-    client checks it before sending the token anywhere: what listens at a dead server's port
-    (another user, after a crash) cannot make it."""
-    return hmac.new(token.encode(), b"specgen-health:" + challenge.encode(), hashlib.sha256).hexdigest()
+def proof(token: str, challenge: str, key: str) -> str:
+    """What a server answers to /health?challenge=C: an HMAC of C and its model options' key
+    (`settings_key`) under its local token. A client checks it before it sends the token
+    anywhere: what listens at a dead server's port (another user, after a crash) cannot make
+    it, and a server found through another options' record (a copied file) makes another."""
+    message = f"specgen-health:{key}:{challenge}".encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
 def record_path(settings: ModelSettings) -> Path:

@@ -283,7 +283,8 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
     info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
             "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None,
-            "methods": servable(pair), "method": config.method.value, "draft_tokens": config.draft_tokens}
+            "methods": servable(pair), "method": config.method.value, "draft_tokens": config.draft_tokens,
+            "key": discovery.settings_key(settings)}  # what its record is named after (discovery.proof)
     state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
                         pair.target.context_length, metrics, say, options.allowed_origins)
     return scheduler, state
