@@ -121,8 +121,8 @@ def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
         info = {"pid": pid, "models": "not answering yet"}
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and discovery.holder(lock) is not None:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and (discovery.holder(lock) is not None or find(settings, timeout=0.5)):
+        time.sleep(0.2)  # until it has ended (its lock is free), or, one that holds none, stopped answering
     return info
 
 

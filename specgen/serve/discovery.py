@@ -167,12 +167,13 @@ def hold(settings: ModelSettings) -> int:
         flock_now(fd)
     except OSError:
         try:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         finally:
             os.close(fd)
-        pid = f" (pid {holder})" if holder.isdigit() else ""
+        pid = f" (pid {text})" if text.isdigit() else ""
         raise ConfigError(f"a specgen server with these model options is already running or starting{pid}",
-                          hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options stops it" + (f"; one that never answers: kill {holder}" if pid else "")) from None
+                          hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options stops "
+                               "it" + (f"; one that never answers: kill {text}" if pid else "")) from None
     os.ftruncate(fd, 0)  # the holder's pid, for the refusal above: a server whose record is lost can still be named
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
