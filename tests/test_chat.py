@@ -61,6 +61,59 @@ def test_plain_session_prints_replies_to_stdout_and_stats_to_stderr(models):
     assert "turn 2: conversation" in result.stderr
 
 
+def test_a_new_draft_length_or_method_applies_from_the_next_turn(models):
+    """The row keeps its draft-length policy across turns (what an adaptive schedule learned),
+    but not past a change of what it was made for: /set draft_tokens and /method take effect
+    at the next turn (they were ignored after the first)."""
+    def turns(k: str, *commands: str) -> list[dict]:
+        lines = ["hello there", *commands, "and again"]
+        result = session_run(models, lines, "-n", "24", "-k", k, "--draft-confidence", "0", "--format", "json")
+        assert result.exit_code == 0, result.output
+        return [line["stats"] for line in json_lines(result.stdout) if "stats" in line]
+
+    first, second = turns("8", "/set draft_tokens 2")
+    assert first["drafted"] > 2 * first["rounds"] and 0 < second["drafted"] <= 2 * second["rounds"]
+    first, second = turns("1", "/set draft_tokens 6")
+    assert first["drafted"] <= first["rounds"] and second["drafted"] > second["rounds"]
+    first, second = turns("1", "/method lookup-chain")  # lookup rounds propose up to 4
+    assert first["drafted"] <= first["rounds"] and second["drafted"] > second["rounds"]
+
+
+def test_a_save_keeps_its_draft_length_and_confidence_stop(models, tmp_path):
+    """--load takes the save's draft length and confidence stop (the device's choice replaced
+    the length, and the stop was not saved); a save of a length left to the device says so."""
+    save = tmp_path / "k7.json"
+    result = session_run(models, ["hi", f"/save {save}"], "-n", "4", "-k", "7", "--draft-confidence", "0")
+    assert result.exit_code == 0, result.output
+    settings = json.loads(save.read_text())["settings"]
+    assert settings["draft_tokens"] == 7 and settings["draft_confidence"] == 0.0
+    shown = session_run(models, ["/set"], "--load", str(save), "--format", "json")
+    loaded = json_lines(shown.stdout)[-1]["settings"]
+    assert (loaded["draft_tokens"], loaded["draft_confidence"]) == (7, 0.0)
+    again = session_run(models, ["/set"], "--load", str(save), "-k", "3", "--format", "json")  # the command line wins
+    assert json_lines(again.stdout)[-1]["settings"]["draft_tokens"] == 3
+    words = session_run(models, ["/set draft_tokens auto", "/set draft_tokens device", "/set draft_tokens 2.5"],
+                        "-k", "2", "--format", "json")
+    assert len(error_lines(words.output)) == 1 and "draft_tokens takes an integer" in error_lines(words.output)[0]
+    shown = [line["settings"] for line in json_lines(words.stdout) if "settings" in line]
+    # auto: the adaptive schedule up to 8; device: the k this machine measured, chosen here
+    assert shown[0]["draft_tokens"] == 8 and isinstance(shown[1]["draft_tokens"], int)
+
+
+def test_a_chat_on_a_server_sends_the_draft_length_it_sets():
+    """A chat on a server leaves the draft length to the server until /set names one; then
+    every request carries it (it was left out while the placeholder's flag stayed set)."""
+    from specgen.chat.saves import config_from, settings_dict
+    from specgen.serve.client import request_body
+
+    device = GenerationConfig(device_draft_tokens=True, device_confidence=True)
+    assert settings_dict(device)["draft_tokens"] == "device"
+    assert "draft_tokens" not in request_body(device, "m", [{"role": "user", "content": "x"}])["speculative"]
+    body = request_body(config_from({"draft_tokens": 1}, device), "m", [{"role": "user", "content": "x"}])
+    assert body["speculative"]["draft_tokens"] == 1
+    assert config_from(settings_dict(device)) == device  # a save of it loads as it was
+
+
 def test_chat_names_a_drafting_option_its_method_does_not_read(models):
     result = session_run(models, ["hello"], "-n", "2", "--method", "chain", "--depth", "3")
     assert result.exit_code == 0, result.output
@@ -183,8 +236,8 @@ def test_save_and_load_round_trip(models, tmp_path):
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "top_p must be"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}', "list of integers"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}', "a number"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"draft_tokens": "auto"}}',
-     "invalid setting draft_tokens: expected an integer, got 'auto'"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"draft_tokens": "often"}}',
+     "invalid setting draft_tokens: expected an integer, got 'often'"),
     ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
      "messages[0] holds a lone surrogate"),
     ('{"format": "specgen-chat", "version": 1, "system": "\\udfff", "messages": []}', "system holds a lone surrogate"),

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
-from specgen.chat.saves import (SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedChat, config_from, read_save,
+from specgen.chat.saves import (DEVICE, SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedChat, config_from, read_save,
                                 settings_dict, write_save)
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.stats import Stats, histogram
@@ -31,12 +31,13 @@ HELP = f"""\
 /system [TEXT]        set the system prompt; without TEXT show it; /system --clear removes it
 /stats                session totals
 /method [NAME]        switch method: {", ".join(m.value for m in Method)}
-/set [NAME VALUE]     temperature, top_k, top_p, seed (or none), max_new_tokens, draft_tokens;
-                      without arguments show the settings
+/set [NAME VALUE]     temperature, top_k, top_p, seed (or none), max_new_tokens, draft_tokens
+                      (or auto, device), draft_confidence (or device); without arguments show them
 /save FILE            write the conversation and settings as JSON
 /load FILE            resume a saved conversation
 /exit                 leave (also Ctrl-D, or Ctrl-C twice at an empty prompt)
 Any other line is a message; start it with // to send a line that begins with /."""
+WORDS = {"seed": ("none", "off"), "draft_tokens": ("auto", DEVICE), "draft_confidence": (DEVICE,)}  # /set's non-numbers
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,9 @@ class Backend(Protocol):
         Ctrl-C before the reply began raises KeyboardInterrupt; during it, the outcome is
         marked interrupted."""
 
-    def configure(self, config: GenerationConfig) -> None:
-        """Prepare for `config` (a local pair loads its draft model where needed)."""
+    def configure(self, config: GenerationConfig) -> GenerationConfig:
+        """Prepare for `config` (a local pair loads its draft model where needed); the config
+        its replies will follow (a local pair's with the device's draft length chosen)."""
 
 
 def plain_messages(messages: list[dict]) -> list[dict]:
@@ -168,18 +170,20 @@ class Conversation:
     # -- settings ------------------------------------------------------------------------
     def configure(self, config: GenerationConfig) -> None:
         """Switch to `config` (the backend prepares first: on failure nothing changed)."""
-        self.backend.configure(config)
-        self.config = config
+        self.config = self.backend.configure(config)
 
     def set_option(self, name: str, value: str) -> None:
+        """/set NAME VALUE; every setting but the words below takes a number."""
         name = name.strip().lower().replace("-", "_")
         if name not in SETTING_NAMES:
             raise ConfigError(f"unknown setting '{name}'; choose one of: {', '.join(SETTING_NAMES)}")
         value = value.strip()
         if name == "seed" and value.lower() in ("none", "off", ""):
             parsed = None
+        elif value.lower() in WORDS.get(name, ()):
+            parsed = value.lower()
         else:
-            kind = float if name in ("temperature", "top_p") else int
+            kind = float if name in ("temperature", "top_p", "draft_confidence") else int
             try:
                 parsed = kind(value)
             except ValueError:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specgen.text import json_value
-from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.config import GenerationConfig, Method, SamplingConfig, Schedule, parse_draft_tokens
 from specgen.errors import ConfigError, SpecgenError
 from specgen.ground import write_text
 
@@ -33,15 +33,20 @@ class SavedChat:
     models: dict
 
 
-SETTING_NAMES = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "draft_tokens")
+SETTING_NAMES = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "draft_tokens", "draft_confidence")
+DEVICE = "device"  # a draft length (and its confidence stop) the device chooses, as `-k device`
 
 
 def settings_dict(config: GenerationConfig) -> dict:
+    """The settings /set shows and a save keeps. A draft length still the device's to choose
+    (a chat on a server, which chooses it) is "device", and so is its confidence stop."""
     s = config.sampling
+    device_k = config.device_draft_tokens
     return {"method": config.method.value, "max_new_tokens": config.max_new_tokens,
-            "draft_tokens": config.draft_tokens, "temperature": s.temperature, "top_k": s.top_k,
-            "top_p": s.top_p, "seed": s.seed, "branching": list(config.branching),
-            "beam_width": config.beam_width, "depth": config.depth}
+            "draft_tokens": DEVICE if device_k else config.draft_tokens,
+            "draft_confidence": DEVICE if device_k and config.device_confidence else config.draft_confidence,
+            "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
+            "branching": list(config.branching), "beam_width": config.beam_width, "depth": config.depth}
 
 
 def config_from(settings: dict, base: GenerationConfig | None = None) -> GenerationConfig:
@@ -59,14 +64,27 @@ def config_from(settings: dict, base: GenerationConfig | None = None) -> Generat
     sampling = dict(temperature=read("temperature", _float), top_k=read("top_k", _int), top_p=read("top_p", _float),
                     seed=None if merged["seed"] is None else read("seed", _int))
     method = read("method", lambda value: Method.parse(str(value)))
-    fields = dict(max_new_tokens=read("max_new_tokens", _int), draft_tokens=read("draft_tokens", _int),
+    k, schedule = read("draft_tokens", _draft_tokens)
+    confidence = read("draft_confidence", lambda value: None if value == DEVICE else _float(value))
+    fields = dict(max_new_tokens=read("max_new_tokens", _int), draft_tokens=k,
+                  device_draft_tokens=merged["draft_tokens"] == DEVICE,
+                  draft_confidence=confidence or 0.0, device_confidence=confidence is None,
                   branching=read("branching", lambda value: tuple(_int(b) for b in _list(value))),
                   beam_width=read("beam_width", _int), depth=read("depth", _int))
+    if schedule is not None:  # `auto`: the adaptive schedule up to 8, as `-k auto`
+        fields["schedule"] = schedule
     try:  # keeps what /set does not name (deterministic mode, the draft schedule)
         return replace(base, method=method, sampling=SamplingConfig(**sampling), **fields)
     except ConfigError as exc:  # the checks name the command-line options: say the setting's name
         raise ConfigError(re.sub(r"--([a-z-]+)", lambda hit: hit.group(1).replace("-", "_"), str(exc)),
                           hint=exc.hint) from None
+
+
+def _draft_tokens(value) -> tuple[int, Schedule | None]:
+    """A number, "auto" or "device", as `-k` takes them (its placeholder k for "device")."""
+    if isinstance(value, str) and value.strip().lower() in (DEVICE, "auto"):
+        return parse_draft_tokens(value)
+    return _int(value), None
 
 
 def _int(value) -> int:

@@ -15,7 +15,7 @@ from specgen.chat.conversation import Conversation
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding import run
 from specgen.decoding.prompts import render_chat
-from specgen.decoding.build import build_engine
+from specgen.decoding.build import build_engine, resolve_draft_length
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PromptError
 from specgen.runtime.pair import Pair, load_draft_alone
@@ -100,8 +100,10 @@ class LocalBackend:
             return m, config.branching, config.beam_width, config.depth
         return m, config.draft_tokens if m is Method.LOOKUP_CHAIN else None, config.draft_confidence
 
-    def configure(self, config: GenerationConfig) -> None:
-        """Load the draft model where `config` needs it and build a new drafter where it changes.
+    def configure(self, config: GenerationConfig) -> GenerationConfig:
+        """Load the draft model where `config` needs it, choose the device's draft length where
+        it is left to the device (/set draft_tokens device), and build a new drafter where it
+        changes; the config the replies follow.
 
         The target's cache is kept even when the drafter changes: the new engine takes it over,
         and its drafter, empty, is prefilled from the conversation by the next turn.
@@ -111,11 +113,13 @@ class LocalBackend:
                 raise ConfigError(f"method {config.method.value} needs a draft model; start chat with --draft MODEL")
             self.notify(f"loading the draft model {self.settings.draft}")
             self.pair.draft = load_chat_draft(self.settings, self.pair.target, quiet=self.quiet)
+        config, _ = resolve_draft_length(self.pair, config)
         key = self._key(config)
         if key != self._drafter_key:
             self.engine = build_engine(self.pair, config, after=self.engine)
             self._drafter_key = key
         self.config = config
+        return config
 
 
 class ChatSession(Conversation):

@@ -31,6 +31,7 @@ class DecodeState:
     sampling: SamplingConfig
     generator: torch.Generator | None = field(default=None, repr=False)
     length: LengthPolicy | None = None  # the draft-length policy (length.py), kept across chat turns
+    length_for: tuple = ()  # the (schedule, most tokens, cost) it was made for: another makes a new one
     row: int = 0  # this sequence's row in the cache (and in the drafter)
     index: int = 0  # the prompt's position in the generation's input
     budget: int = 0  # new tokens allowed (max_new_tokens within the context)
@@ -48,14 +49,16 @@ class DecodeState:
     def begin(self, request: Request, reused: int, started: float, config: GenerationConfig,
               context_length: int) -> None:
         """The row starts on `request`'s prompt, `reused` of its tokens already in the cache. A
-        chat turn's row keeps its draft-length policy (what it learned of the draft)."""
+        chat turn's row keeps its draft-length policy (what it learned of the draft) while the
+        schedule, the draft length and the method's cost stay what it was made for."""
         prompt = request.ids
         self.ids, self.prompt_length, self.index = list(prompt), len(prompt), request.index
         self.sampling, self.reused_tokens, self.verified = request.sampling, reused, len(prompt)
         self.stop, self.started, self.held, self.allowed = None, started, False, 0
-        if self.length is None:
-            cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
-            self.length = make_policy(config.schedule, config.round_tokens, cost=cost)
+        cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
+        made_for = (config.schedule, config.round_tokens, cost)
+        if self.length is None or self.length_for != made_for:  # a chat's /set or /method changed it
+            self.length, self.length_for = make_policy(*made_for[:2], cost=cost), made_for
         self.budget = min(request.max_new_tokens, context_length - self.prompt_length)
         self.context_bound = self.budget < request.max_new_tokens
 

@@ -233,8 +233,10 @@ class ServerChat:
         outcome = _stream(response, renderer, config)
         return outcome, outcome.stats.reused_tokens
 
-    def configure(self, config: GenerationConfig) -> None:
-        """Nothing to prepare: each request carries its settings (the server checks them)."""
+    def configure(self, config: GenerationConfig) -> GenerationConfig:
+        """Nothing to prepare: each request carries its settings (the server checks them, and
+        chooses a draft length left to the device)."""
+        return config
 
 
 class Refused(SpecgenError):
