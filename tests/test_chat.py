@@ -114,6 +114,24 @@ def test_a_chat_on_a_server_sends_the_draft_length_it_sets():
     assert config_from(settings_dict(device)) == device  # a save of it loads as it was
 
 
+@pytest.mark.parametrize("fmt", ["plain", "json"])
+def test_a_closed_pipe_ends_the_chat_quietly(models, monkeypatch, fmt):
+    """`specgen chat ... | head -c 10`: stdout closes; the session ends as `run` does, without
+    an 'unexpected BrokenPipeError' per later turn (which said, falsely in JSON, that the
+    message was not kept)."""
+    import errno
+
+    from specgen.cli.render import JsonRenderer
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(PlainRenderer, "_write", closed)
+    monkeypatch.setattr(JsonRenderer, "finish", closed)
+    result = session_run(models, ["one", "two", "three"], "-n", "4", "--format", fmt)
+    assert result.exit_code == 1 and "error" not in result.output
+
+
 def test_chat_names_a_drafting_option_its_method_does_not_read(models):
     result = session_run(models, ["hello"], "-n", "2", "--method", "chain", "--depth", "3")
     assert result.exit_code == 0, result.output

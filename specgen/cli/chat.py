@@ -225,8 +225,8 @@ class _Loop:
             self.turn(line[1:] if line.startswith("//") else line)
         except SpecgenError as exc:
             self.error(exc)
-        except (_Interrupted, KeyboardInterrupt):
-            raise
+        except (_Interrupted, KeyboardInterrupt, BrokenPipeError):
+            raise  # a closed stdout (`| head`) ends the session quietly, as it ends `run`
         except Exception as exc:  # noqa: BLE001: a failed turn must not end the session (and lose it)
             if os.environ.get("SPECGEN_DEBUG"):
                 raise
@@ -239,7 +239,7 @@ class _Loop:
         except SpecgenError as exc:
             self.error(exc)
             return False
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError):
             raise
         except Exception as exc:  # noqa: BLE001
             if os.environ.get("SPECGEN_DEBUG"):
