@@ -4,6 +4,7 @@ exact bytes, and prefix comparison of id lists."""
 from __future__ import annotations
 
 import json
+import sys
 
 import re
 
@@ -116,8 +117,15 @@ class TokenBytes:
 def json_value(text: str | bytes):
     """`json.loads`, except that a document nested too deeply for Python's parser (which
     recurses once per level: "[[[[...]]]]") is a JSONDecodeError like any other bad JSON, not a
-    RecursionError: local files (caches, prompt files, saves, results) are read with it."""
+    RecursionError, and nor is an integer too long for Python to convert (a ValueError of its
+    own): local files (caches, prompt files, saves, results) are read with it."""
+    document = text if isinstance(text, str) else ""
     try:
         return json.loads(text)
     except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
+        raise json.JSONDecodeError("nested too deeply", document, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise json.JSONDecodeError(f"a number of more than {sys.get_int_max_str_digits()} digits", document,
+                                   0) from None

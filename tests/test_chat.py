@@ -132,6 +132,12 @@ def test_a_closed_pipe_ends_the_chat_quietly(models, monkeypatch, fmt):
     assert result.exit_code == 1 and "error" not in result.output
 
 
+def test_a_save_name_with_a_nul_byte_is_one_line(models):
+    result = session_run(models, ["/save a\x00b.json", "/load a\x00b.json"])
+    errors = error_lines(result.output)
+    assert result.exit_code == 1 and len(errors) == 2 and all("holds a NUL byte" in e for e in errors)
+
+
 def test_chat_names_a_drafting_option_its_method_does_not_read(models):
     result = session_run(models, ["hello"], "-n", "2", "--method", "chain", "--depth", "3")
     assert result.exit_code == 0, result.output
@@ -254,6 +260,8 @@ def test_save_and_load_round_trip(models, tmp_path):
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "top_p must be"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}', "list of integers"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}', "a number"),
+    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"seed": ' + "7" * 5000 + "}}",
+     "a number of more than 4300 digits"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"draft_tokens": "often"}}',
      "invalid setting draft_tokens: expected an integer, got 'often'"),
     ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',

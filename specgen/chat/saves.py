@@ -114,12 +114,20 @@ def _list(value) -> list:
 def write_save(path: Path, snapshot: dict) -> None:
     """The snapshot as indented JSON, through the atomic-write helper. A file already there is
     replaced only if it is a chat save: anything else (a prompts file, notes) is someone's work."""
+    _named(path)
     if path.is_file() and path.stat().st_size and not _is_save(path):  # an empty file (touch, mktemp) holds nothing
         raise SaveFileError(f"{path} exists and is not a specgen chat save; give another file name")
     try:
         write_text(path, json.dumps(snapshot, ensure_ascii=False, indent=2) + "\n", parents=False)
     except OSError as exc:
         raise SaveFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _named(path: Path) -> Path:
+    """The path, unless no file can have its name (a NUL byte: Python's ValueError otherwise)."""
+    if "\0" in str(path):
+        raise SaveFileError(f"{str(path)!r} is no file name: it holds a NUL byte")
+    return path
 
 
 def _json_file(path: Path):
@@ -143,7 +151,7 @@ def _is_save(path: Path) -> bool:
 
 def read_save(path: str | Path) -> SavedChat:
     """Read and validate a save file; anything wrong is one SaveFileError line."""
-    path = Path(path).expanduser()
+    path = _named(Path(path).expanduser())
     try:
         data = _json_file(path)
     except OSError as exc:
