@@ -340,6 +340,32 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_going(models, tmp_pat
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"] * 6
 
 
+def test_a_reply_budget_past_the_context_keeps_the_earlier_turns():
+    """`/set max_new_tokens 100000` (as long as it takes) reserves at most half the context for
+    the reply: short turns keep their history instead of each dropping every earlier one."""
+    from specgen.chat.conversation import Conversation
+    from specgen.decoding.stats import Stats
+    from specgen.decoding.views import Outcome
+
+    class Short:  # a backend of 256 tokens, a token per character, whose replies are "ok"
+        target_name, draft_name, context_length = "t", None, 256
+
+        def count(self, messages):
+            return sum(len(m["content"]) for m in messages)
+
+        def reply(self, messages, config, renderer):
+            return Outcome("ok", [1, 2], Stats("plain", new_tokens=2)), 0
+
+        def configure(self, config):
+            return config
+
+    chat = Conversation(Short(), ModelSettings("t", None), GenerationConfig(max_new_tokens=100_000))
+    turns = [chat.send("x" * 40, None) for _ in range(3)]
+    assert [t.dropped for t in turns] == [0, 0, 0] and len(chat.messages) == 6
+    chat.config = GenerationConfig(max_new_tokens=200)  # a budget within the context is reserved whole
+    assert chat.send("x" * 40, None).dropped > 0
+
+
 def test_a_loaded_save_far_past_the_context_is_fitted_and_kept_whole(models, tmp_path):
     """A save keeps every turn, so it may hold many contexts' worth: the next turn drops what
     does not fit (found by bisection, not a re-count per dropped turn) and a save keeps it all."""

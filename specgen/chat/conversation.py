@@ -110,8 +110,15 @@ class Conversation:
         """The messages a reply sees: the system prompt first, our own keys removed."""
         return ([{"role": "system", "content": self.system}] if self.system else []) + plain_messages(messages)
 
+    @property
+    def reserved(self) -> int:
+        """Context kept free for a reply: max_new_tokens, but at most half the context (a budget
+        past the context, "as long as it takes", must not cost every earlier turn)."""
+        return min(self.config.max_new_tokens, self.context_length // 2)
+
     def fit(self, messages: list[dict]) -> tuple[list[dict], int, int]:
-        """Drop the oldest turns until the conversation plus max_new_tokens fits the context.
+        """Drop the oldest turns until the conversation plus the reply's room (`reserved`) fits
+        the context.
 
         A turn is a user message with the replies after it. The last user message is never
         dropped, nor the system prompt. Returns (messages, their token count, turns dropped).
@@ -119,14 +126,14 @@ class Conversation:
         count = self.backend.count(self.full(messages))
         dropped = 0
         starts = [i for i, m in enumerate(messages) if m["role"] == "user"]
-        if count + self.config.max_new_tokens > self.context_length and len(starts) > 1:
+        if count + self.reserved > self.context_length and len(starts) > 1:
             # the fewest turns to drop, by bisection: a loaded save may hold far more than fits
             counts = {}
             low, high = 1, len(starts) - 1  # drop `high` turns: all but the last (it may still not fit)
             while low < high:
                 middle = (low + high) // 2
                 counts[middle] = self.backend.count(self.full(messages[starts[middle]:]))
-                if counts[middle] + self.config.max_new_tokens > self.context_length:
+                if counts[middle] + self.reserved > self.context_length:
                     low = middle + 1
                 else:
                     high = middle
@@ -146,9 +153,9 @@ class Conversation:
         if dropped:
             self.earlier += asked[: len(asked) - len(messages)]
             self.dropped_turns += dropped
-            self.notify(f"dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} to fit the "
-                        f"context of {self.context_length} tokens ({count} in the conversation + "
-                        f"{self.config.max_new_tokens} for the reply)")
+            self.notify(f"dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} to make room in the "
+                        f"context of {self.context_length} tokens ({count} in the conversation, "
+                        f"{min(self.context_length - count, self.config.max_new_tokens)} left for the reply)")
         room = self.context_length - count
         if room < self.config.max_new_tokens:
             self.notify(f"the context leaves room for {room} new tokens in this reply")
