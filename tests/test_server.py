@@ -466,11 +466,13 @@ def test_a_chat_on_the_server_replies_as_a_local_chat_and_reuses_the_row(served,
 def test_a_chat_on_the_server_keeps_commands_errors_and_the_context_fit(served, tiny_dirs, tmp_path):
     args = ("chat", *options(tiny_dirs), "--max-new-tokens", "8", "--format", "plain")
     save = tmp_path / "chat.json"
-    lines = f"/method nonsense\nHi\n/set temperature 0.7\n/set seed 3\nHow are you?\n/save {save}\n"
+    lines = f"/method nonsense\nHi\n/method eagle\n/set temperature 0.7\n/set seed 3\nHow are you?\n/save {save}\n"
     result = invoke(*args, input=lines)
-    assert result.exit_code == 1  # the bad /method line; the session went on
+    assert result.exit_code == 1  # the bad /method lines; the session went on
     assert "chatting on the specgen server" in result.stderr
     assert "unknown method" in result.stderr.lower() or "nonsense" in result.stderr
+    # a method the server's models cannot run is refused at /method, as a local chat refuses it
+    assert "the specgen server's models cannot run method eagle" in result.stderr
     saved = json.loads(save.read_text())
     assert [m["role"] for m in saved["messages"]] == ["user", "assistant", "user", "assistant"]
     assert saved["settings"]["temperature"] == 0.7 and saved["settings"]["seed"] == 3

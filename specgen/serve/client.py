@@ -235,7 +235,12 @@ class ServerChat:
 
     def configure(self, config: GenerationConfig) -> GenerationConfig:
         """Nothing to prepare: each request carries its settings (the server checks them, and
-        chooses a draft length left to the device)."""
+        chooses a draft length left to the device). A method its models cannot run (eagle
+        without a head) is refused here, as a local chat refuses it, not at every message."""
+        methods = self.server.info.get("methods")
+        if isinstance(methods, list) and config.method.value not in methods:
+            raise ConfigError(f"the specgen server's models cannot run method {config.method.value}; "
+                              f"it runs {', '.join(map(str, methods))}")
         return config
 
 
