@@ -429,6 +429,70 @@ def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
     assert bad.exit_code == 1 and "holds data recorded" in bad.output
 
 
+def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path):
+    """A rerun into an earlier run's --out: --minutes trains that much more (it trained nothing
+    once the epochs were done); a setting the checkpoint's head does not have, or data from
+    another model of the same name, is one line; a run stopped before it recorded anything
+    locks nothing."""
+    import shutil
+
+    def train(out, *extra, target=dirs["target"]):
+        return runner.invoke(app, ["train-head", "--out", str(out), "--target", str(target), "--device", "cpu",
+                                   "--dtype", "float32", "--tokens", "3000", "--draft-vocab", "100", "--quiet",
+                                   *extra])
+
+    out = tmp_path / "head"
+    (out / "data").mkdir(parents=True)  # what a Ctrl-C during loading left: a manifest, nothing recorded
+    (out / "data" / "manifest.json").write_text(json.dumps({"target": "x", "source": "code", "tokens": 9,
+                                                            "layers": [0], "sequences": 0}))
+    assert train(out).exit_code == 0
+    steps = json.loads((out / "training.json").read_text())["steps"]
+    more = train(out, "--minutes", "0.02")
+    assert more.exit_code == 0, more.output
+    assert json.loads((out / "training.json").read_text())["steps"] > steps
+    for extra, fragment in ((["--draft-vocab", "50"], "with --draft-vocab 100; this run asks for 50"),
+                            (["--draft-vocab", "100", "--intermediate", "32"], "another --intermediate?"),
+                            (["--draft-vocab", "100", "--minutes", "1", "--epochs", "2"], "give one of them")):
+        refused = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device",
+                                      "cpu", "--dtype", "float32", "--tokens", "3000", "--quiet", *extra])
+        assert refused.exit_code == 1 and fragment in refused.output and "unexpected" not in refused.output, \
+            refused.output
+    twin = tmp_path / "elsewhere" / "target"  # another model under the same directory name
+    shutil.copytree(dirs["target"], twin)
+    save_tiny(twin, seed=9, layers=LAYERS)
+    other = train(out, target=twin)
+    assert other.exit_code == 1 and "another model of that name" in other.output, other.output
+
+
+def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
+    """Too little data (all of it held out) and a loss that diverges are one line each, with
+    no head written; a head of NaN weights is refused at load."""
+    def train(out, *extra):
+        return runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
+                                   "--dtype", "float32", "--draft-vocab", "100", "--quiet", *extra])
+
+    few = train(tmp_path / "few", "--tokens", "64")
+    assert few.exit_code == 1 and "too few to train on" in few.output, few.output
+    wild = train(tmp_path / "wild", "--tokens", "3000", "--lr", "1e10")
+    assert wild.exit_code == 1 and "no longer finite" in wild.output, wild.output
+    assert not (tmp_path / "few" / "model.safetensors").exists() and not (tmp_path / "wild" / "model.safetensors").exists()
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specgen.cli.train_head import _kept
+
+    broken = tmp_path / "nan"
+    shutil.copytree(dirs["original"], broken)
+    state = load_file(str(broken / "model.safetensors"))
+    state["fc.weight"][0, 0] = float("nan")
+    save_file(state, str(broken / "model.safetensors"))
+    with pytest.raises(HeadError, match="fc.weight holds NaN"):
+        load_head(broken, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model)
+    assert "nothing was recorded yet" in _kept(tmp_path / "few-nothing")
+    assert "the features recorded so far" in _kept(tmp_path / "few")
+
+
 @pytest.mark.parametrize("extra, fragment", [
     (["--layers", "100"], "--layers: the head reads layer(s) [100]"),
     (["--lr", "nan"], "--lr must be a number > 0"),

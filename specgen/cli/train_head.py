@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import DeviceOpt, DtypeOpt, TargetOpt, TargetQuantOpt, user_errors
+from specgen.cli.options import DeviceOpt, DtypeOpt, TargetOpt, TargetQuantOpt, given, user_errors
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.catalog import DEFAULT_TARGET
@@ -17,12 +17,13 @@ MAX_INTERMEDIATE = 1 << 16  # the head's MLP width: past the widest target's (a 
 
 
 def train_head(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the head (config.json, model.safetensors), its data and checkpoint; a rerun resumes.")],
     target: TargetOpt = DEFAULT_TARGET,
     prompts: Annotated[str, typer.Option("--prompts", help="'code' (instructions from installed Python packages' functions, answered with their source; offline) or a prompt set / JSONL file answered by the target itself (self-distillation).")] = "code",
     tokens: Annotated[int, typer.Option("--tokens", help="Training tokens to make and record.")] = 100_000,
     answer_tokens: Annotated[int, typer.Option("--answer-tokens", help="With a prompt set: the target's answer length per prompt.")] = 256,
-    minutes: Annotated[float, typer.Option("--minutes", help="Train this long (on top of a checkpoint's), 0: until --epochs are done.")] = 0.0,
+    minutes: Annotated[float, typer.Option("--minutes", help="Train this many minutes more (on top of a checkpoint's), as many passes over the data as fit; 0: until --epochs are done.")] = 0.0,
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the data.")] = 1,
     steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled in training (EAGLE-3's training-time test).")] = 3,
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="Draft vocabulary: the most frequent target answers.")] = 32000,
@@ -58,6 +59,9 @@ def train_head(
             raise ConfigError(f"--minutes must be a number >= 0, got {minutes}")
         if epochs < 1:
             raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+        if minutes and given(ctx, "epochs"):
+            raise ConfigError("--minutes trains for a time (as many passes as fit), --epochs for a number of "
+                              "passes: give one of them")
         for name, value in (("--lr", lr), ("--checkpoint-minutes", checkpoint_minutes)):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number > 0, got {value}")
@@ -85,10 +89,18 @@ def train_head(
         try:
             record = work(settings, out, prompts, tokens, answer_tokens, train, quiet, texts)
         except KeyboardInterrupt:
-            typer.echo(f"stopped: the checkpoint and the head as trained so far are in {out}; rerun to resume",
-                       err=True)
+            typer.echo(f"stopped: {_kept(out)}", err=True)
             raise typer.Exit(130)
     acceptance = record["heldout_acceptance_per_position"]
     typer.echo(f"head written to {out}: {record['tokens_trained']} tokens trained in {record['seconds']:.0f} s; "
                f"held-out acceptance per draft position {acceptance} "
                f"(~{record['expected_tokens_per_round']} tokens per round)")
+
+
+def _kept(out: Path) -> str:
+    """What a stopped run leaves in `out`, as it is (Ctrl-C may come before anything was)."""
+    if (out / "checkpoint.pt").is_file():
+        return f"the checkpoint and the head as trained so far are in {out}; rerun to resume"
+    if any((out / "data").glob("shard-*.safetensors")):
+        return f"the features recorded so far are in {out}; rerun to record the rest and train"
+    return f"nothing was recorded yet; a rerun with --out {out} starts afresh"

@@ -124,6 +124,9 @@ def load_head(path: str | Path, target_model) -> Eagle3Head:
         if tuple(state[key].shape) != tuple(tensor.shape):
             raise HeadError(f"the head's {key} is {tuple(state[key].shape)}, its config says {tuple(tensor.shape)}"
                             + (" (a head for another target?)" if key == "fc.weight" else ""))
+    broken = [k for k in wanted if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all())]
+    if broken:  # a diverged training's: greedy drafting would only propose junk, sampling would fail
+        raise HeadError(f"the head's {broken[0]} holds NaN or infinite weights (a training that diverged)")
     head.load_state_dict({k: state[k].to(wanted[k].dtype) for k in wanted})
     targets = head.draft_to_target()
     if int(targets.min()) < 0 or int(targets.max()) >= target_vocab:

@@ -1,16 +1,20 @@
 """`specgen train-head`'s work: load the target, make and record the data once, train, write.
 
-A rerun with the same DIR resumes: recorded shards are read back, the checkpoint continues;
-`--minutes` adds that much training to what the checkpoint holds. Ctrl-C stops training after
-its step, writes the checkpoint and the head as trained so far, and exits 130.
+A rerun with the same DIR resumes: recorded shards are read back (when they come from the same
+target, by a fingerprint of its weights), the checkpoint continues; `--minutes` adds that much
+training to what the checkpoint holds. Ctrl-C stops training after its step, writes the
+checkpoint and the head as trained so far, and exits 130; a failure (a diverged loss) writes no
+head.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
 
+import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specgen.config import Method, ModelSettings
@@ -38,12 +42,16 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     train = Settings(**{**train.__dict__, "layers": tuple(layers)})
     out.mkdir(parents=True, exist_ok=True)
     shards = data.Shards(out)
-    manifest = shards.manifest()
-    wanted = {"target": target.name, "source": source, "tokens": tokens, "layers": list(layers)}
-    if manifest and {k: manifest.get(k) for k in wanted} != wanted:
+    manifest = _readable(shards)
+    wanted = {"target": target.name, "source": source, "tokens": tokens, "layers": list(layers),
+              "fingerprint": fingerprint(model)} | ({} if source == data.CODE else {"answer_tokens": answer_tokens})
+    # a run stopped (or failed) before it recorded a sequence holds nothing to keep
+    if manifest.get("sequences", 0) and any(k in manifest and manifest[k] != v for k, v in wanted.items()):
         raise ConfigError(f"{out} holds data recorded for {manifest.get('target')} from {manifest.get('source')} "
-                          f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}); use another --out")
-    if not manifest:
+                          f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}"
+                          + (", another model of that name" if manifest.get("fingerprint", wanted["fingerprint"])
+                             != wanted["fingerprint"] else "") + "); use another --out")
+    if not manifest.get("sequences", 0):
         shards.write_manifest({**wanted, "sequences": 0})
     started = time.monotonic()
     sequences = _sequences(target, source, prompts or [], tokens, answer_tokens)
@@ -53,14 +61,39 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     recorded = time.monotonic() - started
     with _bar("training the head", None, quiet) as advance:
         trainer = Trainer(model, out, train, progress=advance, heldout=advance.heldout)
-        try:
-            trainer.run()
-        finally:
+
+        def write() -> None:
             trainer.evaluate()
             trainer.write({"target": target.name, "source": source, "data_tokens": sum(len(s.ids) for s in sequences),
                            "record_seconds": round(recorded, 1), "layers": list(layers),
                            "expected_tokens_per_round": round(expected_tokens(trainer.report.acceptance), 3)})
+        try:
+            trainer.run()
+        except KeyboardInterrupt:  # the head as trained so far (a failure writes none: it may be junk)
+            write()
+            raise
+        write()
     return json.loads((out / "training.json").read_text())
+
+
+def fingerprint(model) -> str:
+    """Which model the data was recorded from, beyond its directory's name: its config's shape
+    and its first embedding rows (as bfloat16, so a load in another format agrees)."""
+    config = text_config(model.config)
+    rows = model.get_input_embeddings().weight[:64].detach().to(torch.bfloat16).float().cpu()
+    shape = (config.hidden_size, config.num_hidden_layers, rows.shape)
+    return hashlib.sha256(repr(shape).encode() + rows.numpy().tobytes()).hexdigest()[:16]
+
+
+def _readable(shards: data.Shards) -> dict:
+    try:
+        manifest = shards.manifest()
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{shards.dir / 'manifest.json'} cannot be read",
+                          hint="remove the directory's data/ to record the data again")
+    return manifest
 
 
 def check_out(out: Path) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from specgen.errors import ConfigError
 from specgen.models.eagle_format import ORIGINAL, save_head
 from specgen.models.eagle_head import Eagle3Head, HeadConfig
 from specgen.models.families import text_config
@@ -111,6 +112,11 @@ def draft_index(head: Eagle3Head) -> torch.Tensor:
     return index
 
 
+class Diverged(ConfigError):
+    """The loss stopped being a finite number: what the head learned since the last checkpoint
+    is junk, so neither a checkpoint nor a head is written from it."""
+
+
 class Trainer:
     """`progress(tokens, loss)` after each step; `heldout(acceptance per position)` after each
     measurement of the held-out sequences."""
@@ -124,8 +130,12 @@ class Trainer:
         self.position = 0  # sequences trained in this epoch
         self.epoch = 0
         if self.checkpoint.is_file():
-            saved = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
-            used = saved["used"]
+            try:
+                saved = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+                used = saved["used"]
+            except Exception as exc:  # noqa: BLE001: a truncated or foreign file; torch raises many kinds
+                raise ConfigError(f"{self.checkpoint} cannot be read ({type(exc).__name__})",
+                                  hint="remove it to train the head from the start on the recorded data") from None
         else:
             saved, used = None, None
         vocab = target_model.get_input_embeddings().weight.shape[0]
@@ -138,10 +148,24 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.used = used
         if saved is not None:
+            self._check_resumable(saved["head"], vocab)
             self.head.load_state_dict(saved["head"])
             self.optimizer.load_state_dict(saved["optimizer"])
             self.position, self.epoch = saved["position"], saved["epoch"]
             self.report = Report(**saved["report"])
+
+    def _check_resumable(self, saved: dict, vocab: int) -> None:
+        """A checkpoint resumes only the head it holds: a rerun asking for another shape is one
+        line naming the setting (not a state_dict error, nor a silent keep of the old one)."""
+        asked = min(self.settings.draft_vocab, vocab)
+        if int(self.used.shape[0]) != asked:
+            raise ConfigError(f"{self.dir} holds a head in training with --draft-vocab {int(self.used.shape[0])}; "
+                              f"this run asks for {asked}", hint="rerun with that --draft-vocab, or use another --out")
+        for key, tensor in self.head.state_dict().items():
+            if key in saved and tuple(saved[key].shape) != tuple(tensor.shape):
+                raise ConfigError(f"{self.dir} holds a head in training of another shape ({key}: "
+                                  f"{tuple(saved[key].shape)}, this run's {tuple(tensor.shape)}: another "
+                                  "--intermediate?)", hint="rerun with its settings, or use another --out")
 
     def save_checkpoint(self) -> None:
         tmp = self.checkpoint.with_suffix(".tmp")
@@ -161,8 +185,12 @@ class Trainer:
         started = last_save = last_evaluation = time.monotonic()
         spent_before = self.report.seconds
         sequences = list(self.shards.sequences())
+        if not self.order():
+            raise ConfigError(f"{len(sequences)} recorded sequence(s), all held out to measure acceptance (every "
+                              f"{settings.holdout}th is): too few to train on; give more --tokens")
+        diverged = False
         try:
-            while self.epoch < settings.epochs:
+            while settings.minutes or self.epoch < settings.epochs:  # --minutes: as many passes as fit
                 order = self.order()
                 while self.position < len(order):
                     if settings.minutes and self.report.seconds - spent_before >= settings.minutes * 60:
@@ -179,8 +207,12 @@ class Trainer:
                         last_save = time.monotonic()
                 self.epoch, self.position = self.epoch + 1, 0
             return self.report
+        except Diverged:
+            diverged = True
+            raise
         finally:  # Ctrl-C included: the last checkpoint holds everything trained
-            self.save_checkpoint()
+            if not diverged:
+                self.save_checkpoint()
 
     def _step(self, ids, start, feats, labels) -> None:
         lr = self.settings.lr * min(1.0, (self.report.steps_done + 1) / 50)  # a short warm-up
@@ -188,6 +220,9 @@ class Trainer:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
             outcome = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
+        if not bool(torch.isfinite(outcome.loss.detach())):
+            raise Diverged(f"the training loss is no longer finite at step {self.report.steps_done + 1}",
+                           hint=f"a smaller --lr than {self.settings.lr:g}; the last checkpoint is kept")
         if outcome.loss.requires_grad:
             self.optimizer.zero_grad(set_to_none=True)
             outcome.loss.backward()
