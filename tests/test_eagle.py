@@ -572,6 +572,11 @@ def test_specgen_check_covers_a_head(trained, dirs):
     assert all(case["identical"] for case in report["cases"]), report
     assert any("eagle" in label for label in labels) and any("chunked" in label for label in labels), labels
     assert any("rsd-c" in label for label in labels), labels  # trees from the head
+    chain = runner.invoke(app, ["check", "--target", str(dirs["target"]), "--draft", str(trained["dir"]), "--device",
+                                "cpu", "--dtype", "float32", "--prompts", "1", "--max-new-tokens", "8", "--methods",
+                                "chain", "--json"])  # chain with a head is eagle, as `run` reads it
+    assert chain.exit_code == 0, chain.output
+    assert {case["case"].split()[0].rstrip(",") for case in json.loads(chain.stdout)["cases"]} == {"eagle"}
 
 
 def test_bench_reports_acceptance_per_draft_position():

@@ -44,7 +44,7 @@ app.command()(bench)
 app.command()(serve)
 app.command()(check)
 app.command("train-head")(train_head)
-app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, remove.")
+app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, rm.")
 
 
 def main() -> None:

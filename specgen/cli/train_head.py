@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import DeviceOpt, DtypeOpt, TargetOpt, TargetQuantOpt, given, user_errors
+from specgen.cli.options import DeviceOpt, DtypeOpt, TargetOpt, TargetQuantOpt, given, sigterm_as_ctrl_c, user_errors
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.catalog import DEFAULT_TARGET
@@ -42,6 +42,7 @@ def train_head(
 
     `--draft DIR` then drafts with it (method eagle). The target's features are recorded once;
     training can be stopped (Ctrl-C) and resumed."""
+    sigterm_as_ctrl_c()  # `kill`, a job scheduler's stop: the checkpoint and the head as trained so far
     with user_errors():
         # the trainer (torch): only once the command runs
         from specgen.models.eagle_format import FORMATS
