@@ -187,6 +187,7 @@ def test_slash_commands_change_the_session(models):
     assert (settings["temperature"], settings["top_k"], settings["seed"], settings["max_new_tokens"],
             settings["draft_tokens"], settings["method"]) == (0.7, 5, 3, 5, 2, "plain")
     assert commands["stats"]["totals"]["turns"] == 3
+    assert commands["method"] == {"command": "method", "method": "plain"}  # /method prints an object too
     assert commands["stats"]["totals"]["turns_by_method"] == {"chain": 2, "plain": 1}
     errors = error_lines(result.stderr)
     assert len(errors) == 6, result.stderr
@@ -260,6 +261,8 @@ def test_save_and_load_round_trip(models, tmp_path):
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "top_p must be"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}', "list of integers"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}', "a number"),
+    ('{"format": "specgen-chat", "version": true, "messages": []}', "save format version True"),
+    ('{"format": "specgen-chat", "version": 1.0, "messages": []}', "save format version 1.0"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"seed": ' + "7" * 5000 + "}}",
      "a number of more than 4300 digits"),
     ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"draft_tokens": "often"}}',

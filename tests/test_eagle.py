@@ -491,6 +491,10 @@ def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
         load_head(broken, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model)
     assert "nothing was recorded yet" in _kept(tmp_path / "few-nothing")
     assert "the features recorded so far" in _kept(tmp_path / "few")
+    shard = next((tmp_path / "few" / "data").glob("shard-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])  # a copy cut short
+    cut = train(tmp_path / "few", "--tokens", "64")
+    assert cut.exit_code == 1 and "cannot be read" in cut.output and "unexpected" not in cut.output, cut.output
 
 
 @pytest.mark.parametrize("extra, fragment", [

@@ -294,7 +294,8 @@ class Conversation:
             if arg:
                 self.set_method(arg)
             choices = ", ".join(m.value for m in Method)
-            return CommandResult(f"method: {self.config.method.value} (choices: {choices})")
+            return CommandResult(f"method: {self.config.method.value} (choices: {choices})",
+                                 data={"method": self.config.method.value})
         if name == "set":
             if arg:
                 option, _, value = arg.replace("=", " ", 1).partition(" ")
@@ -308,7 +309,9 @@ class Conversation:
             if not arg:
                 raise ConfigError(f"/{name} needs a file name, like /{name} chat.json")
             if name == "save":
-                return CommandResult(f"saved {len(self.earlier) + len(self.messages)} messages to {self.save(arg)}")
+                count, path = len(self.earlier) + len(self.messages), self.save(arg)
+                return CommandResult(f"saved {count} messages to {path}", data={"saved": str(path), "messages": count})
             self.load(arg)
-            return CommandResult(f"loaded {len(self.messages)} messages from {arg}")
+            return CommandResult(f"loaded {len(self.messages)} messages from {arg}",
+                                 data={"loaded": arg, "messages": len(self.messages)})
         raise ConfigError(f"unknown command /{name}; /help lists the commands")

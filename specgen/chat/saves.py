@@ -163,7 +163,7 @@ def read_save(path: str | Path) -> SavedChat:
                             f"column {exc.colno} ({exc.msg})") from None
     if not isinstance(data, dict) or data.get("format") != SAVE_FORMAT:
         raise SaveFileError(f"{path} is not a specgen chat save (no \"format\": \"{SAVE_FORMAT}\")")
-    if data.get("version") != SAVE_VERSION:
+    if type(data.get("version")) is not int or data["version"] != SAVE_VERSION:  # true and 1.0 equal 1 too
         raise SaveFileError(f"{path} has save format version {data.get('version')!r}; "
                             f"this specgen reads version {SAVE_VERSION}")
     system, messages = data.get("system"), data.get("messages")

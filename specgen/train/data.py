@@ -33,6 +33,7 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
 from specgen.decoding.prompts import encode_prompt, render_chat
+from specgen.errors import ConfigError
 from specgen.runtime import features as taps
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for
@@ -129,7 +130,15 @@ class Shards:
         (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     def tokens(self) -> int:
-        return sum(int(load_file(str(f))["ids"].numel()) for f in self.files())
+        return sum(int(self._read(f)["ids"].numel()) for f in self.files())
+
+    def _read(self, file: Path) -> dict[str, torch.Tensor]:
+        """A shard's tensors; one that cannot be read (a disk filled, a copy cut short) is one line."""
+        try:
+            return load_file(str(file))
+        except Exception as exc:  # noqa: BLE001: safetensors raises its own kinds, and OSError
+            raise ConfigError(f"the recorded shard {file} cannot be read ({type(exc).__name__})",
+                              hint=f"remove {self.dir} to record the data again") from None
 
     def write(self, batch: list[tuple[Sequence, torch.Tensor, torch.Tensor]]) -> None:
         index = len(self.files())
@@ -144,7 +153,7 @@ class Shards:
     def sequences(self) -> Iterator[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
         """(ids [T], start, features [T, F], labels [T]) of every recorded sequence."""
         for file in self.files():
-            data = load_file(str(file))
+            data = self._read(file)
             offset = 0
             for length, start in zip(data["lengths"].tolist(), data["starts"].tolist()):
                 end = offset + length
