@@ -124,7 +124,7 @@ def json_value(text: str | bytes):
         return json.loads(text)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", document, 0) from None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):  # bytes that are not UTF-8 say so themselves
         raise
     except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
         raise json.JSONDecodeError(f"a number of more than {sys.get_int_max_str_digits()} digits", document,

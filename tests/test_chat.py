@@ -47,6 +47,11 @@ def json_lines(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
+def reply_lines(stdout: str) -> list[dict]:
+    """The replies' JSON objects (not the commands': /set, /method, /save ... print one too)."""
+    return [line for line in json_lines(stdout) if "command" not in line]
+
+
 def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
@@ -96,8 +101,9 @@ def test_a_save_keeps_its_draft_length_and_confidence_stop(models, tmp_path):
                         "-k", "2", "--format", "json")
     assert len(error_lines(words.output)) == 1 and "draft_tokens takes an integer" in error_lines(words.output)[0]
     shown = [line["settings"] for line in json_lines(words.stdout) if "settings" in line]
-    # auto: the adaptive schedule up to 8; device: the k this machine measured, chosen here
-    assert shown[0]["draft_tokens"] == 8 and isinstance(shown[1]["draft_tokens"], int)
+    # auto: the adaptive schedule up to 8; device: left to the device (chosen where the chat decodes)
+    assert (shown[0]["draft_tokens"], shown[0]["draft_schedule"]) == (8, "expected-gain")
+    assert shown[1]["draft_tokens"] == "device" and shown[1]["draft_confidence"] == "device"
 
 
 def test_a_chat_on_a_server_sends_the_draft_length_it_sets():
@@ -206,7 +212,7 @@ def test_method_loads_the_draft_when_the_session_started_without_one(models, tin
     result = session_run(models, ["hi", "/method chain", "hi again"], "-n", "4", "--method", "plain",
                          "--format", "json")
     assert result.exit_code == 0, result.output
-    assert [r["method"] for r in json_lines(result.stdout)] == ["plain", "chain"]
+    assert [r["method"] for r in reply_lines(result.stdout)] == ["plain", "chain"]
     assert "loading the draft model" in result.stderr
 
     no_draft = [a if a != str(tiny_dirs["draft"]) else str(tiny_dirs["target"] / "missing") for a in models]
@@ -331,7 +337,7 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_going(models, tmp_pat
     result = session_run(models, [*messages, f"/save {saved}"], "-n", "60", "--system", "You are terse.",
                          "--format", "json")
     assert result.exit_code == 0, result.output
-    replies = json_lines(result.stdout)
+    replies = reply_lines(result.stdout)
     assert len(replies) == 6
     assert sum(r["dropped_turns"] for r in replies) >= 3
     assert "dropped the oldest" in result.stderr
@@ -413,6 +419,30 @@ def make_session(tiny_dirs, tiny_pair, method=Method.CHAIN, messages=None, **kwa
     settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32")
     config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3)
     return ChatSession(Pair(target, draft), settings, config, "Be kind.", messages, **kwargs)
+
+
+def test_a_draft_length_left_to_the_device_stays_so_and_follows_the_method(tiny_dirs, tiny_pair, tmp_path):
+    """The conversation keeps "device" as given (its save does too: another machine chooses
+    its own); the pair decodes with the device's choice, made again when /method turns to a
+    method that drafts chains; "auto" keeps its adaptive schedule through a save."""
+    from specgen.chat.saves import read_save
+    from specgen.decoding.build import resolve_draft_length
+
+    session = make_session(tiny_dirs, tiny_pair, method=Method.PLAIN)  # -k 3 --draft-confidence 0
+    session.set_option("draft_tokens", "device")
+    session.set_option("draft_confidence", "device")
+    session.set_method("chain")
+    assert session.config.device_draft_tokens and session.config.device_confidence
+    chosen, _ = resolve_draft_length(session.pair, session.config)
+    used = session.backend.config
+    assert not used.device_draft_tokens and (used.draft_tokens, used.draft_confidence) == (chosen.draft_tokens,
+                                                                                         chosen.draft_confidence)
+    assert read_save(session.save(tmp_path / "device.json")).settings["draft_tokens"] == "device"
+    session.set_option("draft_tokens", "auto")
+    session.load(session.save(tmp_path / "auto.json"))
+    assert (session.config.draft_tokens, session.config.schedule.value) == (8, "expected-gain")
+    session.set_option("draft_schedule", "fixed")
+    assert session.backend.config.schedule.value == "fixed"
 
 
 def test_cache_reuse_gives_the_reply_of_a_fresh_prefill(tiny_dirs, tiny_pair):
@@ -565,7 +595,7 @@ def test_an_undecodable_line_is_an_error_and_the_session_goes_on(models, tmp_pat
     assert result.exit_code == 1
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "input line 2 is not valid UTF-8" in errors[0], result.stderr
-    assert [r["turn"] for r in json_lines(result.stdout)] == [1, 2]
+    assert [r["turn"] for r in reply_lines(result.stdout)] == [1, 2]
     assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["hello", "still here"]
 
 

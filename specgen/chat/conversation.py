@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 from specgen.chat.saves import (DEVICE, SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedChat, config_from, read_save,
                                 settings_dict, write_save)
-from specgen.config import GenerationConfig, Method, ModelSettings
+from specgen.config import GenerationConfig, Method, ModelSettings, Schedule
 from specgen.decoding.stats import Stats, histogram
 from specgen.decoding.views import Outcome, speed
 from specgen.errors import ConfigError, PartialReply, PromptError
@@ -32,12 +32,14 @@ HELP = f"""\
 /stats                session totals
 /method [NAME]        switch method: {", ".join(m.value for m in Method)}
 /set [NAME VALUE]     temperature, top_k, top_p, seed (or none), max_new_tokens, draft_tokens
-                      (or auto, device), draft_confidence (or device); without arguments show them
+                      (or auto, device), draft_schedule, draft_confidence (or device); without
+                      arguments show them
 /save FILE            write the conversation and settings as JSON
 /load FILE            resume a saved conversation
 /exit                 leave (also Ctrl-D, or Ctrl-C twice at an empty prompt)
 Any other line is a message; start it with // to send a line that begins with /."""
-WORDS = {"seed": ("none", "off"), "draft_tokens": ("auto", DEVICE), "draft_confidence": (DEVICE,)}  # /set's non-numbers
+WORDS = {"draft_tokens": ("auto", DEVICE), "draft_confidence": (DEVICE,),  # /set's values that are no numbers
+         "draft_schedule": tuple(schedule.value for schedule in Schedule)}
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class Conversation:
                         f"context of {self.context_length} tokens ({count} in the conversation, "
                         f"{min(self.context_length - count, self.config.max_new_tokens)} left for the reply)")
         room = self.context_length - count
-        if room < self.config.max_new_tokens:
+        if room < self.config.max_new_tokens and not dropped:  # the note above said it
             self.notify(f"the context leaves room for {room} new tokens in this reply")
         self.messages = messages[:-1]  # the user's message joins once there is a reply
         try:
@@ -176,8 +178,12 @@ class Conversation:
 
     # -- settings ------------------------------------------------------------------------
     def configure(self, config: GenerationConfig) -> None:
-        """Switch to `config` (the backend prepares first: on failure nothing changed)."""
-        self.config = self.backend.configure(config)
+        """Switch to `config` (the backend prepares first: on failure nothing changed). The
+        conversation keeps it as given ("device" stays the device's to choose: a save made here
+        and loaded on another machine gets that machine's choice); a local backend decodes with
+        the draft length chosen."""
+        self.backend.configure(config)
+        self.config = config
 
     def set_option(self, name: str, value: str) -> None:
         """/set NAME VALUE; every setting but the words below takes a number."""
@@ -189,6 +195,8 @@ class Conversation:
             parsed = None
         elif value.lower() in WORDS.get(name, ()):
             parsed = value.lower()
+        elif name == "draft_schedule":
+            raise ConfigError(f"draft_schedule takes {', '.join(WORDS[name])}, got '{value}'")
         else:
             kind = float if name in ("temperature", "top_p", "draft_confidence") else int
             try:

@@ -33,25 +33,29 @@ class SavedChat:
     models: dict
 
 
-SETTING_NAMES = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "draft_tokens", "draft_confidence")
+SETTING_NAMES = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "draft_tokens", "draft_schedule",
+                 "draft_confidence")
 DEVICE = "device"  # a draft length (and its confidence stop) the device chooses, as `-k device`
 
 
 def settings_dict(config: GenerationConfig) -> dict:
-    """The settings /set shows and a save keeps. A draft length still the device's to choose
-    (a chat on a server, which chooses it) is "device", and so is its confidence stop."""
+    """The settings /set shows and a save keeps, as the command line gives them: a draft length
+    left to the device is "device"; a confidence stop not given is "device" (the device's stop
+    with the device's draft length, none with a length of one's own, as without
+    --draft-confidence). `config_from` reads them back to the same config."""
     s = config.sampling
-    device_k = config.device_draft_tokens
     return {"method": config.method.value, "max_new_tokens": config.max_new_tokens,
-            "draft_tokens": DEVICE if device_k else config.draft_tokens,
-            "draft_confidence": DEVICE if device_k and config.device_confidence else config.draft_confidence,
+            "draft_tokens": DEVICE if config.device_draft_tokens else config.draft_tokens,
+            "draft_schedule": config.schedule.value,
+            "draft_confidence": DEVICE if config.device_confidence else config.draft_confidence,
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
             "branching": list(config.branching), "beam_width": config.beam_width, "depth": config.depth}
 
 
 def config_from(settings: dict, base: GenerationConfig | None = None) -> GenerationConfig:
     """A validated GenerationConfig from (some of) settings_dict's keys over `base`; a ConfigError
-    names the setting (as /set and a save file call it, not the command-line option)."""
+    names the setting (as /set and a save file call it, not the command-line option). A draft
+    length of "auto" is `-k auto`'s: the expected-gain schedule up to 8."""
     base = base or GenerationConfig()
     merged = {**settings_dict(base), **settings}
 
@@ -64,16 +68,15 @@ def config_from(settings: dict, base: GenerationConfig | None = None) -> Generat
     sampling = dict(temperature=read("temperature", _float), top_k=read("top_k", _int), top_p=read("top_p", _float),
                     seed=None if merged["seed"] is None else read("seed", _int))
     method = read("method", lambda value: Method.parse(str(value)))
-    k, schedule = read("draft_tokens", _draft_tokens)
+    k, auto = read("draft_tokens", _draft_tokens)
+    schedule = auto or read("draft_schedule", lambda value: Schedule(str(value)))
     confidence = read("draft_confidence", lambda value: None if value == DEVICE else _float(value))
-    fields = dict(max_new_tokens=read("max_new_tokens", _int), draft_tokens=k,
+    fields = dict(max_new_tokens=read("max_new_tokens", _int), draft_tokens=k, schedule=schedule,
                   device_draft_tokens=merged["draft_tokens"] == DEVICE,
                   draft_confidence=confidence or 0.0, device_confidence=confidence is None,
                   branching=read("branching", lambda value: tuple(_int(b) for b in _list(value))),
                   beam_width=read("beam_width", _int), depth=read("depth", _int))
-    if schedule is not None:  # `auto`: the adaptive schedule up to 8, as `-k auto`
-        fields["schedule"] = schedule
-    try:  # keeps what /set does not name (deterministic mode, the draft schedule)
+    try:  # keeps what /set does not name (deterministic mode)
         return replace(base, method=method, sampling=SamplingConfig(**sampling), **fields)
     except ConfigError as exc:  # the checks name the command-line options: say the setting's name
         raise ConfigError(re.sub(r"--([a-z-]+)", lambda hit: hit.group(1).replace("-", "_"), str(exc)),
@@ -81,7 +84,8 @@ def config_from(settings: dict, base: GenerationConfig | None = None) -> Generat
 
 
 def _draft_tokens(value) -> tuple[int, Schedule | None]:
-    """A number, "auto" or "device", as `-k` takes them (its placeholder k for "device")."""
+    """A number, "auto" or "device", as `-k` takes them (its placeholder k for "device"); the
+    schedule "auto" brings."""
     if isinstance(value, str) and value.strip().lower() in (DEVICE, "auto"):
         return parse_draft_tokens(value)
     return _int(value), None

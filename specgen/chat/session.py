@@ -33,7 +33,8 @@ class LocalBackend:
                  notify: Callable[[str], None], reuse_cache: bool = True, quiet: bool = False):
         self.pair, self.settings, self.notify, self.quiet = pair, settings, notify, quiet
         self.reuse_cache = reuse_cache  # False: every turn prefills from scratch (for measurements)
-        self.config = config
+        self.config, _ = resolve_draft_length(pair, config)  # what replies follow: the device's k chosen
+        config = self.config
         self.state = None  # the engine's DecodeState after the last turn
         self.engine = build_engine(pair, config)
         self._drafter_key = self._key(config)
@@ -69,6 +70,9 @@ class LocalBackend:
         return len(self.render(messages))
 
     def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
+        """(`config` is the conversation's; this pair decodes with `self.config`, the same with
+        a draft length left to the device chosen by `configure`.)"""
+        config = self.config
         ids = self.render(messages)
         if not self.reuse_cache:
             self._fresh()

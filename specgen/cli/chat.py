@@ -43,8 +43,8 @@ from specgen.status import note
 PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
 DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
 # options a --load file supplies, unless they are given on the command line (same names as its settings)
-_SETTING_OPTIONS = ("method", "max_new_tokens", "draft_tokens", "draft_confidence", "temperature", "top_k", "top_p",
-                    "seed", "branching", "beam_width", "depth")
+_SETTING_OPTIONS = ("method", "max_new_tokens", "draft_tokens", "draft_schedule", "draft_confidence", "temperature",
+                    "top_k", "top_p", "seed", "branching", "beam_width", "depth")
 
 
 @with_options()
@@ -77,6 +77,8 @@ def _chat(ctx, system, load_file, settings: ModelSettings, show_tree, format, us
     if load_file is not None:
         saved = read_save(load_file)
         named = {name for name in _SETTING_OPTIONS if given(ctx, name)}
+        if "draft_tokens" in named:  # `-k auto` brings its schedule, `-k 5` the fixed one
+            named.add("draft_schedule")
         ours = settings_dict(config)
         config = config_from({**saved.settings, **{k: ours[k] for k in named}}, config)
         system = system if given(ctx, "system") else saved.system
@@ -97,6 +99,7 @@ def _chat(ctx, system, load_file, settings: ModelSettings, show_tree, format, us
         if fmt is not Format.json:
             note(f"specgen: chatting on the specgen server (pid {server.info['pid']}, {server.info['models']})")
         chat_session = Conversation(ServerChat(server, settings), settings, config, system, messages, notify=notify)
+        chat_session.configure(config)  # a method its models cannot run (-m, a loaded save's): one line now
     else:
         chat_session = _local_session(settings, config, system, messages, notify, quiet=fmt is Format.json)
     if load_file is not None:
@@ -109,11 +112,9 @@ def _local_session(settings: ModelSettings, config, system, messages, notify, qu
     """A conversation with the pair loaded here."""
     # these import torch: only when no server answers (a chat on a server never loads it)
     from specgen.chat.session import ChatSession
-    from specgen.decoding.build import resolve_draft_length
     from specgen.runtime.pair import load
 
     pair = load(settings, config.method, quiet=quiet)
-    config, _ = resolve_draft_length(pair, config)
     return ChatSession(pair, settings, config, system, messages, notify=notify, quiet=quiet)
 
 

@@ -114,7 +114,7 @@ def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
         pid = discovery.holder(lock)
         if pid is None:
             return None
-        if not pid or not discovery.is_server(pid):
+        if not pid or not discovery.is_server(pid, lock):
             shown = f" (pid {pid})" if pid else ""
             raise ConfigError(f"the specgen server with these model options is starting or not answering{shown}",
                               hint=f"kill {pid} ends it" if pid else "try again in a moment")

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -143,14 +144,34 @@ def held() -> list[tuple[str, int]]:
     return [(key, pid) for key, pid in found if pid is not None]
 
 
-def is_server(pid: int) -> bool:
-    """Whether process `pid` runs `specgen serve` (Linux's /proc; elsewhere never proven): what a
-    signal to a pid read from a lock file needs first."""
+def is_server(pid: int, lock: Path) -> bool:
+    """Whether process `pid` runs `specgen serve` and holds `lock` (Linux's /proc: its command
+    line, and /proc/locks for the lock file's inode; elsewhere never proven): what a signal to a
+    pid read from a lock file needs first (the file may still name an earlier, dead holder)."""
     try:
         words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        inode = lock.stat().st_ino
+        held = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return False
-    return any(b"specgen" in word for word in words) and b"serve" in words
+    if not (any(b"specgen" in word for word in words) and b"serve" in words):
+        return False
+    # "1: FLOCK  ADVISORY  WRITE 1234 00:2f:123456 0 EOF": the holder's pid, then device:inode
+    return any(len(f) > 5 and f[1] == "FLOCK" and f[4] == str(pid) and f[5].rsplit(":", 1)[-1] == str(inode)
+               for f in (line.split() for line in held))
+
+
+def _flock_soon(fd: int, tries: int = 10) -> None:
+    """`flock_now`, tried for about 100 ms: `holder` (serve --list, --stop) takes a free lock for
+    an instant, and a server starting in that instant must not be refused."""
+    for attempt in range(tries):
+        try:
+            flock_now(fd)
+            return
+        except BlockingIOError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.01)
 
 
 def hold(settings: ModelSettings) -> int:
@@ -164,7 +185,7 @@ def hold(settings: ModelSettings) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from None
     try:
-        flock_now(fd)
+        _flock_soon(fd)
     except OSError:
         try:
             text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()

@@ -51,8 +51,8 @@ class Output:
             for token, piece, logprob in zip(event.emitted, view.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
                 self.chars += len(piece)
-            if event.stop == StopReason.EOS and event.emitted and event.emitted[-1] in self.bytes_of.specials:
-                self.ended_at = len(self.tokens) - 1  # the end-of-sequence token: no text, no entry
+            if event.stop == StopReason.EOS and view.pieces and not view.pieces[-1]:
+                self.ended_at = len(self.tokens) - 1  # the stop token that ended it, with no text: no entry
             if view.pending:  # a piece per token: a replay's rollback counts tokens
                 self.pending.extend(view.pieces)
             else:
@@ -156,8 +156,9 @@ class Output:
     def _logprobs(self, end: int, final: bool) -> dict | None:
         """The `logprobs` of the tokens not yet reported whose text ends by character `end` of
         the answer; at the end, every token that starts inside the (stop-cut) answer. Special
-        tokens decoded mid-answer have entries (their text is empty, as the answer's is); the
-        end-of-sequence token that ended the row has none, as in OpenAI's answers."""
+        tokens decoded mid-answer have entries; the stop token that ended the row has none when
+        it adds no text (an EOS, as in OpenAI's answers), one when it does (a request's stop id
+        that is an ordinary token, as vLLM keeps it)."""
         if self.job.config.sampling.logprobs is None:
             return None
         cut = len(self.text)

@@ -34,6 +34,7 @@ from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
 from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.errors import ConfigError
+from specgen.text import json_value
 from specgen.runtime import features as taps
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for
@@ -124,7 +125,7 @@ class Shards:
 
     def manifest(self) -> dict:
         path = self.dir / "manifest.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return json_value(path.read_text()) if path.is_file() else {}
 
     def write_manifest(self, manifest: dict) -> None:
         (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -46,11 +46,13 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     wanted = {"target": target.name, "source": source, "tokens": tokens, "layers": list(layers),
               "fingerprint": fingerprint(model)} | ({} if source == data.CODE else {"answer_tokens": answer_tokens})
     # a run stopped (or failed) before it recorded a sequence holds nothing to keep
-    if manifest.get("sequences", 0) and any(k in manifest and manifest[k] != v for k, v in wanted.items()):
+    differs = [k for k, v in wanted.items() if k in manifest and manifest[k] != v]
+    if manifest.get("sequences", 0) and differs:
+        what = {"fingerprint": "another model of that name",
+                "answer_tokens": f"answers of {manifest.get('answer_tokens')} tokens"}
         raise ConfigError(f"{out} holds data recorded for {manifest.get('target')} from {manifest.get('source')} "
                           f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}"
-                          + (", another model of that name" if manifest.get("fingerprint", wanted["fingerprint"])
-                             != wanted["fingerprint"] else "") + "); use another --out")
+                          + "".join(f", {what[k]}" for k in differs if k in what) + "); use another --out")
     if not manifest.get("sequences", 0):
         shards.write_manifest({**wanted, "sequences": 0})
     started = time.monotonic()

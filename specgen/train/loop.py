@@ -173,8 +173,8 @@ class Trainer:
                     "position": self.position, "epoch": self.epoch, "report": self.report.__dict__}, tmp)
         tmp.rename(self.checkpoint)
 
-    def order(self) -> list[int]:
-        count = sum(1 for _ in self.shards.sequences())
+    def order(self, count: int) -> list[int]:
+        """This epoch's order of the `count` recorded sequences' trained ones (held-out ones left out)."""
         train = [i for i in range(count) if i % self.settings.holdout]
         random.Random(self.settings.seed + self.epoch).shuffle(train)
         return train
@@ -185,13 +185,13 @@ class Trainer:
         started = last_save = last_evaluation = time.monotonic()
         spent_before = self.report.seconds
         sequences = list(self.shards.sequences())
-        if not self.order():
-            raise ConfigError(f"{len(sequences)} recorded sequence(s), all held out to measure acceptance (every "
-                              f"{settings.holdout}th is): too few to train on; give more --tokens")
+        if not self.order(len(sequences)):
+            raise ConfigError(f"{len(sequences)} recorded sequence(s), none left to train on once every "
+                              f"{settings.holdout}th is held out to measure acceptance; give more --tokens")
         diverged = False
         try:
             while settings.minutes or self.epoch < settings.epochs:  # --minutes: as many passes as fit
-                order = self.order()
+                order = self.order(len(sequences))
                 while self.position < len(order):
                     if settings.minutes and self.report.seconds - spent_before >= settings.minutes * 60:
                         return self.report
@@ -220,18 +220,24 @@ class Trainer:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
             outcome = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
-        if not bool(torch.isfinite(outcome.loss.detach())):
-            raise Diverged(f"the training loss is no longer finite at step {self.report.steps_done + 1}",
-                           hint=f"a smaller --lr than {self.settings.lr:g}; the last checkpoint is kept")
+        self._finite(outcome.loss.detach(), "loss")
         if outcome.loss.requires_grad:
             self.optimizer.zero_grad(set_to_none=True)
             outcome.loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
+            # a finite loss may still have infinite gradients: clipping them would write NaN weights
+            self._finite(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5), "gradient")
             self.optimizer.step()
         self.report.tokens += int(ids.shape[0])
         self.report.steps_done += 1
         if self.progress is not None:
             self.progress(int(ids.shape[0]), float(outcome.loss.detach()))
+
+    def _finite(self, value: torch.Tensor, what: str) -> None:
+        """Diverged unless `value` is a finite number (one host sync a step: training, not decoding)."""
+        if not bool(torch.isfinite(value)):
+            kept = "the last checkpoint keeps what came before" if self.checkpoint.is_file() else "nothing is kept"
+            raise Diverged(f"the training {what} is no longer finite at step {self.report.steps_done + 1}",
+                           hint=f"a smaller --lr than {self.settings.lr:g}; {kept}")
 
     @torch.no_grad()
     def evaluate(self) -> Report:
