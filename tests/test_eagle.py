@@ -464,6 +464,11 @@ def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path):
     assert other.exit_code == 1 and "another model of that name" in other.output, other.output
 
 
+def test_a_head_given_as_the_target_is_one_line(dirs):
+    result = runner.invoke(app, ["run", "hi", "--target", str(dirs["original"]), "--no-server", "-n", "2"])
+    assert result.exit_code == 1 and "is an EAGLE-3 head, not a model" in result.output, result.output
+
+
 def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
     """Too little data (all of it held out) and a loss that diverges are one line each, with
     no head written; a head of NaN weights is refused at load."""

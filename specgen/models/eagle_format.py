@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specgen.errors import ConfigError
+from specgen.ground import atomic_write, write_text
 from specgen.models.families import text_config
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, check_layers, default_layers
 from specgen.models.head_dir import is_head, read_config
@@ -171,8 +172,9 @@ def save_head(head: Eagle3Head, path: str | Path, fmt: str = ORIGINAL, target_na
                                                                "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                                          "verifier": {"name_or_path": target_name, "architectures": []}}}
         state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
-    save_file(state, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    # each file whole or not at all: a head cut short by Ctrl-C or a full disk would load as junk
+    atomic_write(path / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
+    write_text(path / "config.json", json.dumps(config, indent=1) + "\n")
 
 
 def describe(head: Eagle3Head) -> str:

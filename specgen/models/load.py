@@ -198,6 +198,9 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
         resolved = resolve(arg, dtype, quiet=quiet, convert=False)
     except ModelError as exc:  # say which of the two it is
         raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
+    if resolved.source == "dir" and resolved.path and eagle_format.is_head(resolved.path):
+        raise ModelError(f"'{arg}' is an EAGLE-3 head, not a model: it drafts for its target",
+                         hint=f"give it as --draft, with the model it was trained for as --target")
     built = device_map is None and resolved.source in ("gguf", "catalog") and builder.accepts(resolved, input_device,
                                                                                               dtype)
     resolved = replace(resolved, path=builder.prepare(resolved, dtype, quiet)) if built else \
