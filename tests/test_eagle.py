@@ -464,6 +464,20 @@ def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path):
     assert other.exit_code == 1 and "another model of that name" in other.output, other.output
 
 
+def test_self_distillation_answers_a_conversation_with_every_turn_as_context(target):
+    """A prompt set's conversation is answered after all its turns (only its last message was
+    kept before)."""
+    from specgen.decoding.prompts import render_chat
+
+    messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "second"}]
+    engine = Engine(target.model, target.device, frozenset(), target.context_length)
+    conversation, text = data.prompt_sequences(engine, target.tokenizer, [messages, "second"], 4)
+    rendered = render_chat(target.tokenizer, messages)
+    assert conversation.ids[: len(rendered)] == rendered and conversation.start == len(rendered) - 1
+    assert len(text.ids) < len(conversation.ids)
+
+
 def test_a_head_given_as_the_target_is_one_line(dirs):
     result = runner.invoke(app, ["run", "hi", "--target", str(dirs["original"]), "--no-server", "-n", "2"])
     assert result.exit_code == 1 and "is an EAGLE-3 head, not a model" in result.output, result.output

@@ -90,9 +90,11 @@ def _documented_functions(seed: int) -> Iterator[tuple[str, str, str, str]]:
             yield node.name, args, doc.strip().split("\n\n")[0].replace("\n", " "), source
 
 
-def prompt_sequences(engine: Engine, tokenizer, texts: list[str], answer_tokens: int) -> list[Sequence]:
-    """Each prompt with the target's own greedy answer (plain decoding through `engine`)."""
-    prompts = [encode_prompt(tokenizer, text) for text in texts]
+def prompt_sequences(engine: Engine, tokenizer, texts: list[str | list[dict]], answer_tokens: int) -> list[Sequence]:
+    """Each prompt (a user message, or a whole conversation: every turn is context) with the
+    target's own greedy answer (plain decoding through `engine`)."""
+    prompts = [render_chat(tokenizer, text) if isinstance(text, list) else encode_prompt(tokenizer, text)
+               for text in texts]
     config = GenerationConfig(method=Method.PLAIN, max_new_tokens=answer_tokens)
     done = {}
     for report in engine.generate(prompts, config, batch_size=4):

@@ -28,8 +28,9 @@ from specgen.train.loop import Settings, Trainer, expected_tokens
 
 
 def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, answer_tokens: int,
-               train: Settings, quiet: bool = False, prompts: list[str] | None = None) -> dict:
-    """`source` is data.CODE, or the name of the prompt set whose texts are `prompts`."""
+               train: Settings, quiet: bool = False, prompts: list[str | list[dict]] | None = None) -> dict:
+    """`source` is data.CODE, or the name of the prompt set whose prompts (a text, or a
+    conversation's messages) are `prompts`."""
     check_out(out)
     target = load(settings, Method.PLAIN, quiet=quiet).target
     model = target.model
@@ -108,7 +109,7 @@ def check_out(out: Path) -> None:
                           "empty directory")
 
 
-def _sequences(target, source: str, prompts: list[str], tokens: int, answer_tokens: int) -> list[data.Sequence]:
+def _sequences(target, source: str, prompts: list, tokens: int, answer_tokens: int) -> list[data.Sequence]:
     if source == data.CODE:
         found = data.code_sequences(target.tokenizer, tokens, max_tokens=min(1024, target.context_length))
         if not found:
