@@ -104,6 +104,28 @@ def test_a_draft_of_another_family_with_the_same_tokenizer(family_root, prompts)
                                          Case(Method.LOOKUP_CHAIN)])
 
 
+def test_a_multimodal_gemma3_checkpoint_drafts_and_is_drafted_for(family_root, prompts):
+    """gemma-3-4b/12b/27b-it load as Gemma3ForConditionalGeneration, whose text sizes are in
+    `config.text_config`: with a draft model every command failed reading `config.vocab_size`."""
+    import transformers as T
+
+    from families import configs
+
+    text = configs()["gemma3"]().to_dict()
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(1)
+    config = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=257,
+                            boi_token_index=256, eoi_token_index=255, eos_token_id=258, pad_token_id=256)
+    multimodal = family_root / "gemma3-multimodal"
+    save(multimodal, T.Gemma3ForConditionalGeneration(config).eval())
+    target, draft = saved(family_root, "gemma3")
+    for pair_dirs in ((multimodal, draft), (target, multimodal)):
+        pair = load(settings(*pair_dirs), Method.CHAIN, quiet=True)
+        assert pair.vocab is None
+        assert_identical(pair, prompts, [Case(Method.CHAIN), Case(Method.CHAIN, Path.BATCHED)])
+
+
 # -- the server -------------------------------------------------------------------------------
 
 def _complete(url: str, token: str, model: str, text: str, method: str) -> str:

@@ -12,6 +12,7 @@ from specgen.bench.runners import EngineRunner, Runner
 from specgen.config import MAX_DRAFT_TOKENS, GenerationConfig, Method, Schedule
 from specgen.decoding.build import why_not
 from specgen.errors import ConfigError
+from specgen.models.families import text_config
 from specgen.models.load import Vocabulary
 
 PLAIN = Method.PLAIN.value
@@ -189,7 +190,7 @@ def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) ->
         return f"{name} (transformers' assisted generation) needs a draft model, not an EAGLE-3 head"
     reference = next((r for r in REFERENCES if r.name == name), None)
     if reference is not None and reference.uses_assistant and (
-            other or draft.model.config.vocab_size != pair.target.model.config.vocab_size):
+            other or text_config(draft.model.config).vocab_size != text_config(pair.target.model.config).vocab_size):
         return (f"{name} (transformers' assisted generation) needs a draft with the target's tokenizer and "
                 "vocabulary size; this draft's differ")
     return None

@@ -16,6 +16,7 @@ from specgen.decoding.drafters.text import TextDrafter
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.engine import Engine, Policy
 from specgen.errors import ConfigError
+from specgen.models.families import text_config
 from specgen.models.load import Vocabulary
 from specgen.runtime import features
 from specgen.runtime.compiled import can_capture
@@ -106,7 +107,7 @@ def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     through text (drafters/text.py). Trees would need the draft's laws over target ids (`why_not`)."""
     draft = pair.draft
     confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
-    vocab = min(len(draft.tokenizer), draft.model.config.vocab_size)  # never an id the tokenizer lacks
+    vocab = min(len(draft.tokenizer), text_config(draft.model.config).vocab_size)  # never an id the tokenizer lacks
     chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile, pair.draft_prefixes)
     drafter = TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
     if config.method is Method.LOOKUP_CHAIN:

@@ -14,6 +14,7 @@ import torch
 from specgen.config import Method, ModelSettings
 from specgen.errors import SpecgenError
 from specgen.models import placement
+from specgen.models.families import text_config
 from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair, resolve
 from specgen.runtime import int8, int8_store, quant
 from specgen.runtime.compiled import resolve_compile
@@ -45,7 +46,7 @@ class Pair:
         vocabulary counts)."""
         if self.draft is None or self.draft.vocabulary in (Vocabulary.TEXT, Vocabulary.HEAD):
             return None
-        sizes = (self.target.model.config.vocab_size, self.draft.model.config.vocab_size)
+        sizes = (text_config(self.target.model.config).vocab_size, text_config(self.draft.model.config).vocab_size)
         return min(sizes) if sizes[0] != sizes[1] else None
 
 
