@@ -318,3 +318,24 @@ def test_drafters_may_propose_fewer_tokens_or_none(tiny_pair, reference, tempera
         assert out == reference[:30]
     else:
         assert len(out) == 30
+
+
+@pytest.mark.parametrize("method", [Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT])
+def test_a_prompt_id_past_the_drafts_vocabulary_is_decoded_as_plain_decodes_it(tmp_path, method):
+    """A target whose head is padded past its draft's (Qwen2.5-7B's 152064 rows beside 0.5B's
+    151936): a prompt of token ids may hold an id the draft cannot embed. The draft reads a
+    stand-in for it (its drafts are only guesses); the answer is plain decoding's, not an
+    IndexError that failed every row of the batch."""
+    from specgen.models.load import load_pair
+    from specgen.runtime.pair import Pair
+    from tiny import engine_with, save_tiny
+
+    target, draft = load_pair(str(save_tiny(tmp_path / "t", seed=1, vocab=300)),
+                              str(save_tiny(tmp_path / "d", seed=1, vocab=259)), device="cpu", dtype="float32",
+                              quiet=True)
+    assert Pair(target, draft).vocab == 259
+    prompt = [40, 41, 42, 280, 43, 44, 299, 45, 46, 47]
+    plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=12)
+    want = decode(engine_with((target, draft), plain), prompt, plain)[1].ids
+    config = GenerationConfig(method=method, max_new_tokens=12, draft_tokens=3)
+    assert decode(engine_with((target, draft), config), prompt, config)[1].ids == want

@@ -24,6 +24,14 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.events import is_chain
 
 
+def embeddable(ids: torch.Tensor, vocab: int | None) -> torch.Tensor:
+    """Token ids a draft can embed. Where the pair's heads are padded to different sizes
+    (`vocab`: the ids they share), a prompt of ids may hold one past the draft's table: the
+    draft reads the last shared id instead. What it drafts is a guess the target checks, so
+    the output stays the target's; the draft's own tokens and the target's are always shared."""
+    return ids if vocab is None else ids.clamp(max=vocab - 1)
+
+
 @dataclass(frozen=True, eq=False)
 class Proposal:
     """One row's draft: a tree of tokens, a chain being a tree with one path.

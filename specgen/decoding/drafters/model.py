@@ -25,7 +25,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.base import Proposal, embeddable
 from specgen.decoding.length import ConfidenceStop
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.sampling import on_device, sample, warp
@@ -169,7 +169,8 @@ class ChainDrafter:
                 end = min(end, length + chunk) if chunk else end
                 rows = slice(row, row + 1) if self.cache.rows > 1 else None
                 kvcache.forward(self.steps.call, self.cache,
-                                torch.tensor([context[length:end]], device=self.device), keep=1, rows=rows,
+                                embeddable(torch.tensor([context[length:end]]), self.vocab).to(self.device), keep=1,
+                                rows=rows,
                                 full_view=self.steps.mode == "inductor")
                 self.prefixes.save(self.cache, row, context)  # rows joining meanwhile copy it
 
@@ -180,6 +181,7 @@ class ChainDrafter:
         ids = torch.zeros(count, width, dtype=torch.long)
         for i, tokens in enumerate(new):
             ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        ids = embeddable(ids, self.vocab)
         if all(len(tokens) == width for tokens in new):
             logits = self.steps.forward(self.cache, ids.to(self.device), keep=1)
             return logits[:, -1, : self.vocab]

@@ -18,7 +18,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal, node_laws
+from specgen.decoding.drafters.base import Proposal, embeddable, node_laws
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
@@ -95,7 +95,7 @@ class TreeDrafter(abc.ABC):
         self.cached = self._base + len(fed)
 
     def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.steps.forward(self.cache, input_ids, keep=1)
+        return self.steps.forward(self.cache, embeddable(input_ids, self.vocab), keep=1)
 
     def _feed(self, root: torch.Tensor, tree: Proposal, frontier: list[int], n: int) -> torch.Tensor:
         """One batched forward over the frontier with the tree mask -> their logits.
