@@ -144,6 +144,21 @@ def test_a_save_name_with_a_nul_byte_is_one_line(models):
     assert result.exit_code == 1 and len(errors) == 2 and all("holds a NUL byte" in e for e in errors)
 
 
+def test_a_save_from_another_target_is_noted_by_load_and_by_the_command_line(models, tmp_path, monkeypatch):
+    save = tmp_path / "other.json"
+    save.write_text(json.dumps({"format": "specgen-chat", "version": 1, "messages": [],
+                                "models": {"target": "some-other-model"}}))
+    at_start = session_run(models, [], "--load", str(save))
+    later = session_run(models, [f"/load {save}"])
+    assert all("the save was made with target some-other-model" in r.stderr for r in (at_start, later))
+    ours = tmp_path / "ours.json"  # the same target, named by a relative path: no note
+    target = models[models.index("--target") + 1]
+    monkeypatch.chdir(tmp_path)
+    ours.write_text(json.dumps({"format": "specgen-chat", "version": 1, "messages": [],
+                                "models": {"target": os.path.relpath(target, tmp_path)}}))
+    assert "the save was made with" not in session_run(models, [f"/load {ours}"], "--load", str(ours)).stderr
+
+
 def test_chat_names_a_drafting_option_its_method_does_not_read(models):
     result = session_run(models, ["hello"], "-n", "2", "--method", "chain", "--depth", "3")
     assert result.exit_code == 0, result.output

@@ -238,10 +238,19 @@ class Conversation:
         saved = read_save(path)
         self.configure(config_from(saved.settings, self.config))  # may fail: nothing changed yet
         self.system, self.messages, self.earlier = saved.system, [dict(m) for m in saved.messages], []
-        if saved.models.get("target") not in (None, self.settings.target):
-            self.notify(f"the save was made with target {saved.models['target']}; "
-                        f"continuing with {self.settings.target}")
+        self.note_models(saved)
         return saved
+
+    def note_models(self, saved: SavedChat) -> None:
+        """Say so when a save was made with another target (`/load` and `--load` alike); a path
+        given another way (relative, with ~) is the same target."""
+        def where(name: str) -> str:
+            path = Path(name).expanduser()
+            return str(path.resolve()) if path.exists() else name
+
+        made = saved.models.get("target")
+        if isinstance(made, str) and where(made) != where(self.settings.target):
+            self.notify(f"the save was made with target {made}; continuing with {self.settings.target}")
 
     # -- session totals ------------------------------------------------------------------
     def totals_dict(self) -> dict:

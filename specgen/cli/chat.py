@@ -103,6 +103,7 @@ def _chat(ctx, system, load_file, settings: ModelSettings, show_tree, format, us
     else:
         chat_session = _local_session(settings, config, system, messages, notify, quiet=fmt is Format.json)
     if load_file is not None:
+        chat_session.note_models(saved)
         notify(f"resumed {len(chat_session.messages)} messages from {load_file}")
     ui = _Loop(chat_session, fmt, out, err, show_tree, float(os.environ.get(DELAY_ENV) or 0), interactive)
     return ui.interactive() if interactive else ui.scripted()
