@@ -514,6 +514,9 @@ def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])  # a copy cut short
     cut = train(tmp_path / "few", "--tokens", "64")
     assert cut.exit_code == 1 and "cannot be read" in cut.output and "unexpected" not in cut.output, cut.output
+    (tmp_path / "few" / "data" / "manifest.json").write_text('{"sequences": ')  # a manifest cut short
+    cut = train(tmp_path / "few", "--tokens", "64")
+    assert cut.exit_code == 1 and "manifest.json cannot be read" in cut.output, cut.output
 
 
 @pytest.mark.parametrize("extra, fragment", [

@@ -76,9 +76,9 @@ class Backend(Protocol):
         Ctrl-C before the reply began raises KeyboardInterrupt; during it, the outcome is
         marked interrupted."""
 
-    def configure(self, config: GenerationConfig) -> GenerationConfig:
-        """Prepare for `config` (a local pair loads its draft model where needed); the config
-        its replies will follow (a local pair's with the device's draft length chosen)."""
+    def configure(self, config: GenerationConfig) -> None:
+        """Prepare for `config` (a local pair loads its draft model where needed, and chooses a
+        draft length left to the device)."""
 
 
 def plain_messages(messages: list[dict]) -> list[dict]:

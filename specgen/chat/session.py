@@ -33,8 +33,8 @@ class LocalBackend:
                  notify: Callable[[str], None], reuse_cache: bool = True, quiet: bool = False):
         self.pair, self.settings, self.notify, self.quiet = pair, settings, notify, quiet
         self.reuse_cache = reuse_cache  # False: every turn prefills from scratch (for measurements)
-        self.config, _ = resolve_draft_length(pair, config)  # what replies follow: the device's k chosen
-        config = self.config
+        config, _ = resolve_draft_length(pair, config)  # what replies follow: the device's k chosen
+        self.config = config
         self.state = None  # the engine's DecodeState after the last turn
         self.engine = build_engine(pair, config)
         self._drafter_key = self._key(config)
@@ -104,10 +104,10 @@ class LocalBackend:
             return m, config.branching, config.beam_width, config.depth
         return m, config.draft_tokens if m is Method.LOOKUP_CHAIN else None, config.draft_confidence
 
-    def configure(self, config: GenerationConfig) -> GenerationConfig:
+    def configure(self, config: GenerationConfig) -> None:
         """Load the draft model where `config` needs it, choose the device's draft length where
         it is left to the device (/set draft_tokens device), and build a new drafter where it
-        changes; the config the replies follow.
+        changes.
 
         The target's cache is kept even when the drafter changes: the new engine takes it over,
         and its drafter, empty, is prefilled from the conversation by the next turn.
@@ -123,7 +123,6 @@ class LocalBackend:
             self.engine = build_engine(self.pair, config, after=self.engine)
             self._drafter_key = key
         self.config = config
-        return config
 
 
 class ChatSession(Conversation):

@@ -43,8 +43,7 @@ from specgen.status import note
 PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
 DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
 # options a --load file supplies, unless they are given on the command line (same names as its settings)
-_SETTING_OPTIONS = ("method", "max_new_tokens", "draft_tokens", "draft_schedule", "draft_confidence", "temperature",
-                    "top_k", "top_p", "seed", "branching", "beam_width", "depth")
+_SETTING_OPTIONS = tuple(settings_dict(GenerationConfig()))
 
 
 @with_options()

@@ -233,7 +233,7 @@ class ServerChat:
         outcome = _stream(response, renderer, config)
         return outcome, outcome.stats.reused_tokens
 
-    def configure(self, config: GenerationConfig) -> GenerationConfig:
+    def configure(self, config: GenerationConfig) -> None:
         """Nothing to prepare: each request carries its settings (the server checks them, and
         chooses a draft length left to the device). A method its models cannot run (eagle
         without a head) is refused here, as a local chat refuses it, not at every message."""
@@ -241,7 +241,6 @@ class ServerChat:
         if isinstance(methods, list) and config.method.value not in methods:
             raise ConfigError(f"the specgen server's models cannot run method {config.method.value}; "
                               f"it runs {', '.join(map(str, methods))}")
-        return config
 
 
 class Refused(SpecgenError):

@@ -127,12 +127,17 @@ def holder(path: Path) -> int | None:
             flock_now(fd)
             return None  # free: released again as the descriptor closes
         except BlockingIOError:
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            return int(text) if text.isdigit() else 0
+            return _pid_in(fd)
         except OSError:  # a file system without locks: nothing to learn from it
             return None
     finally:
         os.close(fd)
+
+
+def _pid_in(fd: int) -> int:
+    """The pid a lock file's holder wrote there (`hold`); 0 before it has."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def held() -> list[tuple[str, int]]:
@@ -188,13 +193,13 @@ def hold(settings: ModelSettings) -> int:
         _flock_soon(fd)
     except OSError:
         try:
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            pid = _pid_in(fd)
         finally:
             os.close(fd)
-        pid = f" (pid {text})" if text.isdigit() else ""
-        raise ConfigError(f"a specgen server with these model options is already running or starting{pid}",
+        raise ConfigError(f"a specgen server with these model options is already running or starting"
+                          + (f" (pid {pid})" if pid else ""),
                           hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options stops "
-                               "it" + (f"; one that never answers: kill {text}" if pid else "")) from None
+                               "it" + (f"; one that never answers: kill {pid}" if pid else "")) from None
     os.ftruncate(fd, 0)  # the holder's pid, for the refusal above: a server whose record is lost can still be named
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

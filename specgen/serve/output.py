@@ -34,7 +34,7 @@ class Output:
         self.tokens: list[tuple[int, int, int, TokenLogprob]] = []
         self.chars = 0  # characters pushed so far, before any stop cut
         self.reported = 0  # tokens whose logprobs went out
-        self.ended_at = -1  # index in `tokens` of the special stop token that ended the row (-1: none)
+        self.ended_at = -1  # index in `tokens` of the stop token that ended the row adding no text (-1: none)
         self.bytes_of = TokenBytes(tokenizer)
 
     # -- events ---------------------------------------------------------------------------------

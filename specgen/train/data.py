@@ -126,8 +126,15 @@ class Shards:
         return sorted(self.dir.glob("shard-*.safetensors"), key=lambda p: int(p.stem.split("-")[1]))
 
     def manifest(self) -> dict:
+        """What was recorded ({} before anything); one that cannot be read is one line."""
         path = self.dir / "manifest.json"
-        return json_value(path.read_text()) if path.is_file() else {}
+        try:
+            manifest = json_value(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+            manifest = None
+        if not isinstance(manifest, dict):
+            raise ConfigError(f"{path} cannot be read", hint=f"remove {self.dir} to record the data again")
+        return manifest
 
     def write_manifest(self, manifest: dict) -> None:
         (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

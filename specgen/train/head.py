@@ -43,7 +43,7 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     train = Settings(**{**train.__dict__, "layers": tuple(layers)})
     out.mkdir(parents=True, exist_ok=True)
     shards = data.Shards(out)
-    manifest = _readable(shards)
+    manifest = shards.manifest()
     wanted = {"target": target.name, "source": source, "tokens": tokens, "layers": list(layers),
               "fingerprint": fingerprint(model)} | ({} if source == data.CODE else {"answer_tokens": answer_tokens})
     # a run stopped (or failed) before it recorded a sequence holds nothing to keep
@@ -86,17 +86,6 @@ def fingerprint(model) -> str:
     rows = model.get_input_embeddings().weight[:64].detach().to(torch.bfloat16).float().cpu()
     shape = (config.hidden_size, config.num_hidden_layers, rows.shape)
     return hashlib.sha256(repr(shape).encode() + rows.numpy().tobytes()).hexdigest()[:16]
-
-
-def _readable(shards: data.Shards) -> dict:
-    try:
-        manifest = shards.manifest()
-    except (OSError, ValueError):
-        manifest = None
-    if not isinstance(manifest, dict):
-        raise ConfigError(f"{shards.dir / 'manifest.json'} cannot be read",
-                          hint="remove the directory's data/ to record the data again")
-    return manifest
 
 
 def check_out(out: Path) -> None:
