@@ -54,8 +54,13 @@ def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkey
     monkeypatch.setattr(machinery, "reference", shifted)
     result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain"])
     assert result.exit_code == 1
-    assert "FAIL plain" in result.stdout and "new token 3:" in result.stdout and "logits" in result.stdout
+    # the line counts from 1 (the 4th new token of the 1st prompt), the JSON's indexes from 0
+    assert "FAIL plain" in result.stdout and "prompt 1, new token 4:" in result.stdout and "logits" in result.stdout
     assert "cases differ from transformers' generate" in result.stderr
+    result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain", "--json"])
+    assert result.exit_code == 1
+    first = json.loads(result.stdout)["cases"][0]["mismatches"][0]
+    assert (first["prompt"], first["position"]) == (0, 3)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -73,8 +73,8 @@ class Case:
 
 @dataclass(frozen=True)
 class Mismatch:
-    prompt: int  # which prompt (0-based)
-    position: int  # the first new token that differs
+    prompt: int  # which prompt (0-based; the text line counts from 1)
+    position: int  # the first new token that differs (0-based; the text line counts from 1)
     expected: int | None  # the reference's token there (None: the reference had ended)
     got: int | None  # specgen's (None: specgen had ended)
     gap: float | None = None  # the reference's logit(expected) - logit(got) there
@@ -260,7 +260,7 @@ def describe(result: Result, pair: Pair, prompts: int) -> str:
         return "the end" if token is None else f"{tokenizer.decode([token])!r} (id {token})"
 
     line = (f"differs on {len(result.mismatches)} of {prompts} prompts; prompt {first.prompt + 1}, new token "
-            f"{first.position}: {text(first.got)} where transformers gives {text(first.expected)}")
+            f"{first.position + 1}: {text(first.got)} where transformers gives {text(first.expected)}")
     if first.gap is not None:
         kind = "a rounding near-tie" if abs(first.gap) < near_tie(pair) else "not a near-tie"
         line += f"; the reference's logits {first.gap:.3g} apart there, {kind}"
