@@ -521,6 +521,7 @@ def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
 
 @pytest.mark.parametrize("extra, fragment", [
     (["--layers", "100"], "--layers: the head reads layer(s) [100]"),
+    (["--layers", "0,2"], "--layers 0 is the embeddings' output"),  # the original layout would write -1
     (["--lr", "nan"], "--lr must be a number > 0"),
     (["--minutes", "inf"], "--minutes must be a number >= 0"),
     (["--intermediate", "-1"], "--intermediate must be in 0.."),
@@ -534,10 +535,21 @@ def test_train_head_refuses_bad_settings_and_leaves_its_directory_usable(dirs, t
     assert not (out / "data" / "manifest.json").exists()  # a rerun with good settings is not refused
 
 
+def test_train_head_names_the_default_layers_a_small_target_lacks(tiny_dirs, tmp_path):
+    """vLLM's default layers (2, L/2, L-3) reach below layer 1 for a target of under 4 layers:
+    the line says so, rather than naming a --layers that was never given."""
+    result = runner.invoke(app, ["train-head", "--out", str(tmp_path / "head"), "--target", str(tiny_dirs["target"]),
+                                 "--device", "cpu", "--dtype", "float32", "--quiet"])
+    assert result.exit_code == 1 and "need a target of at least 4 layers" in result.output, result.output
+
+
 def test_train_head_never_writes_into_a_directory_of_other_files(dirs, tmp_path):
     """A model directory (the target's own, or `-o ''`: the current one) would lose its
     config.json and model.safetensors to the head's."""
     before = {p.name: p.read_bytes() for p in dirs["target"].iterdir() if p.is_file()}
+    not_utf8 = runner.invoke(app, ["train-head", "--out", str(tmp_path) + "/bad\udcff", "--target", str(dirs["target"]),
+                                   "--quiet"])
+    assert not_utf8.exit_code == 1 and "not a UTF-8 path" in not_utf8.output, not_utf8.output
     for out in (dirs["target"], tmp_path / "file"):
         (tmp_path / "file").write_text("x")
         result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--quiet"])

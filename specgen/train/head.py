@@ -35,9 +35,19 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     target = load(settings, Method.PLAIN, quiet=quiet).target
     model = target.model
     config = text_config(model.config)
-    layers = train.layers or default_layers(config.num_hidden_layers)
-    try:  # before anything is written: a bad --layers must not leave a manifest behind
-        check_layers(tuple(layers), config.num_hidden_layers)
+    count = config.num_hidden_layers
+    layers = train.layers or default_layers(count)
+    # before anything is written: a bad --layers must not leave a manifest behind. Layer 0 (the
+    # embeddings' output) is one vLLM and SGLang never capture, and the original layout, which
+    # numbers layer outputs, would write it as -1: a head reading it would run nowhere else
+    if not train.layers and min(layers) < 1:
+        raise ConfigError(f"the default --layers (2, L/2, L-3) need a target of at least 4 layers; this one "
+                          f"has {count}: give --layers")
+    if 0 in layers:
+        raise ConfigError("--layers 0 is the embeddings' output, which vLLM's and SGLang's EAGLE-3 do not "
+                          f"read: give layers 1 to {count}")
+    try:
+        check_layers(tuple(layers), count)
     except ValueError as exc:
         raise ConfigError(f"--layers: {exc}") from None
     train = Settings(**{**train.__dict__, "layers": tuple(layers)})
@@ -91,6 +101,11 @@ def fingerprint(model) -> str:
 def check_out(out: Path) -> None:
     """--out is new, empty, or an earlier run's (which a rerun resumes): never a directory of
     other files, whose config.json and model.safetensors the head would overwrite."""
+    try:
+        str(out).encode("utf-8")
+    except UnicodeEncodeError:  # safetensors (Rust) takes UTF-8 paths only: every shard would fail
+        raise ConfigError(f"--out {str(out)!r} is not a UTF-8 path, which safetensors cannot write to; "
+                          "give another") from None
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / "data" / "manifest.json").is_file():
