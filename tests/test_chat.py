@@ -637,6 +637,33 @@ def test_a_reply_that_fails_is_an_error_and_the_session_goes_on(models, tmp_path
     assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["first", "third"]
 
 
+def test_ctrl_c_in_a_script_keeps_the_conversation_its_lost_save_would_have(models, tmp_path, monkeypatch):
+    """Ctrl-C stops a script and the lines after it, often its /save: the conversation so far
+    (the cut reply marked interrupted) is saved on its own, and `--load` continues it."""
+    from specgen.cli import chat as chat_cli
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "cache"))
+    real = chat_cli._TurnView.on_round
+    calls = []
+
+    def cut(self, view, stats):
+        calls.append(1)
+        if len(calls) == 5:  # within the second reply (each is at least 4 rounds)
+            raise KeyboardInterrupt
+        real(self, view, stats)
+
+    monkeypatch.setattr(chat_cli._TurnView, "on_round", cut)
+    lost = tmp_path / "never.json"
+    result = session_run(models, ["first", "second", f"/save {lost}"], "-n", "4", "-m", "plain")
+    assert result.exit_code == 130 and not lost.exists(), result.output
+    kept = next((tmp_path / "cache" / "chats").glob("interrupted-*.json"))
+    assert f"saved in {kept}" in result.stderr.replace("\n", "")
+    messages = json.loads(kept.read_text())["messages"]
+    assert [m["content"] for m in messages[::2]] == ["first", "second"] and messages[-1]["interrupted"]
+    again = session_run(models, ["/exit"], "--load", str(kept))
+    assert again.exit_code == 0, again.output
+
+
 def test_a_failed_save_makes_a_scripted_session_exit_non_zero(models, tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

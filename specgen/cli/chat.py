@@ -37,6 +37,7 @@ from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.decoding.views import speed
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.errors import PromptError, SpecgenError, one_line
+from specgen.ground import cache_root
 from specgen.serve.client import ServerChat, find
 from specgen.status import note
 
@@ -207,8 +208,26 @@ class _Loop:
                 if self.handle(raw.rstrip("\r\n")):
                     break
             except _Interrupted:
+                self.keep_interrupted()
                 return 130
         return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
+
+    def keep_interrupted(self) -> None:
+        """Ctrl-C stops a script, and with it the lines after (often its /save): the conversation
+        so far goes to a save file of its own, which `--load` continues."""
+        c = self.chat
+        if not (c.earlier or c.messages):
+            return
+        path = cache_root() / "chats" / time.strftime(f"interrupted-%Y%m%d-%H%M%S-{os.getpid()}.json")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            c.save(path)
+        except (OSError, SpecgenError) as exc:
+            self.notice(f"the input's later lines were not run, and the conversation could not be kept: "
+                        f"{one_line(exc)}")
+            return
+        self.notice(f"the input's later lines were not run; the conversation so far is saved in {path} "
+                    "(specgen chat --load continues it)")
 
     # -- one line ------------------------------------------------------------------------
     def handle(self, line: str) -> bool:
