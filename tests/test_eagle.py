@@ -429,7 +429,7 @@ def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
     assert bad.exit_code == 1 and "holds data recorded" in bad.output
 
 
-def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path):
+def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path, monkeypatch):
     """A rerun into an earlier run's --out: --minutes trains that much more (it trained nothing
     once the epochs were done); a setting the checkpoint's head does not have, or data from
     another model of the same name, is one line; a run stopped before it recorded anything
@@ -446,10 +446,16 @@ def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path):
     (out / "data" / "manifest.json").write_text(json.dumps({"target": "x", "source": "code", "tokens": 9,
                                                             "layers": [0], "sequences": 0}))
     assert train(out).exit_code == 0
-    steps = json.loads((out / "training.json").read_text())["steps"]
+    first = json.loads((out / "training.json").read_text())
+    from specgen.train import head as trainer
+    # a rerun of a whole recording makes no data again (for prompts: the target's answers, decoded)
+    monkeypatch.setattr(trainer, "_sequences", lambda *a: pytest.fail("the data was made again"))
     more = train(out, "--minutes", "0.02")
     assert more.exit_code == 0, more.output
-    assert json.loads((out / "training.json").read_text())["steps"] > steps
+    again = json.loads((out / "training.json").read_text())
+    assert again["steps"] > first["steps"]
+    assert (again["data_tokens"], again["record_seconds"]) == (first["data_tokens"], first["record_seconds"])
+    monkeypatch.undo()
     for extra, fragment in ((["--draft-vocab", "50"], "with --draft-vocab 100; this run asks for 50"),
                             (["--draft-vocab", "100", "--intermediate", "32"], "another --intermediate?"),
                             (["--draft-vocab", "100", "--minutes", "1", "--epochs", "2"], "give one of them")):

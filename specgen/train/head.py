@@ -67,18 +67,22 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     if not manifest.get("sequences", 0):
         shards.write_manifest({**wanted, "sequences": 0})
     started = time.monotonic()
-    sequences = _sequences(target, source, prompts or [], tokens, answer_tokens)
-    if shards.manifest().get("sequences", 0) < len(sequences):
-        with _bar("recording the target's features", sum(len(s.ids) for s in sequences), quiet) as advance:
-            data.record(model, tuple(layers), sequences, shards, target.device, progress=advance)
-    recorded = time.monotonic() - started
+    if not shards.manifest().get("complete"):  # a rerun of a whole recording skips making the data again
+        # (for prompts, the target's own answers: minutes to hours of decoding on a CPU)
+        sequences = _sequences(target, source, prompts or [], tokens, answer_tokens)
+        if shards.manifest().get("sequences", 0) < len(sequences):
+            with _bar("recording the target's features", sum(len(s.ids) for s in sequences), quiet) as advance:
+                data.record(model, tuple(layers), sequences, shards, target.device, progress=advance)
+        shards.write_manifest({**shards.manifest(), "complete": True, "record_seconds": round(
+            time.monotonic() - started, 1), "data_tokens": sum(len(s.ids) for s in sequences)})
+    data_tokens, recorded = shards.manifest()["data_tokens"], shards.manifest()["record_seconds"]
     with _bar("training the head", None, quiet) as advance:
         trainer = Trainer(model, out, train, progress=advance, heldout=advance.heldout)
 
         def write() -> None:
             trainer.evaluate()
-            trainer.write({"target": target.name, "source": source, "data_tokens": sum(len(s.ids) for s in sequences),
-                           "record_seconds": round(recorded, 1), "layers": list(layers),
+            trainer.write({"target": target.name, "source": source, "data_tokens": data_tokens,
+                           "record_seconds": recorded, "layers": list(layers),
                            "expected_tokens_per_round": round(expected_tokens(trainer.report.acceptance), 3)})
         try:
             trainer.run()
