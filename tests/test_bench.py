@@ -106,6 +106,15 @@ def test_a_prompt_file_of_bytes_that_are_not_utf8_names_its_line(tmp_path):
         prompt_sets.load_prompts(str(path))
 
 
+def test_a_prompt_file_keeps_unicode_line_separators_inside_its_strings(tmp_path):
+    """JSON leaves U+2028, U+0085 and \x1c unescaped in a string: they are not line ends."""
+    path = tmp_path / "odd.jsonl"
+    text = "one\u2028two\u0085three\x1cfour"
+    path.write_text(json.dumps({"id": "a", "category": "c", "prompt": text}, ensure_ascii=False) + "\r\n",
+                    encoding="utf-8")
+    assert [p.prompt for p in prompt_sets.load_prompts(str(path))] == [text]
+
+
 def test_an_unknown_set_lists_the_names():
     with pytest.raises(PromptError, match="unknown prompt set 'nope'.*code-generation.*quick.*all"):
         prompt_sets.load_prompts("nope")
@@ -456,6 +465,17 @@ def test_html_report_is_one_page_with_an_svg_per_plot(small_result, tmp_path):
                                      summary=[g for g in small_result.summary if g.method == "plain"])
     page = Page(bench_cli_html(plain_only))
     assert page.problems == [] and page.plots == 3
+
+
+def test_html_labels_too_long_for_their_group_are_slanted_and_cut_with_the_whole_name_kept():
+    """Two categories of 200 characters ran into each other, level, under the speed-up plot."""
+    from specgen.bench.html import _label
+
+    assert "rotate" not in _label("code", 100, 300)
+    long = "x" * 199 + "<"
+    label = _label(long, 100, 300)
+    assert "rotate(-25" in label and f"<title>{'x' * 199}&lt;</title>" in label
+    assert "x" * 17 + "\u2026</text>" in label
 
 
 def bench_cli_html(result) -> str:

@@ -630,6 +630,7 @@ def test_bench_reports_acceptance_per_draft_position():
 
     assert per_position(Counter({"0": 2, "1": 1, "3": 1})) == [0.5, 0.25, 0.25]
     assert per_position(Counter()) is None
+    assert per_position(Counter({"0": 5})) == [0.0]  # drafted every round, accepted none: not "no drafts"
 
 
 def test_an_int8_head_on_the_cpu_drafts_the_same_way(trained, dirs, target):

@@ -109,11 +109,7 @@ def _groups(labels: list[str], series: list[str], value, colours: dict, top: flo
     for i, label in enumerate(labels):
         x0 = LEFT + i * span + 0.1 * span
         x = LEFT + (i + 0.5) * span
-        if len(labels) > 4 and max(map(len, labels)) > 6:  # slanted: long category names would run into each other
-            marks.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="end" '
-                         f'transform="rotate(-25 {x:.1f} {HEIGHT - BOTTOM + 14})">{escape(label)}</text>')
-        else:
-            marks.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(label)}</text>')
+        marks.append(_label(label, x, span))
         for j, name in enumerate(series):
             v = value(label, name)
             if v is None:
@@ -125,6 +121,20 @@ def _groups(labels: list[str], series: list[str], value, colours: dict, top: flo
             if extra is not None:
                 marks.append(extra(label, name, x + (bar - 2) / 2, top))
     return "".join(marks)
+
+
+CHAR_PX, SLANTED_CHARS = 6, 18  # an 11px character's width, about; what a slanted label's room below the axis holds
+
+
+def _label(label: str, x: float, span: float) -> str:
+    """A group's label: level where it fits its group's width, else slanted (so names do not run
+    into each other) and cut to the room below the axis, the whole name in its tooltip."""
+    if len(label) * CHAR_PX <= span - 4:
+        return f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(label)}</text>'
+    shown = label if len(label) <= SLANTED_CHARS else label[: SLANTED_CHARS - 1] + "\u2026"
+    return (f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="end" '
+            f'transform="rotate(-25 {x:.1f} {HEIGHT - BOTTOM + 14})"><title>{escape(label)}</title>'
+            f"{escape(shown)}</text>")
 
 
 def _ticks(top: float, step: float) -> list[float]:

@@ -90,13 +90,14 @@ def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
 def read_prompt_file(path: Path) -> list[BenchPrompt]:
     """Parse and check one JSONL prompt file; any problem is one line naming file:line."""
     data = read_prompts_bytes(path)
-    try:
-        lines = data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise PromptError(f"{path}:{line}: not valid UTF-8 text (byte 0x{data[exc.start]:02x})") from None
     prompts = []
-    for number, line in enumerate(lines, 1):
+    # the bytes split at line ends only: str.splitlines would also cut a JSON string at U+2028,
+    # U+0085 or \x1c, which JSON keeps unescaped
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
         if not line.strip():
             continue
         where = f"{path}:{number}"

@@ -63,7 +63,7 @@ def per_position(pooled: Counter) -> list[float] | None:
     rounds = sum(pooled.values())
     if not rounds:
         return None
-    longest = max(int(k) for k in pooled)
+    longest = max(1, *(int(k) for k in pooled))  # rounds that drafted but accepted nothing: position 1 at 0%
     return [round(sum(n for k, n in pooled.items() if int(k) >= i) / rounds, 4) for i in range(1, longest + 1)]
 
 
