@@ -147,7 +147,7 @@ def test_serve_replicas_answer_behind_one_endpoint(models, tiny_dirs):
         port = s.getsockname()[1]
     settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32", "auto",
                              "auto", "auto")
-    url = replicas.deploy(settings, ServeOptions(port=port, api_key="key"), 2, 1)
+    url = replicas.deploy(settings, ServeOptions(port=port, api_key="key"), 2, 1, {"num_cpus": 1})
     try:
         states = serve.status().applications[replicas.APP_NAME].deployments[replicas.APP_NAME].replica_states
         assert states.get("RUNNING") == 2, states
@@ -161,11 +161,109 @@ def test_serve_replicas_answer_behind_one_endpoint(models, tiny_dirs):
         assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
         # a second `serve --ray` on this cluster would replace this one: refused before it deploys
         from specgen.errors import ConfigError
-        with pytest.raises(ConfigError, match="already runs on this Ray cluster"):
+        with pytest.raises(ConfigError, match="already runs on this Ray cluster") as info:
             replicas.check_free()
+        assert "specgen serve --ray ADDRESS --stop" in info.value.hint
+        # one whose `serve --ray` was killed past its clean-up (SIGKILL): --stop deletes it
+        stopped = runner.invoke(app, ["serve", "--ray", "auto", "--stop"])
+        assert stopped.exit_code == 0 and "deployment on this Ray cluster is deleted" in stopped.output, stopped.output
+        assert replicas.APP_NAME not in serve.status().applications
+        again = runner.invoke(app, ["serve", "--ray", "auto", "--stop"])
+        assert again.exit_code == 1 and "no specgen deployment runs" in again.output, again.output
     finally:
-        replicas.undeploy()
+        if replicas.APP_NAME in serve.status().applications:
+            replicas.undeploy()
         serve.shutdown()
+
+
+def test_serve_ray_deletes_its_deployment_on_sigterm(tiny_dirs, monkeypatch):
+    """Ray's core takes SIGTERM for itself when it connects: `kill`, a container's stop or a
+    scheduler's left the deployment serving with nobody to stop it. SIGTERM (and SIGHUP) now end
+    `serve --ray` as Ctrl-C does, and its clean-up deletes the deployment."""
+    import signal
+
+    from specgen.cli.options import _interrupt
+    from specgen.serve import replicas
+
+    deleted, before = [], {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+
+    def deploy(*args):
+        assert signal.getsignal(signal.SIGTERM) is _interrupt and signal.getsignal(signal.SIGHUP) is _interrupt
+        raise KeyboardInterrupt  # what the handler raises when SIGTERM comes
+
+    monkeypatch.setattr(replicas, "deploy", deploy)
+    monkeypatch.setattr(replicas, "undeploy", lambda: deleted.append(1))
+    try:
+        result = runner.invoke(app, ["serve", "--ray", "auto", "--api-key", "k", "--target", str(tiny_dirs["target"])])
+        assert result.exit_code == 130 and deleted == [1], result.output
+        assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]  # held only during the clean-up
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_more_actors_or_replicas_than_the_cluster_holds_is_one_line(models, prompts, tmp_path, tiny_dirs):
+    """Ray waits forever for actors it cannot place: asking for more than the cluster holds (2
+    CPUs here) is one line, before anything loads or OUT is touched."""
+    from specgen.errors import ConfigError
+
+    def plan(resources, device=None, actors=None, threads=1, names=("--ray-actors", "--ray-threads")):
+        return cluster.actor_plan(SimpleNamespace(cluster_resources=lambda: resources), device, actors, threads, names)
+
+    assert plan({"CPU": 2}) == (2, {"num_cpus": 1}) and plan({"CPU": 4}, threads=2) == (2, {"num_cpus": 2})
+    assert plan({"CPU": 8, "GPU": 2}) == (2, {"num_gpus": 1, "num_cpus": 1})
+    for resources, kwargs, fragment in (
+            ({"CPU": 2}, {"actors": 4}, "--ray-actors 4 of --ray-threads 1 need 4 CPUs, and the Ray cluster has 2"),
+            ({"CPU": 2}, {"threads": 3}, "--ray-threads 3: each reserves 3 CPUs, and the Ray cluster has 2"),
+            ({"CPU": 8, "GPU": 1}, {"actors": 2, "names": ("--replicas", "--ray-threads")},
+             "--replicas 2: each needs a GPU, and the Ray cluster has 1")):
+        with pytest.raises(ConfigError, match=fragment):
+            plan(resources, **kwargs)
+    out = tmp_path / "o.jsonl"
+    result = runner.invoke(app, ["run", "--prompts-file", str(prompts), "--output", str(out), "--ray", "auto",
+                                 "--ray-actors", "4", *models])
+    assert result.exit_code == 1 and "need 4 CPUs" in result.output and not out.exists(), result.output
+    result = runner.invoke(app, ["serve", "--ray", "auto", "--api-key", "k", "--replicas", "3", "--target",
+                                 str(tiny_dirs["target"])])
+    assert result.exit_code == 1 and "--replicas 3 of --ray-threads 1 need 3 CPUs" in result.output, result.output
+
+
+def test_a_prompt_too_long_for_the_context_stops_a_ray_run_before_any_is_decoded(models, tmp_path):
+    """A batch's error named no prompt ("the prompt has ..."), part way through the set: every
+    prompt is checked first, as a local run does, and named by its place in the file."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(PROMPTS + json.dumps({"prompt": "word " * 400, "id": "long"}) + "\n")
+    out = tmp_path / "o.jsonl"
+    result = runner.invoke(app, ["run", "--prompts-file", str(path), "--output", str(out), "--ray", "auto", *models])
+    assert result.exit_code == 1 and "prompt 11 has" in result.output and "context holds" in result.output, \
+        result.output
+    assert not out.exists() or out.read_text() == ""
+
+
+def test_a_listener_that_is_not_a_ray_head_is_one_line_within_seconds():
+    """Ray waited minutes, silently, on a web server or a listener that never answers."""
+    import threading
+    import time
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    from specgen.errors import ConfigError
+
+    web = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        for port in (web.server_address[1], silent.getsockname()[1]):
+            started = time.monotonic()
+            with pytest.raises(ConfigError, match="something listens there, but not a Ray head"):
+                cluster.check(f"127.0.0.1:{port}")
+            assert time.monotonic() - started < 2 * cluster.CONNECT_SECONDS
+        with pytest.raises(ConfigError, match="99999 is not a port"):
+            cluster.check("127.0.0.1:99999")
+    finally:
+        web.shutdown()
+        silent.close()
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -194,7 +292,8 @@ class _FakeRay:
     def remote(self, cls):
         def start(*_):
             fate = next(self.fates)
-            return SimpleNamespace(ready=SimpleNamespace(remote=lambda: fate))
+            return SimpleNamespace(ready=SimpleNamespace(remote=lambda: fate),
+                                   check=SimpleNamespace(remote=lambda items: None))
 
         handle = SimpleNamespace(remote=start)
         handle.options = lambda **_: handle

@@ -96,11 +96,14 @@ def read_bounded(stream, where: str) -> bytes:
     return data
 
 
-def sigterm_as_ctrl_c() -> None:
+def sigterm_as_ctrl_c(hangup: bool = False) -> None:
     """SIGTERM (what `kill`, a job scheduler or a container stop sends) ends the command as Ctrl-C
-    does: its summary line, and what was finished kept."""
+    does: its summary line, and what was finished kept. With `hangup`, SIGHUP too (a closed
+    terminal): for a command that must clean up after itself elsewhere (a Ray deployment)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        if hangup:
+            signal.signal(signal.SIGHUP, _interrupt)
 
 
 def _interrupt(signum, frame) -> None:

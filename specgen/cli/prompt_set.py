@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from specgen.cli.options import sigterm_as_ctrl_c
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.prompts import read_prompt_records
 from specgen.decoding.stats import Stats, rate
@@ -117,7 +118,13 @@ def _source(todo, batch_size, raw, system, config, settings, quiet, ray_address,
     from specgen.scale import cluster  # the optional extra, checked above
 
     ray, owned = cluster.connect(ray_address)
-    run = cluster.RayRun(ray, settings, config, raw, system, todo, batch_size, actors, threads, owned=owned)
+    sigterm_as_ctrl_c()  # Ray's core takes SIGTERM for itself when it connects: the results so far are kept
+    try:
+        run = cluster.RayRun(ray, settings, config, raw, system, todo, batch_size, actors, threads, owned=owned)
+    except BaseException:  # more actors than the cluster holds: one line, and a session we started ends
+        if owned:
+            ray.shutdown()
+        raise
     try:
         with status(f"loading the pair in {len(run.actors)} Ray actors ...", quiet):
             run.wait_ready(quiet)

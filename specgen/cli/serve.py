@@ -5,7 +5,9 @@ No tensor code here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import model_args, user_errors, with_options
+from specgen.cli.options import model_args, sigterm_as_ctrl_c, user_errors, with_options
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.serve import client, discovery
@@ -54,7 +56,7 @@ def serve(
         "--open", help="Open the playground (GET /) in your browser once the server answers.")] = False,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
-    stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options.")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options (with --ray: delete the cluster's specgen deployment).")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, url).")] = False,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray", help="Serve as a Ray Serve deployment on this cluster: 'auto' or its ADDRESS (needs --api-key; "
@@ -82,9 +84,12 @@ def serve(
             return
         settings = models
         if ray_address is not None:
-            if detach or stop:
-                raise ConfigError("--ray serves in the foreground; --detach and --stop are for a local server")
-            _serve_on_ray(settings, options, ray_address, replicas, ray_threads, open_)
+            if detach:
+                raise ConfigError("--ray serves in the foreground; --detach is for a local server")
+            if stop:
+                _stop_on_ray(ray_address)
+            else:
+                _serve_on_ray(settings, options, ray_address, replicas, ray_threads, open_)
             return
         if replicas != 1 or ray_threads != 1:
             raise ConfigError("--replicas and --ray-threads go with --ray")
@@ -115,20 +120,24 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
                           hint="give --api-key KEY or set SPECGEN_API_KEY")
     options.check()
     # Ray and the server's modules (torch) load only for a --ray server
-    from specgen.scale.cluster import connect
+    from specgen.scale.cluster import actor_plan, connect
     from specgen.serve import replicas as ray_serve
 
     ray, owned = connect(address)
     try:
         ray_serve.check_free()  # before anything of ours exists there: the `finally` below deletes ours
+        _, reserve = actor_plan(ray, settings.device, replicas, threads, ("--replicas", "--ray-threads"))
     except BaseException:
         if owned:
             ray.shutdown()
         raise
+    # Ray's core takes SIGTERM for itself when it connects: `kill`, a container's stop or a
+    # scheduler's must delete the deployment as Ctrl-C does, or it serves on with nobody to stop it
+    sigterm_as_ctrl_c(hangup=True)
     try:
         with status(f"starting {replicas} Ray Serve replicas (each loads the pair) ...", False):
             try:
-                url = ray_serve.deploy(settings, options, replicas, threads)
+                url = ray_serve.deploy(settings, options, replicas, threads, reserve)
             except ConfigError:
                 raise
             except Exception as exc:  # Ray Serve's deployment failures carry a replica's traceback
@@ -143,12 +152,41 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
-            typer.echo("specgen server stopped: Ctrl-C", err=True)
+            typer.echo("specgen server stopped (Ctrl-C or SIGTERM); its deployment is deleted", err=True)
     finally:
-        try:
-            ray_serve.undeploy()
-        except Exception:  # nothing deployed (a failed start), or the cluster went away
-            pass
+        with _signals_held():  # a second Ctrl-C must not cut the clean-up short
+            try:
+                ray_serve.undeploy()
+            except Exception:  # nothing deployed (a failed start), or the cluster went away
+                pass
+            if owned:
+                ray.shutdown()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C, SIGTERM and SIGHUP ignored within, then as they were."""
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def _stop_on_ray(address: str) -> None:
+    """`serve --ray ADDRESS --stop`: delete a specgen deployment left on the cluster."""
+    from specgen.scale.cluster import connect
+    from specgen.serve import replicas as ray_serve
+
+    ray, owned = connect(address)
+    try:
+        ray_serve.check_installed()
+        if not ray_serve.stop():
+            raise ConfigError("no specgen deployment runs on this Ray cluster")
+        typer.echo("specgen: the deployment on this Ray cluster is deleted", err=True)
+    finally:
         if owned:
             ray.shutdown()
 

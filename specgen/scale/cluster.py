@@ -20,7 +20,7 @@ from collections import deque
 from typing import Iterator
 
 from specgen.config import GenerationConfig, ModelSettings
-from specgen.errors import ConfigError, SpecgenError, first_line, one_line
+from specgen.errors import ConfigError, PromptError, SpecgenError, first_line, one_line
 from specgen.status import note
 
 INSTALL_HINT = "pip install 'specgen[ray]'"
@@ -116,12 +116,42 @@ def _check_reachable(address: str) -> None:
         port_number = int(port) if port else (10001 if client else 6379)
     except ValueError:
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: '{port}' is not a port") from None
+    if not 0 < port_number < 65536:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: {port_number} is not a port")
     try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=CONNECT_SECONDS).close()
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=CONNECT_SECONDS) as sock:
+            if not os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true"):
+                answered = _speaks_grpc(sock)
+            else:  # a TLS head does not answer a plaintext greeting: the connect is all we can check
+                answered = True
     except OSError as exc:
         reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: {reason}",
                           hint="start one with `ray start --head`, or use --ray auto") from None
+    if not answered:  # Ray would wait minutes on it, silently
+        raise ConfigError(f"cannot connect to the Ray cluster at {address}: something listens there, but not "
+                          "a Ray head", hint="give the head's address (`ray status` on it), or use --ray auto")
+
+
+HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and empty SETTINGS
+
+
+def _speaks_grpc(sock: socket.socket) -> bool:
+    """Whether the listener answers HTTP/2's greeting with its SETTINGS frame, as a Ray head's
+    gRPC server (and a Ray client server) does at once; a web server, a silent listener or
+    anything else does not within CONNECT_SECONDS."""
+    sock.settimeout(CONNECT_SECONDS)
+    sock.sendall(HTTP2_GREETING)
+    head = b""
+    try:
+        while len(head) < 4:
+            chunk = sock.recv(4 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except TimeoutError:
+        return False
+    return head[3] == 4  # a frame header: 3 bytes of length, then its type (4: SETTINGS)
 
 
 class Worker:
@@ -140,19 +170,40 @@ class Worker:
     def ready(self) -> str | None:
         return self.error
 
+    def check(self, items: list[tuple[int, str]]) -> str | None:
+        """Why a prompt of the run cannot be decoded (the first such, as a local run names it), or None."""
+        try:
+            self.decoder.encode(items)
+        except SpecgenError as exc:
+            return str(exc) + (f" ({exc.hint})" if exc.hint else "")
+        return None
+
     def decode(self, items: list[tuple[int, str]], batch_size: int):
         return self.decoder.decode(items, batch_size)
 
 
-def actor_plan(ray, device: str | None, actors: int | None, threads: int) -> tuple[int, dict]:
+def actor_plan(ray, device: str | None, actors: int | None, threads: int,
+               names: tuple[str, str] = ("--ray-actors", "--ray-threads")) -> tuple[int, dict]:
     """How many actors and what each reserves: a GPU each when the cluster has GPUs and the
-    device is not the CPU, else `threads` CPUs each; by default as many as the cluster fits."""
+    device is not the CPU, else `threads` CPUs each; by default as many as the cluster fits.
+    More than the cluster holds now is one ConfigError: Ray would wait for them forever. `names`
+    are the options that set the count and the threads (serve --ray's are --replicas and --ray-threads)."""
     resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
+    gpus, cpus = int(resources.get("GPU", 0)), resources.get("CPU", 0)
+    hint = "ask for fewer, or add nodes first; `ray status` shows what the cluster holds"
     if gpus and (device or "auto").lower() != "cpu":
-        return actors or gpus, {"num_gpus": 1, "num_cpus": threads}
-    fit = int(resources.get("CPU", 1) // threads)
-    return actors or max(fit, 1), {"num_cpus": threads}
+        count, reserve = actors or gpus, {"num_gpus": 1, "num_cpus": threads}
+        if count > gpus:
+            raise ConfigError(f"{names[0]} {count}: each needs a GPU, and the Ray cluster has {gpus}", hint=hint)
+    else:
+        count, reserve = actors or int(cpus // threads), {"num_cpus": threads}
+        if not count:
+            raise ConfigError(f"{names[1]} {threads}: each reserves {threads} CPUs, and the Ray cluster has "
+                              f"{cpus:g}", hint=hint)
+    if count * threads > cpus:
+        raise ConfigError(f"{names[0]} {count} of {names[1]} {threads} need {count * threads} CPUs, and the Ray "
+                          f"cluster has {cpus:g}", hint=hint)
+    return count, reserve
 
 
 class RayRun:
@@ -194,6 +245,11 @@ class RayRun:
             note(f"specgen: {len(causes)} of {len(self.actors)} Ray actors could not start ({causes[0]}); "
                  f"going on with {len(started)}")
         self.actors = started
+        # every prompt checked before any is decoded, as locally: a prompt too long for the
+        # context would otherwise stop the run part way, in a batch that names no prompt of the file
+        failed = self.ray.get(started[0].check.remote(list(self.queue)))
+        if failed:
+            raise PromptError(failed)
         return len(started)
 
     def __iter__(self) -> Iterator[tuple[int, object]]:

@@ -27,11 +27,19 @@ class Decoder:
         self.engine = build_engine(self.pair, self.config)
         self.raw, self.system = raw, system
 
+    def encode(self, items: list[tuple[int, str]]) -> list[list[int]]:
+        """Each prompt's ids; one the engine cannot decode is a PromptError naming it by its
+        place in the whole set (index + 1), whichever part of the set `items` are."""
+        prompts = [encode_prompt(self.pair.target.tokenizer, text, self.raw, self.system) for _, text in items]
+        for (index, _), ids in zip(items, prompts):
+            self.engine.check_prompt(ids, f"prompt {index + 1}")
+        return prompts
+
     def run(self, items: Iterable[tuple[int, str]], batch_size: int = 1) -> Iterator[tuple[int, Outcome]]:
         """(index, prompt text) pairs -> (index, Outcome) as each row finishes."""
         items = list(items)
         tokenizer = self.pair.target.tokenizer
-        prompts = [encode_prompt(tokenizer, text, self.raw, self.system) for _, text in items]
+        prompts = self.encode(items)
         for position, outcome in driver.finished_rows(self.engine, tokenizer, prompts, self.config, batch_size):
             yield items[position][0], outcome
 

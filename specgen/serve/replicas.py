@@ -39,22 +39,40 @@ class Replica:
         return create_app(self.state)
 
 
+def check_installed() -> None:
+    try:
+        from ray import serve  # noqa: F401: the optional extra, only a --ray server needs it
+    except ImportError:
+        raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
+
+
 def check_free() -> None:
     """Refuse a second `serve --ray` on one cluster: its deployment would replace the first's
     (one app name, one HTTP address per cluster), and either's Ctrl-C would end both."""
-    try:
-        from ray import serve  # the optional extra: only a --ray server needs it
-    except ImportError:
-        raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
+    check_installed()
+    from ray import serve
+
     if APP_NAME in serve.status().applications:
         raise ConfigError("a specgen deployment already runs on this Ray cluster",
-                          hint="stop it (Ctrl-C where it was started), or use another cluster")
+                          hint="stop it (Ctrl-C where it was started, or `specgen serve --ray ADDRESS --stop`), "
+                               "or use another cluster")
 
 
-def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, threads: int) -> str:
-    """Start Ray Serve's proxy on options.host:port and N replicas (one GPU each when the cluster
-    has GPUs and the device is not the CPU, else `threads` CPUs each); returns the URL once every
-    replica has loaded. The caller has joined the cluster."""
+def stop() -> bool:
+    """Delete a specgen deployment on this cluster (one whose `serve --ray` was killed past its
+    clean-up); whether there was one."""
+    from ray import serve  # the optional extra: check_free has imported it
+
+    if APP_NAME not in serve.status().applications:
+        return False
+    undeploy()
+    return True
+
+
+def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, threads: int, reserve: dict) -> str:
+    """Start Ray Serve's proxy on options.host:port and N replicas, each reserving `reserve` (Ray
+    actor options: the caller has checked that the cluster holds them all); returns the URL once
+    every replica has loaded. The caller has joined the cluster."""
     if not options.api_key:
         raise ConfigError("serve --ray needs an --api-key (its replicas share it)",
                           hint="give --api-key KEY or set SPECGEN_API_KEY")
@@ -62,11 +80,6 @@ def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, thread
         from ray import serve  # the optional extra: only a --ray server needs it
     except ImportError:
         raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
-    import ray  # the optional extra, as above (installed, since ray.serve imported)
-
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    reserve = ({"num_gpus": 1, "num_cpus": threads} if gpus and (settings.device or "auto").lower() != "cpu"
-               else {"num_cpus": threads})
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines are not the user's business
     url = f"http://{options.host}:{options.port}"
     serve.start(http_options={"host": options.host, "port": options.port})
