@@ -469,13 +469,15 @@ def test_html_report_is_one_page_with_an_svg_per_plot(small_result, tmp_path):
 
 def test_html_labels_too_long_for_their_group_are_slanted_and_cut_with_the_whole_name_kept():
     """Two categories of 200 characters ran into each other, level, under the speed-up plot."""
-    from specgen.bench.html import _label
+    from specgen.bench.html import _groups, _label
 
-    assert "rotate" not in _label("code", 100, 300)
+    assert "rotate" not in _label("code", 100, False)
     long = "x" * 199 + "<"
-    label = _label(long, 100, 300)
+    label = _label(long, 100, True)
     assert "rotate(-25" in label and f"<title>{'x' * 199}&lt;</title>" in label
     assert "x" * 17 + "\u2026</text>" in label
+    plot = _groups(["code", long], ["chain"], lambda label, m: 1.0, {"chain": "#000"}, 2.0, ".2f")
+    assert plot.count("rotate(-25") == 2  # one label too long slants both
 
 
 def bench_cli_html(result) -> str:

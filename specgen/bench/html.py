@@ -106,10 +106,11 @@ def _groups(labels: list[str], series: list[str], value, colours: dict, top: flo
     span = (WIDTH - LEFT - 8) / max(len(labels), 1)
     bar = 0.8 * span / max(len(series), 1)
     marks = []
+    slanted = max(map(len, labels), default=0) * CHAR_PX > span - 4  # all alike: one that does not fit slants them all
     for i, label in enumerate(labels):
         x0 = LEFT + i * span + 0.1 * span
         x = LEFT + (i + 0.5) * span
-        marks.append(_label(label, x, span))
+        marks.append(_label(label, x, slanted))
         for j, name in enumerate(series):
             v = value(label, name)
             if v is None:
@@ -126,10 +127,10 @@ def _groups(labels: list[str], series: list[str], value, colours: dict, top: flo
 CHAR_PX, SLANTED_CHARS = 6, 18  # an 11px character's width, about; what a slanted label's room below the axis holds
 
 
-def _label(label: str, x: float, span: float) -> str:
-    """A group's label: level where it fits its group's width, else slanted (so names do not run
-    into each other) and cut to the room below the axis, the whole name in its tooltip."""
-    if len(label) * CHAR_PX <= span - 4:
+def _label(label: str, x: float, slanted: bool) -> str:
+    """A group's label: level where the labels fit their groups' width, else slanted (so names do
+    not run into each other) and cut to the room below the axis, the whole name in its tooltip."""
+    if not slanted:
         return f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape(label)}</text>'
     shown = label if len(label) <= SLANTED_CHARS else label[: SLANTED_CHARS - 1] + "\u2026"
     return (f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="end" '
