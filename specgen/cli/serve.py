@@ -177,7 +177,7 @@ def _signals_held():
 
 def _stop_on_ray(address: str) -> None:
     """`serve --ray ADDRESS --stop`: delete a specgen deployment left on the cluster."""
-    from specgen.scale.cluster import connect
+    from specgen.scale.cluster import connect  # Ray: the optional extra, only for --ray
     from specgen.serve import replicas as ray_serve
 
     ray, owned = connect(address)

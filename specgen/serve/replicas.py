@@ -50,7 +50,7 @@ def check_free() -> None:
     """Refuse a second `serve --ray` on one cluster: its deployment would replace the first's
     (one app name, one HTTP address per cluster), and either's Ctrl-C would end both."""
     check_installed()
-    from ray import serve
+    from ray import serve  # the optional extra, checked just above
 
     if APP_NAME in serve.status().applications:
         raise ConfigError("a specgen deployment already runs on this Ray cluster",
