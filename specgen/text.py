@@ -23,6 +23,7 @@ class TextStream:
         self._prefix = 0  # start of the window decoded for context
         self._read = 0  # end of the part already released as text
         self._released = [0]  # every length at which all text so far had been released
+        self._pieces: list[str] = []  # the text released at each of those lengths but the first
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
@@ -31,12 +32,44 @@ class TextStream:
         after = decode(self.ids[self._prefix:], skip_special_tokens=True)
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self.ids)
-            self._released.append(self._read)
-            return after[len(before):]
+            return self._release(after[len(before):])
         if not after.endswith("\ufffd"):
             self._read = len(self.ids)  # a special or empty token: nothing to show
-            self._released.append(self._read)
+            self._release("")
         return ""
+
+    def _release(self, piece: str) -> str:
+        self._released.append(self._read)
+        self._pieces.append(piece)
+        return piece
+
+    def rest(self) -> str:
+        """The text of what is held back: tokens that complete no character yet (a character cut
+        short at the end), or bytes that never will (a byte-fallback tokenizer's stray byte,
+        after which its decoder turns every later byte of the run into U+FFFD). Made from the
+        tokens' own bytes, U+FFFD where they form no character, so `text()` keeps every byte
+        that is one."""
+        held = self.ids[self._read:]
+        if not held:
+            return ""
+        token_bytes = TokenBytes(self.tokenizer)
+        return b"".join(token_bytes(t) for t in held if t not in token_bytes.specials).decode("utf-8", "replace")
+
+    def flush(self) -> tuple[str, int]:
+        """Release what is held back (the generation has ended): (its text, the index of the last
+        token with text in it, or -1 when there is none)."""
+        rest = self.rest()
+        specials = getattr(self.tokenizer, "all_special_ids", ())
+        last = next((i for i in range(len(self.ids) - 1, self._read - 1, -1) if self.ids[i] not in specials), -1)
+        self._prefix = self._read = len(self.ids)
+        if self._released[-1] != self._read:
+            self._release(rest)
+        return rest, last
+
+    def text(self) -> str:
+        """Everything released, then what is held back: the generation's text (what a renderer
+        showed, token by token, once the end flushed the stream)."""
+        return "".join(self._pieces) + self.rest()
 
     def truncate(self, length: int) -> None:
         """Forget the ids from `length` on (a deterministic-mode rollback). Reading resumes at the
@@ -46,12 +79,28 @@ class TextStream:
         del self.ids[length:]
         while self._released[-1] > length:
             self._released.pop()
+            self._pieces.pop()
         self._read = self._released[-1]
         self._prefix = min(self._prefix, max(self._read - 6, 0))
 
     def token_text(self, token_id: int) -> str:
         """A single token's text out of context (for showing rejected draft tokens)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=True)
+
+
+def text_of(tokenizer, ids: list[int], stream: TextStream | None = None) -> str:
+    """A generation's text: the tokenizer's decode, unless that holds U+FFFD, where the text a
+    stream makes of the same ids (`stream`, which holds exactly `ids`, or a new one) keeps
+    bytes the decode replaced. Every path (a renderer's stream, a row of a batch, the server)
+    so gives one text for one list of ids."""
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    if "\ufffd" not in whole:
+        return whole
+    if stream is None:
+        stream = TextStream(tokenizer)
+        for token in ids:
+            stream.push(token)
+    return stream.text()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -37,6 +37,44 @@ def build_tokenizer(extra_token: str | None = None, eos: str = "<|im_end|>"):
     return tokenizer
 
 
+def build_byte_fallback_tokenizer():
+    """A SentencePiece-style tokenizer (Llama 2, Mistral, Gemma): a few pieces, `<0xNN>` byte
+    tokens for everything else, and a decoder that turns a run of bytes that is not UTF-8 into
+    one U+FFFD per byte (valid bytes of the run too)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    for piece in ["\u2581", "h", "e", "l", "o", "w", "r", "d", "a", "b", "c", "x", "y", "z", "\u00e9", "\u65e5"]:
+        vocab.setdefault(piece, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens([AddedToken(t, special=True) for t in ["<unk>", "<s>", "</s>", *SPECIALS[1:]]])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<|im_end|>",
+                                        unk_token="<unk>", pad_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def save_byte_fallback_llama(directory: Path, seed: int, layers: int = 2) -> Path:
+    """A tiny Llama with `build_byte_fallback_tokenizer`'s tokenizer, saved."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_byte_fallback_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.3, tie_word_embeddings=False,
+                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), bos_token_id=1, pad_token_id=2)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def build_model(seed: int, *, layers: int = 2, hidden: int = 64, context: int = 256,
                 vocab: int = 259, init_range: float = 0.3, eos_id: int = 258, pad_id: int = 256):
     from transformers import Qwen2Config, Qwen2ForCausalLM

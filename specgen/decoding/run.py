@@ -21,7 +21,7 @@ from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, Renderer, logprob_entries, replay_view, round_view
-from specgen.text import TextStream, TokenBytes
+from specgen.text import TextStream, TokenBytes, text_of
 from specgen.runtime import int8
 
 
@@ -71,10 +71,12 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
         except KeyboardInterrupt:
             interrupted = True
     ids = stream.ids
-    if config.deterministic and state is not None:
-        ids = ids[: max(state.verified - len(prompt_ids), 0)]  # only replay-verified tokens are final
+    if config.deterministic and state is not None and state.verified - len(prompt_ids) < len(ids):
+        stream.truncate(max(state.verified - len(prompt_ids), 0))  # only replay-verified tokens are final
+        ids = stream.ids
+    ids = list(ids)
     stats.interrupted = int(interrupted)
-    outcome = Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats, interrupted, state=state,
+    outcome = Outcome(text_of(tokenizer, ids, stream), ids, stats, interrupted, state=state,
                       extra=_logprobs(tokenizer, ids, logprobs, config))
     renderer.finish(outcome)
     return outcome
@@ -116,7 +118,7 @@ def finished_rows(engine: Engine, tokenizer, prompts: list[list[int]], config: G
             logprobs.setdefault(report.index, []).extend(report.event.logprobs)
         if isinstance(report.event, Finished):
             ids = report.state.final_ids(config)
-            yield report.index, Outcome(tokenizer.decode(ids, skip_special_tokens=True), ids, stats,
+            yield report.index, Outcome(text_of(tokenizer, ids), ids, stats,
                                         extra=_logprobs(tokenizer, ids, logprobs.pop(report.index, []), config))
 
 

@@ -95,9 +95,16 @@ class Silent:
 
 
 def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundView:
-    """Text for one round: each committed token pushed once through the stream."""
-    accepted = [stream.push(t) for t in result.emitted[: result.accepted_emitted]]
-    target = stream.push(result.emitted[-1]) if result.target_emitted else ""
+    """Text for one round: each committed token pushed once through the stream. The row's last
+    round also flushes what the stream held back (a character cut short), into the piece of
+    the last token with text in it, so every renderer ends with the same text."""
+    pieces = [stream.push(t) for t in result.emitted]
+    if result.stop is not None and pieces:
+        rest, last = stream.flush()
+        if rest:
+            pieces[max(last - (len(stream.ids) - len(pieces)), 0)] += rest
+    accepted = pieces[: result.accepted_emitted]
+    target = pieces[-1] if result.target_emitted else ""
     rejected = [stream.token_text(t) for t in result.rejected]
     view = RoundView(accepted, target, rejected, pending=pending, target_emitted=result.target_emitted)
     if result.is_chain:

@@ -74,10 +74,8 @@ class Output:
 
     def finish(self, stats: Stats, token_ids: list[int], stop: str | None) -> list[dict]:
         """The last chunks: what was held back, the finish reason, usage and the statistics."""
-        whole = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        answer = self.text[self.floor:]
-        if not self.stopped and not self.job.max_zero and whole.startswith(answer):  # a character cut short at the end
-            self._extend(whole[len(answer):])
+        if not self.stopped and not self.job.max_zero and not self.pending:
+            self._extend(self.stream.flush()[0])  # what the stream holds back, if the last round did not flush it
         reason = "stop" if self.stopped else answers.finish_reason(stop)
         out = self._chunks({}, stats, final=True)
         extra = answers.speculative_summary(stats)
