@@ -777,6 +777,17 @@ def test_show_tree_without_trees_to_show_says_so(models):
     assert tree.exit_code == 0 and "--show-tree draws" not in tree.stderr
 
 
+def test_show_tree_with_a_prompts_file_draws_each_prompts_trees_or_says_why_not(models, tmp_path):
+    """It was ignored without a word with --prompts-file."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\nagain\n")
+    tree = ["--method", "rsd-c", "--branching", "2,1", "--show-tree", "--format", "plain", "-n", "6"]
+    one = invoke("run", "--prompts-file", str(prompts), *models, *tree)
+    assert one.exit_code == 0 and one.stderr.count("round 2") == 2 and "├──" in one.stderr, one.stderr
+    batched = invoke("run", "--prompts-file", str(prompts), *models, *tree, "--batch-size", "2")
+    assert batched.exit_code == 0 and "not --batch-size above 1" in batched.stderr, batched.stderr
+
+
 def test_the_option_groups_map_by_keyword_and_a_detached_servers_options_read_back_the_same():
     """with_options: the model and generation groups become ModelSettings and a GenerationConfig
     (per command defaults and fixed keywords); model_args (a detached server's command line)

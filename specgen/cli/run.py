@@ -61,6 +61,9 @@ def run(
             raise ConfigError("--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
                               hint="give --prompts-file FILE, or leave --batch-size out")
         check_options(prompts_file, output, ray_address, ray_actors, ray_threads)
+        if show_tree and (not config.method.is_tree or format is Format.json or output is not None or batch_size > 1):
+            note("--show-tree draws the trees of rsd-c, rsd-s and multi-draft in the rich and plain views, one "
+                 "prompt at a time (not --output, not --batch-size above 1); this run has none to show")
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
@@ -69,11 +72,8 @@ def run(
                 run_to_file(prompts_file, output, batch_size, raw, system, config, models, fmt is Format.json,
                             ray_address, ray_actors, ray_threads or 1)
                 return
-            _run_many(prompts_file, batch_size, raw, system, config, fmt, models)
+            _run_many(prompts_file, batch_size, raw, system, config, fmt, models, show_tree)
             return
-        if show_tree and (not config.method.is_tree or format is Format.json):
-            note("--show-tree draws the trees of rsd-c, rsd-s and multi-draft in the rich and plain views; "
-                 "this run has none to show")
         text = read_prompt(prompt, file)
         if not text.strip():
             raise PromptError("the prompt is empty")
@@ -81,7 +81,7 @@ def run(
         _run(text, raw, system, config, fmt, models, show_tree, server)
 
 
-def _run_many(path, batch_size, raw, system, config, fmt, settings: ModelSettings) -> None:
+def _run_many(path, batch_size, raw, system, config, fmt, settings: ModelSettings, show_tree: bool = False) -> None:
     """Several prompts; outputs in input order. Batches decode together with any method."""
     # decoding imports torch: only once a run needs it (--help and a served run stay light)
     from specgen.decoding import run as driver
@@ -99,7 +99,7 @@ def _run_many(path, batch_size, raw, system, config, fmt, settings: ModelSetting
         engine.check_prompt(ids, f"prompt {number} of {path}")
     if batch_size == 1:  # each prompt's text streams as it is made
         for number, ids in enumerate(prompts, 1):
-            renderer = JsonRenderer() if fmt is Format.json else PlainRenderer()
+            renderer = JsonRenderer() if fmt is Format.json else PlainRenderer(show_tree=show_tree)
             outcome = driver.generate(engine, pair.target.tokenizer, ids, config, renderer)
             if outcome.interrupted:  # its partial text was shown; the rest never started
                 stopped = list(range(number, len(prompts) + 1))
