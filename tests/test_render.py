@@ -157,3 +157,7 @@ def test_a_rate_is_shown_only_for_a_decode_long_enough_to_time():
 
     assert speed(Stats(method="plain", new_tokens=1, prefill_seconds=0.5, seconds=0.50004)) == "– tok/s"
     assert speed(Stats(method="plain", new_tokens=21, prefill_seconds=0.5, seconds=1.5)) == "21.0 tok/s"
+    # JSON (run's, the server's `speculative`) says the same: no number for a decode too short to time
+    assert Stats(method="plain", new_tokens=1, prefill_seconds=0.5, seconds=0.50004).as_dict()["tokens_per_second"] \
+        is None
+    assert Stats(method="plain", new_tokens=21, prefill_seconds=0.5, seconds=1.5).as_dict()["tokens_per_second"] == 21

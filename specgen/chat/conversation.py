@@ -260,7 +260,7 @@ class Conversation:
             "rounds": t.rounds, "drafted": t.drafted, "accepted": t.accepted,
             "acceptance_rate": round(t.acceptance_rate, 4),
             "tokens_per_target_forward": round(t.tokens_per_target_forward, 4),
-            "tokens_per_second": round(t.tokens_per_second, 3),
+            "tokens_per_second": t.as_dict()["tokens_per_second"],  # null for a decode too short to time
             "prompt_tokens": t.prompt_tokens, "reused_tokens": t.reused_tokens,
             "prefilled_tokens": t.prompt_tokens - t.reused_tokens,
             "dropped_turns": self.dropped_turns,

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult
 
 
+MIN_TIMED_SECONDS = 0.05  # a decode shorter than this gives no rate worth showing (1 token in 40 us read 24963 tok/s)
+
+
 def rate(part: float, whole: float) -> float | None:
     """part / whole, or None when there is no whole (nothing drafted, no forward, no time)."""
     return part / whole if whole else None
@@ -149,7 +152,8 @@ class Stats:
             "time_to_first_token": round(self.time_to_first_token or 0.0, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
-            "tokens_per_second": round(self.tokens_per_second, 3),
+            "tokens_per_second": (round(self.tokens_per_second, 3) if self.decode_seconds >= MIN_TIMED_SECONDS
+                                  else None),  # as views.speed shows it: a dash
             "accepted_length_histogram": histogram(self.accepted_lengths),
             "tree_size_per_round": list(self.tree_sizes),
             "mean_tree_size": round(self.mean_tree_size, 3),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from specgen.decoding.events import ReplayResult, RoundResult, TokenLogprob
-from specgen.decoding.stats import Stats
+from specgen.decoding.stats import MIN_TIMED_SECONDS, Stats
 from specgen.text import TextStream, TokenBytes
 
 
@@ -135,9 +135,6 @@ def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes
     # None: a token nothing predicts (an echoed prompt's first)
     return [{**item(token, None), "top": None} if lp is None else
             {**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]} for token, lp in zip(tokens, logprobs)]
-
-
-MIN_TIMED_SECONDS = 0.05  # a decode shorter than this gives no rate worth showing
 
 
 def speed(stats) -> str:

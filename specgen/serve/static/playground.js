@@ -284,8 +284,13 @@ function ratePoint(run) {
   return seconds > 0 ? { time: rounds[last].time, rate: tokens / seconds } : null;
 }
 
+// a decode too short to time (a one-token answer) has no rate: the server sends null
+function speed(stats) {
+  return stats.tokens_per_second == null ? "–" : stats.tokens_per_second.toFixed(1);
+}
+
 function showSpeed(run, stats) {
-  run.speed.textContent = `${stats.new_tokens} tokens · ${stats.tokens_per_second.toFixed(1)} tok/s · ` +
+  run.speed.textContent = `${stats.new_tokens} tokens · ${speed(stats)} tok/s · ` +
     `acceptance ${(100 * stats.acceptance_rate).toFixed(0)}%`;
 }
 
@@ -296,7 +301,7 @@ function finish(run, summary) {
     ["method", summary.method],
     ["acceptance", `${(100 * summary.acceptance_rate).toFixed(1)}% (${summary.accepted}/${summary.drafted} drafted)`],
     ["tokens per target forward", summary.tokens_per_target_forward.toFixed(2)],
-    ["tokens/s", summary.tokens_per_second.toFixed(1)],
+    ["tokens/s", speed(summary)],
     ["time to first token", `${(1000 * summary.time_to_first_token).toFixed(0)} ms`],
     ["target forwards", String(summary.target_forwards)],
   ];
@@ -305,7 +310,7 @@ function finish(run, summary) {
   for (const [name, value] of rows) list.append(el("dt", null, name), el("dd", null, value));
   list.dataset.accepted = summary.accepted;
   list.dataset.drafted = summary.drafted;
-  run.speed.textContent = `${summary.tokens_per_second.toFixed(1)} tok/s · ` +
+  run.speed.textContent = `${speed(summary)} tok/s · ` +
     `${summary.tokens_per_target_forward.toFixed(2)} tokens per target forward`;
   drawHistogram(run.node.querySelector(".histogram"), summary.accepted_length_histogram || {});
   drawRate(run.node.querySelector(".rate"), run.points);
@@ -369,8 +374,10 @@ function compare(runs, options) {
   const finished = runs.filter((run) => run.summary);
   if (finished.length < 2) return;
   const plain = finished.find((run) => run.method === "plain") || finished[0];
-  const speeds = finished.map((run) => `${run.method} ${run.summary.tokens_per_second.toFixed(1)} tok/s` +
-    (run === plain ? "" : ` (${(run.summary.tokens_per_second / plain.summary.tokens_per_second).toFixed(2)}x)`));
+  const timed = (run) => run.summary.tokens_per_second != null;
+  const speeds = finished.map((run) => `${run.method} ${speed(run.summary)} tok/s` +
+    (run === plain || !timed(run) || !timed(plain) ? "" :
+      ` (${(run.summary.tokens_per_second / plain.summary.tokens_per_second).toFixed(2)}x)`));
   const same = finished.every((run) => run.text === plain.text);
   let verdict = speeds.join(" · ");
   if (options.temperature === 0 || options.temperature === null) {
