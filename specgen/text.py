@@ -3,6 +3,7 @@ exact bytes, and prefix comparison of id lists."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 
@@ -24,19 +25,33 @@ class TextStream:
         self._read = 0  # end of the part already released as text
         self._released = [0]  # every length at which all text so far had been released
         self._pieces: list[str] = []  # the text released at each of those lengths but the first
+        self._bytes: TokenBytes | None = None  # made when first needed (most text never needs it)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
         decode = self.tokenizer.decode
         before = decode(self.ids[self._prefix:self._read], skip_special_tokens=True)
         after = decode(self.ids[self._prefix:], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        if after.endswith("\ufffd") or not after.startswith(before):
+            # a character not complete yet, or bytes that form none, or (a byte-fallback decoder)
+            # a run of bytes whose stray byte turned text already released into U+FFFD: the held
+            # tokens' own bytes decide, so the text never depends on where the window starts
+            text, waiting = _utf8(self._held_bytes())
+            if waiting:
+                return ""
+            self._prefix, self._read = self._read, len(self.ids)
+            return self._release(text)
+        if len(after) > len(before):
             self._prefix, self._read = self._read, len(self.ids)
             return self._release(after[len(before):])
-        if not after.endswith("\ufffd"):
-            self._read = len(self.ids)  # a special or empty token: nothing to show
-            self._release("")
-        return ""
+        self._read = len(self.ids)  # a special or empty token: nothing to show
+        return self._release("")
+
+    def _held_bytes(self) -> bytes:
+        if self._bytes is None:
+            self._bytes = TokenBytes(self.tokenizer)
+        token_bytes = self._bytes
+        return b"".join(token_bytes(t) for t in self.ids[self._read:] if t not in token_bytes.specials)
 
     def _release(self, piece: str) -> str:
         self._released.append(self._read)
@@ -49,22 +64,15 @@ class TextStream:
         after which its decoder turns every later byte of the run into U+FFFD). Made from the
         tokens' own bytes, U+FFFD where they form no character, so `text()` keeps every byte
         that is one."""
-        held = self.ids[self._read:]
-        if not held:
-            return ""
-        token_bytes = TokenBytes(self.tokenizer)
-        return b"".join(token_bytes(t) for t in held if t not in token_bytes.specials).decode("utf-8", "replace")
+        return self._held_bytes().decode("utf-8", "replace")
 
-    def flush(self) -> tuple[str, int]:
-        """Release what is held back (the generation has ended): (its text, the index of the last
-        token with text in it, or -1 when there is none)."""
+    def flush(self) -> str:
+        """Release what is held back, as `rest` says (the generation has ended)."""
         rest = self.rest()
-        specials = getattr(self.tokenizer, "all_special_ids", ())
-        last = next((i for i in range(len(self.ids) - 1, self._read - 1, -1) if self.ids[i] not in specials), -1)
         self._prefix = self._read = len(self.ids)
         if self._released[-1] != self._read:
             self._release(rest)
-        return rest, last
+        return rest
 
     def text(self) -> str:
         """Everything released, then what is held back: the generation's text (what a renderer
@@ -86,6 +94,14 @@ class TextStream:
     def token_text(self, token_id: int) -> str:
         """A single token's text out of context (for showing rejected draft tokens)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=True)
+
+
+def _utf8(data: bytes) -> tuple[str, bool]:
+    """(the text of `data`, U+FFFD for bytes that form no character; whether it ends in part of
+    a character that more bytes may complete)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = decoder.decode(data)
+    return text, bool(decoder.getstate()[0])
 
 
 def text_of(tokenizer, ids: list[int], stream: TextStream | None = None) -> str:

@@ -264,3 +264,25 @@ def test_run_logprobs_need_json_output(tiny_dirs):
         assert result.exit_code == 1 and "Traceback" not in result.output
     assert "add --format json" in invoke("run", "hi", *options(tiny_dirs), "--logprobs", "1",
                                          "--format", "plain").output
+
+
+@pytest.mark.parametrize("rounds", [[3], [2, 1]])  # the EOS in the round that cut the character, or alone
+def test_a_character_cut_short_at_the_end_is_its_tokens_text_not_the_eos(rounds):
+    """The text the stream releases at the end completes the last token that is not special:
+    the EOS after it still reports nothing, wherever the rounds split."""
+    from specgen.decoding.events import RoundResult, StopReason, TokenLogprob
+    from specgen.decoding.stats import Stats
+
+    output, tokenizer = _output_of([], stream=False)
+    ids = tokenizer.encode("hé", add_special_tokens=False)[:-1] + [tokenizer.eos_token_id]  # h, half of é, EOS
+    start = 0
+    for size in rounds:
+        emitted = ids[start: start + size]
+        logprobs = tuple(TokenLogprob(-0.5, ((t, -0.1),)) for t in emitted)
+        output.add(RoundResult(emitted[:-1], tuple(range(len(emitted) - 1)), tuple(range(1, len(emitted))),
+                               emitted[-1], emitted=emitted, logprobs=logprobs,
+                               stop=StopReason.EOS if start + size == len(ids) else None), Stats("chain"))
+        start += size
+    answer = output.response(Stats("chain"), ids, "eos")["choices"][0]
+    assert answer["text"] == "h\ufffd"
+    assert answer["logprobs"]["text_offset"] == [0, 1] and len(answer["logprobs"]["tokens"]) == 2

@@ -31,8 +31,18 @@ def test_a_stray_byte_keeps_the_characters_around_it():
     ids = byte_ids(tokenizer, b"de\x1a\x1f\x85P")  # 0x85 starts no character
     assert tokenizer.decode(ids) == "\ufffd" * 6  # the library's decode: the valid bytes lost too
     stream = TextStream(tokenizer)
-    assert "".join(stream.push(t) for t in ids) == "de\x1a\x1f"  # 0x85 and P wait for a character
+    # the stray byte's decode is not a prefix of the next: the held tokens' own bytes decide
+    assert [stream.push(t) for t in ids] == ["d", "e", "\x1a", "\x1f", "\ufffd", "P"]
     assert stream.text() == text_of(tokenizer, ids) == "de\x1a\x1f\ufffdP"
+    for data in (b"d\xc3\xa9\x85", "\u00e9\u00e9".encode() + b"\x85", b"d\x85\xc3\xa9"):  # one U+FFFD per stray byte
+        ids = byte_ids(tokenizer, data) + [tokenizer.convert_tokens_to_ids("a")]
+        again = TextStream(tokenizer)
+        for token in ids:
+            again.push(token)
+        again.truncate(2)  # a rollback widens the decode window: the text must not change
+        for token in ids[2:]:
+            again.push(token)
+        assert text_of(tokenizer, ids) == again.text() == data.decode("utf-8", "replace") + "a"
     assert text_of(tokenizer, byte_ids(tokenizer, "dé".encode())) == "dé"  # valid text: the decode itself
 
 
@@ -53,9 +63,32 @@ def test_the_rows_last_round_flushes_what_the_stream_held_back(build, cut):
     first = round_view(RoundResult(target_token=ids[0], emitted=ids[:1]), stream)
     last = round_view(RoundResult(list(ids[1:]), tuple(range(len(ids) - 1)), tuple(range(1, len(ids))), eos,
                                   emitted=[*ids[1:], eos], stop=StopReason.EOS), stream)
-    assert "".join(first.pieces + last.pieces) == want == stream.text()
+    assert "".join(first.pieces + last.pieces) + last.tail == want == stream.text()
     assert last.pieces[-1] == ""  # the EOS adds no text
     assert text_of(tokenizer, [*ids, eos]) == want
+    alone = TextStream(tokenizer)  # the EOS alone in the last round: the tail is still the earlier bytes'
+    pieces = round_view(RoundResult(list(ids[:-1]), tuple(range(len(ids) - 1)), tuple(range(1, len(ids))), ids[-1],
+                                    emitted=list(ids)), alone).pieces
+    last = round_view(RoundResult(target_token=eos, emitted=[eos], stop=StopReason.EOS), alone)
+    assert last.pieces == [""] and "".join(pieces) + last.tail == want
+
+
+def test_deterministic_mode_flushes_at_the_replay_that_ends_the_row():
+    """A pending round's stop is not final: a replay may roll its EOS back and correct the
+    character it cut. Flushing at the round showed the half character, then the whole one."""
+    from specgen.decoding.events import ReplayResult
+    from specgen.decoding.views import replay_view
+
+    tokenizer = build_byte_fallback_tokenizer()
+    h, lead, follow = byte_ids(tokenizer, "hé".encode())
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    stream = TextStream(tokenizer)
+    view = round_view(RoundResult([h, lead], (0, 1), (1, 2), eos, emitted=[h, lead, eos], stop=StopReason.EOS),
+                      stream, pending=True)
+    assert view.tail == ""
+    replay = replay_view(ReplayResult(0, 3, (eos,), follow, 3, 0.0, stop=StopReason.EOS), stream)
+    kept = view.pieces[: len(view.pieces) - len(replay.rolled_back)]
+    assert "".join(kept) + (replay.correction or "") + replay.tail == "hé" == stream.text()
 
 
 @pytest.fixture(scope="module")

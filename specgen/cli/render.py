@@ -113,7 +113,7 @@ class RichRenderer:
         if view.pending:
             self.pending.extend(pieces)
         else:
-            for piece, style in pieces:
+            for piece, style in pieces + [(view.tail, pieces[-1][1] if pieces else TARGET)]:
                 self.text.append(visible(piece), style=style)
         self.rejected = Text(visible("".join(view.rejected)), style=REJECTED)
         self._stats = stats
@@ -128,6 +128,7 @@ class RichRenderer:
             self.text.append(visible(piece), style=style)
         if view.correction is not None:
             self.text.append(visible(view.correction), style=TARGET)
+        self.text.append(visible(view.tail), style=TARGET)
         self.rejected = Text(visible("".join(view.rolled_back)), style=REJECTED)
         self.pending = []
         self._stats = stats
@@ -181,11 +182,11 @@ class PlainRenderer:
         if view.pending:  # only verified text is printed; a piece per token, as a rollback counts them
             self._pending.extend(view.pieces)
             return
-        self._write("".join(view.pieces))
+        self._write("".join(view.pieces) + view.tail)
 
     def on_replay(self, view: ReplayView, stats: Stats) -> None:
         keep = len(self._pending) - len(view.rolled_back)
-        self._write("".join(self._pending[:keep]) + (view.correction or ""))
+        self._write("".join(self._pending[:keep]) + (view.correction or "") + view.tail)
         self._pending = []
 
     def _write(self, text: str) -> None:

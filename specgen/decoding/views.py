@@ -30,6 +30,9 @@ class RoundView:
     parents: tuple[int, ...] = ()  # a tree round: node j's parent is parents[j - 1] (RoundResult's)
     path: frozenset[int] = frozenset()  # a tree round: the accepted nodes
     tried: frozenset[int] = frozenset()  # a tree round: the nodes tried and rejected
+    # the row's last round: what the stream held back, now text (a character cut short, bytes
+    # that form none); it completes the last token that is not special, this round's or earlier
+    tail: str = ""
 
     @property
     def is_tree(self) -> bool:
@@ -48,6 +51,7 @@ class ReplayView:
 
     rolled_back: list[str]
     correction: str | None  # the replay's own token at the first mismatch
+    tail: str = ""  # the replay that ended the row: what the stream held back (RoundView.tail)
 
 
 @dataclass
@@ -96,17 +100,15 @@ class Silent:
 
 def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundView:
     """Text for one round: each committed token pushed once through the stream. The row's last
-    round also flushes what the stream held back (a character cut short), into the piece of
-    the last token with text in it, so every renderer ends with the same text."""
+    round also flushes what the stream held back (its `tail`), so every renderer ends with the
+    same text."""
     pieces = [stream.push(t) for t in result.emitted]
-    if result.stop is not None and pieces:
-        rest, last = stream.flush()
-        if rest:
-            pieces[max(last - (len(stream.ids) - len(pieces)), 0)] += rest
+    # in deterministic mode the end is final only once the replay says so (replay_view)
+    tail = stream.flush() if result.stop is not None and not pending else ""
     accepted = pieces[: result.accepted_emitted]
     target = pieces[-1] if result.target_emitted else ""
     rejected = [stream.token_text(t) for t in result.rejected]
-    view = RoundView(accepted, target, rejected, pending=pending, target_emitted=result.target_emitted)
+    view = RoundView(accepted, target, rejected, pending=pending, target_emitted=result.target_emitted, tail=tail)
     if result.is_chain:
         return view
     return replace(view, nodes=[stream.token_text(t) for t in result.tokens], parents=result.parents,
@@ -121,7 +123,7 @@ def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:
         stream.truncate(len(stream.ids) - len(replay.rolled_back))
     if replay.correction is not None:
         correction = stream.push(replay.correction)
-    return ReplayView(rolled, correction)
+    return ReplayView(rolled, correction, stream.flush() if replay.stop is not None else "")
 
 
 def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes: TokenBytes) -> list[dict]:

@@ -276,13 +276,13 @@ class _Received:
         view = RoundView(live["accepted"], live["target"], live["rejected"], pending=live["pending"],
                          target_emitted=len(live["ids"]) > len(live["accepted"]), nodes=tree["texts"],
                          parents=tuple(tree["parents"]), path=frozenset(tree["accepted"]),
-                         tried=frozenset(tree["tried"]))
+                         tried=frozenset(tree["tried"]), tail=live.get("tail", ""))
         self.ids.extend(live["ids"])
         self.logprobs.extend(live.get("logprobs", ()))
         if view.pending:  # a piece per token: a replay's rollback counts tokens
             self.pending.extend(view.pieces)
         else:
-            self.pieces.extend(view.pieces)
+            self.pieces.extend(view.pieces + [view.tail])
         return view
 
     def replay(self, live: dict) -> ReplayView:
@@ -293,9 +293,10 @@ class _Received:
         if replay["correction_id"] is not None:
             self.ids.append(replay["correction_id"])
         keep = len(self.pending) - len(replay["rolled_back"])
-        self.pieces.extend(self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []))
+        tail = replay.get("tail", "")
+        self.pieces.extend(self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []) + [tail])
         self.pending = []
-        return ReplayView(replay["rolled_back"], replay["correction"])
+        return ReplayView(replay["rolled_back"], replay["correction"], tail)
 
     def outcome(self, config: GenerationConfig) -> Outcome:
         ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]

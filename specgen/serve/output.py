@@ -53,12 +53,13 @@ class Output:
                 self.chars += len(piece)
             if event.stop == StopReason.EOS and view.pieces and not view.pieces[-1]:
                 self.ended_at = len(self.tokens) - 1  # the stop token that ended it, with no text: no entry
+            self._attribute(view.tail)
             if view.pending:  # a piece per token: a replay's rollback counts tokens
                 self.pending.extend(view.pieces)
             else:
-                self._extend("".join(view.pieces))
+                self._extend("".join(view.pieces) + view.tail)
             live = {"round": stats.rounds, "ids": event.emitted, "accepted": view.accepted, "target": view.target,
-                    "rejected": view.rejected, "pending": view.pending,
+                    "rejected": view.rejected, "pending": view.pending, "tail": view.tail,
                     "tree": None if not view.is_tree else {"texts": view.nodes, "parents": list(view.parents),
                                                            "accepted": sorted(view.path), "tried": sorted(view.tried)}}
             if self.job.live and event.logprobs:  # `specgen run --logprobs` on the server
@@ -66,16 +67,32 @@ class Output:
         else:
             view = replay_view(event, self.stream)
             keep = len(self.pending) - len(view.rolled_back)
-            self._extend("".join(self.pending[:keep]) + (view.correction or ""))
+            self._attribute(view.tail)
+            self._extend("".join(self.pending[:keep]) + (view.correction or "") + view.tail)
             self.pending = []
-            live = {"replay": {"rolled_back": view.rolled_back, "correction": view.correction,
+            live = {"replay": {"rolled_back": view.rolled_back, "correction": view.correction, "tail": view.tail,
                                "dropped": len(event.rolled_back), "correction_id": event.correction}}
         return self._chunks(live, stats, final=False)
+
+    def _attribute(self, tail: str) -> None:
+        """The text the stream released at the end belongs to the last token that is not special
+        (the bytes it completes): its logprobs span grows, and the special ones after it move."""
+        if not tail:
+            return
+        specials = self.bytes_of.specials
+        owner = next((i for i in range(len(self.tokens) - 1, -1, -1) if self.tokens[i][2] not in specials), None)
+        if owner is None:
+            return
+        self.tokens[owner:] = [(start + (i > 0) * len(tail), end + len(tail), token, logprob)
+                               for i, (start, end, token, logprob) in enumerate(self.tokens[owner:])]
+        self.chars += len(tail)
 
     def finish(self, stats: Stats, token_ids: list[int], stop: str | None) -> list[dict]:
         """The last chunks: what was held back, the finish reason, usage and the statistics."""
         if not self.stopped and not self.job.max_zero and not self.pending:
-            self._extend(self.stream.flush()[0])  # what the stream holds back, if the last round did not flush it
+            tail = self.stream.flush()  # what the stream holds back, if the last round did not flush it
+            self._attribute(tail)
+            self._extend(tail)
         reason = "stop" if self.stopped else answers.finish_reason(stop)
         out = self._chunks({}, stats, final=True)
         extra = answers.speculative_summary(stats)
