@@ -664,6 +664,26 @@ def test_ctrl_c_in_a_script_keeps_the_conversation_its_lost_save_would_have(mode
     assert again.exit_code == 0, again.output
 
 
+def test_ctrl_c_while_a_script_waits_for_its_next_line_keeps_the_conversation(models, tmp_path, monkeypatch):
+    """A slow producer piping into chat: Ctrl-C (or SIGTERM) comes while the chat waits for a
+    line, not in a reply; the conversation was lost then."""
+    from specgen.cli import chat as chat_cli
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "cache"))
+    real = chat_cli.decode_text
+
+    def waiting(raw, what):
+        if what == "input line 2":
+            raise KeyboardInterrupt  # pressed while the chat waited for this line
+        return real(raw, what)
+
+    monkeypatch.setattr(chat_cli, "decode_text", waiting)
+    result = runner.invoke(app, ["chat", *models, "-n", "3"], input="first\nsecond\n")
+    assert result.exit_code == 130, result.output
+    kept = next((tmp_path / "cache" / "chats").glob("interrupted-*.json"))
+    assert [m["content"] for m in json.loads(kept.read_text())["messages"]][:1] == ["first"]
+
+
 def test_a_failed_save_makes_a_scripted_session_exit_non_zero(models, tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

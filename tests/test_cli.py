@@ -811,3 +811,22 @@ def test_the_option_groups_map_by_keyword_and_a_detached_servers_options_read_ba
     assert "--method" not in runner.invoke(probe_app, ["probe", "--help"]).output
     result = runner.invoke(probe_app, ["probe", "--top-p", "7"])  # a bad value: one line, as in a command's body
     assert result.exit_code == 1 and "Traceback" not in result.output
+
+
+def test_sigterm_as_ctrl_c_leaves_an_ignored_hangup_alone():
+    """Under nohup a logout must not stop `serve --ray` (and delete its deployment)."""
+    import signal
+
+    from specgen.cli.options import _interrupt, sigterm_as_ctrl_c
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        sigterm_as_ctrl_c(hangup=True)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is _interrupt
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        sigterm_as_ctrl_c(hangup=True)
+        assert signal.getsignal(signal.SIGHUP) is _interrupt
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

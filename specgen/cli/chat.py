@@ -30,7 +30,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.cli.options import Format, check_text, decode_text, given, note_unused, user_errors, with_options
+from specgen.cli.options import (Format, check_text, decode_text, given, note_unused, sigterm_as_ctrl_c,
+                                 user_errors, with_options)
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
@@ -197,19 +198,20 @@ class _Loop:
     def scripted(self) -> int:
         # bytes, decoded line by line: one undecodable line is an error, not the end of the session
         stream = getattr(sys.stdin, "buffer", None) or sys.stdin
-        for number, raw in enumerate(iter(stream.readline, b"" if stream is not sys.stdin else ""), 1):
-            if isinstance(raw, bytes):
-                try:
-                    raw = decode_text(raw, f"input line {number}")
-                except SpecgenError as exc:
-                    self.error(exc)
-                    continue
-            try:
+        sigterm_as_ctrl_c()  # `kill`, a job's time limit: the conversation is kept as on Ctrl-C
+        try:
+            for number, raw in enumerate(iter(stream.readline, b"" if stream is not sys.stdin else ""), 1):
+                if isinstance(raw, bytes):
+                    try:
+                        raw = decode_text(raw, f"input line {number}")
+                    except SpecgenError as exc:
+                        self.error(exc)
+                        continue
                 if self.handle(raw.rstrip("\r\n")):
                     break
-            except _Interrupted:
-                self.keep_interrupted()
-                return 130
+        except (_Interrupted, KeyboardInterrupt):  # in a reply, a command, or waiting for the next line
+            self.keep_interrupted()
+            return 130
         return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
 
     def keep_interrupted(self) -> None:

@@ -102,7 +102,7 @@ def sigterm_as_ctrl_c(hangup: bool = False) -> None:
     terminal): for a command that must clean up after itself elsewhere (a Ray deployment)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
-        if hangup:
+        if hangup and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup a logout must not stop it
             signal.signal(signal.SIGHUP, _interrupt)
 
 

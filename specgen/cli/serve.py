@@ -152,7 +152,7 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
-            typer.echo("specgen server stopped (Ctrl-C or SIGTERM); its deployment is deleted", err=True)
+            typer.echo("specgen server stopped (Ctrl-C or SIGTERM); deleting its deployment", err=True)
     finally:
         with _signals_held():  # a second Ctrl-C must not cut the clean-up short
             try:
@@ -165,9 +165,23 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
 
 @contextlib.contextmanager
 def _signals_held():
-    """Ctrl-C, SIGTERM and SIGHUP ignored within, then as they were."""
+    """A second Ctrl-C (or SIGTERM, SIGHUP) during the clean-up, often pressed out of habit, is
+    noted and the clean-up goes on; a third leaves at once, saying how to finish the clean-up
+    (a cluster that does not answer could hold it for minutes). Then the handlers are as they were."""
     held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in held}
+    seen = []
+
+    def patient(signum, frame) -> None:
+        seen.append(signum)
+        if len(seen) == 1:
+            typer.echo("specgen: deleting the deployment; once more to leave without waiting", err=True)
+            return
+        typer.echo("specgen: left before the deployment was deleted; `specgen serve --ray ADDRESS --stop` "
+                   "deletes it", err=True)
+        raise KeyboardInterrupt
+
+    before = {signum: signal.signal(signum, patient) for signum in held
+              if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield
     finally:

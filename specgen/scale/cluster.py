@@ -246,10 +246,17 @@ class RayRun:
                  f"going on with {len(started)}")
         self.actors = started
         # every prompt checked before any is decoded, as locally: a prompt too long for the
-        # context would otherwise stop the run part way, in a batch that names no prompt of the file
-        failed = self.ray.get(started[0].check.remote(list(self.queue)))
-        if failed:
-            raise PromptError(failed)
+        # context would otherwise stop the run part way, in a batch that names no prompt of the
+        # file. One actor checks them all (a tokenizer pass, small beside decoding); if it dies,
+        # the next one does
+        for actor in started:
+            try:
+                failed = self.ray.get(actor.check.remote(list(self.queue)))
+            except RayActorError:
+                continue
+            if failed:
+                raise PromptError(failed)
+            break
         return len(started)
 
     def __iter__(self) -> Iterator[tuple[int, object]]:
