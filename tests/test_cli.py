@@ -830,3 +830,21 @@ def test_sigterm_as_ctrl_c_leaves_an_ignored_hangup_alone():
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_serve_ray_clean_up_notes_a_second_ctrl_c_and_leaves_on_a_third(capsys):
+    """Ctrl-C pressed again out of habit must not cut the deployment's deletion short, but a
+    cluster that does not answer must not hold the command for ever either."""
+    import os
+    import signal
+
+    from specgen.cli.serve import _signals_held
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert "once more to leave" in capsys.readouterr().err
+            os.kill(os.getpid(), signal.SIGINT)
+            pytest.fail("the third Ctrl-C did not leave")
+    assert "serve --ray ADDRESS --stop" in capsys.readouterr().err and signal.getsignal(signal.SIGINT) is before
