@@ -32,20 +32,21 @@ class TextStream:
         decode = self.tokenizer.decode
         before = decode(self.ids[self._prefix:self._read], skip_special_tokens=True)
         after = decode(self.ids[self._prefix:], skip_special_tokens=True)
-        if after.endswith("\ufffd") or not after.startswith(before):
-            # a character not complete yet, or bytes that form none, or (a byte-fallback decoder)
-            # a run of bytes whose stray byte turned text already released into U+FFFD: the held
-            # tokens' own bytes decide, so the text never depends on where the window starts
-            text, waiting = _utf8(self._held_bytes())
-            if waiting:
-                return ""
-            self._prefix, self._read = self._read, len(self.ids)
-            return self._release(text)
-        if len(after) > len(before):
-            self._prefix, self._read = self._read, len(self.ids)
-            return self._release(after[len(before):])
-        self._read = len(self.ids)  # a special or empty token: nothing to show
-        return self._release("")
+        new = after[len(before):] if after.startswith(before) else None
+        if new is not None and "\ufffd" not in new and self._read == len(self.ids) - 1:
+            if new:  # the common case: this token's text, in the context of the ones before it
+                self._prefix = self._read
+            self._read = len(self.ids)  # (a special or empty token: nothing to show)
+            return self._release(new)
+        # tokens held back, a U+FFFD in the new text (a character not complete yet, bytes that
+        # form none), or a decode that rewrote text already released (a byte-fallback decoder
+        # turns a whole run of bytes into U+FFFD for one stray byte): the held tokens' own bytes
+        # decide, so the text never depends on where the decode window starts
+        text, waiting = _utf8(self._held_bytes())
+        if waiting:
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return self._release(text)
 
     def _held_bytes(self) -> bytes:
         if self._bytes is None:
@@ -164,9 +165,19 @@ class TokenBytes:
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
         self.byte_level = type(decoder).__name__ == "ByteLevel"
         self.alphabet = _byte_level_alphabet() if self.byte_level else {}
-        self.specials = frozenset(getattr(tokenizer, "all_special_ids", ()))
+        # what decode(skip_special_tokens=True) skips: the special ids, and added tokens marked special
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.specials = frozenset(getattr(tokenizer, "all_special_ids", ())) | frozenset(
+            i for i, token in added.items() if getattr(token, "special", False))
+        self._known: dict[int, bytes] = {}  # a token's bytes never change
 
     def __call__(self, token_id: int) -> bytes:
+        known = self._known.get(token_id)
+        if known is None:
+            known = self._known[token_id] = self._bytes(token_id)
+        return known
+
+    def _bytes(self, token_id: int) -> bytes:
         piece = None if token_id in self.specials else self.tokenizer.convert_ids_to_tokens(token_id)
         if isinstance(piece, str):
             if self.byte_level and all(ch in self.alphabet for ch in piece):

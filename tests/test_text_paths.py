@@ -150,3 +150,22 @@ def test_the_rich_view_ends_with_a_character_cut_short(tiny_dirs):
     assert text.endswith("\ufffd")
     rich = runner.invoke(app, ["run", "hello world", *models, "--format", "rich"])
     assert rich.exit_code == 0 and rich.stdout.startswith(text + "\n"), rich.stdout
+
+
+@pytest.mark.parametrize("build, tokens, want", [
+    # a special token after U+FFFD: the space of the next piece stays (the decoder strips a
+    # window's leading one)
+    (build_byte_fallback_tokenizer, ["<0x85>", "</s>", "\u2581", "h"], "\ufffd h"),
+    (build_byte_fallback_tokenizer, ["\u00e9", "<0x85>", "<unk>", "\u2581", "h", "\u2581", "e"], "\u00e9\ufffd h e"),
+    # bytes held back, then closed by a piece: their own bytes, whatever the decode window
+    (build_byte_fallback_tokenizer, ["h", "<0x20>", "<0xC3>", "o"], "h \ufffdo"),
+    (build_byte_fallback_tokenizer, ["<0xEF>", "<0xA5>", "\u2581"], "\ufffd "),
+    # an added token marked special (skipped by decode) between the halves of a character
+    (build_tokenizer, ["h", "\u00c3", "<|im_start|>", "\u00a9"], "h\u00e9"),
+])
+def test_the_stream_and_a_batch_row_agree_on_odd_runs(build, tokens, want):
+    tokenizer = build()
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    stream = TextStream(tokenizer)
+    pieces = [stream.push(token) for token in ids]
+    assert "".join(pieces) + stream.flush() == want == text_of(tokenizer, ids)
