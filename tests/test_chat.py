@@ -586,6 +586,26 @@ def test_ctrl_c_twice_at_an_empty_prompt_exits_cleanly(models):
     assert child.exitstatus == 0
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_closed_terminal_or_a_kill_keeps_the_conversation(models, tmp_path, signum):
+    """A terminal closed under a chat (SIGHUP) or a kill (SIGTERM) ended it with every turn lost:
+    now the conversation is saved as a scripted chat's Ctrl-C saves it, and the exit is 128 + N."""
+    pexpect = pytest.importorskip("pexpect")
+    child = spawn_chat(pexpect, models, "--max-new-tokens", "3", SPECGEN_CACHE=str(tmp_path / "cache"))
+    try:
+        child.expect("you>", timeout=STARTUP_TIMEOUT)
+        child.sendline("hello")
+        child.expect(r"turn 1")
+        child.expect("you>")
+        os.kill(child.pid, signum)
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 128 + signum
+    kept = next((tmp_path / "cache" / "chats").glob("interrupted-*.json"))
+    assert json.loads(kept.read_text())["messages"][0]["content"] == "hello"
+
+
 def test_session_totals_are_the_turns_stats_merged():
     """Chat's totals are Stats.merge of its turns: replay forwards count as in one turn's Stats."""
     from collections import Counter

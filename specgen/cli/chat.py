@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -167,7 +169,12 @@ class _Loop:
         self.out.print(f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
                        f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]")
         leaving = False  # a Ctrl-C at an empty prompt asks; a second one in a row leaves
+        ended = self._end_on_signals()
         while True:
+            if ended:  # the terminal closed (SIGHUP), or a kill: unlike Ctrl-C the session ends
+                with contextlib.suppress(OSError):  # a closed terminal takes no more output
+                    self.keep_interrupted()
+                return 128 + ended[0]
             try:
                 line = input(prompt)
             except UnicodeDecodeError as exc:  # a terminal sending bytes that are not UTF-8
@@ -177,6 +184,8 @@ class _Loop:
                 self.out.print()
                 return 0
             except KeyboardInterrupt:
+                if ended:
+                    continue
                 self.out.print()
                 if readline is not None and readline.get_line_buffer().strip():
                     leaving = False  # Ctrl-C over typed text drops the line, as in a shell
@@ -192,7 +201,24 @@ class _Loop:
                 if self.handle(line):
                     return 0
             except KeyboardInterrupt:  # a second Ctrl-C after a reply, or one during a command
-                self.notice("interrupted")
+                if not ended:
+                    self.notice("interrupted")
+
+    @staticmethod
+    def _end_on_signals() -> list[int]:
+        """SIGTERM and SIGHUP (not under nohup) stop a reply as Ctrl-C does, and then end the
+        session with its conversation kept (keep_interrupted); the list they fill says so."""
+        ended: list[int] = []
+
+        def end(signum, frame) -> None:
+            ended.append(signum)
+            raise KeyboardInterrupt
+
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    signal.signal(signum, end)
+        return ended
 
     # -- scripted ------------------------------------------------------------------------
     def scripted(self) -> int:
@@ -215,8 +241,9 @@ class _Loop:
         return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
 
     def keep_interrupted(self) -> None:
-        """Ctrl-C stops a script, and with it the lines after (often its /save): the conversation
-        so far goes to a save file of its own, which `--load` continues."""
+        """Ctrl-C stops a script, and with it the lines after (often its /save), and SIGTERM or
+        SIGHUP ends any session: the conversation so far goes to a save file of its own, which
+        `--load` continues."""
         c = self.chat
         if not (c.earlier or c.messages):
             return
