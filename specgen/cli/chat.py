@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -32,8 +30,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.cli.options import (Format, check_text, decode_text, given, note_unused, sigterm_as_ctrl_c,
-                                 user_errors, with_options)
+from specgen.cli.options import (Format, check_text, decode_text, ending_signals, given, note_unused,
+                                 sigterm_as_ctrl_c, user_errors, with_options)
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
@@ -169,7 +167,7 @@ class _Loop:
         self.out.print(f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
                        f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]")
         leaving = False  # a Ctrl-C at an empty prompt asks; a second one in a row leaves
-        ended = self._end_on_signals()
+        ended = ending_signals()  # SIGTERM or SIGHUP stop a reply as Ctrl-C does, then end the session
         while True:
             if ended:  # the terminal closed (SIGHUP), or a kill: unlike Ctrl-C the session ends
                 with contextlib.suppress(OSError):  # a closed terminal takes no more output
@@ -203,22 +201,6 @@ class _Loop:
             except KeyboardInterrupt:  # a second Ctrl-C after a reply, or one during a command
                 if not ended:
                     self.notice("interrupted")
-
-    @staticmethod
-    def _end_on_signals() -> list[int]:
-        """SIGTERM and SIGHUP (not under nohup) stop a reply as Ctrl-C does, and then end the
-        session with its conversation kept (keep_interrupted); the list they fill says so."""
-        ended: list[int] = []
-
-        def end(signum, frame) -> None:
-            ended.append(signum)
-            raise KeyboardInterrupt
-
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGHUP):
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    signal.signal(signum, end)
-        return ended
 
     # -- scripted ------------------------------------------------------------------------
     def scripted(self) -> int:

@@ -110,6 +110,23 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def ending_signals() -> list[int]:
+    """SIGTERM and SIGHUP (not under nohup) raise KeyboardInterrupt, as Ctrl-C, and are noted
+    in the list returned: for a command whose Ctrl-C does not end it (an interactive chat), which
+    must tell a kill or a closed terminal from a Ctrl-C."""
+    ended: list[int] = []
+
+    def end(signum, frame) -> None:
+        ended.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, end)
+    return ended
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise PromptError("give the prompt as an argument or with --file, not both")
