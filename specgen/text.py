@@ -49,6 +49,8 @@ class TextStream:
         return self._release(text)
 
     def _held_bytes(self) -> bytes:
+        if self._read == len(self.ids):  # nothing held (the end of most rows): no TokenBytes to make
+            return b""
         if self._bytes is None:
             self._bytes = TokenBytes(self.tokenizer)
         token_bytes = self._bytes

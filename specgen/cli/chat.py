@@ -171,7 +171,7 @@ class _Loop:
         while True:
             if ended:  # the terminal closed (SIGHUP), or a kill: unlike Ctrl-C the session ends
                 with contextlib.suppress(OSError):  # a closed terminal takes no more output
-                    self.keep_interrupted()
+                    self.keep_interrupted("the chat was stopped")
                 return 128 + ended[0]
             try:
                 line = input(prompt)
@@ -218,11 +218,11 @@ class _Loop:
                 if self.handle(raw.rstrip("\r\n")):
                     break
         except (_Interrupted, KeyboardInterrupt):  # in a reply, a command, or waiting for the next line
-            self.keep_interrupted()
+            self.keep_interrupted("the input's later lines were not run")
             return 130
         return 1 if self.failed else 0  # a script whose /save (or any line) failed must not pass
 
-    def keep_interrupted(self) -> None:
+    def keep_interrupted(self, what: str) -> None:
         """Ctrl-C stops a script, and with it the lines after (often its /save), and SIGTERM or
         SIGHUP ends any session: the conversation so far goes to a save file of its own, which
         `--load` continues."""
@@ -234,11 +234,9 @@ class _Loop:
             path.parent.mkdir(parents=True, exist_ok=True)
             c.save(path)
         except (OSError, SpecgenError) as exc:
-            self.notice(f"the input's later lines were not run, and the conversation could not be kept: "
-                        f"{one_line(exc)}")
+            self.notice(f"{what}, and the conversation could not be kept: {one_line(exc)}")
             return
-        self.notice(f"the input's later lines were not run; the conversation so far is saved in {path} "
-                    "(specgen chat --load continues it)")
+        self.notice(f"{what}; the conversation so far is saved in {path} (specgen chat --load continues it)")
 
     # -- one line ------------------------------------------------------------------------
     def handle(self, line: str) -> bool:

@@ -96,14 +96,20 @@ def read_bounded(stream, where: str) -> bytes:
     return data
 
 
+def handle_signals(signums, handler) -> dict:
+    """`handler` for each of `signums` (in the main thread, where Python runs handlers), except a
+    SIGHUP that is ignored (under nohup a logout must stop nothing); the handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, handler) for signum in signums
+            if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN}
+
+
 def sigterm_as_ctrl_c(hangup: bool = False) -> None:
     """SIGTERM (what `kill`, a job scheduler or a container stop sends) ends the command as Ctrl-C
     does: its summary line, and what was finished kept. With `hangup`, SIGHUP too (a closed
     terminal): for a command that must clean up after itself elsewhere (a Ray deployment)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
-        if hangup and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup a logout must not stop it
-            signal.signal(signal.SIGHUP, _interrupt)
+    handle_signals((signal.SIGTERM, signal.SIGHUP) if hangup else (signal.SIGTERM,), _interrupt)
 
 
 def _interrupt(signum, frame) -> None:
@@ -111,19 +117,16 @@ def _interrupt(signum, frame) -> None:
 
 
 def ending_signals() -> list[int]:
-    """SIGTERM and SIGHUP (not under nohup) raise KeyboardInterrupt, as Ctrl-C, and are noted
-    in the list returned: for a command whose Ctrl-C does not end it (an interactive chat), which
-    must tell a kill or a closed terminal from a Ctrl-C."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C, and are noted in the list returned:
+    for a command whose Ctrl-C does not end it (an interactive chat), which must tell a kill or a
+    closed terminal from a Ctrl-C."""
     ended: list[int] = []
 
     def end(signum, frame) -> None:
         ended.append(signum)
         raise KeyboardInterrupt
 
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, end)
+    handle_signals((signal.SIGTERM, signal.SIGHUP), end)
     return ended
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import model_args, sigterm_as_ctrl_c, user_errors, with_options
+from specgen.cli.options import handle_signals, model_args, sigterm_as_ctrl_c, user_errors, with_options
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.serve import client, discovery
@@ -180,8 +180,7 @@ def _signals_held():
                    "deletes it", err=True)
         raise KeyboardInterrupt
 
-    before = {signum: signal.signal(signum, patient) for signum in held
-              if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN}
+    before = handle_signals(held, patient)
     try:
         yield
     finally:

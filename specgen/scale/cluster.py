@@ -120,7 +120,7 @@ def _check_reachable(address: str) -> None:
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: {port_number} is not a port")
     try:
         with socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=CONNECT_SECONDS) as sock:
-            if not os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true"):
+            if os.environ.get("RAY_USE_TLS", "").strip().lower() not in ("1", "true"):
                 answered = _speaks_grpc(sock)
             else:  # a TLS head does not answer a plaintext greeting: the connect is all we can check
                 answered = True

@@ -76,10 +76,9 @@ def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, thread
     if not options.api_key:
         raise ConfigError("serve --ray needs an --api-key (its replicas share it)",
                           hint="give --api-key KEY or set SPECGEN_API_KEY")
-    try:
-        from ray import serve  # the optional extra: only a --ray server needs it
-    except ImportError:
-        raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
+    check_installed()
+    from ray import serve  # the optional extra, checked just above
+
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines are not the user's business
     url = f"http://{options.host}:{options.port}"
     serve.start(http_options={"host": options.host, "port": options.port})
