@@ -188,9 +188,14 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
             warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
             cell[f"eagle-k{k}"] = synthetic_cell(args.eagle_acceptance, k, seconds, warm, record)
             print(shape, mode, f"eagle-k{k}", "(synthetic acceptance)", cell[f"eagle-k{k}"], flush=True)
+    # the ids target and draft share, as build.py passes them (runtime/pair.Pair.vocab): the 7B
+    # shape's head is padded to 152,064 rows, the 0.5B draft's to 151,936, and a target token past
+    # the draft's table was a device-side assert in its embedding
+    sizes = (model.config.vocab_size, draft.config.vocab_size)
+    shared = min(sizes) if sizes[0] != sizes[1] else None
     for k in ks:
-        drafter = ChainDrafter(draft, DEVICE, compile=mode)
-        engine = Engine(model, DEVICE, frozenset(), 32768, drafter, compile=mode)
+        drafter = ChainDrafter(draft, DEVICE, shared, compile=mode)
+        engine = Engine(model, DEVICE, frozenset(), 32768, drafter, shared, compile=mode)
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k, acceptance=args.acceptance)
         if args.acceptance.synthetic:
             warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
