@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.decoding.events import RoundResult, StopReason
-from specgen.decoding.views import round_view
+from specgen.decoding.views import round_text
 from specgen.text import TextStream, text_of
 from tiny import build_byte_fallback_tokenizer, build_tokenizer, save_byte_fallback_llama
 
@@ -60,35 +60,35 @@ def test_the_rows_last_round_flushes_what_the_stream_held_back(build, cut):
         want = "h\ufffd" if cut is None else "h\ufffdP"
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     stream = TextStream(tokenizer)
-    first = round_view(RoundResult(target_token=ids[0], emitted=ids[:1]), stream)
-    last = round_view(RoundResult(list(ids[1:]), tuple(range(len(ids) - 1)), tuple(range(1, len(ids))), eos,
+    first = round_text(RoundResult(target_token=ids[0], emitted=ids[:1]), stream)
+    last = round_text(RoundResult(list(ids[1:]), tuple(range(len(ids) - 1)), tuple(range(1, len(ids))), eos,
                                   emitted=[*ids[1:], eos], stop=StopReason.EOS), stream)
     assert "".join(first.pieces + last.pieces) + last.tail == want == stream.text()
     assert last.pieces[-1] == ""  # the EOS adds no text
     assert text_of(tokenizer, [*ids, eos]) == want
     alone = TextStream(tokenizer)  # the EOS alone in the last round: the tail is still the earlier bytes'
-    pieces = round_view(RoundResult(list(ids[:-1]), tuple(range(len(ids) - 1)), tuple(range(1, len(ids))), ids[-1],
+    pieces = round_text(RoundResult(list(ids[:-1]), tuple(range(len(ids) - 1)), tuple(range(1, len(ids))), ids[-1],
                                     emitted=list(ids)), alone).pieces
-    last = round_view(RoundResult(target_token=eos, emitted=[eos], stop=StopReason.EOS), alone)
-    assert last.pieces == [""] and "".join(pieces) + last.tail == want
+    last = round_text(RoundResult(target_token=eos, emitted=[eos], stop=StopReason.EOS), alone)
+    assert last.pieces == ("",) and "".join(pieces) + last.tail == want
 
 
 def test_deterministic_mode_flushes_at_the_replay_that_ends_the_row():
     """A pending round's stop is not final: a replay may roll its EOS back and correct the
     character it cut. Flushing at the round showed the half character, then the whole one."""
     from specgen.decoding.events import ReplayResult
-    from specgen.decoding.views import replay_view
+    from specgen.decoding.views import replay_text
 
     tokenizer = build_byte_fallback_tokenizer()
     h, lead, follow = byte_ids(tokenizer, "hé".encode())
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     stream = TextStream(tokenizer)
-    view = round_view(RoundResult([h, lead], (0, 1), (1, 2), eos, emitted=[h, lead, eos], stop=StopReason.EOS),
+    view = round_text(RoundResult([h, lead], (0, 1), (1, 2), eos, emitted=[h, lead, eos], stop=StopReason.EOS),
                       stream, pending=True)
     assert view.tail == ""
-    replay = replay_view(ReplayResult(0, 3, (eos,), follow, 3, 0.0, stop=StopReason.EOS), stream)
+    replay = replay_text(ReplayResult(0, 3, (eos,), follow, 3, 0.0, stop=StopReason.EOS), stream)
     kept = view.pieces[: len(view.pieces) - len(replay.rolled_back)]
-    assert "".join(kept) + (replay.correction or "") + replay.tail == "hé" == stream.text()
+    assert "".join(kept) + (replay.correction_text or "") + replay.tail == "hé" == stream.text()
 
 
 @pytest.fixture(scope="module")

@@ -135,13 +135,13 @@ class _TurnView:
     def __exit__(self, *exc):
         return self.inner.__exit__(*exc)
 
-    def on_round(self, view, stats) -> None:
-        self.inner.on_round(view, stats)
+    def on_round(self, result, stats) -> None:
+        self.inner.on_round(result, stats)
         if self.delay:
             time.sleep(self.delay)
 
-    def on_replay(self, view, stats) -> None:
-        self.inner.on_replay(view, stats)
+    def on_replay(self, replay, stats) -> None:
+        self.inner.on_replay(replay, stats)
 
     def finish(self, outcome) -> None:
         pass

@@ -16,7 +16,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import Outcome, ReplayView, RoundView, speed, summary_line
+from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.views import Outcome, speed, summary_line
 
 ACCEPTED = "green"
 REJECTED = "red strike"
@@ -35,12 +36,13 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda hit: f"\\x{ord(hit.group()):02x}", text)
 
 
-def rich_tree(view: RoundView, title: str) -> Tree:
+def rich_tree(result: RoundResult, title: str) -> Tree:
     """A tree round as a Rich tree: accepted nodes green, tried ones struck through in red."""
-    nodes = [Tree(Text(title + " ", style="bold") + Text(repr(view.nodes[0]), style=PROMPT))]
-    for i, parent in enumerate(view.parents, 1):
-        style = ACCEPTED if i in view.path else REJECTED if i in view.tried else "dim"
-        nodes.append(nodes[parent].add(Text(repr(view.nodes[i]), style=style)))
+    texts = result.node_texts
+    nodes = [Tree(Text(title + " ", style="bold") + Text(repr(texts[0]), style=PROMPT))]
+    for i, parent in enumerate(result.parents, 1):
+        style = ACCEPTED if i in result.path else REJECTED if i in result.tried else "dim"
+        nodes.append(nodes[parent].add(Text(repr(texts[i]), style=style)))
     return nodes[0]
 
 
@@ -106,30 +108,30 @@ class RichRenderer:
             self._live.__exit__(*exc)
             self._live = None
 
-    def on_round(self, view: RoundView, stats: Stats) -> None:
+    def on_round(self, result: RoundResult, stats: Stats) -> None:
         # a piece per emitted token (empty ones too): a replay's rollback counts tokens
-        pieces = [(piece, ACCEPTED) for piece in view.accepted] + ([(view.target, TARGET)] if view.target_emitted
-                                                                    else [])
-        if view.pending:
+        pieces = [(piece, ACCEPTED) for piece in result.accepted_pieces] + (
+            [(result.target_piece, TARGET)] if result.target_emitted else [])
+        if result.pending:
             self.pending.extend(pieces)
         else:
-            for piece, style in pieces + [(view.tail, pieces[-1][1] if pieces else TARGET)]:
+            for piece, style in pieces + [(result.tail, pieces[-1][1] if pieces else TARGET)]:
                 self.text.append(visible(piece), style=style)
-        self.rejected = Text(visible("".join(view.rejected)), style=REJECTED)
+        self.rejected = Text(visible("".join(result.rejected_texts)), style=REJECTED)
         self._stats = stats
-        if self.show_tree and view.is_tree:
-            self.console.print(rich_tree(view, f"round {stats.rounds}"))  # above the live view
+        if self.show_tree and not result.is_chain:
+            self.console.print(rich_tree(result, f"round {stats.rounds}"))  # above the live view
         self._refresh()
 
-    def on_replay(self, view: ReplayView, stats: Stats) -> None:
+    def on_replay(self, replay: ReplayResult, stats: Stats) -> None:
         """Verified pending tokens take their colours; rolled-back ones show red this round."""
-        keep = len(self.pending) - len(view.rolled_back)
+        keep = len(self.pending) - len(replay.rolled_back_texts)
         for piece, style in self.pending[:keep]:
             self.text.append(visible(piece), style=style)
-        if view.correction is not None:
-            self.text.append(visible(view.correction), style=TARGET)
-        self.text.append(visible(view.tail), style=TARGET)
-        self.rejected = Text(visible("".join(view.rolled_back)), style=REJECTED)
+        if replay.correction_text is not None:
+            self.text.append(visible(replay.correction_text), style=TARGET)
+        self.text.append(visible(replay.tail), style=TARGET)
+        self.rejected = Text(visible("".join(replay.rolled_back_texts)), style=REJECTED)
         self.pending = []
         self._stats = stats
         self._refresh()
@@ -176,17 +178,17 @@ class PlainRenderer:
     def __exit__(self, *exc) -> None:
         pass
 
-    def on_round(self, view: RoundView, stats: Stats) -> None:
-        if self.show_tree and view.is_tree:
-            Console(emoji=False, file=self.err, highlight=False).print(rich_tree(view, f"round {stats.rounds}"))
-        if view.pending:  # only verified text is printed; a piece per token, as a rollback counts them
-            self._pending.extend(view.pieces)
+    def on_round(self, result: RoundResult, stats: Stats) -> None:
+        if self.show_tree and not result.is_chain:
+            Console(emoji=False, file=self.err, highlight=False).print(rich_tree(result, f"round {stats.rounds}"))
+        if result.pending:  # only verified text is printed; a piece per token, as a rollback counts them
+            self._pending.extend(result.pieces)
             return
-        self._write("".join(view.pieces) + view.tail)
+        self._write("".join(result.pieces) + result.tail)
 
-    def on_replay(self, view: ReplayView, stats: Stats) -> None:
-        keep = len(self._pending) - len(view.rolled_back)
-        self._write("".join(self._pending[:keep]) + (view.correction or "") + view.tail)
+    def on_replay(self, replay: ReplayResult, stats: Stats) -> None:
+        keep = len(self._pending) - len(replay.rolled_back_texts)
+        self._write("".join(self._pending[:keep]) + (replay.correction_text or "") + replay.tail)
         self._pending = []
 
     def _write(self, text: str) -> None:
@@ -223,10 +225,10 @@ class JsonRenderer:
     def __exit__(self, *exc) -> None:
         pass
 
-    def on_round(self, view: RoundView, stats: Stats) -> None:
+    def on_round(self, result: RoundResult, stats: Stats) -> None:
         pass
 
-    def on_replay(self, view: ReplayView, stats: Stats) -> None:
+    def on_replay(self, replay: ReplayResult, stats: Stats) -> None:
         pass
 
     def finish(self, outcome: Outcome) -> None:

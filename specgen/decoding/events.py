@@ -1,5 +1,7 @@
 """What the engine reports, in token ids: per row, a join, rounds, replays and a finish
-(engine.RowEvent carries them with the row's state).
+(engine.RowEvent carries them with the row's state). The driver gives rounds and replays their
+text (views.round_text, views.replay_text): the same event goes on to the renderers and, as
+JSON, to a client of the server.
 
 Host data only (no tensors, no torch import): the driver folds these into Stats and turns them
 into text, and a client process can read them without loading torch.
@@ -46,12 +48,17 @@ class Joined:
 
 @dataclass(frozen=True)
 class RoundResult:
-    """One row's round in token ids, from the verdict (verify.py) to the views: what was
-    proposed, what the target's rule kept, and what the engine committed of it.
+    """One row's round, from the verdict (verify.py) to the live view: what was proposed, what
+    the target's rule kept, what the engine committed of it and, once the driver pushed it
+    through the row's text stream, its text.
 
     Nodes as in `drafters.base.Proposal`: 0 is the root, node j >= 1 is `draft_tokens[j - 1]`
     and `parents[j - 1]` its parent. `emitted` is what was committed: the path's tokens and the
-    target's own, cut at EOS or the length limit."""
+    target's own, cut at EOS or the length limit.
+
+    A client of the server rebuilds a round from the live JSON, which carries the emitted ids,
+    the texts and a tree's shape but not the draft ids: there `draft_tokens` is empty, and a
+    chain round's `parents` too (`path` still counts its accepted tokens)."""
 
     draft_tokens: list[int] = field(default_factory=list)  # everything the drafter proposed (none: a plain round)
     parents: tuple[int, ...] = ()  # the proposal's shape (a chain: 0, 1, .., k - 1)
@@ -64,6 +71,25 @@ class RoundResult:
     verify_seconds: float = 0.0
     stop: str | None = None  # a StopReason once generation has ended
     logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token, when the row's sampling asks
+    # its text (views.round_text): a piece per emitted token, pushed through the row's text stream
+    # in order (an empty one for a token that completes no character yet, or a special token)
+    pieces: tuple[str, ...] = ()
+    rejected_texts: tuple[str, ...] = ()  # each rejected draft token's own text (shown red)
+    node_texts: tuple[str, ...] = ()  # a tree round: each node's text, the root first
+    pending: bool = False  # deterministic mode: not yet verified by a replay
+    # the row's last round: what the stream held back, now text (a character cut short, bytes
+    # that form none); it completes the last token that is not special, this round's or earlier
+    tail: str = ""
+
+    @property
+    def accepted_pieces(self) -> tuple[str, ...]:
+        """The accepted draft tokens' pieces (shown green)."""
+        return self.pieces[: self.accepted_emitted]
+
+    @property
+    def target_piece(self) -> str:
+        """The target's own token's piece; empty when the round was cut (EOS, length) before it."""
+        return self.pieces[-1] if self.target_emitted and self.pieces else ""
 
     @property
     def accepted(self) -> int:
@@ -105,7 +131,9 @@ class RoundResult:
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """One deterministic-mode replay of a window: what it checked, and what it rolled back."""
+    """One deterministic-mode replay of a window: what it checked, what it rolled back and,
+    once the driver gave it its text, that text. A client of the server rebuilds it from the live
+    JSON, which carries the ids and texts but not the window's figures (there 0)."""
 
     window_start: int  # absolute position of the window's first token
     checked: int  # unverified tokens compared in this replay
@@ -114,6 +142,11 @@ class ReplayResult:
     verified: int  # committed-and-verified sequence length afterwards
     seconds: float
     stop: str | None = None  # a StopReason once generation has ended
+    # its text (views.replay_text): the discarded tokens' own texts, the correction's piece, and
+    # for the replay that ended the row what the stream held back (RoundResult.tail)
+    rolled_back_texts: tuple[str, ...] = ()
+    correction_text: str | None = None
+    tail: str = ""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from specgen.decoding.engine import FRESH, Engine, RowEvent
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import Outcome, Renderer, logprob_entries, replay_view, round_view
+from specgen.decoding.views import Outcome, Renderer, logprob_entries, replay_text, round_text
 from specgen.text import TextStream, TokenBytes, text_of
 from specgen.runtime import int8
 
@@ -65,9 +65,9 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
                 state, event = report.state, report.event
                 if isinstance(event, RoundResult):
                     logprobs += event.logprobs
-                    renderer.on_round(round_view(event, stream, pending=config.deterministic), stats)
+                    renderer.on_round(round_text(event, stream, pending=config.deterministic), stats)
                 elif isinstance(event, ReplayResult):
-                    renderer.on_replay(replay_view(event, stream), stats)
+                    renderer.on_replay(replay_text(event, stream), stats)
         except KeyboardInterrupt:
             interrupted = True
     ids = stream.ids

@@ -14,46 +14,6 @@ from specgen.decoding.stats import MIN_TIMED_SECONDS, Stats
 from specgen.text import TextStream, TokenBytes
 
 
-@dataclass(frozen=True)
-class RoundView:
-    """One round (events.RoundResult) as text: a piece per emitted token, pushed through the
-    text stream (accepted draft pieces, then the target's), the discarded drafts' own texts, and
-    for a tree round each node's text beside the round's shape (what a terminal draws; a
-    client of the server, which sees no ids, gets the same)."""
-
-    accepted: list[str]
-    target: str
-    rejected: list[str] = field(default_factory=list)
-    pending: bool = False  # deterministic mode: not yet verified by a replay
-    target_emitted: bool = True  # False when the round was cut (EOS, length) before the target's token
-    nodes: list[str] = field(default_factory=list)  # a tree round: each node's text, the root first; else empty
-    parents: tuple[int, ...] = ()  # a tree round: node j's parent is parents[j - 1] (RoundResult's)
-    path: frozenset[int] = frozenset()  # a tree round: the accepted nodes
-    tried: frozenset[int] = frozenset()  # a tree round: the nodes tried and rejected
-    # the row's last round: what the stream held back, now text (a character cut short, bytes
-    # that form none); it completes the last token that is not special, this round's or earlier
-    tail: str = ""
-
-    @property
-    def is_tree(self) -> bool:
-        return bool(self.nodes)
-
-    @property
-    def pieces(self) -> list[str]:
-        """A piece per emitted token, in order (an empty one for a token that completes no
-        character yet, or a special token): what a replay's rollback, counted in tokens, cuts."""
-        return self.accepted + ([self.target] if self.target_emitted else [])
-
-
-@dataclass(frozen=True)
-class ReplayView:
-    """A replay closed the pending tokens: the last `len(rolled_back)` were discarded."""
-
-    rolled_back: list[str]
-    correction: str | None  # the replay's own token at the first mismatch
-    tail: str = ""  # the replay that ended the row: what the stream held back (RoundView.tail)
-
-
 @dataclass
 class Outcome:
     text: str
@@ -72,9 +32,9 @@ class Renderer(Protocol):
 
     def __exit__(self, *exc): ...
 
-    def on_round(self, view: RoundView, stats: Stats) -> None: ...
+    def on_round(self, result: RoundResult, stats: Stats) -> None: ...
 
-    def on_replay(self, view: ReplayView, stats: Stats) -> None: ...
+    def on_replay(self, replay: ReplayResult, stats: Stats) -> None: ...
 
     def finish(self, outcome: Outcome) -> None: ...
 
@@ -88,42 +48,39 @@ class Silent:
     def __exit__(self, *exc):
         return None
 
-    def on_round(self, view: RoundView, stats: Stats) -> None:
+    def on_round(self, result: RoundResult, stats: Stats) -> None:
         pass
 
-    def on_replay(self, view: ReplayView, stats: Stats) -> None:
+    def on_replay(self, replay: ReplayResult, stats: Stats) -> None:
         pass
 
     def finish(self, outcome: Outcome) -> None:
         pass
 
 
-def round_view(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundView:
-    """Text for one round: each committed token pushed once through the stream. The row's last
-    round also flushes what the stream held back (its `tail`), so every renderer ends with the
-    same text."""
-    pieces = [stream.push(t) for t in result.emitted]
-    # in deterministic mode the end is final only once the replay says so (replay_view)
+def round_text(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundResult:
+    """The round with its text: each committed token pushed once through the stream. The row's
+    last round also flushes what the stream held back (its `tail`), so every renderer ends with
+    the same text."""
+    pieces = tuple(stream.push(t) for t in result.emitted)
+    # in deterministic mode the end is final only once the replay says so (replay_text)
     tail = stream.flush() if result.stop is not None and not pending else ""
-    accepted = pieces[: result.accepted_emitted]
-    target = pieces[-1] if result.target_emitted else ""
-    rejected = [stream.token_text(t) for t in result.rejected]
-    view = RoundView(accepted, target, rejected, pending=pending, target_emitted=result.target_emitted, tail=tail)
-    if result.is_chain:
-        return view
-    return replace(view, nodes=[stream.token_text(t) for t in result.tokens], parents=result.parents,
-                   path=frozenset(result.path), tried=frozenset(result.tried))
+    nodes = () if result.is_chain else tuple(stream.token_text(t) for t in result.tokens)
+    return replace(result, pieces=pieces, rejected_texts=tuple(stream.token_text(t) for t in result.rejected),
+                   node_texts=nodes, pending=pending, tail=tail)
 
 
-def replay_view(replay: ReplayResult, stream: TextStream) -> ReplayView:
-    """Roll the text stream back past discarded tokens, then push the correction."""
-    rolled = [stream.token_text(t) for t in replay.rolled_back]
+def replay_text(replay: ReplayResult, stream: TextStream) -> ReplayResult:
+    """The replay with its text: the stream rolled back past the discarded tokens, then the
+    correction pushed."""
+    rolled = tuple(stream.token_text(t) for t in replay.rolled_back)
     correction = None
     if replay.rolled_back:
         stream.truncate(len(stream.ids) - len(replay.rolled_back))
     if replay.correction is not None:
         correction = stream.push(replay.correction)
-    return ReplayView(rolled, correction, stream.flush() if replay.stop is not None else "")
+    return replace(replay, rolled_back_texts=rolled, correction_text=correction,
+                   tail=stream.flush() if replay.stop is not None else "")
 
 
 def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes: TokenBytes) -> list[dict]:

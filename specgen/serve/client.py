@@ -22,7 +22,8 @@ from urllib.parse import urlsplit
 
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.stats import Stats, from_dict
-from specgen.decoding.views import Outcome, ReplayView, RoundView
+from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PartialReply, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
@@ -265,38 +266,48 @@ class _Received:
 
     def __init__(self, method: str):
         self.pieces: list[str] = []
-        self.pending: list[tuple[str, int]] = []
+        self.pending: list[str] = []  # pieces not yet verified (deterministic mode)
         self.ids: list[int] = []
         self.logprobs: list[dict] = []  # each token's, when the run asked for them
         self.stats = Stats(method=method)
 
-    def round(self, live: dict) -> RoundView:
+    def round(self, live: dict) -> RoundResult:
+        """The round the live chunk describes: its emitted ids and texts, a tree's shape (not the
+        draft ids, which the chunk does not carry)."""
         self.stats = from_dict(live["stats"], self.stats.method)
-        tree = live.get("tree") or {"texts": [], "parents": [], "accepted": [], "tried": []}
-        view = RoundView(live["accepted"], live["target"], live["rejected"], pending=live["pending"],
-                         target_emitted=len(live["ids"]) > len(live["accepted"]), nodes=tree["texts"],
-                         parents=tuple(tree["parents"]), path=frozenset(tree["accepted"]),
-                         tried=frozenset(tree["tried"]), tail=live.get("tail", ""))
-        self.ids.extend(live["ids"])
-        self.logprobs.extend(live.get("logprobs", ()))
-        if view.pending:  # a piece per token: a replay's rollback counts tokens
-            self.pending.extend(view.pieces)
+        ids, accepted = list(live["ids"]), list(live["accepted"])
+        tree = live.get("tree")
+        if tree is None:  # a chain: its accepted tokens are nodes 1..n
+            shape = {"path": tuple(range(1, len(accepted) + 1))}
         else:
-            self.pieces.extend(view.pieces + [view.tail])
-        return view
+            shape = {"parents": tuple(tree["parents"]), "path": tuple(tree["accepted"]), "tried": tuple(tree["tried"]),
+                     "node_texts": tuple(tree["texts"])}
+        target = (live["target"],) if len(ids) > len(accepted) else ()
+        result = RoundResult(emitted=ids, pieces=tuple(accepted) + target, rejected_texts=tuple(live["rejected"]),
+                            pending=live["pending"], tail=live.get("tail", ""), **shape)
+        self.ids.extend(ids)
+        self.logprobs.extend(live.get("logprobs", ()))
+        if result.pending:  # a piece per token: a replay's rollback counts tokens
+            self.pending.extend(result.pieces)
+        else:
+            self.pieces.extend(result.pieces + (result.tail,))
+        return result
 
-    def replay(self, live: dict) -> ReplayView:
+    def replay(self, live: dict) -> ReplayResult:
+        """The replay the live chunk describes: its ids and texts (not the window's figures)."""
         self.stats = from_dict(live["stats"], self.stats.method)
         replay = live["replay"]
-        if replay["dropped"]:
-            del self.ids[-replay["dropped"]:]
+        dropped = tuple(self.ids[len(self.ids) - replay["dropped"]:])
+        del self.ids[len(self.ids) - len(dropped):]
         if replay["correction_id"] is not None:
             self.ids.append(replay["correction_id"])
         keep = len(self.pending) - len(replay["rolled_back"])
         tail = replay.get("tail", "")
         self.pieces.extend(self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []) + [tail])
         self.pending = []
-        return ReplayView(replay["rolled_back"], replay["correction"], tail)
+        return ReplayResult(0, 0, dropped, replay["correction_id"], 0, 0.0,
+                            rolled_back_texts=tuple(replay["rolled_back"]), correction_text=replay["correction"],
+                            tail=tail)
 
     def outcome(self, config: GenerationConfig) -> Outcome:
         ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult, StopReason, TokenLogprob
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import logprob_entries, replay_view, round_view
+from specgen.decoding.views import logprob_entries, replay_text, round_text
 from specgen.serve import answers, api
 from specgen.text import TextStream, TokenBytes
 
@@ -47,30 +47,32 @@ class Output:
         if self.stopped or isinstance(event, (Joined, Finished)) or self.job.max_zero:
             return []
         if isinstance(event, RoundResult):
-            view = round_view(event, self.stream, pending=self.job.config.deterministic)
-            for token, piece, logprob in zip(event.emitted, view.pieces, event.logprobs):
+            event = round_text(event, self.stream, pending=self.job.config.deterministic)
+            for token, piece, logprob in zip(event.emitted, event.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
                 self.chars += len(piece)
-            if event.stop == StopReason.EOS and view.pieces and not view.pieces[-1]:
+            if event.stop == StopReason.EOS and event.pieces and not event.pieces[-1]:
                 self.ended_at = len(self.tokens) - 1  # the stop token that ended it, with no text: no entry
-            self._attribute(view.tail)
-            if view.pending:  # a piece per token: a replay's rollback counts tokens
-                self.pending.extend(view.pieces)
+            self._attribute(event.tail)
+            if event.pending:  # a piece per token: a replay's rollback counts tokens
+                self.pending.extend(event.pieces)
             else:
-                self._extend("".join(view.pieces) + view.tail)
-            live = {"round": stats.rounds, "ids": event.emitted, "accepted": view.accepted, "target": view.target,
-                    "rejected": view.rejected, "pending": view.pending, "tail": view.tail,
-                    "tree": None if not view.is_tree else {"texts": view.nodes, "parents": list(view.parents),
-                                                           "accepted": sorted(view.path), "tried": sorted(view.tried)}}
+                self._extend("".join(event.pieces) + event.tail)
+            live = {"round": stats.rounds, "ids": event.emitted, "accepted": list(event.accepted_pieces),
+                    "target": event.target_piece, "rejected": list(event.rejected_texts), "pending": event.pending,
+                    "tail": event.tail,
+                    "tree": None if event.is_chain else {"texts": list(event.node_texts), "parents": list(event.parents),
+                                                         "accepted": sorted(event.path), "tried": sorted(event.tried)}}
             if self.job.live and event.logprobs:  # `specgen run --logprobs` on the server
                 live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
         else:
-            view = replay_view(event, self.stream)
-            keep = len(self.pending) - len(view.rolled_back)
-            self._attribute(view.tail)
-            self._extend("".join(self.pending[:keep]) + (view.correction or "") + view.tail)
+            event = replay_text(event, self.stream)
+            keep = len(self.pending) - len(event.rolled_back)
+            self._attribute(event.tail)
+            self._extend("".join(self.pending[:keep]) + (event.correction_text or "") + event.tail)
             self.pending = []
-            live = {"replay": {"rolled_back": view.rolled_back, "correction": view.correction, "tail": view.tail,
+            live = {"replay": {"rolled_back": list(event.rolled_back_texts), "correction": event.correction_text,
+                               "tail": event.tail,
                                "dropped": len(event.rolled_back), "correction_id": event.correction}}
         return self._chunks(live, stats, final=False)
 
