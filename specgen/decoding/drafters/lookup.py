@@ -28,12 +28,6 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, Drafter, PerRow, Proposal
 from specgen.text import common_prefix
 
-@dataclass(frozen=True)
-class LookupMatch:
-    ngram: int  # n: length of the matched tail
-    start: int  # position right after the earlier occurrence: the copy starts here
-    tokens: list[int]  # the proposed continuation (exactly k tokens)
-
 
 @dataclass
 class LookupStats:
@@ -95,8 +89,9 @@ class PromptLookupDrafter:
         return 0.0
 
     # -- lookup ------------------------------------------------------------------------------
-    def find(self, context: list[int], k: int, new_round: bool = True) -> LookupMatch | None:
-        """The continuation of the longest (then most recent) earlier match of the tail.
+    def find(self, context: list[int], k: int, new_round: bool = True, least: int = 1) -> list[int] | None:
+        """The k tokens that followed the longest (then most recent) earlier match of the tail;
+        None when there is none, or when that longest match is shorter than `least` tokens.
         `new_round=False`: a second query in the same round (a model proposal's extension)."""
         self._sync(context)
         self.stats.rounds += new_round
@@ -110,13 +105,13 @@ class PromptLookupDrafter:
                 tokens = [context[start + i % period] for i in range(k)]
                 self.stats.matched += 1
                 self.stats.by_ngram[n] = self.stats.by_ngram.get(n, 0) + 1
-                return LookupMatch(n, start, tokens)
+                return tokens if n >= least else None
         return None
 
     @staticmethod
-    def proposal(match: LookupMatch | None) -> Proposal:
-        tokens = torch.tensor(match.tokens if match else [], dtype=torch.int64)
-        return Proposal.chain(tokens, ProposalKind.DETERMINISTIC)
+    def proposal(tokens: list[int] | None) -> Proposal:
+        """Found tokens as a point-mass chain (none: an empty one)."""
+        return Proposal.chain(torch.tensor(tokens or [], dtype=torch.int64), ProposalKind.DETERMINISTIC)
 
     # -- index maintenance -------------------------------------------------------------------
     def _sync(self, context: list[int], check_all: bool = False) -> None:
@@ -260,10 +255,10 @@ class LookupChain:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)
         for row, (context, k) in enumerate(zip(contexts, ks)):
-            match = self.lookups[row].find(context, k) if k > 0 else None
-            if match is not None and match.ngram >= self.min_match:
+            found = self.lookups[row].find(context, k, least=self.min_match) if k > 0 else None
+            if found is not None:
                 self.sources[row] = Source.LOOKUP
-                out[row] = PromptLookupDrafter.proposal(match)
+                out[row] = PromptLookupDrafter.proposal(found)
             elif k > 0:
                 self.sources[row] = Source.MODEL
                 model_ks[row] = min(k, self.model_tokens or k)
@@ -287,10 +282,10 @@ class LookupChain:
         room = k - proposal.size
         if room <= 0 or proposal.size == 0:
             return proposal
-        match = self.lookups[row].find(context + proposal.tokens.tolist(), room, new_round=False)
-        if match is None or match.ngram < self.min_match:
+        found = self.lookups[row].find(context + proposal.tokens.tolist(), room, new_round=False, least=self.min_match)
+        if found is None:
             return proposal
-        extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
+        extra = torch.tensor(found, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
         self.extended += 1
         probs = proposal.probs
         if proposal.kind is ProposalKind.SAMPLED:
