@@ -219,13 +219,13 @@ def test_the_target_seam_re_encodes_and_output_stays_exact(bpe_byte):
     plain, _, _ = run(bpe_byte, prompt, method=Method.PLAIN)
     ids, rounds, drafter = run(bpe_byte, prompt, method=Method.CHAIN)
     assert ids == plain
-    assert drafter.stats.rounds[Seam.RESPLIT] > 0 and drafter.stats.rounds[Seam.EXTENDS] > 0
+    assert drafter.seams[Seam.RESPLIT] > 0 and drafter.seams[Seam.EXTENDS] > 0
 
 
 def test_the_draft_side_tail_is_re_encoded(byte_bpe):
     """Byte target, BPE draft: a word grows over rounds and the draft re-reads it merged."""
     _, rounds, drafter = run(byte_bpe, prompt_ids(byte_bpe, "The quick"), method=Method.CHAIN, draft_tokens=2)
-    assert drafter.stats.retokenized > 0 and any(r.accepted for r in rounds)
+    assert drafter.retokenized > 0 and any(r.accepted for r in rounds)
 
 
 @pytest.mark.parametrize("method", [Method.CHAIN, Method.LOOKUP_CHAIN])

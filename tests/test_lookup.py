@@ -64,7 +64,7 @@ def test_no_match_proposes_nothing():
     drafter = PromptLookupDrafter()
     assert proposed(drafter, [1, 2, 3, 4], 4) == []
     assert proposed(drafter, [1], 4) == []
-    assert drafter.stats.matched == 0
+    assert drafter.matched == 0
 
 
 def test_min_ngram_ignores_shorter_matches():
@@ -112,7 +112,7 @@ def test_incremental_index_matches_a_fresh_scan_through_appends_and_rollbacks():
             context = context[:at] + [(context[at] + 1) % 4] + context[at + 1:]
         k = int(torch.randint(1, 7, (1,), generator=generator))
         assert proposed(drafter, context, k) == reference_lookup(context, k, 3, 1), f"step {step}"
-    assert drafter.stats.removals > 0 and drafter.stats.rebuilds > 0
+    assert drafter.removals > 0 and drafter.rebuilds > 0
 
 
 def test_rollback_to_a_different_text_of_the_same_length_is_detected():
@@ -156,16 +156,16 @@ def test_index_work_per_round_does_not_grow_with_the_context():
     while len(context) < 20_000:
         committed = int(torch.randint(1, 6, (1,), generator=generator))
         context.extend(torch.randint(0, 50, (committed,), generator=generator).tolist())
-        before = drafter.stats.operations
+        before = drafter.operations
         drafter.propose(context, 4, GREEDY)
         drafter.observe([1, 2])
-        per_round.append(drafter.stats.operations - before)
+        per_round.append(drafter.operations - before)
         assert per_round[-1] <= 3 * committed + 3
-    assert drafter.stats.removals == 0 and drafter.stats.rebuilds == 0
+    assert drafter.removals == 0 and drafter.rebuilds == 0
     # unseen tail -> all three sizes are looked up, nothing else
-    before = drafter.stats.operations
+    before = drafter.operations
     assert drafter.find(context + [999], 4) is None
-    assert drafter.stats.operations - before == 3 + 3  # 3 inserts for the new token, 3 lookups
+    assert drafter.operations - before == 3 + 3  # 3 inserts for the new token, 3 lookups
 
 
 # -- the real engine on tiny models ---------------------------------------------------------------
@@ -506,4 +506,4 @@ def test_an_extension_query_is_not_counted_as_another_lookup_round():
     for _ in range(5):
         combined.propose([[3, 3]], [3], [STAT_SAMPLING])
         combined.observe(0, [])
-    assert combined.lookups[0].stats.rounds == 5
+    assert combined.lookups[0].rounds == 5

@@ -315,10 +315,9 @@ class Engine:
     def _first_token(self, state: DecodeState, logits: torch.Tensor, config: GenerationConfig) -> RoundResult:
         """The row's first token from its prefill's last logits, chosen as a round that proposed
         nothing would choose it (the same rule, the row's random stream), and committed."""
-        root = torch.tensor(state.ids[-1:], device=self.device)
-        scored = verify.Scored(logits[:, -1:], [root])
-        result = verify.accept([state], [EMPTY], scored, config, self.vocab)[0]
-        reported = verify.logprobs([state], scored, [result], self.vocab)[0]
+        root, logits = torch.tensor(state.ids[-1:], device=self.device), logits[:, -1:]
+        result = verify.accept([state], [EMPTY], logits, [root], config, self.vocab)[0]
+        reported = verify.logprobs([state], logits, [result], self.vocab)[0]
         return self._commit(state, EMPTY, result, config, 0.0, 0.0, reported)
 
     # -- one round for every row ----------------------------------------------------------------
@@ -341,9 +340,10 @@ class Engine:
         else:
             proposals = [EMPTY] * len(rows)
         drafted = time.perf_counter()
-        scored = verify.forward(self.steps, self.cache, proposals, roots)
-        judged = verify.accept(rows, proposals, scored, config, self.vocab)
-        reported = verify.logprobs(rows, scored, judged, self.vocab)
+        inputs = verify.inputs(proposals, roots)
+        logits = verify.forward(self.steps, self.cache, proposals, inputs)
+        judged = verify.accept(rows, proposals, logits, inputs, config, self.vocab)
+        reported = verify.logprobs(rows, logits, judged, self.vocab)
         verified = time.perf_counter()
         results = [self._commit(state, proposal, result, config, drafted - started, verified - drafted, lp)
                    for state, proposal, result, lp in zip(rows, proposals, judged, reported)]

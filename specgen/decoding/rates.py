@@ -69,29 +69,30 @@ class Pick:
 
 
 @dataclass
-class _Tally:
-    """Exponentially weighted tokens and seconds of one kind of round at one width."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    rounds: int = 0
-
-    def add(self, tokens: int, seconds: float, decay: float) -> None:
-        self.tokens = self.tokens * decay + tokens
-        self.seconds = self.seconds * decay + seconds
-        self.rounds += 1
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
 class _Width:
-    plain: _Tally = field(default_factory=_Tally)
-    drafts: dict[int, _Tally] = field(default_factory=dict)  # per draft length drafted
+    """One batch width's rounds: per draft length drafted (0: plain rounds) its exponentially
+    weighted tokens and seconds and how many rounds ran; the arm in use, and the rounds since
+    the kind not chosen last ran."""
+
+    tokens: dict[int, float] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+    rounds: dict[int, int] = field(default_factory=dict)
     arm: int = UNSET  # the draft length in use (0: plain rounds)
     since: int = 0  # rounds since the kind not chosen last ran
+
+    def add(self, k: int, tokens: int, seconds: float, decay: float) -> None:
+        self.tokens[k] = self.tokens.get(k, 0.0) * decay + tokens
+        self.seconds[k] = self.seconds.get(k, 0.0) * decay + seconds
+        self.rounds[k] = self.rounds.get(k, 0) + 1
+
+    def ran(self, k: int) -> int:
+        """Rounds of draft length k (0: plain rounds) at this width."""
+        return self.rounds.get(k, 0)
+
+    def rate(self, k: int) -> float:
+        """Tokens per second of the rounds of draft length k (0: plain rounds), 0 unmeasured."""
+        seconds = self.seconds.get(k, 0.0)
+        return self.tokens[k] / seconds if seconds > 0 else 0.0
 
 
 class WidthRates:
@@ -115,7 +116,7 @@ class WidthRates:
         arm = self._arm(width, w, cap)
         if arm == 0:
             return Pick(Choice.DRAFT, 1) if w.since + 1 >= self.retry else Pick(Choice.PLAIN)
-        if w.plain.rounds < self.min_rounds:
+        if w.ran(0) < self.min_rounds:
             return Pick(Choice.EXPLORE) if w.since + 1 >= self.explore else Pick(Choice.DRAFT, arm)
         if self._measured(w, arm) and w.since + 1 >= self.refresh:
             return Pick(Choice.EXPLORE)
@@ -125,8 +126,8 @@ class WidthRates:
         """A round at `width` ran: the pick's k if any row drafted (else 0), the tokens it
         committed, its seconds."""
         w = self.widths.setdefault(width, _Width())
-        (w.plain if k == 0 else w.drafts.setdefault(k, _Tally())).add(tokens, seconds, self.decay)
-        if w.plain.rounds >= self.min_rounds:
+        w.add(k, tokens, seconds, self.decay)
+        if w.ran(0) >= self.min_rounds:
             if self._measured(w, w.arm) and not self._wins(w, w.arm):
                 w.arm //= 2  # measured and lost: half the draft (at 0, plain rounds)
             elif w.arm == 0 and self._measured(w, k) and self._wins(w, k):
@@ -135,14 +136,14 @@ class WidthRates:
 
     def _measured(self, w: _Width, k: int) -> bool:
         """Drafting rounds of length k (> 0) ran MIN_ROUNDS times at this width."""
-        return k in w.drafts and w.drafts[k].rounds >= self.min_rounds
+        return k > 0 and w.ran(k) >= self.min_rounds
 
     def _wins(self, w: _Width, k: int) -> bool:
-        return w.drafts[k].rate > w.plain.rate * (1 + self.margin)
+        return w.rate(k) > w.rate(0) * (1 + self.margin)
 
     def _decided(self, w: _Width) -> bool:
         """The width's arm is measured: it won, or its arms went down to plain rounds."""
-        return w.plain.rounds >= self.min_rounds and (w.arm == 0 or (self._measured(w, w.arm) and self._wins(w, w.arm)))
+        return w.ran(0) >= self.min_rounds and (w.arm == 0 or (self._measured(w, w.arm) and self._wins(w, w.arm)))
 
     def _arm(self, width: int, w: _Width, cap: int) -> int:
         """The width's draft length: at most the cap and, until this width measured its own,
@@ -157,5 +158,5 @@ class WidthRates:
     def summary(self) -> dict[int, tuple[int, dict[int, float], float]]:
         """Per width: (its draft length, tok/s of the drafting rounds of each length tried,
         plain rounds' tok/s, 0 where unmeasured)."""
-        return {width: (0 if w.arm == UNSET else w.arm, {k: t.rate for k, t in sorted(w.drafts.items())},
-                        w.plain.rate) for width, w in sorted(self.widths.items())}
+        return {width: (0 if w.arm == UNSET else w.arm, {k: w.rate(k) for k in sorted(w.rounds) if k > 0},
+                        w.rate(0)) for width, w in sorted(self.widths.items())}

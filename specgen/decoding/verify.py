@@ -9,8 +9,6 @@ device until that sync; each row's walk (acceptance.walk) then gives its RoundRe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specgen.config import GenerationConfig, SamplingConfig
@@ -25,29 +23,24 @@ from specgen.decoding.sampling import sample, warp
 from specgen.runtime import kvcache
 
 
-@dataclass(frozen=True)
-class Scored:
-    """The verify forward's result: logits [rows, width, V] and per row its input tokens (root
-    first)."""
-
-    logits: torch.Tensor
-    inputs: list[torch.Tensor]
-
-
-def forward(steps, cache, proposals: list[Proposal], roots: torch.Tensor) -> Scored:
-    """ONE target forward over every row's [root, proposal]."""
+def inputs(proposals: list[Proposal], roots: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's verify input, [root, proposal] (root first)."""
     device = roots.device
-    inputs = [torch.cat([roots[i], proposal.tokens.to(device)]) if proposal.size else roots[i]
-              for i, proposal in enumerate(proposals)]
+    return [torch.cat([roots[i], proposal.tokens.to(device)]) if proposal.size else roots[i]
+            for i, proposal in enumerate(proposals)]
+
+
+def forward(steps, cache, proposals: list[Proposal], inputs: list[torch.Tensor]) -> torch.Tensor:
+    """ONE target forward over every row's input (`inputs`): logits [rows, width, V]."""
     trees = [not proposal.is_chain for proposal in proposals]
     if len(proposals) == 1:
         if trees[0]:
-            return Scored(steps.tree(cache, inputs[0], proposals[0]), inputs)
-        return Scored(steps.forward(cache, inputs[0].unsqueeze(0)), inputs)
+            return steps.tree(cache, inputs[0], proposals[0])
+        return steps.forward(cache, inputs[0].unsqueeze(0))
     width = max(t.shape[0] for t in inputs)
     ids = torch.stack([torch.nn.functional.pad(t, (0, width - t.shape[0])) for t in inputs])
     if not any(trees):
-        return Scored(steps.forward(cache, ids), inputs)
+        return steps.forward(cache, ids)
     mask = torch.zeros(len(proposals), width, width, dtype=torch.bool)
     depth = torch.zeros(len(proposals), width, dtype=torch.long)
     for i, (t, proposal) in enumerate(zip(inputs, proposals)):
@@ -59,15 +52,16 @@ def forward(steps, cache, proposals: list[Proposal], roots: torch.Tensor) -> Sco
             mask[i, :n, :n] = kvcache.chain_tree(n)
             depth[i, :n] = torch.arange(n)
         mask[i, range(n, width), range(n, width)] = True
-    return Scored(steps.forward(cache, ids, depth=depth, tree=mask), inputs)
+    return steps.forward(cache, ids, depth=depth, tree=mask)
 
 
-def accept(rows: list[DecodeState], proposals: list[Proposal], scored: Scored, config: GenerationConfig,
-           vocab: int | None) -> list[RoundResult]:
-    """Each row's verdict under the rule `select_rule` picks for it, every row's read in one
-    sync and walked: the round's result (what the engine commits is its to add). The rows are
-    as the round found them (nothing committed yet)."""
-    logits, inputs = scored.logits[:, :, :vocab], scored.inputs
+def accept(rows: list[DecodeState], proposals: list[Proposal], logits: torch.Tensor, inputs: list[torch.Tensor],
+           config: GenerationConfig, vocab: int | None) -> list[RoundResult]:
+    """Each row's verdict under the rule `select_rule` picks for it, from the verify forward's
+    `logits` over `inputs`, every row's read in one sync and walked: the round's result (what
+    the engine commits is its to add). The rows are as the round found them (nothing committed
+    yet)."""
+    logits = logits[:, :, :vocab]
     verdicts = [rule_verdict(row, proposal, logits[i, : inputs[i].shape[0]], inputs[i], config)
                 for i, (row, proposal) in enumerate(zip(rows, proposals))]
     values = torch.cat([part for verdict, tokens in zip(verdicts, inputs)
@@ -116,7 +110,7 @@ def rule_verdict(row: DecodeState, proposal: Proposal, row_logits: torch.Tensor,
     return point_mass_sampling(draft, warp(row_logits, row.sampling), row.generator)
 
 
-def logprobs(rows: list[DecodeState], scored: Scored, results: list[RoundResult],
+def logprobs(rows: list[DecodeState], logits: torch.Tensor, results: list[RoundResult],
              vocab: int | None) -> list[list[TokenLogprob] | None]:
     """Per row whose sampling asks for them, each kept token's log-probability under the target
     and the most likely tokens at its position, from the verify forward's logits (as the model
@@ -131,7 +125,7 @@ def logprobs(rows: list[DecodeState], scored: Scored, results: list[RoundResult]
     picks, tokens = [], []
     for i in wanted:
         result = results[i]
-        picks.append(scored.logits[i, [0, *result.path], :vocab])
+        picks.append(logits[i, [0, *result.path], :vocab])
         tokens += [result.draft_tokens[node - 1] for node in result.path] + [result.target_token]
     entries = token_logprobs(torch.cat(picks), tokens, max(rows[i].sampling.logprobs for i in wanted))
     start = 0

@@ -19,37 +19,12 @@ proposed, never what is emitted: a stale index would cost speed, not correctness
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-
 import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, Drafter, PerRow, Proposal
 from specgen.text import common_prefix
-
-@dataclass(frozen=True)
-class LookupMatch:
-    ngram: int  # n: length of the matched tail
-    start: int  # position right after the earlier occurrence: the copy starts here
-    tokens: list[int]  # the proposed continuation (exactly k tokens)
-
-
-@dataclass
-class LookupStats:
-    """Counters: dictionary operations (for the O(1)-per-round claim) and match outcomes."""
-
-    lookups: int = 0  # index reads by `find`
-    inserts: int = 0  # (n-gram, position) entries added
-    removals: int = 0  # entries removed by a rollback
-    rebuilds: int = 0  # times the index was cleared because the context changed under it
-    rounds: int = 0  # calls to `find`
-    matched: int = 0  # ... that found a match
-    by_ngram: dict[int, int] = field(default_factory=dict)  # matches per n
-
-    @property
-    def operations(self) -> int:
-        return self.lookups + self.inserts + self.removals
 
 
 class PromptLookupDrafter:
@@ -71,9 +46,21 @@ class PromptLookupDrafter:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self.stats = LookupStats()
+        # counters (tests and reports): index operations, for the O(1)-per-round claim, and matches
+        self.reads = 0  # index reads by `find`
+        self.inserts = 0  # (n-gram, position) entries added
+        self.removals = 0  # entries removed by a rollback
+        self.rebuilds = 0  # times the index was cleared because the context changed under it
+        self.rounds = 0  # calls to `find`
+        self.matched = 0  # ... that found a match
+        self.by_ngram: dict[int, int] = {}  # matches per n
         self._ids: list[int] = []  # the sequence the index describes
         self._index: dict[tuple[int, ...], list[int]] = {}
+
+    @property
+    def operations(self) -> int:
+        """Dictionary operations so far: reads, inserts and removals."""
+        return self.reads + self.inserts + self.removals
 
     # -- RowDrafter calls ---------------------------------------------------------------------
     def start(self, prompt_ids: list[int], generator=None, capacity: int = 0) -> None:
@@ -95,28 +82,29 @@ class PromptLookupDrafter:
         return 0.0
 
     # -- lookup ------------------------------------------------------------------------------
-    def find(self, context: list[int], k: int, new_round: bool = True) -> LookupMatch | None:
-        """The continuation of the longest (then most recent) earlier match of the tail.
+    def find(self, context: list[int], k: int, new_round: bool = True, least: int = 1) -> list[int] | None:
+        """The k tokens that followed the longest (then most recent) earlier match of the tail;
+        None when there is none, or when that longest match is shorter than `least` tokens.
         `new_round=False`: a second query in the same round (a model proposal's extension)."""
         self._sync(context)
-        self.stats.rounds += new_round
+        self.rounds += new_round
         length = len(context)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            self.stats.lookups += 1
+            self.reads += 1
             positions = self._index.get(tuple(context[length - n:]))
             if positions:
                 start = positions[-1]
                 period = length - start
                 tokens = [context[start + i % period] for i in range(k)]
-                self.stats.matched += 1
-                self.stats.by_ngram[n] = self.stats.by_ngram.get(n, 0) + 1
-                return LookupMatch(n, start, tokens)
+                self.matched += 1
+                self.by_ngram[n] = self.by_ngram.get(n, 0) + 1
+                return tokens if n >= least else None
         return None
 
     @staticmethod
-    def proposal(match: LookupMatch | None) -> Proposal:
-        tokens = torch.tensor(match.tokens if match else [], dtype=torch.int64)
-        return Proposal.chain(tokens, ProposalKind.DETERMINISTIC)
+    def proposal(tokens: list[int] | None) -> Proposal:
+        """Found tokens as a point-mass chain (none: an empty one)."""
+        return Proposal.chain(torch.tensor(tokens or [], dtype=torch.int64), ProposalKind.DETERMINISTIC)
 
     # -- index maintenance -------------------------------------------------------------------
     def _sync(self, context: list[int], check_all: bool = False) -> None:
@@ -145,7 +133,7 @@ class PromptLookupDrafter:
             kept = self._ids[:valid]
             self._index.clear()
             self._ids = []
-            self.stats.rebuilds += 1
+            self.rebuilds += 1
             self._append(kept)
         else:
             self._truncate(valid)
@@ -167,7 +155,7 @@ class PromptLookupDrafter:
                     index[key] = [t]
                 else:
                     positions.append(t)
-                self.stats.inserts += 1
+                self.inserts += 1
 
     def _truncate(self, valid: int) -> None:
         """Forget positions >= valid: each was the last entry of its keys' lists."""
@@ -178,7 +166,7 @@ class PromptLookupDrafter:
                 positions.pop()
                 if not positions:
                     del index[key]
-                self.stats.removals += 1
+                self.removals += 1
         del self._ids[valid:]
 
 
@@ -260,10 +248,10 @@ class LookupChain:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)
         for row, (context, k) in enumerate(zip(contexts, ks)):
-            match = self.lookups[row].find(context, k) if k > 0 else None
-            if match is not None and match.ngram >= self.min_match:
+            found = self.lookups[row].find(context, k, least=self.min_match) if k > 0 else None
+            if found is not None:
                 self.sources[row] = Source.LOOKUP
-                out[row] = PromptLookupDrafter.proposal(match)
+                out[row] = PromptLookupDrafter.proposal(found)
             elif k > 0:
                 self.sources[row] = Source.MODEL
                 model_ks[row] = min(k, self.model_tokens or k)
@@ -287,10 +275,10 @@ class LookupChain:
         room = k - proposal.size
         if room <= 0 or proposal.size == 0:
             return proposal
-        match = self.lookups[row].find(context + proposal.tokens.tolist(), room, new_round=False)
-        if match is None or match.ngram < self.min_match:
+        found = self.lookups[row].find(context + proposal.tokens.tolist(), room, new_round=False, least=self.min_match)
+        if found is None:
             return proposal
-        extra = torch.tensor(match.tokens, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
+        extra = torch.tensor(found, dtype=proposal.tokens.dtype, device=proposal.tokens.device)
         self.extended += 1
         probs = proposal.probs
         if proposal.kind is ProposalKind.SAMPLED:

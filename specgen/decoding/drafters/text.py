@@ -43,23 +43,6 @@ RATIO_BOUNDS = (0.25, 4.0)  # draft tokens per target token assumed at most / at
 
 
 @dataclass
-class SeamStats:
-    """Counters: how rounds met the committed text (tests and reports)."""
-
-    rounds: dict[Seam, int] = field(default_factory=lambda: {seam: 0 for seam in Seam})
-    retokenized: int = 0  # rounds whose re-encoded tail changed draft ids of the round before
-    target_tokens: int = 0  # committed target ids frozen as draft ids ...
-    draft_tokens: int = 0  # ... and the draft ids they became
-
-    @property
-    def ratio(self) -> float:
-        """Draft tokens per target token in the text seen so far (1 before any)."""
-        if not self.target_tokens:
-            return 1.0
-        return min(max(self.draft_tokens / self.target_tokens, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
-
-
-@dataclass
 class RowText:
     """One row's committed text as draft ids (module docstring)."""
 
@@ -96,7 +79,18 @@ class TextDrafter:
     def __init__(self, inner: Drafter, bridge: Bridge):
         self.inner, self.bridge = inner, bridge
         self.rows: list[RowText] = []
-        self.stats = SeamStats()
+        # counters (tests and reports): how rounds met the committed text
+        self.seams = {seam: 0 for seam in Seam}  # rounds per seam
+        self.retokenized = 0  # rounds whose re-encoded tail changed draft ids of the round before
+        self.target_tokens = 0  # committed target ids frozen as draft ids ...
+        self.draft_tokens = 0  # ... and the draft ids they became
+
+    @property
+    def ratio(self) -> float:
+        """Draft tokens per target token in the text seen so far (1 before any)."""
+        if not self.target_tokens:
+            return 1.0
+        return min(max(self.draft_tokens / self.target_tokens, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
@@ -150,7 +144,7 @@ class TextDrafter:
                 self.inner.join(row, draft, None, state.reserved)
             drafts.append(draft)
         # the draft drafts about as much text as k target tokens hold (a finer tokenizer: more ids)
-        draft_ks = [math.ceil(k * self.stats.ratio) if k > 0 else 0 for k in ks]
+        draft_ks = [math.ceil(k * self.ratio) if k > 0 else 0 for k in ks]
         drafted = self.inner.propose(drafts, draft_ks, [GREEDY] * len(contexts))
         out = []
         for row, (context, k) in enumerate(zip(contexts, ks)):
@@ -161,7 +155,7 @@ class TextDrafter:
                 out.append(EMPTY)
                 continue
             ids, seam = self.bridge.proposal(context, state.anchor, draft, tokens, k, state.held)
-            self.stats.rounds[seam] += 1
+            self.seams[seam] += 1
             out.append(Proposal.chain(torch.tensor(ids, dtype=torch.int64), ProposalKind.DETERMINISTIC))
         return out
 
@@ -176,8 +170,8 @@ class TextDrafter:
         cut = self.bridge.cut(context, state.anchor)
         if cut > state.anchor:
             frozen = self.bridge.draft_ids(context, state.anchor, cut)
-            self.stats.target_tokens += cut - state.anchor
-            self.stats.draft_tokens += len(frozen)
+            self.target_tokens += cut - state.anchor
+            self.draft_tokens += len(frozen)
             state.frozen.extend(frozen)
             state.anchors.append((cut, len(state.frozen)))
         tail, state.held = self.bridge.tail(context, cut)
@@ -187,7 +181,7 @@ class TextDrafter:
         """The inner drafter keeps what it holds of `draft` but its last id (a round feeds at
         least one id: the one whose logits start the draft)."""
         if common_prefix(state.last, draft) < min(len(state.last), len(draft)):
-            self.stats.retokenized += 1
+            self.retokenized += 1
         state.last = draft
         valid = min(common_prefix(state.seen, draft), len(draft) - 1)
         if valid < len(state.seen):
