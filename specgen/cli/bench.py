@@ -233,8 +233,7 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     law = config.sampling
     sampling = concurrency.GREEDY if law.greedy else {"temperature": law.temperature, "top_p": law.top_p,
                                                       "top_k": law.top_k, "seed": law.seed}
-    prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
-               for item in items]
+    prompts = [item.chat() for item in items]
     prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)  # each fits, before the server starts
 
     def progress(cell):
