@@ -223,7 +223,7 @@ def _run(pair, runners: list[Runner], prompts: list[PromptRecord], settings: Ben
         "methods": described, "prompts": len(prompts), "repeats": settings.repeats,
         "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens, "warmup_seconds": warmups,
         **{k: v for k, v in asdict(settings.generation).items() if k != "method"}, "greedy": greedy,
-        "hf_assistant": assistant_settings(pair, method_names),
+        "hf_assistant": assistant_settings(runners),
     }
     failed = {f.method for f in failures}
     summarized = [name for name in method_names if name not in failed]
