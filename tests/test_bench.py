@@ -698,7 +698,7 @@ def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monke
     monkeypatch.setattr(bench_batch, "run_prompts", cut)
     ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
     cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
-    assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
+    assert [(c.size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
 
 
 @pytest.mark.parametrize("option", ["--json", "--csv", "--html"])
