@@ -12,7 +12,7 @@ import http.client
 import json
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from rich.markup import escape
@@ -78,15 +78,6 @@ def one_request(url: str, key: str, body: dict) -> Stats:
     return replace(seen, time_to_first_token=(first or end) - started, seconds=(last or end) - started)
 
 
-@dataclass
-class Measured:
-    """One run of a cell: what its clients saw."""
-
-    timings: list[Stats]  # each request's, as its client saw it
-    errors: list[str]
-    seconds: float
-
-
 GREEDY = {"temperature": 0}
 
 
@@ -98,8 +89,8 @@ def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name
 
 
 def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int, per_client: int,
-          max_tokens: int, stop: threading.Event | None = None, sampling: dict = GREEDY) -> Measured:
-    """`clients` threads, each sending `per_client` streamed requests in turn; they send no more
+          max_tokens: int, stop: threading.Event | None = None, sampling: dict = GREEDY) -> Cell:
+    """One run of a cell: `clients` threads, each sending `per_client` streamed requests in turn; they send no more
     once `stop` is set (Ctrl-C). `sampling`: each request's temperature, top_p, top_k and seed
     (a seed is offset by the request's number, so requests differ but every method sees the same)."""
     timings: list[Stats] = []
@@ -131,14 +122,20 @@ def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, 
         thread.start()
     for thread in threads:
         thread.join()
-    return Measured(timings, errors, time.perf_counter() - started)
+    return _cell(name, clients, timings, errors, time.perf_counter() - started)
 
 
-def summarize(name: str, clients: int, runs: list[Measured]) -> Cell:
-    """A cell from its runs pooled: tokens over seconds of all runs, quantiles over all requests."""
-    timings = [t for run in runs for t in run.timings]
-    errors = [e for run in runs for e in run.errors]
-    seconds = sum(run.seconds for run in runs)
+def summarize(name: str, clients: int, runs: list[Cell]) -> Cell:
+    """A cell from its runs pooled: tokens over seconds of all runs, quantiles over all requests,
+    and each run's tok/s."""
+    cell = _cell(name, clients, [t for run in runs for t in run.timings], [e for run in runs for e in run.errors],
+                 sum(run.seconds for run in runs))
+    cell.runs = [run.tokens_per_second for run in runs]
+    return cell
+
+
+def _cell(name: str, clients: int, timings: list[Stats], errors: list[str], seconds: float) -> Cell:
+    """The cell of these requests (each one's Stats as its client saw it) and `seconds` of wall time."""
     tokens = sum(t.new_tokens for t in timings)
     ttfts = [t.time_to_first_token for t in timings] or [0.0]
     tpots = [rate(t.seconds - t.time_to_first_token, t.new_tokens - 1) for t in timings if t.new_tokens > 1] or [0.0]
@@ -147,8 +144,7 @@ def summarize(name: str, clients: int, runs: list[Measured]) -> Cell:
     accepted = sum(t.accepted for t in timings if t.generations)
     return Cell(name, Width.CLIENTS, clients, len(timings), tokens, seconds, rate(tokens, seconds) or 0.0,
                 drafted=drafted, accepted=accepted, ttft_p50=_quantile(ttfts, 0.5), ttft_p95=_quantile(ttfts, 0.95),
-                tpot_p50=_quantile(tpots, 0.5), tpot_p95=_quantile(tpots, 0.95), errors=errors,
-                runs=[rate(sum(t.new_tokens for t in run.timings), run.seconds) or 0.0 for run in runs])
+                tpot_p50=_quantile(tpots, 0.5), tpot_p95=_quantile(tpots, 0.95), errors=errors, timings=timings)
 
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
@@ -160,7 +156,7 @@ def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], m
     Returns the cells and whether Ctrl-C stopped the run: the level it stopped in keeps a cell
     per method from the runs that finished (its `runs` says how many)."""
     cells, stop, interrupted = [], threading.Event(), False
-    runs: dict[str, list[Measured]] = {}
+    runs: dict[str, list[Cell]] = {}
 
     def close_level(clients: int) -> None:
         for name in methods:

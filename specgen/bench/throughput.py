@@ -45,8 +45,9 @@ class Width(enum.Enum):
 class Cell:
     """One method measured at one width: its new tokens over the wall time and its speed-up over
     plain. A BATCH cell decodes the whole prompt set in one mode (deterministic mode off, or a
-    verify window) and compares its tokens with the mode's reference; a CLIENTS cell pools the
-    requests of its runs against a server, with their time to the first token and per token."""
+    verify window) and compares its tokens with the mode's reference; a CLIENTS cell holds the
+    requests of one run against a server, or of its runs pooled, with their time to the first
+    token and per token."""
 
     method: str
     width: Width
@@ -77,6 +78,7 @@ class Cell:
     tpot_p95: float = 0.0
     errors: list[str] = field(default_factory=list)  # failed requests, one line each
     runs: list[float] = field(default_factory=list)  # each run's tok/s, in order: the machine's drift shows
+    timings: list[Stats] = field(default_factory=list)  # each request's Stats, as its client saw it (not written)
 
     @property
     def acceptance_rate(self) -> float | None:
