@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from specgen.bench import measure as measuring
 from specgen.bench import methods, prompts as prompt_sets, report as bench_cli, runners as bench_runners, summary
 from specgen.bench.measure import BenchSettings
-from specgen.bench.prompts import BenchPrompt
 from specgen.bench.runners import Generation
 from specgen.cli.bench import bench as bench_command
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.prompts import PromptRecord
 from specgen.decoding.stats import Stats
 from specgen.errors import ConfigError, PromptError
 from specgen.runtime.pair import Pair
@@ -61,7 +61,7 @@ def test_a_set_by_name_and_the_documented_fields():
     assert [p.id for p in quick][:2] == ["quick-codegen-01", "quick-codegen-02"]
     assert len(quick) == 4 and {p.category for p in quick} == {"code-generation", "explanation", "rewrite"}
     chat = prompt_sets.load_prompts("multi-turn-chat", limit=3)
-    assert len(chat) == 3 and all(p.messages and p.prompt is None for p in chat)
+    assert len(chat) == 3 and all(p.messages and p.text == "" for p in chat)
     assert chat[0].messages[-1]["role"] == "user"
 
 
@@ -112,7 +112,7 @@ def test_a_prompt_file_keeps_unicode_line_separators_inside_its_strings(tmp_path
     text = "one\u2028two\u0085three\x1cfour"
     path.write_text(json.dumps({"id": "a", "category": "c", "prompt": text}, ensure_ascii=False) + "\r\n",
                     encoding="utf-8")
-    assert [p.prompt for p in prompt_sets.load_prompts(str(path))] == [text]
+    assert [p.text for p in prompt_sets.load_prompts(str(path))] == [text]
 
 
 def test_an_unknown_set_lists_the_names():
@@ -121,7 +121,7 @@ def test_an_unknown_set_lists_the_names():
 
 
 def test_conversations_go_through_the_chat_template(pair):
-    item = BenchPrompt("c", "chat", messages=tuple(SHORT_PROMPTS[2]["messages"]))
+    item = PromptRecord("c", "", 1, "chat", messages=tuple(SHORT_PROMPTS[2]["messages"]))
     tokenizer = pair.target.tokenizer
     expected = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True,
                                              return_dict=True)["input_ids"]
@@ -146,7 +146,7 @@ class FakeRunner:
 
 
 def fake_prompts():
-    return [(BenchPrompt("p1", "A", "x"), [1, 9]), (BenchPrompt("p2", "B", "y"), [2, 9])]
+    return [(PromptRecord("p1", "x", 1, "A"), [1, 9]), (PromptRecord("p2", "y", 2, "B"), [2, 9])]
 
 
 def test_warmup_then_methods_interleaved_per_prompt_and_repeat():
@@ -250,7 +250,7 @@ def test_an_interrupted_run_keeps_what_was_measured(pair):
             return super().generate(prompt_ids, config)
 
     log = []
-    result = measuring.run_bench(pair, [], [BenchPrompt("p1", "A", "x"), BenchPrompt("p2", "B", "y")],
+    result = measuring.run_bench(pair, [], [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "B")],
                              settings(n=4), runners=[FakeRunner("plain", log), Stop("a", log)])
     assert result.interrupted
     assert [(m.prompt_id, m.method) for m in result.measurements] == [
@@ -698,7 +698,7 @@ def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monke
     monkeypatch.setattr(bench_batch, "run_prompts", cut)
     ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
     cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
-    assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
+    assert [(c.size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
 
 
 @pytest.mark.parametrize("option", ["--json", "--csv", "--html"])

@@ -24,10 +24,10 @@ from specgen.bench import measure as measuring
 from specgen.bench import methods
 from specgen.bench.isolated import IsolatedRunner, RunnerFailed
 from specgen.bench.measure import BenchSettings
-from specgen.bench.prompts import BenchPrompt
 from specgen.bench.runners import Generation
 from specgen.cli.bench import bench as bench_command
 from specgen.config import GenerationConfig, SamplingConfig
+from specgen.decoding.prompts import PromptRecord
 from specgen.decoding.stats import Stats
 from specgen.runtime.pair import Pair
 
@@ -137,8 +137,8 @@ def test_ctrl_c_during_a_childs_generation_kills_it_and_keeps_what_was_measured(
     reference = IsolatedRunner("fake-ref", FixedTokens, ("fake-ref", None, 2), label="fake")
     settings = BenchSettings(GenerationConfig(max_new_tokens=3, sampling=SamplingConfig()), warmup=False, threads=1)
     started = time.perf_counter()
-    result = measuring.run_bench(Pair(*tiny_pair), [], [BenchPrompt("p1", "A", "x"), BenchPrompt("p2", "A", "y")],
-                                 settings, runners=[Plain(), reference])
+    prompts = [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "A")]
+    result = measuring.run_bench(Pair(*tiny_pair), [], prompts, settings, runners=[Plain(), reference])
     assert time.perf_counter() - started < 30  # not the child's minute
     assert result.interrupted and result.failures == []
     assert [(m.method, m.prompt_id) for m in result.measurements] == [
@@ -165,7 +165,7 @@ class Quick:
 
 def test_a_failure_in_the_warmup_stops_that_column_only():
     settings = BenchSettings(GenerationConfig(max_new_tokens=4), repeats=2, warmup=True, threads=1)
-    prompts = [(BenchPrompt("p1", "A", "x"), [1]), (BenchPrompt("p2", "B", "y"), [2])]
+    prompts = [(PromptRecord("p1", "x", 1, "A"), [1]), (PromptRecord("p2", "y", 2, "B"), [2])]
     warmups, failures = {}, []
     runs = list(measuring.measure([Quick("plain"), Quick("dead", fail=True), Quick("b")], prompts, settings,
                                   warmups=warmups, failures=failures))

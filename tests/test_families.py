@@ -66,7 +66,7 @@ def settings(target, draft, quant: str = "none", compile: str = "off") -> ModelS
 
 def assert_identical(pair, prompts, cases):
     results = check(pair, prompts, cases, NEW)
-    bad = [f"{r.case.label}: {describe(r, pair, len(prompts))}" for r in results if not r.identical]
+    bad = [f"{r.label}: {describe(r, pair, len(prompts))}" for r in results if not r.identical]
     assert not bad, "\n".join(bad)
     return results
 
@@ -78,7 +78,7 @@ def test_every_method_and_path_equals_transformers(family, family_root, prompts)
     target, draft = saved(family_root, family)
     pair = load(settings(target, draft), Method.CHAIN, quiet=True)
     results = assert_identical(pair, prompts, standard_cases(pair))
-    assert {r.case.path for r in results} == set(Path)
+    assert {r.path for r in results} == set(Path)
     fixed = dataclasses.replace(pair, compile="fixed")
     assert_identical(fixed, prompts, [Case(Method.CHAIN), Case(Method.CHAIN, Path.BATCHED), Case(Method.RSD_C)])
 

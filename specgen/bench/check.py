@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -60,18 +60,6 @@ class Path(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Case:
-    method: Method
-    path: Path = Path.ALONE
-    deterministic: bool = False
-
-    @property
-    def label(self) -> str:
-        parts = [self.method.value] + ([self.path.value] if self.path is not Path.ALONE else [])
-        return ", ".join(parts + (["deterministic"] if self.deterministic else []))
-
-
-@dataclass(frozen=True)
 class Mismatch:
     prompt: int  # which prompt (0-based; the text line counts from 1)
     position: int  # the first new token that differs (0-based; the text line counts from 1)
@@ -80,11 +68,21 @@ class Mismatch:
     gap: float | None = None  # the reference's logit(expected) - logit(got) there
 
 
-@dataclass
-class Result:
-    case: Case
-    mismatches: list[Mismatch] = field(default_factory=list)
+@dataclass(frozen=True)
+class Case:
+    """One case of `specgen check`: a method and a path through the engine; once `check` has
+    run it, also what it found (its first mismatch on each prompt that differs) and its seconds."""
+
+    method: Method
+    path: Path = Path.ALONE
+    deterministic: bool = False
+    mismatches: tuple[Mismatch, ...] = ()
     seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        parts = [self.method.value] + ([self.path.value] if self.path is not Path.ALONE else [])
+        return ", ".join(parts + (["deterministic"] if self.deterministic else []))
 
     @property
     def identical(self) -> bool:
@@ -145,10 +143,11 @@ def reference(pair: Pair, prompt: list[int], new_tokens: int) -> list[int]:
 
 
 def check(pair: Pair, prompts: list[list[int]], cases: list[Case], new_tokens: int,
-          on_result: Callable[[Result], None] = lambda result: None,
-          make_engine: Callable[..., Engine] = build_engine) -> list[Result]:
-    """Each case's output on `prompts` against the reference; `on_result` is told of each as it
-    ends. `make_engine(pair, config, policy=...)` builds an engine (build_engine's signature)."""
+          on_result: Callable[[Case], None] = lambda result: None,
+          make_engine: Callable[..., Engine] = build_engine) -> list[Case]:
+    """Each case run on `prompts` and compared with the reference: the cases with what they
+    found; `on_result` is told of each as it ends. `make_engine(pair, config, policy=...)` builds
+    an engine (build_engine's signature)."""
     expected = [reference(pair, p, new_tokens) for p in prompts]
     follow_up = encode_prompt(pair.target.tokenizer, FOLLOW_UP, raw=True)
     second = [p + e + follow_up for p, e in zip(prompts, expected)]
@@ -164,9 +163,9 @@ def check(pair: Pair, prompts: list[list[int]], cases: list[Case], new_tokens: i
             got, want, asked = _chat(pair, config, prompts, second, make_engine), chat_expected, second
         else:
             got, want, asked = _run(pair, config, case.path, prompts, make_engine), expected, prompts
-        result = Result(case, [m for i in range(len(prompts))
-                               if (m := _mismatch(pair, i, asked[i], want[i], got[i])) is not None],
-                        time.perf_counter() - started)
+        result = replace(case, mismatches=tuple(m for i in range(len(prompts))
+                                                if (m := _mismatch(pair, i, asked[i], want[i], got[i])) is not None),
+                         seconds=time.perf_counter() - started)
         on_result(result)
         results.append(result)
     return results
@@ -249,7 +248,7 @@ def near_tie(pair: Pair) -> float:
     return 0.1 if pair.target.dtype in (torch.bfloat16, torch.float16) else 1e-3
 
 
-def describe(result: Result, pair: Pair, prompts: int) -> str:
+def describe(result: Case, pair: Pair, prompts: int) -> str:
     """One line: identical, or where it first differs and by what."""
     if result.identical:
         return f"identical on {prompts} of {prompts} prompts"

@@ -12,34 +12,17 @@ import http.client
 import json
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from rich.markup import escape
 from rich.table import Table
 
 from specgen.bench.methods import variant
+from specgen.bench.throughput import Cell, Width
 from specgen.config import Method
 from specgen.decoding.stats import Stats, rate
 from specgen.errors import ConfigError
-
-
-@dataclass
-class ConcurrencyCell:
-    method: str
-    concurrency: int
-    requests: int
-    tokens: int
-    seconds: float
-    tokens_per_second: float
-    ttft_p50: float
-    ttft_p95: float
-    tpot_p50: float  # seconds per output token after the first, per request
-    tpot_p95: float
-    acceptance_rate: float | None = None
-    speedup: float | None = None  # over plain at the same concurrency
-    errors: list[str] = field(default_factory=list)
-    runs: list[float] = field(default_factory=list)  # each run's tok/s, in order: the machine's drift shows
 
 
 def speculative(name: str) -> dict:
@@ -95,28 +78,19 @@ def one_request(url: str, key: str, body: dict) -> Stats:
     return replace(seen, time_to_first_token=(first or end) - started, seconds=(last or end) - started)
 
 
-@dataclass
-class Measured:
-    """One run of a cell: what its clients saw."""
-
-    timings: list[Stats]  # each request's, as its client saw it
-    errors: list[str]
-    seconds: float
-
-
 GREEDY = {"temperature": 0}
 
 
 def measure_cell(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int,
-                 per_client: int, max_tokens: int, sampling: dict = GREEDY) -> ConcurrencyCell:
+                 per_client: int, max_tokens: int, sampling: dict = GREEDY) -> Cell:
     """`clients` threads, each sending `per_client` streaming requests one after another."""
     return summarize(name, clients, [drive(url, key, model, prompts, name, clients, per_client, max_tokens,
                                            sampling=sampling)])
 
 
 def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, clients: int, per_client: int,
-          max_tokens: int, stop: threading.Event | None = None, sampling: dict = GREEDY) -> Measured:
-    """`clients` threads, each sending `per_client` streamed requests in turn; they send no more
+          max_tokens: int, stop: threading.Event | None = None, sampling: dict = GREEDY) -> Cell:
+    """One run of a cell: `clients` threads, each sending `per_client` streamed requests in turn; they send no more
     once `stop` is set (Ctrl-C). `sampling`: each request's temperature, top_p, top_k and seed
     (a seed is offset by the request's number, so requests differ but every method sees the same)."""
     timings: list[Stats] = []
@@ -148,36 +122,41 @@ def drive(url: str, key: str, model: str, prompts: list[list[dict]], name: str, 
         thread.start()
     for thread in threads:
         thread.join()
-    return Measured(timings, errors, time.perf_counter() - started)
+    return _cell(name, clients, timings, errors, time.perf_counter() - started)
 
 
-def summarize(name: str, clients: int, runs: list[Measured]) -> ConcurrencyCell:
-    """A cell from its runs pooled: tokens over seconds of all runs, quantiles over all requests."""
-    timings = [t for run in runs for t in run.timings]
-    errors = [e for run in runs for e in run.errors]
-    seconds = sum(run.seconds for run in runs)
+def summarize(name: str, clients: int, runs: list[Cell]) -> Cell:
+    """A cell from its runs pooled: tokens over seconds of all runs, quantiles over all requests,
+    and each run's tok/s."""
+    cell = _cell(name, clients, [t for run in runs for t in run.timings], [e for run in runs for e in run.errors],
+                 sum(run.seconds for run in runs))
+    cell.runs = [run.tokens_per_second for run in runs]
+    return cell
+
+
+def _cell(name: str, clients: int, timings: list[Stats], errors: list[str], seconds: float) -> Cell:
+    """The cell of these requests (each one's Stats as its client saw it) and `seconds` of wall time."""
     tokens = sum(t.new_tokens for t in timings)
     ttfts = [t.time_to_first_token for t in timings] or [0.0]
     tpots = [rate(t.seconds - t.time_to_first_token, t.new_tokens - 1) for t in timings if t.new_tokens > 1] or [0.0]
     # pooled over the requests the server summarized, as the per-prompt bench pools: none where nothing was drafted
     drafted = sum(t.drafted for t in timings if t.generations)
     accepted = sum(t.accepted for t in timings if t.generations)
-    return ConcurrencyCell(name, clients, len(timings), tokens, seconds, rate(tokens, seconds) or 0.0,
-                           _quantile(ttfts, 0.5), _quantile(ttfts, 0.95), _quantile(tpots, 0.5),
-                           _quantile(tpots, 0.95), rate(accepted, drafted) if drafted else None, errors=errors,
-                           runs=[rate(sum(t.new_tokens for t in run.timings), run.seconds) or 0.0 for run in runs])
+    return Cell(name, Width.CLIENTS, clients, len(timings), tokens, seconds, rate(tokens, seconds) or 0.0,
+                drafted=drafted, accepted=accepted, ttft_p50=_quantile(ttfts, 0.5), ttft_p95=_quantile(ttfts, 0.95),
+                tpot_p50=_quantile(tpots, 0.5), tpot_p95=_quantile(tpots, 0.95), errors=errors, timings=timings)
 
 
 def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], methods: list[str],
                     levels: list[int], per_client: int, max_tokens: int, on_cell=None,
-                    repeats: int = 1, sampling: dict = GREEDY) -> tuple[list[ConcurrencyCell], bool]:
+                    repeats: int = 1, sampling: dict = GREEDY) -> tuple[list[Cell], bool]:
     """Every method at every concurrency after one warm-up request per method. Each level runs
     its methods `repeats` times, every other time in reverse order (plain, chain, chain, plain,
     ...), so drift in the machine's speed hits every method alike; a cell pools its runs.
     Returns the cells and whether Ctrl-C stopped the run: the level it stopped in keeps a cell
     per method from the runs that finished (its `runs` says how many)."""
     cells, stop, interrupted = [], threading.Event(), False
-    runs: dict[str, list[Measured]] = {}
+    runs: dict[str, list[Cell]] = {}
 
     def close_level(clients: int) -> None:
         for name in methods:
@@ -203,9 +182,9 @@ def run_concurrency(url: str, key: str, model: str, prompts: list[list[dict]], m
         stop.set()  # the clients send no more; the server's rows end as their connections close
         interrupted = True
         close_level(clients)
-    plain = {c.concurrency: c for c in cells if c.method == "plain"}
+    plain = {c.size: c for c in cells if c.method == "plain"}
     for cell in cells:
-        base = plain.get(cell.concurrency)
+        base = plain.get(cell.size)
         if base is not None and not cell.errors and not base.errors:  # none where requests failed
             cell.speedup = rate(cell.tokens_per_second, base.tokens_per_second)
     return cells, interrupted
@@ -221,14 +200,14 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def table(cells: list[ConcurrencyCell], title: str) -> Table:
+def table(cells: list[Cell], title: str) -> Table:
     t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in ("clients", "method", "requests", "tok/s", "vs plain", "acceptance", "TTFT p50", "TTFT p95",
                  "s/token p50", "s/token p95", "errors", "tok/s by run"):
         t.add_column(name, justify="left" if name == "method" else "right")
     for i, c in enumerate(cells):
-        last = i + 1 == len(cells) or cells[i + 1].concurrency != c.concurrency
-        t.add_row(str(c.concurrency), escape(c.method), str(c.requests), f"{c.tokens_per_second:.1f}",
+        last = i + 1 == len(cells) or cells[i + 1].size != c.size
+        t.add_row(str(c.size), escape(c.method), str(c.count), f"{c.tokens_per_second:.1f}",
                   "–" if c.speedup is None else f"{c.speedup:.2f}x",
                   "–" if c.acceptance_rate is None else f"{c.acceptance_rate:.0%}", f"{c.ttft_p50:.2f}",
                   f"{c.ttft_p95:.2f}", f"{c.tpot_p50:.3f}", f"{c.tpot_p95:.3f}", str(len(c.errors)),

@@ -24,11 +24,12 @@ from specgen import __version__
 from specgen.bench import llamacpp as bench_llamacpp
 from specgen.bench.isolated import IsolatedRunner, RunnerFailed, closing
 from specgen.bench.methods import PLAIN, build_runner, parse_methods, registry
-from specgen.bench.prompts import BenchPrompt, encode_all
+from specgen.bench.prompts import encode_all
 from specgen.bench.references import assistant_settings
 from specgen.bench.runners import Generation, Runner
 from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
 from specgen.config import GenerationConfig
+from specgen.decoding.prompts import PromptRecord
 from specgen.errors import ConfigError, one_line
 from specgen.models import placement
 from specgen.runtime.int8 import RowInt8Linear
@@ -109,7 +110,7 @@ def fixed_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
+def measure(runners: list[Runner], prompts: list[tuple[PromptRecord, list[int]]],
             settings: BenchSettings, memory: MemoryProbe | None = None,
             warmups: dict | None = None, failures: list[Failure] | None = None) -> Iterator[Generation]:
     """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
@@ -122,7 +123,7 @@ def measure(runners: list[Runner], prompts: list[tuple[BenchPrompt, list[int]]],
     failures = [] if failures is None else failures
     config = settings.generation
 
-    def attempt(runner, item: BenchPrompt, repeat: int | None, ids: list[int],
+    def attempt(runner, item: PromptRecord, repeat: int | None, ids: list[int],
                 run_config: GenerationConfig) -> Generation | None:
         try:
             return runner.generate(ids, run_config)
@@ -168,7 +169,7 @@ class BenchResult:
     failures: list[Failure] = field(default_factory=list)  # columns that stopped, one line each
 
 
-def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], settings: BenchSettings,
+def run_bench(pair, method_names: list[str], prompts: list[PromptRecord], settings: BenchSettings,
               on_measurement: Callable[[Generation], None] | None = None,
               runners: list[Runner] | None = None, drafts: dict | None = None) -> BenchResult:
     """Encode the prompts, build the runners (plain first), measure, summarise.
@@ -193,7 +194,7 @@ def run_bench(pair, method_names: list[str], prompts: list[BenchPrompt], setting
     return result
 
 
-def _run(pair, runners: list[Runner], prompts: list[BenchPrompt], settings: BenchSettings, specs: dict,
+def _run(pair, runners: list[Runner], prompts: list[PromptRecord], settings: BenchSettings, specs: dict,
          on_measurement: Callable[[Generation], None] | None) -> BenchResult:
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:
@@ -222,7 +223,7 @@ def _run(pair, runners: list[Runner], prompts: list[BenchPrompt], settings: Benc
         "methods": described, "prompts": len(prompts), "repeats": settings.repeats,
         "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens, "warmup_seconds": warmups,
         **{k: v for k, v in asdict(settings.generation).items() if k != "method"}, "greedy": greedy,
-        "hf_assistant": assistant_settings(pair, method_names),
+        "hf_assistant": assistant_settings(runners),
     }
     failed = {f.method for f in failures}
     summarized = [name for name in method_names if name not in failed]

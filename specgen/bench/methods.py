@@ -4,11 +4,10 @@ schedule and confidence stop), transformers' speculative modes and llama.cpp as 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from specgen.bench import llamacpp as bench_llamacpp
-from specgen.bench.references import REFERENCES, HFRunner
-from specgen.bench.runners import EngineRunner, Runner
+from specgen.bench.references import REFERENCES
+from specgen.bench.runners import EngineRunner, MethodSpec, Runner
 from specgen.config import MAX_DRAFT_TOKENS, GenerationConfig, Method, Schedule
 from specgen.decoding.build import why_not
 from specgen.errors import ConfigError
@@ -16,14 +15,6 @@ from specgen.models.families import text_config
 from specgen.models.load import Vocabulary
 
 PLAIN = Method.PLAIN.value
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    name: str
-    needs_draft: bool
-    build: Callable[[object], Runner]  # Pair -> Runner
-    description: str
 
 
 def registry() -> dict[str, MethodSpec]:
@@ -34,9 +25,8 @@ def registry() -> dict[str, MethodSpec]:
         specs[method.value] = MethodSpec(method.value, method.needs_draft_model,
                                          lambda pair, m=method: EngineRunner(pair, m),
                                          f"specgen {method.value} decoding")
-    for ref in REFERENCES:
-        specs[ref.name] = MethodSpec(ref.name, ref.uses_assistant,
-                                     lambda pair, r=ref: HFRunner(pair, r), ref.description)
+    for reference in REFERENCES:
+        specs[reference.name] = reference
     if bench_llamacpp.installed():  # optional extra: listed (and in the default run) once installed
         for name, description in bench_llamacpp.METHODS.items():
             specs[name] = MethodSpec(name, False, lambda pair, n=name: bench_llamacpp.LlamaCppRunner(pair, n),
@@ -185,11 +175,10 @@ def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) ->
     if method is not None:  # what the engine itself refuses of this draft (decoding/build.why_not)
         why = why_not(replace(pair, draft=draft), method)
         return None if why is None else f"{name}: {why}"
-    assisted = any(r.name == name and r.uses_assistant for r in REFERENCES)
+    assisted = any(r.name == name and r.needs_draft for r in REFERENCES)
     if assisted and draft.vocabulary is Vocabulary.HEAD:
         return f"{name} (transformers' assisted generation) needs a draft model, not an EAGLE-3 head"
-    reference = next((r for r in REFERENCES if r.name == name), None)
-    if reference is not None and reference.uses_assistant and (
+    if assisted and (
             other or text_config(draft.model.config).vocab_size != text_config(pair.target.model.config).vocab_size):
         return (f"{name} (transformers' assisted generation) needs a draft with the target's tokenizer and "
                 "vocabulary size; this draft's differ")

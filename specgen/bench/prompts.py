@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.text import json_value
-from specgen.decoding.prompts import encode_prompt, read_prompts_bytes, render_chat
+from specgen.decoding.prompts import PromptRecord, encode_prompt, read_prompts_bytes, render_chat
 from specgen.errors import ConfigError, PromptError
 
 QUICK = "quick"
 ALL = "all"
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    """One prompt of a set: a single user `prompt`, or a conversation in `messages`."""
-
-    id: str
-    category: str
-    prompt: str | None = None
-    messages: tuple[dict, ...] | None = None
 
 
 def prompt_dirs() -> list[Path]:
@@ -41,7 +30,7 @@ def prompt_set_names(dirs: list[Path] | None = None) -> list[str]:
     return sorted({p.stem for d in dirs for p in d.glob("*.jsonl")})
 
 
-def load_prompts(spec: str, limit: int | None = None, dirs: list[Path] | None = None) -> list[BenchPrompt]:
+def load_prompts(spec: str, limit: int | None = None, dirs: list[Path] | None = None) -> list[PromptRecord]:
     """`spec` is a set name (a file stem under prompts/), `all`, or a path to a JSONL file.
 
     `limit` keeps the first N prompts of each file (so `all --limit 2` keeps every category).
@@ -49,7 +38,7 @@ def load_prompts(spec: str, limit: int | None = None, dirs: list[Path] | None = 
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     dirs = prompt_dirs() if dirs is None else dirs
-    prompts: list[BenchPrompt] = []
+    prompts: list[PromptRecord] = []
     for path in _prompt_files(spec.strip(), dirs):
         prompts.extend(read_prompt_file(path)[:limit])
     seen: set[str] = set()
@@ -87,7 +76,7 @@ def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
     raise PromptError(f"unknown prompt set '{spec}': not a file, and not one of: {names}")
 
 
-def read_prompt_file(path: Path) -> list[BenchPrompt]:
+def read_prompt_file(path: Path) -> list[PromptRecord]:
     """Parse and check one JSONL prompt file; any problem is one line naming file:line."""
     data = read_prompts_bytes(path)
     prompts = []
@@ -105,11 +94,11 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
             obj = json_value(line)
         except json.JSONDecodeError as exc:
             raise PromptError(f"{where}: not valid JSON ({exc.msg})") from None
-        prompts.append(_prompt_from(obj, where))
+        prompts.append(_prompt_from(obj, where, number))
     return prompts
 
 
-def _prompt_from(obj, where: str) -> BenchPrompt:
+def _prompt_from(obj, where: str, number: int) -> PromptRecord:
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: each line must be a JSON object")
     for key in ("id", "category"):
@@ -132,16 +121,16 @@ def _prompt_from(obj, where: str) -> BenchPrompt:
     if prompt is not None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError(f"{where}: 'prompt' must be a non-empty string")
-        return BenchPrompt(obj["id"], obj["category"], prompt=prompt)
+        return PromptRecord(obj["id"], prompt, number, obj["category"])
     ok = isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in messages)
     if not ok:
         raise PromptError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-    return BenchPrompt(obj["id"], obj["category"], messages=tuple(dict(m) for m in messages))
+    return PromptRecord(obj["id"], "", number, obj["category"], messages=tuple(dict(m) for m in messages))
 
 
-def encode_all(tokenizer, items: list[BenchPrompt], context: int) -> list[list[int]]:
+def encode_all(tokenizer, items: list[PromptRecord], context: int) -> list[list[int]]:
     """Every prompt's token ids, each checked against the target's context (with room for a
     token) before anything is measured, in every bench mode."""
     encoded = []
@@ -153,10 +142,10 @@ def encode_all(tokenizer, items: list[BenchPrompt], context: int) -> list[list[i
     return encoded
 
 
-def encode(tokenizer, item: BenchPrompt) -> list[int]:
+def encode(tokenizer, item: PromptRecord) -> list[int]:
     """Token ids of one prompt, through the chat template with the generation prompt added."""
-    if item.messages is None:
-        return encode_prompt(tokenizer, item.prompt)
+    if not item.messages:
+        return encode_prompt(tokenizer, item.text)
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(f"prompt {item.id} is a conversation but the target's tokenizer has no chat template")
     return render_chat(tokenizer, list(item.messages))

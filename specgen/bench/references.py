@@ -12,59 +12,58 @@ import copy
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
-from specgen.bench.runners import Generation, Known
+from specgen.bench.runners import Generation, Known, MethodSpec
 from specgen.config import GenerationConfig, SamplingConfig
 from specgen.decoding.stats import Stats
 from specgen.errors import ConfigError
 
 
-@dataclass(frozen=True)
-class Reference:
-    """A transformers generation mode used as a reference column."""
-
-    name: str
-    uses_assistant: bool
-    assistant_config: dict = field(default_factory=dict)  # set on a copy of the draft's config
-    generate_kwargs: dict = field(default_factory=dict)
-    description: str = ""
+def _reference(name: str, description: str, assistant: bool, assistant_config: dict | None = None,
+               generate_kwargs: dict | None = None) -> MethodSpec:
+    """A transformers generation mode as a bench column (see HFRunner)."""
+    return MethodSpec(name, assistant, lambda pair: HFRunner(pair, name, assistant, assistant_config, generate_kwargs),
+                      description)
 
 
 REFERENCES = (
-    Reference("hf-assisted", True, description="transformers assisted generation, the draft's default schedule"),
-    Reference("hf-assisted-k4", True, {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"},
-              description="transformers assisted generation, num_assistant_tokens=4, constant schedule"),
-    Reference("hf-lookup", False, generate_kwargs={"prompt_lookup_num_tokens": 10},
-              description="transformers prompt lookup decoding, 10 tokens, no draft model"),
+    _reference("hf-assisted", "transformers assisted generation, the draft's default schedule", True),
+    _reference("hf-assisted-k4", "transformers assisted generation, num_assistant_tokens=4, constant schedule", True,
+               {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"}),
+    _reference("hf-lookup", "transformers prompt lookup decoding, 10 tokens, no draft model", False,
+               generate_kwargs={"prompt_lookup_num_tokens": 10}),
 )
 
 
 class HFRunner:
     """`target.generate(...)` in one of transformers' speculative modes, with the same stop ids,
-    sampling settings and token budget as specgen; counters come from a streamer and a hook."""
+    sampling settings and token budget as specgen; counters come from a streamer and a hook.
+    `assistant`: the pair's draft is the assistant_model, on a copy of its generation_config
+    with `assistant_config` set; `generate_kwargs` go to generate() besides specgen's settings."""
 
-    def __init__(self, pair, reference: Reference):
-        self.pair, self.reference, self.name = pair, reference, reference.name
-        if reference.uses_assistant and pair.draft is None:
-            raise ConfigError(f"method {reference.name} needs a draft model")
+    def __init__(self, pair, name: str, assistant: bool, assistant_config: dict | None = None,
+                 generate_kwargs: dict | None = None):
+        self.pair, self.name, self.assistant = pair, name, assistant
+        self.assistant_config, self.generate_kwargs = assistant_config or {}, generate_kwargs or {}
+        if assistant and pair.draft is None:
+            raise ConfigError(f"method {name} needs a draft model")
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation:
         target = self.pair.target
         budget = min(config.max_new_tokens, target.context_length - len(prompt_ids))
-        kwargs = hf_generate_kwargs(target, config.sampling, budget) | self.reference.generate_kwargs
-        if self.reference.uses_assistant:
+        kwargs = hf_generate_kwargs(target, config.sampling, budget) | self.generate_kwargs
+        if self.assistant:
             kwargs["assistant_model"] = self.pair.draft.model
         input_ids = torch.tensor([prompt_ids], device=target.device)
         probe = StepProbe(len(prompt_ids))
         hook = target.model.register_forward_pre_hook(probe.on_forward, with_kwargs=True)
-        draft = self.pair.draft.model if self.reference.uses_assistant else None
+        draft = self.pair.draft.model if self.assistant else None
         try:
-            with _assistant_config(draft, self.reference.assistant_config), \
+            with _assistant_config(draft, self.assistant_config), \
                     _seeded(config.sampling, target.device), _quiet_generate():
                 started = probe.started = time.perf_counter()
                 output = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
@@ -74,6 +73,20 @@ class HFRunner:
         finally:
             hook.remove()
         return probe.generation(self.name, ids, seconds)
+
+    def settings(self) -> dict:
+        """What it runs with, transformers' defaults for the draft's unset values filled in."""
+        values = dict(self.generate_kwargs)
+        if self.assistant:
+            config = self.pair.draft.model.generation_config
+            # what transformers fills in for unset values (a private helper: tolerate its absence)
+            defaults = getattr(config, "_get_default_generation_params", dict)()
+            for key in ("num_assistant_tokens", "num_assistant_tokens_schedule",
+                        "assistant_confidence_threshold"):
+                value = getattr(config, key, None)
+                values[key] = value if value is not None else defaults.get(key)
+            values |= self.assistant_config
+        return values
 
 
 def hf_generate_kwargs(target, sampling: SamplingConfig, budget: int) -> dict:
@@ -188,21 +201,8 @@ class StepProbe(BaseStreamer):
         return result
 
 
-def assistant_settings(pair, names: list[str]) -> dict:
-    """What each reference ran with, so the JSON says exactly what was compared."""
-    out = {}
-    for ref in REFERENCES:
-        if ref.name not in names:
-            continue
-        values = dict(ref.generate_kwargs)
-        if ref.uses_assistant and pair.draft is not None:
-            config = pair.draft.model.generation_config
-            # what transformers fills in for unset values (a private helper: tolerate its absence)
-            defaults = getattr(config, "_get_default_generation_params", dict)()
-            for key in ("num_assistant_tokens", "num_assistant_tokens_schedule",
-                        "assistant_confidence_threshold"):
-                value = getattr(config, key, None)
-                values[key] = value if value is not None else defaults.get(key)
-            values |= ref.assistant_config
-        out[ref.name] = values
-    return out
+def assistant_settings(runners: list) -> dict:
+    """What each reference column among `runners` ran with (in REFERENCES' order), so the JSON
+    says exactly what was compared."""
+    built = {r.name: r for r in runners if isinstance(r, HFRunner)}
+    return {spec.name: built[spec.name].settings() for spec in REFERENCES if spec.name in built}

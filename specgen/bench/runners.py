@@ -110,6 +110,17 @@ class Runner(Protocol):
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation: ...
 
 
+@dataclass(frozen=True)
+class MethodSpec:
+    """A column bench can measure: its name, whether it drafts with the run's --draft model,
+    how its runner is built on a pair, and what it is (the JSON's description)."""
+
+    name: str
+    needs_draft: bool
+    build: Callable[[object], Runner]  # Pair -> Runner
+    description: str
+
+
 class EngineRunner:
     """A specgen method through the Engine, with a fresh engine (and drafter cache) per call,
     so a repeat cannot reuse the draft cache of the run before it."""

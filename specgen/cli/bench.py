@@ -186,7 +186,7 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
               f"{sizes} x modes {modes}", style="dim", markup=False)
 
     def progress(cell):
-        err.print(f"{cell.method} b{cell.batch_size} {cell.mode}: "
+        err.print(f"{cell.method} b{cell.size} {cell.mode}: "
                   + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"), style="dim", markup=False)
 
     with measure.fixed_threads(threads) as used:
@@ -204,7 +204,7 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
         raise typer.Exit(130)
     failed = [c for c in cells if c.failed]
     if failed:  # the table and the JSON hold every cell; the run still did not do all it was asked
-        error_line(f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].batch_size} "
+        error_line(f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].size} "
                    f"{failed[0].mode}: {failed[0].skipped}"[:400])
         raise typer.Exit(1)
 
@@ -233,12 +233,11 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     law = config.sampling
     sampling = concurrency.GREEDY if law.greedy else {"temperature": law.temperature, "top_p": law.top_p,
                                                       "top_k": law.top_k, "seed": law.seed}
-    prompts = [list(item.messages) if item.messages else [{"role": "user", "content": item.prompt}]
-               for item in items]
+    prompts = [item.chat() for item in items]
     prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)  # each fits, before the server starts
 
     def progress(cell):
-        err.print(f"{cell.concurrency} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
+        err.print(f"{cell.size} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
                   + (f" ({len(cell.errors)} errors)" if cell.errors else ""), style="dim", markup=False)
 
     with measure.fixed_threads(threads) as used, _serving(models, pair, config, levels, max_batch, err) as running:
@@ -266,13 +265,13 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
                          "sampling": sampling,
                          "width_caps": {str(w): k for w, k in running.scheduler.caps.items()}},
             "learned": learned,
-            "cells": [asdict(c) for c in cells]})
+            "cells": [c.record() for c in cells]})
     if interrupted:
         raise typer.Exit(130)
     failed = [c for c in cells if c.errors]
     if failed:  # written above; a cell whose requests failed does not measure what it says
         error_line(f"{sum(len(c.errors) for c in failed)} requests failed in {len(failed)} cells: "
-                   f"{failed[0].method} at {failed[0].concurrency} clients: {failed[0].errors[0]}"[:400])
+                   f"{failed[0].method} at {failed[0].size} clients: {failed[0].errors[0]}"[:400])
         raise typer.Exit(1)
 
 
@@ -312,7 +311,7 @@ def _write_throughput(json_file, env, items, sizes, windows, config, cells, inte
         "schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
         "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
                      **{k: v for k, v in asdict(config).items() if k != "method"}},
-        "cells": [asdict(c) for c in cells]})
+        "cells": [c.record() for c in cells]})
 
 
 def _write_json(json_file, data: dict) -> None:

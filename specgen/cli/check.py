@@ -75,7 +75,7 @@ def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json
     def show(result) -> None:
         if not as_json:
             mark = "ok  " if result.identical else "FAIL"
-            print(f"{mark} {result.case.label:<28} {machinery.describe(result, pair, count)} "
+            print(f"{mark} {result.label:<28} {machinery.describe(result, pair, count)} "
                   f"({result.seconds:.1f} s)", flush=True)
 
     results = machinery.check(pair, prompts, cases, new_tokens, on_result=show)
@@ -85,7 +85,7 @@ def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json
             "target": pair.target.name, "draft": pair.draft.name if pair.draft else None,
             "weights": pair.target.weights, "dtype": str(pair.target.dtype).removeprefix("torch."),
             "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": new_tokens,
-            "cases": [{"case": r.case.label, "identical": r.identical, "seconds": round(r.seconds, 3),
+            "cases": [{"case": r.label, "identical": r.identical, "seconds": round(r.seconds, 3),
                        "mismatches": [vars(m) for m in r.mismatches]} for r in results],
         }, indent=2))
     elif failed:

@@ -105,11 +105,19 @@ _PRIVATE_USE = (0xE000, 0xF900)  # Unicode's private-use area: no template write
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt of a prompts file: its id (the JSONL `id` field, else its 1-based line number)."""
+    """One prompt of a prompts file: its id (the JSONL `id` field, else its 1-based line number),
+    its text and the line it stands on. A bench prompt set's prompts also name a category, and
+    one may be a conversation: `messages`, sent as written (its `text` is then empty)."""
 
     id: str | int
     text: str
     line: int
+    category: str = ""
+    messages: tuple[dict, ...] = ()  # a conversation; () for the one user message `text`
+
+    def chat(self) -> list[dict]:
+        """The prompt as chat messages: the conversation, or `text` as the one user message."""
+        return list(self.messages) if self.messages else [{"role": "user", "content": self.text}]
 
 
 def read_prompts_file(path) -> list[str]:
