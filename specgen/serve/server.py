@@ -251,15 +251,15 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     local = options.host if loopback(options.host) else "127.0.0.1"
     url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     keys = [token] + ([options.api_key] if options.api_key else [])
-    _, state = serving_state(settings, options, quiet, log, pair, url, keys)
+    state = serving_state(settings, options, quiet, log, pair, url, keys)
     config = uvicorn.Config(create_app(state), http=TimedH11, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=DRAIN_SECONDS + 1)
     return Running(config, sock, state, discovery.record_path(settings))
 
 
-def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]) -> tuple[Scheduler, ServerState]:
-    """The pair loaded (unless given) and warmed up, its scheduler (not started yet) and what the
-    routes need: for this process's uvicorn, or for a Ray Serve replica (replicas.py)."""
+def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]) -> ServerState:
+    """What the routes need, the pair loaded (unless given) and warmed up and its scheduler (not
+    started yet): for this process's uvicorn, or for a Ray Serve replica (replicas.py)."""
     pair = pair or load(settings, Method.CHAIN, quiet=quiet)
     pair.keep_prefixes(options.prefix_cache)
     config = defaults(pair, options)
@@ -285,7 +285,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
             "key": discovery.settings_key(settings)}  # what its record is named after (discovery.proof)
     state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
                         pair.target.context_length, metrics, say, options.allowed_origins)
-    return scheduler, state
+    return state
 
 
 def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False, browse: bool = False) -> str:
