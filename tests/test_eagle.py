@@ -372,7 +372,7 @@ def slow(tokens, loss):
     time.sleep(0.05)
 trainer = Trainer(target.model, Path({out!r}), Settings(steps=2, draft_vocab=259, epochs=50, holdout=1000,
                   checkpoint_minutes=0.002, layers={layers!r}), progress=slow)
-print("resumed at", trainer.report.steps_done, flush=True)
+print("resumed at", trainer.steps_done, flush=True)
 trainer.run()
 """
 
@@ -405,7 +405,7 @@ def test_the_trainer_resumes_after_a_kill_and_after_ctrl_c(trained, dirs, tmp_pa
 
     trainer = Trainer(target.model, out, Settings(steps=2, draft_vocab=259, epochs=50, holdout=1000,
                                                   layers=default_layers(LAYERS)), progress=interrupt)
-    resumed = trainer.report.steps_done
+    resumed = trainer.steps_done
     assert resumed >= saved["report"]["steps_done"]
     with pytest.raises(KeyboardInterrupt):
         trainer.run()

@@ -148,7 +148,7 @@ def test_the_server_answers_as_transformers(family, family_root, prompts):
     texts = [tokenizer.decode(p) for p in prompts]
     expected = [tokenizer.decode(reference(pair, p, NEW), skip_special_tokens=True) for p in prompts]
     running = prepare(settings(target, draft), ServeOptions(port=0, max_batch_size=4), quiet=True, pair=pair)
-    thread = threading.Thread(target=running.serve, daemon=True)
+    thread = threading.Thread(target=running.serve_until_stopped, daemon=True)
     thread.start()
     try:
         url, model = f"http://127.0.0.1:{running.sock.getsockname()[1]}", running.state.model_id
@@ -158,7 +158,7 @@ def test_the_server_answers_as_transformers(family, family_root, prompts):
             with ThreadPoolExecutor(len(texts)) as pool:
                 assert list(pool.map(lambda t: _complete(url, running.token, model, t, method), texts)) == expected
     finally:
-        running.server.should_exit = True
+        running.should_exit = True
         thread.join(timeout=30)
 
 

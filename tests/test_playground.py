@@ -104,7 +104,7 @@ def test_open_starts_the_users_browser_once_the_server_answers(tiny_dirs, pair, 
     said = []
     running = prepare(settings_for(tiny_dirs), ServeOptions(port=0), quiet=True, log=io.StringIO(), pair=pair)
     url = running.state.info["url"]
-    thread = threading.Thread(target=running.serve, args=(lambda: playground.open_page(url, said.append),),
+    thread = threading.Thread(target=running.serve_until_stopped, args=(lambda: playground.open_page(url, said.append),),
                               daemon=True)
     thread.start()
     try:

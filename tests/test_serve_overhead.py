@@ -95,10 +95,10 @@ def served(tiny_dirs, pair):
         run()
 
     running.scheduler.thread = threading.Thread(target=profiled, name="specgen-engine", daemon=True)
-    thread = threading.Thread(target=running.serve, daemon=True)
+    thread = threading.Thread(target=running.serve_until_stopped, daemon=True)
     thread.start()
     yield running
-    running.server.should_exit = True
+    running.should_exit = True
     thread.join(timeout=30)
 
 

@@ -49,7 +49,7 @@ def start(settings, pair=None, **options):
     log = io.StringIO()
     running = prepare(settings, ServeOptions(port=0, **options), quiet=True, log=log, pair=pair)
     running.log = log
-    thread = threading.Thread(target=running.serve, daemon=True)
+    thread = threading.Thread(target=running.serve_until_stopped, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while client.find(settings, timeout=1.0) is None:
@@ -59,7 +59,7 @@ def start(settings, pair=None, **options):
 
 
 def stop(running, thread) -> None:
-    running.server.should_exit = True
+    running.should_exit = True
     thread.join(timeout=30)
     assert not thread.is_alive()
 

@@ -421,8 +421,8 @@ def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, 
     one error line."""
     slow_rounds(monkeypatch, 0.03)
     running, thread = start(settings_for(tiny_dirs), pair)
-    killer = threading.Timer(1.0, lambda: setattr(running.server, "force_exit", True) or
-                             setattr(running.server, "should_exit", True))
+    killer = threading.Timer(1.0, lambda: setattr(running, "force_exit", True) or
+                             setattr(running, "should_exit", True))
     killer.start()
     result = invoke("run", PROMPT, *options(tiny_dirs), "-n", "200", "-k", "2", "--format", "json")
     thread.join(timeout=30)

@@ -30,7 +30,7 @@ def test_the_held_out_acceptance_is_measured_while_training(tmp_path):
     trainer.run()
     assert len(measured) >= len(steps) - 1 > 0  # after (nearly) every step, at this cadence
     assert all(len(a) == 2 and all(0.0 <= x <= 1.0 for x in a) for a in measured)
-    assert trainer.report.acceptance == measured[-1]
+    assert trainer.acceptance == measured[-1]
 
 
 def test_the_bar_shows_the_held_out_acceptance():

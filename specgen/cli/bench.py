@@ -283,7 +283,7 @@ def _serving(models: ModelSettings, pair, config, levels, max_batch: int, err):
     running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
                                            max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
                       log=io.StringIO())
-    server = threading.Thread(target=running.serve, daemon=True)
+    server = threading.Thread(target=running.serve_until_stopped, daemon=True)
     server.start()
     caps = running.scheduler.caps
     err.print(f"bench concurrency: server at {running.state.info['url']}; draft length by batch width: "
@@ -291,7 +291,7 @@ def _serving(models: ModelSettings, pair, config, levels, max_batch: int, err):
     try:
         yield running
     finally:
-        running.server.should_exit = True
+        running.should_exit = True
         server.join(timeout=30)
 
 

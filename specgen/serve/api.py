@@ -19,6 +19,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from specgen.config import MAX_LOGPROBS, SEED_MAX, GenerationConfig, Method, SamplingConfig, Schedule, parse_branching
 from specgen.errors import ConfigError
@@ -27,6 +28,7 @@ KEEPALIVE = object()  # a stream's item while nothing else comes: an SSE comment
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused (413)
 MAX_STOPS = 64  # OpenAI allows 4; lm-eval sends more (vLLM sets no limit)
 MAX_CHOICES = 16  # `n`: choices per request, each a row of the batch
+MAX_PROMPTS = 64  # prompts in one completions request (a batch)
 # fields that change nothing about decoding
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
@@ -65,7 +67,8 @@ class ApiError(Exception):
 
 @dataclass
 class Job:
-    """One request, checked: what to decode and how to answer."""
+    """One request (a choice of it: `choices`), checked: what to decode and how to answer; inside
+    the server also its prompt's ids, where its answers go and its place in the queue."""
 
     kind: str  # "chat" or "completion"
     messages: list[dict] | None  # chat: role/content pairs, rendered with the chat template
@@ -94,6 +97,11 @@ class Job:
     # how the prompt is tokenized: /tokenize may say otherwise (vLLM's add_generation_prompt, add_special_tokens)
     generation_prompt: bool = True  # chat: end with the assistant's turn opening
     special_tokens: bool | None = None  # the tokenizer's BOS/EOS around the text (None: as decoding takes it)
+    ids: list[int] = field(default_factory=list)  # queued (scheduler.py): the prompt's ids
+    post: Callable[[object], None] = lambda item: None  # hands a chunk, answer, ApiError or None (the end) to HTTP
+    index: int = 0  # its serial number in the queue (its row's index in the engine's events)
+    cancelled: bool = False  # the client went away, or a stop string ended the answer
+    submitted: float = 0.0  # time.monotonic() when it was queued
 
     @property
     def text_field(self) -> str:
@@ -355,9 +363,6 @@ def _messages(value) -> list[dict]:
         role = "system" if message["role"] == "developer" else message["role"]
         out.append({"role": role, "content": content})
     return out
-
-
-MAX_PROMPTS = 64  # prompts in one completions request (a batch)
 
 
 def _prompt(value) -> str:

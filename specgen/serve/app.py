@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -29,7 +29,7 @@ from specgen.config import GenerationConfig
 from specgen.decoding.build import why_not
 from specgen.serve import answers, api, discovery, encoding, playground, protocol, responses
 from specgen.serve.metrics import Metrics
-from specgen.serve.scheduler import QueueFull, Scheduler, Ticket
+from specgen.serve.scheduler import QueueFull, Scheduler
 
 RETRY_AFTER_SECONDS = 1
 # a stream with nothing to send for this long sends an SSE comment: a client's read timeout
@@ -208,19 +208,19 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
             return error(exc)
         queue: asyncio.Queue = asyncio.Queue()  # (choice, item): a chunk, an answer, an ApiError, None at its end
         post = _poster(asyncio.get_running_loop(), queue)
-        tickets = [Ticket(one, encoded[one.prompt], post(one.choice)) for one in expanded]
+        jobs = [replace(one, ids=encoded[one.prompt], post=post(one.choice)) for one in expanded]
         try:
-            state.scheduler.submit(*tickets)
+            state.scheduler.submit(*jobs)
         except QueueFull:
             state.metrics.refused(endpoint, 503)
             return error(api.ApiError(503, "the server's queue is full; try again shortly", kind="server_error",
                                       code="queue_full"), {"Retry-After": str(RETRY_AFTER_SECONDS)})
         if job.stream:
-            chunks = _chunks(state, tickets, queue)
+            chunks = _chunks(state, jobs, queue)
             stream = responses.events(job, chunks) if endpoint == "responses" else _chat_events(chunks)
             return StreamingResponse(_closing(stream, chunks), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        answer = await _whole(state, tickets, queue, request)
+        answer = await _whole(state, jobs, queue, request)
         if isinstance(answer, Response):
             return answer
         return JSONResponse(responses.whole(job, answer) if endpoint == "responses" else answer)
@@ -252,7 +252,7 @@ async def _admit(state: ServerState, request: Request, endpoint: str, encode) ->
 
 
 def _poster(loop, queue: asyncio.Queue):
-    """`post(choice)`: what a choice's ticket calls on the engine thread with each item."""
+    """`post(choice)`: what a choice's job calls on the engine thread with each item."""
     def poster(choice: int):
         def post(item) -> None:  # called on the engine thread
             try:
@@ -317,11 +317,11 @@ class _Inbox:
             self.getter.cancel()
 
 
-async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue):
+async def _chunks(state: ServerState, jobs: list[api.Job], queue: asyncio.Queue):
     """A streamed request's chunks (each choice's under its index) and errors (ApiError), until
     every choice ended; the choices' usage chunks become one, last. If the client goes away (the
     task is cancelled), the rows end before the next round."""
-    left, usage, inbox = len(tickets), [], _Inbox(queue)
+    left, usage, inbox = len(jobs), [], _Inbox(queue)
     try:
         while left:
             got = await inbox.get(KEEPALIVE_SECONDS)
@@ -335,19 +335,19 @@ async def _chunks(state: ServerState, tickets: list[Ticket], queue: asyncio.Queu
             if isinstance(item, api.ApiError):
                 yield item
                 continue
-            if len(tickets) > 1 and not item["choices"]:
+            if len(jobs) > 1 and not item["choices"]:
                 usage.append((choice, item))
                 continue
             for part in item["choices"]:
                 part["index"] = choice
             yield item
         if usage:
-            yield answers.merged_usage([item for _, item in sorted(usage, key=lambda u: u[0])], tickets[0].job.n)
+            yield answers.merged_usage([item for _, item in sorted(usage, key=lambda u: u[0])], jobs[0].n)
     finally:
         inbox.close()
         if left:
-            for ticket in tickets:
-                state.scheduler.cancel(ticket)
+            for job in jobs:
+                state.scheduler.cancel(job)
 
 
 async def _chat_events(chunks):
@@ -371,18 +371,18 @@ async def _closing(stream, chunks):
         await chunks.aclose()
 
 
-async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue, request: Request) -> dict | Response:
+async def _whole(state: ServerState, jobs: list[api.Job], queue: asyncio.Queue, request: Request) -> dict | Response:
     """A request that did not stream: wait for its choices' answers, giving up their rows if the
     client leaves; one answer (answers.merged), or a Response: the first choice's error, or 499."""
-    replies: list = [None] * len(tickets)
-    left, inbox = len(tickets), _Inbox(queue)
+    replies: list = [None] * len(jobs)
+    left, inbox = len(jobs), _Inbox(queue)
     try:
         while left:
             got = await inbox.get(DISCONNECT_POLL_SECONDS)
             if got is None:
                 if await request.is_disconnected():
-                    for ticket in tickets:
-                        state.scheduler.cancel(ticket)
+                    for job in jobs:
+                        state.scheduler.cancel(job)
                     return Response(status_code=499)
                 continue
             choice, item = got
@@ -397,4 +397,4 @@ async def _whole(state: ServerState, tickets: list[Ticket], queue: asyncio.Queue
         return error(failed)
     if failed is None:
         return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
-    return answers.merged(tickets[0].job, replies)
+    return answers.merged(jobs[0], replies)

@@ -32,8 +32,8 @@ class Replica:
 
     def __init__(self, settings: ModelSettings, options: ServeOptions, threads: int, url: str):
         torch.set_num_threads(threads)
-        self.scheduler, self.state = serving_state(settings, options, True, sys.stderr, None, url, [options.api_key])
-        self.scheduler.start()
+        self.state = serving_state(settings, options, True, sys.stderr, None, url, [options.api_key])
+        self.state.scheduler.start()
 
     def __serve_build_asgi_app__(self):  # Ray Serve asks each replica for its app once it is built
         return create_app(self.state)

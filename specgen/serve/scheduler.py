@@ -1,6 +1,6 @@
 """The engine thread: continuous batching of the server's requests.
 
-The HTTP layer submits tickets and never touches a tensor; one thread owns the models and
+The HTTP layer submits jobs (api.Job, one per choice) and never touches a tensor; one thread owns the models and
 runs the engine loop. Requests become rows of a running batch and leave it when they finish
 or their client goes away (dropped before the next round). Each row keeps its own sampling
 settings, seed, token budget and stop strings.
@@ -28,7 +28,6 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -64,21 +63,9 @@ def drafting_key(config: GenerationConfig) -> tuple:
             config.beam_width, config.depth, config.deterministic, config.verify_window)
 
 
-@dataclass
-class Ticket:
-    """A request inside the server."""
-
-    job: api.Job
-    ids: list[int]
-    post: Callable[[object], None]  # hands a chunk, a response, an ApiError or None (the end) to the HTTP task
-    index: int = 0
-    cancelled: bool = False
-    submitted: float = field(default_factory=time.monotonic)
-    output: Output | None = None
-
-    @property
-    def key(self) -> tuple:
-        return drafting_key(self.job.config) + (self.job.own_length,)
+def engine_key(job: api.Job) -> tuple:
+    """The engine a queued job runs on: its drafting, and whether it set its own draft length."""
+    return drafting_key(job.config) + (job.own_length,)
 
 
 class Scheduler:
@@ -90,8 +77,8 @@ class Scheduler:
         self.caps = caps or {}
         self.prefill_chunk = prefill_chunk  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()
-        self.waiting: deque[Ticket] = deque()
-        self.running: dict[int, Ticket] = {}
+        self.waiting: deque[api.Job] = deque()
+        self.running: dict[int, Output] = {}  # by row index: each running job's answer so far (its `job`)
         self.engines: OrderedDict[tuple, Engine] = OrderedDict()  # least recently used first
         self.rates: OrderedDict[tuple, WidthRates] = OrderedDict()  # per key, kept past its engine
         self.serial = 0
@@ -115,32 +102,32 @@ class Scheduler:
             waiting = list(self.waiting)
             self.waiting.clear()
             self.cond.notify_all()
-        for ticket in waiting:
-            ticket.post(shutting_down())
-            ticket.post(None)
+        for job in waiting:
+            job.post(shutting_down())
+            job.post(None)
 
-    def submit(self, *tickets: Ticket) -> None:
-        """Queue a request's tickets (one per choice), all of them or, when the queue has no room
-        for all, none (QueueFull)."""
+    def submit(self, *jobs: api.Job) -> None:
+        """Queue a request's jobs (one per choice, their prompts' ids and `post` set), all of them
+        or, when the queue has no room for all, none (QueueFull)."""
         with self.cond:
-            if len(self.waiting) + len(tickets) > self.max_queue:
+            if len(self.waiting) + len(jobs) > self.max_queue:
                 raise QueueFull()
-            for ticket in tickets:
+            for job in jobs:
                 self.serial += 1
-                ticket.index = self.serial
-                self.waiting.append(ticket)
+                job.index, job.submitted = self.serial, time.monotonic()
+                self.waiting.append(job)
             self.metrics.queue_depth.set(len(self.waiting))
             self.cond.notify_all()
 
-    def cancel(self, ticket: Ticket) -> None:
+    def cancel(self, job: api.Job) -> None:
         """The client went away: a waiting request is forgotten, a running row ends before its
         next round."""
         with self.cond:
-            ticket.cancelled = True
-            if ticket in self.waiting:  # never admitted: counted here, as a running row is when it ends
-                self.waiting.remove(ticket)
+            job.cancelled = True
+            if job in self.waiting:  # never admitted: counted here, as a running row is when it ends
+                self.waiting.remove(job)
                 self.metrics.queue_depth.set(len(self.waiting))
-                self.metrics.finished(ticket.job, "cancelled", None)
+                self.metrics.finished(job, "cancelled", None)
 
     def busy(self) -> bool:
         with self.cond:
@@ -193,7 +180,7 @@ class Scheduler:
                 if self.stopping:
                     return
                 first = self.waiting[0]
-            self._serve(first.key, first.job.config, first.ids, not first.job.own_length)
+            self._serve(engine_key(first), first.config, first.ids, not first.own_length)
             self.idle_since = time.monotonic()
 
     def _serve(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
@@ -208,20 +195,20 @@ class Scheduler:
             else:  # one line in the server's log; SPECGEN_DEBUG=1 shows the traceback
                 print(f"{time.strftime('%H:%M:%S')} error 500: {error.message}", file=sys.stderr, flush=True)
             with self.cond:
-                failed = [t for t in self.running.values() if t.key == key]
-                for ticket in failed:
-                    del self.running[ticket.index]
+                failed = [o.job for o in self.running.values() if engine_key(o.job) == key]
+                for job in failed:
+                    del self.running[job.index]
                 if not failed and self.waiting:  # it failed before admitting a row (building the engine, say):
-                    head = self.waiting[0].job.id  # the request that chose it, or it would be tried for ever
-                    failed = [t for t in self.waiting if t.job.id == head]
-                    for ticket in failed:
-                        self.waiting.remove(ticket)
+                    head = self.waiting[0].id  # the request that chose it, or it would be tried for ever
+                    failed = [j for j in self.waiting if j.id == head]
+                    for job in failed:
+                        self.waiting.remove(job)
                     self.metrics.queue_depth.set(len(self.waiting))
-            for ticket in failed:
-                if ticket.job.choice == 0:  # one request of n choices
-                    self.metrics.refused(ticket.job.endpoint or ticket.job.kind, 500)
-                ticket.post(error)
-                ticket.post(None)
+            for job in failed:
+                if job.choice == 0:  # one request of n choices
+                    self.metrics.refused(job.endpoint or job.kind, 500)
+                job.post(error)
+                job.post(None)
             self.engines.pop(key, None)  # a fresh engine (and caches) for the next request
 
     def _drive(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
@@ -239,32 +226,32 @@ class Scheduler:
             self._dispatch(report, stats, engine)
 
     def _dispatch(self, report, stats, engine: Engine) -> None:
-        ticket = self.running.get(report.index)
-        if ticket is None:
+        output = self.running.get(report.index)
+        if output is None:
             return
-        event = report.event
+        job, event = output.job, report.event
         if isinstance(event, Joined):
-            self.metrics.joined(time.monotonic() - ticket.submitted, event.prompt_tokens, event.reused_tokens,
+            self.metrics.joined(time.monotonic() - job.submitted, event.prompt_tokens, event.reused_tokens,
                                 len(self.running))
-            for chunk in ticket.output.add(event, stats):  # an echoed prompt
-                ticket.post(chunk)
+            for chunk in output.add(event, stats):  # an echoed prompt
+                job.post(chunk)
             return
         if isinstance(event, Finished):
             if engine.policy.rates is not None:
-                self.metrics.draft_lengths(ticket.job.config.method.value, self._lengths(engine, ticket.job.config))
+                self.metrics.draft_lengths(job.config.method.value, self._lengths(engine, job.config))
             self.metrics.prefixes(self.pair.target_prefixes.held, self.pair.draft_prefixes.held)
-            self._finish(ticket, stats, report.state, event.stop)
+            self._finish(output, stats, report.state, event.stop)
             with self.cond:  # counted and answered first: a scheduler that is not busy has counted every row
                 del self.running[report.index]
             self.metrics.batch_width.set(len(self.running))
             return
         if isinstance(event, RoundResult):
             self.metrics.round(event, stats)
-        chunks = ticket.output.add(event, stats)
+        chunks = output.add(event, stats)
         for chunk in chunks:
-            ticket.post(chunk)
-        if ticket.output.stopped:  # a stop string: the row ends before its next round
-            ticket.cancelled = True
+            job.post(chunk)
+        if output.stopped:  # a stop string: the row ends before its next round
+            job.cancelled = True
 
     def _lengths(self, engine: Engine, config: GenerationConfig) -> dict[int, int]:
         """The most tokens a row drafts per batch width: the width caps of a draft model's
@@ -273,23 +260,23 @@ class Scheduler:
         lengths.update({width: k for width, (k, _, _) in engine.policy.rates.summary().items()})
         return lengths
 
-    def _finish(self, ticket: Ticket, stats, state: DecodeState, stop: str | None) -> None:
-        ids = state.final_ids(ticket.job.config)
-        if stop == "cancelled" and not ticket.output.stopped:  # the client left, or the server is stopping
-            self.metrics.finished(ticket.job, "cancelled", stats)
-            if self.stopping and not ticket.cancelled:
-                ticket.post(shutting_down())
-            ticket.post(None)
+    def _finish(self, output: Output, stats, state: DecodeState, stop: str | None) -> None:
+        job = output.job
+        ids = state.final_ids(job.config)
+        if stop == "cancelled" and not output.stopped:  # the client left, or the server is stopping
+            self.metrics.finished(job, "cancelled", stats)
+            if self.stopping and not job.cancelled:
+                job.post(shutting_down())
+            job.post(None)
             return
-        output = ticket.output
-        chunks = output.finish(stats, ids, stop) if ticket.job.stream else [output.response(stats, ids, stop)]
+        chunks = output.finish(stats, ids, stop) if job.stream else [output.response(stats, ids, stop)]
         # counted before the answer goes out: a client that reads /metrics once answered sees its request
         self.served += 1
-        self.metrics.finished(ticket.job, ticket.output.reason, stats)
+        self.metrics.finished(job, output.reason, stats)
         for chunk in chunks:
-            ticket.post(chunk)
-        self.log(ticket.job, stats)
-        ticket.post(None)
+            job.post(chunk)
+        self.log(job, stats)
+        job.post(None)
 
 
 def shutting_down() -> api.ApiError:
@@ -308,16 +295,14 @@ class _KeyFeed:
         s = self.scheduler
         out = []
         with s.cond:
-            while room > 0 and s.waiting and s.waiting[0].key == self.key and not s.stopping:
-                ticket = s.waiting.popleft()
-                config = ticket.job.config
-                ticket.output = Output(ticket.job, s.pair.target.tokenizer, len(ticket.ids), ticket.ids)
-                s.running[ticket.index] = ticket
-                out.append(Request(ticket.ids, ticket.index, config.sampling, config.max_new_tokens,
-                                   config.sampling.seed, ticket.job.ignore_eos, ticket.job.stop_ids,
-                                   ticket.job.prompt_logprobs or (ticket.job.echo_prompt and
-                                                                  config.sampling.logprobs is not None),
-                                   ticket.job.prompt_top))
+            while room > 0 and s.waiting and engine_key(s.waiting[0]) == self.key and not s.stopping:
+                job = s.waiting.popleft()
+                config = job.config
+                s.running[job.index] = Output(job, s.pair.target.tokenizer, len(job.ids), job.ids)
+                out.append(Request(job.ids, job.index, config.sampling, config.max_new_tokens, config.sampling.seed,
+                                   job.ignore_eos, job.stop_ids,
+                                   job.prompt_logprobs or (job.echo_prompt and config.sampling.logprobs is not None),
+                                   job.prompt_top))
                 room -= 1
             s.metrics.queue_depth.set(len(s.waiting))
         return out
@@ -326,4 +311,4 @@ class _KeyFeed:
         s = self.scheduler
         with s.cond:
             ended = s.stopping and time.monotonic() >= s.stop_at
-            return {i for i, t in s.running.items() if t.cancelled or ended}
+            return {i for i, o in s.running.items() if o.job.cancelled or ended}

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import uvicorn
@@ -167,28 +168,42 @@ def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
         driver.generate(engine, tokenizer, ids[-max(1, engine.context_length // 2):], short, Silent())
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, except that SIGINT and SIGTERM end `run()` after the graceful shutdown
-    instead of being raised again there: uvicorn re-raises them, and SIGTERM's default action
-    ended the process before the server removed its record (which holds its token) or said why
-    it stopped. `on_started` runs once it listens, with its signal handlers in place: a record
-    written before them let a quick SIGTERM (`serve --stop`) end the process with the record left."""
+class Running(uvicorn.Server):
+    """A prepared server: uvicorn's, with what its routes need (`state`), its bound socket and
+    its record's path; `serve_until_stopped()` answers until stopped. Unlike uvicorn's, SIGINT
+    and SIGTERM end `run()` after the graceful shutdown instead of being raised again there:
+    uvicorn re-raises them, and SIGTERM's default action ended the process before the server
+    removed its record (which holds its token) or said why it stopped. The record is written
+    once it listens, with its signal handlers in place: a record written before them let a
+    quick SIGTERM (`serve --stop`) end the process with the record left."""
 
-    on_started: Callable[[], None] = staticmethod(lambda: None)
-    on_exit: Callable[[float], None] = staticmethod(lambda grace: None)  # rows get `grace` seconds to finish
+    def __init__(self, config: uvicorn.Config, sock: socket.socket, state: ServerState, record: Path):
+        super().__init__(config)
+        self.sock, self.state, self.record = sock, state, record
+        self.ready: Callable[[], None] = lambda: None  # runs once the server answers
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.state.scheduler
+
+    @property
+    def token(self) -> str:
+        """The local token (in the record): the first of the keys the routes take."""
+        return self.state.keys[0]
 
     def handle_exit(self, sig, frame) -> None:
-        # the first signal drains (running rows may finish), a second one ends them at once; off
-        # the signal handler: the scheduler's lock may be held right here
+        # the first signal drains (running rows may finish for DRAIN_SECONDS), a second one ends
+        # them at once; off the signal handler: the scheduler's lock may be held right here
         grace = 0.0 if self.should_exit else DRAIN_SECONDS
-        threading.Thread(target=self.on_exit, args=(grace,), daemon=True).start()
+        threading.Thread(target=self.scheduler.stop, args=(grace,), daemon=True).start()
         if not self.should_exit:  # not uvicorn's forced exit on a second one: it cancels the app's
             super().handle_exit(sig, frame)  # lifespan mid-wait (a traceback); the rows' connections close anyway
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
         if not self.should_exit:
-            self.on_started()
+            discovery.write_record(self.record, {**self.state.info, "token": self.token})
+            self.ready()
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -204,30 +219,13 @@ class _Server(uvicorn.Server):
             for sig in handled:  # "interrupted" and exited 130 for a server that had stopped cleanly)
                 signal.signal(sig, signal.SIG_IGN)
 
-
-@dataclass
-class Running:
-    """A prepared server: call `serve()` to answer until stopped."""
-
-    server: uvicorn.Server
-    sock: socket.socket
-    scheduler: Scheduler
-    state: ServerState
-    record: object  # the record's path
-    token: str
-
-    def serve(self, ready: Callable[[], None] = lambda: None) -> None:
+    def serve_until_stopped(self, ready: Callable[[], None] = lambda: None) -> None:
         """Answer (blocking) until stopped; the record is there meanwhile, gone afterwards.
         `ready` runs once the server answers (`--open` opens the playground then)."""
-        def started() -> None:
-            discovery.write_record(self.record, {**self.state.info, "token": self.token})
-            ready()
-
-        self.server.on_started = started
-        self.server.on_exit = self.scheduler.stop
+        self.ready = ready
         self.scheduler.start()
         try:
-            self.server.run(sockets=[self.sock])
+            self.run(sockets=[self.sock])
         finally:
             self.scheduler.stop()
             if (discovery.read_record(self.record) or {}).get("token") == self.token:  # ours, not a later server's
@@ -253,15 +251,15 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     local = options.host if loopback(options.host) else "127.0.0.1"
     url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     keys = [token] + ([options.api_key] if options.api_key else [])
-    scheduler, state = serving_state(settings, options, quiet, log, pair, url, keys)
-    server = _Server(uvicorn.Config(create_app(state), http=TimedH11, log_level="warning", access_log=False,
-                                    timeout_graceful_shutdown=DRAIN_SECONDS + 1))
-    return Running(server, sock, scheduler, state, discovery.record_path(settings), token)
+    state = serving_state(settings, options, quiet, log, pair, url, keys)
+    config = uvicorn.Config(create_app(state), http=TimedH11, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=DRAIN_SECONDS + 1)
+    return Running(config, sock, state, discovery.record_path(settings))
 
 
-def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]) -> tuple[Scheduler, ServerState]:
-    """The pair loaded (unless given) and warmed up, its scheduler (not started yet) and what the
-    routes need: for this process's uvicorn, or for a Ray Serve replica (replicas.py)."""
+def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]) -> ServerState:
+    """What the routes need, the pair loaded (unless given) and warmed up and its scheduler (not
+    started yet): for this process's uvicorn, or for a Ray Serve replica (replicas.py)."""
     pair = pair or load(settings, Method.CHAIN, quiet=quiet)
     pair.keep_prefixes(options.prefix_cache)
     config = defaults(pair, options)
@@ -287,7 +285,7 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
             "key": discovery.settings_key(settings)}  # what its record is named after (discovery.proof)
     state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
                         pair.target.context_length, metrics, say, options.allowed_origins)
-    return scheduler, state
+    return state
 
 
 def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False, browse: bool = False) -> str:
@@ -300,15 +298,14 @@ def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = Fal
     running = prepare(settings, options, quiet)
     stopped = {"why": "stopped by a signal"}
     if options.idle_minutes:
-        threading.Thread(target=_watch_idle, args=(running.server, running.scheduler, options.idle_minutes, stopped),
-                         daemon=True).start()
+        threading.Thread(target=_watch_idle, args=(running, options.idle_minutes, stopped), daemon=True).start()
     if not quiet:
         url = running.state.info["url"]
         note(f"specgen: server ready at {url} (pid {os.getpid()}, {running.state.info['models']}); "
              f"OpenAI API at {url}/v1")
         note(f"specgen: playground at {url}/ (its key: {playground_key(options, running.token)})")
         note("specgen: `specgen run` with the same model options generates here; Ctrl-C stops the server")
-    running.serve(lambda: playground.open_page(running.state.info["url"], note) if browse else None)
+    running.serve_until_stopped(lambda: playground.open_page(running.state.info["url"], note) if browse else None)
     return stopped["why"]
 
 
@@ -320,9 +317,10 @@ def playground_key(options: ServeOptions, token: str) -> str:
 
 
 
-def _watch_idle(server: uvicorn.Server, scheduler: Scheduler, minutes: float, stopped: dict) -> None:
-    while not server.should_exit:
+def _watch_idle(running: Running, minutes: float, stopped: dict) -> None:
+    scheduler = running.scheduler
+    while not running.should_exit:
         time.sleep(min(5.0, minutes * 60 / 4))
         if not scheduler.busy() and time.monotonic() - scheduler.idle_since > minutes * 60:
             stopped["why"] = f"no request for {minutes:g} minutes"
-            server.should_exit = True
+            running.should_exit = True

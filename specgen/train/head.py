@@ -83,7 +83,7 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
             trainer.evaluate()
             trainer.write({"target": target.name, "source": source, "data_tokens": data_tokens,
                            "record_seconds": recorded, "layers": list(layers),
-                           "expected_tokens_per_round": round(expected_tokens(trainer.report.acceptance), 3)})
+                           "expected_tokens_per_round": round(expected_tokens(trainer.acceptance), 3)})
         try:
             trainer.run()
         except KeyboardInterrupt:  # the head as trained so far (a failure writes none: it may be junk)

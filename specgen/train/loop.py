@@ -21,7 +21,7 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,15 +49,6 @@ class Settings:
     fmt: str = ORIGINAL
     bf16: bool = False  # bfloat16 autocast for the products (CPUs with native bf16)
     layers: tuple[int, ...] = ()
-
-
-@dataclass
-class Report:
-    tokens: int = 0
-    seconds: float = 0.0
-    steps_done: int = 0
-    acceptance: list[float] = field(default_factory=list)  # held out: P(draft i accepted)
-    accuracy: list[float] = field(default_factory=list)
 
 
 def choose_vocabulary(shards: Shards, size: int, vocab: int, holdout: int) -> torch.Tensor:
@@ -118,17 +109,20 @@ class Diverged(ConfigError):
 
 
 class Trainer:
-    """`progress(tokens, loss)` after each step; `heldout(acceptance per position)` after each
-    measurement of the held-out sequences."""
+    """A head in training and how far it got (checkpointed, resumed). `progress(tokens, loss)`
+    after each step; `heldout(acceptance per position)` after each measurement of the held-out
+    sequences."""
 
     def __init__(self, target_model, directory: Path, settings: Settings, progress=None, heldout=None):
         self.target, self.dir, self.settings, self.progress = target_model, directory, settings, progress
         self.heldout = heldout
         self.shards = Shards(directory)
         self.checkpoint = directory / "checkpoint.pt"
-        self.report = Report()
         self.position = 0  # sequences trained in this epoch
         self.epoch = 0
+        self.tokens, self.seconds, self.steps_done = 0, 0.0, 0  # trained so far, over every run
+        self.acceptance: list[float] = []  # held out, as last measured: P(draft i accepted)
+        self.accuracy: list[float] = []  # held out: P(step i's greedy draft is the target's token)
         if self.checkpoint.is_file():
             try:
                 saved = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
@@ -152,7 +146,9 @@ class Trainer:
             self.head.load_state_dict(saved["head"])
             self.optimizer.load_state_dict(saved["optimizer"])
             self.position, self.epoch = saved["position"], saved["epoch"]
-            self.report = Report(**saved["report"])
+            tally = saved["report"]
+            self.tokens, self.seconds, self.steps_done = tally["tokens"], tally["seconds"], tally["steps_done"]
+            self.acceptance, self.accuracy = tally["acceptance"], tally["accuracy"]
 
     def _check_resumable(self, saved: dict, vocab: int) -> None:
         """A checkpoint resumes only the head it holds: a rerun asking for another shape is one
@@ -170,7 +166,9 @@ class Trainer:
     def save_checkpoint(self) -> None:
         tmp = self.checkpoint.with_suffix(".tmp")
         torch.save({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "used": self.used,
-                    "position": self.position, "epoch": self.epoch, "report": self.report.__dict__}, tmp)
+                    "position": self.position, "epoch": self.epoch,
+                    "report": {"tokens": self.tokens, "seconds": self.seconds, "steps_done": self.steps_done,
+                               "acceptance": self.acceptance, "accuracy": self.accuracy}}, tmp)
         tmp.rename(self.checkpoint)
 
     def order(self, count: int) -> list[int]:
@@ -179,11 +177,11 @@ class Trainer:
         random.Random(self.settings.seed + self.epoch).shuffle(train)
         return train
 
-    def run(self) -> Report:
+    def run(self) -> None:
         """Train until the epochs or the minutes are spent; checkpoint as it goes."""
         settings = self.settings
         started = last_save = last_evaluation = time.monotonic()
-        spent_before = self.report.seconds
+        spent_before = self.seconds
         sequences = list(self.shards.sequences())
         if not self.order(len(sequences)):
             raise ConfigError(f"{len(sequences)} recorded sequence(s), none left to train on once every "
@@ -193,12 +191,12 @@ class Trainer:
             while settings.minutes or self.epoch < settings.epochs:  # --minutes: as many passes as fit
                 order = self.order(len(sequences))
                 while self.position < len(order):
-                    if settings.minutes and self.report.seconds - spent_before >= settings.minutes * 60:
-                        return self.report
+                    if settings.minutes and self.seconds - spent_before >= settings.minutes * 60:
+                        return
                     ids, start, feats, labels = sequences[order[self.position]]
                     self._step(ids, start, feats, labels)
                     self.position += 1
-                    self.report.seconds = spent_before + time.monotonic() - started
+                    self.seconds = spent_before + time.monotonic() - started
                     if settings.evaluate_minutes and time.monotonic() - last_evaluation > settings.evaluate_minutes * 60:
                         self.evaluate()
                         last_evaluation = time.monotonic()
@@ -206,7 +204,6 @@ class Trainer:
                         self.save_checkpoint()
                         last_save = time.monotonic()
                 self.epoch, self.position = self.epoch + 1, 0
-            return self.report
         except Diverged:
             diverged = True
             raise
@@ -215,7 +212,7 @@ class Trainer:
                 self.save_checkpoint()
 
     def _step(self, ids, start, feats, labels) -> None:
-        lr = self.settings.lr * min(1.0, (self.report.steps_done + 1) / 50)  # a short warm-up
+        lr = self.settings.lr * min(1.0, (self.steps_done + 1) / 50)  # a short warm-up
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
@@ -227,8 +224,8 @@ class Trainer:
             # a finite loss may still have infinite gradients: clipping them would write NaN weights
             self._finite(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5), "gradient")
             self.optimizer.step()
-        self.report.tokens += int(ids.shape[0])
-        self.report.steps_done += 1
+        self.tokens += int(ids.shape[0])
+        self.steps_done += 1
         if self.progress is not None:
             self.progress(int(ids.shape[0]), float(outcome.loss.detach()))
 
@@ -236,12 +233,12 @@ class Trainer:
         """Diverged unless `value` is a finite number (one host sync a step: training, not decoding)."""
         if not bool(torch.isfinite(value)):
             kept = "the last checkpoint keeps what came before" if self.checkpoint.is_file() else "nothing is kept"
-            raise Diverged(f"the training {what} is no longer finite at step {self.report.steps_done + 1}",
+            raise Diverged(f"the training {what} is no longer finite at step {self.steps_done + 1}",
                            hint=f"a smaller --lr than {self.settings.lr:g}; {kept}")
 
     @torch.no_grad()
-    def evaluate(self) -> Report:
-        """Held-out acceptance per draft position (greedy chains) and accuracy per step."""
+    def evaluate(self) -> None:
+        """Measure the held-out acceptance per draft position (greedy chains) and accuracy per step."""
         chained = torch.zeros(self.settings.steps)
         correct = torch.zeros(self.settings.steps)
         counted = torch.zeros(self.settings.steps)
@@ -253,11 +250,10 @@ class Trainer:
                 correct += outcome.correct
                 counted += outcome.counted
         self.head.train()
-        self.report.acceptance = [round(float(c / max(n, 1)), 4) for c, n in zip(chained, counted)]
-        self.report.accuracy = [round(float(c / max(n, 1)), 4) for c, n in zip(correct, counted)]
+        self.acceptance = [round(float(c / max(n, 1)), 4) for c, n in zip(chained, counted)]
+        self.accuracy = [round(float(c / max(n, 1)), 4) for c, n in zip(correct, counted)]
         if self.heldout is not None:
-            self.heldout(self.report.acceptance)
-        return self.report
+            self.heldout(self.acceptance)
 
     def write(self, extra: dict | None = None) -> None:
         """The head in its public format, and training.json."""
@@ -265,11 +261,11 @@ class Trainer:
         config = text_config(self.target.config)
         save_head(self.head, self.dir, self.settings.fmt, getattr(self.target, "name_or_path", "") or "",
                   config.num_hidden_layers)
-        record = {"tokens_trained": self.report.tokens, "seconds": round(self.report.seconds, 1),
-                  "steps": self.report.steps_done, "epochs": self.epoch, "ttt_steps": self.settings.steps,
+        record = {"tokens_trained": self.tokens, "seconds": round(self.seconds, 1),
+                  "steps": self.steps_done, "epochs": self.epoch, "ttt_steps": self.settings.steps,
                   "draft_vocab": int(self.used.shape[0]), "lr": self.settings.lr,
-                  "heldout_acceptance_per_position": self.report.acceptance,
-                  "heldout_accuracy_per_step": self.report.accuracy, **(extra or {})}
+                  "heldout_acceptance_per_position": self.acceptance,
+                  "heldout_accuracy_per_step": self.accuracy, **(extra or {})}
         (self.dir / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
