@@ -210,9 +210,8 @@ def test_control_a_cache_that_ignores_windows_fails(family_root, monkeypatch):
     import specgen.runtime.kvcache as kvcache
     from specgen.models import families
 
-    real = families.layout
-    monkeypatch.setattr(kvcache, "layout", lambda config: families.Layout(
-        real(config).config, {kind: None for kind in real(config).windows}))
+    real = families.windows
+    monkeypatch.setattr(kvcache, "windows", lambda config: {kind: None for kind in real(config)})
     monkeypatch.setattr("specgen.runtime.pair.require_exact", lambda *args: None)
     target, draft = saved(family_root, "mistral")
     pair = load(settings(target, draft), Method.CHAIN, quiet=True)

@@ -112,7 +112,7 @@ def check_prompts(pair: Pair, count: int, new_tokens: int) -> list[list[int]]:
     window (within the context, leaving room for the chat case's second turn), of different
     lengths."""
     tokenizer, config = pair.target.tokenizer, pair.target.model.config
-    windows = [w for w in families.layout(config).windows.values() if w is not None]
+    windows = [w for w in families.windows(config).values() if w is not None]
     follow_up = len(encode_prompt(tokenizer, FOLLOW_UP, raw=True))
     room = pair.target.context_length - 2 * new_tokens - follow_up - 1  # a chat turn's second prompt fits
     if room < 2 + 8 * count:

@@ -3,7 +3,7 @@
 specgen calls every model through its own forward with an explicit mask (kvcache.py), so what a
 family's own code would build for itself must be built here: each layer's sliding window (a
 Mistral, a Gemma 2's alternating local and global layers, a Qwen2 whose top layers slide) and a
-mask in the format its attention reads. `Layout` says that for a config, once.
+mask in the format its attention reads. `windows` says that for a config, once.
 
 Families checked against transformers' own `generate` (tests/test_families.py: tiny random
 models of each, windows shorter than the prompt, every method and path) are `CHECKED`. A model
@@ -12,8 +12,6 @@ refused in one line: never run to give other text.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from specgen.errors import ModelError
 
@@ -26,26 +24,14 @@ CHECKED = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How a model's layers read the cache: the sliding window of each layer type (None: full
-    attention), as the model's own code would apply them."""
-
-    config: object  # the text config (its `_attn_implementation` picks the mask format per forward)
-    windows: dict  # layer type -> window (None: the whole past)
-
-    @property
-    def distinct(self) -> tuple:
-        """The different windows the layers use, in a fixed order."""
-        return tuple(dict.fromkeys(self.windows.values()))
-
-
 def text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def layout(config) -> Layout:
-    """The layout of `config`'s layers, or a ModelError naming what specgen cannot run exactly.
+def windows(config) -> dict[str, int | None]:
+    """How `config`'s layers read the cache: each layer type's sliding window (None: the whole
+    past), as the model's own code would apply them; or a ModelError naming what specgen cannot
+    run exactly.
 
     transformers 5 names each layer's kind in `layer_types` (Gemma 2/3, Qwen2/3, SmolLM3,
     gpt-oss); a config without them (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE) slides every
@@ -65,7 +51,7 @@ def layout(config) -> Layout:
         if kind == SLIDING and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
             raise ModelError(f"the config's sliding_window is {size!r}; a sliding-window layer needs a "
                              "window of at least 1 token")
-    return Layout(config, kinds)
+    return kinds
 
 
 # rope types whose frequencies depend on the longest position of each forward (transformers'

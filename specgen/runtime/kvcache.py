@@ -33,7 +33,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specgen.models.compat import CACHE_ARG
-from specgen.models.families import layout, text_config
+from specgen.models.families import text_config, windows
 from specgen.runtime.masks import masks
 
 MIN_CAPACITY = 256
@@ -167,7 +167,9 @@ class SlotCache(Cache):
 
     def __init__(self, config, rows: int = 1, capacity: int | None = None, taps: tuple[int, ...] = ()):
         config = text_config(config)
-        self.layout = layout(config)  # each layer type's window, for the masks
+        # the text config (its `_attn_implementation` picks the masks' format per forward) and each
+        # layer type's window, for the masks
+        self.config, self.windows = config, windows(config)
         self.rows, self.capacity = rows, capacity or MIN_CAPACITY
         self.lengths = [0] * rows  # host copy: the engine always knows the committed lengths
         self.slots: torch.Tensor | None = None  # [rows, n] write slots of the forward in flight

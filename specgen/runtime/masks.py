@@ -38,11 +38,10 @@ def masks(cache: "SlotCache", bases: torch.Tensor, offset: int, tree: torch.Tens
     every layer attends alike, else a dict by layer type (transformers' own `causal_mask_mapping`,
     which the models with mixed layers take); additive (0 / the dtype's minimum) for eager
     attention, which adds its mask, boolean for SDPA and specgen's exact attention."""
-    layout = cache.layout
-    built = {window: _mask(bases, offset, tree, depth, view, window) for window in layout.distinct}
-    if layout.config._attn_implementation == "eager":
+    built = {window: _mask(bases, offset, tree, depth, view, window) for window in dict.fromkeys(cache.windows.values())}
+    if cache.config._attn_implementation == "eager":
         built = {w: torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(
             ~m, torch.finfo(torch.float32).min) for w, m in built.items()}
     if len(built) == 1:
         return next(iter(built.values()))
-    return {kind: built[window] for kind, window in layout.windows.items()}
+    return {kind: built[window] for kind, window in cache.windows.items()}

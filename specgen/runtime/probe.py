@@ -10,7 +10,7 @@ with small dimensions and, if it slides, a window shorter than the probe), runs 
 single steps, a verify-sized chain, a tree and two batched rows of different lengths through
 the slot cache, and compares every logit with one full forward of the model without a cache.
 It takes 20-100 ms on the CPU, whatever the real model's size. ALiBi models (Bloom, MPT), encoders and
-recurrent or linear-attention layers are refused this way or by `families.layout`.
+recurrent or linear-attention layers are refused this way or by `families.windows`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def require_exact(model, name: str, role: str) -> None:
     config = families.text_config(model.config)
     model_type = getattr(config, "model_type", None)
     try:
-        families.layout(config)
+        families.windows(config)
     except ModelError as exc:
         raise ModelError(f"the {role} model {name}: {exc}") from None
     why = probe(config)  # a checked family too: a newer transformers may have changed its code
