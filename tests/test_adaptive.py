@@ -13,8 +13,8 @@ import torch
 from scipy import stats
 
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.length import (AdditiveLength, ConfidenceStop, ExpectedGainLength, FixedLength, Schedule,
-                              make_policy)
+from specgen.decoding.length import (AdditiveLength, ExpectedGainLength, FixedLength, Schedule,
+                              make_policy, unsure)
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
@@ -108,19 +108,19 @@ def test_make_policy_by_schedule_name():
 
 def test_confidence_stop_reads_the_top_probability():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.35, 0.45]])) + 7.0  # any shift
-    assert ConfidenceStop(0.48)(logits).tolist() == [False, True]
-    assert ConfidenceStop(0.4)(logits).tolist() == [False, False]
-    assert ConfidenceStop(0.6)(logits[0]).item() is True  # 0-dim for one step
-    assert ConfidenceStop(0.6)(logits[0]).dtype == torch.bool
+    assert unsure(0.48, logits).tolist() == [False, True]
+    assert unsure(0.4, logits).tolist() == [False, False]
+    assert unsure(0.6, logits[0]).item() is True  # 0-dim for one step
+    assert unsure(0.6, logits[0]).dtype == torch.bool
     # when the drafter sampled, the warped law it drew from decides
     warped = warp(logits[0], SamplingConfig(temperature=0.5))  # top = 0.25/0.38 = 0.658
-    assert ConfidenceStop(0.6)(logits[0], warped).item() is False
-    assert ConfidenceStop(0.7)(logits[0], warped).item() is True
+    assert unsure(0.6, logits[0], warped).item() is False
+    assert unsure(0.7, logits[0], warped).item() is True
     # bf16 logits are read in fp32
-    assert ConfidenceStop(0.48)(logits.bfloat16()).tolist() == [False, True]
+    assert unsure(0.48, logits.bfloat16()).tolist() == [False, True]
 
 
-def ConfidentModelDrafter(model, device, stop: ConfidenceStop, vocab: int | None = None) -> ChainDrafter:
+def ConfidentModelDrafter(model, device, stop: float, vocab: int | None = None) -> ChainDrafter:
     """The chain drafter with a confidence stop, as `--draft-confidence` builds it."""
     return ChainDrafter(model, device, vocab, confidence=stop)
 
@@ -173,7 +173,7 @@ def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(ti
     """Threshold 0 never stops (rounds of k), 1.01 always stops (rounds of 1 draft token),
     0.25 (about the tiny draft's median top probability) stops in some rounds only."""
     _, draft = tiny_pair
-    drafter = ConfidentModelDrafter(draft.model, draft.device, ConfidenceStop(threshold))
+    drafter = ConfidentModelDrafter(draft.model, draft.device, threshold)
     out, rounds, state = run(tiny_pair, drafter, PROMPT, max_new_tokens=40, draft_tokens=4)
     assert out == reference
     assert not rounds[0].draft_tokens  # the first token does not wait for the draft to read the prompt
@@ -196,7 +196,7 @@ def test_confidence_stop_under_sampling_is_reproducible(tiny_pair):
     sampling = SamplingConfig(temperature=0.8, seed=4)
     outs = []
     for _ in range(2):
-        drafter = ConfidentModelDrafter(draft.model, draft.device, ConfidenceStop(0.3))
+        drafter = ConfidentModelDrafter(draft.model, draft.device, 0.3)
         outs.append(run(tiny_pair, drafter, PROMPT, max_new_tokens=24, draft_tokens=4,
                         sampling=sampling)[0])
     assert outs[0] == outs[1] and len(outs[0]) == 24
@@ -253,7 +253,7 @@ class DropLowProbabilityDrafter(RowDrafterBase):
     dropped (and drafting stops), so a proposed x_i is no longer distributed as p_i. It keeps
     no cache: each step runs the draft over the whole sequence."""
 
-    def __init__(self, model, device, stop: ConfidenceStop):
+    def __init__(self, model, device, stop: float):
         self.model = model
         self.generator = None
 
@@ -321,7 +321,7 @@ def three_token_law(tiny_pair):
 
 def first_three(pair, drafter_class, seeds: range) -> list[tuple[int, ...]]:
     target, _ = pair
-    drafter = drafter_class(ScaledLogits(target.model, 0.5), target.device, ConfidenceStop(STOP_THRESHOLD))
+    drafter = drafter_class(ScaledLogits(target.model, 0.5), target.device, STOP_THRESHOLD)
     if isinstance(drafter, RowDrafterBase):
         drafter = per_row(drafter)
     engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specgen.config import GenerationConfig, Method
-from specgen.decoding import costs, length
+from specgen.decoding import costs
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
@@ -81,8 +81,7 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     if method is Method.RSD_S:
         return PerRow(lambda: RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab,
                                                 pair.compile))
-    confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
-    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile, pair.draft_prefixes)
+    chain = ChainDrafter(draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes)
     if method is Method.LOOKUP_CHAIN:
         return LookupChain(chain, model_tokens=config.draft_tokens)
     return chain
@@ -106,9 +105,8 @@ def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     """A draft of another tokenizer: chains drafted in its own ids, proposed to the target
     through text (drafters/text.py). Trees would need the draft's laws over target ids (`why_not`)."""
     draft = pair.draft
-    confidence = length.ConfidenceStop(config.draft_confidence) if config.draft_confidence > 0 else None
     vocab = min(len(draft.tokenizer), text_config(draft.model.config).vocab_size)  # never an id the tokenizer lacks
-    chain = ChainDrafter(draft.model, draft.device, vocab, confidence, pair.compile, pair.draft_prefixes)
+    chain = ChainDrafter(draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes)
     drafter = TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
     if config.method is Method.LOOKUP_CHAIN:
         return LookupChain(drafter, model_tokens=config.draft_tokens)

@@ -8,7 +8,7 @@ where the draft costs a third of the target (the default pair on a CPU) short on
 seconds), picks the k in 1..MAX_K with the best expected tokens per unit of time at the
 typical acceptance `ACCEPTANCE`, and caches the answer per machine, thread count and model pair
 in `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with
-a notice. A draft on the CPU also gets a confidence stop (STOP, `length.ConfidenceStop`) and
+a notice. A draft on the CPU also gets a confidence stop (STOP, `length.unsure`) and
 STOP_EXTRA more tokens of room.
 
 **At a batch width** (`width_costs`, the server): a verify of width x (k+1) tokens stops being
@@ -45,7 +45,7 @@ FORMAT = 6  # bump when the engine's forwards change cost (cached choices are th
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
-# A draft on the CPU stops early when its top probability falls below STOP (ConfidenceStop),
+# A draft on the CPU stops early when its top probability falls below STOP (length.unsure),
 # and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
 # tokens are not drafted (the variants compared: benchmarks/avx2-epyc.md). On a GPU the stop would
 # add a host sync per draft step, so it stays off there.

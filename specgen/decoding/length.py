@@ -1,4 +1,4 @@
-"""How many tokens to draft each round: per-round policies and a confidence stop.
+"""How many tokens to draft each round: per-round policies and the confidence stop (`unsure`).
 
 **Policies** (`--draft-schedule`): `next_k()` before a round and `update(proposed, accepted)`
 after it, with the number of draft tokens the drafter actually proposed and how many the
@@ -148,9 +148,9 @@ class ExpectedGainLength:
         return best_k
 
 
-@dataclass(frozen=True)
-class ConfidenceStop:
-    """Stop drafting once the draft's own top probability falls under `threshold`.
+def unsure(threshold: float, logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """The confidence stop: whether the draft's own top probability falls under `threshold`,
+    so drafting stops after this token (a drafter's `confidence`; 0 stops nothing).
 
     Call it once per draft step on what the drafter already has: the step's logits [..., V],
     and its warped distribution when it sampled (`choose` returns it), else None (greedy:
@@ -170,13 +170,9 @@ class ConfidenceStop:
     first True in the round's single sync: that saves verification work but not the draft
     forwards, which is where the time goes here.
     """
-
-    threshold: float = 0.4
-
-    def __call__(self, logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
-        if probs is not None:
-            top = probs.amax(dim=-1)
-        else:
-            logits = logits.float()
-            top = (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
-        return top < self.threshold
+    if probs is not None:
+        top = probs.amax(dim=-1)
+    else:
+        logits = logits.float()
+        top = (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
+    return top < threshold

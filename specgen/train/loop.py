@@ -31,7 +31,7 @@ from specgen.models.eagle_format import ORIGINAL, save_head
 from specgen.models.eagle_head import Eagle3Head, HeadConfig
 from specgen.models.families import text_config
 from specgen.train.data import Shards
-from specgen.train.ttt import unroll
+from specgen.train.ttt import CHAINED, CORRECT, COUNTED, unroll
 
 
 @dataclass
@@ -216,18 +216,18 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
-            outcome = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
-        self._finite(outcome.loss.detach(), "loss")
-        if outcome.loss.requires_grad:
+            loss, _ = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
+        self._finite(loss.detach(), "loss")
+        if loss.requires_grad:
             self.optimizer.zero_grad(set_to_none=True)
-            outcome.loss.backward()
+            loss.backward()
             # a finite loss may still have infinite gradients: clipping them would write NaN weights
             self._finite(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5), "gradient")
             self.optimizer.step()
         self.tokens += int(ids.shape[0])
         self.steps_done += 1
         if self.progress is not None:
-            self.progress(int(ids.shape[0]), float(outcome.loss.detach()))
+            self.progress(int(ids.shape[0]), float(loss.detach()))
 
     def _finite(self, value: torch.Tensor, what: str) -> None:
         """Diverged unless `value` is a finite number (one host sync a step: training, not decoding)."""
@@ -239,17 +239,13 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> None:
         """Measure the held-out acceptance per draft position (greedy chains) and accuracy per step."""
-        chained = torch.zeros(self.settings.steps)
-        correct = torch.zeros(self.settings.steps)
-        counted = torch.zeros(self.settings.steps)
+        totals = torch.zeros(3, self.settings.steps)
         self.head.eval()
         for i, (ids, start, feats, labels) in enumerate(self.shards.sequences()):
             if i % self.settings.holdout == 0:
-                outcome = unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)
-                chained += outcome.chained
-                correct += outcome.correct
-                counted += outcome.counted
+                totals += unroll(self.head, feats, ids, labels, start, self.settings.steps, self.index)[1]
         self.head.train()
+        chained, correct, counted = totals[CHAINED], totals[CORRECT], totals[COUNTED]
         self.acceptance = [round(float(c / max(n, 1)), 4) for c, n in zip(chained, counted)]
         self.accuracy = [round(float(c / max(n, 1)), 4) for c, n in zip(correct, counted)]
         if self.heldout is not None:

@@ -20,27 +20,21 @@ and the token at p + 1):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from specgen.models.eagle_head import Eagle3Head, rotate
 
 DECAY = 0.8
-
-
-@dataclass
-class Outcome:
-    loss: torch.Tensor  # the weighted loss (a scalar with a graph)
-    correct: torch.Tensor  # [steps] positions whose greedy draft equals the label
-    chained: torch.Tensor  # [steps] positions where steps 0..i are all right (accepted in a row)
-    counted: torch.Tensor  # [steps] positions counted
+# the rows of `unroll`'s counts, per step: positions whose greedy draft equals the label, positions
+# where steps 0..i are all right (accepted in a row), positions counted
+CORRECT, CHAINED, COUNTED = range(3)
 
 
 def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor, start: int,
-           steps: int, draft_index: torch.Tensor) -> Outcome:
-    """The loss of one sequence: `features` [T, F] (the target's), `ids` [T], `labels` [T] (the
+           steps: int, draft_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the weighted loss of one sequence, a scalar with a graph; its counts [3, steps], rows
+    CORRECT, CHAINED, COUNTED). `features` [T, F] (the target's), `ids` [T], `labels` [T] (the
     target's greedy token after each position), `draft_index` [V] (draft id of a target id, -1
     outside the draft vocabulary)."""
     config, layer = head.config, head.midlayer
@@ -52,7 +46,7 @@ def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: 
     causal = index[None, :] <= index[:, None]  # [n, n] step 0's keys j <= p
     keys, values = [], []  # per step [kv, n, d]
     total = features.new_zeros((), dtype=torch.float32)
-    correct, chained, counted = (torch.zeros(steps, dtype=torch.long) for _ in range(3))
+    counts = torch.zeros(3, steps, dtype=torch.long)
     right = torch.ones(n, dtype=torch.bool, device=device)  # steps so far all right (a draft accepted so far)
     previous = None  # the last step's labels: the token a right draft fed this step
     scale = attn.head_dim ** -0.5
@@ -92,7 +86,7 @@ def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: 
             right = right & (shifted == previous)
         right = right & (hit | ~mask)
         previous = target
-        correct[step] = int(hit.sum())
-        chained[step] = int((right & mask).sum())
-        counted[step] = int(mask.sum())
-    return Outcome(total, correct, chained, counted)
+        counts[CORRECT, step] = int(hit.sum())
+        counts[CHAINED, step] = int((right & mask).sum())
+        counts[COUNTED, step] = int(mask.sum())
+    return total, counts

@@ -14,7 +14,7 @@ after its catch-up and when it finishes, and a joining row starts from the longe
 there (runtime/prefixes.py): a server's requests share a system prompt, a chat client's turn
 repeats its conversation.
 
-With a confidence stop (length.ConfidenceStop) a row's draft ends once the draft's top
+With a confidence stop (length.unsure) a row's draft ends once the draft's top
 probability falls below the threshold (the token drawn is kept: lossless); the steps end when
 every row has stopped.
 """
@@ -26,7 +26,7 @@ import torch
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal, embeddable
-from specgen.decoding.length import ConfidenceStop
+from specgen.decoding.length import unsure
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.runtime import kvcache
@@ -40,7 +40,7 @@ class ChainDrafter:
     """The Drafter protocol for chains from one draft model (base.py has the calls)."""
 
     def __init__(self, model, device: torch.device, vocab: int | None = None,
-                 confidence: ConfidenceStop | None = None, compile: str = "off",
+                 confidence: float = 0.0, compile: str = "off",
                  prefixes: PrefixStore | None = None):
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
@@ -127,9 +127,9 @@ class ChainDrafter:
             tokens.append(token)
             if step == steps - 1:
                 break
-            if self.confidence is not None:
-                confident = self.confidence(logits, law) if sampled else self.confidence(logits)
-                stopped = stopped | confident.to(stopped.device)
+            if self.confidence > 0:  # the confidence stop (length.unsure)
+                stop = unsure(self.confidence, logits, law if sampled else None)
+                stopped = stopped | stop.to(stopped.device)
                 flags = stopped.tolist()  # one small host sync per draft step
                 for i, flag in enumerate(flags):
                     if flag and stop_at[i] == steps:
