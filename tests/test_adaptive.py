@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.length import (AdditiveLength, ExpectedGainLength, FixedLength, Schedule,
+from specgen.decoding.length import (AdditiveLength, ExpectedGainLength, Schedule,
                               make_policy, unsure)
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.drafters.base import Proposal
@@ -37,7 +37,7 @@ def schedule(policy, rounds: list[tuple[int, int]]) -> list[int]:
 # -- policies on scripted rounds ------------------------------------------------------------------
 
 def test_fixed_length_never_moves():
-    assert schedule(FixedLength(5), [(5, 5), (5, 0), (0, 0), (3, 1)]) == [5] * 5
+    assert schedule(make_policy(Schedule.FIXED, 5), [(5, 5), (5, 0), (0, 0), (3, 1)]) == [5] * 5
 
 
 def test_additive_length_grows_on_full_acceptance_and_drops_to_accepted_plus_one():
@@ -96,7 +96,7 @@ def test_expected_gain_estimate_follows_the_rounds():
 
 
 def test_make_policy_by_schedule_name():
-    assert make_policy(Schedule("fixed"), 5) == FixedLength(5)
+    assert make_policy(Schedule("fixed"), 5) == AdditiveLength(start=5, min=5, max=5)
     additive = make_policy(Schedule("additive"), 8)
     assert isinstance(additive, AdditiveLength) and (additive.k, additive.max) == (4, 8)
     assert make_policy(Schedule.ADDITIVE, 2).next_k() == 2
@@ -203,7 +203,7 @@ def test_confidence_stop_under_sampling_is_reproducible(tiny_pair):
 
 
 @pytest.mark.parametrize("make_policy", [
-    lambda: FixedLength(3),
+    lambda: make_policy(Schedule.FIXED, 3),
     lambda: AdditiveLength(start=2, min=1, max=8),
     lambda: ExpectedGainLength(cost=0.05, min=1, max=8),
 ])
@@ -216,10 +216,10 @@ def test_policies_through_the_engine_keep_greedy_output(tiny_pair, make_policy):
     drafter = PolicyDrafter(PromptLookupDrafter(), policy)
     out, rounds, _ = run(tiny_pair, drafter, prompt, max_new_tokens=40, draft_tokens=8)
     assert out == expected
-    if isinstance(policy, FixedLength):
+    if isinstance(policy, AdditiveLength) and policy.min == policy.max:  # the fixed length
         assert max(drafter.asked) == 3
-    else:
-        assert len(set(drafter.asked)) > 1
+        return
+    assert len(set(drafter.asked)) > 1
     if isinstance(policy, AdditiveLength):
         assert max(drafter.asked) > 2 and min(drafter.asked) < 2
 

@@ -36,24 +36,11 @@ def make_policy(schedule: Schedule, draft_tokens: int, cost: float = 0.37) -> Le
     `cost` (ExpectedGainLength only): one draft token relative to a target forward (about a
     third for the default pair on a CPU, near 0 for prompt lookup, which only adds verification).
     """
-    if schedule is Schedule.FIXED:
-        return FixedLength(draft_tokens)
+    if schedule is Schedule.FIXED:  # bounds that meet: always k
+        return AdditiveLength(start=draft_tokens, min=draft_tokens, max=draft_tokens)
     if schedule is Schedule.ADDITIVE:
         return AdditiveLength(start=min(4, draft_tokens), min=1, max=draft_tokens)
     return ExpectedGainLength(cost=cost, min=1, max=draft_tokens)
-
-
-@dataclass
-class FixedLength:
-    """Always k: the baseline, and what `--draft-tokens N` means."""
-
-    k: int = 4
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, proposed: int, accepted: int) -> None:
-        pass
 
 
 @dataclass
@@ -67,6 +54,9 @@ class AdditiveLength:
     say nothing about the drafter and leave k alone; a fully accepted round that proposed
     fewer than k (a short proposal, or the end of the budget) does not grow it either, as k
     was not what limited it.
+
+    With min = start = max it is the fixed length (`--draft-schedule fixed`, the default): always
+    k, the baseline, and what `--draft-tokens N` means.
     """
 
     start: int = 4
