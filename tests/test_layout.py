@@ -1,5 +1,6 @@
 """The package's shape: layers import downwards only, no import cycles, modules of one job and
-a readable size, no mode chosen by `hasattr` in decoding, function-local imports explained.
+a readable size, no mode chosen by `hasattr` in decoding, function-local imports explained, few
+record types (one per idea).
 
 Layers, lowest first: the common modules (config, errors, text, status, memory, ground), models/, runtime/,
 decoding/, then the front ends chat/, bench/, serve/ and scale/ (which never import each other), then
@@ -172,3 +173,16 @@ def test_the_module_map_lists_every_module_and_only_modules_that_exist():
                if path.name != "__init__.py"}
     assert not present - listed, f"modules missing from docs/modules.md: {sorted(present - listed)}"
     assert not listed - present, f"docs/modules.md lists modules that do not exist: {sorted(listed - present)}"
+
+
+MAX_DATACLASSES = 55
+
+
+def test_one_type_per_idea():
+    """The package's records stay few: one type per idea (a round is one type from verify to the
+    live view, a bench cell one type for batch widths and clients). A new dataclass should say
+    what idea no existing type holds, and replace one where it repeats another's shape."""
+    found = [f"{path.relative_to(ROOT.parent)}:{node.name}" for path in MODULES.values()
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list)]
+    assert len(found) <= MAX_DATACLASSES, f"{len(found)} dataclasses: {sorted(found)}"
