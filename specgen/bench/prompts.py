@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from specgen.text import json_value
-from specgen.decoding.prompts import PromptRecord, encode_prompt, read_prompts_bytes, render_chat
+from specgen.decoding.prompts import PromptRecord, encode_prompt, prompt_lines, render_chat
 from specgen.errors import ConfigError, PromptError
 
 QUICK = "quick"
@@ -78,17 +78,8 @@ def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
 
 def read_prompt_file(path: Path) -> list[PromptRecord]:
     """Parse and check one JSONL prompt file; any problem is one line naming file:line."""
-    data = read_prompts_bytes(path)
     prompts = []
-    # the bytes split at line ends only: str.splitlines would also cut a JSON string at U+2028,
-    # U+0085 or \x1c, which JSON keeps unescaped
-    for number, raw in enumerate(data.splitlines(), 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-        if not line.strip():
-            continue
+    for number, line in prompt_lines(path):
         where = f"{path}:{number}"
         try:
             obj = json_value(line)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
@@ -142,6 +143,20 @@ def read_prompts_bytes(path) -> bytes:
     return data
 
 
+def prompt_lines(path) -> Iterator[tuple[int, str]]:
+    """A prompts file's lines that are not blank, each with its 1-based number; bytes that are
+    not UTF-8 are one PromptError naming the line. The bytes split at line ends only:
+    str.splitlines would also cut a JSON string at U+2028, U+0085 or \x1c, which JSON keeps
+    unescaped."""
+    for number, raw in enumerate(read_prompts_bytes(path).splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+        if line.strip():
+            yield number, line
+
+
 def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     """One prompt per line, or JSONL objects with a `prompt` field (and an optional `id`, a string
     or an integer); blank lines skipped. A prompt's id is its `id`, else its line number.
@@ -150,16 +165,9 @@ def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     id that is neither a string nor an integer, invalid JSON, bytes that are not UTF-8; with
     `unique_ids` (results keyed by id: `run --output`) also an id that an earlier line holds.
     """
-    data = read_prompts_bytes(path)
     records: list[PromptRecord] = []
     seen: dict[str | int, int] = {}
-    for number, raw in enumerate(data.splitlines(), 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-        if not line.strip():
-            continue
+    for number, line in prompt_lines(path):
         record = _parse_line(line, path, number)
         if unique_ids and record.id in seen:
             raise PromptError(f"{path}:{number}: id {json.dumps(record.id)} is already the id of line "
