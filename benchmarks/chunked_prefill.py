@@ -92,7 +92,7 @@ def main() -> None:
     settings = ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
     pair = load(settings, Method.CHAIN, quiet=True)
     running = prepare(settings, ServeOptions(port=0, prefix_cache=0), quiet=True, pair=pair, log=io.StringIO())
-    threading.Thread(target=running.serve, daemon=True).start()
+    threading.Thread(target=running.serve_until_stopped, daemon=True).start()
     time.sleep(1.0)
     client = openai.OpenAI(base_url=running.state.info["url"] + "/v1", api_key=running.token, max_retries=0,
                            timeout=900)
@@ -114,7 +114,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "prompt_tokens": prompt_tokens, "results": results, "lscpu": lscpu}, f,
                   indent=1)
-    running.server.should_exit = True
+    running.should_exit = True
 
 
 if __name__ == "__main__":
