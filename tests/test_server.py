@@ -437,6 +437,47 @@ def test_ctrl_c_in_the_client_ends_the_row_and_keeps_its_text(served, tiny_dirs,
         time.sleep(0.05)
 
 
+class Keeper(Recorder):
+    """A renderer that keeps every round and replay it is shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.shown = []
+
+    def on_round(self, result, stats):
+        self.shown.append(result)
+
+    def on_replay(self, replay, stats):
+        self.shown.append(replay)
+
+
+@pytest.mark.parametrize("config", [generation(method=Method.RSD_C, max_new_tokens=24),
+                                    generation(deterministic=True, verify_window=8, max_new_tokens=24)],
+                         ids=["tree", "deterministic"])
+def test_a_served_run_shows_the_rounds_a_local_run_shows(served, tiny_dirs, pair, config):
+    """The live JSON carries each round and replay whole: the client's renderer is shown the
+    same ids, shapes and texts as a run in its own process (the times aside)."""
+    from dataclasses import asdict
+
+    from specgen.decoding import run
+    from specgen.decoding.build import build_engine
+    from specgen.decoding.prompts import encode_prompt
+
+    def shown(keeper):
+        timed = ("draft_seconds", "verify_seconds", "seconds", "logprobs")
+        return [(type(e).__name__, {k: v for k, v in asdict(e).items() if k not in timed}) for e in keeper.shown]
+
+    local = Keeper()
+    run.generate(build_engine(pair, config), pair.target.tokenizer, encode_prompt(pair.target.tokenizer, PROMPT),
+                 config, local)
+    remote = Keeper()
+    client.generate_on_server(settings_for(tiny_dirs), PROMPT, False, None, config, remote, quiet=True)
+    assert shown(remote) == shown(local)
+    kinds = {name for name, _ in shown(local)}
+    assert ("ReplayResult" in kinds) == config.deterministic
+    assert config.deterministic or any(e["node_texts"] for _, e in shown(local))  # tree rounds drawn
+
+
 # -- specgen chat on the server ---------------------------------------------------------------------
 
 CHAT_LINES = "Hello there\nTell me more about caches\n/stats\nAnd once more\n"

@@ -54,11 +54,11 @@ class RoundResult:
 
     Nodes as in `drafters.base.Proposal`: 0 is the root, node j >= 1 is `draft_tokens[j - 1]`
     and `parents[j - 1]` its parent. `emitted` is what was committed: the path's tokens and the
-    target's own, cut at EOS or the length limit.
+    target's own, cut at EOS or the length limit. A client of the server rebuilds the same round,
+    ids and text, from the live JSON (serve/output.py writes it, serve/client.py reads it).
 
-    A client of the server rebuilds a round from the live JSON, which carries the emitted ids,
-    the texts and a tree's shape but not the draft ids: there `draft_tokens` is empty, and a
-    chain round's `parents` too (`path` still counts its accepted tokens)."""
+    Its text is empty until the driver gives it (views.round_text): the engine's own events
+    carry ids only."""
 
     draft_tokens: list[int] = field(default_factory=list)  # everything the drafter proposed (none: a plain round)
     parents: tuple[int, ...] = ()  # the proposal's shape (a chain: 0, 1, .., k - 1)
@@ -132,8 +132,8 @@ class RoundResult:
 @dataclass(frozen=True)
 class ReplayResult:
     """One deterministic-mode replay of a window: what it checked, what it rolled back and,
-    once the driver gave it its text, that text. A client of the server rebuilds it from the live
-    JSON, which carries the ids and texts but not the window's figures (there 0)."""
+    once the driver gave it its text (views.replay_text), that text. A client of the server
+    rebuilds the same replay from the live JSON."""
 
     window_start: int  # absolute position of the window's first token
     checked: int  # unverified tokens compared in this replay

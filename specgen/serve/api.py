@@ -65,10 +65,11 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One request (a choice of it: `choices`), checked: what to decode and how to answer; inside
-    the server also its prompt's ids, where its answers go and its place in the queue."""
+    the server also its prompt's ids, where its answers go and its place in the queue. Two Jobs
+    are the same only if they are one object (the queue finds a Job by identity)."""
 
     kind: str  # "chat" or "completion"
     messages: list[dict] | None  # chat: role/content pairs, rendered with the chat template

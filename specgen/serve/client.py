@@ -272,19 +272,19 @@ class _Received:
         self.stats = Stats(method=method)
 
     def round(self, live: dict) -> RoundResult:
-        """The round the live chunk describes: its emitted ids and texts, a tree's shape (not the
-        draft ids, which the chunk does not carry)."""
+        """The round the live chunk describes, in ids and text, as the server's engine gave it."""
         self.stats = from_dict(live["stats"], self.stats.method)
-        ids, accepted = list(live["ids"]), list(live["accepted"])
-        tree = live.get("tree")
-        if tree is None:  # a chain: its accepted tokens are nodes 1..n
-            shape = {"path": tuple(range(1, len(accepted) + 1))}
+        ids, accepted, drafts = list(live["ids"]), list(live["accepted"]), list(live["draft_ids"])
+        tree = live["tree"]
+        if tree is None:  # a chain: node j's parent is node j - 1
+            shape = {"parents": tuple(range(len(drafts)))}
         else:
-            shape = {"parents": tuple(tree["parents"]), "path": tuple(tree["accepted"]), "tried": tuple(tree["tried"]),
-                     "node_texts": tuple(tree["texts"])}
+            shape = {"parents": tuple(tree["parents"]), "node_texts": tuple(tree["texts"])}
         target = (live["target"],) if len(ids) > len(accepted) else ()
-        result = RoundResult(emitted=ids, pieces=tuple(accepted) + target, rejected_texts=tuple(live["rejected"]),
-                            pending=live["pending"], tail=live.get("tail", ""), **shape)
+        result = RoundResult(drafts, path=tuple(live["path"]), tried=tuple(live["tried"]), target_token=live["target_id"],
+                             root=live["root"], stop=live["stop"],
+                             emitted=ids, pieces=tuple(accepted) + target, rejected_texts=tuple(live["rejected"]),
+                             pending=live["pending"], tail=live["tail"], **shape)
         self.ids.extend(ids)
         self.logprobs.extend(live.get("logprobs", ()))
         if result.pending:  # a piece per token: a replay's rollback counts tokens
@@ -294,20 +294,21 @@ class _Received:
         return result
 
     def replay(self, live: dict) -> ReplayResult:
-        """The replay the live chunk describes: its ids and texts (not the window's figures)."""
+        """The replay the live chunk describes, in ids and text, as the server's engine gave it."""
         self.stats = from_dict(live["stats"], self.stats.method)
         replay = live["replay"]
-        dropped = tuple(self.ids[len(self.ids) - replay["dropped"]:])
-        del self.ids[len(self.ids) - len(dropped):]
+        start = max(0, len(self.ids) - replay["dropped"])
+        dropped = tuple(self.ids[start:])
+        del self.ids[start:]
         if replay["correction_id"] is not None:
             self.ids.append(replay["correction_id"])
         keep = len(self.pending) - len(replay["rolled_back"])
-        tail = replay.get("tail", "")
+        tail = replay["tail"]
         self.pieces.extend(self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []) + [tail])
         self.pending = []
-        return ReplayResult(0, 0, dropped, replay["correction_id"], 0, 0.0,
-                            rolled_back_texts=tuple(replay["rolled_back"]), correction_text=replay["correction"],
-                            tail=tail)
+        return ReplayResult(replay["window_start"], replay["checked"], dropped, replay["correction_id"],
+                            replay["verified"], replay["seconds"], replay["stop"],
+                            rolled_back_texts=tuple(replay["rolled_back"]), correction_text=replay["correction"], tail=tail)
 
     def outcome(self, config: GenerationConfig) -> Outcome:
         ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]

@@ -25,7 +25,9 @@ from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.ground import atomic_write, cache_root, flock_now
 
-PROTOCOL = 4  # the HTTP API (3: /health proves the token by a challenge; 4: and the model options)
+# the HTTP API (3: /health proves the token by a challenge; 4: and the model options; 5: a live
+# round carries its ids, a live replay its window's figures)
+PROTOCOL = 5
 
 
 def runtime_dir() -> Path:

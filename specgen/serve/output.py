@@ -62,7 +62,10 @@ class Output:
                     "target": event.target_piece, "rejected": list(event.rejected_texts), "pending": event.pending,
                     "tail": event.tail,
                     "tree": None if event.is_chain else {"texts": list(event.node_texts), "parents": list(event.parents),
-                                                         "accepted": sorted(event.path), "tried": sorted(event.tried)}}
+                                                         "accepted": sorted(event.path), "tried": sorted(event.tried)},
+                    # the round in ids, for a client that rebuilds it whole (serve/client.py)
+                    "draft_ids": list(event.draft_tokens), "path": list(event.path), "tried": list(event.tried),
+                    "root": event.root, "target_id": event.target_token, "stop": event.stop}
             if self.job.live and event.logprobs:  # `specgen run --logprobs` on the server
                 live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
         else:
@@ -73,7 +76,9 @@ class Output:
             self.pending = []
             live = {"replay": {"rolled_back": list(event.rolled_back_texts), "correction": event.correction_text,
                                "tail": event.tail,
-                               "dropped": len(event.rolled_back), "correction_id": event.correction}}
+                               "dropped": len(event.rolled_back), "correction_id": event.correction,
+                               "window_start": event.window_start, "checked": event.checked,
+                               "verified": event.verified, "seconds": event.seconds, "stop": event.stop}}
         return self._chunks(live, stats, final=False)
 
     def _attribute(self, tail: str) -> None:
