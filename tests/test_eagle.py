@@ -429,6 +429,31 @@ def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
     assert bad.exit_code == 1 and "holds data recorded" in bad.output
 
 
+def test_train_head_answers_the_prompts_of_a_set(dirs, tmp_path, monkeypatch):
+    """--prompts SET: each prompt's text, or its conversation, is what the target answers."""
+    import json
+
+    import specgen.train.head as head_module
+
+    seen = {}
+
+    def work(settings, out, source, tokens, answer_tokens, train, quiet, texts):
+        seen["texts"] = texts
+        return {"heldout_acceptance_per_position": [0.5], "tokens_trained": 1, "seconds": 1.0,
+                "expected_tokens_per_round": 1.5}
+
+    monkeypatch.setattr(head_module, "train_head", work)
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "More"}]
+    prompts = tmp_path / "set.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi"}) + "\n"
+                       + json.dumps({"id": "b", "category": "c", "messages": chat}) + "\n")
+    result = runner.invoke(app, ["train-head", "--out", str(tmp_path / "head"), "--target", str(dirs["target"]),
+                                 "--device", "cpu", "--prompts", str(prompts), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert seen["texts"] == ["Say hi", chat]
+
+
 def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path, monkeypatch):
     """A rerun into an earlier run's --out: --minutes trains that much more (it trained nothing
     once the epochs were done); a setting the checkpoint's head does not have, or data from

@@ -86,7 +86,7 @@ def train_head(
         if prompts != CODE:
             from specgen.bench.prompts import load_prompts
 
-            texts = [p.prompt if p.prompt is not None else list(p.messages) for p in load_prompts(prompts)]
+            texts = [list(p.messages) if p.messages else p.text for p in load_prompts(prompts)]
         try:
             record = work(settings, out, prompts, tokens, answer_tokens, train, quiet, texts)
         except KeyboardInterrupt:
