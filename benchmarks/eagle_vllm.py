@@ -69,7 +69,7 @@ def main() -> None:
         return
     record["start_seconds"] = round(time.monotonic() - started, 1)
     try:
-        texts = [p.text for p in load_prompts("quick")]
+        texts = [p.text for p in load_prompts("quick") if not p.messages]  # single prompts only
         answers = []
         begun = time.monotonic()
         for text in texts:

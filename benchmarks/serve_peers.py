@@ -217,7 +217,8 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated: in-process, specgen, llamacpp, vllm "
                         "(the other runs of an existing OUT are kept)")
     args = parser.parse_args()
-    texts = [p.text for name in args.prompts.split(",") for p in load_prompts(name)][:args.limit]
+    texts = [p.text for name in args.prompts.split(",") for p in load_prompts(name)
+             if not p.messages][:args.limit]  # single prompts: a conversation has no one text
     clients = [int(c) for c in args.clients.split(",")]
     methods = args.methods.split(",")
     only = set(args.only.split(",")) if args.only else None

@@ -40,7 +40,7 @@ SETS = ("quick", "code-editing", "summarization")  # 4 each: short, medium and t
 
 
 def prompts() -> list[str]:
-    return [p.text for name in SETS for p in load_prompts(name)[:4]]
+    return [p.text for name in SETS for p in load_prompts(name)[:4] if not p.messages]  # single prompts only
 
 
 def local(texts: list[str], methods: list[str], new_tokens: int) -> dict[str, list[str]]:

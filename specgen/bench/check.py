@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -76,8 +76,9 @@ class Case:
     method: Method
     path: Path = Path.ALONE
     deterministic: bool = False
-    mismatches: tuple[Mismatch, ...] = ()
-    seconds: float = 0.0
+    # what `check` found (a case compares equal to the case it ran)
+    mismatches: tuple[Mismatch, ...] = field(default=(), compare=False)
+    seconds: float = field(default=0.0, compare=False)
 
     @property
     def label(self) -> str:

@@ -1,6 +1,7 @@
 """Showing a generation: a Rich live view, plain streamed text, or one JSON object.
 
-Renderers see text pieces (decoding/views.py) and statistics only, never tensors or token ids.
+Renderers read a round's text (its pieces, given by decoding/views.py) and the statistics, never
+tensors; a round's ids are there for them to read, as a client of the server gets them too.
 """
 
 from __future__ import annotations

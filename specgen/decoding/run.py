@@ -3,7 +3,7 @@ bench, the server) drives a generation through these functions, so there is one 
 folds events into statistics and one place that says which tokens are final.
 
 * `fold`: the engine's events, each with its row's Stats brought up to date;
-* `generate`: one prompt into a renderer (text views per round); Ctrl-C ends it early and
+* `generate`: one prompt into a renderer (each round with its text, `views.round_text`); Ctrl-C ends it early and
   keeps what was made; with `state` a chat turn continues its caches;
 * `run_prompts`: many prompts (dynamic batching), outcomes in input order; Ctrl-C keeps the
   finished ones and marks the rest unfinished;
