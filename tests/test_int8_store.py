@@ -186,3 +186,19 @@ def test_a_full_disk_while_building_the_store_is_one_line_and_leaves_nothing(cac
                                             r"SPECGEN_CACHE to another disk"):
         int8_store.ensure(_resolved(ggufs["target"]), torch.bfloat16, quiet=True)
     assert not list((cache / "int8").glob("*"))
+
+
+@pytest.mark.parametrize("prefix", ["int8", "rest"])
+@pytest.mark.parametrize("length", [2**64 - 1, 2**40])
+def test_a_store_shard_with_a_garbled_header_length_is_rebuilt(cache, ggufs, capsys, prefix, length):
+    """The first 8 bytes of a shard (its header's length) garbled: read(length) asked for
+    exabytes (OverflowError) or a terabyte (MemoryError) instead of the store being rebuilt."""
+    run = settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8")
+    before = logits(pair.load(run, Method.CHAIN).target.model)
+    directory = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
+    shard = next(directory.glob(f"{prefix}-*.safetensors"))
+    shard.write_bytes(length.to_bytes(8, "little") + shard.read_bytes()[8:])
+    capsys.readouterr()
+    after = logits(pair.load(run, Method.CHAIN).target.model)
+    assert "cannot be read (a header of" in capsys.readouterr().err
+    assert torch.equal(before, after)

@@ -320,6 +320,8 @@ def _header(shard: Path, directory: Path) -> tuple[int, dict, str | None]:
     try:
         with open(shard, "rb") as handle:
             size = int.from_bytes(handle.read(8), "little")
+            if size > os.fstat(handle.fileno()).st_size - 8:  # garbled: read(size) would ask for exabytes
+                raise ValueError(f"a header of {size} bytes in a shorter file")
             header = json.loads(handle.read(size))
         expected = header.pop("__metadata__", {}).get("checksum")
         if not all(isinstance(entry, dict) and "data_offsets" in entry and "shape" in entry
