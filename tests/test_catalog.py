@@ -629,3 +629,22 @@ def test_a_file_written_again_keeps_its_mode_and_another_models_copies_are_not_i
     for name in ("m-bfloat16", "m-x-bfloat16", "m-"):
         (converted_root() / name).mkdir(parents=True)
     assert [p.name for p in converted_dirs("m")] == ["m-bfloat16"]
+
+
+def test_a_conversion_survives_another_process_letting_the_gguf_go(cache, tmp_path, monkeypatch):
+    """A full-precision conversion of a catalog model while another process builds its int8
+    store: that one lets the GGUF go when done; this one still reads it through its memory map,
+    and used to fail at the very end (stat of the gone file for its marker), minutes lost."""
+    blob = write_tiny_gguf(tmp_path / "src" / "tied.gguf", arch="qwen2", tied=True).read_bytes()
+    model = publish(tmp_path / "index", "tied", blob, n_parts=1)
+    monkeypatch.setitem(catalog.CATALOG, "tied", model)
+    gguf = catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
+    real_add = convert.ShardWriter.add
+
+    def add(self, name, tensor):
+        catalog.let_go(model)  # the other process's store is done
+        real_add(self, name, tensor)
+
+    monkeypatch.setattr(convert.ShardWriter, "add", add)
+    out = convert.ensure_converted(gguf, torch.float32, key="tied", quiet=True)
+    assert convert.is_converted(out) and json.loads((out / ".complete").read_text())["size"] == len(blob)

@@ -101,14 +101,16 @@ def _convert(gguf: Path, dtype, out: Path) -> None:
     kernels release the GIL), named and reshaped by transformers' own GGUF tensor processors,
     cast to `dtype` and written in shards as they fill. transformers' `from_pretrained(gguf_file=)`
     does the same per tensor but holds the whole model in memory twice over (5.6 GB at the peak
-    for the 1.5B default target) on one core; the files it would save are bitwise these (tested)."""
+    for the 1.5B default target) on one core; the files it would save are bitwise these (tested).
+    The marker describes the file as it was opened: a catalog GGUF may be let go by another
+    process (its int8 store built) while this one still reads it through its memory map."""
+    marker = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size, "dtype": _dtype_name(dtype)}
     with opened(gguf, dtype) as (skeleton, tokenizer, tensors):
         writer = ShardWriter(out)
         for name, tensor in tensors:
             writer.add(name, tensor)
         writer.close()
         save_beside(skeleton, tokenizer, out)
-    marker = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size, "dtype": _dtype_name(dtype)}
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 
 
