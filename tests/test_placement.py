@@ -102,6 +102,18 @@ def test_measured_cpu_format_is_cached_per_machine(tmp_path, monkeypatch):
     assert placement.measured_cpu_format(cache) == first
 
 
+def test_a_measured_format_is_another_cpus_only_under_its_name(tmp_path, monkeypatch):
+    """The key held `platform.processor()`, empty (or `x86_64`) on Linux: a cache shared by
+    machines (a shared home, SPECGEN_CACHE on a network disk) gave every CPU the first one's choice."""
+    cache = tmp_path / "cpu-format.json"
+    monkeypatch.setattr(placement, "cpu_name", lambda: "CPU one")
+    monkeypatch.setattr(placement, "_decode_step_seconds", {torch.float32: 0.010, torch.bfloat16: 0.004}.get)
+    assert placement.measured_cpu_format(cache).dtype is torch.bfloat16
+    monkeypatch.setattr(placement, "cpu_name", lambda: "CPU two")
+    monkeypatch.setattr(placement, "_decode_step_seconds", {torch.float32: 0.004, torch.bfloat16: 0.010}.get)
+    assert placement.measured_cpu_format(cache).dtype is torch.float32
+
+
 @pytest.mark.parametrize("content", ["null", "[1, 2]", '"bfloat16"', "{not json", '{"key": KEY, "dtype": null}',
                                      '{"key": KEY, "dtype": "int4", "reason": "x"}',
                                      '{"key": KEY, "dtype": "float32", "reason": 3}'])
@@ -109,10 +121,9 @@ def test_a_cached_format_that_does_not_validate_is_measured_again(tmp_path, monk
     """Whatever cpu-format.json holds (null, a list, a bad dtype), a run measures again and says so
     once; it never crashes on what it reads back."""
     import json
-    import platform
 
     cache = tmp_path / "cpu-format.json"
-    key = f"{platform.machine()} {platform.processor()} torch {torch.__version__}"
+    key = placement.format_key()
     cache.write_text(content.replace("KEY", json.dumps(key)))
     times = {torch.float32: 0.004, torch.bfloat16: 0.010}
     monkeypatch.setattr(placement, "_decode_step_seconds", lambda dtype: times[dtype])

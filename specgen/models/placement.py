@@ -122,7 +122,7 @@ def measured_cpu_format(cache_file=None) -> CpuFormat:
     and torch's version, in $SPECGEN_CACHE/cpu-format.json; an entry that does not read back as
     one of the known formats is measured again (with a notice), never trusted.
     """
-    key = f"{platform.machine()} {platform.processor()} torch {torch.__version__}"
+    key = format_key()
     cache_file = cache_file or cache_root() / "cpu-format.json"
     saved = _read_format(cache_file, key)
     if saved is not None:
@@ -137,6 +137,13 @@ def measured_cpu_format(cache_file=None) -> CpuFormat:
     except OSError:
         pass  # an unwritable cache only means measuring again next time
     return result
+
+
+def format_key() -> str:
+    """What a measured format is cached under: the machine, the processor's model name and
+    torch's version (`platform.processor()` is empty or just `x86_64` on Linux: every x86 CPU
+    sharing a cache, as on a shared home, took the first one's measurement)."""
+    return f"{platform.machine()} {cpu_name()} torch {torch.__version__}"
 
 
 def _read_format(path, key: str) -> CpuFormat | None:
