@@ -202,3 +202,27 @@ def test_a_store_shard_with_a_garbled_header_length_is_rebuilt(cache, ggufs, cap
     after = logits(pair.load(run, Method.CHAIN).target.model)
     assert "cannot be read (a header of" in capsys.readouterr().err
     assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("damage", ["bytes", "cut"])
+def test_a_pruned_untied_draft_never_keeps_head_rows_of_a_damaged_store(cache, ggufs, capsys, damage):
+    """The head rows a pruned untied draft keeps for ids it reads later were read from the int8
+    shards unchecked: other bytes became its rows (the checked linears were rebuilt, these not),
+    a cut file a raw SafetensorError. Now the shards are checked first and rebuilt with a notice."""
+    builder = int8_store.StoreBuilder(lambda device, dtype: True)
+
+    def draft():
+        loaded = load_model(str(ggufs["untied"]), dtype=torch.bfloat16, device_map=None,
+                            input_device=torch.device("cpu"), quiet=True, builder=builder)
+        return quant.apply_draft_quant(loaded.model, "int8+prune", keep=100, special_ids=(318, 319),
+                                       source=loaded.path)
+
+    before = logits(draft())
+    for shard in next((cache / "int8").glob(f"{convert.file_key(ggufs['untied'])}-*.store")).glob("int8-*"):
+        data = shard.read_bytes()
+        start = 8 + int.from_bytes(data[:8], "little")
+        shard.write_bytes(data[:start] + bytes([7]) * (len(data) - start) if damage == "bytes"
+                          else data[:len(data) * 3 // 4])
+    capsys.readouterr()
+    assert torch.equal(logits(draft()), before)
+    assert "; building it again" in capsys.readouterr().err

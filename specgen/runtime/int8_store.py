@@ -333,13 +333,18 @@ def _header(shard: Path, directory: Path) -> tuple[int, dict, str | None]:
     return 8 + size, header, expected
 
 
-def materialize_head(directory: str | os.PathLike, model: nn.Module) -> None:
+def materialize_head(directory: str | os.PathLike, model: nn.Module, quiet: bool = False) -> None:
     """An untied output layer's weight (on the meta device in a model from the store) as the
-    dequantized int8 rows in the model's dtype: a pruned draft head reads rows of it. Its bytes
-    are checked where `int8_weights` reads the int8 shards next."""
+    dequantized int8 rows in the model's dtype: a pruned draft head reads rows of it (for the
+    ids it reads later), so the shards are checked first and a corrupted one rebuilt once, with
+    a notice (the rows were read unchecked: junk kept by the pruned head, or a raw error)."""
     directory = Path(directory)
     name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
-    index = _index(directory, "int8")
+    try:
+        index = _verified(directory, "int8")
+    except CorruptStore as error:
+        directory = _rebuilt(directory, error, *_marker(directory), quiet)
+        index = _verified(directory, "int8")
     if f"{name}.qweight" not in index or f"{name}.scales" not in index:
         raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
                          hint=f"remove {directory} to build it again")
