@@ -208,6 +208,34 @@ def test_seeds_reproduce_and_differ(served, sdk):
     assert len({sample(3), sample(4), sample(5)}) > 1
 
 
+def test_top_k_minus_one_is_off_as_vllm_takes_it(served):
+    """vLLM's clients send top_k -1 for "no top-k" (vLLM's own default): it samples as 0 does."""
+    def sample(top_k):
+        body = {"model": model(served), "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 12,
+                "temperature": 0.9, "seed": 8, "top_k": top_k, "speculative": {"draft_tokens": 3}}
+        status, answer, _ = raw(served, "POST", "/v1/chat/completions", body)
+        assert status == 200, answer
+        return answer["choices"][0]["message"]["content"]
+    assert sample(-1) == sample(0)
+    status, answer, _ = raw(served, "POST", "/v1/chat/completions",
+                            {"model": model(served), "messages": [{"role": "user", "content": "hi"}], "top_k": -2})
+    assert status == 400 and answer["error"]["param"] == "top_k"
+
+
+def test_a_run_s_temperature_above_openai_s_2_is_served(served):
+    """`specgen run --temperature 2.5` finds the server and sends its settings there: refused
+    with a 400, it worked only without a server. Infinity is still refused in one line."""
+    from specgen.cli.options import generation_config
+
+    body = client.request_body(generation_config(temperature=2.5, seed=1, max_new_tokens=4), model(served),
+                               [{"role": "user", "content": PROMPT}])
+    status, answer, _ = raw(served, "POST", "/v1/chat/completions", dict(body, stream=False))
+    assert status == 200, answer
+    status, answer, _ = raw(served, "POST", "/v1/chat/completions", b'{"model": "%s", "temperature": Infinity, '
+                            b'"messages": [{"role": "user", "content": "hi"}]}' % model(served).encode())
+    assert status == 400 and answer["error"]["param"] == "temperature", answer
+
+
 def test_models_health_and_metrics(served, sdk):
     assert [m.id for m in sdk.models.list().data] == [model(served)]
     status, body, _ = raw(served, "GET", "/health", token=None)

@@ -269,11 +269,12 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
     limit = body.get(key)
     max_new = defaults.max_new_tokens if limit is None else _integer(limit, key, 1)
     # null is the default, as OpenAI's API and SDKs (which send an unset option as null) mean it
-    temperature = _number(value_or(body, "temperature", 1.0), "temperature", 0.0, 2.0)
+    # any finite temperature, as `specgen run` (which sends its own here) and vLLM take it; OpenAI stops at 2
+    temperature = _number(value_or(body, "temperature", 1.0), "temperature", 0.0, float("inf"))
     top_p = _number(value_or(body, "top_p", 1.0), "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise ApiError(400, "'top_p' must be in (0, 1]", "top_p")
-    top_k = _integer(value_or(body, "top_k", 0), "top_k", 0)
+    top_k = max(_integer(value_or(body, "top_k", 0), "top_k", -1), 0)  # -1 is off too, as vLLM takes it
     seed = body.get("seed")
     seed = None if seed is None else _integer(seed, "seed", 0, SEED_MAX)
     speculative = {} if body.get("speculative") is None else body["speculative"]
