@@ -314,6 +314,24 @@ def test_caching_one_model_keeps_the_cache_of_another(tmp_path, cache_env):
     assert caches[0].is_file(), "caching Qwen2.5-0.5B deleted the cache of Qwen2.5-0.5B-Instruct"
 
 
+def test_two_folders_of_one_name_keep_their_caches(tmp_path, cache_env):
+    """a/final and b/final (two fine-tunes saved under the same folder name) each keep their
+    int8 file; a file named as before the folder's mark is replaced by the new one."""
+    caches = []
+    for parent in ("a", "b"):
+        folder = tmp_path / parent / "final"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(parent.encode())
+        caches.append(quant.cache_file_for(folder, "target"))
+    legacy = caches[0].parent / "final.target.0123456789abcdef.safetensors"
+    legacy.parent.mkdir(parents=True, exist_ok=True)
+    legacy.write_bytes(b"old")
+    for cache in caches:
+        quant.quantize_cached(small_model(), cache)
+    assert caches[0] != caches[1] and all(cache.is_file() for cache in caches)
+    assert not legacy.exists()
+
+
 # -- parse_target_quant and resolve_target_quant ---------------------------------------------------
 
 def test_parse_target_quant():

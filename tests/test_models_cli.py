@@ -135,16 +135,18 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
     (cache / "int8" / f"{NAME}-bfloat16.target.0123456789abcdef.safetensors").write_bytes(b"y" * 2000)
     orphan = cache / "int8" / f"{NAME}-float32.draft-int8.0123456789abcdef.safetensors"  # its copy is gone
     orphan.write_bytes(b"z" * 1000)
+    marked = cache / "int8" / f"{NAME}-bfloat16-0123abcd.target.0123456789abcdef.safetensors"  # the folder's mark
+    marked.write_bytes(b"v" * 500)
     other = cache / "int8" / f"{NAME}x-bfloat16.target.0123456789abcdef.safetensors"  # another model's
     other.write_bytes(b"w" * 10)
     held = {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME]
     gguf_bytes = catalog.gguf_path(catalog.CATALOG[NAME]).stat().st_size
-    assert held == {"gguf": gguf_bytes, "converted bfloat16": 3000, "int8": 3000}
+    assert held == {"gguf": gguf_bytes, "converted bfloat16": 3000, "int8": 3500}
     table = invoke("list").stdout
-    assert "bfloat16 3.0 KB" in table and "int8 3.0 KB" in table
+    assert "bfloat16 3.0 KB" in table and "int8 3.5 KB" in table
     result = invoke("rm", NAME)
-    assert result.exit_code == 0 and f"({(gguf_bytes + 6000) / 1000:.1f} KB freed)" in result.stderr
-    assert not converted.exists() and not orphan.exists() and other.exists()
+    assert result.exit_code == 0 and f"({(gguf_bytes + 6500) / 1000:.1f} KB freed)" in result.stderr
+    assert not converted.exists() and not orphan.exists() and not marked.exists() and other.exists()
     assert {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME] == {}
     again = invoke("rm", NAME)
     assert again.exit_code == 0 and "holds nothing on disk" in again.stderr

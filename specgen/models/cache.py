@@ -15,6 +15,7 @@ Layout under `cache_root()`:
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -40,13 +41,15 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the suffixes of converted di
 
 def int8_files(key_prefix: str) -> list[Path]:
     """The int8 weights of `key_prefix`: its int8 stores (`<key>-<dtype>.store/`), and files
-    derived from its converted directories (runtime/quant.py names them after the directory:
-    `<key>-<dtype>.<role>.<digest>.safetensors`), also those whose directory is gone."""
+    derived from its converted directories (runtime/quant.py names them after the directory and
+    its mark: `<key>-<dtype>-<mark>.<role>.<digest>.safetensors`, once without the mark), also
+    those whose directory is gone."""
     root = cache_root() / "int8"
     if not root.is_dir():
         return []
-    prefixes = tuple(f"{key_prefix}-{dtype}." for dtype in DTYPE_NAMES)
-    return sorted(p for p in root.iterdir() if p.name.startswith(prefixes))
+    names = "|".join(re.escape(f"{key_prefix}-{dtype}") for dtype in DTYPE_NAMES)
+    derived = re.compile(rf"(?:{names})(?:-[0-9a-f]{{8}})?\.")
+    return sorted(p for p in root.iterdir() if derived.match(p.name))
 
 
 def size_on_disk(path: Path) -> int:

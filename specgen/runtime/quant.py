@@ -169,7 +169,10 @@ def cache_file_for(source: str | os.PathLike, role_key: str = "") -> Path | None
         stat = f.stat()
         digest.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
     role = "".join(c if c.isalnum() or c in "+=" else "-" for c in role_key.lower()) or "model"
-    return cache_root() / "int8" / f"{path.name}.{role}.{digest.hexdigest()[:16]}.safetensors"
+    # the directory's own mark beside its name: two folders of one name (a/final, b/final) keep
+    # their files apart, where a newer file of the same folder replaces its older one (`_write`)
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return cache_root() / "int8" / f"{path.name}-{where}.{role}.{digest.hexdigest()[:16]}.safetensors"
 
 
 def quantize_from(model: nn.Module, source: str | None, role_key: str, quiet: bool = True) -> nn.Module:
@@ -225,11 +228,14 @@ def _write(path: Path, weights: int8.Weights, quiet: bool) -> None:
                 "checksum": checksum(t for pair in weights.values() for t in pair)}
     try:
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-        stem = path.name.rsplit(".", 2)[0]  # model dir name + role: an older digest is stale
-        for stale in path.parent.glob(f"{glob.escape(stem)}.*.safetensors"):
-            if stale != path and stale.name.count(".") == path.name.count("."):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
+        stem = path.name.rsplit(".", 2)[0]  # the folder's name and mark, the role: an older digest is stale
+        name, _, role = stem.rpartition(".")
+        legacy = f"{name.rsplit('-', 1)[0]}.{role}"  # the name without the mark, as files were once named
+        for pattern in (stem, legacy):
+            for stale in path.parent.glob(f"{glob.escape(pattern)}.*.safetensors"):
+                if stale != path and stale.name.count(".") == path.name.count("."):
+                    with contextlib.suppress(OSError):
+                        stale.unlink()
     except Exception as exc:  # noqa: BLE001 (OSError, SafetensorError): only costs the next load the quantization
         if not quiet:
             note(f"specgen: could not cache int8 weights in {path.parent}: {getattr(exc, 'strerror', None) or exc}")
