@@ -152,6 +152,22 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
     assert again.exit_code == 0 and "holds nothing on disk" in again.stderr
 
 
+def test_rm_clears_what_a_killed_conversion_left_but_not_a_running_one(index, tmp_path):
+    """A conversion killed mid-way leaves `<name>-<dtype>.tmp`: list shows it, rm removes it,
+    unless a conversion holds its lock (then the tree is being written and stays)."""
+    from specgen.ground import locked
+
+    assert invoke("pull", NAME, "--find-links", str(index), "-q").exit_code == 0
+    left = tmp_path / "cache" / "converted" / f"{NAME}-float32.tmp"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"x" * 1500)
+    held = {row["name"]: row["on_disk"] for row in json.loads(invoke("list", "--json").stdout)}[NAME]
+    assert held["unfinished conversion"] == 1500
+    with locked(f"converted-{NAME}-float32"):  # a conversion writing it now
+        assert invoke("rm", NAME).exit_code == 0 and left.exists()
+    assert invoke("rm", NAME).exit_code == 0 and not left.exists()
+
+
 def test_a_model_holding_only_its_int8_store(index):
     """After its store is built a catalog model lets its GGUF go: list says `int8 only`, path
     says what it holds, rm removes the store."""

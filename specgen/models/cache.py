@@ -14,13 +14,16 @@ Layout under `cache_root()`:
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import tempfile
 from pathlib import Path
 
+from filelock import Timeout
+
 from specgen.errors import ModelError
-from specgen.ground import cache_root, remove  # the writing and locking live on the ground floor
+from specgen.ground import cache_root, locked, remove  # the writing and locking live on the ground floor
 
 
 def converted_root() -> Path:
@@ -37,6 +40,16 @@ def converted_dirs(key_prefix: str) -> list[Path]:
 
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the suffixes of converted directories
+
+
+def unfinished_conversions(key_prefix: str) -> list[Path]:
+    """The temporary trees of `key_prefix`'s conversions (`<key>-<dtype>.tmp`): a conversion
+    running now, or one a kill or a lack of memory cut short (the next conversion of that dtype
+    clears it)."""
+    root = converted_root()
+    if not root.is_dir():
+        return []
+    return sorted(p for dtype in DTYPE_NAMES for p in root.glob(f"{glob.escape(key_prefix)}-{dtype}.tmp*"))
 
 
 def int8_files(key_prefix: str) -> list[Path]:
@@ -69,10 +82,16 @@ def size_on_disk(path: Path) -> int:
 
 
 def remove_converted(key_prefix: str) -> None:
-    """Delete every converted directory of `key_prefix`, e.g. a catalog model's name, and the
-    int8 weights derived from them."""
+    """Delete every converted directory of `key_prefix`, e.g. a catalog model's name, the int8
+    weights derived from them, and what conversions cut short left (not a running one's tree)."""
     for path in int8_files(key_prefix) + converted_dirs(key_prefix):
         remove(path)
+    for path in unfinished_conversions(key_prefix):
+        try:
+            with locked(f"converted-{path.name.split('.tmp')[0]}", timeout=0):  # convert.py's lock
+                remove(path)
+        except Timeout:  # a conversion is writing it now
+            pass
 
 
 def check_writable(*dirs: Path) -> None:

@@ -33,7 +33,8 @@ from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progres
 
 from specgen.ground import atomic_write, cache_root, locked, says_disk_full
 from specgen.errors import ConfigError, ModelError
-from specgen.models.cache import check_writable, converted_dirs, int8_files, remove_converted, size_on_disk
+from specgen.models.cache import (check_writable, converted_dirs, int8_files, remove_converted, size_on_disk,
+                                  unfinished_conversions)
 
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
 
@@ -149,6 +150,9 @@ def holdings(model: CatalogModel) -> dict[str, int]:
     derived = sum(size_on_disk(p) for p in int8_files(model.name))
     if derived:
         held["int8"] = derived
+    unfinished = sum(size_on_disk(p) for p in unfinished_conversions(model.name))
+    if unfinished:  # a conversion running now, or one cut short: rm clears the latter
+        held["unfinished conversion"] = unfinished
     return held
 
 
