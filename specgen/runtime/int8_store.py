@@ -248,11 +248,7 @@ def int8_weights(directory: str | os.PathLike, model: nn.Module,
 
     def cached(shapes: dict[str, tuple]) -> int8.Weights:
         nonlocal directory
-        try:
-            index = _verified(directory, "int8")
-        except CorruptStore as error:
-            directory = _rebuilt(directory, error, *_marker(directory), quiet)
-            index = _verified(directory, "int8")
+        directory, index = _checked_int8(directory, quiet)
         out = {}
         for name, shape in shapes.items():
             head = name.removesuffix(".linear")
@@ -282,6 +278,16 @@ def _rows(files: tuple[Path, Path], name: str, ids: torch.Tensor | None) -> tupl
 def _tensor(file: Path, name: str) -> torch.Tensor:
     with safe_open(str(file), framework="pt") as handle:
         return handle.get_tensor(name)
+
+
+def _checked_int8(directory: Path, quiet: bool) -> tuple[Path, dict[str, tuple[Path, tuple]]]:
+    """(the store's directory, its int8 shards' index) once their bytes match their checksums;
+    a corrupted store is rebuilt once, with a notice (then the new directory's)."""
+    try:
+        return directory, _verified(directory, "int8")
+    except CorruptStore as error:
+        directory = _rebuilt(directory, error, *_marker(directory), quiet)
+        return directory, _verified(directory, "int8")
 
 
 def _index(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
@@ -340,11 +346,7 @@ def materialize_head(directory: str | os.PathLike, model: nn.Module, quiet: bool
     a notice (the rows were read unchecked: junk kept by the pruned head, or a raw error)."""
     directory = Path(directory)
     name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
-    try:
-        index = _verified(directory, "int8")
-    except CorruptStore as error:
-        directory = _rebuilt(directory, error, *_marker(directory), quiet)
-        index = _verified(directory, "int8")
+    directory, index = _checked_int8(directory, quiet)
     if f"{name}.qweight" not in index or f"{name}.scales" not in index:
         raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
                          hint=f"remove {directory} to build it again")
