@@ -58,13 +58,16 @@ class Silent:
         pass
 
 
-def round_text(result: RoundResult, stream: TextStream, pending: bool = False) -> RoundResult:
+def round_text(result: RoundResult, stream: TextStream, pending: bool = False, drafts: bool = True) -> RoundResult:
     """The round with its text: each committed token pushed once through the stream. The row's
     last round also flushes what the stream held back (its `tail`), so every renderer ends with
-    the same text."""
+    the same text. `drafts`: also the texts only a live view draws (rejected drafts, a tree's
+    nodes), a decode per token; a server answering without the live view leaves them out."""
     pieces = tuple(stream.push(t) for t in result.emitted)
     # in deterministic mode the end is final only once the replay says so (replay_text)
     tail = stream.flush() if result.stop is not None and not pending else ""
+    if not drafts:
+        return replace(result, pieces=pieces, pending=pending, tail=tail)
     nodes = () if result.is_chain else tuple(stream.token_text(t) for t in result.tokens)
     return replace(result, pieces=pieces, rejected_texts=tuple(stream.token_text(t) for t in result.rejected),
                    node_texts=nodes, pending=pending, tail=tail)

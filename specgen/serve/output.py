@@ -47,7 +47,7 @@ class Output:
         if self.stopped or isinstance(event, (Joined, Finished)) or self.job.max_zero:
             return []
         if isinstance(event, RoundResult):
-            event = round_text(event, self.stream, pending=self.job.config.deterministic)
+            event = round_text(event, self.stream, pending=self.job.config.deterministic, drafts=self.job.live)
             for token, piece, logprob in zip(event.emitted, event.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
                 self.chars += len(piece)
@@ -58,28 +58,37 @@ class Output:
                 self.pending.extend(event.pieces)
             else:
                 self._extend("".join(event.pieces) + event.tail)
-            live = {"round": stats.rounds, "ids": event.emitted, "accepted": list(event.accepted_pieces),
-                    "target": event.target_piece, "rejected": list(event.rejected_texts), "pending": event.pending,
-                    "tail": event.tail,
-                    "tree": None if event.is_chain else {"texts": list(event.node_texts), "parents": list(event.parents),
-                                                         "accepted": sorted(event.path), "tried": sorted(event.tried)},
-                    # the round in ids, for a client that rebuilds it whole (serve/client.py)
-                    "draft_ids": list(event.draft_tokens), "path": list(event.path), "tried": list(event.tried),
-                    "root": event.root, "target_id": event.target_token, "stop": event.stop}
-            if self.job.live and event.logprobs:  # `specgen run --logprobs` on the server
-                live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
+            live = self._live_round(event, stats) if self.job.live else {}
         else:
             event = replay_text(event, self.stream)
             keep = len(self.pending) - len(event.rolled_back)
             self._attribute(event.tail)
             self._extend("".join(self.pending[:keep]) + (event.correction_text or "") + event.tail)
             self.pending = []
-            live = {"replay": {"rolled_back": list(event.rolled_back_texts), "correction": event.correction_text,
-                               "tail": event.tail,
-                               "dropped": len(event.rolled_back), "correction_id": event.correction,
-                               "window_start": event.window_start, "checked": event.checked,
-                               "verified": event.verified, "seconds": event.seconds, "stop": event.stop}}
+            live = self._live_replay(event) if self.job.live else {}
         return self._chunks(live, stats, final=False)
+
+    def _live_round(self, event: RoundResult, stats: Stats) -> dict:
+        """A round as the live view draws it (`speculative.live`), and whole in ids: a specgen
+        client rebuilds the same RoundResult from it (serve/client.py)."""
+        live = {"round": stats.rounds, "ids": event.emitted, "accepted": list(event.accepted_pieces),
+                "target": event.target_piece, "rejected": list(event.rejected_texts), "pending": event.pending,
+                "tail": event.tail,
+                "tree": None if event.is_chain else {"texts": list(event.node_texts), "parents": list(event.parents),
+                                                     "accepted": sorted(event.path), "tried": sorted(event.tried)},
+                "draft_ids": list(event.draft_tokens), "path": list(event.path), "tried": list(event.tried),
+                "root": event.root, "target_id": event.target_token, "stop": event.stop}
+        if event.logprobs:  # `specgen run --logprobs` on the server
+            live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
+        return live
+
+    @staticmethod
+    def _live_replay(event: ReplayResult) -> dict:
+        """A replay as the live view draws it, and whole in ids (serve/client.py)."""
+        return {"replay": {"rolled_back": list(event.rolled_back_texts), "correction": event.correction_text,
+                           "tail": event.tail, "dropped": len(event.rolled_back), "correction_id": event.correction,
+                           "window_start": event.window_start, "checked": event.checked,
+                           "verified": event.verified, "seconds": event.seconds, "stop": event.stop}}
 
     def _attribute(self, tail: str) -> None:
         """The text the stream released at the end belongs to the last token that is not special
