@@ -568,7 +568,7 @@ def test_a_broken_json_file_of_a_model_directory_is_named(tiny_dirs, tmp_path):
      ["the draft model", "has no usable tokenizer"]),
     (lambda d: (d / "config.json").write_text(
         (d / "config.json").read_text().replace('"max_position_embeddings": 256', '"max_position_embeddings": -1')),
-     ["invalid config: max_position_embeddings is -1"]),
+     ["the draft model", "config.json: max_position_embeddings is -1"]),
 ])
 def test_a_broken_model_directory_is_one_line_naming_what_is_wrong(tiny_dirs, tmp_path, change, fragments):
     import shutil

@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, ModelError
 from specgen.ground import atomic_write, write_text
 from specgen.models.families import text_config
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, check_layers, default_layers
 from specgen.models.head_dir import is_head, read_config
+from specgen.models.model_files import check_config
 
 ORIGINAL, SPECULATORS = "original", "speculators"
 FORMATS = (ORIGINAL, SPECULATORS)
@@ -45,7 +46,14 @@ def _format(config: dict) -> str:
 def head_config(config: dict, target_layers: int) -> HeadConfig:
     """The HeadConfig a config.json describes, aux layers resolved for a target of `target_layers`."""
     fmt = _format(config)
+    try:  # every size, id and rope setting, the field named (model_files)
+        check_config(config, "the head's config.json", "head")
+    except ModelError as exc:
+        raise HeadError(str(exc), hint=exc.hint) from None
     layer = dict(config.get("transformer_layer_config") or {}) if fmt == SPECULATORS else config
+    eagle = config.get("eagle_config")
+    if eagle is not None and not isinstance(eagle, dict):
+        raise HeadError(f"the head's config.json: eagle_config is {type(eagle).__name__}; it must be an object")
     try:
         hidden = int(layer["hidden_size"])
         heads = int(layer["num_attention_heads"])
@@ -53,16 +61,29 @@ def head_config(config: dict, target_layers: int) -> HeadConfig:
         vocab = int(layer["vocab_size"])
         draft_vocab = int(config.get("draft_vocab_size") or layer.get("draft_vocab_size") or vocab)
         inter = int(layer["intermediate_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HeadError(f"the head's config.json lacks a usable field: {exc}") from None
+    except KeyError as exc:
+        raise HeadError(f"the head's config.json lacks {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise HeadError(f"the head's config.json holds an unusable value: {exc}") from None
+    if draft_vocab > vocab:
+        raise HeadError(f"the head's config.json: draft_vocab_size {draft_vocab} is larger than vocab_size {vocab}",
+                        hint="a draft vocabulary is a part of the target's")
+    if layer.get("head_dim") is None and hidden % heads:
+        raise HeadError(f"the head's config.json: hidden_size {hidden} is not a multiple of num_attention_heads "
+                        f"{heads} (and no head_dim is given)")
     if fmt == SPECULATORS:
         ids = config.get("eagle_aux_hidden_state_layer_ids")
         norm_before = bool(config.get("norm_before_residual", True))  # vLLM's reading of a missing field
     else:
-        ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        ids = [int(i) + 1 for i in ids] if ids else None  # SGLang numbers a layer's output
+        ids = (eagle or {}).get("eagle_aux_hidden_state_layer_ids")
         norm_before = False
-    layers = tuple(int(i) for i in ids) if ids else default_layers(target_layers)
+    if ids is not None and (not isinstance(ids, list) or
+                            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+        raise HeadError(f"the head's config.json: eagle_aux_hidden_state_layer_ids is {ids!r:.60}; it must be a "
+                        "list of layer numbers")
+    if ids and fmt == ORIGINAL:
+        ids = [i + 1 for i in ids]  # SGLang numbers a layer's output
+    layers = tuple(ids) if ids else default_layers(target_layers)
     return HeadConfig(hidden_size=hidden, heads=heads, kv_heads=kv, head_dim=int(layer.get("head_dim") or hidden // heads),
                       intermediate_size=inter, vocab_size=vocab, draft_vocab_size=draft_vocab, layers=layers,
                       rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),

@@ -3,8 +3,9 @@ command line asks before it decides whether to load anything (eagle_format.py lo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from specgen.text import json_value
 
 
 def read_config(path: str | Path) -> dict | None:
@@ -13,14 +14,15 @@ def read_config(path: str | Path) -> dict | None:
     if not Path(path).is_dir() or not file.is_file():
         return None
     try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
+        config = json_value(file.read_bytes())
+    except (OSError, ValueError):  # not JSON: loading it as a model says what is wrong
         return None
     if not isinstance(config, dict):
         return None
     if config.get("speculators_model_type") == "eagle3":
         return config
-    names = " ".join(config.get("architectures") or [])
+    architectures = config.get("architectures")
+    names = " ".join(a for a in architectures if isinstance(a, str)) if isinstance(architectures, list) else ""
     if "Eagle3" in names or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):
         return config
     return None

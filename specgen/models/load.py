@@ -22,10 +22,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from specgen.errors import ModelError
-from specgen.models import catalog, eagle_format, families
+from specgen.models import catalog, eagle_format, families, model_files
 from specgen.models import placement as placement_mod
 from specgen.models.convert import check_gguf, ensure_converted, file_key
 from specgen.status import note, status
+from specgen.text import json_value
 
 TEXT_DRAFTING = "draft tokenizer differs: text-level drafting"
 ROUND_TRIP = "Hello, world! 12 + 30 = 42.\n"  # text any tokenizer a draft may use must decode back
@@ -174,7 +175,7 @@ def tokenizer_fingerprint(path: str | None) -> str | None:
         return None
     try:
         digest = hashlib.sha256(Path(path, "tokenizer.json").read_bytes())
-        config = json.loads(Path(path, "tokenizer_config.json").read_text())
+        config = json_value(Path(path, "tokenizer_config.json").read_bytes())
         digest.update(json.dumps({k: config.get(k) for k in TOKENIZER_KEYS}, sort_keys=True).encode())
     except (OSError, ValueError, AttributeError):  # AttributeError: a config that is not an object
         return None
@@ -198,6 +199,11 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
         resolved = resolve(arg, dtype, quiet=quiet, convert=False)
     except ModelError as exc:  # say which of the two it is
         raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
+    if resolved.source == "dir":  # before anything else reads its JSON: one line naming the file and field
+        try:
+            model_files.check_model_dir(resolved.path, role)
+        except ModelError as exc:
+            raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
     if resolved.source == "dir" and resolved.path and eagle_format.is_head(resolved.path):
         raise ModelError(f"'{arg}' is an EAGLE-3 head, not a model: it drafts for its target",
                          hint=f"give it as --draft, with the model it was trained for as --target")
@@ -232,9 +238,12 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
     except Exception as exc:  # e.g. a truncated safetensors file: SafetensorError, not an OSError
         if "custom code" in str(exc):
             raise foreign_code(role, arg) from None
-        broken = _broken_json(resolved.path) if resolved.source != "hub" else None
+        broken = model_files.diagnose(resolved.path) if resolved.source != "hub" else None
         if broken:  # the library's own message does not say which file
-            raise ModelError(f"cannot load the {role} model '{arg}': {broken}") from exc
+            raise ModelError(f"cannot load the {role} model '{arg}': {broken}") from None
+        if "mismatched" in str(exc) or "size mismatch" in str(exc):
+            raise ModelError(f"cannot load the {role} model '{arg}': {_mismatch(resolved.path)}",
+                             hint="the config.json and the weights do not belong together") from None
         raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
     if len(tokenizer) < 2 or not tokenizer.encode("hello", add_special_tokens=False):
         # transformers builds an empty tokenizer for a directory without tokenizer files
@@ -390,18 +399,23 @@ def _looks_like_path(arg: str) -> bool:
     return arg.startswith((".", "/", "~")) or arg.lower().endswith(".gguf") or os.sep + os.sep in arg
 
 
-def _broken_json(path) -> str | None:
-    """Which JSON file of a model directory does not parse, or holds no JSON object (every one a
-    model directory has is an object): the loader's error does not say which."""
-    for file in sorted(Path(path).glob("*.json")) if path and Path(path).is_dir() else []:
-        try:
-            value = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return f"{file.name} is not valid JSON"
-        if not isinstance(value, dict):
-            kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
-            return f"{file.name} holds {kind}, not a JSON object"
-    return None
+def _mismatch(path: str) -> str:
+    """The first weight whose shape in the files differs from what config.json makes of it (the
+    loader's report of it is a log it prints, silenced here)."""
+    from safetensors import safe_open  # only once a load has failed
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    with torch.device("meta"):
+        wanted = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                shape = tuple(handle.get_slice(key).get_shape())
+                name = next((k for k in (key, key.removeprefix("model."), f"model.{key}") if k in wanted), None)
+                if name is not None and wanted[name] != shape:
+                    return (f"config.json does not match {file.name}: {key} is {list(shape)} in the file, "
+                            f"{list(wanted[name])} by the config")
+    return "config.json does not match the weights' shapes"
 
 
 def _first_line(exc: BaseException) -> str:
