@@ -68,7 +68,8 @@ def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = N
     except BaseException as error:
         remove(tmp)
         if disk_full(error):
-            raise DiskFullError(f"disk full while writing {path}; {_free_space_hint(path)}") from None
+            raise DiskFullError(f"disk full while writing {path}; {_free_space_hint(path)}",
+                                _os_words(error)) from None
         raise
     _sync_directory(path.parent)
 
@@ -103,6 +104,14 @@ def disk_full(error: BaseException) -> bool:
 def says_disk_full(text: str) -> bool:
     """Does an error's text (another process's stderr, a Rust library's message) report a full disk?"""
     return "No space left on device" in text or any(f"{form} {errno.ENOSPC}" in text for form in ("Errno", "os error"))
+
+
+def _os_words(error: BaseException) -> str:
+    """What the OS said ("No space left on device", "Disk quota exceeded"), shown after the line: the
+    words a user searches for, whichever library's error (torch's, Rust's) carried them."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return error.strerror or os.strerror(error.errno)
+    return os.strerror(errno.ENOSPC)
 
 
 def _free_space_hint(path: Path) -> str:

@@ -34,6 +34,7 @@ from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
 from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.errors import ConfigError
+from specgen.ground import atomic_write, remove, write_text
 from specgen.text import json_value
 from specgen.runtime import features as taps
 from specgen.runtime import kvcache
@@ -41,6 +42,7 @@ from specgen.runtime.lean import call_for
 
 CODE = "code"
 CHUNK = 512  # positions the target reads per forward while recording
+SHARD_TOKENS = 16384  # tokens per shard, about (a full disk or Ctrl-C loses at most one shard's recording)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,10 @@ def record_one(model, call, layers: tuple[int, ...], ids: list[int], device) -> 
 
 
 class Shards:
-    """Recorded sequences on disk: `DIR/data/shard-N.safetensors` (ids, starts, features, labels)."""
+    """Recorded sequences on disk: `DIR/data/shard-N.safetensors` (ids, starts, features, labels),
+    and `manifest.json`, which counts the sequences and shards recorded. Each file is written whole
+    or not at all (atomic_write): a full disk is one line naming the shard, and leaves no part of
+    one that a rerun would read as recorded."""
 
     def __init__(self, directory: Path):
         self.dir = directory / "data"
@@ -137,7 +142,18 @@ class Shards:
         return manifest
 
     def write_manifest(self, manifest: dict) -> None:
-        (self.dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        write_text(self.dir / "manifest.json", json.dumps(manifest, indent=1) + "\n", parents=False)
+
+    def tidy(self, manifest: dict) -> None:
+        """Remove what the manifest does not count: a shard written just before the disk filled (or
+        a kill came) while the manifest was updated, whose sequences are recorded again (never
+        twice), and the temporaries of a killed run (the space they hold)."""
+        listed = manifest.get("shards", None if manifest.get("sequences") else 0)
+        if listed is not None:  # an older run's manifest (no count) counts every shard
+            for file in self.files()[listed:]:
+                remove(file)
+        for stale in self.dir.glob(".shard-*.tmp"):
+            remove(stale)
 
     def tokens(self) -> int:
         return sum(int(self._read(f)["ids"].numel()) for f in self.files())
@@ -156,9 +172,8 @@ class Shards:
         tensors = {"ids": ids, "lengths": torch.tensor([len(s.ids) for s, _, _ in batch]),
                    "starts": torch.tensor([s.start for s, _, _ in batch]),
                    "features": torch.cat([f for _, f, _ in batch]), "labels": torch.cat([lab for _, _, lab in batch])}
-        tmp = self.dir / f".shard-{index}.tmp"
-        save_file(tensors, str(tmp))
-        tmp.rename(self.dir / f"shard-{index}.safetensors")
+        atomic_write(self.dir / f"shard-{index}.safetensors", lambda tmp: save_file(tensors, str(tmp)),
+                     tmp=self.dir / f".shard-{index}.tmp", parents=False)
 
     def sequences(self) -> Iterator[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
         """(ids [T], start, features [T, F], labels [T]) of every recorded sequence."""
@@ -172,11 +187,14 @@ class Shards:
 
 
 def record(model, layers: tuple[int, ...], sequences: list[Sequence], shards: Shards, device,
-           progress=None, shard_tokens: int = 16384) -> None:
-    """Record the sequences not yet on disk (the manifest counts those done) into shards."""
+           progress=None, shard_tokens: int | None = None) -> None:
+    """Record the sequences not yet on disk (the manifest counts those done) into shards of about
+    `shard_tokens` (SHARD_TOKENS) tokens each; the manifest is updated after each shard."""
+    shard_tokens = shard_tokens or SHARD_TOKENS
     taps.install(model)
     call = call_for(model)
     manifest = shards.manifest()
+    shards.tidy(manifest)
     done = manifest.get("sequences", 0)
     batch, held = [], 0
     for i, sequence in enumerate(sequences[done:], start=done):
@@ -187,6 +205,6 @@ def record(model, layers: tuple[int, ...], sequences: list[Sequence], shards: Sh
             progress(len(sequence.ids))
         if held >= shard_tokens or i == len(sequences) - 1:
             shards.write(batch)
-            manifest["sequences"] = i + 1
+            manifest["sequences"], manifest["shards"] = i + 1, len(shards.files())
             shards.write_manifest(manifest)
             batch, held = [], 0

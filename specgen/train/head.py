@@ -4,7 +4,9 @@ A rerun with the same DIR resumes: recorded shards are read back (when they come
 target, by a fingerprint of its weights), the checkpoint continues; `--minutes` adds that much
 training to what the checkpoint holds. Ctrl-C stops training after its step, writes the
 checkpoint and the head as trained so far, and exits 130; a failure (a diverged loss) writes no
-head.
+head. A full disk, while recording or checkpointing, is one line naming the file that did not
+fit (a DiskFullError); every file is written whole or not at all, so the shards recorded and the
+last complete checkpoint stay, and a rerun with space continues from them.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
                           f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}"
                           + "".join(f", {what[k]}" for k in differs if k in what) + "); use another --out")
     if not manifest.get("sequences", 0):
-        shards.write_manifest({**wanted, "sequences": 0})
+        shards.write_manifest({**wanted, "sequences": 0, "shards": 0})
     started = time.monotonic()
     if not shards.manifest().get("complete"):  # a rerun of a whole recording skips making the data again
         # (for prompts, the target's own answers: minutes to hours of decoding on a CPU)

@@ -10,7 +10,9 @@ training-time test (ttt.py) over recorded sequences, checkpoint, resume, write t
   trained on; their acceptance per draft position is measured every `evaluate_minutes` while
   training (the progress bar shows it) and at the end.
 * Checkpoints: `DIR/checkpoint.pt` (head, optimiser, position) every `checkpoint_minutes`,
-  written to a temporary file and renamed; a rerun resumes from it; Ctrl-C writes one first.
+  written whole or not at all (`save_torch`); a rerun resumes from it; Ctrl-C writes one first.
+  On a full disk the run stops with one line, the last complete checkpoint kept and no
+  `checkpoint.tmp` left: a rerun with space resumes from it.
 * Output: `DIR/config.json` and `DIR/model.safetensors` in the public format (`fmt`), and
   `DIR/training.json` (data, time, acceptance per position).
 """
@@ -26,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, DiskFullError
+from specgen.ground import atomic_write, write_text
 from specgen.models.eagle_format import ORIGINAL, save_head
 from specgen.models.eagle_head import Eagle3Head, HeadConfig
 from specgen.models.families import text_config
@@ -97,6 +100,42 @@ def new_head(target_model, layers: tuple[int, ...], used: torch.Tensor, intermed
     return head
 
 
+def save_torch(state, path: Path, tmp: Path | None = None) -> None:
+    """`state` written by torch.save, whole or not at all (atomic_write: on a failure the file at
+    `path` is the one before, the temporary gone). torch's writer turns a failed write into
+    RuntimeError("[enforce fail at inline_container.cc] unexpected pos ..."), which says neither
+    why nor where: written through a file object of ours, the OSError it swallowed (a full disk's
+    ENOSPC) is raised instead, and atomic_write makes it one line naming `path`."""
+    def write(target: Path) -> None:
+        with open(target, "wb") as handle:
+            sink = _Sink(handle)
+            try:
+                torch.save(state, sink)
+            except RuntimeError:
+                if sink.error is not None:
+                    raise sink.error from None
+                raise
+
+    atomic_write(path, write, tmp=tmp, parents=False)
+
+
+class _Sink:
+    """An open file as torch.save sees it, keeping the OSError of a write that failed."""
+
+    def __init__(self, handle):
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 def draft_index(head: Eagle3Head) -> torch.Tensor:
     index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
     index[head.draft_to_target()] = torch.arange(head.config.draft_vocab_size)
@@ -164,12 +203,14 @@ class Trainer:
                                   "--intermediate?)", hint="rerun with its settings, or use another --out")
 
     def save_checkpoint(self) -> None:
-        tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "used": self.used,
+        """The checkpoint replaced only once the new one is whole: a full disk (DiskFullError) keeps the last
+        complete one for a rerun to resume from. Its temporary, `checkpoint.tmp`, has a fixed name: one left by
+        a killed run is removed (its space freed) before the next is written."""
+        save_torch({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "used": self.used,
                     "position": self.position, "epoch": self.epoch,
                     "report": {"tokens": self.tokens, "seconds": self.seconds, "steps_done": self.steps_done,
-                               "acceptance": self.acceptance, "accuracy": self.accuracy}}, tmp)
-        tmp.rename(self.checkpoint)
+                               "acceptance": self.acceptance, "accuracy": self.accuracy}},
+                   self.checkpoint, tmp=self.checkpoint.with_suffix(".tmp"))
 
     def order(self, count: int) -> list[int]:
         """This epoch's order of the `count` recorded sequences' trained ones (held-out ones left out)."""
@@ -186,7 +227,7 @@ class Trainer:
         if not self.order(len(sequences)):
             raise ConfigError(f"{len(sequences)} recorded sequence(s), none left to train on once every "
                               f"{settings.holdout}th is held out to measure acceptance; give more --tokens")
-        diverged = False
+        failed = False
         try:
             while settings.minutes or self.epoch < settings.epochs:  # --minutes: as many passes as fit
                 order = self.order(len(sequences))
@@ -204,11 +245,11 @@ class Trainer:
                         self.save_checkpoint()
                         last_save = time.monotonic()
                 self.epoch, self.position = self.epoch + 1, 0
-        except Diverged:
-            diverged = True
+        except (Diverged, DiskFullError):  # junk to keep, or a checkpoint that did not fit: no second try
+            failed = True
             raise
         finally:  # Ctrl-C included: the last checkpoint holds everything trained
-            if not diverged:
+            if not failed:
                 self.save_checkpoint()
 
     def _step(self, ids, start, feats, labels) -> None:
@@ -262,7 +303,7 @@ class Trainer:
                   "draft_vocab": int(self.used.shape[0]), "lr": self.settings.lr,
                   "heldout_acceptance_per_position": self.acceptance,
                   "heldout_accuracy_per_step": self.accuracy, **(extra or {})}
-        (self.dir / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_text(self.dir / "training.json", json.dumps(record, indent=1) + "\n", parents=False)
 
 
 def expected_tokens(acceptance: list[float]) -> float:
