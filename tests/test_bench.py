@@ -728,7 +728,13 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     assert prompts.read_text().startswith('{"id": "a"')
 
 
-def test_llama_cpp_columns_named_for_a_target_of_no_gguf_are_refused(models, short_file, tmp_path):
+@pytest.mark.parametrize("installed", [True, False], ids=["llama-cpp-installed", "llama-cpp-absent"])
+def test_llama_cpp_columns_named_for_a_target_of_no_gguf_are_refused(models, short_file, tmp_path, monkeypatch,
+                                                                       installed):
+    """The target is asked before the package: the same line whether llama-cpp-python is there or not."""
+    from specgen.bench import llamacpp as bench_llamacpp
+
+    monkeypatch.setattr(bench_llamacpp, "installed", lambda: installed)
     out = tmp_path / "b.json"
     result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "-n", "2", "--no-warmup",
                                  "--methods", "plain,llamacpp", "--json", str(out)])
@@ -784,8 +790,9 @@ def test_llamacpp_methods_without_the_extra_say_how_to_install(monkeypatch):
     from specgen.bench import llamacpp as bench_llamacpp
 
     monkeypatch.setattr(bench_llamacpp, "installed", lambda: False)
+    names = methods.parse_methods("llamacpp")  # a known name, installed or not
     with pytest.raises(ConfigError, match=r"specgen\[llamacpp\]"):
-        methods.parse_methods("llamacpp")
+        bench_llamacpp.refuse_early(names, "qwen2.5-coder-1.5b-instruct")  # a GGUF target: then the package
     assert "llamacpp" not in methods.parse_methods(None)
 
 

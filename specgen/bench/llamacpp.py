@@ -21,6 +21,7 @@ import contextlib
 import importlib.util
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,7 @@ from specgen.bench.isolated import IsolatedRunner
 from specgen.bench.runners import Generation, Known
 from specgen.config import GenerationConfig
 from specgen.decoding.stats import Stats
+from specgen.models import catalog
 from specgen.errors import ConfigError
 
 METHODS = {
@@ -45,6 +47,20 @@ def installed() -> bool:
 def require() -> None:
     if not installed():
         raise ConfigError(f"the llamacpp methods need llama-cpp-python: {HINT}")
+
+
+def refuse_early(names: list[str], target: str) -> None:
+    """Before a model loads, a llama.cpp column's needs in order: a GGUF target (a catalog name or
+    a file), then llama-cpp-python. The target is asked first, so a target of no GGUF is refused
+    in the same words whether or not the package is installed."""
+    asked = [n for n in names if n in METHODS]
+    if not asked:
+        return
+    path = Path(target).expanduser()
+    if target not in catalog.CATALOG and not path.is_file():
+        raise ConfigError(f"{asked[0]} (llama.cpp) needs a GGUF target (a catalog model or a .gguf file); "
+                          f"{target} is not one", hint="leave it out of --methods")
+    require()
 
 
 class LlamaCppRunner(IsolatedRunner):

@@ -127,9 +127,9 @@ def parse_methods(text: str | None) -> list[str]:
             raise ConfigError(f"'{name}' in --methods: METHOD@DRAFT takes a specgen method that drafts with a "
                               "model (chain, lookup-chain, rsd-c, ...) and a draft model after the @")
     names = [f"{split_draft(n)[0].lower()}{DRAFT_MARK}{split_draft(n)[1]}" if split_draft(n)[1] else n for n in names]
-    unknown = [n for n in names if n not in specs and split_draft(n)[1] is None and variant(n) is None]
-    if any(n in bench_llamacpp.METHODS for n in unknown):
-        bench_llamacpp.require()
+    # a llama.cpp column is known whether or not its package is installed (llamacpp.refuse_early)
+    unknown = [n for n in names if n not in specs and n not in bench_llamacpp.METHODS and split_draft(n)[1] is None
+               and variant(n) is None]
     if unknown:
         raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
                           "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain; "
@@ -201,5 +201,7 @@ def build_runner(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -
         return EngineRunner(replace(pair, draft=extra.model), method, name, overrides)
     if name in specs:
         return specs[name].build(pair)
+    if name in bench_llamacpp.METHODS:  # named, its package not installed: LlamaCppRunner says so
+        return bench_llamacpp.LlamaCppRunner(pair, name)
     method, overrides = variant(name)
     return EngineRunner(pair, method, name, overrides)

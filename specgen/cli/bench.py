@@ -78,10 +78,11 @@ def bench(
     """Measure decoding methods against plain decoding of the target on a prompt set."""
     with user_errors():
         # the measuring modules import torch and transformers: only once the command runs
-        from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput
+        from specgen.bench import llamacpp, measure, methods as registry, prompts as prompt_sets, throughput
 
         settings = measure.BenchSettings(generation, repeats=repeats, warmup=warmup, threads=threads)
         names = registry.parse_methods(methods)
+        llamacpp.refuse_early(names, models.target)
         registry.check_settings(names, generation)
         if plot_file is not None:
             report.require_matplotlib()  # before a long run, not after it
