@@ -43,6 +43,17 @@ def test_help_lists_commands():
     assert "run" in result.output
 
 
+@pytest.mark.parametrize("command", [[], ["run"], ["chat"], ["bench"], ["serve"], ["check"], ["train-head"],
+                                     ["models", "list"]])
+def test_flags_show_no_value_in_help(command):
+    """--version, --help and every other flag take no value, so help shows none (`<bool>`)."""
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output
+    if not command:
+        assert "--version" in result.output
+
+
 def test_each_command_has_a_one_line_summary():
     """`specgen --help` lists a command by its docstring's first paragraph, line breaks kept:
     that paragraph is one line."""

@@ -22,6 +22,23 @@ from specgen.cli.run import run
 from specgen.cli.serve import serve
 from specgen.cli.train_head import train_head
 
+def _flags_show_no_type() -> None:
+    """A flag takes no value, so its help line shows none: typer 0.29 prints every option's type,
+    `--version <bool>` and `--help <bool>` included, as if each flag took a boolean argument."""
+    from typer.core import TyperOption  # once, at import: the class every flag is built with
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_no_type", False):  # another typer, or done
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and not self.count else shown(self, ctx)
+
+    display_type_rich.flags_show_no_type = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
 app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
