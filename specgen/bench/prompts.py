@@ -16,11 +16,15 @@ ALL = "all"
 
 
 def prompt_dirs() -> list[Path]:
-    """Where prompt sets live: the repository's `prompts/` next to the package, then ./prompts."""
-    candidates = [Path(__file__).resolve().parents[2] / "prompts", Path.cwd() / "prompts"]
+    """Where prompt sets live: inside the installed package (a wheel ships `prompts/` as
+    `specgen/prompts/`), the repository's `prompts/` beside the package (a checkout, an editable
+    install), then ./prompts."""
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "prompts" if (package.parent / "pyproject.toml").is_file() else None
+    candidates = [package / "prompts", checkout, Path.cwd() / "prompts"]
     found: list[Path] = []
     for directory in candidates:
-        if directory.is_dir() and directory.resolve() not in [d.resolve() for d in found]:
+        if directory is not None and directory.is_dir() and directory.resolve() not in [d.resolve() for d in found]:
             found.append(directory)
     return found
 
