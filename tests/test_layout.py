@@ -186,3 +186,15 @@ def test_one_type_per_idea():
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list)]
     assert len(found) <= MAX_DATACLASSES, f"{len(found)} dataclasses: {sorted(found)}"
+
+
+def test_the_wheel_lists_every_package():
+    """pyproject.toml names the packages the wheel carries (prompts/ is mapped in as specgen.prompts):
+    a new package under specgen/ must be named there, or a wheel install lacks it."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and newer
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    present = {".".join(p.parent.relative_to(ROOT.parent).parts) for p in ROOT.rglob("__init__.py")}
+    assert present <= listed, f"packages missing from pyproject.toml: {sorted(present - listed)}"
+    assert listed - present == {"specgen.prompts"}
