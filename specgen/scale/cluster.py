@@ -261,7 +261,10 @@ class RayRun:
 
     def __iter__(self) -> Iterator[tuple[int, object]]:
         ray = self.ray
-        from ray.exceptions import RayActorError  # optional extra, as import_ray
+        # optional extra, as import_ray. A batch's result over Ray's inline size (100 KB: a large
+        # --batch-size or -n) waits in its actor's node until fetched: a node lost meanwhile takes
+        # the result with it, an ObjectLostError, and not a RayActorError
+        from ray.exceptions import ObjectLostError, RayActorError
 
         live = list(self.actors)
         in_flight: dict = {}  # ObjectRef -> (actor, its batch)
@@ -279,7 +282,7 @@ class RayRun:
             actor, batch = in_flight.pop(ref)
             try:
                 results = ray.get(ref)
-            except RayActorError:  # the actor (or its node) died: its batches go back to the others
+            except (RayActorError, ObjectLostError):  # the actor (or its node) died: its batches go back to the others
                 self.queue.extendleft(reversed(batch))
                 self.retried += len(batch)
                 if actor in live:
