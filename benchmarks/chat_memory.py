@@ -45,10 +45,31 @@ def tiny_pair(directory: Path, context: int) -> tuple[Path, Path]:
 
 
 def measure(args, target: Path, draft: Path) -> list[float]:
-    command = [sys.executable, "-m", "specgen", "chat", "--target", str(target), "--draft", str(draft),
-               "--dtype", args.dtype, "--method", args.method, "-n", str(args.new_tokens)]
-    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    command = [
+        sys.executable,
+        "-m",
+        "specgen",
+        "chat",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--dtype",
+        args.dtype,
+        "--method",
+        args.method,
+        "-n",
+        str(args.new_tokens),
+    ]
+    child = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     samples = []
     try:
         for turn in range(1, args.turns + 1):
@@ -83,16 +104,22 @@ def main() -> None:
         else:
             target, draft = tiny_pair(Path(tmp), args.context)
         samples = measure(args, target, draft)
-    shown = sorted({1, 10, WARM_UP, *range(60, len(samples) + 1, 30), len(samples)} & set(range(1, len(samples) + 1)))
+    shown = sorted(
+        {1, 10, WARM_UP, *range(60, len(samples) + 1, 30), len(samples)} & set(range(1, len(samples) + 1))
+    )
     print(f"dtype {args.dtype}, method {args.method}, {len(samples)} turns of -n {args.new_tokens}")
     for turn in shown:
         print(f"  turn {turn:4d}: RSS {samples[turn - 1]:7.1f} MB")
     if len(samples) > WARM_UP:
         base = samples[WARM_UP - 1]
-        print(f"  after warm-up (turn {WARM_UP} -> {len(samples)}): {100 * (samples[-1] / base - 1):+.1f}%, "
-              f"peak {100 * (max(samples[WARM_UP - 1:]) / base - 1):+.1f}%")
+        print(
+            f"  after warm-up (turn {WARM_UP} -> {len(samples)}): {100 * (samples[-1] / base - 1):+.1f}%, "
+            f"peak {100 * (max(samples[WARM_UP - 1 :]) / base - 1):+.1f}%"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"dtype": args.dtype, "method": args.method, "rss_mb": samples}))
+        Path(args.json).write_text(
+            json.dumps({"dtype": args.dtype, "method": args.method, "rss_mb": samples})
+        )
 
 
 if __name__ == "__main__":

@@ -17,12 +17,19 @@ from specgen.cli.render import PlainRenderer
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.runtime.pair import load
 
-MESSAGES = ["Write a Python function that reverses a linked list.", "Now add type hints.",
-            "What is its time complexity?", "Rewrite it recursively.", "Which version would you use, and why?"]
+MESSAGES = [
+    "Write a Python function that reverses a linked list.",
+    "Now add type hints.",
+    "What is its time complexity?",
+    "Rewrite it recursively.",
+    "Which version would you use, and why?",
+]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--method", default="chain")
     args = parser.parse_args()
@@ -31,14 +38,17 @@ def main() -> None:
     config = GenerationConfig(method=Method.parse(args.method), max_new_tokens=args.max_new_tokens)
     replies = {}
     for reuse in (True, False):
-        chat = ChatSession(pair, settings, config, "You are a concise coding assistant.",
-                           reuse_cache=reuse)
+        chat = ChatSession(pair, settings, config, "You are a concise coding assistant.", reuse_cache=reuse)
         for message in MESSAGES:
             turn = chat.send(message, PlainRenderer(out=io.StringIO(), err=io.StringIO()))
         stats = turn.outcome.stats
         replies[reuse] = turn.outcome.token_ids
-        print(f"reuse={reuse!s:5} turn 5: conversation {turn.prompt_tokens} tokens, {turn.reused_tokens} reused; "
-              f"prefill {stats.prefill_seconds:.2f} s, time to first token {stats.time_to_first_token:.2f} s", flush=True)
+        print(
+            f"reuse={reuse!s:5} turn 5: conversation {turn.prompt_tokens} tokens, {turn.reused_tokens} "
+            f"reused; "
+            f"prefill {stats.prefill_seconds:.2f} s, time to first token {stats.time_to_first_token:.2f} s",
+            flush=True,
+        )
     print("turn-5 reply identical with and without reuse:", replies[True] == replies[False])
 
 

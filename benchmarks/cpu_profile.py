@@ -22,16 +22,23 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specgen.config import ModelSettings
+from specgen.config import Method, ModelSettings
 from specgen.models import placement
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for
 from specgen.runtime.pair import load
-from specgen.config import Method
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_int_mm", "quantized::linear_dynamic",
-              "aten::_weight_int8pack_mm",
-              "quantized::linear_with_input_q_dq_qweight_dq_output_fp32", "aten::linear", "aten::matmul")
+MATMUL_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::_int_mm",
+    "quantized::linear_dynamic",
+    "aten::_weight_int8pack_mm",
+    "quantized::linear_with_input_q_dq_qweight_dq_output_fp32",
+    "aten::linear",
+    "aten::matmul",
+)
 
 
 def cpu_flags() -> str:
@@ -40,7 +47,9 @@ def cpu_flags() -> str:
     return f"{placement.cpu_name()}: {' '.join(flags) or '?'}"
 
 
-def profile_model(model, width: int, context: int, steps: int, exact: bool = True) -> tuple[float, dict[str, float]]:
+def profile_model(
+    model, width: int, context: int, steps: int, exact: bool = True
+) -> tuple[float, dict[str, float]]:
     """Median wall ms per forward (untraced) and self ms per op per forward (traced), through
     what the decode loop calls (the lean forward on the CPU; exact=False for a draft)."""
     device = next(model.parameters()).device
@@ -87,24 +96,42 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the report here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    pair = load(ModelSettings(args.target, args.draft, "cpu", None, args.dtype, args.draft_quant, "off",
-                              target_quant=args.target_quant), Method.CHAIN, quiet=True)
-    lines = [f"cpu: {cpu_flags()}", f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-             f"context {args.context}, {args.steps} forwards per width",
-             f"target {pair.target.name}: {pair.target.dtype}, weights {pair.target.weights}",
-             f"draft {pair.draft.name}: {pair.draft.dtype}, weights {pair.draft.weights}", ""]
+    pair = load(
+        ModelSettings(
+            args.target,
+            args.draft,
+            "cpu",
+            None,
+            args.dtype,
+            args.draft_quant,
+            "off",
+            target_quant=args.target_quant,
+        ),
+        Method.CHAIN,
+        quiet=True,
+    )
+    lines = [
+        f"cpu: {cpu_flags()}",
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"context {args.context}, {args.steps} forwards per width",
+        f"target {pair.target.name}: {pair.target.dtype}, weights {pair.target.weights}",
+        f"draft {pair.draft.name}: {pair.draft.dtype}, weights {pair.draft.weights}",
+        "",
+    ]
     for role, loaded in (("target", pair.target), ("draft", pair.draft)):
         for width in (int(w) for w in args.widths.split(",")):
             wall, ops = profile_model(loaded.model, width, args.context, args.steps, exact=role == "target")
             total = sum(ops.values())
             matmul = sum(v for k, v in ops.items() if k in MATMUL_OPS)
-            lines.append(f"== {role}, {width} token(s): {wall:.1f} ms per forward (untraced median); "
-                         f"traced self time {total:.1f} ms, matmuls {matmul:.1f} ms ({matmul / total:.0%}), "
-                         f"other {total - matmul:.1f} ms")
+            lines.append(
+                f"== {role}, {width} token(s): {wall:.1f} ms per forward (untraced median); "
+                f"traced self time {total:.1f} ms, matmuls {matmul:.1f} ms ({matmul / total:.0%}), "
+                f"other {total - matmul:.1f} ms"
+            )
             for name, ms in sorted(ops.items(), key=lambda kv: -kv[1])[: args.top]:
                 lines.append(f"   {name:<44}{ms:9.2f} ms {ms / total:6.1%}")
             lines.append("")
-            print("\n".join(lines[-(min(args.top, len(ops)) + 2):]), flush=True)
+            print("\n".join(lines[-(min(args.top, len(ops)) + 2) :]), flush=True)
     report = "\n".join(lines)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -47,14 +47,23 @@ def time_steps(model, context: int, steps: int) -> float:
 
 def acceptance(variants: list[str], max_new_tokens: int, k: int) -> None:
     """Chain acceptance on the quick set per variant (the target is the same in every run)."""
-    print(f"chain k={k}, quick set, {max_new_tokens} new tokens, greedy: acceptance per --draft-quant variant")
+    print(
+        f"chain k={k}, quick set, {max_new_tokens} new tokens, greedy: acceptance per --draft-quant variant"
+    )
     print(f"{'variant':<16}{'acceptance':>11}{'tok/fwd':>9}")
     for name in variants:
-        pair = load(ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "cpu", None, "auto",
-                                  name), Method.CHAIN, quiet=True)
+        pair = load(
+            ModelSettings(
+                "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "cpu", None, "auto", name
+            ),
+            Method.CHAIN,
+            quiet=True,
+        )
         config = GenerationConfig(method=Method.CHAIN, max_new_tokens=max_new_tokens, draft_tokens=k)
         prompts = [encode(pair.target.tokenizer, item) for item in load_prompts("quick")]
-        outcomes = [o for _, o in run_prompts(build_engine(pair, config), pair.target.tokenizer, prompts, config)]
+        outcomes = [
+            o for _, o in run_prompts(build_engine(pair, config), pair.target.tokenizer, prompts, config)
+        ]
         stats = outcomes[0].stats
         for outcome in outcomes[1:]:
             stats = stats.merge(outcome.stats)
@@ -82,12 +91,14 @@ def main() -> None:
         models[name] = apply_draft_quant(loaded.model, name)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.repeats):
-        order = variants[r % len(variants):] + variants[: r % len(variants)]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for name in order:
             times[name].append(time_steps(models[name], args.context, args.steps))
     base = statistics.median(times[variants[0]])
-    print(f"draft {args.draft}, {args.context}-token context, {args.steps} steps x {args.repeats} repeats, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"draft {args.draft}, {args.context}-token context, {args.steps} steps x {args.repeats} repeats, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"{'variant':<16}{'ms/token':>10}{'tok/s':>8}{'vs ' + variants[0]:>12}")
     for name in variants:
         t = statistics.median(times[name])

@@ -34,8 +34,9 @@ class HeadProbe:
         feats = torch.randn(1, context, width) * 0.1
         self.step = HeadStep(head, widest=0)  # the head's forward as the drafter calls it, never buffered
         self.step.feed(feats)
-        self.hidden = self.step.split(kvcache.forward(self.step, self.cache, torch.arange(100, 100 + context)[None],
-                                                      keep=1))[1]
+        self.hidden = self.step.split(
+            kvcache.forward(self.step, self.cache, torch.arange(100, 100 + context)[None], keep=1)
+        )[1]
         self.token = torch.tensor([[300]])
         self.seconds()
 
@@ -58,21 +59,35 @@ def main() -> None:
     args = parser.parse_args()
     auto = ModelSettings(args.target, args.head, "auto", None, "auto", "auto", "auto", "auto")
     pair = load(auto, Method.EAGLE, quiet=True)
-    model_pair = load(ModelSettings(args.target, args.draft, "auto", None, "auto", "auto", "auto", "auto"),
-                      Method.CHAIN, quiet=True)
+    model_pair = load(
+        ModelSettings(args.target, args.draft, "auto", None, "auto", "auto", "auto", "auto"),
+        Method.CHAIN,
+        quiet=True,
+    )
     with torch.inference_mode():
-        probes = {"target": _Probe(pair.target.model, 1, context=64), "head": HeadProbe(pair.draft.model),
-                  "draft model": _Probe(model_pair.draft.model, 1, context=64, exact=False)}
+        probes = {
+            "target": _Probe(pair.target.model, 1, context=64),
+            "head": HeadProbe(pair.draft.model),
+            "draft model": _Probe(model_pair.draft.model, 1, context=64, exact=False),
+        }
         times = {name: [] for name in probes}
         for _ in range(args.repeats):
             for name, probe in probes.items():
                 times[name].append(probe.seconds())
     medians = {name: statistics.median(values) for name, values in times.items()}
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
-    print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "head": args.head, "head_weights": pair.draft.weights,
-                      "cpu_flags": [f for f in flags if f.startswith(("avx", "amx"))],
-                      "ms": {k: round(v * 1000, 3) for k, v in medians.items()},
-                      "in_target_steps": {k: round(v / medians["target"], 4) for k, v in medians.items()}}))
+    print(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%d %H:%M"),
+                "head": args.head,
+                "head_weights": pair.draft.weights,
+                "cpu_flags": [f for f in flags if f.startswith(("avx", "amx"))],
+                "ms": {k: round(v * 1000, 3) for k, v in medians.items()},
+                "in_target_steps": {k: round(v / medians["target"], 4) for k, v in medians.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,12 +51,31 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=64)
     args = parser.parse_args()
     name = "qwen2.5-coder-1.5b-instruct"
-    target = ensure_converted(catalog.fetch(catalog.CATALOG[name], quiet=True), torch.bfloat16, key=name, quiet=True)
+    target = ensure_converted(
+        catalog.fetch(catalog.CATALOG[name], quiet=True), torch.bfloat16, key=name, quiet=True
+    )
     port = free_port()
     config = {"method": "eagle3", "model": str(Path(args.head).resolve()), "num_speculative_tokens": args.k}
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4"}
-    command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--dtype",
-               "bfloat16", "--max-model-len", "4096", "--port", str(port), "--speculative-config", json.dumps(config)]
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "4",
+    }
+    command = [
+        args.vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(target),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        "--port",
+        str(port),
+        "--speculative-config",
+        json.dumps(config),
+    ]
     record = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": command, "speculative_config": config}
     started = time.monotonic()
     try:

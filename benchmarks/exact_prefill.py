@@ -38,7 +38,9 @@ def main() -> None:
     exact = lean.grouped_attention
     print(f"target {pair.target.name}, weights {pair.target.weights}, {torch.get_num_threads()} threads")
     for n in (int(x) for x in args.lengths.split(",")):
-        ids = torch.randint(0, model.config.vocab_size - 1000, (1, n), generator=torch.Generator().manual_seed(n))
+        ids = torch.randint(
+            0, model.config.vocab_size - 1000, (1, n), generator=torch.Generator().manual_seed(n)
+        )
         seconds = {"fp32 SDPA": [], "exact (float64)": []}
         for _ in range(args.repeats):
             for name, attention in (("fp32 SDPA", fp32), ("exact (float64)", exact)):
@@ -49,8 +51,11 @@ def main() -> None:
                 seconds[name].append(time.perf_counter() - started)
         lean.grouped_attention = exact
         base, new = (statistics.median(v) for v in seconds.values())
-        print(f"{n:5d} tokens: fp32 SDPA {base:.2f} s, exact {new:.2f} s, ratio {new / base:.3f} "
-              f"(runs: {', '.join(f'{a:.2f}/{b:.2f}' for a, b in zip(*seconds.values()))})", flush=True)
+        print(
+            f"{n:5d} tokens: fp32 SDPA {base:.2f} s, exact {new:.2f} s, ratio {new / base:.3f} "
+            f"(runs: {', '.join(f'{a:.2f}/{b:.2f}' for a, b in zip(*seconds.values()))})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,12 @@ def tree_rss(process: psutil.Process) -> tuple[int, int, int]:
 def run(cache: Path, log: Path) -> dict:
     env = {**os.environ, "SPECGEN_CACHE": str(cache)}
     start = time.perf_counter()
-    child = subprocess.Popen(COMMAND + EXTRA, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timeline: list[tuple[float, int, int, int]] = []  # (seconds, the command's RSS, its children's, anonymous)
+    child = subprocess.Popen(
+        COMMAND + EXTRA, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    timeline: list[
+        tuple[float, int, int, int]
+    ] = []  # (seconds, the command's RSS, its children's, anonymous)
     done = threading.Event()
 
     def sample() -> None:
@@ -78,12 +82,20 @@ def run(cache: Path, log: Path) -> dict:
     sampler.join()
     with open(log.with_suffix(".rss.tsv"), "w") as out:
         out.write("seconds\tcommand_gb\tchildren_gb\tanonymous_gb\n")
-        out.writelines(f"{t:.1f}\t{own / 1e9:.3f}\t{kids / 1e9:.3f}\t{anon / 1e9:.3f}\n" for t, own, kids, anon in timeline)
+        out.writelines(
+            f"{t:.1f}\t{own / 1e9:.3f}\t{kids / 1e9:.3f}\t{anon / 1e9:.3f}\n"
+            for t, own, kids, anon in timeline
+        )
     at, own, kids, _ = max(timeline, key=lambda sample: sample[1] + sample[2], default=(0.0, 0, 0, 0))
     anonymous = max((sample[3] for sample in timeline), default=0)
-    return {"seconds": round(seconds, 1), "peak_rss_gb": round((own + kids) / 1e9, 2), "exit": code,
-            "peak_at_s": round(at, 1), "peak_split_gb": [round(own / 1e9, 2), round(kids / 1e9, 2)],
-            "peak_anonymous_gb": round(anonymous / 1e9, 2)}
+    return {
+        "seconds": round(seconds, 1),
+        "peak_rss_gb": round((own + kids) / 1e9, 2),
+        "exit": code,
+        "peak_at_s": round(at, 1),
+        "peak_split_gb": [round(own / 1e9, 2), round(kids / 1e9, 2)],
+        "peak_anonymous_gb": round(anonymous / 1e9, 2),
+    }
 
 
 def disk(cache: Path) -> dict:
@@ -106,7 +118,10 @@ def main() -> None:
     cache = args.cache or Path(tempfile.mkdtemp(prefix="specgen-first-run-"))
     shutil.rmtree(cache, ignore_errors=True)
     flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    result = {"command": COMMAND + EXTRA, "cpu": [line for line in flags.splitlines() if line.startswith(("Model name", "Flags"))]}
+    result = {
+        "command": COMMAND + EXTRA,
+        "cpu": [line for line in flags.splitlines() if line.startswith(("Model name", "Flags"))],
+    }
     result["first"] = run(cache, args.out / "first.log")
     result["disk_gb"] = disk(cache)
     result["disk_total_gb"] = round(sum(result["disk_gb"].values()), 2)

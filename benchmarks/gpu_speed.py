@@ -7,7 +7,8 @@ Usage (on a CUDA machine; nothing is downloaded):
                                    [--shapes q15,q7] [--modes inductor] [--skip costs]
 A smoke run on the CPU (tiny shapes, eager, transformers' static cache not compiled there):
     python benchmarks/gpu_speed.py /tmp/smoke.json --device cpu --shapes tiny --draft tiny-draft \
-        --modes off --new 32 --repeats 1 --skip hf-eager,costs --synthetic benchmarks/results/quick-greedy.json
+        --modes off --new 32 --repeats 1 --skip hf-eager,costs --synthetic
+        benchmarks/results/quick-greedy.json
 
 Builds Qwen2 models with the exact shapes of Qwen2.5 0.5B / 1.5B / 7B (random bf16 weights,
 lm_head scaled so greedy paths are not near-ties) and reports, in one run on one GPU:
@@ -58,23 +59,58 @@ from specgen.decoding.drafters.eagle import EagleDrafter  # noqa: E402
 from specgen.decoding.drafters.model import ChainDrafter  # noqa: E402
 from specgen.decoding.engine import Engine  # noqa: E402
 from specgen.decoding.events import RoundResult  # noqa: E402
+from specgen.errors import ConfigError  # noqa: E402
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, default_layers  # noqa: E402
 from specgen.runtime import features, kvcache  # noqa: E402
 from specgen.runtime.compiled import Steps  # noqa: E402
-from specgen.errors import ConfigError  # noqa: E402
 
 SHAPES = {  # Qwen2.5 0.5B / 1.5B / 7B
-    "q05": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936),
-    "q15": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936),
-    "q7": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, tie_word_embeddings=False, vocab_size=152064),
+    "q05": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vocab_size=151936,
+    ),
+    "q15": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vocab_size=151936,
+    ),
+    "q7": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        vocab_size=152064,
+    ),
     # CPU smoke checks of this script (--device cpu): a target and a draft of a few MB
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=2048),
-    "tiny-draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                       num_key_value_heads=2, tie_word_embeddings=True, vocab_size=2048),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vocab_size=2048,
+    ),
+    "tiny-draft": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vocab_size=2048,
+    ),
 }
 DEVICE = torch.device("cuda")  # --device sets it once in main()
 SYNTHETIC_RUNS = 20  # at least this many seeds per synthetic cell (about 600 rounds at 128 tokens)
@@ -84,8 +120,14 @@ def build(name: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(**SHAPES[name], max_position_embeddings=32768, rope_theta=1e6, eos_token_id=None,
-                         bos_token_id=None, pad_token_id=0)
+    config = Qwen2Config(
+        **SHAPES[name],
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16 if DEVICE.type == "cuda" else torch.float32)
     try:
@@ -127,6 +169,7 @@ def hf_generate(model, prompt, n: int, static: bool):
     def go():
         out = model.generate(prompt, **kwargs)
         assert out.shape[1] == prompt.shape[1] + n, out.shape
+
     return go
 
 
@@ -139,6 +182,7 @@ def specgen_run(engine, prompt_ids, config, record):
         record["drafted"] = sum(len(r.draft_tokens) for r in rounds)
         record["draft_seconds"] = sum(r.draft_seconds for r in rounds)
         record["verify_seconds"] = sum(r.verify_seconds for r in rounds)
+
     return go
 
 
@@ -154,6 +198,7 @@ def forward_costs(model, mode: str, widths=(1, 2, 3, 4, 5), context: int = 200, 
         def step():
             steps.forward(cache, x)
             kvcache.crop(cache, context)
+
         for _ in range(3):
             step()
         costs[w] = round(1000 * statistics.median(sync_time(step) for _ in range(reps)), 3)
@@ -181,10 +226,13 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
         head = eagle_head(model)
         # a recording at k replays rounds of at most k drafts (config refuses longer ones)
         for k in [k for k in ks if k <= args.eagle_acceptance.draft_tokens]:
-            drafter = EagleDrafter(head, DEVICE, head.config.vocab_size, compile=mode)  # the head's steps as run's
+            drafter = EagleDrafter(
+                head, DEVICE, head.config.vocab_size, compile=mode
+            )  # the head's steps as run's
             engine = Engine(model, DEVICE, frozenset(), 32768, drafter, compile=mode)
-            config = GenerationConfig(method=Method.EAGLE, max_new_tokens=n, draft_tokens=k,
-                                      acceptance=args.eagle_acceptance)
+            config = GenerationConfig(
+                method=Method.EAGLE, max_new_tokens=n, draft_tokens=k, acceptance=args.eagle_acceptance
+            )
             warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
             cell[f"eagle-k{k}"] = synthetic_cell(args.eagle_acceptance, k, seconds, warm, record)
             print(shape, mode, f"eagle-k{k}", "(synthetic acceptance)", cell[f"eagle-k{k}"], flush=True)
@@ -196,7 +244,9 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
     for k in ks:
         drafter = ChainDrafter(draft, DEVICE, shared, compile=mode)
         engine = Engine(model, DEVICE, frozenset(), 32768, drafter, shared, compile=mode)
-        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=n, draft_tokens=k, acceptance=args.acceptance)
+        config = GenerationConfig(
+            method=Method.CHAIN, max_new_tokens=n, draft_tokens=k, acceptance=args.acceptance
+        )
         if args.acceptance.synthetic:
             warm, seconds, record = measure_synthetic(engine, prompt_ids, config, args.repeats)
             cell[f"chain-k{k}"] = synthetic_cell(args.acceptance, k, seconds, warm, record)
@@ -207,8 +257,10 @@ def run_mode(mode, shape, model, draft, row, result, prompt_ids, counts, ks, arg
         per_round = seconds / record["rounds"]
         expected = 1 + sum(min(a, k) * c for a, c in counts.items()) / total if total else None
         cell[f"chain-k{k}"] = {
-            "tokens_per_second": round(n / seconds, 2), "warmup_seconds": round(warm, 2),
-            "rounds": record["rounds"], "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
+            "tokens_per_second": round(n / seconds, 2),
+            "warmup_seconds": round(warm, 2),
+            "rounds": record["rounds"],
+            "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
             "ms_per_round": round(1000 * per_round, 3),
             # host clock per phase of the last run: drafting (k queued draft steps) and verifying
             # (the target's forward, acceptance and the one sync that reads the verdict)
@@ -233,9 +285,18 @@ def eagle_head(model):
     layers = config.num_hidden_layers
     vocab = config.vocab_size
     used = torch.arange(min(32000, vocab))
-    head = Eagle3Head(HeadConfig(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                                 config.hidden_size // config.num_attention_heads, config.intermediate_size, vocab,
-                                 used.shape[0], default_layers(layers)))
+    head = Eagle3Head(
+        HeadConfig(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.hidden_size // config.num_attention_heads,
+            config.intermediate_size,
+            vocab,
+            used.shape[0],
+            default_layers(layers),
+        )
+    )
     with torch.no_grad():
         for param in head.parameters():
             param.normal_(0, 0.02)
@@ -249,9 +310,11 @@ def measure_synthetic(engine, prompt_ids, config, repeats: int) -> tuple[float, 
     """(warm-up seconds, total seconds, pooled record) of max(repeats, SYNTHETIC_RUNS) runs, each
     replaying another seed's draws: one run of 128 tokens is about 30 rounds, so a single seed's
     mean accepted length strays from the recording's by several percent; pooling averages it out."""
+
     def run(seed: int, record: dict):
         acceptance = replace(config.acceptance, seed=seed)
         return specgen_run(engine, prompt_ids, replace(config, acceptance=acceptance), record)
+
     warm = sync_time(run(10**6, {}))
     records = [{} for _ in range(max(repeats, SYNTHETIC_RUNS))]
     seconds = sum(sync_time(run(seed, record)) for seed, record in enumerate(records))
@@ -265,8 +328,11 @@ def synthetic_cell(acceptance: Acceptance, k: int, seconds: float, warm: float, 
     run may draft fewer)."""
     rounds = record["rounds"]
     return {
-        "acceptance_mode": "synthetic", "tokens_per_second": round(record["tokens"] / seconds, 2),
-        "warmup_seconds": round(warm, 2), "runs": record["runs"], "rounds": rounds,
+        "acceptance_mode": "synthetic",
+        "tokens_per_second": round(record["tokens"] / seconds, 2),
+        "warmup_seconds": round(warm, 2),
+        "runs": record["runs"],
+        "rounds": rounds,
         "tokens_per_round": round(record["tokens"] / rounds, 3),
         "recorded_tokens_per_round": round(1 + synthetic.expected_accepted(acceptance, k), 3),
         "acceptance": round(record["accepted"] / max(record["drafted"], 1), 4),
@@ -279,13 +345,15 @@ def synthetic_cell(acceptance: Acceptance, k: int, seconds: float, warm: float, 
 
 def summary(result: dict) -> str:
     """The synthetic run's table: speculative and plain against transformers' static cache."""
-    lines = [f"synthetic acceptance: accepted lengths replayed from {result['synthetic_acceptance']['source']} "
-             f"(recorded at k={result['synthetic_acceptance']['draft_tokens']}); {result['device']}, "
-             f"{result['new_tokens']} new tokens; plain and hf: median of {result['repeats']} runs, chain: "
-             f"pooled over {max(result['repeats'], SYNTHETIC_RUNS)} seeds"
-             + ("" if result["hf_static_compiled"] else "; transformers does not compile its static cache here"),
-             f"{'shape':<6} {'mode':<9} {'method':<10} {'tok/s':>9} {'vs hf-static':>12} {'acceptance':>10} "
-             f"{'recorded':>8} {'tok/round':>9}"]
+    lines = [
+        f"synthetic acceptance: accepted lengths replayed from {result['synthetic_acceptance']['source']} "
+        f"(recorded at k={result['synthetic_acceptance']['draft_tokens']}); {result['device']}, "
+        f"{result['new_tokens']} new tokens; plain and hf: median of {result['repeats']} runs, chain: "
+        f"pooled over {max(result['repeats'], SYNTHETIC_RUNS)} seeds"
+        + ("" if result["hf_static_compiled"] else "; transformers does not compile its static cache here"),
+        f"{'shape':<6} {'mode':<9} {'method':<10} {'tok/s':>9} {'vs hf-static':>12} {'acceptance':>10} "
+        f"{'recorded':>8} {'tok/round':>9}",
+    ]
     for shape, row in result["shapes"].items():
         base = row.get("hf-static", {}).get("tokens_per_second")
         if base:
@@ -293,10 +361,14 @@ def summary(result: dict) -> str:
         for mode, cells in row.get("specgen", {}).items():
             for method, c in cells.items():
                 ratio = f"{c['vs_hf_static']:.3f}" if "vs_hf_static" in c else "-"
-                accepted = [f"{c[key]:.3f}" if key in c else "" for key in
-                            ("acceptance", "recorded_acceptance", "tokens_per_round")]
-                lines.append(f"{shape:<6} {mode:<9} {method:<10} {c['tokens_per_second']:>9.2f} {ratio:>12} "
-                             f"{accepted[0]:>10} {accepted[1]:>8} {accepted[2]:>9}")
+                accepted = [
+                    f"{c[key]:.3f}" if key in c else ""
+                    for key in ("acceptance", "recorded_acceptance", "tokens_per_round")
+                ]
+                lines.append(
+                    f"{shape:<6} {mode:<9} {method:<10} {c['tokens_per_second']:>9.2f} {ratio:>12} "
+                    f"{accepted[0]:>10} {accepted[1]:>8} {accepted[2]:>9}"
+                )
     return "\n".join(lines)
 
 
@@ -323,17 +395,29 @@ def main() -> None:
     parser.add_argument("--modes", default="graphs")
     parser.add_argument("--ks", default="1,2,3,4")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: hf-eager,hf-static,costs,eager")
+    parser.add_argument(
+        "--skip", default="", help="comma list of parts to skip: hf-eager,hf-static,costs,eager"
+    )
     parser.add_argument("--histogram", nargs="*", default=["benchmarks/results/quick-greedy.json"])
-    parser.add_argument("--synthetic", metavar="FILE[:METHOD]",
-                        help="measure chain with synthetic acceptance replayed from this bench JSON's recording "
-                             "of METHOD (default chain) instead of projecting it")
-    parser.add_argument("--eagle", metavar="FILE[:METHOD]",
-                        help="also measure an EAGLE-3 head of each shape (random weights, a draft step of its real "
-                             "cost) with synthetic acceptance replayed from this bench JSON's recording of METHOD "
-                             "(default eagle): the acceptance a trained head showed on the CPU")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu: a smoke check of this script (use --shapes tiny --draft tiny-draft --modes off)")
+    parser.add_argument(
+        "--synthetic",
+        metavar="FILE[:METHOD]",
+        help="measure chain with synthetic acceptance replayed from this bench JSON's recording "
+        "of METHOD (default chain) instead of projecting it",
+    )
+    parser.add_argument(
+        "--eagle",
+        metavar="FILE[:METHOD]",
+        help="also measure an EAGLE-3 head of each shape (random weights, a draft step of its real "
+        "cost) with synthetic acceptance replayed from this bench JSON's recording of METHOD "
+        "(default eagle): the acceptance a trained head showed on the CPU",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: a smoke check of this script (use --shapes tiny --draft tiny-draft --modes off)",
+    )
     args = parser.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -350,33 +434,56 @@ def main() -> None:
     args.eagle_acceptance = None
     if args.eagle:
         try:
-            args.eagle_acceptance = synthetic.parse(args.eagle if ":" in args.eagle else args.eagle + ":eagle")
+            args.eagle_acceptance = synthetic.parse(
+                args.eagle if ":" in args.eagle else args.eagle + ":eagle"
+            )
         except ConfigError as exc:
             parser.error(str(exc))
     torch.backends.cuda.matmul.allow_tf32 = True
-    name = (torch.cuda.get_device_properties(0).name if DEVICE.type == "cuda"
-            else f"CPU, {torch.get_num_threads()} threads")
+    name = (
+        torch.cuda.get_device_properties(0).name
+        if DEVICE.type == "cuda"
+        else f"CPU, {torch.get_num_threads()} threads"
+    )
     import transformers
 
-    result = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
-              "new_tokens": args.new, "prompt_tokens": args.prompt, "repeats": args.repeats, "shapes": {},
-              # transformers compiles a static cache's forward on CUDA, not on the CPU
-              "hf_static_compiled": DEVICE.type == "cuda"}
+    result = {
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "new_tokens": args.new,
+        "prompt_tokens": args.prompt,
+        "repeats": args.repeats,
+        "shapes": {},
+        # transformers compiles a static cache's forward on CUDA, not on the CPU
+        "hf_static_compiled": DEVICE.type == "cuda",
+    }
     if args.acceptance.synthetic:
         a = args.acceptance
         result["acceptance"] = "synthetic"
         result["synthetic_acceptance"] = {
-            "source": a.source, "draft_tokens": a.draft_tokens, "seed": a.seed,
+            "source": a.source,
+            "draft_tokens": a.draft_tokens,
+            "seed": a.seed,
             "histogram": {str(length): n for length, n in zip(a.lengths, a.rounds)},
-            "note": "accepted lengths replayed from the recording: speeds measured end to end, tokens not the target's"}
+            "note": "accepted lengths replayed from the recording: speeds measured end to end, "
+            "tokens not the target's",
+        }
         counts = Counter()
-        print(f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}; synthetic acceptance "
-              f"from {a.source} (k={a.draft_tokens}): {result['synthetic_acceptance']['histogram']}", flush=True)
+        print(
+            f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}; synthetic "
+            f"acceptance "
+            f"from {a.source} (k={a.draft_tokens}): {result['synthetic_acceptance']['histogram']}",
+            flush=True,
+        )
     else:
         counts = histogram(args.histogram)
         result["histogram_k4"] = {str(a): c for a, c in sorted(counts.items())}
-        print(f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}; "
-              f"k=4 accepted-length histogram {dict(sorted(counts.items()))}", flush=True)
+        print(
+            f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}; "
+            f"k=4 accepted-length histogram {dict(sorted(counts.items()))}",
+            flush=True,
+        )
 
     draft = build(args.draft)
     modes = [m for m in args.modes.split(",") if m]
@@ -406,7 +513,9 @@ def main() -> None:
                 for method, values in cells.items():
                     values["vs_hf_static"] = round(values["tokens_per_second"] / base, 3)
                     if values.get("projected_tokens_per_second"):
-                        values["projected_vs_hf_static"] = round(values["projected_tokens_per_second"] / base, 3)
+                        values["projected_vs_hf_static"] = round(
+                            values["projected_tokens_per_second"] / base, 3
+                        )
         del model
         if DEVICE.type == "cuda":
             torch.cuda.empty_cache()

@@ -52,11 +52,19 @@ def _limits() -> None:  # in the child, before exec: 10 s of CPU, 1 GB of memory
 
 
 def passes(problem: dict, completion: str) -> bool:
-    program = problem["prompt"] + completion + "\n\n" + problem["test"] + f"\n\ncheck({problem['entry_point']})\n"
+    program = (
+        problem["prompt"] + completion + "\n\n" + problem["test"] + f"\n\ncheck({problem['entry_point']})\n"
+    )
     with tempfile.TemporaryDirectory() as where:
         try:
-            done = subprocess.run([sys.executable, "-I", "-c", program], cwd=where, capture_output=True, timeout=10,
-                                  preexec_fn=_limits, env={"PATH": os.environ.get("PATH", "")})
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", program],
+                cwd=where,
+                capture_output=True,
+                timeout=10,
+                preexec_fn=_limits,
+                env={"PATH": os.environ.get("PATH", "")},
+            )
         except subprocess.TimeoutExpired:
             return False
     return done.returncode == 0
@@ -73,21 +81,35 @@ def main() -> None:
     chosen = problems(args.data)[: args.limit]
     port, key = free_port(), secrets.token_urlsafe(12)
     server = Server("specgen", ["specgen", "serve", "--port", str(port), "--api-key", key], port, key)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "problems": len(chosen), "max_tokens": args.n,
-              "stops": STOPS, "methods": {}}
+    record = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "problems": len(chosen),
+        "max_tokens": args.n,
+        "stops": STOPS,
+        "methods": {},
+    }
     try:
         for method in args.methods.split(","):
             started, answers = time.monotonic(), []
             for problem in chosen:
-                reply = server.client.completions.create(model=server.model, prompt=problem["prompt"],
-                                                         max_tokens=args.n, temperature=0, stop=STOPS,
-                                                         extra_body={"speculative": {"method": method}})
+                reply = server.client.completions.create(
+                    model=server.model,
+                    prompt=problem["prompt"],
+                    max_tokens=args.n,
+                    temperature=0,
+                    stop=STOPS,
+                    extra_body={"speculative": {"method": method}},
+                )
                 answers.append(reply.choices[0].text)
             seconds = time.monotonic() - started
             results = [passes(p, a) for p, a in zip(chosen, answers)]
-            record["methods"][method] = {"seconds": round(seconds, 1), "passed": sum(results),
-                                         "pass_at_1": round(sum(results) / len(results), 4),
-                                         "results": results, "completions": answers}
+            record["methods"][method] = {
+                "seconds": round(seconds, 1),
+                "passed": sum(results),
+                "pass_at_1": round(sum(results) / len(results), 4),
+                "results": results,
+                "completions": answers,
+            }
             print(f"{method}: pass@1 {sum(results)}/{len(results)} in {seconds:.0f} s", flush=True)
     finally:
         server.stop()
@@ -95,7 +117,10 @@ def main() -> None:
     record["identical_answers"] = all(m["completions"] == methods[0]["completions"] for m in methods)
     record["identical_results"] = all(m["results"] == methods[0]["results"] for m in methods)
     Path(args.out).write_text(json.dumps(record, indent=1))
-    print(f"answers identical across methods: {record['identical_answers']}; results: {record['identical_results']}")
+    print(
+        f"answers identical across methods: {record['identical_answers']}; results: "
+        f"{record['identical_results']}"
+    )
 
 
 if __name__ == "__main__":

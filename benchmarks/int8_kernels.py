@@ -37,9 +37,19 @@ import torch.nn.functional as F
 
 from specgen.runtime import int8
 
-HIDDEN, INTERMEDIATE, VOCAB, HEADS_KV = 1536, 8960, 151936, 2 * 128  # Qwen2.5-1.5B: 12 q heads, 2 kv heads of 128
-SHAPES = {"qkv": (HIDDEN + 2 * HEADS_KV, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTERMEDIATE, HIDDEN),
-          "down": (HIDDEN, INTERMEDIATE), "lm_head": (VOCAB, HIDDEN)}
+HIDDEN, INTERMEDIATE, VOCAB, HEADS_KV = (
+    1536,
+    8960,
+    151936,
+    2 * 128,
+)  # Qwen2.5-1.5B: 12 q heads, 2 kv heads of 128
+SHAPES = {
+    "qkv": (HIDDEN + 2 * HEADS_KV, HIDDEN),
+    "o": (HIDDEN, HIDDEN),
+    "gate_up": (2 * INTERMEDIATE, HIDDEN),
+    "down": (HIDDEN, INTERMEDIATE),
+    "lm_head": (VOCAB, HIDDEN),
+}
 ROWS = (1, 5, 9, 17)
 LAYERS = 28
 
@@ -79,9 +89,13 @@ def dense_bf16(weight):  # not int8: the reference a replacement has to beat in 
     return lambda x: F.linear(x.to(torch.bfloat16), w).float()
 
 
-KERNELS = {"today (fbgemm row-exact)": today, "torchao int8 dyn-act int8-weight": torchao_dynamic,
-           "_weight_int8pack_mm (bf16 act)": int8pack, "compiled dequant-matmul (bf16)": compiled_dequant,
-           "dense bf16 (no int8)": dense_bf16}
+KERNELS = {
+    "today (fbgemm row-exact)": today,
+    "torchao int8 dyn-act int8-weight": torchao_dynamic,
+    "_weight_int8pack_mm (bf16 act)": int8pack,
+    "compiled dequant-matmul (bf16)": compiled_dequant,
+    "dense bf16 (no int8)": dense_bf16,
+}
 
 
 def seconds(fn, x, repeats: int) -> float:
@@ -97,7 +111,7 @@ def seconds(fn, x, repeats: int) -> float:
 
 def invariant(fn, x) -> bool:
     """Each row's output alone equals its output inside every wider batch, bitwise."""
-    alone = torch.cat([fn(x[i:i + 1]) for i in range(len(x))])
+    alone = torch.cat([fn(x[i : i + 1]) for i in range(len(x))])
     return all(torch.equal(fn(x[:rows]), alone[:rows]) for rows in ROWS[1:])
 
 
@@ -113,14 +127,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("Model name")), "?")
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("Model name")), "?"
+    )
     wanted = [k for k in args.kernels.split(",") if k]
     weights = {name: torch.randn(shape) * 0.02 for name, shape in SHAPES.items()}
     inputs = {name: torch.randn(max(ROWS), shape[1]) for name, shape in SHAPES.items()}
-    results = {"cpu": cpu, "flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
-                                     if f in flags.split()],
-               "torch": torch.__version__, "threads": args.threads, "date": time.strftime("%Y-%m-%d"),
-               "python": platform.python_version(), "rows": list(ROWS), "kernels": {}}
+    results = {
+        "cpu": cpu,
+        "flags": [
+            f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags.split()
+        ],
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "date": time.strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "rows": list(ROWS),
+        "kernels": {},
+    }
     for kernel in wanted:
         row = {"ms": {}, "exact_rows": True, "max_rel_error": 0.0}
         try:
@@ -138,13 +162,24 @@ def main() -> None:
                 row["max_rel_error"] = max(row["max_rel_error"], round(error, 4))
                 row["exact_rows"] &= invariant(fn, x)
                 for rows in ROWS:
-                    row["ms"].setdefault(name, {})[rows] = round(1000 * seconds(fn, x[:rows], args.repeats), 3)
+                    row["ms"].setdefault(name, {})[rows] = round(
+                        1000 * seconds(fn, x[:rows], args.repeats), 3
+                    )
         # one decode step's linears: every layer's four, once the output layer
-        row["step_ms"] = {rows: round(LAYERS * sum(row["ms"][n][rows] for n in ("qkv", "o", "gate_up", "down"))
-                                      + row["ms"]["lm_head"][rows], 2) for rows in ROWS}
+        row["step_ms"] = {
+            rows: round(
+                LAYERS * sum(row["ms"][n][rows] for n in ("qkv", "o", "gate_up", "down"))
+                + row["ms"]["lm_head"][rows],
+                2,
+            )
+            for rows in ROWS
+        }
         results["kernels"][kernel] = row
-        print(f"{kernel}: step linears {row['step_ms']} ms; row-exact {row['exact_rows']}; "
-              f"max rel error {row['max_rel_error']}", flush=True)
+        print(
+            f"{kernel}: step linears {row['step_ms']} ms; row-exact {row['exact_rows']}; "
+            f"max rel error {row['max_rel_error']}",
+            flush=True,
+        )
     base = results["kernels"].get(wanted[0], {}).get("step_ms")
     if base:
         print(f"\nrelative to {wanted[0]} (lower is faster), rows {list(ROWS)}:")

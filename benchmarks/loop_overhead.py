@@ -47,13 +47,28 @@ def main() -> None:
     parser.add_argument("-n", "--max-new-tokens", type=int, default=48)
     parser.add_argument("--draft-quant", default="auto")
     args = parser.parse_args()
-    pair = load(ModelSettings("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "cpu", None, "auto",
-                              args.draft_quant), Method.CHAIN, quiet=True)
+    pair = load(
+        ModelSettings(
+            "qwen2.5-coder-1.5b-instruct",
+            "qwen2.5-coder-0.5b-instruct",
+            "cpu",
+            None,
+            "auto",
+            args.draft_quant,
+        ),
+        Method.CHAIN,
+        quiet=True,
+    )
     target, draft = Timed(pair.target.model), Timed(pair.draft.model)
     prompts = [encode(pair.target.tokenizer, p) for p in load_prompts("quick")]
-    print(f"default pair, draft-quant {args.draft_quant}, quick set ({len(prompts)} prompts), "
-          f"{args.max_new_tokens} new tokens, greedy")
-    print(f"{'method':<12}{'decode s':>10}{'target s':>10}{'draft s':>10}{'outside s':>11}{'outside':>9}{'rounds':>8}")
+    print(
+        f"default pair, draft-quant {args.draft_quant}, quick set ({len(prompts)} prompts), "
+        f"{args.max_new_tokens} new tokens, greedy"
+    )
+    print(
+        f"{'method':<12}{'decode s':>10}{'target s':>10}{'draft s':>10}"
+        f"{'outside s':>11}{'outside':>9}{'rounds':>8}"
+    )
     for name in args.methods.split(","):
         method = Method(name)
         config = GenerationConfig(method=method, max_new_tokens=args.max_new_tokens)
@@ -71,8 +86,11 @@ def main() -> None:
             in_target += target.seconds - t0
             in_draft += draft.seconds - d0
         outside = decode - in_target - in_draft
-        print(f"{name:<12}{decode:>10.2f}{in_target:>10.2f}{in_draft:>10.2f}{outside:>11.3f}"
-              f"{outside / decode:>9.2%}{rounds:>8}")
+        print(
+            f"{name:<12}{decode:>10.2f}{in_target:>10.2f}{in_draft:>10.2f}{outside:>11.3f}"
+            f"{outside / decode:>9.2%}{rounds:>8}"
+        )
+
 
 if __name__ == "__main__":
     main()

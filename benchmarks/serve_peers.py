@@ -50,9 +50,15 @@ def one(client, model: str, text: str, new_tokens: int, extra: dict) -> dict:
     started = time.perf_counter()
     first = last = None
     pieces, usage, chunks = [], None, 0
-    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
-                                                max_tokens=new_tokens, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}, extra_body=extra or None):
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=new_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra or None,
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             now = time.perf_counter()
             first, last = first or now, now
@@ -63,8 +69,13 @@ def one(client, model: str, text: str, new_tokens: int, extra: dict) -> dict:
     end = time.perf_counter()
     tokens = usage.completion_tokens if usage else chunks  # llama.cpp streams a token per chunk
     first = first or end
-    return {"text": "".join(pieces), "tokens": tokens, "ttft": first - started, "seconds": end - started,
-            "decode": (last - first) if last and tokens > 1 else None}
+    return {
+        "text": "".join(pieces),
+        "tokens": tokens,
+        "ttft": first - started,
+        "seconds": end - started,
+        "decode": (last - first) if last and tokens > 1 else None,
+    }
 
 
 def phase(client, model: str, texts: list[str], new_tokens: int, clients: int, extra: dict) -> dict:
@@ -77,10 +88,17 @@ def phase(client, model: str, texts: list[str], new_tokens: int, clients: int, e
     decode = [(d["tokens"] - 1) / d["decode"] for d in done if d["decode"]]
     tpot = [d["decode"] / (d["tokens"] - 1) for d in done if d["decode"]]
     ttft = sorted(d["ttft"] for d in done)
-    return {"clients": clients, "tokens": tokens, "seconds": round(wall, 2), "tok_s": round(tokens / wall, 2),
-            "decode_tok_s": round(statistics.mean(decode), 2) if decode else None,
-            "ttft_p50": round(statistics.median(ttft), 3), "ttft_p95": round(ttft[int(0.95 * (len(ttft) - 1))], 3),
-            "tpot_p50": round(statistics.median(tpot), 4) if tpot else None, "requests": done}
+    return {
+        "clients": clients,
+        "tokens": tokens,
+        "seconds": round(wall, 2),
+        "tok_s": round(tokens / wall, 2),
+        "decode_tok_s": round(statistics.mean(decode), 2) if decode else None,
+        "ttft_p50": round(statistics.median(ttft), 3),
+        "ttft_p95": round(ttft[int(0.95 * (len(ttft) - 1))], 3),
+        "tpot_p50": round(statistics.median(tpot), 4) if tpot else None,
+        "requests": done,
+    }
 
 
 # -- servers ----------------------------------------------------------------------------------
@@ -93,13 +111,27 @@ def free_port() -> int:
 class Server:
     """A server process (its own session), its client and the peak RSS of its process tree."""
 
-    def __init__(self, name: str, command: list[str], port: int, key: str, env: dict | None = None,
-                 timeout: float = 1200):
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        port: int,
+        key: str,
+        env: dict | None = None,
+        timeout: float = 1200,
+    ):
         self.name, self.peak = name, 0
         self.log = open(f"/tmp/serve-peers-{name}.log", "w")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, **(env or {})})
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=1200)
+        self.process = subprocess.Popen(
+            command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=1200
+        )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -159,9 +191,12 @@ def run_server(server: Server, runs: dict, texts, new_tokens, clients, variants:
                 result = phase(server.client, server.model, texts, new_tokens, count, extra)
                 result["rss_peak_gb"] = round(server.peak / 1e9, 2)
                 runs[f"{server.name} {label}, {count} client{'s' if count > 1 else ''}"] = result
-                print(f"{server.name:9} {label:13} {count} clients: {result['tok_s']:6.2f} tok/s, decode "
-                      f"{result['decode_tok_s']} tok/s per request, TTFT p50 {result['ttft_p50']:.2f} s, "
-                      f"RSS {result['rss_peak_gb']} GB", flush=True)
+                print(
+                    f"{server.name:9} {label:13} {count} clients: {result['tok_s']:6.2f} tok/s, decode "
+                    f"{result['decode_tok_s']} tok/s per request, TTFT p50 {result['ttft_p50']:.2f} s, "
+                    f"RSS {result['rss_peak_gb']} GB",
+                    flush=True,
+                )
     finally:
         server.stop()
 
@@ -176,30 +211,61 @@ def in_process(texts: list[str], methods: list[str], new_tokens: int, runs: dict
     from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
     from specgen.runtime.pair import load
 
-    pair = load(ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto"), Method.CHAIN, quiet=True)
+    pair = load(
+        ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto"),
+        Method.CHAIN,
+        quiet=True,
+    )
     tokenizer = pair.target.tokenizer
     for method in methods:
-        config, _ = resolve_draft_length(pair, GenerationConfig(method=Method(method), max_new_tokens=new_tokens,
-                                                                device_draft_tokens=True, device_confidence=True))
-        driver.generate(build_engine(pair, config), tokenizer, encode_prompt(tokenizer, texts[0]),
-                        GenerationConfig(method=Method(method), max_new_tokens=8, draft_tokens=config.draft_tokens),
-                        Silent())  # warm-up
+        config, _ = resolve_draft_length(
+            pair,
+            GenerationConfig(
+                method=Method(method),
+                max_new_tokens=new_tokens,
+                device_draft_tokens=True,
+                device_confidence=True,
+            ),
+        )
+        driver.generate(
+            build_engine(pair, config),
+            tokenizer,
+            encode_prompt(tokenizer, texts[0]),
+            GenerationConfig(method=Method(method), max_new_tokens=8, draft_tokens=config.draft_tokens),
+            Silent(),
+        )  # warm-up
         started, done = time.perf_counter(), []
         for text in texts:
             begun = time.perf_counter()
-            outcome = driver.generate(build_engine(pair, config), tokenizer, encode_prompt(tokenizer, text), config,
-                                      Silent())
+            outcome = driver.generate(
+                build_engine(pair, config), tokenizer, encode_prompt(tokenizer, text), config, Silent()
+            )
             stats = outcome.stats
-            done.append({"text": outcome.text, "tokens": stats.new_tokens, "ttft": stats.time_to_first_token,
-                         "seconds": time.perf_counter() - begun, "decode_tok_s": stats.tokens_per_second})
+            done.append(
+                {
+                    "text": outcome.text,
+                    "tokens": stats.new_tokens,
+                    "ttft": stats.time_to_first_token,
+                    "seconds": time.perf_counter() - begun,
+                    "decode_tok_s": stats.tokens_per_second,
+                }
+            )
         wall = time.perf_counter() - started
         tokens = sum(d["tokens"] for d in done)
         runs[f"in-process {method}, 1 client"] = {
-            "clients": 1, "tokens": tokens, "seconds": round(wall, 2), "tok_s": round(tokens / wall, 2),
+            "clients": 1,
+            "tokens": tokens,
+            "seconds": round(wall, 2),
+            "tok_s": round(tokens / wall, 2),
             "decode_tok_s": round(statistics.mean(d["decode_tok_s"] for d in done), 2),
-            "ttft_p50": round(statistics.median(d["ttft"] for d in done), 3), "requests": done}
-        print(f"in-process {method:13} 1 clients: {tokens / wall:6.2f} tok/s, decode "
-              f"{runs[f'in-process {method}, 1 client']['decode_tok_s']} tok/s per request", flush=True)
+            "ttft_p50": round(statistics.median(d["ttft"] for d in done), 3),
+            "requests": done,
+        }
+        print(
+            f"in-process {method:13} 1 clients: {tokens / wall:6.2f} tok/s, decode "
+            f"{runs[f'in-process {method}, 1 client']['decode_tok_s']} tok/s per request",
+            flush=True,
+        )
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -214,20 +280,37 @@ def main() -> None:
     parser.add_argument("--no-llamacpp", action="store_true")
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--in-process", action="store_true")
-    parser.add_argument("--only", default=None, help="comma-separated: in-process, specgen, llamacpp, vllm "
-                        "(the other runs of an existing OUT are kept)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated: in-process, specgen, llamacpp, vllm "
+        "(the other runs of an existing OUT are kept)",
+    )
     args = parser.parse_args()
-    texts = [p.text for name in args.prompts.split(",") for p in load_prompts(name)
-             if not p.messages][:args.limit]  # single prompts: a conversation has no one text
+    texts = [p.text for name in args.prompts.split(",") for p in load_prompts(name) if not p.messages][
+        : args.limit
+    ]  # single prompts: a conversation has no one text
     clients = [int(c) for c in args.clients.split(",")]
     methods = args.methods.split(",")
     only = set(args.only.split(",")) if args.only else None
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
-              "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                                 if l.startswith("model name")), ""),
-              "cpu_flags": [f for f in flags if f.startswith(("avx", "amx"))], "cores": os.cpu_count(),
-              "new_tokens": args.n, "prompts": texts, "runs": {}}
+    record = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_model": next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")
+            ),
+            "",
+        ),
+        "cpu_flags": [f for f in flags if f.startswith(("avx", "amx"))],
+        "cores": os.cpu_count(),
+        "new_tokens": args.n,
+        "prompts": texts,
+        "runs": {},
+    }
     if only and os.path.exists(args.out):  # a partial rerun replaces its runs in an earlier record
         record["runs"] = json.load(open(args.out))["runs"]
     runs = record["runs"]
@@ -240,14 +323,35 @@ def main() -> None:
         server = Server("specgen", ["specgen", "serve", "--port", str(port), "--api-key", key], port, key)
         run_server(server, runs, texts, args.n, clients, {m: {"speculative": {"method": m}} for m in methods})
     if not args.no_llamacpp and wanted("llamacpp") and importlib.util.find_spec("llama_cpp") is not None:
-        gguf = subprocess.run(["specgen", "models", "path", "qwen2.5-coder-1.5b-instruct"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        gguf = subprocess.run(
+            ["specgen", "models", "path", "qwen2.5-coder-1.5b-instruct"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         if not Path(gguf).is_file():
             subprocess.run(["specgen", "models", "pull", "qwen2.5-coder-1.5b-instruct"], check=True)
         port = free_port()
-        server = Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--n_ctx", "4096",
-                                      "--n_threads", "2", "--interrupt_requests", "false", "--port", str(port)],
-                        port, "none")  # by default a new request cuts the streaming one short
+        server = Server(
+            "llama.cpp",
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                gguf,
+                "--n_ctx",
+                "4096",
+                "--n_threads",
+                "2",
+                "--interrupt_requests",
+                "false",
+                "--port",
+                str(port),
+            ],
+            port,
+            "none",
+        )  # by default a new request cuts the streaming one short
         run_server(server, runs, texts, args.n, clients, {"plain": {}})
     if args.vllm_python and wanted("vllm"):
         vllm(args.vllm_python, runs, texts, args.n, clients)
@@ -264,16 +368,49 @@ def vllm(python: str, runs: dict, texts, new_tokens, clients) -> None:
     from specgen.models import catalog
     from specgen.models.convert import ensure_converted
 
-    dirs = [ensure_converted(catalog.fetch(catalog.CATALOG[name], quiet=True), torch.bfloat16, key=name, quiet=True)
-            for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4"}
-    for label, extra in (("plain", []), ("draft k=4", ["--speculative-config", json.dumps(
-            {"method": "draft_model", "model": str(dirs[1]), "num_speculative_tokens": 4})])):
+    dirs = [
+        ensure_converted(
+            catalog.fetch(catalog.CATALOG[name], quiet=True), torch.bfloat16, key=name, quiet=True
+        )
+        for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    ]
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "4",
+    }
+    for label, extra in (
+        ("plain", []),
+        (
+            "draft k=4",
+            [
+                "--speculative-config",
+                json.dumps({"method": "draft_model", "model": str(dirs[1]), "num_speculative_tokens": 4}),
+            ],
+        ),
+    ):
         port = free_port()
         try:
-            server = Server("vLLM", [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(dirs[0]),
-                                     "--dtype", "bfloat16", "--max-model-len", "4096", "--port", str(port), *extra],
-                            port, "none", env)
+            server = Server(
+                "vLLM",
+                [
+                    python,
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    str(dirs[0]),
+                    "--dtype",
+                    "bfloat16",
+                    "--max-model-len",
+                    "4096",
+                    "--port",
+                    str(port),
+                    *extra,
+                ],
+                port,
+                "none",
+                env,
+            )
         except RuntimeError as exc:
             print(f"vLLM {label}: {exc}", flush=True)
             runs[f"vLLM {label}"] = {"error": str(exc)}
@@ -291,13 +428,17 @@ def summarize(record: dict) -> None:
         count = name.rsplit(", ", 1)[1]
         plain = runs.get(f"{server} plain, 1 client") or runs.get(f"{server} plain, {count}")
         if plain and "requests" in plain:  # an empty answer (a request that failed) is never the same
-            same = sum(bool(a["text"]) and a["text"] == b["text"] for a, b in zip(run["requests"], plain["requests"]))
+            same = sum(
+                bool(a["text"]) and a["text"] == b["text"] for a, b in zip(run["requests"], plain["requests"])
+            )
             run["identical_to_plain"] = f"{same}/{len(run['requests'])}"
     print("\nrun | tok/s | decode tok/s per request | TTFT p50 | identical to its plain | RSS GB")
     for name, run in runs.items():
         if "requests" in run:
-            print(f"{name} | {run['tok_s']} | {run['decode_tok_s']} | {run['ttft_p50']} | "
-                  f"{run.get('identical_to_plain', '-')} | {run.get('rss_peak_gb', '-')}")
+            print(
+                f"{name} | {run['tok_s']} | {run['decode_tok_s']} | {run['ttft_p50']} | "
+                f"{run.get('identical_to_plain', '-')} | {run.get('rss_peak_gb', '-')}"
+            )
 
 
 if __name__ == "__main__":

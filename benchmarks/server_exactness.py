@@ -45,17 +45,22 @@ def prompts() -> list[str]:
 
 def local(texts: list[str], methods: list[str], new_tokens: int) -> dict[str, list[str]]:
     """Each method's answers as `specgen run --no-server` makes them: a fresh engine per prompt."""
-    pair = load(ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, compile="auto", target_quant="auto",
-                              draft_quant="auto"), Method.CHAIN, quiet=True)
+    pair = load(
+        ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, compile="auto", target_quant="auto", draft_quant="auto"),
+        Method.CHAIN,
+        quiet=True,
+    )
     out = {}
     for method in methods:
-        config, _ = resolve_draft_length(pair, GenerationConfig(method=Method(method), max_new_tokens=new_tokens,
-                                                                device_draft_tokens=True))
+        config, _ = resolve_draft_length(
+            pair, GenerationConfig(method=Method(method), max_new_tokens=new_tokens, device_draft_tokens=True)
+        )
         answers = []
         for text in texts:
             ids = encode_prompt(pair.target.tokenizer, text)
-            answers.append(driver.generate(build_engine(pair, config), pair.target.tokenizer, ids, config,
-                                           Silent()).text)
+            answers.append(
+                driver.generate(build_engine(pair, config), pair.target.tokenizer, ids, config, Silent()).text
+            )
         out[method] = answers
         print(f"local {method}: {len(answers)} answers", flush=True)
     return out
@@ -65,8 +70,12 @@ def cli(texts: list[str], method: str, new_tokens: int) -> list[str]:
     """The real command, one process per prompt."""
     answers = []
     for text in texts:
-        done = subprocess.run(["specgen", "run", text, "--no-server", "--format", "json", "-m", method,
-                               "-n", str(new_tokens)], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            ["specgen", "run", text, "--no-server", "--format", "json", "-m", method, "-n", str(new_tokens)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         answers.append(json.loads(done.stdout)["text"])
     return answers
 
@@ -80,8 +89,13 @@ def free_port() -> int:
 def served(texts: list[str], methods: list[str], new_tokens: int, clients: int) -> dict:
     port = free_port()
     key = secrets.token_urlsafe(16)
-    server = subprocess.Popen(["specgen", "serve", "--port", str(port), "--api-key", key], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        ["specgen", "serve", "--port", str(port), "--api-key", key],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=600)
     try:
         deadline = time.monotonic() + 900
@@ -95,9 +109,13 @@ def served(texts: list[str], methods: list[str], new_tokens: int, clients: int) 
                 time.sleep(1)
 
         def answer(text: str, method: str) -> str:
-            reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
-                                                   max_tokens=new_tokens, temperature=0,
-                                                   extra_body={"speculative": {"method": method}})
+            reply = client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": text}],
+                max_tokens=new_tokens,
+                temperature=0,
+                extra_body={"speculative": {"method": method}},
+            )
             return reply.choices[0].message.content
 
         out = {}
@@ -108,9 +126,14 @@ def served(texts: list[str], methods: list[str], new_tokens: int, clients: int) 
                     with ThreadPoolExecutor(width) as pool:
                         texts_back = list(pool.map(lambda t: answer(t, method), texts))
                     out[f"{method}, {width} client{'s' if width > 1 else ''}, pass {attempt}"] = {
-                        "answers": texts_back, "seconds": round(time.perf_counter() - started, 1)}
-                    print(f"served {method} {width} clients pass {attempt}: {time.perf_counter() - started:.0f} s",
-                          flush=True)
+                        "answers": texts_back,
+                        "seconds": round(time.perf_counter() - started, 1),
+                    }
+                    print(
+                        f"served {method} {width} clients pass {attempt}: "
+                        f"{time.perf_counter() - started:.0f} s",
+                        flush=True,
+                    )
         return out
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -123,22 +146,31 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--methods", default="plain,chain,lookup-chain")
-    parser.add_argument("--cli", type=int, default=0, help="also run the first N prompts through `specgen run`")
+    parser.add_argument(
+        "--cli", type=int, default=0, help="also run the first N prompts through `specgen run`"
+    )
     args = parser.parse_args()
     methods = args.methods.split(",")
     texts = prompts()
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
-    record = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-              "cpu_flags": [f for f in flags if f.startswith(("avx", "amx"))], "new_tokens": args.n,
-              "prompts": texts}
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_flags": [f for f in flags if f.startswith(("avx", "amx"))],
+        "new_tokens": args.n,
+        "prompts": texts,
+    }
     record["local"] = local(texts, methods, args.n)
     if args.cli:
-        record["cli"] = {m: cli(texts[:args.cli], m, args.n) for m in methods}
+        record["cli"] = {m: cli(texts[: args.cli], m, args.n) for m in methods}
     record["served"] = served(texts, methods, args.n, args.clients)
     reference = record["local"][methods[0]]
     summary = {}
-    for key, run in [(f"local {m}", {"answers": a}) for m, a in record["local"].items()] + \
-            [(f"cli {m}", {"answers": a}) for m, a in record.get("cli", {}).items()] + list(record["served"].items()):
+    for key, run in (
+        [(f"local {m}", {"answers": a}) for m, a in record["local"].items()]
+        + [(f"cli {m}", {"answers": a}) for m, a in record.get("cli", {}).items()]
+        + list(record["served"].items())
+    ):
         same = sum(a == b for a, b in zip(run["answers"], reference))
         summary[key] = f"{same}/{len(run['answers'])} identical to local {methods[0]}"
         print(f"{key}: {summary[key]}")

@@ -17,16 +17,14 @@ import json
 import math
 import statistics
 import sys
-import time
 
 import torch
 
 from specgen.bench.prompts import encode, load_prompts
-from specgen.config import ModelSettings
+from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import timed
 from specgen.runtime.pair import load
-from specgen.config import GenerationConfig, Method, SamplingConfig
 
 CONFIGS = {
     "chain k=3": dict(method=Method.CHAIN, draft_tokens=3),
@@ -41,7 +39,9 @@ CONFIGS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--prompts", default="all")
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -58,31 +58,51 @@ def main() -> None:
     rows = {name: [] for name in names}
     for number, (item, ids) in enumerate(prompts):
         for name in names:  # interleaved prompt by prompt
-            config = GenerationConfig(max_new_tokens=args.max_new_tokens,
-                                      sampling=SamplingConfig(temperature=args.temperature, seed=1000 + number),
-                                      **CONFIGS[name])
+            config = GenerationConfig(
+                max_new_tokens=args.max_new_tokens,
+                sampling=SamplingConfig(temperature=args.temperature, seed=1000 + number),
+                **CONFIGS[name],
+            )
             _, stats, _, _ = timed(build_engine(pair, config), ids, config, label=name)
             rows[name].append({"prompt": item.id, "category": item.category, **stats.as_dict()})
-            print(f"{item.id:18s} {name:24s} {stats.tokens_per_target_forward:5.2f} tok/fwd "
-                  f"{stats.tokens_per_second:5.2f} tok/s", file=sys.stderr, flush=True)
+            print(
+                f"{item.id:18s} {name:24s} {stats.tokens_per_target_forward:5.2f} tok/fwd "
+                f"{stats.tokens_per_second:5.2f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
     summary = {}
     for name in names:
         tpf = [r["tokens_per_target_forward"] for r in rows[name]]
         tps = [r["tokens_per_second"] for r in rows[name]]
-        summary[name] = {"budget": GenerationConfig(**CONFIGS[name]).tree_budget,
-                         "tokens_per_target_forward_mean": round(statistics.mean(tpf), 3),
-                         "tokens_per_target_forward_stderr": round(statistics.stdev(tpf) / math.sqrt(len(tpf)), 3)
-                         if len(tpf) > 1 else 0.0,
-                         "tokens_per_second_median": round(statistics.median(tps), 3), "prompts": len(tpf)}
+        summary[name] = {
+            "budget": GenerationConfig(**CONFIGS[name]).tree_budget,
+            "tokens_per_target_forward_mean": round(statistics.mean(tpf), 3),
+            "tokens_per_target_forward_stderr": round(statistics.stdev(tpf) / math.sqrt(len(tpf)), 3)
+            if len(tpf) > 1
+            else 0.0,
+            "tokens_per_second_median": round(statistics.median(tps), 3),
+            "prompts": len(tpf),
+        }
     print("| config | budget | tokens/target forward (mean ± s.e.) | tok/s (median) |")
     print("|---|---|---|---|")
     for name, s in summary.items():
-        print(f"| {name} | {s['budget']} | {s['tokens_per_target_forward_mean']} ± "
-              f"{s['tokens_per_target_forward_stderr']} | {s['tokens_per_second_median']} |")
+        print(
+            f"| {name} | {s['budget']} | {s['tokens_per_target_forward_mean']} ± "
+            f"{s['tokens_per_target_forward_stderr']} | {s['tokens_per_second_median']} |"
+        )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"settings": vars(args), "threads": torch.get_num_threads(), "summary": summary,
-                       "runs": rows}, fh, indent=1)
+            json.dump(
+                {
+                    "settings": vars(args),
+                    "threads": torch.get_num_threads(),
+                    "summary": summary,
+                    "runs": rows,
+                },
+                fh,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

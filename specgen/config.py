@@ -68,10 +68,16 @@ class Method(str, enum.Enum):
         draft length and its schedule (a draft model's chains a confidence stop too), trees a
         shape whatever the draft length, plain none."""
         length = frozenset({"draft_tokens", "schedule"})
-        return {Method.PLAIN: frozenset(), Method.LOOKUP: length, Method.EAGLE: length,
-                Method.CHAIN: length | {"draft_confidence"}, Method.LOOKUP_CHAIN: length | {"draft_confidence"},
-                Method.RSD_C: frozenset({"branching"}), Method.MULTI_DRAFT: frozenset({"branching"}),
-                Method.RSD_S: frozenset({"beam_width", "depth"})}[self]
+        return {
+            Method.PLAIN: frozenset(),
+            Method.LOOKUP: length,
+            Method.EAGLE: length,
+            Method.CHAIN: length | {"draft_confidence"},
+            Method.LOOKUP_CHAIN: length | {"draft_confidence"},
+            Method.RSD_C: frozenset({"branching"}),
+            Method.MULTI_DRAFT: frozenset({"branching"}),
+            Method.RSD_S: frozenset({"beam_width", "depth"}),
+        }[self]
 
 
 SEED_MAX = 2**63 - 1  # batched rows seed with seed + row index, which must stay below 2**64
@@ -135,14 +141,24 @@ class Acceptance:
             if self.lengths or self.rounds:
                 raise ConfigError("real acceptance takes no recording")
             return
-        if not self.lengths or len(self.lengths) != len(self.rounds) or any(n < 0 for n in self.rounds) \
-                or not sum(self.rounds):
-            raise ConfigError("synthetic acceptance needs a non-empty histogram of rounds, "
-                              f"got {self.source or 'none'}")
-        if list(self.lengths) != sorted(set(self.lengths)) or self.lengths[0] < 0 \
-                or self.lengths[-1] > self.draft_tokens:
-            raise ConfigError(f"synthetic acceptance: accepted lengths {list(self.lengths)} must be distinct, "
-                              f"ascending and in 0..{self.draft_tokens} (the recording's draft length)")
+        if (
+            not self.lengths
+            or len(self.lengths) != len(self.rounds)
+            or any(n < 0 for n in self.rounds)
+            or not sum(self.rounds)
+        ):
+            raise ConfigError(
+                f"synthetic acceptance needs a non-empty histogram of rounds, got {self.source or 'none'}"
+            )
+        if (
+            list(self.lengths) != sorted(set(self.lengths))
+            or self.lengths[0] < 0
+            or self.lengths[-1] > self.draft_tokens
+        ):
+            raise ConfigError(
+                f"synthetic acceptance: accepted lengths {list(self.lengths)} must be distinct, "
+                f"ascending and in 0..{self.draft_tokens} (the recording's draft length)"
+            )
 
     @property
     def synthetic(self) -> bool:
@@ -205,21 +221,28 @@ class GenerationConfig:
         if self.deterministic and self.sampling.seed is None and not self.sampling.greedy:
             object.__setattr__(self, "sampling", dataclasses.replace(self.sampling, seed=0))
         if self.deterministic and self.sampling.logprobs is not None:
-            raise ConfigError("logprobs are not reported in deterministic mode (a replay may replace the "
-                              "tokens they would describe)")
+            raise ConfigError(
+                "logprobs are not reported in deterministic mode (a replay may replace the "
+                "tokens they would describe)"
+            )
         if not self.branching or any(b < 1 for b in self.branching) or len(self.branching) > 16:
-            raise ConfigError(f"--branching needs 1 to 16 factors >= 1, got {','.join(map(str, self.branching))}")
+            raise ConfigError(
+                f"--branching needs 1 to 16 factors >= 1, got {','.join(map(str, self.branching))}"
+            )
         if not 1 <= self.beam_width <= 64:
             raise ConfigError(f"--beam-width must be in 1..64, got {self.beam_width}")
         if not 1 <= self.depth <= 16:
             raise ConfigError(f"--depth must be in 1..16, got {self.depth}")
         if self.deterministic and self.method.is_tree and self.verify_window <= self.tree_depth:
-            raise ConfigError(f"--verify-window {self.verify_window} leaves no room for a tree {self.tree_depth} deep "
-                              f"({self.method.value} would never draft); give at least {self.tree_depth + 1}")
+            raise ConfigError(
+                f"--verify-window {self.verify_window} leaves no room for a tree {self.tree_depth} deep "
+                f"({self.method.value} would never draft); give at least {self.tree_depth + 1}"
+            )
         if self.method.is_tree and self.tree_budget > 256:
             shape = "--beam-width times --depth" if self.method is Method.RSD_S else "--branching"
-            raise ConfigError(f"the draft tree of this {shape} would have {self.tree_budget} nodes; "
-                              "keep it at most 256")
+            raise ConfigError(
+                f"the draft tree of this {shape} would have {self.tree_budget} nodes; keep it at most 256"
+            )
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.draft_tokens < 1:
@@ -232,14 +255,20 @@ class GenerationConfig:
     def _check_synthetic(self) -> None:
         """Synthetic acceptance replays chain rounds at most as long as the recording's."""
         if self.method.is_tree:
-            raise ConfigError(f"synthetic acceptance replays chain rounds; {self.method.value} drafts trees: "
-                              "use chain, lookup or lookup-chain")
+            raise ConfigError(
+                f"synthetic acceptance replays chain rounds; {self.method.value} drafts trees: "
+                "use chain, lookup or lookup-chain"
+            )
         if self.deterministic:
-            raise ConfigError("synthetic acceptance emits tokens that are not the target's: a deterministic "
-                              "replay would roll them back; turn --deterministic off")
+            raise ConfigError(
+                "synthetic acceptance emits tokens that are not the target's: a deterministic "
+                "replay would roll them back; turn --deterministic off"
+            )
         if self.method is not Method.PLAIN and self.round_tokens > self.acceptance.draft_tokens:
-            raise ConfigError(f"synthetic acceptance recorded at k={self.acceptance.draft_tokens} cannot drive "
-                              f"k={self.round_tokens}: a longer round could accept more than the recording shows")
+            raise ConfigError(
+                f"synthetic acceptance recorded at k={self.acceptance.draft_tokens} cannot drive "
+                f"k={self.round_tokens}: a longer round could accept more than the recording shows"
+            )
 
 
 def parse_branching(value: str) -> tuple[int, ...]:

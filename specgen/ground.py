@@ -37,7 +37,9 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "specgen"
 
 
-def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = None, parents: bool = True) -> None:
+def atomic_write(
+    path: Path, write: Callable[[Path], None], tmp: Path | None = None, parents: bool = True
+) -> None:
     """`write(tmp)` creates a file or a directory at a temporary path beside `path`; once it
     returns, the result is synced to disk and renamed over `path`. On any failure (Ctrl-C
     included) the temporary is removed and `path` is untouched; a full disk (whichever library
@@ -68,8 +70,9 @@ def atomic_write(path: Path, write: Callable[[Path], None], tmp: Path | None = N
     except BaseException as error:
         remove(tmp)
         if disk_full(error):
-            raise DiskFullError(f"disk full while writing {path}; {_free_space_hint(path)}",
-                                _os_words(error)) from None
+            raise DiskFullError(
+                f"disk full while writing {path}; {_free_space_hint(path)}", _os_words(error)
+            ) from None
         raise
     _sync_directory(path.parent)
 
@@ -103,7 +106,9 @@ def disk_full(error: BaseException) -> bool:
 
 def says_disk_full(text: str) -> bool:
     """Does an error's text (another process's stderr, a Rust library's message) report a full disk?"""
-    return "No space left on device" in text or any(f"{form} {errno.ENOSPC}" in text for form in ("Errno", "os error"))
+    return "No space left on device" in text or any(
+        f"{form} {errno.ENOSPC}" in text for form in ("Errno", "os error")
+    )
 
 
 def _os_words(error: BaseException) -> str:

@@ -39,5 +39,6 @@ def error_line(message: str, hint: str | None = None) -> None:
     """A known failure as one red line on stderr, its hint dimmed in brackets."""
     console = Console(emoji=False, stderr=True, highlight=False, soft_wrap=True)
     # user text (paths, hints like `pip install 'specgen[plot]'`) must not be read as Rich markup
-    console.print(f"[bold red]error:[/] {escape(message)}" + (f" [dim]({escape(hint)})[/]" if hint else ""),
-                  markup=True)
+    console.print(
+        f"[bold red]error:[/] {escape(message)}" + (f" [dim]({escape(hint)})[/]" if hint else ""), markup=True
+    )

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import codecs
 import json
-import sys
-
 import re
+import sys
 
 
 class TextStream:
@@ -30,9 +29,9 @@ class TextStream:
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
         decode = self.tokenizer.decode
-        before = decode(self.ids[self._prefix:self._read], skip_special_tokens=True)
-        after = decode(self.ids[self._prefix:], skip_special_tokens=True)
-        new = after[len(before):] if after.startswith(before) else None
+        before = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        after = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        new = after[len(before) :] if after.startswith(before) else None
         if new is not None and "\ufffd" not in new and self._read == len(self.ids) - 1:
             if new:  # the common case: this token's text, in the context of the ones before it
                 self._prefix = self._read
@@ -54,7 +53,7 @@ class TextStream:
         if self._bytes is None:
             self._bytes = TokenBytes(self.tokenizer)
         token_bytes = self._bytes
-        return b"".join(token_bytes(t) for t in self.ids[self._read:] if t not in token_bytes.specials)
+        return b"".join(token_bytes(t) for t in self.ids[self._read :] if t not in token_bytes.specials)
 
     def _release(self, piece: str) -> str:
         self._released.append(self._read)
@@ -143,8 +142,11 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's printable stand-in for each byte (what byte-level BPE vocabularies are written in),
     inverted: character -> byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -170,7 +172,8 @@ class TokenBytes:
         # what decode(skip_special_tokens=True) skips: the special ids, and added tokens marked special
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self.specials = frozenset(getattr(tokenizer, "all_special_ids", ())) | frozenset(
-            i for i, token in added.items() if getattr(token, "special", False))
+            i for i, token in added.items() if getattr(token, "special", False)
+        )
         self._known: dict[int, bytes] = {}  # a token's bytes never change
 
     def __call__(self, token_id: int) -> bytes:
@@ -205,5 +208,6 @@ def json_value(text: str | bytes):
     except (json.JSONDecodeError, UnicodeDecodeError):  # bytes that are not UTF-8 say so themselves
         raise
     except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
-        raise json.JSONDecodeError(f"a number of more than {sys.get_int_max_str_digits()} digits", document,
-                                   0) from None
+        raise json.JSONDecodeError(
+            f"a number of more than {sys.get_int_max_str_digits()} digits", document, 0
+        ) from None

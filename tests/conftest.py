@@ -12,11 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tiny import build_tokenizer, save_tiny  # noqa: E402
-
 # Tiny models run faster on one thread (two threads only add synchronisation per op), and
 # tests sharing the machine's two cores then do not fight each other.
 import torch  # noqa: E402
+from tiny import build_tokenizer, save_tiny  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -80,5 +79,6 @@ def tiny_pair(tiny_dirs):
     """(target, draft) LoadedModels in fp32 on the CPU, loaded through specgen.models."""
     from specgen.models.load import load_pair
 
-    return load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu",
-                     dtype="float32", quiet=True)
+    return load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu", dtype="float32", quiet=True
+    )

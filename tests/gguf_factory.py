@@ -125,8 +125,9 @@ def write_tiny_gguf(
         if tied and name == "output.weight":
             continue
         if quantized_tables and name in ("token_embd.weight", "output.weight"):
-            writer.add_tensor(name, quants.quantize(tensor, GGMLQuantizationType.Q8_0),
-                              raw_dtype=GGMLQuantizationType.Q8_0)
+            writer.add_tensor(
+                name, quants.quantize(tensor, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0
+            )
         else:
             writer.add_tensor(name, tensor)
     writer.write_header_to_file()

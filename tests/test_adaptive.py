@@ -11,18 +11,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 from scipy import stats
+from test_engine import PROMPT, reference_greedy
+from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
 
-from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.length import (AdditiveLength, ExpectedGainLength, Schedule,
-                              make_policy, unsure)
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.lookup import PromptLookupDrafter
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
-from specgen.decoding.drafters.lookup import PromptLookupDrafter
+from specgen.decoding.length import AdditiveLength, ExpectedGainLength, Schedule, make_policy, unsure
 from specgen.decoding.sampling import choose, warp
-from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
-from test_engine import PROMPT, reference_greedy
 
 
 def schedule(policy, rounds: list[tuple[int, int]]) -> list[int]:
@@ -35,6 +34,7 @@ def schedule(policy, rounds: list[tuple[int, int]]) -> list[int]:
 
 
 # -- policies on scripted rounds ------------------------------------------------------------------
+
 
 def test_fixed_length_never_moves():
     assert schedule(make_policy(Schedule.FIXED, 5), [(5, 5), (5, 0), (0, 0), (3, 1)]) == [5] * 5
@@ -50,7 +50,14 @@ def test_additive_length_grows_on_full_acceptance_and_drops_to_accepted_plus_one
         (0, 0),  # nothing proposed (lookup without a match): unchanged
         (2, 2),  # a short proposal fully accepted: k was not the limit, unchanged
         (4, 0),  # rejected at once -> 1
-        (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 8),  # up to the cap
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (4, 4),
+        (5, 5),
+        (6, 6),
+        (7, 7),
+        (8, 8),  # up to the cap
         (8, 7),  # rejected at the last token -> 8
         (8, 6),  # -> 7
     ]
@@ -73,8 +80,9 @@ def best_k_by_brute_force(a: float, cost: float, low: int, high: int) -> int:
 @pytest.mark.parametrize("cost", [0.0, 0.05, 0.37, 1.0])
 def test_expected_gain_picks_the_best_k_for_its_estimate(cost):
     for a in [0.0, 0.2, 0.5, 0.7, 0.8, 0.9, 0.97, 1.0]:
-        policy = ExpectedGainLength(cost=cost, min=1, max=10, prior_accepted=a * 1000,
-                                    prior_rejections=(1 - a) * 1000)
+        policy = ExpectedGainLength(
+            cost=cost, min=1, max=10, prior_accepted=a * 1000, prior_rejections=(1 - a) * 1000
+        )
         assert policy.next_k() == best_k_by_brute_force(a, cost, 1, 10), f"a={a}"
 
 
@@ -105,6 +113,7 @@ def test_make_policy_by_schedule_name():
 
 
 # -- the confidence stop --------------------------------------------------------------------------
+
 
 def test_confidence_stop_reads_the_top_probability():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.35, 0.45]])) + 7.0  # any shift
@@ -169,7 +178,9 @@ def reference(tiny_pair):
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.25, 1.01])
-def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(tiny_pair, reference, threshold):
+def test_confidence_stop_in_a_model_drafter_keeps_greedy_output_and_the_cache(
+    tiny_pair, reference, threshold
+):
     """Threshold 0 never stops (rounds of k), 1.01 always stops (rounds of 1 draft token),
     0.25 (about the tiny draft's median top probability) stops in some rounds only."""
     _, draft = tiny_pair
@@ -197,16 +208,18 @@ def test_confidence_stop_under_sampling_is_reproducible(tiny_pair):
     outs = []
     for _ in range(2):
         drafter = ConfidentModelDrafter(draft.model, draft.device, 0.3)
-        outs.append(run(tiny_pair, drafter, PROMPT, max_new_tokens=24, draft_tokens=4,
-                        sampling=sampling)[0])
+        outs.append(run(tiny_pair, drafter, PROMPT, max_new_tokens=24, draft_tokens=4, sampling=sampling)[0])
     assert outs[0] == outs[1] and len(outs[0]) == 24
 
 
-@pytest.mark.parametrize("make_policy", [
-    lambda: make_policy(Schedule.FIXED, 3),
-    lambda: AdditiveLength(start=2, min=1, max=8),
-    lambda: ExpectedGainLength(cost=0.05, min=1, max=8),
-])
+@pytest.mark.parametrize(
+    "make_policy",
+    [
+        lambda: make_policy(Schedule.FIXED, 3),
+        lambda: AdditiveLength(start=2, min=1, max=8),
+        lambda: ExpectedGainLength(cost=0.05, min=1, max=8),
+    ],
+)
 def test_policies_through_the_engine_keep_greedy_output(tiny_pair, make_policy):
     """Lookup drafting on a prompt whose continuation runs in loops (190 x6 -> 37 x14, 12 x12):
     the output is plain greedy's whatever k the policy picks, and adaptive policies move."""
@@ -314,8 +327,11 @@ def three_token_law(tiny_pair):
     for _ in range(3):
         prefixes = list(law)
         rows = law_after(prefixes)
-        law = {prefix + (t,): law[prefix] * float(row[t])
-               for prefix, row in zip(prefixes, rows) for t in row.nonzero().flatten().tolist()}
+        law = {
+            prefix + (t,): law[prefix] * float(row[t])
+            for prefix, row in zip(prefixes, rows)
+            for t in row.nonzero().flatten().tolist()
+        }
     return law
 
 
@@ -327,8 +343,12 @@ def first_three(pair, drafter_class, seeds: range) -> list[tuple[int, ...]]:
     engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
     out = []
     for seed in seeds:
-        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=4, draft_tokens=3,
-                                  sampling=dataclasses.replace(STOP_SAMPLING, seed=seed))
+        config = GenerationConfig(
+            method=Method.CHAIN,
+            max_new_tokens=4,
+            draft_tokens=3,
+            sampling=dataclasses.replace(STOP_SAMPLING, seed=seed),
+        )
         out.append(tuple([t for r in decode(engine, STOP_PROMPT, config)[0] for t in r.emitted][:3]))
     return out
 

@@ -59,8 +59,21 @@ def test_run_file_dev_zero_is_one_line(tiny_dirs):
 
     from specgen.cli import app
 
-    result = CliRunner().invoke(app, ["run", "--file", "/dev/zero", "--target", str(tiny_dirs["target"]),
-                                      "--method", "plain", "--device", "cpu", "--no-server"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--file",
+            "/dev/zero",
+            "--target",
+            str(tiny_dirs["target"]),
+            "--method",
+            "plain",
+            "--device",
+            "cpu",
+            "--no-server",
+        ],
+    )
     assert result.exit_code == 1 and "more than 32 MiB" in result.output and "Traceback" not in result.output
 
 
@@ -89,7 +102,9 @@ def test_a_request_may_decode_past_eos_or_stop_at_its_own_ids(tiny_pair):
     def run(engine_stops, **request):
         engine = Engine(target.model, target.device, frozenset(engine_stops), target.context_length)
         feed = Feed(Request(prompt, 0, config.sampling, 20, **request))
-        return next(r.state.ids[len(prompt):] for r in engine.drive(feed, config) if isinstance(r.event, Finished))
+        return next(
+            r.state.ids[len(prompt) :] for r in engine.drive(feed, config) if isinstance(r.event, Finished)
+        )
 
     free = run(())
     assert len(free) == 20
@@ -111,13 +126,34 @@ def test_sigterm_ends_a_prompt_set_as_ctrl_c_does(tiny_dirs, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"prompt number {i}\n" for i in range(40)))
     out = tmp_path / "out.jsonl"
-    command = [sys.executable, "-m", "specgen", "run", "--prompts-file", str(prompts), "--output", str(out),
-               "--target", str(tiny_dirs["target"]), "--method", "plain", "--device", "cpu", "--dtype", "float32",
-               "-n", "200", "--batch-size", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "specgen",
+        "run",
+        "--prompts-file",
+        str(prompts),
+        "--output",
+        str(out),
+        "--target",
+        str(tiny_dirs["target"]),
+        "--method",
+        "plain",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "-n",
+        "200",
+        "--batch-size",
+        "1",
+    ]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out.is_file() and out.read_text().count("\n") >= 2):
-        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read() if child.poll() else "slow"
+        assert child.poll() is None and time.monotonic() < deadline, (
+            child.stderr.read() if child.poll() else "slow"
+        )
         time.sleep(0.05)
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=60)
@@ -139,10 +175,30 @@ def served_in_a_process(tiny_dirs, *extra: str):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "specgen", "serve", "--target", str(tiny_dirs["target"]),
-                               "--draft", str(tiny_dirs["draft"]), "--device", "cpu", "--dtype", "float32",
-                               "--port", str(port), "--api-key", "key", *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specgen",
+            "serve",
+            "--target",
+            str(tiny_dirs["target"]),
+            "--draft",
+            str(tiny_dirs["draft"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--port",
+            str(port),
+            "--api-key",
+            "key",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -166,10 +222,20 @@ def test_a_sigterm_lets_a_running_request_finish(tiny_dirs):
     server, port = served_in_a_process(tiny_dirs, "--compile", "off")
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        body = {"model": "target", "prompt": "hello", "max_tokens": 40, "stream": True, "ignore_eos": True,
-                "speculative": {"method": "plain"}}
-        conn.request("POST", "/v1/completions", body=json.dumps(body),
-                     headers={"Authorization": "Bearer key", "Content-Type": "application/json"})
+        body = {
+            "model": "target",
+            "prompt": "hello",
+            "max_tokens": 40,
+            "stream": True,
+            "ignore_eos": True,
+            "speculative": {"method": "plain"},
+        }
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body),
+            headers={"Authorization": "Bearer key", "Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         data = response.read(64)  # it runs
         server.send_signal(signal.SIGTERM)
@@ -199,10 +265,20 @@ def test_two_ctrl_cs_to_a_server_with_open_streams_end_them_with_an_error_event(
 
     def stream(i: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        body = {"model": "target", "prompt": "hello", "max_tokens": 240, "stream": True, "ignore_eos": True,
-                "speculative": {"method": "plain"}}
-        conn.request("POST", "/v1/completions", body=json.dumps(body),
-                     headers={"Authorization": "Bearer key", "Content-Type": "application/json"})
+        body = {
+            "model": "target",
+            "prompt": "hello",
+            "max_tokens": 240,
+            "stream": True,
+            "ignore_eos": True,
+            "speculative": {"method": "plain"},
+        }
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body),
+            headers={"Authorization": "Bearer key", "Content-Type": "application/json"},
+        )
         response, data = conn.getresponse(), b""
         try:
             while chunk := response.read(64):

@@ -7,18 +7,28 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from test_deterministic import ShapeSensitive, bf16_pair, generate  # noqa: F401 (fixture)
+from test_engine import PROMPT, reference_greedy
 
-from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.build import make_drafter
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished, RoundResult
 from specgen.runtime.pair import Pair
-from test_deterministic import ShapeSensitive, bf16_pair, generate  # noqa: F401 (fixture)
-from test_engine import PROMPT, reference_greedy
 
-PROMPTS = [PROMPT, PROMPT[:4], PROMPT * 2, [257, 84], PROMPT[3:], PROMPT[::-1], [300 % 259], PROMPT[:9], PROMPT[2:7]]
+PROMPTS = [
+    PROMPT,
+    PROMPT[:4],
+    PROMPT * 2,
+    [257, 84],
+    PROMPT[3:],
+    PROMPT[::-1],
+    [300 % 259],
+    PROMPT[:9],
+    PROMPT[2:7],
+]
 
 
 @dataclass
@@ -112,7 +122,9 @@ def row_sensitive(bf16_pair):  # noqa: F811
     return replace(target, model=RowSensitive(target.model.inner)), draft
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, seed=9)], ids=["greedy", "sampling"])
+@pytest.mark.parametrize(
+    "sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, seed=9)], ids=["greedy", "sampling"]
+)
 def test_deterministic_tokens_do_not_depend_on_batch_neighbours_or_method(row_sensitive, sampling):
     prompts = PROMPTS[:8]
     settings = dict(max_new_tokens=24, sampling=sampling, deterministic=True, verify_window=8)
@@ -125,17 +137,23 @@ def test_deterministic_tokens_do_not_depend_on_batch_neighbours_or_method(row_se
         assert single == by_batch[8][0]
     for drafter, k in (("chain", 2), ("chain", 5), ("lookup", 3)):
         for size in (3, 8):
-            assert batched(row_sensitive, prompts, size, drafter=drafter, draft_tokens=k, **settings)[0] == by_batch[1]
+            assert (
+                batched(row_sensitive, prompts, size, drafter=drafter, draft_tokens=k, **settings)[0]
+                == by_batch[1]
+            )
 
 
 def test_without_deterministic_mode_batching_changes_outputs(row_sensitive):
     """The power check for the test above."""
-    outputs = {tuple(map(tuple, batched(row_sensitive, PROMPTS[:8], size, max_new_tokens=24)[0]))
-               for size in (1, 3, 8)}
+    outputs = {
+        tuple(map(tuple, batched(row_sensitive, PROMPTS[:8], size, max_new_tokens=24)[0]))
+        for size in (1, 3, 8)
+    }
     assert len(outputs) > 1
 
 
 # -- batched speculative decoding ------------------------------------------------------------------
+
 
 class ScriptedBatchDrafter:
     """Row r proposes the reference continuation for its first `right` tokens, then wrong ones."""
@@ -168,7 +186,9 @@ class ScriptedBatchDrafter:
             for i in range(k):
                 true = reference[start + i] if start + i < len(reference) else 0
                 tokens.append(true if i < right else (true + 1) % 259)
-            out.append(Proposal.chain(torch.tensor(tokens), ProposalKind.DETERMINISTIC) if k else Proposal.empty())
+            out.append(
+                Proposal.chain(torch.tensor(tokens), ProposalKind.DETERMINISTIC) if k else Proposal.empty()
+            )
         return out
 
     def observe(self, row, path):
@@ -192,8 +212,9 @@ def test_batched_chain_with_scripted_acceptance_equals_plain(tiny_pair, batch_si
     """Rows accept different numbers of drafts each round (0..k): every row stays exact."""
     references = {tuple(p): reference_greedy(tiny_pair[0].model, p, 14) for p in PROMPTS}
     drafter = ScriptedBatchDrafter(references, lambda serial, start: (serial + start) % 5)
-    outputs, results = batched(tiny_pair, PROMPTS, batch_size, drafter=drafter, max_new_tokens=14,
-                               draft_tokens=4)
+    outputs, results = batched(
+        tiny_pair, PROMPTS, batch_size, drafter=drafter, max_new_tokens=14, draft_tokens=4
+    )
     for prompt, out in zip(PROMPTS, outputs):
         assert out == references[tuple(prompt)]
     assert sum(r.accepted for r in results) > 0 and any(r.accepted < r.drafted for r in results)
@@ -202,7 +223,9 @@ def test_batched_chain_with_scripted_acceptance_equals_plain(tiny_pair, batch_si
 @pytest.mark.parametrize("method", ["chain", "lookup"])
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_batched_speculative_greedy_equals_each_prompt_alone(tiny_pair, method, batch_size):
-    outputs, results = batched(tiny_pair, PROMPTS, batch_size, drafter=method, max_new_tokens=12, draft_tokens=3)
+    outputs, results = batched(
+        tiny_pair, PROMPTS, batch_size, drafter=method, max_new_tokens=12, draft_tokens=3
+    )
     for prompt, out in zip(PROMPTS, outputs):
         assert out == reference_greedy(tiny_pair[0].model, prompt, 12)
     assert sum(r.drafted for r in results) > 0
@@ -224,8 +247,9 @@ def test_batched_chain_stops_each_row_at_its_own_eos(tiny_pair):
     target, _ = tiny_pair
     first = reference_greedy(target.model, PROMPTS[0], 12)
     stop = frozenset({first[4]})
-    _, results = batched(tiny_pair, PROMPTS[:4], 3, drafter="chain", stop_ids=stop, max_new_tokens=12,
-                         draft_tokens=4)
+    _, results = batched(
+        tiny_pair, PROMPTS[:4], 3, drafter="chain", stop_ids=stop, max_new_tokens=12, draft_tokens=4
+    )
     by_index = {r.index: r for r in results}
     assert by_index[0].token_ids == first[:5] and by_index[0].stop == "eos"
     for i in (1, 2, 3):
@@ -242,9 +266,16 @@ def test_batched_chain_sampling_is_reproducible(tiny_pair):
 
 # -- batched trees ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method, settings", [
-    ("rsd-c", dict(branching=(2, 2, 1))), ("rsd-s", dict(beam_width=2, depth=3)),
-    ("multi-draft", dict(branching=(2, 2)))], ids=["rsd-c", "rsd-s", "multi-draft"])
+
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("rsd-c", dict(branching=(2, 2, 1))),
+        ("rsd-s", dict(beam_width=2, depth=3)),
+        ("multi-draft", dict(branching=(2, 2))),
+    ],
+    ids=["rsd-c", "rsd-s", "multi-draft"],
+)
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_batched_trees_greedy_equal_each_prompt_alone(tiny_pair, method, settings, batch_size):
     """Rows of different trees (RSD-S frontiers differ per row) verified in one padded forward."""
@@ -257,8 +288,9 @@ def test_batched_trees_greedy_equal_each_prompt_alone(tiny_pair, method, setting
 def test_batched_trees_keep_each_draft_cache_exact(tiny_pair):
     """The target as its own draft, rsd-c: each row's first child is always the target's choice."""
     target, _ = tiny_pair
-    outputs, results = batched((target, target), PROMPTS[:5], 3, drafter="rsd-c", branching=(2, 1),
-                               max_new_tokens=13)
+    outputs, results = batched(
+        (target, target), PROMPTS[:5], 3, drafter="rsd-c", branching=(2, 1), max_new_tokens=13
+    )
     for prompt, out in zip(PROMPTS[:5], outputs):
         assert out == reference_greedy(target.model, prompt, 13)
     assert all(r.accepted >= 2 * (r.rounds - 1) for r in results)  # every tree round accepts its whole path
@@ -269,7 +301,9 @@ def test_batched_trees_in_deterministic_mode_match_plain(row_sensitive):
     settings = dict(max_new_tokens=20, deterministic=True, verify_window=8)
     reference = batched(row_sensitive, prompts, 1, **settings)[0]
     assert batched(row_sensitive, prompts, 3, drafter="rsd-c", branching=(2, 2), **settings)[0] == reference
-    assert batched(row_sensitive, prompts, 4, drafter="rsd-s", beam_width=2, depth=2, **settings)[0] == reference
+    assert (
+        batched(row_sensitive, prompts, 4, drafter="rsd-s", beam_width=2, depth=2, **settings)[0] == reference
+    )
 
 
 def test_cache_rows_join_without_copying_and_leave_in_place(tiny_pair):
@@ -284,8 +318,12 @@ def test_cache_rows_join_without_copying_and_leave_in_place(tiny_pair):
     for i, prompt in enumerate(prompts):
         row = 0 if i == 0 else cache.add_row()
         kvcache.forward(target.model, cache, torch.tensor([prompt]), rows=slice(row, row + 1) if i else None)
-        expected.append([(layer.keys[row, :, : len(prompt)].clone(), layer.values[row, :, : len(prompt)].clone())
-                         for layer in cache.layers])
+        expected.append(
+            [
+                (layer.keys[row, :, : len(prompt)].clone(), layer.values[row, :, : len(prompt)].clone())
+                for layer in cache.layers
+            ]
+        )
     buffer = cache.layers[0]._keys.data_ptr()
     assert cache.layers[0]._keys.shape[0] == 4 and cache.layers[0].keys.shape[0] == 4
 

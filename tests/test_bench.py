@@ -16,7 +16,13 @@ import typer
 from typer.testing import CliRunner
 
 from specgen.bench import measure as measuring
-from specgen.bench import methods, prompts as prompt_sets, report as bench_cli, runners as bench_runners, summary
+from specgen.bench import (
+    methods,
+    summary,
+)
+from specgen.bench import prompts as prompt_sets
+from specgen.bench import report as bench_cli
+from specgen.bench import runners as bench_runners
 from specgen.bench.measure import BenchSettings
 from specgen.bench.runners import Generation
 from specgen.cli.bench import bench as bench_command
@@ -29,9 +35,15 @@ from specgen.runtime.pair import Pair
 SHORT_PROMPTS = [
     {"id": "code-1", "category": "code", "prompt": "def fib(n):"},
     {"id": "code-2", "category": "code", "prompt": "Write a loop"},
-    {"id": "chat-1", "category": "chat", "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-        {"role": "user", "content": "and then?"}]},
+    {
+        "id": "chat-1",
+        "category": "chat",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "and then?"},
+        ],
+    },
 ]
 
 
@@ -51,8 +63,12 @@ def short_file(tmp_path_factory):
 
 
 def settings(n=8, repeats=1, warmup=False, **sampling):
-    return BenchSettings(GenerationConfig(max_new_tokens=n, sampling=SamplingConfig(**sampling)),
-                         repeats=repeats, warmup=warmup, threads=1)
+    return BenchSettings(
+        GenerationConfig(max_new_tokens=n, sampling=SamplingConfig(**sampling)),
+        repeats=repeats,
+        warmup=warmup,
+        threads=1,
+    )
 
 
 # -- prompt sets -----------------------------------------------------------------------------
@@ -81,16 +97,21 @@ def test_a_file_and_a_name_under_the_working_directory(tmp_path, monkeypatch, sh
     assert [p.id for p in prompt_sets.load_prompts("mine")] == ["code-1"]
 
 
-@pytest.mark.parametrize("lines, fragment", [
-    (['{"id": "a", "category": "c"}'], "exactly one of 'prompt' or 'messages'"),
-    (['{"id": "a", "category": "c", "prompt": "x"}', "{not json"], ":2: not valid JSON"),
-    (['{"id": "a", "category": "c", "prompt": "x"}', '{"id": "a", "category": "c", "prompt": "y"}'],
-     "appears twice"),
-    (['{"id": "a", "category": "c", "messages": [{"role": "user"}]}'], "'messages' must be"),
-    (['{"id": "a", "category": "all", "prompt": "x"}'], "the category 'all' is the summary"),
-    (['{"id": "a\\u001b[31mRED", "category": "c", "prompt": "x"}'], "'id' holds a control character"),
-    (['{"id": "a", "category": "c", "prompt": "x\\ud800"}'], ":1: the text is not valid Unicode"),
-])
+@pytest.mark.parametrize(
+    "lines, fragment",
+    [
+        (['{"id": "a", "category": "c"}'], "exactly one of 'prompt' or 'messages'"),
+        (['{"id": "a", "category": "c", "prompt": "x"}', "{not json"], ":2: not valid JSON"),
+        (
+            ['{"id": "a", "category": "c", "prompt": "x"}', '{"id": "a", "category": "c", "prompt": "y"}'],
+            "appears twice",
+        ),
+        (['{"id": "a", "category": "c", "messages": [{"role": "user"}]}'], "'messages' must be"),
+        (['{"id": "a", "category": "all", "prompt": "x"}'], "the category 'all' is the summary"),
+        (['{"id": "a\\u001b[31mRED", "category": "c", "prompt": "x"}'], "'id' holds a control character"),
+        (['{"id": "a", "category": "c", "prompt": "x\\ud800"}'], ":1: the text is not valid Unicode"),
+    ],
+)
 def test_a_malformed_file_is_one_line_naming_file_and_line(tmp_path, lines, fragment):
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -110,8 +131,10 @@ def test_a_prompt_file_keeps_unicode_line_separators_inside_its_strings(tmp_path
     """JSON leaves U+2028, U+0085 and \x1c unescaped in a string: they are not line ends."""
     path = tmp_path / "odd.jsonl"
     text = "one\u2028two\u0085three\x1cfour"
-    path.write_text(json.dumps({"id": "a", "category": "c", "prompt": text}, ensure_ascii=False) + "\r\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps({"id": "a", "category": "c", "prompt": text}, ensure_ascii=False) + "\r\n",
+        encoding="utf-8",
+    )
     assert [p.text for p in prompt_sets.load_prompts(str(path))] == [text]
 
 
@@ -123,8 +146,9 @@ def test_an_unknown_set_lists_the_names():
 def test_conversations_go_through_the_chat_template(pair):
     item = PromptRecord("c", "", 1, "chat", messages=tuple(SHORT_PROMPTS[2]["messages"]))
     tokenizer = pair.target.tokenizer
-    expected = tokenizer.apply_chat_template(list(item.messages), add_generation_prompt=True,
-                                             return_dict=True)["input_ids"]
+    expected = tokenizer.apply_chat_template(
+        list(item.messages), add_generation_prompt=True, return_dict=True
+    )["input_ids"]
     assert prompt_sets.encode(tokenizer, item) == list(expected)
     assert tokenizer.decode(prompt_sets.encode(tokenizer, item)).endswith("<|im_start|>assistant\n")
 
@@ -170,21 +194,31 @@ def test_a_column_that_raises_is_its_line_and_the_others_are_measured():
     runs = list(measuring.measure(runners, fake_prompts(), settings(n=4), failures=failures))
     assert [m.method for m in runs] == ["plain", "b", "plain", "b"]
     assert [(f.method, f.prompt_id, f.error) for f in failures] == [
-        ("broken", "p1", "ValueError: a tokenizer that cannot")]
+        ("broken", "p1", "ValueError: a tokenizer that cannot")
+    ]
 
 
 def test_plain_always_comes_first_and_unknown_methods_are_refused():
     assert methods.parse_methods("hf-lookup,chain") == ["plain", "hf-lookup", "chain"]
     assert methods.parse_methods("chain,plain,chain") == ["plain", "chain"]
-    every = methods.parse_methods(None)  # specgen's methods (eagle needs a head: not by default), then the references
+    every = methods.parse_methods(
+        None
+    )  # specgen's methods (eagle needs a head: not by default), then the references
     from specgen.bench import llamacpp as bench_llamacpp
 
     llama = list(bench_llamacpp.METHODS) if bench_llamacpp.installed() else []  # the optional extra
-    assert every == [m.value for m in Method if m is not Method.EAGLE] + ["hf-assisted", "hf-assisted-k4", "hf-lookup"] + llama
+    assert (
+        every
+        == [m.value for m in Method if m is not Method.EAGLE]
+        + ["hf-assisted", "hf-assisted-k4", "hf-lookup"]
+        + llama
+    )
     assert every[:2] == ["plain", "chain"]
     with pytest.raises(ConfigError, match="unknown method 'tree'"):
         methods.parse_methods("chain,tree")
-    with pytest.raises(ConfigError, match="is not a variant of chain"):  # a superscript: a digit to isdigit(), not to int()
+    with pytest.raises(
+        ConfigError, match="is not a variant of chain"
+    ):  # a superscript: a digit to isdigit(), not to int()
         methods.parse_methods("chain/k\u00b2")
 
 
@@ -228,16 +262,26 @@ def test_draft_step_is_a_draft_token_s_time_in_plain_target_forwards():
 
         def generate(self, prompt_ids, config):
             n = config.max_new_tokens
-            return Generation(list(range(n)), 1.0, 0.1, 1, dataclasses.replace(self.stats, new_tokens=n),
-                              known=bench_runners.Known.FORWARDS | bench_runners.Known.DRAFTS
-                              | bench_runners.Known.TIMES)
+            return Generation(
+                list(range(n)),
+                1.0,
+                0.1,
+                1,
+                dataclasses.replace(self.stats, new_tokens=n),
+                known=bench_runners.Known.FORWARDS | bench_runners.Known.DRAFTS | bench_runners.Known.TIMES,
+            )
 
     plain = Stats(method="plain", rounds=10, verify_seconds=0.5)
     drafted = Stats(method="a", rounds=5, verify_seconds=0.3, drafted=20, accepted=10, draft_seconds=0.2)
     runners = [Counted("plain", [], plain), Counted("a", [], drafted)]
     runs = list(measuring.measure(runners, fake_prompts(), settings(n=10)))
-    rows = {(g.method, g.category): g for g in summary.summarize(runs, summary.per_prompt(runs, True), ["plain", "a"])}
-    assert rows[("a", "all")].draft_step == pytest.approx(0.2) and rows[("a", "A")].draft_step == pytest.approx(0.2)
+    rows = {
+        (g.method, g.category): g
+        for g in summary.summarize(runs, summary.per_prompt(runs, True), ["plain", "a"])
+    }
+    assert rows[("a", "all")].draft_step == pytest.approx(0.2) and rows[
+        ("a", "A")
+    ].draft_step == pytest.approx(0.2)
     assert rows[("plain", "all")].draft_step is None
     assert bench_cli.summary_cells(rows[("a", "all")])[bench_cli.COLUMNS.index("draft step")] == "0.20"
 
@@ -250,11 +294,19 @@ def test_an_interrupted_run_keeps_what_was_measured(pair):
             return super().generate(prompt_ids, config)
 
     log = []
-    result = measuring.run_bench(pair, [], [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "B")],
-                             settings(n=4), runners=[FakeRunner("plain", log), Stop("a", log)])
+    result = measuring.run_bench(
+        pair,
+        [],
+        [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "B")],
+        settings(n=4),
+        runners=[FakeRunner("plain", log), Stop("a", log)],
+    )
     assert result.interrupted
     assert [(m.prompt_id, m.method) for m in result.measurements] == [
-        ("p1", "plain"), ("p1", "a"), ("p2", "plain")]
+        ("p1", "plain"),
+        ("p1", "a"),
+        ("p2", "plain"),
+    ]
     assert {g.category for g in result.summary if g.method == "a"} == {"all", "A"}
 
 
@@ -274,8 +326,14 @@ class FlipOneToken:
 
 
 def test_the_exactness_column_catches_a_wrong_method(pair, short_file):
-    runners = [bench_runners.EngineRunner(pair, Method.PLAIN), bench_runners.EngineRunner(pair, Method.CHAIN), FlipOneToken(pair)]
-    result = measuring.run_bench(pair, [], prompt_sets.load_prompts(str(short_file)), settings(n=10), runners=runners)
+    runners = [
+        bench_runners.EngineRunner(pair, Method.PLAIN),
+        bench_runners.EngineRunner(pair, Method.CHAIN),
+        FlipOneToken(pair),
+    ]
+    result = measuring.run_bench(
+        pair, [], prompt_sets.load_prompts(str(short_file)), settings(n=10), runners=runners
+    )
     by = {(p.prompt_id, p.method): p for p in result.prompts}
     assert all(by[(pid, "chain")].identical_to_plain for pid in ("code-1", "code-2", "chat-1"))
     assert not any(by[(pid, "wrong")].identical_to_plain for pid in ("code-1", "code-2", "chat-1"))
@@ -294,8 +352,13 @@ def test_the_exactness_column_catches_a_wrong_method(pair, short_file):
 
 def test_no_exactness_claim_under_sampling(pair, short_file):
     runners = [bench_runners.EngineRunner(pair, Method.PLAIN), bench_runners.EngineRunner(pair, Method.CHAIN)]
-    result = measuring.run_bench(pair, [], prompt_sets.load_prompts(str(short_file), limit=1),
-                             settings(n=6, temperature=0.8, seed=3), runners=runners)
+    result = measuring.run_bench(
+        pair,
+        [],
+        prompt_sets.load_prompts(str(short_file), limit=1),
+        settings(n=6, temperature=0.8, seed=3),
+        runners=runners,
+    )
     assert all(p.identical_to_plain is None for p in result.prompts)
     assert all(g.identical is None for g in result.summary)
 
@@ -310,7 +373,8 @@ def test_hf_references_run_on_the_pair_with_our_settings(pair, short_file, monke
     result = measuring.run_bench(pair, names, prompt_sets.load_prompts(str(short_file)), settings(n=12))
     assert result.methods == names
     assert all(p.identical_to_plain for p in result.prompts if p.method != "plain"), [
-        (p.prompt_id, p.method, p.first_mismatch) for p in result.prompts if not p.identical_to_plain]
+        (p.prompt_id, p.method, p.first_mismatch) for p in result.prompts if not p.identical_to_plain
+    ]
     assert all(p.identical_to_plain is None for p in result.prompts if p.method == "plain")  # the reference
     for m in result.measurements:
         assert m.new_tokens == 12 and m.ttft_seconds is not None and m.ttft_seconds <= m.seconds
@@ -337,7 +401,9 @@ def test_hf_sampling_is_reproducible_with_a_seed(pair):
 # -- reports ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_result(pair, short_file):
-    return measuring.run_bench(pair, ["plain", "chain"], prompt_sets.load_prompts(str(short_file)), settings(n=6, repeats=2))
+    return measuring.run_bench(
+        pair, ["plain", "chain"], prompt_sets.load_prompts(str(short_file)), settings(n=6, repeats=2)
+    )
 
 
 def test_json_schema(small_result, tmp_path):
@@ -346,21 +412,56 @@ def test_json_schema(small_result, tmp_path):
     data = json.loads(path.read_text())
     assert data["schema"] == "specgen-bench/1"
     assert {"environment", "settings", "methods", "summary", "prompts", "measurements"} <= set(data)
-    assert {"cpu", "cpu_count", "torch_threads", "gpus", "torch", "transformers", "specgen", "target",
-            "draft", "peak_memory"} <= set(data["environment"])
+    assert {
+        "cpu",
+        "cpu_count",
+        "torch_threads",
+        "gpus",
+        "torch",
+        "transformers",
+        "specgen",
+        "target",
+        "draft",
+        "peak_memory",
+    } <= set(data["environment"])
     assert data["environment"]["torch_threads"] == 1
     assert data["environment"]["target"]["dtype"] == "float32"
     assert data["settings"]["repeats"] == 2 and data["settings"]["greedy"] is True
-    fields = {"prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
-              "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second", "acceptance_rate",
-              "tokens_per_target_forward", "target_forwards", "drafted", "accepted", "accepted_length_histogram",
-              "draft_seconds", "verify_seconds", "peak_memory_bytes", "stop_reason", "token_ids"}
+    fields = {
+        "prompt_id",
+        "category",
+        "method",
+        "repeat",
+        "prompt_tokens",
+        "new_tokens",
+        "seconds",
+        "prefill_seconds",
+        "ttft_seconds",
+        "tokens_per_second",
+        "decode_tokens_per_second",
+        "acceptance_rate",
+        "tokens_per_target_forward",
+        "target_forwards",
+        "drafted",
+        "accepted",
+        "accepted_length_histogram",
+        "draft_seconds",
+        "verify_seconds",
+        "peak_memory_bytes",
+        "stop_reason",
+        "token_ids",
+    }
     assert len(data["measurements"]) == 3 * 2 * 2
     assert all(set(m) == fields for m in data["measurements"])
     assert all(set(p) == {f.name for f in dataclasses.fields(summary.PromptResult)} for p in data["prompts"])
     assert [(g["method"], g["category"]) for g in data["summary"]] == [
-        ("plain", "all"), ("plain", "code"), ("plain", "chat"), ("chain", "all"), ("chain", "code"),
-        ("chain", "chat")]
+        ("plain", "all"),
+        ("plain", "code"),
+        ("plain", "chat"),
+        ("chain", "all"),
+        ("chain", "code"),
+        ("chain", "chat"),
+    ]
     first = data["measurements"][0]
     assert isinstance(first["token_ids"], list) and first["new_tokens"] == len(first["token_ids"])
 
@@ -374,13 +475,18 @@ def test_csv_schema(small_result, tmp_path):
     chain = next(r for r in rows if r["method"] == "chain")
     assert chain["identical_to_plain"] == "True"
     assert chain["accepted_length_histogram"] == " ".join(
-        f"{k}:{v}" for k, v in small_result.measurements[1].accepted_length_histogram.items())
+        f"{k}:{v}" for k, v in small_result.measurements[1].accepted_length_histogram.items()
+    )
     assert len(chain["token_ids"].split()) == int(chain["new_tokens"])
     assert next(r for r in rows if r["method"] == "plain")["acceptance_rate"] == ""
     # text a spreadsheet would run as a formula is quoted
     from specgen.bench.report import _cell
 
-    assert _cell("=cmd|' /C calc'!A0") == "'=cmd|' /C calc'!A0" and _cell(-1.5) == -1.5 and _cell("chain") == "chain"
+    assert (
+        _cell("=cmd|' /C calc'!A0") == "'=cmd|' /C calc'!A0"
+        and _cell(-1.5) == -1.5
+        and _cell("chain") == "chain"
+    )
 
 
 def test_plot_draws_a_png(small_result, tmp_path):
@@ -388,8 +494,9 @@ def test_plot_draws_a_png(small_result, tmp_path):
     path = tmp_path / "bench.png"
     bench_cli.write_plot(small_result, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    plain_only = dataclasses.replace(small_result, methods=["plain"],
-                                     summary=[g for g in small_result.summary if g.method == "plain"])
+    plain_only = dataclasses.replace(
+        small_result, methods=["plain"], summary=[g for g in small_result.summary if g.method == "plain"]
+    )
     bench_cli.write_plot(plain_only, path)  # no legend to draw: it failed with "number sections must be > 0"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -413,7 +520,9 @@ class Page(html.parser.HTMLParser):
         if tag == "svg" and "data-plot" in attrs:
             self.plots += 1
         self.rects += tag == "rect"
-        if tag in ("script", "iframe", "img", "link") or any(v and "//" in v and k != "xmlns" for k, v in attrs.items()):
+        if tag in ("script", "iframe", "img", "link") or any(
+            v and "//" in v and k != "xmlns" for k, v in attrs.items()
+        ):
             self.problems.append(f"loads something: <{tag} {attrs}>")
         if tag == "td":
             self.cells.append("")
@@ -450,19 +559,30 @@ def test_html_report_is_one_page_with_an_svg_per_plot(small_result, tmp_path):
     assert page.problems == [] and text.startswith("<!doctype html>")
     assert page.plots == 3  # speed-up with ranges, acceptance per position, draft share
     chain = next(g for g in small_result.summary if g.method == "chain" and g.category == "all")
-    assert bench_cli.summary_cells(chain) == page.cells[len(bench_cli.COLUMNS) * 3:len(bench_cli.COLUMNS) * 4]
+    assert (
+        bench_cli.summary_cells(chain) == page.cells[len(bench_cli.COLUMNS) * 3 : len(bench_cli.COLUMNS) * 4]
+    )
     assert "chain</strong>: identical to plain on 3/3 prompts" in text
-    for heading in ("Speed-up over plain", "Acceptance per draft position", "Draft share of decode time",
-                    "First token that differs from plain"):
+    for heading in (
+        "Speed-up over plain",
+        "Acceptance per draft position",
+        "Draft share of decode time",
+        "First token that differs from plain",
+    ):
         assert heading in text
     # a method that differs: its first differing token, prompt by prompt
-    differing = [dataclasses.replace(p, identical_to_plain=False, first_mismatch=4) if p.method == "chain"
-                 and p.prompt_id == "code-2" else p for p in small_result.prompts]
+    differing = [
+        dataclasses.replace(p, identical_to_plain=False, first_mismatch=4)
+        if p.method == "chain" and p.prompt_id == "code-2"
+        else p
+        for p in small_result.prompts
+    ]
     text = bench_cli_html(dataclasses.replace(small_result, prompts=differing))
     assert "differs from plain on 1/3 prompts: code-2 at token 4" in text
     # plain alone: the plots are still there, and say there is nothing to draw
-    plain_only = dataclasses.replace(small_result, methods=["plain"],
-                                     summary=[g for g in small_result.summary if g.method == "plain"])
+    plain_only = dataclasses.replace(
+        small_result, methods=["plain"], summary=[g for g in small_result.summary if g.method == "plain"]
+    )
     page = Page(bench_cli_html(plain_only))
     assert page.problems == [] and page.plots == 3
 
@@ -501,8 +621,18 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def models(tiny_dirs):
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-            "--dtype", "float32", "--device", "cpu", "--threads", "1"]
+    return [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ]
 
 
 def assert_one_line_error(result, *fragments):
@@ -515,10 +645,34 @@ def assert_one_line_error(result, *fragments):
 
 
 def test_cli_end_to_end_with_json_csv_and_html(models, short_file, tmp_path):
-    out_json, out_csv, out_html = tmp_path / "r" / "b.json", tmp_path / "r" / "b.csv", tmp_path / "r" / "b.html"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2",
-                                 "--methods", "chain,hf-lookup", "-n", "6", "--repeats", "2",
-                                 "--json", str(out_json), "--csv", str(out_csv), "--html", str(out_html)])
+    out_json, out_csv, out_html = (
+        tmp_path / "r" / "b.json",
+        tmp_path / "r" / "b.csv",
+        tmp_path / "r" / "b.html",
+    )
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "2",
+            "--methods",
+            "chain,hf-lookup",
+            "-n",
+            "6",
+            "--repeats",
+            "2",
+            "--json",
+            str(out_json),
+            "--csv",
+            str(out_csv),
+            "--html",
+            str(out_html),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "speed-up" in result.stdout and "hf-lookup" in result.stdout and "2/2" in result.stdout
     data = json.loads(out_json.read_text())
@@ -532,31 +686,55 @@ def test_cli_end_to_end_with_json_csv_and_html(models, short_file, tmp_path):
 
 def test_cli_plot_without_matplotlib_is_one_line_before_loading(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
-    result = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.png")])
+    result = runner.invoke(
+        app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.png")]
+    )
     assert_one_line_error(result, "--plot needs matplotlib", "pip install 'specgen[plot]'")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--prompts", "nope"], "unknown prompt set 'nope'"),
-    (["--methods", "chain,warp"], "unknown method 'warp'"),
-    (["--repeats", "0"], "--repeats must be >= 1"),
-    (["--limit", "0"], "--limit must be >= 1"),
-    (["--methods", "rsd-c", "--branching", "8,8,8"], "would have 584 nodes"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--prompts", "nope"], "unknown prompt set 'nope'"),
+        (["--methods", "chain,warp"], "unknown method 'warp'"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--limit", "0"], "--limit must be >= 1"),
+        (["--methods", "rsd-c", "--branching", "8,8,8"], "would have 584 nodes"),
+    ],
+)
 def test_cli_bad_options_are_one_line(models, args, fragment):
     assert_one_line_error(runner.invoke(app, ["bench", *models, *args]), fragment)
 
 
 def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(models, short_file, tmp_path):
     out = tmp_path / "t.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "chain,lookup,rsd-c",
-                                 "-n", "6", "--batch-sizes", "1,3", "--verify-windows", "4,8", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--methods",
+            "chain,lookup,rsd-c",
+            "-n",
+            "6",
+            "--batch-sizes",
+            "1,3",
+            "--verify-windows",
+            "4,8",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "det. cost" in result.stdout and "rollback rate" in result.stdout
     cells = json.loads(out.read_text())["cells"]
     grid = {(c["method"], c["batch_size"], c["mode"]): c for c in cells}
     assert len(grid) == 4 * 2 * 3
-    assert grid["rsd-c", 3, "off"]["skipped"] is None and grid["rsd-c", 3, "off"]["new_tokens"] > 0  # trees batch
+    assert (
+        grid["rsd-c", 3, "off"]["skipped"] is None and grid["rsd-c", 3, "off"]["new_tokens"] > 0
+    )  # trees batch
     for cell in cells:
         if cell["skipped"]:
             continue
@@ -584,8 +762,25 @@ def test_throughput_mode_compares_sampled_tokens_only_in_deterministic_windows(p
 
 def test_verify_windows_alone_say_they_measure_throughput_cells(models, short_file, tmp_path):
     out = tmp_path / "w.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "4",
-                                 "--methods", "chain", "--verify-windows", "8", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "1",
+            "-n",
+            "4",
+            "--methods",
+            "chain",
+            "--verify-windows",
+            "8",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "--verify-windows measures throughput cells" in result.stderr
     assert {c["batch_size"] for c in json.loads(out.read_text())["cells"]} == {1}
@@ -598,18 +793,38 @@ def test_throughput_mode_bad_sizes_are_one_line(models):
 
 def test_method_variants_compare_draft_lengths_and_schedules(models, short_file, tmp_path):
     out = tmp_path / "v.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
-                                 "--methods", "chain/k1,chain/additive,lookup/expected-gain", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "2",
+            "-n",
+            "8",
+            "--methods",
+            "chain/k1,chain/additive,lookup/expected-gain",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["methods"] == ["plain", "chain/k1", "chain/additive", "lookup/expected-gain"]
     assert all(p["identical_to_plain"] for p in data["prompts"] if p["method"] != "plain")
     k1 = [m for m in data["measurements"] if m["method"] == "chain/k1"]
     assert all(m["drafted"] <= m["target_forwards"] for m in k1)  # one draft token per round
-    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "/k0 drafts 0 tokens")
-    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/k99"]), "must be in 1..64")
-    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain/c1.5"]),
-                          "/c1.5 is not a variant of chain")
+    assert_one_line_error(
+        runner.invoke(app, ["bench", *models, "--methods", "chain/k0"]), "/k0 drafts 0 tokens"
+    )
+    assert_one_line_error(
+        runner.invoke(app, ["bench", *models, "--methods", "chain/k99"]), "must be in 1..64"
+    )
+    assert_one_line_error(
+        runner.invoke(app, ["bench", *models, "--methods", "chain/c1.5"]), "/c1.5 is not a variant of chain"
+    )
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
 
 
@@ -619,8 +834,23 @@ def test_another_draft_in_the_same_run_with_method_at_draft(models, tiny_dirs, s
     drafting) beside the same-tokenizer draft. Exact under greedy either way."""
     out = tmp_path / "d.json"
     other = str(tiny_dirs["odd_draft"])
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
-                                 "--methods", f"chain,chain@{other},lookup-chain/k2@{other}", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "2",
+            "-n",
+            "8",
+            "--methods",
+            f"chain,chain@{other},lookup-chain/k2@{other}",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["methods"] == ["plain", "chain", f"chain@{other}", f"lookup-chain/k2@{other}"]
@@ -630,7 +860,9 @@ def test_another_draft_in_the_same_run_with_method_at_draft(models, tiny_dirs, s
     assert data["environment"]["draft"]["name"] != data["environment"]["extra_drafts"][other]["name"]
     odd = [m for m in data["measurements"] if m["method"] == f"chain@{other}"]
     assert odd and all(m["drafted"] is not None for m in odd)
-    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", f"plain@{other}"]), "METHOD@DRAFT")
+    assert_one_line_error(
+        runner.invoke(app, ["bench", *models, "--methods", f"plain@{other}"]), "METHOD@DRAFT"
+    )
     assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "chain@"]), "METHOD@DRAFT")
 
 
@@ -638,23 +870,50 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
     from specgen.bench.methods import variant
     from specgen.config import Method, Schedule
 
-    assert variant("lookup-chain/k4/c0.5") == (Method.LOOKUP_CHAIN, {"draft_tokens": 4, "schedule": Schedule.FIXED,
-                                                                     "draft_confidence": 0.5})
-    assert variant("chain/expected-gain/k6") == (Method.CHAIN, {"schedule": Schedule.EXPECTED_GAIN, "draft_tokens": 6})
-    assert variant("chain/c0") == (Method.CHAIN, {"draft_confidence": 0.0})  # no stop, whatever the run's default
+    assert variant("lookup-chain/k4/c0.5") == (
+        Method.LOOKUP_CHAIN,
+        {"draft_tokens": 4, "schedule": Schedule.FIXED, "draft_confidence": 0.5},
+    )
+    assert variant("chain/expected-gain/k6") == (
+        Method.CHAIN,
+        {"schedule": Schedule.EXPECTED_GAIN, "draft_tokens": 6},
+    )
+    assert variant("chain/c0") == (
+        Method.CHAIN,
+        {"draft_confidence": 0.0},
+    )  # no stop, whatever the run's default
     for bad in ("chain/k2/k3", "chain/c1.5", "chain/c-1", "chain/cx", "chain/", "chain/k0", "chain/k65"):
         with pytest.raises(ConfigError, match="in --methods: /"):
             variant(bad)
     assert variant("chain") is None and variant("rsd-c/k2") is None and variant("warp/k2") is None
     out = tmp_path / "c.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "2", "-n", "8",
-                                 "--methods", "chain/k4/c0,chain/k4/c0.99", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "2",
+            "-n",
+            "8",
+            "--methods",
+            "chain/k4/c0,chain/k4/c0.99",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert all(p["identical_to_plain"] for p in data["prompts"] if p["method"] != "plain")
-    drafted = {name: sum(m["drafted"] for m in data["measurements"] if m["method"] == name)
-               for name in ("chain/k4/c0", "chain/k4/c0.99")}
-    assert drafted["chain/k4/c0.99"] < drafted["chain/k4/c0"]  # a tiny model is rarely 99% sure: drafts stop early
+    drafted = {
+        name: sum(m["drafted"] for m in data["measurements"] if m["method"] == name)
+        for name in ("chain/k4/c0", "chain/k4/c0.99")
+    }
+    assert (
+        drafted["chain/k4/c0.99"] < drafted["chain/k4/c0"]
+    )  # a tiny model is rarely 99% sure: drafts stop early
 
 
 def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, tmp_path, monkeypatch):
@@ -670,14 +929,34 @@ def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, 
 
     monkeypatch.setattr(bench_batch, "decode_all", decode_all)
     out = tmp_path / "t.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "chain", "-n", "4",
-                                 "--batch-sizes", "1,2", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--methods",
+            "chain",
+            "-n",
+            "4",
+            "--batch-sizes",
+            "1,2",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 130, result.output
     assert "INTERRUPTED" in result.stdout
     data = json.loads(out.read_text())
     assert data["interrupted"] is True
     cells = [(c["method"], c["batch_size"], c["skipped"]) for c in data["cells"]]
-    assert cells == [("plain", 1, None), ("plain", 2, None), ("chain", 1, "interrupted"), ("chain", 2, "interrupted")]
+    assert cells == [
+        ("plain", 1, None),
+        ("plain", 2, None),
+        ("chain", 1, "interrupted"),
+        ("chain", 2, "interrupted"),
+    ]
     assert all(c["new_tokens"] > 0 for c in data["cells"][:2])
 
 
@@ -719,7 +998,9 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
     assert_one_line_error(result, "cannot write --json")
     result = runner.invoke(app, ["bench", *no_model, "--batch-sizes", "1", "--csv", str(tmp_path / "t.csv")])
     assert_one_line_error(result, "with --batch-sizes use --json")
-    result = runner.invoke(app, ["bench", *no_model, "--concurrency", "1", "--html", str(tmp_path / "t.html")])
+    result = runner.invoke(
+        app, ["bench", *no_model, "--concurrency", "1", "--html", str(tmp_path / "t.html")]
+    )
     assert_one_line_error(result, "it takes --json, not", "--html")
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"id": "a", "category": "c", "prompt": "hi"}\n')
@@ -729,21 +1010,37 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, option):
 
 
 @pytest.mark.parametrize("installed", [True, False], ids=["llama-cpp-installed", "llama-cpp-absent"])
-def test_llama_cpp_columns_named_for_a_target_of_no_gguf_are_refused(models, short_file, tmp_path, monkeypatch,
-                                                                       installed):
+def test_llama_cpp_columns_named_for_a_target_of_no_gguf_are_refused(
+    models, short_file, tmp_path, monkeypatch, installed
+):
     """The target is asked before the package: the same line whether llama-cpp-python is there or not."""
     from specgen.bench import llamacpp as bench_llamacpp
 
     monkeypatch.setattr(bench_llamacpp, "installed", lambda: installed)
     out = tmp_path / "b.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "-n", "2", "--no-warmup",
-                                 "--methods", "plain,llamacpp", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "-n",
+            "2",
+            "--no-warmup",
+            "--methods",
+            "plain,llamacpp",
+            "--json",
+            str(out),
+        ],
+    )
     assert_one_line_error(result, "llamacpp (llama.cpp) needs a GGUF target")
     assert not out.exists()
 
 
-def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(models, short_file, tmp_path,
-                                                                               monkeypatch):
+def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(
+    models, short_file, tmp_path, monkeypatch
+):
     import shutil
     import tempfile
 
@@ -761,8 +1058,26 @@ def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(mod
 
     monkeypatch.setattr(measuring, "run_bench", run_bench)
     out_json, out_csv = gone / "b.json", kept / "b.csv"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "plain",
-                                 "-n", "3", "--no-warmup", "--json", str(out_json), "--csv", str(out_csv)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "1",
+            "--methods",
+            "plain",
+            "-n",
+            "3",
+            "--no-warmup",
+            "--json",
+            str(out_json),
+            "--csv",
+            str(out_csv),
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     assert len(list(csv.DictReader(out_csv.open()))) == 1  # the CSV was still written
@@ -776,11 +1091,29 @@ def test_a_failed_write_keeps_the_other_outputs_and_says_where_the_data_went(mod
 
 def test_cli_plot_is_written_through_a_temporary_file(models, short_file, tmp_path):
     pytest.importorskip("matplotlib")
-    bad = runner.invoke(app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.docx")])
+    bad = runner.invoke(
+        app, ["bench", "--target", str(tmp_path / "no-model"), "--plot", str(tmp_path / "p.docx")]
+    )
     assert_one_line_error(bad, "cannot write '.docx' files")
     out = tmp_path / "plots" / "speed"  # no extension: a PNG
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "--methods", "chain",
-                                 "-n", "3", "--no-warmup", "--plot", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "1",
+            "--methods",
+            "chain",
+            "-n",
+            "3",
+            "--no-warmup",
+            "--plot",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in out.parent.iterdir()] == ["speed"]
@@ -807,20 +1140,23 @@ def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
         bench_llamacpp.LlamaCppRunner(pair, "llamacpp")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--batch-sizes", "1", "--verify-windows", "100000"], "--verify-windows values must be in 1..1024"),
-    (["--verify-windows", "600"], "--verify-window must be in"),
-    (["--batch-sizes", "99999999999"], "--batch-sizes values must be in 1..1024"),
-    (["--concurrency", "30000"], "--concurrency values must be in 1..1024"),
-    (["--concurrency", "2", "--max-batch-size", "0"], "--max-batch-size must be in 1..256"),
-    (["--methods", ""], "--methods is empty"),
-    (["--methods", " , "], "--methods is empty"),
-    (["--threads", "100000"], "--threads must be in"),
-    (["--threads", "0"], "--threads must be in"),
-    (["--concurrency", "1", "--methods", "hf-lookup"], "--concurrency measures specgen's own methods"),
-    (["--concurrency", "0"], "--concurrency"),
-    (["--batch-sizes", "1,2", "--repeats", "3"], "--batch-sizes runs each cell once"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--batch-sizes", "1", "--verify-windows", "100000"], "--verify-windows values must be in 1..1024"),
+        (["--verify-windows", "600"], "--verify-window must be in"),
+        (["--batch-sizes", "99999999999"], "--batch-sizes values must be in 1..1024"),
+        (["--concurrency", "30000"], "--concurrency values must be in 1..1024"),
+        (["--concurrency", "2", "--max-batch-size", "0"], "--max-batch-size must be in 1..256"),
+        (["--methods", ""], "--methods is empty"),
+        (["--methods", " , "], "--methods is empty"),
+        (["--threads", "100000"], "--threads must be in"),
+        (["--threads", "0"], "--threads must be in"),
+        (["--concurrency", "1", "--methods", "hf-lookup"], "--concurrency measures specgen's own methods"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--batch-sizes", "1,2", "--repeats", "3"], "--batch-sizes runs each cell once"),
+    ],
+)
 def test_every_setting_is_checked_before_a_model_loads(tmp_path, args, fragment):
     """A target that does not exist: had anything loaded, the error would be about the model."""
     no_model = ["--target", str(tmp_path / "no-model"), "--json", str(tmp_path / "out.json")]
@@ -834,9 +1170,27 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
     interleaved and pooled; aggregate tok/s, TTFT and per-token latency against plain."""
     pytest.importorskip("fastapi")
     out = tmp_path / "conc.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "-n", "6", "--methods",
-                                 "plain,chain,lookup-chain", "--concurrency", "1,3", "--requests-per-client", "2",
-                                 "--repeats", "2", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "-n",
+            "6",
+            "--methods",
+            "plain,chain,lookup-chain",
+            "--concurrency",
+            "1,3",
+            "--requests-per-client",
+            "2",
+            "--repeats",
+            "2",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "specgen bench --concurrency" in result.stdout
     assert "draft length by batch width" in " ".join(result.stderr.split())
@@ -850,15 +1204,18 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
         assert cell["ttft_p50"] <= cell["ttft_p95"]
     assert cells[(1, "plain")]["speedup"] == 1.0 and cells[(3, "chain")]["speedup"] > 0
     assert cells[(1, "plain")]["acceptance_rate"] is None and 0 <= cells[(1, "chain")]["acceptance_rate"] <= 1
-    assert all(len(cell["runs"]) == data["settings"]["repeats"] and min(cell["runs"]) > 0 for cell in cells.values())
+    assert all(
+        len(cell["runs"]) == data["settings"]["repeats"] and min(cell["runs"]) > 0 for cell in cells.values()
+    )
     assert data["settings"]["width_caps"]["1"] >= 1
     # what the served engines' measured rounds settled on, per method and batch width (2 and up)
     assert set(data["learned"]) <= {"chain", "lookup-chain"}
     assert all(int(w) >= 2 and v["k"] >= 0 for widths in data["learned"].values() for w, v in widths.items())
 
 
-def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods_by_default(models, short_file,
-                                                                                            tmp_path, monkeypatch):
+def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods_by_default(
+    models, short_file, tmp_path, monkeypatch
+):
     """The default method list holds transformers' columns, which run no server: left out, not
     an error. A sampled run's requests carry its law (each its own seed), and the title says so."""
     pytest.importorskip("fastapi")
@@ -866,11 +1223,33 @@ def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods
 
     sent = []
     real = concurrency.one_request
-    monkeypatch.setattr(concurrency, "one_request", lambda url, key, body: sent.append(body) or real(url, key, body))
+    monkeypatch.setattr(
+        concurrency, "one_request", lambda url, key, body: sent.append(body) or real(url, key, body)
+    )
     out = tmp_path / "conc.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "3",
-                                 "--concurrency", "1", "--requests-per-client", "2", "--temperature", "0.8",
-                                 "--seed", "7", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "1",
+            "-n",
+            "3",
+            "--concurrency",
+            "1",
+            "--requests-per-client",
+            "2",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "7",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert {c["method"] for c in data["cells"]} == {m.value for m in Method if m is not Method.EAGLE}
@@ -886,14 +1265,31 @@ def test_a_quantile_interpolates_between_its_neighbours():
     assert _quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0 and _quantile([0.0, 10.0], 0.95) == 9.5
 
 
-def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_failed(models, short_file, tmp_path,
-                                                                                  monkeypatch):
+def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_failed(
+    models, short_file, tmp_path, monkeypatch
+):
     pytest.importorskip("fastapi")
     from specgen.bench import concurrency
 
     out = tmp_path / "conc.json"
-    args = ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "4", "--methods", "plain,chain",
-            "--concurrency", "1,2", "--requests-per-client", "1", "--json", str(out)]
+    args = [
+        "bench",
+        *models,
+        "--prompts",
+        str(short_file),
+        "--limit",
+        "1",
+        "-n",
+        "4",
+        "--methods",
+        "plain,chain",
+        "--concurrency",
+        "1,2",
+        "--requests-per-client",
+        "1",
+        "--json",
+        str(out),
+    ]
     real, calls = concurrency.drive, []
 
     def interrupted_at_the_second_level(*a, **k):
@@ -908,8 +1304,12 @@ def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_faile
     assert result.exit_code == 130, result.output
     data = json.loads(out.read_text())
     assert data["interrupted"] and {(c["concurrency"], c["method"]) for c in data["cells"]} == {
-        (1, "plain"), (1, "chain"), (2, "plain")}
+        (1, "plain"),
+        (1, "chain"),
+        (2, "plain"),
+    }
     with monkeypatch.context() as patch:  # every chain request fails: written, no speed-up, exit 1
+
         def failing(url, key, body):
             if body["speculative"]["method"] == "chain":
                 raise RuntimeError("HTTP 500: the engine failed")
@@ -936,14 +1336,33 @@ def test_throughput_mode_keeps_its_cells_when_one_fails(models, short_file, tmp_
 
     monkeypatch.setattr(throughput, "_measure_cell", failing)
     out = tmp_path / "t.json"
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--limit", "1", "-n", "4",
-                                 "--methods", "plain,chain,lookup", "--batch-sizes", "1", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--limit",
+            "1",
+            "-n",
+            "4",
+            "--methods",
+            "plain,chain,lookup",
+            "--batch-sizes",
+            "1",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "cells failed: chain b1 off: failed: ValueError: a kernel failed" in result.stderr
     cells = {c["method"]: c for c in json.loads(out.read_text())["cells"]}
     assert cells["chain"]["failed"] and cells["lookup"]["tokens_per_second"] > 0
-    named = runner.invoke(app, ["bench", *models, "--prompts", str(short_file), "--methods", "plain,chain/k2",
-                                "--batch-sizes", "1"])
+    named = runner.invoke(
+        app,
+        ["bench", *models, "--prompts", str(short_file), "--methods", "plain,chain/k2", "--batch-sizes", "1"],
+    )
     assert named.exit_code == 1 and "'chain/k2' is not one" in named.stderr
 
 
@@ -951,8 +1370,22 @@ def test_throughput_mode_keeps_its_cells_when_one_fails(models, short_file, tmp_
 def test_a_prompt_past_the_context_is_one_line_before_any_mode_measures(models, tmp_path, mode):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "long", "category": "c", "prompt": "x " * 300}) + "\n")
-    result = runner.invoke(app, ["bench", *models, "--prompts", str(prompts), "-n", "4", "--methods", "plain,chain",
-                                 *mode, "--json", str(tmp_path / "o.json")])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--prompts",
+            str(prompts),
+            "-n",
+            "4",
+            "--methods",
+            "plain,chain",
+            *mode,
+            "--json",
+            str(tmp_path / "o.json"),
+        ],
+    )
     assert result.exit_code == 1 and "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "prompt long has" in errors[0] and "context holds" in errors[0], result.output

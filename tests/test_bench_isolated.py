@@ -66,27 +66,67 @@ def _root() -> None:
     """A stand-in for specgen's app."""
 
 
-def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(tiny_dirs, tmp_path, monkeypatch):
+def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(
+    tiny_dirs, tmp_path, monkeypatch
+):
     real = methods.registry
 
     def with_fakes():
         specs = real()
-        specs["fake-ref"] = methods.MethodSpec("fake-ref", False, lambda pair: IsolatedRunner(
-            "fake-ref", FixedTokens, ("fake-ref",), label="fake"), "a reference in a child")
-        specs["fake-crash"] = methods.MethodSpec("fake-crash", False, lambda pair: IsolatedRunner(
-            "fake-crash", FixedTokens, ("fake-crash", 2), label="fake",
-            crash_hint=" - see README 'llama.cpp on CPUs with AMX'"), "a reference that segfaults")
+        specs["fake-ref"] = methods.MethodSpec(
+            "fake-ref",
+            False,
+            lambda pair: IsolatedRunner("fake-ref", FixedTokens, ("fake-ref",), label="fake"),
+            "a reference in a child",
+        )
+        specs["fake-crash"] = methods.MethodSpec(
+            "fake-crash",
+            False,
+            lambda pair: IsolatedRunner(
+                "fake-crash",
+                FixedTokens,
+                ("fake-crash", 2),
+                label="fake",
+                crash_hint=" - see README 'llama.cpp on CPUs with AMX'",
+            ),
+            "a reference that segfaults",
+        )
         return specs
 
     monkeypatch.setattr(methods, "registry", with_fakes)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": f"say {i}"}) + "\n"
-                               for i in (1, 2, 3)), encoding="utf-8")
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": f"say {i}"}) + "\n" for i in (1, 2, 3)),
+        encoding="utf-8",
+    )
     out_json, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
-    result = CliRunner().invoke(app, [
-        "bench", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--dtype", "float32",
-        "--device", "cpu", "--threads", "1", "--prompts", str(prompts), "--methods", "fake-crash,fake-ref",
-        "-n", "4", "--no-warmup", "--json", str(out_json), "--csv", str(out_csv)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            str(tiny_dirs["target"]),
+            "--draft",
+            str(tiny_dirs["draft"]),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "fake-crash,fake-ref",
+            "-n",
+            "4",
+            "--no-warmup",
+            "--json",
+            str(out_json),
+            "--csv",
+            str(out_csv),
+        ],
+    )
     assert result.exit_code == 1, result.output  # everything is written, and the run says a column failed
     assert "Traceback" not in result.output
     assert result.stderr.strip().splitlines()[-1].startswith("error: 1 of 3 columns failed: fake-crash")
@@ -97,12 +137,23 @@ def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(ti
 
     data = json.loads(out_json.read_text())
     assert data["methods"] == ["plain", "fake-crash", "fake-ref"]
-    assert data["failures"] == [{"method": "fake-crash", "prompt_id": "p2", "category": "c", "repeat": 0,
-                                 "error": CRASH_LINE}]
+    assert data["failures"] == [
+        {"method": "fake-crash", "prompt_id": "p2", "category": "c", "repeat": 0, "error": CRASH_LINE}
+    ]
     measured = [(m["method"], m["prompt_id"]) for m in data["measurements"]]
-    assert measured == [("plain", "p1"), ("fake-crash", "p1"), ("fake-ref", "p1"),
-                        ("plain", "p2"), ("fake-ref", "p2"), ("plain", "p3"), ("fake-ref", "p3")]
-    assert {g["method"] for g in data["summary"]} == {"plain", "fake-ref"}  # the crashed column: its line only
+    assert measured == [
+        ("plain", "p1"),
+        ("fake-crash", "p1"),
+        ("fake-ref", "p1"),
+        ("plain", "p2"),
+        ("fake-ref", "p2"),
+        ("plain", "p3"),
+        ("fake-ref", "p3"),
+    ]
+    assert {g["method"] for g in data["summary"]} == {
+        "plain",
+        "fake-ref",
+    }  # the crashed column: its line only
     ref = [m for m in data["measurements"] if m["method"] == "fake-ref"]
     assert all(m["seconds"] == 0.5 and m["new_tokens"] == 4 for m in ref)  # the child's own timings
     assert all(m["token_ids"][0] == 1 for m in ref)  # the child runs the parent's torch threads
@@ -112,7 +163,8 @@ def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(ti
     rows = list(csv.DictReader(out_csv.open(encoding="utf-8")))
     assert len(rows) == 7 + 1
     assert [(r["method"], r["prompt_id"], r["repeat"], r["error"]) for r in rows if r["error"]] == [
-        ("fake-crash", "p2", "0", CRASH_LINE)]
+        ("fake-crash", "p2", "0", CRASH_LINE)
+    ]
 
 
 def test_ctrl_c_during_a_childs_generation_kills_it_and_keeps_what_was_measured(tiny_pair):
@@ -135,14 +187,19 @@ def test_ctrl_c_during_a_childs_generation_kills_it_and_keeps_what_was_measured(
             return Generation([1] * n, 1.0, 0.1, 1, Stats(method="plain", new_tokens=n))
 
     reference = IsolatedRunner("fake-ref", FixedTokens, ("fake-ref", None, 2), label="fake")
-    settings = BenchSettings(GenerationConfig(max_new_tokens=3, sampling=SamplingConfig()), warmup=False, threads=1)
+    settings = BenchSettings(
+        GenerationConfig(max_new_tokens=3, sampling=SamplingConfig()), warmup=False, threads=1
+    )
     started = time.perf_counter()
     prompts = [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "A")]
     result = measuring.run_bench(Pair(*tiny_pair), [], prompts, settings, runners=[Plain(), reference])
     assert time.perf_counter() - started < 30  # not the child's minute
     assert result.interrupted and result.failures == []
     assert [(m.method, m.prompt_id) for m in result.measurements] == [
-        ("plain", "p1"), ("fake-ref", "p1"), ("plain", "p2")]
+        ("plain", "p1"),
+        ("fake-ref", "p1"),
+        ("plain", "p2"),
+    ]
     child = result.measurements[1].token_ids[1]
     assert reference.process is None and reaped(child)
     with pytest.raises(ProcessLookupError):
@@ -167,12 +224,20 @@ def test_a_failure_in_the_warmup_stops_that_column_only():
     settings = BenchSettings(GenerationConfig(max_new_tokens=4), repeats=2, warmup=True, threads=1)
     prompts = [(PromptRecord("p1", "x", 1, "A"), [1]), (PromptRecord("p2", "y", 2, "B"), [2])]
     warmups, failures = {}, []
-    runs = list(measuring.measure([Quick("plain"), Quick("dead", fail=True), Quick("b")], prompts, settings,
-                                  warmups=warmups, failures=failures))
+    runs = list(
+        measuring.measure(
+            [Quick("plain"), Quick("dead", fail=True), Quick("b")],
+            prompts,
+            settings,
+            warmups=warmups,
+            failures=failures,
+        )
+    )
     assert failures == [measuring.Failure("dead", "p1", "A", None, "fake crashed (SIGILL)")]
     assert set(warmups) == {"plain", "b"}
-    assert [(m.method, m.prompt_id) for m in runs] == [(name, p) for p in ("p1", "p2") for _ in range(2)
-                                                       for name in ("plain", "b")]
+    assert [(m.method, m.prompt_id) for m in runs] == [
+        (name, p) for p in ("p1", "p2") for _ in range(2) for name in ("plain", "b")
+    ]
 
 
 def test_llamacpp_runs_through_a_child_that_copies_the_threads(monkeypatch):
@@ -195,8 +260,14 @@ def test_llamacpp_runs_through_a_child_that_copies_the_threads(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama))
     monkeypatch.setattr(bench_llamacpp, "installed", lambda: True)
-    target = types.SimpleNamespace(gguf=Path("t.gguf"), context_length=64, stop_ids=frozenset({2}), name="t",
-                                   source="t.gguf", gguf_file=lambda: "t.gguf")
+    target = types.SimpleNamespace(
+        gguf=Path("t.gguf"),
+        context_length=64,
+        stop_ids=frozenset({2}),
+        name="t",
+        source="t.gguf",
+        gguf_file=lambda: "t.gguf",
+    )
     runner = bench_llamacpp.LlamaCppRunner(types.SimpleNamespace(target=target), "llamacpp")
     assert isinstance(runner, IsolatedRunner) and runner.process is None  # started by its first generation
     assert runner.crash_hint == " - see README 'llama.cpp on CPUs with AMX'"

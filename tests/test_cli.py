@@ -6,12 +6,12 @@ import json
 
 import pytest
 import typer
+from tiny import stop_after_rows
 from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.cli.options import model_args, with_options
 from specgen.config import GenerationConfig, ModelSettings
-from tiny import stop_after_rows
 
 runner = CliRunner()
 
@@ -22,15 +22,27 @@ def invoke(*args, input=None):
 
 @pytest.fixture(scope="module")
 def models(tiny_dirs):
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-            "--dtype", "float32", "--device", "cpu"]
+    return [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+    ]
 
 
 def assert_one_line_error(result, *fragments):
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     # "loading target X ..." status lines (stderr, plain format) may come before the error
-    lines = [line for line in result.output.strip().splitlines() if line.strip() and not line.startswith("loading ")]
+    lines = [
+        line
+        for line in result.output.strip().splitlines()
+        if line.strip() and not line.startswith("loading ")
+    ]
     assert len(lines) == 1, result.output
     assert lines[0].startswith("error:"), lines[0]
     for fragment in fragments:
@@ -43,8 +55,9 @@ def test_help_lists_commands():
     assert "run" in result.output
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["chat"], ["bench"], ["serve"], ["check"], ["train-head"],
-                                     ["models", "list"]])
+@pytest.mark.parametrize(
+    "command", [[], ["run"], ["chat"], ["bench"], ["serve"], ["check"], ["train-head"], ["models", "list"]]
+)
 def test_flags_show_no_value_in_help(command):
     """--version, --help and every other flag take no value, so help shows none (`<bool>`)."""
     result = invoke(*command, "--help")
@@ -59,7 +72,9 @@ def test_each_command_has_a_one_line_summary():
     that paragraph is one line."""
     group = typer.main.get_command(app)
     commands = dict(group.commands)
-    commands.update({f"models {name}": command for name, command in group.commands["models"].commands.items()})
+    commands.update(
+        {f"models {name}": command for name, command in group.commands["models"].commands.items()}
+    )
     for name, command in commands.items():
         summary = (command.short_help or command.help or "").split("\n\n")[0].strip()
         assert summary and "\n" not in summary, (name, summary)
@@ -72,8 +87,17 @@ def test_json_has_the_documented_keys(models):
     assert {"text", "token_ids", "method", "stats"} <= set(record)
     assert record["method"] == "chain"
     stats = record["stats"]
-    for key in ("new_tokens", "rounds", "drafted", "accepted", "target_forwards", "acceptance_rate",
-                "tokens_per_target_forward", "seconds", "tokens_per_second"):
+    for key in (
+        "new_tokens",
+        "rounds",
+        "drafted",
+        "accepted",
+        "target_forwards",
+        "acceptance_rate",
+        "tokens_per_target_forward",
+        "seconds",
+        "tokens_per_second",
+    ):
         assert key in stats
     assert stats["new_tokens"] == len(record["token_ids"]) == 12
 
@@ -81,8 +105,9 @@ def test_json_has_the_documented_keys(models):
 def test_plain_and_chain_print_the_same_text(models):
     outputs = {}
     for method in ("plain", "chain"):
-        result = invoke("run", "Write a haiku about caches", *models, "-n", "20", "--method", method,
-                        "--format", "json")
+        result = invoke(
+            "run", "Write a haiku about caches", *models, "-n", "20", "--method", method, "--format", "json"
+        )
         assert result.exit_code == 0, result.output
         outputs[method] = json.loads(result.stdout.strip().splitlines()[-1])
     assert outputs["plain"]["token_ids"] == outputs["chain"]["token_ids"]
@@ -98,12 +123,16 @@ def test_plain_format_streams_text_to_stdout_and_stats_to_stderr(models):
 
 
 def test_rich_format_shows_footer_and_summary(models):
-    result = runner.invoke(app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "120"})
+    result = runner.invoke(
+        app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "120"}
+    )
     assert result.exit_code == 0, result.output
     assert "tokens/target forward" in result.output
     assert "summary" in result.output
     # narrower than the table: its cells were blank; the summary is one line there
-    narrow = runner.invoke(app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "60"})
+    narrow = runner.invoke(
+        app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "60"}
+    )
     assert narrow.exit_code == 0 and "summary" not in narrow.output and "[chain] 8 tokens" in narrow.output
 
 
@@ -113,7 +142,9 @@ def test_prompt_from_stdin_and_file(models, tmp_path):
     prompt_file.write_text("hello there")
     from_file = invoke("run", "--file", str(prompt_file), *models, "-n", "6", "--format", "json")
     direct = invoke("run", "hello there", *models, "-n", "6", "--format", "json")
-    ids = [json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (from_stdin, from_file, direct)]
+    ids = [
+        json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (from_stdin, from_file, direct)
+    ]
     assert ids[0] == ids[1] == ids[2]
 
 
@@ -153,8 +184,20 @@ def test_unknown_model_name_suggests_catalog_names():
 
 
 def test_a_draft_of_another_tokenizer_drafts_through_text(tiny_dirs):
-    result = invoke("run", "hi", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["odd_draft"]),
-                    "--dtype", "float32", "-n", "8", "--format", "json")
+    result = invoke(
+        "run",
+        "hi",
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["odd_draft"]),
+        "--dtype",
+        "float32",
+        "-n",
+        "8",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     assert result.stderr.count("draft tokenizer differs: text-level drafting") == 1
 
@@ -171,7 +214,9 @@ def test_prompt_longer_than_context(models):
 
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_draft_tokens_must_be_positive(models, value):
-    assert_one_line_error(invoke("run", "hi", *models, "--draft-tokens", value), "--draft-tokens must be >= 1")
+    assert_one_line_error(
+        invoke("run", "hi", *models, "--draft-tokens", value), "--draft-tokens must be >= 1"
+    )
 
 
 def test_unknown_device(models):
@@ -194,7 +239,9 @@ def test_unknown_method(models):
 def test_impossible_sampling_settings(models):
     assert_one_line_error(invoke("run", "hi", *models, "--top-p", "0"), "--top-p")
     assert_one_line_error(invoke("run", "hi", *models, "--temperature", "-1"), "--temperature")
-    assert_one_line_error(invoke("run", "hi", *models, "--temperature", "inf"), "--temperature must be a finite")
+    assert_one_line_error(
+        invoke("run", "hi", *models, "--temperature", "inf"), "--temperature must be a finite"
+    )
 
 
 def test_a_prompts_file_with_a_prompt_too_long_fails_before_the_first_is_decoded(models, tmp_path):
@@ -213,8 +260,21 @@ def test_debug_variable_shows_the_traceback(models, monkeypatch):
 
 
 def test_same_seed_same_sampled_text(models):
-    args = ["run", "Write a haiku about caches", *models, "-n", "16", "--format", "json",
-            "--temperature", "0.8", "--top-p", "0.95", "--seed", "7"]
+    args = [
+        "run",
+        "Write a haiku about caches",
+        *models,
+        "-n",
+        "16",
+        "--format",
+        "json",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "7",
+    ]
     first, second = invoke(*args), invoke(*args)
     other = invoke(*args[:-1], "8")
     ids = [json.loads(r.stdout.strip().splitlines()[-1])["token_ids"] for r in (first, second, other)]
@@ -222,8 +282,14 @@ def test_same_seed_same_sampled_text(models):
     assert ids[0] != ids[2]
 
 
-@pytest.mark.parametrize("method, extra", [("rsd-c", ["--branching", "2,1"]), ("rsd-s", ["--beam-width", "2", "--depth", "3"]),
-                                           ("multi-draft", ["--branching", "2,2"])])
+@pytest.mark.parametrize(
+    "method, extra",
+    [
+        ("rsd-c", ["--branching", "2,1"]),
+        ("rsd-s", ["--beam-width", "2", "--depth", "3"]),
+        ("multi-draft", ["--branching", "2,2"]),
+    ],
+)
 def test_tree_methods_match_plain_under_greedy(models, method, extra):
     plain = invoke("run", "hello tree", *models, "-n", "14", "--method", "plain", "--format", "json")
     tree = invoke("run", "hello tree", *models, "-n", "14", "--method", method, *extra, "--format", "json")
@@ -234,23 +300,51 @@ def test_tree_methods_match_plain_under_greedy(models, method, extra):
 
 
 def test_show_tree_prints_each_round(models):
-    result = invoke("run", "hello", *models, "-n", "6", "--method", "rsd-c", "--branching", "2,1",
-                    "--show-tree", "--format", "plain")
+    result = invoke(
+        "run",
+        "hello",
+        *models,
+        "-n",
+        "6",
+        "--method",
+        "rsd-c",
+        "--branching",
+        "2,1",
+        "--show-tree",
+        "--format",
+        "plain",
+    )
     assert result.exit_code == 0, result.output
     # round 1 drafts nothing (the first token does not wait for the draft to read the prompt)
     assert "round 2" in result.stderr and "├──" in result.stderr
 
 
 def test_bad_branching(models):
-    assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,x"), "--branching")
-    assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,0"), "--branching")
+    assert_one_line_error(
+        invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,x"), "--branching"
+    )
+    assert_one_line_error(
+        invoke("run", "hi", *models, "--method", "rsd-c", "--branching", "2,0"), "--branching"
+    )
 
 
 def test_deterministic_json_stats_and_same_text_across_methods(models):
     records = []
     for method in ("plain", "chain", "rsd-c"):
-        result = invoke("run", "hello", *models, "-n", "18", "--method", method, "--deterministic",
-                        "--verify-window", "8", "--format", "json")
+        result = invoke(
+            "run",
+            "hello",
+            *models,
+            "-n",
+            "18",
+            "--method",
+            method,
+            "--deterministic",
+            "--verify-window",
+            "8",
+            "--format",
+            "json",
+        )
         assert result.exit_code == 0, result.output
         records.append(json.loads(result.stdout.strip().splitlines()[-1]))
     assert len({tuple(r["token_ids"]) for r in records}) == 1
@@ -260,20 +354,55 @@ def test_deterministic_json_stats_and_same_text_across_methods(models):
 
 
 def test_bad_verify_window(models):
-    assert_one_line_error(invoke("run", "hi", *models, "--deterministic", "--verify-window", "1"), "--verify-window")
+    assert_one_line_error(
+        invoke("run", "hi", *models, "--deterministic", "--verify-window", "1"), "--verify-window"
+    )
     # a tree as deep as the window could never be drafted: the run would be plain decoding under rsd-s's name
-    assert_one_line_error(invoke("run", "hi", *models, "--method", "rsd-s", "--depth", "4", "--deterministic",
-                                 "--verify-window", "4"), "leaves no room for a tree 4 deep")
+    assert_one_line_error(
+        invoke(
+            "run",
+            "hi",
+            *models,
+            "--method",
+            "rsd-s",
+            "--depth",
+            "4",
+            "--deterministic",
+            "--verify-window",
+            "4",
+        ),
+        "leaves no room for a tree 4 deep",
+    )
 
 
 def test_prompts_file_batched_outputs_in_input_order(models, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text('hello there\n{"prompt": "second one"}\n\nthird\nand a fourth, longer prompt\n')
     runs = {}
-    for size, method in (("1", "plain"), ("3", "plain"), ("3", "chain"), ("2", "lookup"), ("3", "rsd-s"),
-                         ("2", "lookup-chain")):
-        result = invoke("run", "--prompts-file", str(prompts), "--batch-size", size, "--method", method, *models,
-                        "-n", "6", "--format", "json", "--dtype", "float32")
+    for size, method in (
+        ("1", "plain"),
+        ("3", "plain"),
+        ("3", "chain"),
+        ("2", "lookup"),
+        ("3", "rsd-s"),
+        ("2", "lookup-chain"),
+    ):
+        result = invoke(
+            "run",
+            "--prompts-file",
+            str(prompts),
+            "--batch-size",
+            size,
+            "--method",
+            method,
+            *models,
+            "-n",
+            "6",
+            "--format",
+            "json",
+            "--dtype",
+            "float32",
+        )
         assert result.exit_code == 0, result.output
         runs[size, method] = [json.loads(line) for line in result.stdout.strip().splitlines()]
         assert [r["token_ids"] for r in runs[size, method]] == [r["token_ids"] for r in runs["1", "plain"]]
@@ -293,16 +422,27 @@ def test_prompts_file_errors(models, tmp_path):
     bad.write_text('{"text": "no prompt field"}\n')
     assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1")
     bad.write_text('{"prompt": "a\\ud800b"}\n')  # JSON's escape of a lone surrogate
-    assert_one_line_error(invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1: the prompt holds a lone")
+    assert_one_line_error(
+        invoke("run", "--prompts-file", str(bad), *models), "bad.jsonl:1: the prompt holds a lone"
+    )
     good = tmp_path / "good.txt"
     good.write_text("a\nb\n")
-    assert_one_line_error(invoke("run", "--prompts-file", str(good), "--batch-size", "0", *models), "--batch-size")
+    assert_one_line_error(
+        invoke("run", "--prompts-file", str(good), "--batch-size", "0", *models), "--batch-size"
+    )
 
 
-@pytest.mark.parametrize("extra", [["--method", "lookup"], ["--method", "lookup", "--draft-tokens", "auto"],
-                                   ["--method", "chain", "--draft-tokens", "auto"],
-                                   ["--method", "chain", "--draft-schedule", "expected-gain", "--draft-tokens", "6"],
-                                   ["--method", "lookup-chain"], ["--method", "lookup-chain", "--temperature", "0"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--method", "lookup"],
+        ["--method", "lookup", "--draft-tokens", "auto"],
+        ["--method", "chain", "--draft-tokens", "auto"],
+        ["--method", "chain", "--draft-schedule", "expected-gain", "--draft-tokens", "6"],
+        ["--method", "lookup-chain"],
+        ["--method", "lookup-chain", "--temperature", "0"],
+    ],
+)
 def test_lookup_and_adaptive_draft_length_match_plain(models, extra):
     prompt = "abcabcabcabc abcabc abc"
     plain = invoke("run", prompt, *models, "-n", "16", "--method", "plain", "--format", "json", "--raw")
@@ -331,12 +471,39 @@ def test_hub_id_from_the_local_hf_cache(tiny_dirs, tmp_path, monkeypatch):
 
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
-    local = invoke("run", "hi", "--target", str(tiny_dirs["target"]), "--method", "plain", "--dtype", "float32",
-                   "-n", "5", "--format", "json")
-    hub = invoke("run", "hi", "--target", "specgen/tiny-target", "--method", "plain", "--dtype", "float32",
-                 "-n", "5", "--format", "json")
+    local = invoke(
+        "run",
+        "hi",
+        "--target",
+        str(tiny_dirs["target"]),
+        "--method",
+        "plain",
+        "--dtype",
+        "float32",
+        "-n",
+        "5",
+        "--format",
+        "json",
+    )
+    hub = invoke(
+        "run",
+        "hi",
+        "--target",
+        "specgen/tiny-target",
+        "--method",
+        "plain",
+        "--dtype",
+        "float32",
+        "-n",
+        "5",
+        "--format",
+        "json",
+    )
     assert hub.exit_code == 0, hub.output
-    assert json.loads(hub.stdout.splitlines()[-1])["token_ids"] == json.loads(local.stdout.splitlines()[-1])["token_ids"]
+    assert (
+        json.loads(hub.stdout.splitlines()[-1])["token_ids"]
+        == json.loads(local.stdout.splitlines()[-1])["token_ids"]
+    )
     missing = invoke("run", "hi", "--target", "specgen/not-there", "--method", "plain")
     assert_one_line_error(missing, "specgen/not-there")
 
@@ -346,11 +513,35 @@ def test_a_gguf_file_as_the_target(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", seed=1)
-    first = invoke("run", "hello", "--target", str(path), "--method", "plain", "--dtype", "float32", "-n", "6",
-                   "--format", "json")
+    first = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(path),
+        "--method",
+        "plain",
+        "--dtype",
+        "float32",
+        "-n",
+        "6",
+        "--format",
+        "json",
+    )
     assert first.exit_code == 0, first.output
-    again = invoke("run", "hello", "--target", str(path), "--draft", str(path), "--dtype", "float32", "-n", "6",
-                   "--format", "json")  # reloaded from the converted cache, and as its own draft
+    again = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(path),
+        "--draft",
+        str(path),
+        "--dtype",
+        "float32",
+        "-n",
+        "6",
+        "--format",
+        "json",
+    )  # reloaded from the converted cache, and as its own draft
     assert again.exit_code == 0, again.output
     a, b = (json.loads(r.stdout.splitlines()[-1]) for r in (first, again))
     assert a["token_ids"] == b["token_ids"] and b["stats"]["acceptance_rate"] == 1.0
@@ -358,7 +549,9 @@ def test_a_gguf_file_as_the_target(tmp_path, monkeypatch):
 
 def test_draft_confidence_stops_drafts_early_and_keeps_the_output(models):
     plain = invoke("run", "hello", *models, "-n", "16", "--method", "plain", "--format", "json")
-    stopped = invoke("run", "hello", *models, "-n", "16", "-k", "4", "--draft-confidence", "0.99", "--format", "json")
+    stopped = invoke(
+        "run", "hello", *models, "-n", "16", "-k", "4", "--draft-confidence", "0.99", "--format", "json"
+    )
     full = invoke("run", "hello", *models, "-n", "16", "-k", "4", "--format", "json")
     p, s, f = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (plain, stopped, full))
     assert p["token_ids"] == s["token_ids"] == f["token_ids"]
@@ -382,16 +575,19 @@ def test_invalid_utf8_in_a_file_or_on_stdin_is_one_line(models, tmp_path):
     assert_one_line_error(invoke("run", "hi \udcff", *models), "not valid UTF-8")
 
 
-@pytest.mark.parametrize("content, fragment", [
-    ('hello\n{"prompt": null}\n', "p.jsonl:2: 'prompt' must be a string, got null"),
-    ('{"prompt": 3}\n', "p.jsonl:1: 'prompt' must be a string, got 3"),
-    ('\n{"prompt": ["a", "b"]}\n', "p.jsonl:2: 'prompt' must be a string"),
-    ('first\n\n{"prompt": "  "}\n', "p.jsonl:3: the prompt is empty"),
-    ('first\n{"prompt": "x"\n', "p.jsonl:2: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ('hello\n{"prompt": null}\n', "p.jsonl:2: 'prompt' must be a string, got null"),
+        ('{"prompt": 3}\n', "p.jsonl:1: 'prompt' must be a string, got 3"),
+        ('\n{"prompt": ["a", "b"]}\n', "p.jsonl:2: 'prompt' must be a string"),
+        ('first\n\n{"prompt": "  "}\n', "p.jsonl:3: the prompt is empty"),
+        ('first\n{"prompt": "x"\n', "p.jsonl:2: not valid JSON"),
+    ],
+)
 def test_prompts_file_bad_records_name_their_line(tmp_path, content, fragment):
-    from specgen.errors import PromptError
     from specgen.decoding.prompts import read_prompts_file
+    from specgen.errors import PromptError
 
     path = tmp_path / "p.jsonl"
     path.write_text(content)
@@ -415,7 +611,9 @@ def test_seed_out_of_range_fails_before_loading(tmp_path, seed):
 
 @pytest.mark.parametrize("size", ["0", "4"])
 def test_batch_size_without_a_prompts_file_is_refused(tmp_path, size):
-    result = invoke("run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--batch-size", size)
+    result = invoke(
+        "run", "hi", "--target", str(tmp_path / "no-model"), "--method", "plain", "--batch-size", size
+    )
     assert_one_line_error(result, "--batch-size")
 
 
@@ -448,7 +646,18 @@ def test_plain_and_json_agree_on_a_cut_utf8_character(models, prompt, n):
 def test_ctrl_c_in_a_batched_run_keeps_the_finished_rows(models, tmp_path, monkeypatch, fmt):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\nsecond one\nthird\nand a fourth, longer prompt\nfifth\n")
-    args = ["run", "--prompts-file", str(prompts), "--batch-size", "2", "--method", "plain", *models, "-n", "6"]
+    args = [
+        "run",
+        "--prompts-file",
+        str(prompts),
+        "--batch-size",
+        "2",
+        "--method",
+        "plain",
+        *models,
+        "-n",
+        "6",
+    ]
     full = [json.loads(line) for line in invoke(*args, "--format", "json").stdout.strip().splitlines()]
     stop_after_rows(monkeypatch, 3)
     result = invoke(*args, "--format", fmt)
@@ -483,8 +692,20 @@ def test_ctrl_c_while_a_row_is_written_still_accounts_for_every_prompt(models, t
         real(outcome, fmt)
 
     monkeypatch.setattr(cli, "_write_row", write_row)
-    result = invoke("run", "--prompts-file", str(prompts), "--batch-size", "2", "--method", "plain", *models,
-                    "-n", "4", "--format", "json")
+    result = invoke(
+        "run",
+        "--prompts-file",
+        str(prompts),
+        "--batch-size",
+        "2",
+        "--method",
+        "plain",
+        *models,
+        "-n",
+        "4",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 130, result.output
     records = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert len(records) == 4 and not records[0]["interrupted"]
@@ -504,12 +725,17 @@ def test_ctrl_c_one_prompt_at_a_time_marks_the_rest(models, tmp_path, monkeypatc
             raise KeyboardInterrupt
 
     monkeypatch.setattr(JsonRenderer, "on_round", on_round)
-    result = invoke("run", "--prompts-file", str(prompts), "--method", "plain", *models, "-n", "4",
-                    "--format", "json")
+    result = invoke(
+        "run", "--prompts-file", str(prompts), "--method", "plain", *models, "-n", "4", "--format", "json"
+    )
     assert result.exit_code == 130, result.output
     records = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert [r["interrupted"] for r in records] == [False, True, True]
-    assert len(records[0]["token_ids"]) == 4 and len(records[1]["token_ids"]) == 2 and records[2]["token_ids"] == []
+    assert (
+        len(records[0]["token_ids"]) == 4
+        and len(records[1]["token_ids"]) == 2
+        and records[2]["token_ids"] == []
+    )
     assert "interrupted: 1 of 3 prompts finished; not finished: 2-3" in result.stderr
 
 
@@ -537,14 +763,33 @@ def test_a_draft_with_fewer_embedding_rows_than_tokens_is_named(tiny_dirs, tmp_p
     from tiny import build_tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    config = Qwen2Config(
+        vocab_size=200,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     small = tmp_path / "small-draft"
     Qwen2ForCausalLM(config).save_pretrained(small)
     build_tokenizer().save_pretrained(small)
-    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(small),
-                    "--dtype", "float32", "-n", "4")
+    result = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(small),
+        "--dtype",
+        "float32",
+        "-n",
+        "4",
+    )
     assert_one_line_error(result, "the draft model", "small-draft", "200 embedding rows", "259 tokens")
 
 
@@ -555,8 +800,18 @@ def test_a_truncated_safetensors_file_names_the_model_and_its_role(tiny_dirs, tm
     shutil.copytree(tiny_dirs["draft"], broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(broken),
-                    "--dtype", "float32", "-n", "4")
+    result = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(broken),
+        "--dtype",
+        "float32",
+        "-n",
+        "4",
+    )
     assert_one_line_error(result, "cannot load the draft model", "broken")
 
 
@@ -567,47 +822,98 @@ def test_a_broken_json_file_of_a_model_directory_is_named(tiny_dirs, tmp_path):
     broken = tmp_path / "broken-tokenizer"
     shutil.copytree(tiny_dirs["target"], broken)
     (broken / "tokenizer.json").write_text("{half a file")
-    result = invoke("run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2")
+    result = invoke(
+        "run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2"
+    )
     assert_one_line_error(result, "cannot load the target model", "tokenizer.json is not valid JSON")
 
 
-@pytest.mark.parametrize("change, fragments", [
-    (lambda d: (d / "tokenizer_config.json").write_text("[1, 2]"),
-     ["cannot load the draft model", "tokenizer_config.json holds a list, not a JSON object"]),
-    (lambda d: (d / "config.json").write_text("null"), ["config.json holds null, not a JSON object"]),
-    (lambda d: [(d / name).unlink() for name in ("tokenizer.json", "tokenizer_config.json")],
-     ["the draft model", "has no usable tokenizer"]),
-    (lambda d: (d / "config.json").write_text(
-        (d / "config.json").read_text().replace('"max_position_embeddings": 256', '"max_position_embeddings": -1')),
-     ["the draft model", "config.json: max_position_embeddings is -1"]),
-])
+@pytest.mark.parametrize(
+    "change, fragments",
+    [
+        (
+            lambda d: (d / "tokenizer_config.json").write_text("[1, 2]"),
+            ["cannot load the draft model", "tokenizer_config.json holds a list, not a JSON object"],
+        ),
+        (lambda d: (d / "config.json").write_text("null"), ["config.json holds null, not a JSON object"]),
+        (
+            lambda d: [(d / name).unlink() for name in ("tokenizer.json", "tokenizer_config.json")],
+            ["the draft model", "has no usable tokenizer"],
+        ),
+        (
+            lambda d: (d / "config.json").write_text(
+                (d / "config.json")
+                .read_text()
+                .replace('"max_position_embeddings": 256', '"max_position_embeddings": -1')
+            ),
+            ["the draft model", "config.json: max_position_embeddings is -1"],
+        ),
+    ],
+)
 def test_a_broken_model_directory_is_one_line_naming_what_is_wrong(tiny_dirs, tmp_path, change, fragments):
     import shutil
 
     broken = tmp_path / "broken-draft"
     shutil.copytree(tiny_dirs["draft"], broken)
     change(broken)
-    result = invoke("run", "hello", "--target", str(tiny_dirs["target"]), "--draft", str(broken),
-                    "--dtype", "float32", "-n", "2", "--no-server")
+    result = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(broken),
+        "--dtype",
+        "float32",
+        "-n",
+        "2",
+        "--no-server",
+    )
     assert_one_line_error(result, *fragments)
 
 
-@pytest.mark.parametrize("template, fragment", [
-    ("{% for %}", "the model's chat template refused the messages"),
-    ("{{ raise_exception('no system role here') }}", "no system role here"),
-])
+@pytest.mark.parametrize(
+    "template, fragment",
+    [
+        ("{% for %}", "the model's chat template refused the messages"),
+        ("{{ raise_exception('no system role here') }}", "no system role here"),
+    ],
+)
 def test_a_chat_template_that_fails_is_one_line(tiny_dirs, tmp_path, template, fragment):
     import shutil
 
     broken = tmp_path / "broken-template"
     shutil.copytree(tiny_dirs["target"], broken)
     (broken / "chat_template.jinja").write_text(template)
-    result = invoke("run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2",
-                    "--no-server")
+    result = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(broken),
+        "--method",
+        "plain",
+        "--dtype",
+        "float32",
+        "-n",
+        "2",
+        "--no-server",
+    )
     assert_one_line_error(result, fragment)
     assert "--raw" in result.output
-    raw = invoke("run", "hello", "--target", str(broken), "--method", "plain", "--dtype", "float32", "-n", "2",
-                 "--no-server", "--raw")
+    raw = invoke(
+        "run",
+        "hello",
+        "--target",
+        str(broken),
+        "--method",
+        "plain",
+        "--dtype",
+        "float32",
+        "-n",
+        "2",
+        "--no-server",
+        "--raw",
+    )
     assert raw.exit_code == 0, raw.output
 
 
@@ -629,9 +935,8 @@ def test_a_gguf_without_an_architecture_is_one_line(tmp_path):
 
 def test_a_local_directory_loads_safetensors_only(tmp_path):
     """A pickled pytorch_model.bin is never unpickled from a local directory."""
-    from tiny import build_model, build_tokenizer
-
     import torch
+    from tiny import build_model, build_tokenizer
 
     pickled = tmp_path / "pickled"
     model = build_model(1)
@@ -639,7 +944,9 @@ def test_a_local_directory_loads_safetensors_only(tmp_path):
     torch.save(model.state_dict(), pickled / "pytorch_model.bin")
     build_tokenizer().save_pretrained(pickled)
     assert (pickled / "pytorch_model.bin").is_file() and not (pickled / "model.safetensors").exists()
-    result = invoke("run", "hello", "--target", str(pickled), "--method", "plain", "--dtype", "float32", "-n", "2")
+    result = invoke(
+        "run", "hello", "--target", str(pickled), "--method", "plain", "--dtype", "float32", "-n", "2"
+    )
     assert_one_line_error(result, "cannot load the target model", "pickled")
 
 
@@ -652,29 +959,50 @@ def test_the_command_exits_with_its_status_without_python_teardown():
     from specgen.cli import exit_status
 
     assert [exit_status(c) for c in (None, 0, 1, 2, 130, 256 + 3)] == [0, 0, 1, 2, 130, 3]
-    done = subprocess.run([sys.executable, "-m", "specgen", "run", ""], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", ""], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip() == "error: the prompt is empty"
-    done = subprocess.run([sys.executable, "-m", "specgen", "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "specgen", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and "Usage" in done.stdout
 
 
-@pytest.mark.parametrize("redirect, code, stdout, fragment", [
-    ("2>&-", 0, True, None),  # no stderr: the notes go nowhere, the answer and the status are whole
-    (">&-", 1, False, "stdout is closed"),  # refused before loading: the answer would be lost
-    ("<&-", 1, False, "the prompt is empty"),  # '-' reads a closed stdin as empty
-    (">/dev/full", 1, False, "no space left on the device"),
-])
+@pytest.mark.parametrize(
+    "redirect, code, stdout, fragment",
+    [
+        ("2>&-", 0, True, None),  # no stderr: the notes go nowhere, the answer and the status are whole
+        (">&-", 1, False, "stdout is closed"),  # refused before loading: the answer would be lost
+        ("<&-", 1, False, "the prompt is empty"),  # '-' reads a closed stdin as empty
+        (">/dev/full", 1, False, "no space left on the device"),
+    ],
+)
 def test_closed_or_full_standard_streams_are_one_line(models, redirect, code, stdout, fragment):
     import shlex
     import subprocess
     import sys
 
-    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "specgen", "run", "-", *models, "-n", "4",
-                                                "--no-server", "--format", "plain"])
-    done = subprocess.run(["bash", "-c", f"echo hi | {command} {redirect}"], capture_output=True, text=True,
-                          timeout=300)
+    command = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable,
+            "-m",
+            "specgen",
+            "run",
+            "-",
+            *models,
+            "-n",
+            "4",
+            "--no-server",
+            "--format",
+            "plain",
+        ]
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"echo hi | {command} {redirect}"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == code, done.stderr
     assert bool(done.stdout) == stdout and "Traceback" not in done.stderr and "unexpected" not in done.stderr
     if fragment:
@@ -698,7 +1026,7 @@ def test_ctrl_c_inside_an_import_is_an_interrupt_not_an_error():
             try:
                 raise KeyboardInterrupt
             except KeyboardInterrupt:
-                raise ImportError("initialization failed")
+                raise ImportError("initialization failed")  # noqa: B904 - as an import wraps it: the context only
     assert exited.value.exit_code == 130
 
 
@@ -745,7 +1073,9 @@ def test_a_prompt_read_from_a_terminal_says_how_to_end_it(models):
 
     pexpect = pytest.importorskip("pexpect")
     args = ["-m", "specgen", "run", "-", *models, "-n", "2", "--no-server", "--format", "plain"]
-    child = pexpect.spawn(sys.executable, args, env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=240)
+    child = pexpect.spawn(
+        sys.executable, args, env=dict(os.environ, TERM="xterm"), encoding="utf-8", timeout=240
+    )
     try:
         child.expect("end it with Ctrl-D")
         child.sendintr()
@@ -756,33 +1086,57 @@ def test_a_prompt_read_from_a_terminal_says_how_to_end_it(models):
     assert child.exitstatus == 130
 
 
-@pytest.mark.parametrize("method,options,named", [
-    ("plain", ["-k", "3"], "--draft-tokens is unused by plain"),
-    ("chain", ["--branching", "3,1"], "--branching is unused by chain (it applies to rsd-c, multi-draft)"),
-    ("lookup", ["--draft-confidence", "0.3"], "--draft-confidence is unused by lookup"),
-    ("rsd-c", ["--beam-width", "2"], "--beam-width is unused by rsd-c (it applies to rsd-s)"),
-    ("chain", ["--verify-window", "8"], "--verify-window sets deterministic mode's window"),
-])
+@pytest.mark.parametrize(
+    "method,options,named",
+    [
+        ("plain", ["-k", "3"], "--draft-tokens is unused by plain"),
+        (
+            "chain",
+            ["--branching", "3,1"],
+            "--branching is unused by chain (it applies to rsd-c, multi-draft)",
+        ),
+        ("lookup", ["--draft-confidence", "0.3"], "--draft-confidence is unused by lookup"),
+        ("rsd-c", ["--beam-width", "2"], "--beam-width is unused by rsd-c (it applies to rsd-s)"),
+        ("chain", ["--verify-window", "8"], "--verify-window sets deterministic mode's window"),
+    ],
+)
 def test_a_drafting_option_the_method_does_not_read_is_named(models, method, options, named):
     """An option the run's method never reads is not silently dropped: a note names it and the
     methods that read it (not an error: the run is still what was asked)."""
-    result = invoke("run", "hello", *models, "-n", "2", "--method", method, *options, "--format", "plain",
-                    "--no-server")
+    result = invoke(
+        "run", "hello", *models, "-n", "2", "--method", method, *options, "--format", "plain", "--no-server"
+    )
     assert result.exit_code == 0, result.output
     assert named in result.stderr
 
 
 def test_drafting_options_the_method_reads_bring_no_note(models):
-    for method, options in [("rsd-s", ["--beam-width", "2", "--depth", "2"]), ("rsd-c", ["--branching", "2,1"]),
-                            ("chain", ["-k", "3", "--draft-confidence", "0.2", "--draft-schedule", "additive"]),
-                            ("chain", ["--deterministic", "--verify-window", "8"])]:
-        result = invoke("run", "hello", *models, "-n", "2", "--method", method, *options, "--format", "plain",
-                        "--no-server")
+    for method, options in [
+        ("rsd-s", ["--beam-width", "2", "--depth", "2"]),
+        ("rsd-c", ["--branching", "2,1"]),
+        ("chain", ["-k", "3", "--draft-confidence", "0.2", "--draft-schedule", "additive"]),
+        ("chain", ["--deterministic", "--verify-window", "8"]),
+    ]:
+        result = invoke(
+            "run",
+            "hello",
+            *models,
+            "-n",
+            "2",
+            "--method",
+            method,
+            *options,
+            "--format",
+            "plain",
+            "--no-server",
+        )
         assert result.exit_code == 0 and "unused" not in result.stderr, (method, result.stderr)
 
 
 def test_show_tree_without_trees_to_show_says_so(models):
-    result = invoke("run", "hello", *models, "-n", "2", "--method", "chain", "--show-tree", "--format", "plain")
+    result = invoke(
+        "run", "hello", *models, "-n", "2", "--method", "chain", "--show-tree", "--format", "plain"
+    )
     assert result.exit_code == 0 and "--show-tree draws the trees" in result.stderr
     tree = invoke("run", "hello", *models, "-n", "2", "--method", "rsd-c", "--show-tree", "--format", "plain")
     assert tree.exit_code == 0 and "--show-tree draws" not in tree.stderr
@@ -812,15 +1166,29 @@ def test_the_option_groups_map_by_keyword_and_a_detached_servers_options_read_ba
     probe_app = typer.Typer()
     probe_app.command()(probe)
     probe_app.command("other")(lambda: None)
-    settings = ModelSettings(target="t", draft="d", device="cpu", draft_device="cuda:1", dtype="float32",
-                             draft_quant="none", compile="off", target_quant="int8")
+    settings = ModelSettings(
+        target="t",
+        draft="d",
+        device="cpu",
+        draft_device="cuda:1",
+        dtype="float32",
+        draft_quant="none",
+        compile="off",
+        target_quant="int8",
+    )
     result = runner.invoke(probe_app, ["probe", *model_args(settings), "--top-k", "3", "--extra", "2"])
     assert result.exit_code == 0, result.output
     [(models, generation, extra)] = seen
     assert models == settings and extra == 2
-    assert generation.method.value == "plain" and generation.max_new_tokens == 7 and generation.sampling.top_k == 3
+    assert (
+        generation.method.value == "plain"
+        and generation.max_new_tokens == 7
+        and generation.sampling.top_k == 3
+    )
     assert "--method" not in runner.invoke(probe_app, ["probe", "--help"]).output
-    result = runner.invoke(probe_app, ["probe", "--top-p", "7"])  # a bad value: one line, as in a command's body
+    result = runner.invoke(
+        probe_app, ["probe", "--top-p", "7"]
+    )  # a bad value: one line, as in a command's body
     assert result.exit_code == 1 and "Traceback" not in result.output
 
 
@@ -834,7 +1202,10 @@ def test_sigterm_as_ctrl_c_leaves_an_ignored_hangup_alone():
     try:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         sigterm_as_ctrl_c(hangup=True)
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is _interrupt
+        assert (
+            signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            and signal.getsignal(signal.SIGTERM) is _interrupt
+        )
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
         sigterm_as_ctrl_c(hangup=True)
         assert signal.getsignal(signal.SIGHUP) is _interrupt
@@ -858,4 +1229,6 @@ def test_serve_ray_clean_up_notes_a_second_ctrl_c_and_leaves_on_a_third(capsys):
             assert "once more to leave" in capsys.readouterr().err
             os.kill(os.getpid(), signal.SIGINT)
             pytest.fail("the third Ctrl-C did not leave")
-    assert "serve --ray ADDRESS --stop" in capsys.readouterr().err and signal.getsignal(signal.SIGINT) is before
+    assert (
+        "serve --ray ADDRESS --stop" in capsys.readouterr().err and signal.getsignal(signal.SIGINT) is before
+    )

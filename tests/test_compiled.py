@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engine import PROMPT, reference_greedy
+from tiny import batch_ids, decode, engine_with
 
 import specgen
-
-from specgen.runtime import kvcache
-from specgen.runtime.compiled import Steps, resolve_compile
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.engine import Engine
 from specgen.errors import ConfigError
-from test_engine import PROMPT, reference_greedy
-from tiny import batch_ids, decode, engine_with
+from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps, resolve_compile
 
 CONFIGS = [
     GenerationConfig(method=Method.PLAIN, max_new_tokens=24),
@@ -37,7 +36,11 @@ def generate(pair, config, mode, prompt=PROMPT, engine=None):
     if engine is None:
         engine = engine_with(pair, config, stop_ids=frozenset(), compile=mode)
     rounds, _ = decode(engine, prompt, config)
-    return [t for r in rounds for t in r.emitted], [(tuple(r.draft_tokens), r.accepted) for r in rounds], engine
+    return (
+        [t for r in rounds for t in r.emitted],
+        [(tuple(r.draft_tokens), r.accepted) for r in rounds],
+        engine,
+    )
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.method.value + str(c.draft_tokens))
@@ -49,8 +52,12 @@ def test_fixed_shapes_decide_what_eager_decides(tiny_pair, config):
 
 
 def test_fixed_shape_sampling_follows_the_same_draws(tiny_pair):
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=20, draft_tokens=3,
-                              sampling=SamplingConfig(temperature=0.9, seed=5))
+    config = GenerationConfig(
+        method=Method.CHAIN,
+        max_new_tokens=20,
+        draft_tokens=3,
+        sampling=SamplingConfig(temperature=0.9, seed=5),
+    )
     fixed, _, _ = generate(tiny_pair, config, "fixed")
     eager, _, _ = generate(tiny_pair, config, "off")
     assert fixed == eager
@@ -100,8 +107,21 @@ def test_cli_rejects_a_bad_compile_value(tiny_dirs):
 
     from specgen.cli import app
 
-    result = CliRunner().invoke(app, ["run", "hello", "--target", str(tiny_dirs["target"]), "--draft",
-                                      str(tiny_dirs["draft"]), "--compile", "sometimes", "--format", "plain"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "hello",
+            "--target",
+            str(tiny_dirs["target"]),
+            "--draft",
+            str(tiny_dirs["draft"]),
+            "--compile",
+            "sometimes",
+            "--format",
+            "plain",
+        ],
+    )
     assert result.exit_code != 0
     assert "--compile" in result.output and "Traceback" not in result.output
 
@@ -123,7 +143,9 @@ def test_split_model_degrades_to_eager_with_a_notice(tiny_pair):
 def test_cuda_graphs_decide_what_eager_decides(tiny_dirs, config, mode):
     from specgen.models.load import load_pair
 
-    pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
+    pair = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True
+    )
     captured, captured_rounds, engine = generate(pair, config, mode)
     assert engine.steps.mode == mode
     eager, eager_rounds, _ = generate(pair, config, "off")
@@ -142,7 +164,9 @@ def test_cuda_graphs_survive_a_cache_that_grows_between_generations(tiny_dirs, m
     from specgen.models.load import load_pair
 
     monkeypatch.setattr(kvcache, "MIN_CAPACITY", 16)
-    pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
+    pair = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True
+    )
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=3)
     _, _, engine = generate(pair, config, mode, PROMPT[:4])
     for prompt in (PROMPT * 4, PROMPT * 15, PROMPT[::-1]):
@@ -169,10 +193,13 @@ def test_fixed_shapes_in_a_batch_decide_what_eager_decides(tiny_pair, method):
 @pytest.mark.parametrize("mode", ["graphs", "inductor"])
 @pytest.mark.parametrize("method", ["chain", "rsd-c"])
 def test_cuda_graphs_in_a_batch_decide_what_eager_decides(tiny_dirs, method, mode):
-    from specgen.models.load import load_pair
     from test_batch import PROMPTS
 
-    pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True)
+    from specgen.models.load import load_pair
+
+    pair = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True
+    )
     config = GenerationConfig(method=Method(method), max_new_tokens=12, draft_tokens=3, branching=(2, 2))
     outputs = {}
     for run in (mode, "off"):
@@ -192,9 +219,27 @@ def test_cli_on_cuda_prints_what_plain_decoding_prints(tiny_dirs, method):
 
     outputs = {}
     for m in ("plain", method):
-        result = CliRunner().invoke(app, ["run", "def add(a, b):", "--target", str(tiny_dirs["target"]), "--draft",
-                                          str(tiny_dirs["draft"]), "--device", "cuda", "--method", m, "-n", "24",
-                                          "-k", "3", "--format", "plain"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "run",
+                "def add(a, b):",
+                "--target",
+                str(tiny_dirs["target"]),
+                "--draft",
+                str(tiny_dirs["draft"]),
+                "--device",
+                "cuda",
+                "--method",
+                m,
+                "-n",
+                "24",
+                "-k",
+                "3",
+                "--format",
+                "plain",
+            ],
+        )
         assert result.exit_code == 0, result.output
         outputs[m] = result.stdout  # the text; progress and statistics go to stderr
     assert outputs[method] == outputs["plain"] and outputs["plain"].strip()
@@ -225,8 +270,9 @@ class EagerGraph:
 def test_graph_keys_follow_cache_reallocation(tiny_pair, method, monkeypatch):
     """Rows joining and leaving reallocate the batch cache: graphs captured before must not be
     replayed (on a GPU that replay read freed buffers and changed tokens)."""
-    import specgen.runtime.compiled as compiled
     from test_batch import PROMPTS
+
+    import specgen.runtime.compiled as compiled
 
     monkeypatch.setattr(compiled, "GraphStep", EagerGraph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
@@ -262,7 +308,8 @@ def test_capture_time_is_reported_apart_from_decoding(tiny_pair, monkeypatch):
     assert first.stats.setup_seconds > 0 and again.stats.setup_seconds == 0  # one capture, then replays
     stats = first.stats.as_dict()
     assert stats["decode_seconds"] == pytest.approx(
-        stats["seconds"] - stats["prefill_seconds"] - stats["setup_seconds"], abs=1e-3)
+        stats["seconds"] - stats["prefill_seconds"] - stats["setup_seconds"], abs=1e-3
+    )
 
 
 def test_eager_runs_leave_the_cache_write_unwrapped_until_something_compiles():
@@ -272,13 +319,18 @@ def test_eager_runs_leave_the_cache_write_unwrapped_until_something_compiles():
     import subprocess
     import sys
 
-    from specgen.runtime.compiled import compile_layers
     from tiny import build_model
 
-    probe = ("import specgen.decoding.run, specgen.runtime.pair, specgen.cli; "
-             "from specgen.runtime.kvcache import SlotCache; "
-             "print(not getattr(SlotCache.update, '_specgen_disabled', False))")
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True"
+    from specgen.runtime.compiled import compile_layers
+
+    probe = (
+        "import specgen.decoding.run, specgen.runtime.pair, specgen.cli; "
+        "from specgen.runtime.kvcache import SlotCache; "
+        "print(not getattr(SlotCache.update, '_specgen_disabled', False))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True"
+    )
     sources = Path(specgen.__file__).parent.rglob("*.py")
     assert not [f for f in sources if "import torch._dynamo\n" in f.read_text() and f.name != "compiled.py"]
     compile_layers(build_model(9, layers=1))  # compiles lazily: nothing runs here
@@ -319,9 +371,25 @@ def test_a_second_compiled_run_loads_the_first_ones_compiled_layers(tiny_dirs, t
 
     env = dict(__import__("os").environ, SPECGEN_CACHE=str(tmp_path))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    command = [sys.executable, "-m", "specgen", "run", "hello", "--target", str(tiny_dirs["target"]),
-               "--draft", str(tiny_dirs["draft"]), "--compile", "inductor", "--device", "cpu", "-n", "4",
-               "--format", "plain"]
+    command = [
+        sys.executable,
+        "-m",
+        "specgen",
+        "run",
+        "hello",
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--compile",
+        "inductor",
+        "--device",
+        "cpu",
+        "-n",
+        "4",
+        "--format",
+        "plain",
+    ]
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr

@@ -14,6 +14,10 @@ import json
 
 import pytest
 import torch
+from test_chat import Quiet
+from test_deterministic import ShapeSensitive
+from test_statistical import SMALL_ALPHA, gof_pvalue, rule_without_residual
+from tiny import batch_ids, build_model, build_tokenizer, decode, engine_with, two_token_law
 from typer.testing import CliRunner
 
 import specgen.decoding.verify as verify_module
@@ -29,16 +33,16 @@ from specgen.decoding.events import Finished, ReplayResult, RoundResult
 from specgen.errors import ConfigError
 from specgen.models.load import TEXT_DRAFTING, Vocabulary, load_pair
 from specgen.runtime.pair import Pair
-from test_chat import Quiet
-from test_deterministic import ShapeSensitive
-from test_statistical import SMALL_ALPHA, gof_pvalue, rule_without_residual
-from tiny import batch_ids, build_model, build_tokenizer, decode, engine_with, two_token_law
 
-CORPUS = ("héllo wörld ✓ 日本 is a greeting. The quick brown fox jumps over the lazy dog. "
-          "héllo wörld ✓ 日本 again and again; the fox says héllo to the dog.\n")
+CORPUS = (
+    "héllo wörld ✓ 日本 is a greeting. The quick brown fox jumps over the lazy dog. "
+    "héllo wörld ✓ 日本 again and again; the fox says héllo to the dog.\n"
+)
 BPE_SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>"]
-BPE_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
-                "{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}")
+BPE_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}"
+)
 PROMPTS = ["The quick", "héllo wörld ✓ 日本", "héllo wö", "the fox says", "again and"]
 
 
@@ -51,13 +55,19 @@ def build_bpe_tokenizer():
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=BPE_SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=330,
+        special_tokens=BPE_SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator([CORPUS] * 4, trainer)
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                           special_tokens=[("<s>", 1)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        unk_token="<unk>", pad_token="<unk>")
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>"
+    )
     tokenizer.chat_template = BPE_TEMPLATE
     return tokenizer
 
@@ -70,7 +80,7 @@ def trained(model, ids: list[int], steps: int, seed: int):
     model.train()
     for _ in range(steps):
         starts = torch.randint(0, len(data) - 49, (8,), generator=generator).tolist()
-        batch = torch.stack([data[s:s + 48] for s in starts])
+        batch = torch.stack([data[s : s + 48] for s in starts])
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad()
         loss.backward()
@@ -86,8 +96,12 @@ def dirs(tmp_path_factory):
     byte, bpe = build_tokenizer(), build_bpe_tokenizer()
     torch.manual_seed(0)
     byte_model = trained(build_model(11, vocab=259, init_range=0.02), byte.encode(CORPUS * 4), 300, seed=1)
-    bpe_model = trained(build_model(12, layers=1, vocab=len(bpe), init_range=0.02, eos_id=2, pad_id=0),
-                        bpe.encode(CORPUS * 4, add_special_tokens=False), 300, seed=2)
+    bpe_model = trained(
+        build_model(12, layers=1, vocab=len(bpe), init_range=0.02, eos_id=2, pad_id=0),
+        bpe.encode(CORPUS * 4, add_special_tokens=False),
+        300,
+        seed=2,
+    )
     torch.set_num_threads(threads)
     out = {}
     for name, model, tokenizer in (("byte", byte_model, byte), ("bpe", bpe_model, bpe)):
@@ -125,10 +139,11 @@ def run(pair, prompt: list[int], **settings):
     config = GenerationConfig(**{"max_new_tokens": 40, "draft_tokens": 4, **settings})
     engine = engine_with(pair, config)
     events, state = decode(engine, prompt, config)
-    return state.ids[len(prompt):], [e for e in events if isinstance(e, RoundResult)], engine.drafter
+    return state.ids[len(prompt) :], [e for e in events if isinstance(e, RoundResult)], engine.drafter
 
 
 # -- loading ------------------------------------------------------------------------------------
+
 
 def test_load_accepts_another_tokenizer_with_one_notice(dirs, capfd):
     target, draft = load(dirs, "byte", "bpe")
@@ -145,12 +160,15 @@ def test_the_drafter_a_pair_gets(byte_bpe, tiny_pair):
     with pytest.raises(ConfigError, match="chain or lookup-chain"):
         make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.RSD_C))
     assert isinstance(make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.CHAIN)), TextDrafter)
-    assert isinstance(make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.LOOKUP_CHAIN)), LookupChain)
+    assert isinstance(
+        make_drafter(Pair(*byte_bpe), GenerationConfig(method=Method.LOOKUP_CHAIN)), LookupChain
+    )
     # a shared tokenizer keeps the id-level path
     assert type(make_drafter(Pair(*tiny_pair), GenerationConfig(method=Method.CHAIN))) is ChainDrafter
 
 
 # -- the seams, tokenizers only -----------------------------------------------------------------
+
 
 def test_seams_between_the_two_tokenizers():
     byte, bpe = build_tokenizer(), build_bpe_tokenizer()
@@ -176,7 +194,9 @@ def test_seams_between_the_two_tokenizers():
     seam = bridge.cut(committed, 0)
     draft_context = bridge.draft_ids(committed, 0, len(committed))
     assert bpe.decode(draft_context) == "héllo wörld ✓ "  # the partial character is left out
-    ids, how = bridge.proposal(committed, seam, draft_context, bpe.encode("日本", add_special_tokens=False), 8)
+    ids, how = bridge.proposal(
+        committed, seam, draft_context, bpe.encode("日本", add_special_tokens=False), 8
+    )
     assert how is Seam.EXTENDS and byte.decode(committed + ids) == "héllo wörld ✓ 日本"
 
 
@@ -185,18 +205,29 @@ def test_special_tokens_and_the_draft_bos():
     byte, bpe = build_tokenizer(), build_bpe_tokenizer()
     bridge = Bridge(byte, bpe)
     assert bridge.lead == [bpe.bos_token_id]
-    prompt = list(byte.apply_chat_template([{"role": "user", "content": "héllo"}], add_generation_prompt=True,
-                                           return_dict=True)["input_ids"])
+    prompt = list(
+        byte.apply_chat_template(
+            [{"role": "user", "content": "héllo"}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
     draft = bridge.draft_ids(prompt, 0, len(prompt))
     assert bpe.decode(draft) == "<|im_start|>user\nhéllo\n<|im_start|>assistant\n"
     assert draft.count(bpe.convert_tokens_to_ids("<|im_start|>")) == 2  # mapped by name, not spelled
     # the draft's end of sequence (no target token of that name) ends the proposal
-    ids, _ = bridge.proposal(prompt, len(prompt), draft, bpe.encode(" hi", add_special_tokens=False) +
-                             [bpe.eos_token_id] + bpe.encode(" more", add_special_tokens=False), 8)
+    ids, _ = bridge.proposal(
+        prompt,
+        len(prompt),
+        draft,
+        bpe.encode(" hi", add_special_tokens=False)
+        + [bpe.eos_token_id]
+        + bpe.encode(" more", add_special_tokens=False),
+        8,
+    )
     assert byte.decode(ids) == " hi"
 
 
 # -- greedy: token for token the target's ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("method", [Method.CHAIN, Method.LOOKUP_CHAIN])
 @pytest.mark.parametrize("pair_name", PAIRS)
@@ -235,11 +266,14 @@ def test_batched_rows_are_single_rows(request, pair_name, method):
     prompts = [prompt_ids(pair, text) for text in PROMPTS]
     config = GenerationConfig(method=method, max_new_tokens=24, draft_tokens=3)
     batched = batch_ids(engine_with(pair, config), prompts, config, batch_size=3)
-    single = [prompt + run(pair, prompt, method=method, max_new_tokens=24, draft_tokens=3)[0] for prompt in prompts]
+    single = [
+        prompt + run(pair, prompt, method=method, max_new_tokens=24, draft_tokens=3)[0] for prompt in prompts
+    ]
     assert batched == single
 
 
 # -- chat, deterministic mode ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("pair_name", PAIRS)
 def test_chat_turns_keep_their_caches_and_stay_exact(request, dirs, pair_name):
@@ -256,8 +290,11 @@ def test_chat_turns_keep_their_caches_and_stay_exact(request, dirs, pair_name):
     assert replies[Method.PLAIN] == replies[Method.CHAIN] == replies[Method.LOOKUP_CHAIN]
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=5)],
-                         ids=["greedy", "sampling"])
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=5)],
+    ids=["greedy", "sampling"],
+)
 def test_deterministic_mode_gives_plain_tokens(byte_bpe, sampling):
     """A shape-sensitive target (logits depend on the forward's width) forces rollbacks, which
     rewind the text drafter; the committed tokens are the same for every method."""
@@ -266,10 +303,16 @@ def test_deterministic_mode_gives_plain_tokens(byte_bpe, sampling):
     prompt = prompt_ids(pair, "The quick")
     outputs, rolled_back = {}, 0
     for method in (Method.PLAIN, Method.CHAIN, Method.LOOKUP_CHAIN):
-        config = GenerationConfig(method=method, max_new_tokens=40, draft_tokens=4, sampling=sampling,
-                                  deterministic=True, verify_window=8)
+        config = GenerationConfig(
+            method=method,
+            max_new_tokens=40,
+            draft_tokens=4,
+            sampling=sampling,
+            deterministic=True,
+            verify_window=8,
+        )
         events, state = decode(engine_with(pair, config), prompt, config)
-        outputs[method] = state.ids[len(prompt):]
+        outputs[method] = state.ids[len(prompt) :]
         rolled_back += sum(len(e.rolled_back) for e in events if isinstance(e, ReplayResult))
     assert rolled_back > 0  # the drafter was rewound
     assert len(outputs[Method.PLAIN]) == 40
@@ -285,13 +328,20 @@ GENERATIONS = 1200
 
 def first_two(pair, generations: int, seed: int) -> torch.Tensor:
     """The first two tokens of `generations` rows of one prompt, 300 rows at a time."""
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
-                              sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
+    config = GenerationConfig(
+        method=Method.CHAIN,
+        max_new_tokens=2,
+        draft_tokens=3,
+        sampling=dataclasses.replace(STAT_SAMPLING, seed=seed),
+    )
     # the first token is drafted too, though the prompt is long
     engine = engine_with(pair, config, stop_ids=frozenset(), prompt_catch_up=1 << 30)
     prompt = prompt_ids(pair, STAT_PROMPT)
-    finished = {r.index: r.state.ids[-2:] for r in engine.generate([prompt] * generations, config, 300)
-                if isinstance(r.event, Finished)}
+    finished = {
+        r.index: r.state.ids[-2:]
+        for r in engine.generate([prompt] * generations, config, 300)
+        if isinstance(r.event, Finished)
+    }
     return torch.tensor([finished[i] for i in range(generations)])
 
 
@@ -327,13 +377,32 @@ def test_control_point_masses_without_residual_fail(byte_bpe, stat_law, monkeypa
 
 # -- the command line --------------------------------------------------------------------------------
 
+
 def test_cli_run_with_a_draft_of_another_tokenizer(dirs):
     runner = CliRunner()
     texts = {}
     for method in ("plain", "chain", "lookup-chain"):
-        result = runner.invoke(app, ["run", "héllo wörld", "--target", str(dirs["byte"]), "--draft", str(dirs["bpe"]),
-                                     "--dtype", "float32", "--device", "cpu", "-n", "24", "--method", method,
-                                     "--format", "json"])
+        result = runner.invoke(
+            app,
+            [
+                "run",
+                "héllo wörld",
+                "--target",
+                str(dirs["byte"]),
+                "--draft",
+                str(dirs["bpe"]),
+                "--dtype",
+                "float32",
+                "--device",
+                "cpu",
+                "-n",
+                "24",
+                "--method",
+                method,
+                "--format",
+                "json",
+            ],
+        )
         assert result.exit_code == 0, result.output
         texts[method] = json.loads(result.stdout.strip().splitlines()[-1])["token_ids"]
         notices = result.stderr.count(TEXT_DRAFTING)
@@ -346,8 +415,22 @@ def test_bench_with_a_draft_of_another_tokenizer(dirs, tmp_path):
     anything is measured when named, and left out with a line from the default list."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "category": "c", "prompt": "the cat sat"}) + "\n")
-    base = ["bench", "--target", str(dirs["byte"]), "--draft", str(dirs["bpe"]), "--dtype", "float32",
-            "--prompts", str(prompts), "-n", "4", "--no-warmup", "--json", str(tmp_path / "b.json")]
+    base = [
+        "bench",
+        "--target",
+        str(dirs["byte"]),
+        "--draft",
+        str(dirs["bpe"]),
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(prompts),
+        "-n",
+        "4",
+        "--no-warmup",
+        "--json",
+        str(tmp_path / "b.json"),
+    ]
     named = CliRunner().invoke(app, [*base, "--methods", "chain,rsd-c"])
     assert named.exit_code == 1 and "Traceback" not in named.output
     assert "rsd-c drafts trees" in named.stderr.strip().splitlines()[-1]

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import Engine, StopReason
-from specgen.decoding.events import ReplayResult
 from test_engine import PROMPT
 from tiny import decode, engine_with
+
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.engine import StopReason
+from specgen.decoding.events import ReplayResult
 
 METHODS = [
     dict(method=Method.PLAIN),
@@ -49,8 +49,9 @@ def bf16_pair(tiny_dirs):
     """bf16 tiny models, the target made shape-sensitive."""
     from specgen.models.load import load_pair
 
-    target, draft = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu",
-                              dtype="bfloat16", quiet=True)
+    target, draft = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu", dtype="bfloat16", quiet=True
+    )
     return replace(target, model=ShapeSensitive(target.model)), draft
 
 
@@ -58,17 +59,27 @@ def generate(pair, prompt, **settings):
     target, draft = pair
     config = GenerationConfig(**settings)
     events, state = decode(engine_with(pair, config), prompt, config)
-    return state.ids[len(prompt):], events
+    return state.ids[len(prompt) :], events
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=11)],
-                         ids=["greedy", "sampling"])
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=11)],
+    ids=["greedy", "sampling"],
+)
 @pytest.mark.parametrize("window", [8, 32])
 def test_every_method_and_draft_length_gives_the_same_tokens(bf16_pair, sampling, window):
     outputs = {}
     for settings in METHODS:
-        ids, events = generate(bf16_pair, PROMPT, max_new_tokens=40, sampling=sampling, deterministic=True,
-                               verify_window=window, **settings)
+        ids, events = generate(
+            bf16_pair,
+            PROMPT,
+            max_new_tokens=40,
+            sampling=sampling,
+            deterministic=True,
+            verify_window=window,
+            **settings,
+        )
         assert len(ids) == 40
         assert isinstance(events[-1], ReplayResult) and events[-1].stop == StopReason.LENGTH
         outputs[f"{settings}"] = ids
@@ -82,8 +93,15 @@ def test_without_deterministic_mode_the_outputs_differ(bf16_pair):
 
 
 def test_replays_count_windows_and_rollbacks(bf16_pair):
-    ids, events = generate(bf16_pair, PROMPT, max_new_tokens=40, deterministic=True, verify_window=8,
-                           method=Method.CHAIN, draft_tokens=4)
+    ids, events = generate(
+        bf16_pair,
+        PROMPT,
+        max_new_tokens=40,
+        deterministic=True,
+        verify_window=8,
+        method=Method.CHAIN,
+        draft_tokens=4,
+    )
     replays = [e for e in events if isinstance(e, ReplayResult)]
     assert len(replays) >= 5  # 40 tokens in windows of 8
     assert all(r.checked >= 1 for r in replays)
@@ -94,22 +112,26 @@ def test_replays_count_windows_and_rollbacks(bf16_pair):
 
 def test_deterministic_greedy_in_fp32_equals_plain_greedy(tiny_pair):
     plain, _ = generate(tiny_pair, PROMPT, max_new_tokens=30, method=Method.PLAIN)
-    chain, _ = generate(tiny_pair, PROMPT, max_new_tokens=30, method=Method.CHAIN, deterministic=True,
-                        verify_window=16)
+    chain, _ = generate(
+        tiny_pair, PROMPT, max_new_tokens=30, method=Method.CHAIN, deterministic=True, verify_window=16
+    )
     assert chain == plain
 
 
 def test_eos_is_only_final_once_verified(bf16_pair):
     target, _ = bf16_pair
-    first, _ = generate(bf16_pair, PROMPT, max_new_tokens=30, deterministic=True, verify_window=8,
-                        method=Method.PLAIN)  # the window size is part of what defines the output
+    first, _ = generate(
+        bf16_pair, PROMPT, max_new_tokens=30, deterministic=True, verify_window=8, method=Method.PLAIN
+    )  # the window size is part of what defines the output
     stop_token = first[12]
     ids_by_method = []
     for settings in METHODS[:5]:
         config = GenerationConfig(max_new_tokens=30, deterministic=True, verify_window=8, **settings)
-        events, state = decode(engine_with(bf16_pair, config, stop_ids=frozenset({stop_token})), PROMPT, config)
+        events, state = decode(
+            engine_with(bf16_pair, config, stop_ids=frozenset({stop_token})), PROMPT, config
+        )
         assert events[-1].stop == StopReason.EOS
-        ids_by_method.append(state.ids[len(PROMPT):])
+        ids_by_method.append(state.ids[len(PROMPT) :])
     assert all(ids == ids_by_method[0] for ids in ids_by_method)
     assert ids_by_method[0][-1] == stop_token
 
@@ -131,20 +153,50 @@ def test_chat_and_bench_accept_deterministic_mode(tiny_dirs, tmp_path):
     from specgen.cli import app
 
     runner = CliRunner()
-    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--dtype", "bfloat16",
-              "--device", "cpu", "-n", "10", "--deterministic", "--verify-window", "4"]
+    models = [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cpu",
+        "-n",
+        "10",
+        "--deterministic",
+        "--verify-window",
+        "4",
+    ]
     replies = []
     for method in ("plain", "chain", "rsd-c"):
-        result = runner.invoke(app, ["chat", *models, "--method", method, "--format", "json"], input="hello\nagain\n")
+        result = runner.invoke(
+            app, ["chat", *models, "--method", method, "--format", "json"], input="hello\nagain\n"
+        )
         assert result.exit_code == 0, result.output
         records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
         replies.append([r["token_ids"] for r in records if "token_ids" in r])
         assert all(r["stats"]["verified_windows"] >= 3 for r in records if "stats" in r)
     assert replies[0] == replies[1] == replies[2] and len(replies[0]) == 2
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", *models, "--methods", "chain,rsd-c", "--prompts", "quick", "--limit", "1",
-                                 "--no-warmup", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *models,
+            "--methods",
+            "chain,rsd-c",
+            "--prompts",
+            "quick",
+            "--limit",
+            "1",
+            "--no-warmup",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["prompts"] and all(p["identical_to_plain"] for p in data["prompts"] if p["method"] != "plain"), \
-        data["prompts"]
+    assert data["prompts"] and all(
+        p["identical_to_plain"] for p in data["prompts"] if p["method"] != "plain"
+    ), data["prompts"]

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
-from specgen.decoding import costs as draft_length
 from specgen.config import parse_draft_tokens
+from specgen.decoding import costs as draft_length
 
 
 def verify(slope: float) -> dict[int, float]:
@@ -25,7 +25,9 @@ def test_costly_draft_drafts_short():
 
 
 def test_choice_is_deterministic_for_given_costs():
-    assert {draft_length.best_k(0.3, verify(0.1)) for _ in range(5)} == {draft_length.best_k(0.3, verify(0.1))}
+    assert {draft_length.best_k(0.3, verify(0.1)) for _ in range(5)} == {
+        draft_length.best_k(0.3, verify(0.1))
+    }
 
 
 def test_device_keyword_parses():
@@ -45,15 +47,17 @@ def test_measured_once_then_cached(tiny_pair, tmp_path, monkeypatch):
     first = draft_length.choose(pair)
     assert 1 <= first.k <= draft_length.MAX_K and "measured" in first.reason
     assert (tmp_path / "draft-length.json").is_file()
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured")))
+    monkeypatch.setattr(
+        draft_length, "_ratios", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured"))
+    )
     assert draft_length.choose(pair) == first
 
 
 def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from specgen.config import GenerationConfig, Method
     from specgen.cli.options import generation_config
+    from specgen.config import GenerationConfig, Method
     from specgen.decoding.build import resolve_draft_length
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
@@ -69,19 +73,34 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     assert default.device_confidence and default.draft_confidence == 0.0
     config, _ = resolve_draft_length(pair, default)
     assert (config.draft_tokens, config.draft_confidence) == (choice.k, draft_length.STOP)
-    config, _ = resolve_draft_length(pair, generation_config(method="chain", max_new_tokens=16,
-                                                             draft_confidence=0.0))
+    config, _ = resolve_draft_length(
+        pair, generation_config(method="chain", max_new_tokens=16, draft_confidence=0.0)
+    )
     assert config.draft_confidence == 0.0
     config, _ = resolve_draft_length(pair, replace(GenerationConfig(method=Method.CHAIN, draft_tokens=3)))
     assert (config.draft_tokens, config.draft_confidence) == (3, 0.0)  # a given k: as given, no stop
 
 
-BAD_ENTRIES = [{"k": "five"}, {"k": None}, {"k": 3, "confidence": "x"}, {"k": 0}, {"k": -3}, {"k": 1000000},
-               {"k": True}, {"k": 3.5}, {"k": 3, "confidence": 1.5}, {"k": 3, "reason": 7}, None, [3], "k"]
+BAD_ENTRIES = [
+    {"k": "five"},
+    {"k": None},
+    {"k": 3, "confidence": "x"},
+    {"k": 0},
+    {"k": -3},
+    {"k": 1000000},
+    {"k": True},
+    {"k": 3.5},
+    {"k": 3, "confidence": 1.5},
+    {"k": 3, "reason": 7},
+    None,
+    [3],
+    "k",
+]
 
 
-def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(tiny_pair, tmp_path, monkeypatch,
-                                                                              capsys):
+def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
+    tiny_pair, tmp_path, monkeypatch, capsys
+):
     """A hand-edited or damaged draft-length.json never crashes a run nor sets a k the user did
     not ask for: the entry is measured again, with one notice, and written back valid."""
     import json
@@ -113,22 +132,39 @@ def test_width_costs_draft_only_while_a_wide_verify_stays_cheap():
 
     flat = WidthCosts({1: 1.0, 16: 1.2}, {1: 1.05, 16: 1.3}, {1: 0.3, 16: 0.35})
     assert all(flat.cap(width) >= 3 for width in (1, 2, 4, 8, 16))
-    compute_bound = WidthCosts({1: 1.0, 4: 1.06, 16: 1.76}, {1: 1.13, 4: 2.75, 16: 6.6}, {1: 0.39, 4: 0.47, 16: 0.63})
+    compute_bound = WidthCosts(
+        {1: 1.0, 4: 1.06, 16: 1.76}, {1: 1.13, 4: 2.75, 16: 6.6}, {1: 0.39, 4: 0.47, 16: 0.63}
+    )
     caps = [compute_bound.cap(width) for width in (1, 2, 4, 8, 16)]
     assert caps[0] >= 3 and caps == sorted(caps, reverse=True) and caps[-1] == 0
     assert compute_bound.cap(4) == 0  # k = 1 promises under WIDTH_MARGIN over plain rounds
 
 
-GOOD_WIDTHS = {"verify_one": {"1": 1.0, "4": 1.1}, "verify_five": {"1": 1.1, "4": 1.9}, "draft": {"1": 0.3, "4": 0.4}}
-BAD_WIDTHS = [None, [1], "x", {}, {**GOOD_WIDTHS, "draft": None}, {**GOOD_WIDTHS, "draft": {"1": "0.3"}},
-              {**GOOD_WIDTHS, "draft": {"1": -0.3}}, {**GOOD_WIDTHS, "draft": {"one": 0.3}},
-              {**GOOD_WIDTHS, "draft": {"1": float("inf")}}, {**GOOD_WIDTHS, "draft": {"1": float("nan")}},
-              {**GOOD_WIDTHS, "draft": {"0": 0.3, "1": 0.3}}, {**GOOD_WIDTHS, "draft": {"4": 0.4}},
-              {**GOOD_WIDTHS, "draft": {"1": True}}]
+GOOD_WIDTHS = {
+    "verify_one": {"1": 1.0, "4": 1.1},
+    "verify_five": {"1": 1.1, "4": 1.9},
+    "draft": {"1": 0.3, "4": 0.4},
+}
+BAD_WIDTHS = [
+    None,
+    [1],
+    "x",
+    {},
+    {**GOOD_WIDTHS, "draft": None},
+    {**GOOD_WIDTHS, "draft": {"1": "0.3"}},
+    {**GOOD_WIDTHS, "draft": {"1": -0.3}},
+    {**GOOD_WIDTHS, "draft": {"one": 0.3}},
+    {**GOOD_WIDTHS, "draft": {"1": float("inf")}},
+    {**GOOD_WIDTHS, "draft": {"1": float("nan")}},
+    {**GOOD_WIDTHS, "draft": {"0": 0.3, "1": 0.3}},
+    {**GOOD_WIDTHS, "draft": {"4": 0.4}},
+    {**GOOD_WIDTHS, "draft": {"1": True}},
+]
 
 
-def test_batch_width_costs_are_measured_once_and_a_bad_entry_again_with_a_notice(tiny_pair, tmp_path, monkeypatch,
-                                                                                  capsys):
+def test_batch_width_costs_are_measured_once_and_a_bad_entry_again_with_a_notice(
+    tiny_pair, tmp_path, monkeypatch, capsys
+):
     """The server's width costs share draft-length.json: measured once, then read back; an entry
     that does not validate (a hand edit: strings, negatives, Infinity, NaN, a width of 0, no
     single-row cost) is measured again with one notice, never a crash or a nonsense cap."""

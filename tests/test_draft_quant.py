@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
+from test_engine import PROMPT, reference_greedy
+from tiny import decode
 
-from specgen.runtime import int8
-from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.config import GenerationConfig, Method
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
+from specgen.errors import ConfigError
+from specgen.models.load import load_pair
+from specgen.runtime import int8
 from specgen.runtime.pruned import PrunedHead
 from specgen.runtime.quant import apply_draft_quant
 from specgen.runtime.quant import parse_draft_quant as parse_quant
-from specgen.errors import ConfigError
-from specgen.models.load import load_pair
-from test_engine import PROMPT, reference_greedy
-from tiny import decode
 
 KEEP = 120  # of the tiny vocabulary's 259 ids
 
@@ -67,8 +65,13 @@ def test_a_deep_copy_of_a_pruned_draft_reads_into_its_own_head(tiny_dirs):
 @pytest.mark.parametrize("spec", ["prune", "int8", "int8-wo", "int8+prune"])
 def test_greedy_chain_with_a_cheaper_draft_equals_plain(tiny_pair, tiny_dirs, spec):
     target, _ = tiny_pair
-    engine = Engine(target.model, target.device, frozenset(), target.context_length,
-                    ChainDrafter(draft_with(tiny_dirs, spec), torch.device("cpu")))
+    engine = Engine(
+        target.model,
+        target.device,
+        frozenset(),
+        target.context_length,
+        ChainDrafter(draft_with(tiny_dirs, spec), torch.device("cpu")),
+    )
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=16, draft_tokens=3)
     tokens = [t for r in decode(engine, PROMPT, config)[0] for t in r.emitted]
     assert tokens == reference_greedy(target.model, PROMPT, 16)
@@ -82,10 +85,24 @@ def test_cli_runs_with_a_quantized_draft_and_refuses_bad_specs(tiny_dirs, tmp_pa
 
     from specgen.cli import app
 
-    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--dtype", "float32",
-              "--device", "cpu", "-n", "8", "--format", "json"]
+    models = [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "-n",
+        "8",
+        "--format",
+        "json",
+    ]
     runner = CliRunner()
-    plain = json.loads(runner.invoke(app, ["run", "hello", *models, "--method", "plain"]).stdout.splitlines()[-1])
+    plain = json.loads(
+        runner.invoke(app, ["run", "hello", *models, "--method", "plain"]).stdout.splitlines()[-1]
+    )
     for spec in ("int8+prune", "int8-wo"):
         result = runner.invoke(app, ["run", "hello", *models, "--draft-quant", spec])
         assert result.exit_code == 0, result.output
@@ -100,7 +117,9 @@ def test_auto_quantizes_a_16_bit_draft_on_the_cpu_only():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_auto("auto", cpu, torch.bfloat16) == "int8+prune"
     assert resolve_auto("auto", cpu, torch.float32) == "none"  # an explicit --dtype float32
-    assert resolve_auto("auto", cpu, torch.float32, dtype_auto=True) == "int8+prune"  # fp32 chosen by --dtype auto
+    assert (
+        resolve_auto("auto", cpu, torch.float32, dtype_auto=True) == "int8+prune"
+    )  # fp32 chosen by --dtype auto
     assert resolve_auto("auto", cuda, torch.bfloat16) == "none"
     assert resolve_auto("prune", cuda, torch.bfloat16) == "prune"
 
@@ -112,8 +131,13 @@ def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
     from specgen.runtime.pair import load
 
     for method in (Method.RSD_C, Method.CHAIN):
-        pair = load(ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "auto", "auto",
-                                  "off"), method, quiet=True)
+        pair = load(
+            ModelSettings(
+                str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "auto", "auto", "off"
+            ),
+            method,
+            quiet=True,
+        )
         assert pair.draft.weights == "int8", method  # fp32 chosen by --dtype auto: row-exact int8 draft
 
 

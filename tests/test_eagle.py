@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import batch_ids, build_model, decode, engine_with, save_tiny, two_token_law
 from typer.testing import CliRunner
 
 from specgen.cli import app
@@ -29,7 +30,6 @@ from specgen.models.load import Vocabulary, load_draft, load_pair
 from specgen.runtime import features, kvcache
 from specgen.train import data
 from specgen.train.loop import Settings, Trainer
-from tiny import batch_ids, build_model, decode, engine_with, save_tiny, two_token_law
 
 LAYERS = 6
 HERE = Path(__file__).resolve().parent
@@ -37,7 +37,9 @@ HERE = Path(__file__).resolve().parent
 
 def random_head(seed: int = 0, draft_vocab: int = 200, vocab: int = 259, hidden: int = 64) -> Eagle3Head:
     torch.manual_seed(seed)
-    head = Eagle3Head(HeadConfig(hidden, 4, 2, hidden // 4, 2 * hidden, vocab, draft_vocab, default_layers(LAYERS)))
+    head = Eagle3Head(
+        HeadConfig(hidden, 4, 2, hidden // 4, 2 * hidden, vocab, draft_vocab, default_layers(LAYERS))
+    )
     for param in head.parameters():
         torch.nn.init.normal_(param, std=0.2)
     used = torch.randperm(vocab)[:draft_vocab].sort().values
@@ -51,8 +53,10 @@ def random_head(seed: int = 0, draft_vocab: int = 200, vocab: int = 259, hidden:
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
-    out = {"target": save_tiny(root / "target", seed=1, layers=LAYERS),
-           "other": save_tiny(root / "other", seed=5, layers=LAYERS, hidden=32)}
+    out = {
+        "target": save_tiny(root / "target", seed=1, layers=LAYERS),
+        "other": save_tiny(root / "other", seed=5, layers=LAYERS, hidden=32),
+    }
     head = random_head()
     save_head(head, root / "original", "original", "tiny", LAYERS)
     save_head(head, root / "speculators", "speculators", "tiny", LAYERS)
@@ -86,6 +90,7 @@ def plain_ids(target, prompt, new=40):
 
 # -- the target's features ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("family", ["qwen2", "gemma2"])
 def test_the_cache_keeps_the_hidden_states_entering_the_tapped_layers(family):
     """Features written by a forward (the lean path for Qwen2, transformers' own forward with
@@ -116,6 +121,7 @@ def test_the_cache_keeps_the_hidden_states_entering_the_tapped_layers(family):
 
 # -- heads in the public layouts ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["original", "speculators", "original_bin"])
 def test_heads_in_both_layouts_load_and_decode_exactly(dirs, target, name):
     draft = head_draft(dirs, target, name)
@@ -145,6 +151,7 @@ def test_a_speculators_head_keeps_its_layers_and_residual_option(dirs, target, t
 
 # -- method eagle: every path identical to plain ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def trained(dirs, target):
     """A head trained for a few seconds on the target's own answers to 12 prompts."""
@@ -153,17 +160,26 @@ def trained(dirs, target):
     prompts = [torch.randint(0, 256, (12,)).tolist() for _ in range(12)]
     engine = Engine(target.model, target.device, frozenset(), target.context_length)
     config = GenerationConfig(method=Method.PLAIN, max_new_tokens=60)
-    done = {r.index: r.state.ids for r in engine.generate(prompts, config, batch_size=6)
-            if isinstance(r.event, Finished)}
+    done = {
+        r.index: r.state.ids
+        for r in engine.generate(prompts, config, batch_size=6)
+        if isinstance(r.event, Finished)
+    }
     sequences = [data.Sequence(done[i], 11) for i in range(len(prompts))]
     data.record(target.model, default_layers(LAYERS), sequences, data.Shards(out), target.device)
-    trainer = Trainer(target.model, out, Settings(steps=3, draft_vocab=259, lr=2e-3, epochs=60, holdout=1000,
-                                                  layers=default_layers(LAYERS)))
+    trainer = Trainer(
+        target.model,
+        out,
+        Settings(steps=3, draft_vocab=259, lr=2e-3, epochs=60, holdout=1000, layers=default_layers(LAYERS)),
+    )
     trainer.run()
     trainer.evaluate()
     trainer.write()
-    return {"dir": out, "prompts": prompts, "draft": load_draft(str(out), target, device="cpu", dtype="float32",
-                                                                 quiet=True)}
+    return {
+        "dir": out,
+        "prompts": prompts,
+        "draft": load_draft(str(out), target, device="cpu", dtype="float32", quiet=True),
+    }
 
 
 def test_a_trained_head_drafts_what_the_target_says(trained, target):
@@ -188,10 +204,13 @@ def test_eagle_batched_deterministic_chat_and_lookup_chain_equal_plain(trained, 
     batched = batch_ids(engine_with((target, draft), config), prompts, config, batch_size=3)
     assert batched == [plain_ids(target, p, 30) for p in prompts]
     deterministic = dataclasses.replace(config, deterministic=True, verify_window=8)
-    assert decode(engine_with((target, draft), deterministic), prompts[0], deterministic)[1].ids == \
-        plain_ids(target, prompts[0], 30)
+    assert decode(engine_with((target, draft), deterministic), prompts[0], deterministic)[1].ids == plain_ids(
+        target, prompts[0], 30
+    )
     chained = dataclasses.replace(config, method=Method.LOOKUP_CHAIN)
-    assert decode(engine_with((target, draft), chained), prompts[2], chained)[1].ids == plain_ids(target, prompts[2], 30)
+    assert decode(engine_with((target, draft), chained), prompts[2], chained)[1].ids == plain_ids(
+        target, prompts[2], 30
+    )
     # a chat turn: the second prompt extends the first's sequence; the caches keep the common prefix
     engine = engine_with((target, draft), config)
     _, state = decode(engine, prompts[0], config)
@@ -213,11 +232,13 @@ def test_trees_from_a_head_equal_plain_alone_batched_in_chat_and_deterministic(t
         sizes |= {len(e.draft_tokens) for e in events if e.draft_tokens}
     assert accepted > 0 and sizes == {3 + 6 + 6}  # a tree of 3 children, 2 each, 1 each: 15 nodes
     prompts = [trained["prompts"][1], PROMPTS[0], PROMPTS[1], trained["prompts"][2]]
-    assert batch_ids(engine_with((target, draft), config), prompts, config, batch_size=3) == \
-        [plain_ids(target, p, 30) for p in prompts]
+    assert batch_ids(engine_with((target, draft), config), prompts, config, batch_size=3) == [
+        plain_ids(target, p, 30) for p in prompts
+    ]
     deterministic = dataclasses.replace(config, deterministic=True, verify_window=8)
-    assert decode(engine_with((target, draft), deterministic), prompts[0], deterministic)[1].ids == \
-        plain_ids(target, prompts[0], 30)
+    assert decode(engine_with((target, draft), deterministic), prompts[0], deterministic)[1].ids == plain_ids(
+        target, prompts[0], 30
+    )
     engine = engine_with((target, draft), config)  # a chat turn continues the same caches
     _, state = decode(engine, prompts[0], config)
     follow = state.ids + [10, 11, 12]
@@ -232,12 +253,22 @@ def test_eagle_with_prefix_store_and_chunked_prefill_equals_plain(trained, targe
 
     pair = Pair(target, trained["draft"], "off", PrefixStore(budget=64 << 20), PrefixStore(budget=64 << 20))
     config = GenerationConfig(method=Method.EAGLE, max_new_tokens=20, draft_tokens=3)
-    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
-                    prefixes=pair.target_prefixes, policy=Policy(prefill_chunk=16))
+    engine = Engine(
+        target.model,
+        target.device,
+        target.stop_ids,
+        target.context_length,
+        make_drafter(pair, config),
+        prefixes=pair.target_prefixes,
+        policy=Policy(prefill_chunk=16),
+    )
     long_prompt = trained["prompts"][3] + list(range(60, 130))
     prompts = [trained["prompts"][1], long_prompt, long_prompt[:50] + [5, 6, 7]]
     assert batch_ids(engine, prompts, config, batch_size=3) == [plain_ids(target, p, 20) for p in prompts]
-    assert pair.target_prefixes.entries and pair.target_prefixes.entries[next(iter(pair.target_prefixes.entries))].features is not None
+    assert (
+        pair.target_prefixes.entries
+        and pair.target_prefixes.entries[next(iter(pair.target_prefixes.entries))].features is not None
+    )
 
 
 # -- sampled: exact in distribution --------------------------------------------------------------------
@@ -253,11 +284,21 @@ def first_two(target, draft, seeds, method: Method = Method.EAGLE) -> torch.Tens
     out = []
     for seed in seeds:
         # a tree is drafted only while more tokens remain than its depth: trees decode three
-        config = GenerationConfig(method=method, max_new_tokens=3 if method.is_tree else 2, draft_tokens=3,
-                                  branching=(3, 2), sampling=dataclasses.replace(SAMPLING, seed=seed))
-        engine = Engine(target.model, target.device, frozenset(), target.context_length,
-                        make_drafter(Pair(target, draft), config),
-                        policy=Policy(prompt_catch_up=100))  # the first token is speculated too
+        config = GenerationConfig(
+            method=method,
+            max_new_tokens=3 if method.is_tree else 2,
+            draft_tokens=3,
+            branching=(3, 2),
+            sampling=dataclasses.replace(SAMPLING, seed=seed),
+        )
+        engine = Engine(
+            target.model,
+            target.device,
+            frozenset(),
+            target.context_length,
+            make_drafter(Pair(target, draft), config),
+            policy=Policy(prompt_catch_up=100),
+        )  # the first token is speculated too
         out.append([t for r in decode(engine, PROMPT, config)[0] for t in r.emitted][:2])
     return torch.tensor(out)
 
@@ -295,8 +336,15 @@ def test_sampled_trees_from_a_head_follow_the_target_law_and_the_control_fails(d
         original = module.recursive_rejection
 
         def lost_laws(children, tokens, draft_probs, target_probs, generator, *, replacement):
-            return original(children, tokens, torch.zeros_like(draft_probs), target_probs, generator,
-                            replacement=replacement)
+            return original(
+                children,
+                tokens,
+                torch.zeros_like(draft_probs),
+                target_probs,
+                generator,
+                replacement=replacement,
+            )
+
         monkeypatch.setattr(module, "recursive_rejection", lost_laws)
 
     draft = head_draft(dirs, target, "original")
@@ -323,8 +371,24 @@ def test_a_head_for_another_target_and_a_corrupt_head_are_refused(dirs, tmp_path
     corrupt.mkdir()
     (corrupt / "config.json").write_text((dirs["original"] / "config.json").read_text())
     (corrupt / "model.safetensors").write_bytes((dirs["original"] / "model.safetensors").read_bytes()[:300])
-    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(corrupt),
-                                 "--device", "cpu", "--dtype", "float32", "--no-server", "-n", "4"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "hello",
+            "--target",
+            str(dirs["target"]),
+            "--draft",
+            str(corrupt),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--no-server",
+            "-n",
+            "4",
+        ],
+    )
     assert result.exit_code == 1 and "cannot be read" in result.output and "Traceback" not in result.output
     bad_layers = tmp_path / "bad-layers"
     bad_layers.mkdir()
@@ -333,25 +397,94 @@ def test_a_head_for_another_target_and_a_corrupt_head_are_refused(dirs, tmp_path
     (bad_layers / "config.json").write_text(json.dumps(config))
     (bad_layers / "model.safetensors").symlink_to(dirs["speculators"] / "model.safetensors")
     with pytest.raises(HeadError, match="layer"):
-        load_head(bad_layers, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model)
+        load_head(
+            bad_layers,
+            load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model,
+        )
 
 
 def test_method_eagle_without_a_head_and_beams_from_a_head_are_one_line(dirs, tiny_dirs):
-    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-                                 "--method", "eagle", "--device", "cpu", "--dtype", "float32", "--no-server"])
-    assert result.exit_code == 1 and "needs an EAGLE-3 head" in result.output and "Traceback" not in result.output
-    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(dirs["original"]),
-                                 "--method", "rsd-s", "--device", "cpu", "--dtype", "float32", "--no-server"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "hello",
+            "--target",
+            str(dirs["target"]),
+            "--draft",
+            str(tiny_dirs["draft"]),
+            "--method",
+            "eagle",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--no-server",
+        ],
+    )
+    assert (
+        result.exit_code == 1
+        and "needs an EAGLE-3 head" in result.output
+        and "Traceback" not in result.output
+    )
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "hello",
+            "--target",
+            str(dirs["target"]),
+            "--draft",
+            str(dirs["original"]),
+            "--method",
+            "rsd-s",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--no-server",
+        ],
+    )
     assert result.exit_code == 1 and "EAGLE-3 head drafts" in result.output
     # RSD-C trees from a head run (test_trees_from_a_head_...): the command line gets them too
-    result = runner.invoke(app, ["run", "hello", "--target", str(dirs["target"]), "--draft", str(dirs["original"]),
-                                 "--method", "rsd-c", "--device", "cpu", "--dtype", "float32", "--no-server", "-n", "8"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "hello",
+            "--target",
+            str(dirs["target"]),
+            "--draft",
+            str(dirs["original"]),
+            "--method",
+            "rsd-c",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--no-server",
+            "-n",
+            "8",
+        ],
+    )
     assert result.exit_code == 0, result.output
 
 
 def test_run_with_a_head_defaults_to_eagle_and_matches_plain(dirs):
-    common = ["--target", str(dirs["target"]), "--device", "cpu", "--dtype", "float32", "--no-server", "-n", "16",
-              "--format", "json", "--raw"]
+    common = [
+        "--target",
+        str(dirs["target"]),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-server",
+        "-n",
+        "16",
+        "--format",
+        "json",
+        "--raw",
+    ]
     head = runner.invoke(app, ["run", "def f(x):", "--draft", str(dirs["original"]), *common])
     plain = runner.invoke(app, ["run", "def f(x):", "--method", "plain", *common])
     assert head.exit_code == 0 and plain.exit_code == 0, head.output + plain.output
@@ -382,11 +515,14 @@ def test_the_trainer_resumes_after_a_kill_and_after_ctrl_c(trained, dirs, tmp_pa
 
     out = tmp_path / "run"
     shutil.copytree(trained["dir"] / "data", out / "data")  # the recorded features, reused
-    script = TRAIN_SCRIPT.format(tests=str(HERE), target=str(dirs["target"]), out=str(out),
-                                 layers=default_layers(LAYERS))
+    script = TRAIN_SCRIPT.format(
+        tests=str(HERE), target=str(dirs["target"]), out=str(out), layers=default_layers(LAYERS)
+    )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not (out / "checkpoint.pt").is_file() or (out / "checkpoint.pt").stat().st_mtime < time.time() - 0.5:
+    while (
+        not (out / "checkpoint.pt").is_file() or (out / "checkpoint.pt").stat().st_mtime < time.time() - 0.5
+    ):
         assert time.monotonic() < deadline and child.poll() is None, "no checkpoint"
         time.sleep(0.1)
     time.sleep(1.0)
@@ -403,8 +539,12 @@ def test_the_trainer_resumes_after_a_kill_and_after_ctrl_c(trained, dirs, tmp_pa
         if len(steps) == 3:
             raise KeyboardInterrupt
 
-    trainer = Trainer(target.model, out, Settings(steps=2, draft_vocab=259, epochs=50, holdout=1000,
-                                                  layers=default_layers(LAYERS)), progress=interrupt)
+    trainer = Trainer(
+        target.model,
+        out,
+        Settings(steps=2, draft_vocab=259, epochs=50, holdout=1000, layers=default_layers(LAYERS)),
+        progress=interrupt,
+    )
     resumed = trainer.steps_done
     assert resumed >= saved["report"]["steps_done"]
     with pytest.raises(KeyboardInterrupt):
@@ -415,17 +555,52 @@ def test_the_trainer_resumes_after_a_kill_and_after_ctrl_c(trained, dirs, tmp_pa
 
 def test_train_head_command_writes_a_loadable_head(dirs, tmp_path, target):
     out = tmp_path / "head"
-    result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
-                                 "--dtype", "float32", "--tokens", "3000", "--draft-vocab", "100", "--quiet",
-                                 "--format", "speculators"])
+    result = runner.invoke(
+        app,
+        [
+            "train-head",
+            "--out",
+            str(out),
+            "--target",
+            str(dirs["target"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--tokens",
+            "3000",
+            "--draft-vocab",
+            "100",
+            "--quiet",
+            "--format",
+            "speculators",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "held-out acceptance per draft position" in result.output
     draft = head_draft({"h": out}, target, "h")
     assert draft.model.config.draft_vocab_size == 100
     config = GenerationConfig(method=Method.EAGLE, max_new_tokens=20, draft_tokens=3)
-    assert decode(engine_with((target, draft), config), PROMPTS[0], config)[1].ids == plain_ids(target, PROMPTS[0], 20)
-    bad = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
-                              "--dtype", "float32", "--tokens", "5000", "--quiet"])
+    assert decode(engine_with((target, draft), config), PROMPTS[0], config)[1].ids == plain_ids(
+        target, PROMPTS[0], 20
+    )
+    bad = runner.invoke(
+        app,
+        [
+            "train-head",
+            "--out",
+            str(out),
+            "--target",
+            str(dirs["target"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--tokens",
+            "5000",
+            "--quiet",
+        ],
+    )
     assert bad.exit_code == 1 and "holds data recorded" in bad.output
 
 
@@ -439,17 +614,41 @@ def test_train_head_answers_the_prompts_of_a_set(dirs, tmp_path, monkeypatch):
 
     def work(settings, out, source, tokens, answer_tokens, train, quiet, texts):
         seen["texts"] = texts
-        return {"heldout_acceptance_per_position": [0.5], "tokens_trained": 1, "seconds": 1.0,
-                "expected_tokens_per_round": 1.5}
+        return {
+            "heldout_acceptance_per_position": [0.5],
+            "tokens_trained": 1,
+            "seconds": 1.0,
+            "expected_tokens_per_round": 1.5,
+        }
 
     monkeypatch.setattr(head_module, "train_head", work)
-    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-            {"role": "user", "content": "More"}]
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "More"},
+    ]
     prompts = tmp_path / "set.jsonl"
-    prompts.write_text(json.dumps({"id": "a", "category": "c", "prompt": "Say hi"}) + "\n"
-                       + json.dumps({"id": "b", "category": "c", "messages": chat}) + "\n")
-    result = runner.invoke(app, ["train-head", "--out", str(tmp_path / "head"), "--target", str(dirs["target"]),
-                                 "--device", "cpu", "--prompts", str(prompts), "--quiet"])
+    prompts.write_text(
+        json.dumps({"id": "a", "category": "c", "prompt": "Say hi"})
+        + "\n"
+        + json.dumps({"id": "b", "category": "c", "messages": chat})
+        + "\n"
+    )
+    result = runner.invoke(
+        app,
+        [
+            "train-head",
+            "--out",
+            str(tmp_path / "head"),
+            "--target",
+            str(dirs["target"]),
+            "--device",
+            "cpu",
+            "--prompts",
+            str(prompts),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert seen["texts"] == ["Say hi", chat]
 
@@ -462,17 +661,36 @@ def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path, monkeypatch):
     import shutil
 
     def train(out, *extra, target=dirs["target"]):
-        return runner.invoke(app, ["train-head", "--out", str(out), "--target", str(target), "--device", "cpu",
-                                   "--dtype", "float32", "--tokens", "3000", "--draft-vocab", "100", "--quiet",
-                                   *extra])
+        return runner.invoke(
+            app,
+            [
+                "train-head",
+                "--out",
+                str(out),
+                "--target",
+                str(target),
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--tokens",
+                "3000",
+                "--draft-vocab",
+                "100",
+                "--quiet",
+                *extra,
+            ],
+        )
 
     out = tmp_path / "head"
     (out / "data").mkdir(parents=True)  # what a Ctrl-C during loading left: a manifest, nothing recorded
-    (out / "data" / "manifest.json").write_text(json.dumps({"target": "x", "source": "code", "tokens": 9,
-                                                            "layers": [0], "sequences": 0}))
+    (out / "data" / "manifest.json").write_text(
+        json.dumps({"target": "x", "source": "code", "tokens": 9, "layers": [0], "sequences": 0})
+    )
     assert train(out).exit_code == 0
     first = json.loads((out / "training.json").read_text())
     from specgen.train import head as trainer
+
     # a rerun of a whole recording makes no data again (for prompts: the target's answers, decoded)
     monkeypatch.setattr(trainer, "_sequences", lambda *a: pytest.fail("the data was made again"))
     more = train(out, "--minutes", "0.02")
@@ -481,13 +699,32 @@ def test_a_rerun_resumes_only_what_it_asks_for(dirs, tmp_path, monkeypatch):
     assert again["steps"] > first["steps"]
     assert (again["data_tokens"], again["record_seconds"]) == (first["data_tokens"], first["record_seconds"])
     monkeypatch.undo()
-    for extra, fragment in ((["--draft-vocab", "50"], "with --draft-vocab 100; this run asks for 50"),
-                            (["--draft-vocab", "100", "--intermediate", "32"], "another --intermediate?"),
-                            (["--draft-vocab", "100", "--minutes", "1", "--epochs", "2"], "give one of them")):
-        refused = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device",
-                                      "cpu", "--dtype", "float32", "--tokens", "3000", "--quiet", *extra])
-        assert refused.exit_code == 1 and fragment in refused.output and "unexpected" not in refused.output, \
+    for extra, fragment in (
+        (["--draft-vocab", "50"], "with --draft-vocab 100; this run asks for 50"),
+        (["--draft-vocab", "100", "--intermediate", "32"], "another --intermediate?"),
+        (["--draft-vocab", "100", "--minutes", "1", "--epochs", "2"], "give one of them"),
+    ):
+        refused = runner.invoke(
+            app,
+            [
+                "train-head",
+                "--out",
+                str(out),
+                "--target",
+                str(dirs["target"]),
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--tokens",
+                "3000",
+                "--quiet",
+                *extra,
+            ],
+        )
+        assert refused.exit_code == 1 and fragment in refused.output and "unexpected" not in refused.output, (
             refused.output
+        )
     twin = tmp_path / "elsewhere" / "target"  # another model under the same directory name
     shutil.copytree(dirs["target"], twin)
     save_tiny(twin, seed=9, layers=LAYERS)
@@ -500,8 +737,11 @@ def test_self_distillation_answers_a_conversation_with_every_turn_as_context(tar
     kept before)."""
     from specgen.decoding.prompts import render_chat
 
-    messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": "second"}]
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
     engine = Engine(target.model, target.device, frozenset(), target.context_length)
     conversation, text = data.prompt_sequences(engine, target.tokenizer, [messages, "second"], 4)
     rendered = render_chat(target.tokenizer, messages)
@@ -517,15 +757,35 @@ def test_a_head_given_as_the_target_is_one_line(dirs):
 def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
     """Too little data (all of it held out) and a loss that diverges are one line each, with
     no head written; a head of NaN weights is refused at load."""
+
     def train(out, *extra):
-        return runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
-                                   "--dtype", "float32", "--draft-vocab", "100", "--quiet", *extra])
+        return runner.invoke(
+            app,
+            [
+                "train-head",
+                "--out",
+                str(out),
+                "--target",
+                str(dirs["target"]),
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--draft-vocab",
+                "100",
+                "--quiet",
+                *extra,
+            ],
+        )
 
     few = train(tmp_path / "few", "--tokens", "64")
     assert few.exit_code == 1 and "none left to train on" in few.output, few.output
     wild = train(tmp_path / "wild", "--tokens", "3000", "--lr", "1e10")
     assert wild.exit_code == 1 and "no longer finite" in wild.output, wild.output
-    assert not (tmp_path / "few" / "model.safetensors").exists() and not (tmp_path / "wild" / "model.safetensors").exists()
+    assert (
+        not (tmp_path / "few" / "model.safetensors").exists()
+        and not (tmp_path / "wild" / "model.safetensors").exists()
+    )
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -538,39 +798,75 @@ def test_training_that_cannot_learn_writes_no_head(dirs, tmp_path):
     state["fc.weight"][0, 0] = float("nan")
     save_file(state, str(broken / "model.safetensors"))
     with pytest.raises(HeadError, match="fc.weight holds NaN"):
-        load_head(broken, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model)
+        load_head(
+            broken, load_pair(str(dirs["target"]), None, device="cpu", dtype="float32", quiet=True)[0].model
+        )
     assert "nothing was recorded yet" in _kept(tmp_path / "few-nothing")
     assert "the features recorded so far" in _kept(tmp_path / "few")
     shard = next((tmp_path / "few" / "data").glob("shard-*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:100])  # a copy cut short
     cut = train(tmp_path / "few", "--tokens", "64")
-    assert cut.exit_code == 1 and "cannot be read" in cut.output and "unexpected" not in cut.output, cut.output
+    assert cut.exit_code == 1 and "cannot be read" in cut.output and "unexpected" not in cut.output, (
+        cut.output
+    )
     (tmp_path / "few" / "data" / "manifest.json").write_text('{"sequences": ')  # a manifest cut short
     cut = train(tmp_path / "few", "--tokens", "64")
     assert cut.exit_code == 1 and "manifest.json cannot be read" in cut.output, cut.output
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    (["--layers", "100"], "--layers: the head reads layer(s) [100]"),
-    (["--layers", "0,2"], "--layers 0 is the embeddings' output"),  # the original layout would write -1
-    (["--lr", "nan"], "--lr must be a number > 0"),
-    (["--minutes", "inf"], "--minutes must be a number >= 0"),
-    (["--intermediate", "-1"], "--intermediate must be in 0.."),
-    (["--answer-tokens", "0"], "--answer-tokens must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--layers", "100"], "--layers: the head reads layer(s) [100]"),
+        (["--layers", "0,2"], "--layers 0 is the embeddings' output"),  # the original layout would write -1
+        (["--lr", "nan"], "--lr must be a number > 0"),
+        (["--minutes", "inf"], "--minutes must be a number >= 0"),
+        (["--intermediate", "-1"], "--intermediate must be in 0.."),
+        (["--answer-tokens", "0"], "--answer-tokens must be >= 1"),
+    ],
+)
 def test_train_head_refuses_bad_settings_and_leaves_its_directory_usable(dirs, tmp_path, extra, fragment):
     out = tmp_path / "head"
-    result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--device", "cpu",
-                                 "--dtype", "float32", "--quiet", *extra])
-    assert result.exit_code == 1 and fragment in result.output and "unexpected" not in result.output, result.output
+    result = runner.invoke(
+        app,
+        [
+            "train-head",
+            "--out",
+            str(out),
+            "--target",
+            str(dirs["target"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--quiet",
+            *extra,
+        ],
+    )
+    assert result.exit_code == 1 and fragment in result.output and "unexpected" not in result.output, (
+        result.output
+    )
     assert not (out / "data" / "manifest.json").exists()  # a rerun with good settings is not refused
 
 
 def test_train_head_names_the_default_layers_a_small_target_lacks(tiny_dirs, tmp_path):
     """vLLM's default layers (2, L/2, L-3) reach below layer 1 for a target of under 4 layers:
     the line says so, rather than naming a --layers that was never given."""
-    result = runner.invoke(app, ["train-head", "--out", str(tmp_path / "head"), "--target", str(tiny_dirs["target"]),
-                                 "--device", "cpu", "--dtype", "float32", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "train-head",
+            "--out",
+            str(tmp_path / "head"),
+            "--target",
+            str(tiny_dirs["target"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 1 and "need a target of at least 4 layers" in result.output, result.output
 
 
@@ -578,18 +874,21 @@ def test_train_head_never_writes_into_a_directory_of_other_files(dirs, tmp_path)
     """A model directory (the target's own, or `-o ''`: the current one) would lose its
     config.json and model.safetensors to the head's."""
     before = {p.name: p.read_bytes() for p in dirs["target"].iterdir() if p.is_file()}
-    not_utf8 = runner.invoke(app, ["train-head", "--out", str(tmp_path) + "/bad\udcff", "--target", str(dirs["target"]),
-                                   "--quiet"])
+    not_utf8 = runner.invoke(
+        app, ["train-head", "--out", str(tmp_path) + "/bad\udcff", "--target", str(dirs["target"]), "--quiet"]
+    )
     assert not_utf8.exit_code == 1 and "not a UTF-8 path" in not_utf8.output, not_utf8.output
     for out in (dirs["target"], tmp_path / "file"):
         (tmp_path / "file").write_text("x")
-        result = runner.invoke(app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--quiet"])
+        result = runner.invoke(
+            app, ["train-head", "--out", str(out), "--target", str(dirs["target"]), "--quiet"]
+        )
         assert result.exit_code == 1 and "--out" in result.output, result.output
     assert {p.name: p.read_bytes() for p in dirs["target"].iterdir() if p.is_file()} == before
 
 
-
 # -- the server --------------------------------------------------------------------------------------
+
 
 def test_the_server_drafts_with_a_head_chains_and_trees(trained, dirs):
     """`specgen serve --draft HEAD_DIR`: eagle (and its default, chain) and rsd-c trees through
@@ -598,21 +897,30 @@ def test_the_server_drafts_with_a_head_chains_and_trees(trained, dirs):
     openai = pytest.importorskip("openai")
     from concurrent.futures import ThreadPoolExecutor
 
-    from specgen.config import ModelSettings
-    from specgen.runtime.pair import load
     from test_server import start, stop
 
-    settings = ModelSettings(str(dirs["target"]), str(trained["dir"]), "cpu", None, "float32", "auto", "auto", "auto")
+    from specgen.config import ModelSettings
+    from specgen.runtime.pair import load
+
+    settings = ModelSettings(
+        str(dirs["target"]), str(trained["dir"]), "cpu", None, "float32", "auto", "auto", "auto"
+    )
     pair = load(settings, Method.EAGLE, quiet=True)
     running, thread = start(settings, pair, max_batch_size=4, max_queue=16)
     try:
-        sdk = openai.OpenAI(base_url=running.state.info["url"] + "/v1", api_key=running.token, max_retries=0,
-                            timeout=60)
+        sdk = openai.OpenAI(
+            base_url=running.state.info["url"] + "/v1", api_key=running.token, max_retries=0, timeout=60
+        )
         model = running.state.model_id
 
         def complete(prompt: str, method: str) -> str:
-            answer = sdk.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0,
-                                            extra_body={"speculative": {"method": method}})
+            answer = sdk.completions.create(
+                model=model,
+                prompt=prompt,
+                max_tokens=24,
+                temperature=0,
+                extra_body={"speculative": {"method": method}},
+            )
             return answer.choices[0].text
 
         prompts = ["def fib(n):", "The cache holds", "import torch\n", "Once upon a time"]
@@ -632,18 +940,52 @@ def test_specgen_check_covers_a_head(trained, dirs):
     """`specgen check --draft HEAD_DIR`: eagle alone, batched, from the prefix cache, chunked, in a
     chat turn and deterministic, RSD-C trees and lookup-chain over the head, against transformers'
     generate."""
-    result = runner.invoke(app, ["check", "--target", str(dirs["target"]), "--draft", str(trained["dir"]),
-                                 "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "16",
-                                 "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            "--target",
+            str(dirs["target"]),
+            "--draft",
+            str(trained["dir"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--prompts",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     labels = [case["case"] for case in report["cases"]]
     assert all(case["identical"] for case in report["cases"]), report
     assert any("eagle" in label for label in labels) and any("chunked" in label for label in labels), labels
     assert any("rsd-c" in label for label in labels), labels  # trees from the head
-    chain = runner.invoke(app, ["check", "--target", str(dirs["target"]), "--draft", str(trained["dir"]), "--device",
-                                "cpu", "--dtype", "float32", "--prompts", "1", "--max-new-tokens", "8", "--methods",
-                                "chain", "--json"])  # chain with a head is eagle, as `run` reads it
+    chain = runner.invoke(
+        app,
+        [
+            "check",
+            "--target",
+            str(dirs["target"]),
+            "--draft",
+            str(trained["dir"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--methods",
+            "chain",
+            "--json",
+        ],
+    )  # chain with a head is eagle, as `run` reads it
     assert chain.exit_code == 0, chain.output
     assert {case["case"].split()[0].rstrip(",") for case in json.loads(chain.stdout)["cases"]} == {"eagle"}
 
@@ -664,8 +1006,13 @@ def test_an_int8_head_on_the_cpu_drafts_the_same_way(trained, dirs, target):
     from specgen.config import ModelSettings
     from specgen.runtime.pair import load
 
-    pair = load(ModelSettings(str(dirs["target"]), str(trained["dir"]), "cpu", None, "float32", "int8", "off", "none"),
-                Method.EAGLE, quiet=True)
+    pair = load(
+        ModelSettings(
+            str(dirs["target"]), str(trained["dir"]), "cpu", None, "float32", "int8", "off", "none"
+        ),
+        Method.EAGLE,
+        quiet=True,
+    )
     assert pair.draft.weights == "int8"
     config = GenerationConfig(method=Method.EAGLE, max_new_tokens=40, draft_tokens=3)
     accepted = 0
@@ -692,8 +1039,9 @@ def test_eagle_through_the_fixed_shape_steps(trained, target, method):
         accepted += sum(e.accepted for e in events)
     assert accepted > 0
     prompts = [trained["prompts"][1], PROMPTS[0], PROMPTS[1]]
-    assert batch_ids(engine_with((target, trained["draft"]), config, compile="fixed"), prompts, config, 2) == \
-        [plain_ids(target, p, 40) for p in prompts]
+    assert batch_ids(
+        engine_with((target, trained["draft"]), config, compile="fixed"), prompts, config, 2
+    ) == [plain_ids(target, p, 40) for p in prompts]
 
 
 def test_bench_columns_with_a_head_follow_the_engine(trained, target):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import RowDrafterBase, batch_ids, decode, engine_with, per_row
 
-from specgen.runtime import kvcache
-from specgen.decoding.acceptance import ProposalKind
 from specgen.config import GenerationConfig, Method
+from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import PROMPT_CATCH_UP, Engine, Policy, StopReason
-from specgen.decoding.rows import RESUME_ROUNDS, RESUME_TOKENS
 from specgen.decoding.events import Finished, RoundResult
-from tiny import RowDrafterBase, batch_ids, decode, engine_with, per_row
+from specgen.decoding.rows import RESUME_ROUNDS, RESUME_TOKENS
+from specgen.runtime import kvcache
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]
 
@@ -80,16 +80,18 @@ def test_plain_matches_reference(tiny_pair, reference):
 def test_chain_with_model_draft_matches_plain(tiny_pair, reference, k):
     target, draft = tiny_pair
     drafter = ChainDrafter(draft.model, draft.device)
-    out, _ = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=40,
-                 draft_tokens=k)
+    out, _ = run(
+        engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=k
+    )
     assert out == reference
 
 
 def test_chain_with_target_as_draft_accepts_everything(tiny_pair, reference):
     target, _ = tiny_pair
     drafter = ChainDrafter(target.model, target.device)
-    out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
-                      max_new_tokens=40, draft_tokens=4)
+    out, rounds = run(
+        engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=4
+    )
     assert out == reference
     assert all(r.accepted == len(r.draft_tokens) for r in rounds)
     assert not rounds[0].draft_tokens  # a first token never waits for the draft to read the prompt
@@ -100,8 +102,9 @@ def test_chain_with_target_as_draft_accepts_everything(tiny_pair, reference):
 def test_scripted_drafter_accepts_exactly_j(tiny_pair, reference, k):
     for j in range(k + 1):
         drafter = ScriptedDrafter(reference, len(PROMPT), right=j)
-        out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
-                          max_new_tokens=40, draft_tokens=k)
+        out, rounds = run(
+            engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=k
+        )
         assert out == reference, f"k={k} j={j}"
         full = [r for r in rounds if len(r.draft_tokens) == k]
         assert full and all(r.accepted == j for r in full), f"k={k} j={j}"
@@ -113,8 +116,9 @@ def test_eos_inside_a_draft_stops_where_plain_stops(tiny_pair, reference, j):
     expected = reference_greedy(tiny_pair[0].model, PROMPT, 40, stop)
     plain, _ = run(engine_for(tiny_pair, stop_ids=stop), PROMPT, method=Method.PLAIN, max_new_tokens=40)
     drafter = ScriptedDrafter(reference, len(PROMPT), right=j)
-    spec, rounds = run(engine_for(tiny_pair, drafter, stop), PROMPT, method=Method.CHAIN,
-                       max_new_tokens=40, draft_tokens=4)
+    spec, rounds = run(
+        engine_for(tiny_pair, drafter, stop), PROMPT, method=Method.CHAIN, max_new_tokens=40, draft_tokens=4
+    )
     assert spec == plain == expected
     assert rounds[-1].stop == StopReason.EOS
 
@@ -123,8 +127,9 @@ def test_eos_inside_a_draft_stops_where_plain_stops(tiny_pair, reference, j):
 def test_max_new_tokens_mid_round(tiny_pair, reference, max_new):
     target, _ = tiny_pair
     drafter = ChainDrafter(target.model, target.device)  # always right: rounds of 5
-    out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN,
-                      max_new_tokens=max_new, draft_tokens=4)
+    out, rounds = run(
+        engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=max_new, draft_tokens=4
+    )
     assert out == reference[:max_new]
     assert rounds[-1].stop == StopReason.LENGTH
 
@@ -216,7 +221,7 @@ def test_a_first_token_comes_from_the_prefill(tiny_pair, reference, method):
         assert not first[0][0].draft_tokens and first[0][1:] == (0, 1) and drafts
         rounds, state = decode(engine, PROMPT, config)
         assert [t for r in rounds for t in r.emitted] == reference[:20]
-        turn, resumed = decode(engine, state.ids + PROMPT[:PROMPT_CATCH_UP - 1], config, resume=state)
+        turn, resumed = decode(engine, state.ids + PROMPT[: PROMPT_CATCH_UP - 1], config, resume=state)
         assert resumed.prompt_length - resumed.reused_tokens == PROMPT_CATCH_UP
         short = decode(engine, PROMPT[-PROMPT_CATCH_UP:], config)[0]
     finally:
@@ -231,19 +236,23 @@ def test_rows_that_end_at_their_first_token_leave_before_any_round(tiny_pair, de
     """One new token per prompt, 5 prompts 2 rows at a time: every row ends at its prefill (a
     deterministic row after its window's replay), the next prompts still join, and no round runs."""
     prompts = [PROMPT[i:] + PROMPT[:i] for i in range(5)]
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=1, draft_tokens=3, deterministic=deterministic)
+    config = GenerationConfig(
+        method=Method.CHAIN, max_new_tokens=1, draft_tokens=3, deterministic=deterministic
+    )
     expected = [reference_greedy(tiny_pair[0].model, p, 1) for p in prompts]
     engine = engine_with(tiny_pair, config, stop_ids=frozenset())
     (drafts, d_hook), (targets, t_hook) = counting(tiny_pair[1].model), counting(tiny_pair[0].model)
     try:
-        assert [ids[len(p):] for ids, p in zip(batch_ids(engine, prompts, config, 2), prompts)] == expected
+        assert [ids[len(p) :] for ids, p in zip(batch_ids(engine, prompts, config, 2), prompts)] == expected
     finally:
         d_hook.remove()
         t_hook.remove()
     assert not drafts and len(targets) == 5 * (2 if deterministic else 1)  # prefills (and replays)
     # a first token that is a stop token ends its row the same way
     engine = engine_with(tiny_pair, config, stop_ids=frozenset(t for [t] in expected))
-    again = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=deterministic)
+    again = GenerationConfig(
+        method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=deterministic
+    )
     finished = [r.event.stop for r in engine.generate(prompts, again, 2) if isinstance(r.event, Finished)]
     assert finished == [StopReason.EOS] * 5
 
@@ -278,8 +287,11 @@ def test_resume_continues_a_parked_row_that_was_not_the_first(tiny_pair):
     turn2 = third.ids + [198, 257, 84]
     rounds, state = decode(engine, turn2, config, resume=third)
     assert state.reused_tokens == len(turn2) - 4
-    fresh = [t for r in decode(engine_for(tiny_pair, ChainDrafter(draft.model, draft.device)), turn2, config)[0]
-             for t in r.emitted]
+    fresh = [
+        t
+        for r in decode(engine_for(tiny_pair, ChainDrafter(draft.model, draft.device)), turn2, config)[0]
+        for t in r.emitted
+    ]
     assert [t for r in rounds for t in r.emitted] == fresh
 
 
@@ -292,8 +304,11 @@ def test_resume_after_a_differing_rerender_falls_back_to_the_first_difference(ti
     rounds, state = decode(engine, changed, config, resume=state)
     assert state.reused_tokens == 5
     reused = [t for r in rounds for t in r.emitted]
-    fresh = [t for r in decode(engine_for(tiny_pair, ChainDrafter(draft.model, draft.device)), changed, config)[0]
-             for t in r.emitted]
+    fresh = [
+        t
+        for r in decode(engine_for(tiny_pair, ChainDrafter(draft.model, draft.device)), changed, config)[0]
+        for t in r.emitted
+    ]
     assert reused == fresh
 
 
@@ -311,8 +326,14 @@ def test_drafters_may_propose_fewer_tokens_or_none(tiny_pair, reference, tempera
 
     sampling = SamplingConfig(temperature=temperature, seed=5)
     drafter = ShortDrafter(reference, len(PROMPT), right=3)
-    out, rounds = run(engine_for(tiny_pair, drafter), PROMPT, method=Method.CHAIN, max_new_tokens=30,
-                      draft_tokens=4, sampling=sampling)
+    out, rounds = run(
+        engine_for(tiny_pair, drafter),
+        PROMPT,
+        method=Method.CHAIN,
+        max_new_tokens=30,
+        draft_tokens=4,
+        sampling=sampling,
+    )
     assert any(not r.draft_tokens for r in rounds) and any(r.draft_tokens for r in rounds)
     if temperature == 0.0:
         assert out == reference[:30]
@@ -320,19 +341,26 @@ def test_drafters_may_propose_fewer_tokens_or_none(tiny_pair, reference, tempera
         assert len(out) == 30
 
 
-@pytest.mark.parametrize("method", [Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT])
+@pytest.mark.parametrize(
+    "method", [Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT]
+)
 def test_a_prompt_id_past_the_drafts_vocabulary_is_decoded_as_plain_decodes_it(tmp_path, method):
     """A target whose head is padded past its draft's (Qwen2.5-7B's 152064 rows beside 0.5B's
     151936): a prompt of token ids may hold an id the draft cannot embed. The draft reads a
     stand-in for it (its drafts are only guesses); the answer is plain decoding's, not an
     IndexError that failed every row of the batch."""
-    from specgen.models.load import load_pair
-    from specgen.runtime.pair import Pair
     from tiny import engine_with, save_tiny
 
-    target, draft = load_pair(str(save_tiny(tmp_path / "t", seed=1, vocab=300)),
-                              str(save_tiny(tmp_path / "d", seed=1, vocab=259)), device="cpu", dtype="float32",
-                              quiet=True)
+    from specgen.models.load import load_pair
+    from specgen.runtime.pair import Pair
+
+    target, draft = load_pair(
+        str(save_tiny(tmp_path / "t", seed=1, vocab=300)),
+        str(save_tiny(tmp_path / "d", seed=1, vocab=259)),
+        device="cpu",
+        dtype="float32",
+        quiet=True,
+    )
     assert Pair(target, draft).vocab == 259
     prompt = [40, 41, 42, 280, 43, 44, 299, 45, 46, 47]
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=12)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from families import build
+
 from specgen.runtime import int8, kvcache
 from specgen.runtime.exact_attention import QUERY_BLOCK, eager_attention, use_exact_attention
 from specgen.runtime.lean import call_for
@@ -42,12 +42,18 @@ def test_a_prompt_is_bitwise_the_same_whole_chunked_stepped_and_batched(family):
         whole = kvcache.SlotCache(model.config, rows=1)
         last = kvcache.forward(call, whole, ids, keep=1)
         chunked = kvcache.SlotCache(model.config, rows=1)
-        for start, end in ((0, 40), (40, 200), (200, LENGTH - 3), (LENGTH - 3, LENGTH - 1), (LENGTH - 1, LENGTH)):
+        for start, end in (
+            (0, 40),
+            (40, 200),
+            (200, LENGTH - 3),
+            (LENGTH - 3, LENGTH - 1),
+            (LENGTH - 1, LENGTH),
+        ):
             out = kvcache.forward(call, chunked, ids[:, start:end], keep=1)
         batched = kvcache.SlotCache(model.config, rows=2)
         kvcache.forward(call, batched, ids[:, :17], rows=slice(0, 1))
         kvcache.forward(call, batched, ids[:, : LENGTH - 5], rows=slice(1, 2))
-        both = kvcache.forward(call, batched, torch.cat([ids[:, 17:22], ids[:, LENGTH - 5:]]))
+        both = kvcache.forward(call, batched, torch.cat([ids[:, 17:22], ids[:, LENGTH - 5 :]]))
     assert torch.equal(out, last)
     assert torch.equal(both[1:, -1:], last)
     assert all(torch.equal(a, b) for a, b in zip(kv(whole, 0, LENGTH), kv(chunked, 0, LENGTH)))
@@ -64,8 +70,11 @@ def test_eager_attention_is_the_familys_own_arithmetic(family, kwarg):
     attention = model.model.layers[0].self_attn
     eager = sys.modules[type(attention).__module__].eager_attention_forward
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 4, 7, 16, generator=g), torch.randn(1, 2, 12, 16, generator=g), torch.randn(
-        1, 2, 12, 16, generator=g)
+    q, k, v = (
+        torch.randn(1, 4, 7, 16, generator=g),
+        torch.randn(1, 2, 12, 16, generator=g),
+        torch.randn(1, 2, 12, 16, generator=g),
+    )
     visible = torch.ones(7, 12, dtype=torch.bool).tril(5)[None, None]
     additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
     extra = {"softcap": 5.0} if kwarg == "softcap" else {"s_aux": attention.sinks}
@@ -77,6 +86,12 @@ def test_eager_attention_is_the_familys_own_arithmetic(family, kwarg):
         expected, _ = eager(attention, q, k, v, additive, scaling=0.25, **extra)
         got = eager_attention(q, k, v, visible, 0.25, softcap=5.0)
     assert torch.allclose(got, expected, atol=1e-5)
-    with_none = eager_attention(q[:, :, :5], k[:, :, :10], v[:, :, :10], None, 0.25, **(
-        {"softcap": 5.0} if kwarg == "softcap" else {"sinks": attention.sinks}))  # None: causal at the end
+    with_none = eager_attention(
+        q[:, :, :5],
+        k[:, :, :10],
+        v[:, :, :10],
+        None,
+        0.25,
+        **({"softcap": 5.0} if kwarg == "softcap" else {"sinks": attention.sinks}),
+    )  # None: causal at the end
     assert torch.allclose(with_none, got[:, :5], atol=1e-6)

@@ -22,16 +22,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-
 from families import FAMILIES, WINDOW, build, near_copy, save
+from tiny import build_tokenizer
+
 from specgen.bench.check import Case, Path, check, describe, reference, standard_cases
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.errors import ModelError
 from specgen.runtime.pair import load
-from tiny import build_tokenizer
 
-TEXTS = ("The quick brown fox jumps", "def add(a, b):\n    return a + b\n\nprint(add(",
-         "one, two, three, four, one, two, three")
+TEXTS = (
+    "The quick brown fox jumps",
+    "def add(a, b):\n    return a + b\n\nprint(add(",
+    "one, two, three, four, one, two, three",
+)
 NEW = 16
 
 
@@ -61,7 +64,9 @@ def saved(root, family: str):
 
 
 def settings(target, draft, quant: str = "none", compile: str = "off") -> ModelSettings:
-    return ModelSettings(str(target), str(draft) if draft else None, "cpu", None, "float32", quant, compile, quant)
+    return ModelSettings(
+        str(target), str(draft) if draft else None, "cpu", None, "float32", quant, compile, quant
+    )
 
 
 def assert_identical(pair, prompts, cases):
@@ -80,7 +85,9 @@ def test_every_method_and_path_equals_transformers(family, family_root, prompts)
     results = assert_identical(pair, prompts, standard_cases(pair))
     assert {r.path for r in results} == set(Path)
     fixed = dataclasses.replace(pair, compile="fixed")
-    assert_identical(fixed, prompts, [Case(Method.CHAIN), Case(Method.CHAIN, Path.BATCHED), Case(Method.RSD_C)])
+    assert_identical(
+        fixed, prompts, [Case(Method.CHAIN), Case(Method.CHAIN, Path.BATCHED), Case(Method.RSD_C)]
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -90,8 +97,17 @@ def test_int8_path_equals_transformers_on_the_same_weights(family, family_root, 
     target, draft = saved(family_root, family)
     pair = load(settings(target, draft, quant="int8"), Method.CHAIN, quiet=True)
     assert pair.target.weights == "int8"
-    assert_identical(pair, prompts, [Case(Method.PLAIN), Case(Method.PLAIN, Path.CACHED), Case(Method.CHAIN),
-                                     Case(Method.CHAIN, Path.BATCHED), Case(Method.PLAIN, Path.CHUNKED)])
+    assert_identical(
+        pair,
+        prompts,
+        [
+            Case(Method.PLAIN),
+            Case(Method.PLAIN, Path.CACHED),
+            Case(Method.CHAIN),
+            Case(Method.CHAIN, Path.BATCHED),
+            Case(Method.PLAIN, Path.CHUNKED),
+        ],
+    )
 
 
 def test_a_draft_of_another_family_with_the_same_tokenizer(family_root, prompts):
@@ -100,23 +116,44 @@ def test_a_draft_of_another_family_with_the_same_tokenizer(family_root, prompts)
     for other in ("llama3", "mistral"):
         _, draft = saved(family_root, other)
         pair = load(settings(target, draft), Method.CHAIN, quiet=True)
-        assert_identical(pair, prompts, [Case(Method.CHAIN), Case(Method.CHAIN, Path.BATCHED), Case(Method.RSD_C),
-                                         Case(Method.LOOKUP_CHAIN)])
+        assert_identical(
+            pair,
+            prompts,
+            [
+                Case(Method.CHAIN),
+                Case(Method.CHAIN, Path.BATCHED),
+                Case(Method.RSD_C),
+                Case(Method.LOOKUP_CHAIN),
+            ],
+        )
 
 
 def test_a_multimodal_gemma3_checkpoint_drafts_and_is_drafted_for(family_root, prompts):
     """gemma-3-4b/12b/27b-it load as Gemma3ForConditionalGeneration, whose text sizes are in
     `config.text_config`: with a draft model every command failed reading `config.vocab_size`."""
     import transformers as T
-
     from families import configs
 
     text = configs()["gemma3"]().to_dict()
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
     torch.manual_seed(1)
-    config = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=257,
-                            boi_token_index=256, eoi_token_index=255, eos_token_id=258, pad_token_id=256)
+    config = T.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=257,
+        boi_token_index=256,
+        eoi_token_index=255,
+        eos_token_id=258,
+        pad_token_id=256,
+    )
     multimodal = family_root / "gemma3-multimodal"
     save(multimodal, T.Gemma3ForConditionalGeneration(config).eval())
     target, draft = saved(family_root, "gemma3")
@@ -128,10 +165,20 @@ def test_a_multimodal_gemma3_checkpoint_drafts_and_is_drafted_for(family_root, p
 
 # -- the server -------------------------------------------------------------------------------
 
+
 def _complete(url: str, token: str, model: str, text: str, method: str) -> str:
-    body = {"model": model, "prompt": text, "max_tokens": NEW, "temperature": 0, "speculative": {"method": method}}
-    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    body = {
+        "model": model,
+        "prompt": text,
+        "max_tokens": NEW,
+        "temperature": 0,
+        "speculative": {"method": method},
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
     with urllib.request.urlopen(request, timeout=60) as answer:
         return json.load(answer)["choices"][0]["text"]
 
@@ -156,7 +203,10 @@ def test_the_server_answers_as_transformers(family, family_root, prompts):
             for _ in range(2):
                 assert [_complete(url, running.token, model, t, method) for t in texts] == expected
             with ThreadPoolExecutor(len(texts)) as pool:
-                assert list(pool.map(lambda t: _complete(url, running.token, model, t, method), texts)) == expected
+                assert (
+                    list(pool.map(lambda t: _complete(url, running.token, model, t, method), texts))
+                    == expected
+                )
     finally:
         running.should_exit = True
         thread.join(timeout=30)
@@ -175,12 +225,19 @@ def _first_two(pair, seed: int) -> torch.Tensor:
     from specgen.decoding.events import Finished
 
     prompt = pair.target.tokenizer.encode(LAW_PROMPT)
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
-                              sampling=dataclasses.replace(SAMPLING, seed=seed))
+    config = GenerationConfig(
+        method=Method.CHAIN,
+        max_new_tokens=2,
+        draft_tokens=3,
+        sampling=dataclasses.replace(SAMPLING, seed=seed),
+    )
     engine = build_engine(pair, config)
     engine.stop_ids = frozenset()
-    finished = {r.index: r.state.ids[-2:] for r in engine.generate([prompt] * ROWS, config, 300)
-                if isinstance(r.event, Finished)}
+    finished = {
+        r.index: r.state.ids[-2:]
+        for r in engine.generate([prompt] * ROWS, config, 300)
+        if isinstance(r.event, Finished)
+    }
     return torch.tensor([finished[i] for i in range(ROWS)])
 
 
@@ -221,6 +278,7 @@ def test_control_a_cache_that_ignores_windows_fails(family_root, monkeypatch):
 
 # -- what cannot be exact is refused ----------------------------------------------------------
 
+
 def _saved_config(root, config, name: str):
     from transformers import AutoModelForCausalLM
 
@@ -234,13 +292,24 @@ def test_an_unchecked_architecture_the_probe_proves_runs(family_root, prompts):
 
     from specgen.models.families import CHECKED
 
-    config = transformers.Olmo3Config(vocab_size=259, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, sliding_window=WINDOW,
-                                      eos_token_id=258, pad_token_id=256, bos_token_id=None)
+    config = transformers.Olmo3Config(
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=WINDOW,
+        eos_token_id=258,
+        pad_token_id=256,
+        bos_token_id=None,
+    )
     assert config.model_type not in CHECKED
     target = _saved_config(family_root, config, "olmo3")
     pair = load(settings(target, None), Method.PLAIN, quiet=True)
-    assert_identical(pair, prompts, [Case(Method.PLAIN), Case(Method.PLAIN, Path.BATCHED), Case(Method.LOOKUP)])
+    assert_identical(
+        pair, prompts, [Case(Method.PLAIN), Case(Method.PLAIN, Path.BATCHED), Case(Method.LOOKUP)]
+    )
 
 
 def test_alibi_is_refused_at_load_in_one_line(family_root):
@@ -248,8 +317,9 @@ def test_alibi_is_refused_at_load_in_one_line(family_root):
     finds its tree logits wrong, and the load is refused, naming what failed."""
     import transformers
 
-    config = transformers.MptConfig(vocab_size=259, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
-                                    eos_token_id=258, pad_token_id=256)
+    config = transformers.MptConfig(
+        vocab_size=259, d_model=64, n_heads=4, n_layers=2, max_seq_len=256, eos_token_id=258, pad_token_id=256
+    )
     target = _saved_config(family_root, config, "mpt")
     with pytest.raises(ModelError) as raised:
         load(settings(target, None), Method.PLAIN, quiet=True)
@@ -261,9 +331,16 @@ def test_unknown_layer_types_are_refused_at_load(family_root):
     """A layer kind specgen does not run (Llama 4's chunked attention) is named in the refusal."""
     import transformers
 
-    config = transformers.Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=258,
-                                      layer_types=["full_attention", "chunked_attention"])
+    config = transformers.Qwen2Config(
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=258,
+        layer_types=["full_attention", "chunked_attention"],
+    )
     target = _saved_config(family_root, config, "chunked")
     with pytest.raises(ModelError, match="layers of type chunked_attention"):
         load(settings(target, None), Method.PLAIN, quiet=True)
@@ -273,11 +350,19 @@ def test_a_longrope_model_is_kept_to_its_original_context(family_root, capsys):
     """Phi-3's longrope rotates by each forward's longest position past its original context,
     so specgen caps the context there (and says so) rather than lose exactness."""
     import transformers
-
     from families import _common
 
-    config = transformers.Phi3Config(**_common(original_max_position_embeddings=64, rope_parameters={
-        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8}))
+    config = transformers.Phi3Config(
+        **_common(
+            original_max_position_embeddings=64,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0] * 8,
+                "long_factor": [4.0] * 8,
+            },
+        )
+    )
     target = _saved_config(family_root, config, "phi3-longrope")
     pair = load(settings(target, None), Method.PLAIN, quiet=False)
     assert pair.target.context_length == 64

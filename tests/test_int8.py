@@ -19,22 +19,31 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_cli import assert_one_line_error
+from test_engine import PROMPT, reference_greedy
+from test_statistical import (
+    CONTROL_GENERATIONS,
+    ENGINE_PROMPT,
+    ENGINE_SAMPLING,
+    SMALL_ALPHA,
+    SPEC_GENERATIONS,
+    assert_pairs_follow,
+    first_two_tokens,
+    gof_pvalue,
+    make_engine,
+    rule_without_residual,
+)
+from tiny import build_model
+from tiny import decode as decode_one
 from torch import nn
 
 import specgen.decoding.verify as engine_module
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.build import build_engine
-from specgen.runtime import int8, kvcache, quant
-from specgen.runtime.pair import Pair, load
 from specgen.errors import ConfigError
 from specgen.models.load import load_pair
-from test_cli import assert_one_line_error
-from test_engine import PROMPT, reference_greedy
-from test_statistical import (CONTROL_GENERATIONS, ENGINE_PROMPT, ENGINE_SAMPLING, SMALL_ALPHA,
-                              SPEC_GENERATIONS, assert_pairs_follow, first_two_tokens, gof_pvalue,
-                              make_engine, rule_without_residual)
-from tiny import build_model
-from tiny import decode as decode_one
+from specgen.runtime import int8, kvcache, quant
+from specgen.runtime.pair import Pair, load
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="torch lacks the x86/fbgemm int8 kernels")
 
@@ -64,7 +73,7 @@ def test_row_outputs_do_not_depend_on_the_batch_width(shape, bias):
         full = qlinear(x)
         assert full.shape == (1, 7, out_features) and full.dtype == torch.float32
         for i in range(7):
-            assert torch.equal(qlinear(x[:, i:i + 1]), full[:, i:i + 1]), f"row {i} alone"
+            assert torch.equal(qlinear(x[:, i : i + 1]), full[:, i : i + 1]), f"row {i} alone"
         assert torch.equal(qlinear(x[:, :5]), full[:, :5]), "the first 5 rows together"
         assert torch.equal(qlinear(x[0]), full[0])  # 2-D input
         reference = linear(x)
@@ -74,7 +83,9 @@ def test_row_outputs_do_not_depend_on_the_batch_width(shape, bias):
         row_error = (full[0, i] - reference[0, i]).abs().amax() / reference[0, i].abs().amax()
         assert row_error < 0.05, f"row {i}: relative max error {row_error:.4f}"
     assert (qlinear.bias is None) == (not bias)
-    torch.testing.assert_close(qlinear.weight, linear.weight, atol=linear.weight.abs().amax().item() / 127, rtol=0)
+    torch.testing.assert_close(
+        qlinear.weight, linear.weight, atol=linear.weight.abs().amax().item() / 127, rtol=0
+    )
 
 
 def test_bfloat16_input_gives_bfloat16_output():
@@ -140,8 +151,17 @@ def test_fused_parts_called_in_any_order_or_twice_stay_right():
     fused = int8.quantize_model(small_model()).model.layers[0].self_attn
     x, y = torch.randn(1, 3, 32), torch.randn(1, 2, 32)
     with torch.no_grad():
-        calls = [("k_proj", x), ("q_proj", x), ("q_proj", x), ("v_proj", y), ("k_proj", x), ("v_proj", x),
-                 ("q_proj", y), ("k_proj", y), ("v_proj", y)]
+        calls = [
+            ("k_proj", x),
+            ("q_proj", x),
+            ("q_proj", x),
+            ("v_proj", y),
+            ("k_proj", x),
+            ("v_proj", x),
+            ("q_proj", y),
+            ("k_proj", y),
+            ("v_proj", y),
+        ]
         for name, inp in calls:
             assert torch.equal(getattr(fused, name)(inp), getattr(separate, name)(inp)), name
 
@@ -212,7 +232,9 @@ def test_a_damaged_or_foreign_cache_is_ignored_and_overwritten(cache_env, monkey
         cache.unlink()
         quant.quantize_cached(small_model(layers=2), cache)
     capsys.readouterr()
-    again = quant.quantize_cached(small_model(), cache)  # quantizes again, no error, and says so (quiet or not)
+    again = quant.quantize_cached(
+        small_model(), cache
+    )  # quantizes again, no error, and says so (quiet or not)
     assert "quantizing again" in capsys.readouterr().err
     assert torch.equal(logits_of(again), expected)
     forbid_quantizing(monkeypatch)  # ... and the file now holds this model's weights
@@ -227,7 +249,7 @@ def test_a_cache_scrambled_in_place_fails_its_checksum_and_is_rebuilt(cache_env,
     expected = logits_of(quant.quantize_cached(small_model(), cache))
     data = bytearray(cache.read_bytes())
     size = int.from_bytes(data[:8], "little")
-    layout = json.loads(data[8:8 + size])
+    layout = json.loads(data[8 : 8 + size])
     name = next(n for n in layout if n.endswith(".qweight" if where == "weights" else ".scales"))
     begin, end = (8 + size + offset for offset in layout[name]["data_offsets"])
     data[begin:end] = bytes((b + 1) % 256 for b in data[begin:end])  # every byte of one tensor
@@ -274,6 +296,7 @@ def test_a_failing_cache_write_does_not_raise(cache_env, monkeypatch):
 
 
 # -- cache_file_for --------------------------------------------------------------------------------
+
 
 def test_cache_file_for_needs_a_directory_with_safetensors(tiny_dirs, tmp_path, cache_env):
     weights = sorted(tiny_dirs["target"].glob("*.safetensors"))
@@ -334,6 +357,7 @@ def test_two_folders_of_one_name_keep_their_caches(tmp_path, cache_env):
 
 # -- parse_target_quant and resolve_target_quant ---------------------------------------------------
 
+
 def test_parse_target_quant():
     assert quant.parse_target_quant(None) == "none"
     assert quant.parse_target_quant(" INT8 ") == "int8"
@@ -381,8 +405,16 @@ def int8_pair(tiny_dirs, int8_cache):
     """The tiny pair through runtime.pair.load with --target-quant int8 (the draft unquantized)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECGEN_CACHE", str(int8_cache))
-        settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None,
-                                 "float32", "none", "off", target_quant="int8")
+        settings = ModelSettings(
+            str(tiny_dirs["target"]),
+            str(tiny_dirs["draft"]),
+            "cpu",
+            None,
+            "float32",
+            "none",
+            "off",
+            target_quant="int8",
+        )
         return load(settings, Method.CHAIN, quiet=True)
 
 
@@ -441,7 +473,9 @@ def test_a_verify_forward_scores_each_token_bitwise_as_a_plain_step(int8_pair):
         together = kvcache.forward(model, wide, tokens)[0]
         narrow = kvcache.new_cache(model)
         kvcache.forward(model, narrow, torch.tensor([PROMPT]))
-        steps = torch.cat([kvcache.forward(model, narrow, tokens[:, i:i + 1])[0] for i in range(tokens.shape[1])])
+        steps = torch.cat(
+            [kvcache.forward(model, narrow, tokens[:, i : i + 1])[0] for i in range(tokens.shape[1])]
+        )
     assert torch.equal(together, steps)
 
 
@@ -459,8 +493,9 @@ def settings_id(settings) -> str:
 
 
 @pytest.mark.parametrize("settings", METHOD_SETTINGS, ids=settings_id)
-def test_greedy_methods_reproduce_plain_decoding_of_the_int8_target(int8_pair, self_draft_pair, int8_plain,
-                                                                     settings):
+def test_greedy_methods_reproduce_plain_decoding_of_the_int8_target(
+    int8_pair, self_draft_pair, int8_plain, settings
+):
     for draft_name, pair in (("tiny draft", int8_pair), ("fp32 self-draft", self_draft_pair)):
         for prompt, plain in zip(PROMPTS, int8_plain):
             out = decode(pair, prompt=prompt, **settings)
@@ -479,9 +514,18 @@ def shared_scale_row_linear(x, packed, bias):
     quantize_dynamic does), so a token's logits depend on the other tokens of its forward."""
     rows = x.float()
     peak = rows.abs().amax().clamp(min=1e-30)
-    out = torch.cat([torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, p) for p in (packed if isinstance(packed, tuple) else (packed,))],
-        -1) * peak
+    out = (
+        torch.cat(
+            [
+                torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+                    rows / peak, int8._INPUT_SCALE, int8._ZERO_POINT, p
+                )
+                for p in (packed if isinstance(packed, tuple) else (packed,))
+            ],
+            -1,
+        )
+        * peak
+    )
     if bias is not None:
         out = out + bias
     return out.to(x.dtype)
@@ -500,6 +544,7 @@ def test_control_a_shared_activation_scale_is_caught(self_draft_pair, monkeypatc
 
 # -- sampling: chain speculative sampling follows the int8 target's own law -----------------------
 
+
 @pytest.fixture(scope="module")
 def int8_law(int8_pair):
     """The int8 target's exact warped laws: q0 [V] and the pair law q0(t1) q1(t2 | t1) [V, V]."""
@@ -512,8 +557,9 @@ def int8_law(int8_pair):
 def test_chain_sampling_follows_the_int8_target_law(int8_pair, int8_law):
     """1200 chain generations (temperature 1, top-p 0.95, k = 1): first tokens ~ q0 and pairs
     ~ q0 q1 of the int8 target. Each chi-square fails by chance with alpha = 1e-3."""
-    tokens = first_two_tokens(make_engine((int8_pair.target, int8_pair.draft)), Method.CHAIN,
-                              range(SPEC_GENERATIONS))
+    tokens = first_two_tokens(
+        make_engine((int8_pair.target, int8_pair.draft)), Method.CHAIN, range(SPEC_GENERATIONS)
+    )
     assert_pairs_follow(tokens, int8_law)
 
 
@@ -521,14 +567,18 @@ def test_chain_sampling_follows_the_int8_target_law(int8_pair, int8_law):
 def test_control_sampling_without_residual_fails_with_the_int8_target(int8_pair, int8_law, monkeypatch):
     """Negative control: the no-residual acceptance rule must fail the first-token test."""
     monkeypatch.setattr(engine_module, "speculative_sampling", rule_without_residual)
-    tokens = first_two_tokens(make_engine((int8_pair.target, int8_pair.draft)), Method.CHAIN,
-                              range(5000, 5000 + CONTROL_GENERATIONS))
+    tokens = first_two_tokens(
+        make_engine((int8_pair.target, int8_pair.draft)),
+        Method.CHAIN,
+        range(5000, 5000 + CONTROL_GENERATIONS),
+    )
     q0, _ = int8_law
     pvalue = gof_pvalue(tokens[:, 0], q0)
     assert pvalue < SMALL_ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
 
 
 # -- CLI ---------------------------------------------------------------------------------------------
+
 
 def cli(*args):
     from typer.testing import CliRunner
@@ -539,8 +589,16 @@ def cli(*args):
 
 
 def test_cli_refuses_a_bad_target_quant(tiny_dirs, cache_env):
-    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cpu",
-              "--dtype", "float32"]
+    models = [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
     for command in (["run", "hi"], ["run", "hi", "--method", "plain"]):
         result = cli(*command, *models, "--target-quant", "bogus")
         assert_one_line_error(result, "--target-quant", "bogus")
@@ -548,8 +606,21 @@ def test_cli_refuses_a_bad_target_quant(tiny_dirs, cache_env):
 
 
 def test_cli_int8_target_chain_equals_plain(tiny_dirs, cache_env):
-    models = ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--device", "cpu",
-              "--dtype", "float32", "-n", "16", "--format", "json", "--raw"]
+    models = [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "-n",
+        "16",
+        "--format",
+        "json",
+        "--raw",
+    ]
     outputs = {}
     for method in ("plain", "chain", "rsd-c"):
         result = cli("run", "hello there", *models, "--method", method, "--target-quant", "int8")

@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
+from gguf_factory import write_tiny_gguf
 from safetensors.torch import load_file
 
-from gguf_factory import write_tiny_gguf
 from specgen.config import Method, ModelSettings
 from specgen.models import cache as cache_mod
 from specgen.models import convert
@@ -28,9 +28,11 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def ggufs(tmp_path):
-    return {"target": write_tiny_gguf(tmp_path / "g" / "target.gguf", arch="qwen2", seed=3, tied=True),
-            "draft": write_tiny_gguf(tmp_path / "g" / "draft.gguf", arch="qwen2", seed=4, hidden=32, tied=True),
-            "untied": write_tiny_gguf(tmp_path / "g" / "untied.gguf", arch="llama", seed=5)}
+    return {
+        "target": write_tiny_gguf(tmp_path / "g" / "target.gguf", arch="qwen2", seed=3, tied=True),
+        "draft": write_tiny_gguf(tmp_path / "g" / "draft.gguf", arch="qwen2", seed=4, hidden=32, tied=True),
+        "untied": write_tiny_gguf(tmp_path / "g" / "untied.gguf", arch="llama", seed=5),
+    }
 
 
 def logits(model) -> torch.Tensor:
@@ -42,11 +44,13 @@ def settings(target, draft, **kwargs) -> ModelSettings:
     return ModelSettings(target=str(target), draft=str(draft), device="cpu", dtype="bfloat16", **kwargs)
 
 
-def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(cache, ggufs,
-                                                                                           capsys, monkeypatch):
+def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(
+    cache, ggufs, capsys, monkeypatch
+):
     monkeypatch.setattr(pair.os, "cpu_count", lambda: 2)  # the draft's store is built beside the target's
-    loaded = pair.load(settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8"),
-                       Method.CHAIN)
+    loaded = pair.load(
+        settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8"), Method.CHAIN
+    )
     assert "building the int8 weights of draft.gguf alongside" in capsys.readouterr().err  # a first run
     assert not (cache / "converted").exists()  # no full-precision copy was made
     stores = sorted(p.name for p in (cache / "int8").iterdir())
@@ -54,9 +58,13 @@ def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_con
     assert loaded.target.weights == "int8" and loaded.draft.weights == "int8"
     assert int8_store.is_store(loaded.target.path) and loaded.target.tokenizer.eos_token == "<|im_end|>"
     # the same models quantized from converted copies (the path of a local directory)
-    dirs = {role: convert.ensure_converted(ggufs[role], torch.bfloat16, quiet=True) for role in ("target", "draft")}
-    reference = pair.load(settings(dirs["target"], dirs["draft"], target_quant="int8", draft_quant="int8"),
-                          Method.CHAIN)
+    dirs = {
+        role: convert.ensure_converted(ggufs[role], torch.bfloat16, quiet=True)
+        for role in ("target", "draft")
+    }
+    reference = pair.load(
+        settings(dirs["target"], dirs["draft"], target_quant="int8", draft_quant="int8"), Method.CHAIN
+    )
     assert torch.equal(logits(loaded.target.model), logits(reference.target.model))
     assert torch.equal(logits(loaded.draft.model), logits(reference.draft.model))
     assert not any(p.is_meta for p in loaded.target.model.parameters())
@@ -66,13 +74,22 @@ def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_con
 def test_a_pruned_int8_draft_from_the_store_is_the_one_from_a_converted_copy(cache, ggufs, name, monkeypatch):
     monkeypatch.setattr(convert, "SHARD_BYTES", 5_000)  # many shards: a weight and its scales may be apart
     builder = int8_store.StoreBuilder(lambda device, dtype: True)
-    stored = load_model(str(ggufs[name]), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
-                        quiet=True, builder=builder)
+    stored = load_model(
+        str(ggufs[name]),
+        dtype=torch.bfloat16,
+        device_map=None,
+        input_device=torch.device("cpu"),
+        quiet=True,
+        builder=builder,
+    )
     directory = convert.ensure_converted(ggufs[name], torch.bfloat16, quiet=True)
-    plain = load_model(str(directory), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"),
-                       quiet=True)
-    models = [quant.apply_draft_quant(m.model, "int8+prune", keep=100, special_ids=(318, 319), source=m.path)
-              for m in (stored, plain)]
+    plain = load_model(
+        str(directory), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"), quiet=True
+    )
+    models = [
+        quant.apply_draft_quant(m.model, "int8+prune", keep=100, special_ids=(318, 319), source=m.path)
+        for m in (stored, plain)
+    ]
     ours, theirs = logits(models[0]), logits(models[1])
     static = list(range(100)) + [318, 319]
     assert torch.equal(ours[..., static], theirs[..., static])
@@ -111,7 +128,9 @@ def test_vocabulary_tables_built_in_row_blocks_give_the_same_store(tmp_path, mon
     gguf = write_tiny_gguf(tmp_path / "q.gguf", arch=arch, seed=6, tied=tied, quantized_tables=True)
     seen = []
     stored = int8_store._stored
-    monkeypatch.setattr(int8_store, "_stored", lambda tensor, *a: seen.append(type(tensor)) or stored(tensor, *a))
+    monkeypatch.setattr(
+        int8_store, "_stored", lambda tensor, *a: seen.append(type(tensor)) or stored(tensor, *a)
+    )
     stores = {}
     for rows in (10**9, 7):  # whole tables, then blocks of 7 rows (the 320-row tables end in a ragged block)
         monkeypatch.setattr(convert, "BLOCK_ROWS", rows)
@@ -124,7 +143,9 @@ def test_vocabulary_tables_built_in_row_blocks_give_the_same_store(tmp_path, mon
     assert all(torch.equal(whole[name], blocked[name]) for name in whole)
     # and the blocks are those rows of the whole: the int8 head matches quantizing a converted copy
     directory = convert.ensure_converted(gguf, dtype, quiet=True)
-    head = load_file(directory / "model.safetensors")["model.embed_tokens.weight" if tied else "lm_head.weight"]
+    head = load_file(directory / "model.safetensors")[
+        "model.embed_tokens.weight" if tied else "lm_head.weight"
+    ]
     assert torch.equal(blocked["lm_head.qweight"], int8.quantize_weight(head)[0])
 
 
@@ -182,8 +203,11 @@ def test_a_full_disk_while_building_the_store_is_one_line_and_leaves_nothing(cac
         raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(convert, "save_file", full)
-    with pytest.raises(DiskFullError, match=r"disk full while writing .*\.store; free some space or set "
-                                            r"SPECGEN_CACHE to another disk"):
+    with pytest.raises(
+        DiskFullError,
+        match=r"disk full while writing .*\.store; free some space or set "
+        r"SPECGEN_CACHE to another disk",
+    ):
         int8_store.ensure(_resolved(ggufs["target"]), torch.bfloat16, quiet=True)
     assert not list((cache / "int8").glob("*"))
 
@@ -212,17 +236,27 @@ def test_a_pruned_untied_draft_never_keeps_head_rows_of_a_damaged_store(cache, g
     builder = int8_store.StoreBuilder(lambda device, dtype: True)
 
     def draft():
-        loaded = load_model(str(ggufs["untied"]), dtype=torch.bfloat16, device_map=None,
-                            input_device=torch.device("cpu"), quiet=True, builder=builder)
-        return quant.apply_draft_quant(loaded.model, "int8+prune", keep=100, special_ids=(318, 319),
-                                       source=loaded.path)
+        loaded = load_model(
+            str(ggufs["untied"]),
+            dtype=torch.bfloat16,
+            device_map=None,
+            input_device=torch.device("cpu"),
+            quiet=True,
+            builder=builder,
+        )
+        return quant.apply_draft_quant(
+            loaded.model, "int8+prune", keep=100, special_ids=(318, 319), source=loaded.path
+        )
 
     before = logits(draft())
     for shard in next((cache / "int8").glob(f"{convert.file_key(ggufs['untied'])}-*.store")).glob("int8-*"):
         data = shard.read_bytes()
         start = 8 + int.from_bytes(data[:8], "little")
-        shard.write_bytes(data[:start] + bytes([7]) * (len(data) - start) if damage == "bytes"
-                          else data[:len(data) * 3 // 4])
+        shard.write_bytes(
+            data[:start] + bytes([7]) * (len(data) - start)
+            if damage == "bytes"
+            else data[: len(data) * 3 // 4]
+        )
     capsys.readouterr()
     assert torch.equal(logits(draft()), before)
     assert "; building it again" in capsys.readouterr().err

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import pytest
 import torch
+from families import build
+from tiny import build_model
 
 from specgen.runtime import int8, kvcache, lean
 from specgen.runtime.compiled import Steps
 from specgen.runtime.exact_attention import use_exact_attention
-from families import build
-from tiny import build_model
 
 
 def llama_model(seed: int = 3):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=259, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
-                         initializer_range=0.3, tie_word_embeddings=True, rope_theta=500.0)
+    config = LlamaConfig(
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+        rope_theta=500.0,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -91,8 +100,9 @@ def test_steps_use_the_lean_forward_on_the_cpu_and_keep_the_model_otherwise():
     model = build_model(13)
     assert isinstance(Steps(model).call, lean.LeanForward)
     assert isinstance(Steps(model, "fixed").call, lean.LeanForward)
-    gpt2 = __import__("transformers").GPT2LMHeadModel(__import__("transformers").GPT2Config(
-        n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    gpt2 = __import__("transformers").GPT2LMHeadModel(
+        __import__("transformers").GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)
+    )
     assert "gpt2" in lean.supported(gpt2)
     assert Steps(gpt2).call is gpt2
     with pytest.raises(ValueError, match="does not support"):

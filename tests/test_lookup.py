@@ -8,20 +8,19 @@ import dataclasses
 
 import pytest
 import torch
-
-import specgen.decoding.verify as engine_module
-from specgen.decoding.acceptance import Verdict
-from specgen.decoding.acceptance import ProposalKind, speculative_sampling
-from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.drafters.base import Proposal
-from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import Engine
-from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter, Source
-from specgen.text import common_prefix
-from specgen.decoding.sampling import make_generator
+from test_engine import reference_greedy
 from test_statistical import gof_pvalue
 from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
-from test_engine import reference_greedy
+
+import specgen.decoding.verify as engine_module
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.acceptance import ProposalKind, Verdict, speculative_sampling
+from specgen.decoding.drafters.base import Proposal
+from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter, Source
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine
+from specgen.decoding.sampling import make_generator
+from specgen.text import common_prefix
 
 GREEDY = SamplingConfig()
 
@@ -37,9 +36,9 @@ def reference_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int)
     """Obviously correct and slow: scan every earlier position, longest n first, latest first."""
     length = len(context)
     for n in range(max_ngram, min_ngram - 1, -1):
-        tail = context[length - n:] if n <= length else None
+        tail = context[length - n :] if n <= length else None
         for start in range(length - 1, n - 1, -1):
-            if tail is not None and context[start - n:start] == tail:
+            if tail is not None and context[start - n : start] == tail:
                 out = []
                 for i in range(k):  # an overlapping copy: the proposal extends the text
                     out.append((context + out)[start + i])
@@ -48,6 +47,7 @@ def reference_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int)
 
 
 # -- hand-made sequences --------------------------------------------------------------------------
+
 
 def test_prefers_the_longest_ngram_over_a_more_recent_shorter_one():
     # tail (1, 2, 3): the 3-gram matched at 0..2 beats the later 1-gram "3" followed by 7
@@ -93,6 +93,7 @@ def test_invalid_ngram_bounds_are_rejected():
 
 # -- the incremental index ------------------------------------------------------------------------
 
+
 def test_incremental_index_matches_a_fresh_scan_through_appends_and_rollbacks():
     """A random walk of appends, rollbacks and same-length edits near the tail, over 4 symbols
     (so matches of every length are common): every proposal equals the slow scan's."""
@@ -109,7 +110,7 @@ def test_incremental_index_matches_a_fresh_scan_through_appends_and_rollbacks():
             context = context[: int(torch.randint(1, len(context), (1,), generator=generator))]
         elif len(context) > 2:  # one of the last tokens changed, same length
             at = len(context) - 1 - int(torch.randint(0, min(3, len(context)), (1,), generator=generator))
-            context = context[:at] + [(context[at] + 1) % 4] + context[at + 1:]
+            context = context[:at] + [(context[at] + 1) % 4] + context[at + 1 :]
         k = int(torch.randint(1, 7, (1,), generator=generator))
         assert proposed(drafter, context, k) == reference_lookup(context, k, 3, 1), f"step {step}"
     assert drafter.removals > 0 and drafter.rebuilds > 0
@@ -204,8 +205,9 @@ def references(tiny_pair):
 @pytest.mark.parametrize("k", [1, 3, 4, 8])
 def test_lookup_in_the_engine_matches_plain_greedy(tiny_pair, references, name, k):
     drafter = PromptLookupDrafter()
-    out, rounds = generate(lookup_engine(tiny_pair, drafter), LOOP_PROMPTS[name], max_new_tokens=40,
-                           draft_tokens=k)
+    out, rounds = generate(
+        lookup_engine(tiny_pair, drafter), LOOP_PROMPTS[name], max_new_tokens=40, draft_tokens=k
+    )
     assert out == references[name]
     drafted = [r for r in rounds if r.draft_tokens]
     assert any(r.accepted == len(r.draft_tokens) for r in drafted)  # fully accepted rounds
@@ -222,19 +224,31 @@ def test_lookup_resume_matches_a_fresh_start(tiny_pair):
     for turn in (state.ids + [190, 190, 190], [159] * 3 + state.ids[3:] + [190]):
         rounds, state = decode(engine, turn, config, resume=state)
         again = [t for r in rounds for t in r.emitted]
-        fresh = [t for r in decode(lookup_engine(tiny_pair, PromptLookupDrafter()), turn, config)[0]
-                 for t in r.emitted]
+        fresh = [
+            t
+            for r in decode(lookup_engine(tiny_pair, PromptLookupDrafter()), turn, config)[0]
+            for t in r.emitted
+        ]
         assert again == fresh
 
 
 def test_lookup_under_sampling_is_reproducible(tiny_pair):
     sampling = SamplingConfig(temperature=0.8, seed=3)
-    outs = [generate(lookup_engine(tiny_pair, PromptLookupDrafter()), LOOP_PROMPTS["runs-of-37"],
-                     max_new_tokens=30, draft_tokens=4, sampling=sampling)[0] for _ in range(2)]
+    outs = [
+        generate(
+            lookup_engine(tiny_pair, PromptLookupDrafter()),
+            LOOP_PROMPTS["runs-of-37"],
+            max_new_tokens=30,
+            draft_tokens=4,
+            sampling=sampling,
+        )[0]
+        for _ in range(2)
+    ]
     assert outs[0] == outs[1] and len(outs[0]) == 30
 
 
 # -- lookup next to a draft model -----------------------------------------------------------------
+
 
 class RecordingDrafter(RowDrafterBase):
     """A model drafter stand-in: proposes k copies of 0 and records the calls it gets."""
@@ -289,8 +303,10 @@ def test_lookup_rounds_may_propose_the_rounds_whole_k_and_model_rounds_keep_thei
     # the engine's k per round: lookup-chain's round may reach LOOKUP_TOKENS; every other method keeps k
     assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=2).round_tokens == LOOKUP_TOKENS == 4
     assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=6).round_tokens == 6
-    assert GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=2,
-                            schedule=Schedule.ADDITIVE).round_tokens == 2
+    assert (
+        GenerationConfig(method=Method.LOOKUP_CHAIN, draft_tokens=2, schedule=Schedule.ADDITIVE).round_tokens
+        == 2
+    )
     assert GenerationConfig(method=Method.CHAIN, draft_tokens=2).round_tokens == 2
 
 
@@ -315,8 +331,13 @@ def test_combined_under_sampling_is_reproducible(tiny_pair):
 
     def once():
         combined = combined_drafter(ChainDrafter(draft.model, draft.device), 1)
-        out, _ = generate(lookup_engine(tiny_pair, combined), LOOP_PROMPTS["runs-of-180"],
-                          max_new_tokens=24, draft_tokens=3, sampling=sampling)
+        out, _ = generate(
+            lookup_engine(tiny_pair, combined),
+            LOOP_PROMPTS["runs-of-180"],
+            max_new_tokens=24,
+            draft_tokens=3,
+            sampling=sampling,
+        )
         return out, combined.rounds
 
     first, rounds = once()
@@ -352,8 +373,12 @@ def first_two(pair, seeds: range) -> torch.Tensor:
     engine = lookup_engine(pair, PromptLookupDrafter())
     out, lookups = [], 0
     for seed in seeds:
-        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=3, draft_tokens=2,
-                                  sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
+        config = GenerationConfig(
+            method=Method.CHAIN,
+            max_new_tokens=3,
+            draft_tokens=2,
+            sampling=dataclasses.replace(STAT_SAMPLING, seed=seed),
+        )
         rounds, _ = decode(engine, STAT_PROMPT, config)
         lookups += len(rounds[0].draft_tokens) == 2
         out.append([t for r in rounds for t in r.emitted][:2])
@@ -407,7 +432,9 @@ def test_control_lookup_without_residual_fails(tiny_pair, stat_law, monkeypatch)
     alpha = 1e-3 critical value (34.5) the control fails with probability 0.99997
     (noncentral chi-square).
     """
-    monkeypatch.setattr(engine_module, "point_mass_sampling", lambda d, q, g: rule_without_residual(d, None, q, g))
+    monkeypatch.setattr(
+        engine_module, "point_mass_sampling", lambda d, q, g: rule_without_residual(d, None, q, g)
+    )
     tokens = first_two(tiny_pair, range(10_000, 10_000 + CONTROL_GENERATIONS))
     pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
     assert pvalue < ALPHA, f"the broken rule passed: p-value {pvalue:.3g}"
@@ -417,7 +444,9 @@ def test_control_lookup_without_residual_fails(tiny_pair, stat_law, monkeypatch)
 def test_control_point_mass_as_if_p_were_q_fails(tiny_pair, stat_law, monkeypatch):
     """Negative control: p taken as q makes every lookup token accepted (first token always 3,
     against q0(3) = 0.29): p-value ~ 0 at 100 generations, power 1."""
-    monkeypatch.setattr(engine_module, "point_mass_sampling", lambda d, q, g: rule_with_p_equal_to_q(d, None, q, g))
+    monkeypatch.setattr(
+        engine_module, "point_mass_sampling", lambda d, q, g: rule_with_p_equal_to_q(d, None, q, g)
+    )
     tokens = first_two(tiny_pair, range(20_000, 20_100))
     assert (tokens[:, 0] == 3).all()
     pvalue = gof_pvalue(tokens[:, 0], stat_law[0])
@@ -448,8 +477,12 @@ def extended_first_two(pair, seeds: range) -> torch.Tensor:
     out, extended = [], 0
     for seed in seeds:
         combined = combined_drafter(TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
-        config = GenerationConfig(method=Method.CHAIN, max_new_tokens=3, draft_tokens=2,
-                                  sampling=dataclasses.replace(STAT_SAMPLING, seed=seed))
+        config = GenerationConfig(
+            method=Method.CHAIN,
+            max_new_tokens=3,
+            draft_tokens=2,
+            sampling=dataclasses.replace(STAT_SAMPLING, seed=seed),
+        )
         rounds, _ = decode(lookup_engine(pair, combined), [3, 3], config)
         extended += combined.extended
         out.append([t for r in rounds for t in r.emitted][:2])
@@ -468,7 +501,9 @@ def test_an_extended_model_proposal_carries_point_mass_rows():
         seen.add(first)
         if first == 3:  # extended by the periodic continuation of [3, 3]: [3, 3, 3]
             assert proposal.tokens.tolist() == [3, 3, 3] and proposal.probs.shape == (3, vocab)
-            assert torch.equal(proposal.probs[1:], torch.nn.functional.one_hot(torch.tensor([3, 3]), vocab).float())
+            assert torch.equal(
+                proposal.probs[1:], torch.nn.functional.one_hot(torch.tensor([3, 3]), vocab).float()
+            )
         else:
             assert proposal.tokens.tolist() == [5] and proposal.probs.shape == (1, vocab)
         combined.observe(0, [])
@@ -485,8 +520,9 @@ def test_extended_proposals_keep_the_target_law(tiny_pair, stat_law):
 
 
 @pytest.mark.statistical
-def test_extended_proposals_with_the_models_row_for_the_lookup_token_break_the_law(tiny_pair, stat_law,
-                                                                                 monkeypatch):
+def test_extended_proposals_with_the_models_row_for_the_lookup_token_break_the_law(
+    tiny_pair, stat_law, monkeypatch
+):
     """Negative control: report the lookup token's row as the model's q (1/2 on 3) instead of
     its point mass; the accept test then uses p(3)/q(3) = 2 p(3) and the pair law breaks."""
     vocab = tiny_pair[0].model.config.vocab_size

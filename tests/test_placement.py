@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.models import placement
 from specgen.errors import ConfigError
+from specgen.models import placement
 
 
 def test_auto_without_gpu_is_cpu():
@@ -33,9 +33,15 @@ def test_draft_device_option_wins():
     assert draft == torch.device("cpu")
 
 
-@pytest.mark.parametrize("device, count, fragment", [
-    ("tpu", 0, "unknown device"), ("cuda", 0, "no CUDA device"), ("cuda:2", 2, "does not exist"),
-    ("cuda:x", 2, "unknown device")])
+@pytest.mark.parametrize(
+    "device, count, fragment",
+    [
+        ("tpu", 0, "unknown device"),
+        ("cuda", 0, "no CUDA device"),
+        ("cuda:2", 2, "does not exist"),
+        ("cuda:x", 2, "unknown device"),
+    ],
+)
 def test_bad_devices(device, count, fragment):
     with pytest.raises(ConfigError, match=fragment):
         placement.plan(device, None, cuda_count=count)
@@ -57,8 +63,15 @@ def test_dtypes():
 def test_device_map_spreads_layers_over_memory_budgets():
     from transformers import Qwen2Config
 
-    config = Qwen2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     # each decoder layer is ~2.4 MB in fp32, embeddings and head ~1 MB each
     device_map = placement.split_device_map(config, torch.float32, {0: "8MB", 1: "8MB", 2: "40MB"})
     used = set(device_map.values())
@@ -68,12 +81,15 @@ def test_device_map_spreads_layers_over_memory_budgets():
     assert placement.first_device(device_map) == torch.device("cuda:0")
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ({"avx", "avx2", "avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16),  # Zen 5, Sapphire Rapids
-    ({"avx", "avx2", "amx_bf16", "amx_tile"}, torch.bfloat16),
-    ({"sse4_2", "avx", "avx2", "fma"}, torch.float32),  # Zen 3: AVX2 only
-    ({"sse4_2", "avx"}, torch.float32),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({"avx", "avx2", "avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16),  # Zen 5, Sapphire Rapids
+        ({"avx", "avx2", "amx_bf16", "amx_tile"}, torch.bfloat16),
+        ({"sse4_2", "avx", "avx2", "fma"}, torch.float32),  # Zen 3: AVX2 only
+        ({"sse4_2", "avx"}, torch.float32),
+    ],
+)
 def test_cpu_format_from_flags_is_deterministic(flags, expected):
     chosen = placement.choose_cpu_dtype(frozenset(flags))
     assert chosen.dtype is expected and chosen.reason
@@ -98,6 +114,7 @@ def test_measured_cpu_format_is_cached_per_machine(tmp_path, monkeypatch):
 
     def never(dtype):
         raise AssertionError("measured again")
+
     monkeypatch.setattr(placement, "_decode_step_seconds", never)
     assert placement.measured_cpu_format(cache) == first
 
@@ -114,9 +131,18 @@ def test_a_measured_format_is_another_cpus_only_under_its_name(tmp_path, monkeyp
     assert placement.measured_cpu_format(cache).dtype is torch.float32
 
 
-@pytest.mark.parametrize("content", ["null", "[1, 2]", '"bfloat16"', "{not json", '{"key": KEY, "dtype": null}',
-                                     '{"key": KEY, "dtype": "int4", "reason": "x"}',
-                                     '{"key": KEY, "dtype": "float32", "reason": 3}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "null",
+        "[1, 2]",
+        '"bfloat16"',
+        "{not json",
+        '{"key": KEY, "dtype": null}',
+        '{"key": KEY, "dtype": "int4", "reason": "x"}',
+        '{"key": KEY, "dtype": "float32", "reason": 3}',
+    ],
+)
 def test_a_cached_format_that_does_not_validate_is_measured_again(tmp_path, monkeypatch, capsys, content):
     """Whatever cpu-format.json holds (null, a list, a bad dtype), a run measures again and says so
     once; it never crashes on what it reads back."""

@@ -15,10 +15,10 @@ import time
 import webbrowser
 
 import pytest
+from test_server import invoke, options, pair, served, settings_for, start, stop  # noqa: F401
 
 from specgen.serve import playground
 from specgen.serve.server import ServeOptions, prepare
-from test_server import invoke, options, pair, served, settings_for, start, stop  # noqa: F401
 
 
 def _get(running, path: str, headers: dict | None = None, method: str = "GET"):
@@ -29,8 +29,9 @@ def _get(running, path: str, headers: dict | None = None, method: str = "GET"):
     return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
 
-@pytest.mark.parametrize("path, kind", [("/", "text/html"), ("/playground.js", "text/javascript"),
-                                        ("/playground.css", "text/css")])
+@pytest.mark.parametrize(
+    "path, kind", [("/", "text/html"), ("/playground.js", "text/javascript"), ("/playground.css", "text/css")]
+)
 def test_the_page_needs_no_key_and_allows_only_its_own_origin(served, path, kind):
     status, headers, body = _get(served, path)
     assert status == 200 and headers["content-type"].startswith(kind) and body
@@ -47,14 +48,19 @@ def test_the_page_needs_no_key_and_allows_only_its_own_origin(served, path, kind
 
 
 def test_the_page_loads_nothing_from_elsewhere_and_keeps_the_key_out_of_urls():
-    html, script = playground.content("playground.html").decode(), playground.content("playground.js").decode()
+    html, script = (
+        playground.content("playground.html").decode(),
+        playground.content("playground.js").decode(),
+    )
     for text in (html, script, playground.content("playground.css").decode()):
         assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text)  # no CDN, no other origin
         assert "style=" not in text.replace('"style-src', "")  # inline styles would need 'unsafe-inline'
     assert "<script>" not in html and 'src="/playground.js"' in html  # no inline script
     assert "sessionStorage" in script and "localStorage" not in script
     assert not re.search(r"[?&](key|api_key|token)=", script)  # the key goes in a header, never in a URL
-    assert re.search(r"fetch\(\"/", script) and "http" not in re.sub(r"https?://www\.w3\.org/2000/svg", "", script)
+    assert re.search(r"fetch\(\"/", script) and "http" not in re.sub(
+        r"https?://www\.w3\.org/2000/svg", "", script
+    )
 
 
 def test_every_api_call_still_needs_the_key(served):
@@ -96,16 +102,21 @@ def test_open_starts_the_users_browser_once_the_server_answers(tiny_dirs, pair, 
     opened = tmp_path / "opened"
     # a "browser" that loads the page it is given: webbrowser runs $BROWSER with the URL for %s
     browser = tmp_path / "browser.py"
-    browser.write_text("import sys, urllib.request\n"
-                       f"status = urllib.request.urlopen(sys.argv[1], timeout=10).status\n"
-                       f"open({str(opened)!r}, 'w').write(f'{{sys.argv[1]}} {{status}}')\n")
+    browser.write_text(
+        "import sys, urllib.request\n"
+        f"status = urllib.request.urlopen(sys.argv[1], timeout=10).status\n"
+        f"open({str(opened)!r}, 'w').write(f'{{sys.argv[1]}} {{status}}')\n"
+    )
     monkeypatch.setenv("BROWSER", f"{sys.executable} {browser} %s")
     monkeypatch.setattr(webbrowser, "_tryorder", None)  # read $BROWSER again
     said = []
     running = prepare(settings_for(tiny_dirs), ServeOptions(port=0), quiet=True, log=io.StringIO(), pair=pair)
     url = running.state.info["url"]
-    thread = threading.Thread(target=running.serve_until_stopped, args=(lambda: playground.open_page(url, said.append),),
-                              daemon=True)
+    thread = threading.Thread(
+        target=running.serve_until_stopped,
+        args=(lambda: playground.open_page(url, said.append),),
+        daemon=True,
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 30
@@ -152,7 +163,9 @@ def test_serve_detach_open_opens_the_page_once_the_server_answers(tiny_dirs, mon
         def poll(self):
             return None
 
-    answers = iter([None, client.Server("http://127.0.0.1:8765", "t", {"pid": 4242, "models": "target tiny"})])
+    answers = iter(
+        [None, client.Server("http://127.0.0.1:8765", "t", {"pid": 4242, "models": "target tiny"})]
+    )
 
     def find(settings, timeout=2.0):
         server = next(answers)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine import reference_greedy
+from tiny import fed_tokens
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
@@ -12,12 +14,13 @@ from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.runtime import kvcache
 from specgen.runtime.pair import Pair
 from specgen.runtime.prefixes import LEAST, PrefixStore
-from test_engine import reference_greedy
-from tiny import fed_tokens
 
 SHARED = [257, *range(70, 100), 198]  # a 32-token "system prompt"
-ASKS = [[257, 84, 82, 68, 81, 198, 71, 127, 102, 258], [257, 101, 102, 103, 198, 66, 67, 258],
-        [257, 120, 121, 198, 258, 198, 257, 64, 65]]
+ASKS = [
+    [257, 84, 82, 68, 81, 198, 71, 127, 102, 258],
+    [257, 101, 102, 103, 198, 66, 67, 258],
+    [257, 120, 121, 198, 258, 198, 257, 64, 65],
+]
 
 
 def prefilled(model, ids: list[int]) -> kvcache.SlotCache:
@@ -64,7 +67,10 @@ def test_the_store_keeps_to_its_budget_and_to_the_longest_sequences(tiny_pair):
     small = PrefixStore(budget=2 * 30 * per_token)  # two of the three 30-token sequences
     for i, other in enumerate(others):
         small.save(other, 0, [250 - i] * 20 + ASKS[0])
-    assert small.held <= small.budget and [e.ids[0] for e in small.entries.values()] == [249, 248]  # oldest out
+    assert small.held <= small.budget and [e.ids[0] for e in small.entries.values()] == [
+        249,
+        248,
+    ]  # oldest out
     nothing = PrefixStore(budget=0)
     nothing.save(cache, 0, long)
     assert not nothing.entries
@@ -115,7 +121,7 @@ def test_prompts_joining_together_share_the_first_ones_prefill(tiny_pair):
         if isinstance(report.event, Joined):
             reused[report.index] = report.event.reused_tokens
         if isinstance(report.event, Finished):
-            outputs[report.index] = report.state.ids[len(prompts[report.index]):]
+            outputs[report.index] = report.state.ids[len(prompts[report.index]) :]
     assert reused == {0: 0, 1: len(SHARED) + 1, 2: len(SHARED) + 1}
     stop_ids = tiny_pair[0].stop_ids
     for i, prompt in enumerate(prompts):
@@ -128,17 +134,27 @@ def test_a_seeded_sampled_prompt_draws_the_same_tokens_cached_or_not(tiny_pair, 
     prefix store, a parked row it resumes), so its random numbers are used the same way: the
     same seed gives the same tokens. (A first token speculated only when cached drew them
     differently: a server's second call of a request answered otherwise than its first.)"""
-    from specgen.config import SamplingConfig
     from tiny import decode
+
+    from specgen.config import SamplingConfig
 
     pair = Pair(*tiny_pair)
     pair.keep_prefixes()
-    config = GenerationConfig(method=method, max_new_tokens=16, draft_tokens=3, beam_width=2, depth=2,
-                              branching=(2, 1), sampling=SamplingConfig(temperature=0.9, seed=5))
+    config = GenerationConfig(
+        method=method,
+        max_new_tokens=16,
+        draft_tokens=3,
+        beam_width=2,
+        depth=2,
+        branching=(2, 1),
+        sampling=SamplingConfig(temperature=0.9, seed=5),
+    )
     prompt = SHARED + ASKS[0]
     fresh, state = decode(build_engine(pair, config), prompt, config)
     stored_engine = build_engine(pair, config)
-    stored, parked = decode(stored_engine, prompt, config)  # the prefix store holds all of it but its last token
+    stored, parked = decode(
+        stored_engine, prompt, config
+    )  # the prefix store holds all of it but its last token
     assert parked.reused_tokens == len(prompt) - 1
     resumed, again = decode(stored_engine, prompt, config, resume=parked)  # the parked row continues
     assert again.reused_tokens == len(prompt) - 1
@@ -150,8 +166,9 @@ def test_deterministic_mode_prefills_its_whole_prompt(tiny_pair):
     """Its output depends on the request alone: it never takes another request's K/V."""
     pair = Pair(*tiny_pair)
     pair.keep_prefixes()
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=True,
-                              verify_window=4)
+    config = GenerationConfig(
+        method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=True, verify_window=4
+    )
     for ask in ASKS[:2]:
         events = [r.event for r in build_engine(pair, config).generate([SHARED + ask], config)]
         assert next(e for e in events if isinstance(e, Joined)).reused_tokens == 0

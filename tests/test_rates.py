@@ -5,23 +5,35 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
+from tiny import batch_ids, engine_with
+
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.engine import MAX_DRAFT
-from specgen.decoding.rows import RESUME_TOKENS
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
 from specgen.decoding.rates import Choice, Pick, WidthRates
+from specgen.decoding.rows import RESUME_TOKENS
 from specgen.runtime.pair import Pair
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import Scheduler
-from tiny import batch_ids, engine_with
 
-PROMPTS = [[257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64], [257, 84, 82], [71, 127, 102, 258, 198, 64],
-           [198, 71, 127, 102]]
+PROMPTS = [
+    [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64],
+    [257, 84, 82],
+    [71, 127, 102, 258, 198, 64],
+    [198, 71, 127, 102],
+]
 
 
-def rounds(rates: WidthRates, width: int, n: int, draft, plain: tuple[int, float], cap: int = 3,
-           ks: list[int] | None = None) -> list[Choice]:
+def rounds(
+    rates: WidthRates,
+    width: int,
+    n: int,
+    draft,
+    plain: tuple[int, float],
+    cap: int = 3,
+    ks: list[int] | None = None,
+) -> list[Choice]:
     """`n` rounds at `width` with made-up (tokens, seconds) per kind; `draft` is one pair for
     every draft length or a dict by draft length. The choices made (and their ks in `ks`)."""
     out = []
@@ -42,8 +54,9 @@ def test_plain_rounds_are_explored_then_the_faster_kind_wins():
     # one in `refresh`
     ks = []
     seen = rounds(rates, 2, 40, draft=(8, 0.3), plain=(2, 0.1), ks=ks)
-    assert seen[:12] == [Choice.DRAFT] * 3 + [Choice.EXPLORE] + [Choice.DRAFT] * 3 + [Choice.EXPLORE] \
-        + [Choice.DRAFT] * 3 + [Choice.EXPLORE]
+    assert seen[:12] == [Choice.DRAFT] * 3 + [Choice.EXPLORE] + [Choice.DRAFT] * 3 + [Choice.EXPLORE] + [
+        Choice.DRAFT
+    ] * 3 + [Choice.EXPLORE]
     assert seen[12:].count(Choice.EXPLORE) == 2 and Choice.PLAIN not in seen
     assert {k for k, c in zip(ks, seen) if c is Choice.DRAFT} == {3}  # the cap's k, which won
     # at another width drafting does not pay at any k (5 tokens in 0.3 s): k = 3, then 1, measured
@@ -51,11 +64,15 @@ def test_plain_rounds_are_explored_then_the_faster_kind_wins():
     ks = []
     seen = rounds(rates, 3, 60, draft=(5, 0.3), plain=(3, 0.1), ks=ks)
     assert ks[:15] == [3, 3, 3, 0] * 3 + [1, 1, 1] and seen[15] is Choice.PLAIN
-    assert seen[15:].count(Choice.DRAFT) == 2 and {ks[i] for i in range(15, 60) if seen[i] is Choice.DRAFT} == {1}
+    assert seen[15:].count(Choice.DRAFT) == 2 and {
+        ks[i] for i in range(15, 60) if seen[i] is Choice.DRAFT
+    } == {1}
     arm, drafting, plain = rates.summary()[3]
     assert arm == 0 and set(drafting) == {1, 3} and max(drafting.values()) < plain
     # a tie (within the margin) goes to plain rounds
-    seen = rounds(WidthRates(min_rounds=3, explore=4, refresh=10, retry=20), 4, 20, draft=(8, 0.2), plain=(4, 0.1))
+    seen = rounds(
+        WidthRates(min_rounds=3, explore=4, refresh=10, retry=20), 4, 20, draft=(8, 0.2), plain=(4, 0.1)
+    )
     assert seen[15:] == [Choice.PLAIN] * 5
 
 
@@ -69,8 +86,9 @@ def test_a_shorter_draft_is_measured_when_the_cap_loses():
     assert Choice.PLAIN not in seen and {k for k, c in zip(ks[15:], seen[15:]) if c is Choice.DRAFT} == {1}
     assert rates.summary()[2][0] == 1
     # a wider width starts from there: at most one token, measured against plain rounds
-    assert rounds(rates, 4, 4, draft={1: (6, 0.2)}, plain=(4, 0.12), ks=(ks := [])) == [Choice.DRAFT] * 3 \
-        + [Choice.EXPLORE] and ks[:3] == [1, 1, 1]
+    assert rounds(rates, 4, 4, draft={1: (6, 0.2)}, plain=(4, 0.12), ks=(ks := [])) == [Choice.DRAFT] * 3 + [
+        Choice.EXPLORE
+    ] and ks[:3] == [1, 1, 1]
 
 
 def test_a_wider_batch_than_one_where_drafting_lost_starts_plain():
@@ -79,7 +97,9 @@ def test_a_wider_batch_than_one_where_drafting_lost_starts_plain():
     rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
     rounds(rates, 2, 30, draft=(5, 0.3), plain=(2, 0.1))  # drafting loses at width 2
     seen = rounds(rates, 4, 45, draft=(9, 0.5), plain=(4, 0.12))
-    assert seen[:19] == [Choice.PLAIN] * 19 and seen[19] is Choice.DRAFT and seen[20:39] == [Choice.PLAIN] * 19
+    assert (
+        seen[:19] == [Choice.PLAIN] * 19 and seen[19] is Choice.DRAFT and seen[20:39] == [Choice.PLAIN] * 19
+    )
     assert 3 not in rates.summary()  # never seen, nothing explored
     rates = WidthRates(min_rounds=3, explore=4, refresh=10, retry=20)
     rounds(rates, 2, 30, draft=(8, 0.3), plain=(2, 0.1))  # drafting wins at width 2
@@ -166,7 +186,9 @@ def test_requests_that_arrive_during_a_prefill_join_before_the_round(tiny_pair):
         tokens[r.index] += isinstance(r.event, RoundResult)
         if tokens[r.index] == 2:
             break
-    assert len({r.index for r in events[:i] if isinstance(r.event, Joined)}) == 3  # all joined before the round
+    assert (
+        len({r.index for r in events[:i] if isinstance(r.event, Joined)}) == 3
+    )  # all joined before the round
     finished = {r.index: r.state.ids for r in events if isinstance(r.event, Finished)}
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=12)
     assert [finished[i] for i in range(3)] == batch_ids(engine_with(tiny_pair, plain), PROMPTS[:3], plain, 1)

@@ -34,8 +34,9 @@ from specgen.scale import cluster  # noqa: E402
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
-PROMPTS = "".join(json.dumps({"prompt": f"prompt number {i}, " + "x" * (i % 5), "id": f"p{i}"}) + "\n"
-                  for i in range(24))
+PROMPTS = "".join(
+    json.dumps({"prompt": f"prompt number {i}, " + "x" * (i % 5), "id": f"p{i}"}) + "\n" for i in range(24)
+)
 START_SECONDS = 90  # a node's `ray start` on a busy machine of two cores
 RUN_SECONDS = 120  # a run that loses a node: seconds here; longer is a hang
 GONE = (ProcessLookupError, PermissionError, subprocess.TimeoutExpired)
@@ -44,16 +45,20 @@ RAY_ENV = {
     # any local `ray.init()` writes it, wants it, and a node joining it does not send it, Ray 2.60.)
     "RAY_AUTH_MODE": "disabled",
     # the head finds a lost node within about 2 s (Ray's default: 5 health checks 3 s apart)
-    "RAY_health_check_initial_delay_ms": "0", "RAY_health_check_period_ms": "500",
-    "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "3",
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
     # every batch's result waits in its actor's node's object store until the driver fetches it,
     # as a large one does (over 100 KB: a large --batch-size or -n)
     "RAY_max_direct_call_object_size": "100",
 }
 # the driver: `specgen run ...` (specgen.cli.main, as the `specgen` command) with a hook in the run
 # that kills node 2 at the moment the test chooses (`drive`)
-DRIVER = "import json, sys; spec = json.loads(sys.argv[1]); sys.path.insert(0, spec['tests']); " \
-         "import test_ray_two_nodes; test_ray_two_nodes.drive(spec)"
+DRIVER = (
+    "import json, sys; spec = json.loads(sys.argv[1]); sys.path.insert(0, spec['tests']); "
+    "import test_ray_two_nodes; test_ray_two_nodes.drive(spec)"
+)
 
 
 def free_port() -> int:
@@ -68,10 +73,32 @@ def start_node(root: Path, name: str, *args: str) -> subprocess.Popen:
     temp = root / name  # short: Ray's Unix sockets are under it, and a socket's path holds about 107 bytes
     with open(root / f"{name}.log", "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--temp-dir", str(temp),
-             "--num-cpus", "1", "--object-store-memory", str(100 * 2**20), "--disable-usage-stats",
-             "--dashboard-agent-listen-port", str(free_port()), "--min-worker-port", "0", "--max-worker-port", "0",
-             *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **RAY_ENV})
+            [
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--block",
+                "--temp-dir",
+                str(temp),
+                "--num-cpus",
+                "1",
+                "--object-store-memory",
+                str(100 * 2**20),
+                "--disable-usage-stats",
+                "--dashboard-agent-listen-port",
+                str(free_port()),
+                "--min-worker-port",
+                "0",
+                "--max-worker-port",
+                "0",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **RAY_ENV},
+        )
 
 
 def wait_started(root: Path, name: str, node: subprocess.Popen) -> None:
@@ -146,7 +173,9 @@ def drive(spec: dict) -> None:
             if len(returned) < 2:
                 returned.add(id(self.last_actor))
                 if len(returned) == 2:  # both actors, one per node, have decoded a batch: node 2 is lost now
-                    placed = ["ray::Worker" in " ".join(titles(node)) for node in (spec["head"], spec["second"])]
+                    placed = [
+                        "ray::Worker" in " ".join(titles(node)) for node in (spec["head"], spec["second"])
+                    ]
                     if spec["when"] == "done":
                         wait_idle(spec["second"])
                     kill_session(spec["second"])
@@ -174,8 +203,21 @@ def head(request):
 
     request.addfinalizer(clean_up)
     port = free_port()
-    nodes.append(start_node(root, "head", "--head", "--port", str(port), "--include-dashboard", "false",
-                            "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port())))
+    nodes.append(
+        start_node(
+            root,
+            "head",
+            "--head",
+            "--port",
+            str(port),
+            "--include-dashboard",
+            "false",
+            "--dashboard-port",
+            str(free_port()),
+            "--ray-client-server-port",
+            str(free_port()),
+        )
+    )
     wait_started(root, "head", nodes[0])
     return SimpleNamespace(root=root, address=f"127.0.0.1:{port}", node=nodes[0], nodes=nodes)
 
@@ -192,8 +234,20 @@ def second(head):
 
 @pytest.fixture(scope="module")
 def models(tiny_dirs):
-    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-            "--dtype", "float32", "--device", "cpu", "-n", "32", "--batch-size", "2"]
+    return [
+        "--target",
+        str(tiny_dirs["target"]),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "-n",
+        "32",
+        "--batch-size",
+        "2",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +255,17 @@ def local(models, tmp_path_factory):
     """The prompts file, and each prompt's record from a run in this process (no Ray)."""
     root = tmp_path_factory.mktemp("two-nodes")
     (root / "prompts.jsonl").write_text(PROMPTS)
-    result = runner.invoke(app, ["run", "--prompts-file", str(root / "prompts.jsonl"), "--output",
-                                 str(root / "local.jsonl"), *models])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--prompts-file",
+            str(root / "prompts.jsonl"),
+            "--output",
+            str(root / "local.jsonl"),
+            *models,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return root / "prompts.jsonl", records_of(root / "local.jsonl")
 
@@ -222,12 +285,35 @@ def test_a_node_killed_mid_run_loses_no_prompt_and_repeats_none(head, second, lo
     run with an "unexpected" error before)."""
     prompts, expected = local
     out, report = tmp_path / "out.jsonl", tmp_path / "report.json"
-    spec = {"tests": str(Path(__file__).parent), "head": head.node.pid, "second": second.pid, "when": when,
-            "report": str(report), "args": ["run", "--prompts-file", str(prompts), "--output", str(out), "--ray",
-                                            head.address, "--ray-actors", "2", "--ray-threads", "1", *models]}
+    spec = {
+        "tests": str(Path(__file__).parent),
+        "head": head.node.pid,
+        "second": second.pid,
+        "when": when,
+        "report": str(report),
+        "args": [
+            "run",
+            "--prompts-file",
+            str(prompts),
+            "--output",
+            str(out),
+            "--ray",
+            head.address,
+            "--ray-actors",
+            "2",
+            "--ray-threads",
+            "1",
+            *models,
+        ],
+    }
     try:
-        result = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(spec)], capture_output=True, text=True,
-                                timeout=RUN_SECONDS, env={**os.environ, **RAY_ENV})
+        result = subprocess.run(
+            [sys.executable, "-c", DRIVER, json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=RUN_SECONDS,
+            env={**os.environ, **RAY_ENV},
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the run hung once node 2 was lost: {exc.stderr}")
     assert result.returncode == 0, result.stderr

@@ -28,8 +28,19 @@ def run_json(*args) -> dict:
 @pytest.mark.network
 def test_smollm2_speculative_greedy_equals_plain_and_is_english():
     """fp32, where a multi-token and single-token forwards agree, so identity is asserted."""
-    common = ["What is the capital of France? Answer in one sentence.", "--target", SMOL, "--draft", SMOL,
-              "--dtype", "float32", "--device", "cpu", "-n", "24"]
+    common = [
+        "What is the capital of France? Answer in one sentence.",
+        "--target",
+        SMOL,
+        "--draft",
+        SMOL,
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "-n",
+        "24",
+    ]
     plain = run_json(*common, "--method", "plain")
     chain = run_json(*common, "--method", "chain", "--draft-tokens", "4")
     assert chain["token_ids"] == plain["token_ids"]
@@ -39,8 +50,13 @@ def test_smollm2_speculative_greedy_equals_plain_and_is_english():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prompt", ["Write a Python function that checks whether a string is a palindrome.",
-                                    "Explain what a KV cache is in two sentences."])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Write a Python function that checks whether a string is a palindrome.",
+        "Explain what a KV cache is in two sentences.",
+    ],
+)
 def test_default_pair_chain_matches_plain_in_fp32(prompt):
     common = [prompt, "--dtype", "float32", "--device", "cpu", "-n", "32"]
     plain = run_json(*common, "--method", "plain")
@@ -53,23 +69,73 @@ def test_default_pair_chain_matches_plain_in_fp32(prompt):
 def test_default_pair_deterministic_mode_is_independent_of_method_draft_and_batch(tmp_path):
     """bf16 on the default pair: identical tokens for every method, draft length and batch size."""
     prompt = "Write a Python function that returns the n-th Fibonacci number."
-    common = [prompt, "--device", "cpu", "--dtype", "bfloat16", "-n", "24", "--deterministic", "--verify-window", "16"]
-    runs = [run_json(*common, "--method", "plain"),
-            run_json(*common, "--method", "chain", "--draft-tokens", "2"),
-            run_json(*common, "--method", "chain", "--draft-tokens", "5"),
-            run_json(*common, "--method", "rsd-c", "--branching", "2,1")]
+    common = [
+        prompt,
+        "--device",
+        "cpu",
+        "--dtype",
+        "bfloat16",
+        "-n",
+        "24",
+        "--deterministic",
+        "--verify-window",
+        "16",
+    ]
+    runs = [
+        run_json(*common, "--method", "plain"),
+        run_json(*common, "--method", "chain", "--draft-tokens", "2"),
+        run_json(*common, "--method", "chain", "--draft-tokens", "5"),
+        run_json(*common, "--method", "rsd-c", "--branching", "2,1"),
+    ]
     assert len({tuple(r["token_ids"]) for r in runs}) == 1
     prompts = tmp_path / "p.txt"
     prompts.write_text(f"Explain recursion briefly.\n{prompt}\nName three sorting algorithms.\n")
     others = tmp_path / "q.txt"
-    others.write_text("".join(f"{line}\n" for line in [
-        "Say hello.", "List four prime numbers.", "What is a hash map?", "Reverse a list in Python.", prompt,
-        "Write a haiku about caches.", "Define entropy in one line.", "Why is the sky blue?"]))
-    for path, size, method, row in ((prompts, "3", "plain", 1), (prompts, "3", "chain", 1),
-                                    (others, "8", "chain", 4), (others, "3", "lookup", 4), (prompts, "3", "rsd-c", 1)):
-        result = runner.invoke(app, ["run", "--prompts-file", str(path), "--batch-size", size, "--method", method,
-                                     "--device", "cpu", "--dtype", "bfloat16", "-n", "24", "--deterministic",
-                                     "--verify-window", "16", "--format", "json"])
+    others.write_text(
+        "".join(
+            f"{line}\n"
+            for line in [
+                "Say hello.",
+                "List four prime numbers.",
+                "What is a hash map?",
+                "Reverse a list in Python.",
+                prompt,
+                "Write a haiku about caches.",
+                "Define entropy in one line.",
+                "Why is the sky blue?",
+            ]
+        )
+    )
+    for path, size, method, row in (
+        (prompts, "3", "plain", 1),
+        (prompts, "3", "chain", 1),
+        (others, "8", "chain", 4),
+        (others, "3", "lookup", 4),
+        (prompts, "3", "rsd-c", 1),
+    ):
+        result = runner.invoke(
+            app,
+            [
+                "run",
+                "--prompts-file",
+                str(path),
+                "--batch-size",
+                size,
+                "--method",
+                method,
+                "--device",
+                "cpu",
+                "--dtype",
+                "bfloat16",
+                "-n",
+                "24",
+                "--deterministic",
+                "--verify-window",
+                "16",
+                "--format",
+                "json",
+            ],
+        )
         assert result.exit_code == 0, result.output
         batched = [json.loads(line) for line in result.stdout.strip().splitlines()]
         assert batched[row]["token_ids"] == runs[0]["token_ids"], (size, method)

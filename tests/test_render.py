@@ -14,23 +14,38 @@ from specgen.decoding.stats import Stats
 
 def shown(accepted: list[str], target: str, rejected: list[str] = (), pending: bool = False) -> RoundResult:
     """A chain round with its text, as the driver hands it to a renderer (the ids are stand-ins)."""
-    return RoundResult(path=tuple(range(1, len(accepted) + 1)), emitted=list(range(len(accepted) + 1)),
-                       pieces=(*accepted, target), rejected_texts=tuple(rejected), pending=pending)
+    return RoundResult(
+        path=tuple(range(1, len(accepted) + 1)),
+        emitted=list(range(len(accepted) + 1)),
+        pieces=(*accepted, target),
+        rejected_texts=tuple(rejected),
+        pending=pending,
+    )
 
 
 def replayed(rolled_back: list[str], correction: str | None) -> ReplayResult:
     """A replay with its text (the ids are stand-ins)."""
-    return ReplayResult(0, 0, tuple(range(len(rolled_back))), None if correction is None else 0, 0, 0.0,
-                        rolled_back_texts=tuple(rolled_back), correction_text=correction)
+    return ReplayResult(
+        0,
+        0,
+        tuple(range(len(rolled_back))),
+        None if correction is None else 0,
+        0,
+        0.0,
+        rolled_back_texts=tuple(rolled_back),
+        correction_text=correction,
+    )
 
 
 def test_rich_view_colours_each_kind_of_token():
-    console = Console(record=True, force_terminal=True, color_system="truecolor", width=120, file=io.StringIO())
+    console = Console(
+        record=True, force_terminal=True, color_system="truecolor", width=120, file=io.StringIO()
+    )
     stats = Stats(method="chain", new_tokens=3, rounds=1, drafted=3, accepted=2)
     renderer = RichRenderer(console)
     with renderer:
         renderer.on_round(shown(["Hel", "lo"], " world", ["XX"]), stats)
-        spans = {renderer.text.plain[s.start:s.end]: str(s.style) for s in renderer.text.spans}
+        spans = {renderer.text.plain[s.start : s.end]: str(s.style) for s in renderer.text.spans}
         assert spans == {"Hel": ACCEPTED, "lo": ACCEPTED, " world": TARGET}
         assert renderer.rejected.plain == "XX" and str(renderer.rejected.style) == REJECTED
     renderer.finish(Outcome("Hello world", [1, 2, 3], stats))
@@ -76,7 +91,7 @@ def test_pending_tokens_are_dim_until_a_replay_commits_or_rolls_them_back():
         view = renderer._view()
         assert any(str(span.style) == PENDING for line in [view.renderables[0]] for span in line.spans)
         renderer.on_replay(replayed(["d"], "X"), stats)
-        spans = {renderer.text.plain[s.start:s.end]: str(s.style) for s in renderer.text.spans}
+        spans = {renderer.text.plain[s.start : s.end]: str(s.style) for s in renderer.text.spans}
         assert renderer.text.plain == "abcX"
         assert spans == {"ab": ACCEPTED, "c": TARGET, "X": TARGET}
         assert renderer.rejected.plain == "d" and str(renderer.rejected.style) == REJECTED
@@ -97,12 +112,15 @@ def test_a_rollback_counts_tokens_even_those_that_complete_no_character():
     """Byte tokens: 'U', a byte that completes no character (its text comes with the next token),
     'F'. A replay that rolls back 'F' keeps 'U' and the byte, and the correction brings the
     byte's text again: every view shows what decoding the kept tokens gives."""
-    from specgen.decoding.views import replay_text, round_text
-    from specgen.text import TextStream
     from tiny import build_tokenizer
 
+    from specgen.decoding.views import replay_text, round_text
+    from specgen.text import TextStream
+
     tokenizer = build_tokenizer()
-    u, byte, f, g = (tokenizer.convert_tokens_to_ids(t) for t in ("U", "ô", "F", "G"))  # ô: GPT-2's stand-in for 0xF4
+    u, byte, f, g = (
+        tokenizer.convert_tokens_to_ids(t) for t in ("U", "ô", "F", "G")
+    )  # ô: GPT-2's stand-in for 0xF4
     stream = TextStream(tokenizer)
     first = round_text(RoundResult([u], (0,), (1,), byte, emitted=[u, byte]), stream, pending=True)
     second = round_text(RoundResult(target_token=f, emitted=[f]), stream, pending=True)
@@ -168,6 +186,13 @@ def test_a_rate_is_shown_only_for_a_decode_long_enough_to_time():
     assert speed(Stats(method="plain", new_tokens=1, prefill_seconds=0.5, seconds=0.50004)) == "– tok/s"
     assert speed(Stats(method="plain", new_tokens=21, prefill_seconds=0.5, seconds=1.5)) == "21.0 tok/s"
     # JSON (run's, the server's `speculative`) says the same: no number for a decode too short to time
-    assert Stats(method="plain", new_tokens=1, prefill_seconds=0.5, seconds=0.50004).as_dict()["tokens_per_second"] \
+    assert (
+        Stats(method="plain", new_tokens=1, prefill_seconds=0.5, seconds=0.50004).as_dict()[
+            "tokens_per_second"
+        ]
         is None
-    assert Stats(method="plain", new_tokens=21, prefill_seconds=0.5, seconds=1.5).as_dict()["tokens_per_second"] == 21
+    )
+    assert (
+        Stats(method="plain", new_tokens=21, prefill_seconds=0.5, seconds=1.5).as_dict()["tokens_per_second"]
+        == 21
+    )

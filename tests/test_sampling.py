@@ -47,10 +47,14 @@ def reference_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tens
 
 # -- warp ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sampling", [
-    SamplingConfig(),
-    SamplingConfig(temperature=0.0, top_k=3, top_p=0.2),  # greedy ignores top-k and top-p
-])
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(),
+        SamplingConfig(temperature=0.0, top_k=3, top_p=0.2),  # greedy ignores top-k and top-p
+    ],
+)
 def test_temperature_zero_is_one_hot_on_the_argmax(sampling):
     logits = random_logits(2, 3, VOCAB)
     probs = warp(logits, sampling)
@@ -91,16 +95,19 @@ def test_top_k_zero_or_at_least_vocab_keeps_everything(k):
 NUCLEUS_LOGITS = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
 
 
-@pytest.mark.parametrize("top_p, kept", [
-    (1e-6, {1}),  # the top token always stays
-    (0.45, {1}),
-    (0.55, {1, 3}),
-    (0.79, {1, 3}),
-    (0.81, {1, 3, 0}),
-    (0.94, {1, 3, 0}),
-    (0.96, {1, 3, 0, 2}),
-    (1.0, {1, 3, 0, 2}),
-])
+@pytest.mark.parametrize(
+    "top_p, kept",
+    [
+        (1e-6, {1}),  # the top token always stays
+        (0.45, {1}),
+        (0.55, {1, 3}),
+        (0.79, {1, 3}),
+        (0.81, {1, 3, 0}),
+        (0.94, {1, 3, 0}),
+        (0.96, {1, 3, 0, 2}),
+        (1.0, {1, 3, 0, 2}),
+    ],
+)
 def test_top_p_keeps_the_smallest_prefix_reaching_p(top_p, kept):
     probs = warp(NUCLEUS_LOGITS, SamplingConfig(temperature=1.0, top_p=top_p))
     assert {int(i) for i in probs.nonzero()} == kept
@@ -110,13 +117,16 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p(top_p, kept):
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingConfig(temperature=1.0, top_p=0.9),
-    SamplingConfig(temperature=0.7, top_p=0.5),
-    SamplingConfig(temperature=1.3, top_k=10, top_p=0.8),
-    SamplingConfig(temperature=1.0, top_k=5),
-    SamplingConfig(temperature=2.0),
-])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(temperature=1.0, top_p=0.9),
+        SamplingConfig(temperature=0.7, top_p=0.5),
+        SamplingConfig(temperature=1.3, top_k=10, top_p=0.8),
+        SamplingConfig(temperature=1.0, top_k=5),
+        SamplingConfig(temperature=2.0),
+    ],
+)
 def test_warp_matches_the_slow_reference(sampling):
     """Random rows against the float64 reference (rows with a prefix mass within 1e-4 of
     top_p are skipped: there float32 and float64 may legitimately disagree)."""
@@ -136,13 +146,16 @@ def test_warp_matches_the_slow_reference(sampling):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("sampling", [
-    SamplingConfig(),
-    SamplingConfig(temperature=0.3),
-    SamplingConfig(temperature=1.7, top_k=9),
-    SamplingConfig(temperature=1.0, top_p=0.6),
-    SamplingConfig(temperature=0.8, top_k=20, top_p=0.95),
-])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(),
+        SamplingConfig(temperature=0.3),
+        SamplingConfig(temperature=1.7, top_k=9),
+        SamplingConfig(temperature=1.0, top_p=0.6),
+        SamplingConfig(temperature=0.8, top_k=20, top_p=0.95),
+    ],
+)
 def test_rows_are_fp32_distributions_summing_to_one(dtype, sampling):
     logits = random_logits(3, 4, 259, seed=4, scale=8.0).to(dtype)
     logits[0, 0, :100] = float("-inf")  # masked entries stay at zero mass
@@ -179,14 +192,16 @@ def test_a_top_p_that_fp32_rounds_to_zero_keeps_the_top_token(top_p, flush):
 
 # -- draws -----------------------------------------------------------------------------------
 
+
 def test_same_seed_same_draws_and_no_global_rng():
     probs = warp(random_logits(1000, VOCAB, seed=5), SamplingConfig(temperature=1.0))
     state = torch.random.get_rng_state()
     first = sample(probs, make_generator(123))
     assert torch.equal(sample(probs, make_generator(123)), first)
     assert not torch.equal(sample(probs, make_generator(124)), first)
-    tokens, _ = choose(random_logits(1000, VOCAB, seed=5), SamplingConfig(temperature=1.0),
-                       make_generator(123))
+    tokens, _ = choose(
+        random_logits(1000, VOCAB, seed=5), SamplingConfig(temperature=1.0), make_generator(123)
+    )
     assert torch.equal(tokens, first)
     assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG was never touched
 
@@ -204,11 +219,14 @@ def test_sample_shapes():
     assert sample(probs[0, 0], make_generator(0)).shape == ()
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingConfig(temperature=0.7),
-    SamplingConfig(temperature=1.0, top_k=5),
-    SamplingConfig(temperature=1.2, top_p=0.7),
-])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(temperature=0.7),
+        SamplingConfig(temperature=1.0, top_k=5),
+        SamplingConfig(temperature=1.2, top_p=0.7),
+    ],
+)
 def test_choose_returns_the_exact_distribution_it_drew_from(sampling):
     logits = random_logits(500, VOCAB, seed=7)
     tokens, probs = choose(logits, sampling, make_generator(9))

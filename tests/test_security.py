@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tiny import save_tiny
 from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.errors import ModelError
-from tiny import save_tiny
 
 EVIL_CODE = """
 import pathlib
@@ -51,8 +51,10 @@ def evil(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def no_prompt(monkeypatch):
     """transformers asks on stdin before it runs remote code: any question fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("something asked on stdin whether to run a model's code")
+
     monkeypatch.setattr("builtins.input", refuse)
 
 
@@ -63,8 +65,11 @@ def _ran(directory: Path) -> bool:
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_scripted_chat_cannot_answer_a_custom_code_prompt(evil, tiny_dirs, role):
     models = {"target": str(tiny_dirs["target"]), "draft": str(tiny_dirs["draft"]), role: str(evil)}
-    result = CliRunner().invoke(app, ["chat", "--target", models["target"], "--draft", models["draft"],
-                                      "--dtype", "float32", "-n", "4"], input="y\ny\nhello\n")
+    result = CliRunner().invoke(
+        app,
+        ["chat", "--target", models["target"], "--draft", models["draft"], "--dtype", "float32", "-n", "4"],
+        input="y\ny\nhello\n",
+    )
     assert result.exit_code == 1
     assert not _ran(evil)
     assert "never runs code that comes with a model" in result.output
@@ -73,8 +78,11 @@ def test_scripted_chat_cannot_answer_a_custom_code_prompt(evil, tiny_dirs, role)
 
 @pytest.mark.parametrize("command", [["run", "hi", "--no-server"], ["bench", "--limit", "1", "-n", "2"]])
 def test_run_and_bench_refuse_custom_code(evil, tiny_dirs, command):
-    result = CliRunner().invoke(app, [*command, "--target", str(evil), "--draft", str(tiny_dirs["draft"]),
-                                      "--dtype", "float32"], input="y\n")
+    result = CliRunner().invoke(
+        app,
+        [*command, "--target", str(evil), "--draft", str(tiny_dirs["draft"]), "--dtype", "float32"],
+        input="y\n",
+    )
     assert result.exit_code == 1
     assert not _ran(evil)
     assert "never runs code that comes with a model" in result.output

@@ -58,8 +58,9 @@ class Counter:
 
 
 def settings(tiny_dirs) -> ModelSettings:
-    return ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32", "auto", "off",
-                         "auto")
+    return ModelSettings(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32", "auto", "off", "auto"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +104,20 @@ def served(tiny_dirs, pair):
 
 
 def through_server(running, method: str, stream: bool) -> tuple[Counter, int]:
-    body = {"model": running.state.model_id, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": NEW,
-            "temperature": 0, "stream": stream, "speculative": {"method": method, "draft_tokens": 3},
-            "stream_options": {"include_usage": True} if stream else None}
-    request = urllib.request.Request(f"http://127.0.0.1:{running.sock.getsockname()[1]}/v1/chat/completions",
-                                     json.dumps({k: v for k, v in body.items() if v is not None}).encode(),
-                                     {"Content-Type": "application/json", "Authorization": f"Bearer {running.token}"})
+    body = {
+        "model": running.state.model_id,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": NEW,
+        "temperature": 0,
+        "stream": stream,
+        "speculative": {"method": method, "draft_tokens": 3},
+        "stream_options": {"include_usage": True} if stream else None,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{running.sock.getsockname()[1]}/v1/chat/completions",
+        json.dumps({k: v for k, v in body.items() if v is not None}).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {running.token}"},
+    )
     running.counter = Counter()
     with urllib.request.urlopen(request, timeout=60) as answer:
         raw = answer.read().decode()
@@ -134,8 +143,10 @@ def test_a_served_round_costs_what_a_local_round_costs(pair, served, method, str
     mine, rounds = local(pair, method)
     theirs, served_rounds = through_server(served, method, stream)
     assert rounds == served_rounds >= NEW // 4
-    assert theirs.calls / served_rounds <= mine.calls / rounds + 150, (theirs.calls / served_rounds,
-                                                                       mine.calls / rounds)
+    assert theirs.calls / served_rounds <= mine.calls / rounds + 150, (
+        theirs.calls / served_rounds,
+        mine.calls / rounds,
+    )
     for name in HOST_READS:
         assert theirs.reads[name] <= mine.reads[name] + 2, (name, theirs.reads, mine.reads)
     long = [n for n in theirs.decoded if n > 16]
@@ -176,4 +187,3 @@ def test_a_server_releases_the_loading_threads_pool(tiny_dirs, pair, monkeypatch
     running = prepare(settings(tiny_dirs), ServeOptions(port=0), quiet=True, pair=pair)
     running.sock.close()
     assert calls == [threading.current_thread()]
-

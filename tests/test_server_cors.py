@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 
 import pytest
-
 from test_server import invoke, options, pair, settings_for, start, stop  # noqa: F401
 
 PAGE = "http://localhost:3000"
@@ -31,18 +30,34 @@ def _call(running, method: str, path: str, headers: dict):
 
 def test_a_named_page_may_call_with_the_key(served):
     # the browser's preflight carries no key: answered for a named origin
-    status, headers = _call(served, "OPTIONS", "/v1/chat/completions", {
-        "Origin": PAGE, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type"})
+    status, headers = _call(
+        served,
+        "OPTIONS",
+        "/v1/chat/completions",
+        {
+            "Origin": PAGE,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
     assert status == 200 and headers["access-control-allow-origin"] == PAGE
     assert "authorization" in headers["access-control-allow-headers"].lower()
     # OpenAI's JavaScript SDK sends headers of its own on every call: its preflight passes too
-    status, headers = _call(served, "OPTIONS", "/v1/chat/completions", {
-        "Origin": PAGE, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os,openai-organization"})
+    status, headers = _call(
+        served,
+        "OPTIONS",
+        "/v1/chat/completions",
+        {
+            "Origin": PAGE,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os,openai-organization",
+        },
+    )
     assert status == 200 and "x-stainless-os" in headers["access-control-allow-headers"].lower()
     # the call itself still needs the key, and its answer is readable by the page
-    status, headers = _call(served, "GET", "/v1/models", {"Origin": PAGE, "Authorization": f"Bearer {served.token}"})
+    status, headers = _call(
+        served, "GET", "/v1/models", {"Origin": PAGE, "Authorization": f"Bearer {served.token}"}
+    )
     assert status == 200 and headers["access-control-allow-origin"] == PAGE
     assert "retry-after" in headers["access-control-expose-headers"].lower()  # a full queue's 503 says when
     status, headers = _call(served, "GET", "/v1/models", {"Origin": PAGE})
@@ -50,16 +65,25 @@ def test_a_named_page_may_call_with_the_key(served):
 
 
 def test_another_page_gets_no_permission(served):
-    status, headers = _call(served, "OPTIONS", "/v1/chat/completions", {
-        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    status, headers = _call(
+        served,
+        "OPTIONS",
+        "/v1/chat/completions",
+        {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+    )
     assert status == 400 and "access-control-allow-origin" not in headers
-    status, headers = _call(served, "GET", "/v1/models", {"Origin": "http://evil.example",
-                                                          "Authorization": f"Bearer {served.token}"})
+    status, headers = _call(
+        served,
+        "GET",
+        "/v1/models",
+        {"Origin": "http://evil.example", "Authorization": f"Bearer {served.token}"},
+    )
     assert status == 200 and "access-control-allow-origin" not in headers
 
 
-@pytest.mark.parametrize("origin", ["http://localhost:3000/", "localhost:3000", "", "http://a.example/x",
-                                    "ftp://a.example"])
+@pytest.mark.parametrize(
+    "origin", ["http://localhost:3000/", "localhost:3000", "", "http://a.example/x", "ftp://a.example"]
+)
 def test_an_origin_a_browser_never_sends_is_refused_at_once(tiny_dirs, origin):
     result = invoke("serve", *options(tiny_dirs), "--allowed-origins", f"{PAGE},{origin}")
     assert result.exit_code == 1 and "--allowed-origins" in result.stderr and "Traceback" not in result.output

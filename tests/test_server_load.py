@@ -19,24 +19,49 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from test_server import (
+    PROMPT,
+    invoke,
+    last_json,
+    local_run,
+    model,
+    options,
+    pair,
+    raw,
+    served,
+    settings_for,
+    slow_rounds,
+    start,
+    stop,
+)
 
 from specgen.config import Method
 from specgen.runtime.pair import load
-from test_server import (PROMPT, invoke, last_json, local_run, model, options, pair, raw, served, settings_for,  # noqa: F401
-                         slow_rounds, start, stop)
 
 openai = pytest.importorskip("openai")
 
-PROMPTS = ["Write a haiku about caches", "def add(a, b):", "Explain KV caches", "hello", "Why is the sky blue?",
-           "List three prime numbers", "x", "Summarize: the cat sat on the mat."]
+PROMPTS = [
+    "Write a haiku about caches",
+    "def add(a, b):",
+    "Explain KV caches",
+    "hello",
+    "Why is the sky blue?",
+    "List three prime numbers",
+    "x",
+    "Summarize: the cat sat on the mat.",
+]
 
 
 def stream_request(served, body: dict):
     """An open streaming response over a raw connection: (connection, response)."""
     host, port = served.state.info["url"].removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}).encode(),
-                 headers={"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps({**body, "stream": True}).encode(),
+        headers={"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"},
+    )
     return conn, conn.getresponse()
 
 
@@ -47,16 +72,24 @@ def chat_body(served, prompt=PROMPT, **extra) -> dict:
 def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dirs):
     """Rows join and leave a running batch (8 wide); every greedy answer is what `specgen run`
     gives for that prompt alone, every sampled one has its length."""
-    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=120)
+    sdk = openai.OpenAI(
+        base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=120
+    )
     jobs = [(PROMPTS[i % len(PROMPTS)], 0.0 if i % 2 == 0 else 0.9, 8 + i % 5, i) for i in range(32)]
 
     def one(job):
         prompt, temperature, n, seed = job
         # a sampled row may draw EOS (which rows share its rounds changes its draws): ignore_eos holds it to n
-        chunks = sdk.chat.completions.create(model=model(served), messages=[{"role": "user", "content": prompt}],
-                                             max_tokens=n, temperature=temperature, seed=seed, stream=True,
-                                             stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True} if temperature else None)
+        chunks = sdk.chat.completions.create(
+            model=model(served),
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=n,
+            temperature=temperature,
+            seed=seed,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True} if temperature else None,
+        )
         chunks = list(chunks)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
 
@@ -74,8 +107,11 @@ def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dir
     # rounds chose less (0: plain rounds)
     status, text, _ = raw(served, "GET", "/metrics")
     prefix = 'specgen_draft_length{method="chain",width="'
-    lengths = {int(line[len(prefix):].split('"')[0]): float(line.split()[-1])
-               for line in text.splitlines() if line.startswith(prefix)}
+    lengths = {
+        int(line[len(prefix) :].split('"')[0]): float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
     caps = served.scheduler.caps
     assert status == 200 and lengths[1] == caps[1] and all(0 <= k <= caps[w] for w, k in lengths.items())
 
@@ -108,16 +144,26 @@ def test_a_server_without_a_draft_model_serves_plain_and_lookup(tiny_dirs):
     """`bench --concurrency --methods plain,lookup` loads no draft: the server's default drafting is
     prompt lookup, and a method that needs the draft model gets a 400, not an engine failure."""
     settings = settings_for(tiny_dirs)
-    running, thread = start(settings, load(settings, Method.LOOKUP, quiet=True), max_batch_size=4, max_queue=8)
+    running, thread = start(
+        settings, load(settings, Method.LOOKUP, quiet=True), max_batch_size=4, max_queue=8
+    )
     try:
         assert running.state.defaults.method is Method.LOOKUP
         for method in ("plain", "lookup", None):
             extra = {"speculative": {"method": method}} if method else {}
-            status, body, _ = raw(running, "POST", "/v1/chat/completions",
-                                  chat_body(running, max_tokens=6, temperature=0, **extra))
+            status, body, _ = raw(
+                running,
+                "POST",
+                "/v1/chat/completions",
+                chat_body(running, max_tokens=6, temperature=0, **extra),
+            )
             assert status == 200 and body["speculative"]["method"] == (method or "lookup"), body
-        status, body, _ = raw(running, "POST", "/v1/chat/completions",
-                              chat_body(running, max_tokens=6, speculative={"method": "rsd-s"}))
+        status, body, _ = raw(
+            running,
+            "POST",
+            "/v1/chat/completions",
+            chat_body(running, max_tokens=6, speculative={"method": "rsd-s"}),
+        )
         assert status == 400 and "needs a draft model" in body["error"]["message"]
         assert body["error"]["param"] == "speculative.method"
     finally:
@@ -147,7 +193,9 @@ def test_a_client_that_stops_reading_holds_nobody_up(served, monkeypatch):
     """One stream is left unread while others come and go: they finish at the usual pace."""
     conn, response = stream_request(served, chat_body(served, max_tokens=200, temperature=0))
     started = time.monotonic()
-    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=30)
+    sdk = openai.OpenAI(
+        base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=30
+    )
     for _ in range(3):
         answer = sdk.chat.completions.create(**chat_body(served, max_tokens=6, temperature=0))
         assert answer.usage.completion_tokens == 6
@@ -173,10 +221,17 @@ def test_a_prompt_that_takes_long_to_tokenize_stalls_no_stream(served, monkeypat
     monkeypatch.setattr(encoding, "encode", slow)
     conn, response = stream_request(served, chat_body(served, max_tokens=24, temperature=0))
     assert response.readline().startswith(b"data: ")  # the stream is going
-    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=60)
+    sdk = openai.OpenAI(
+        base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=60
+    )
     with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(sdk.completions.create, model=model(served), prompt="tokenize me slowly", max_tokens=3,
-                           temperature=0)
+        held = pool.submit(
+            sdk.completions.create,
+            model=model(served),
+            prompt="tokenize me slowly",
+            max_tokens=3,
+            temperature=0,
+        )
         assert entered.wait(30)
         rest = response.read().decode()  # the whole stream while the other prompt is being tokenized
         assert rest.rstrip().endswith("data: [DONE]") and not release.is_set()
@@ -212,7 +267,9 @@ def test_a_queued_request_whose_client_leaves_is_dropped_at_once(tiny_dirs, pair
 
 
 def test_many_sequential_requests_leave_memory_flat(served):
-    sdk = openai.OpenAI(base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=30)
+    sdk = openai.OpenAI(
+        base_url=served.state.info["url"] + "/v1", api_key=served.token, max_retries=0, timeout=30
+    )
 
     def rss() -> int:
         with open("/proc/self/statm") as handle:
@@ -220,8 +277,10 @@ def test_many_sequential_requests_leave_memory_flat(served):
 
     def batch(n):
         for i in range(n):
-            sdk.chat.completions.create(**chat_body(served, PROMPTS[i % len(PROMPTS)], max_tokens=2,
-                                                    temperature=0.5, seed=i))
+            sdk.chat.completions.create(
+                **chat_body(served, PROMPTS[i % len(PROMPTS)], max_tokens=2, temperature=0.5, seed=i)
+            )
+
     def stored() -> int:  # the prefix cache grows up to its budget by design
         pair = served.state.scheduler.pair
         return pair.target_prefixes.held + pair.draft_prefixes.held
@@ -232,8 +291,10 @@ def test_many_sequential_requests_leave_memory_flat(served):
     after, grown = rss(), stored() - held
     pair = served.state.scheduler.pair
     assert max(pair.target_prefixes.held, pair.draft_prefixes.held) <= pair.target_prefixes.budget
-    assert after - max(grown, 0) < before * 1.10, \
-        f"RSS grew from {before >> 20} MB to {after >> 20} MB over 900 requests ({grown >> 20} MB of it the prefix cache)"
+    assert after - max(grown, 0) < before * 1.10, (
+        f"RSS grew from {before >> 20} MB to {after >> 20} MB over 900 requests ({grown >> 20} MB of it the "
+        f"prefix cache)"
+    )
 
 
 def test_engines_for_many_drafting_settings_are_bounded(served, monkeypatch):
@@ -244,8 +305,12 @@ def test_engines_for_many_drafting_settings_are_bounded(served, monkeypatch):
     monkeypatch.setattr(scheduler, "MAX_ENGINES", 3)
     answers = set()
     for i in range(6):
-        status, body, _ = raw(served, "POST", "/v1/chat/completions",
-                              chat_body(served, max_tokens=6, temperature=0, speculative={"draft_confidence": 0.1 + i / 100}))
+        status, body, _ = raw(
+            served,
+            "POST",
+            "/v1/chat/completions",
+            chat_body(served, max_tokens=6, temperature=0, speculative={"draft_confidence": 0.1 + i / 100}),
+        )
         assert status == 200, body
         answers.add(body["choices"][0]["message"]["content"])
         assert len(served.scheduler.engines) <= 3
@@ -275,13 +340,25 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_all_tokenized(ser
     # the whole text is counted in pieces when it is long but fits: no false refusal
     long_fit = ["\u4e2d" * (context - 10)]  # 3 bytes, 3 byte-level tokens, per character
     assert beyond(Counting(), long_fit, 10 * context) == 0
-    status, body, _ = raw(served, "POST", "/v1/completions", {"model": model(served), "prompt": words, "max_tokens": 2})
-    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and "more than" in body["error"]["message"]
+    status, body, _ = raw(
+        served, "POST", "/v1/completions", {"model": model(served), "prompt": words, "max_tokens": 2}
+    )
+    assert (
+        status == 400
+        and body["error"]["code"] == "context_length_exceeded"
+        and "more than" in body["error"]["message"]
+    )
     # empty messages have no text to count, but each takes a token of the template at least
     many = [{"role": "user", "content": ""}] * 100_000
     for path in ("/v1/chat/completions", "/tokenize"):
-        status, body, _ = raw(served, "POST", path, {"model": model(served), "messages": many, "max_tokens": 2}
-                              if path != "/tokenize" else {"messages": many})
+        status, body, _ = raw(
+            served,
+            "POST",
+            path,
+            {"model": model(served), "messages": many, "max_tokens": 2}
+            if path != "/tokenize"
+            else {"messages": many},
+        )
         assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
         assert "100000 messages" in body["error"]["message"]
 
@@ -296,8 +373,11 @@ def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(served):
     try:
         host, port = served.state.info["url"].removeprefix("http://").rsplit(":", 1)
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                         + served.token.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + served.token.encode()
+                + b"\r\nContent-Length: 100\r\n\r\n{"
+            )
             time.sleep(0.3)
         time.sleep(0.5)
         assert raw(served, "GET", "/health")[0] == 200
@@ -310,8 +390,12 @@ def test_a_top_p_too_small_for_fp32_answers_and_fails_no_other_row(served):
     """It once gave every row of the batch a 500 (0/0 in the nucleus): now the nucleus is the
     top token, so the answer is the greedy one."""
     greedy = raw(served, "POST", "/v1/chat/completions", chat_body(served, max_tokens=6, temperature=0))[1]
-    status, body, _ = raw(served, "POST", "/v1/chat/completions",
-                          chat_body(served, max_tokens=6, temperature=1.0, top_p=1e-40, seed=3))
+    status, body, _ = raw(
+        served,
+        "POST",
+        "/v1/chat/completions",
+        chat_body(served, max_tokens=6, temperature=1.0, top_p=1e-40, seed=3),
+    )
     assert status == 200, body
     assert body["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
 
@@ -335,6 +419,7 @@ def test_a_failed_batch_answers_500_counts_it_and_the_server_goes_on(served, mon
 
 # -- the command ---------------------------------------------------------------------------------------
 
+
 def one_line_error(result, fragment: str) -> None:
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
@@ -349,7 +434,9 @@ def test_a_public_host_needs_an_api_key_and_bad_options_fail_at_once(tiny_dirs):
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-batch-size", "0"), "--max-batch-size")
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-queue", "0"), "--max-queue")
     one_line_error(invoke("serve", *options(tiny_dirs), "--max-tokens", "0"), "--max-tokens")
-    one_line_error(invoke("serve", *options(tiny_dirs), "--host", "192.0.2.1", "--api-key", "k"), "check --host")
+    one_line_error(
+        invoke("serve", *options(tiny_dirs), "--host", "192.0.2.1", "--api-key", "k"), "check --host"
+    )
     for key in ("abc ", " ", "k\r", "clé"):  # HTTP strips a header's spaces: no client could send these
         one_line_error(invoke("serve", *options(tiny_dirs), "--api-key", key), "--api-key")
     one_line_error(invoke("serve", *options(tiny_dirs), "--prefix-cache", "-1"), "--prefix-cache")
@@ -381,9 +468,17 @@ def test_a_failed_detach_appends_to_the_log_and_says_why(tmp_path, monkeypatch, 
 
     runtime = tmp_path / "rt"
     monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(runtime))
-    args = ["--target", str(tmp_path / "no-such-model"), "--draft", str(tiny_dirs["draft"]), "--device", "cpu"]
-    settings = discovery.ModelSettings(str(tmp_path / "no-such-model"), str(tiny_dirs["draft"]), "cpu", None,
-                                       "auto", "auto", "auto", "auto")
+    args = [
+        "--target",
+        str(tmp_path / "no-such-model"),
+        "--draft",
+        str(tiny_dirs["draft"]),
+        "--device",
+        "cpu",
+    ]
+    settings = discovery.ModelSettings(
+        str(tmp_path / "no-such-model"), str(tiny_dirs["draft"]), "cpu", None, "auto", "auto", "auto", "auto"
+    )
     runtime.mkdir(mode=0o700)
     log = discovery.log_path(settings)
     log.write_text("an earlier server's log\n")
@@ -400,12 +495,19 @@ def test_a_signal_stops_the_server_cleanly(tmp_path, tiny_dirs, sig):
     signal again, and SIGTERM's default action ended the process before either."""
     runtime = tmp_path / "rt"
     env = {**os.environ, "SPECGEN_RUNTIME_DIR": str(runtime)}
-    process = subprocess.Popen([sys.executable, "-m", "specgen", "serve", *options(tiny_dirs), "--port", "0"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "serve", *options(tiny_dirs), "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not list(runtime.glob("*.json")):
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.poll() else ""
+            assert process.poll() is None and time.monotonic() < deadline, (
+                process.stderr.read() if process.poll() else ""
+            )
             time.sleep(0.1)
         process.send_signal(sig)
         _, err = process.communicate(timeout=60)
@@ -421,8 +523,9 @@ def test_a_served_run_whose_server_dies_keeps_what_it_received(tiny_dirs, pair, 
     one error line."""
     slow_rounds(monkeypatch, 0.03)
     running, thread = start(settings_for(tiny_dirs), pair)
-    killer = threading.Timer(1.0, lambda: setattr(running, "force_exit", True) or
-                             setattr(running, "should_exit", True))
+    killer = threading.Timer(
+        1.0, lambda: setattr(running, "force_exit", True) or setattr(running, "should_exit", True)
+    )
     killer.start()
     result = invoke("run", PROMPT, *options(tiny_dirs), "-n", "200", "-k", "2", "--format", "json")
     thread.join(timeout=30)
@@ -454,7 +557,9 @@ def test_a_served_run_whose_batch_fails_mid_answer_keeps_what_it_received(tiny_d
     fail_mid_answer(monkeypatch)
     running, thread = start(settings_for(tiny_dirs), pair)
     try:
-        result = invoke("run", "A prompt of its own", *options(tiny_dirs), "-n", "40", "-k", "2", "--format", "json")
+        result = invoke(
+            "run", "A prompt of its own", *options(tiny_dirs), "-n", "40", "-k", "2", "--format", "json"
+        )
     finally:
         stop(running, thread)
     assert result.exit_code == 1, result.output
@@ -488,9 +593,17 @@ def test_a_client_proves_the_server_before_sending_its_token(served, tiny_dirs, 
     thread = threading.Thread(target=squatter.serve_forever, daemon=True)
     thread.start()
     try:
-        record = {"url": f"http://127.0.0.1:{squatter.server_port}", "token": "the-secret-token", "pid": os.getpid(),
-                  "models": "m", "since": 0.0, "model": "m"}
-        assert client._answering(record, timeout=5, key=discovery.settings_key(settings_for(tiny_dirs))) is None
+        record = {
+            "url": f"http://127.0.0.1:{squatter.server_port}",
+            "token": "the-secret-token",
+            "pid": os.getpid(),
+            "models": "m",
+            "since": 0.0,
+            "model": "m",
+        }
+        assert (
+            client._answering(record, timeout=5, key=discovery.settings_key(settings_for(tiny_dirs))) is None
+        )
         assert sent == [None]  # the token was never sent
     finally:
         squatter.shutdown()
@@ -514,10 +627,14 @@ def test_one_server_per_model_options(tiny_dirs, tmp_path, monkeypatch):
     settings = settings_for(tiny_dirs)
     held = discovery.hold(settings)
     try:
-        with pytest.raises(ConfigError, match=rf"already running or starting \(pid {os.getpid()}\)") as refused:
+        with pytest.raises(
+            ConfigError, match=rf"already running or starting \(pid {os.getpid()}\)"
+        ) as refused:
             discovery.hold(settings)  # named by its pid: a server whose record is lost can still be found
         assert f"kill {os.getpid()}" in refused.value.hint
-        other = discovery.hold(dataclasses.replace(settings, dtype="bfloat16"))  # other options: their own lock
+        other = discovery.hold(
+            dataclasses.replace(settings, dtype="bfloat16")
+        )  # other options: their own lock
         os.close(other)
         result = invoke("serve", *options(tiny_dirs), "--port", "0")
         one_line_error(result, "already running or starting")
@@ -537,11 +654,18 @@ def test_list_and_stop_find_a_server_that_does_not_answer_yet(tiny_dirs, tmp_pat
     monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(tmp_path / "rt"))
     discovery.private_dir()
     settings = settings_for(tiny_dirs)
-    code = ("import sys, time; from specgen.config import ModelSettings; from specgen.serve import discovery; "
-            f"discovery.hold(ModelSettings(*{list(dataclasses.astuple(settings))!r})); print('held', flush=True); "
-            "time.sleep(120)")
-    loading = subprocess.Popen([sys.executable, "-c", code, "specgen", "serve"], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ})
+    code = (
+        "import sys, time; from specgen.config import ModelSettings; from specgen.serve import discovery; "
+        f"discovery.hold(ModelSettings(*{list(dataclasses.astuple(settings))!r})); print('held', "
+        f"flush=True); "
+        "time.sleep(120)"
+    )
+    loading = subprocess.Popen(
+        [sys.executable, "-c", code, "specgen", "serve"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         assert loading.stdout.readline().strip() == "held"
         listed = invoke("serve", "--list")
@@ -559,17 +683,22 @@ def test_list_and_stop_find_a_server_that_does_not_answer_yet(tiny_dirs, tmp_pat
     assert "no specgen server is running" in invoke("serve", "--list").stderr
     held = discovery.hold(settings)  # this process is no `specgen serve`: named, not signalled
     try:
-        one_line_error(invoke("serve", *options(tiny_dirs), "--stop"), f"starting or not answering (pid {os.getpid()})")
+        one_line_error(
+            invoke("serve", *options(tiny_dirs), "--stop"), f"starting or not answering (pid {os.getpid()})"
+        )
     finally:
         os.close(held)
-    one_line_error(invoke("serve", *options(tiny_dirs), "--stop"), "no specgen server with these model options")
+    one_line_error(
+        invoke("serve", *options(tiny_dirs), "--stop"), "no specgen server with these model options"
+    )
 
 
 def test_a_quiet_stream_sends_keep_alives_and_a_silent_server_is_given_up(tiny_dirs, pair, monkeypatch):
     """While a request waits or prefills, its stream carries SSE comments; a served run whose
     server sends nothing at all for STREAM_TIMEOUT says so, keeping what came, instead of
     waiting for ever."""
-    from specgen.serve import app as app_module, client
+    from specgen.serve import app as app_module
+    from specgen.serve import client
 
     slow_rounds(monkeypatch, 0.3)
     monkeypatch.setattr(app_module, "KEEPALIVE_SECONDS", 0.05)
@@ -590,8 +719,18 @@ def test_a_quiet_stream_sends_keep_alives_and_a_silent_server_is_given_up(tiny_d
     assert json.loads(result.stdout.strip().splitlines()[-1])["interrupted"]
 
 
-@pytest.mark.parametrize("bad", [{"since": 1e20}, {"since": float("nan")}, {"url": ""}, {"url": "http://h:99999"},
-                                 {"pid": -1}, {"model": None}, {"url": "ftp://h:1"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"since": 1e20},
+        {"since": float("nan")},
+        {"url": ""},
+        {"url": "http://h:99999"},
+        {"pid": -1},
+        {"model": None},
+        {"url": "ftp://h:1"},
+    ],
+)
 def test_a_record_a_server_would_not_write_is_no_server(tmp_path, monkeypatch, bad):
     """It broke `serve --list` for every server and ended `run` in 'unexpected OverflowError'."""
     from specgen.serve import discovery
@@ -614,8 +753,17 @@ def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch,
     save = tmp_path / "chat.json"
     running, thread = start(settings_for(tiny_dirs), pair)
     try:
-        result = invoke("chat", *options(tiny_dirs), "-n", "30", "-k", "2", "--format", "plain",
-                        input=f"first\nsecond\n/save {save}\n")
+        result = invoke(
+            "chat",
+            *options(tiny_dirs),
+            "-n",
+            "30",
+            "-k",
+            "2",
+            "--format",
+            "plain",
+            input=f"first\nsecond\n/save {save}\n",
+        )
     finally:
         stop(running, thread)
     assert result.exit_code == 1, result.output
@@ -626,7 +774,9 @@ def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch,
 
 
 @pytest.mark.parametrize("fmt", ["json", "plain", "rich"])
-def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(tiny_dirs, pair, monkeypatch, fmt):
+def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(
+    tiny_dirs, pair, monkeypatch, fmt
+):
     from specgen.serve import client
 
     def interrupted(self, method, path, body=None, timeout=10.0, key=True):
@@ -679,8 +829,11 @@ def test_a_chat_on_the_server_fits_a_conversation_far_past_the_context(tiny_dirs
     running, thread = start(settings, pair)
     try:
         chat = client.ServerChat(client.find(settings), settings)
-        history = [{"role": role, "content": f"turn {i} " + "tell me more about caches " * 3}
-                   for i in range(400) for role in ("user", "assistant")]
+        history = [
+            {"role": role, "content": f"turn {i} " + "tell me more about caches " * 3}
+            for i in range(400)
+            for role in ("user", "assistant")
+        ]
         assert chat.count(history) > chat.context_length  # the server's refusal, as a count past the context
         conversation = Conversation(chat, settings, GenerationConfig(max_new_tokens=8), messages=history)
         turn = conversation.send("and now?", Silent())
@@ -698,8 +851,12 @@ def test_a_server_starts_on_a_target_whose_context_is_shorter_than_its_warm_up(t
     settings = dataclasses.replace(settings_for({"target": target, "draft": target}), draft=None)
     running, thread = start(settings)
     try:
-        status, body, _ = raw(running, "POST", "/v1/chat/completions", {"model": model(running), "max_tokens": 2,
-                                                                        "messages": [{"role": "user", "content": "hi"}]})
+        status, body, _ = raw(
+            running,
+            "POST",
+            "/v1/chat/completions",
+            {"model": model(running), "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert status == 200, body
     finally:
         stop(running, thread)

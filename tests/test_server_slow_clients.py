@@ -11,9 +11,9 @@ import socket
 import time
 
 import pytest
+from test_server import model, pair, raw, served, settings_for, slow_rounds, start, stop  # noqa: F401
 
 from specgen.serve import protocol
-from test_server import model, pair, raw, served, settings_for, slow_rounds, start, stop  # noqa: F401
 
 LIMIT = 0.5  # seconds: REQUEST_TIMEOUT for these tests
 
@@ -41,12 +41,16 @@ def _closed_by_server(sock: socket.socket) -> bool:
         return False
 
 
-@pytest.mark.parametrize("sent", [
-    b"",  # connects and says nothing
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # half a head, never finished
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    b"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n{\"mess",  # a body a tenth sent
-], ids=["nothing", "half-a-head", "part-of-a-body"])
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",  # connects and says nothing
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # half a head, never finished
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n{"mess',  # a body a tenth sent
+    ],
+    ids=["nothing", "half-a-head", "part-of-a-body"],
+)
 def test_a_request_that_does_not_arrive_in_time_loses_its_connection(served, short_limit, sent):
     sock = _connect(served)
     try:
@@ -65,8 +69,10 @@ def test_a_body_the_timer_cut_is_logged_and_counted_as_a_timeout(served, short_l
     before = raw(served, "GET", "/metrics")[1]
     sock = _connect(served)
     try:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer " + served.token.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + served.token.encode() + b"\r\nContent-Length: 100\r\n\r\n{"
+        )
         assert _closed_by_server(sock)
     finally:
         sock.close()
@@ -87,9 +93,12 @@ def test_slow_clients_do_not_hold_up_the_others(served, short_limit):
     try:
         for sock in stalled:
             sock.sendall(b"GET /health HTTP/1.1\r\n")
-        status, body, _ = raw(served, "POST", "/v1/chat/completions",
-                              {"model": model(served), "max_tokens": 3,
-                               "messages": [{"role": "user", "content": "hi"}]})
+        status, body, _ = raw(
+            served,
+            "POST",
+            "/v1/chat/completions",
+            {"model": model(served), "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert status == 200, body
         assert all(_closed_by_server(sock) for sock in stalled)
     finally:
@@ -97,13 +106,20 @@ def test_slow_clients_do_not_hold_up_the_others(served, short_limit):
             sock.close()
 
 
-def test_an_answer_longer_than_the_limit_and_a_kept_alive_connection_are_not_cut(served, short_limit, monkeypatch):
+def test_an_answer_longer_than_the_limit_and_a_kept_alive_connection_are_not_cut(
+    served, short_limit, monkeypatch
+):
     slow_rounds(monkeypatch, LIMIT * 1.5)  # one round alone outlasts the limit
     host, port = served.state.info["url"].removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     headers = {"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"}
-    body = {"model": model(served), "max_tokens": 4, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": "Write a long story"}]}
+    body = {
+        "model": model(served),
+        "max_tokens": 4,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Write a long story"}],
+    }
     started = time.monotonic()
     conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers=headers)
     response = conn.getresponse()

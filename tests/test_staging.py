@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
+from test_engine import reference_greedy
+from tiny import engine_with, fed_tokens
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.events import Finished, Joined, RoundResult, StopReason
 from specgen.decoding.feed import Request
-from test_engine import reference_greedy
-from tiny import engine_with, fed_tokens
 
 SHORT = [257, 84, 82, 68, 81, 198, 71]
 LONG = [257, *range(60, 100), 198, 71, 127, 102, 258, 198, 257, 64]  # 49 tokens
@@ -23,8 +23,9 @@ class Feed:
     dropped (its client left) once `dropped()` was asked `drop_after` times."""
 
     def __init__(self, config, later: int = 3, drop_after: int = 1 << 30):
-        self.waiting = deque(Request(list(p), i, config.sampling, config.max_new_tokens)
-                             for i, p in enumerate([SHORT, LONG]))
+        self.waiting = deque(
+            Request(list(p), i, config.sampling, config.max_new_tokens) for i, p in enumerate([SHORT, LONG])
+        )
         self.takes = self.asked = 0
         self.later, self.drop_after = later, drop_after
 
@@ -53,7 +54,9 @@ def test_a_long_prompt_joining_decoding_rows_is_prefilled_a_chunk_per_round(tiny
     finally:
         hook.remove()
     joined = [i for i, (index, event) in enumerate(events) if isinstance(event, Joined)]
-    short_rounds_before = sum(1 for index, event in events[: joined[1]] if index == 0 and isinstance(event, RoundResult))
+    short_rounds_before = sum(
+        1 for index, event in events[: joined[1]] if index == 0 and isinstance(event, RoundResult)
+    )
     chunks = -(-len(LONG) // CHUNK)
     assert short_rounds_before >= chunks  # the short row kept decoding while the long one was fed
     assert max(fed[1:]) <= max(CHUNK, 2 * (config.round_tokens + 1))  # no forward fed the long prompt whole
@@ -67,8 +70,9 @@ def test_a_long_prompt_joining_decoding_rows_is_prefilled_a_chunk_per_round(tiny
 def test_deterministic_mode_and_a_batch_with_nothing_decoding_prefill_whole(tiny_pair):
     """A long prompt is staged only when it joins rows that already decode: not in deterministic
     mode, not alone, not among the prompts a batch starts with."""
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=True,
-                              verify_window=4)
+    config = GenerationConfig(
+        method=Method.CHAIN, max_new_tokens=8, draft_tokens=3, deterministic=True, verify_window=4
+    )
     engine = engine_with(tiny_pair, config, stop_ids=frozenset(), prefill_chunk=CHUNK)
     fed, hook = fed_tokens(tiny_pair[0].model)
     try:
@@ -117,8 +121,9 @@ def test_the_drafts_catch_up_of_a_long_prompt_is_chunked_too(tiny_pair, method):
     for index, prompt in enumerate([SHORT, LONG]):
         out = [t for i, e in events if i == index and isinstance(e, RoundResult) for t in e.emitted]
         assert out == reference_greedy(target.model, prompt, 16)
-    assert [t for e in alone if isinstance(e, RoundResult) for t in e.emitted] == reference_greedy(target.model,
-                                                                                                    LONG, 16)
+    assert [t for e in alone if isinstance(e, RoundResult) for t in e.emitted] == reference_greedy(
+        target.model, LONG, 16
+    )
 
 
 @pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN])

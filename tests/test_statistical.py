@@ -22,16 +22,15 @@ import dataclasses
 import pytest
 import torch
 from scipy import stats
+from tiny import decode
 
 import specgen.decoding.verify as engine_module
-from specgen.decoding.acceptance import Verdict
-from specgen.decoding.acceptance import point_mass_sampling, speculative_sampling
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.acceptance import Verdict, point_mass_sampling, speculative_sampling
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
 from specgen.decoding.sampling import make_generator, sample, warp
-from tiny import decode
 
 pytestmark = [pytest.mark.statistical, pytest.mark.usefixtures("one_thread")]
 
@@ -40,6 +39,7 @@ SMALL_ALPHA = 1e-3  # drafter and engine level (thousands of samples): the same,
 
 
 # -- chi-square helpers -------------------------------------------------------------------------
+
 
 def gof_pvalue(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
     """Chi-square goodness of fit of integer samples against probs [V].
@@ -88,17 +88,21 @@ def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor, min_count: int = 10) -> 
 
 # q0..q3 (target rows) and p1..p3 (draft rows; x_i ~ p_i is judged against q_(i-1)).
 # Per position there are tokens with p > q, p < q, p = 0 < q and q = 0 < p.
-Q = torch.tensor([
-    [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],
-    [0.05, 0.10, 0.40, 0.00, 0.25, 0.20],
-    [0.00, 0.30, 0.10, 0.25, 0.05, 0.30],
-    [0.40, 0.00, 0.15, 0.15, 0.20, 0.10],
-])
-P = torch.tensor([
-    [0.10, 0.40, 0.00, 0.20, 0.15, 0.15],
-    [0.20, 0.10, 0.30, 0.10, 0.30, 0.00],
-    [0.25, 0.25, 0.00, 0.20, 0.10, 0.20],
-])
+Q = torch.tensor(
+    [
+        [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],
+        [0.05, 0.10, 0.40, 0.00, 0.25, 0.20],
+        [0.00, 0.30, 0.10, 0.25, 0.05, 0.30],
+        [0.40, 0.00, 0.15, 0.15, 0.20, 0.10],
+    ]
+)
+P = torch.tensor(
+    [
+        [0.10, 0.40, 0.00, 0.20, 0.15, 0.15],
+        [0.20, 0.10, 0.30, 0.10, 0.30, 0.00],
+        [0.25, 0.25, 0.00, 0.20, 0.10, 0.20],
+    ]
+)
 # acceptance probabilities sum_y min(p_i, q_(i-1)): 0.60, 0.70, 0.70
 ACCEPT = torch.minimum(P, Q[:3]).sum(dim=-1).double()
 
@@ -113,25 +117,26 @@ def _verdict_fields(verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
     return verdict.accepted, verdict.chosen
 
 
-def run_rule(rule, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-             target_probs: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_rule(
+    rule, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `rule` on every row of draft_tokens [n, k] at once -> (accepted [n], token [n])."""
     batched = torch.func.vmap(
-        lambda tokens: _verdict_fields(rule(tokens, draft_probs, target_probs, None)),
-        randomness="different")
+        lambda tokens: _verdict_fields(rule(tokens, draft_probs, target_probs, None)), randomness="different"
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return batched(draft_tokens)
 
 
 @torch.inference_mode()
-def run_rule_loop(rule, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-                  target_probs: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_rule_loop(
+    rule, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Like run_rule, one call per round with one explicit generator (as the engine does)."""
     generator = make_generator(seed)
     verdicts = [rule(tokens, draft_probs, target_probs, generator) for tokens in draft_tokens]
-    return (torch.stack([v.accepted for v in verdicts]),
-            torch.stack([v.chosen for v in verdicts]))
+    return (torch.stack([v.accepted for v in verdicts]), torch.stack([v.chosen for v in verdicts]))
 
 
 def draw_drafts(draft_probs: torch.Tensor, n: int, seed: int) -> torch.Tensor:
@@ -392,9 +397,8 @@ def test_drafter_reports_conditionals_for_every_draft_position(tiny_pair):
         drafter.rewind(0, len(DRAFT_CONTEXT) - 1)
         ids = DRAFT_CONTEXT + proposal.tokens.tolist()
         with torch.no_grad():
-            logits = draft.model(torch.tensor([ids])).logits[0, len(DRAFT_CONTEXT) - 1:-1]
-        torch.testing.assert_close(proposal.probs, warp(logits, CONTRACT_SAMPLING),
-                                   atol=1e-5, rtol=1e-4)
+            logits = draft.model(torch.tensor([ids])).logits[0, len(DRAFT_CONTEXT) - 1 : -1]
+        torch.testing.assert_close(proposal.probs, warp(logits, CONTRACT_SAMPLING), atol=1e-5, rtol=1e-4)
         rows = torch.arange(3)
         assert (proposal.probs[rows, proposal.tokens] > 0).all()
 
@@ -423,8 +427,12 @@ def first_two_tokens(engine: Engine, method: Method, seeds: range) -> torch.Tens
     """
     out = []
     for seed in seeds:
-        config = GenerationConfig(method=method, max_new_tokens=2, draft_tokens=3,
-                                  sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
+        config = GenerationConfig(
+            method=method,
+            max_new_tokens=2,
+            draft_tokens=3,
+            sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed),
+        )
         out.append([t for r in decode(engine, ENGINE_PROMPT, config)[0] for t in r.emitted])
     return torch.tensor(out)
 
@@ -432,8 +440,13 @@ def first_two_tokens(engine: Engine, method: Method, seeds: range) -> torch.Tens
 def make_engine(pair) -> Engine:
     target, draft = pair
     # no stop ids: every generation yields exactly 2 tokens
-    return Engine(target.model, target.device, frozenset(), target.context_length,
-                  ChainDrafter(draft.model, draft.device))
+    return Engine(
+        target.model,
+        target.device,
+        frozenset(),
+        target.context_length,
+        ChainDrafter(draft.model, draft.device),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -516,8 +529,12 @@ def test_same_seed_same_tokens_different_seed_different_tokens(tiny_pair, method
     """Same seed and settings -> identical ids (fresh engines and a reused one); other seeds differ."""
 
     def tokens(engine: Engine, seed: int) -> list[int]:
-        config = GenerationConfig(method=method, max_new_tokens=24, draft_tokens=3,
-                                  sampling=SamplingConfig(temperature=1.0, top_p=0.95, seed=seed))
+        config = GenerationConfig(
+            method=method,
+            max_new_tokens=24,
+            draft_tokens=3,
+            sampling=SamplingConfig(temperature=1.0, top_p=0.95, seed=seed),
+        )
         return [t for r in decode(engine, DETERMINISM_PROMPT, config)[0] for t in r.emitted]
 
     reused = make_engine(tiny_pair)
@@ -531,15 +548,28 @@ def test_same_seed_same_tokens_different_seed_different_tokens(tiny_pair, method
 
 # -- batched chain sampling: every row of a dynamic batch follows the target law ------------------
 
+
 def batched_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
     """`generations` rows of the one-token prompt, 300 at a time; row i seeded seed + i."""
     target, draft = pair
-    engine = Engine(target.model, target.device, frozenset(), target.context_length,
-                    ChainDrafter(draft.model, draft.device))
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=2, draft_tokens=3,
-                              sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
-    finished = {r.index: r.state.ids[-2:] for r in engine.generate([ENGINE_PROMPT] * generations, config, 300)
-                if isinstance(r.event, Finished)}
+    engine = Engine(
+        target.model,
+        target.device,
+        frozenset(),
+        target.context_length,
+        ChainDrafter(draft.model, draft.device),
+    )
+    config = GenerationConfig(
+        method=Method.CHAIN,
+        max_new_tokens=2,
+        draft_tokens=3,
+        sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed),
+    )
+    finished = {
+        r.index: r.state.ids[-2:]
+        for r in engine.generate([ENGINE_PROMPT] * generations, config, 300)
+        if isinstance(r.event, Finished)
+    }
     return torch.tensor([finished[i] for i in range(generations)])
 
 
@@ -570,6 +600,7 @@ def test_batched_chain_control_without_residual_fails(tiny_pair, target_law, mon
 
 # -- a pruned draft head (--draft-quant prune) stays lossless ---------------------------------------
 
+
 def pruned_engine(pair, keep: int = 120) -> Engine:
     import copy
 
@@ -577,7 +608,9 @@ def pruned_engine(pair, keep: int = 120) -> Engine:
 
     target, draft = pair
     model = apply_draft_quant(copy.deepcopy(draft.model), "prune", keep=keep)
-    return Engine(target.model, target.device, frozenset(), target.context_length, ChainDrafter(model, draft.device))
+    return Engine(
+        target.model, target.device, frozenset(), target.context_length, ChainDrafter(model, draft.device)
+    )
 
 
 def test_pruned_draft_chain_follows_target_law(tiny_pair, target_law):
@@ -604,13 +637,16 @@ def test_pruned_draft_control_reporting_the_unpruned_law_fails(tiny_pair, target
 
     monkeypatch.setattr(PrunedHead, "see", lambda self, ids: None)  # a static kept set: the same
     # engine serves every generation, and a growing head would soon keep every id the target drew
-    tokens = first_two_tokens(pruned_engine(tiny_pair, keep=60), Method.CHAIN, range(30000, 30000 + CONTROL_GENERATIONS))
+    tokens = first_two_tokens(
+        pruned_engine(tiny_pair, keep=60), Method.CHAIN, range(30000, 30000 + CONTROL_GENERATIONS)
+    )
     q0, _ = target_law
     pvalue = gof_pvalue(tokens[:, 0], q0)
     assert pvalue < SMALL_ALPHA, f"the misreporting draft passed: p-value {pvalue:.3g}"
 
 
 # -- batched trees: every row of a dynamic batch of RSD-C trees follows the target law --------------
+
 
 def batched_tree_first_two_tokens(pair, generations: int, seed: int) -> torch.Tensor:
     """`generations` rows of the one-token prompt, 300 at a time, RSD-C with 2 children per round
@@ -621,10 +657,17 @@ def batched_tree_first_two_tokens(pair, generations: int, seed: int) -> torch.Te
     target, draft = pair
     drafts = PerRow(lambda: RSDConstant(draft.model, draft.device, (2,)))
     engine = Engine(target.model, target.device, frozenset(), target.context_length, drafts)
-    config = GenerationConfig(method=Method.RSD_C, branching=(2,), max_new_tokens=2,
-                              sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed))
-    finished = {r.index: r.state.ids[-2:] for r in engine.generate([ENGINE_PROMPT] * generations, config, 300)
-                if isinstance(r.event, Finished)}
+    config = GenerationConfig(
+        method=Method.RSD_C,
+        branching=(2,),
+        max_new_tokens=2,
+        sampling=dataclasses.replace(ENGINE_SAMPLING, seed=seed),
+    )
+    finished = {
+        r.index: r.state.ids[-2:]
+        for r in engine.generate([ENGINE_PROMPT] * generations, config, 300)
+        if isinstance(r.event, Finished)
+    }
     return torch.tensor([finished[i] for i in range(generations)])
 
 
@@ -637,8 +680,11 @@ def test_batched_tree_control_with_an_unwarped_target_fails(tiny_pair, target_la
     """Negative control: the rows' verdicts drawn against the target without top-p must fail."""
     import specgen.decoding.verify as engine_module
 
-    monkeypatch.setattr(engine_module, "warp", lambda logits, sampling: torch.softmax(
-        logits.float() / sampling.temperature, dim=-1))
+    monkeypatch.setattr(
+        engine_module,
+        "warp",
+        lambda logits, sampling: torch.softmax(logits.float() / sampling.temperature, dim=-1),
+    )
     tokens = batched_tree_first_two_tokens(tiny_pair, CONTROL_GENERATIONS, seed=9100)
     q0, _ = target_law
     pvalue = gof_pvalue(tokens[:, 0], q0)

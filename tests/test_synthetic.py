@@ -10,25 +10,34 @@ from pathlib import Path
 
 import pytest
 from scipy.stats import chisquare
+from test_engine import PROMPT
+from tiny import engine_with
 
 from specgen.config import Acceptance, AcceptanceMode, GenerationConfig, Method, SamplingConfig
 from specgen.decoding import synthetic
 from specgen.decoding.events import Finished, RoundResult
 from specgen.decoding.run import fold, timed
 from specgen.errors import ConfigError
-from tiny import engine_with
-from test_engine import PROMPT
 
-PROMPTS = [PROMPT, [257, 72, 101, 108, 108, 111, 44, 32], [257, 100, 101, 102, 32, 102, 40, 120, 41, 58],
-           [257, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74], [257, 116, 104, 101, 32, 99, 97, 116],
-           [257, 49, 50, 51, 52, 53], [257, 120, 121, 122, 32, 120, 121, 122, 32], [257, 33, 63, 33, 63, 33]]
+PROMPTS = [
+    PROMPT,
+    [257, 72, 101, 108, 108, 111, 44, 32],
+    [257, 100, 101, 102, 32, 102, 40, 120, 41, 58],
+    [257, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74],
+    [257, 116, 104, 101, 32, 99, 97, 116],
+    [257, 49, 50, 51, 52, 53],
+    [257, 120, 121, 122, 32, 120, 121, 122, 32],
+    [257, 33, 63, 33, 63, 33],
+]
 RECORDED = {0: 6, 1: 7, 2: 5, 3: 4, 4: 41}  # the default pair's chain rounds at k=4 (quick-greedy.json)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def recording(histogram: dict[int, int], k: int = 4, seed: int = 0) -> Acceptance:
     lengths = tuple(sorted(histogram))
-    return Acceptance(AcceptanceMode.SYNTHETIC, lengths, tuple(histogram[a] for a in lengths), k, seed, "test")
+    return Acceptance(
+        AcceptanceMode.SYNTHETIC, lengths, tuple(histogram[a] for a in lengths), k, seed, "test"
+    )
 
 
 def config(acceptance: Acceptance, method: Method = Method.CHAIN, **kwargs) -> GenerationConfig:
@@ -56,7 +65,7 @@ def run_batch(pair, prompts, cfg, batch_size):
         if isinstance(report.event, RoundResult):
             rounds.setdefault(report.index, []).append(report.event)
         elif isinstance(report.event, Finished):
-            ids[report.index] = report.state.ids[len(prompts[report.index]):]
+            ids[report.index] = report.state.ids[len(prompts[report.index]) :]
     return {i: (ids[i], rounds[i]) for i in ids}
 
 
@@ -82,17 +91,23 @@ def test_single_length_accepts_min_of_length_and_k(tiny_pair, length, k):
     assert all(r.accepted == min(length, len(r.draft_tokens)) for r in rounds)
     drafted = sum(len(r.draft_tokens) for r in rounds)
     assert stats.drafted == drafted and stats.accepted == sum(r.accepted for r in rounds)
-    assert stats.acceptance_rate == pytest.approx(sum(min(length, len(r.draft_tokens)) for r in rounds) / drafted)
+    assert stats.acceptance_rate == pytest.approx(
+        sum(min(length, len(r.draft_tokens)) for r in rounds) / drafted
+    )
     if len(full) == len(rounds) - 1:
         assert stats.acceptance_rate == pytest.approx(min(length, k) / k)
     assert stats.tokens_per_target_forward == pytest.approx(40 / len(rounds))
-    assert all(r.emitted[:-1] == list(r.draft_tokens[: r.accepted]) for r in rounds)  # drafts kept, then the target's
+    assert all(
+        r.emitted[:-1] == list(r.draft_tokens[: r.accepted]) for r in rounds
+    )  # drafts kept, then the target's
 
 
 @pytest.mark.statistical
 def test_accepted_lengths_follow_the_recording(tiny_pair):
     results = run_batch(tiny_pair, PROMPTS, config(recording(RECORDED), max_new_tokens=200), batch_size=4)
-    observed = Counter(r.accepted for _, rounds in results.values() for r in rounds if len(r.draft_tokens) == 4)
+    observed = Counter(
+        r.accepted for _, rounds in results.values() for r in rounds if len(r.draft_tokens) == 4
+    )
     total = sum(observed.values())
     assert total > 300
     counts = [observed[a] for a in range(5)]
@@ -107,7 +122,9 @@ def test_accepted_lengths_follow_the_recording(tiny_pair):
 
 def test_draws_follow_the_recording_without_a_model():
     acceptance = recording(RECORDED, seed=5)
-    counts = Counter(synthetic.draw(acceptance, index, position) for index in range(4) for position in range(5000))
+    counts = Counter(
+        synthetic.draw(acceptance, index, position) for index in range(4) for position in range(5000)
+    )
     expected = [20000 * RECORDED[a] / sum(RECORDED.values()) for a in range(5)]
     assert chisquare([counts[a] for a in range(5)], expected).pvalue > 0.01
     assert synthetic.expected_accepted(acceptance, 2) == pytest.approx((7 + 2 * 50) / 63)
@@ -149,8 +166,15 @@ def test_timed_counts_as_usual(tiny_pair):
 # -- recordings and settings refused in one line --------------------------------------------------
 def bench_json(tmp_path, measurements, settings=None) -> Path:
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps({"schema": "specgen-bench/1", "settings": settings or {"draft_tokens": 4},
-                                "measurements": measurements}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema": "specgen-bench/1",
+                "settings": settings or {"draft_tokens": 4},
+                "measurements": measurements,
+            }
+        )
+    )
     return path
 
 
@@ -163,31 +187,41 @@ def test_loads_the_bench_json_of_the_default_pair():
 
 
 def test_pools_prompts_and_reads_a_variants_k(tmp_path):
-    path = bench_json(tmp_path, [{"method": "chain/k2", "accepted_length_histogram": {"0": 1, "2": 3}},
-                                 {"method": "chain/k2", "accepted_length_histogram": {"1": 2, "2": 1}},
-                                 {"method": "chain", "accepted_length_histogram": {"4": 9}}])
+    path = bench_json(
+        tmp_path,
+        [
+            {"method": "chain/k2", "accepted_length_histogram": {"0": 1, "2": 3}},
+            {"method": "chain/k2", "accepted_length_histogram": {"1": 2, "2": 1}},
+            {"method": "chain", "accepted_length_histogram": {"4": 9}},
+        ],
+    )
     acceptance = synthetic.parse(f"{path}:chain/k2")
     assert (acceptance.lengths, acceptance.rounds, acceptance.draft_tokens) == ((0, 1, 2), (1, 2, 4), 2)
 
 
 def test_a_heads_variant_reads_its_k_not_the_heads_path(tmp_path):
     """'eagle/k2@/heads/coder': the k is the variant's; the slashes of the head's path are no variants."""
-    path = bench_json(tmp_path, [{"method": "eagle/k2@/heads/coder", "accepted_length_histogram": {"0": 3, "1": 1}}])
+    path = bench_json(
+        tmp_path, [{"method": "eagle/k2@/heads/coder", "accepted_length_histogram": {"0": 3, "1": 1}}]
+    )
     acceptance = synthetic.parse(f"{path}:eagle/k2@/heads/coder")
     assert (acceptance.lengths, acceptance.rounds, acceptance.draft_tokens) == ((0, 1), (3, 1), 2)
 
 
-@pytest.mark.parametrize("content, spec_suffix, message", [
-    (None, "", "cannot read it"),
-    ("not json {", "", "not a JSON file"),
-    (json.dumps({"schema": "other"}), "", "not a `specgen bench --json` file"),
-    ("BENCH", ":lookup", "no accepted lengths recorded for 'lookup'; recorded: chain"),
-    ("BENCH", ":rsd-c", "not a chain method"),
-    ("BENCH", ":chain/additive", "varying lengths"),
-    ("BADKEYS", "", "is not {length: rounds}"),
-    ("TOOLONG", "", "must be distinct, ascending and in 0..4"),
-    ("NOK", "", "do not say the draft length"),
-])
+@pytest.mark.parametrize(
+    "content, spec_suffix, message",
+    [
+        (None, "", "cannot read it"),
+        ("not json {", "", "not a JSON file"),
+        (json.dumps({"schema": "other"}), "", "not a `specgen bench --json` file"),
+        ("BENCH", ":lookup", "no accepted lengths recorded for 'lookup'; recorded: chain"),
+        ("BENCH", ":rsd-c", "not a chain method"),
+        ("BENCH", ":chain/additive", "varying lengths"),
+        ("BADKEYS", "", "is not {length: rounds}"),
+        ("TOOLONG", "", "must be distinct, ascending and in 0..4"),
+        ("NOK", "", "do not say the draft length"),
+    ],
+)
 def test_a_bad_recording_is_one_config_error_line(tmp_path, content, spec_suffix, message):
     path = tmp_path / "rec.json"
     good = [{"method": "chain", "accepted_length_histogram": {"1": 2}}]
@@ -207,11 +241,14 @@ def test_a_bad_recording_is_one_config_error_line(tmp_path, content, spec_suffix
     assert "\n" not in text and text.startswith(f"--synthetic {path}") and message in text
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(method=Method.RSD_C), "drafts trees"),
-    (dict(deterministic=True), "turn --deterministic off"),
-    (dict(draft_tokens=6), "recorded at k=4 cannot drive k=6"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(method=Method.RSD_C), "drafts trees"),
+        (dict(deterministic=True), "turn --deterministic off"),
+        (dict(draft_tokens=6), "recorded at k=4 cannot drive k=6"),
+    ],
+)
 def test_settings_synthetic_acceptance_cannot_drive(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         GenerationConfig(acceptance=recording(RECORDED), **kwargs)

@@ -21,7 +21,8 @@ def test_same_tokenizer_files_share_one_tokenizer(tiny_dirs):
     target, draft = load(tiny_dirs["target"], tiny_dirs["draft"])
     assert draft.tokenizer is target.tokenizer
     assert models.tokenizer_fingerprint(str(tiny_dirs["target"])) == models.tokenizer_fingerprint(
-        str(tiny_dirs["draft"]))
+        str(tiny_dirs["draft"])
+    )
 
 
 def test_a_different_special_token_is_loaded_and_drafts_through_text(tiny_dirs, tmp_path):

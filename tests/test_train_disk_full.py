@@ -16,6 +16,7 @@ import subprocess
 
 import pytest
 import torch
+from tiny import save_tiny
 from typer.testing import CliRunner
 
 from specgen.cli.app import app
@@ -23,7 +24,6 @@ from specgen.errors import DiskFullError
 from specgen.models.eagle_head import default_layers
 from specgen.models.load import load_pair
 from specgen.train import data
-from tiny import save_tiny
 
 LAYERS = 4
 SEQUENCES, LENGTH = 6, 200  # ~80 KB of features each (3 taps x 64 x fp16 a token)
@@ -42,8 +42,10 @@ def fixed_data(monkeypatch):
     from specgen.train import head
 
     generator = torch.Generator().manual_seed(0)
-    sequences = [data.Sequence(torch.randint(0, 256, (LENGTH,), generator=generator).tolist(), 0)
-                 for _ in range(SEQUENCES)]
+    sequences = [
+        data.Sequence(torch.randint(0, 256, (LENGTH,), generator=generator).tolist(), 0)
+        for _ in range(SEQUENCES)
+    ]
     monkeypatch.setattr(head, "_sequences", lambda *args: sequences)
     return sequences
 
@@ -58,8 +60,11 @@ def disk(tmp_path):
     mounted = []
 
     def size(kib: int):
-        command = (["mount", "-o", f"remount,size={kib}k", str(where)] if mounted else
-                   ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)])
+        command = (
+            ["mount", "-o", f"remount,size={kib}k", str(where)]
+            if mounted
+            else ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)]
+        )
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             pytest.skip(f"no tmpfs here: {done.stderr.strip()}")
@@ -74,8 +79,26 @@ def disk(tmp_path):
 
 
 def train(target, out, *extra):
-    return runner.invoke(app, ["train-head", "--out", str(out), "--target", str(target), "--device", "cpu",
-                               "--dtype", "float32", "--tokens", "1000", "--draft-vocab", "100", "--quiet", *extra])
+    return runner.invoke(
+        app,
+        [
+            "train-head",
+            "--out",
+            str(out),
+            "--target",
+            str(target),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--tokens",
+            "1000",
+            "--draft-vocab",
+            "100",
+            "--quiet",
+            *extra,
+        ],
+    )
 
 
 def assert_one_line(result, file: str) -> None:
@@ -153,15 +176,20 @@ def test_recording_stopped_by_a_full_disk_continues_where_it_stopped(target, fix
     done = train(target, out)
     assert done.exit_code == 0, done.output
     shards = data.Shards(out)
-    assert {p.name: p.stat().st_mtime_ns for p in shards.files()[:len(before)]} == before
+    assert {p.name: p.stat().st_mtime_ns for p in shards.files()[: len(before)]} == before
     assert [ids.tolist() for ids, *_ in shards.sequences()] == [s.ids for s in fixed_data]
 
 
 def test_a_shard_the_manifest_does_not_count_is_recorded_again_not_twice(tmp_path, monkeypatch):
     """The disk filled (or a kill came) between a shard's write and the manifest's: the rerun
     removes that shard and records its sequences again (no tmpfs needed)."""
-    model = load_pair(str(save_tiny(tmp_path / "target", seed=1, layers=LAYERS)), None, device="cpu",
-                      dtype="float32", quiet=True)[0]
+    model = load_pair(
+        str(save_tiny(tmp_path / "target", seed=1, layers=LAYERS)),
+        None,
+        device="cpu",
+        dtype="float32",
+        quiet=True,
+    )[0]
     torch.manual_seed(0)
     sequences = [data.Sequence(torch.randint(0, 256, (20,)).tolist(), 0) for _ in range(4)]
     shards = data.Shards(tmp_path / "head")

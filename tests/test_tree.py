@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from specgen.runtime import kvcache
-from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import Engine
-from specgen.runtime.compiled import Steps
-from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal
 from test_engine import PROMPT, reference_greedy
 from tiny import decode, engine_with
+
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.acceptance import ProposalKind
+from specgen.decoding.drafters.base import Proposal
+from specgen.runtime import kvcache
+from specgen.runtime.compiled import Steps
 
 NODES = torch.tensor([11, 12, 13, 14, 15, 16, 17])  # the root's token first
 TREE = Proposal(NODES[1:], (0, 0, 1, 1, 2, 3), ProposalKind.DETERMINISTIC)
@@ -104,7 +103,7 @@ def test_commit_after_tree_rounds_equals_fresh_prefill(tiny_pair, config, temper
         drafter = engine.drafter.rows[0]  # the row's tree drafter
         assert kvcache.cache_length(drafter.cache) == drafter.cached <= len(ids) - 1
         # top the cache up to the committed sequence (start keeps the cache; propose feeds the rest)
-        kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[drafter.cached:-1]]))
+        kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[drafter.cached : -1]]))
         d_cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
         d_fresh = draft.model(torch.tensor([ids])).logits[0, -1]
         torch.testing.assert_close(d_cached, d_fresh, atol=1e-4, rtol=1e-4)

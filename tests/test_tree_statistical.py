@@ -18,20 +18,23 @@ from scipy.stats import chisquare
 
 from specgen.decoding.acceptance import ProposalKind, recursive_rejection, walk
 from specgen.decoding.drafters.base import Proposal
-from specgen.decoding.sampling import gumbel_top_k
 from specgen.decoding.drafters.tree import RSDStochasticBeam
+from specgen.decoding.sampling import gumbel_top_k
 
 
 def as_tree(tokens: list[int], parents: list[int]) -> tuple[list[int], Proposal]:
     """Node tokens (the root first) and the proposal of the nodes after the root, whose
     parents were written with the root's own -1 first."""
-    return tokens, Proposal(torch.tensor(tokens[1:], dtype=torch.int64), tuple(parents[1:]), ProposalKind.SAMPLED)
+    return tokens, Proposal(
+        torch.tensor(tokens[1:], dtype=torch.int64), tuple(parents[1:]), ProposalKind.SAMPLED
+    )
 
 
 def walked(tree: Proposal, verdict) -> tuple[list[int], int]:
     """A verdict read and walked as the engine does: (the accepted path, the target's token)."""
     path, token, _ = walk(tree.children, verdict.passed.tolist(), verdict.token.tolist())
     return path, token
+
 
 pytestmark = pytest.mark.statistical
 ALPHA = 1e-3
@@ -51,14 +54,21 @@ def one_node(children: torch.Tensor, p: torch.Tensor, q: torch.Tensor, generator
     """Verify one node with the given children; return the first emitted token."""
     k = children.numel()
     tree = Proposal(children.to(torch.int64), (0,) * k, ProposalKind.SAMPLED)
-    verdict = recursive_rejection(tree.children, tree.tokens, p.expand(k + 1, -1), q.expand(k + 1, -1),
-                                  generator, replacement=replacement)
+    verdict = recursive_rejection(
+        tree.children,
+        tree.tokens,
+        p.expand(k + 1, -1),
+        q.expand(k + 1, -1),
+        generator,
+        replacement=replacement,
+    )
     path, token = walked(tree, verdict)
     return int(children[path[0] - 1]) if path else token
 
 
-def sample_node(n: int, k: int, *, replacement_draws: bool, replacement_rule: bool, resort: bool = False,
-                seed: int = 0) -> list[int]:
+def sample_node(
+    n: int, k: int, *, replacement_draws: bool, replacement_rule: bool, resort: bool = False, seed: int = 0
+) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -84,8 +94,10 @@ def test_rrs_with_replacement_emits_q():
 
 def test_control_resorted_siblings_fail():
     """Negative control: the same draws verified in draft-probability order must be rejected."""
-    assert chi2_pvalue(sample_node(6000, 2, replacement_draws=False, replacement_rule=False, resort=True),
-                       Q1) < ALPHA
+    assert (
+        chi2_pvalue(sample_node(6000, 2, replacement_draws=False, replacement_rule=False, resort=True), Q1)
+        < ALPHA
+    )
 
 
 def test_control_draft_not_updated_after_rejection_fails():
@@ -101,8 +113,12 @@ def test_control_without_replacement_rule_on_iid_draws_fails():
 # -- tree level: a Markov model over 4 tokens --------------------------------------------------
 
 V = 4
-P_TABLE = torch.tensor([[0.55, 0.25, 0.15, 0.05], [0.1, 0.6, 0.2, 0.1], [0.3, 0.1, 0.1, 0.5], [0.25, 0.25, 0.25, 0.25]])
-Q_TABLE = torch.tensor([[0.2, 0.3, 0.1, 0.4], [0.35, 0.15, 0.35, 0.15], [0.1, 0.45, 0.25, 0.2], [0.6, 0.1, 0.1, 0.2]])
+P_TABLE = torch.tensor(
+    [[0.55, 0.25, 0.15, 0.05], [0.1, 0.6, 0.2, 0.1], [0.3, 0.1, 0.1, 0.5], [0.25, 0.25, 0.25, 0.25]]
+)
+Q_TABLE = torch.tensor(
+    [[0.2, 0.3, 0.1, 0.4], [0.35, 0.15, 0.35, 0.15], [0.1, 0.45, 0.25, 0.2], [0.6, 0.1, 0.1, 0.2]]
+)
 EXPECTED_PAIRS = (Q_TABLE[0][:, None] * Q_TABLE).reshape(-1)  # root token 0: law of (x1, x2)
 
 
@@ -128,8 +144,9 @@ def build_beam(root: int, width: int, depth: int, generator):
     tokens, parents, frontier, scores = [root], [-1], [0], None
     for level in range(depth):
         probs = P_TABLE[torch.tensor([tokens[f] for f in frontier])]
-        new_parents, new_tokens, scores = drafter._children(level, frontier, probs, scores, ProposalKind.SAMPLED,
-                                                            generator)
+        new_parents, new_tokens, scores = drafter._children(
+            level, frontier, probs, scores, ProposalKind.SAMPLED, generator
+        )
         start = len(tokens)
         tokens.extend(new_tokens.tolist())
         parents.extend(new_parents)
@@ -149,8 +166,9 @@ def first_two_tokens(build, n: int, seed: int, resort: bool = False, replacement
             if resort:
                 nodes, tree = resort_siblings(nodes, tree)
             rows = torch.tensor(nodes)
-            verdict = recursive_rejection(tree.children, tree.tokens, P_TABLE[rows], Q_TABLE[rows], generator,
-                                          replacement=replacement)
+            verdict = recursive_rejection(
+                tree.children, tree.tokens, P_TABLE[rows], Q_TABLE[rows], generator, replacement=replacement
+            )
             path, token = walked(tree, verdict)
             emitted += [nodes[i] for i in path] + [token]
         out.append(emitted[0] * V + emitted[1])
@@ -181,7 +199,9 @@ def test_rsd_c_tree_emits_q():
 
 def test_multi_draft_tree_emits_q():
     """Multi-draft (i.i.d. children, with-replacement rule), branching (2, 2). False failure: 1e-3."""
-    samples = first_two_tokens(lambda r, g: build_constant(r, (2, 2), g, iid=True), 3000, seed=2, replacement=True)
+    samples = first_two_tokens(
+        lambda r, g: build_constant(r, (2, 2), g, iid=True), 3000, seed=2, replacement=True
+    )
     assert chi2_pvalue(samples, EXPECTED_PAIRS) > ALPHA
 
 
@@ -193,5 +213,7 @@ def test_rsd_s_tree_emits_q():
 
 def test_control_rsd_c_with_resorted_siblings_fails():
     """Negative control: RSD-C trees verified with siblings re-sorted by draft probability."""
-    samples = first_two_tokens(lambda r, g: build_constant(r, (2, 2), g, iid=False), 3000, seed=4, resort=True)
+    samples = first_two_tokens(
+        lambda r, g: build_constant(r, (2, 2), g, iid=False), 3000, seed=4, resort=True
+    )
     assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA

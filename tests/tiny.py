@@ -31,8 +31,7 @@ def build_tokenizer(extra_token: str | None = None, eos: str = "<|im_end|>"):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, special=True) for t in specials])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos,
-                                        pad_token="<|endoftext|>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos, pad_token="<|endoftext|>")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -47,15 +46,36 @@ def build_byte_fallback_tokenizer():
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for byte in range(256):
         vocab[f"<0x{byte:02X}>"] = len(vocab)
-    for piece in ["\u2581", "h", "e", "l", "o", "w", "r", "d", "a", "b", "c", "x", "y", "z", "\u00e9", "\u65e5"]:
+    for piece in [
+        "\u2581",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "a",
+        "b",
+        "c",
+        "x",
+        "y",
+        "z",
+        "\u00e9",
+        "\u65e5",
+    ]:
         vocab.setdefault(piece, len(vocab))
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     backend.add_special_tokens([AddedToken(t, special=True) for t in ["<unk>", "<s>", "</s>", *SPECIALS[1:]]])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<|im_end|>",
-                                        unk_token="<unk>", pad_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>", pad_token="</s>"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -65,25 +85,52 @@ def save_byte_fallback_llama(directory: Path, seed: int, layers: int = 2) -> Pat
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_byte_fallback_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         initializer_range=0.3, tie_word_embeddings=False,
-                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), bos_token_id=1, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        bos_token_id=1,
+        pad_token_id=2,
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).eval().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
 
-def build_model(seed: int, *, layers: int = 2, hidden: int = 64, context: int = 256,
-                vocab: int = 259, init_range: float = 0.3, eos_id: int = 258, pad_id: int = 256):
+def build_model(
+    seed: int,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    context: int = 256,
+    vocab: int = 259,
+    init_range: float = 0.3,
+    eos_id: int = 258,
+    pad_id: int = 256,
+):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-        initializer_range=init_range, tie_word_embeddings=False, eos_token_id=eos_id,
-        bos_token_id=None, pad_token_id=pad_id,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        initializer_range=init_range,
+        tie_word_embeddings=False,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -157,16 +204,26 @@ def engine_with(pair, config, stop_ids=None, compile: str = "off", **policy):
     target, draft = pair
     drafter = make_drafter(Pair(target, draft, compile), config)
     stop_ids = target.stop_ids if stop_ids is None else stop_ids
-    return Engine(target.model, target.device, stop_ids, target.context_length, drafter, compile=compile,
-                  policy=Policy(**policy))
+    return Engine(
+        target.model,
+        target.device,
+        stop_ids,
+        target.context_length,
+        drafter,
+        compile=compile,
+        policy=Policy(**policy),
+    )
 
 
 def batch_ids(engine, prompts, config, batch_size: int) -> list[list[int]]:
     """Each prompt's whole sequence (prompt + generated) after a batched run, in input order."""
     from specgen.decoding.events import Finished
 
-    finished = {r.index: r.state.ids for r in engine.generate(prompts, config, batch_size)
-                if isinstance(r.event, Finished)}
+    finished = {
+        r.index: r.state.ids
+        for r in engine.generate(prompts, config, batch_size)
+        if isinstance(r.event, Finished)
+    }
     return [finished[i] for i in range(len(prompts))]
 
 
@@ -194,7 +251,9 @@ def fed_tokens(model):
     """Tokens per row fed to `model` per forward (its embedding's input widths), and the hook to
     remove."""
     fed: list[int] = []
-    return fed, model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].shape[-1]))
+    return fed, model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: fed.append(args[0].shape[-1])
+    )
 
 
 def assert_cache_agrees(model, cache, ids: list[int]) -> None:

@@ -35,7 +35,8 @@ from specgen.runtime.pair import Pair
 from specgen.runtime.prefixes import PrefixStore
 
 TEXTS = (
-    "Rewrite this function so that it streams the file instead of reading it whole, and explain the change:\n\n"
+    "Rewrite this function so that it streams the file instead of reading it whole, and explain the "
+    "change:\n\n"
     "def count_words(path):\n    with open(path) as f:\n        text = f.read()\n    counts = {}\n"
     "    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n    return counts\n",
     "Continue the story in the same voice. The lighthouse keeper had not seen a ship in eleven days. Each "
@@ -92,8 +93,14 @@ class Case:
 
 def standard_cases(pair: Pair) -> list[Case]:
     """Every method the pair can run, and each path once: what `specgen check` runs."""
-    cases = [Case(Method.PLAIN), Case(Method.PLAIN, Path.BATCHED), Case(Method.PLAIN, Path.CACHED),
-             Case(Method.PLAIN, Path.CHUNKED), Case(Method.PLAIN, Path.CHAT), Case(Method.LOOKUP)]
+    cases = [
+        Case(Method.PLAIN),
+        Case(Method.PLAIN, Path.BATCHED),
+        Case(Method.PLAIN, Path.CACHED),
+        Case(Method.PLAIN, Path.CHUNKED),
+        Case(Method.PLAIN, Path.CHAT),
+        Case(Method.LOOKUP),
+    ]
     head = pair.draft is not None and pair.draft.vocabulary is Vocabulary.HEAD
     chain = Method.EAGLE if head else Method.CHAIN
     if pair.draft is not None:
@@ -117,8 +124,11 @@ def check_prompts(pair: Pair, count: int, new_tokens: int) -> list[list[int]]:
     follow_up = len(encode_prompt(tokenizer, FOLLOW_UP, raw=True))
     room = pair.target.context_length - 2 * new_tokens - follow_up - 1  # a chat turn's second prompt fits
     if room < 2 + 8 * count:
-        raise ConfigError(f"the target's context ({pair.target.context_length} tokens) leaves no room for "
-                          f"prompts and {new_tokens} new tokens in two turns", hint="use fewer --max-new-tokens")
+        raise ConfigError(
+            f"the target's context ({pair.target.context_length} tokens) leaves no room for "
+            f"prompts and {new_tokens} new tokens in two turns",
+            hint="use fewer --max-new-tokens",
+        )
     prompts = []
     for i in range(count):
         text = TEXTS[i % len(TEXTS)]
@@ -140,12 +150,17 @@ def reference(pair: Pair, prompt: list[int], new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt], device=target.device)
     with _quiet_generate():
         out = target.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
-def check(pair: Pair, prompts: list[list[int]], cases: list[Case], new_tokens: int,
-          on_result: Callable[[Case], None] = lambda result: None,
-          make_engine: Callable[..., Engine] = build_engine) -> list[Case]:
+def check(
+    pair: Pair,
+    prompts: list[list[int]],
+    cases: list[Case],
+    new_tokens: int,
+    on_result: Callable[[Case], None] = lambda result: None,
+    make_engine: Callable[..., Engine] = build_engine,
+) -> list[Case]:
     """Each case run on `prompts` and compared with the reference: the cases with what they
     found; `on_result` is told of each as it ends. `make_engine(pair, config, policy=...)` builds
     an engine (build_engine's signature)."""
@@ -156,26 +171,44 @@ def check(pair: Pair, prompts: list[list[int]], cases: list[Case], new_tokens: i
     results = []
     for case in cases:
         started = time.perf_counter()
-        config = GenerationConfig(method=case.method, max_new_tokens=new_tokens, draft_tokens=4,
-                                  deterministic=case.deterministic, verify_window=8)
+        config = GenerationConfig(
+            method=case.method,
+            max_new_tokens=new_tokens,
+            draft_tokens=4,
+            deterministic=case.deterministic,
+            verify_window=8,
+        )
         if case.path is Path.CHAT:
             if chat_expected is None:
                 chat_expected = [reference(pair, p, new_tokens) for p in second]
             got, want, asked = _chat(pair, config, prompts, second, make_engine), chat_expected, second
         else:
             got, want, asked = _run(pair, config, case.path, prompts, make_engine), expected, prompts
-        result = replace(case, mismatches=tuple(m for i in range(len(prompts))
-                                                if (m := _mismatch(pair, i, asked[i], want[i], got[i])) is not None),
-                         seconds=time.perf_counter() - started)
+        result = replace(
+            case,
+            mismatches=tuple(
+                m
+                for i in range(len(prompts))
+                if (m := _mismatch(pair, i, asked[i], want[i], got[i])) is not None
+            ),
+            seconds=time.perf_counter() - started,
+        )
         on_result(result)
         results.append(result)
     return results
 
 
-def _run(pair: Pair, config: GenerationConfig, path: Path, prompts: list[list[int]],
-         make_engine: Callable[..., Engine]) -> list[list[int]]:
+def _run(
+    pair: Pair,
+    config: GenerationConfig,
+    path: Path,
+    prompts: list[list[int]],
+    make_engine: Callable[..., Engine],
+) -> list[list[int]]:
     if path is Path.CACHED:  # a store of its own: the first run fills it, the second is compared
-        pair = replace(pair, target_prefixes=PrefixStore(budget=1 << 30), draft_prefixes=PrefixStore(budget=1 << 30))
+        pair = replace(
+            pair, target_prefixes=PrefixStore(budget=1 << 30), draft_prefixes=PrefixStore(budget=1 << 30)
+        )
         _finals(make_engine(pair, config), prompts, config, 1)
         return _finals(make_engine(pair, config), prompts, config, 1)
     if path is Path.CHUNKED:  # each prompt joins a row that decodes: its prefill comes a chunk per round
@@ -183,8 +216,11 @@ def _run(pair: Pair, config: GenerationConfig, path: Path, prompts: list[list[in
         outputs = []
         for prompt in prompts:
             feed = _Staggered(prompt[: max(1, CHUNK // 2)], prompt, config, len(prompt) // CHUNK + 4)
-            finished = {r.index: r.state.final_ids(config) for r in engine.drive(feed, config, 2)
-                        if isinstance(r.event, Finished)}
+            finished = {
+                r.index: r.state.final_ids(config)
+                for r in engine.drive(feed, config, 2)
+                if isinstance(r.event, Finished)
+            }
             outputs.append(finished[1])
         return outputs
     engine = make_engine(pair, config)
@@ -196,8 +232,10 @@ class _Staggered:
     `prompt` is staged (prefilled a chunk per round beside it) instead of joining at once."""
 
     def __init__(self, lead: list[int], prompt: list[int], config: GenerationConfig, lead_tokens: int):
-        self.waiting = [Request(lead, 0, config.sampling, config.max_new_tokens + lead_tokens),
-                        Request(prompt, 1, config.sampling, config.max_new_tokens)]
+        self.waiting = [
+            Request(lead, 0, config.sampling, config.max_new_tokens + lead_tokens),
+            Request(prompt, 1, config.sampling, config.max_new_tokens),
+        ]
 
     def take(self, room: int) -> list[Request]:
         return [self.waiting.pop(0)] if self.waiting and room else []
@@ -206,14 +244,20 @@ class _Staggered:
         return set()
 
 
-def _finals(engine: Engine, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> list[list[int]]:
-    finished = {r.index: r.state.final_ids(config) for r in engine.generate(prompts, config, batch_size)
-                if isinstance(r.event, Finished)}
+def _finals(
+    engine: Engine, prompts: list[list[int]], config: GenerationConfig, batch_size: int
+) -> list[list[int]]:
+    finished = {
+        r.index: r.state.final_ids(config)
+        for r in engine.generate(prompts, config, batch_size)
+        if isinstance(r.event, Finished)
+    }
     return [finished[i] for i in range(len(prompts))]
 
 
-def _chat(pair: Pair, config: GenerationConfig, prompts, second,
-          make_engine: Callable[..., Engine]) -> list[list[int]]:
+def _chat(
+    pair: Pair, config: GenerationConfig, prompts, second, make_engine: Callable[..., Engine]
+) -> list[list[int]]:
     """Turn 1, then turn 2 (turn 1's prompt and the reference's answer, and a follow-up)
     resuming that engine's cache: what turn 1 left that turn 2 shares is kept, not prefilled."""
     outputs = []
@@ -228,10 +272,14 @@ def _chat(pair: Pair, config: GenerationConfig, prompts, second,
     return outputs
 
 
-def _mismatch(pair: Pair, index: int, prompt: list[int], expected: list[int], got: list[int]) -> Mismatch | None:
+def _mismatch(
+    pair: Pair, index: int, prompt: list[int], expected: list[int], got: list[int]
+) -> Mismatch | None:
     if got == expected:
         return None
-    position = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    position = next(
+        (i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got))
+    )
     want = expected[position] if position < len(expected) else None
     have = got[position] if position < len(got) else None
     gap = None
@@ -259,8 +307,10 @@ def describe(result: Case, pair: Pair, prompts: int) -> str:
     def text(token: int | None) -> str:
         return "the end" if token is None else f"{tokenizer.decode([token])!r} (id {token})"
 
-    line = (f"differs on {len(result.mismatches)} of {prompts} prompts; prompt {first.prompt + 1}, new token "
-            f"{first.position + 1}: {text(first.got)} where transformers gives {text(first.expected)}")
+    line = (
+        f"differs on {len(result.mismatches)} of {prompts} prompts; prompt {first.prompt + 1}, new token "
+        f"{first.position + 1}: {text(first.got)} where transformers gives {text(first.expected)}"
+    )
     if first.gap is not None:
         kind = "a rounding near-tie" if abs(first.gap) < near_tie(pair) else "not a near-tie"
         line += f"; the reference's logits {first.gap:.3g} apart there, {kind}"

@@ -39,8 +39,9 @@ class IsolatedRunner:
     when a request is still in flight (Ctrl-C), reaped either way.
     """
 
-    def __init__(self, name: str, factory: Callable, args: tuple = (), label: str | None = None,
-                 crash_hint: str = ""):
+    def __init__(
+        self, name: str, factory: Callable, args: tuple = (), label: str | None = None, crash_hint: str = ""
+    ):
         self.name = name
         self.factory, self.args = factory, args
         self.label = label or name  # what a failure line calls the engine: "llama.cpp crashed (SIGSEGV)"
@@ -81,8 +82,12 @@ class IsolatedRunner:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
-        process = context.Process(target=serve, args=(theirs, self.factory, self.args, torch.get_num_threads()),
-                                  name=f"specgen-bench-{self.name}", daemon=True)
+        process = context.Process(
+            target=serve,
+            args=(theirs, self.factory, self.args, torch.get_num_threads()),
+            name=f"specgen-bench-{self.name}",
+            daemon=True,
+        )
         try:
             process.start()
         except BaseException:

@@ -29,8 +29,8 @@ from specgen.bench.isolated import IsolatedRunner
 from specgen.bench.runners import Generation, Known
 from specgen.config import GenerationConfig
 from specgen.decoding.stats import Stats
-from specgen.models import catalog
 from specgen.errors import ConfigError
+from specgen.models import catalog
 
 METHODS = {
     "llamacpp": "llama.cpp plain decoding of the target's GGUF file (llama-cpp-python)",
@@ -58,8 +58,11 @@ def refuse_early(names: list[str], target: str) -> None:
         return
     path = Path(target).expanduser()
     if target not in catalog.CATALOG and not path.is_file():
-        raise ConfigError(f"{asked[0]} (llama.cpp) needs a GGUF target (a catalog model or a .gguf file); "
-                          f"{target} is not one", hint="leave it out of --methods")
+        raise ConfigError(
+            f"{asked[0]} (llama.cpp) needs a GGUF target (a catalog model or a .gguf file); "
+            f"{target} is not one",
+            hint="leave it out of --methods",
+        )
     require()
 
 
@@ -73,11 +76,18 @@ class LlamaCppRunner(IsolatedRunner):
         target = pair.target
         gguf = target.gguf_file() if getattr(target, "gguf", None) else None  # fetched again if let go
         if not gguf:
-            raise ConfigError(f"method {name} needs a GGUF target (a catalog model or a .gguf file); "
-                              f"{target.name} was loaded from {target.source}")
+            raise ConfigError(
+                f"method {name} needs a GGUF target (a catalog model or a .gguf file); "
+                f"{target.name} was loaded from {target.source}"
+            )
         n_ctx = min(target.context_length, 4096)
-        super().__init__(name, LlamaCppGenerator, (str(gguf), name, n_ctx, tuple(int(t) for t in target.stop_ids)),
-                         label="llama.cpp", crash_hint=CRASH_HINT)
+        super().__init__(
+            name,
+            LlamaCppGenerator,
+            (str(gguf), name, n_ctx, tuple(int(t) for t in target.stop_ids)),
+            label="llama.cpp",
+            crash_hint=CRASH_HINT,
+        )
 
 
 class LlamaCppGenerator:
@@ -96,8 +106,15 @@ class LlamaCppGenerator:
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=10)
         with _quiet_stderr():
-            self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                             draft_model=draft, verbose=False, seed=0)
+            self.llm = Llama(
+                model_path=gguf,
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                draft_model=draft,
+                verbose=False,
+                seed=0,
+            )
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation:
         llm = self.llm
@@ -109,8 +126,11 @@ class LlamaCppGenerator:
         llm.reset()  # no KV reuse from the previous prompt: every method starts cold
         if not greedy and sampling.seed is not None:
             llm.set_seed(int(sampling.seed))
-        kwargs = dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0) if greedy else dict(
-            temp=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p, min_p=0.0)
+        kwargs = (
+            dict(temp=0.0, top_k=1, top_p=1.0, min_p=0.0)
+            if greedy
+            else dict(temp=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p, min_p=0.0)
+        )
         ids: list[int] = []
         stop = "length"
         started = time.perf_counter()
@@ -127,8 +147,14 @@ class LlamaCppGenerator:
                 break
         seconds = time.perf_counter() - started
         ttft = first_at - started if first_at is not None else None
-        stats = Stats(method=self.name, new_tokens=len(ids), seconds=seconds, time_to_first_token=ttft, stop=stop,
-                      rounds=len(ids) + (stop == "eos"))  # plain decoding: one forward per token
+        stats = Stats(
+            method=self.name,
+            new_tokens=len(ids),
+            seconds=seconds,
+            time_to_first_token=ttft,
+            stop=stop,
+            rounds=len(ids) + (stop == "eos"),
+        )  # plain decoding: one forward per token
         return Generation(ids, seconds, ttft, 1, stats, Known.NONE if self.lookup else Known.FORWARDS)
 
 

@@ -110,9 +110,14 @@ def fixed_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def measure(runners: list[Runner], prompts: list[tuple[PromptRecord, list[int]]],
-            settings: BenchSettings, memory: MemoryProbe | None = None,
-            warmups: dict | None = None, failures: list[Failure] | None = None) -> Iterator[Generation]:
+def measure(
+    runners: list[Runner],
+    prompts: list[tuple[PromptRecord, list[int]]],
+    settings: BenchSettings,
+    memory: MemoryProbe | None = None,
+    warmups: dict | None = None,
+    failures: list[Failure] | None = None,
+) -> Iterator[Generation]:
     """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
     capture happen there, apart from every measurement), then for each prompt, for each
     repeat, run every method in the given order (the caller puts plain first). Yields
@@ -123,11 +128,12 @@ def measure(runners: list[Runner], prompts: list[tuple[PromptRecord, list[int]]]
     failures = [] if failures is None else failures
     config = settings.generation
 
-    def attempt(runner, item: PromptRecord, repeat: int | None, ids: list[int],
-                run_config: GenerationConfig) -> Generation | None:
+    def attempt(
+        runner, item: PromptRecord, repeat: int | None, ids: list[int], run_config: GenerationConfig
+    ) -> Generation | None:
         try:
             return runner.generate(ids, run_config)
-        except Exception as exc:  # noqa: BLE001: one column's failure is its line, never the others' loss
+        except Exception as exc:  # noqa: BLE001 - one column's failure is its line, never the others' loss
             line = str(exc) if isinstance(exc, RunnerFailed) else one_line(exc)
             failures.append(Failure(runner.name, item.id, item.category, repeat, line))
             note(f"bench: {runner.name}: {line}")
@@ -152,8 +158,15 @@ def measure(runners: list[Runner], prompts: list[tuple[PromptRecord, list[int]]]
                 if gen is not None:
                     # an isolated runner's memory is its child's (the parent's peak says nothing of it)
                     peak = runner.peak_memory_bytes if isinstance(runner, IsolatedRunner) else memory.peak()
-                    yield replace(gen, prompt_id=item.id, category=item.category, method=runner.name, repeat=repeat,
-                                  prompt_tokens=len(ids), peak_memory_bytes=peak)
+                    yield replace(
+                        gen,
+                        prompt_id=item.id,
+                        category=item.category,
+                        method=runner.name,
+                        repeat=repeat,
+                        prompt_tokens=len(ids),
+                        peak_memory_bytes=peak,
+                    )
 
 
 @dataclass
@@ -169,9 +182,15 @@ class BenchResult:
     failures: list[Failure] = field(default_factory=list)  # columns that stopped, one line each
 
 
-def run_bench(pair, method_names: list[str], prompts: list[PromptRecord], settings: BenchSettings,
-              on_measurement: Callable[[Generation], None] | None = None,
-              runners: list[Runner] | None = None, drafts: dict | None = None) -> BenchResult:
+def run_bench(
+    pair,
+    method_names: list[str],
+    prompts: list[PromptRecord],
+    settings: BenchSettings,
+    on_measurement: Callable[[Generation], None] | None = None,
+    runners: list[Runner] | None = None,
+    drafts: dict | None = None,
+) -> BenchResult:
     """Encode the prompts, build the runners (plain first), measure, summarise.
 
     Ctrl-C stops the measurement and keeps what was measured (`interrupted` is set). A column
@@ -189,13 +208,20 @@ def run_bench(pair, method_names: list[str], prompts: list[PromptRecord], settin
     with closing(runners):
         result = _run(pair, runners, prompts, settings, specs, on_measurement)
     if drafts:  # METHOD@DRAFT columns: which model each of them drafted with
-        result.environment["extra_drafts"] = {name: _model_record(extra.model) | extra.overrides
-                                              for name, extra in drafts.items()}
+        result.environment["extra_drafts"] = {
+            name: _model_record(extra.model) | extra.overrides for name, extra in drafts.items()
+        }
     return result
 
 
-def _run(pair, runners: list[Runner], prompts: list[PromptRecord], settings: BenchSettings, specs: dict,
-         on_measurement: Callable[[Generation], None] | None) -> BenchResult:
+def _run(
+    pair,
+    runners: list[Runner],
+    prompts: list[PromptRecord],
+    settings: BenchSettings,
+    specs: dict,
+    on_measurement: Callable[[Generation], None] | None,
+) -> BenchResult:
     method_names = [r.name for r in runners]
     if PLAIN not in method_names:
         raise ConfigError("plain decoding must be measured: it is the denominator of every speed-up")
@@ -218,29 +244,55 @@ def _run(pair, runners: list[Runner], prompts: list[PromptRecord], settings: Ben
     env["peak_memory"] = memory.kind
     greedy = settings.generation.sampling.greedy
     prompt_results = per_prompt(measurements, greedy)
-    described = {name: specs[name].description if name in specs else f"specgen {name}" for name in method_names}
+    described = {
+        name: specs[name].description if name in specs else f"specgen {name}" for name in method_names
+    }
     run_settings = {
-        "methods": described, "prompts": len(prompts), "repeats": settings.repeats,
-        "warmup": settings.warmup, "warmup_tokens": settings.warmup_tokens, "warmup_seconds": warmups,
-        **{k: v for k, v in asdict(settings.generation).items() if k != "method"}, "greedy": greedy,
+        "methods": described,
+        "prompts": len(prompts),
+        "repeats": settings.repeats,
+        "warmup": settings.warmup,
+        "warmup_tokens": settings.warmup_tokens,
+        "warmup_seconds": warmups,
+        **{k: v for k, v in asdict(settings.generation).items() if k != "method"},
+        "greedy": greedy,
         "hf_assistant": assistant_settings(runners),
     }
     failed = {f.method for f in failures}
     summarized = [name for name in method_names if name not in failed]
-    return BenchResult(env, run_settings, method_names, greedy, measurements, prompt_results,
-                       summarize(measurements, prompt_results, summarized), interrupted, failures)
+    return BenchResult(
+        env,
+        run_settings,
+        method_names,
+        greedy,
+        measurements,
+        prompt_results,
+        summarize(measurements, prompt_results, summarized),
+        interrupted,
+        failures,
+    )
 
 
 def environment(pair, threads: int) -> dict:
     """Where and with what the numbers were measured."""
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
     env = {
-        "cpu": placement.cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": threads,
-        "torch_interop_threads": torch.get_num_interop_threads(), "gpus": gpus,
-        "platform": platform.platform(), "python": platform.python_version(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "specgen": __version__,
-        "target": _model_record(pair.target), "draft": _model_record(pair.draft) if pair.draft else None,
+        "cpu": placement.cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "gpus": gpus,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specgen": __version__,
+        "target": _model_record(pair.target),
+        "draft": _model_record(pair.draft) if pair.draft else None,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpu_flags": sorted(f for f in (placement.cpu_flags() or ()) if f.startswith(("avx", "amx", "sse4"))),
         "cpu_format": _format_record(),
@@ -267,9 +319,14 @@ def _format_record() -> dict:
 
 
 def _model_record(loaded) -> dict:
-    return {"name": loaded.name, "source": loaded.source, "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."), "weights": getattr(loaded, "weights", "none"),
-            "parameters": _parameters(loaded.model)}
+    return {
+        "name": loaded.name,
+        "source": loaded.source,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "weights": getattr(loaded, "weights", "none"),
+        "parameters": _parameters(loaded.model),
+    }
 
 
 def _parameters(model) -> int:

@@ -22,15 +22,19 @@ def registry() -> dict[str, MethodSpec]:
     transformers references. New engine methods appear here as they land in `Method`."""
     specs = {}
     for method in Method:
-        specs[method.value] = MethodSpec(method.value, method.needs_draft_model,
-                                         lambda pair, m=method: EngineRunner(pair, m),
-                                         f"specgen {method.value} decoding")
+        specs[method.value] = MethodSpec(
+            method.value,
+            method.needs_draft_model,
+            lambda pair, m=method: EngineRunner(pair, m),
+            f"specgen {method.value} decoding",
+        )
     for reference in REFERENCES:
         specs[reference.name] = reference
     if bench_llamacpp.installed():  # optional extra: listed (and in the default run) once installed
         for name, description in bench_llamacpp.METHODS.items():
-            specs[name] = MethodSpec(name, False, lambda pair, n=name: bench_llamacpp.LlamaCppRunner(pair, n),
-                                     description)
+            specs[name] = MethodSpec(
+                name, False, lambda pair, n=name: bench_llamacpp.LlamaCppRunner(pair, n), description
+            )
     return specs
 
 
@@ -48,19 +52,28 @@ def variant(name: str) -> tuple[Method, dict] | None:
         return None
     overrides: dict = {}
     for suffix in suffixes:
-        if suffix[:1] == "k" and suffix[1:].isascii() and suffix[1:].isdigit() and "draft_tokens" not in overrides:
+        if (
+            suffix[:1] == "k"
+            and suffix[1:].isascii()
+            and suffix[1:].isdigit()
+            and "draft_tokens" not in overrides
+        ):
             if not 1 <= int(suffix[1:]) <= MAX_DRAFT_TOKENS:
-                raise ConfigError(f"'{name}' in --methods: /{suffix} drafts {int(suffix[1:])} tokens; a variant's k "
-                                  f"must be in 1..{MAX_DRAFT_TOKENS}")
+                raise ConfigError(
+                    f"'{name}' in --methods: /{suffix} drafts {int(suffix[1:])} tokens; a variant's k "
+                    f"must be in 1..{MAX_DRAFT_TOKENS}"
+                )
             overrides.update(draft_tokens=int(suffix[1:]), schedule=overrides.get("schedule", Schedule.FIXED))
         elif suffix[:1] == "c" and _fraction(suffix[1:]) is not None and "draft_confidence" not in overrides:
             overrides["draft_confidence"] = _fraction(suffix[1:])
         elif suffix in {s.value for s in Schedule} and "schedule_named" not in overrides:
             overrides.update(schedule=Schedule(suffix), schedule_named=True)
         else:  # a method that takes variants, with a suffix that is not one (or one given twice)
-            raise ConfigError(f"'{name}' in --methods: /{suffix} is not a variant of {base} (or repeats one); "
-                              f"use /kN (N in 1..{MAX_DRAFT_TOKENS}), /cX (X in [0, 1): a confidence stop) or /fixed, "
-                              "/additive, /expected-gain")
+            raise ConfigError(
+                f"'{name}' in --methods: /{suffix} is not a variant of {base} (or repeats one); "
+                f"use /kN (N in 1..{MAX_DRAFT_TOKENS}), /cX (X in [0, 1): a confidence stop) or /fixed, "
+                "/additive, /expected-gain"
+            )
     overrides.pop("schedule_named", None)
     return methods[base], overrides
 
@@ -114,26 +127,44 @@ def parse_methods(text: str | None) -> list[str]:
     """
     specs = registry()
     if text is not None and not [n for n in text.split(",") if n.strip()]:
-        raise ConfigError("--methods is empty; name methods (e.g. plain,chain) or leave it out for all of them")
+        raise ConfigError(
+            "--methods is empty; name methods (e.g. plain,chain) or leave it out for all of them"
+        )
     # the default run: every method but eagle, which needs a head (--draft HEAD_DIR or eagle@HEAD_DIR)
-    names = [n for n in specs if n != Method.EAGLE.value] if text is None else [
-        n.strip() if DRAFT_MARK in n else n.strip().lower() for n in text.split(",") if n.strip()]
+    names = (
+        [n for n in specs if n != Method.EAGLE.value]
+        if text is None
+        else [n.strip() if DRAFT_MARK in n else n.strip().lower() for n in text.split(",") if n.strip()]
+    )
     for name in names:
         base, draft = split_draft(name)
         if draft is None:
             continue
         method = _engine_method(base.lower())
         if method is None or not method.needs_draft_model or not draft.strip():
-            raise ConfigError(f"'{name}' in --methods: METHOD@DRAFT takes a specgen method that drafts with a "
-                              "model (chain, lookup-chain, rsd-c, ...) and a draft model after the @")
-    names = [f"{split_draft(n)[0].lower()}{DRAFT_MARK}{split_draft(n)[1]}" if split_draft(n)[1] else n for n in names]
+            raise ConfigError(
+                f"'{name}' in --methods: METHOD@DRAFT takes a specgen method that drafts with a "
+                "model (chain, lookup-chain, rsd-c, ...) and a draft model after the @"
+            )
+    names = [
+        f"{split_draft(n)[0].lower()}{DRAFT_MARK}{split_draft(n)[1]}" if split_draft(n)[1] else n
+        for n in names
+    ]
     # a llama.cpp column is known whether or not its package is installed (llamacpp.refuse_early)
-    unknown = [n for n in names if n not in specs and n not in bench_llamacpp.METHODS and split_draft(n)[1] is None
-               and variant(n) is None]
+    unknown = [
+        n
+        for n in names
+        if n not in specs
+        and n not in bench_llamacpp.METHODS
+        and split_draft(n)[1] is None
+        and variant(n) is None
+    ]
     if unknown:
-        raise ConfigError(f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
-                          "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain; "
-                          "a method that drafts with a model takes @DRAFT for another draft model)")
+        raise ConfigError(
+            f"unknown method '{unknown[0]}' in --methods; choose from: {', '.join(specs)} "
+            "(chain and lookup also take /kN, /cX (confidence stop) or /fixed, /additive, /expected-gain; "
+            "a method that drafts with a model takes @DRAFT for another draft model)"
+        )
     ordered = [PLAIN] + [n for n in names if n != PLAIN]
     return list(dict.fromkeys(ordered))
 
@@ -152,8 +183,11 @@ def check_settings(names: list[str], config: GenerationConfig) -> None:
 def needs_draft(names: list[str]) -> bool:
     """Whether a column runs with the run's own --draft (a METHOD@DRAFT column brings its own)."""
     specs = registry()
-    return any(specs[n].needs_draft if n in specs else variant(n)[0].needs_draft_model
-               for n in names if split_draft(n)[1] is None)
+    return any(
+        specs[n].needs_draft if n in specs else variant(n)[0].needs_draft_model
+        for n in names
+        if split_draft(n)[1] is None
+    )
 
 
 def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> str | None:
@@ -179,9 +213,13 @@ def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) ->
     if assisted and draft.vocabulary is Vocabulary.HEAD:
         return f"{name} (transformers' assisted generation) needs a draft model, not an EAGLE-3 head"
     if assisted and (
-            other or text_config(draft.model.config).vocab_size != text_config(pair.target.model.config).vocab_size):
-        return (f"{name} (transformers' assisted generation) needs a draft with the target's tokenizer and "
-                "vocabulary size; this draft's differ")
+        other
+        or text_config(draft.model.config).vocab_size != text_config(pair.target.model.config).vocab_size
+    ):
+        return (
+            f"{name} (transformers' assisted generation) needs a draft with the target's tokenizer and "
+            "vocabulary size; this draft's differ"
+        )
     return None
 
 

@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from specgen.text import json_value
 from specgen.decoding.prompts import PromptRecord, encode_prompt, prompt_lines, render_chat
 from specgen.errors import ConfigError, PromptError
+from specgen.text import json_value
 
 QUICK = "quick"
 ALL = "all"
@@ -24,7 +24,11 @@ def prompt_dirs() -> list[Path]:
     candidates = [package / "prompts", checkout, Path.cwd() / "prompts"]
     found: list[Path] = []
     for directory in candidates:
-        if directory is not None and directory.is_dir() and directory.resolve() not in [d.resolve() for d in found]:
+        if (
+            directory is not None
+            and directory.is_dir()
+            and directory.resolve() not in [d.resolve() for d in found]
+        ):
             found.append(directory)
     return found
 
@@ -66,8 +70,10 @@ def _prompt_files(spec: str, dirs: list[Path]) -> list[Path]:
             files = sorted(p for p in directory.glob("*.jsonl") if p.stem != QUICK)
             if files:
                 return files
-        raise PromptError("no prompt sets found for --prompts all (looked for prompts/*.jsonl "
-                          "next to the package and in the current directory)")
+        raise PromptError(
+            "no prompt sets found for --prompts all (looked for prompts/*.jsonl "
+            "next to the package and in the current directory)"
+        )
     is_name = spec and "/" not in spec and os.sep not in spec and not spec.endswith(".jsonl")
     if is_name:
         for directory in dirs:
@@ -102,7 +108,9 @@ def _prompt_from(obj, where: str, number: int) -> PromptRecord:
         if not obj[key].isprintable():  # printed in tables and progress lines: no terminal escapes
             raise PromptError(f"{where}: '{key}' holds a control character")
     if obj["category"] == ALL:
-        raise PromptError(f"{where}: the category '{ALL}' is the summary of every category; name it otherwise")
+        raise PromptError(
+            f"{where}: the category '{ALL}' is the summary of every category; name it otherwise"
+        )
     prompt, messages = obj.get("prompt"), obj.get("messages")
     if (prompt is None) == (messages is None):
         raise PromptError(f"{where}: needs exactly one of 'prompt' or 'messages'")
@@ -111,15 +119,21 @@ def _prompt_from(obj, where: str, number: int) -> PromptRecord:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise PromptError(f"{where}: the text is not valid Unicode (a lone surrogate at character "
-                              f"{exc.start})") from None
+            raise PromptError(
+                f"{where}: the text is not valid Unicode (a lone surrogate at character {exc.start})"
+            ) from None
     if prompt is not None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError(f"{where}: 'prompt' must be a non-empty string")
         return PromptRecord(obj["id"], prompt, number, obj["category"])
-    ok = isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in messages)
+    ok = (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
     if not ok:
         raise PromptError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
     return PromptRecord(obj["id"], "", number, obj["category"], messages=tuple(dict(m) for m in messages))
@@ -142,5 +156,7 @@ def encode(tokenizer, item: PromptRecord) -> list[int]:
     if not item.messages:
         return encode_prompt(tokenizer, item.text)
     if not getattr(tokenizer, "chat_template", None):
-        raise PromptError(f"prompt {item.id} is a conversation but the target's tokenizer has no chat template")
+        raise PromptError(
+            f"prompt {item.id} is a conversation but the target's tokenizer has no chat template"
+        )
     return render_chat(tokenizer, list(item.messages))

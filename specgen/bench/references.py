@@ -23,19 +23,36 @@ from specgen.decoding.stats import Stats
 from specgen.errors import ConfigError
 
 
-def _reference(name: str, description: str, assistant: bool, assistant_config: dict | None = None,
-               generate_kwargs: dict | None = None) -> MethodSpec:
+def _reference(
+    name: str,
+    description: str,
+    assistant: bool,
+    assistant_config: dict | None = None,
+    generate_kwargs: dict | None = None,
+) -> MethodSpec:
     """A transformers generation mode as a bench column (see HFRunner)."""
-    return MethodSpec(name, assistant, lambda pair: HFRunner(pair, name, assistant, assistant_config, generate_kwargs),
-                      description)
+    return MethodSpec(
+        name,
+        assistant,
+        lambda pair: HFRunner(pair, name, assistant, assistant_config, generate_kwargs),
+        description,
+    )
 
 
 REFERENCES = (
     _reference("hf-assisted", "transformers assisted generation, the draft's default schedule", True),
-    _reference("hf-assisted-k4", "transformers assisted generation, num_assistant_tokens=4, constant schedule", True,
-               {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"}),
-    _reference("hf-lookup", "transformers prompt lookup decoding, 10 tokens, no draft model", False,
-               generate_kwargs={"prompt_lookup_num_tokens": 10}),
+    _reference(
+        "hf-assisted-k4",
+        "transformers assisted generation, num_assistant_tokens=4, constant schedule",
+        True,
+        {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"},
+    ),
+    _reference(
+        "hf-lookup",
+        "transformers prompt lookup decoding, 10 tokens, no draft model",
+        False,
+        generate_kwargs={"prompt_lookup_num_tokens": 10},
+    ),
 )
 
 
@@ -45,8 +62,14 @@ class HFRunner:
     `assistant`: the pair's draft is the assistant_model, on a copy of its generation_config
     with `assistant_config` set; `generate_kwargs` go to generate() besides specgen's settings."""
 
-    def __init__(self, pair, name: str, assistant: bool, assistant_config: dict | None = None,
-                 generate_kwargs: dict | None = None):
+    def __init__(
+        self,
+        pair,
+        name: str,
+        assistant: bool,
+        assistant_config: dict | None = None,
+        generate_kwargs: dict | None = None,
+    ):
         self.pair, self.name, self.assistant = pair, name, assistant
         self.assistant_config, self.generate_kwargs = assistant_config or {}, generate_kwargs or {}
         if assistant and pair.draft is None:
@@ -63,12 +86,16 @@ class HFRunner:
         hook = target.model.register_forward_pre_hook(probe.on_forward, with_kwargs=True)
         draft = self.pair.draft.model if self.assistant else None
         try:
-            with _assistant_config(draft, self.assistant_config), \
-                    _seeded(config.sampling, target.device), _quiet_generate():
+            with (
+                _assistant_config(draft, self.assistant_config),
+                _seeded(config.sampling, target.device),
+                _quiet_generate(),
+            ):
                 started = probe.started = time.perf_counter()
-                output = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                               streamer=probe, **kwargs)
-                ids = output[0, len(prompt_ids):].tolist()
+                output = target.model.generate(
+                    input_ids, attention_mask=torch.ones_like(input_ids), streamer=probe, **kwargs
+                )
+                ids = output[0, len(prompt_ids) :].tolist()
                 seconds = time.perf_counter() - started
         finally:
             hook.remove()
@@ -81,8 +108,11 @@ class HFRunner:
             config = self.pair.draft.model.generation_config
             # what transformers fills in for unset values (a private helper: tolerate its absence)
             defaults = getattr(config, "_get_default_generation_params", dict)()
-            for key in ("num_assistant_tokens", "num_assistant_tokens_schedule",
-                        "assistant_confidence_threshold"):
+            for key in (
+                "num_assistant_tokens",
+                "num_assistant_tokens_schedule",
+                "assistant_confidence_threshold",
+            ):
                 value = getattr(config, key, None)
                 values[key] = value if value is not None else defaults.get(key)
             values |= self.assistant_config
@@ -94,13 +124,26 @@ def hf_generate_kwargs(target, sampling: SamplingConfig, budget: int) -> dict:
     generation_config (Qwen ships repetition_penalty, top_k, ...), so neutralise them."""
     stop_ids = sorted(target.stop_ids)
     pad = target.tokenizer.pad_token_id
-    kwargs = dict(max_new_tokens=budget, min_new_tokens=0, min_length=0, do_sample=not sampling.greedy,
-                  repetition_penalty=1.0, no_repeat_ngram_size=0, eos_token_id=stop_ids,
-                  pad_token_id=pad if pad is not None else (stop_ids[0] if stop_ids else None),
-                  return_dict_in_generate=False)
+    kwargs = dict(
+        max_new_tokens=budget,
+        min_new_tokens=0,
+        min_length=0,
+        do_sample=not sampling.greedy,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=stop_ids,
+        pad_token_id=pad if pad is not None else (stop_ids[0] if stop_ids else None),
+        return_dict_in_generate=False,
+    )
     if not sampling.greedy:
-        kwargs |= dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                       typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+        kwargs |= dict(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+        )
         if getattr(target.model.generation_config, "min_p", None) is not None:
             kwargs["min_p"] = 0.0
     return kwargs

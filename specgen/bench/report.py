@@ -78,8 +78,10 @@ def _check_plot_format(path: Path) -> None:
     kinds = Figure().canvas.get_supported_filetypes()
     kind = plot_kind(path)
     if kind not in kinds:
-        raise ConfigError(f"--plot {path}: matplotlib cannot write '.{kind}' files; use one of: "
-                          + ", ".join(f".{k}" for k in sorted(kinds)))
+        raise ConfigError(
+            f"--plot {path}: matplotlib cannot write '.{kind}' files; use one of: "
+            + ", ".join(f".{k}" for k in sorted(kinds))
+        )
 
 
 def save(option: str, path: Path, write, fallback: bool) -> bool:
@@ -92,7 +94,10 @@ def save(option: str, path: Path, write, fallback: bool) -> bool:
         reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
         where = ""
         if fallback:
-            spare = Path(tempfile.gettempdir()) / f"specgen-bench-{os.getpid()}-{time.time_ns()}{path.suffix or '.out'}"
+            spare = (
+                Path(tempfile.gettempdir())
+                / f"specgen-bench-{os.getpid()}-{time.time_ns()}{path.suffix or '.out'}"
+            )
             try:
                 atomic_write(spare, write)
                 where = f"; the data went to {spare} instead"
@@ -126,7 +131,7 @@ def write_json(result, path: Path) -> None:
     for key, value in data.items():
         if key in ("prompts", "measurements"):
             rows = ",\n  ".join(json.dumps(v) for v in value)
-            parts.append(f' {json.dumps(key)}: [\n  {rows}\n ]' if value else f' {json.dumps(key)}: []')
+            parts.append(f" {json.dumps(key)}: [\n  {rows}\n ]" if value else f" {json.dumps(key)}: []")
         else:
             parts.append(f" {json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
     path = Path(path)
@@ -135,11 +140,31 @@ def write_json(result, path: Path) -> None:
 
 
 CSV_COLUMNS = [
-    "prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
-    "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second",
-    "acceptance_rate", "tokens_per_target_forward", "target_forwards", "drafted", "accepted",
-    "accepted_length_histogram", "draft_seconds", "verify_seconds", "peak_memory_bytes",
-    "stop_reason", "identical_to_plain", "speedup_prompt", "token_ids", "error",
+    "prompt_id",
+    "category",
+    "method",
+    "repeat",
+    "prompt_tokens",
+    "new_tokens",
+    "seconds",
+    "prefill_seconds",
+    "ttft_seconds",
+    "tokens_per_second",
+    "decode_tokens_per_second",
+    "acceptance_rate",
+    "tokens_per_target_forward",
+    "target_forwards",
+    "drafted",
+    "accepted",
+    "accepted_length_histogram",
+    "draft_seconds",
+    "verify_seconds",
+    "peak_memory_bytes",
+    "stop_reason",
+    "identical_to_plain",
+    "speedup_prompt",
+    "token_ids",
+    "error",
 ]
 
 
@@ -185,8 +210,10 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401 (the optional `plot` extra, imported only for --plot)
     except ImportError:
-        raise ConfigError("--plot needs matplotlib, which is not installed",
-                          hint="pip install 'specgen[plot]' or pip install matplotlib") from None
+        raise ConfigError(
+            "--plot needs matplotlib, which is not installed",
+            hint="pip install 'specgen[plot]' or pip install matplotlib",
+        ) from None
 
 
 def write_plot(result, path: Path, kind: str | None = None) -> None:
@@ -203,8 +230,13 @@ def write_plot(result, path: Path, kind: str | None = None) -> None:
     cells = {(g.method, g.category): g for g in result.summary}
     width = 0.8 / max(len(methods), 1)
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(categories) + 3), 7.5), sharex=True)
-    for panel, (attr, label) in zip(axes, [("speedup", "speed-up over plain (geo mean)"),
-                                           ("tokens_per_target_forward", "tokens per target forward")]):
+    for panel, (attr, label) in zip(
+        axes,
+        [
+            ("speedup", "speed-up over plain (geo mean)"),
+            ("tokens_per_target_forward", "tokens per target forward"),
+        ],
+    ):
         for i, method in enumerate(methods):
             values = [getattr(cells[(method, c)], attr) if (method, c) in cells else None for c in categories]
             xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(categories))]
@@ -214,11 +246,18 @@ def write_plot(result, path: Path, kind: str | None = None) -> None:
     axes[1].set_xticks(range(len(categories)), categories, rotation=20, ha="right")
     env = result.environment
     draft = env["draft"]["name"] if env.get("draft") else "-"
-    fig.suptitle(f"{env['target']['name']} / {draft} · {env['target']['dtype']} · "
-                 f"threads={env['torch_threads']}", fontsize="medium")
+    fig.suptitle(
+        f"{env['target']['name']} / {draft} · {env['target']['dtype']} · threads={env['torch_threads']}",
+        fontsize="medium",
+    )
     if methods:  # plain alone (or every other column failed): nothing to tell apart
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(methods), 4),
-                   fontsize="small", frameon=False)
+        fig.legend(
+            *axes[0].get_legend_handles_labels(),
+            loc="lower center",
+            ncol=min(len(methods), 4),
+            fontsize="small",
+            frameon=False,
+        )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, format=kind or plot_kind(path))
@@ -229,8 +268,20 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-COLUMNS = ("method", "category", "prompts", "tok/s", "speed-up", "range", "acceptance", "tok/fwd", "TTFT s",
-           "draft share", "draft step", "identical")
+COLUMNS = (
+    "method",
+    "category",
+    "prompts",
+    "tok/s",
+    "speed-up",
+    "range",
+    "acceptance",
+    "tok/fwd",
+    "TTFT s",
+    "draft share",
+    "draft step",
+    "identical",
+)
 
 
 def draft_share(g) -> float | None:
@@ -242,43 +293,73 @@ def draft_share(g) -> float | None:
 def summary_cells(g) -> list[str]:
     """A summary row's cells as the table shows them (COLUMNS), for every report."""
     identical = "–" if g.identical is None else f"{g.identical}/{g.compared}"
-    spread = "–" if g.speedup_min is None or g.method == "plain" else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}"
-    return [g.method, g.category, str(g.prompts), _fmt(g.tokens_per_second, ".1f"), _fmt(g.speedup, ".2f", "x"),
-            spread, _fmt(g.acceptance_rate, ".0%"), _fmt(g.tokens_per_target_forward, ".2f"),
-            _fmt(g.ttft_seconds, ".2f"), _fmt(draft_share(g), ".0%"), _fmt(g.draft_step, ".2f"), identical]
+    spread = (
+        "–" if g.speedup_min is None or g.method == "plain" else f"{g.speedup_min:.2f}-{g.speedup_max:.2f}"
+    )
+    return [
+        g.method,
+        g.category,
+        str(g.prompts),
+        _fmt(g.tokens_per_second, ".1f"),
+        _fmt(g.speedup, ".2f", "x"),
+        spread,
+        _fmt(g.acceptance_rate, ".0%"),
+        _fmt(g.tokens_per_target_forward, ".2f"),
+        _fmt(g.ttft_seconds, ".2f"),
+        _fmt(draft_share(g), ".0%"),
+        _fmt(g.draft_step, ".2f"),
+        identical,
+    ]
 
 
 def title(result) -> str:
     """The report's one-line title: models, formats, threads, draft length, mode, budget."""
     env, s = result.environment, result.settings
-    return (f"specgen bench · {env['target']['name']}"
-             + (f" + {env['draft']['name']}" if env.get("draft") else "")
-             + f" · {env['target']['dtype']}"
-             + (f" + int8 linears" if env['target'].get('weights') == "int8" else "")
-             + (f" ({env['cpu_format']['reason']})" if env.get("cpu_format") and env['target']['device'] == "cpu"
-                and env['cpu_format']['dtype'] == env['target']['dtype']
-                else "")
-             + f" · threads={env['torch_threads']} · k={s['draft_tokens']}"
-             + (" (device default)" if str(s.get("draft_tokens_choice", "")).startswith("device") else "")
-             + (f", stop below {s['draft_confidence']:g}" if s.get("draft_confidence") else "")
-             + " · "
-             f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
-             f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else ""))
+    return (
+        f"specgen bench · {env['target']['name']}"
+        + (f" + {env['draft']['name']}" if env.get("draft") else "")
+        + f" · {env['target']['dtype']}"
+        + (" + int8 linears" if env["target"].get("weights") == "int8" else "")
+        + (
+            f" ({env['cpu_format']['reason']})"
+            if env.get("cpu_format")
+            and env["target"]["device"] == "cpu"
+            and env["cpu_format"]["dtype"] == env["target"]["dtype"]
+            else ""
+        )
+        + f" · threads={env['torch_threads']} · k={s['draft_tokens']}"
+        + (" (device default)" if str(s.get("draft_tokens_choice", "")).startswith("device") else "")
+        + (f", stop below {s['draft_confidence']:g}" if s.get("draft_confidence") else "")
+        + " · "
+        f"{'greedy' if result.greedy else 'sampling'} · {s['max_new_tokens']} new tokens · "
+        f"median of {s['repeats']}" + (" · INTERRUPTED" if result.interrupted else "")
+    )
 
 
 def notes(result) -> list[str]:
     """What the table's caption says: warm-up times, columns that failed."""
     warm = result.settings.get("warmup_seconds") or {}
-    lines = ["warm-up (compilation, capture; not in any figure): "
-             + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())] if warm else []
+    lines = (
+        [
+            "warm-up (compilation, capture; not in any figure): "
+            + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items())
+        ]
+        if warm
+        else []
+    )
     return lines + [f"{f.method} failed: {f.error}" for f in result.failures]
 
 
 def table(result):
     """Per method: the `all` row (bold), then one row per category."""
     caption = "\n".join(notes(result)) or None
-    t = Table(title=escape(title(result)), title_justify="left", header_style="bold",
-              caption=escape(caption) if caption else None, caption_justify="left")
+    t = Table(
+        title=escape(title(result)),
+        title_justify="left",
+        header_style="bold",
+        caption=escape(caption) if caption else None,
+        caption_justify="left",
+    )
     for name in COLUMNS:
         t.add_column(name, justify="left" if name in ("method", "category") else "right")
     rows = result.summary
@@ -286,8 +367,11 @@ def table(result):
         first = g.category == "all"
         cells = summary_cells(g)
         last = i + 1 == len(rows) or rows[i + 1].method != g.method
-        t.add_row(*(escape(c) for c in [cells[0] if first else ""] + cells[1:]),
-                  style="bold" if first else None, end_section=last)
+        t.add_row(
+            *(escape(c) for c in [cells[0] if first else ""] + cells[1:]),
+            style="bold" if first else None,
+            end_section=last,
+        )
     for f in result.failures:  # a column that stopped: its line is in the caption, no figures here
         t.add_row(escape(f.method), "failed", *["–"] * (len(COLUMNS) - 2), style="bold red", end_section=True)
     return t

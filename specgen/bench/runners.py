@@ -34,11 +34,30 @@ def _counted(flag: Known, read: Callable[[Stats], object]) -> property:
 
 
 # bench's JSON and CSV row of a generation (`Generation.record`), in this order
-RECORD_FIELDS = ("prompt_id", "category", "method", "repeat", "prompt_tokens", "new_tokens", "seconds",
-                 "prefill_seconds", "ttft_seconds", "tokens_per_second", "decode_tokens_per_second",
-                 "acceptance_rate", "tokens_per_target_forward", "target_forwards", "drafted", "accepted",
-                 "accepted_length_histogram", "draft_seconds", "verify_seconds", "peak_memory_bytes", "stop_reason",
-                 "token_ids")
+RECORD_FIELDS = (
+    "prompt_id",
+    "category",
+    "method",
+    "repeat",
+    "prompt_tokens",
+    "new_tokens",
+    "seconds",
+    "prefill_seconds",
+    "ttft_seconds",
+    "tokens_per_second",
+    "decode_tokens_per_second",
+    "acceptance_rate",
+    "tokens_per_target_forward",
+    "target_forwards",
+    "drafted",
+    "accepted",
+    "accepted_length_histogram",
+    "draft_seconds",
+    "verify_seconds",
+    "peak_memory_bytes",
+    "stop_reason",
+    "token_ids",
+)
 
 
 @dataclass
@@ -99,7 +118,10 @@ class Generation:
 
     def record(self) -> dict:
         """The flat row of bench's JSON and CSV (RECORD_FIELDS)."""
-        return {name: list(self.token_ids) if name == "token_ids" else getattr(self, name) for name in RECORD_FIELDS}
+        return {
+            name: list(self.token_ids) if name == "token_ids" else getattr(self, name)
+            for name in RECORD_FIELDS
+        }
 
 
 class Runner(Protocol):
@@ -131,6 +153,10 @@ class EngineRunner:
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation:
         config = replace(config, method=self.method, **self.overrides)
-        ids, stats, seconds, first = timed(build_engine(self.pair, config), prompt_ids, config, label=self.name)
-        known = Known.FORWARDS | Known.TIMES | (Known.DRAFTS if self.method is not Method.PLAIN else Known.NONE)
+        ids, stats, seconds, first = timed(
+            build_engine(self.pair, config), prompt_ids, config, label=self.name
+        )
+        known = (
+            Known.FORWARDS | Known.TIMES | (Known.DRAFTS if self.method is not Method.PLAIN else Known.NONE)
+        )
         return Generation(ids, seconds, stats.time_to_first_token, first, stats, known)

@@ -64,7 +64,9 @@ def per_position(pooled: Counter) -> list[float] | None:
     if not rounds:
         return None
     longest = max(1, *(int(k) for k in pooled))  # rounds that drafted but accepted nothing: position 1 at 0%
-    return [round(sum(n for k, n in pooled.items() if int(k) >= i) / rounds, 4) for i in range(1, longest + 1)]
+    return [
+        round(sum(n for k, n in pooled.items() if int(k) >= i) / rounds, 4) for i in range(1, longest + 1)
+    ]
 
 
 def geometric_mean(values: list[float]) -> float | None:
@@ -100,15 +102,27 @@ def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
         if greedy and plain and method != PLAIN:
             mismatch = _first_mismatch(runs[0].token_ids, plain[0].token_ids)
             identical = mismatch is None
-        results.append(PromptResult(
-            prompt_id, runs[0].category, method, len(runs), runs[0].new_tokens, tps,
-            statistics.median(m.seconds for m in runs), _median([m.ttft_seconds for m in runs]),
-            rate(tps, plain_tps), identical, mismatch))
+        results.append(
+            PromptResult(
+                prompt_id,
+                runs[0].category,
+                method,
+                len(runs),
+                runs[0].new_tokens,
+                tps,
+                statistics.median(m.seconds for m in runs),
+                _median([m.ttft_seconds for m in runs]),
+                rate(tps, plain_tps),
+                identical,
+                mismatch,
+            )
+        )
     return results
 
 
-def summarize(measurements: list, prompt_results: list[PromptResult],
-              methods: list[str]) -> list[GroupSummary]:
+def summarize(
+    measurements: list, prompt_results: list[PromptResult], methods: list[str]
+) -> list[GroupSummary]:
     """Per method: an `all` row, then one row per category (in order of first appearance)."""
     categories = list(dict.fromkeys(m.category for m in measurements))
     rows = []
@@ -132,8 +146,9 @@ def target_step(plain_runs: list) -> float | None:
     return rate(sum(seconds), sum(forwards))
 
 
-def _group(method: str, category: str, runs: list, results: list[PromptResult],
-           step: float | None = None) -> GroupSummary:
+def _group(
+    method: str, category: str, runs: list, results: list[PromptResult], step: float | None = None
+) -> GroupSummary:
     def total(attr):
         values = [getattr(m, attr) for m in runs]
         return None if any(v is None for v in values) else sum(values)
@@ -149,16 +164,25 @@ def _group(method: str, category: str, runs: list, results: list[PromptResult],
     compared = [r for r in results if r.identical_to_plain is not None]
     peaks = [m.peak_memory_bytes for m in runs if m.peak_memory_bytes is not None]
     return GroupSummary(
-        method, category, len(results), geometric_mean([r.tokens_per_second for r in results]),
+        method,
+        category,
+        len(results),
+        geometric_mean([r.tokens_per_second for r in results]),
         geometric_mean(speedups) if len(speedups) == len(results) else None,
-        min(speedups, default=None), max(speedups, default=None),
+        min(speedups, default=None),
+        max(speedups, default=None),
         rate(accepted, drafted) if drafted is not None else None,
         rate(sum(m.new_tokens for m in runs), forwards) if forwards is not None else None,
-        _median([r.ttft_seconds for r in results]), total("draft_seconds"), total("verify_seconds"),
+        _median([r.ttft_seconds for r in results]),
+        total("draft_seconds"),
+        total("verify_seconds"),
         None if pooled is None else histogram(pooled),
-        sum(r.identical_to_plain for r in compared) if compared else None, len(compared),
-        max(peaks) if peaks else None, None if pooled is None else per_position(pooled),
-        _draft_step(total("draft_seconds"), drafted, step) if method != PLAIN else None)
+        sum(r.identical_to_plain for r in compared) if compared else None,
+        len(compared),
+        max(peaks) if peaks else None,
+        None if pooled is None else per_position(pooled),
+        _draft_step(total("draft_seconds"), drafted, step) if method != PLAIN else None,
+    )
 
 
 def _draft_step(draft_seconds: float | None, drafted: int | None, step: float | None) -> float | None:

@@ -78,7 +78,9 @@ class Cell:
     tpot_p95: float = 0.0
     errors: list[str] = field(default_factory=list)  # failed requests, one line each
     runs: list[float] = field(default_factory=list)  # each run's tok/s, in order: the machine's drift shows
-    timings: list[Stats] = field(default_factory=list)  # each request's Stats, as its client saw it (not written)
+    timings: list[Stats] = field(
+        default_factory=list
+    )  # each request's Stats, as its client saw it (not written)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -91,14 +93,52 @@ class Cell:
 
 # each mode's JSON fields of a cell, in this order, and those the cell names otherwise
 RECORD_FIELDS = {
-    Width.BATCH: ("method", "batch_size", "mode", "prompts", "new_tokens", "seconds", "tokens_per_second", "speedup",
-                  "deterministic_cost", "drafted", "accepted", "replays", "rollbacks", "rolled_back_tokens",
-                  "rollback_rate", "differs", "skipped", "interrupted", "failed", "outputs"),
-    Width.CLIENTS: ("method", "concurrency", "requests", "tokens", "seconds", "tokens_per_second", "ttft_p50",
-                    "ttft_p95", "tpot_p50", "tpot_p95", "acceptance_rate", "speedup", "errors", "runs"),
+    Width.BATCH: (
+        "method",
+        "batch_size",
+        "mode",
+        "prompts",
+        "new_tokens",
+        "seconds",
+        "tokens_per_second",
+        "speedup",
+        "deterministic_cost",
+        "drafted",
+        "accepted",
+        "replays",
+        "rollbacks",
+        "rolled_back_tokens",
+        "rollback_rate",
+        "differs",
+        "skipped",
+        "interrupted",
+        "failed",
+        "outputs",
+    ),
+    Width.CLIENTS: (
+        "method",
+        "concurrency",
+        "requests",
+        "tokens",
+        "seconds",
+        "tokens_per_second",
+        "ttft_p50",
+        "ttft_p95",
+        "tpot_p50",
+        "tpot_p95",
+        "acceptance_rate",
+        "speedup",
+        "errors",
+        "runs",
+    ),
 }
-_RENAMED = {"batch_size": "size", "concurrency": "size", "prompts": "count", "requests": "count",
-            "new_tokens": "tokens"}
+_RENAMED = {
+    "batch_size": "size",
+    "concurrency": "size",
+    "prompts": "count",
+    "requests": "count",
+    "new_tokens": "tokens",
+}
 
 
 MAX_SIZE = 1024  # a batch width, a window or a number of concurrent clients
@@ -116,8 +156,9 @@ def parse_sizes(text: str | None, what: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def decode_all(pair, method: Method, prompts: list[list[int]], config: GenerationConfig,
-               batch_size: int) -> tuple[list[list[int]], float, Stats]:
+def decode_all(
+    pair, method: Method, prompts: list[list[int]], config: GenerationConfig, batch_size: int
+) -> tuple[list[list[int]], float, Stats]:
     """Every prompt's new tokens (input order), the wall time, and the prompts' Stats merged.
     Batch size 1 runs the prompts one after another through the same loop."""
     config = replace(config, method=method)
@@ -133,9 +174,16 @@ def decode_all(pair, method: Method, prompts: list[list[int]], config: Generatio
     return outputs, time.perf_counter() - started, total
 
 
-def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: GenerationConfig,
-                   batch_sizes: list[int], windows: list[int], include_off: bool = True,
-                   on_cell=None) -> list[Cell]:
+def run_throughput(
+    pair,
+    methods: list[str],
+    prompts: list[list[int]],
+    config: GenerationConfig,
+    batch_sizes: list[int],
+    windows: list[int],
+    include_off: bool = True,
+    on_cell=None,
+) -> list[Cell]:
     """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped.
 
     Ctrl-C keeps the cells measured so far; the others are returned skipped and `interrupted`.
@@ -150,28 +198,61 @@ def run_throughput(pair, methods: list[str], prompts: list[list[int]], config: G
     grid = [(name, size, window) for name in names for size in batch_sizes for window in modes]
     cells: list[Cell] = []
     try:
-        decode_all(pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1)
+        decode_all(
+            pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1
+        )
         for name, size, window in grid:
             try:
                 cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
-            except Exception as exc:  # noqa: BLE001: one cell's failure is its line, never the others' loss
-                cell = Cell(name, Width.BATCH, size, len(prompts), 0, 0.0, 0.0, mode=_mode(window),
-                            skipped=f"failed: {one_line(exc)}", failed=True)
+            except Exception as exc:  # noqa: BLE001 - one cell's failure is its line, never the others' loss
+                cell = Cell(
+                    name,
+                    Width.BATCH,
+                    size,
+                    len(prompts),
+                    0,
+                    0.0,
+                    0.0,
+                    mode=_mode(window),
+                    skipped=f"failed: {one_line(exc)}",
+                    failed=True,
+                )
             cells.append(cell)
             if on_cell is not None:
                 on_cell(cell)
     except KeyboardInterrupt:
-        for name, size, window in grid[len(cells):]:
-            cells.append(Cell(name, Width.BATCH, size, len(prompts), 0, 0.0, 0.0, mode=_mode(window),
-                              skipped="interrupted", interrupted=True))
+        for name, size, window in grid[len(cells) :]:
+            cells.append(
+                Cell(
+                    name,
+                    Width.BATCH,
+                    size,
+                    len(prompts),
+                    0,
+                    0.0,
+                    0.0,
+                    mode=_mode(window),
+                    skipped="interrupted",
+                    interrupted=True,
+                )
+            )
     _compare(cells, config.sampling.greedy)
     return cells
 
 
-def _measure_cell(pair, method: Method, name: str, size: int, window: int | None, prompts: list[list[int]],
-                  config: GenerationConfig) -> Cell:
+def _measure_cell(
+    pair,
+    method: Method,
+    name: str,
+    size: int,
+    window: int | None,
+    prompts: list[list[int]],
+    config: GenerationConfig,
+) -> Cell:
     cell = Cell(name, Width.BATCH, size, len(prompts), 0, 0.0, 0.0, mode=_mode(window))
-    run_config = replace(config, deterministic=window is not None, verify_window=window or config.verify_window)
+    run_config = replace(
+        config, deterministic=window is not None, verify_window=window or config.verify_window
+    )
     outputs, seconds, stats = decode_all(pair, method, prompts, run_config, size)
     new = sum(len(o) for o in outputs)
     cell.tokens, cell.seconds, cell.outputs = new, seconds, outputs
@@ -210,21 +291,41 @@ def _compare(cells: list[Cell], greedy: bool = True) -> None:
 
 def table(cells: list[Cell], title: str):
     t = Table(title=escape(title), title_justify="left", header_style="bold")
-    for name in ("method", "batch", "mode", "tok/s", "vs plain b1", "det. cost", "acceptance",
-                 "replays", "rollbacks", "rollback rate", "differs"):
+    for name in (
+        "method",
+        "batch",
+        "mode",
+        "tok/s",
+        "vs plain b1",
+        "det. cost",
+        "acceptance",
+        "replays",
+        "rollbacks",
+        "rollback rate",
+        "differs",
+    ):
         t.add_column(name, justify="left" if name in ("method", "mode") else "right")
     for i, c in enumerate(cells):
         last = i + 1 == len(cells) or cells[i + 1].method != c.method
         if c.skipped:
-            t.add_row(c.method, str(c.size), c.mode, "–", "–", "–", "–", "–", "–", "–", c.skipped,
-                      end_section=last)
+            t.add_row(
+                c.method, str(c.size), c.mode, "–", "–", "–", "–", "–", "–", "–", c.skipped, end_section=last
+            )
             continue
-        t.add_row(c.method, str(c.size), c.mode, f"{c.tokens_per_second:.2f}",
-                  _fmt(c.speedup, ".2f", "x"), _fmt(c.deterministic_cost, ".2f", "x"),
-                  _fmt(c.acceptance_rate, ".0%"),
-                  str(c.replays) if c.mode != OFF else "–", str(c.rollbacks) if c.mode != OFF else "–",
-                  _fmt(c.rollback_rate, ".1%"), "–" if c.differs is None else f"{c.differs}/{c.count}",
-                  end_section=last)
+        t.add_row(
+            c.method,
+            str(c.size),
+            c.mode,
+            f"{c.tokens_per_second:.2f}",
+            _fmt(c.speedup, ".2f", "x"),
+            _fmt(c.deterministic_cost, ".2f", "x"),
+            _fmt(c.acceptance_rate, ".0%"),
+            str(c.replays) if c.mode != OFF else "–",
+            str(c.rollbacks) if c.mode != OFF else "–",
+            _fmt(c.rollback_rate, ".1%"),
+            "–" if c.differs is None else f"{c.differs}/{c.count}",
+            end_section=last,
+        )
     return t
 
 

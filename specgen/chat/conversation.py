@@ -18,8 +18,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
-from specgen.chat.saves import (DEVICE, SAVE_FORMAT, SAVE_VERSION, SETTING_NAMES, SavedChat, config_from, read_save,
-                                settings_dict, write_save)
+from specgen.chat.saves import (
+    DEVICE,
+    SAVE_FORMAT,
+    SAVE_VERSION,
+    SETTING_NAMES,
+    SavedChat,
+    config_from,
+    read_save,
+    settings_dict,
+    write_save,
+)
 from specgen.config import GenerationConfig, Method, ModelSettings, Schedule
 from specgen.decoding.stats import Stats, histogram
 from specgen.decoding.views import Outcome, speed
@@ -38,8 +47,11 @@ HELP = f"""\
 /load FILE            resume a saved conversation
 /exit                 leave (also Ctrl-D, or Ctrl-C twice at an empty prompt)
 Any other line is a message; start it with // to send a line that begins with /."""
-WORDS = {"draft_tokens": ("auto", DEVICE), "draft_confidence": (DEVICE,),  # /set's values that are no numbers
-         "draft_schedule": tuple(schedule.value for schedule in Schedule)}
+WORDS = {
+    "draft_tokens": ("auto", DEVICE),
+    "draft_confidence": (DEVICE,),  # /set's values that are no numbers
+    "draft_schedule": tuple(schedule.value for schedule in Schedule),
+}
 
 
 @dataclass(frozen=True)
@@ -89,9 +101,16 @@ def plain_messages(messages: list[dict]) -> list[dict]:
 class Conversation:
     """One conversation; `send` runs a turn, `command` runs a slash command."""
 
-    def __init__(self, backend: Backend, settings: ModelSettings, config: GenerationConfig,
-                 system: str | None = None, messages: list[dict] | None = None, *,
-                 notify: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        settings: ModelSettings,
+        config: GenerationConfig,
+        system: str | None = None,
+        messages: list[dict] | None = None,
+        *,
+        notify: Callable[[str], None] | None = None,
+    ):
         self.backend = backend
         self.settings = settings
         self.config = config
@@ -110,7 +129,9 @@ class Conversation:
     # -- turns ---------------------------------------------------------------------------
     def full(self, messages: list[dict]) -> list[dict]:
         """The messages a reply sees: the system prompt first, our own keys removed."""
-        return ([{"role": "system", "content": self.system}] if self.system else []) + plain_messages(messages)
+        return ([{"role": "system", "content": self.system}] if self.system else []) + plain_messages(
+            messages
+        )
 
     @property
     def reserved(self) -> int:
@@ -134,16 +155,18 @@ class Conversation:
             low, high = 1, len(starts) - 1  # drop `high` turns: all but the last (it may still not fit)
             while low < high:
                 middle = (low + high) // 2
-                counts[middle] = self.backend.count(self.full(messages[starts[middle]:]))
+                counts[middle] = self.backend.count(self.full(messages[starts[middle] :]))
                 if counts[middle] + self.reserved > self.context_length:
                     low = middle + 1
                 else:
                     high = middle
-            dropped, messages = low, messages[starts[low]:]
+            dropped, messages = low, messages[starts[low] :]
             count = counts[low] if low in counts else self.backend.count(self.full(messages))
         if count >= self.context_length:
-            raise PromptError(f"the message needs {count} tokens with the system prompt and the chat "
-                              f"template, but the context holds {self.context_length}; shorten it")
+            raise PromptError(
+                f"the message needs {count} tokens with the system prompt and the chat "
+                f"template, but the context holds {self.context_length}; shorten it"
+            )
         return messages, count, dropped
 
     def send(self, text: str, renderer) -> Turn:
@@ -155,9 +178,11 @@ class Conversation:
         if dropped:
             self.earlier += asked[: len(asked) - len(messages)]
             self.dropped_turns += dropped
-            self.notify(f"dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} to make room in the "
-                        f"context of {self.context_length} tokens ({count} in the conversation, "
-                        f"{min(self.context_length - count, self.config.max_new_tokens)} left for the reply)")
+            self.notify(
+                f"dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} to make room in the "
+                f"context of {self.context_length} tokens ({count} in the conversation, "
+                f"{min(self.context_length - count, self.config.max_new_tokens)} left for the reply)"
+            )
         room = self.context_length - count
         if room < self.config.max_new_tokens and not dropped:  # the note above said it
             self.notify(f"the context leaves room for {room} new tokens in this reply")
@@ -165,7 +190,9 @@ class Conversation:
         try:
             outcome, reused = self.backend.reply(self.full(messages), self.config, renderer)
         except PartialReply as broken:  # the server went away mid-answer: what came is kept, as on Ctrl-C
-            self.messages = messages + [{"role": "assistant", "content": broken.outcome.text, "interrupted": True}]
+            self.messages = messages + [
+                {"role": "assistant", "content": broken.outcome.text, "interrupted": True}
+            ]
             raise
         reply = {"role": "assistant", "content": outcome.text}
         if outcome.interrupted:
@@ -202,8 +229,9 @@ class Conversation:
             try:
                 parsed = kind(value)
             except ValueError:
-                raise ConfigError(f"{name} takes {'a number' if kind is float else 'an integer'}, "
-                                  f"got '{value}'") from None
+                raise ConfigError(
+                    f"{name} takes {'a number' if kind is float else 'an integer'}, got '{value}'"
+                ) from None
         self.configure(config_from({name: parsed}, self.config))  # its errors name the setting
 
     def set_method(self, name: str) -> None:
@@ -219,10 +247,14 @@ class Conversation:
     # -- save files ----------------------------------------------------------------------
     def snapshot(self) -> dict:
         return {
-            "format": SAVE_FORMAT, "version": SAVE_VERSION,
+            "format": SAVE_FORMAT,
+            "version": SAVE_VERSION,
             "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "models": {"target": self.settings.target, "draft": self.settings.draft,
-                       "target_name": self.backend.target_name},
+            "models": {
+                "target": self.settings.target,
+                "draft": self.settings.draft,
+                "target_name": self.backend.target_name,
+            },
             "system": self.system,
             "settings": settings_dict(self.config),
             "messages": [dict(m) for m in self.earlier + self.messages],  # every turn, dropped ones too
@@ -244,6 +276,7 @@ class Conversation:
     def note_models(self, saved: SavedChat) -> None:
         """Say so when a save was made with another target (`/load` and `--load` alike); a path
         given another way (relative, with ~) is the same target."""
+
         def where(name: str) -> str:
             path = Path(name).expanduser()
             return str(path.resolve()) if path.exists() else name
@@ -256,15 +289,21 @@ class Conversation:
     def totals_dict(self) -> dict:
         t = self.totals or Stats(method=self.config.method.value, generations=0)
         return {
-            "turns": t.generations, "interrupted": t.interrupted, "new_tokens": t.new_tokens,
-            "rounds": t.rounds, "drafted": t.drafted, "accepted": t.accepted,
+            "turns": t.generations,
+            "interrupted": t.interrupted,
+            "new_tokens": t.new_tokens,
+            "rounds": t.rounds,
+            "drafted": t.drafted,
+            "accepted": t.accepted,
             "acceptance_rate": round(t.acceptance_rate, 4),
             "tokens_per_target_forward": round(t.tokens_per_target_forward, 4),
             "tokens_per_second": t.as_dict()["tokens_per_second"],  # null for a decode too short to time
-            "prompt_tokens": t.prompt_tokens, "reused_tokens": t.reused_tokens,
+            "prompt_tokens": t.prompt_tokens,
+            "reused_tokens": t.reused_tokens,
             "prefilled_tokens": t.prompt_tokens - t.reused_tokens,
             "dropped_turns": self.dropped_turns,
-            "prefill_seconds": round(t.prefill_seconds, 4), "decode_seconds": round(t.decode_seconds, 4),
+            "prefill_seconds": round(t.prefill_seconds, 4),
+            "decode_seconds": round(t.decode_seconds, 4),
             "turns_by_method": dict(self.turns_by_method),
             "accepted_length_histogram": histogram(t.accepted_lengths),
         }
@@ -279,8 +318,11 @@ class Conversation:
             f"{t.tokens_per_target_forward:.2f} tokens/target forward · {speed(t)}",
             f"prompt tokens {t.prompt_tokens}: {t.reused_tokens} reused from the caches, "
             f"{t.prompt_tokens - t.reused_tokens} prefilled in {t.prefill_seconds:.2f} s"
-            + (f" · {self.dropped_turns} old turn{'s' if self.dropped_turns != 1 else ''} dropped"
-               if self.dropped_turns else ""),
+            + (
+                f" · {self.dropped_turns} old turn{'s' if self.dropped_turns != 1 else ''} dropped"
+                if self.dropped_turns
+                else ""
+            ),
         ]
 
     # -- slash commands ------------------------------------------------------------------
@@ -296,7 +338,9 @@ class Conversation:
             return CommandResult(HELP)
         if name == "reset":
             self.reset()
-            return CommandResult("conversation cleared" + (" (the system prompt stays)" if self.system else ""))
+            return CommandResult(
+                "conversation cleared" + (" (the system prompt stays)" if self.system else "")
+            )
         if name == "system":
             if arg == "--clear":
                 self.set_system(None)
@@ -311,8 +355,10 @@ class Conversation:
             if arg:
                 self.set_method(arg)
             choices = ", ".join(m.value for m in Method)
-            return CommandResult(f"method: {self.config.method.value} (choices: {choices})",
-                                 data={"method": self.config.method.value})
+            return CommandResult(
+                f"method: {self.config.method.value} (choices: {choices})",
+                data={"method": self.config.method.value},
+            )
         if name == "set":
             if arg:
                 option, _, value = arg.replace("=", " ", 1).partition(" ")
@@ -320,15 +366,23 @@ class Conversation:
                     raise ConfigError("/set needs a name and a value, like /set temperature 0.7")
                 self.set_option(option, value)
             shown = settings_dict(self.config)
-            return CommandResult(" · ".join(f"{k} {'none' if shown[k] is None else shown[k]}"
-                                            for k in ("method", *SETTING_NAMES)), data={"settings": shown})
+            return CommandResult(
+                " · ".join(
+                    f"{k} {'none' if shown[k] is None else shown[k]}" for k in ("method", *SETTING_NAMES)
+                ),
+                data={"settings": shown},
+            )
         if name in ("save", "load"):
             if not arg:
                 raise ConfigError(f"/{name} needs a file name, like /{name} chat.json")
             if name == "save":
                 count, path = len(self.earlier) + len(self.messages), self.save(arg)
-                return CommandResult(f"saved {count} messages to {path}", data={"saved": str(path), "messages": count})
+                return CommandResult(
+                    f"saved {count} messages to {path}", data={"saved": str(path), "messages": count}
+                )
             self.load(arg)
-            return CommandResult(f"loaded {len(self.messages)} messages from {arg}",
-                                 data={"loaded": arg, "messages": len(self.messages)})
+            return CommandResult(
+                f"loaded {len(self.messages)} messages from {arg}",
+                data={"loaded": arg, "messages": len(self.messages)},
+            )
         raise ConfigError(f"unknown command /{name}; /help lists the commands")

@@ -14,8 +14,8 @@ from typing import Callable
 from specgen.chat.conversation import Conversation
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding import run
-from specgen.decoding.prompts import render_chat
 from specgen.decoding.build import build_engine, resolve_draft_length
+from specgen.decoding.prompts import render_chat
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PromptError
 from specgen.runtime.pair import Pair, load_draft_alone
@@ -29,8 +29,15 @@ def load_chat_draft(settings: ModelSettings, target, quiet: bool = False):
 class LocalBackend:
     """Replies from a pair in this process, the engine's caches kept between turns."""
 
-    def __init__(self, pair: Pair, settings: ModelSettings, config: GenerationConfig,
-                 notify: Callable[[str], None], reuse_cache: bool = True, quiet: bool = False):
+    def __init__(
+        self,
+        pair: Pair,
+        settings: ModelSettings,
+        config: GenerationConfig,
+        notify: Callable[[str], None],
+        reuse_cache: bool = True,
+        quiet: bool = False,
+    ):
         self.pair, self.settings, self.notify, self.quiet = pair, settings, notify, quiet
         self.reuse_cache = reuse_cache  # False: every turn prefills from scratch (for measurements)
         config, _ = resolve_draft_length(pair, config)  # what replies follow: the device's k chosen
@@ -40,8 +47,10 @@ class LocalBackend:
         self._drafter_key = self._key(config)
         self._rendered: tuple[list[dict], list[int]] = ([], [])
         if not getattr(self.tokenizer, "chat_template", None):
-            raise PromptError("the target's tokenizer has no chat template; specgen chat needs one",
-                              hint="use `specgen run --raw` for base models")
+            raise PromptError(
+                "the target's tokenizer has no chat template; specgen chat needs one",
+                hint="use `specgen run --raw` for base models",
+            )
 
     @property
     def tokenizer(self):
@@ -78,7 +87,8 @@ class LocalBackend:
             self._fresh()
         try:
             outcome = run.generate(self.engine, self.tokenizer, ids, config, renderer, state=self.state)
-        except BaseException:  # Ctrl-C outside generate's own guard, or a failure: the caches may be mid-update
+        except BaseException:
+            # Ctrl-C outside generate's own guard, or a failure: the caches may be mid-update
             self._fresh()
             raise
         self.state = outcome.state
@@ -114,7 +124,9 @@ class LocalBackend:
         """
         if config.method.needs_draft_model and self.pair.draft is None:
             if not self.settings.draft:
-                raise ConfigError(f"method {config.method.value} needs a draft model; start chat with --draft MODEL")
+                raise ConfigError(
+                    f"method {config.method.value} needs a draft model; start chat with --draft MODEL"
+                )
             self.notify(f"loading the draft model {self.settings.draft}")
             self.pair.draft = load_chat_draft(self.settings, self.pair.target, quiet=self.quiet)
         config, _ = resolve_draft_length(self.pair, config)
@@ -128,12 +140,27 @@ class LocalBackend:
 class ChatSession(Conversation):
     """A conversation whose replies come from `pair`, loaded in this process."""
 
-    def __init__(self, pair: Pair, settings: ModelSettings, config: GenerationConfig,
-                 system: str | None = None, messages: list[dict] | None = None, *,
-                 notify: Callable[[str], None] | None = None, reuse_cache: bool = True, quiet: bool = False):
+    def __init__(
+        self,
+        pair: Pair,
+        settings: ModelSettings,
+        config: GenerationConfig,
+        system: str | None = None,
+        messages: list[dict] | None = None,
+        *,
+        notify: Callable[[str], None] | None = None,
+        reuse_cache: bool = True,
+        quiet: bool = False,
+    ):
         notify = notify or (lambda message: None)
-        super().__init__(LocalBackend(pair, settings, config, notify, reuse_cache, quiet), settings, config,
-                         system, messages, notify=notify)
+        super().__init__(
+            LocalBackend(pair, settings, config, notify, reuse_cache, quiet),
+            settings,
+            config,
+            system,
+            messages,
+            notify=notify,
+        )
 
     @property
     def pair(self) -> Pair:

@@ -22,6 +22,7 @@ from specgen.cli.run import run
 from specgen.cli.serve import serve
 from specgen.cli.train_head import train_head
 
+
 def _flags_show_no_type() -> None:
     """A flag takes no value, so its help line shows none: typer 0.29 prints every option's type,
     `--version <bool>` and `--help <bool>` included, as if each flag took a boolean argument."""
@@ -39,8 +40,12 @@ def _flags_show_no_type() -> None:
 
 
 _flags_show_no_type()
-app = typer.Typer(help="Speculative decoding for language models, shown round by round.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Speculative decoding for language models, shown round by round.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
 def _version(value: bool) -> None:
@@ -50,8 +55,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                help="Show the version and exit.")] = False) -> None:
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
     """Speculative decoding for language models, shown round by round."""
 
 
@@ -81,8 +89,11 @@ def main() -> None:
         os.close(null)
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
     if sys.stdout is None or not _writable(1):
-        print("error: stdout is closed, and specgen writes its answers there; redirect it to a file or "
-              "/dev/null", file=sys.stderr)
+        print(
+            "error: stdout is closed, and specgen writes its answers there; redirect it to a file or "
+            "/dev/null",
+            file=sys.stderr,
+        )
         sys.stderr.flush()
         os._exit(1)
     try:

@@ -34,51 +34,111 @@ DEFAULT_METHODS = ",".join(m.value for m in Method if m is not Method.EAGLE) + "
 def bench(
     *,
     models: ModelSettings,
-    methods: Annotated[Optional[str], typer.Option(
-        "--methods", help=f"Comma list of methods (default: all of them, {DEFAULT_METHODS}). "
-                          "plain is always measured: it is the denominator of every speed-up.")] = None,
-    prompts: Annotated[str, typer.Option(
-        "--prompts", "-p", help="A prompt set in prompts/ by name (quick, code-generation, ...), "
-                                "'all' (every category set), or a JSONL file: each line an object with 'id', "
-                                "'category' and 'prompt' (text) or 'messages' (a conversation).")] = "quick",
-    limit: Annotated[Optional[int], typer.Option(
-        "--limit", help="Keep the first N prompts of each prompt file.")] = None,
-    repeats: Annotated[int, typer.Option(
-        "--repeats", "-r", help="Runs per prompt and method; the report uses medians. With --concurrency: runs per cell, in alternating order, pooled.")] = 1,
-    warmup: Annotated[bool, typer.Option(
-        "--warmup/--no-warmup", help="One short generation per method before measuring.")] = True,
-    threads: Annotated[Optional[int], typer.Option(
-        "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count).")] = None,
+    methods: Annotated[
+        Optional[str],
+        typer.Option(
+            "--methods",
+            help=f"Comma list of methods (default: all of them, {DEFAULT_METHODS}). "
+            "plain is always measured: it is the denominator of every speed-up.",
+        ),
+    ] = None,
+    prompts: Annotated[
+        str,
+        typer.Option(
+            "--prompts",
+            "-p",
+            help="A prompt set in prompts/ by name (quick, code-generation, ...), "
+            "'all' (every category set), or a JSONL file: each line an object with 'id', "
+            "'category' and 'prompt' (text) or 'messages' (a conversation).",
+        ),
+    ] = "quick",
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", help="Keep the first N prompts of each prompt file.")
+    ] = None,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            "--repeats",
+            "-r",
+            help="Runs per prompt and method; the report uses medians. With --concurrency: runs per cell, in "
+            "alternating order, pooled.",
+        ),
+    ] = 1,
+    warmup: Annotated[
+        bool, typer.Option("--warmup/--no-warmup", help="One short generation per method before measuring.")
+    ] = True,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count)."
+        ),
+    ] = None,
     generation: GenerationConfig,
-    batch_sizes: Annotated[Optional[str], typer.Option(
-        "--batch-sizes", help="Throughput mode: decode the whole prompt set at each batch size (comma list, "
-                              "e.g. 1,4,8) per method, with deterministic mode off and on.")] = None,
-    concurrency: Annotated[Optional[str], typer.Option(
-        "--concurrency", help="Server mode: drive an HTTP server on the pair with these numbers of concurrent "
-                              "streaming clients (comma list, e.g. 1,2,4,8) per method; aggregate tok/s, TTFT and "
-                              "time per token, speculative vs plain.")] = None,
-    per_client: Annotated[int, typer.Option(
-        "--requests-per-client", help="Server mode: requests each client sends, one after another.")] = 2,
-    max_batch: Annotated[int, typer.Option(
-        "--max-batch-size", help="Server mode: the server's batch width.")] = 16,
-    verify_windows: Annotated[Optional[str], typer.Option(
-        "--verify-windows", help="Throughput mode: deterministic cells at these windows (e.g. 8,16,32,64); "
-                                 "default: --verify-window when --deterministic is given.")] = None,
-    json_file: Annotated[Optional[Path], typer.Option(
-        "--json", help="Write the environment, settings, every measurement and the summary as JSON.")] = None,
-    csv_file: Annotated[Optional[Path], typer.Option(
-        "--csv", help="Write one CSV row per measurement.")] = None,
-    plot_file: Annotated[Optional[Path], typer.Option(
-        "--plot", help="Draw speed-up and tokens per target forward to a PNG (needs matplotlib).")] = None,
-    html_file: Annotated[Optional[Path], typer.Option(
-        "--html", help="Write a self-contained page: the table, speed-up per method and category with its range, "
-                       "acceptance per draft position, draft share, first token differing from plain (inline "
-                       "SVG; nothing else needed).")] = None,
+    batch_sizes: Annotated[
+        Optional[str],
+        typer.Option(
+            "--batch-sizes",
+            help="Throughput mode: decode the whole prompt set at each batch size (comma list, "
+            "e.g. 1,4,8) per method, with deterministic mode off and on.",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        Optional[str],
+        typer.Option(
+            "--concurrency",
+            help="Server mode: drive an HTTP server on the pair with these numbers of concurrent "
+            "streaming clients (comma list, e.g. 1,2,4,8) per method; aggregate tok/s, TTFT and "
+            "time per token, speculative vs plain.",
+        ),
+    ] = None,
+    per_client: Annotated[
+        int,
+        typer.Option(
+            "--requests-per-client", help="Server mode: requests each client sends, one after another."
+        ),
+    ] = 2,
+    max_batch: Annotated[
+        int, typer.Option("--max-batch-size", help="Server mode: the server's batch width.")
+    ] = 16,
+    verify_windows: Annotated[
+        Optional[str],
+        typer.Option(
+            "--verify-windows",
+            help="Throughput mode: deterministic cells at these windows (e.g. 8,16,32,64); "
+            "default: --verify-window when --deterministic is given.",
+        ),
+    ] = None,
+    json_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--json", help="Write the environment, settings, every measurement and the summary as JSON."
+        ),
+    ] = None,
+    csv_file: Annotated[
+        Optional[Path], typer.Option("--csv", help="Write one CSV row per measurement.")
+    ] = None,
+    plot_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--plot", help="Draw speed-up and tokens per target forward to a PNG (needs matplotlib)."
+        ),
+    ] = None,
+    html_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--html",
+            help="Write a self-contained page: the table, speed-up per method and category with its range, "
+            "acceptance per draft position, draft share, first token differing from plain (inline "
+            "SVG; nothing else needed).",
+        ),
+    ] = None,
 ) -> None:
     """Measure decoding methods against plain decoding of the target on a prompt set."""
     with user_errors():
         # the measuring modules import torch and transformers: only once the command runs
-        from specgen.bench import llamacpp, measure, methods as registry, prompts as prompt_sets, throughput
+        from specgen.bench import llamacpp, measure, throughput
+        from specgen.bench import methods as registry
+        from specgen.bench import prompts as prompt_sets
 
         settings = measure.BenchSettings(generation, repeats=repeats, warmup=warmup, threads=threads)
         names = registry.parse_methods(methods)
@@ -98,31 +158,55 @@ def bench(
         named = methods is not None
         if levels:
             names = _check_concurrency(names, bool(sizes or windows), outputs, per_client, max_batch, named)
-            _concurrency(names, items, generation, levels, per_client, max_batch, models, json_file, threads, repeats,
-                         named=named)
+            _concurrency(
+                names,
+                items,
+                generation,
+                levels,
+                per_client,
+                max_batch,
+                models,
+                json_file,
+                threads,
+                repeats,
+                named=named,
+            )
         elif sizes:
             names, windows = _check_throughput(names, generation, windows, outputs, named, repeats)
             if implied:  # once the settings are known good: an error stays one line
                 note("bench: --verify-windows measures throughput cells (--batch-sizes 1 unless given)")
-            _throughput(names, items, replace(generation, deterministic=False), sizes, windows, models, json_file,
-                        threads, named=named)
+            _throughput(
+                names,
+                items,
+                replace(generation, deterministic=False),
+                sizes,
+                windows,
+                models,
+                json_file,
+                threads,
+                named=named,
+            )
         else:
             _per_prompt(names, items, settings, models, outputs, named)
 
 
-def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client: int, max_batch: int,
-                       named: bool) -> list[str]:
+def _check_concurrency(
+    names, throughput_asked: bool, outputs: dict, per_client: int, max_batch: int, named: bool
+) -> list[str]:
     """bench --concurrency's settings, before anything loads."""
     from specgen.bench.concurrency import speculative  # torch: see bench()
 
     if throughput_asked or any(outputs[option] is not None for option in ("--csv", "--plot", "--html")):
-        raise ConfigError("--concurrency reports its own cells; it takes --json, not --batch-sizes, "
-                          "--verify-windows, --csv, --plot or --html")
+        raise ConfigError(
+            "--concurrency reports its own cells; it takes --json, not --batch-sizes, "
+            "--verify-windows, --csv, --plot or --html"
+        )
     if per_client < 1:
         raise ConfigError(f"--requests-per-client must be >= 1, got {per_client}")
     if not 1 <= max_batch <= 256:  # the server's own bound (serve --max-batch-size)
         raise ConfigError(f"--max-batch-size must be in 1..256, got {max_batch}")
-    if not named:  # the default list: specgen's own methods only (transformers' and llama.cpp's run no server)
+    # the default list: specgen's own methods only (transformers' and llama.cpp's run no server)
+    if not named:
         names = [n for n in names if n in {m.value for m in Method}]
     for name in names:
         speculative(name)  # a named method that is not specgen's: one line, before anything loads
@@ -130,8 +214,9 @@ def _check_concurrency(names, throughput_asked: bool, outputs: dict, per_client:
     return names
 
 
-def _check_throughput(names, config, windows: list[int], outputs: dict, named: bool,
-                      repeats: int = 1) -> tuple[list[str], list[int]]:
+def _check_throughput(
+    names, config, windows: list[int], outputs: dict, named: bool, repeats: int = 1
+) -> tuple[list[str], list[int]]:
     """bench --batch-sizes's settings, before anything loads: the engine methods it measures and
     its deterministic windows (--verify-window's when --deterministic is given and none are)."""
     windows = windows or ([config.verify_window] if config.deterministic else [])
@@ -142,15 +227,20 @@ def _check_throughput(names, config, windows: list[int], outputs: dict, named: b
         for name in [n for n in names if n in engine_names] or [config.method.value]:
             replace(config, method=Method(name), deterministic=True, verify_window=window)
     if any(outputs[option] is not None for option in ("--csv", "--plot", "--html")):
-        raise ConfigError("--csv, --plot and --html report the per-prompt bench; with --batch-sizes use --json")
+        raise ConfigError(
+            "--csv, --plot and --html report the per-prompt bench; with --batch-sizes use --json"
+        )
     if repeats > 1:
-        raise ConfigError("--batch-sizes runs each cell once; --repeats is for the per-prompt and --concurrency "
-                          "modes")
+        raise ConfigError(
+            "--batch-sizes runs each cell once; --repeats is for the per-prompt and --concurrency modes"
+        )
     report.check_outputs({"--json": outputs["--json"]})
     other = [n for n in names if n not in engine_names]
     if other and named:
-        raise ConfigError(f"--batch-sizes measures specgen's own methods (no variants, @DRAFT columns or "
-                          f"references); '{other[0]}' is not one")
+        raise ConfigError(
+            f"--batch-sizes measures specgen's own methods (no variants, @DRAFT columns or "
+            f"references); '{other[0]}' is not one"
+        )
     return [n for n in names if n in engine_names], windows
 
 
@@ -163,14 +253,20 @@ def _per_prompt(names, items, settings, models: ModelSettings, outputs: dict, na
     if result.interrupted:
         raise typer.Exit(130)
     if result.failures:  # everything measured is written; the run still did not do all it was asked
-        error_line(f"{len(result.failures)} of {len(result.methods)} columns failed: "
-                   + "; ".join(f"{f.method}: {f.error}" for f in result.failures)[:400])
+        error_line(
+            f"{len(result.failures)} of {len(result.methods)} columns failed: "
+            + "; ".join(f"{f.method}: {f.error}" for f in result.failures)[:400]
+        )
         raise typer.Exit(1)
 
 
-def _throughput(names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None,
-                named: bool = True):
-    from specgen.bench import measure, methods as registry, prompts as prompt_sets, throughput  # torch: see bench()
+def _throughput(
+    names, items, config, sizes, windows, models: ModelSettings, json_file, threads=None, named: bool = True
+):
+    # torch: see bench()
+    from specgen.bench import measure, throughput
+    from specgen.bench import methods as registry
+    from specgen.bench import prompts as prompt_sets
     from specgen.decoding.build import resolve_draft_length
     from specgen.runtime.pair import load
 
@@ -183,30 +279,46 @@ def _throughput(names, items, config, sizes, windows, models: ModelSettings, jso
         err.print(f"bench: draft length k={k.k} for this device ({k.reason})", style="dim", markup=False)
     prompts = prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)
     modes = ["off"] + [f"window {w}" for w in windows]
-    err.print(f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
-              f"{sizes} x modes {modes}", style="dim", markup=False)
+    err.print(
+        f"bench throughput: {len(prompts)} prompts x methods {', '.join(names)} x batch sizes "
+        f"{sizes} x modes {modes}",
+        style="dim",
+        markup=False,
+    )
 
     def progress(cell):
-        err.print(f"{cell.method} b{cell.size} {cell.mode}: "
-                  + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"), style="dim", markup=False)
+        err.print(
+            f"{cell.method} b{cell.size} {cell.mode}: "
+            + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"),
+            style="dim",
+            markup=False,
+        )
 
     with measure.fixed_threads(threads) as used:
         cells = throughput.run_throughput(pair, names, prompts, config, sizes, windows, on_cell=progress)
     interrupted = any(c.interrupted for c in cells)
-    title = (f"specgen bench --batch-sizes · {pair.target.name}"
-             + (f" + {pair.draft.name}" if pair.draft else "") + f" · {len(prompts)} prompts · "
-             f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}"
-             + (" · INTERRUPTED" if interrupted else ""))
-    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(throughput.table(cells, title))
+    title = (
+        f"specgen bench --batch-sizes · {pair.target.name}"
+        + (f" + {pair.draft.name}" if pair.draft else "")
+        + f" · {len(prompts)} prompts · "
+        f"{config.max_new_tokens} new tokens · {'greedy' if config.sampling.greedy else 'sampling'}"
+        + (" · INTERRUPTED" if interrupted else "")
+    )
+    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(
+        throughput.table(cells, title)
+    )
     if json_file is not None:
-        _write_throughput(json_file, measure.environment(pair, used), items, sizes, windows, config, cells,
-                          interrupted)
+        _write_throughput(
+            json_file, measure.environment(pair, used), items, sizes, windows, config, cells, interrupted
+        )
     if interrupted:
         raise typer.Exit(130)
     failed = [c for c in cells if c.failed]
     if failed:  # the table and the JSON hold every cell; the run still did not do all it was asked
-        error_line(f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].size} "
-                   f"{failed[0].mode}: {failed[0].skipped}"[:400])
+        error_line(
+            f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].size} "
+            f"{failed[0].mode}: {failed[0].skipped}"[:400]
+        )
         raise typer.Exit(1)
 
 
@@ -221,10 +333,24 @@ def _runnable(registry, pair, names: list[str], named: bool, err, drafts=None) -
     return [n for n in names if n not in unfit]
 
 
-def _concurrency(names, items, config, levels, per_client, max_batch, models: ModelSettings, json_file,
-                 threads=None, repeats: int = 1, named: bool = True):
+def _concurrency(
+    names,
+    items,
+    config,
+    levels,
+    per_client,
+    max_batch,
+    models: ModelSettings,
+    json_file,
+    threads=None,
+    repeats: int = 1,
+    named: bool = True,
+):
     """Start a server on the loaded pair (this process, a free port), drive it, stop it, report."""
-    from specgen.bench import concurrency, measure, methods as registry, prompts as prompt_sets  # torch: see bench()
+    # torch: see bench()
+    from specgen.bench import concurrency, measure
+    from specgen.bench import methods as registry
+    from specgen.bench import prompts as prompt_sets
     from specgen.runtime.pair import load
 
     err = Console(emoji=False, stderr=True, highlight=False)
@@ -232,47 +358,92 @@ def _concurrency(names, items, config, levels, per_client, max_batch, models: Mo
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = _runnable(registry, pair, names, named, err)
     law = config.sampling
-    sampling = concurrency.GREEDY if law.greedy else {"temperature": law.temperature, "top_p": law.top_p,
-                                                      "top_k": law.top_k, "seed": law.seed}
+    sampling = (
+        concurrency.GREEDY
+        if law.greedy
+        else {"temperature": law.temperature, "top_p": law.top_p, "top_k": law.top_k, "seed": law.seed}
+    )
     prompts = [item.chat() for item in items]
-    prompt_sets.encode_all(pair.target.tokenizer, items, pair.target.context_length)  # each fits, before the server starts
+    prompt_sets.encode_all(
+        pair.target.tokenizer, items, pair.target.context_length
+    )  # each fits, before the server starts
 
     def progress(cell):
-        err.print(f"{cell.size} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
-                  + (f" ({len(cell.errors)} errors)" if cell.errors else ""), style="dim", markup=False)
+        err.print(
+            f"{cell.size} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
+            + (f" ({len(cell.errors)} errors)" if cell.errors else ""),
+            style="dim",
+            markup=False,
+        )
 
-    with measure.fixed_threads(threads) as used, _serving(models, pair, config, levels, max_batch, err) as running:
+    with (
+        measure.fixed_threads(threads) as used,
+        _serving(models, pair, config, levels, max_batch, err) as running,
+    ):
         info = running.state.info
-        cells, interrupted = concurrency.run_concurrency(info["url"], running.token, info["model"], prompts, names,
-                                                         levels, per_client, config.max_new_tokens, progress, repeats,
-                                                         sampling)
+        cells, interrupted = concurrency.run_concurrency(
+            info["url"],
+            running.token,
+            info["model"],
+            prompts,
+            names,
+            levels,
+            per_client,
+            config.max_new_tokens,
+            progress,
+            repeats,
+            sampling,
+        )
     learned = _learned(running.scheduler)
     for method, widths in learned.items():
         if widths:
-            err.print(f"{method}: draft length learned by batch width: "
-                      + ", ".join(f"{w}:{v['k']}" for w, v in widths.items()), style="dim", markup=False)
-    title = (f"specgen bench --concurrency · {pair.target.name}" + (f" + {pair.draft.name}" if pair.draft else "")
-             + f" · {len(prompts)} prompts · {per_client} requests per client"
-             + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "") + f" · {config.max_new_tokens} new "
-             f"tokens · {'greedy' if law.greedy else f'temperature {law.temperature}'} · batch up to {max_batch}"
-             + (" · INTERRUPTED" if interrupted else ""))
-    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(concurrency.table(cells, title))
+            err.print(
+                f"{method}: draft length learned by batch width: "
+                + ", ".join(f"{w}:{v['k']}" for w, v in widths.items()),
+                style="dim",
+                markup=False,
+            )
+    title = (
+        f"specgen bench --concurrency · {pair.target.name}"
+        + (f" + {pair.draft.name}" if pair.draft else "")
+        + f" · {len(prompts)} prompts · {per_client} requests per client"
+        + (f" · {repeats} runs per cell, interleaved" if repeats > 1 else "")
+        + f" · {config.max_new_tokens} new "
+        f"tokens · {'greedy' if law.greedy else f'temperature {law.temperature}'} · batch up to {max_batch}"
+        + (" · INTERRUPTED" if interrupted else "")
+    )
+    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(
+        concurrency.table(cells, title)
+    )
     if json_file is not None:
-        _write_json(json_file, {
-            "schema": "specgen-bench-concurrency/1", "environment": measure.environment(pair, used),
-            "interrupted": interrupted,
-            "settings": {"prompts": [i.id for i in items], "levels": levels, "requests_per_client": per_client,
-                         "repeats": repeats, "max_tokens": config.max_new_tokens, "max_batch_size": max_batch,
-                         "sampling": sampling,
-                         "width_caps": {str(w): k for w, k in running.scheduler.caps.items()}},
-            "learned": learned,
-            "cells": [c.record() for c in cells]})
+        _write_json(
+            json_file,
+            {
+                "schema": "specgen-bench-concurrency/1",
+                "environment": measure.environment(pair, used),
+                "interrupted": interrupted,
+                "settings": {
+                    "prompts": [i.id for i in items],
+                    "levels": levels,
+                    "requests_per_client": per_client,
+                    "repeats": repeats,
+                    "max_tokens": config.max_new_tokens,
+                    "max_batch_size": max_batch,
+                    "sampling": sampling,
+                    "width_caps": {str(w): k for w, k in running.scheduler.caps.items()},
+                },
+                "learned": learned,
+                "cells": [c.record() for c in cells],
+            },
+        )
     if interrupted:
         raise typer.Exit(130)
     failed = [c for c in cells if c.errors]
     if failed:  # written above; a cell whose requests failed does not measure what it says
-        error_line(f"{sum(len(c.errors) for c in failed)} requests failed in {len(failed)} cells: "
-                   f"{failed[0].method} at {failed[0].size} clients: {failed[0].errors[0]}"[:400])
+        error_line(
+            f"{sum(len(c.errors) for c in failed)} requests failed in {len(failed)} cells: "
+            f"{failed[0].method} at {failed[0].size} clients: {failed[0].errors[0]}"[:400]
+        )
         raise typer.Exit(1)
 
 
@@ -281,14 +452,28 @@ def _serving(models: ModelSettings, pair, config, levels, max_batch: int, err):
     """A server on the loaded pair in this process, on a free port, stopped on the way out."""
     from specgen.serve.server import ServeOptions, prepare  # torch: see bench()
 
-    running = prepare(models, ServeOptions(port=0, max_batch_size=max_batch, max_queue=max(levels) * 4,
-                                           max_tokens=config.max_new_tokens, prefix_cache=0), quiet=True, pair=pair,
-                      log=io.StringIO())
+    running = prepare(
+        models,
+        ServeOptions(
+            port=0,
+            max_batch_size=max_batch,
+            max_queue=max(levels) * 4,
+            max_tokens=config.max_new_tokens,
+            prefix_cache=0,
+        ),
+        quiet=True,
+        pair=pair,
+        log=io.StringIO(),
+    )
     server = threading.Thread(target=running.serve_until_stopped, daemon=True)
     server.start()
     caps = running.scheduler.caps
-    err.print(f"bench concurrency: server at {running.state.info['url']}; draft length by batch width: "
-              + (", ".join(f"{w}:{k}" for w, k in caps.items()) or "as requested"), style="dim", markup=False)
+    err.print(
+        f"bench concurrency: server at {running.state.info['url']}; draft length by batch width: "
+        + (", ".join(f"{w}:{k}" for w, k in caps.items()) or "as requested"),
+        style="dim",
+        markup=False,
+    )
     try:
         yield running
     finally:
@@ -301,29 +486,47 @@ def _learned(scheduler) -> dict:
     rounds settled on, the tok/s of its drafting rounds at each length tried, and of plain ones."""
     out = {}
     for key, rates in scheduler.rates.items():
-        out[key[0].value] = {str(w): {"k": k, "draft_tok_s": {str(n): round(r, 2) for n, r in drafts.items()},
-                                      "plain_tok_s": round(p, 2)}
-                             for w, (k, drafts, p) in rates.summary().items()}
+        out[key[0].value] = {
+            str(w): {
+                "k": k,
+                "draft_tok_s": {str(n): round(r, 2) for n, r in drafts.items()},
+                "plain_tok_s": round(p, 2),
+            }
+            for w, (k, drafts, p) in rates.summary().items()
+        }
     return out
 
 
 def _write_throughput(json_file, env, items, sizes, windows, config, cells, interrupted) -> None:
-    _write_json(json_file, {
-        "schema": "specgen-bench-throughput/1", "environment": env, "interrupted": interrupted,
-        "settings": {"prompts": [i.id for i in items], "batch_sizes": sizes, "windows": windows,
-                     **{k: v for k, v in asdict(config).items() if k != "method"}},
-        "cells": [c.record() for c in cells]})
+    _write_json(
+        json_file,
+        {
+            "schema": "specgen-bench-throughput/1",
+            "environment": env,
+            "interrupted": interrupted,
+            "settings": {
+                "prompts": [i.id for i in items],
+                "batch_sizes": sizes,
+                "windows": windows,
+                **{k: v for k, v in asdict(config).items() if k != "method"},
+            },
+            "cells": [c.record() for c in cells],
+        },
+    )
 
 
 def _write_json(json_file, data: dict) -> None:
     """--json of the throughput and concurrency modes (atomically, a spare file if it fails)."""
     text = json.dumps(data, indent=1, default=str) + "\n"
-    if not report.save("--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True):
+    if not report.save(
+        "--json", json_file, lambda path: path.write_text(text, encoding="utf-8"), fallback=True
+    ):
         raise typer.Exit(1)
 
 
 def _measure(names, items, settings, models: ModelSettings, named: bool = True):
-    from specgen.bench import measure, methods as registry  # torch: see bench()
+    from specgen.bench import measure  # torch: see bench()
+    from specgen.bench import methods as registry
     from specgen.decoding.build import resolve_draft_length
     from specgen.runtime.pair import load, load_draft_alone
 
@@ -334,23 +537,41 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
     for name in registry.extra_drafts(names):  # METHOD@DRAFT columns: each other draft once, with its own k
         model = load_draft_alone(replace(models, draft=name), pair.target, quiet=not err.is_terminal)
         own, choice = resolve_draft_length(replace(pair, draft=model), settings.generation, drafts=True)
-        drafts[name] = registry.ExtraDraft(model, {} if choice is None else {
-            "draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence})
+        drafts[name] = registry.ExtraDraft(
+            model,
+            {}
+            if choice is None
+            else {"draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence},
+        )
         if choice is not None:
-            err.print(f"bench: draft length k={choice.k} with {name} ({choice.reason})", style="dim", markup=False)
+            err.print(
+                f"bench: draft length k={choice.k} with {name} ({choice.reason})", style="dim", markup=False
+            )
     asked = names
     names = _runnable(registry, pair, names, named, err, drafts)
-    left_out = {n: registry.unsupported(pair, n, drafts) for n in asked if n not in names}  # the JSON says so too
+    left_out = {
+        n: registry.unsupported(pair, n, drafts) for n in asked if n not in names
+    }  # the JSON says so too
     generation, k = resolve_draft_length(pair, settings.generation, drafts=True)
     settings = replace(settings, generation=generation)
     if k is not None:
         err.print(f"bench: draft length k={k.k} for this device ({k.reason})", style="dim", markup=False)
     total = len(items) * settings.repeats * len(names)
-    err.print(f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
-              f"({', '.join(names)}) = {total} generations", style="dim", markup=False)
+    err.print(
+        f"bench: {len(items)} prompts x {settings.repeats} repeats x {len(names)} methods "
+        f"({', '.join(names)}) = {total} generations",
+        style="dim",
+        markup=False,
+    )
     if err.is_terminal:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err, transient=True) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as progress:
             task = progress.add_task("measuring", total=total)
 
             def tick(m):
@@ -388,14 +609,24 @@ def _noted(result, chosen, left_out: dict):
 
 def _report(result, outputs: dict) -> bool:
     """The table, then each file; one that fails does not stop the others. False if any failed."""
-    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(report.table(result))
+    Console(emoji=False, highlight=False, width=None if sys.stdout.isatty() else 160).print(
+        report.table(result)
+    )
     ok = True
-    writers = {"--json": report.write_json, "--csv": report.write_csv, "--plot": report.write_plot,
-               "--html": write_html}
+    writers = {
+        "--json": report.write_json,
+        "--csv": report.write_csv,
+        "--plot": report.write_plot,
+        "--html": write_html,
+    }
     for option, path in outputs.items():
         write = writers[option]
         if path is not None:  # the format comes from the real name: the temporary file's is .tmp
             kind = {"kind": report.plot_kind(path)} if option == "--plot" else {}
-            ok &= report.save(option, path, lambda p, write=write, kind=kind: write(result, p, **kind),
-                              fallback=option != "--plot")
+            ok &= report.save(
+                option,
+                path,
+                lambda p, write=write, kind=kind: write(result, p, **kind),
+                fallback=option != "--plot",
+            )
     return ok

@@ -30,13 +30,22 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.cli.options import (Format, check_text, decode_text, ending_signals, given, note_unused,
-                                 sigterm_as_ctrl_c, user_errors, with_options)
 from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
+from specgen.cli.options import (
+    Format,
+    check_text,
+    decode_text,
+    ending_signals,
+    given,
+    note_unused,
+    sigterm_as_ctrl_c,
+    user_errors,
+    with_options,
+)
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
-from specgen.decoding.views import speed
 from specgen.config import GenerationConfig, ModelSettings
+from specgen.decoding.views import speed
 from specgen.errors import PromptError, SpecgenError, one_line
 from specgen.ground import cache_root
 from specgen.serve.client import ServerChat, find
@@ -52,15 +61,34 @@ _SETTING_OPTIONS = tuple(settings_dict(GenerationConfig()))
 def chat(
     *,
     ctx: typer.Context,
-    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the conversation.")] = None,
-    load_file: Annotated[Optional[Path], typer.Option(
-        "--load", help="Resume a conversation saved with /save (options given here override its settings).")] = None,
+    system: Annotated[
+        Optional[str], typer.Option("--system", help="System prompt for the conversation.")
+    ] = None,
+    load_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--load",
+            help="Resume a conversation saved with /save (options given here override its settings).",
+        ),
+    ] = None,
     models: ModelSettings,
     generation: GenerationConfig,
-    show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
-    format: Annotated[Optional[Format], typer.Option(
-        "--format", help="rich (terminal default), plain (pipe default) or json (one object per reply).")] = None,
-    server: Annotated[bool, typer.Option("--server/--no-server", help="Chat on a running `specgen serve` with the same model options when there is one.")] = True,
+    show_tree: Annotated[
+        bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")
+    ] = False,
+    format: Annotated[
+        Optional[Format],
+        typer.Option(
+            "--format", help="rich (terminal default), plain (pipe default) or json (one object per reply)."
+        ),
+    ] = None,
+    server: Annotated[
+        bool,
+        typer.Option(
+            "--server/--no-server",
+            help="Chat on a running `specgen serve` with the same model options when there is one.",
+        ),
+    ] = True,
 ) -> None:
     """Chat with the target model; caches are kept between turns. /help lists the commands."""
     try:
@@ -98,8 +126,12 @@ def _chat(ctx, system, load_file, settings: ModelSettings, show_tree, format, us
     server = find(settings) if use_server else None
     if server is not None:  # no torch in this process: the server has the pair
         if fmt is not Format.json:
-            note(f"specgen: chatting on the specgen server (pid {server.info['pid']}, {server.info['models']})")
-        chat_session = Conversation(ServerChat(server, settings), settings, config, system, messages, notify=notify)
+            note(
+                f"specgen: chatting on the specgen server (pid {server.info['pid']}, {server.info['models']})"
+            )
+        chat_session = Conversation(
+            ServerChat(server, settings), settings, config, system, messages, notify=notify
+        )
         chat_session.configure(config)  # a method its models cannot run (-m, a loaded save's): one line now
     else:
         chat_session = _local_session(settings, config, system, messages, notify, quiet=fmt is Format.json)
@@ -164,8 +196,10 @@ class _Loop:
         prompt = PROMPT if sys.stdout.isatty() else "you> "
         c = self.chat
         draft = f" + draft {_escape(c.backend.draft_name)}" if c.backend.draft_name else ""
-        self.out.print(f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
-                       f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]")
+        self.out.print(
+            f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
+            f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]"
+        )
         leaving = False  # a Ctrl-C at an empty prompt asks; a second one in a row leaves
         ended = ending_signals()  # SIGTERM or SIGHUP stop a reply as Ctrl-C does, then end the session
         while True:
@@ -256,10 +290,12 @@ class _Loop:
             self.error(exc)
         except (_Interrupted, KeyboardInterrupt, BrokenPipeError):
             raise  # a closed stdout (`| head`) ends the session quietly, as it ends `run`
-        except Exception as exc:  # noqa: BLE001: a failed turn must not end the session (and lose it)
+        except Exception as exc:  # noqa: BLE001 - a failed turn must not end the session (and lose it)
             if os.environ.get("SPECGEN_DEBUG"):
                 raise
-            self.error(_unexpected(exc, "the reply failed; the message was not kept, the conversation goes on"))
+            self.error(
+                _unexpected(exc, "the reply failed; the message was not kept, the conversation goes on")
+            )
         return False
 
     def command(self, line: str) -> bool:
@@ -300,15 +336,22 @@ class _Loop:
                 return
             raise _Interrupted from None
         outcome = turn.outcome
-        outcome.extra.update(turn=turn.number, conversation_tokens=turn.prompt_tokens,
-                             reused_tokens=turn.reused_tokens, dropped_turns=turn.dropped)
+        outcome.extra.update(
+            turn=turn.number,
+            conversation_tokens=turn.prompt_tokens,
+            reused_tokens=turn.reused_tokens,
+            dropped_turns=turn.dropped,
+        )
         if self.fmt is Format.rich:
             self.out.print(summary_line(turn), style="dim", markup=False)
         else:
             inner.finish(outcome)
             if self.fmt is Format.plain:
-                self.err.print(f"turn {turn.number}: conversation {turn.prompt_tokens} tokens, "
-                               f"{turn.reused_tokens} reused from the caches", markup=False)
+                self.err.print(
+                    f"turn {turn.number}: conversation {turn.prompt_tokens} tokens, "
+                    f"{turn.reused_tokens} reused from the caches",
+                    markup=False,
+                )
         if outcome.interrupted:
             self.notice("interrupted · the partial reply is kept in the conversation, marked interrupted")
             if not self.is_tty:
@@ -337,10 +380,13 @@ def summary_line(turn) -> str:
     parts = [f"turn {turn.number}", s.method, f"{s.new_tokens} tokens in {s.rounds} rounds"]
     if s.drafted:
         parts.append(f"accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})")
-    parts += [f"{s.tokens_per_target_forward:.2f} tokens/target forward", speed(s),
-              f"first token {s.time_to_first_token or 0.0:.2f} s",
-              f"prompt {turn.prompt_tokens} tokens ({turn.reused_tokens} reused, "
-              f"{turn.prompt_tokens - turn.reused_tokens} prefilled)"]
+    parts += [
+        f"{s.tokens_per_target_forward:.2f} tokens/target forward",
+        speed(s),
+        f"first token {s.time_to_first_token or 0.0:.2f} s",
+        f"prompt {turn.prompt_tokens} tokens ({turn.reused_tokens} reused, "
+        f"{turn.prompt_tokens - turn.reused_tokens} prefilled)",
+    ]
     if s.stop:
         parts.append(f"stop: {s.stop}")
     return " · ".join(parts)
@@ -358,9 +404,10 @@ def _keys_unechoed(terminal: bool):
     if terminal:
         try:
             import termios  # not on every platform
+
             fd = sys.stdin.fileno()
             saved = termios.tcgetattr(fd)
-        except Exception:  # noqa: BLE001: no termios, or no terminal after all (termios.error is no OSError)
+        except Exception:  # noqa: BLE001 - no termios, or no terminal after all (termios.error is no OSError)
             saved = None
     if saved is None:
         yield

@@ -15,17 +15,39 @@ from specgen.config import Method, ModelSettings
 from specgen.errors import ConfigError
 
 NO_DRAFT = "none"
-CheckDraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model (a catalog name, a directory or a GGUF file), or 'none' to check the target's plain and lookup decoding only.")]
+CheckDraftOpt = Annotated[
+    str,
+    typer.Option(
+        "--draft",
+        "-d",
+        help="Draft model (a catalog name, a directory or a GGUF file), or 'none' to check the target's "
+        "plain and lookup decoding only.",
+    ),
+]
 
 
 @with_options(options={"draft": CheckDraftOpt})
 def check(
     *,
     models: ModelSettings,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma-separated methods to check (default: every one the pair runs).", show_default=False)] = None,
-    prompts: Annotated[int, typer.Option("--prompts", help="Prompts per case (each longer than the model's longest sliding window).")] = 3,
+    methods: Annotated[
+        Optional[str],
+        typer.Option(
+            "--methods",
+            help="Comma-separated methods to check (default: every one the pair runs).",
+            show_default=False,
+        ),
+    ] = None,
+    prompts: Annotated[
+        int,
+        typer.Option(
+            "--prompts", help="Prompts per case (each longer than the model's longest sliding window)."
+        ),
+    ] = 3,
     max_new_tokens: MaxNewOpt = 32,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a line per case.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a line per case.")
+    ] = False,
 ) -> None:
     """Check that greedy output equals transformers' own generate on this pair.
 
@@ -41,8 +63,10 @@ def check(
             raise ConfigError(f"--methods {methods!r} names no method; give a comma list like plain,chain")
         no_draft = models.draft.strip().lower() == NO_DRAFT
         if no_draft and chosen and any(m.needs_draft_model for m in chosen):
-            raise ConfigError("--draft none checks plain and lookup only; give a draft for "
-                              + ", ".join(m.value for m in chosen if m.needs_draft_model))
+            raise ConfigError(
+                "--draft none checks plain and lookup only; give a draft for "
+                + ", ".join(m.value for m in chosen if m.needs_draft_model)
+            )
         settings = replace(models, draft=None) if no_draft else models
         failed = _check(settings, chosen, prompts, max_new_tokens, as_json)
     if failed:
@@ -58,36 +82,60 @@ def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json
     pair = load(settings, Method.CHAIN if settings.draft else Method.PLAIN, quiet=as_json)
     cases = machinery.standard_cases(pair)
     if chosen is not None and pair.draft is not None and pair.draft.vocabulary is Vocabulary.HEAD:
-        chosen = list(dict.fromkeys(Method.EAGLE if m is Method.CHAIN else m for m in chosen))  # as `run` reads it
+        chosen = list(
+            dict.fromkeys(Method.EAGLE if m is Method.CHAIN else m for m in chosen)
+        )  # as `run` reads it
     if chosen is not None:
         covered = list(dict.fromkeys(c.method for c in cases))
         cases = [c for c in cases if c.method in chosen]
         missing = [m for m in chosen if m not in covered]
         if missing:
-            raise ConfigError(why_not(pair, missing[0]) or f"check covers {', '.join(m.value for m in covered)} on "
-                              f"this pair, not {missing[0].value}")
+            raise ConfigError(
+                why_not(pair, missing[0])
+                or f"check covers {', '.join(m.value for m in covered)} on this pair, not {missing[0].value}"
+            )
     prompts = machinery.check_prompts(pair, count, new_tokens)
     if not as_json:
-        sys.stderr.write(f"checking {len(cases)} cases on {count} prompts of {min(map(len, prompts))}-"
-                         f"{max(map(len, prompts))} tokens, {new_tokens} new tokens each, against transformers' "
-                         "generate\n")
+        sys.stderr.write(
+            f"checking {len(cases)} cases on {count} prompts of {min(map(len, prompts))}-"
+            f"{max(map(len, prompts))} tokens, {new_tokens} new tokens each, against transformers' "
+            "generate\n"
+        )
 
     def show(result) -> None:
         if not as_json:
             mark = "ok  " if result.identical else "FAIL"
-            print(f"{mark} {result.label:<28} {machinery.describe(result, pair, count)} "
-                  f"({result.seconds:.1f} s)", flush=True)
+            print(
+                f"{mark} {result.label:<28} {machinery.describe(result, pair, count)} "
+                f"({result.seconds:.1f} s)",
+                flush=True,
+            )
 
     results = machinery.check(pair, prompts, cases, new_tokens, on_result=show)
     failed = [r for r in results if not r.identical]
     if as_json:
-        print(json.dumps({
-            "target": pair.target.name, "draft": pair.draft.name if pair.draft else None,
-            "weights": pair.target.weights, "dtype": str(pair.target.dtype).removeprefix("torch."),
-            "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": new_tokens,
-            "cases": [{"case": r.label, "identical": r.identical, "seconds": round(r.seconds, 3),
-                       "mismatches": [vars(m) for m in r.mismatches]} for r in results],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "target": pair.target.name,
+                    "draft": pair.draft.name if pair.draft else None,
+                    "weights": pair.target.weights,
+                    "dtype": str(pair.target.dtype).removeprefix("torch."),
+                    "prompt_tokens": [len(p) for p in prompts],
+                    "max_new_tokens": new_tokens,
+                    "cases": [
+                        {
+                            "case": r.label,
+                            "identical": r.identical,
+                            "seconds": round(r.seconds, 3),
+                            "mismatches": [vars(m) for m in r.mismatches],
+                        }
+                        for r in results
+                    ],
+                },
+                indent=2,
+            )
+        )
     elif failed:
         sys.stderr.write(f"{len(failed)} of {len(results)} cases differ from transformers' generate\n")
     else:

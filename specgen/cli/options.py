@@ -1,4 +1,5 @@
-"""Options and error handling shared by the commands: the option groups declared once and mapped by keyword onto
+"""Options and error handling shared by the commands: the option groups declared once and mapped by keyword
+onto
 ModelSettings and GenerationConfig (`with_options`), one-line errors, prompt reading. No tensors here."""
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.config import (GenerationConfig, Method, ModelSettings, SamplingConfig, Schedule, parse_branching,
-                            parse_draft_tokens)
+from specgen.config import (
+    GenerationConfig,
+    Method,
+    ModelSettings,
+    SamplingConfig,
+    Schedule,
+    parse_branching,
+    parse_draft_tokens,
+)
 from specgen.errors import ConfigError, PromptError, SpecgenError, file_error, one_line
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.status import error_line, note
@@ -51,10 +59,15 @@ def user_errors():
         if _caused_by_ctrl_c(exc):  # Ctrl-C inside an import, which wraps it in an ImportError
             _interrupted()
             raise typer.Exit(130) from None
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # stdout on a full disk, say
+        if isinstance(exc, OSError) and exc.errno in (
+            errno.ENOSPC,
+            errno.EDQUOT,
+        ):  # stdout on a full disk, say
             where = f" writing {exc.filename}" if exc.filename else ""
-            error_line(f"no space left on the device{where}: the output did not fit",
-                       "free some space, or send the output elsewhere")
+            error_line(
+                f"no space left on the device{where}: the output did not fit",
+                "free some space, or send the output elsewhere",
+            )
             raise typer.Exit(1) from None
         if isinstance(exc, OSError) and exc.filename:  # a path that is not what it should be
             error_line(str(file_error(exc)))
@@ -91,8 +104,10 @@ MAX_PROMPT_BYTES = 32 << 20
 def read_bounded(stream, where: str) -> bytes:
     data = stream.read(MAX_PROMPT_BYTES + 1)
     if len(data) > MAX_PROMPT_BYTES:
-        raise PromptError(f"{where} holds more than {MAX_PROMPT_BYTES >> 20} MiB: more text than any model's "
-                          "context takes; shorten it")
+        raise PromptError(
+            f"{where} holds more than {MAX_PROMPT_BYTES >> 20} MiB: more text than any model's "
+            "context takes; shorten it"
+        )
     return data
 
 
@@ -101,8 +116,11 @@ def handle_signals(signums, handler) -> dict:
     SIGHUP that is ignored (under nohup a logout must stop nothing); the handlers it replaced."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, handler) for signum in signums
-            if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN}
+    return {
+        signum: signal.signal(signum, handler)
+        for signum in signums
+        if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN
+    }
 
 
 def sigterm_as_ctrl_c(hangup: bool = False) -> None:
@@ -152,8 +170,9 @@ def decode_text(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PromptError(f"{where} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                          f"{exc.start})") from None
+        raise PromptError(
+            f"{where} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 def check_text(text: str, where: str) -> str:
@@ -162,8 +181,9 @@ def check_text(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PromptError(f"{where} is not valid UTF-8 text (an undecodable byte at character "
-                          f"{exc.start})") from None
+        raise PromptError(
+            f"{where} is not valid UTF-8 text (an undecodable byte at character {exc.start})"
+        ) from None
     return text
 
 
@@ -186,11 +206,28 @@ def read_stdin() -> str:
 
 
 # -- the option groups, declared once ------------------------------------------------------------
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")]
-DraftOpt = Annotated[str, typer.Option("--draft", "-d", help="Draft model: a catalog name, a directory or a GGUF file. Another tokenizer than the target's works for chain and lookup-chain (it drafts text).")]
+TargetOpt = Annotated[
+    str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")
+]
+DraftOpt = Annotated[
+    str,
+    typer.Option(
+        "--draft",
+        "-d",
+        help="Draft model: a catalog name, a directory or a GGUF file. Another tokenizer than the target's "
+        "works for chain and lookup-chain (it drafts text).",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
-TargetQuantOpt = Annotated[str, typer.Option("--target-quant", help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, int8. Speculative output stays exact with respect to the target as quantized.")]
+TargetQuantOpt = Annotated[
+    str,
+    typer.Option(
+        "--target-quant",
+        help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, "
+        "int8. Speculative output stays exact with respect to the target as quantized.",
+    ),
+]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
 
 # ModelSettings' fields, by keyword: (the option, its default)
@@ -198,27 +235,123 @@ MODEL_OPTIONS = {
     "target": (TargetOpt, DEFAULT_TARGET),
     "draft": (DraftOpt, DEFAULT_DRAFT),
     "device": (DeviceOpt, "auto"),
-    "draft_device": (Annotated[Optional[str], typer.Option("--draft-device", help="Device for the draft model (default: chosen with the target's placement).")], None),
+    "draft_device": (
+        Annotated[
+            Optional[str],
+            typer.Option(
+                "--draft-device",
+                help="Device for the draft model (default: chosen with the target's placement).",
+            ),
+        ],
+        None,
+    ),
     "dtype": (DtypeOpt, "auto"),
-    "draft_quant": (Annotated[str, typer.Option("--draft-quant", help="A cheaper draft (CPU): auto (int8+prune for a draft on the CPU in bf16/fp16 or in the format --dtype auto chose, else none), none, int8, int8-wo, prune, int8+prune. The target is untouched; output stays exact.")], "auto"),
+    "draft_quant": (
+        Annotated[
+            str,
+            typer.Option(
+                "--draft-quant",
+                help="A cheaper draft (CPU): auto (int8+prune for a draft on the CPU in bf16/fp16 or in the "
+                "format --dtype auto chose, else none), none, int8, int8-wo, prune, int8+prune. The "
+                "target is untouched; output stays exact.",
+            ),
+        ],
+        "auto",
+    ),
     "target_quant": (TargetQuantOpt, "auto"),
-    "compile": (Annotated[str, typer.Option("--compile", help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).")], "auto"),
+    "compile": (
+        Annotated[
+            str,
+            typer.Option(
+                "--compile",
+                help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA "
+                "graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).",
+            ),
+        ],
+        "auto",
+    ),
 }
 
 # generation_config's keywords: (the option, its default)
 GENERATION_OPTIONS = {
-    "method": (Annotated[str, typer.Option("--method", "-m", help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an EAGLE-3 head as --draft; chain means eagle there).")], "chain"),
+    "method": (
+        Annotated[
+            str,
+            typer.Option(
+                "--method",
+                "-m",
+                help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an "
+                "EAGLE-3 head as --draft; chain means eagle there).",
+            ),
+        ],
+        "chain",
+    ),
     "max_new_tokens": (MaxNewOpt, 256),
-    "draft_tokens": (Annotated[str, typer.Option("--draft-tokens", "-k", help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: the k with the best expected speed from this device's measured draft and verify costs; 4 on a GPU).")], "device"),
-    "draft_schedule": (Annotated[Optional[str], typer.Option("--draft-schedule", help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).")], None),
-    "draft_confidence": (Annotated[Optional[float], typer.Option("--draft-confidence", help="chain and lookup-chain: stop a draft early when the draft's top probability falls below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).", show_default=False)], None),
-    "deterministic": (Annotated[bool, typer.Option("--deterministic", help="Replay every window at a fixed shape; output independent of method, draft and batch.")], False),
-    "verify_window": (Annotated[int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")], 32),
-    "temperature": (Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")], 0.0),
+    "draft_tokens": (
+        Annotated[
+            str,
+            typer.Option(
+                "--draft-tokens",
+                "-k",
+                help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: "
+                "the k with the best expected speed from this device's measured draft and verify costs; "
+                "4 on a GPU).",
+            ),
+        ],
+        "device",
+    ),
+    "draft_schedule": (
+        Annotated[
+            Optional[str],
+            typer.Option(
+                "--draft-schedule",
+                help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).",
+            ),
+        ],
+        None,
+    ),
+    "draft_confidence": (
+        Annotated[
+            Optional[float],
+            typer.Option(
+                "--draft-confidence",
+                help="chain and lookup-chain: stop a draft early when the draft's top probability falls "
+                "below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, "
+                "else off).",
+                show_default=False,
+            ),
+        ],
+        None,
+    ),
+    "deterministic": (
+        Annotated[
+            bool,
+            typer.Option(
+                "--deterministic",
+                help="Replay every window at a fixed shape; output independent of method, draft and batch.",
+            ),
+        ],
+        False,
+    ),
+    "verify_window": (
+        Annotated[
+            int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")
+        ],
+        32,
+    ),
+    "temperature": (
+        Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")],
+        0.0,
+    ),
     "top_k": (Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")], 0),
     "top_p": (Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")], 1.0),
     "seed": (Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")], None),
-    "branching": (Annotated[str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")], "2,2,1"),
+    "branching": (
+        Annotated[
+            str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")
+        ],
+        "2,2,1",
+    ),
     "beam_width": (Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")], 3),
     "depth": (Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")], 4),
 }
@@ -256,14 +389,21 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
             members[parameter.name] = [name for name in groups[parameter.name] if name not in fixed]
             for name in members[parameter.name]:
                 annotation, default = groups[parameter.name][name]
-                parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
-                                                    annotation=options.get(name, annotation),
-                                                    default=defaults.get(name, default)))
+                parameters.append(
+                    inspect.Parameter(
+                        name,
+                        inspect.Parameter.KEYWORD_ONLY,
+                        annotation=options.get(name, annotation),
+                        default=defaults.get(name, default),
+                    )
+                )
 
         @functools.wraps(command)
         def run(**values):
             with user_errors():
-                taken = {group: {name: values.pop(name) for name in names} for group, names in members.items()}
+                taken = {
+                    group: {name: values.pop(name) for name in names} for group, names in members.items()
+                }
                 if "models" in taken:
                     values["models"] = ModelSettings(**taken["models"])
                 if "generation" in taken:
@@ -278,8 +418,14 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
 
 
 # a drafting option's keyword here -> its GenerationConfig name (Method.options)
-DRAFTING_OPTIONS = {"draft_tokens": "draft_tokens", "draft_schedule": "schedule", "draft_confidence": "draft_confidence",
-                    "branching": "branching", "beam_width": "beam_width", "depth": "depth"}
+DRAFTING_OPTIONS = {
+    "draft_tokens": "draft_tokens",
+    "draft_schedule": "schedule",
+    "draft_confidence": "draft_confidence",
+    "branching": "branching",
+    "beam_width": "beam_width",
+    "depth": "depth",
+}
 
 
 def given(ctx, name: str) -> bool:
@@ -296,33 +442,63 @@ def note_unused(ctx, config: GenerationConfig) -> None:
         flag = "--" + name.replace("_", "-")
         if name == "verify_window":
             if not config.deterministic:
-                note(f"specgen: {flag} sets deterministic mode's window; without --deterministic it is unused")
+                note(
+                    f"specgen: {flag} sets deterministic mode's window; without --deterministic it is unused"
+                )
             continue
         if DRAFTING_OPTIONS[name] not in config.method.options:
             users = [m.value for m in Method if DRAFTING_OPTIONS[name] in m.options]
             note(f"specgen: {flag} is unused by {config.method.value} (it applies to {', '.join(users)})")
 
 
-def generation_config(*, method="chain", max_new_tokens=256, draft_tokens="device", temperature=0.0, top_k=0,
-                      top_p=1.0, seed=None, branching="2,2,1", beam_width=3, depth=4, deterministic=False,
-                      verify_window=32, draft_schedule=None, draft_confidence=None, logprobs=None, draft=None):
+def generation_config(
+    *,
+    method="chain",
+    max_new_tokens=256,
+    draft_tokens="device",
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    seed=None,
+    branching="2,2,1",
+    beam_width=3,
+    depth=4,
+    deterministic=False,
+    verify_window=32,
+    draft_schedule=None,
+    draft_confidence=None,
+    logprobs=None,
+    draft=None,
+):
     """Options -> a validated GenerationConfig (shared by run, chat and bench). With `draft` an
     EAGLE-3 head directory, chain (the default) means eagle: a head drafts chains."""
     k, auto = parse_draft_tokens(draft_tokens)
     try:
         chosen = Schedule(draft_schedule) if draft_schedule else (auto or Schedule.FIXED)
     except ValueError:
-        raise ConfigError(f"unknown --draft-schedule '{draft_schedule}'; use fixed, additive or expected-gain") from None
+        raise ConfigError(
+            f"unknown --draft-schedule '{draft_schedule}'; use fixed, additive or expected-gain"
+        ) from None
     chosen_method = Method.parse(method)
     if chosen_method is Method.CHAIN and draft:
         from specgen.models.head_dir import is_head  # reads a config.json: no torch
+
         if is_head(draft):
             chosen_method = Method.EAGLE
     return GenerationConfig(
-        method=chosen_method, max_new_tokens=max_new_tokens, draft_tokens=k, schedule=chosen,
+        method=chosen_method,
+        max_new_tokens=max_new_tokens,
+        draft_tokens=k,
+        schedule=chosen,
         device_draft_tokens=str(draft_tokens).strip().lower() == "device",
-        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, logprobs=logprobs),
-        branching=parse_branching(branching), beam_width=beam_width, depth=depth,
-        deterministic=deterministic, verify_window=verify_window,
+        sampling=SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, logprobs=logprobs
+        ),
+        branching=parse_branching(branching),
+        beam_width=beam_width,
+        depth=depth,
+        deterministic=deterministic,
+        verify_window=verify_window,
         draft_confidence=0.0 if draft_confidence is None else draft_confidence,
-        device_confidence=draft_confidence is None)
+        device_confidence=draft_confidence is None,
+    )

@@ -39,8 +39,14 @@ class PromptProgress:
     def __enter__(self) -> "PromptProgress":
         self.started = time.perf_counter()
         if self.console.is_terminal:
-            self._bar = Progress(TextColumn("prompts"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=self.console)
+            self._bar = Progress(
+                TextColumn("prompts"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[line]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self._bar.start()
             self._task = self._bar.add_task("prompts", total=self.total, completed=self.done, line="")
         return self
@@ -64,13 +70,24 @@ class PromptProgress:
             self._bar.stop()
 
 
-def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | None, config: GenerationConfig,
-                settings: ModelSettings, quiet: bool, ray_address: str | None = None, actors: int | None = None,
-                threads: int = 1) -> None:
+def run_to_file(
+    prompts_path,
+    output,
+    batch_size: int,
+    raw: bool,
+    system: str | None,
+    config: GenerationConfig,
+    settings: ModelSettings,
+    quiet: bool,
+    ray_address: str | None = None,
+    actors: int | None = None,
+    threads: int = 1,
+) -> None:
     records = read_prompt_records(prompts_path, unique_ids=True)  # before anything loads
     if ray_address is not None:
         # the optional extra (and its install hint) before any file is touched
         from specgen.scale import cluster
+
         cluster.import_ray()
         cluster.check(ray_address)  # an address that does not answer: one line, and OUT is not touched
     with ResultsFile.open(output) as results:
@@ -79,9 +96,11 @@ def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | 
         for record in records:
             made = results.done.get(record.id)
             if made is not None and made != prompt_digest(record.text):
-                raise ConfigError(f"{output} holds a result for id {json.dumps(record.id)} made from another "
-                                  f"prompt than line {record.line} of {prompts_path} holds",
-                                  hint="give another --output, or remove that result's line to decode it again")
+                raise ConfigError(
+                    f"{output} holds a result for id {json.dumps(record.id)} made from another "
+                    f"prompt than line {record.line} of {prompts_path} holds",
+                    hint="give another --output, or remove that result's line to decode it again",
+                )
         todo = [(i, r.text) for i, r in enumerate(records) if r.id not in results.done]
         already = len(records) - len(todo)
         if not todo:
@@ -91,7 +110,9 @@ def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | 
             note(f"{already} of {len(records)} prompts already in {output}; decoding the other {len(todo)}")
         written, source = 0, None
         try:
-            source = _source(todo, batch_size, raw, system, config, settings, quiet, ray_address, actors, threads)
+            source = _source(
+                todo, batch_size, raw, system, config, settings, quiet, ray_address, actors, threads
+            )
             with PromptProgress(len(records), already) as progress:
                 for index, outcome in source:
                     results.write(result_record(records[index].id, records[index].text, outcome))
@@ -99,8 +120,10 @@ def run_to_file(prompts_path, output, batch_size: int, raw: bool, system: str | 
                     progress.advance(outcome.stats)
         except KeyboardInterrupt:
             results.close()
-            note(f"interrupted: {written} prompts written to {output} ({already + written} of {len(records)} "
-                 f"there); rerun the same command to finish")
+            note(
+                f"interrupted: {written} prompts written to {output} ({already + written} of {len(records)} "
+                f"there); rerun the same command to finish"
+            )
             raise typer.Exit(130) from None
         finally:
             stop = getattr(source, "stop", None)
@@ -114,13 +137,16 @@ def _source(todo, batch_size, raw, system, config, settings, quiet, ray_address,
     if ray_address is None:
         # torch and the models load only once a run needs them (--help and errors stay fast)
         from specgen.scale.local import Decoder
+
         return Decoder(settings, config, raw, system, quiet=quiet).run(todo, batch_size)
     from specgen.scale import cluster  # the optional extra, checked above
 
     ray, owned = cluster.connect(ray_address)
     sigterm_as_ctrl_c()  # Ray's core takes SIGTERM for itself when it connects: the results so far are kept
     try:
-        run = cluster.RayRun(ray, settings, config, raw, system, todo, batch_size, actors, threads, owned=owned)
+        run = cluster.RayRun(
+            ray, settings, config, raw, system, todo, batch_size, actors, threads, owned=owned
+        )
     except BaseException:  # more actors than the cluster holds: one line, and a session we started ends
         if owned:
             ray.shutdown()

@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from specgen.decoding.stats import Stats
 from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, speed, summary_line
 
 ACCEPTED = "green"
@@ -65,13 +65,29 @@ def footer(stats: Stats) -> Text:
 
 def summary_table(stats: Stats, title: str = "summary") -> Table:
     table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
-    for name in ("method", "tokens", "rounds", "accepted", "tok/fwd", "tok/s",
-                 "prefill s", "draft s", "verify s"):
+    for name in (
+        "method",
+        "tokens",
+        "rounds",
+        "accepted",
+        "tok/fwd",
+        "tok/s",
+        "prefill s",
+        "draft s",
+        "verify s",
+    ):
         table.add_column(name, justify="right" if name != "method" else "left")
-    table.add_row(stats.method, str(stats.new_tokens), str(stats.rounds),
-                  f"{stats.acceptance_rate:.1%}" if stats.drafted else "-",
-                  f"{stats.tokens_per_target_forward:.2f}", speed(stats).removesuffix(" tok/s"),
-                  f"{stats.prefill_seconds:.2f}", f"{stats.draft_seconds:.2f}", f"{stats.verify_seconds:.2f}")
+    table.add_row(
+        stats.method,
+        str(stats.new_tokens),
+        str(stats.rounds),
+        f"{stats.acceptance_rate:.1%}" if stats.drafted else "-",
+        f"{stats.tokens_per_target_forward:.2f}",
+        speed(stats).removesuffix(" tok/s"),
+        f"{stats.prefill_seconds:.2f}",
+        f"{stats.draft_seconds:.2f}",
+        f"{stats.verify_seconds:.2f}",
+    )
     return table
 
 
@@ -97,8 +113,9 @@ class RichRenderer:
     def __enter__(self) -> "RichRenderer":
         if self.header:
             self.console.print(Text(visible(self.header), style=PROMPT))
-        self._live = Live(self._view(), console=self.console, refresh_per_second=10,
-                          transient=False, auto_refresh=False)
+        self._live = Live(
+            self._view(), console=self.console, refresh_per_second=10, transient=False, auto_refresh=False
+        )
         self._live.__enter__()
         return self
 
@@ -112,7 +129,8 @@ class RichRenderer:
     def on_round(self, result: RoundResult, stats: Stats) -> None:
         # a piece per emitted token (empty ones too): a replay's rollback counts tokens
         pieces = [(piece, ACCEPTED) for piece in result.accepted_pieces] + (
-            [(result.target_piece, TARGET)] if result.target_emitted else [])
+            [(result.target_piece, TARGET)] if result.target_emitted else []
+        )
         if result.pending:
             self.pending.extend(pieces)
         else:
@@ -150,13 +168,13 @@ class RichRenderer:
             return
         end = self.text.plain.rfind("\n", self._printed) + 1  # the finished lines go above, for good
         if end > self._printed:
-            self._live.console.print(self.text[self._printed:end], end="")
+            self._live.console.print(self.text[self._printed : end], end="")
             self._printed = end
         self._live.update(self._view(), refresh=True)
 
     def _view(self) -> Group:
         pending = Text(visible("".join(piece for piece, _ in self.pending)), style=PENDING)
-        line = self.text[self._printed:] + pending + self.rejected
+        line = self.text[self._printed :] + pending + self.rejected
         parts = [line] if line.plain else []
         if self._stats is not None:
             parts.append(footer(self._stats))
@@ -181,7 +199,9 @@ class PlainRenderer:
 
     def on_round(self, result: RoundResult, stats: Stats) -> None:
         if self.show_tree and not result.is_chain:
-            Console(emoji=False, file=self.err, highlight=False).print(rich_tree(result, f"round {stats.rounds}"))
+            Console(emoji=False, file=self.err, highlight=False).print(
+                rich_tree(result, f"round {stats.rounds}")
+            )
         if result.pending:  # only verified text is printed; a piece per token, as a rollback counts them
             self._pending.extend(result.pieces)
             return
@@ -208,7 +228,7 @@ class PlainRenderer:
         # final text (as JSON has it, U+FFFD for a cut character) says what is left to print.
         written = "".join(self._written)
         if outcome.text.startswith(written):
-            self._write(outcome.text[len(written):])
+            self._write(outcome.text[len(written) :])
         self.out.write("\n")
         self.out.flush()
         self.err.write(summary_line(outcome) + "\n")
@@ -233,7 +253,13 @@ class JsonRenderer:
         pass
 
     def finish(self, outcome: Outcome) -> None:
-        record = {"text": outcome.text, "token_ids": outcome.token_ids, "method": outcome.stats.method,
-                  **outcome.extra, "interrupted": outcome.interrupted, "stats": outcome.stats.as_dict()}
+        record = {
+            "text": outcome.text,
+            "token_ids": outcome.token_ids,
+            "method": outcome.stats.method,
+            **outcome.extra,
+            "interrupted": outcome.interrupted,
+            "stats": outcome.stats.as_dict(),
+        }
         self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
         self.out.flush()

@@ -11,8 +11,15 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from specgen.cli.options import (Format, check_text, note_unused, read_prompt, sigterm_as_ctrl_c, user_errors,
-                                 with_options)
+from specgen.cli.options import (
+    Format,
+    check_text,
+    note_unused,
+    read_prompt,
+    sigterm_as_ctrl_c,
+    user_errors,
+    with_options,
+)
 from specgen.cli.prompt_set import check_options, run_to_file
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import GenerationConfig, ModelSettings
@@ -28,20 +35,77 @@ def run(
     ctx: typer.Context,
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' reads it from stdin.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
-    prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="With --prompts-file: rows decoded together (dynamic batching).")] = 1,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="With --prompts-file: write each prompt's result as one JSON line here as it finishes (with its id); a rerun skips the prompts already there.")] = None,
-    ray_address: Annotated[Optional[str], typer.Option("--ray", help="With --output: decode on a Ray cluster, 'auto' or its ADDRESS (pip install 'specgen\\[ray]').", show_default=False)] = None,
-    ray_actors: Annotated[Optional[int], typer.Option("--ray-actors", help="With --ray: actors, each loading the pair once (default: as many as the cluster fits).", show_default=False)] = None,
-    ray_threads: Annotated[Optional[int], typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) per actor (default 1).", show_default=False)] = None,
+    prompts_file: Annotated[
+        Optional[Path],
+        typer.Option("--prompts-file", help="Many prompts: one per line, or JSONL with a 'prompt' field."),
+    ] = None,
+    batch_size: Annotated[
+        int,
+        typer.Option("--batch-size", help="With --prompts-file: rows decoded together (dynamic batching)."),
+    ] = 1,
+    output: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--output",
+            "-o",
+            help="With --prompts-file: write each prompt's result as one JSON line here as it finishes (with "
+            "its id); a rerun skips the prompts already there.",
+        ),
+    ] = None,
+    ray_address: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ray",
+            help="With --output: decode on a Ray cluster, 'auto' or its ADDRESS (pip install "
+            "'specgen\\[ray]').",
+            show_default=False,
+        ),
+    ] = None,
+    ray_actors: Annotated[
+        Optional[int],
+        typer.Option(
+            "--ray-actors",
+            help="With --ray: actors, each loading the pair once (default: as many as the cluster fits).",
+            show_default=False,
+        ),
+    ] = None,
+    ray_threads: Annotated[
+        Optional[int],
+        typer.Option(
+            "--ray-threads",
+            help="With --ray: CPU threads (and CPUs reserved) per actor (default 1).",
+            show_default=False,
+        ),
+    ] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
-    system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
+    system: Annotated[
+        Optional[str], typer.Option("--system", help="System message for the chat template.")
+    ] = None,
     models: ModelSettings,
     generation: GenerationConfig,
-    show_tree: Annotated[bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")] = False,
-    format: Annotated[Optional[Format], typer.Option("--format", help="rich (terminal default), plain (pipe default) or json.")] = None,
-    logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="JSON output: each token's log-probability under the target and the N most likely tokens at its position (0..20).")] = None,
-    server: Annotated[bool, typer.Option("--server/--no-server", help="Generate on a running `specgen serve` with the same model options when there is one (a single prompt).")] = True,
+    show_tree: Annotated[
+        bool, typer.Option("--show-tree", help="Print each tree round's tree (tree methods).")
+    ] = False,
+    format: Annotated[
+        Optional[Format],
+        typer.Option("--format", help="rich (terminal default), plain (pipe default) or json."),
+    ] = None,
+    logprobs: Annotated[
+        Optional[int],
+        typer.Option(
+            "--logprobs",
+            help="JSON output: each token's log-probability under the target and the N most likely tokens at "
+            "its position (0..20).",
+        ),
+    ] = None,
+    server: Annotated[
+        bool,
+        typer.Option(
+            "--server/--no-server",
+            help="Generate on a running `specgen serve` with the same model options when there is one (a "
+            "single prompt).",
+        ),
+    ] = True,
 ) -> None:
     """Generate a reply to PROMPT, showing each speculative round."""
     sigterm_as_ctrl_c()
@@ -53,24 +117,44 @@ def run(
         if system is not None:
             check_text(system, "--system")
             if raw:
-                raise ConfigError("--system goes through the chat template, which --raw leaves out",
-                                  hint="put the system text in the prompt itself, or drop --raw")
+                raise ConfigError(
+                    "--system goes through the chat template, which --raw leaves out",
+                    hint="put the system text in the prompt itself, or drop --raw",
+                )
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
         if batch_size > 1 and prompts_file is None:
-            raise ConfigError("--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
-                              hint="give --prompts-file FILE, or leave --batch-size out")
+            raise ConfigError(
+                "--batch-size batches the prompts of --prompts-file; a single prompt has no batch",
+                hint="give --prompts-file FILE, or leave --batch-size out",
+            )
         check_options(prompts_file, output, ray_address, ray_actors, ray_threads)
-        if show_tree and (not config.method.is_tree or format is Format.json or output is not None or batch_size > 1):
-            note("--show-tree draws the trees of rsd-c, rsd-s and multi-draft in the rich and plain views, one "
-                 "prompt at a time (not --output, not --batch-size above 1); this run has none to show")
+        if show_tree and (
+            not config.method.is_tree or format is Format.json or output is not None or batch_size > 1
+        ):
+            note(
+                "--show-tree draws the trees of rsd-c, rsd-s and multi-draft in the rich and plain views, "
+                "one "
+                "prompt at a time (not --output, not --batch-size above 1); this run has none to show"
+            )
         if prompts_file is not None:
             if prompt is not None or file is not None:
                 raise ConfigError("give either PROMPT/--file or --prompts-file, not both")
             fmt = format or Format.plain
             if output is not None:
-                run_to_file(prompts_file, output, batch_size, raw, system, config, models, fmt is Format.json,
-                            ray_address, ray_actors, ray_threads or 1)
+                run_to_file(
+                    prompts_file,
+                    output,
+                    batch_size,
+                    raw,
+                    system,
+                    config,
+                    models,
+                    fmt is Format.json,
+                    ray_address,
+                    ray_actors,
+                    ray_threads or 1,
+                )
                 return
             _run_many(prompts_file, batch_size, raw, system, config, fmt, models, show_tree)
             return
@@ -81,7 +165,9 @@ def run(
         _run(text, raw, system, config, fmt, models, show_tree, server)
 
 
-def _run_many(path, batch_size, raw, system, config, fmt, settings: ModelSettings, show_tree: bool = False) -> None:
+def _run_many(
+    path, batch_size, raw, system, config, fmt, settings: ModelSettings, show_tree: bool = False
+) -> None:
     """Several prompts; outputs in input order. Batches decode together with any method."""
     # decoding imports torch: only once a run needs it (--help and a served run stay light)
     from specgen.decoding import run as driver
@@ -122,8 +208,10 @@ def _run_many(path, batch_size, raw, system, config, fmt, settings: ModelSetting
                 except (StopIteration, KeyboardInterrupt):
                     item = None
     if stopped:
-        sys.stderr.write(f"interrupted: {len(prompts) - len(stopped)} of {len(prompts)} prompts finished; "
-                         f"not finished: {_numbers(stopped)} (marked interrupted)\n")
+        sys.stderr.write(
+            f"interrupted: {len(prompts) - len(stopped)} of {len(prompts)} prompts finished; "
+            f"not finished: {_numbers(stopped)} (marked interrupted)\n"
+        )
         raise typer.Exit(130)
 
 
@@ -151,7 +239,9 @@ def _run(text, raw, system, config, fmt, settings: ModelSettings, show_tree=Fals
     renderer = _renderer(fmt, show_tree)
     if use_server:  # a running `specgen serve` with these model options: no loading at all
         try:
-            outcome = generate_on_server(settings, text, raw, system, config, renderer, quiet=fmt is Format.json)
+            outcome = generate_on_server(
+                settings, text, raw, system, config, renderer, quiet=fmt is Format.json
+            )
         except KeyboardInterrupt:  # a second Ctrl-C while the server was stopping
             raise typer.Exit(130) from None
         if outcome is not None:

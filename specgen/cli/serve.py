@@ -29,42 +29,99 @@ BROWSER_SECONDS = 10.0  # how long --open waits for the browser's launcher
 def serve(
     *,
     models: ModelSettings,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (another than loopback needs --api-key).")]
-    = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (another than loopback needs --api-key).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(
-        "--api-key", help="A key clients must send (Authorization: Bearer KEY); local `specgen run` uses its own "
-                          "token. Default: $SPECGEN_API_KEY.", envvar="SPECGEN_API_KEY", show_default=False)] = None,
-    max_batch_size: Annotated[int, typer.Option("--max-batch-size", help="Requests decoded together at most.")] = 8,
-    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting at most; more get 503.")] = 64,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="A request's token budget when it sets none.")] = 512,
-    idle_minutes: Annotated[float, typer.Option(
-        "--idle-minutes", help="Stop after this many minutes without a request (0: never).")] = 0.0,
-    prefix_cache: Annotated[int, typer.Option(
-        "--prefix-cache", help="MiB of requests' K/V kept per model: a prompt that starts as an earlier "
-                               "one did (a system prompt, a chat's conversation) prefills only the rest (0: off).")]
-    = 256,
-    prefill_chunk: Annotated[int, typer.Option(
-        "--prefill-chunk", help="On a CPU, a prompt longer than this joining requests that decode is prefilled this "
-                                "many tokens per round of theirs, so their streams do not stall for its whole "
-                                "prefill (0: whole).")] = 256,
-    allowed_origins: Annotated[Optional[str], typer.Option(
-        "--allowed-origins", help="Web pages whose scripts may call the server, comma-separated origins as a browser "
-                                  "sends them (http://localhost:3000), or * (CORS; they still need the key). "
-                                  "Default: none.", show_default=False)] = None,
-    open_: Annotated[bool, typer.Option(
-        "--open", help="Open the playground (GET /) in your browser once the server answers.")] = False,
-    detach: Annotated[bool, typer.Option(
-        "--detach", help="Start in the background; return once it answers (its log: the path printed).")] = False,
-    stop: Annotated[bool, typer.Option("--stop", help="Stop the running server with these model options (with --ray: delete the cluster's specgen deployment).")] = False,
-    list_: Annotated[bool, typer.Option("--list", help="List your running servers (pid, models, since, url).")] = False,
-    ray_address: Annotated[Optional[str], typer.Option(
-        "--ray", help="Serve as a Ray Serve deployment on this cluster: 'auto' or its ADDRESS (needs --api-key; "
-                      "pip install 'specgen\\[ray]').", show_default=False)] = None,
-    replicas: Annotated[int, typer.Option("--replicas", help="With --ray: replicas behind the one endpoint, "
-                                                              "each loading the pair once.")] = 1,
-    ray_threads: Annotated[int, typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) "
-                                                                    "per replica.")] = 1,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--api-key",
+            help="A key clients must send (Authorization: Bearer KEY); local `specgen run` uses its own "
+            "token. Default: $SPECGEN_API_KEY.",
+            envvar="SPECGEN_API_KEY",
+            show_default=False,
+        ),
+    ] = None,
+    max_batch_size: Annotated[
+        int, typer.Option("--max-batch-size", help="Requests decoded together at most.")
+    ] = 8,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests waiting at most; more get 503.")
+    ] = 64,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="A request's token budget when it sets none.")
+    ] = 512,
+    idle_minutes: Annotated[
+        float,
+        typer.Option("--idle-minutes", help="Stop after this many minutes without a request (0: never)."),
+    ] = 0.0,
+    prefix_cache: Annotated[
+        int,
+        typer.Option(
+            "--prefix-cache",
+            help="MiB of requests' K/V kept per model: a prompt that starts as an earlier "
+            "one did (a system prompt, a chat's conversation) prefills only the rest (0: off).",
+        ),
+    ] = 256,
+    prefill_chunk: Annotated[
+        int,
+        typer.Option(
+            "--prefill-chunk",
+            help="On a CPU, a prompt longer than this joining requests that decode is prefilled this "
+            "many tokens per round of theirs, so their streams do not stall for its whole "
+            "prefill (0: whole).",
+        ),
+    ] = 256,
+    allowed_origins: Annotated[
+        Optional[str],
+        typer.Option(
+            "--allowed-origins",
+            help="Web pages whose scripts may call the server, comma-separated origins as a browser "
+            "sends them (http://localhost:3000), or * (CORS; they still need the key). "
+            "Default: none.",
+            show_default=False,
+        ),
+    ] = None,
+    open_: Annotated[
+        bool,
+        typer.Option("--open", help="Open the playground (GET /) in your browser once the server answers."),
+    ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach", help="Start in the background; return once it answers (its log: the path printed)."
+        ),
+    ] = False,
+    stop: Annotated[
+        bool,
+        typer.Option(
+            "--stop",
+            help="Stop the running server with these model options (with --ray: delete the cluster's specgen "
+            "deployment).",
+        ),
+    ] = False,
+    list_: Annotated[
+        bool, typer.Option("--list", help="List your running servers (pid, models, since, url).")
+    ] = False,
+    ray_address: Annotated[
+        Optional[str],
+        typer.Option(
+            "--ray",
+            help="Serve as a Ray Serve deployment on this cluster: 'auto' or its ADDRESS (needs --api-key; "
+            "pip install 'specgen\\[ray]').",
+            show_default=False,
+        ),
+    ] = None,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            "--replicas", help="With --ray: replicas behind the one endpoint, each loading the pair once."
+        ),
+    ] = 1,
+    ray_threads: Annotated[
+        int, typer.Option("--ray-threads", help="With --ray: CPU threads (and CPUs reserved) per replica.")
+    ] = 1,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API, batching concurrent requests.
 
@@ -74,9 +131,18 @@ def serve(
 
     with user_errors():
         origins = tuple(o.strip() for o in allowed_origins.split(",")) if allowed_origins is not None else ()
-        options = ServeOptions(host=host, port=port, api_key=api_key, max_batch_size=max_batch_size,
-                               max_queue=max_queue, idle_minutes=idle_minutes, max_tokens=max_tokens,
-                               prefix_cache=prefix_cache, prefill_chunk=prefill_chunk, allowed_origins=origins)
+        options = ServeOptions(
+            host=host,
+            port=port,
+            api_key=api_key,
+            max_batch_size=max_batch_size,
+            max_queue=max_queue,
+            idle_minutes=idle_minutes,
+            max_tokens=max_tokens,
+            prefix_cache=prefix_cache,
+            prefill_chunk=prefill_chunk,
+            allowed_origins=origins,
+        )
         if detach + stop + list_ > 1:
             raise ConfigError("give one of --detach, --stop and --list")
         if list_:
@@ -99,8 +165,10 @@ def serve(
         options.check()
         discovery.private_dir()  # the runtime directory must be usable before anything loads
         if client.find(settings) is not None:
-            raise ConfigError("a specgen server with these model options is already running",
-                              hint="`specgen serve --stop` with the same options stops it")
+            raise ConfigError(
+                "a specgen server with these model options is already running",
+                hint="`specgen serve --stop` with the same options stops it",
+            )
         if detach:
             _detach(settings, options, open_)
             return
@@ -110,14 +178,17 @@ def serve(
         typer.echo(f"specgen server stopped: {why}", err=True)
 
 
-def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int, threads: int,
-                  browse: bool = False) -> None:
+def _serve_on_ray(
+    settings: ModelSettings, options, address: str, replicas: int, threads: int, browse: bool = False
+) -> None:
     """The app as a Ray Serve deployment until Ctrl-C; then the deployment is deleted."""
     if replicas < 1 or threads < 1:
         raise ConfigError(f"--replicas and --ray-threads must be >= 1, got {replicas} and {threads}")
     if not options.api_key:
-        raise ConfigError("serve --ray needs an --api-key (its replicas share it)",
-                          hint="give --api-key KEY or set SPECGEN_API_KEY")
+        raise ConfigError(
+            "serve --ray needs an --api-key (its replicas share it)",
+            hint="give --api-key KEY or set SPECGEN_API_KEY",
+        )
     options.check()
     # Ray and the server's modules (torch) load only for a --ray server
     from specgen.scale.cluster import actor_plan, connect
@@ -142,10 +213,14 @@ def _serve_on_ray(settings: ModelSettings, options, address: str, replicas: int,
                 raise
             except Exception as exc:  # Ray Serve's deployment failures carry a replica's traceback
                 lines = [line for line in str(exc).splitlines() if line.strip()]
-                raise ConfigError(f"the Ray Serve deployment failed: {(lines or [type(exc).__name__])[-1][:300]}") \
-                    from None
-        typer.echo(f"specgen: {replicas} Ray Serve replicas ready at {url}; OpenAI API at {url}/v1; "
-                   f"Ctrl-C stops them; playground {url}/", err=True)
+                raise ConfigError(
+                    f"the Ray Serve deployment failed: {(lines or [type(exc).__name__])[-1][:300]}"
+                ) from None
+        typer.echo(
+            f"specgen: {replicas} Ray Serve replicas ready at {url}; OpenAI API at {url}/v1; "
+            f"Ctrl-C stops them; playground {url}/",
+            err=True,
+        )
         if browse:
             _browse(url)
         try:
@@ -176,8 +251,11 @@ def _signals_held():
         if len(seen) == 1:
             typer.echo("specgen: deleting the deployment; once more to leave without waiting", err=True)
             return
-        typer.echo("specgen: left before the deployment was deleted; `specgen serve --ray ADDRESS --stop` "
-                   "deletes it", err=True)
+        typer.echo(
+            "specgen: left before the deployment was deleted; `specgen serve --ray ADDRESS --stop` "
+            "deletes it",
+            err=True,
+        )
         raise KeyboardInterrupt
 
     before = handle_signals(held, patient)
@@ -214,8 +292,7 @@ def _list() -> None:
     directory = discovery.runtime_dir()
     why = discovery.unsafe(directory)
     if why is not None:
-        raise ConfigError(f"cannot look for servers: {why}",
-                          hint=discovery.fix_hint(directory))
+        raise ConfigError(f"cannot look for servers: {why}", hint=discovery.fix_hint(directory))
     servers = client.running()
     silent = client.silent(servers)
     if not servers and not silent:
@@ -225,8 +302,10 @@ def _list() -> None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
         typer.echo(f"pid {info['pid']}  {info['models']}  since {since}  {info['url']}")
     for key, pid in silent:  # a server holds its options' lock from before it loads until it ends
-        typer.echo(f"pid {pid or '?'}  not answering yet (loading, or its record is lost)  "
-                   f"log {directory / (key + '.log')}")
+        typer.echo(
+            f"pid {pid or '?'}  not answering yet (loading, or its record is lost)  "
+            f"log {directory / (key + '.log')}"
+        )
 
 
 def _stop(settings: ModelSettings) -> None:
@@ -235,8 +314,10 @@ def _stop(settings: ModelSettings) -> None:
         raise ConfigError(f"cannot look for the server: {why}")
     info = client.shutdown(settings)
     if info is None:
-        raise ConfigError("no specgen server with these model options is running",
-                          hint="`specgen serve --list` shows the running ones")
+        raise ConfigError(
+            "no specgen server with these model options is running",
+            hint="`specgen serve --list` shows the running ones",
+        )
     typer.echo(f"stopped the specgen server (pid {info['pid']}, {info['models']})", err=True)
 
 
@@ -245,11 +326,29 @@ def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
     closing the terminal does not stop it) and wait until it answers or fails. Its log is
     appended to, never truncated: a second start cannot erase a running server's log."""
     log = discovery.log_path(settings)
-    args = [sys.executable, "-m", "specgen", "serve", *model_args(settings), "--host", options.host,
-            "--port", str(options.port), "--max-batch-size", str(options.max_batch_size),
-            "--max-queue", str(options.max_queue), "--max-tokens", str(options.max_tokens),
-            "--idle-minutes", f"{options.idle_minutes:g}", "--prefix-cache", str(options.prefix_cache),
-            "--prefill-chunk", str(options.prefill_chunk)]
+    args = [
+        sys.executable,
+        "-m",
+        "specgen",
+        "serve",
+        *model_args(settings),
+        "--host",
+        options.host,
+        "--port",
+        str(options.port),
+        "--max-batch-size",
+        str(options.max_batch_size),
+        "--max-queue",
+        str(options.max_queue),
+        "--max-tokens",
+        str(options.max_tokens),
+        "--idle-minutes",
+        f"{options.idle_minutes:g}",
+        "--prefix-cache",
+        str(options.prefix_cache),
+        "--prefill-chunk",
+        str(options.prefill_chunk),
+    ]
     if options.allowed_origins:
         args += ["--allowed-origins", ",".join(options.allowed_origins)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -263,16 +362,22 @@ def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
         start = out.tell()
         out.write(f"--- specgen serve --detach, {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
         out.flush()
-        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                                   env=env)
+        process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, env=env
+        )
     deadline = time.monotonic() + STARTUP_TIMEOUT
     try:
-        with status(f"starting the specgen server in the background (pid {process.pid}; log {log}) ...", False):
+        with status(
+            f"starting the specgen server in the background (pid {process.pid}; log {log}) ...", False
+        ):
             while process.poll() is None and time.monotonic() < deadline:
                 server = client.find(settings, timeout=2.0)
                 if server is not None:
-                    typer.echo(f"specgen server ready at {server.url}: pid {server.info['pid']}, "
-                               f"{server.info['models']}; log {log}; playground {server.url}/", err=True)
+                    typer.echo(
+                        f"specgen server ready at {server.url}: pid {server.info['pid']}, "
+                        f"{server.info['models']}; log {log}; playground {server.url}/",
+                        err=True,
+                    )
                     if browse:
                         _browse(server.url)
                     return

@@ -39,11 +39,14 @@ class Rule(enum.Enum):
     POINT_MASS_SAMPLING = "point-mass-sampling"  # the same with p = one-hot(x_i)
     GREEDY_TREE = "greedy-tree"  # descend into the child equal to the target's choice
     RECURSIVE_REJECTION = "recursive-rejection"  # siblings tried in draw order (section 3)
-    SYNTHETIC = "synthetic"  # benchmarks only: a recorded accepted length, then the target's token (synthetic.py)
+    SYNTHETIC = (
+        "synthetic"  # benchmarks only: a recorded accepted length, then the target's token (synthetic.py)
+    )
 
 
-def select_rule(greedy: bool, kind: ProposalKind, size: int, chain: bool,
-                mode: AcceptanceMode = AcceptanceMode.REAL) -> Rule:
+def select_rule(
+    greedy: bool, kind: ProposalKind, size: int, chain: bool, mode: AcceptanceMode = AcceptanceMode.REAL
+) -> Rule:
     """The rule for one row's proposal, from the sampling settings (`greedy`: argmax or keyed
     choices) and what was proposed: how many tokens, a chain or a tree, and their kind; in
     SYNTHETIC mode (benchmarks) every chain takes the replayed rule."""
@@ -84,7 +87,9 @@ class Verdict:
         return self.token.index_select(0, self.accepted.view(1))[0]
 
 
-def walk(children: tuple[tuple[int, ...], ...], passed: list, token: list[int]) -> tuple[list[int], int, list[int]]:
+def walk(
+    children: tuple[tuple[int, ...], ...], passed: list, token: list[int]
+) -> tuple[list[int], int, list[int]]:
     """A verdict read to the host, walked from the root: (the accepted path, root excluded; the
     target's token where it stops; the children tried and rejected on the way, in order)."""
     node, path, tried = 0, [], []
@@ -109,8 +114,12 @@ def greedy_match(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Ver
     return Verdict(draft_tokens == target_choice[:k], target_choice)
 
 
-def speculative_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                         generator: torch.Generator | None) -> Verdict:
+def speculative_sampling(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
     """Leviathan/Chen rule: accept x_i w.p. min(1, q(x_i)/p(x_i)); residual norm(max(0, q - p)).
 
     draft_probs [k, V] is the exact distribution each x_i was drawn from; target_probs [k+1, V].
@@ -124,8 +133,9 @@ def speculative_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, 
     return _chain(draft_tokens, p_x, lambda stop: padded.index_select(0, stop)[0], target_probs, generator)
 
 
-def point_mass_sampling(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
-                        generator: torch.Generator | None) -> Verdict:
+def point_mass_sampling(
+    draft_tokens: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> Verdict:
     """The same rule for deterministic proposals (lookup, argmax drafts): p_i = one-hot(x_i), so
     x_i is accepted w.p. q(x_i) and a rejection draws from norm(q - one-hot(x_i))^+."""
     k, vocab = draft_tokens.shape[0], target_probs.shape[-1]
@@ -169,9 +179,15 @@ def greedy_tree(parents: tuple[int, ...], tokens: torch.Tensor, choice: torch.Te
     return Verdict(tokens == choice.index_select(0, parent_index), choice)
 
 
-def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Tensor,
-                        draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                        generator: torch.Generator | None, *, replacement: bool) -> Verdict:
+def recursive_rejection(
+    children: tuple[tuple[int, ...], ...],
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+    *,
+    replacement: bool,
+) -> Verdict:
     """Recursive rejection sampling over a tree (ALGORITHMS.md section 3).
 
     At each node the children are tried in draw order: accept x_k w.p. min(1, q_k(x_k)/p_k(x_k));
@@ -197,10 +213,16 @@ def recursive_rejection(children: tuple[tuple[int, ...], ...], tokens: torch.Ten
         flat = kids.view(-1)
         slots = (flat >= 0).nonzero().squeeze(1)  # the cells that hold a child, in node order (BFS)
         # every index the device needs, known on the host, in ONE copy
-        packed = torch.cat([torch.tensor(inner), flat.clamp_min(1) - 1, (flat >= 0).long(), slots, flat[slots] - 1])
+        packed = torch.cat(
+            [torch.tensor(inner), flat.clamp_min(1) - 1, (flat >= 0).long(), slots, flat[slots] - 1]
+        )
         packed = packed.to(device)
-        index, kid_index, valid = packed[:m], packed[m: m + cells], packed[m + cells: m + 2 * cells].view(m, widest) > 0
-        cell_index, child_index = packed[m + 2 * cells: m + 2 * cells + n], packed[m + 2 * cells + n:]
+        index, kid_index, valid = (
+            packed[:m],
+            packed[m : m + cells],
+            packed[m + cells : m + 2 * cells].view(m, widest) > 0,
+        )
+        cell_index, child_index = packed[m + 2 * cells : m + 2 * cells + n], packed[m + 2 * cells + n :]
         kid_tokens = tokens.index_select(0, kid_index).view(m, widest)
         q = target_probs.index_select(0, index)
         p = draft_probs.index_select(0, index).float()

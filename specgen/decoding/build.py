@@ -38,7 +38,9 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
         return replace(config, device_draft_tokens=False), None
     choice = costs.choose(pair)  # a few seconds, once per machine and pair; cached after that
     confidence = choice.confidence if config.device_confidence else config.draft_confidence
-    return replace(config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence), choice
+    return replace(
+        config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence
+    ), choice
 
 
 def why_not(pair: Pair, method: Method) -> str | None:
@@ -49,14 +51,20 @@ def why_not(pair: Pair, method: Method) -> str | None:
         return None
     head = draft.vocabulary is Vocabulary.HEAD
     if method.is_tree and draft.vocabulary is Vocabulary.TEXT:
-        return (f"method {method.value} drafts trees, which need a draft with the target's tokenizer; "
-                f"{draft.name}'s differs (use chain or lookup-chain: they draft its text)")
+        return (
+            f"method {method.value} drafts trees, which need a draft with the target's tokenizer; "
+            f"{draft.name}'s differs (use chain or lookup-chain: they draft its text)"
+        )
     if method is Method.EAGLE and not head:
-        return (f"method eagle needs an EAGLE-3 head as the draft (a directory; `specgen train-head` writes "
-                f"one); {draft.name} is a model")
+        return (
+            f"method eagle needs an EAGLE-3 head as the draft (a directory; `specgen train-head` writes "
+            f"one); {draft.name} is a model"
+        )
     if head and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C):
-        return (f"method {method.value} needs a draft model; an EAGLE-3 head drafts eagle (chains), rsd-c "
-                "(trees) and lookup-chain")
+        return (
+            f"method {method.value} needs a draft model; an EAGLE-3 head drafts eagle (chains), rsd-c "
+            "(trees) and lookup-chain"
+        )
     return None
 
 
@@ -79,9 +87,14 @@ def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     if method is Method.MULTI_DRAFT:
         return PerRow(lambda: MultiDraft(draft.model, draft.device, config.branching, vocab, pair.compile))
     if method is Method.RSD_S:
-        return PerRow(lambda: RSDStochasticBeam(draft.model, draft.device, config.beam_width, config.depth, vocab,
-                                                pair.compile))
-    chain = ChainDrafter(draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes)
+        return PerRow(
+            lambda: RSDStochasticBeam(
+                draft.model, draft.device, config.beam_width, config.depth, vocab, pair.compile
+            )
+        )
+    chain = ChainDrafter(
+        draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
+    )
     if method is Method.LOOKUP_CHAIN:
         return LookupChain(chain, model_tokens=config.draft_tokens)
     return chain
@@ -93,8 +106,9 @@ def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
     if config.method is Method.RSD_C:
-        return EagleTreeDrafter(pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes,
-                                pair.compile)
+        return EagleTreeDrafter(
+            pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes, pair.compile
+        )
     drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes, pair.compile)
     if config.method is Method.LOOKUP_CHAIN:
         return LookupChain(drafter, model_tokens=config.draft_tokens)
@@ -105,21 +119,36 @@ def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     """A draft of another tokenizer: chains drafted in its own ids, proposed to the target
     through text (drafters/text.py). Trees would need the draft's laws over target ids (`why_not`)."""
     draft = pair.draft
-    vocab = min(len(draft.tokenizer), text_config(draft.model.config).vocab_size)  # never an id the tokenizer lacks
-    chain = ChainDrafter(draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes)
+    vocab = min(
+        len(draft.tokenizer), text_config(draft.model.config).vocab_size
+    )  # never an id the tokenizer lacks
+    chain = ChainDrafter(
+        draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
+    )
     drafter = TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
     if config.method is Method.LOOKUP_CHAIN:
         return LookupChain(drafter, model_tokens=config.draft_tokens)
     return drafter
 
 
-def build_engine(pair: Pair, config: GenerationConfig, after: Engine | None = None,
-                 policy: Policy = Policy()) -> Engine:
+def build_engine(
+    pair: Pair, config: GenerationConfig, after: Engine | None = None, policy: Policy = Policy()
+) -> Engine:
     """An engine running `config.method` on the pair; `after`: an engine whose target cache (and
     the rows it parked) it continues from; `policy`: how it schedules rounds (a server's)."""
     target = pair.target
-    engine = Engine(target.model, target.device, target.stop_ids, target.context_length, make_drafter(pair, config),
-                    pair.vocab, compile=pair.compile, after=after, prefixes=pair.target_prefixes, policy=policy)
+    engine = Engine(
+        target.model,
+        target.device,
+        target.stop_ids,
+        target.context_length,
+        make_drafter(pair, config),
+        pair.vocab,
+        compile=pair.compile,
+        after=after,
+        prefixes=pair.target_prefixes,
+        policy=policy,
+    )
     drafts = config.method.needs_draft_model and pair.draft.vocabulary is not Vocabulary.HEAD
     models = [("target", target.model)] + ([("draft", pair.draft.model)] if drafts else [])
     for role, model in models:

@@ -29,13 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.text import json_value
 from specgen.ground import cache_root, locked, write_text
 from specgen.models.placement import cpu_flags, cpu_name
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for
 from specgen.status import note
-
+from specgen.text import json_value
 
 # per-token acceptance of the default pair on the quick set, fitted to tokens per round at
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
@@ -61,7 +60,9 @@ class DraftLength:
     confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
 
 
-def expected_rate(k: int, draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE) -> float:
+def expected_rate(
+    k: int, draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE
+) -> float:
     """Expected tokens per target-step time at draft length k (costs relative to one target step)."""
     tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
     return tokens / (k * draft_cost + verify_cost[k + 1])
@@ -81,7 +82,9 @@ class _Probe:
     """One model's forward of `width` tokens per row over `rows` short cached contexts, timed on
     demand; `keep` logits per row, as the loop asks (a verify reads every position's)."""
 
-    def __init__(self, model, width: int, context: int = 32, exact: bool = True, rows: int = 1, keep: int = 1):
+    def __init__(
+        self, model, width: int, context: int = 32, exact: bool = True, rows: int = 1, keep: int = 1
+    ):
         self.call = call_for(model, exact)  # what the decode loop calls
         self.device = next(model.parameters()).device
         vocab = model.get_input_embeddings().num_embeddings
@@ -117,9 +120,16 @@ def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float]:
 
 
 def _key(pair) -> str:
-    return " | ".join([f"v{FORMAT}", cpu_name(), ",".join(sorted(cpu_flags() or ())), str(torch.get_num_threads()),
-                       f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
-                       f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}"])
+    return " | ".join(
+        [
+            f"v{FORMAT}",
+            cpu_name(),
+            ",".join(sorted(cpu_flags() or ())),
+            str(torch.get_num_threads()),
+            f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
+            f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}",
+        ]
+    )
 
 
 def choose(pair) -> DraftLength:
@@ -128,17 +138,23 @@ def choose(pair) -> DraftLength:
         return DraftLength(GPU_K, "no draft model")
     if pair.target.device.type == "cuda" and pair.draft.device.type == "cuda":
         return DraftLength(GPU_K, "GPU: a wide verify costs about one step")
-    return _cached(_key(pair), _entry, lambda: _measure(pair),
-                   lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence},
-                   "the draft length cached in {path} is not valid; measuring it again")
+    return _cached(
+        _key(pair),
+        _entry,
+        lambda: _measure(pair),
+        lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence},
+        "the draft length cached in {path} is not valid; measuring it again",
+    )
 
 
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
         draft, wide = _ratios(pair)
     k = best_k(draft, _interpolate(1.0, wide, 5))
-    reason = (f"measured: draft step {draft:.2f} of a target step, 5-token verify "
-              f"{wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance")
+    reason = (
+        f"measured: draft step {draft:.2f} of a target step, 5-token verify "
+        f"{wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance"
+    )
     confidence = 0.0
     if pair.draft.device.type == "cpu":
         k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
@@ -182,7 +198,11 @@ def _entry(entry) -> DraftLength | None:
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
         return None
-    k, confidence, reason = entry.get("k"), entry.get("confidence", 0.0), entry.get("reason", "measured earlier")
+    k, confidence, reason = (
+        entry.get("k"),
+        entry.get("confidence", 0.0),
+        entry.get("reason", "measured earlier"),
+    )
     if type(k) is not int or not 1 <= k <= MAX_K:
         return None
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
@@ -220,8 +240,10 @@ class WidthCosts:
         return best_k
 
     def as_dict(self) -> dict:
-        return {name: {str(r): v for r, v in getattr(self, name).items()} for name in ("verify_one", "verify_five",
-                                                                                       "draft")}
+        return {
+            name: {str(r): v for r, v in getattr(self, name).items()}
+            for name in ("verify_one", "verify_five", "draft")
+        }
 
 
 def _at(table: dict[int, float], rows: int) -> float:
@@ -238,12 +260,18 @@ def _at(table: dict[int, float], rows: int) -> float:
 
 def width_costs(pair) -> WidthCosts:
     """The pair's costs at WIDTH_ROWS (measured once per machine and pair, then cached)."""
+
     def measure() -> WidthCosts:
         with torch.inference_mode():
             return _measure_widths(pair)
 
-    return _cached("width " + _key(pair), _width_entry, measure, WidthCosts.as_dict,
-                   "the batch-width costs cached in {path} are not valid; measuring them again")
+    return _cached(
+        "width " + _key(pair),
+        _width_entry,
+        measure,
+        WidthCosts.as_dict,
+        "the batch-width costs cached in {path} are not valid; measuring them again",
+    )
 
 
 def _width_entry(entry) -> WidthCosts | None:
@@ -260,8 +288,11 @@ def _width_entry(entry) -> WidthCosts | None:
             rows = {int(r): v for r, v in table.items()}
         except ValueError:
             return None
-        if WIDTH_ROWS[0] not in rows or min(rows) < 1 or not all(
-                type(v) in (int, float) and math.isfinite(v) and v > 0 for v in rows.values()):
+        if (
+            WIDTH_ROWS[0] not in rows
+            or min(rows) < 1
+            or not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in rows.values())
+        ):
             return None
         tables.append({r: float(v) for r, v in rows.items()})
     return WidthCosts(*tables)
@@ -271,8 +302,11 @@ def _measure_widths(pair) -> WidthCosts:
     base = _Probe(pair.target.model, 1)
     tables = ({}, {}, {})
     for rows in WIDTH_ROWS:
-        probes = (_Probe(pair.target.model, 1, rows=rows, keep=0), _Probe(pair.target.model, 5, rows=rows, keep=0),
-                  _Probe(pair.draft.model, 1, exact=False, rows=rows))
+        probes = (
+            _Probe(pair.target.model, 1, rows=rows, keep=0),
+            _Probe(pair.target.model, 5, rows=rows, keep=0),
+            _Probe(pair.draft.model, 1, exact=False, rows=rows),
+        )
         ratios = ([], [], [])
         for _ in range(WIDTH_REPEATS):
             unit = base.seconds()

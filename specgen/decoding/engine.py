@@ -44,7 +44,6 @@ from specgen.runtime.compiled import Steps
 from specgen.runtime.prefixes import PrefixStore
 from specgen.text import common_prefix
 
-
 # prompt tokens past which a row's first token comes from its prefill (of what the caches lack, its
 # last token at least), not from a first round: it waits for no draft model to read the prompt
 # (benchmarks/server.md). The prompt's length decides, never the caches, so a seeded request draws
@@ -100,9 +99,19 @@ class RowEvent:
 class Engine:
     """Runs plain or speculative decoding of `target_model` over one or many rows."""
 
-    def __init__(self, target_model, device: torch.device, stop_ids: frozenset[int], context_length: int,
-                 drafter: Drafter | None = None, vocab: int | None = None, compile: str = "off",
-                 after: "Engine | None" = None, prefixes: PrefixStore | None = None, policy: Policy = Policy()):
+    def __init__(
+        self,
+        target_model,
+        device: torch.device,
+        stop_ids: frozenset[int],
+        context_length: int,
+        drafter: Drafter | None = None,
+        vocab: int | None = None,
+        compile: str = "off",
+        after: "Engine | None" = None,
+        prefixes: PrefixStore | None = None,
+        policy: Policy = Policy(),
+    ):
         self.model = target_model
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
         self.device = device
@@ -112,12 +121,19 @@ class Engine:
         self.steps = Steps(target_model, compile)  # the target's forwards, fixed widths captured
         # the target cache, kept across generations; `after`: an engine this one replaces (chat's new
         # drafter), whose cache and parked rows it takes over, so the target keeps what it holds
-        self.cache = after.cache if after is not None else kvcache.SlotCache(target_model.config, rows=0,
-                                                                             taps=self.drafter.taps())
-        if after is not None and self.cache.tapped != tuple(self.drafter.taps()):  # chat's new method reads others
+        self.cache = (
+            after.cache
+            if after is not None
+            else kvcache.SlotCache(target_model.config, rows=0, taps=self.drafter.taps())
+        )
+        if after is not None and self.cache.tapped != tuple(
+            self.drafter.taps()
+        ):  # chat's new method reads others
             self.cache.retap(self.drafter.taps())
         self.drafter.see(self.cache)
-        self.parked: list[DecodeState] = after.parked if after is not None else []  # rows the last generation left
+        self.parked: list[DecodeState] = (
+            after.parked if after is not None else []
+        )  # rows the last generation left
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.policy = policy
@@ -129,8 +145,13 @@ class Engine:
         return self.policy.prefill_chunk if self.device.type == "cpu" else 0
 
     # -- the loop ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1,
-                 resume: DecodeState | Fresh = FRESH) -> Iterator[RowEvent]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        batch_size: int = 1,
+        resume: DecodeState | Fresh = FRESH,
+    ) -> Iterator[RowEvent]:
         """Decode every prompt, `batch_size` rows at a time; rows join as others finish.
 
         With `resume` a DecodeState (this engine's of a previous generation, one prompt) the caches
@@ -144,8 +165,9 @@ class Engine:
             raise ValueError("resume continues one prompt")
         yield from self.drive(ListFeed(prompts, config), config, batch_size, resume)
 
-    def drive(self, feed: Feed, config: GenerationConfig, batch_size: int = 1,
-              resume: DecodeState | Fresh = FRESH) -> Iterator[RowEvent]:
+    def drive(
+        self, feed: Feed, config: GenerationConfig, batch_size: int = 1, resume: DecodeState | Fresh = FRESH
+    ) -> Iterator[RowEvent]:
         """The loop: rows join from `feed` while there is room, every round serves every row,
         finished and dropped rows leave. `resume` continues the first request's row (see
         `generate`). A request's prompt must fit the context (`check` it before it is fed)."""
@@ -169,8 +191,13 @@ class Engine:
                 requests = feed.take(batch_size - len(rows) - len(staged))
                 while requests:
                     for request in requests:
-                        if decoding and self.prefill_chunk and not config.deterministic \
-                                and len(request.ids) > self.prefill_chunk and not request.prompt_logprobs:
+                        if (
+                            decoding
+                            and self.prefill_chunk
+                            and not config.deterministic
+                            and len(request.ids) > self.prefill_chunk
+                            and not request.prompt_logprobs
+                        ):
                             staged.append(stage(self.model, request, self.prefixes, self.drafter.taps()))
                             continue
                         yield from self._admit(rows, request, config, resume if resumed else FRESH)
@@ -178,8 +205,13 @@ class Engine:
                     # requests that came while those prefilled join before the round, not a round later
                     requests = feed.take(batch_size - len(rows) - len(staged))
                 if staged:  # a chunk of the oldest staged prompt; all of it when no row decodes
-                    advance(self.steps.call, staged[0], self.prefill_chunk if rows else len(staged[0].request.ids),
-                            self.device, self.steps.mode == "inductor")
+                    advance(
+                        self.steps.call,
+                        staged[0],
+                        self.prefill_chunk if rows else len(staged[0].request.ids),
+                        self.device,
+                        self.steps.mode == "inductor",
+                    )
                     if staged[0].done:
                         yield from self._admit(rows, staged[0].request, config, staged.pop(0))
                 joined = bool(rows)
@@ -195,8 +227,9 @@ class Engine:
             self.parked = rows  # resume crops each to the prefix it shares with its next prompt)
             raise
 
-    def _admit(self, rows: list[DecodeState], request: Request, config: GenerationConfig,
-               origin: Origin) -> Iterator[RowEvent]:
+    def _admit(
+        self, rows: list[DecodeState], request: Request, config: GenerationConfig, origin: Origin
+    ) -> Iterator[RowEvent]:
         """A request joins the batch (`_join`): its Joined event, and its first token if any. The
         first row of a fresh batch (not a resumed one) settles the cache before it: the rows the
         last round parked leave, one spare row stays (a staged prompt whose company all ended
@@ -205,18 +238,23 @@ class Engine:
             self._settle(FRESH)
         state, first = self._join(request, config, origin)
         rows.append(state)
-        yield self._event(state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds,
-                                        state.prompt_logprobs))
+        yield self._event(
+            state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds, state.prompt_logprobs)
+        )
         if first is not None:
             yield from self._report(state, config, first)
 
     def _cancelled(self, request: Request) -> Iterator[RowEvent]:
         """A staged request whose client left before it joined: its events, with nothing made."""
-        state = DecodeState(list(request.ids), self.cache, len(request.ids), request.sampling, index=request.index)
+        state = DecodeState(
+            list(request.ids), self.cache, len(request.ids), request.sampling, index=request.index
+        )
         yield self._event(state, Joined(len(request.ids), 0, 0.0))
         yield self._event(state, Finished(StopReason.CANCELLED))
 
-    def _report(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> Iterator[RowEvent]:
+    def _report(
+        self, state: DecodeState, config: GenerationConfig, result: RoundResult
+    ) -> Iterator[RowEvent]:
         """A row's result, and the replay of its window when that result filled it."""
         yield self._event(state, result)
         replay = self._close_window(state, config, result)
@@ -249,7 +287,14 @@ class Engine:
     @staticmethod
     def headroom(config: GenerationConfig) -> int:
         """Slots a round may write past the committed sequence (draft window or tree)."""
-        return max(config.round_tokens, config.tree_budget + 1, config.verify_window if config.deterministic else 0) + 2
+        return (
+            max(
+                config.round_tokens,
+                config.tree_budget + 1,
+                config.verify_window if config.deterministic else 0,
+            )
+            + 2
+        )
 
     # -- rows joining and leaving -------------------------------------------------------------
     def _settle(self, origin: DecodeState | Fresh) -> None:
@@ -265,7 +310,9 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(self, request: Request, config: GenerationConfig, origin: Origin) -> tuple[DecodeState, RoundResult | None]:
+    def _join(
+        self, request: Request, config: GenerationConfig, origin: Origin
+    ) -> tuple[DecodeState, RoundResult | None]:
         """Prefill a joining row (or take a staged prompt's prefill, or continue a parked row);
         its first token too when the prompt is longer than `policy.prompt_catch_up` tokens
         (PROMPT_CATCH_UP), whatever the caches held of it."""
@@ -275,7 +322,9 @@ class Engine:
         if isinstance(origin, DecodeState):  # a chat turn: the caches keep what both sequences share
             state, row = origin, origin.row
             common = common_prefix(state.ids, prompt)
-            keep = 0 if request.prompt_logprobs else min(common, len(prompt) - 1, cache.lengths[row])  # 0: all logits
+            keep = (
+                0 if request.prompt_logprobs else min(common, len(prompt) - 1, cache.lengths[row])
+            )  # 0: all logits
             state.ids = state.ids[: keep + 1]  # consistent with the cache even if Ctrl-C lands below
             state.prompt_logprobs = ()  # the previous generation's
         else:
@@ -291,15 +340,25 @@ class Engine:
             keep, logits = origin.keep, origin.logits
         elif not config.deterministic and not request.prompt_logprobs:
             keep = self.prefixes.load(cache, row, prompt, have=keep)
-        first = staged or len(prompt) > self.policy.prompt_catch_up  # the prompt's, not the caches': seeds replay
+        first = (
+            staged or len(prompt) > self.policy.prompt_catch_up
+        )  # the prompt's, not the caches': seeds replay
         if not staged and (first or len(prompt) - 1 > keep):
             whole = request.prompt_logprobs and keep == 0  # every position's logits: the prompt's own
-            logits = self._forward(torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
-                                   keep=0 if whole else 1, row=row)
+            logits = self._forward(
+                torch.tensor([prompt[keep:] if first else prompt[keep:-1]], device=self.device),
+                keep=0 if whole else 1,
+                row=row,
+            )
             if whole:
-                state.prompt_logprobs = tuple(verify.token_logprobs(
-                    logits[0, : len(prompt) - 1, : self.vocab], prompt[1:],
-                    max(request.sampling.logprobs or 0, request.prompt_top), rank=True))
+                state.prompt_logprobs = tuple(
+                    verify.token_logprobs(
+                        logits[0, : len(prompt) - 1, : self.vocab],
+                        prompt[1:],
+                        max(request.sampling.logprobs or 0, request.prompt_top),
+                        rank=True,
+                    )
+                )
         if len(prompt) - 1 > keep:
             self.prefixes.save(cache, row, prompt)  # requests arriving meanwhile need not wait for its end
         # one random stream for the row's draft and its verdicts
@@ -345,26 +404,44 @@ class Engine:
         judged = verify.accept(rows, proposals, logits, inputs, config, self.vocab)
         reported = verify.logprobs(rows, logits, judged, self.vocab)
         verified = time.perf_counter()
-        results = [self._commit(state, proposal, result, config, drafted - started, verified - drafted, lp)
-                   for state, proposal, result, lp in zip(rows, proposals, judged, reported)]
+        results = [
+            self._commit(state, proposal, result, config, drafted - started, verified - drafted, lp)
+            for state, proposal, result, lp in zip(rows, proposals, judged, reported)
+        ]
         if pick is not None:
-            rates.record(len(rows), pick.k if any(p.size for p in proposals) else 0,
-                         sum(len(r.emitted) for r in results), time.perf_counter() - started)
+            rates.record(
+                len(rows),
+                pick.k if any(p.size for p in proposals) else 0,
+                sum(len(r.emitted) for r in results),
+                time.perf_counter() - started,
+            )
         return results
 
-    def _commit(self, state: DecodeState, proposal: Proposal, result: RoundResult, config: GenerationConfig,
-                draft_seconds: float, verify_seconds: float, logprobs: list | None = None) -> RoundResult:
+    def _commit(
+        self,
+        state: DecodeState,
+        proposal: Proposal,
+        result: RoundResult,
+        config: GenerationConfig,
+        draft_seconds: float,
+        verify_seconds: float,
+        logprobs: list | None = None,
+    ) -> RoundResult:
         """Append the committed tokens of the round's `result` (with their `logprobs` when the
         row asked for them); both caches keep everything but the new last token."""
         remaining = state.limit(config) - len(state.ids)
         path = result.path
         if not proposal.is_chain:  # the accepted path's K/V into contiguous slots
-            kvcache.keep_positions(state.cache, len(state.ids) - 1, torch.tensor([0, *path], device=self.device),
-                                   row=state.row)
+            kvcache.keep_positions(
+                state.cache, len(state.ids) - 1, torch.tensor([0, *path], device=self.device), row=state.row
+            )
         elif proposal.size:
             state.length.update(proposal.size, result.accepted)  # before any cut
-        emitted, stop = self._cut([result.draft_tokens[node - 1] for node in path] + [result.target_token],
-                                  remaining, state.stop_ids)
+        emitted, stop = self._cut(
+            [result.draft_tokens[node - 1] for node in path] + [result.target_token],
+            remaining,
+            state.stop_ids,
+        )
         state.ids.extend(emitted)
         kvcache.set_length(state.cache, state.row, len(state.ids) - 1)
         if proposal.size:
@@ -373,17 +450,27 @@ class Engine:
             stop = StopReason.CONTEXT if state.context_bound else StopReason.LENGTH
         if not config.deterministic:
             state.stop = stop
-        return replace(result, emitted=emitted, draft_seconds=draft_seconds, verify_seconds=verify_seconds, stop=stop,
-                       logprobs=tuple(logprobs or ())[:len(emitted)])
+        return replace(
+            result,
+            emitted=emitted,
+            draft_seconds=draft_seconds,
+            verify_seconds=verify_seconds,
+            stop=stop,
+            logprobs=tuple(logprobs or ())[: len(emitted)],
+        )
 
     # -- deterministic mode -----------------------------------------------------------------
-    def _close_window(self, state: DecodeState, config: GenerationConfig, result: RoundResult) -> ReplayResult | None:
+    def _close_window(
+        self, state: DecodeState, config: GenerationConfig, result: RoundResult
+    ) -> ReplayResult | None:
         """In deterministic mode, replay the row's window once it is full or the row stopped."""
         if not config.deterministic:
             return None
         start = window_start(state.verified, state.prompt_length, config.verify_window)
-        if len(state.ids) < min(start + config.verify_window, state.prompt_length + state.budget) and \
-                result.stop is None:
+        if (
+            len(state.ids) < min(start + config.verify_window, state.prompt_length + state.budget)
+            and result.stop is None
+        ):
             return None
         replay = self._replay(state, config, start)
         stop = None
@@ -403,8 +490,18 @@ class Engine:
 
         def forward(cache, ids):  # the same eager path for a row alone and a row of a batch
             return self._forward(ids, row=state.row)
-        replayed = replay_tokens(forward, state.cache, state.ids, start, window, state.sampling,
-                                 self.device, state.ids[start - 1], self.vocab)
+
+        replayed = replay_tokens(
+            forward,
+            state.cache,
+            state.ids,
+            start,
+            window,
+            state.sampling,
+            self.device,
+            state.ids[start - 1],
+            self.vocab,
+        )
         ids = state.ids
         # at most N host comparisons of token ids per replay (never a loop over the vocabulary)
         mismatch = next((p for p in range(verified, len(ids)) if ids[p] != replayed[p - start]), None)
@@ -424,18 +521,26 @@ class Engine:
         return RowEvent(state.index, event, time.perf_counter() - state.started, state)
 
     def check_prompt(self, prompt_ids: list[int], what: str) -> None:
-        """A prompt this engine can decode (not empty, shorter than the context), or a PromptError naming `what`."""
+        """A prompt this engine can decode (not empty, shorter than the context), or a PromptError naming
+        `what`."""
         if not prompt_ids:
             raise PromptError(f"{what} is empty")
         if len(prompt_ids) >= self.context_length:
-            raise PromptError(f"{what} has {len(prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}; shorten it")
+            raise PromptError(
+                f"{what} has {len(prompt_ids)} tokens but the context holds {self.context_length}; shorten it"
+            )
 
     def _forward(self, input_ids: torch.Tensor, keep: int = 0, row: int = 0) -> torch.Tensor:
         """An eager forward of any length (prefills, replays) on one row's own slots."""
         rows = slice(row, row + 1) if self.cache.rows > 1 else None
-        return kvcache.forward(self.steps.call, self.cache, input_ids, keep=keep, rows=rows,
-                               full_view=self.steps.mode == "inductor")
+        return kvcache.forward(
+            self.steps.call,
+            self.cache,
+            input_ids,
+            keep=keep,
+            rows=rows,
+            full_view=self.steps.mode == "inductor",
+        )
 
     def _capacity(self, prompt_length: int, max_new_tokens: int, config: GenerationConfig) -> int:
         """Slots a row may reach: the whole generation plus one round's headroom (caches are

@@ -60,7 +60,9 @@ class RoundResult:
     Its text is empty until the driver gives it (views.round_text): the engine's own events
     carry ids only."""
 
-    draft_tokens: list[int] = field(default_factory=list)  # everything the drafter proposed (none: a plain round)
+    draft_tokens: list[int] = field(
+        default_factory=list
+    )  # everything the drafter proposed (none: a plain round)
     parents: tuple[int, ...] = ()  # the proposal's shape (a chain: 0, 1, .., k - 1)
     path: tuple[int, ...] = ()  # accepted nodes, root excluded, root to leaf
     target_token: int = 0  # the target's own token after the path (correction or bonus)
@@ -116,7 +118,7 @@ class RoundResult:
         """Draft tokens discarded this round (shown red): the rest of a chain past its accepted
         prefix, or a tree's nodes that were tried and rejected."""
         if self.is_chain:
-            return tuple(self.draft_tokens[len(self.path):])
+            return tuple(self.draft_tokens[len(self.path) :])
         return tuple(self.draft_tokens[node - 1] for node in self.tried)
 
     @property

@@ -19,7 +19,9 @@ class Request:
     sampling: SamplingConfig  # its law (and, in deterministic mode, the seed of its keyed choices)
     max_new_tokens: int
     seed: int | None = None  # its random stream (None: fresh entropy)
-    ignore_eos: bool = False  # decode past the model's end-of-sequence tokens (a load generator's fixed lengths)
+    ignore_eos: bool = (
+        False  # decode past the model's end-of-sequence tokens (a load generator's fixed lengths)
+    )
     stop_ids: frozenset[int] = frozenset()  # more token ids that end it
     # the target's log-probability of each prompt token after the first (and sampling.logprobs
     # alternatives), from a prefill of the whole prompt (no prefix cache, no chunks)
@@ -42,8 +44,10 @@ class ListFeed:
 
     def __init__(self, prompts: list[list[int]], config: GenerationConfig):
         seed = config.sampling.seed
-        self.waiting = deque(Request(list(ids), i, config.sampling, config.max_new_tokens,
-                                     None if seed is None else seed + i) for i, ids in enumerate(prompts))
+        self.waiting = deque(
+            Request(list(ids), i, config.sampling, config.max_new_tokens, None if seed is None else seed + i)
+            for i, ids in enumerate(prompts)
+        )
 
     def take(self, room: int) -> list[Request]:
         return [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
-from specgen.text import json_value
 from specgen.errors import PromptError, first_line
+from specgen.text import json_value
 
 
 def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:
@@ -20,12 +20,14 @@ def encode_prompt(tokenizer, prompt: str, raw: bool = False, system: str | None 
     if raw or not getattr(tokenizer, "chat_template", None):
         return tokenizer.encode(prompt, add_special_tokens=False) or tokenizer.encode(prompt)
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}]
+        {"role": "user", "content": prompt}
+    ]
     return render_chat(tokenizer, messages)
 
 
-def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True,
-                special_tokens: bool = False) -> list[int]:
+def render_chat(
+    tokenizer, messages: list[dict], generation_prompt: bool = True, special_tokens: bool = False
+) -> list[int]:
     """`messages` through the model's chat template, tokenized (`special_tokens`: with the
     tokenizer's BOS/EOS added around the rendered text, as vLLM's /tokenize may ask). A template
     that fails (a syntax error, its own raise_exception over roles it does not take) is one
@@ -39,40 +41,56 @@ def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = True,
         if literal:
             return _render_literal(tokenizer, messages, generation_prompt, special_tokens, literal)
         if special_tokens:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, tokenize=False
+            )
             return tokenizer.encode(text, add_special_tokens=True)
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt,
-                                                  return_dict=True)["input_ids"])
+        return list(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, return_dict=True
+            )["input_ids"]
+        )
     except (TemplateError, ValueError, TypeError) as exc:
-        raise PromptError(f"the model's chat template refused the messages: {first_line(exc) or type(exc).__name__}",
-                          hint="--raw sends the prompt without the template") from None
+        raise PromptError(
+            f"the model's chat template refused the messages: {first_line(exc) or type(exc).__name__}",
+            hint="--raw sends the prompt without the template",
+        ) from None
 
 
 def _specials_in(tokenizer, messages: list[dict]) -> list[str]:
     """The special tokens' texts that some message's content holds, longest first."""
     contents = [m.get("content") for m in messages]
-    texts = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content}
+    texts = {
+        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content
+    }
     found = [s for s in texts if any(isinstance(c, str) and s in c for c in contents)]
     return sorted(found, key=len, reverse=True)
 
 
-def _render_literal(tokenizer, messages: list[dict], generation_prompt: bool, special_tokens: bool,
-                    literal: list[str]) -> list[int]:
+def _render_literal(
+    tokenizer, messages: list[dict], generation_prompt: bool, special_tokens: bool, literal: list[str]
+) -> list[int]:
     """Render with each special text in the contents masked by a private-use character the
     template cannot hold, so that where they stand in the rendered text is known; tokenize the
     rendered text once, as the plain path does, and replace each special token standing there by
     its characters' tokens. Every other id is the plain path's."""
-    used = set(tokenizer.chat_template or "").union(*(m["content"] for m in messages if isinstance(m.get("content"), str)))
+    used = set(tokenizer.chat_template or "").union(
+        *(m["content"] for m in messages if isinstance(m.get("content"), str))
+    )
     free = (chr(c) for c in range(_PRIVATE_USE[0], _PRIVATE_USE[1]) if chr(c) not in used)
     masks = {s: next(free) for s in literal}
     pattern = re.compile("|".join(map(re.escape, literal)))
-    masked = [dict(m, content=pattern.sub(lambda hit: masks[hit.group()], m["content"]))
-              if isinstance(m.get("content"), str) else m for m in messages]
+    masked = [
+        dict(m, content=pattern.sub(lambda hit: masks[hit.group()], m["content"]))
+        if isinstance(m.get("content"), str)
+        else m
+        for m in messages
+    ]
     rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=generation_prompt, tokenize=False)
     unmask = {mask: s for s, mask in masks.items()}
     parts, spans, length, last = [], [], 0, 0
     for hit in re.finditer("[" + "".join(unmask) + "]", rendered):
-        parts.append(rendered[last:hit.start()])
+        parts.append(rendered[last : hit.start()])
         length += hit.start() - last
         spans.append((length, length + len(unmask[hit.group()])))
         parts.append(unmask[hit.group()])
@@ -83,9 +101,12 @@ def _render_literal(tokenizer, messages: list[dict], generation_prompt: bool, sp
     if not getattr(tokenizer, "is_fast", False):  # no offsets: the pieces around those texts one by one
         ends = [0] + [b for _, b in spans]
         starts = [a for a, _ in spans] + [len(text)]
-        ids = tokenizer(text[:starts[0]], add_special_tokens=False)["input_ids"]
+        ids = tokenizer(text[: starts[0]], add_special_tokens=False)["input_ids"]
         for (a, b), end, start in zip(spans, ends[1:], starts[1:]):
-            ids += _characters(tokenizer, text[a:b]) + tokenizer(text[end:start], add_special_tokens=False)["input_ids"]
+            ids += (
+                _characters(tokenizer, text[a:b])
+                + tokenizer(text[end:start], add_special_tokens=False)["input_ids"]
+            )
         return tokenizer.build_inputs_with_special_tokens(ids) if special_tokens else ids
     special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     encoding = tokenizer(text, add_special_tokens=special_tokens, return_offsets_mapping=True)
@@ -152,7 +173,9 @@ def prompt_lines(path) -> Iterator[tuple[int, str]]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise PromptError(f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+            raise PromptError(
+                f"{path}:{number}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})"
+            ) from None
         if line.strip():
             yield number, line
 
@@ -170,8 +193,10 @@ def read_prompt_records(path, unique_ids: bool = False) -> list[PromptRecord]:
     for number, line in prompt_lines(path):
         record = _parse_line(line, path, number)
         if unique_ids and record.id in seen:
-            raise PromptError(f"{path}:{number}: id {json.dumps(record.id)} is already the id of line "
-                              f"{seen[record.id]}", hint="results are kept by id: give every prompt its own")
+            raise PromptError(
+                f"{path}:{number}: id {json.dumps(record.id)} is already the id of line {seen[record.id]}",
+                hint="results are kept by id: give every prompt its own",
+            )
         seen.setdefault(record.id, number)
         records.append(record)
     if not records:
@@ -196,10 +221,13 @@ def _parse_line(line: str, path, number: int) -> PromptRecord:
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:  # JSON's \ud800 escapes decode to lone surrogates
-        raise PromptError(f"{path}:{number}: the prompt holds a lone surrogate at character {exc.start}, "
-                          "not Unicode text") from None
+        raise PromptError(
+            f"{path}:{number}: the prompt holds a lone surrogate at character {exc.start}, not Unicode text"
+        ) from None
     ident = record.get("id", number)
     # True == 1 and 1.0 == 1 as keys: only strings and integers name a prompt unambiguously
     if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        raise PromptError(f"{path}:{number}: 'id' must be a string or an integer, got {json.dumps(ident)[:40]}")
+        raise PromptError(
+            f"{path}:{number}: 'id' must be a string or an integer, got {json.dumps(ident)[:40]}"
+        )
     return PromptRecord(ident, prompt, number)

@@ -99,9 +99,16 @@ class WidthRates:
     """Measured throughput of plain rounds and of each draft length per batch width (see the
     module)."""
 
-    def __init__(self, halflife: float = HALFLIFE, min_rounds: int = MIN_ROUNDS, explore: int = EXPLORE,
-                 refresh: int = REFRESH, retry: int = RETRY, least: int = LEAST,
-                 margin: float = MARGIN):
+    def __init__(
+        self,
+        halflife: float = HALFLIFE,
+        min_rounds: int = MIN_ROUNDS,
+        explore: int = EXPLORE,
+        refresh: int = REFRESH,
+        retry: int = RETRY,
+        least: int = LEAST,
+        margin: float = MARGIN,
+    ):
         self.decay = 0.5 ** (1.0 / halflife)
         self.min_rounds, self.explore, self.refresh, self.retry = min_rounds, explore, refresh, retry
         self.least, self.margin = least, margin
@@ -143,7 +150,9 @@ class WidthRates:
 
     def _decided(self, w: _Width) -> bool:
         """The width's arm is measured: it won, or its arms went down to plain rounds."""
-        return w.ran(0) >= self.min_rounds and (w.arm == 0 or (self._measured(w, w.arm) and self._wins(w, w.arm)))
+        return w.ran(0) >= self.min_rounds and (
+            w.arm == 0 or (self._measured(w, w.arm) and self._wins(w, w.arm))
+        )
 
     def _arm(self, width: int, w: _Width, cap: int) -> int:
         """The width's draft length: at most the cap and, until this width measured its own,
@@ -158,5 +167,11 @@ class WidthRates:
     def summary(self) -> dict[int, tuple[int, dict[int, float], float]]:
         """Per width: (its draft length, tok/s of the drafting rounds of each length tried,
         plain rounds' tok/s, 0 where unmeasured)."""
-        return {width: (0 if w.arm == UNSET else w.arm, {k: w.rate(k) for k in sorted(w.rounds) if k > 0},
-                        w.rate(0)) for width, w in sorted(self.widths.items())}
+        return {
+            width: (
+                0 if w.arm == UNSET else w.arm,
+                {k: w.rate(k) for k in sorted(w.rounds) if k > 0},
+                w.rate(0),
+            )
+            for width, w in sorted(self.widths.items())
+        }

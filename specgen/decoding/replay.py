@@ -39,8 +39,10 @@ def keyed_uniforms(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tens
     """Uniforms in (0, 1) of shape [M, vocab], a pure function of (seed, position, token)."""
     device = positions.device
     token = torch.arange(vocab, device=device, dtype=torch.int64)
-    key = _mix(positions.to(torch.int64).unsqueeze(1) * 0x9E3779B97F4A7C15 % (1 << 62)
-               + _mix(torch.tensor(seed & 0x7FFFFFFFFFFFFFFF, device=device)))
+    key = _mix(
+        positions.to(torch.int64).unsqueeze(1) * 0x9E3779B97F4A7C15 % (1 << 62)
+        + _mix(torch.tensor(seed & 0x7FFFFFFFFFFFFFFF, device=device))
+    )
     bits = _mix(key + token * 0x632BE59BD9B4E019 % (1 << 62))
     mantissa = (bits >> 11) & ((1 << 53) - 1)  # 53 random bits -> a double in [0, 1)
     return (mantissa.double() + 0.5) / float(1 << 53)
@@ -60,15 +62,24 @@ def window_start(verified: int, prompt_length: int, window: int) -> int:
     return prompt_length + ((verified - prompt_length) // window) * window
 
 
-def replay_tokens(forward, cache, ids: list[int], start: int, window: int, sampling: SamplingConfig,
-                  device, pad_id: int, vocab: int | None) -> list[int]:
+def replay_tokens(
+    forward,
+    cache,
+    ids: list[int],
+    start: int,
+    window: int,
+    sampling: SamplingConfig,
+    device,
+    pad_id: int,
+    vocab: int | None,
+) -> list[int]:
     """Run the fixed-shape forward for the window at `start`; return the replay's N tokens.
 
     The cache must hold exactly positions [0, start - 1) on entry; on return it also holds
     the replay's KV for positions [start - 1, start + window - 1) (padding included, for the
     caller to crop).
     """
-    chunk = ids[start - 1: start - 1 + window]
+    chunk = ids[start - 1 : start - 1 + window]
     chunk = chunk + [pad_id] * (window - len(chunk))
     logits = forward(cache, torch.tensor([chunk], device=device))[0, :, :vocab]
     positions = torch.arange(start, start + window, device=logits.device)

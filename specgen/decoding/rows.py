@@ -46,8 +46,9 @@ class DecodeState:
     stop_ids: frozenset[int] = frozenset()  # the ids that end this row (the engine's, the request's)
     prompt_logprobs: tuple = ()  # asked for: the prompt's tokens 2.. under the target (events.Joined)
 
-    def begin(self, request: Request, reused: int, started: float, config: GenerationConfig,
-              context_length: int) -> None:
+    def begin(
+        self, request: Request, reused: int, started: float, config: GenerationConfig, context_length: int
+    ) -> None:
         """The row starts on `request`'s prompt, `reused` of its tokens already in the cache. A
         chat turn's row keeps its draft-length policy (what it learned of the draft) while the
         schedule, the draft length and the method's cost stay what it was made for."""
@@ -74,8 +75,9 @@ class DecodeState:
         """The length this row's fast path may reach before it must stop (or replay)."""
         end = self.prompt_length + self.budget
         if config.deterministic:
-            start = window_start(max(self.verified, self.prompt_length), self.prompt_length,
-                                 config.verify_window)
+            start = window_start(
+                max(self.verified, self.prompt_length), self.prompt_length, config.verify_window
+            )
             end = min(end, start + config.verify_window)
         return end
 
@@ -98,4 +100,4 @@ class DecodeState:
         """The generated tokens that are final: all of them, or in deterministic mode the
         replay-verified ones."""
         end = max(self.verified, self.prompt_length) if config.deterministic else len(self.ids)
-        return self.ids[self.prompt_length: end]
+        return self.ids[self.prompt_length : end]

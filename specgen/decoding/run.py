@@ -3,7 +3,8 @@ bench, the server) drives a generation through these functions, so there is one 
 folds events into statistics and one place that says which tokens are final.
 
 * `fold`: the engine's events, each with its row's Stats brought up to date;
-* `generate`: one prompt into a renderer (each round with its text, `views.round_text`); Ctrl-C ends it early and
+* `generate`: one prompt into a renderer (each round with its text, `views.round_text`); Ctrl-C ends it early
+and
   keeps what was made; with `state` a chat turn continues its caches;
 * `run_prompts`: many prompts (dynamic batching), outcomes in input order; Ctrl-C keeps the
   finished ones and marks the rest unfinished;
@@ -17,12 +18,12 @@ from typing import Iterator
 
 from specgen.config import GenerationConfig
 from specgen.decoding.engine import FRESH, Engine, RowEvent
-from specgen.decoding.rows import DecodeState
 from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
+from specgen.decoding.rows import DecodeState
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, Renderer, logprob_entries, replay_text, round_text
-from specgen.text import TextStream, TokenBytes, text_of
 from specgen.runtime import int8
+from specgen.text import TextStream, TokenBytes, text_of
 
 
 def weight_format(engine: Engine) -> str:
@@ -48,14 +49,23 @@ def fold(engine: Engine, events: Iterator[RowEvent], label: str) -> Iterator[tup
         yield report, row
 
 
-def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: GenerationConfig, renderer: Renderer,
-             state: DecodeState | None = None, label: str | None = None) -> Outcome:
+def generate(
+    engine: Engine,
+    tokenizer,
+    prompt_ids: list[int],
+    config: GenerationConfig,
+    renderer: Renderer,
+    state: DecodeState | None = None,
+    label: str | None = None,
+) -> Outcome:
     """Run one generation into `renderer`; Ctrl-C ends it early and keeps what was made.
 
     With `state` (from a previous Outcome of this engine) the caches are reused where the new
     prompt agrees with what they hold; the returned Outcome carries the state for the next turn.
     """
-    stats = Stats(method=label or config.method.value, prompt_tokens=len(prompt_ids), dtype=weight_format(engine))
+    stats = Stats(
+        method=label or config.method.value, prompt_tokens=len(prompt_ids), dtype=weight_format(engine)
+    )
     stream = TextStream(tokenizer)
     interrupted, logprobs = False, []
     with renderer:
@@ -76,8 +86,14 @@ def generate(engine: Engine, tokenizer, prompt_ids: list[int], config: Generatio
         ids = stream.ids
     ids = list(ids)
     stats.interrupted = int(interrupted)
-    outcome = Outcome(text_of(tokenizer, ids, stream), ids, stats, interrupted, state=state,
-                      extra=_logprobs(tokenizer, ids, logprobs, config))
+    outcome = Outcome(
+        text_of(tokenizer, ids, stream),
+        ids,
+        stats,
+        interrupted,
+        state=state,
+        extra=_logprobs(tokenizer, ids, logprobs, config),
+    )
     renderer.finish(outcome)
     return outcome
 
@@ -89,8 +105,9 @@ def _logprobs(tokenizer, ids: list[int], logprobs: list, config: GenerationConfi
     return {"logprobs": logprob_entries(ids, logprobs, TokenBytes(tokenizer))}
 
 
-def run_prompts(engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig,
-                batch_size: int = 1) -> Iterator[tuple[int, Outcome]]:
+def run_prompts(
+    engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1
+) -> Iterator[tuple[int, Outcome]]:
     """Yield (index, Outcome) in input order; the engine itself finishes rows in any order.
 
     Ctrl-C (raised while decoding, or thrown in at a yield by the caller) ends the decoding; the
@@ -108,8 +125,9 @@ def run_prompts(engine: Engine, tokenizer, prompts: list[list[int]], config: Gen
             yield index, done.pop(index) if index in done else unfinished(prompts[index], config)
 
 
-def finished_rows(engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig,
-                  batch_size: int = 1) -> Iterator[tuple[int, Outcome]]:
+def finished_rows(
+    engine: Engine, tokenizer, prompts: list[list[int]], config: GenerationConfig, batch_size: int = 1
+) -> Iterator[tuple[int, Outcome]]:
     """Yield (index, Outcome) as each row finishes, in the order the engine finishes them (a
     prompt set written to a file as it goes). Ctrl-C is the caller's: it ends the decoding."""
     logprobs: dict[int, list] = {}
@@ -118,14 +136,25 @@ def finished_rows(engine: Engine, tokenizer, prompts: list[list[int]], config: G
             logprobs.setdefault(report.index, []).extend(report.event.logprobs)
         if isinstance(report.event, Finished):
             ids = report.state.final_ids(config)
-            yield report.index, Outcome(text_of(tokenizer, ids), ids, stats,
-                                        extra=_logprobs(tokenizer, ids, logprobs.pop(report.index, []), config))
+            yield (
+                report.index,
+                Outcome(
+                    text_of(tokenizer, ids),
+                    ids,
+                    stats,
+                    extra=_logprobs(tokenizer, ids, logprobs.pop(report.index, []), config),
+                ),
+            )
 
 
 def unfinished(prompt_ids: list[int], config: GenerationConfig) -> Outcome:
     """A prompt that Ctrl-C stopped before it finished: no text, marked interrupted."""
-    return Outcome("", [], Stats(method=config.method.value, prompt_tokens=len(prompt_ids), interrupted=1),
-                   interrupted=True)
+    return Outcome(
+        "",
+        [],
+        Stats(method=config.method.value, prompt_tokens=len(prompt_ids), interrupted=1),
+        interrupted=True,
+    )
 
 
 def timed(engine: Engine, prompt_ids: list[int], config: GenerationConfig, label: str | None = None):

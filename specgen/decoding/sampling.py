@@ -49,8 +49,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return drawn.reshape(probs.shape[:-1])
 
 
-def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def choose(
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Pick the next token(s) from logits [..., V].
 
     Returns (tokens [...], probs [..., V] or None): greedy takes the argmax and needs no
@@ -87,8 +88,9 @@ def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     return -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
 
 
-def gumbel_top_k(probs: torch.Tensor, k: int, generator: torch.Generator | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def gumbel_top_k(
+    probs: torch.Tensor, k: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """k draws without replacement from each row of probs [M, V], in draw order.
 
     Keys log p + Gumbel; the top-k keys in descending order are a sample without replacement

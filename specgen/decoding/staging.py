@@ -59,7 +59,8 @@ def advance(call, staged: Staged, budget: int, device, full_view: bool = False) 
     """Feed the next `budget` tokens of the staged prompt (fewer at its end)."""
     ids, start = staged.request.ids, staged.cache.lengths[0]
     end = min(len(ids), start + budget)
-    logits = kvcache.forward(call, staged.cache, torch.tensor([ids[start:end]], device=device), keep=1,
-                             full_view=full_view)
+    logits = kvcache.forward(
+        call, staged.cache, torch.tensor([ids[start:end]], device=device), keep=1, full_view=full_view
+    )
     if end == len(ids):
         staged.logits = logits

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, replace
 
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult
 
-
-MIN_TIMED_SECONDS = 0.05  # a decode shorter than this gives no rate worth showing (1 token in 40 us read 24963 tok/s)
+MIN_TIMED_SECONDS = (
+    0.05  # a decode shorter than this gives no rate worth showing (1 token in 40 us read 24963 tok/s)
+)
 
 
 def rate(part: float, whole: float) -> float | None:
@@ -97,13 +98,17 @@ class Stats:
         """The totals of two (sets of) generations: counts, times and histograms added; the
         first token time and the format of the first; the method kept when both agree."""
         return replace(
-            self, method=self.method if self.method == other.method else "mixed",
+            self,
+            method=self.method if self.method == other.method else "mixed",
             **{name: getattr(self, name) + getattr(other, name) for name in _SUMMED},
             accepted_lengths=self.accepted_lengths + other.accepted_lengths,
             tree_sizes=self.tree_sizes + other.tree_sizes,
-            time_to_first_token=self.time_to_first_token if self.time_to_first_token is not None
+            time_to_first_token=self.time_to_first_token
+            if self.time_to_first_token is not None
             else other.time_to_first_token,
-            stop=other.stop or self.stop, dtype=self.dtype or other.dtype)
+            stop=other.stop or self.stop,
+            dtype=self.dtype or other.dtype,
+        )
 
     # -- derived figures ------------------------------------------------------------------------
     @property
@@ -152,8 +157,9 @@ class Stats:
             "time_to_first_token": round(self.time_to_first_token or 0.0, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
-            "tokens_per_second": (round(self.tokens_per_second, 3) if self.decode_seconds >= MIN_TIMED_SECONDS
-                                  else None),  # as views.speed shows it: a dash
+            "tokens_per_second": (
+                round(self.tokens_per_second, 3) if self.decode_seconds >= MIN_TIMED_SECONDS else None
+            ),  # as views.speed shows it: a dash
             "accepted_length_histogram": histogram(self.accepted_lengths),
             "tree_size_per_round": list(self.tree_sizes),
             "mean_tree_size": round(self.mean_tree_size, 3),
@@ -169,22 +175,55 @@ class Stats:
 def from_dict(data: dict, method: str | None = None) -> Stats:
     """The Stats that `as_dict` wrote (a served run's statistics, read back by its client)."""
     stats = Stats(method=method or data.get("method") or "?")
-    for name in ("new_tokens", "prompt_tokens", "reused_tokens", "rounds", "drafted", "accepted", "verified_windows",
-                 "rollbacks", "rolled_back_tokens"):
+    for name in (
+        "new_tokens",
+        "prompt_tokens",
+        "reused_tokens",
+        "rounds",
+        "drafted",
+        "accepted",
+        "verified_windows",
+        "rollbacks",
+        "rolled_back_tokens",
+    ):
         setattr(stats, name, int(data.get(name) or 0))
-    for name in ("seconds", "prefill_seconds", "setup_seconds", "draft_seconds", "verify_seconds",
-                 "replay_seconds"):
+    for name in (
+        "seconds",
+        "prefill_seconds",
+        "setup_seconds",
+        "draft_seconds",
+        "verify_seconds",
+        "replay_seconds",
+    ):
         setattr(stats, name, float(data.get(name) or 0.0))
     stats.time_to_first_token = data.get("time_to_first_token") or None
-    stats.accepted_lengths = Counter({int(k): int(v) for k, v in (data.get("accepted_length_histogram") or {}).items()})
+    stats.accepted_lengths = Counter(
+        {int(k): int(v) for k, v in (data.get("accepted_length_histogram") or {}).items()}
+    )
     stats.tree_sizes = [int(n) for n in data.get("tree_size_per_round") or []]
     stats.stop, stats.dtype = data.get("stop_reason"), data.get("dtype")
     return stats
 
 
-_SUMMED = ("prompt_tokens", "new_tokens", "rounds", "drafted", "accepted", "prefill_seconds", "draft_seconds",
-           "verify_seconds", "seconds", "verified_windows", "rollbacks", "rolled_back_tokens", "replay_seconds",
-           "setup_seconds", "reused_tokens", "generations", "interrupted")
+_SUMMED = (
+    "prompt_tokens",
+    "new_tokens",
+    "rounds",
+    "drafted",
+    "accepted",
+    "prefill_seconds",
+    "draft_seconds",
+    "verify_seconds",
+    "seconds",
+    "verified_windows",
+    "rollbacks",
+    "rolled_back_tokens",
+    "replay_seconds",
+    "setup_seconds",
+    "reused_tokens",
+    "generations",
+    "interrupted",
+)
 
 
 def histogram(counts) -> dict[str, int]:

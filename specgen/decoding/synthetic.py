@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from specgen.text import json_value
 from specgen.config import Acceptance, AcceptanceMode, SamplingConfig
 from specgen.decoding.acceptance import Verdict
 from specgen.decoding.sampling import sample, warp
 from specgen.errors import ConfigError
+from specgen.text import json_value
 
 BENCH_SCHEMA = "specgen-bench/1"
 DEFAULT_METHOD = "chain"
@@ -50,8 +50,10 @@ def load(path: Path, method: str = DEFAULT_METHOD, option: str = "--synthetic", 
     pooled), with the draft length it was recorded at."""
     where = f"{option} {path}"
     if method.split("/")[0] not in CHAIN_METHODS:
-        raise ConfigError(f"{where}: '{method}' is not a chain method of specgen's; synthetic acceptance replays "
-                          f"chain rounds: choose one of {', '.join(CHAIN_METHODS)} (or a variant such as chain/k2)")
+        raise ConfigError(
+            f"{where}: '{method}' is not a chain method of specgen's; synthetic acceptance replays "
+            f"chain rounds: choose one of {', '.join(CHAIN_METHODS)} (or a variant such as chain/k2)"
+        )
     try:
         data = json_value(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -70,14 +72,18 @@ def load(path: Path, method: str = DEFAULT_METHOD, option: str = "--synthetic", 
             if m.get("method") == method:
                 counts.update({int(a): int(n) for a, n in (m.get("accepted_length_histogram") or {}).items()})
     except (AttributeError, TypeError, ValueError):
-        raise ConfigError(f"{where}: {method}'s accepted_length_histogram is not {{length: rounds}}") from None
+        raise ConfigError(
+            f"{where}: {method}'s accepted_length_histogram is not {{length: rounds}}"
+        ) from None
     if not counts:
-        raise ConfigError(f"{where}: no accepted lengths recorded for '{method}'; recorded: "
-                          + (", ".join(found) or "none"))
+        raise ConfigError(
+            f"{where}: no accepted lengths recorded for '{method}'; recorded: " + (", ".join(found) or "none")
+        )
     lengths = tuple(sorted(a for a in counts if counts[a]))
     try:
-        return Acceptance(AcceptanceMode.SYNTHETIC, lengths, tuple(counts[a] for a in lengths), k, seed,
-                          f"{path}:{method}")
+        return Acceptance(
+            AcceptanceMode.SYNTHETIC, lengths, tuple(counts[a] for a in lengths), k, seed, f"{path}:{method}"
+        )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -86,10 +92,12 @@ def _draft_tokens(method: str, settings: dict, where: str) -> int:
     """The k the recording drafted: a '/kN' variant's N, else the run's --draft-tokens; adaptive
     schedules drafted varying lengths and are refused."""
     suffixes = method.split("@", 1)[0].split("/")[1:]  # 'eagle/k2@HEAD': the head's path is no variant
-    if any(s in ("additive", "expected-gain") for s in suffixes) or \
-            (not any(re.fullmatch(r"k\d+", s) for s in suffixes) and settings.get("schedule", "fixed") != "fixed"):
-        raise ConfigError(f"{where}: '{method}' drafted varying lengths (an adaptive schedule); "
-                          "record one with a fixed k")
+    if any(s in ("additive", "expected-gain") for s in suffixes) or (
+        not any(re.fullmatch(r"k\d+", s) for s in suffixes) and settings.get("schedule", "fixed") != "fixed"
+    ):
+        raise ConfigError(
+            f"{where}: '{method}' drafted varying lengths (an adaptive schedule); record one with a fixed k"
+        )
     for s in suffixes:
         if re.fullmatch(r"k\d+", s):
             return int(s[1:])
@@ -103,13 +111,20 @@ def draw(acceptance: Acceptance, index: int, position: int) -> int:
     """The recorded accepted length for the round of prompt `index` at `position` (committed
     tokens): a uniform from a hash of (seed, index, position), mapped through the histogram."""
     key = f"{acceptance.seed}:{index}:{position}".encode()
-    u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2.0 ** 64
+    u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2.0**64
     cumulative = list(itertools.accumulate(acceptance.rounds))
     return acceptance.lengths[bisect_right(cumulative, u * cumulative[-1])]
 
 
-def verdict(draft: torch.Tensor, logits: torch.Tensor, acceptance: Acceptance, index: int, position: int,
-            sampling: SamplingConfig, generator: torch.Generator | None) -> Verdict:
+def verdict(
+    draft: torch.Tensor,
+    logits: torch.Tensor,
+    acceptance: Acceptance,
+    index: int,
+    position: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+) -> Verdict:
     """Accept the first min(draw, k) draft tokens; the target's own token follows them (argmax,
     or a draw from its warped law there). logits [k+1, V]: the verify forward's, root first."""
     accepted = min(draw(acceptance, index, position), draft.shape[0])
@@ -118,7 +133,9 @@ def verdict(draft: torch.Tensor, logits: torch.Tensor, acceptance: Acceptance, i
     else:
         token = sample(warp(logits[accepted], sampling), generator)
     # a fill on the device, not a copy from the host (which would wait for the verify forward)
-    return Verdict.chain(torch.full((), accepted, dtype=torch.long, device=logits.device), token, draft.shape[0])
+    return Verdict.chain(
+        torch.full((), accepted, dtype=torch.long, device=logits.device), token, draft.shape[0]
+    )
 
 
 def expected_accepted(acceptance: Acceptance, k: int) -> float:

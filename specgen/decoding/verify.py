@@ -13,8 +13,17 @@ import torch
 
 from specgen.config import GenerationConfig, SamplingConfig
 from specgen.decoding import synthetic
-from specgen.decoding.acceptance import (Rule, Verdict, greedy_match, greedy_tree, point_mass_sampling,
-                                         recursive_rejection, select_rule, speculative_sampling, walk)
+from specgen.decoding.acceptance import (
+    Rule,
+    Verdict,
+    greedy_match,
+    greedy_tree,
+    point_mass_sampling,
+    recursive_rejection,
+    select_rule,
+    speculative_sampling,
+    walk,
+)
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.events import RoundResult, TokenLogprob
 from specgen.decoding.replay import keyed_choice
@@ -26,8 +35,10 @@ from specgen.runtime import kvcache
 def inputs(proposals: list[Proposal], roots: torch.Tensor) -> list[torch.Tensor]:
     """Each row's verify input, [root, proposal] (root first)."""
     device = roots.device
-    return [torch.cat([roots[i], proposal.tokens.to(device)]) if proposal.size else roots[i]
-            for i, proposal in enumerate(proposals)]
+    return [
+        torch.cat([roots[i], proposal.tokens.to(device)]) if proposal.size else roots[i]
+        for i, proposal in enumerate(proposals)
+    ]
 
 
 def forward(steps, cache, proposals: list[Proposal], inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -55,31 +66,57 @@ def forward(steps, cache, proposals: list[Proposal], inputs: list[torch.Tensor])
     return steps.forward(cache, ids, depth=depth, tree=mask)
 
 
-def accept(rows: list[DecodeState], proposals: list[Proposal], logits: torch.Tensor, inputs: list[torch.Tensor],
-           config: GenerationConfig, vocab: int | None) -> list[RoundResult]:
+def accept(
+    rows: list[DecodeState],
+    proposals: list[Proposal],
+    logits: torch.Tensor,
+    inputs: list[torch.Tensor],
+    config: GenerationConfig,
+    vocab: int | None,
+) -> list[RoundResult]:
     """Each row's verdict under the rule `select_rule` picks for it, from the verify forward's
     `logits` over `inputs`, every row's read in one sync and walked: the round's result (what
     the engine commits is its to add). The rows are as the round found them (nothing committed
     yet)."""
     logits = logits[:, :, :vocab]
-    verdicts = [rule_verdict(row, proposal, logits[i, : inputs[i].shape[0]], inputs[i], config)
-                for i, (row, proposal) in enumerate(zip(rows, proposals))]
-    values = torch.cat([part for verdict, tokens in zip(verdicts, inputs)
-                        for part in (verdict.passed.to(torch.int64), verdict.token, tokens)]).tolist()  # the sync
+    verdicts = [
+        rule_verdict(row, proposal, logits[i, : inputs[i].shape[0]], inputs[i], config)
+        for i, (row, proposal) in enumerate(zip(rows, proposals))
+    ]
+    values = torch.cat(
+        [
+            part
+            for verdict, tokens in zip(verdicts, inputs)
+            for part in (verdict.passed.to(torch.int64), verdict.token, tokens)
+        ]
+    ).tolist()  # the sync
     results, offset = [], 0
     for proposal, tokens in zip(proposals, inputs):
         n = tokens.shape[0] - 1
-        passed, token = values[offset: offset + n], values[offset + n: offset + 2 * n + 1]
-        nodes = values[offset + 2 * n + 1: offset + 3 * n + 2]
+        passed, token = values[offset : offset + n], values[offset + n : offset + 2 * n + 1]
+        nodes = values[offset + 2 * n + 1 : offset + 3 * n + 2]
         offset += 3 * n + 2
         path, target, tried = walk(proposal.children, passed, token)
-        results.append(RoundResult(draft_tokens=nodes[1:], parents=proposal.parents, path=tuple(path),
-                                   target_token=target, tried=tuple(tried), root=nodes[0]))
+        results.append(
+            RoundResult(
+                draft_tokens=nodes[1:],
+                parents=proposal.parents,
+                path=tuple(path),
+                target_token=target,
+                tried=tuple(tried),
+                root=nodes[0],
+            )
+        )
     return results
 
 
-def rule_verdict(row: DecodeState, proposal: Proposal, row_logits: torch.Tensor, tokens: torch.Tensor,
-                 config: GenerationConfig) -> Verdict:
+def rule_verdict(
+    row: DecodeState,
+    proposal: Proposal,
+    row_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    config: GenerationConfig,
+) -> Verdict:
     """One row's verdict, on the device. row_logits [n + 1, V] from the verify forward, tokens
     [n + 1] its input (root first)."""
     keyed, length = config.deterministic, len(row.ids)  # committed tokens (the cache holds all but the last)
@@ -93,8 +130,9 @@ def rule_verdict(row: DecodeState, proposal: Proposal, row_logits: torch.Tensor,
             token = sample(warp(row_logits[0], row.sampling), row.generator).view(1)
         return Verdict(draft.new_zeros(0, dtype=torch.bool), token)
     if rule is Rule.SYNTHETIC:  # benchmarks only: a recorded length, then the target's token
-        return synthetic.verdict(draft, row_logits, config.acceptance, row.index, length, row.sampling,
-                                 row.generator)
+        return synthetic.verdict(
+            draft, row_logits, config.acceptance, row.index, length, row.sampling, row.generator
+        )
     if rule is Rule.GREEDY_MATCH or rule is Rule.GREEDY_TREE:
         positions = [length + d for d in proposal.depth]  # node i predicts position n + depth
         chosen = choice(row_logits, positions, row.sampling, keyed)
@@ -102,16 +140,24 @@ def rule_verdict(row: DecodeState, proposal: Proposal, row_logits: torch.Tensor,
             return greedy_match(draft, chosen)
         return greedy_tree(proposal.parents, draft, chosen)
     if rule is Rule.RECURSIVE_REJECTION:
-        return recursive_rejection(proposal.children, draft, proposal.probs.to(row_logits.device),
-                                   warp(row_logits, row.sampling), row.generator, replacement=proposal.replacement)
+        return recursive_rejection(
+            proposal.children,
+            draft,
+            proposal.probs.to(row_logits.device),
+            warp(row_logits, row.sampling),
+            row.generator,
+            replacement=proposal.replacement,
+        )
     if rule is Rule.SPECULATIVE_SAMPLING:
-        return speculative_sampling(draft, proposal.probs.to(row_logits.device), warp(row_logits, row.sampling),
-                                    row.generator)
+        return speculative_sampling(
+            draft, proposal.probs.to(row_logits.device), warp(row_logits, row.sampling), row.generator
+        )
     return point_mass_sampling(draft, warp(row_logits, row.sampling), row.generator)
 
 
-def logprobs(rows: list[DecodeState], logits: torch.Tensor, results: list[RoundResult],
-             vocab: int | None) -> list[list[TokenLogprob] | None]:
+def logprobs(
+    rows: list[DecodeState], logits: torch.Tensor, results: list[RoundResult], vocab: int | None
+) -> list[list[TokenLogprob] | None]:
     """Per row whose sampling asks for them, each kept token's log-probability under the target
     and the most likely tokens at its position, from the verify forward's logits (as the model
     gives them: the target's own distribution, not the warped one a token was drawn from).
@@ -131,12 +177,14 @@ def logprobs(rows: list[DecodeState], logits: torch.Tensor, results: list[RoundR
     start = 0
     for i in wanted:
         n, k = len(results[i].path) + 1, rows[i].sampling.logprobs
-        out[i] = [TokenLogprob(e.logprob, e.top[:k]) for e in entries[start:start + n]]
+        out[i] = [TokenLogprob(e.logprob, e.top[:k]) for e in entries[start : start + n]]
         start += n
     return out
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int, rank: bool = False) -> list[TokenLogprob]:
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], top: int, rank: bool = False
+) -> list[TokenLogprob]:
     """Each of `tokens` under its row of `logits` [n, V] (the position before it), with the `top`
     most likely tokens there and, with `rank`, its own rank; one host read for all of them."""
     log = torch.log_softmax(logits.float(), dim=-1)
@@ -146,8 +194,12 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int, rank: bool
     # ids below 2**24 are exact in float32, and vocabularies are far smaller
     table = torch.cat([chosen, ranks, best.values, best.indices.float()], dim=1).tolist()
     width = best.values.shape[1]
-    return [TokenLogprob(line[0], tuple((int(line[2 + width + j]), line[2 + j]) for j in range(top)), int(line[1]))
-            for line in table]
+    return [
+        TokenLogprob(
+            line[0], tuple((int(line[2 + width + j]), line[2 + j]) for j in range(top)), int(line[1])
+        )
+        for line in table
+    ]
 
 
 def choice(logits: torch.Tensor, positions: list[int], sampling: SamplingConfig, keyed: bool) -> torch.Tensor:

@@ -58,7 +58,9 @@ class Silent:
         pass
 
 
-def round_text(result: RoundResult, stream: TextStream, pending: bool = False, drafts: bool = True) -> RoundResult:
+def round_text(
+    result: RoundResult, stream: TextStream, pending: bool = False, drafts: bool = True
+) -> RoundResult:
     """The round with its text: each committed token pushed once through the stream. The row's
     last round also flushes what the stream held back (its `tail`), so every renderer ends with
     the same text. `drafts`: also the texts only a live view draws (rejected drafts, a tree's
@@ -69,8 +71,14 @@ def round_text(result: RoundResult, stream: TextStream, pending: bool = False, d
     if not drafts:
         return replace(result, pieces=pieces, pending=pending, tail=tail)
     nodes = () if result.is_chain else tuple(stream.token_text(t) for t in result.tokens)
-    return replace(result, pieces=pieces, rejected_texts=tuple(stream.token_text(t) for t in result.rejected),
-                   node_texts=nodes, pending=pending, tail=tail)
+    return replace(
+        result,
+        pieces=pieces,
+        rejected_texts=tuple(stream.token_text(t) for t in result.rejected),
+        node_texts=nodes,
+        pending=pending,
+        tail=tail,
+    )
 
 
 def replay_text(replay: ReplayResult, stream: TextStream) -> ReplayResult:
@@ -82,21 +90,35 @@ def replay_text(replay: ReplayResult, stream: TextStream) -> ReplayResult:
         stream.truncate(len(stream.ids) - len(replay.rolled_back))
     if replay.correction is not None:
         correction = stream.push(replay.correction)
-    return replace(replay, rolled_back_texts=rolled, correction_text=correction,
-                   tail=stream.flush() if replay.stop is not None else "")
+    return replace(
+        replay,
+        rolled_back_texts=rolled,
+        correction_text=correction,
+        tail=stream.flush() if replay.stop is not None else "",
+    )
 
 
 def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes: TokenBytes) -> list[dict]:
     """Committed tokens with their log-probabilities, as JSON output carries them: id, text
     (the token's bytes as UTF-8, a replacement character for part of a character), exact
     bytes, log-probability and the most likely tokens at its position."""
+
     def item(token: int, value: float) -> dict:
         raw = token_bytes(token)
-        return {"id": token, "token": raw.decode("utf-8", errors="replace"), "bytes": list(raw), "logprob": value}
+        return {
+            "id": token,
+            "token": raw.decode("utf-8", errors="replace"),
+            "bytes": list(raw),
+            "logprob": value,
+        }
 
     # None: a token nothing predicts (an echoed prompt's first)
-    return [{**item(token, None), "top": None} if lp is None else
-            {**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]} for token, lp in zip(tokens, logprobs)]
+    return [
+        {**item(token, None), "top": None}
+        if lp is None
+        else {**item(token, lp.logprob), "top": [item(t, v) for t, v in lp.top]}
+        for token, lp in zip(tokens, logprobs)
+    ]
 
 
 def speed(stats) -> str:
@@ -110,5 +132,7 @@ def summary_line(outcome: Outcome) -> str:
     s = outcome.stats
     note = " (interrupted)" if outcome.interrupted else ""
     accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
-    return (f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
-            f"{s.tokens_per_target_forward:.2f} tokens/target forward, {speed(s)}{note}")
+    return (
+        f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
+        f"{s.tokens_per_target_forward:.2f} tokens/target forward, {speed(s)}{note}"
+    )

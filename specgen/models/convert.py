@@ -16,8 +16,8 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import io
+import itertools
 import json
 import os
 import re
@@ -32,8 +32,8 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from specgen.ground import atomic_write, locked
 from specgen.errors import ModelError
+from specgen.ground import atomic_write, locked
 from specgen.memory import release_freed
 from specgen.models.cache import check_writable, converted_root
 from specgen.status import status
@@ -76,7 +76,9 @@ def ensure_converted(gguf: Path, dtype, *, key: str | None = None, quiet: bool =
             return target
         _remove_leftovers(target)
         with status(f"converting {gguf.name} to {_dtype_name(dtype)} (once; later loads are fast)", quiet):
-            atomic_write(target, lambda tmp: _convert(gguf, dtype, tmp), tmp=target.with_name(f"{target.name}.tmp"))
+            atomic_write(
+                target, lambda tmp: _convert(gguf, dtype, tmp), tmp=target.with_name(f"{target.name}.tmp")
+            )
     return target
 
 
@@ -145,9 +147,16 @@ def opened(gguf: Path, dtype, workers: int | None = None, in_blocks: bool = Fals
             config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
             with torch.device("meta"):
                 skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-            yield skeleton, tokenizer, _dequantized(gguf, reader, skeleton, dtype,
-                                                    workers or max(1, min(4, os.cpu_count() or 1)), in_blocks)
+            tokenizer = AutoTokenizer.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, trust_remote_code=False
+            )
+            yield (
+                skeleton,
+                tokenizer,
+                _dequantized(
+                    gguf, reader, skeleton, dtype, workers or max(1, min(4, os.cpu_count() or 1)), in_blocks
+                ),
+            )
             release_freed()  # the dequantizing threads' arenas: over a GB the load would never reuse
     except (ValueError, KeyError, NotImplementedError) as error:
         raise _friendly(error, gguf) from error
@@ -176,8 +185,10 @@ def _one_parse(gguf: Path):
         reader = original(str(gguf))
     except Exception as error:  # noqa: BLE001 (a short file fails the parser in many ways: IndexError, ValueError)
         detail = (str(error).strip().splitlines() or [""])[0][:120]
-        raise ModelError(f"cannot read {gguf}: the GGUF file is truncated or damaged ({type(error).__name__}: "
-                         f"{detail})", hint="download it again") from None
+        raise ModelError(
+            f"cannot read {gguf}: the GGUF file is truncated or damaged ({type(error).__name__}: {detail})",
+            hint="download it again",
+        ) from None
     resolved = gguf.resolve()
 
     def shared(path, *args, **kwargs):
@@ -194,18 +205,26 @@ def _one_parse(gguf: Path):
 
 def _dequantized(gguf: Path, reader, skeleton, dtype, workers: int, in_blocks: bool = False):
     from gguf import dequantize  # the gguf package: a dependency, imported with the conversion
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map, load_gguf_checkpoint)
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+    )
 
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)
     architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), encoding="utf-8")
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed.get("config", {}))
     names = get_gguf_hf_weights_map(skeleton, processor)
-    wanted = {name for name, _ in skeleton.named_parameters()} | {name for name, _ in skeleton.named_buffers()}
+    wanted = {name for name, _ in skeleton.named_parameters()} | {
+        name for name, _ in skeleton.named_buffers()
+    }
     parsed["tensors"] = {}
 
     def processed(weights, name):
-        return processor.process(weights=weights, name=name, tensor_key_mapping=names, parsed_parameters=parsed)
+        return processor.process(
+            weights=weights, name=name, tensor_key_mapping=names, parsed_parameters=parsed
+        )
 
     def as_torch(weights) -> torch.Tensor:
         return torch.from_numpy(weights if weights.flags.writeable else weights.copy()).to(dtype)
@@ -218,7 +237,9 @@ def _dequantized(gguf: Path, reader, skeleton, dtype, workers: int, in_blocks: b
 
                 def blocks():
                     for start in range(0, tensor.data.shape[0], BLOCK_ROWS):
-                        yield as_torch(dequantize(tensor.data[start:start + BLOCK_ROWS], tensor.tensor_type))
+                        yield as_torch(
+                            dequantize(tensor.data[start : start + BLOCK_ROWS], tensor.tensor_type)
+                        )
 
                 return names[result.name], RowBlocks((tensor.data.shape[0], *first.shape[1:]), blocks)
         result = processed(dequantize(tensor.data, tensor.tensor_type), tensor.name)
@@ -253,7 +274,9 @@ class ShardWriter:
 
     def _flush(self) -> None:
         self.files.append(f"{self.prefix or 'model'}-{len(self.files) + 1:05d}.safetensors")
-        save_file(self.shard, str(self.out / self.files[-1]), metadata={"format": "pt", **self.metadata(self.shard)})
+        save_file(
+            self.shard, str(self.out / self.files[-1]), metadata={"format": "pt", **self.metadata(self.shard)}
+        )
         self.shard, self.size = {}, 0
 
     def close(self) -> None:
@@ -277,7 +300,9 @@ def _in_order(function, items, workers: int):
     flight (a pool's map would dequantize the whole file ahead of a slow shard write)."""
     items = iter(items)
     with ThreadPoolExecutor(workers) as pool:
-        pending = collections.deque(pool.submit(function, item) for item in itertools.islice(items, workers + 1))
+        pending = collections.deque(
+            pool.submit(function, item) for item in itertools.islice(items, workers + 1)
+        )
         while pending:
             result = pending.popleft().result()
             for item in itertools.islice(items, 1):

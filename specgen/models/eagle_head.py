@@ -61,12 +61,19 @@ class HeadConfig:
 
     def llama(self) -> LlamaConfig:
         """The head's decoder layer as a one-layer Llama config (its rotary table, its cache)."""
-        config = LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.heads,
-                             num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
-                             intermediate_size=self.intermediate_size, num_hidden_layers=1,
-                             vocab_size=self.vocab_size, rms_norm_eps=self.rms_norm_eps,
-                             rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
-                             max_position_embeddings=self.max_position_embeddings)
+        config = LlamaConfig(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=self.rope_scaling,
+            max_position_embeddings=self.max_position_embeddings,
+        )
         config._attn_implementation = "sdpa"
         return config
 
@@ -159,8 +166,15 @@ class Eagle3Head(nn.Module):
         """[Vd] the target id of each draft id."""
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
-    def step(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
-             attention_mask, cache, logits_to_keep: int = 0):
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask,
+        cache,
+        logits_to_keep: int = 0,
+    ):
         """(logits over the draft vocabulary [b, n|keep, Vd], the outputs before the norm [b, n, H]).
         `features` [b, n, 3H] (the target's) or [b, n, H] (a draft step's own outputs);
         `cache` a SlotCache whose slots for this forward are set (kvcache.run does)."""
@@ -175,8 +189,13 @@ class Eagle3Head(nn.Module):
         cos, sin = self.rotary(x, position_ids)
         q, k, v = layer.self_attn.project(x, cos[:, None], sin[:, None])
         k, v = cache.update(k, v, 0)
-        out = nn.functional.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=attention_mask,
-                                                         enable_gqa=self.config.heads != self.config.kv_heads)
+        out = nn.functional.scaled_dot_product_attention(
+            q,
+            k.to(q.dtype),
+            v.to(q.dtype),
+            attn_mask=attention_mask,
+            enable_gqa=self.config.heads != self.config.kv_heads,
+        )
         b, n = x.shape[:2]
         hidden = residual + layer.self_attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -211,8 +230,9 @@ class HeadStep(nn.Module):
         self._features = buffer
 
     def forward(self, input_ids, position_ids, attention_mask, use_cache=True, logits_to_keep=0, **kwargs):
-        logits, hidden = self.head.step(input_ids, self._features, position_ids, attention_mask, kwargs[CACHE_ARG],
-                                        logits_to_keep)
+        logits, hidden = self.head.step(
+            input_ids, self._features, position_ids, attention_mask, kwargs[CACHE_ARG], logits_to_keep
+        )
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         dtype = torch.promote_types(logits.dtype, kept.dtype)
         return SimpleNamespace(logits=torch.cat([logits.to(dtype), kept.to(dtype)], dim=-1))

@@ -18,10 +18,28 @@ from specgen.errors import ModelError
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 # model types whose every path the family matrix checks (docs/how-it-works.md: "Model families")
-CHECKED = frozenset({
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-    "gemma3_text", "phi3", "olmo2", "granite", "starcoder2", "smollm3", "gpt_neox", "gpt2", "gpt_oss",
-})
+CHECKED = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "olmo2",
+        "granite",
+        "starcoder2",
+        "smollm3",
+        "gpt_neox",
+        "gpt2",
+        "gpt_oss",
+    }
+)
 
 
 def text_config(config):
@@ -44,13 +62,17 @@ def windows(config) -> dict[str, int | None]:
     else:
         unknown = sorted(set(types) - {FULL, SLIDING})
         if unknown:
-            raise ModelError(f"layers of type {', '.join(unknown)} ({getattr(config, 'model_type', '?')}) are "
-                             "not supported: specgen runs full and sliding-window attention only")
+            raise ModelError(
+                f"layers of type {', '.join(unknown)} ({getattr(config, 'model_type', '?')}) are "
+                "not supported: specgen runs full and sliding-window attention only"
+            )
         kinds = {kind: (window if kind == SLIDING else None) for kind in dict.fromkeys(types)}
     for kind, size in kinds.items():
         if kind == SLIDING and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise ModelError(f"the config's sliding_window is {size!r}; a sliding-window layer needs a "
-                             "window of at least 1 token")
+            raise ModelError(
+                f"the config's sliding_window is {size!r}; a sliding-window layer needs a "
+                "window of at least 1 token"
+            )
     return kinds
 
 
@@ -68,7 +90,11 @@ def rope_types(config) -> set[str]:
         if not isinstance(source, dict):
             continue
         parameters = [source] + [v for v in source.values() if isinstance(v, dict)]
-        found.update(str(p.get("rope_type") or p.get("type")) for p in parameters if p.get("rope_type") or p.get("type"))
+        found.update(
+            str(p.get("rope_type") or p.get("type"))
+            for p in parameters
+            if p.get("rope_type") or p.get("type")
+        )
     return found
 
 
@@ -81,11 +107,15 @@ def exact_context(config) -> tuple[int, str] | None:
     if not kinds:
         return None
     parameters = getattr(config, "rope_parameters", None) or {}
-    limit = (getattr(config, "original_max_position_embeddings", None)
-             or (parameters.get("original_max_position_embeddings") if isinstance(parameters, dict) else None)
-             or getattr(config, "max_position_embeddings", None))
+    limit = (
+        getattr(config, "original_max_position_embeddings", None)
+        or (parameters.get("original_max_position_embeddings") if isinstance(parameters, dict) else None)
+        or getattr(config, "max_position_embeddings", None)
+    )
     if not isinstance(limit, int) or limit < 2:
         return None
     kind = sorted(kinds)[0]
-    return limit, (f"its {kind} rope switches frequencies past {limit} tokens by the longest position of "
-                   "each forward, so a verify or a batch would rotate a token otherwise than plain decoding")
+    return limit, (
+        f"its {kind} rope switches frequencies past {limit} tokens by the longest position of "
+        "each forward, so a verify or a batch would rotate a token otherwise than plain decoding"
+    )

@@ -22,7 +22,9 @@ def read_config(path: str | Path) -> dict | None:
     if config.get("speculators_model_type") == "eagle3":
         return config
     architectures = config.get("architectures")
-    names = " ".join(a for a in architectures if isinstance(a, str)) if isinstance(architectures, list) else ""
+    names = (
+        " ".join(a for a in architectures if isinstance(a, str)) if isinstance(architectures, list) else ""
+    )
     if "Eagle3" in names or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):
         return config
     return None

@@ -25,6 +25,7 @@ from specgen.errors import ModelError
 from specgen.models import catalog, eagle_format, families, model_files
 from specgen.models import placement as placement_mod
 from specgen.models.convert import check_gguf, ensure_converted, file_key
+from specgen.models.head_dir import is_head
 from specgen.status import note, status
 from specgen.text import json_value
 
@@ -74,7 +75,10 @@ class LoadedModel:
     @property
     def stop_ids(self) -> frozenset[int]:
         ids = set()
-        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
             if isinstance(source, int):
                 ids.add(source)
             elif source:
@@ -163,8 +167,15 @@ def resolve(arg: str, dtype: torch.dtype, quiet: bool = False, convert: bool = T
     return found.converted(dtype, quiet) if convert else found
 
 
-TOKENIZER_KEYS = ("eos_token", "bos_token", "pad_token", "unk_token", "added_tokens_decoder",
-                  "additional_special_tokens", "extra_special_tokens")
+TOKENIZER_KEYS = (
+    "eos_token",
+    "bos_token",
+    "pad_token",
+    "unk_token",
+    "added_tokens_decoder",
+    "additional_special_tokens",
+    "extra_special_tokens",
+)
 
 
 def tokenizer_fingerprint(path: str | None) -> str | None:
@@ -182,9 +193,17 @@ def tokenizer_fingerprint(path: str | None) -> str | None:
     return digest.hexdigest()
 
 
-def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.device,
-               quiet: bool = False, role: str = "model", share_tokenizer: LoadedModel | None = None,
-               builder: Builder = FullPrecision()) -> LoadedModel:
+def load_model(
+    arg: str,
+    *,
+    dtype: torch.dtype,
+    device_map,
+    input_device: torch.device,
+    quiet: bool = False,
+    role: str = "model",
+    share_tokenizer: LoadedModel | None = None,
+    builder: Builder = FullPrecision(),
+) -> LoadedModel:
     """Load one model and its tokenizer; any failure is a one-line ModelError naming `role`
     (target or draft) and the model. `share_tokenizer`: a model whose tokenizer to reuse when
     both tokenizers are built from the same files (a draft of the target's family: saves
@@ -204,13 +223,21 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
             model_files.check_model_dir(resolved.path, role)
         except ModelError as exc:
             raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
-    if resolved.source == "dir" and resolved.path and eagle_format.is_head(resolved.path):
-        raise ModelError(f"'{arg}' is an EAGLE-3 head, not a model: it drafts for its target",
-                         hint=f"give it as --draft, with the model it was trained for as --target")
-    built = device_map is None and resolved.source in ("gguf", "catalog") and builder.accepts(resolved, input_device,
-                                                                                              dtype)
-    resolved = replace(resolved, path=builder.prepare(resolved, dtype, quiet)) if built else \
-        resolved.converted(dtype, quiet)
+    if resolved.source == "dir" and resolved.path and is_head(resolved.path):
+        raise ModelError(
+            f"'{arg}' is an EAGLE-3 head, not a model: it drafts for its target",
+            hint="give it as --draft, with the model it was trained for as --target",
+        )
+    built = (
+        device_map is None
+        and resolved.source in ("gguf", "catalog")
+        and builder.accepts(resolved, input_device, dtype)
+    )
+    resolved = (
+        replace(resolved, path=builder.prepare(resolved, dtype, quiet))
+        if built
+        else resolved.converted(dtype, quiet)
+    )
     # local directories (and the converted cache) load safetensors only: never a pickled .bin
     local = {"use_safetensors": True} if resolved.source != "hub" else {}
     tokenizer = None
@@ -225,13 +252,16 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
             if built:
                 model = builder.load(resolved, dtype, quiet)
             else:
-                model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, device_map=device_map,
-                                                             trust_remote_code=False, **local)
+                model = AutoModelForCausalLM.from_pretrained(
+                    resolved.path, dtype=dtype, device_map=device_map, trust_remote_code=False, **local
+                )
     except OSError as exc:
         if resolved.source == "hub":
             offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-            raise ModelError(f"cannot load the {role} model '{arg}' from the Hugging Face cache or hub{offline}: "
-                             f"{_first_line(exc)}") from exc
+            raise ModelError(
+                f"cannot load the {role} model '{arg}' from the Hugging Face cache or hub{offline}: "
+                f"{_first_line(exc)}"
+            ) from exc
         raise ModelError(f"cannot load the {role} model from {resolved.path}: {_first_line(exc)}") from exc
     except ModelError:
         raise
@@ -242,26 +272,42 @@ def load_model(arg: str, *, dtype: torch.dtype, device_map, input_device: torch.
         if broken:  # the library's own message does not say which file
             raise ModelError(f"cannot load the {role} model '{arg}': {broken}") from None
         if "mismatched" in str(exc) or "size mismatch" in str(exc):
-            raise ModelError(f"cannot load the {role} model '{arg}': {_mismatch(resolved.path)}",
-                             hint="the config.json and the weights do not belong together") from None
+            raise ModelError(
+                f"cannot load the {role} model '{arg}': {_mismatch(resolved.path)}",
+                hint="the config.json and the weights do not belong together",
+            ) from None
         raise ModelError(f"cannot load the {role} model '{arg}': {_first_line(exc)}") from exc
     if len(tokenizer) < 2 or not tokenizer.encode("hello", add_special_tokens=False):
         # transformers builds an empty tokenizer for a directory without tokenizer files
-        raise ModelError(f"the {role} model '{arg}' has no usable tokenizer (its tokenizer encodes no text)",
-                         hint="its directory needs tokenizer.json, or the files of a slow tokenizer")
+        raise ModelError(
+            f"the {role} model '{arg}' has no usable tokenizer (its tokenizer encodes no text)",
+            hint="its directory needs tokenizer.json, or the files of a slow tokenizer",
+        )
     context = getattr(model.config, "max_position_embeddings", None)
     if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 2):
-        raise ModelError(f"the {role} model '{arg}' has an invalid config: max_position_embeddings is {context!r}",
-                         hint="the context length must be an integer of at least 2")
+        raise ModelError(
+            f"the {role} model '{arg}' has an invalid config: max_position_embeddings is {context!r}",
+            hint="the context length must be an integer of at least 2",
+        )
     rows = model.get_input_embeddings().num_embeddings
     if rows < len(tokenizer):
-        raise ModelError(f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
-                         f"{len(tokenizer)} tokens: ids {rows} and up would have no embedding",
-                         hint="the model and tokenizer files do not belong together")
+        raise ModelError(
+            f"the {role} model '{arg}' has {rows} embedding rows but its tokenizer has "
+            f"{len(tokenizer)} tokens: ids {rows} and up would have no embedding",
+            hint="the model and tokenizer files do not belong together",
+        )
     _masked_attention(model)
     model.eval()
-    return LoadedModel(model, tokenizer, resolved.name, resolved.source, input_device, dtype,
-                       resolved.path if resolved.source != "hub" else None, gguf=resolved.gguf)
+    return LoadedModel(
+        model,
+        tokenizer,
+        resolved.name,
+        resolved.source,
+        input_device,
+        dtype,
+        resolved.path if resolved.source != "hub" else None,
+        gguf=resolved.gguf,
+    )
 
 
 def _masked_attention(model) -> None:
@@ -276,9 +322,17 @@ def _masked_attention(model) -> None:
         model.set_attn_implementation("eager")
 
 
-def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_device: str | None = None,
-              dtype: str = "auto", quiet: bool = False, target_builder: Builder = FullPrecision(),
-              draft_builder: Builder = FullPrecision()) -> tuple[LoadedModel, LoadedModel | None]:
+def load_pair(
+    target: str,
+    draft: str | None,
+    *,
+    device: str = "auto",
+    draft_device: str | None = None,
+    dtype: str = "auto",
+    quiet: bool = False,
+    target_builder: Builder = FullPrecision(),
+    draft_builder: Builder = FullPrecision(),
+) -> tuple[LoadedModel, LoadedModel | None]:
     """Load target (and draft), placed with accelerate; check that their tokenizers agree. A
     builder builds the GGUF sources it accepts in its own form (`load_model`)."""
     # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
@@ -294,28 +348,52 @@ def load_pair(target: str, draft: str | None, *, device: str = "auto", draft_dev
     else:
         target_map = {"": str(first)} if gpus else None
         target_dev = first
-    loaded_target = load_model(target, dtype=torch_dtype, device_map=target_map,
-                               input_device=target_dev, quiet=quiet, role="target", builder=target_builder)
+    loaded_target = load_model(
+        target,
+        dtype=torch_dtype,
+        device_map=target_map,
+        input_device=target_dev,
+        quiet=quiet,
+        role="target",
+        builder=target_builder,
+    )
     if draft is None:
         return loaded_target, None
     return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet, draft_builder)
 
 
-def load_draft(draft: str, target: LoadedModel, *, device: str = "auto", draft_device: str | None = None,
-               dtype: str = "auto", quiet: bool = False, builder: Builder = FullPrecision()) -> LoadedModel:
+def load_draft(
+    draft: str,
+    target: LoadedModel,
+    *,
+    device: str = "auto",
+    draft_device: str | None = None,
+    dtype: str = "auto",
+    quiet: bool = False,
+    builder: Builder = FullPrecision(),
+) -> LoadedModel:
     """Load only the draft, placed as load_pair would place it (chat's /method and /load)."""
     cuda_count, budgets = _gpus()
     _, _, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
     return _load_draft_on(draft, draft_dev, dtype, target, quiet, builder)
 
 
-def _load_draft_on(draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool,
-                   builder: Builder) -> LoadedModel:
-    if eagle_format.is_head(draft):
+def _load_draft_on(
+    draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool, builder: Builder
+) -> LoadedModel:
+    if is_head(draft):
         return _load_head(draft, draft_dev, target, quiet)
     draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
-    loaded = load_model(draft, dtype=draft_dtype, device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
-                        input_device=draft_dev, quiet=quiet, role="draft", share_tokenizer=target, builder=builder)
+    loaded = load_model(
+        draft,
+        dtype=draft_dtype,
+        device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
+        input_device=draft_dev,
+        quiet=quiet,
+        role="draft",
+        share_tokenizer=target,
+        builder=builder,
+    )
     if loaded.tokenizer is target.tokenizer:  # a shared one is the same by construction
         return loaded
     vocabulary = compare_tokenizers(target.tokenizer, loaded.tokenizer)
@@ -332,8 +410,16 @@ def _load_head(path: str, device: torch.device, target: LoadedModel, quiet: bool
         head.to(device=device, dtype=torch.float32)
     if not quiet:
         note(f"specgen: {eagle_format.describe(head)}")
-    return LoadedModel(head, target.tokenizer, Path(path).name, "dir", device, torch.float32, path=str(path),
-                       vocabulary=Vocabulary.HEAD)
+    return LoadedModel(
+        head,
+        target.tokenizer,
+        Path(path).name,
+        "dir",
+        device,
+        torch.float32,
+        path=str(path),
+        vocabulary=Vocabulary.HEAD,
+    )
 
 
 def _gpus() -> tuple[int, dict[int, int] | None]:
@@ -351,18 +437,25 @@ def compare_tokenizers(target_tok, draft_tok) -> Vocabulary:
     target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
     same = target_vocab == draft_vocab and all(
         getattr(target_tok, attr, None) == getattr(draft_tok, attr, None)
-        for attr in ("eos_token", "bos_token", "pad_token", "unk_token"))
+        for attr in ("eos_token", "bos_token", "pad_token", "unk_token")
+    )
     if same:
         return Vocabulary.SHARED
     try:
-        text = draft_tok.decode(draft_tok.encode(ROUND_TRIP, add_special_tokens=False), skip_special_tokens=True,
-                                clean_up_tokenization_spaces=False)
+        text = draft_tok.decode(
+            draft_tok.encode(ROUND_TRIP, add_special_tokens=False),
+            skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+        )
     except Exception as exc:  # a tokenizer without a decoder, a broken one
-        raise ModelError(f"draft and target tokenizers differ, and the draft's cannot decode text: "
-                         f"{_first_line(exc)}") from None
+        raise ModelError(
+            f"draft and target tokenizers differ, and the draft's cannot decode text: {_first_line(exc)}"
+        ) from None
     if text.strip() != ROUND_TRIP.strip():
-        raise ModelError(f"draft and target tokenizers differ, and the draft's does not give text back "
-                         f"({ROUND_TRIP.strip()!r} decodes to {text.strip()!r}); text-level drafting needs it")
+        raise ModelError(
+            f"draft and target tokenizers differ, and the draft's does not give text back "
+            f"({ROUND_TRIP.strip()!r} decodes to {text.strip()!r}); text-level drafting needs it"
+        )
     return Vocabulary.TEXT
 
 
@@ -382,9 +475,11 @@ def foreign_code(role: str, arg: str) -> ModelError:
     """A model whose architecture exists only as Python code shipped with it (`auto_map`).
     Every load passes trust_remote_code=False: specgen never runs a model's own code, and
     transformers then never asks on stdin (where a scripted chat's lines would answer)."""
-    return ModelError(f"the {role} model '{arg}' needs its own Python code to load (an auto_map to custom "
-                      "code); specgen never runs code that comes with a model",
-                      hint="use a model whose architecture transformers supports natively")
+    return ModelError(
+        f"the {role} model '{arg}' needs its own Python code to load (an auto_map to custom "
+        "code); specgen never runs code that comes with a model",
+        hint="use a model whose architecture transformers supports natively",
+    )
 
 
 def _has_gguf_magic(path: Path) -> bool:
@@ -411,10 +506,14 @@ def _mismatch(path: str) -> str:
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
                 shape = tuple(handle.get_slice(key).get_shape())
-                name = next((k for k in (key, key.removeprefix("model."), f"model.{key}") if k in wanted), None)
+                name = next(
+                    (k for k in (key, key.removeprefix("model."), f"model.{key}") if k in wanted), None
+                )
                 if name is not None and wanted[name] != shape:
-                    return (f"config.json does not match {file.name}: {key} is {list(shape)} in the file, "
-                            f"{list(wanted[name])} by the config")
+                    return (
+                        f"config.json does not match {file.name}: {key} is {list(shape)} in the file, "
+                        f"{list(wanted[name])} by the config"
+                    )
     return "config.json does not match the weights' shapes"
 
 

@@ -20,9 +20,22 @@ from specgen.text import json_value
 
 # sizes the code divides by, allocates from or loops over: each a positive integer where present
 # (names differ by family: gpt2's n_embd is the others' hidden_size)
-SIZES = ("vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
-         "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "max_position_embeddings",
-         "n_positions", "draft_vocab_size")
+SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "n_embd",
+    "num_hidden_layers",
+    "n_layer",
+    "num_attention_heads",
+    "n_head",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "n_inner",
+    "max_position_embeddings",
+    "n_positions",
+    "draft_vocab_size",
+)
 # counts that are 0 where a family does not use them (experts of a dense model); never negative
 COUNTS = ("num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
 # (sliding_window is 0 or null in configs that do not slide: families.windows checks it where a layer slides)
@@ -33,10 +46,19 @@ ROPE_FIELDS = ("rope_scaling", "rope_parameters")
 # what transformers' rope code takes besides its ROPE_INIT_FUNCTIONS (read late: it imports torch)
 BASE_ROPE = ("default",)
 # the aliases families use for the same size
-HIDDEN, HEADS, LAYERS, VOCAB = ("hidden_size", "n_embd"), ("num_attention_heads", "n_head"), \
-    ("num_hidden_layers", "n_layer"), ("vocab_size",)
-FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-         "tokenizer.json")
+HIDDEN, HEADS, LAYERS, VOCAB = (
+    ("hidden_size", "n_embd"),
+    ("num_attention_heads", "n_head"),
+    ("num_hidden_layers", "n_layer"),
+    ("vocab_size",),
+)
+FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+)
 
 
 def read_object(file: Path) -> dict:
@@ -90,12 +112,17 @@ def check_config(config: dict, file: Path | str, role: str = "model") -> None:
     hidden, heads = _first(config, HIDDEN), _first(config, HEADS)
     head_dim = config.get("head_dim")
     if hidden is not None and heads is not None and head_dim is None and hidden % heads:
-        raise ModelError(f"{file}: {_name(config, HIDDEN)} {hidden} is not a multiple of {_name(config, HEADS)} "
-                         f"{heads} (and no head_dim is given)", hint="the heads split the hidden size evenly")
+        raise ModelError(
+            f"{file}: {_name(config, HIDDEN)} {hidden} is not a multiple of {_name(config, HEADS)} "
+            f"{heads} (and no head_dim is given)",
+            hint="the heads split the hidden size evenly",
+        )
     kv = config.get("num_key_value_heads")
     if heads is not None and kv is not None and heads % kv:
-        raise ModelError(f"{file}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
-                         hint="each key/value head serves the same number of query heads")
+        raise ModelError(
+            f"{file}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
+            hint="each key/value head serves the same number of query heads",
+        )
     vocab = _vocab(config)
     for field in TOKEN_IDS:
         if field in config:
@@ -154,10 +181,16 @@ def _fits_memory(config: dict, file, role: str) -> None:
     before an allocator fails somewhere inside torch."""
     need, have = weight_bytes(config), memory_bytes()
     if have is not None and need > have:
-        fields = ", ".join(f"{n} {config[n]}" for n in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                                          "intermediate_size") if isinstance(config.get(n), int))
-        raise ModelError(f"{file}: the {role}'s sizes ({fields}) ask for at least {_gb(need)} of weights, more "
-                         f"than this machine's {_gb(have)} of memory", hint="check the config's sizes")
+        fields = ", ".join(
+            f"{n} {config[n]}"
+            for n in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+            if isinstance(config.get(n), int)
+        )
+        raise ModelError(
+            f"{file}: the {role}'s sizes ({fields}) ask for at least {_gb(need)} of weights, more "
+            f"than this machine's {_gb(have)} of memory",
+            hint="check the config's sizes",
+        )
 
 
 def _vocab(config: dict) -> int | None:
@@ -188,7 +221,12 @@ def _count(value, file, field: str) -> None:
 
 
 def _positive_number(value, file, field: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise _bad(file, field, value, "a positive number")
 
 
@@ -213,8 +251,10 @@ def _rope(value, file, field: str) -> None:
         kind = parameters.get("rope_type", parameters.get("type", "default"))
         known = _rope_types()
         if not isinstance(kind, str) or (known is not None and kind not in known):
-            raise ModelError(f"{file}: {field} has rope type {_quote(kind)}; transformers knows "
-                             f"{', '.join(sorted(known or ()))}")
+            raise ModelError(
+                f"{file}: {field} has rope type {_quote(kind)}; transformers knows "
+                f"{', '.join(sorted(known or ()))}"
+            )
         for name in ("factor", "rope_theta"):
             if parameters.get(name) is not None:
                 _positive_number(parameters[name], file, f"{field}.{name}")
@@ -239,9 +279,10 @@ def _quote(value) -> str:
 
 
 def _kind(value) -> str:
-    return {list: "a list", dict: "an object", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), "a number")
+    return {list: "a list", dict: "an object", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
 
 
 def _gb(size: int) -> str:
-    return f"{size / 2 ** 30:,.0f} GB" if size >= 2 ** 30 else f"{size / 2 ** 20:,.0f} MB"
+    return f"{size / 2**30:,.0f} GB" if size >= 2**30 else f"{size / 2**20:,.0f} MB"

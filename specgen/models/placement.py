@@ -14,14 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.ground import cache_root, write_text
-from specgen.text import json_value
 from specgen.errors import ConfigError
+from specgen.ground import cache_root, write_text
 from specgen.status import note
+from specgen.text import json_value
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def parse_device(value: str, option: str = "--device") -> str:
@@ -127,11 +133,16 @@ def measured_cpu_format(cache_file=None) -> CpuFormat:
     saved = _read_format(cache_file, key)
     if saved is not None:
         return saved
-    seconds = {name: _decode_step_seconds(dtype) for name, dtype in
-               (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    seconds = {
+        name: _decode_step_seconds(dtype)
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
+    }
     name = min(seconds, key=seconds.get)
-    result = CpuFormat(_DTYPES[name], f"measured one decoder layer: fp32 {seconds['float32'] * 1000:.1f} ms, "
-                                      f"bf16 {seconds['bfloat16'] * 1000:.1f} ms per token")
+    result = CpuFormat(
+        _DTYPES[name],
+        f"measured one decoder layer: fp32 {seconds['float32'] * 1000:.1f} ms, "
+        f"bf16 {seconds['bfloat16'] * 1000:.1f} ms per token",
+    )
     try:
         write_text(cache_file, json.dumps({"key": key, "dtype": name, "reason": result.reason}))
     except OSError:
@@ -156,15 +167,19 @@ def _read_format(path, key: str) -> CpuFormat | None:
         saved = None
     if isinstance(saved, dict) and saved.get("key") != key:
         return None  # another CPU or torch: measured again, silently
-    if (isinstance(saved, dict) and saved.get("dtype") in ("float32", "bfloat16")
-            and isinstance(saved.get("reason"), str)):
+    if (
+        isinstance(saved, dict)
+        and saved.get("dtype") in ("float32", "bfloat16")
+        and isinstance(saved.get("reason"), str)
+    ):
         return CpuFormat(_DTYPES[saved["dtype"]], saved["reason"])
     note(f"specgen: {path} is not a valid CPU format record; measuring again")
     return None
 
 
-def plan(device: str, draft_device: str | None, cuda_count: int,
-         budgets: dict[int, int] | None = None) -> tuple[str, list[int], torch.device]:
+def plan(
+    device: str, draft_device: str | None, cuda_count: int, budgets: dict[int, int] | None = None
+) -> tuple[str, list[int], torch.device]:
     """Decide the placement kind without touching weights.
 
     Returns (kind, gpu ids for the target, draft device): kind is 'cpu', 'single' (one GPU)
@@ -182,16 +197,18 @@ def plan(device: str, draft_device: str | None, cuda_count: int,
     else:
         index = int(device.split(":")[1])
         if index >= cuda_count:
-            raise ConfigError(f"--device {device} does not exist; this machine has {cuda_count} "
-                              f"CUDA device(s)")
+            raise ConfigError(
+                f"--device {device} does not exist; this machine has {cuda_count} CUDA device(s)"
+            )
         gpus = [index]
     kind = "cpu" if not gpus else ("single" if len(gpus) == 1 else "split")
     if draft_device is not None:
         draft = parse_device(draft_device, "--draft-device")
         if draft == "auto":
             draft_device = None
-        elif draft.startswith("cuda") and (cuda_count == 0 or (
-                ":" in draft and int(draft.split(":")[1]) >= cuda_count)):
+        elif draft.startswith("cuda") and (
+            cuda_count == 0 or (":" in draft and int(draft.split(":")[1]) >= cuda_count)
+        ):
             raise ConfigError(f"--draft-device {draft} is not available on this machine")
         else:
             return kind, gpus, torch.device(draft if draft != "cuda" else "cuda:0")
@@ -211,8 +228,9 @@ def split_device_map(config, dtype: torch.dtype, max_memory: dict) -> dict:
 
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return infer_auto_device_map(model, max_memory=max_memory, dtype=dtype,
-                                 no_split_module_classes=model._no_split_modules or [])
+    return infer_auto_device_map(
+        model, max_memory=max_memory, dtype=dtype, no_split_module_classes=model._no_split_modules or []
+    )
 
 
 def first_device(device_map: dict) -> torch.device:
@@ -237,8 +255,15 @@ def _decode_step_seconds(dtype: torch.dtype) -> float:
 
     from specgen.models.compat import CACHE_ARG  # imports transformers too
 
-    config = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=1, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+    config = Qwen2Config(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=1,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(dtype).eval()
     best = float("inf")

@@ -33,7 +33,8 @@ _said = False
 def directory() -> Path:
     """TORCHINDUCTOR_CACHE_DIR when the user set it, else ours. inductor writes its /tmp
     default into the environment once it has looked it up, so that value counts as unset."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # only when compiling (dynamo, inductor)
+    # only when compiling (dynamo, inductor)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
@@ -55,8 +56,10 @@ def use_persistent_cache(quiet: bool = False) -> CompileCache:
     if not quiet and not _said:
         _said = True
         if state is CompileCache.COLD:
-            note(f"specgen: compiling the model's layers; no compile cache yet in {where} "
-                 "(this first compiled start is slow; later ones load what it stores)")
+            note(
+                f"specgen: compiling the model's layers; no compile cache yet in {where} "
+                "(this first compiled start is slow; later ones load what it stores)"
+            )
         else:
             note(f"specgen: compiling the model's layers from the compile cache in {where}")
     return state

@@ -105,8 +105,17 @@ class GraphStep:
             self.logits = self._run()
 
     def _run(self) -> torch.Tensor:
-        return kvcache.run(self.model, self.cache, self.ids, self.bases, self.offset, self.depth, self.tree,
-                           self.cache.capacity, self.keep)
+        return kvcache.run(
+            self.model,
+            self.cache,
+            self.ids,
+            self.bases,
+            self.offset,
+            self.depth,
+            self.tree,
+            self.cache.capacity,
+            self.keep,
+        )
 
     def __call__(self, input_ids, bases, depth, tree) -> torch.Tensor:
         if self.first is not None:
@@ -165,17 +174,21 @@ class Steps:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             started = time.perf_counter()
-            step = self.graphs[key] = GraphStep(self.model, cache, input_ids, bases, offset, depth, tree, keep,
-                                                self.pool)
+            step = self.graphs[key] = GraphStep(
+                self.model, cache, input_ids, bases, offset, depth, tree, keep, self.pool
+            )
             self.setup_seconds += time.perf_counter() - started
         return step(input_ids, bases, depth, tree)
 
     def forward(self, cache, input_ids: torch.Tensor, keep: int = 0, **kwargs) -> torch.Tensor:
         runner = self._runner(input_ids.shape[1])
-        return kvcache.forward(self.call, cache, input_ids, keep=keep, runner=runner,
-                               full_view=self.mode == "inductor", **kwargs)
+        return kvcache.forward(
+            self.call, cache, input_ids, keep=keep, runner=runner, full_view=self.mode == "inductor", **kwargs
+        )
 
-    def tree(self, cache, tokens: torch.Tensor, tree, offset: int = 0, nodes: slice | None = None) -> torch.Tensor:
+    def tree(
+        self, cache, tokens: torch.Tensor, tree, offset: int = 0, nodes: slice | None = None
+    ) -> torch.Tensor:
         """Logits [1, n, V] for tree nodes (all, or `nodes`) fed at once with the ancestor mask."""
         ancestors = tree.ancestor_mask.to(tokens.device)
         depth = torch.tensor(tree.depth, device=tokens.device)
@@ -189,7 +202,7 @@ class Steps:
             depth = torch.cat([depth, depth.new_zeros(pad)])
             grown = torch.zeros(width, ancestors.shape[1] + pad, dtype=torch.bool, device=tokens.device)
             grown[:n, : ancestors.shape[1]] = ancestors
-            grown[n:, ancestors.shape[1]:] = torch.eye(pad, dtype=torch.bool, device=tokens.device)
+            grown[n:, ancestors.shape[1] :] = torch.eye(pad, dtype=torch.bool, device=tokens.device)
             ancestors = grown
         logits = self.forward(cache, tokens.unsqueeze(0), offset=offset, depth=depth, tree=ancestors)
         if width > n:

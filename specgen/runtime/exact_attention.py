@@ -33,21 +33,51 @@ NAME = "specgen_exact"
 _registered = False
 
 
-def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-               softcap: float | None = None, s_aux: torch.Tensor | None = None, **kwargs):
+def _attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs,
+):
     exact = query.device.type == "cpu" and query.dtype == torch.float32
-    if softcap is not None or s_aux is not None:  # Gemma 2's logit softcap, gpt-oss's sinks: eager's arithmetic
+    # Gemma 2's logit softcap, gpt-oss's sinks: eager's arithmetic
+    if softcap is not None or s_aux is not None:
         if not exact:
-            eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
-            return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                         softcap=softcap, s_aux=s_aux, **kwargs)
+            eager = sys.modules[type(module).__module__].eager_attention_forward
+            return eager(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                softcap=softcap,
+                s_aux=s_aux,
+                **kwargs,
+            )
         return eager_attention(query, key, value, attention_mask, scaling, softcap, s_aux), None
     if not exact:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if attention_mask is None:  # a forward without our cache's explicit mask: causal from transformers
-        out, weights = sdpa_attention_forward(module, query.double(), key.double(), value.double(), None,
-                                              dropout=dropout, scaling=scaling, **kwargs)
+        out, weights = sdpa_attention_forward(
+            module,
+            query.double(),
+            key.double(),
+            value.double(),
+            None,
+            dropout=dropout,
+            scaling=scaling,
+            **kwargs,
+        )
         return out.float(), weights
     return grouped_attention(query, key, value, attention_mask, scaling), None
 
@@ -71,8 +101,9 @@ def _blocks(mask: torch.Tensor | None, n: int, length: int) -> list[tuple[int, i
     return blocks
 
 
-def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                      scale: float | None) -> torch.Tensor:
+def grouped_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float | None
+) -> torch.Tensor:
     """SDPA in float64 with the query heads that share a K/V head stacked as that head's queries.
 
     query [b, H, n, D], key/value [b, KV, L, D], mask [b, 1 or H, n, L] (bool or additive) ->
@@ -81,9 +112,12 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     per K/V head instead of being repeated for every query head (a verify's attention otherwise
     costs several times a step's: benchmarks/code-choices.md)."""
     n, length = query.shape[2], key.shape[2]
-    parts = [_grouped(query[:, :, start:end], key[:, :, :keys], value[:, :, :keys],
-                      mask[:, :, start:end, :keys], scale)
-             for start, end, keys in _blocks(mask, n, length)]
+    parts = [
+        _grouped(
+            query[:, :, start:end], key[:, :, :keys], value[:, :, :keys], mask[:, :, start:end, :keys], scale
+        )
+        for start, end, keys in _blocks(mask, n, length)
+    ]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
@@ -99,13 +133,21 @@ def _grouped(query, key, value, mask, scale) -> torch.Tensor:
         mask = mask.reshape(b, 1, rep * n, mask.shape[-1])
     else:
         mask = mask.expand(b, heads, n, mask.shape[-1]).reshape(b, groups, rep * n, mask.shape[-1])
-    out = torch.nn.functional.scaled_dot_product_attention(q, key.double(), value.double(), attn_mask=mask,
-                                                           scale=scale)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key.double(), value.double(), attn_mask=mask, scale=scale
+    )
     return out.reshape(b, heads, n, dim).float().transpose(1, 2).contiguous()
 
 
-def eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                    scale: float, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def eager_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """transformers' eager attention (Gemma 2's softcap: tanh(w / c) * c before the mask;
     gpt-oss's per-head sink logit beside the keys, dropped after the softmax) in float64,
     rounded to float32, a block of queries at a time. -> [b, n, H, D]"""

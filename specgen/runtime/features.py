@@ -42,6 +42,7 @@ def install(model) -> None:
             cache = kwargs.get(CACHE_ARG)
             if getattr(cache, "taps", None):
                 cache.capture(index, args[0] if args else kwargs["hidden_states"])
+
         return hook
 
     def leaving(module, args, kwargs, output):

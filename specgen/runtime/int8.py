@@ -71,10 +71,10 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
     scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
     for start in range(0, weight.shape[0], QUANTIZE_ROWS):
-        block = weight[start:start + QUANTIZE_ROWS].detach().float()
+        block = weight[start : start + QUANTIZE_ROWS].detach().float()
         block_scales = block.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q[start:start + QUANTIZE_ROWS] = torch.round(block / block_scales[:, None]).clamp_(-127, 127)
-        scales[start:start + QUANTIZE_ROWS] = block_scales
+        q[start : start + QUANTIZE_ROWS] = torch.round(block / block_scales[:, None]).clamp_(-127, 127)
+        scales[start : start + QUANTIZE_ROWS] = block_scales
     return q, scales
 
 
@@ -83,7 +83,8 @@ def _pack(qweight: torch.Tensor, scales: torch.Tensor):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantized tensors announce their deprecation
         qtensor = torch._make_per_channel_quantized_tensor(
-            qweight, scales.double(), torch.zeros(len(scales), dtype=torch.long), 0)
+            qweight, scales.double(), torch.zeros(len(scales), dtype=torch.long), 0
+        )
         return torch.ops.quantized.linear_prepack(qtensor, None)
 
 
@@ -113,7 +114,7 @@ def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, t
     """(int8 rows, scales) as fbgemm should pack them: whole, or as row chunks when tall."""
     if len(q) <= CHUNK_ABOVE:
         return [(q, scales)]
-    return [(q[i:i + CHUNK_ROWS], scales[i:i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
+    return [(q[i : i + CHUNK_ROWS], scales[i : i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
 
 
 def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
@@ -211,13 +212,16 @@ class RowInt8Part(RowInt8Linear):
         self._fused, self._index = fused, index
         self.in_features, self.out_features = in_features, fused.sizes[index]
         start = sum(fused.sizes[:index])
-        self.bias = None if fused.bias is None else nn.Parameter(fused.bias[start:start + self.out_features],
-                                                                 requires_grad=False)
+        self.bias = (
+            None
+            if fused.bias is None
+            else nn.Parameter(fused.bias[start : start + self.out_features], requires_grad=False)
+        )
 
     @property
     def weight(self) -> torch.Tensor:
-        start = sum(self._fused.sizes[:self._index])
-        return _unpacked(self._fused.packed)[start:start + self.out_features]
+        start = sum(self._fused.sizes[: self._index])
+        return _unpacked(self._fused.packed)[start : start + self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._fused.part(x, self._index)
@@ -251,8 +255,12 @@ def linear_names(model: nn.Module) -> list[str]:
 Weights = dict  # linear name -> (int8 weight [N, K], fp32 scales [N])
 
 
-def quantize_model(model: nn.Module, cached: Callable[[dict[str, tuple]], Weights | None] = lambda shapes: None,
-                   store: Callable[[Weights], None] = lambda weights: None, fuse: bool = True) -> nn.Module:
+def quantize_model(
+    model: nn.Module,
+    cached: Callable[[dict[str, tuple]], Weights | None] = lambda shapes: None,
+    store: Callable[[Weights], None] = lambda weights: None,
+    fuse: bool = True,
+) -> nn.Module:
     """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear (sibling linears that
     read the same input fused into one product unless `fuse` is False); the rest runs in fp32.
     Weights come from `cached(shapes)` when it has them, else are quantized and handed to
@@ -329,8 +337,11 @@ class _PackTask:
         arenas, so without this the int8 copies stayed resident until packing ended."""
         parts = [p.load() if isinstance(p, Deferred) else p for p in self._parts]
         self._parts = None
-        q, scales = parts[0] if len(parts) == 1 else (torch.cat([q for q, _ in parts]),
-                                                       torch.cat([s for _, s in parts]))
+        q, scales = (
+            parts[0]
+            if len(parts) == 1
+            else (torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]))
+        )
         del parts
         packed = [_pack(*part) for part in _chunks(q, scales)]
         del q, scales

@@ -48,8 +48,8 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from specgen.ground import atomic_write, cache_root, locked
 from specgen.errors import ModelError
+from specgen.ground import atomic_write, cache_root, locked
 from specgen.memory import release_freed
 from specgen.models import catalog, convert
 from specgen.models.cache import check_writable, converted_dirs
@@ -65,6 +65,7 @@ MARKER = ".complete"
 def checksum(tensors) -> str:
     """SHA-256 over each tensor's SHA-256 (hashed on a thread per core: hashlib releases the
     GIL; about 0.5 s for the default target's 1.5 GB on 2 cores, see benchmarks/first-run.md)."""
+
     def one(tensor: torch.Tensor) -> bytes:
         return hashlib.sha256(memoryview(tensor.contiguous().view(torch.uint8).numpy())).digest()
 
@@ -101,9 +102,14 @@ def ensure(resolved: Resolved, dtype: torch.dtype, quiet: bool = False, workers:
             return target
         shutil.rmtree(target, ignore_errors=True)  # a leftover without its marker
         gguf = resolved.gguf_file(quiet)
-        with status(f"building the int8 weights of {resolved.name} (once; later loads read only these)", quiet):
-            atomic_write(target, lambda tmp: _build(gguf, dtype, tmp, resolved, workers),
-                         tmp=target.with_name(f"{target.name}.tmp"))
+        with status(
+            f"building the int8 weights of {resolved.name} (once; later loads read only these)", quiet
+        ):
+            atomic_write(
+                target,
+                lambda tmp: _build(gguf, dtype, tmp, resolved, workers),
+                tmp=target.with_name(f"{target.name}.tmp"),
+            )
     if resolved.source == "catalog" and not converted_dirs(resolved.key):
         catalog.let_go(catalog.CATALOG[resolved.name])
     return target
@@ -114,15 +120,22 @@ def _build(gguf: Path, dtype: torch.dtype, out: Path, resolved: Resolved, worker
         linears = {f"{name}.weight": name for name in int8.linear_names(skeleton)}
         embedding = _weight_name(skeleton, skeleton.get_input_embeddings())
         tied = _tied_head(skeleton)
-        rest, weights = (convert.ShardWriter(out, metadata=lambda shard: {"checksum": _shard_checksum(shard)},
-                                             prefix=prefix) for prefix in ("rest", "int8"))
+        rest, weights = (
+            convert.ShardWriter(
+                out, metadata=lambda shard: {"checksum": _shard_checksum(shard)}, prefix=prefix
+            )
+            for prefix in ("rest", "int8")
+        )
         quantized = set()
         for name, tensor in tensors:
             int8_name = linears.get(name, tied if name == embedding else None)
             if int8_name in quantized:
                 int8_name = None
-            kept = None if name in linears else (torch.bfloat16 if name == embedding and dtype == torch.float32
-                                                 else dtype)
+            kept = (
+                None
+                if name in linears
+                else (torch.bfloat16 if name == embedding and dtype == torch.float32 else dtype)
+            )
             q, scales, kept = _stored(tensor, int8_name is not None, kept)
             if q is not None:
                 quantized.add(int8_name)
@@ -136,8 +149,14 @@ def _build(gguf: Path, dtype: torch.dtype, out: Path, resolved: Resolved, worker
         weights.close()
         convert.save_beside(skeleton, tokenizer, out)
     release_freed()
-    marker = {"source": resolved.source, "name": resolved.name, "gguf": resolved.gguf, "key": resolved.key,
-              "dtype": str(dtype), "format": FORMAT_VERSION}
+    marker = {
+        "source": resolved.source,
+        "name": resolved.name,
+        "gguf": resolved.gguf,
+        "key": resolved.key,
+        "dtype": str(dtype),
+        "format": FORMAT_VERSION,
+    }
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 
 
@@ -187,8 +206,10 @@ def _read(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
             with safe_open(str(shard), framework="pt") as handle:
                 tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
         except Exception as error:  # noqa: BLE001 (SafetensorError, OSError): a damaged file, rebuilt
-            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
-                               f"({str(error).splitlines()[0][:120]})") from None
+            raise CorruptStore(
+                f"{shard.name} of the int8 store {directory.name} cannot be read "
+                f"({str(error).splitlines()[0][:120]})"
+            ) from None
     return tensors
 
 
@@ -201,8 +222,10 @@ def _marker(directory: Path) -> tuple[Resolved, torch.dtype]:
             raise ValueError(marker["dtype"])
         return Resolved(None, marker["source"], marker["name"], marker["gguf"], marker["key"]), dtype
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise ModelError(f"the int8 store {directory.name} is damaged and does not say what it was built from",
-                         hint=f"remove {directory}; the next run builds it again") from None
+        raise ModelError(
+            f"the int8 store {directory.name} is damaged and does not say what it was built from",
+            hint=f"remove {directory}; the next run builds it again",
+        ) from None
 
 
 def _rebuilt(directory: Path, error: CorruptStore, source: Resolved, dtype: torch.dtype, quiet: bool) -> Path:
@@ -229,16 +252,19 @@ def load_model(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> n
     linears = {f"{name}.weight" for name in int8.linear_names(model)}
     missing = set(model.state_dict()) - set(rest) - linears
     if missing:
-        raise ModelError(f"the int8 store {directory.name} lacks {sorted(missing)[0]}",
-                         hint=f"remove {directory} to build it again")
+        raise ModelError(
+            f"the int8 store {directory.name} lacks {sorted(missing)[0]}",
+            hint=f"remove {directory} to build it again",
+        )
     model.load_state_dict(rest, strict=False, assign=True)
     if _tied_head(model) is not None:
         model.tie_weights()
     return model.eval()
 
 
-def int8_weights(directory: str | os.PathLike, model: nn.Module,
-                 quiet: bool = False) -> Callable[[dict[str, tuple]], int8.Weights]:
+def int8_weights(
+    directory: str | os.PathLike, model: nn.Module, quiet: bool = False
+) -> Callable[[dict[str, tuple]], int8.Weights]:
     """`int8.quantize_model`'s `cached` for `model`, loaded from the store at `directory` (its
     head possibly pruned: the pruned head's inner linear takes the kept rows of the full head's
     int8 weight). The files are checked against their checksums first, hashing their bytes in
@@ -254,18 +280,25 @@ def int8_weights(directory: str | os.PathLike, model: nn.Module,
             head = name.removesuffix(".linear")
             if f"{name}.qweight" in index:
                 source, stored_shape, ids = name, index[f"{name}.qweight"][1], None
-            elif name.endswith(".linear") and f"{head}.qweight" in index:  # a pruned head: kept rows of the full one
+            elif name.endswith(".linear") and f"{head}.qweight" in index:
+                # a pruned head: kept rows of the full one
                 ids = model.get_submodule(head).ids
                 source, stored_shape = head, (len(ids), index[f"{head}.qweight"][1][1])
             else:
-                raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
-                                 hint=f"remove {directory} to build it again")
+                raise ModelError(
+                    f"the int8 store {directory.name} has no weights for {name}",
+                    hint=f"remove {directory} to build it again",
+                )
             if tuple(stored_shape) != tuple(shape):
-                raise ModelError(f"the int8 store {directory.name} has {name} of shape {tuple(stored_shape)}, "
-                                 f"the model {tuple(shape)}", hint=f"remove {directory} to build it again")
+                raise ModelError(
+                    f"the int8 store {directory.name} has {name} of shape {tuple(stored_shape)}, "
+                    f"the model {tuple(shape)}",
+                    hint=f"remove {directory} to build it again",
+                )
             files = (index[f"{source}.qweight"][0], index[f"{source}.scales"][0])
             out[name] = int8.Deferred(functools.partial(_rows, files, source, ids), shape[0] * shape[1])
         return out
+
     return cached
 
 
@@ -292,8 +325,11 @@ def _checked_int8(directory: Path, quiet: bool) -> tuple[Path, dict[str, tuple[P
 
 def _index(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
     """tensor name -> (its shard, its shape), from the `prefix` shards' headers (nothing hashed)."""
-    return {name: (shard, tuple(entry["shape"])) for shard in _shards(directory, prefix)
-            for name, entry in _header(shard, directory)[1].items()}
+    return {
+        name: (shard, tuple(entry["shape"]))
+        for shard in _shards(directory, prefix)
+        for name, entry in _header(shard, directory)[1].items()
+    }
 
 
 def _verified(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
@@ -303,15 +339,24 @@ def _verified(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
         start, header, expected = _header(shard, directory)
         spans = [header[name]["data_offsets"] for name in sorted(header)]
         try:
-            with open(shard, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            with (
+                open(shard, "rb") as handle,
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+            ):
                 view = memoryview(mapped)
                 with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-                    digests = list(pool.map(lambda span: hashlib.sha256(view[start + span[0]:start + span[1]])
-                                            .digest(), spans))
+                    digests = list(
+                        pool.map(
+                            lambda span: hashlib.sha256(view[start + span[0] : start + span[1]]).digest(),
+                            spans,
+                        )
+                    )
                 view.release()
         except (OSError, ValueError) as error:  # a truncated file: rebuilt
-            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
-                               f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})") from None
+            raise CorruptStore(
+                f"{shard.name} of the int8 store {directory.name} cannot be read "
+                f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})"
+            ) from None
         if expected != hashlib.sha256(b"".join(digests)).hexdigest():
             raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
     return _index(directory, prefix)
@@ -330,12 +375,16 @@ def _header(shard: Path, directory: Path) -> tuple[int, dict, str | None]:
                 raise ValueError(f"a header of {size} bytes in a shorter file")
             header = json.loads(handle.read(size))
         expected = header.pop("__metadata__", {}).get("checksum")
-        if not all(isinstance(entry, dict) and "data_offsets" in entry and "shape" in entry
-                   for entry in header.values()):
+        if not all(
+            isinstance(entry, dict) and "data_offsets" in entry and "shape" in entry
+            for entry in header.values()
+        ):
             raise ValueError("an entry without offsets or shape")
     except (OSError, ValueError, AttributeError) as error:  # a truncated or garbled header: rebuilt
-        raise CorruptStore(f"{shard.name} of the int8 store {directory.name} cannot be read "
-                           f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})") from None
+        raise CorruptStore(
+            f"{shard.name} of the int8 store {directory.name} cannot be read "
+            f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})"
+        ) from None
     return 8 + size, header, expected
 
 
@@ -348,8 +397,10 @@ def materialize_head(directory: str | os.PathLike, model: nn.Module, quiet: bool
     name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
     directory, index = _checked_int8(directory, quiet)
     if f"{name}.qweight" not in index or f"{name}.scales" not in index:
-        raise ModelError(f"the int8 store {directory.name} has no weights for {name}",
-                         hint=f"remove {directory} to build it again")
+        raise ModelError(
+            f"the int8 store {directory.name} has no weights for {name}",
+            hint=f"remove {directory} to build it again",
+        )
     q, scales = _rows((index[f"{name}.qweight"][0], index[f"{name}.scales"][0]), name, None)
     weight = torch.empty(q.shape, dtype=model.get_input_embeddings().weight.dtype)
     for start in range(0, len(q), int8.QUANTIZE_ROWS):  # fp32 temporaries of a block only

@@ -323,8 +323,14 @@ def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | 
 
 
 @torch.inference_mode()
-def write_prefix(target: SlotCache, row: int, keys: list[torch.Tensor], values: list[torch.Tensor], n: int,
-                 features: torch.Tensor | None = None) -> None:
+def write_prefix(
+    target: SlotCache,
+    row: int,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    n: int,
+    features: torch.Tensor | None = None,
+) -> None:
     """Row `row` of `target` takes `n` slots of K/V given per layer as [heads, >= n, dim] (a
     staged prefill joining the batch, a stored prefix); the buffers are made if it has none yet.
     A tapped `target` takes `features` [taps, >= n, H] too (zeros when the source kept none:
@@ -348,34 +354,67 @@ def write_prefix(target: SlotCache, row: int, keys: list[torch.Tensor], values: 
 def copy_prefix(source: SlotCache, source_row: int, target: SlotCache, target_row: int, n: int) -> None:
     """Row `target_row` of `target` takes the first `n` slots of `source`'s row `source_row`."""
     features = source.features.keys[source_row] if source.taps and source.features.is_initialized else None
-    write_prefix(target, target_row, [layer.keys[source_row] for layer in source.layers],
-                 [layer.values[source_row] for layer in source.layers], n, features)
+    write_prefix(
+        target,
+        target_row,
+        [layer.keys[source_row] for layer in source.layers],
+        [layer.values[source_row] for layer in source.layers],
+        n,
+        features,
+    )
 
 
-def run(call, cache: SlotCache, input_ids: torch.Tensor, bases: torch.Tensor, offset: int, depth: torch.Tensor,
-        tree: torch.Tensor, view: int, keep: int = 0, rows: slice | None = None) -> torch.Tensor:
+def run(
+    call,
+    cache: SlotCache,
+    input_ids: torch.Tensor,
+    bases: torch.Tensor,
+    offset: int,
+    depth: torch.Tensor,
+    tree: torch.Tensor,
+    view: int,
+    keep: int = 0,
+    rows: slice | None = None,
+) -> torch.Tensor:
     """The device-only part of a forward (capturable in a CUDA graph): slots, positions, mask, model.
     `depth` [rows, offset + n]: every in-flight slot's position relative to the row's base."""
     n = input_ids.shape[1]
     cache.slots = bases[:, None] + torch.arange(offset, offset + n, device=bases.device)
     cache.view, cache.active = view, rows
     mask = masks(cache, bases, offset, tree, depth, view)
-    out = call(input_ids=input_ids, position_ids=bases[:, None] + depth[:, offset:], attention_mask=mask,
-               use_cache=True, logits_to_keep=keep, **{CACHE_ARG: cache})
+    out = call(
+        input_ids=input_ids,
+        position_ids=bases[:, None] + depth[:, offset:],
+        attention_mask=mask,
+        use_cache=True,
+        logits_to_keep=keep,
+        **{CACHE_ARG: cache},
+    )
     cache.active = None
     return out.logits
 
 
 @torch.inference_mode()
-def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, offset: int = 0,
-            depth: torch.Tensor | None = None, tree: torch.Tensor | None = None,
-            rows: slice | None = None, runner=None, full_view: bool = False) -> torch.Tensor:
+def forward(
+    model,
+    cache: SlotCache,
+    input_ids: torch.Tensor,
+    *,
+    keep: int = 0,
+    offset: int = 0,
+    depth: torch.Tensor | None = None,
+    tree: torch.Tensor | None = None,
+    rows: slice | None = None,
+    runner=None,
+    full_view: bool = False,
+) -> torch.Tensor:
     """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
 
     `tree` [n, offset + n] or per row [b, n, offset + n] (bool) says which of this round's slots
     each query sees (default: causal over the new tokens); `depth` [offset + n] or [b, offset + n]
     the positions of this round's slots relative to the row's length (default c for slot c: a
-    chain), the last n those of the tokens fed. The row lengths afterwards are length + offset + n, as a growing cache would be.
+    chain), the last n those of the tokens fed. The row lengths afterwards are length + offset + n, as a
+    growing cache would be.
     `rows` feeds a slice of the rows (a prefill of one row of a batch). `runner(cache, input_ids,
     bases, offset, depth, tree, keep)` is a fixed-shape (compiled or captured) forward to use
     instead of the eager one; its view covers the whole capacity.
@@ -398,8 +437,18 @@ def forward(model, cache: SlotCache, input_ids: torch.Tensor, *, keep: int = 0, 
     if runner is not None and rows is None:
         logits = runner(cache, input_ids, bases, offset, depth, tree, keep)
     else:
-        logits = run(model, cache, input_ids, bases, offset, depth, tree, cache.capacity if full_view else end,
-                     keep, rows)
+        logits = run(
+            model,
+            cache,
+            input_ids,
+            bases,
+            offset,
+            depth,
+            tree,
+            cache.capacity if full_view else end,
+            keep,
+            rows,
+        )
     updated = [length + offset + n for length in lengths]
     if rows is not None:
         cache.lengths[rows] = updated

@@ -38,9 +38,10 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specgen.models.compat import CACHE_ARG
-from specgen.runtime import int8
-from specgen.runtime.exact_attention import NAME as EXACT_NAME, grouped_attention
 from specgen.models.families import FULL
+from specgen.runtime import int8
+from specgen.runtime.exact_attention import NAME as EXACT_NAME
+from specgen.runtime.exact_attention import grouped_attention
 from specgen.runtime.pruned import PrunedHead
 
 MODEL_TYPES = ("qwen2", "llama", "mistral")
@@ -95,6 +96,7 @@ def _single(module: nn.Module, exact: bool = True):
             if module.full is not None:  # widened to every id (see PrunedHead.see)
                 return _single(module.full, exact)(x)
             return module.spread(product(x), x)
+
         return head
     return module
 
@@ -118,9 +120,12 @@ def _group(modules: tuple[nn.Module, ...], exact: bool = True):
     int8 product when they are the parts of one `int8._Fused` group, in order; otherwise the
     modules one by one, concatenated."""
     fused = getattr(modules[0], "_fused", None)
-    if (fused is not None and all(isinstance(m, int8.RowInt8Part) and m._fused is fused for m in modules)
-            and [m._index for m in modules] == list(range(len(fused.sizes)))):
-        packed, bias, sizes = fused.packed, fused.bias, fused.sizes
+    if (
+        fused is not None
+        and all(isinstance(m, int8.RowInt8Part) and m._fused is fused for m in modules)
+        and [m._index for m in modules] == list(range(len(fused.sizes)))
+    ):
+        packed, bias = fused.packed, fused.bias
         product = int8.row_linear if exact else _one_row_or_rows
         return lambda x: product(x, packed, bias)
     calls = tuple(_single(m, exact) for m in modules)
@@ -128,8 +133,22 @@ def _group(modules: tuple[nn.Module, ...], exact: bool = True):
 
 
 class _Layer:
-    __slots__ = ("index", "kind", "attn", "ln1", "eps1", "qkv", "o_proj", "ln2", "eps2", "gate_up", "down",
-                 "head_dim", "scaling", "groups")
+    __slots__ = (
+        "index",
+        "kind",
+        "attn",
+        "ln1",
+        "eps1",
+        "qkv",
+        "o_proj",
+        "ln2",
+        "eps2",
+        "gate_up",
+        "down",
+        "head_dim",
+        "scaling",
+        "groups",
+    )
 
     def __init__(self, index: int, layer: nn.Module, exact: bool, kind: str):
         attn, mlp = layer.self_attn, layer.mlp
@@ -168,7 +187,9 @@ class LeanForward:
         self.norm, self.norm_eps = _rms(decoder.norm)
         self.head = _single(model.lm_head, exact)
         kinds = getattr(self.config, "layer_types", None) or [FULL] * len(decoder.layers)
-        self.layers = [_Layer(i, layer, exact, kind) for i, (layer, kind) in enumerate(zip(decoder.layers, kinds))]
+        self.layers = [
+            _Layer(i, layer, exact, kind) for i, (layer, kind) in enumerate(zip(decoder.layers, kinds))
+        ]
         self.heads = self.config.num_attention_heads
         self.groups = getattr(self.config, "num_key_value_heads", None) or self.heads
         self.head_dim = self.layers[0].head_dim
@@ -190,8 +211,15 @@ class LeanForward:
         eager = getattr(sys.modules[type(self.layers[0].attn).__module__], "eager_attention_forward", None)
         return ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
 
-    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 use_cache: bool = True, logits_to_keep: int = 0, **kwargs) -> SimpleNamespace:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        use_cache: bool = True,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> SimpleNamespace:
         cache = kwargs[CACHE_ARG]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
@@ -211,10 +239,10 @@ class LeanForward:
             residual = hidden
             x = _norm(hidden, layer.ln1, layer.eps1)
             qkv = layer.qkv(x).view(b, n, heads + 2 * groups, dim)
-            qk = qkv[:, :, :heads + groups]
+            qk = qkv[:, :, : heads + groups]
             qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin)
             q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
-            k, v = cache.update(k, qkv[:, :, heads + groups:].transpose(1, 2), layer.index)
+            k, v = cache.update(k, qkv[:, :, heads + groups :].transpose(1, 2), layer.index)
             if masks is not None:
                 attention_mask = masks[layer.kind]
             if kind == "exact":

@@ -6,8 +6,14 @@ from __future__ import annotations
 import torch
 
 
-def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Tensor, view: int,
-          window: int | None = None) -> torch.Tensor:
+def _mask(
+    bases: torch.Tensor,
+    offset: int,
+    tree: torch.Tensor,
+    depth: torch.Tensor,
+    view: int,
+    window: int | None = None,
+) -> torch.Tensor:
     """[rows, 1, n, view] bool: slot s is visible to query j of row b iff s < bases[b], or
     s = bases[b] + c with tree[b, j, c] (c < offset + n: the in-flight slots of this round).
 
@@ -32,16 +38,23 @@ def _mask(bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Ten
     return visible[:, None]
 
 
-def masks(cache: "SlotCache", bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Tensor,
-          view: int):
+def masks(cache, bases: torch.Tensor, offset: int, tree: torch.Tensor, depth: torch.Tensor, view: int):
     """The attention mask(s) of one forward, as the model's layers read them: one tensor when
     every layer attends alike, else a dict by layer type (transformers' own `causal_mask_mapping`,
     which the models with mixed layers take); additive (0 / the dtype's minimum) for eager
-    attention, which adds its mask, boolean for SDPA and specgen's exact attention."""
-    built = {window: _mask(bases, offset, tree, depth, view, window) for window in dict.fromkeys(cache.windows.values())}
+    attention, which adds its mask, boolean for SDPA and specgen's exact attention. `cache`: the
+    kvcache.SlotCache the forward runs over (kvcache imports this module, so it is not named here)."""
+    built = {
+        window: _mask(bases, offset, tree, depth, view, window)
+        for window in dict.fromkeys(cache.windows.values())
+    }
     if cache.config._attn_implementation == "eager":
-        built = {w: torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(
-            ~m, torch.finfo(torch.float32).min) for w, m in built.items()}
+        built = {
+            w: torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(
+                ~m, torch.finfo(torch.float32).min
+            )
+            for w, m in built.items()
+        }
     if len(built) == 1:
         return next(iter(built.values()))
     return {kind: built[window] for kind, window in cache.windows.items()}

@@ -46,7 +46,10 @@ class Pair:
         vocabulary counts)."""
         if self.draft is None or self.draft.vocabulary in (Vocabulary.TEXT, Vocabulary.HEAD):
             return None
-        sizes = (text_config(self.target.model.config).vocab_size, text_config(self.draft.model.config).vocab_size)
+        sizes = (
+            text_config(self.target.model.config).vocab_size,
+            text_config(self.draft.model.config).vocab_size,
+        )
         return min(sizes) if sizes[0] != sizes[1] else None
 
 
@@ -64,9 +67,16 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     if draft is not None:
         build_side_by_side(settings, quiet)
     dtype_auto = _dtype_auto(settings)
-    target, loaded_draft = load_pair(settings.target, draft, device=settings.device,
-                                     draft_device=settings.draft_device, dtype=settings.dtype, quiet=quiet,
-                                     target_builder=_target_builder(settings), draft_builder=_draft_builder(settings))
+    target, loaded_draft = load_pair(
+        settings.target,
+        draft,
+        device=settings.device,
+        draft_device=settings.draft_device,
+        dtype=settings.dtype,
+        quiet=quiet,
+        target_builder=_target_builder(settings),
+        draft_builder=_draft_builder(settings),
+    )
     for role, loaded in (("target", target), ("draft", loaded_draft)):
         if loaded is not None and loaded.vocabulary is not Vocabulary.HEAD:
             require_exact(loaded.model, loaded.name, role)
@@ -94,8 +104,11 @@ def _target_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
 
 def _draft_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
     """A GGUF draft whose `--draft-quant` makes every linear int8 loads from its int8 store."""
-    return int8_store.StoreBuilder(lambda device, dtype: quant.draft_wants_int8(settings.draft_quant, device, dtype,
-                                                                                 _dtype_auto(settings)))
+    return int8_store.StoreBuilder(
+        lambda device, dtype: quant.draft_wants_int8(
+            settings.draft_quant, device, dtype, _dtype_auto(settings)
+        )
+    )
 
 
 def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
@@ -110,20 +123,26 @@ def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
     try:
         placement.plan(settings.device, settings.draft_device, 0)
         dtype = placement.resolve_dtype(settings.dtype, cpu)
-        sources = [resolve(arg, dtype, quiet=True, convert=False) for arg in (settings.target, settings.draft)]
+        sources = [
+            resolve(arg, dtype, quiet=True, convert=False) for arg in (settings.target, settings.draft)
+        ]
     except SpecgenError:
         return  # the load says why
     builders = (_target_builder(settings), _draft_builder(settings))
     if sources[0].key == sources[1].key or not all(
-            r.source in ("gguf", "catalog") and b.accepts(r, cpu, dtype) and not int8_store.is_store(
-                int8_store.store_dir(r.key, dtype)) for r, b in zip(sources, builders)):
+        r.source in ("gguf", "catalog")
+        and b.accepts(r, cpu, dtype)
+        and not int8_store.is_store(int8_store.store_dir(r.key, dtype))
+        for r, b in zip(sources, builders)
+    ):
         return
     if not quiet:
         note(f"building the int8 weights of {sources[1].name} alongside, in a second process")
     # one dequantizing thread each: the two processes fill the two cores, and the tensors in
     # flight (a 151936-row table is 0.9 GB in fp32) are half as many at the peak
-    child = multiprocessing.get_context("spawn").Process(target=_build_quietly, args=(sources[1], dtype),
-                                                         daemon=True)
+    child = multiprocessing.get_context("spawn").Process(
+        target=_build_quietly, args=(sources[1], dtype), daemon=True
+    )
     _start_ignoring_ctrl_c(child)
     try:
         int8_store.ensure(sources[0], dtype, quiet, 1)
@@ -157,13 +176,15 @@ def _build_quietly(source, dtype: torch.dtype) -> None:
         pass
 
 
-def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dtype_auto: bool,
-                   quiet: bool) -> LoadedModel:
+def quantize_draft(
+    draft: LoadedModel, target: LoadedModel, spec: str | None, dtype_auto: bool, quiet: bool
+) -> LoadedModel:
     """The draft in its `--draft-quant` format (chat's /method loads a draft later: same path)."""
     spec = quant.resolve_draft_quant(spec, draft.device, draft.dtype, dtype_auto=dtype_auto)
     if spec in (None, "none"):
         return draft
-    if draft.vocabulary is Vocabulary.HEAD:  # int8 linears (a head has no vocabulary to prune: its own is small)
+    # int8 linears (a head has no vocabulary to prune: its own is small)
+    if draft.vocabulary is Vocabulary.HEAD:
         if "int8" not in spec or draft.device.type != "cpu" or not int8.available():
             return draft
         with status(f"int8 weights for head {draft.name} ...", quiet):
@@ -174,15 +195,23 @@ def quantize_draft(draft: LoadedModel, target: LoadedModel, spec: str | None, dt
     specials = tuple(sorted(set(owner.stop_ids) | set(owner.tokenizer.all_special_ids)))
     with status(f"{spec} weights for draft {draft.name} ...", quiet):
         model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
-    return replace(draft, model=model, dtype=int8.compute_dtype(model),
-                   weights=quant.describe_draft_quant(spec, model))
+    return replace(
+        draft, model=model, dtype=int8.compute_dtype(model), weights=quant.describe_draft_quant(spec, model)
+    )
 
 
 def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool = False) -> LoadedModel:
     """`settings.draft` loaded beside an already loaded target, placed and in the format a
     pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
-    draft = load_draft(settings.draft, target, device=settings.device, draft_device=settings.draft_device,
-                       dtype=settings.dtype, quiet=quiet, builder=_draft_builder(settings))
+    draft = load_draft(
+        settings.draft,
+        target,
+        device=settings.device,
+        draft_device=settings.draft_device,
+        dtype=settings.dtype,
+        quiet=quiet,
+        builder=_draft_builder(settings),
+    )
     if draft.vocabulary is not Vocabulary.HEAD:
         require_exact(draft.model, draft.name, "draft")
     return quantize_draft(draft, target, settings.draft_quant, _dtype_auto(settings), quiet)

@@ -76,9 +76,15 @@ class PrefixStore:
                 return
             if shared == len(entry.ids):  # this sequence extends that entry
                 self._drop(key)
-        features = cache.features.keys[row, :, :n].clone() if cache.taps and cache.features.is_initialized else None
-        entry = _Entry(ids, [layer.keys[row, :, :n].clone() for layer in layers],
-                       [layer.values[row, :, :n].clone() for layer in layers], features)
+        features = (
+            cache.features.keys[row, :, :n].clone() if cache.taps and cache.features.is_initialized else None
+        )
+        entry = _Entry(
+            ids,
+            [layer.keys[row, :, :n].clone() for layer in layers],
+            [layer.values[row, :, :n].clone() for layer in layers],
+            features,
+        )
         if entry.nbytes > self.budget:
             return
         self._serial += 1

@@ -30,9 +30,20 @@ from specgen.status import note
 PROBE_LENGTH = 24
 TOLERANCE = 1e-4  # fp32 logits of the same positions, computed in other shapes
 SMALL = {  # config attributes set to toy sizes (those a config has)
-    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "num_experts": 4, "num_local_experts": 4,
-    "num_experts_per_tok": 2, "n_embd": 64, "n_head": 4, "n_inner": 96, "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_inner": 96,
+    "vocab_size": 128,
 }
 WINDOW = 6
 
@@ -49,9 +60,11 @@ def require_exact(model, name: str, role: str) -> None:
     why = probe(config)  # a checked family too: a newer transformers may have changed its code
     if why is not None:
         checked = "" if model_type in families.CHECKED else ", a type specgen's tests have not checked,"
-        raise ModelError(f"the {role} model {name} (type {model_type!r}{checked}) would not be exact through "
-                         f"specgen's cache: a toy model of its architecture failed the probe: {why}",
-                         hint="specgen refuses a model it cannot run exactly rather than give other text")
+        raise ModelError(
+            f"the {role} model {name} (type {model_type!r}{checked}) would not be exact through "
+            f"specgen's cache: a toy model of its architecture failed the probe: {why}",
+            hint="specgen refuses a model it cannot run exactly rather than give other text",
+        )
     exact = families.exact_context(config)
     if exact is not None and exact[0] < int(getattr(config, "max_position_embeddings", 0) or 0):
         note(f"specgen: {role} {name} runs up to {exact[0]} tokens: {exact[1]}")
@@ -69,7 +82,7 @@ def toy_config(config):
     types = getattr(toy, "layer_types", None)
     if types:
         kinds = list(dict.fromkeys(types))
-        toy.layer_types = (kinds * 2)[:max(2, len(kinds))]
+        toy.layer_types = (kinds * 2)[: max(2, len(kinds))]
         toy.num_hidden_layers = len(toy.layer_types)
     elif getattr(toy, "num_hidden_layers", None) is not None:
         toy.num_hidden_layers = 2
@@ -93,7 +106,9 @@ def probe(config) -> str | None:
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(toy_config(config), dtype=torch.float32).eval()
     except Exception as exc:  # noqa: BLE001 (whatever an unknown architecture raises)
-        return f"a toy model of it could not be built ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        return (
+            f"a toy model of it could not be built ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        )
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(1, vocab, (2, PROBE_LENGTH), generator=torch.Generator().manual_seed(0))
     try:
@@ -102,7 +117,7 @@ def probe(config) -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"it failed through specgen's cache ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
     for label, (row, start, logits) in got.items():
-        error = (logits - full[row, start:start + logits.shape[0]]).abs().max().item()
+        error = (logits - full[row, start : start + logits.shape[0]]).abs().max().item()
         if not error <= TOLERANCE:
             return f"its {label} logits differ from a full forward's by {error:.2g}"
     return None
@@ -116,13 +131,15 @@ def _through_cache(model, ids: torch.Tensor) -> dict:
     cache = kvcache.SlotCache(model.config, rows=1)
     out["prefill"] = (0, 0, kvcache.forward(call, cache, ids[:1, :12])[0])
     for step in range(12, 15):
-        out[f"step {step}"] = (0, step, kvcache.forward(call, cache, ids[:1, step:step + 1])[0])
+        out[f"step {step}"] = (0, step, kvcache.forward(call, cache, ids[:1, step : step + 1])[0])
     out["verify"] = (0, 15, kvcache.forward(call, cache, ids[:1, 15:20])[0])
     # a tree beside the path: its off-path node sees only its root, and leaves no trace
     base = cache.lengths[0]
     tokens = torch.cat([ids[0, 20:22], ids[0, 5:6], ids[0, 22:24]])[None]
-    tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
-                        dtype=torch.bool)
+    tree = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
+        dtype=torch.bool,
+    )
     depth = torch.tensor([0, 1, 1, 2, 3])
     logits = kvcache.forward(call, cache, tokens, tree=tree, depth=depth)[0]
     out["tree"] = (0, 20, logits[[0, 1, 3, 4]])

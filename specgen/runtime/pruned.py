@@ -48,8 +48,13 @@ class PrunedHead(nn.Module):
         self.vocab, self.in_features = head.out_features, head.in_features
         self.out_features = self.vocab
         self.register_buffer("ids", ids, persistent=False)
-        self.linear = nn.Linear(head.in_features, len(ids), bias=head.bias is not None,
-                                dtype=head.weight.dtype, device=head.weight.device)
+        self.linear = nn.Linear(
+            head.in_features,
+            len(ids),
+            bias=head.bias is not None,
+            dtype=head.weight.dtype,
+            device=head.weight.device,
+        )
         with torch.no_grad():
             self.linear.weight.copy_(head.weight.index_select(0, ids))
             if head.bias is not None:
@@ -64,7 +69,9 @@ class PrunedHead(nn.Module):
         self.extra_bias = None
         self._all_ids = ids
         self.static = self.known.clone()  # the first `keep` ids and the specials
-        self.recent: collections.deque[bool] = collections.deque(maxlen=WIDEN_WINDOW)  # read ids outside `static`
+        self.recent: collections.deque[bool] = collections.deque(
+            maxlen=WIDEN_WINDOW
+        )  # read ids outside `static`
         self.full: nn.Module | None = None  # the whole head, once widened
 
     def _read(self, _embedding: nn.Module, args: tuple) -> None:
@@ -96,7 +103,9 @@ class PrunedHead(nn.Module):
     def widen(self) -> None:
         """Every id from now on: the whole head, in the static product's format (about a second
         for the 0.5B draft's 151936 x 896 int8 head, once)."""
-        plain = nn.Linear(self.in_features, self.vocab, bias=False, device="meta")  # the original rows, no copy
+        plain = nn.Linear(
+            self.in_features, self.vocab, bias=False, device="meta"
+        )  # the original rows, no copy
         plain.weight = nn.Parameter(self._rows, requires_grad=False)
         plain.bias = None if self._row_bias is None else nn.Parameter(self._row_bias, requires_grad=False)
         if type(self.linear) is nn.Linear:

@@ -11,7 +11,8 @@ on-disk cache of int8 weights.
 
 A GGUF model on this path loads from its int8 store (int8_store.py), which holds only what it
 runs. A local directory's quantized weights are cached in `$SPECGEN_CACHE/int8/` (safetensors of
-int8 weights and fp32 scales, keyed by the source files), written atomically with a checksum of their bytes in the
+int8 weights and fp32 scales, keyed by the source files), written atomically with a checksum of their bytes in
+the
 metadata; a file that does not read back as the model's linears, or whose bytes no longer
 match their checksum (a disk or a copy that corrupted it), is quantized again with a notice.
 """
@@ -30,8 +31,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specgen.ground import atomic_write, cache_root
 from specgen.errors import ConfigError
+from specgen.ground import atomic_write, cache_root
 from specgen.runtime import int8, int8_store
 from specgen.runtime.int8_store import checksum
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
@@ -54,15 +55,24 @@ def parse_target_quant(spec: str | None) -> str:
 def resolve_target_quant(spec: str | None, target, dtype_auto: bool = True) -> str:
     """`none` or `int8` for the loaded target; int8 runs on the CPU kernels only."""
     value = parse_target_quant(spec)
-    on_cpu = int8_store.is_store(getattr(target, "path", None)) or \
-        all(p.device.type == "cpu" for p in target.model.parameters())  # a store's linears are on meta until int8
+    on_cpu = int8_store.is_store(getattr(target, "path", None)) or all(
+        p.device.type == "cpu" for p in target.model.parameters()
+    )  # a store's linears are on meta until int8
     if value == "int8":
         if not on_cpu:
             raise ConfigError("--target-quant int8 runs on the CPU kernels only; use it with --device cpu")
         if not int8.available():
-            raise ConfigError("--target-quant int8 needs torch's x86 (fbgemm) int8 kernels, which this build lacks")
+            raise ConfigError(
+                "--target-quant int8 needs torch's x86 (fbgemm) int8 kernels, which this build lacks"
+            )
         return "int8"
-    if value == "auto" and on_cpu and dtype_auto and target.source in ("gguf", "catalog") and int8.available():
+    if (
+        value == "auto"
+        and on_cpu
+        and dtype_auto
+        and target.source in ("gguf", "catalog")
+        and int8.available()
+    ):
         return "int8"
     return "none"
 
@@ -88,7 +98,9 @@ def quantize_target(model: nn.Module, source: str | None, quiet: bool = True) ->
 
 
 # -- --draft-quant ---------------------------------------------------------------------------
-def resolve_draft_quant(spec: str | None, device: torch.device, dtype: torch.dtype, dtype_auto: bool = False) -> str:
+def resolve_draft_quant(
+    spec: str | None, device: torch.device, dtype: torch.dtype, dtype_auto: bool = False
+) -> str:
     """`auto` -> int8+prune for a draft on the CPU in a 16-bit dtype, or in whatever format
     `--dtype auto` chose there; else none. Any other spec is returned as given."""
     if (spec or "").strip().lower() != AUTO:
@@ -106,8 +118,10 @@ def parse_draft_quant(text: str | None) -> tuple[str, ...]:
     known = {"int8", "int8-wo", "prune"}
     bad = [p for p in parts if p not in known]  # an empty part too: '+prune', 'int8+'
     if bad or len(set(parts)) < len(parts) or ("int8" in parts and "int8-wo" in parts):
-        raise ConfigError(f"--draft-quant '{text}': choose auto, none, int8, int8-wo, prune, or a "
-                          "quantization + prune (e.g. int8+prune)")
+        raise ConfigError(
+            f"--draft-quant '{text}': choose auto, none, int8, int8-wo, prune, or a "
+            "quantization + prune (e.g. int8+prune)"
+        )
     return parts
 
 
@@ -120,21 +134,32 @@ def check_draft_quant(spec: str | None) -> None:
 def describe_draft_quant(spec: str | None, model: nn.Module) -> str:
     """What `apply_draft_quant(model, spec)` did, for stats: `prune` is dropped when the head was
     small enough to stay whole."""
-    parts = [p for p in parse_draft_quant(spec)
-             if p != "prune" or isinstance(model.get_output_embeddings(), PrunedHead)]
+    parts = [
+        p
+        for p in parse_draft_quant(spec)
+        if p != "prune" or isinstance(model.get_output_embeddings(), PrunedHead)
+    ]
     return "+".join(parts) or "none"
 
 
-def apply_draft_quant(model: nn.Module, spec: str | None, keep: int = DEFAULT_KEEP,
-                      special_ids: tuple[int, ...] = (), source: str | None = None) -> nn.Module:
+def apply_draft_quant(
+    model: nn.Module,
+    spec: str | None,
+    keep: int = DEFAULT_KEEP,
+    special_ids: tuple[int, ...] = (),
+    source: str | None = None,
+) -> nn.Module:
     """Apply a `--draft-quant` spec to a loaded draft model (in place where possible); returns it."""
     parts = parse_draft_quant(spec)
     if not parts:
         return model
     if any(p.device.type not in ("cpu", "meta") for p in model.parameters()):  # meta: from an int8 store
-        raise ConfigError("--draft-quant runs on the CPU kernels only; put the draft on the CPU (--draft-device cpu)")
+        raise ConfigError(
+            "--draft-quant runs on the CPU kernels only; put the draft on the CPU (--draft-device cpu)"
+        )
     if "prune" in parts:
-        if int8_store.is_store(source) and model.get_output_embeddings().weight.is_meta:  # an untied head: its rows are read
+        # an untied head: its rows are read
+        if int8_store.is_store(source) and model.get_output_embeddings().weight.is_meta:
             int8_store.materialize_head(source, model)
         prune_head(model, keep, special_ids)
     if "int8" in parts:
@@ -189,8 +214,11 @@ def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = Tru
     quantized and written there (None: no cache)."""
     if cache_file is None:
         return int8.quantize_model(model)
-    return int8.quantize_model(model, cached=lambda shapes: _read(cache_file, shapes, quiet),
-                               store=lambda weights: _write(cache_file, weights, quiet))
+    return int8.quantize_model(
+        model,
+        cached=lambda shapes: _read(cache_file, shapes, quiet),
+        store=lambda weights: _write(cache_file, weights, quiet),
+    )
 
 
 def _read(path: Path, shapes: dict[str, tuple], quiet: bool = True) -> int8.Weights | None:
@@ -210,7 +238,8 @@ def _read(path: Path, shapes: dict[str, tuple], quiet: bool = True) -> int8.Weig
                 if tuple(out[name][0].shape) != shape or out[name][0].dtype != torch.int8:
                     why = f"hold {name} in another shape"
                     break
-    except Exception as exc:  # noqa: BLE001 (SafetensorError, OSError, ValueError): quantize again, overwrite it
+    # noqa: BLE001 (SafetensorError, OSError, ValueError): quantize again, overwrite it
+    except Exception as exc:
         why = f"cannot be read ({type(exc).__name__})"
     if why is None and meta.get("checksum") != checksum(t for pair in out.values() for t in pair):
         why = "do not match their checksum"
@@ -224,8 +253,11 @@ def _write(path: Path, weights: int8.Weights, quiet: bool) -> None:
     tensors = {}
     for name, (q, s) in weights.items():
         tensors[f"{name}.qweight"], tensors[f"{name}.scales"] = q.contiguous(), s.contiguous()
-    metadata = {"names": json.dumps(list(weights)), "format": str(FORMAT_VERSION),
-                "checksum": checksum(t for pair in weights.values() for t in pair)}
+    metadata = {
+        "names": json.dumps(list(weights)),
+        "format": str(FORMAT_VERSION),
+        "checksum": checksum(t for pair in weights.values() for t in pair),
+    }
     try:
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         stem = path.name.rsplit(".", 2)[0]  # the folder's name and mark, the role: an older digest is stale
@@ -236,6 +268,10 @@ def _write(path: Path, weights: int8.Weights, quiet: bool) -> None:
                 if stale != path and stale.name.count(".") == path.name.count("."):
                     with contextlib.suppress(OSError):
                         stale.unlink()
-    except Exception as exc:  # noqa: BLE001 (OSError, SafetensorError): only costs the next load the quantization
+    # noqa: BLE001 (OSError, SafetensorError): only costs the next load the quantization
+    except Exception as exc:
         if not quiet:
-            note(f"specgen: could not cache int8 weights in {path.parent}: {getattr(exc, 'strerror', None) or exc}")
+            note(
+                f"specgen: could not cache int8 weights in {path.parent}: "
+                f"{getattr(exc, 'strerror', None) or exc}"
+            )

@@ -50,16 +50,22 @@ def connect(address: str):
         return ray, False
     try:
         if not named:
-            ray.init(address="local" if kind == "local" else None, logging_level=logging.ERROR,
-                     log_to_driver=False, include_dashboard=False)
+            ray.init(
+                address="local" if kind == "local" else None,
+                logging_level=logging.ERROR,
+                log_to_driver=False,
+                include_dashboard=False,
+            )
         else:
             with _quick_and_quiet():
                 ray.init(address=named, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError as exc:  # Ray's own first line says why (an auth token it wants, say)
         said = first_line(exc, 200)
-        raise ConfigError(f"cannot connect to the Ray cluster at {address}: "
-                          + (f"no Ray head answered there ({said})" if said else "no Ray head answered there"),
-                          hint="start one with `ray start --head`, or use --ray auto") from None
+        raise ConfigError(
+            f"cannot connect to the Ray cluster at {address}: "
+            + (f"no Ray head answered there ({said})" if said else "no Ray head answered there"),
+            hint="start one with `ray start --head`, or use --ray auto",
+        ) from None
     except Exception as exc:  # Ray's own failures are many types: one line naming the address
         first = first_line(exc, 200) or type(exc).__name__
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: {first}") from None
@@ -74,7 +80,9 @@ def check(address: str) -> tuple[str, str]:
     if not address:
         raise ConfigError("--ray needs a cluster's ADDRESS (host:port), 'auto' or 'local'")
     kind = address.lower() if address.lower() in ("auto", "local") else address
-    named = os.environ.get("RAY_ADDRESS", "").strip() if kind == "auto" else "" if kind == "local" else address
+    named = (
+        os.environ.get("RAY_ADDRESS", "").strip() if kind == "auto" else "" if kind == "local" else address
+    )
     if named.lower() in ("", "auto", "local"):
         return kind, ""  # a new local cluster, or the one `ray start` began here
     try:
@@ -119,21 +127,29 @@ def _check_reachable(address: str) -> None:
     if not 0 < port_number < 65536:
         raise ConfigError(f"cannot connect to the Ray cluster at {address}: {port_number} is not a port")
     try:
-        with socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=CONNECT_SECONDS) as sock:
+        with socket.create_connection(
+            (host.strip("[]") or "127.0.0.1", port_number), timeout=CONNECT_SECONDS
+        ) as sock:
             if os.environ.get("RAY_USE_TLS", "").strip().lower() not in ("1", "true"):
                 answered = _speaks_grpc(sock)
             else:  # a TLS head does not answer a plaintext greeting: the connect is all we can check
                 answered = True
     except OSError as exc:
         reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise ConfigError(f"cannot connect to the Ray cluster at {address}: {reason}",
-                          hint="start one with `ray start --head`, or use --ray auto") from None
+        raise ConfigError(
+            f"cannot connect to the Ray cluster at {address}: {reason}",
+            hint="start one with `ray start --head`, or use --ray auto",
+        ) from None
     if not answered:  # Ray would wait minutes on it, silently
-        raise ConfigError(f"cannot connect to the Ray cluster at {address}: something listens there, but not "
-                          "a Ray head", hint="give the head's address (`ray status` on it), or use --ray auto")
+        raise ConfigError(
+            f"cannot connect to the Ray cluster at {address}: something listens there, but not a Ray head",
+            hint="give the head's address (`ray status` on it), or use --ray auto",
+        )
 
 
-HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and empty SETTINGS
+HTTP2_GREETING = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(
+    [0, 0, 0, 4, 0, 0, 0, 0, 0]
+)  # and empty SETTINGS
 
 
 def _speaks_grpc(sock: socket.socket) -> bool:
@@ -157,8 +173,9 @@ def _speaks_grpc(sock: socket.socket) -> bool:
 class Worker:
     """A Ray actor's state: a Decoder, or the one-line error its load raised."""
 
-    def __init__(self, settings: ModelSettings, config: GenerationConfig, raw: bool, system: str | None,
-                 threads: int):
+    def __init__(
+        self, settings: ModelSettings, config: GenerationConfig, raw: bool, system: str | None, threads: int
+    ):
         from specgen.scale.local import Decoder  # torch and the models: in the actor only
 
         self.decoder, self.error = None, None
@@ -182,8 +199,13 @@ class Worker:
         return self.decoder.decode(items, batch_size)
 
 
-def actor_plan(ray, device: str | None, actors: int | None, threads: int,
-               names: tuple[str, str] = ("--ray-actors", "--ray-threads")) -> tuple[int, dict]:
+def actor_plan(
+    ray,
+    device: str | None,
+    actors: int | None,
+    threads: int,
+    names: tuple[str, str] = ("--ray-actors", "--ray-threads"),
+) -> tuple[int, dict]:
     """How many actors and what each reserves: a GPU each when the cluster has GPUs and the
     device is not the CPU, else `threads` CPUs each; by default as many as the cluster fits.
     More than the cluster holds now is one ConfigError: Ray would wait for them forever. `names`
@@ -194,24 +216,42 @@ def actor_plan(ray, device: str | None, actors: int | None, threads: int,
     if gpus and (device or "auto").lower() != "cpu":
         count, reserve = actors or gpus, {"num_gpus": 1, "num_cpus": threads}
         if count > gpus:
-            raise ConfigError(f"{names[0]} {count}: each needs a GPU, and the Ray cluster has {gpus}", hint=hint)
+            raise ConfigError(
+                f"{names[0]} {count}: each needs a GPU, and the Ray cluster has {gpus}", hint=hint
+            )
     else:
         count, reserve = actors or int(cpus // threads), {"num_cpus": threads}
         if not count:
-            raise ConfigError(f"{names[1]} {threads}: each reserves {threads} CPUs, and the Ray cluster has "
-                              f"{cpus:g}", hint=hint)
+            raise ConfigError(
+                f"{names[1]} {threads}: each reserves {threads} CPUs, and the Ray cluster has {cpus:g}",
+                hint=hint,
+            )
     if count * threads > cpus:
-        raise ConfigError(f"{names[0]} {count} of {names[1]} {threads} need {count * threads} CPUs, and the Ray "
-                          f"cluster has {cpus:g}", hint=hint)
+        raise ConfigError(
+            f"{names[0]} {count} of {names[1]} {threads} need {count * threads} CPUs, and the Ray "
+            f"cluster has {cpus:g}",
+            hint=hint,
+        )
     return count, reserve
 
 
 class RayRun:
     """The driver's side of a run: iterate for (index, Outcome) as batches come back."""
 
-    def __init__(self, ray, settings: ModelSettings, config: GenerationConfig, raw: bool, system: str | None,
-                 items: list[tuple[int, str]], batch_size: int, actors: int | None = None, threads: int = 1,
-                 chunk: int | None = None, owned: bool = False):
+    def __init__(
+        self,
+        ray,
+        settings: ModelSettings,
+        config: GenerationConfig,
+        raw: bool,
+        system: str | None,
+        items: list[tuple[int, str]],
+        batch_size: int,
+        actors: int | None = None,
+        threads: int = 1,
+        chunk: int | None = None,
+        owned: bool = False,
+    ):
         self.ray, self.owned = ray, owned  # owned: this run started the Ray session, and ends it
         self.queue = deque(items)
         self.batch_size = batch_size
@@ -242,8 +282,10 @@ class RayRun:
         if not started:
             raise SpecgenError(f"no Ray actor could start: {causes[0]}")
         if causes and not quiet:
-            note(f"specgen: {len(causes)} of {len(self.actors)} Ray actors could not start ({causes[0]}); "
-                 f"going on with {len(started)}")
+            note(
+                f"specgen: {len(causes)} of {len(self.actors)} Ray actors could not start ({causes[0]}); "
+                f"going on with {len(started)}"
+            )
         self.actors = started
         # every prompt checked before any is decoded, as locally: a prompt too long for the
         # context would otherwise stop the run part way, in a batch that names no prompt of the
@@ -282,15 +324,20 @@ class RayRun:
             actor, batch = in_flight.pop(ref)
             try:
                 results = ray.get(ref)
-            except (RayActorError, ObjectLostError):  # the actor (or its node) died: its batches go back to the others
+            except (
+                RayActorError,
+                ObjectLostError,
+            ):  # the actor (or its node) died: its batches go back to the others
                 self.queue.extendleft(reversed(batch))
                 self.retried += len(batch)
                 if actor in live:
                     live.remove(actor)
                     note(f"specgen: a Ray actor died; its {len(batch)} prompts go to the {len(live)} others")
                 if not live:
-                    raise SpecgenError(f"every Ray actor died; {len(self.queue)} prompts were not decoded",
-                                       hint="rerun the same command: it finishes the rest") from None
+                    raise SpecgenError(
+                        f"every Ray actor died; {len(self.queue)} prompts were not decoded",
+                        hint="rerun the same command: it finishes the rest",
+                    ) from None
                 for other in live:
                     feed(other)
                 continue

@@ -17,8 +17,15 @@ from specgen.runtime.pair import load
 
 
 class Decoder:
-    def __init__(self, settings: ModelSettings, config: GenerationConfig, raw: bool = False,
-                 system: str | None = None, quiet: bool = True, threads: int | None = None):
+    def __init__(
+        self,
+        settings: ModelSettings,
+        config: GenerationConfig,
+        raw: bool = False,
+        system: str | None = None,
+        quiet: bool = True,
+        threads: int | None = None,
+    ):
         if threads:
             torch.set_num_threads(threads)
         self.pair = load(settings, config.method, quiet=quiet)
@@ -30,7 +37,9 @@ class Decoder:
     def encode(self, items: list[tuple[int, str]]) -> list[list[int]]:
         """Each prompt's ids; one the engine cannot decode is a PromptError naming it by its
         place in the whole set (index + 1), whichever part of the set `items` are."""
-        prompts = [encode_prompt(self.pair.target.tokenizer, text, self.raw, self.system) for _, text in items]
+        prompts = [
+            encode_prompt(self.pair.target.tokenizer, text, self.raw, self.system) for _, text in items
+        ]
         for (index, _), ids in zip(items, prompts):
             self.engine.check_prompt(ids, f"prompt {index + 1}")
         return prompts
@@ -40,7 +49,9 @@ class Decoder:
         items = list(items)
         tokenizer = self.pair.target.tokenizer
         prompts = self.encode(items)
-        for position, outcome in driver.finished_rows(self.engine, tokenizer, prompts, self.config, batch_size):
+        for position, outcome in driver.finished_rows(
+            self.engine, tokenizer, prompts, self.config, batch_size
+        ):
             yield items[position][0], outcome
 
     def decode(self, items: list[tuple[int, str]], batch_size: int = 1) -> list[tuple[int, Outcome]]:

@@ -23,10 +23,10 @@ import os
 import time
 from pathlib import Path
 
-from specgen.text import json_value
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, SpecgenError
 from specgen.ground import flock_now
+from specgen.text import json_value
 
 SYNC_SECONDS = 1.0
 
@@ -39,9 +39,15 @@ def prompt_digest(prompt: str) -> str:
 def result_record(ident, prompt: str, outcome: Outcome) -> dict:
     """A finished prompt as its OUT.jsonl line holds it: id, the prompt's digest, text, token ids,
     method, stats (and the tokens' logprobs when the run asked for them)."""
-    return {"id": ident, "prompt_sha256": prompt_digest(prompt), "text": outcome.text,
-            "token_ids": outcome.token_ids, "method": outcome.stats.method, **outcome.extra,
-            "stats": outcome.stats.as_dict()}
+    return {
+        "id": ident,
+        "prompt_sha256": prompt_digest(prompt),
+        "text": outcome.text,
+        "token_ids": outcome.token_ids,
+        "method": outcome.stats.method,
+        **outcome.extra,
+        "stats": outcome.stats.as_dict(),
+    }
 
 
 class ResultsFile:
@@ -86,7 +92,9 @@ class ResultsFile:
             raise SpecgenError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         if written != len(line):  # a full disk: take the partial line back so the file stays whole
             os.ftruncate(self._fd, before)
-            raise SpecgenError(f"cannot write {self.path}: only {written} of {len(line)} bytes fit (disk full?)")
+            raise SpecgenError(
+                f"cannot write {self.path}: only {written} of {len(line)} bytes fit (disk full?)"
+            )
         self.done[record["id"]] = record.get("prompt_sha256")
         now = time.monotonic()
         if self._synced_at is None or now - self._synced_at >= SYNC_SECONDS:
@@ -111,7 +119,9 @@ class ResultsFile:
             return
         try:  # an error already on its way (a full disk, Ctrl-C) is the one to report
             if self.created and self._fd is not None and os.fstat(self._fd).st_size == 0:
-                self.path.unlink(missing_ok=True)  # nothing written: the run leaves no file behind (lock held)
+                self.path.unlink(
+                    missing_ok=True
+                )  # nothing written: the run leaves no file behind (lock held)
         except OSError:
             pass
         finally:
@@ -125,8 +135,9 @@ def _lock(fd: int, path: Path) -> None:
     try:
         flock_now(fd)
     except BlockingIOError:
-        raise ConfigError(f"{path} is being written by another specgen run",
-                          hint="wait for it, or give another --output") from None
+        raise ConfigError(
+            f"{path} is being written by another specgen run", hint="wait for it, or give another --output"
+        ) from None
     except OSError as exc:  # a file system without locks
         raise ConfigError(f"cannot lock --output {path}: {exc.strerror or exc}") from None
 
@@ -165,16 +176,20 @@ def _scan(fd: int, path: Path) -> tuple[dict, int, int]:
             continue
         ident, digest = _result_id(data[start:end])
         if ident is None:
-            if data[end + 1:].strip() or not done:  # not ours to delete: a results file's middle, or no results file
-                raise ConfigError(f"{path}:{number}: not a specgen result line (a JSON object with an 'id' and "
-                                  "a 'text')",
-                                  hint="give another --output, or remove that line")
+            # not ours to delete: a results file's middle, or no results file
+            if data[end + 1 :].strip() or not done:
+                raise ConfigError(
+                    f"{path}:{number}: not a specgen result line (a JSON object with an 'id' and a 'text')",
+                    hint="give another --output, or remove that line",
+                )
             break  # the last line, garbled by a crash of the machine: dropped like a torn one
         done[ident] = digest
         start = keep = end + 1
     if keep < len(data) and not done:  # one unfinished line and nothing else: not known to be ours
-        raise ConfigError(f"{path}: not a specgen results file (its only line is not a whole result)",
-                          hint="give another --output, or remove that file")
+        raise ConfigError(
+            f"{path}: not a specgen results file (its only line is not a whole result)",
+            hint="give another --output, or remove that file",
+        )
     return done, keep, len(data)
 
 

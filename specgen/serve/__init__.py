@@ -1,1 +1,2 @@
-"""`specgen serve`: the protocol (protocol.py), the client side of `run` (client.py), the server (server.py)."""
+"""`specgen serve`: the protocol (protocol.py), the client side of `run` (client.py), the server
+(server.py)."""

@@ -19,16 +19,27 @@ def finish_reason(stop: str | None) -> str:
 def usage(prompt_tokens: int, completion_tokens: int, stats) -> dict:
     """OpenAI's usage; `cached_tokens`: prompt tokens whose K/V came from an earlier request
     (a kept row or the prefix store) instead of a prefill."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.reused_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
+    }
 
 
 def speculative_summary(stats) -> dict:
     """The `speculative` field of a response: what the drafting did for this request (a Stats)."""
     data = stats.as_dict()
-    keys = ("drafted", "accepted", "acceptance_rate", "target_forwards", "tokens_per_target_forward",
-            "accepted_length_histogram", "time_to_first_token", "tokens_per_second")
+    keys = (
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "target_forwards",
+        "tokens_per_target_forward",
+        "accepted_length_histogram",
+        "time_to_first_token",
+        "tokens_per_second",
+    )
     return {"method": stats.method, **{k: data[k] for k in keys}}
 
 
@@ -47,30 +58,61 @@ def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | 
         return {"token": entry["token"], "logprob": number(entry["logprob"]), "bytes": entry["bytes"]}
 
     if job.kind == "chat":
-        return {"content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries],
-                "refusal": None}
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [number(e["logprob"]) for e in entries],
-            "top_logprobs": [None if e["top"] is None else {t["token"]: number(t["logprob"]) for t in e["top"]}
-                             for e in entries],
-            "text_offset": offsets}
+        return {
+            "content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries],
+            "refusal": None,
+        }
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [number(e["logprob"]) for e in entries],
+        "top_logprobs": [
+            None if e["top"] is None else {t["token"]: number(t["logprob"]) for t in e["top"]}
+            for e in entries
+        ],
+        "text_offset": offsets,
+    }
 
 
-def response(job: Job, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats,
-             logprobs: dict | None = None) -> dict:
+def response(
+    job: Job,
+    text: str,
+    reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    stats,
+    logprobs: dict | None = None,
+) -> dict:
     """A whole (non-streamed) answer."""
     if job.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                  "logprobs": logprobs}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": reason,
+            "logprobs": logprobs,
+        }
         kind = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
-    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}
+    return {
+        "id": job.id,
+        "object": kind,
+        "created": job.created,
+        "model": job.model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion_tokens, stats),
+        "speculative": speculative_summary(stats),
+    }
 
 
-def chunk(job: Job, text: str | None, reason: str | None = None, extra: dict | None = None,
-          first: bool = False, logprobs: dict | None = None) -> dict:
+def chunk(
+    job: Job,
+    text: str | None,
+    reason: str | None = None,
+    extra: dict | None = None,
+    first: bool = False,
+    logprobs: dict | None = None,
+) -> dict:
     """One streamed piece: new text (or only a finish reason), its tokens' `logprobs` when asked,
     and specgen's extension."""
     if job.kind == "chat":
@@ -89,8 +131,15 @@ def chunk(job: Job, text: str | None, reason: str | None = None, extra: dict | N
 def usage_chunk(job: Job, prompt_tokens: int, completion_tokens: int, stats) -> dict:
     """The last chunk with stream_options.include_usage: no choices, the usage."""
     kind = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
-    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens, stats), "speculative": speculative_summary(stats)}
+    return {
+        "id": job.id,
+        "object": kind,
+        "created": job.created,
+        "model": job.model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens, stats),
+        "speculative": speculative_summary(stats),
+    }
 
 
 def merged(job: Job, answers: list[dict]) -> dict:
@@ -100,13 +149,19 @@ def merged(job: Job, answers: list[dict]) -> dict:
     if len(answers) == 1:
         return answers[0]
     out = dict(answers[0])
-    out["choices"] = [{**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)]
+    out["choices"] = [
+        {**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)
+    ]
     out["usage"] = _summed_usage([a["usage"] for a in answers], job.n)
     total = functools.reduce(Stats.merge, map(_counted, answers))
-    out["speculative"] = {"method": answers[0]["speculative"]["method"], "drafted": total.drafted,
-                          "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
-                          "target_forwards": total.target_forwards,
-                          "tokens_per_target_forward": total.tokens_per_target_forward}
+    out["speculative"] = {
+        "method": answers[0]["speculative"]["method"],
+        "drafted": total.drafted,
+        "accepted": total.accepted,
+        "acceptance_rate": total.acceptance_rate,
+        "target_forwards": total.target_forwards,
+        "tokens_per_target_forward": total.tokens_per_target_forward,
+    }
     return out
 
 
@@ -114,8 +169,13 @@ def _counted(answer: dict) -> Stats:
     """What a choice's answer counts of its Stats: tokens, drafts and target forwards (as rounds:
     the replays are among them)."""
     summary = answer["speculative"]
-    return Stats(method=summary["method"], new_tokens=answer["usage"]["completion_tokens"],
-                 drafted=summary["drafted"], accepted=summary["accepted"], rounds=summary["target_forwards"])
+    return Stats(
+        method=summary["method"],
+        new_tokens=answer["usage"]["completion_tokens"],
+        drafted=summary["drafted"],
+        accepted=summary["accepted"],
+        rounds=summary["target_forwards"],
+    )
 
 
 def merged_usage(chunks: list[dict], n: int = 1) -> dict:
@@ -130,6 +190,10 @@ def _summed_usage(usages: list[dict], n: int = 1) -> dict:
     """Each prompt once (the first choice of each group of `n`; cached tokens as the first choice
     found them), the choices' tokens summed."""
     completion = sum(u["completion_tokens"] for u in usages)
-    prompt = sum(u["prompt_tokens"] for u in usages[::max(n, 1)])
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": usages[0]["prompt_tokens_details"]}
+    prompt = sum(u["prompt_tokens"] for u in usages[:: max(n, 1)])
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": usages[0]["prompt_tokens_details"],
+    }

@@ -21,7 +21,15 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from specgen.config import MAX_LOGPROBS, SEED_MAX, GenerationConfig, Method, SamplingConfig, Schedule, parse_branching
+from specgen.config import (
+    MAX_LOGPROBS,
+    SEED_MAX,
+    GenerationConfig,
+    Method,
+    SamplingConfig,
+    Schedule,
+    parse_branching,
+)
 from specgen.errors import ConfigError
 
 KEEPALIVE = object()  # a stream's item while nothing else comes: an SSE comment on the wire
@@ -32,32 +40,68 @@ MAX_PROMPTS = 64  # prompts in one completions request (a batch)
 # fields that change nothing about decoding
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"}
 # fields specgen does not implement, accepted only at the value that means "off"
-NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": (None, {}),
-           # vLLM's sampling extensions that load generators (guidellm) and eval tools send
-           "repetition_penalty": (1, 1.0, None), "skip_special_tokens": (True, None),
-           "spaces_between_special_tokens": (True, None), "min_p": (0, 0.0, None),
-           "best_of": (1, None),
-           "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-           "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "modalities": (None, ["text"])}
+NEUTRAL = {
+    "presence_penalty": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "logit_bias": (None, {}),
+    # vLLM's sampling extensions that load generators (guidellm) and eval tools send
+    "repetition_penalty": (1, 1.0, None),
+    "skip_special_tokens": (True, None),
+    "spaces_between_special_tokens": (True, None),
+    "min_p": (0, 0.0, None),
+    "best_of": (1, None),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+}
 # the command-line options that GenerationConfig's checks name, as a request's fields
-OPTION_FIELDS = {"--draft-tokens": "speculative.draft_tokens", "--draft-confidence": "speculative.draft_confidence",
-                 "--verify-window": "speculative.verify_window", "--branching": "speculative.branching",
-                 "--beam-width": "speculative.beam_width", "--depth": "speculative.depth",
-                 "--max-new-tokens": "max_tokens", "--temperature": "temperature", "--top-p": "top_p",
-                 "--top-k": "top_k", "--seed": "seed", "--logprobs": "logprobs"}
+OPTION_FIELDS = {
+    "--draft-tokens": "speculative.draft_tokens",
+    "--draft-confidence": "speculative.draft_confidence",
+    "--verify-window": "speculative.verify_window",
+    "--branching": "speculative.branching",
+    "--beam-width": "speculative.beam_width",
+    "--depth": "speculative.depth",
+    "--max-new-tokens": "max_tokens",
+    "--temperature": "temperature",
+    "--top-p": "top_p",
+    "--top-k": "top_k",
+    "--seed": "seed",
+    "--logprobs": "logprobs",
+}
 # vLLM's extensions with a meaning here: ignore_eos (decode past EOS), stop_token_ids (more ids
 # that end the answer), include_stop_str_in_output, min_tokens (only where nothing could end the
 # answer sooner: it would otherwise change what is sampled)
 EXTENSIONS = {"ignore_eos", "stop_token_ids", "include_stop_str_in_output", "min_tokens", "prompt_logprobs"}
-SPECULATIVE_KEYS = {"method", "draft_tokens", "draft_confidence", "draft_schedule", "branching", "beam_width",
-                    "depth", "deterministic", "verify_window", "live"}
+SPECULATIVE_KEYS = {
+    "method",
+    "draft_tokens",
+    "draft_confidence",
+    "draft_schedule",
+    "branching",
+    "beam_width",
+    "depth",
+    "deterministic",
+    "verify_window",
+    "live",
+}
 
 
 class ApiError(Exception):
     """An error answered in OpenAI's format."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -95,11 +139,14 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     echo: dict = field(default_factory=dict)  # request fields a Response repeats as sent (responses.py)
     more: tuple = ()  # a completion's further prompts (a batch): choices of their own, after this one's
-    # how the prompt is tokenized: /tokenize may say otherwise (vLLM's add_generation_prompt, add_special_tokens)
+    # how the prompt is tokenized: /tokenize may say otherwise (vLLM's add_generation_prompt,
+    # add_special_tokens)
     generation_prompt: bool = True  # chat: end with the assistant's turn opening
     special_tokens: bool | None = None  # the tokenizer's BOS/EOS around the text (None: as decoding takes it)
     ids: list[int] = field(default_factory=list)  # queued (scheduler.py): the prompt's ids
-    post: Callable[[object], None] = lambda item: None  # hands a chunk, answer, ApiError or None (the end) to HTTP
+    post: Callable[[object], None] = lambda item: (
+        None
+    )  # hands a chunk, answer, ApiError or None (the end) to HTTP
     index: int = 0  # its serial number in the queue (its row's index in the engine's events)
     cancelled: bool = False  # the client went away, or a stop string ended the answer
     submitted: float = 0.0  # time.monotonic() when it was queued
@@ -107,17 +154,23 @@ class Job:
     @property
     def text_field(self) -> str:
         """The request field that holds the text to decode, as this endpoint names it."""
-        return "input" if self.endpoint == "responses" else "prompt" if self.kind == "completion" else "messages"
+        return (
+            "input" if self.endpoint == "responses" else "prompt" if self.kind == "completion" else "messages"
+        )
 
 
 def parse_body(raw: bytes) -> dict:
     if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+        raise ApiError(
+            413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="request_too_large"
+        )
     try:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         if "digits" in str(exc):  # Python's bound on an integer's digits (CVE-2020-10735), not JSON's
-            raise ApiError(400, "a number in the request body has too many digits", code="invalid_json") from None
+            raise ApiError(
+                400, "a number in the request body has too many digits", code="invalid_json"
+            ) from None
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # "[[[[...]]]]": Python's parser recurses once per level
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
@@ -129,8 +182,25 @@ def parse_body(raw: bytes) -> dict:
 def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]) -> Job:
     """The request as a Job, every field checked; an ApiError names the first bad one."""
     text_key = "messages" if kind == "chat" else "prompt"
-    known = {"model", text_key, "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-             "stop", "stream", "n", "speculative", "logprobs"} | IGNORED | EXTENSIONS
+    known = (
+        {
+            "model",
+            text_key,
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+            "stop",
+            "stream",
+            "n",
+            "speculative",
+            "logprobs",
+        }
+        | IGNORED
+        | EXTENSIONS
+    )
     if kind != "chat":
         known.add("echo")
     elif body.get("echo") not in (None, False):
@@ -146,16 +216,24 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
             continue
         if name in NEUTRAL:
             if value not in NEUTRAL[name]:
-                raise ApiError(400, f"'{name}' is not supported by specgen (only its neutral value)", name,
-                               "unsupported_parameter")
+                raise ApiError(
+                    400,
+                    f"'{name}' is not supported by specgen (only its neutral value)",
+                    name,
+                    "unsupported_parameter",
+                )
             continue
         raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", "model", "missing_parameter")
     if model not in served:
-        raise ApiError(404, f"the model '{shown(model)}' does not exist on this server; GET /v1/models lists it", "model",
-                       "model_not_found")
+        raise ApiError(
+            404,
+            f"the model '{shown(model)}' does not exist on this server; GET /v1/models lists it",
+            "model",
+            "model_not_found",
+        )
     n = 1 if body.get("n") is None else _integer(body["n"], "n", 1, MAX_CHOICES)
     messages = prompt = None
     if kind == "chat":
@@ -174,27 +252,59 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     stop_ids = _stop_ids(body.get("stop_token_ids"))
     minimum = _integer(value_or(body, "min_tokens", 0), "min_tokens", 0)
     if minimum > 1 and not (ignore_eos and not stops and not stop_ids):
-        raise ApiError(400, "'min_tokens' is supported only with 'ignore_eos': true and no stop strings or "
-                       "stop_token_ids (it would change what is sampled)", "min_tokens", "unsupported_parameter")
+        raise ApiError(
+            400,
+            "'min_tokens' is supported only with 'ignore_eos': true and no stop strings or "
+            "stop_token_ids (it would change what is sampled)",
+            "min_tokens",
+            "unsupported_parameter",
+        )
     if minimum > config.max_new_tokens:
-        raise ApiError(400, f"'min_tokens' ({minimum}) is more than 'max_tokens' ({config.max_new_tokens})",
-                       "min_tokens")
+        raise ApiError(
+            400, f"'min_tokens' ({minimum}) is more than 'max_tokens' ({config.max_new_tokens})", "min_tokens"
+        )
     include = _boolean(body, "include_stop_str_in_output")
     asked = body.get("prompt_logprobs")
     prompt_top = 0 if asked is None else _integer(asked, "prompt_logprobs", 0, MAX_LOGPROBS)
     if asked is not None and stream:
-        raise ApiError(400, "'prompt_logprobs' is answered only in a request that does not stream",
-                       "prompt_logprobs", "unsupported_parameter")
-    return Job(kind, messages, prompt, config, stops, stream, include_usage, live, model, own_length=own, n=n,
-               ignore_eos=ignore_eos, stop_ids=stop_ids, include_stop=include, more=tuple(more) if kind != "chat" else (),
-               echo_prompt=echo, max_zero=max_zero, prompt_top=prompt_top, prompt_logprobs=asked is not None)
+        raise ApiError(
+            400,
+            "'prompt_logprobs' is answered only in a request that does not stream",
+            "prompt_logprobs",
+            "unsupported_parameter",
+        )
+    return Job(
+        kind,
+        messages,
+        prompt,
+        config,
+        stops,
+        stream,
+        include_usage,
+        live,
+        model,
+        own_length=own,
+        n=n,
+        ignore_eos=ignore_eos,
+        stop_ids=stop_ids,
+        include_stop=include,
+        more=tuple(more) if kind != "chat" else (),
+        echo_prompt=echo,
+        max_zero=max_zero,
+        prompt_top=prompt_top,
+        prompt_logprobs=asked is not None,
+    )
 
 
 def _stop_ids(value) -> frozenset[int]:
     """vLLM's stop_token_ids: a list of token ids (null: none)."""
     if value is None:
         return frozenset()
-    if not isinstance(value, list) or len(value) > 64 or not all(type(v) is int and 0 <= v < 2**31 for v in value):
+    if (
+        not isinstance(value, list)
+        or len(value) > 64
+        or not all(type(v) is int and 0 <= v < 2**31 for v in value)
+    ):
         raise ApiError(400, "'stop_token_ids' must be a list of at most 64 token ids", "stop_token_ids")
     return frozenset(value)
 
@@ -208,9 +318,22 @@ def choices(job: Job) -> list[Job]:
     prompts = (job.prompt, *job.more)
     if job.n == 1 and len(prompts) == 1:
         return [job]
-    return [replace(job, prompt=prompt, more=(), choice=p * job.n + i, config=replace(job.config, sampling=replace(
-            job.config.sampling, seed=None if seed is None else (seed + i) % (SEED_MAX + 1))))
-            for p, prompt in enumerate(prompts) for i in range(job.n)]
+    return [
+        replace(
+            job,
+            prompt=prompt,
+            more=(),
+            choice=p * job.n + i,
+            config=replace(
+                job.config,
+                sampling=replace(
+                    job.config.sampling, seed=None if seed is None else (seed + i) % (SEED_MAX + 1)
+                ),
+            ),
+        )
+        for p, prompt in enumerate(prompts)
+        for i in range(job.n)
+    ]
 
 
 def rows(job: Job) -> int:
@@ -224,8 +347,11 @@ def read_detokenize(body: dict, vocab: int) -> list[int]:
         if name not in ("model", "tokens"):
             raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or len(tokens) > MAX_BODY_BYTES // 2 or \
-            not all(type(t) is int and 0 <= t < vocab for t in tokens):
+    if (
+        not isinstance(tokens, list)
+        or len(tokens) > MAX_BODY_BYTES // 2
+        or not all(type(t) is int and 0 <= t < vocab for t in tokens)
+    ):
         raise ApiError(400, f"'tokens' must be a list of token ids below {vocab}", "tokens")
     return tokens
 
@@ -239,11 +365,19 @@ def read_tokenize(body: dict, defaults: GenerationConfig) -> Job:
             raise ApiError(400, f"unknown parameter '{shown(name)}'", shown(name), "unsupported_parameter")
     if ("messages" in body) == ("prompt" in body):
         raise ApiError(400, "give 'messages' or 'prompt'", "messages", "missing_parameter")
-    generation = _boolean(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else True
+    generation = (
+        _boolean(body, "add_generation_prompt") if body.get("add_generation_prompt") is not None else True
+    )
     special = _boolean(body, "add_special_tokens") if body.get("add_special_tokens") is not None else None
     if "messages" in body:
-        return Job("chat", _messages(body["messages"]), None, defaults, generation_prompt=generation,
-                   special_tokens=special)
+        return Job(
+            "chat",
+            _messages(body["messages"]),
+            None,
+            defaults,
+            generation_prompt=generation,
+            special_tokens=special,
+        )
     if "add_generation_prompt" in body:
         raise ApiError(400, "'add_generation_prompt' applies to 'messages' only", "add_generation_prompt")
     return Job("completion", None, _prompt(body["prompt"]), defaults, special_tokens=special)
@@ -282,13 +416,22 @@ def _config(body: dict, defaults: GenerationConfig, logprobs: int | None) -> tup
         raise ApiError(400, "'speculative' must be an object", "speculative")
     for name in speculative:
         if name not in SPECULATIVE_KEYS:
-            raise ApiError(400, f"unknown field 'speculative.{shown(name)}'; known: "
-                           f"{', '.join(sorted(SPECULATIVE_KEYS))}", f"speculative.{shown(name)}",
-                           "unsupported_parameter")
-    speculative = {name: value for name, value in speculative.items() if value is not None}  # null: the default
+            raise ApiError(
+                400,
+                f"unknown field 'speculative.{shown(name)}'; known: {', '.join(sorted(SPECULATIVE_KEYS))}",
+                f"speculative.{shown(name)}",
+                "unsupported_parameter",
+            )
+    speculative = {
+        name: value for name, value in speculative.items() if value is not None
+    }  # null: the default
     try:
-        config = replace(defaults, max_new_tokens=max_new,
-                         sampling=SamplingConfig(temperature, top_k, top_p, seed, logprobs), **_drafting(speculative))
+        config = replace(
+            defaults,
+            max_new_tokens=max_new,
+            sampling=SamplingConfig(temperature, top_k, top_p, seed, logprobs),
+            **_drafting(speculative),
+        )
     except ConfigError as exc:  # the checks name the command-line options: say the request's fields
         message, param = str(exc), "speculative"
         for option, field_name in OPTION_FIELDS.items():
@@ -308,8 +451,11 @@ def _drafting(speculative: dict) -> dict:
     out = {}
     if "method" in speculative:
         if not isinstance(speculative["method"], str):
-            raise ApiError(400, f"'speculative.method' must be a string: {', '.join(m.value for m in Method)}",
-                           "speculative.method")
+            raise ApiError(
+                400,
+                f"'speculative.method' must be a string: {', '.join(m.value for m in Method)}",
+                "speculative.method",
+            )
         try:
             out["method"] = Method.parse(shown(speculative["method"]))
         except ConfigError as exc:
@@ -318,23 +464,36 @@ def _drafting(speculative: dict) -> dict:
         if name in speculative:
             out[name] = _integer(speculative[name], f"speculative.{name}", 1)
     if "draft_confidence" in speculative:
-        out["draft_confidence"] = _number(speculative["draft_confidence"], "speculative.draft_confidence", 0.0, 1.0)
+        out["draft_confidence"] = _number(
+            speculative["draft_confidence"], "speculative.draft_confidence", 0.0, 1.0
+        )
     if "draft_schedule" in speculative:
         try:
             out["schedule"] = Schedule(str(speculative["draft_schedule"]))
         except ValueError:
-            raise ApiError(400, "speculative.draft_schedule must be fixed, additive or expected-gain",
-                           "speculative.draft_schedule") from None
+            raise ApiError(
+                400,
+                "speculative.draft_schedule must be fixed, additive or expected-gain",
+                "speculative.draft_schedule",
+            ) from None
     if "branching" in speculative:
         value = speculative["branching"]
         if not (isinstance(value, str) or isinstance(value, list) and all(type(f) is int for f in value)):
-            raise ApiError(400, "'speculative.branching' must be a list of integers like [2, 2, 1] or a string "
-                           "like \"2,2,1\"", "speculative.branching")
-        out["branching"] = parse_branching(",".join(map(str, value)) if isinstance(value, list) else str(value))
+            raise ApiError(
+                400,
+                "'speculative.branching' must be a list of integers like [2, 2, 1] or a string "
+                'like "2,2,1"',
+                "speculative.branching",
+            )
+        out["branching"] = parse_branching(
+            ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        )
     if "deterministic" in speculative:
         out["deterministic"] = _boolean(speculative, "deterministic", "speculative.deterministic")
     if "draft_tokens" in out and "draft_confidence" not in out:
-        out["draft_confidence"] = 0.0  # a k of its own comes without the device's stop, as in `specgen run -k`
+        out["draft_confidence"] = (
+            0.0  # a k of its own comes without the device's stop, as in `specgen run -k`
+        )
     return out
 
 
@@ -345,19 +504,35 @@ def _messages(value) -> list[dict]:
     for i, message in enumerate(value):
         role = message.get("role") if isinstance(message, dict) else None
         if role in ("tool", "function"):
-            raise ApiError(400, f"messages[{i}]: role '{role}' is not supported (this server calls no tools)",
-                           f"messages[{i}].role", "unsupported_parameter")
+            raise ApiError(
+                400,
+                f"messages[{i}]: role '{role}' is not supported (this server calls no tools)",
+                f"messages[{i}].role",
+                "unsupported_parameter",
+            )
         if role not in ("system", "developer", "user", "assistant"):
-            raise ApiError(400, f"messages[{i}] needs a role: system, developer, user or assistant", f"messages[{i}].role")
+            raise ApiError(
+                400,
+                f"messages[{i}] needs a role: system, developer, user or assistant",
+                f"messages[{i}].role",
+            )
         name = next((n for n in ("tool_calls", "function_call") if message.get(n) not in (None, [])), None)
         if name is not None:
-            raise ApiError(400, f"messages[{i}].{name}: this server calls no tools", f"messages[{i}].{name}",
-                           "unsupported_parameter")
+            raise ApiError(
+                400,
+                f"messages[{i}].{name}: this server calls no tools",
+                f"messages[{i}].{name}",
+                "unsupported_parameter",
+            )
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, f"messages[{i}]: only text content parts are supported", f"messages[{i}].content")
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            ):
+                raise ApiError(
+                    400, f"messages[{i}]: only text content parts are supported", f"messages[{i}].content"
+                )
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be text", f"messages[{i}].content")
@@ -379,8 +554,10 @@ def _prompt(value) -> str:
 def _prompts(value) -> list[str | tuple[int, ...]]:
     """A completion's prompts as OpenAI's API takes them: a string, a list of strings, a list of
     token ids, or a list of lists of token ids."""
-    message = ("'prompt' must be a non-empty string, a list of strings, a list of token ids or a list of lists "
-               f"of token ids (at most {MAX_PROMPTS} prompts)")
+    message = (
+        "'prompt' must be a non-empty string, a list of strings, a list of token ids or a list of lists "
+        f"of token ids (at most {MAX_PROMPTS} prompts)"
+    )
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
@@ -406,8 +583,12 @@ def _unicode(text: str, name: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ApiError(400, f"'{name}' is not valid Unicode text: it holds a lone surrogate "
-                            f"(\\u{ord(text[exc.start]):04x}) at character {exc.start}", name) from None
+        raise ApiError(
+            400,
+            f"'{name}' is not valid Unicode text: it holds a lone surrogate "
+            f"(\\u{ord(text[exc.start]):04x}) at character {exc.start}",
+            name,
+        ) from None
     return text
 
 
@@ -415,8 +596,14 @@ def _stops(value) -> list[str]:
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
-        raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} non-empty strings", "stop")
+    if (
+        not isinstance(stops, list)
+        or not all(isinstance(s, str) and s for s in stops)
+        or len(stops) > MAX_STOPS
+    ):
+        raise ApiError(
+            400, f"'stop' must be a string or a list of up to {MAX_STOPS} non-empty strings", "stop"
+        )
     return [_unicode(stop, "stop") for stop in stops]
 
 
@@ -430,7 +617,12 @@ def _boolean(body: dict, name: str, label: str | None = None) -> bool:
 
 
 def _integer(value, name: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
         bound = f"{low}..{high}" if high is not None else f">= {low}"
         raise ApiError(400, f"'{name}' must be an integer {bound}, got {json.dumps(value)[:40]}", name)
     return value
@@ -446,5 +638,7 @@ def shown(text, limit: int = 60) -> str:
 
 def _number(value, name: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be a number in {low:g}..{high:g}, got {json.dumps(value)[:40]}", name)
+        raise ApiError(
+            400, f"'{name}' must be a number in {low:g}..{high:g}, got {json.dumps(value)[:40]}", name
+        )
     return float(value)

@@ -1,7 +1,8 @@
 """The HTTP layer: FastAPI routes in OpenAI's shape over the scheduler. It parses, checks,
 queues, streams and cancels; it never touches a tensor, and never answers with a traceback.
 
-Routes: GET / (the playground page: playground.py), POST /v1/chat/completions, /v1/completions and /v1/responses (OpenAI's Responses API,
+Routes: GET / (the playground page: playground.py), POST /v1/chat/completions, /v1/completions and
+/v1/responses (OpenAI's Responses API,
 answered through the chat path: responses.py), streamed as server-sent events when asked; POST
 /tokenize (vLLM's: a prompt's token count), GET /v1/models, GET /metrics
 (Prometheus), GET /health. Every route but /health needs
@@ -76,24 +77,39 @@ def create_app(state: ServerState) -> FastAPI:
 def _add_middleware(app: FastAPI, state: ServerState) -> None:
     if state.origins:  # a page's script may call only from an origin named here, with the key as anyone
         # any request header: OpenAI's JavaScript SDK sends X-Stainless-* and OpenAI-* headers
-        app.add_middleware(CORSMiddleware, allow_origins=list(state.origins), allow_methods=["GET", "POST", "HEAD"],
-                           allow_headers=["*"], expose_headers=["Retry-After", "x-request-id"], max_age=600)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(state.origins),
+            allow_methods=["GET", "POST", "HEAD"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After", "x-request-id"],
+            max_age=600,
+        )
     app.add_middleware(protocol.RequestIds, stopping=lambda: state.scheduler.stopping)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # never a traceback on the wire
-        return error(api.ApiError(500, f"internal error: {type(exc).__name__}", kind="server_error",
-                                  code="internal_error"))
+        return error(
+            api.ApiError(
+                500, f"internal error: {type(exc).__name__}", kind="server_error", code="internal_error"
+            )
+        )
 
     @app.exception_handler(HTTPException)
     async def routing(request: Request, exc: HTTPException):  # an unknown path, a wrong method
-        routes = ", ".join(f"{method} {route.path}" for route in app.routes for method in sorted(route.methods))
-        message = {404: f"no route {request.url.path}; this server answers {routes}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        return error(api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
-                     headers=exc.headers)
+        routes = ", ".join(
+            f"{method} {route.path}" for route in app.routes for method in sorted(route.methods)
+        )
+        message = {
+            404: f"no route {request.url.path}; this server answers {routes}",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
+        return error(
+            api.ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None),
+            headers=exc.headers,
+        )
 
 
 def _authorized(state: ServerState, request: Request) -> bool:
@@ -106,7 +122,9 @@ def _authorized(state: ServerState, request: Request) -> bool:
 
 
 def _unauthorized() -> JSONResponse:
-    return error(api.ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key"))
+    return error(
+        api.ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key")
+    )
 
 
 def _add_status_routes(app: FastAPI, state: ServerState) -> None:
@@ -114,7 +132,7 @@ def _add_status_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' checks send
     async def health(request: Request):
-        """"ok"; to a caller with a key, what runs; to `?challenge=C`, proof that this server
+        """ "ok"; to a caller with a key, what runs; to `?challenge=C`, proof that this server
         holds its local token (discovery.proof), which a local client checks before it sends it."""
         body = {"status": "ok"}
         challenge = request.query_params.get("challenge")
@@ -128,8 +146,17 @@ def _add_status_routes(app: FastAPI, state: ServerState) -> None:
     async def models(request: Request):
         if not _authorized(state, request):
             return _unauthorized()
-        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": int(state.info["since"]),
-                                            "owned_by": "specgen"}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_id,
+                    "object": "model",
+                    "created": int(state.info["since"]),
+                    "owned_by": "specgen",
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def metrics(request: Request):
@@ -171,11 +198,16 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
         remote tokenizer probes before it sends token-id prompts)."""
         if not _authorized(state, request):
             return _unauthorized()
-        return {"tokenizer_class": type(tokenizer).__name__, "eos_token": tokenizer.eos_token,
-                "bos_token": tokenizer.bos_token, "pad_token": tokenizer.pad_token,
-                "unk_token": getattr(tokenizer, "unk_token", None),
-                "chat_template": getattr(tokenizer, "chat_template", None),
-                "model_max_length": state.context_length, "vocab_size": len(tokenizer)}
+        return {
+            "tokenizer_class": type(tokenizer).__name__,
+            "eos_token": tokenizer.eos_token,
+            "bos_token": tokenizer.bos_token,
+            "pad_token": tokenizer.pad_token,
+            "unk_token": getattr(tokenizer, "unk_token", None),
+            "chat_template": getattr(tokenizer, "chat_template", None),
+            "model_max_length": state.context_length,
+            "vocab_size": len(tokenizer),
+        }
 
 
 def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
@@ -206,20 +238,32 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
             state.metrics.refused(endpoint, exc.status)
             state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
             return error(exc)
-        queue: asyncio.Queue = asyncio.Queue()  # (choice, item): a chunk, an answer, an ApiError, None at its end
+        queue: asyncio.Queue = (
+            asyncio.Queue()
+        )  # (choice, item): a chunk, an answer, an ApiError, None at its end
         post = _poster(asyncio.get_running_loop(), queue)
         jobs = [replace(one, ids=encoded[one.prompt], post=post(one.choice)) for one in expanded]
         try:
             state.scheduler.submit(*jobs)
         except QueueFull:
             state.metrics.refused(endpoint, 503)
-            return error(api.ApiError(503, "the server's queue is full; try again shortly", kind="server_error",
-                                      code="queue_full"), {"Retry-After": str(RETRY_AFTER_SECONDS)})
+            return error(
+                api.ApiError(
+                    503,
+                    "the server's queue is full; try again shortly",
+                    kind="server_error",
+                    code="queue_full",
+                ),
+                {"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         if job.stream:
             chunks = _chunks(state, jobs, queue)
             stream = responses.events(job, chunks) if endpoint == "responses" else _chat_events(chunks)
-            return StreamingResponse(_closing(stream, chunks), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _closing(stream, chunks),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         answer = await _whole(state, jobs, queue, request)
         if isinstance(answer, Response):
             return answer
@@ -235,8 +279,12 @@ async def _admit(state: ServerState, request: Request, endpoint: str, encode) ->
     else:
         job = api.read_job(body, endpoint, state.defaults, served)
     if api.rows(job) > state.scheduler.max_queue:  # a 503 would be retried in vain
-        raise api.ApiError(400, f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
-                           f"server queues at most {state.scheduler.max_queue} (its --max-queue)", "n")
+        raise api.ApiError(
+            400,
+            f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
+            f"server queues at most {state.scheduler.max_queue} (its --max-queue)",
+            "n",
+        )
     why = refusal(state.scheduler.pair, job.config.method)
     if why is not None:
         raise api.ApiError(400, why, "speculative.method")
@@ -246,20 +294,28 @@ async def _admit(state: ServerState, request: Request, endpoint: str, encode) ->
         if one.prompt not in encoded:
             encoded[one.prompt] = ids = await encode(one)
             if len(ids) + 1 > state.context_length:
-                raise api.ApiError(400, f"the prompt has {len(ids)} tokens but the context holds "
-                                   f"{state.context_length}; shorten it", job.text_field, "context_length_exceeded")
+                raise api.ApiError(
+                    400,
+                    f"the prompt has {len(ids)} tokens but the context holds "
+                    f"{state.context_length}; shorten it",
+                    job.text_field,
+                    "context_length_exceeded",
+                )
     return job, expanded, encoded
 
 
 def _poster(loop, queue: asyncio.Queue):
     """`post(choice)`: what a choice's job calls on the engine thread with each item."""
+
     def poster(choice: int):
         def post(item) -> None:  # called on the engine thread
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, (choice, item))
             except RuntimeError:  # the server's loop has closed: nobody waits for this answer
                 pass
+
         return post
+
     return poster
 
 
@@ -267,8 +323,10 @@ def refusal(pair, method) -> str | None:
     """Why this server's pair cannot serve `method` (None when it can): a draft model it runs
     without, or what the engine refuses of its draft (build.why_not)."""
     if method.needs_draft_model and pair.draft is None:
-        return (f"method '{method.value}' needs a draft model and this server runs without one; plain and lookup "
-                "need none")
+        return (
+            f"method '{method.value}' needs a draft model and this server runs without one; plain and lookup "
+            "need none"
+        )
     return why_not(pair, method)
 
 
@@ -277,21 +335,31 @@ async def _body(request: Request) -> bytes:
     before sending it all gets nothing (499) and leaves no traceback in the log."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > api.MAX_BODY_BYTES:
-        raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes", code="request_too_large")
+        raise api.ApiError(
+            413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes", code="request_too_large"
+        )
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > api.MAX_BODY_BYTES:
-                raise api.ApiError(413, f"the request body is larger than {api.MAX_BODY_BYTES} bytes",
-                                   code="request_too_large")
+                raise api.ApiError(
+                    413,
+                    f"the request body is larger than {api.MAX_BODY_BYTES} bytes",
+                    code="request_too_large",
+                )
             chunks.append(chunk)
     except ClientDisconnect:
         if request.scope.get(protocol.TIMED_OUT):  # the server cut it: a slow client, not one that left
-            raise api.ApiError(408, f"the request did not arrive within {protocol.REQUEST_TIMEOUT:g} s; "
-                               "the connection was closed", code="request_timeout") from None
-        raise api.ApiError(499, "the client closed the connection before sending its request",
-                           code="client_closed") from None
+            raise api.ApiError(
+                408,
+                f"the request did not arrive within {protocol.REQUEST_TIMEOUT:g} s; "
+                "the connection was closed",
+                code="request_timeout",
+            ) from None
+        raise api.ApiError(
+            499, "the client closed the connection before sending its request", code="client_closed"
+        ) from None
     return b"".join(chunks)
 
 
@@ -371,7 +439,9 @@ async def _closing(stream, chunks):
         await chunks.aclose()
 
 
-async def _whole(state: ServerState, jobs: list[api.Job], queue: asyncio.Queue, request: Request) -> dict | Response:
+async def _whole(
+    state: ServerState, jobs: list[api.Job], queue: asyncio.Queue, request: Request
+) -> dict | Response:
     """A request that did not stream: wait for its choices' answers, giving up their rows if the
     client leaves; one answer (answers.merged), or a Response: the first choice's error, or 499."""
     replies: list = [None] * len(jobs)

@@ -21,8 +21,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from specgen.config import GenerationConfig, ModelSettings
-from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PartialReply, SpecgenError
 from specgen.serve import discovery
@@ -37,13 +37,19 @@ class Server:
     token: str
     info: dict  # pid, models, since
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0, key: bool = True):
+    def request(
+        self, method: str, path: str, body: dict | None = None, timeout: float = 10.0, key: bool = True
+    ):
         """(status, response) of one HTTP call; the response is open for reading. `key`: send
         the token (not before the server proved it holds it: `_answering`)."""
         parts = urlsplit(self.url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {self.token}"} if key else {})
-        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
+        headers = {"Content-Type": "application/json"} | (
+            {"Authorization": f"Bearer {self.token}"} if key else {}
+        )
+        conn.request(
+            method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers
+        )
         response = conn.getresponse()
         return response.status, response
 
@@ -81,8 +87,11 @@ def _answering(record: dict | None, timeout: float, key: str) -> Server | None:
     except (OSError, ValueError, http.client.HTTPException):
         return None  # a stale record: its server is gone
     proof = body.get("proof") if isinstance(body, dict) else None
-    if status != 200 or not isinstance(proof, str) or \
-            not hmac.compare_digest(proof, discovery.proof(record["token"], challenge, key)):
+    if (
+        status != 200
+        or not isinstance(proof, str)
+        or not hmac.compare_digest(proof, discovery.proof(record["token"], challenge, key))
+    ):
         return None
     return server
 
@@ -117,8 +126,10 @@ def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
             return None
         if not pid or not discovery.is_server(pid, lock):
             shown = f" (pid {pid})" if pid else ""
-            raise ConfigError(f"the specgen server with these model options is starting or not answering{shown}",
-                              hint=f"kill {pid} ends it" if pid else "try again in a moment")
+            raise ConfigError(
+                f"the specgen server with these model options is starting or not answering{shown}",
+                hint=f"kill {pid} ends it" if pid else "try again in a moment",
+            )
         info = {"pid": pid, "models": "not answering yet"}
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -127,20 +138,35 @@ def shutdown(settings: ModelSettings, timeout: float = 30.0) -> dict | None:
     return info
 
 
-def request_body(config: GenerationConfig, model: str, messages: list[dict] | None = None,
-                 prompt: str | None = None) -> dict:
+def request_body(
+    config: GenerationConfig, model: str, messages: list[dict] | None = None, prompt: str | None = None
+) -> dict:
     """Decoding options as an OpenAI request, streamed with each round's pieces: a chat
     (`messages`) or a raw completion (`prompt`)."""
-    speculative = {"method": config.method.value, "branching": list(config.branching),
-                   "beam_width": config.beam_width, "depth": config.depth, "deterministic": config.deterministic,
-                   "verify_window": config.verify_window, "draft_schedule": config.schedule.value, "live": True}
+    speculative = {
+        "method": config.method.value,
+        "branching": list(config.branching),
+        "beam_width": config.beam_width,
+        "depth": config.depth,
+        "deterministic": config.deterministic,
+        "verify_window": config.verify_window,
+        "draft_schedule": config.schedule.value,
+        "live": True,
+    }
     if not config.device_draft_tokens:  # a k of the run's own; else the server's device default
         speculative.update(draft_tokens=config.draft_tokens, draft_confidence=config.draft_confidence)
     elif not config.device_confidence:
         speculative["draft_confidence"] = config.draft_confidence
     s = config.sampling
-    body = {"model": model, "max_tokens": config.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-            "top_k": s.top_k, "stream": True, "speculative": speculative}
+    body = {
+        "model": model,
+        "max_tokens": config.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "stream": True,
+        "speculative": speculative,
+    }
     if s.seed is not None:
         body["seed"] = s.seed
     if prompt is not None:
@@ -148,12 +174,21 @@ def request_body(config: GenerationConfig, model: str, messages: list[dict] | No
     else:
         body["messages"] = messages
     if s.logprobs is not None:  # the live chunks carry each round's tokens' logprobs (views.logprob_entries)
-        body.update({"logprobs": s.logprobs} if prompt is not None else {"logprobs": True, "top_logprobs": s.logprobs})
+        body.update(
+            {"logprobs": s.logprobs} if prompt is not None else {"logprobs": True, "top_logprobs": s.logprobs}
+        )
     return body
 
 
-def generate_on_server(settings: ModelSettings, text: str, raw: bool, system: str | None, config: GenerationConfig,
-                       renderer, quiet: bool = False) -> Outcome | None:
+def generate_on_server(
+    settings: ModelSettings,
+    text: str,
+    raw: bool,
+    system: str | None,
+    config: GenerationConfig,
+    renderer,
+    quiet: bool = False,
+) -> Outcome | None:
     """Run one generation on a matching server into `renderer`; its Outcome, or None when no
     server with these model options runs (then the caller loads the pair itself)."""
     server = find(settings)
@@ -162,12 +197,18 @@ def generate_on_server(settings: ModelSettings, text: str, raw: bool, system: st
     if not quiet:
         note(f"specgen: generating on the specgen server (pid {server.info['pid']}, {server.info['models']})")
     path = "/v1/completions" if raw else "/v1/chat/completions"
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    body = request_body(config, server.info["model"], prompt=text) if raw else request_body(
-        config, server.info["model"], messages)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": text}
+    ]
+    body = (
+        request_body(config, server.info["model"], prompt=text)
+        if raw
+        else request_body(config, server.info["model"], messages)
+    )
     try:
         status, response = server.request("POST", path, body, timeout=STREAM_TIMEOUT)
-    except KeyboardInterrupt:  # before the answer began: an empty one, marked interrupted, as a local run prints
+    except KeyboardInterrupt:
+        # before the answer began: an empty one, marked interrupted, as a local run prints
         outcome = _Received(config.method.value).outcome(config)
         with renderer:
             pass
@@ -216,19 +257,24 @@ class ServerChat:
                 raise error
             return json.loads(response.read())
         except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise SpecgenError(f"the specgen server did not answer: {exc}",
-                               hint="is it still running? `specgen serve --list`") from None
+            raise SpecgenError(
+                f"the specgen server did not answer: {exc}",
+                hint="is it still running? `specgen serve --list`",
+            ) from None
 
     def count(self, messages: list[dict]) -> int:
         return int(self._tokenize(messages)["count"])
 
     def reply(self, messages: list[dict], config: GenerationConfig, renderer) -> tuple[Outcome, int]:
         try:
-            status, response = self._request("/v1/chat/completions", request_body(config, self.target_name, messages),
-                                             STREAM_TIMEOUT)
+            status, response = self._request(
+                "/v1/chat/completions", request_body(config, self.target_name, messages), STREAM_TIMEOUT
+            )
         except (OSError, http.client.HTTPException) as exc:
-            raise SpecgenError(f"the specgen server did not answer: {exc}",
-                               hint="is it still running? `specgen serve --list`") from None
+            raise SpecgenError(
+                f"the specgen server did not answer: {exc}",
+                hint="is it still running? `specgen serve --list`",
+            ) from None
         if status != 200:
             raise _error(response)
         outcome = _stream(response, renderer, config)
@@ -240,8 +286,10 @@ class ServerChat:
         without a head) is refused here, as a local chat refuses it, not at every message."""
         methods = self.server.info.get("methods")
         if isinstance(methods, list) and config.method.value not in methods:
-            raise ConfigError(f"the specgen server's models cannot run method {config.method.value}; "
-                              f"it runs {', '.join(map(str, methods))}")
+            raise ConfigError(
+                f"the specgen server's models cannot run method {config.method.value}; "
+                f"it runs {', '.join(map(str, methods))}"
+            )
 
 
 class Refused(SpecgenError):
@@ -281,10 +329,20 @@ class _Received:
         else:
             shape = {"parents": tuple(tree["parents"]), "node_texts": tuple(tree["texts"])}
         target = (live["target"],) if len(ids) > len(accepted) else ()
-        result = RoundResult(drafts, path=tuple(live["path"]), tried=tuple(live["tried"]), target_token=live["target_id"],
-                             root=live["root"], stop=live["stop"],
-                             emitted=ids, pieces=tuple(accepted) + target, rejected_texts=tuple(live["rejected"]),
-                             pending=live["pending"], tail=live["tail"], **shape)
+        result = RoundResult(
+            drafts,
+            path=tuple(live["path"]),
+            tried=tuple(live["tried"]),
+            target_token=live["target_id"],
+            root=live["root"],
+            stop=live["stop"],
+            emitted=ids,
+            pieces=tuple(accepted) + target,
+            rejected_texts=tuple(live["rejected"]),
+            pending=live["pending"],
+            tail=live["tail"],
+            **shape,
+        )
         self.ids.extend(ids)
         self.logprobs.extend(live.get("logprobs", ()))
         if result.pending:  # a piece per token: a replay's rollback counts tokens
@@ -304,11 +362,22 @@ class _Received:
             self.ids.append(replay["correction_id"])
         keep = len(self.pending) - len(replay["rolled_back"])
         tail = replay["tail"]
-        self.pieces.extend(self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []) + [tail])
+        self.pieces.extend(
+            self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []) + [tail]
+        )
         self.pending = []
-        return ReplayResult(replay["window_start"], replay["checked"], dropped, replay["correction_id"],
-                            replay["verified"], replay["seconds"], replay["stop"],
-                            rolled_back_texts=tuple(replay["rolled_back"]), correction_text=replay["correction"], tail=tail)
+        return ReplayResult(
+            replay["window_start"],
+            replay["checked"],
+            dropped,
+            replay["correction_id"],
+            replay["verified"],
+            replay["seconds"],
+            replay["stop"],
+            rolled_back_texts=tuple(replay["rolled_back"]),
+            correction_text=replay["correction"],
+            tail=tail,
+        )
 
     def outcome(self, config: GenerationConfig) -> Outcome:
         ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]
@@ -336,8 +405,12 @@ def _stream(response, renderer, config: GenerationConfig) -> Outcome:
                     renderer.on_replay(received.replay(live), received.stats)
                 elif "token_ids" in live:  # the last chunk: the whole outcome
                     stats = from_dict(live["stats"], live.get("method"))
-                    outcome = Outcome(live["text"], live["token_ids"], stats,
-                                      extra=received.extra(config, live["token_ids"]))
+                    outcome = Outcome(
+                        live["text"],
+                        live["token_ids"],
+                        stats,
+                        extra=received.extra(config, live["token_ids"]),
+                    )
         except KeyboardInterrupt:
             response.close()  # the server ends the row before its next round
             outcome = received.outcome(config)
@@ -349,9 +422,13 @@ def _stream(response, renderer, config: GenerationConfig) -> Outcome:
     if outcome is None:  # the server went away or failed mid-answer: what came is shown, then the error
         partial = received.outcome(config)
         renderer.finish(partial)
-        raise PartialReply(failed or "the specgen server closed the connection before the generation finished",
-                           "the text received was shown and kept, marked interrupted" if failed else
-                           "was it stopped? the text received was shown and kept, marked interrupted", partial)
+        raise PartialReply(
+            failed or "the specgen server closed the connection before the generation finished",
+            "the text received was shown and kept, marked interrupted"
+            if failed
+            else "was it stopped? the text received was shown and kept, marked interrupted",
+            partial,
+        )
     renderer.finish(outcome)
     return outcome
 

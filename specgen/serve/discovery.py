@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from specgen.text import json_value
 from specgen import __version__
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.ground import atomic_write, cache_root, flock_now
+from specgen.text import json_value
 
 # the HTTP API (3: /health proves the token by a challenge; 4: and the model options; 5: a live
 # round carries its ids, a live replay its window's figures)
@@ -62,8 +62,10 @@ def private_dir() -> Path:
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cannot create {directory}: {exc.strerror or exc}",
-                          hint="set SPECGEN_RUNTIME_DIR to a directory you can write") from None
+        raise ConfigError(
+            f"cannot create {directory}: {exc.strerror or exc}",
+            hint="set SPECGEN_RUNTIME_DIR to a directory you can write",
+        ) from None
     why = unsafe(directory)
     if why is not None:
         raise ConfigError(why, hint=fix_hint(directory))
@@ -79,6 +81,7 @@ def fix_hint(directory: Path) -> str:
 
 def settings_key(settings: ModelSettings) -> str:
     """A digest of everything that decides what a server loaded (not how it decodes)."""
+
     def model(arg: str | None) -> str | None:
         if arg is None:
             return None
@@ -88,9 +91,20 @@ def settings_key(settings: ModelSettings) -> str:
     def word(value: str | None) -> str | None:  # --dtype FLOAT32 is --dtype float32
         return value.strip().lower() if isinstance(value, str) else value
 
-    fields = [PROTOCOL, __version__, str(cache_root()), os.environ.get("CUDA_VISIBLE_DEVICES"),
-              model(settings.target), model(settings.draft), word(settings.device), word(settings.draft_device),
-              word(settings.dtype), word(settings.draft_quant), word(settings.compile), word(settings.target_quant)]
+    fields = [
+        PROTOCOL,
+        __version__,
+        str(cache_root()),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        model(settings.target),
+        model(settings.draft),
+        word(settings.device),
+        word(settings.draft_device),
+        word(settings.dtype),
+        word(settings.draft_quant),
+        word(settings.compile),
+        word(settings.target_quant),
+    ]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
@@ -164,8 +178,10 @@ def is_server(pid: int, lock: Path) -> bool:
     if not (any(b"specgen" in word for word in words) and b"serve" in words):
         return False
     # "1: FLOCK  ADVISORY  WRITE 1234 00:2f:123456 0 EOF": the holder's pid, then device:inode
-    return any(len(f) > 5 and f[1] == "FLOCK" and f[4] == str(pid) and f[5].rsplit(":", 1)[-1] == str(inode)
-               for f in (line.split() for line in held))
+    return any(
+        len(f) > 5 and f[1] == "FLOCK" and f[4] == str(pid) and f[5].rsplit(":", 1)[-1] == str(inode)
+        for f in (line.split() for line in held)
+    )
 
 
 def _flock_soon(fd: int, tries: int = 10) -> None:
@@ -198,11 +214,15 @@ def hold(settings: ModelSettings) -> int:
             pid = _pid_in(fd)
         finally:
             os.close(fd)
-        raise ConfigError(f"a specgen server with these model options is already running or starting"
-                          + (f" (pid {pid})" if pid else ""),
-                          hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options stops "
-                               "it" + (f"; one that never answers: kill {pid}" if pid else "")) from None
-    os.ftruncate(fd, 0)  # the holder's pid, for the refusal above: a server whose record is lost can still be named
+        raise ConfigError(
+            "a specgen server with these model options is already running or starting"
+            + (f" (pid {pid})" if pid else ""),
+            hint="`specgen serve --list` shows it; `specgen serve --stop` with the same options stops "
+            "it" + (f"; one that never answers: kill {pid}" if pid else ""),
+        ) from None
+    os.ftruncate(
+        fd, 0
+    )  # the holder's pid, for the refusal above: a server whose record is lost can still be named
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
 
@@ -235,7 +255,12 @@ def read_record(path: Path) -> dict | None:
         usable = parts.scheme == "http" and bool(parts.hostname) and parts.port is not None
     except ValueError:  # a port out of range, a malformed address
         usable = False
-    if not usable or not math.isfinite(record["since"]) or not 0 <= record["since"] < 1e11 or record["pid"] <= 0:
+    if (
+        not usable
+        or not math.isfinite(record["since"])
+        or not 0 <= record["since"] < 1e11
+        or record["pid"] <= 0
+    ):
         return None  # not what a server writes: left alone, as a record of no server
     return record
 

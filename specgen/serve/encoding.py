@@ -42,16 +42,27 @@ def encode(tokenizer, job: api.Job, context: int) -> list[int]:
         vocab = len(tokenizer)
         bad = next((t for t in job.prompt if t >= vocab), None)
         if bad is not None:
-            raise api.ApiError(400, f"token id {bad} is not in the model's vocabulary ({vocab} tokens)", "prompt")
+            raise api.ApiError(
+                400, f"token id {bad} is not in the model's vocabulary ({vocab} tokens)", "prompt"
+            )
         return list(job.prompt)
     if job.kind == "chat" and len(job.messages) > context:  # every message takes a token at least (its role)
-        raise api.ApiError(400, f"the conversation has {len(job.messages)} messages, each a token at least, but "
-                           f"the context holds {context} tokens; shorten it", job.text_field, "context_length_exceeded")
+        raise api.ApiError(
+            400,
+            f"the conversation has {len(job.messages)} messages, each a token at least, but "
+            f"the context holds {context} tokens; shorten it",
+            job.text_field,
+            "context_length_exceeded",
+        )
     texts = [job.prompt] if job.kind == "completion" else [m["content"] for m in job.messages]
     counted = beyond(tokenizer, texts, context)
     if counted:
-        raise api.ApiError(400, f"the prompt has more than {counted} tokens but the context holds {context}; "
-                           "shorten it", job.text_field, "context_length_exceeded")
+        raise api.ApiError(
+            400,
+            f"the prompt has more than {counted} tokens but the context holds {context}; shorten it",
+            job.text_field,
+            "context_length_exceeded",
+        )
     try:
         if job.kind == "completion":
             if job.special_tokens is not None:

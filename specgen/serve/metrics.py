@@ -21,31 +21,61 @@ class Metrics:
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("specgen_requests", "Requests answered, by endpoint and outcome",
-                                ["endpoint", "status"], registry=r)
-        self.prompt_tokens = Counter("specgen_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
-        self.cached_tokens = Counter("specgen_cached_prompt_tokens", "Prompt tokens whose K/V came from an earlier "
-                                     "request (a kept row or the prefix cache), not from a prefill", registry=r)
+        self.requests = Counter(
+            "specgen_requests",
+            "Requests answered, by endpoint and outcome",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "specgen_prompt_tokens", "Prompt tokens of admitted requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "specgen_cached_prompt_tokens",
+            "Prompt tokens whose K/V came from an earlier "
+            "request (a kept row or the prefix cache), not from a prefill",
+            registry=r,
+        )
         self.generated_tokens = Counter("specgen_generated_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("specgen_draft_tokens", "Draft tokens proposed", registry=r)
-        self.accepted = Counter("specgen_accepted_draft_tokens", "Draft tokens accepted by the target", registry=r)
-        self.target_forwards = Counter("specgen_target_forwards", "Target forwards while decoding (one per "
-                                       "round and row)", registry=r)
+        self.accepted = Counter(
+            "specgen_accepted_draft_tokens", "Draft tokens accepted by the target", registry=r
+        )
+        self.target_forwards = Counter(
+            "specgen_target_forwards", "Target forwards while decoding (one per round and row)", registry=r
+        )
         self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a row", registry=r)
         self.batch_width = Gauge("specgen_batch_width", "Rows in the running batch", registry=r)
-        self.acceptance = Gauge("specgen_acceptance_rate", "Accepted / drafted draft tokens since the start",
-                                registry=r)
-        self.per_forward = Gauge("specgen_tokens_per_target_forward", "Generated tokens per target forward since "
-                                 "the start", registry=r)
-        self.draft_length = Gauge("specgen_draft_length", "Most draft tokens per row at this batch width: the width "
-                                  "cap, lowered by what measured rounds chose (0: plain rounds)", ["method", "width"],
-                                  registry=r)
-        self.prefix_cache = Gauge("specgen_prefix_cache_bytes", "K/V the prefix cache holds, per model (set as "
-                                  "requests finish)", ["model"], registry=r)
-        self.ttft = Histogram("specgen_time_to_first_token_seconds", "From the request's prefill to its first "
-                              "token", buckets=LATENCY, registry=r)
-        self.queued = Histogram("specgen_queue_seconds", "From the request's arrival to its row", buckets=LATENCY,
-                                registry=r)
+        self.acceptance = Gauge(
+            "specgen_acceptance_rate", "Accepted / drafted draft tokens since the start", registry=r
+        )
+        self.per_forward = Gauge(
+            "specgen_tokens_per_target_forward",
+            "Generated tokens per target forward since the start",
+            registry=r,
+        )
+        self.draft_length = Gauge(
+            "specgen_draft_length",
+            "Most draft tokens per row at this batch width: the width "
+            "cap, lowered by what measured rounds chose (0: plain rounds)",
+            ["method", "width"],
+            registry=r,
+        )
+        self.prefix_cache = Gauge(
+            "specgen_prefix_cache_bytes",
+            "K/V the prefix cache holds, per model (set as requests finish)",
+            ["model"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "specgen_time_to_first_token_seconds",
+            "From the request's prefill to its first token",
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.queued = Histogram(
+            "specgen_queue_seconds", "From the request's arrival to its row", buckets=LATENCY, registry=r
+        )
         self.totals = Stats(method="served", generations=0)  # every round since the start: for the gauges
 
     def joined(self, queued_seconds: float, prompt_tokens: int, cached_tokens: int, width: int) -> None:

@@ -47,7 +47,9 @@ class Output:
         if self.stopped or isinstance(event, (Joined, Finished)) or self.job.max_zero:
             return []
         if isinstance(event, RoundResult):
-            event = round_text(event, self.stream, pending=self.job.config.deterministic, drafts=self.job.live)
+            event = round_text(
+                event, self.stream, pending=self.job.config.deterministic, drafts=self.job.live
+            )
             for token, piece, logprob in zip(event.emitted, event.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
                 self.chars += len(piece)
@@ -71,13 +73,29 @@ class Output:
     def _live_round(self, event: RoundResult, stats: Stats) -> dict:
         """A round as the live view draws it (`speculative.live`), and whole in ids: a specgen
         client rebuilds the same RoundResult from it (serve/client.py)."""
-        live = {"round": stats.rounds, "ids": event.emitted, "accepted": list(event.accepted_pieces),
-                "target": event.target_piece, "rejected": list(event.rejected_texts), "pending": event.pending,
-                "tail": event.tail,
-                "tree": None if event.is_chain else {"texts": list(event.node_texts), "parents": list(event.parents),
-                                                     "accepted": sorted(event.path), "tried": sorted(event.tried)},
-                "draft_ids": list(event.draft_tokens), "path": list(event.path), "tried": list(event.tried),
-                "root": event.root, "target_id": event.target_token, "stop": event.stop}
+        live = {
+            "round": stats.rounds,
+            "ids": event.emitted,
+            "accepted": list(event.accepted_pieces),
+            "target": event.target_piece,
+            "rejected": list(event.rejected_texts),
+            "pending": event.pending,
+            "tail": event.tail,
+            "tree": None
+            if event.is_chain
+            else {
+                "texts": list(event.node_texts),
+                "parents": list(event.parents),
+                "accepted": sorted(event.path),
+                "tried": sorted(event.tried),
+            },
+            "draft_ids": list(event.draft_tokens),
+            "path": list(event.path),
+            "tried": list(event.tried),
+            "root": event.root,
+            "target_id": event.target_token,
+            "stop": event.stop,
+        }
         if event.logprobs:  # `specgen run --logprobs` on the server
             live["logprobs"] = logprob_entries(event.emitted, event.logprobs, self.bytes_of)
         return live
@@ -85,10 +103,20 @@ class Output:
     @staticmethod
     def _live_replay(event: ReplayResult) -> dict:
         """A replay as the live view draws it, and whole in ids (serve/client.py)."""
-        return {"replay": {"rolled_back": list(event.rolled_back_texts), "correction": event.correction_text,
-                           "tail": event.tail, "dropped": len(event.rolled_back), "correction_id": event.correction,
-                           "window_start": event.window_start, "checked": event.checked,
-                           "verified": event.verified, "seconds": event.seconds, "stop": event.stop}}
+        return {
+            "replay": {
+                "rolled_back": list(event.rolled_back_texts),
+                "correction": event.correction_text,
+                "tail": event.tail,
+                "dropped": len(event.rolled_back),
+                "correction_id": event.correction,
+                "window_start": event.window_start,
+                "checked": event.checked,
+                "verified": event.verified,
+                "seconds": event.seconds,
+                "stop": event.stop,
+            }
+        }
 
     def _attribute(self, tail: str) -> None:
         """The text the stream released at the end belongs to the last token that is not special
@@ -96,11 +124,15 @@ class Output:
         if not tail:
             return
         specials = self.bytes_of.specials
-        owner = next((i for i in range(len(self.tokens) - 1, -1, -1) if self.tokens[i][2] not in specials), None)
+        owner = next(
+            (i for i in range(len(self.tokens) - 1, -1, -1) if self.tokens[i][2] not in specials), None
+        )
         if owner is None:
             return
-        self.tokens[owner:] = [(start + (i > 0) * len(tail), end + len(tail), token, logprob)
-                               for i, (start, end, token, logprob) in enumerate(self.tokens[owner:])]
+        self.tokens[owner:] = [
+            (start + (i > 0) * len(tail), end + len(tail), token, logprob)
+            for i, (start, end, token, logprob) in enumerate(self.tokens[owner:])
+        ]
         self.chars += len(tail)
 
     def finish(self, stats: Stats, token_ids: list[int], stop: str | None) -> list[dict]:
@@ -117,15 +149,24 @@ class Output:
         logprobs = self._logprobs(len(self.text), final=True) if self.job.stream else None
         out.append(answers.chunk(self.job, None, reason, extra, first=not self.started, logprobs=logprobs))
         if self.job.include_usage:
-            out.append(answers.usage_chunk(self.job, self.prompt_tokens, self._completion_tokens(stats), stats))
+            out.append(
+                answers.usage_chunk(self.job, self.prompt_tokens, self._completion_tokens(stats), stats)
+            )
         self.reason = reason
         return out
 
     def response(self, stats: Stats, token_ids: list[int], stop: str | None) -> dict:
         """The whole answer of a request that did not stream."""
         self.finish(stats, token_ids, stop)
-        answer = answers.response(self.job, self.text, self.reason, self.prompt_tokens, self._completion_tokens(stats),
-                                  stats, self._logprobs(len(self.text), final=True))
+        answer = answers.response(
+            self.job,
+            self.text,
+            self.reason,
+            self.prompt_tokens,
+            self._completion_tokens(stats),
+            stats,
+            self._logprobs(len(self.text), final=True),
+        )
         if self.job.prompt_logprobs:
             answer["choices"][0]["prompt_logprobs"] = self._prompt_entries()
         return answer
@@ -138,8 +179,16 @@ class Output:
             shown = {token: (logprob.logprob, logprob.rank)}
             for rank, (other, value) in enumerate(logprob.top[: self.job.prompt_top], 1):
                 shown.setdefault(other, (value, rank))
-            entries.append({str(t): {"logprob": max(v, -9999.0), "rank": r,
-                                     "decoded_token": self.tokenizer.decode([t])} for t, (v, r) in shown.items()})
+            entries.append(
+                {
+                    str(t): {
+                        "logprob": max(v, -9999.0),
+                        "rank": r,
+                        "decoded_token": self.tokenizer.decode([t]),
+                    }
+                    for t, (v, r) in shown.items()
+                }
+            )
         return entries
 
     def _completion_tokens(self, stats: Stats) -> int:
@@ -175,14 +224,16 @@ class Output:
         if not self.job.stream:
             return []
         end = len(self.text) if final or self.stopped else max(self.sent, len(self.text) - self.hold)
-        text = self.text[self.sent:end]
+        text = self.text[self.sent : end]
         self.sent = end
         extra = {**live, "stats": stats.as_dict()} if self.job.live and live else None
         if not text and extra is None and self.started:
             return []
         first = not self.started
         self.started = True
-        return [answers.chunk(self.job, text, None, extra, first=first, logprobs=self._logprobs(end, final=False))]
+        return [
+            answers.chunk(self.job, text, None, extra, first=first, logprobs=self._logprobs(end, final=False))
+        ]
 
     def _logprobs(self, end: int, final: bool) -> dict | None:
         """The `logprobs` of the tokens not yet reported whose text ends by character `end` of
@@ -194,14 +245,16 @@ class Output:
             return None
         cut = len(self.text)
         chosen = []
-        for start, stop, token, logprob in self.tokens[self.reported:]:
+        for start, stop, token, logprob in self.tokens[self.reported :]:
             if not final and stop > end:
                 break
             self.reported += 1
             if self.reported - 1 == self.ended_at or (final and self.stopped and start >= cut):
                 continue
             chosen.append((start, token, logprob))
-        entries = logprob_entries([token for _, token, _ in chosen], [lp for _, _, lp in chosen], self.bytes_of)
+        entries = logprob_entries(
+            [token for _, token, _ in chosen], [lp for _, _, lp in chosen], self.bytes_of
+        )
         return answers.logprobs_field(self.job, entries, [start for start, _, _ in chosen])
 
     def _kept_ids(self, token_ids: list[int]) -> list[int]:

@@ -22,14 +22,23 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-FILES = {"/": ("playground.html", "text/html; charset=utf-8"),
-         "/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
-         "/playground.css": ("playground.css", "text/css; charset=utf-8")}
+FILES = {
+    "/": ("playground.html", "text/html; charset=utf-8"),
+    "/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
+    "/playground.css": ("playground.css", "text/css; charset=utf-8"),
+}
 # this origin only; no inline script or style, no frames, no forms posting elsewhere
-POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
-          "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-HEADERS = {"Content-Security-Policy": POLICY, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-           "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
+POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
 
 
 @lru_cache(maxsize=None)
@@ -46,8 +55,10 @@ def add_routes(app: FastAPI) -> None:
 
 def _route(name: str, media_type: str):
     """A route that answers one fixed file (it takes no parameter: nothing a caller sends names a file)."""
+
     def page() -> Response:
         return Response(content(name), media_type=media_type, headers=HEADERS)
+
     return page
 
 
@@ -56,6 +67,7 @@ def open_page(url: str, say: Callable[[str], None]) -> threading.Thread:
     the desktop's), on a thread of its own: a $BROWSER command is waited for (a terminal browser
     until it quits), and the server's event loop must go on answering meanwhile. Where none
     opens, `say` gets a line saying where the page is."""
+
     def browse() -> None:
         try:
             opened = webbrowser.open(url + "/")

@@ -78,15 +78,20 @@ class RequestIds:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         given = dict(scope.get("headers") or []).get(b"x-request-id", b"")
-        ident = given if 0 < len(given) <= 128 and all(33 <= c < 127 for c in given) else \
-            uuid.uuid4().hex.encode()
+        ident = (
+            given
+            if 0 < len(given) <= 128 and all(33 <= c < 127 for c in given)
+            else uuid.uuid4().hex.encode()
+        )
 
         async def sending(message):
             if message["type"] == "http.response.start":
                 message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", ident)])
             await send(message)
+
         try:
             await self.app(scope, receive, sending)
-        except asyncio.CancelledError:  # the server forced to stop (a second Ctrl-C): its connections just close
+        except asyncio.CancelledError:
+            # the server forced to stop (a second Ctrl-C): its connections just close
             if not self.stopping():
                 raise

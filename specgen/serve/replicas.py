@@ -41,7 +41,7 @@ class Replica:
 
 def check_installed() -> None:
     try:
-        from ray import serve  # noqa: F401: the optional extra, only a --ray server needs it
+        from ray import serve  # noqa: F401 - the optional extra, only a --ray server needs it
     except ImportError:
         raise ConfigError("serve --ray needs Ray Serve, which is not installed", hint=SERVE_HINT) from None
 
@@ -53,9 +53,11 @@ def check_free() -> None:
     from ray import serve  # the optional extra, checked just above
 
     if APP_NAME in serve.status().applications:
-        raise ConfigError("a specgen deployment already runs on this Ray cluster",
-                          hint="stop it (Ctrl-C where it was started, or `specgen serve --ray ADDRESS --stop`), "
-                               "or use another cluster")
+        raise ConfigError(
+            "a specgen deployment already runs on this Ray cluster",
+            hint="stop it (Ctrl-C where it was started, or `specgen serve --ray ADDRESS --stop`), "
+            "or use another cluster",
+        )
 
 
 def stop() -> bool:
@@ -74,19 +76,27 @@ def deploy(settings: ModelSettings, options: ServeOptions, replicas: int, thread
     actor options: the caller has checked that the cluster holds them all); returns the URL once
     every replica has loaded. The caller has joined the cluster."""
     if not options.api_key:
-        raise ConfigError("serve --ray needs an --api-key (its replicas share it)",
-                          hint="give --api-key KEY or set SPECGEN_API_KEY")
+        raise ConfigError(
+            "serve --ray needs an --api-key (its replicas share it)",
+            hint="give --api-key KEY or set SPECGEN_API_KEY",
+        )
     check_installed()
     from ray import serve  # the optional extra, checked just above
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines are not the user's business
     url = f"http://{options.host}:{options.port}"
     serve.start(http_options={"host": options.host, "port": options.port})
-    deployment = serve.deployment(serve.ingress()(Replica), name=APP_NAME, num_replicas=replicas,
-                                  ray_actor_options=reserve, max_ongoing_requests=options.max_batch_size
-                                  + options.max_queue)
+    deployment = serve.deployment(
+        serve.ingress()(Replica),
+        name=APP_NAME,
+        num_replicas=replicas,
+        ray_actor_options=reserve,
+        max_ongoing_requests=options.max_batch_size + options.max_queue,
+    )
     try:
-        serve.run(deployment.bind(settings, options, threads, url), name=APP_NAME, route_prefix="/", blocking=False)
+        serve.run(
+            deployment.bind(settings, options, threads, url), name=APP_NAME, route_prefix="/", blocking=False
+        )
     except RuntimeError as exc:  # "Failed to update the deployments": the reason is in the status
         raise ConfigError(f"a Ray Serve replica could not start: {_replica_error(serve) or exc}") from None
     _check_answers(url)
@@ -105,8 +115,11 @@ def _check_answers(url: str) -> None:
         ok = False
     if not ok:
         undeploy()
-        raise ConfigError(f"nothing answers at {url}: Ray Serve on this cluster listens on the address it "
-                          "was first started with", hint="give that --host/--port, or restart the cluster")
+        raise ConfigError(
+            f"nothing answers at {url}: Ray Serve on this cluster listens on the address it "
+            "was first started with",
+            hint="give that --host/--port, or restart the cluster",
+        )
 
 
 def _replica_error(serve) -> str | None:

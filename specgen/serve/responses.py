@@ -26,16 +26,41 @@ from specgen.config import GenerationConfig
 from specgen.serve import api
 
 # fields passed on to the chat completion, under the name it takes
-PASSED = {"model": "model", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
-          "max_output_tokens": "max_tokens", "stream": "stream", "speculative": "speculative"}
+PASSED = {
+    "model": "model",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "max_output_tokens": "max_tokens",
+    "stream": "stream",
+    "speculative": "speculative",
+}
 # fields that change nothing here (metadata, tool_choice and parallel_tool_calls are repeated in the answer)
-IGNORED = {"store", "metadata", "user", "service_tier", "parallel_tool_calls", "safety_identifier",
-           "prompt_cache_key", "stream_options"}
+IGNORED = {
+    "store",
+    "metadata",
+    "user",
+    "service_tier",
+    "parallel_tool_calls",
+    "safety_identifier",
+    "prompt_cache_key",
+    "stream_options",
+}
 # fields specgen does not implement, accepted only at the value that means "off"
-NEUTRAL = {"tools": (None, []), "tool_choice": (None, "none", "auto"), "include": (None, []),
-           "background": (None, False), "truncation": (None, "disabled"), "reasoning": (None, {}),
-           "max_tool_calls": (None,), "top_logprobs": (None, 0), "prompt": (None,), "conversation": (None,),
-           "text": (None, {}, {"format": {"type": "text"}})}
+NEUTRAL = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "include": (None, []),
+    "background": (None, False),
+    "truncation": (None, "disabled"),
+    "reasoning": (None, {}),
+    "max_tool_calls": (None,),
+    "top_logprobs": (None, 0),
+    "prompt": (None,),
+    "conversation": (None,),
+    "text": (None, {}, {"format": {"type": "text"}}),
+}
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -47,14 +72,24 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
             chat[PASSED[name]] = value
         elif name == "previous_response_id":
             if value is not None:
-                raise api.ApiError(400, "this server keeps no responses: send the whole conversation in 'input'",
-                                   name, "unsupported_parameter")
+                raise api.ApiError(
+                    400,
+                    "this server keeps no responses: send the whole conversation in 'input'",
+                    name,
+                    "unsupported_parameter",
+                )
         elif name in NEUTRAL:
             if value not in NEUTRAL[name] and not _neutral_object(name, value):
-                raise api.ApiError(400, f"'{name}' is not supported by specgen (only its neutral value)", name,
-                                   "unsupported_parameter")
+                raise api.ApiError(
+                    400,
+                    f"'{name}' is not supported by specgen (only its neutral value)",
+                    name,
+                    "unsupported_parameter",
+                )
         elif name not in IGNORED and name not in ("input", "instructions"):
-            raise api.ApiError(400, f"unknown parameter '{api.shown(name)}'", api.shown(name), "unsupported_parameter")
+            raise api.ApiError(
+                400, f"unknown parameter '{api.shown(name)}'", api.shown(name), "unsupported_parameter"
+            )
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise api.ApiError(400, "'instructions' must be a string", "instructions")
@@ -67,13 +102,20 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
         job = api.read_job(chat, "chat", defaults, served)
     except api.ApiError as exc:  # say the Responses API's names
         rename = functools.partial(_renamed, first=first, whole=isinstance(given, str))
-        raise api.ApiError(exc.status, rename(exc.message.replace("'max_tokens'", "'max_output_tokens'")),
-                           rename({"max_tokens": "max_output_tokens"}.get(exc.param, exc.param)), exc.code,
-                           exc.kind) from None
-    echo = {"instructions": instructions, "metadata": _metadata(body.get("metadata")),
-            "tool_choice": api.value_or(body, "tool_choice", "auto"),
-            "parallel_tool_calls": api.value_or(body, "parallel_tool_calls", True),
-            "max_output_tokens": body.get("max_output_tokens")}
+        raise api.ApiError(
+            exc.status,
+            rename(exc.message.replace("'max_tokens'", "'max_output_tokens'")),
+            rename({"max_tokens": "max_output_tokens"}.get(exc.param, exc.param)),
+            exc.code,
+            exc.kind,
+        ) from None
+    echo = {
+        "instructions": instructions,
+        "metadata": _metadata(body.get("metadata")),
+        "tool_choice": api.value_or(body, "tool_choice", "auto"),
+        "parallel_tool_calls": api.value_or(body, "parallel_tool_calls", True),
+        "max_output_tokens": body.get("max_output_tokens"),
+    }
     if not isinstance(echo["parallel_tool_calls"], bool):
         raise api.ApiError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
     return replace(job, id=f"resp_{uuid.uuid4().hex}", endpoint="responses", echo=echo)
@@ -87,14 +129,18 @@ def _neutral_object(name: str, value) -> bool:
     if name == "reasoning":
         return all(v is None for v in value.values())
     if name == "text":
-        return set(value) <= {"format", "verbosity"} and value.get("format") in (None, {"type": "text"}) \
+        return (
+            set(value) <= {"format", "verbosity"}
+            and value.get("format") in (None, {"type": "text"})
             and value.get("verbosity") in (None, "medium")
+        )
     return False
 
 
 def _renamed(text: str | None, first: int, whole: bool) -> str | None:
     """A chat error's `messages[i]` as the request named it: the instructions, or input[i - first]
     (the input itself where it was one string)."""
+
     def name(hit: re.Match) -> str:
         index = int(hit.group(1))
         if index < first:
@@ -111,10 +157,19 @@ def _metadata(value) -> dict:
     characters, values up to 512)."""
     if value is None:
         return {}
-    if not (isinstance(value, dict) and len(value) <= 16 and all(
-            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items())):
-        raise api.ApiError(400, "'metadata' must be an object of up to 16 strings (keys up to 64 characters, "
-                           "values up to 512)", "metadata")
+    if not (
+        isinstance(value, dict)
+        and len(value) <= 16
+        and all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+            for k, v in value.items()
+        )
+    ):
+        raise api.ApiError(
+            400,
+            "'metadata' must be an object of up to 16 strings (keys up to 64 characters, values up to 512)",
+            "metadata",
+        )
     return value
 
 
@@ -124,19 +179,31 @@ def _input(value) -> list[dict]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise api.ApiError(400, "'input' must be a non-empty string or list of messages", "input", "missing_parameter")
+        raise api.ApiError(
+            400, "'input' must be a non-empty string or list of messages", "input", "missing_parameter"
+        )
     out = []
     for i, item in enumerate(value):
         if not isinstance(item, dict) or item.get("type", "message") != "message":
             kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-            raise api.ApiError(400, f"input[{i}]: only message items are supported, not '{api.shown(kind)}'",
-                               f"input[{i}]", "unsupported_parameter")
+            raise api.ApiError(
+                400,
+                f"input[{i}]: only message items are supported, not '{api.shown(kind)}'",
+                f"input[{i}]",
+                "unsupported_parameter",
+            )
         content = item.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
-                       for p in content):
-                raise api.ApiError(400, f"input[{i}]: only text content parts are supported", f"input[{i}].content",
-                                   "unsupported_parameter")
+            if not all(
+                isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str)
+                for p in content
+            ):
+                raise api.ApiError(
+                    400,
+                    f"input[{i}]: only text content parts are supported",
+                    f"input[{i}].content",
+                    "unsupported_parameter",
+                )
             content = "".join(p["text"] for p in content)
         out.append({"role": item.get("role"), "content": content})
     return out
@@ -146,8 +213,9 @@ def _input(value) -> list[dict]:
 def whole(job: api.Job, answer: dict) -> dict:
     """The Response object of a finished chat completion."""
     choice = answer["choices"][0]
-    return _response(job, choice["message"]["content"], choice["finish_reason"], answer["usage"],
-                     answer.get("speculative"))
+    return _response(
+        job, choice["message"]["content"], choice["finish_reason"], answer["usage"], answer.get("speculative")
+    )
 
 
 async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
@@ -161,14 +229,16 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
     def event(kind: str, **data) -> str:
         nonlocal number
         number += 1
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': number - 1, **data}, ensure_ascii=False)}\n\n"
+        body = json.dumps({"type": kind, "sequence_number": number - 1, **data}, ensure_ascii=False)
+        return f"event: {kind}\ndata: {body}\n\n"
 
     started = _response(job, "", None, None, None, status="in_progress")
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
     yield event("response.output_item.added", output_index=0, item=_message(message, None, "in_progress"))
-    yield event("response.content_part.added", item_id=message, output_index=0, content_index=0,
-                part=_text_part(""))
+    yield event(
+        "response.content_part.added", item_id=message, output_index=0, content_index=0, part=_text_part("")
+    )
     text, reason, speculative = [], None, None
     async for item in chunks:
         if item is api.KEEPALIVE:  # while the request waits or prefills
@@ -184,52 +254,101 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
             return
         for choice in item["choices"]:
             piece = choice["delta"].get("content")
-            extra = {"speculative": item["speculative"]} if "speculative" in item and not choice["finish_reason"] else {}
+            extra = (
+                {"speculative": item["speculative"]}
+                if "speculative" in item and not choice["finish_reason"]
+                else {}
+            )
             if piece:
                 text.append(piece)
-                yield event("response.output_text.delta", item_id=message, output_index=0, content_index=0,
-                            delta=piece, logprobs=[], **extra)
+                yield event(
+                    "response.output_text.delta",
+                    item_id=message,
+                    output_index=0,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=[],
+                    **extra,
+                )
             reason = choice["finish_reason"] or reason
         if item.get("speculative") and (reason or not item["choices"]):
             speculative = item["speculative"]
         if item.get("usage"):
             whole_text = "".join(text)
-            yield event("response.output_text.done", item_id=message, output_index=0, content_index=0,
-                        text=whole_text, logprobs=[])
-            yield event("response.content_part.done", item_id=message, output_index=0, content_index=0,
-                        part=_text_part(whole_text))
+            yield event(
+                "response.output_text.done",
+                item_id=message,
+                output_index=0,
+                content_index=0,
+                text=whole_text,
+                logprobs=[],
+            )
+            yield event(
+                "response.content_part.done",
+                item_id=message,
+                output_index=0,
+                content_index=0,
+                part=_text_part(whole_text),
+            )
             done = _response(job, whole_text, reason, item["usage"], speculative)
             yield event("response.output_item.done", output_index=0, item=done["output"][0])
             yield event(f"response.{done['status']}", response=done)  # completed, or incomplete when cut
 
 
-def _response(job: api.Job, text: str, reason: str | None, usage: dict | None, speculative: dict | None,
-              status: str | None = None) -> dict:
+def _response(
+    job: api.Job,
+    text: str,
+    reason: str | None,
+    usage: dict | None,
+    speculative: dict | None,
+    status: str | None = None,
+) -> dict:
     sampling = job.config.sampling
     cut = reason == "length"
-    out = {"id": job.id, "object": "response", "created_at": job.created, "model": job.model,
-           "status": status or ("incomplete" if cut else "completed"), "error": None,
-           "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-           "instructions": job.echo.get("instructions"), "max_output_tokens": job.echo.get("max_output_tokens"),
-           "temperature": sampling.temperature, "top_p": sampling.top_p,
-           "parallel_tool_calls": job.echo.get("parallel_tool_calls", True),
-           "tool_choice": job.echo.get("tool_choice", "auto"), "tools": [], "text": {"format": {"type": "text"}},
-           "truncation": "disabled", "metadata": job.echo.get("metadata", {}),
-           "output": [] if status else [_message(f"msg_{job.id.removeprefix('resp_')}", text,
-                                                 "incomplete" if cut else "completed")],
-           "usage": None if usage is None else {
-               "input_tokens": usage["prompt_tokens"],
-               "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
-               "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-               "total_tokens": usage["total_tokens"]}}
+    out = {
+        "id": job.id,
+        "object": "response",
+        "created_at": job.created,
+        "model": job.model,
+        "status": status or ("incomplete" if cut else "completed"),
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "instructions": job.echo.get("instructions"),
+        "max_output_tokens": job.echo.get("max_output_tokens"),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "parallel_tool_calls": job.echo.get("parallel_tool_calls", True),
+        "tool_choice": job.echo.get("tool_choice", "auto"),
+        "tools": [],
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": job.echo.get("metadata", {}),
+        "output": []
+        if status
+        else [_message(f"msg_{job.id.removeprefix('resp_')}", text, "incomplete" if cut else "completed")],
+        "usage": None
+        if usage is None
+        else {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["total_tokens"],
+        },
+    }
     if speculative is not None:
         out["speculative"] = speculative
     return out
 
 
 def _message(item_id: str, text: str | None, status: str) -> dict:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [] if text is None else [_text_part(text)]}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [] if text is None else [_text_part(text)],
+    }
 
 
 def _text_part(text: str) -> dict:

@@ -1,6 +1,7 @@
 """The engine thread: continuous batching of the server's requests.
 
-The HTTP layer submits jobs (api.Job, one per choice) and never touches a tensor; one thread owns the models and
+The HTTP layer submits jobs (api.Job, one per choice) and never touches a tensor; one thread owns the models
+and
 runs the engine loop. Requests become rows of a running batch and leave it when they finish
 or their client goes away (dropped before the next round). Each row keeps its own sampling
 settings, seed, token budget and stop strings.
@@ -48,7 +49,6 @@ from specgen.serve.metrics import Metrics
 from specgen.serve.output import Output
 from specgen.text import common_prefix
 
-
 MAX_ENGINES = 8  # engines kept (a drafting setting each); bench --concurrency runs up to 8 methods
 MAX_RATES = 64  # drafting settings whose measured rounds are kept
 
@@ -59,8 +59,17 @@ class QueueFull(Exception):
 
 def drafting_key(config: GenerationConfig) -> tuple:
     """What an engine is built for: requests that agree on it can share a batch."""
-    return (config.method, config.draft_tokens, config.draft_confidence, config.schedule, config.branching,
-            config.beam_width, config.depth, config.deterministic, config.verify_window)
+    return (
+        config.method,
+        config.draft_tokens,
+        config.draft_confidence,
+        config.schedule,
+        config.branching,
+        config.beam_width,
+        config.depth,
+        config.deterministic,
+        config.verify_window,
+    )
 
 
 def engine_key(job: api.Job) -> tuple:
@@ -69,10 +78,23 @@ def engine_key(job: api.Job) -> tuple:
 
 
 class Scheduler:
-    def __init__(self, pair: Pair, max_batch: int, max_queue: int, metrics: Metrics,
-                 log: Callable[[api.Job, object], None] = lambda job, stats: None,
-                 caps: dict[int, int] | None = None, prefill_chunk: int = PREFILL_CHUNK):
-        self.pair, self.max_batch, self.max_queue, self.metrics, self.log = pair, max_batch, max_queue, metrics, log
+    def __init__(
+        self,
+        pair: Pair,
+        max_batch: int,
+        max_queue: int,
+        metrics: Metrics,
+        log: Callable[[api.Job, object], None] = lambda job, stats: None,
+        caps: dict[int, int] | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
+    ):
+        self.pair, self.max_batch, self.max_queue, self.metrics, self.log = (
+            pair,
+            max_batch,
+            max_queue,
+            metrics,
+            log,
+        )
         # model chains' draft length per batch width (costs.WidthCosts.cap); none: as requested
         self.caps = caps or {}
         self.prefill_chunk = prefill_chunk  # a long prompt's tokens per round while others decode (CPU)
@@ -151,6 +173,7 @@ class Scheduler:
 
         def measured(width: int) -> int:  # past the widest measured width, the widest's cap
             return caps.get(width, caps[max(caps)])
+
         cap = measured if caps and config.method.needs_draft_model else no_cap
         key = drafting_key(config) + (not capped,)
         rates = self.rates.pop(key, None) or WidthRates()
@@ -187,9 +210,10 @@ class Scheduler:
         """Run the engine of `key` until nothing of its kind is left to admit or running."""
         try:
             self._drive(key, config, first_ids, capped)
-        except Exception as exc:  # noqa: BLE001: the server outlives a failed batch; its rows get the error
-            error = api.ApiError(500, f"the engine failed: {one_line(exc, 200)}", kind="server_error",
-                                 code="engine_error")
+        except Exception as exc:  # noqa: BLE001 - the server outlives a failed batch; its rows get the error
+            error = api.ApiError(
+                500, f"the engine failed: {one_line(exc, 200)}", kind="server_error", code="engine_error"
+            )
             if os.environ.get("SPECGEN_DEBUG"):
                 traceback.print_exc()
             else:  # one line in the server's log; SPECGEN_DEBUG=1 shows the traceback
@@ -198,7 +222,8 @@ class Scheduler:
                 failed = [o.job for o in self.running.values() if engine_key(o.job) == key]
                 for job in failed:
                     del self.running[job.index]
-                if not failed and self.waiting:  # it failed before admitting a row (building the engine, say):
+                # it failed before admitting a row (building the engine, say):
+                if not failed and self.waiting:
                     head = self.waiting[0].id  # the request that chose it, or it would be tried for ever
                     failed = [j for j in self.waiting if j.id == head]
                     for job in failed:
@@ -231,8 +256,9 @@ class Scheduler:
             return
         job, event = output.job, report.event
         if isinstance(event, Joined):
-            self.metrics.joined(time.monotonic() - job.submitted, event.prompt_tokens, event.reused_tokens,
-                                len(self.running))
+            self.metrics.joined(
+                time.monotonic() - job.submitted, event.prompt_tokens, event.reused_tokens, len(self.running)
+            )
             for chunk in output.add(event, stats):  # an echoed prompt
                 job.post(chunk)
             return
@@ -280,8 +306,12 @@ class Scheduler:
 
 
 def shutting_down() -> api.ApiError:
-    return api.ApiError(503, "the server is stopping; send the request again once it is back", kind="server_error",
-                        code="server_shutdown")
+    return api.ApiError(
+        503,
+        "the server is stopping; send the request again once it is back",
+        kind="server_error",
+        code="server_shutdown",
+    )
 
 
 class _KeyFeed:
@@ -299,10 +329,19 @@ class _KeyFeed:
                 job = s.waiting.popleft()
                 config = job.config
                 s.running[job.index] = Output(job, s.pair.target.tokenizer, len(job.ids), job.ids)
-                out.append(Request(job.ids, job.index, config.sampling, config.max_new_tokens, config.sampling.seed,
-                                   job.ignore_eos, job.stop_ids,
-                                   job.prompt_logprobs or (job.echo_prompt and config.sampling.logprobs is not None),
-                                   job.prompt_top))
+                out.append(
+                    Request(
+                        job.ids,
+                        job.index,
+                        config.sampling,
+                        config.max_new_tokens,
+                        config.sampling.seed,
+                        job.ignore_eos,
+                        job.stop_ids,
+                        job.prompt_logprobs or (job.echo_prompt and config.sampling.logprobs is not None),
+                        job.prompt_top,
+                    )
+                )
                 room -= 1
             s.metrics.queue_depth.set(len(s.waiting))
         return out

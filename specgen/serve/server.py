@@ -31,11 +31,11 @@ from specgen.decoding import run as driver
 from specgen.decoding.build import resolve_draft_length
 from specgen.decoding.costs import width_costs
 from specgen.decoding.prompts import encode_prompt
+from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.views import Outcome, Silent, summary_line
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
 from specgen.runtime.pair import load
-from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.prefixes import DEFAULT_MIB
 from specgen.runtime.threads import release_pool
 from specgen.serve import discovery, playground
@@ -61,26 +61,33 @@ class ServeOptions:
     max_tokens: int = 512  # a request's default token budget
     prefix_cache: int = DEFAULT_MIB  # MiB of requests' K/V kept per model for later prompts (0: none)
     prefill_chunk: int = PREFILL_CHUNK  # a long prompt's tokens per round while others decode (CPU; 0: whole)
-    allowed_origins: tuple[str, ...] = ()  # web pages (scheme://host[:port], or *) whose scripts may call (CORS)
+    allowed_origins: tuple[
+        str, ...
+    ] = ()  # web pages (scheme://host[:port], or *) whose scripts may call (CORS)
 
     def check(self) -> None:
         """Refused before anything loads."""
         if not self.api_key and not loopback(self.host):
-            raise ConfigError(f"--host {self.host} is reachable from other machines; give it an --api-key",
-                              hint="or serve on 127.0.0.1 (the default)")
+            raise ConfigError(
+                f"--host {self.host} is reachable from other machines; give it an --api-key",
+                hint="or serve on 127.0.0.1 (the default)",
+            )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if not 1 <= self.max_batch_size <= 256:
             raise ConfigError(f"--max-batch-size must be in 1..256, got {self.max_batch_size}")
-        if not 1 <= self.max_queue <= 100_000:  # every request waits in the queue, if only until the next round
+        # every request waits in the queue, if only until the next round
+        if not 1 <= self.max_queue <= 100_000:
             raise ConfigError(f"--max-queue must be in 1..100000, got {self.max_queue}")
         if self.max_tokens < 1:
             raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         key = self.api_key
         if key is not None and (not key or not all(33 <= ord(c) < 127 for c in key)):
             # HTTP strips a header's surrounding spaces, and a client cannot send other characters
-            raise ConfigError("--api-key must be printable ASCII without spaces (a client could never send it)",
-                              hint="check for a trailing newline or carriage return where the key was read")
+            raise ConfigError(
+                "--api-key must be printable ASCII without spaces (a client could never send it)",
+                hint="check for a trailing newline or carriage return where the key was read",
+            )
         if not (self.idle_minutes >= 0 and self.idle_minutes < float("inf")):  # nan fails both
             raise ConfigError(f"--idle-minutes must be a number >= 0, got {self.idle_minutes:g}")
         if not 0 <= self.prefix_cache <= 1 << 20:
@@ -89,9 +96,11 @@ class ServeOptions:
             raise ConfigError(f"--prefill-chunk must be in 0..1048576 (tokens), got {self.prefill_chunk}")
         for origin in self.allowed_origins:
             if origin != "*" and not _ORIGIN.fullmatch(origin):
-                raise ConfigError(f"--allowed-origins: {origin!r} is not an origin",
-                                  hint="an origin is scheme://host[:port] with no path or trailing slash, "
-                                       "as a browser sends it (http://localhost:3000), or *")
+                raise ConfigError(
+                    f"--allowed-origins: {origin!r} is not an origin",
+                    hint="an origin is scheme://host[:port] with no path or trailing slash, "
+                    "as a browser sends it (http://localhost:3000), or *",
+                )
 
 
 _ORIGIN = re.compile(r"https?://[^\s/?#@]+")
@@ -116,9 +125,12 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         taken = exc.errno == errno.EADDRINUSE
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                          hint="choose another --port (0 picks a free one)" if taken else
-                          "check --host: it must be an address of this machine") from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="choose another --port (0 picks a free one)"
+            if taken
+            else "check --host: it must be an address of this machine",
+        ) from None
     sock.listen(128)
     return sock
 
@@ -127,8 +139,13 @@ def defaults(pair, options: ServeOptions) -> GenerationConfig:
     """A request's drafting and budget when it names none: chain at the device's k, or prompt
     lookup on a pair loaded without a draft model (a bench of plain and lookup only)."""
     method = Method.CHAIN if pair.draft is not None else Method.LOOKUP
-    config = GenerationConfig(method=method, max_new_tokens=options.max_tokens, device_draft_tokens=True,
-                              device_confidence=True, sampling=SamplingConfig(temperature=1.0))
+    config = GenerationConfig(
+        method=method,
+        max_new_tokens=options.max_tokens,
+        device_draft_tokens=True,
+        device_confidence=True,
+        sampling=SamplingConfig(temperature=1.0),
+    )
     config, _ = resolve_draft_length(pair, config)
     return config
 
@@ -165,7 +182,7 @@ def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
     short = replace(config, max_new_tokens=4, sampling=SamplingConfig())
     for text in ("Hello", "Write a short poem about the sea, then explain its meter in one sentence."):
         ids = encode_prompt(tokenizer, text)  # at most half the context: a short-context model starts too
-        driver.generate(engine, tokenizer, ids[-max(1, engine.context_length // 2):], short, Silent())
+        driver.generate(engine, tokenizer, ids[-max(1, engine.context_length // 2) :], short, Silent())
 
 
 class Running(uvicorn.Server):
@@ -197,7 +214,9 @@ class Running(uvicorn.Server):
         grace = 0.0 if self.should_exit else DRAIN_SECONDS
         threading.Thread(target=self.scheduler.stop, args=(grace,), daemon=True).start()
         if not self.should_exit:  # not uvicorn's forced exit on a second one: it cancels the app's
-            super().handle_exit(sig, frame)  # lifespan mid-wait (a traceback); the rows' connections close anyway
+            super().handle_exit(
+                sig, frame
+            )  # lifespan mid-wait (a traceback); the rows' connections close anyway
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
@@ -228,12 +247,16 @@ class Running(uvicorn.Server):
             self.run(sockets=[self.sock])
         finally:
             self.scheduler.stop()
-            if (discovery.read_record(self.record) or {}).get("token") == self.token:  # ours, not a later server's
+            if (discovery.read_record(self.record) or {}).get(
+                "token"
+            ) == self.token:  # ours, not a later server's
                 self.record.unlink(missing_ok=True)
             self.sock.close()
 
 
-def prepare(settings: ModelSettings, options: ServeOptions, quiet: bool = False, log=None, pair=None) -> Running:
+def prepare(
+    settings: ModelSettings, options: ServeOptions, quiet: bool = False, log=None, pair=None
+) -> Running:
     """Check the options, bind, load the pair (unless given) and warm it up; nothing is served yet."""
     options.check()
     discovery.private_dir()
@@ -252,8 +275,13 @@ def _prepared(settings, options, quiet, log, pair, sock) -> Running:
     url = f"http://{'[' + local + ']' if ':' in local else local}:{port}"
     keys = [token] + ([options.api_key] if options.api_key else [])
     state = serving_state(settings, options, quiet, log, pair, url, keys)
-    config = uvicorn.Config(create_app(state), http=TimedH11, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=DRAIN_SECONDS + 1)
+    config = uvicorn.Config(
+        create_app(state),
+        http=TimedH11,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=DRAIN_SECONDS + 1,
+    )
     return Running(config, sock, state, discovery.record_path(settings))
 
 
@@ -272,23 +300,50 @@ def serving_state(settings, options, quiet, log, pair, url: str, keys: list[str]
         except (OSError, ValueError):
             pass
 
-    scheduler = Scheduler(pair, options.max_batch_size, options.max_queue, metrics,
-                          lambda job, stats: say(f"{summary_line(Outcome('', [], stats))}; "
-                                                 f"prompt {stats.prompt_tokens} tokens"),
-                          width_caps(pair, options.max_batch_size, config.draft_tokens, quiet), options.prefill_chunk)
+    scheduler = Scheduler(
+        pair,
+        options.max_batch_size,
+        options.max_queue,
+        metrics,
+        lambda job, stats: say(
+            f"{summary_line(Outcome('', [], stats))}; prompt {stats.prompt_tokens} tokens"
+        ),
+        width_caps(pair, options.max_batch_size, config.draft_tokens, quiet),
+        options.prefill_chunk,
+    )
     warm_up(scheduler, config)
     release_pool()  # this thread is done with tensors: its OpenMP workers would slow the engine thread's
     names = pair.target.name + (f" + draft {pair.draft.name}" if pair.draft is not None else "")
-    info = {"pid": os.getpid(), "models": f"target {names}", "since": time.time(), "url": url,
-            "model": pair.target.name, "draft": pair.draft.name if pair.draft is not None else None,
-            "methods": servable(pair), "method": config.method.value, "draft_tokens": config.draft_tokens,
-            "key": discovery.settings_key(settings)}  # what its record is named after (discovery.proof)
-    state = ServerState(scheduler, config, keys, pair.target.name, {settings.target}, info,
-                        pair.target.context_length, metrics, say, options.allowed_origins)
+    info = {
+        "pid": os.getpid(),
+        "models": f"target {names}",
+        "since": time.time(),
+        "url": url,
+        "model": pair.target.name,
+        "draft": pair.draft.name if pair.draft is not None else None,
+        "methods": servable(pair),
+        "method": config.method.value,
+        "draft_tokens": config.draft_tokens,
+        "key": discovery.settings_key(settings),
+    }  # what its record is named after (discovery.proof)
+    state = ServerState(
+        scheduler,
+        config,
+        keys,
+        pair.target.name,
+        {settings.target},
+        info,
+        pair.target.context_length,
+        metrics,
+        say,
+        options.allowed_origins,
+    )
     return state
 
 
-def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = False, browse: bool = False) -> str:
+def run_server(
+    settings: ModelSettings, options: ServeOptions, quiet: bool = False, browse: bool = False
+) -> str:
     """Load, warm up, listen and answer until stopped (SIGINT, SIGTERM, idle); why it stopped.
     One server per model options: the lock (discovery.hold) is taken before anything loads.
     `browse`: open the playground in the user's browser once the server answers."""
@@ -298,14 +353,20 @@ def run_server(settings: ModelSettings, options: ServeOptions, quiet: bool = Fal
     running = prepare(settings, options, quiet)
     stopped = {"why": "stopped by a signal"}
     if options.idle_minutes:
-        threading.Thread(target=_watch_idle, args=(running, options.idle_minutes, stopped), daemon=True).start()
+        threading.Thread(
+            target=_watch_idle, args=(running, options.idle_minutes, stopped), daemon=True
+        ).start()
     if not quiet:
         url = running.state.info["url"]
-        note(f"specgen: server ready at {url} (pid {os.getpid()}, {running.state.info['models']}); "
-             f"OpenAI API at {url}/v1")
+        note(
+            f"specgen: server ready at {url} (pid {os.getpid()}, {running.state.info['models']}); "
+            f"OpenAI API at {url}/v1"
+        )
         note(f"specgen: playground at {url}/ (its key: {playground_key(options, running.token)})")
         note("specgen: `specgen run` with the same model options generates here; Ctrl-C stops the server")
-    running.serve_until_stopped(lambda: playground.open_page(running.state.info["url"], note) if browse else None)
+    running.serve_until_stopped(
+        lambda: playground.open_page(running.state.info["url"], note) if browse else None
+    )
     return stopped["why"]
 
 
@@ -314,7 +375,6 @@ def playground_key(options: ServeOptions, token: str) -> str:
     loopback server without one, the local token (the record in the private runtime directory
     holds it too)."""
     return "your --api-key" if options.api_key else f"this server's local token {token}"
-
 
 
 def _watch_idle(running: Running, minutes: float, stopped: dict) -> None:

@@ -35,10 +35,10 @@ from specgen.decoding.events import Finished
 from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.errors import ConfigError
 from specgen.ground import atomic_write, remove, write_text
-from specgen.text import json_value
 from specgen.runtime import features as taps
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for
+from specgen.text import json_value
 
 CODE = "code"
 CHUNK = 512  # positions the target reads per forward while recording
@@ -60,7 +60,9 @@ def code_sequences(tokenizer, tokens: int, seed: int = 0, max_tokens: int = 1024
         ids = render_chat(tokenizer, [{"role": "user", "content": prompt}])
         if len(ids) > max_tokens // 2:
             continue
-        answer = tokenizer.encode(f"```python\n{source}\n```", add_special_tokens=False)[: max_tokens - len(ids)]
+        answer = tokenizer.encode(f"```python\n{source}\n```", add_special_tokens=False)[
+            : max_tokens - len(ids)
+        ]
         out.append(Sequence(ids + answer, 0))  # every position: the docstring's prose and the code
         total += len(ids) + len(answer)
         if total >= tokens:
@@ -71,9 +73,21 @@ def code_sequences(tokenizer, tokens: int, seed: int = 0, max_tokens: int = 1024
 def _documented_functions(seed: int) -> Iterator[tuple[str, str, str, str]]:
     """(name, args, first docstring paragraph, source) of top-level functions in the standard
     library and site-packages' pure-Python modules, in a shuffled but fixed order."""
-    roots = [Path(p) for p in sys.path if p and Path(p).is_dir() and ("site-packages" in p or p.endswith(
-        f"python{sys.version_info.major}.{sys.version_info.minor}"))]
-    files = sorted({f for root in roots for f in root.rglob("*.py") if "test" not in f.name and f.stat().st_size < 200_000})
+    roots = [
+        Path(p)
+        for p in sys.path
+        if p
+        and Path(p).is_dir()
+        and ("site-packages" in p or p.endswith(f"python{sys.version_info.major}.{sys.version_info.minor}"))
+    ]
+    files = sorted(
+        {
+            f
+            for root in roots
+            for f in root.rglob("*.py")
+            if "test" not in f.name and f.stat().st_size < 200_000
+        }
+    )
     random.Random(seed).shuffle(files)
     for file in files:
         try:
@@ -92,11 +106,15 @@ def _documented_functions(seed: int) -> Iterator[tuple[str, str, str, str]]:
             yield node.name, args, doc.strip().split("\n\n")[0].replace("\n", " "), source
 
 
-def prompt_sequences(engine: Engine, tokenizer, texts: list[str | list[dict]], answer_tokens: int) -> list[Sequence]:
+def prompt_sequences(
+    engine: Engine, tokenizer, texts: list[str | list[dict]], answer_tokens: int
+) -> list[Sequence]:
     """Each prompt (a user message, or a whole conversation: every turn is context) with the
     target's own greedy answer (plain decoding through `engine`)."""
-    prompts = [render_chat(tokenizer, text) if isinstance(text, list) else encode_prompt(tokenizer, text)
-               for text in texts]
+    prompts = [
+        render_chat(tokenizer, text) if isinstance(text, list) else encode_prompt(tokenizer, text)
+        for text in texts
+    ]
     config = GenerationConfig(method=Method.PLAIN, max_new_tokens=answer_tokens)
     done = {}
     for report in engine.generate(prompts, config, batch_size=4):
@@ -106,13 +124,15 @@ def prompt_sequences(engine: Engine, tokenizer, texts: list[str | list[dict]], a
 
 
 @torch.inference_mode()
-def record_one(model, call, layers: tuple[int, ...], ids: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+def record_one(
+    model, call, layers: tuple[int, ...], ids: list[int], device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [T, taps * H] float16, the target's greedy token after each position [T]) of one sequence."""
     cache = kvcache.SlotCache(model.config, rows=1, taps=layers)
     cache.reserve(len(ids))
     labels = []
     for start in range(0, len(ids), CHUNK):
-        logits = kvcache.forward(call, cache, torch.tensor([ids[start:start + CHUNK]], device=device))
+        logits = kvcache.forward(call, cache, torch.tensor([ids[start : start + CHUNK]], device=device))
         labels.append(logits[0].argmax(-1).cpu())
     return cache.features.read(0, 0, len(ids)).to(torch.float16).cpu(), torch.cat(labels)
 
@@ -162,18 +182,28 @@ class Shards:
         """A shard's tensors; one that cannot be read (a disk filled, a copy cut short) is one line."""
         try:
             return load_file(str(file))
-        except Exception as exc:  # noqa: BLE001: safetensors raises its own kinds, and OSError
-            raise ConfigError(f"the recorded shard {file} cannot be read ({type(exc).__name__})",
-                              hint=f"remove {self.dir} to record the data again") from None
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own kinds, and OSError
+            raise ConfigError(
+                f"the recorded shard {file} cannot be read ({type(exc).__name__})",
+                hint=f"remove {self.dir} to record the data again",
+            ) from None
 
     def write(self, batch: list[tuple[Sequence, torch.Tensor, torch.Tensor]]) -> None:
         index = len(self.files())
         ids = torch.cat([torch.tensor(s.ids) for s, _, _ in batch])
-        tensors = {"ids": ids, "lengths": torch.tensor([len(s.ids) for s, _, _ in batch]),
-                   "starts": torch.tensor([s.start for s, _, _ in batch]),
-                   "features": torch.cat([f for _, f, _ in batch]), "labels": torch.cat([lab for _, _, lab in batch])}
-        atomic_write(self.dir / f"shard-{index}.safetensors", lambda tmp: save_file(tensors, str(tmp)),
-                     tmp=self.dir / f".shard-{index}.tmp", parents=False)
+        tensors = {
+            "ids": ids,
+            "lengths": torch.tensor([len(s.ids) for s, _, _ in batch]),
+            "starts": torch.tensor([s.start for s, _, _ in batch]),
+            "features": torch.cat([f for _, f, _ in batch]),
+            "labels": torch.cat([lab for _, _, lab in batch]),
+        }
+        atomic_write(
+            self.dir / f"shard-{index}.safetensors",
+            lambda tmp: save_file(tensors, str(tmp)),
+            tmp=self.dir / f".shard-{index}.tmp",
+            parents=False,
+        )
 
     def sequences(self) -> Iterator[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
         """(ids [T], start, features [T, F], labels [T]) of every recorded sequence."""
@@ -186,8 +216,15 @@ class Shards:
                 offset = end
 
 
-def record(model, layers: tuple[int, ...], sequences: list[Sequence], shards: Shards, device,
-           progress=None, shard_tokens: int | None = None) -> None:
+def record(
+    model,
+    layers: tuple[int, ...],
+    sequences: list[Sequence],
+    shards: Shards,
+    device,
+    progress=None,
+    shard_tokens: int | None = None,
+) -> None:
     """Record the sequences not yet on disk (the manifest counts those done) into shards of about
     `shard_tokens` (SHARD_TOKENS) tokens each; the manifest is updated after each shard."""
     shard_tokens = shard_tokens or SHARD_TOKENS

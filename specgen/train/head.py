@@ -29,8 +29,16 @@ from specgen.train import data
 from specgen.train.loop import Settings, Trainer, expected_tokens
 
 
-def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, answer_tokens: int,
-               train: Settings, quiet: bool = False, prompts: list[str | list[dict]] | None = None) -> dict:
+def train_head(
+    settings: ModelSettings,
+    out: Path,
+    source: str,
+    tokens: int,
+    answer_tokens: int,
+    train: Settings,
+    quiet: bool = False,
+    prompts: list[str | list[dict]] | None = None,
+) -> dict:
     """`source` is data.CODE, or the name of the prompt set whose prompts (a text, or a
     conversation's messages) are `prompts`."""
     check_out(out)
@@ -43,11 +51,15 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     # embeddings' output) is one vLLM and SGLang never capture, and the original layout, which
     # numbers layer outputs, would write it as -1: a head reading it would run nowhere else
     if not train.layers and min(layers) < 1:
-        raise ConfigError(f"the default --layers (2, L/2, L-3) need a target of at least 4 layers; this one "
-                          f"has {count}: give --layers")
+        raise ConfigError(
+            f"the default --layers (2, L/2, L-3) need a target of at least 4 layers; this one "
+            f"has {count}: give --layers"
+        )
     if 0 in layers:
-        raise ConfigError("--layers 0 is the embeddings' output, which vLLM's and SGLang's EAGLE-3 do not "
-                          f"read: give layers 1 to {count}")
+        raise ConfigError(
+            "--layers 0 is the embeddings' output, which vLLM's and SGLang's EAGLE-3 do not "
+            f"read: give layers 1 to {count}"
+        )
     try:
         check_layers(tuple(layers), count)
     except ValueError as exc:
@@ -56,16 +68,26 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
     out.mkdir(parents=True, exist_ok=True)
     shards = data.Shards(out)
     manifest = shards.manifest()
-    wanted = {"target": target.name, "source": source, "tokens": tokens, "layers": list(layers),
-              "fingerprint": fingerprint(model)} | ({} if source == data.CODE else {"answer_tokens": answer_tokens})
+    wanted = {
+        "target": target.name,
+        "source": source,
+        "tokens": tokens,
+        "layers": list(layers),
+        "fingerprint": fingerprint(model),
+    } | ({} if source == data.CODE else {"answer_tokens": answer_tokens})
     # a run stopped (or failed) before it recorded a sequence holds nothing to keep
     differs = [k for k, v in wanted.items() if k in manifest and manifest[k] != v]
     if manifest.get("sequences", 0) and differs:
-        what = {"fingerprint": "another model of that name",
-                "answer_tokens": f"answers of {manifest.get('answer_tokens')} tokens"}
-        raise ConfigError(f"{out} holds data recorded for {manifest.get('target')} from {manifest.get('source')} "
-                          f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}"
-                          + "".join(f", {what[k]}" for k in differs if k in what) + "); use another --out")
+        what = {
+            "fingerprint": "another model of that name",
+            "answer_tokens": f"answers of {manifest.get('answer_tokens')} tokens",
+        }
+        raise ConfigError(
+            f"{out} holds data recorded for {manifest.get('target')} from {manifest.get('source')} "
+            f"({manifest.get('tokens')} tokens, layers {manifest.get('layers')}"
+            + "".join(f", {what[k]}" for k in differs if k in what)
+            + "); use another --out"
+        )
     if not manifest.get("sequences", 0):
         shards.write_manifest({**wanted, "sequences": 0, "shards": 0})
     started = time.monotonic()
@@ -73,19 +95,35 @@ def train_head(settings: ModelSettings, out: Path, source: str, tokens: int, ans
         # (for prompts, the target's own answers: minutes to hours of decoding on a CPU)
         sequences = _sequences(target, source, prompts or [], tokens, answer_tokens)
         if shards.manifest().get("sequences", 0) < len(sequences):
-            with _bar("recording the target's features", sum(len(s.ids) for s in sequences), quiet) as advance:
+            with _bar(
+                "recording the target's features", sum(len(s.ids) for s in sequences), quiet
+            ) as advance:
                 data.record(model, tuple(layers), sequences, shards, target.device, progress=advance)
-        shards.write_manifest({**shards.manifest(), "complete": True, "record_seconds": round(
-            time.monotonic() - started, 1), "data_tokens": sum(len(s.ids) for s in sequences)})
+        shards.write_manifest(
+            {
+                **shards.manifest(),
+                "complete": True,
+                "record_seconds": round(time.monotonic() - started, 1),
+                "data_tokens": sum(len(s.ids) for s in sequences),
+            }
+        )
     data_tokens, recorded = shards.manifest()["data_tokens"], shards.manifest()["record_seconds"]
     with _bar("training the head", None, quiet) as advance:
         trainer = Trainer(model, out, train, progress=advance, heldout=advance.heldout)
 
         def write() -> None:
             trainer.evaluate()
-            trainer.write({"target": target.name, "source": source, "data_tokens": data_tokens,
-                           "record_seconds": recorded, "layers": list(layers),
-                           "expected_tokens_per_round": round(expected_tokens(trainer.acceptance), 3)})
+            trainer.write(
+                {
+                    "target": target.name,
+                    "source": source,
+                    "data_tokens": data_tokens,
+                    "record_seconds": recorded,
+                    "layers": list(layers),
+                    "expected_tokens_per_round": round(expected_tokens(trainer.acceptance), 3),
+                }
+            )
+
         try:
             trainer.run()
         except KeyboardInterrupt:  # the head as trained so far (a failure writes none: it may be junk)
@@ -110,13 +148,15 @@ def check_out(out: Path) -> None:
     try:
         str(out).encode("utf-8")
     except UnicodeEncodeError:  # safetensors (Rust) takes UTF-8 paths only: every shard would fail
-        raise ConfigError(f"--out {str(out)!r} is not a UTF-8 path, which safetensors cannot write to; "
-                          "give another") from None
+        raise ConfigError(
+            f"--out {str(out)!r} is not a UTF-8 path, which safetensors cannot write to; give another"
+        ) from None
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / "data" / "manifest.json").is_file():
-        raise ConfigError(f"--out {out} holds other files, not an earlier train-head run's; give a new or "
-                          "empty directory")
+        raise ConfigError(
+            f"--out {out} holds other files, not an earlier train-head run's; give a new or empty directory"
+        )
 
 
 def _sequences(target, source: str, prompts: list, tokens: int, answer_tokens: int) -> list[data.Sequence]:
@@ -153,9 +193,16 @@ class _bar:
     def __enter__(self):
         if self.quiet:
             return _Advance()
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} tokens"),
-                                 TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[loss]}"),
-                                 TextColumn("{task.fields[heldout]}"), TimeElapsedColumn(), transient=False)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed} tokens"),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[loss]}"),
+            TextColumn("{task.fields[heldout]}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
         self.progress.start()
         self.task = self.progress.add_task(self.label, total=self.total, rate="", loss="", heldout="")
         self.started, self.done = time.monotonic(), 0
@@ -163,15 +210,21 @@ class _bar:
         def advance(tokens: int, loss: float | None = None) -> None:
             self.done += tokens
             rate = self.done / max(time.monotonic() - self.started, 1e-9)
-            self.progress.update(self.task, advance=tokens, rate=f"{rate:.0f} tok/s",
-                                 loss="" if loss is None else f"loss {loss:.3f}")
+            self.progress.update(
+                self.task,
+                advance=tokens,
+                rate=f"{rate:.0f} tok/s",
+                loss="" if loss is None else f"loss {loss:.3f}",
+            )
 
         def heldout(acceptance: list[float]) -> None:
-            self.progress.update(self.task, heldout="held-out acceptance " + "/".join(f"{a:.2f}" for a in acceptance))
+            self.progress.update(
+                self.task, heldout="held-out acceptance " + "/".join(f"{a:.2f}" for a in acceptance)
+            )
+
         return _Advance(advance, heldout)
 
     def __exit__(self, *exc):
         if not self.quiet:
             self.progress.stop()
         return False
-

@@ -45,7 +45,9 @@ class Settings:
     epochs: int = 1
     minutes: float = 0.0  # stop after training this much longer (0: when the epochs are done)
     checkpoint_minutes: float = 5.0
-    evaluate_minutes: float = 2.0  # the held-out acceptance is measured this often while training (0: at the end)
+    evaluate_minutes: float = (
+        2.0  # the held-out acceptance is measured this often while training (0: at the end)
+    )
     holdout: int = 10  # every holdout-th sequence is held out
     intermediate: int = 0  # the layer's MLP width (0: the target's)
     seed: int = 0
@@ -59,7 +61,7 @@ def choose_vocabulary(shards: Shards, size: int, vocab: int, holdout: int) -> to
     counts: Counter = Counter()
     for i, (_, start, _, labels) in enumerate(shards.sequences()):
         if i % holdout:
-            counts.update(labels[max(start, 0):].tolist())
+            counts.update(labels[max(start, 0) :].tolist())
     size = min(size, vocab)
     chosen = [t for t, _ in counts.most_common(size)]
     missing = size - len(chosen)
@@ -69,17 +71,25 @@ def choose_vocabulary(shards: Shards, size: int, vocab: int, holdout: int) -> to
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
-def new_head(target_model, layers: tuple[int, ...], used: torch.Tensor, intermediate: int, seed: int) -> Eagle3Head:
+def new_head(
+    target_model, layers: tuple[int, ...], used: torch.Tensor, intermediate: int, seed: int
+) -> Eagle3Head:
     config = text_config(target_model.config)
     vocab = target_model.get_input_embeddings().weight.shape[0]
     heads = config.num_attention_heads
-    hc = HeadConfig(hidden_size=config.hidden_size, heads=heads,
-                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                    intermediate_size=intermediate or config.intermediate_size, vocab_size=vocab,
-                    draft_vocab_size=used.shape[0], layers=layers, rms_norm_eps=getattr(config, "rms_norm_eps", 1e-6),
-                    rope_theta=float(getattr(config, "rope_theta", 10000.0) or 10000.0),
-                    max_position_embeddings=config.max_position_embeddings)
+    hc = HeadConfig(
+        hidden_size=config.hidden_size,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        intermediate_size=intermediate or config.intermediate_size,
+        vocab_size=vocab,
+        draft_vocab_size=used.shape[0],
+        layers=layers,
+        rms_norm_eps=getattr(config, "rms_norm_eps", 1e-6),
+        rope_theta=float(getattr(config, "rope_theta", 10000.0) or 10000.0),
+        max_position_embeddings=config.max_position_embeddings,
+    )
     torch.manual_seed(seed)
     head = Eagle3Head(hc)
     for name, param in head.named_parameters():
@@ -106,6 +116,7 @@ def save_torch(state, path: Path, tmp: Path | None = None) -> None:
     RuntimeError("[enforce fail at inline_container.cc] unexpected pos ..."), which says neither
     why nor where: written through a file object of ours, the OSError it swallowed (a full disk's
     ENOSPC) is raised instead, and atomic_write makes it one line naming `path`."""
+
     def write(target: Path) -> None:
         with open(target, "wb") as handle:
             sink = _Sink(handle)
@@ -166,9 +177,11 @@ class Trainer:
             try:
                 saved = torch.load(self.checkpoint, map_location="cpu", weights_only=True)
                 used = saved["used"]
-            except Exception as exc:  # noqa: BLE001: a truncated or foreign file; torch raises many kinds
-                raise ConfigError(f"{self.checkpoint} cannot be read ({type(exc).__name__})",
-                                  hint="remove it to train the head from the start on the recorded data") from None
+            except Exception as exc:  # noqa: BLE001 - a truncated or foreign file; torch raises many kinds
+                raise ConfigError(
+                    f"{self.checkpoint} cannot be read ({type(exc).__name__})",
+                    hint="remove it to train the head from the start on the recorded data",
+                ) from None
         else:
             saved, used = None, None
         vocab = target_model.get_input_embeddings().weight.shape[0]
@@ -186,7 +199,11 @@ class Trainer:
             self.optimizer.load_state_dict(saved["optimizer"])
             self.position, self.epoch = saved["position"], saved["epoch"]
             tally = saved["report"]
-            self.tokens, self.seconds, self.steps_done = tally["tokens"], tally["seconds"], tally["steps_done"]
+            self.tokens, self.seconds, self.steps_done = (
+                tally["tokens"],
+                tally["seconds"],
+                tally["steps_done"],
+            )
             self.acceptance, self.accuracy = tally["acceptance"], tally["accuracy"]
 
     def _check_resumable(self, saved: dict, vocab: int) -> None:
@@ -194,23 +211,43 @@ class Trainer:
         line naming the setting (not a state_dict error, nor a silent keep of the old one)."""
         asked = min(self.settings.draft_vocab, vocab)
         if int(self.used.shape[0]) != asked:
-            raise ConfigError(f"{self.dir} holds a head in training with --draft-vocab {int(self.used.shape[0])}; "
-                              f"this run asks for {asked}", hint="rerun with that --draft-vocab, or use another --out")
+            raise ConfigError(
+                f"{self.dir} holds a head in training with --draft-vocab {int(self.used.shape[0])}; "
+                f"this run asks for {asked}",
+                hint="rerun with that --draft-vocab, or use another --out",
+            )
         for key, tensor in self.head.state_dict().items():
             if key in saved and tuple(saved[key].shape) != tuple(tensor.shape):
-                raise ConfigError(f"{self.dir} holds a head in training of another shape ({key}: "
-                                  f"{tuple(saved[key].shape)}, this run's {tuple(tensor.shape)}: another "
-                                  "--intermediate?)", hint="rerun with its settings, or use another --out")
+                raise ConfigError(
+                    f"{self.dir} holds a head in training of another shape ({key}: "
+                    f"{tuple(saved[key].shape)}, this run's {tuple(tensor.shape)}: another "
+                    "--intermediate?)",
+                    hint="rerun with its settings, or use another --out",
+                )
 
     def save_checkpoint(self) -> None:
         """The checkpoint replaced only once the new one is whole: a full disk (DiskFullError) keeps the last
-        complete one for a rerun to resume from. Its temporary, `checkpoint.tmp`, has a fixed name: one left by
+        complete one for a rerun to resume from. Its temporary, `checkpoint.tmp`, has a fixed name: one left
+        by
         a killed run is removed (its space freed) before the next is written."""
-        save_torch({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "used": self.used,
-                    "position": self.position, "epoch": self.epoch,
-                    "report": {"tokens": self.tokens, "seconds": self.seconds, "steps_done": self.steps_done,
-                               "acceptance": self.acceptance, "accuracy": self.accuracy}},
-                   self.checkpoint, tmp=self.checkpoint.with_suffix(".tmp"))
+        save_torch(
+            {
+                "head": self.head.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "used": self.used,
+                "position": self.position,
+                "epoch": self.epoch,
+                "report": {
+                    "tokens": self.tokens,
+                    "seconds": self.seconds,
+                    "steps_done": self.steps_done,
+                    "acceptance": self.acceptance,
+                    "accuracy": self.accuracy,
+                },
+            },
+            self.checkpoint,
+            tmp=self.checkpoint.with_suffix(".tmp"),
+        )
 
     def order(self, count: int) -> list[int]:
         """This epoch's order of the `count` recorded sequences' trained ones (held-out ones left out)."""
@@ -225,8 +262,10 @@ class Trainer:
         spent_before = self.seconds
         sequences = list(self.shards.sequences())
         if not self.order(len(sequences)):
-            raise ConfigError(f"{len(sequences)} recorded sequence(s), none left to train on once every "
-                              f"{settings.holdout}th is held out to measure acceptance; give more --tokens")
+            raise ConfigError(
+                f"{len(sequences)} recorded sequence(s), none left to train on once every "
+                f"{settings.holdout}th is held out to measure acceptance; give more --tokens"
+            )
         failed = False
         try:
             while settings.minutes or self.epoch < settings.epochs:  # --minutes: as many passes as fit
@@ -238,7 +277,10 @@ class Trainer:
                     self._step(ids, start, feats, labels)
                     self.position += 1
                     self.seconds = spent_before + time.monotonic() - started
-                    if settings.evaluate_minutes and time.monotonic() - last_evaluation > settings.evaluate_minutes * 60:
+                    if (
+                        settings.evaluate_minutes
+                        and time.monotonic() - last_evaluation > settings.evaluate_minutes * 60
+                    ):
                         self.evaluate()
                         last_evaluation = time.monotonic()
                     if time.monotonic() - last_save > settings.checkpoint_minutes * 60:
@@ -273,9 +315,15 @@ class Trainer:
     def _finite(self, value: torch.Tensor, what: str) -> None:
         """Diverged unless `value` is a finite number (one host sync a step: training, not decoding)."""
         if not bool(torch.isfinite(value)):
-            kept = "the last checkpoint keeps what came before" if self.checkpoint.is_file() else "nothing is kept"
-            raise Diverged(f"the training {what} is no longer finite at step {self.steps_done + 1}",
-                           hint=f"a smaller --lr than {self.settings.lr:g}; {kept}")
+            kept = (
+                "the last checkpoint keeps what came before"
+                if self.checkpoint.is_file()
+                else "nothing is kept"
+            )
+            raise Diverged(
+                f"the training {what} is no longer finite at step {self.steps_done + 1}",
+                hint=f"a smaller --lr than {self.settings.lr:g}; {kept}",
+            )
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -296,17 +344,28 @@ class Trainer:
         """The head in its public format, and training.json."""
         self.head.eval()
         config = text_config(self.target.config)
-        save_head(self.head, self.dir, self.settings.fmt, getattr(self.target, "name_or_path", "") or "",
-                  config.num_hidden_layers)
-        record = {"tokens_trained": self.tokens, "seconds": round(self.seconds, 1),
-                  "steps": self.steps_done, "epochs": self.epoch, "ttt_steps": self.settings.steps,
-                  "draft_vocab": int(self.used.shape[0]), "lr": self.settings.lr,
-                  "heldout_acceptance_per_position": self.acceptance,
-                  "heldout_accuracy_per_step": self.accuracy, **(extra or {})}
+        save_head(
+            self.head,
+            self.dir,
+            self.settings.fmt,
+            getattr(self.target, "name_or_path", "") or "",
+            config.num_hidden_layers,
+        )
+        record = {
+            "tokens_trained": self.tokens,
+            "seconds": round(self.seconds, 1),
+            "steps": self.steps_done,
+            "epochs": self.epoch,
+            "ttt_steps": self.settings.steps,
+            "draft_vocab": int(self.used.shape[0]),
+            "lr": self.settings.lr,
+            "heldout_acceptance_per_position": self.acceptance,
+            "heldout_accuracy_per_step": self.accuracy,
+            **(extra or {}),
+        }
         write_text(self.dir / "training.json", json.dumps(record, indent=1) + "\n", parents=False)
 
 
 def expected_tokens(acceptance: list[float]) -> float:
     """Tokens a round emits with greedy chains at these per-position acceptances (+1: the target's)."""
     return 1.0 + sum(acceptance)
-

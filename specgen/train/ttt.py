@@ -31,8 +31,15 @@ DECAY = 0.8
 CORRECT, CHAINED, COUNTED = range(3)
 
 
-def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor, start: int,
-           steps: int, draft_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def unroll(
+    head: Eagle3Head,
+    features: torch.Tensor,
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    start: int,
+    steps: int,
+    draft_index: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the weighted loss of one sequence, a scalar with a graph; its counts [3, steps], rows
     CORRECT, CHAINED, COUNTED). `features` [T, F] (the target's), `ids` [T], `labels` [T] (the
     target's greedy token after each position), `draft_index` [V] (draft id of a target id, -1
@@ -49,11 +56,11 @@ def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: 
     counts = torch.zeros(3, steps, dtype=torch.long)
     right = torch.ones(n, dtype=torch.bool, device=device)  # steps so far all right (a draft accepted so far)
     previous = None  # the last step's labels: the token a right draft fed this step
-    scale = attn.head_dim ** -0.5
+    scale = attn.head_dim**-0.5
     rep = config.heads // config.kv_heads
     for step in range(steps):
-        shifted = torch.cat([ids[1 + step:], ids.new_zeros(step)])[:n]  # x_(p+1+i)
-        target = torch.cat([labels[1 + step:], labels.new_zeros(step)])[:n]
+        shifted = torch.cat([ids[1 + step :], ids.new_zeros(step)])[:n]  # x_(p+1+i)
+        target = torch.cat([labels[1 + step :], labels.new_zeros(step)])[:n]
         embeds = head.embed(shifted).to(hidden.dtype)
         normed = layer.hidden_norm(hidden)
         residual = normed if config.norm_before_residual else hidden
@@ -68,11 +75,13 @@ def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: 
         k0 = keys[0].repeat_interleave(rep, 0)
         v0 = values[0].repeat_interleave(rep, 0)
         scores = [(q @ k0.transpose(1, 2) * scale).masked_fill(~causal, float("-inf"))]  # [h, n, n]
-        diagonal = [(q * keys[s].repeat_interleave(rep, 0)).sum(-1, keepdim=True) * scale for s in range(1, step + 1)]
+        diagonal = [
+            (q * keys[s].repeat_interleave(rep, 0)).sum(-1, keepdim=True) * scale for s in range(1, step + 1)
+        ]
         weights = torch.softmax(torch.cat(scores + diagonal, dim=-1).float(), dim=-1).to(q.dtype)
         out = weights[..., :n] @ v0
         for s in range(1, step + 1):
-            out = out + weights[..., n + s - 1: n + s] * values[s].repeat_interleave(rep, 0)
+            out = out + weights[..., n + s - 1 : n + s] * values[s].repeat_interleave(rep, 0)
         hidden = residual + attn.o_proj(out.transpose(0, 1).reshape(n, -1))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = head.lm_head(head.norm(hidden)).float()  # [n, Vd]
@@ -80,7 +89,7 @@ def unroll(head: Eagle3Head, features: torch.Tensor, ids: torch.Tensor, labels: 
         mask = (wanted >= 0) & (index < n - step) & (index + 1 + step >= start)
         if mask.any():
             loss = nn.functional.cross_entropy(logits[mask], wanted[mask])
-            total = total + DECAY ** step * loss
+            total = total + DECAY**step * loss
         hit = (logits.argmax(-1) == wanted) & mask
         if previous is not None:  # teacher-forced text the target would not have written breaks a chain
             right = right & (shifted == previous)

@@ -154,7 +154,9 @@ class Drafter(Protocol):
         """Only the first `valid` tokens of the row's sequence still hold (a new chat turn, a
         deterministic-mode replay that rewrote the rest). Rows never joined are ignored."""
 
-    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+    def propose(
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+    ) -> list[Proposal]:
         """One proposal per row, rows in order. `contexts[i]` is row i's committed sequence,
         `ks[i]` how many tokens it may draft (a tree drafter builds its tree when ks[i] > 0; 0:
         none), `samplings[i]` its sampling settings, whose `ProposalKind.drafting` says how to
@@ -254,8 +256,10 @@ class PerRow:
             self.rows[row].rewind(valid)
 
     def propose(self, contexts, ks, samplings) -> list[Proposal]:
-        return [self.rows[row].propose(context, k, sampling) if k > 0 else EMPTY
-                for row, (context, k, sampling) in enumerate(zip(contexts, ks, samplings))]
+        return [
+            self.rows[row].propose(context, k, sampling) if k > 0 else EMPTY
+            for row, (context, k, sampling) in enumerate(zip(contexts, ks, samplings))
+        ]
 
     def observe(self, row, path) -> None:
         self.rows[row].observe(path)

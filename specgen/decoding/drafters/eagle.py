@@ -50,8 +50,14 @@ def head_mode(compile: str, device: torch.device) -> str:
 class EagleDrafter:
     """The Drafter protocol for chains from an EAGLE-3 head (base.py has the calls)."""
 
-    def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, prefixes: PrefixStore | None = None,
-                 compile: str = "off"):
+    def __init__(
+        self,
+        head: Eagle3Head,
+        device: torch.device,
+        vocab: int,
+        prefixes: PrefixStore | None = None,
+        compile: str = "off",
+    ):
         self.head, self.device, self.vocab = head, device, vocab
         # the head's batched forwards as fixed-shape steps (CUDA graphs on a GPU, where an eager
         # head step is bound by the host): one for the target's features, one for its own outputs
@@ -110,7 +116,9 @@ class EagleDrafter:
 
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+    def propose(
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+    ) -> list[Proposal]:
         started = self._start(contexts, ks)
         if started is None:
             return [Proposal.empty(self.device) for _ in contexts]
@@ -120,14 +128,16 @@ class EagleDrafter:
         kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
         return proposals
 
-    def _draft(self, ks: list[int], logits: torch.Tensor, hidden: torch.Tensor,
-               samplings: list[SamplingConfig]) -> list[Proposal]:
+    def _draft(
+        self, ks: list[int], logits: torch.Tensor, hidden: torch.Tensor, samplings: list[SamplingConfig]
+    ) -> list[Proposal]:
         """Each row's chain of ks[i] tokens from the head's logits [rows, Vd] and outputs [rows, 1, H]
         at its last committed position (steps 2 of the module docstring)."""
         count, steps = len(ks), max(ks)
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds  # laws are built only when some row samples
         tokens, laws = [], []
+        token = None  # each step after the first reads the step before's tokens
         for step in range(steps):
             if step:
                 logits, hidden = self._forward(token.view(count, 1), hidden)
@@ -140,8 +150,14 @@ class EagleDrafter:
             tokens.append(token)
         drafted = torch.stack(tokens, dim=1)
         stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
-        return [Proposal.chain(drafted[i, :k], kinds[i], stacked[i, :k] if kinds[i] is ProposalKind.SAMPLED else None)
-                if k > 0 else Proposal.empty(self.device) for i, k in enumerate(ks)]
+        return [
+            Proposal.chain(
+                drafted[i, :k], kinds[i], stacked[i, :k] if kinds[i] is ProposalKind.SAMPLED else None
+            )
+            if k > 0
+            else Proposal.empty(self.device)
+            for i, k in enumerate(ks)
+        ]
 
     def _start(self, contexts: list[list[int]], ks: list[int]):
         """Feed every row's positions up to its last committed one from the target's features
@@ -164,7 +180,7 @@ class EagleDrafter:
         ids = torch.zeros(count, width, dtype=torch.long)
         features = self._features(news, width)
         for i, (context, new) in enumerate(zip(contexts, news)):
-            ids[i, : len(new)] = torch.tensor(context[new.start + 1: new.stop + 1], dtype=torch.long)
+            ids[i, : len(new)] = torch.tensor(context[new.start + 1 : new.stop + 1], dtype=torch.long)
         if all(len(new) == width for new in news):  # one width: the output layer reads the last position only
             logits, hidden = self._forward(ids.to(self.device), features, keep=1)
             logits, hidden = logits[:, -1], hidden[:, -1:]
@@ -205,8 +221,12 @@ class EagleDrafter:
             if k > 0 and end > length:
                 features = self._features([range(length, end)], end - length, first=row)
                 rows = slice(row, row + 1) if self.cache.rows > 1 else None
-                self._forward(torch.tensor([context[length + 1: end + 1]], device=self.device), features, keep=1,
-                              rows=rows)
+                self._forward(
+                    torch.tensor([context[length + 1 : end + 1]], device=self.device),
+                    features,
+                    keep=1,
+                    rows=rows,
+                )
                 self._save(row, context)
 
     def _save(self, row: int, context: list[int]) -> None:
@@ -218,8 +238,12 @@ class EagleDrafter:
     def _sample(self, logits: torch.Tensor, samplings: list[SamplingConfig]):
         """When any row samples: each row's target token and the laws over the target's vocabulary."""
         dist = torch.stack([warp(logits[i], s) for i, s in enumerate(samplings)])  # [rows, Vd]
-        index = torch.stack([dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
-                             for i, s in enumerate(samplings)])
+        index = torch.stack(
+            [
+                dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
+                for i, s in enumerate(samplings)
+            ]
+        )
         law = torch.zeros(len(samplings), self.vocab, device=dist.device)
         law.scatter_(1, self.map.expand(len(samplings), -1), dist)
         return self.map[index], law
@@ -237,16 +261,29 @@ class EagleTreeDrafter(EagleDrafter):
     head's cache at slot length + i - 1, at position length + depth(i) - 1; the cache is cut
     back to the committed positions afterwards, as after a chain."""
 
-    def __init__(self, head: Eagle3Head, device: torch.device, vocab: int, branching: tuple[int, ...],
-                 prefixes: PrefixStore | None = None, compile: str = "off"):
+    def __init__(
+        self,
+        head: Eagle3Head,
+        device: torch.device,
+        vocab: int,
+        branching: tuple[int, ...],
+        prefixes: PrefixStore | None = None,
+        compile: str = "off",
+    ):
         super().__init__(head, device, vocab, prefixes, compile)
         self.branching = branching
 
     def _draft(self, ks, logits, hidden, samplings) -> list[Proposal]:
-        return [self._tree(row, logits[row:row + 1], hidden[row], samplings[row]) if k > 0
-                else Proposal.empty(self.device) for row, k in enumerate(ks)]
+        return [
+            self._tree(row, logits[row : row + 1], hidden[row], samplings[row])
+            if k > 0
+            else Proposal.empty(self.device)
+            for row, k in enumerate(ks)
+        ]
 
-    def _tree(self, row: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig) -> Proposal:
+    def _tree(
+        self, row: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig
+    ) -> Proposal:
         """One row's tree from the head's logits [1, Vd] and outputs [1, H] at its last committed position."""
         kind = ProposalKind.drafting(sampling)
         sampled = kind is ProposalKind.SAMPLED
@@ -280,10 +317,20 @@ class EagleTreeDrafter(EagleDrafter):
         """The head over the frontier's nodes (their parents' outputs `inputs` [F, H]) with the tree
         mask: (logits [F, Vd], outputs [F, H])."""
         first, last = frontier[0], frontier[-1]
-        kvcache.set_length(self.cache, row, base)  # the nodes fed before sit in slots base .. base + first - 2
-        mask = tree.ancestor_mask[first:last + 1, 1:last + 1]  # [F, last]: the round's slots are nodes 1..last
-        depth = torch.tensor(tree.depth[1:last + 1]) - 1  # node i's position: base + depth(i) - 1
+        kvcache.set_length(
+            self.cache, row, base
+        )  # the nodes fed before sit in slots base .. base + first - 2
+        mask = tree.ancestor_mask[
+            first : last + 1, 1 : last + 1
+        ]  # [F, last]: the round's slots are nodes 1..last
+        depth = torch.tensor(tree.depth[1 : last + 1]) - 1  # node i's position: base + depth(i) - 1
         rows = slice(row, row + 1) if self.cache.rows > 1 else None
-        logits, hidden = self._forward(tree.tokens[first - 1:last][None], inputs[None], offset=first - 1, depth=depth,
-                                       tree=mask, rows=rows)
+        logits, hidden = self._forward(
+            tree.tokens[first - 1 : last][None],
+            inputs[None],
+            offset=first - 1,
+            depth=depth,
+            tree=mask,
+            rows=rows,
+        )
         return logits[0], hidden[0]

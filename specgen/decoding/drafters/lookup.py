@@ -19,6 +19,7 @@ proposed, never what is emitted: a stale index would cost speed, not correctness
 from __future__ import annotations
 
 import enum
+
 import torch
 
 from specgen.config import SamplingConfig
@@ -91,7 +92,7 @@ class PromptLookupDrafter:
         length = len(context)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             self.reads += 1
-            positions = self._index.get(tuple(context[length - n:]))
+            positions = self._index.get(tuple(context[length - n :]))
             if positions:
                 start = positions[-1]
                 period = length - start
@@ -125,7 +126,7 @@ class PromptLookupDrafter:
         if valid < indexed:
             self._cut(valid)
         if len(context) > len(self._ids):
-            self._append(context[len(self._ids):])
+            self._append(context[len(self._ids) :])
 
     def _cut(self, valid: int) -> None:
         """Keep the first `valid` indexed tokens: unpick the rest, or rebuild if that is cheaper."""
@@ -142,7 +143,7 @@ class PromptLookupDrafter:
         """The n-grams that end right before position t, for every indexed n."""
         ids = self._ids
         for n in range(self.min_ngram, min(self.max_ngram, t) + 1):
-            yield tuple(ids[t - n:t])
+            yield tuple(ids[t - n : t])
 
     def _append(self, tokens: list[int]) -> None:
         start = len(self._ids)
@@ -200,8 +201,13 @@ class LookupChain:
     lazily is cheaper than keeping it warm). When no row needs the model, it is not called.
     """
 
-    def __init__(self, model: Drafter, min_match: int = 2, model_tokens: int | None = None,
-                 make_lookup=PromptLookupDrafter):
+    def __init__(
+        self,
+        model: Drafter,
+        min_match: int = 2,
+        model_tokens: int | None = None,
+        make_lookup=PromptLookupDrafter,
+    ):
         self.make_lookup = make_lookup
         self.lookups: list[PromptLookupDrafter] = []  # each row's own index (LookupChain asks it itself)
         probe = make_lookup()
@@ -275,7 +281,9 @@ class LookupChain:
         room = k - proposal.size
         if room <= 0 or proposal.size == 0:
             return proposal
-        found = self.lookups[row].find(context + proposal.tokens.tolist(), room, new_round=False, least=self.min_match)
+        found = self.lookups[row].find(
+            context + proposal.tokens.tolist(), room, new_round=False, least=self.min_match
+        )
         if found is None:
             return proposal
         extra = torch.tensor(found, dtype=proposal.tokens.dtype, device=proposal.tokens.device)

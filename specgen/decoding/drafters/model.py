@@ -27,8 +27,8 @@ from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal, embeddable
 from specgen.decoding.length import unsure
-from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.sampling import on_device, sample, warp
+from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
 from specgen.runtime.prefixes import PrefixStore
@@ -39,9 +39,15 @@ CATCH_UP = 4  # unseen tokens a row feeds in the batched first step; more are fe
 class ChainDrafter:
     """The Drafter protocol for chains from one draft model (base.py has the calls)."""
 
-    def __init__(self, model, device: torch.device, vocab: int | None = None,
-                 confidence: float = 0.0, compile: str = "off",
-                 prefixes: PrefixStore | None = None):
+    def __init__(
+        self,
+        model,
+        device: torch.device,
+        vocab: int | None = None,
+        confidence: float = 0.0,
+        compile: str = "off",
+        prefixes: PrefixStore | None = None,
+    ):
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         # tokens of a row's catch-up per round when other rows share it (0: all at once; a GPU)
@@ -97,13 +103,19 @@ class ChainDrafter:
 
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+    def propose(
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+    ) -> list[Proposal]:
         count, steps = len(contexts), max(ks)
         self._catch_up(contexts, ks)
         # a row more than CATCH_UP behind after its catch-up sits the round out: a pad, no proposal
-        out_of_round = [len(context) - length > CATCH_UP for context, length in zip(contexts, self.cache.lengths)]
-        new = [[0] if out else context[length:] for context, length, out in zip(contexts, self.cache.lengths,
-                                                                              out_of_round)]
+        out_of_round = [
+            len(context) - length > CATCH_UP for context, length in zip(contexts, self.cache.lengths)
+        ]
+        new = [
+            [0] if out else context[length:]
+            for context, length, out in zip(contexts, self.cache.lengths, out_of_round)
+        ]
         width = max(len(tokens) for tokens in new)
         bases = list(self.cache.lengths)
         logits = self._first_step(new, width)
@@ -116,9 +128,12 @@ class ChainDrafter:
         if any(out_of_round):  # those sitting out are from the start (a host list copied only then)
             stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
         stop_at = [steps] * count
+        token = None  # each step after the first reads the step before's tokens
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
-                logits = self.steps.forward(self.cache, token.view(count, 1).to(self.device))[:, -1, : self.vocab]
+                logits = self.steps.forward(self.cache, token.view(count, 1).to(self.device))[
+                    :, -1, : self.vocab
+                ]
             if sampled:
                 token, law = self._sample(logits, samplings)
                 laws.append(law)
@@ -168,10 +183,14 @@ class ChainDrafter:
             if k > 0 and end > length:
                 end = min(end, length + chunk) if chunk else end
                 rows = slice(row, row + 1) if self.cache.rows > 1 else None
-                kvcache.forward(self.steps.call, self.cache,
-                                embeddable(torch.tensor([context[length:end]]), self.vocab).to(self.device), keep=1,
-                                rows=rows,
-                                full_view=self.steps.mode == "inductor")
+                kvcache.forward(
+                    self.steps.call,
+                    self.cache,
+                    embeddable(torch.tensor([context[length:end]]), self.vocab).to(self.device),
+                    keep=1,
+                    rows=rows,
+                    full_view=self.steps.mode == "inductor",
+                )
                 self.prefixes.save(self.cache, row, context)  # rows joining meanwhile copy it
 
     def _first_step(self, new: list[list[int]], width: int) -> torch.Tensor:
@@ -197,6 +216,10 @@ class ChainDrafter:
             dist = warp(logits, samplings[0])
         else:  # rows with their own settings (a server's requests)
             dist = torch.stack([warp(logits[i], s) for i, s in enumerate(samplings)])
-        token = torch.stack([dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
-                             for i, s in enumerate(samplings)])
+        token = torch.stack(
+            [
+                dist[i].argmax() if s.greedy else sample(dist[i], self.generators[i])
+                for i, s in enumerate(samplings)
+            ]
+        )
         return token, dist

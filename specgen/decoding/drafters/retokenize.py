@@ -56,7 +56,7 @@ def text_of(tokenizer, ids: list[int], start: int, end: int) -> str:
     before = max(0, start - CONTEXT)
     head = decode(tokenizer, ids[before:start])
     full = decode(tokenizer, ids[before:end])
-    return full[len(head):] if full.startswith(head) else decode(tokenizer, ids[start:end])
+    return full[len(head) :] if full.startswith(head) else decode(tokenizer, ids[start:end])
 
 
 def complete(text: str) -> str:
@@ -82,8 +82,12 @@ class Bridge:
         draft_by_name = {content: i for i, content in self.draft_specials.items()}
         target_by_name = {content: i for i, content in self.target_specials.items()}
         # a special token of one side becomes the other side's token of the same name, or nothing
-        self.special_to_draft = {i: draft_by_name[c] for i, c in self.target_specials.items() if c in draft_by_name}
-        self.special_to_target = {i: target_by_name[c] for i, c in self.draft_specials.items() if c in target_by_name}
+        self.special_to_draft = {
+            i: draft_by_name[c] for i, c in self.target_specials.items() if c in draft_by_name
+        }
+        self.special_to_target = {
+            i: target_by_name[c] for i, c in self.draft_specials.items() if c in target_by_name
+        }
         plain = draft_tokenizer.encode("a", add_special_tokens=False)
         full = draft_tokenizer.encode("a")
         self.lead = full[: full.index(plain[0])] if plain and plain[0] in full else []  # the draft's BOS
@@ -117,7 +121,7 @@ class Bridge:
                 text = complete(text)
                 if hold:
                     kept = text.rstrip(" ")
-                    text, held = kept, text[len(kept):]
+                    text, held = kept, text[len(kept) :]
             if text:
                 out.extend(self.draft.encode(text, add_special_tokens=False))
             if i < end and ids[i] in self.special_to_draft:
@@ -140,7 +144,7 @@ class Bridge:
         if end - start <= MAX_TAIL:
             return start
         for p in range(end - MAX_TAIL // 2, end - MAX_TAIL, -1):
-            if not decode(self.target, ids[max(start, p - CONTEXT):p]).endswith(REPLACEMENT):
+            if not decode(self.target, ids[max(start, p - CONTEXT) : p]).endswith(REPLACEMENT):
                 return p
         return start
 
@@ -153,8 +157,9 @@ class Bridge:
         return known
 
     # -- draft -> target -------------------------------------------------------------------------
-    def proposal(self, committed: list[int], seam: int, context: list[int], drafted: list[int],
-                 k: int, held: str = "") -> tuple[list[int], Seam]:
+    def proposal(
+        self, committed: list[int], seam: int, context: list[int], drafted: list[int], k: int, held: str = ""
+    ) -> tuple[list[int], Seam]:
         """At most k target ids that continue `committed` with the text `drafted` continues the
         draft's `context` with; `seam`: where the committed tail (re-encoded with it) begins;
         `held`: committed trailing spaces the draft did not read (`tail`), which its text must
@@ -169,7 +174,7 @@ class Bridge:
         draft_text = complete(text_of(self.draft, whole, len(context), len(whole)))
         if not draft_text.startswith(held):
             return [], Seam.NONE
-        draft_text = draft_text[len(held):]
+        draft_text = draft_text[len(held) :]
         if not draft_text:
             return ([closing], Seam.EXTENDS) if closing is not None and k > 0 else ([], Seam.NONE)
         raw_tail = text_of(self.target, committed, seam, len(committed))

@@ -24,9 +24,8 @@ vocabulary) could not be used anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -67,10 +66,10 @@ class RowText:
         """Only the first `valid` committed target ids still hold."""
         while len(self.anchors) > 1 and self.anchors[-1][0] > valid:
             self.anchors.pop()
-        del self.frozen[self.anchors[-1][1]:]
+        del self.frozen[self.anchors[-1][1] :]
         del self.ids[valid:]
-        del self.seen[len(self.frozen):]
-        del self.last[len(self.frozen):]
+        del self.seen[len(self.frozen) :]
+        del self.last[len(self.frozen) :]
 
 
 class TextDrafter:
@@ -132,7 +131,9 @@ class TextDrafter:
         pass
 
     # -- a round ------------------------------------------------------------------------------
-    def propose(self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]) -> list[Proposal]:
+    def propose(
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+    ) -> list[Proposal]:
         drafts = []
         for row, context in enumerate(contexts):
             state = self.rows[row]
@@ -164,9 +165,12 @@ class TextDrafter:
         """The draft context of the committed `context`: the frozen ids (the anchor moved to
         this round's cut, what it passed encoded once) and the re-encoded tail."""
         known = len(state.ids)
-        if len(context) < known or context[max(known - CHECK, 0):known] != state.ids[max(known - CHECK, 0):]:
+        if (
+            len(context) < known
+            or context[max(known - CHECK, 0) : known] != state.ids[max(known - CHECK, 0) :]
+        ):
             state.cut_to(common_prefix(state.ids, context))  # not an extension: a rewind we were not told of
-        state.ids.extend(context[len(state.ids):])
+        state.ids.extend(context[len(state.ids) :])
         cut = self.bridge.cut(context, state.anchor)
         if cut > state.anchor:
             frozen = self.bridge.draft_ids(context, state.anchor, cut)

@@ -58,7 +58,7 @@ class TreeDrafter(abc.ABC):
     def propose(self, context: list[int], k: int, sampling: SamplingConfig) -> Proposal:
         """The whole tree (its shape is fixed by the method, not by k)."""
         n = len(context)
-        unseen = torch.tensor([context[self.cached:]], device=self.device)
+        unseen = torch.tensor([context[self.cached :]], device=self.device)
         root = unseen[0, -1:]
         logits = self._forward(unseen)[0, -1:, : self.vocab]  # root's next-token logits
         self.cached = n
@@ -72,7 +72,9 @@ class TreeDrafter(abc.ABC):
             dist = warp(logits, sampling) if sampled else logits  # greedy: children from the draft's logits
             if sampled:
                 laws.append(dist)
-            new_parents, new_tokens, scores = self._children(level, frontier, dist, scores, kind, self.generator)
+            new_parents, new_tokens, scores = self._children(
+                level, frontier, dist, scores, kind, self.generator
+            )
             if not new_parents:
                 break
             start = len(parents) + 1
@@ -105,13 +107,21 @@ class TreeDrafter(abc.ABC):
         """
         first, last = frontier[0], frontier[-1]
         kvcache.crop(self.cache, n - 1)
-        logits = self.steps.tree(self.cache, torch.cat([root, tree.tokens]), tree, offset=first,
-                                 nodes=slice(first, last + 1))
+        logits = self.steps.tree(
+            self.cache, torch.cat([root, tree.tokens]), tree, offset=first, nodes=slice(first, last + 1)
+        )
         return logits[0, :, : self.vocab]
 
     @abc.abstractmethod
-    def _children(self, level: int, frontier: list[int], dist: torch.Tensor, scores: torch.Tensor | None,
-                  kind: ProposalKind, generator) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+    def _children(
+        self,
+        level: int,
+        frontier: list[int],
+        dist: torch.Tensor,
+        scores: torch.Tensor | None,
+        kind: ProposalKind,
+        generator,
+    ) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
         """The children of every frontier node, grouped by parent, each group in draw order:
         (each child's parent node, their tokens [C], what the next depth carries (RSD-S's
         scores)). `dist` [F, V] is the frontier's warped law when `kind` is SAMPLED, its
@@ -121,8 +131,9 @@ class TreeDrafter(abc.ABC):
 class RSDConstant(TreeDrafter):
     """RSD-C: each node at depth l gets b_l children by Gumbel-top-k (without replacement)."""
 
-    def __init__(self, model, device, branching: tuple[int, ...], vocab: int | None = None,
-                 compile: str = "off"):
+    def __init__(
+        self, model, device, branching: tuple[int, ...], vocab: int | None = None, compile: str = "off"
+    ):
         super().__init__(model, device, len(branching), vocab, compile)
         self.branching = branching
 
@@ -151,8 +162,9 @@ class MultiDraft(RSDConstant):
 class RSDStochasticBeam(TreeDrafter):
     """RSD-S: stochastic beam search, beam width W, depth L (ALGORITHMS.md section 5)."""
 
-    def __init__(self, model, device, beam_width: int, depth: int, vocab: int | None = None,
-                 compile: str = "off"):
+    def __init__(
+        self, model, device, beam_width: int, depth: int, vocab: int | None = None, compile: str = "off"
+    ):
         super().__init__(model, device, depth, vocab, compile)
         self.width = beam_width
 
