@@ -185,6 +185,9 @@ class GenerationConfig:
     verify_window: int = 32
     device_draft_tokens: bool = False  # draft_tokens is a placeholder: decoding/costs.choose sets it
     device_confidence: bool = False  # no --draft-confidence given: a device-chosen k brings its stop
+    # rows lower their draft length where drafting does not pay (decoding/floor.py): where k is the
+    # device's choice or adaptive; never where the user (or a request) fixed it, which then means k
+    floor: bool = False
     acceptance: Acceptance = Acceptance()  # REAL everywhere but benchmark scripts (AcceptanceMode)
 
     @property

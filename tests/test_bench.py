@@ -872,11 +872,11 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
 
     assert variant("lookup-chain/k4/c0.5") == (
         Method.LOOKUP_CHAIN,
-        {"draft_tokens": 4, "schedule": Schedule.FIXED, "draft_confidence": 0.5},
+        {"draft_tokens": 4, "schedule": Schedule.FIXED, "draft_confidence": 0.5, "floor": False},
     )
     assert variant("chain/expected-gain/k6") == (
         Method.CHAIN,
-        {"schedule": Schedule.EXPECTED_GAIN, "draft_tokens": 6},
+        {"schedule": Schedule.EXPECTED_GAIN, "draft_tokens": 6, "floor": True},
     )
     assert variant("chain/c0") == (
         Method.CHAIN,

@@ -526,6 +526,9 @@ def test_a_served_run_returns_what_a_local_run_returns(served, tiny_dirs, prompt
     assert served.scheduler.served == before + 1  # it really ran on the server
     assert remote["token_ids"] == local["token_ids"]
     assert remote["text"] == local["text"]
+    # the device's k is a ceiling that each row's measured rounds lower (decoding/floor.py): its
+    # rounds are then timing's, and only a fixed k gives the same rounds
+    fixed = "-k" in extra or "--method" in extra and extra[extra.index("--method") + 1] == "plain"
     for key in (
         "new_tokens",
         "rounds",
@@ -537,7 +540,8 @@ def test_a_served_run_returns_what_a_local_run_returns(served, tiny_dirs, prompt
         "dtype",
         "verified_windows",
     ):
-        assert remote["stats"][key] == local["stats"][key], key
+        if fixed or key not in ("rounds", "drafted", "accepted", "accepted_length_histogram"):
+            assert remote["stats"][key] == local["stats"][key], key
 
 
 def test_plain_and_rich_output_come_through(served, tiny_dirs):

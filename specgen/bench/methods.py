@@ -75,6 +75,8 @@ def variant(name: str) -> tuple[Method, dict] | None:
                 "/additive, /expected-gain"
             )
     overrides.pop("schedule_named", None)
+    if "draft_tokens" in overrides:  # a k of the column's own: fixed means k, adaptive has the floor
+        overrides["floor"] = overrides["schedule"] is not Schedule.FIXED
     return methods[base], overrides
 
 

@@ -96,6 +96,7 @@ def config_from(settings: dict, base: GenerationConfig | None = None) -> Generat
         draft_tokens=k,
         schedule=schedule,
         device_draft_tokens=merged["draft_tokens"] == DEVICE,
+        floor=schedule is not Schedule.FIXED,  # and the device's k (decoding/build.resolve_draft_length)
         draft_confidence=confidence or 0.0,
         device_confidence=confidence is None,
         branching=read("branching", lambda value: tuple(_int(b) for b in _list(value))),

@@ -293,9 +293,11 @@ GENERATION_OPTIONS = {
             typer.Option(
                 "--draft-tokens",
                 "-k",
-                help="Draft tokens per round: a number, 'auto' (adaptive, up to 8) or 'device' (the default: "
-                "the k with the best expected speed from this device's measured draft and verify costs; "
-                "4 on a GPU).",
+                help="Draft tokens per round: a number N, a fixed choice (every round drafts N, even where "
+                "drafting does not pay); 'auto' (adaptive, up to 8); or 'device' (the default: the k with the "
+                "best expected speed from this device's measured draft and verify costs, 4 on a GPU). With "
+                "'device' and 'auto' each row drafts less, down to plain rounds, where its measured rounds "
+                "show drafting does not pay, and tries again later.",
             ),
         ],
         "device",
@@ -491,6 +493,7 @@ def generation_config(
         draft_tokens=k,
         schedule=chosen,
         device_draft_tokens=str(draft_tokens).strip().lower() == "device",
+        floor=chosen is not Schedule.FIXED,  # and the device's k (decoding/build.resolve_draft_length)
         sampling=SamplingConfig(
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, logprobs=logprobs
         ),

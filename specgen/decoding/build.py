@@ -25,7 +25,8 @@ from specgen.status import note
 
 
 def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | None = None):
-    """`--draft-tokens device` (the default): the k measured best for this pair on this device.
+    """`--draft-tokens device` (the default): the k measured best for this pair on this device,
+    with the floor under every row (decoding/floor.py): a k the device chose is only a ceiling.
 
     Returns (config with k set and the placeholder cleared, the costs.DraftLength or None).
     `drafts`: whether a model-drafting method with a fixed k will run (default: from
@@ -35,11 +36,11 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
     if drafts is None:
         drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
     if pair.draft is None or not drafts or pair.draft.vocabulary is Vocabulary.HEAD:
-        return replace(config, device_draft_tokens=False), None
+        return replace(config, device_draft_tokens=False, floor=True), None
     choice = costs.choose(pair)  # a few seconds, once per machine and pair; cached after that
     confidence = choice.confidence if config.device_confidence else config.draft_confidence
     return replace(
-        config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence
+        config, draft_tokens=choice.k, device_draft_tokens=False, draft_confidence=confidence, floor=True
     ), choice
 
 

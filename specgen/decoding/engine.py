@@ -33,6 +33,7 @@ from specgen.decoding import verify
 from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import Feed, ListFeed, Request
+from specgen.decoding.floor import PlainSteps
 from specgen.decoding.rates import Choice, WidthRates
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
@@ -137,6 +138,9 @@ class Engine:
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.policy = policy
+        # plain rounds' seconds per batch width, for the rows' floors (floor.py): kept across
+        # generations (a chat's turns, a server's requests), and by an engine that replaces this one
+        self.plain = after.plain if after is not None else PlainSteps()
 
     @property
     def prefill_chunk(self) -> int:
@@ -389,7 +393,8 @@ class Engine:
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
         cap, rates = self.policy.width_cap(len(rows)), self.policy.rates
         pick = rates.choose(len(rows), cap) if cap and rates is not None else None
-        if pick is not None and pick.kind is Choice.EXPLORE:  # one plain round to measure: no row is held
+        explore = self.plain.explore(len(rows), any(state.floor.unsure for state in rows))
+        if explore or (pick is not None and pick.kind is Choice.EXPLORE):  # a plain round to measure
             ks = [0] * len(rows)
         else:
             cap = cap if pick is None else pick.k  # PLAIN: 0, rows held to plain rounds
@@ -408,13 +413,22 @@ class Engine:
             self._commit(state, proposal, result, config, drafted - started, verified - drafted, lp)
             for state, proposal, result, lp in zip(rows, proposals, judged, reported)
         ]
+        seconds, drafting = time.perf_counter() - started, any(p.size for p in proposals)
         if pick is not None:
-            rates.record(
-                len(rows),
-                pick.k if any(p.size for p in proposals) else 0,
-                sum(len(r.emitted) for r in results),
-                time.perf_counter() - started,
+            rates.record(len(rows), pick.k if drafting else 0, sum(len(r.emitted) for r in results), seconds)
+        # each row's floor: its tokens against plain steps at this width (a row that proposed
+        # nothing had a plain round); then the width's plain steps, from rounds where none drafted
+        plain = self.plain.seconds(len(rows))
+        for state, k, proposal, result in zip(rows, ks, proposals, results):
+            state.floor.record(
+                k if proposal.size else 0,
+                len(result.emitted),
+                seconds,
+                verified - drafted,
+                plain,
+                tree=not proposal.is_chain,
             )
+        self.plain.record(len(rows), drafting, seconds)
         return results
 
     def _commit(

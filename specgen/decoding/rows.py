@@ -10,6 +10,7 @@ import torch
 
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.feed import Request
+from specgen.decoding.floor import NO_FLOOR, Floor, NoFloor
 from specgen.decoding.length import LengthPolicy, make_policy
 from specgen.decoding.replay import window_start
 from specgen.runtime import kvcache
@@ -19,6 +20,12 @@ RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draf
 # for a round whenever a request ends and the next has not arrived yet (2 clients sending one
 # request after another), and a catch-up for that one round cost 2 clients 5-7% of plain
 RESUME_ROUNDS = 3
+
+
+def _seeded(sampling: SamplingConfig, config: GenerationConfig) -> bool:
+    """A seeded sampled row outside deterministic mode: its draws depend on its draft lengths, so
+    the same seed gives the same text only where k does not depend on timing (no floor)."""
+    return not sampling.greedy and sampling.seed is not None and not config.deterministic
 
 
 @dataclass
@@ -32,6 +39,7 @@ class DecodeState:
     generator: torch.Generator | None = field(default=None, repr=False)
     length: LengthPolicy | None = None  # the draft-length policy (length.py), kept across chat turns
     length_for: tuple = ()  # the (schedule, most tokens, cost) it was made for: another makes a new one
+    floor: Floor | NoFloor = NO_FLOOR  # the ceiling its measured rounds put on its draft length (floor.py)
     row: int = 0  # this sequence's row in the cache (and in the drafter)
     index: int = 0  # the prompt's position in the generation's input
     budget: int = 0  # new tokens allowed (max_new_tokens within the context)
@@ -60,6 +68,7 @@ class DecodeState:
         made_for = (config.schedule, config.round_tokens, cost)
         if self.length is None or self.length_for != made_for:  # a chat's /set or /method changed it
             self.length, self.length_for = make_policy(*made_for[:2], cost=cost), made_for
+            self.floor = Floor() if config.floor and not _seeded(request.sampling, config) else NO_FLOOR
         self.budget = min(request.max_new_tokens, context_length - self.prompt_length)
         self.context_bound = self.budget < request.max_new_tokens
 
@@ -69,7 +78,8 @@ class DecodeState:
         remaining = self.limit(config) - len(self.ids)
         if config.method.is_tree and remaining <= config.tree_depth:
             return 0  # too close to the end for a tree
-        return max(min(self.length.next_k(), remaining - 1), 0)
+        k = min(self.length.next_k(), remaining - 1)
+        return max(min(k, self.floor.limit()), 0) if k > 0 else 0
 
     def limit(self, config: GenerationConfig) -> int:
         """The length this row's fast path may reach before it must stop (or replay)."""

@@ -124,7 +124,6 @@ class Job:
     include_usage: bool = False
     live: bool = False  # each chunk carries its round's draft pieces and statistics
     model: str = ""
-    own_length: bool = False  # the request set its draft length: the server's width policy leaves it
     n: int = 1  # choices asked for: a row each (`choices` makes a Job per choice)
     choice: int = 0  # which choice this Job decodes
     endpoint: str = ""  # the route that asked, where it is not `kind`'s own ("responses": a chat Job)
@@ -247,6 +246,7 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
     include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     config, live = _config(body, defaults, _logprobs(body, kind))
     own = (body.get("speculative") or {}).get("draft_tokens") is not None
+    config = replace(config, floor=not own)
     stops = _stops(body.get("stop"))
     ignore_eos = _boolean(body, "ignore_eos")
     stop_ids = _stop_ids(body.get("stop_token_ids"))
@@ -283,7 +283,6 @@ def read_job(body: dict, kind: str, defaults: GenerationConfig, served: set[str]
         include_usage,
         live,
         model,
-        own_length=own,
         n=n,
         ignore_eos=ignore_eos,
         stop_ids=stop_ids,

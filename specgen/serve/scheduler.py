@@ -74,7 +74,7 @@ def drafting_key(config: GenerationConfig) -> tuple:
 
 def engine_key(job: api.Job) -> tuple:
     """The engine a queued job runs on: its drafting, and whether it set its own draft length."""
-    return drafting_key(job.config) + (job.own_length,)
+    return drafting_key(job.config) + (job.config.floor,)
 
 
 class Scheduler:
@@ -203,7 +203,7 @@ class Scheduler:
                 if self.stopping:
                     return
                 first = self.waiting[0]
-            self._serve(engine_key(first), first.config, first.ids, not first.own_length)
+            self._serve(engine_key(first), first.config, first.ids, first.config.floor)
             self.idle_since = time.monotonic()
 
     def _serve(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:

@@ -1,0 +1,165 @@
+"""The floor under every row (decoding/floor.py): a row whose drafting does not pay lowers its
+draft length down to plain rounds, probes again later, and keeps drafting where it pays; only
+the draft length changes, so greedy output stays plain decoding's; a fixed k has no floor."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from test_engine import PROMPT, ScriptedDrafter, engine_for, reference_greedy
+from tiny import decode
+
+from specgen.config import GenerationConfig, Method, Schedule
+from specgen.decoding import floor
+from specgen.decoding.floor import NONE, Floor, PlainSteps
+
+
+def feed(row: Floor, rounds: int, k: int, tokens: int, seconds: float, verify: float, plain: float | None):
+    """`rounds` rounds of a row: each asks its limit (the k it may draft) and, drafting, records."""
+    seen = []
+    for _ in range(rounds):
+        allowed = min(k, row.limit())
+        seen.append(allowed)
+        row.record(allowed, tokens if allowed else 1, seconds if allowed else plain or seconds, verify, plain)
+    return seen
+
+
+def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
+    row = Floor()
+    # 1.2 tokens per round in 0.16 s, against plain steps of 0.1 s: 0.75x plain
+    halving = 3 * floor.MIN_ROUNDS  # 4, 2 and 1 tokens, MIN_ROUNDS rounds each
+    seen = feed(row, halving + floor.RETRY, k=4, tokens=1.2, seconds=0.16, verify=0.11, plain=0.1)
+    assert seen[:halving] == [4] * floor.MIN_ROUNDS + [2] * floor.MIN_ROUNDS + [1] * floor.MIN_ROUNDS
+    assert row.ceiling == 0 and seen[halving:] == [0] * floor.RETRY  # plain rounds, no draft
+    # after RETRY plain rounds a one-token probe; it loses: the next waits twice as long
+    later = feed(
+        row, floor.RETRY + floor.MIN_ROUNDS + 2, k=4, tokens=1.0, seconds=0.16, verify=0.11, plain=0.1
+    )
+    assert later.count(1) >= floor.MIN_ROUNDS and row.ceiling == 0 and row.retry == 2 * floor.RETRY
+
+
+def test_a_row_whose_drafts_win_keeps_drafting_and_a_won_probe_restores_it():
+    row = Floor()
+    seen = feed(row, 40, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)
+    assert set(seen) == {4} and row.ceiling == NONE
+    low = Floor(ceiling=0)
+    feed(low, floor.RETRY, k=4, tokens=1, seconds=0.1, verify=0.1, plain=0.1)
+    # the text turned predictable: the probe wins, the ceiling grows back
+    seen = feed(low, 80, k=4, tokens=2.5, seconds=0.13, verify=0.11, plain=0.1)
+    assert seen[0] == 1 and seen[-1] == 4 and low.ceiling > 1
+
+
+def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
+    sure_loss = Floor()
+    feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.0, seconds=0.2, verify=0.1, plain=None)
+    assert sure_loss.ceiling == 1 and not sure_loss.unsure  # 1 token x 0.1 / 0.2: at most 0.5x
+    sure_win = Floor()
+    feed(sure_win, floor.MIN_ROUNDS, k=3, tokens=4.0, seconds=0.15, verify=0.1, plain=None)
+    assert sure_win.ceiling == NONE and not sure_win.unsure  # at least 2.7x
+    unsure = Floor()
+    feed(unsure, floor.MIN_ROUNDS, k=3, tokens=2.0, seconds=0.16, verify=0.1, plain=None)
+    assert unsure.unsure and unsure.ceiling == NONE  # at least 1.25x: needs the plain step
+    plain = PlainSteps()
+    asked = [plain.explore(1, unsure=True) for _ in range(3 * floor.EXPLORE)]
+    assert asked.count(True) == 3  # one plain round in EXPLORE while unmeasured
+    for _ in range(floor.MIN_ROUNDS):
+        plain.record(1, drafted=False, seconds=0.1)
+    assert plain.seconds(1) == pytest.approx(0.1) and not plain.explore(1, unsure=True)
+    for _ in range(floor.REFRESH + 1):
+        plain.record(1, drafted=True, seconds=0.2)
+    assert plain.seconds(1) is None  # stale: measured again where a row needs it
+
+
+def test_a_tree_goes_to_plain_rounds_at_once():
+    row = Floor()
+    for _ in range(floor.MIN_ROUNDS):
+        row.record(6, 1, 0.3, 0.12, 0.1, tree=True)
+    assert row.ceiling == 0
+
+
+class SlowWrong(ScriptedDrafter):
+    """Always wrong, and dear: each proposal takes `delay` seconds (a draft far slower than the
+    target: drafting can only lose)."""
+
+    def __init__(self, *args, delay: float = 0.02, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay, self.calls = delay, 0
+
+    def propose(self, context, k, sampling):
+        self.calls += 1
+        time.sleep(self.delay)
+        return super().propose(context, k, sampling)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    return reference_greedy(tiny_pair[0].model, PROMPT, 60)
+
+
+def test_a_row_drafting_at_a_loss_stops_drafting_and_its_output_is_plain(tiny_pair, reference):
+    drafter = SlowWrong(reference, len(PROMPT), right=0)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=60, draft_tokens=4, floor=True)
+    rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
+    assert [t for r in rounds for t in r.emitted] == reference
+    drafted = [bool(r.draft_tokens) for r in rounds]
+    assert drafted[1:5] == [True] * 4 and not any(drafted[-10:])  # 4 rounds measured, then plain
+    assert drafter.calls < len(rounds) // 2
+
+
+def test_a_fixed_draft_length_has_no_floor(tiny_pair, reference):
+    drafter = SlowWrong(reference, len(PROMPT), right=0, delay=0.002)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=30, draft_tokens=4, floor=False)
+    rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
+    assert all(len(r.draft_tokens) == 4 for r in rounds[1:-5])
+
+
+def test_a_row_whose_drafts_pay_keeps_drafting(tiny_pair, reference):
+    drafter = ScriptedDrafter(reference, len(PROMPT), right=4)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=60, draft_tokens=4, floor=True)
+    rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
+    assert [t for r in rounds for t in r.emitted] == reference
+    assert sum(bool(r.draft_tokens) for r in rounds) >= len(rounds) - 4
+
+
+@pytest.mark.parametrize("method", [Method.LOOKUP, Method.RSD_C, Method.LOOKUP_CHAIN])
+def test_every_method_under_the_floor_equals_plain(tiny_pair, method):
+    from tiny import engine_with
+
+    target = tiny_pair[0]
+    want = reference_greedy(target.model, PROMPT, 40)
+    config = GenerationConfig(method=method, max_new_tokens=40, draft_tokens=3, floor=True)
+    rounds, _ = decode(engine_with(tiny_pair, config), PROMPT, config)
+    assert [t for r in rounds for t in r.emitted] == want
+
+
+def test_the_command_line_floor_is_on_for_the_device_s_k_and_off_for_a_fixed_one():
+    from specgen.cli.options import generation_config
+
+    assert generation_config(draft_tokens="device").floor is False  # set once the device's k is known
+    assert generation_config(draft_tokens="auto").floor is True
+    assert generation_config(draft_tokens="3").floor is False
+    assert generation_config(draft_tokens="3", draft_schedule="additive").floor is True
+    assert GenerationConfig(schedule=Schedule.FIXED).floor is False
+
+
+def test_resolving_the_device_s_k_turns_the_floor_on(tiny_pair):
+    from specgen.decoding.build import resolve_draft_length
+    from specgen.runtime.pair import Pair
+
+    config = GenerationConfig(method=Method.LOOKUP, device_draft_tokens=True)
+    resolved, _ = resolve_draft_length(Pair(tiny_pair[0], None, "off"), config)
+    assert resolved.floor and not resolved.device_draft_tokens
+    assert torch.get_num_threads() >= 1
+
+
+def test_a_seeded_sampled_row_keeps_its_draft_length_so_its_seed_replays(tiny_pair, reference):
+    """Its draws depend on its draft lengths: under the floor they would depend on timing."""
+    from specgen.config import SamplingConfig
+
+    drafter = SlowWrong(reference, len(PROMPT), right=0, delay=0.005)
+    sampling = SamplingConfig(temperature=0.8, seed=5)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=24, draft_tokens=3, floor=True, sampling=sampling)
+    rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
+    assert all(r.draft_tokens for r in rounds[1:-3])
