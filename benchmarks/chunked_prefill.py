@@ -120,7 +120,7 @@ def main() -> None:
             scheduler.prefill_chunk = (
                 chunk  # an engine's policy is fixed when built: the next request builds anew
             )
-            scheduler.engines.clear()
+            scheduler.engine = None
             name = f"chunk {chunk}" if chunk else "whole"
             result = one_run(client, model, prompt, args)
             results.setdefault(name, []).append(result)

@@ -54,7 +54,7 @@ spec, widths = SETS[sys.argv[3]]
 engines = {}
 for name, m, cap in [("plain", Method.PLAIN, None)] + spec:
     cfg, _ = resolve_draft_length(pair, GenerationConfig(method=m, max_new_tokens=N))
-    policy = Policy(width_cap=(lambda c: lambda w: c)(cap)) if cap is not None else Policy()
+    policy = Policy(width_cap=(lambda c: lambda w, config: c)(cap)) if cap is not None else Policy()
     e = build_engine(pair, cfg, policy=policy)
     engines[name] = (e, cfg)
 for width in widths:

@@ -41,7 +41,9 @@ prompts = [
 engines = {}
 for m in (Method.PLAIN, Method.CHAIN, Method.LOOKUP_CHAIN):
     cfg, _ = resolve_draft_length(pair, GenerationConfig(method=m, max_new_tokens=24))
-    e = build_engine(pair, cfg, policy=Policy() if m is Method.PLAIN else Policy(width_cap=lambda w: 0))
+    e = build_engine(
+        pair, cfg, policy=Policy() if m is Method.PLAIN else Policy(width_cap=lambda w, config: 0)
+    )
     engines[m] = (e, cfg)
 res = {m: {"round": [], "join": [], "wall": []} for m in engines}
 with torch.inference_mode():

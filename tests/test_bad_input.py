@@ -101,10 +101,8 @@ def test_a_request_may_decode_past_eos_or_stop_at_its_own_ids(tiny_pair):
 
     def run(engine_stops, **request):
         engine = Engine(target.model, target.device, frozenset(engine_stops), target.context_length)
-        feed = Feed(Request(prompt, 0, config.sampling, 20, **request))
-        return next(
-            r.state.ids[len(prompt) :] for r in engine.drive(feed, config) if isinstance(r.event, Finished)
-        )
+        feed = Feed(Request(prompt, 0, config, **request))
+        return next(r.state.ids[len(prompt) :] for r in engine.drive(feed) if isinstance(r.event, Finished))
 
     free = run(())
     assert len(free) == 20

@@ -64,7 +64,7 @@ def batched(pair, prompts, batch_size, drafter=None, stop_ids=None, **settings):
     for report in engine.generate(prompts, config, batch_size):
         row = rows.setdefault(report.index, Row(report.index))
         if isinstance(report.event, Finished):
-            row.token_ids = report.state.final_ids(config)
+            row.token_ids = report.state.final_ids()
             row.stop = report.state.stop
         elif isinstance(report.event, RoundResult):
             row.rounds += 1
@@ -164,7 +164,7 @@ class ScriptedBatchDrafter:
         self.joined = 0
         self.kept: list[tuple[int, int]] = []
 
-    def join(self, row, prompt_ids, generator, capacity):
+    def join(self, row, prompt_ids, generator, capacity, config):
         if row == len(self.rows):
             self.rows.append(None)
         self.rows[row] = (tuple(prompt_ids), self.joined)

@@ -1209,8 +1209,8 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
     )
     assert data["settings"]["width_caps"]["1"] >= 1
     # what the served engines' measured rounds settled on, per method and batch width (2 and up)
-    assert set(data["learned"]) <= {"chain", "lookup-chain"}
-    assert all(int(w) >= 2 and v["k"] >= 0 for widths in data["learned"].values() for w, v in widths.items())
+    # what the rows' floors compared their rounds with: a plain round's seconds by batch width
+    assert all(int(w) >= 1 and seconds > 0 for w, seconds in data["learned"].items())
 
 
 def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods_by_default(

@@ -135,7 +135,21 @@ def test_a_prompt_streams_its_rounds_in_colour(page, served, output):  # noqa: F
     assert page.errors == []
 
 
-def test_race_mode_shows_the_same_text_under_greedy(page, served):  # noqa: F811
+def test_race_mode_shows_the_same_text_under_greedy(page, served, monkeypatch):  # noqa: F811
+    """The race's three methods run as rows of one batch (the engine saw them together) and
+    show the same text."""
+    import time
+
+    from specgen.decoding.engine import Engine
+
+    widths, real = [], Engine._round
+
+    def paced(self, rows):  # rounds at a real model's pace: the three requests overlap
+        widths.append(len(rows))
+        time.sleep(0.01)
+        return real(self, rows)
+
+    monkeypatch.setattr(Engine, "_round", paced)
     login(page, served.token)
     page.fill("#prompt", PROMPT)
     page.select_option("#method", "chain")
@@ -150,6 +164,7 @@ def test_race_mode_shows_the_same_text_under_greedy(page, served):  # noqa: F811
     assert texts[0] and texts[0] == texts[1] == texts[2]
     assert "the same text in every column" in page.inner_text("#verdict")
     assert page.locator(".column[data-method=plain] .answer .acc").count() == 0  # plain drafts nothing
+    assert max(widths) == 3  # one batch
     assert page.errors == []
 
 

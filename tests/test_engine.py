@@ -170,7 +170,7 @@ def test_a_row_that_never_drafts_never_runs_the_draft(tiny_pair, reference):
     call = drafter.steps.call
     drafter.steps.call = lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs)
     caps = [lambda width: 0]  # the cap of each run below, read at every round
-    engine = engine_for(tiny_pair, drafter, policy=Policy(width_cap=lambda width: caps[0](width)))
+    engine = engine_for(tiny_pair, drafter, policy=Policy(width_cap=lambda width, config: caps[0](width)))
     out, rounds = run(engine, PROMPT, method=Method.CHAIN, max_new_tokens=20, draft_tokens=3)
     assert out == reference[:20] and not calls
     steps = iter(range(100))

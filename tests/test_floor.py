@@ -160,6 +160,8 @@ def test_a_seeded_sampled_row_keeps_its_draft_length_so_its_seed_replays(tiny_pa
 
     drafter = SlowWrong(reference, len(PROMPT), right=0, delay=0.005)
     sampling = SamplingConfig(temperature=0.8, seed=5)
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=24, draft_tokens=3, floor=True, sampling=sampling)
+    config = GenerationConfig(
+        method=Method.CHAIN, max_new_tokens=24, draft_tokens=3, floor=True, sampling=sampling
+    )
     rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
     assert all(r.draft_tokens for r in rounds[1:-3])

@@ -434,7 +434,7 @@ def self_draft_pair(int8_pair, fp32_target):
 def decode(pair, method: Method, prompt: list[int], **settings) -> list[int]:
     config = GenerationConfig(method=method, max_new_tokens=NEW_TOKENS, **settings)
     _, state = decode_one(build_engine(pair, config), prompt, config)
-    return state.final_ids(config)
+    return state.final_ids()
 
 
 @pytest.fixture(scope="module")

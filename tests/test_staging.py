@@ -23,9 +23,7 @@ class Feed:
     dropped (its client left) once `dropped()` was asked `drop_after` times."""
 
     def __init__(self, config, later: int = 3, drop_after: int = 1 << 30):
-        self.waiting = deque(
-            Request(list(p), i, config.sampling, config.max_new_tokens) for i, p in enumerate([SHORT, LONG])
-        )
+        self.waiting = deque(Request(list(p), i, config) for i, p in enumerate([SHORT, LONG]))
         self.takes = self.asked = 0
         self.later, self.drop_after = later, drop_after
 
@@ -40,7 +38,7 @@ class Feed:
 
 
 def events_of(engine, config, **feed):
-    return [(r.index, r.event) for r in engine.drive(Feed(config, **feed), config, 2)]
+    return [(r.index, r.event) for r in engine.drive(Feed(config, **feed), 2)]
 
 
 @pytest.mark.parametrize("method", [Method.PLAIN, Method.CHAIN, Method.LOOKUP_CHAIN])

@@ -217,9 +217,7 @@ def _run(
         for prompt in prompts:
             feed = _Staggered(prompt[: max(1, CHUNK // 2)], prompt, config, len(prompt) // CHUNK + 4)
             finished = {
-                r.index: r.state.final_ids(config)
-                for r in engine.drive(feed, config, 2)
-                if isinstance(r.event, Finished)
+                r.index: r.state.final_ids() for r in engine.drive(feed, 2) if isinstance(r.event, Finished)
             }
             outputs.append(finished[1])
         return outputs
@@ -233,8 +231,8 @@ class _Staggered:
 
     def __init__(self, lead: list[int], prompt: list[int], config: GenerationConfig, lead_tokens: int):
         self.waiting = [
-            Request(lead, 0, config.sampling, config.max_new_tokens + lead_tokens),
-            Request(prompt, 1, config.sampling, config.max_new_tokens),
+            Request(lead, 0, replace(config, max_new_tokens=config.max_new_tokens + lead_tokens)),
+            Request(prompt, 1, config),
         ]
 
     def take(self, room: int) -> list[Request]:
@@ -248,7 +246,7 @@ def _finals(
     engine: Engine, prompts: list[list[int]], config: GenerationConfig, batch_size: int
 ) -> list[list[int]]:
     finished = {
-        r.index: r.state.final_ids(config)
+        r.index: r.state.final_ids()
         for r in engine.generate(prompts, config, batch_size)
         if isinstance(r.event, Finished)
     }
@@ -268,7 +266,7 @@ def _chat(
             state = report.state
         for report in engine.generate([follow], config, resume=state):
             state = report.state
-        outputs.append(state.final_ids(config))
+        outputs.append(state.final_ids())
     return outputs
 
 

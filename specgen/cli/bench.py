@@ -395,14 +395,13 @@ def _concurrency(
             sampling,
         )
     learned = _learned(running.scheduler)
-    for method, widths in learned.items():
-        if widths:
-            err.print(
-                f"{method}: draft length learned by batch width: "
-                + ", ".join(f"{w}:{v['k']}" for w, v in widths.items()),
-                style="dim",
-                markup=False,
-            )
+    if learned:
+        err.print(
+            "plain step measured by batch width (the rows' floors): "
+            + ", ".join(f"{w}:{seconds * 1000:.0f} ms" for w, seconds in learned.items()),
+            style="dim",
+            markup=False,
+        )
     title = (
         f"specgen bench --concurrency · {pair.target.name}"
         + (f" + {pair.draft.name}" if pair.draft else "")
@@ -482,19 +481,12 @@ def _serving(models: ModelSettings, pair, config, levels, max_batch: int, err):
 
 
 def _learned(scheduler) -> dict:
-    """Per method the server ran with measured rounds: per batch width, the draft length its
-    rounds settled on, the tok/s of its drafting rounds at each length tried, and of plain ones."""
-    out = {}
-    for key, rates in scheduler.rates.items():
-        out[key[0].value] = {
-            str(w): {
-                "k": k,
-                "draft_tok_s": {str(n): round(r, 2) for n, r in drafts.items()},
-                "plain_tok_s": round(p, 2),
-            }
-            for w, (k, drafts, p) in rates.summary().items()
-        }
-    return out
+    """Per batch width, the seconds of a plain round the server's engine measured: what each
+    row's drafting was compared against (decoding/floor.py)."""
+    engine = scheduler.engine
+    if engine is None:
+        return {}
+    return {str(w): seconds for w in sorted(engine.plain.widths) if (seconds := engine.plain.seconds(w))}
 
 
 def _write_throughput(json_file, env, items, sizes, windows, config, cells, interrupted) -> None:

@@ -75,16 +75,13 @@ def check(
 
 def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json: bool) -> bool:
     from specgen.bench import check as machinery  # torch: only once the command runs
-    from specgen.decoding.build import why_not
-    from specgen.models.load import Vocabulary
+    from specgen.decoding.build import runs_as, why_not
     from specgen.runtime.pair import load
 
     pair = load(settings, Method.CHAIN if settings.draft else Method.PLAIN, quiet=as_json)
     cases = machinery.standard_cases(pair)
-    if chosen is not None and pair.draft is not None and pair.draft.vocabulary is Vocabulary.HEAD:
-        chosen = list(
-            dict.fromkeys(Method.EAGLE if m is Method.CHAIN else m for m in chosen)
-        )  # as `run` reads it
+    if chosen is not None:  # as `run` reads it (chain with a head is eagle)
+        chosen = list(dict.fromkeys(runs_as(pair, m) for m in chosen))
     if chosen is not None:
         covered = list(dict.fromkeys(c.method for c in cases))
         cases = [c for c in cases if c.method in chosen]

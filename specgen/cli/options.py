@@ -293,11 +293,9 @@ GENERATION_OPTIONS = {
             typer.Option(
                 "--draft-tokens",
                 "-k",
-                help="Draft tokens per round: a number N, a fixed choice (every round drafts N, even where "
-                "drafting does not pay); 'auto' (adaptive, up to 8); or 'device' (the default: the k with the "
-                "best expected speed from this device's measured draft and verify costs, 4 on a GPU). With "
-                "'device' and 'auto' each row drafts less, down to plain rounds, where its measured rounds "
-                "show drafting does not pay, and tries again later.",
+                help="Draft tokens per round: N (fixed: every round drafts N), 'auto' (adaptive, up to 8) "
+                "or 'device' (default: the k best for this device's measured costs; 4 on a GPU). Under "
+                "'device' and 'auto' a row drafts less, down to none, where its rounds show it does not pay.",
             ),
         ],
         "device",
@@ -409,8 +407,7 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
                 if "models" in taken:
                     values["models"] = ModelSettings(**taken["models"])
                 if "generation" in taken:
-                    draft = values["models"].draft if "models" in values else None
-                    values["generation"] = generation_config(**taken["generation"], **fixed, draft=draft)
+                    values["generation"] = generation_config(**taken["generation"], **fixed)
             return command(**values)
 
         run.__signature__ = signature.replace(parameters=parameters)  # Typer passes every option by name
@@ -470,10 +467,9 @@ def generation_config(
     draft_schedule=None,
     draft_confidence=None,
     logprobs=None,
-    draft=None,
 ):
-    """Options -> a validated GenerationConfig (shared by run, chat and bench). With `draft` an
-    EAGLE-3 head directory, chain (the default) means eagle: a head drafts chains."""
+    """Options -> a validated GenerationConfig (shared by run, chat and bench). Which drafter a
+    method gets on the loaded pair (chain with an EAGLE-3 head is eagle) is decoding/build's."""
     k, auto = parse_draft_tokens(draft_tokens)
     try:
         chosen = Schedule(draft_schedule) if draft_schedule else (auto or Schedule.FIXED)
@@ -482,11 +478,6 @@ def generation_config(
             f"unknown --draft-schedule '{draft_schedule}'; use fixed, additive or expected-gain"
         ) from None
     chosen_method = Method.parse(method)
-    if chosen_method is Method.CHAIN and draft:
-        from specgen.models.head_dir import is_head  # reads a config.json: no torch
-
-        if is_head(draft):
-            chosen_method = Method.EAGLE
     return GenerationConfig(
         method=chosen_method,
         max_new_tokens=max_new_tokens,

@@ -3,13 +3,16 @@ and the draft length the device favours."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import enum
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from specgen.config import GenerationConfig, Method
 from specgen.decoding import costs
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
+from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
 from specgen.decoding.drafters.text import TextDrafter
@@ -31,6 +34,7 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
     Returns (config with k set and the placeholder cleared, the costs.DraftLength or None).
     `drafts`: whether a model-drafting method with a fixed k will run (default: from
     config.method; bench, which runs several methods, says so itself)."""
+    config = replace(config, method=runs_as(pair, config.method))
     if not config.device_draft_tokens:
         return config, None
     if drafts is None:
@@ -44,111 +48,187 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
     ), choice
 
 
-def why_not(pair: Pair, method: Method) -> str | None:
-    """Why this pair's draft cannot run `method` (None when it can): eagle needs an EAGLE-3
-    head, and a head drafts chains (eagle, chain, lookup-chain's model rounds) and RSD-C trees."""
+class DraftKind(enum.Enum):
+    """What a pair's draft is, as a drafter sees it."""
+
+    NONE = "none"  # no draft loaded
+    MODEL = "model"  # a model of the target's tokenizer
+    TEXT = "text"  # a model of another tokenizer: drafts go through text
+    HEAD = "head"  # an EAGLE-3 head on the target's features
+
+
+def draft_kind(pair: Pair) -> DraftKind:
+    if pair.draft is None:
+        return DraftKind.NONE
+    return {
+        Vocabulary.SHARED: DraftKind.MODEL,
+        Vocabulary.TEXT: DraftKind.TEXT,
+        Vocabulary.HEAD: DraftKind.HEAD,
+    }[pair.draft.vocabulary]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cell of the table: the drafter of a method for a kind of draft, what one draft token
+    costs against a target step (the adaptive schedules' cost; measured on the default pair on a
+    CPU), and the method it runs as (chain with a head is eagle: a head drafts chains)."""
+
+    make: Callable[[Pair, GenerationConfig], Drafter]
+    cost: float
+    runs: Method
+
+
+def _chain(pair: Pair, config: GenerationConfig) -> Drafter:
     draft = pair.draft
-    if not method.needs_draft_model or draft is None:
+    return ChainDrafter(
+        draft.model, draft.device, pair.vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
+    )
+
+
+def _text(pair: Pair, config: GenerationConfig) -> Drafter:
+    """A draft of another tokenizer: chains drafted in its own ids, proposed to the target
+    through text (drafters/text.py); never an id its tokenizer lacks."""
+    draft = pair.draft
+    vocab = min(len(draft.tokenizer), text_config(draft.model.config).vocab_size)
+    chain = ChainDrafter(
+        draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
+    )
+    return TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
+
+
+def _head(pair: Pair, config: GenerationConfig) -> Drafter:
+    features.install(pair.target.model)
+    vocab = pair.target.model.get_input_embeddings().weight.shape[0]
+    return EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes, pair.compile)
+
+
+def _head_tree(pair: Pair, config: GenerationConfig) -> Drafter:
+    features.install(pair.target.model)
+    vocab = pair.target.model.get_input_embeddings().weight.shape[0]
+    return EagleTreeDrafter(
+        pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes, pair.compile
+    )
+
+
+def _then_lookup(chain: Callable[[Pair, GenerationConfig], Drafter]):
+    """lookup-chain: prompt lookup where the tail repeats, `chain`'s drafts otherwise."""
+    return lambda pair, config: LookupChain(chain(pair, config), model_tokens=config.draft_tokens)
+
+
+def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
+    def make(pair: Pair, config: GenerationConfig) -> Drafter:
+        draft = pair.draft
+        if kind is RSDStochasticBeam:
+            return PerRow(
+                lambda: RSDStochasticBeam(
+                    draft.model, draft.device, config.beam_width, config.depth, pair.vocab, pair.compile
+                )
+            )
+        return PerRow(lambda: kind(draft.model, draft.device, config.branching, pair.vocab, pair.compile))
+
+    return make
+
+
+MODEL_COST, LOOKUP_COST = 0.38, 0.05  # a draft model's token, a lookup token (verify only)
+_ANY = tuple(DraftKind)
+# (method, kind of draft) -> the drafter that serves it; a pair missing from the table is refused
+TABLE: dict[tuple[Method, DraftKind], Entry] = {
+    **{(Method.PLAIN, kind): Entry(lambda pair, config: NoDrafter(), 0.0, Method.PLAIN) for kind in _ANY},
+    **{
+        (Method.LOOKUP, kind): Entry(lambda pair, config: lookup_drafters(), LOOKUP_COST, Method.LOOKUP)
+        for kind in _ANY
+    },
+    (Method.CHAIN, DraftKind.MODEL): Entry(_chain, MODEL_COST, Method.CHAIN),
+    (Method.CHAIN, DraftKind.TEXT): Entry(_text, MODEL_COST, Method.CHAIN),
+    (Method.CHAIN, DraftKind.HEAD): Entry(_head, MODEL_COST, Method.EAGLE),  # a head's chains: eagle
+    (Method.EAGLE, DraftKind.HEAD): Entry(_head, MODEL_COST, Method.EAGLE),
+    (Method.LOOKUP_CHAIN, DraftKind.MODEL): Entry(_then_lookup(_chain), MODEL_COST, Method.LOOKUP_CHAIN),
+    (Method.LOOKUP_CHAIN, DraftKind.TEXT): Entry(_then_lookup(_text), MODEL_COST, Method.LOOKUP_CHAIN),
+    (Method.LOOKUP_CHAIN, DraftKind.HEAD): Entry(_then_lookup(_head), MODEL_COST, Method.LOOKUP_CHAIN),
+    (Method.RSD_C, DraftKind.MODEL): Entry(_per_row(RSDConstant), MODEL_COST, Method.RSD_C),
+    (Method.RSD_C, DraftKind.HEAD): Entry(_head_tree, MODEL_COST, Method.RSD_C),
+    (Method.MULTI_DRAFT, DraftKind.MODEL): Entry(_per_row(MultiDraft), MODEL_COST, Method.MULTI_DRAFT),
+    (Method.RSD_S, DraftKind.MODEL): Entry(_per_row(RSDStochasticBeam), MODEL_COST, Method.RSD_S),
+}
+
+
+def why_not(pair: Pair, method: Method) -> str | None:
+    """Why this pair's draft cannot run `method` (None when it can): the table has no cell for
+    them, said in the words of what is missing."""
+    kind = draft_kind(pair)
+    if (method, kind) in TABLE:
         return None
-    head = draft.vocabulary is Vocabulary.HEAD
-    if method.is_tree and draft.vocabulary is Vocabulary.TEXT:
+    if kind is DraftKind.NONE:
+        return f"method {method.value} needs a draft model; plain and lookup need none"
+    name = pair.draft.name
+    if kind is DraftKind.TEXT:
         return (
             f"method {method.value} drafts trees, which need a draft with the target's tokenizer; "
-            f"{draft.name}'s differs (use chain or lookup-chain: they draft its text)"
+            f"{name}'s differs (use chain or lookup-chain: they draft its text)"
         )
-    if method is Method.EAGLE and not head:
+    if method is Method.EAGLE:
         return (
             f"method eagle needs an EAGLE-3 head as the draft (a directory; `specgen train-head` writes "
-            f"one); {draft.name} is a model"
+            f"one); {name} is a model"
         )
-    if head and method not in (Method.EAGLE, Method.CHAIN, Method.LOOKUP_CHAIN, Method.RSD_C):
-        return (
-            f"method {method.value} needs a draft model; an EAGLE-3 head drafts eagle (chains), rsd-c "
-            "(trees) and lookup-chain"
-        )
-    return None
+    heads = ", ".join(m.value for m in Method if (m, DraftKind.HEAD) in TABLE and m.needs_draft_model)
+    return f"method {method.value} needs a draft model; an EAGLE-3 head drafts {heads}"
 
 
 def make_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
     """The drafter of `config.method` for the rows of a batch (one row or many)."""
-    method, draft, vocab = config.method, pair.draft, pair.vocab
-    if method is Method.PLAIN:
-        return NoDrafter()
-    if method is Method.LOOKUP:
-        return lookup_drafters()
-    why = why_not(pair, method)
+    why = why_not(pair, config.method)
     if why is not None:
         raise ConfigError(why)
-    if draft.vocabulary is Vocabulary.HEAD:
-        return _head_drafter(pair, config)
-    if draft.vocabulary is Vocabulary.TEXT:
-        return _text_drafter(pair, config)
-    if method is Method.RSD_C:
-        return PerRow(lambda: RSDConstant(draft.model, draft.device, config.branching, vocab, pair.compile))
-    if method is Method.MULTI_DRAFT:
-        return PerRow(lambda: MultiDraft(draft.model, draft.device, config.branching, vocab, pair.compile))
-    if method is Method.RSD_S:
-        return PerRow(
-            lambda: RSDStochasticBeam(
-                draft.model, draft.device, config.beam_width, config.depth, vocab, pair.compile
-            )
-        )
-    chain = ChainDrafter(
-        draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
-    )
-    if method is Method.LOOKUP_CHAIN:
-        return LookupChain(chain, model_tokens=config.draft_tokens)
-    return chain
+    return TABLE[config.method, draft_kind(pair)].make(pair, config)
 
 
-def _head_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
-    """An EAGLE-3 head drafts chains (eagle; chain means the same with a head), RSD-C trees and
-    lookup-chain's model rounds."""
-    features.install(pair.target.model)
-    vocab = pair.target.model.get_input_embeddings().weight.shape[0]
-    if config.method is Method.RSD_C:
-        return EagleTreeDrafter(
-            pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes, pair.compile
-        )
-    drafter = EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes, pair.compile)
-    if config.method is Method.LOOKUP_CHAIN:
-        return LookupChain(drafter, model_tokens=config.draft_tokens)
-    return drafter
+def runs_as(pair: Pair, method: Method) -> Method:
+    """The method `method` runs as on this pair (chain with an EAGLE-3 head is eagle)."""
+    entry = TABLE.get((method, draft_kind(pair)))
+    return entry.runs if entry is not None else method
 
 
-def _text_drafter(pair: Pair, config: GenerationConfig) -> Drafter:
-    """A draft of another tokenizer: chains drafted in its own ids, proposed to the target
-    through text (drafters/text.py). Trees would need the draft's laws over target ids (`why_not`)."""
-    draft = pair.draft
-    vocab = min(
-        len(draft.tokenizer), text_config(draft.model.config).vocab_size
-    )  # never an id the tokenizer lacks
-    chain = ChainDrafter(
-        draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
-    )
-    drafter = TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
-    if config.method is Method.LOOKUP_CHAIN:
-        return LookupChain(drafter, model_tokens=config.draft_tokens)
-    return drafter
+def draft_cost(pair: Pair, method: Method) -> float:
+    """What one draft token of `method` costs against a target step, for the adaptive schedules."""
+    entry = TABLE.get((method, draft_kind(pair)))
+    return entry.cost if entry is not None else MODEL_COST
+
+
+def mixed(pair: Pair) -> Mixed:
+    """The drafter of a batch whose rows each bring their own drafting (drafters/mixed.py): the
+    table's drafter of a row's method, built on its first row; a head's layers tapped."""
+    taps = ()
+    if draft_kind(pair) is DraftKind.HEAD:  # the target cache keeps the head's features from the start
+        features.install(pair.target.model)
+        taps = tuple(pair.draft.model.config.layers)
+    return Mixed(lambda config: make_drafter(pair, config), taps)
 
 
 def build_engine(
     pair: Pair, config: GenerationConfig, after: Engine | None = None, policy: Policy = Policy()
 ) -> Engine:
-    """An engine running `config.method` on the pair; `after`: an engine whose target cache (and
-    the rows it parked) it continues from; `policy`: how it schedules rounds (a server's)."""
+    """An engine for the pair whose rows draft each as their own config says (every method the
+    table gives this pair, in one batch), checked for `config.method`; `after`: an engine whose
+    target cache (and the rows it parked) it continues from; `policy`: how it schedules rounds
+    (a server's)."""
+    why = why_not(pair, config.method)
+    if why is not None:
+        raise ConfigError(why)
     target = pair.target
     engine = Engine(
         target.model,
         target.device,
         target.stop_ids,
         target.context_length,
-        make_drafter(pair, config),
+        mixed(pair),
         pair.vocab,
         compile=pair.compile,
         after=after,
         prefixes=pair.target_prefixes,
         policy=policy,
+        draft_cost=lambda method: draft_cost(pair, method),
+        verify_slope=costs.verify_slope(pair),
     )
     drafts = config.method.needs_draft_model and pair.draft.vocabulary is not Vocabulary.HEAD
     models = [("target", target.model)] + ([("draft", pair.draft.model)] if drafts else [])

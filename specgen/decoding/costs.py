@@ -40,7 +40,7 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 6  # bump when the engine's forwards change cost (cached choices are then measured again)
+FORMAT = 7  # bump when the engine's forwards change cost (cached choices are then measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
@@ -58,6 +58,9 @@ class DraftLength:
     k: int
     reason: str
     confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
+    # what one more verified token costs, in target steps (a 5-token verify's cost less one, over
+    # four); 0 where not measured (a GPU, no draft)
+    verify_slope: float = 0.0
 
 
 def expected_rate(
@@ -142,7 +145,7 @@ def choose(pair) -> DraftLength:
         _key(pair),
         _entry,
         lambda: _measure(pair),
-        lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence},
+        lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence, "verify_slope": c.verify_slope},
         "the draft length cached in {path} is not valid; measuring it again",
     )
 
@@ -159,7 +162,16 @@ def _measure(pair) -> DraftLength:
     if pair.draft.device.type == "cpu":
         k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
         reason += f"; up to {STOP_EXTRA} more while the draft's top probability stays at {STOP} or above"
-    return DraftLength(k, reason, confidence)
+    return DraftLength(k, reason, confidence, max(0.0, (wide - 1.0) / 4))
+
+
+def verify_slope(pair) -> float | None:
+    """What one more verified token costs in target steps, where `choose` measured it for this
+    pair and device (read from its cache, never measured here); None elsewhere."""
+    if pair.draft is None or pair.target.device.type == "cuda":
+        return None
+    entry = _entry(_read(cache_root() / "draft-length.json").get(_key(pair)))
+    return entry.verify_slope if entry is not None and entry.verify_slope > 0 else None
 
 
 def _cached(key: str, parse, measure, as_json, stale: str):
@@ -198,16 +210,19 @@ def _entry(entry) -> DraftLength | None:
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
         return None
-    k, confidence, reason = (
+    k, confidence, reason, slope = (
         entry.get("k"),
         entry.get("confidence", 0.0),
         entry.get("reason", "measured earlier"),
+        entry.get("verify_slope", 0.0),
     )
     if type(k) is not int or not 1 <= k <= MAX_K:
         return None
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
         return None
-    return DraftLength(k, reason, float(confidence))
+    if type(slope) not in (int, float) or not 0.0 <= slope < 10.0:
+        return None
+    return DraftLength(k, reason, float(confidence), float(slope))
 
 
 # -- how many tokens to draft at a batch width -----------------------------------------------------

@@ -17,7 +17,8 @@ target's prefix store (its prompt once prefilled, its sequence once finished), a
 copies the longest prefix stored there instead of prefilling it (runtime/prefixes.py; not in
 deterministic mode). Each row reports a Joined event, its rounds (RoundResult) and replays
 (ReplayResult), then Finished; one host sync per round reads every row's verdict. How rounds are
-scheduled (width caps, measured rates, prefill chunks) is the `Policy` the engine is built with.
+scheduled (width caps, prefill chunks) is the `Policy` the engine is built with; how much each
+row drafts, its floor (floor.py).
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ from typing import Callable, Iterator, Union
 
 import torch
 
-from specgen.config import GenerationConfig
+from specgen.config import GenerationConfig, Method
 from specgen.decoding import verify
 from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import Feed, ListFeed, Request
 from specgen.decoding.floor import PlainSteps
-from specgen.decoding.rates import Choice, WidthRates
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.sampling import make_generator
@@ -51,6 +51,7 @@ from specgen.text import common_prefix
 # the same tokens cached or not. A shorter prompt (the tests of the first token's law) has its
 # first token speculated like every other.
 PROMPT_CATCH_UP = 4
+DRAFT_COST = 0.38  # a draft model's token against a target step, where the engine is told no other
 MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 
 
@@ -64,7 +65,7 @@ FRESH = Fresh()
 Origin = Union[Fresh, DecodeState, Staged]
 
 
-def no_cap(width: int) -> int:
+def no_cap(width: int, config: GenerationConfig) -> int:
     """No width cap: a row drafts what its own policy asks at every batch width."""
     return MAX_DRAFT
 
@@ -74,11 +75,9 @@ class Policy:
     """How an engine schedules its rounds, given when it is built (a server's from measured
     costs, serve/scheduler.py); never what a round commits."""
 
-    # the most tokens a row may draft when `width` rows share a round (costs.WidthCosts: past
-    # some width plain rounds win)
-    width_cap: Callable[[int], int] = no_cap
-    # where the cap allows drafting, whether it pays there, from measured rounds (a server's)
-    rates: WidthRates | None = None
+    # the most tokens a row of this config may draft when `width` rows share a round
+    # (costs.WidthCosts: past some width plain rounds win)
+    width_cap: Callable[[int, GenerationConfig], int] = no_cap
     # a longer prompt joining rows that decode is prefilled this many tokens per round
     # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds
     prefill_chunk: int = PREFILL_CHUNK
@@ -112,6 +111,8 @@ class Engine:
         after: "Engine | None" = None,
         prefixes: PrefixStore | None = None,
         policy: Policy = Policy(),
+        draft_cost: Callable[[Method], float] = lambda method: DRAFT_COST,
+        verify_slope: float | None = None,
     ):
         self.model = target_model
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
@@ -138,6 +139,8 @@ class Engine:
         self._spare = False  # row 0 holds a finished row that the next join may take
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.policy = policy
+        self.draft_cost = draft_cost  # one draft token of a method against a target step (build.TABLE)
+        self.verify_slope = verify_slope  # one more verified token in target steps, where measured (costs)
         # plain rounds' seconds per batch width, for the rows' floors (floor.py): kept across
         # generations (a chat's turns, a server's requests), and by an engine that replaces this one
         self.plain = after.plain if after is not None else PlainSteps()
@@ -167,10 +170,10 @@ class Engine:
             self.check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
         if isinstance(resume, DecodeState) and len(prompts) != 1:
             raise ValueError("resume continues one prompt")
-        yield from self.drive(ListFeed(prompts, config), config, batch_size, resume)
+        yield from self.drive(ListFeed(prompts, config), batch_size, resume)
 
     def drive(
-        self, feed: Feed, config: GenerationConfig, batch_size: int = 1, resume: DecodeState | Fresh = FRESH
+        self, feed: Feed, batch_size: int = 1, resume: DecodeState | Fresh = FRESH
     ) -> Iterator[RowEvent]:
         """The loop: rows join from `feed` while there is room, every round serves every row,
         finished and dropped rows leave. `resume` continues the first request's row (see
@@ -198,13 +201,13 @@ class Engine:
                         if (
                             decoding
                             and self.prefill_chunk
-                            and not config.deterministic
+                            and not request.config.deterministic
                             and len(request.ids) > self.prefill_chunk
                             and not request.prompt_logprobs
                         ):
                             staged.append(stage(self.model, request, self.prefixes, self.drafter.taps()))
                             continue
-                        yield from self._admit(rows, request, config, resume if resumed else FRESH)
+                        yield from self._admit(rows, request, resume if resumed else FRESH)
                         resumed = False
                     # requests that came while those prefilled join before the round, not a round later
                     requests = feed.take(batch_size - len(rows) - len(staged))
@@ -217,51 +220,47 @@ class Engine:
                         self.steps.mode == "inductor",
                     )
                     if staged[0].done:
-                        yield from self._admit(rows, staged[0].request, config, staged.pop(0))
+                        yield from self._admit(rows, staged[0].request, staged.pop(0))
                 joined = bool(rows)
                 rows = yield from self._leave(rows)  # a first token may have ended a row
                 if not rows:
                     if joined or staged:
                         continue  # every row ended at its first token: take the next requests
                     return
-                for state, result in zip(rows, self._round(rows, config)):
-                    yield from self._report(state, config, result)
+                for state, result in zip(rows, self._round(rows)):
+                    yield from self._report(state, result)
                 rows = yield from self._leave(rows)
         except BaseException:  # Ctrl-C, or the caller stopped early: the rows stay resumable (a
             self.parked = rows  # resume crops each to the prefix it shares with its next prompt)
             raise
 
-    def _admit(
-        self, rows: list[DecodeState], request: Request, config: GenerationConfig, origin: Origin
-    ) -> Iterator[RowEvent]:
+    def _admit(self, rows: list[DecodeState], request: Request, origin: Origin) -> Iterator[RowEvent]:
         """A request joins the batch (`_join`): its Joined event, and its first token if any. The
         first row of a fresh batch (not a resumed one) settles the cache before it: the rows the
         last round parked leave, one spare row stays (a staged prompt whose company all ended
         while it was fed joined beside them, and the next round's mask had a row too many)."""
         if not rows and not isinstance(origin, DecodeState):
             self._settle(FRESH)
-        state, first = self._join(request, config, origin)
+        state, first = self._join(request, origin)
         rows.append(state)
         yield self._event(
             state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds, state.prompt_logprobs)
         )
         if first is not None:
-            yield from self._report(state, config, first)
+            yield from self._report(state, first)
 
     def _cancelled(self, request: Request) -> Iterator[RowEvent]:
         """A staged request whose client left before it joined: its events, with nothing made."""
         state = DecodeState(
-            list(request.ids), self.cache, len(request.ids), request.sampling, index=request.index
+            list(request.ids), self.cache, len(request.ids), request.config, index=request.index
         )
         yield self._event(state, Joined(len(request.ids), 0, 0.0))
         yield self._event(state, Finished(StopReason.CANCELLED))
 
-    def _report(
-        self, state: DecodeState, config: GenerationConfig, result: RoundResult
-    ) -> Iterator[RowEvent]:
+    def _report(self, state: DecodeState, result: RoundResult) -> Iterator[RowEvent]:
         """A row's result, and the replay of its window when that result filled it."""
         yield self._event(state, result)
-        replay = self._close_window(state, config, result)
+        replay = self._close_window(state, result)
         if replay is not None:
             yield self._event(state, replay)
 
@@ -314,9 +313,7 @@ class Engine:
         self.drafter.leave(keep)
 
     @torch.inference_mode()
-    def _join(
-        self, request: Request, config: GenerationConfig, origin: Origin
-    ) -> tuple[DecodeState, RoundResult | None]:
+    def _join(self, request: Request, origin: Origin) -> tuple[DecodeState, RoundResult | None]:
         """Prefill a joining row (or take a staged prompt's prefill, or continue a parked row);
         its first token too when the prompt is longer than `policy.prompt_catch_up` tokens
         (PROMPT_CATCH_UP), whatever the caches held of it."""
@@ -334,9 +331,10 @@ class Engine:
         else:
             row = 0 if self._spare else cache.add_row()
             common = keep = 0
-            state = DecodeState(list(prompt), cache, len(prompt), request.sampling, row=row)
+            state = DecodeState(list(prompt), cache, len(prompt), request.config, row=row)
         self._spare = False
         kvcache.set_length(cache, row, keep)
+        config = request.config
         capacity = self._capacity(len(prompt), request.max_new_tokens, config)
         cache.reserve(capacity)
         if staged:
@@ -368,37 +366,34 @@ class Engine:
         # one random stream for the row's draft and its verdicts
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         self.drafter.rewind(row, common)
-        self.drafter.join(row, prompt, state.generator, capacity)
-        state.begin(request, keep, started, config, self.context_length)
+        self.drafter.join(row, prompt, state.generator, capacity, config)
+        state.begin(request, keep, started, self.context_length, self.draft_cost(config.method))
         state.stop_ids = (frozenset() if request.ignore_eos else self.stop_ids) | request.stop_ids
-        result = self._first_token(state, logits, config) if first else None
+        result = self._first_token(state, logits) if first else None
         state.prefill_seconds = time.perf_counter() - started
         return state, result
 
-    def _first_token(self, state: DecodeState, logits: torch.Tensor, config: GenerationConfig) -> RoundResult:
+    def _first_token(self, state: DecodeState, logits: torch.Tensor) -> RoundResult:
         """The row's first token from its prefill's last logits, chosen as a round that proposed
         nothing would choose it (the same rule, the row's random stream), and committed."""
         root, logits = torch.tensor(state.ids[-1:], device=self.device), logits[:, -1:]
-        result = verify.accept([state], [EMPTY], logits, [root], config, self.vocab)[0]
+        result = verify.accept([state], [EMPTY], logits, [root], self.vocab)[0]
         reported = verify.logprobs([state], logits, [result], self.vocab)[0]
-        return self._commit(state, EMPTY, result, config, 0.0, 0.0, reported)
+        return self._commit(state, EMPTY, result, 0.0, 0.0, reported)
 
     # -- one round for every row ----------------------------------------------------------------
     @torch.inference_mode()
-    def _round(self, rows: list[DecodeState], config: GenerationConfig) -> list[RoundResult]:
+    def _round(self, rows: list[DecodeState]) -> list[RoundResult]:
         """Draft, verify (one forward for all rows), accept and commit; one result per row."""
         started = time.perf_counter()
         # the roots go to the device now, while it is idle: copied after the draft steps were
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
-        cap, rates = self.policy.width_cap(len(rows)), self.policy.rates
-        pick = rates.choose(len(rows), cap) if cap and rates is not None else None
-        explore = self.plain.explore(len(rows), any(state.floor.unsure for state in rows))
-        if explore or (pick is not None and pick.kind is Choice.EXPLORE):  # a plain round to measure
-            ks = [0] * len(rows)
+        width, cap = len(rows), self.policy.width_cap
+        if self.plain.explore(width, any(state.floor.unsure for state in rows)):  # a plain round to measure
+            ks = [0] * width
         else:
-            cap = cap if pick is None else pick.k  # PLAIN: 0, rows held to plain rounds
-            ks = [state.capped(state.wanted(config), cap, config) for state in rows]
+            ks = [state.capped(state.wanted(), cap(width, state.config)) for state in rows]
         if any(ks):
             proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
         else:
@@ -406,29 +401,15 @@ class Engine:
         drafted = time.perf_counter()
         inputs = verify.inputs(proposals, roots)
         logits = verify.forward(self.steps, self.cache, proposals, inputs)
-        judged = verify.accept(rows, proposals, logits, inputs, config, self.vocab)
+        judged = verify.accept(rows, proposals, logits, inputs, self.vocab)
         reported = verify.logprobs(rows, logits, judged, self.vocab)
         verified = time.perf_counter()
         results = [
-            self._commit(state, proposal, result, config, drafted - started, verified - drafted, lp)
+            self._commit(state, proposal, result, drafted - started, verified - drafted, lp)
             for state, proposal, result, lp in zip(rows, proposals, judged, reported)
         ]
-        seconds, drafting = time.perf_counter() - started, any(p.size for p in proposals)
-        if pick is not None:
-            rates.record(len(rows), pick.k if drafting else 0, sum(len(r.emitted) for r in results), seconds)
-        # each row's floor: its tokens against plain steps at this width (a row that proposed
-        # nothing had a plain round); then the width's plain steps, from rounds where none drafted
-        plain = self.plain.seconds(len(rows))
-        for state, k, proposal, result in zip(rows, ks, proposals, results):
-            state.floor.record(
-                k if proposal.size else 0,
-                len(result.emitted),
-                seconds,
-                verified - drafted,
-                plain,
-                tree=not proposal.is_chain,
-            )
-        self.plain.record(len(rows), drafting, seconds)
+        seconds = time.perf_counter() - started
+        self.plain.measure(rows, ks, proposals, results, seconds, verified - drafted, self.verify_slope)
         return results
 
     def _commit(
@@ -436,14 +417,14 @@ class Engine:
         state: DecodeState,
         proposal: Proposal,
         result: RoundResult,
-        config: GenerationConfig,
         draft_seconds: float,
         verify_seconds: float,
         logprobs: list | None = None,
     ) -> RoundResult:
         """Append the committed tokens of the round's `result` (with their `logprobs` when the
         row asked for them); both caches keep everything but the new last token."""
-        remaining = state.limit(config) - len(state.ids)
+        config = state.config
+        remaining = state.limit() - len(state.ids)
         path = result.path
         if not proposal.is_chain:  # the accepted path's K/V into contiguous slots
             kvcache.keep_positions(
@@ -474,10 +455,9 @@ class Engine:
         )
 
     # -- deterministic mode -----------------------------------------------------------------
-    def _close_window(
-        self, state: DecodeState, config: GenerationConfig, result: RoundResult
-    ) -> ReplayResult | None:
+    def _close_window(self, state: DecodeState, result: RoundResult) -> ReplayResult | None:
         """In deterministic mode, replay the row's window once it is full or the row stopped."""
+        config = state.config
         if not config.deterministic:
             return None
         start = window_start(state.verified, state.prompt_length, config.verify_window)
@@ -486,7 +466,7 @@ class Engine:
             and result.stop is None
         ):
             return None
-        replay = self._replay(state, config, start)
+        replay = self._replay(state, start)
         stop = None
         if state.ids[state.verified - 1] in state.stop_ids and state.verified > state.prompt_length:
             stop = StopReason.EOS
@@ -496,10 +476,10 @@ class Engine:
         return replace(replay, stop=stop)
 
     @torch.inference_mode()
-    def _replay(self, state: DecodeState, config: GenerationConfig, start: int) -> ReplayResult:
+    def _replay(self, state: DecodeState, start: int) -> ReplayResult:
         """Replay the window at `start` at the fixed shape (1, N); keep the matching prefix."""
         started = time.perf_counter()
-        window, verified = config.verify_window, state.verified
+        window, verified = state.config.verify_window, state.verified
         kvcache.set_length(state.cache, state.row, start - 1)
 
         def forward(cache, ids):  # the same eager path for a row alone and a row of a batch

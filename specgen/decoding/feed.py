@@ -12,12 +12,14 @@ from specgen.config import GenerationConfig, SamplingConfig
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt to decode, with its own settings: a row of the batch once it joins."""
+    """One prompt to decode, with its own settings: a row of the batch once it joins. Rows of
+    one batch may each bring other settings, their drafting (method, draft length, tree shape,
+    deterministic window) included: every row is its own (drafters/mixed.py)."""
 
     ids: list[int]
     index: int  # its position in the input (events carry it)
-    sampling: SamplingConfig  # its law (and, in deterministic mode, the seed of its keyed choices)
-    max_new_tokens: int
+    # its drafting, token budget and law (and, in deterministic mode, the seed of its keyed choices)
+    config: GenerationConfig
     seed: int | None = None  # its random stream (None: fresh entropy)
     ignore_eos: bool = (
         False  # decode past the model's end-of-sequence tokens (a load generator's fixed lengths)
@@ -27,6 +29,14 @@ class Request:
     # alternatives), from a prefill of the whole prompt (no prefix cache, no chunks)
     prompt_logprobs: bool = False
     prompt_top: int = 0  # alternatives per prompt token (vLLM's prompt_logprobs: N), beside sampling.logprobs
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.config.sampling
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.config.max_new_tokens
 
 
 class Feed(Protocol):
@@ -45,8 +55,7 @@ class ListFeed:
     def __init__(self, prompts: list[list[int]], config: GenerationConfig):
         seed = config.sampling.seed
         self.waiting = deque(
-            Request(list(ids), i, config.sampling, config.max_new_tokens, None if seed is None else seed + i)
-            for i, ids in enumerate(prompts)
+            Request(list(ids), i, config, None if seed is None else seed + i) for i, ids in enumerate(prompts)
         )
 
     def take(self, room: int) -> list[Request]:

@@ -15,19 +15,22 @@ floor is exact whatever it measures.
   where rows sit at the floor or a lookup finds no match; where every row drafts, a row that
   needs the figure asks for one (`Floor.unsure`) and the engine runs one plain round in EXPLORE
   at that width until MIN_ROUNDS are measured, and again after REFRESH rounds.
-* `Floor` (one per row): its drafting rounds' tokens, round seconds and verify seconds
-  (exponentially weighted over HALFLIFE rounds, at the current ceiling). After MIN_ROUNDS rounds
-  it compares tokens per round against what plain steps would give in the same time:
-  - with the plain step measured at this width: speed-up = tokens x plain / round seconds;
-  - without it, a bound: tokens x verify seconds / round seconds is at least the speed-up (a
-    verify of k + 1 tokens costs at least a plain step). Below 1 + MARGIN drafting surely
-    loses; above (1 + MARGIN) x VERIFY_BOUND it surely wins; between, the row is `unsure`
-    and asks for plain steps to be measured.
-  A losing row halves its ceiling (a tree, which drafts whole or not at all, goes to 0). At 0
-  it runs plain rounds and probes with one token after RETRY of them (the retry doubling, up to
-  MAX_RETRY, each time the probe loses), so text that turns predictable gets its speed back; a
-  ceiling that keeps winning for GROW rounds doubles, up to no ceiling. The first round after
-  plain ones is not counted: a draft model catches up the tokens it missed then.
+* `Floor` (one per row): each drafting round's speed-up, tokens x plain / round seconds (the
+  tokens plain steps would have taken that long for), exponentially weighted over HALFLIFE
+  rounds at the current ceiling, with its standard error. Without the plain step measured at
+  this width, a bound stands in for it: tokens x verify seconds / round seconds is at least the
+  speed-up, as a verify of k + 1 tokens costs at least a plain step. After MIN_ROUNDS rounds:
+  - a clear loss (the mean plus its error below 1) halves the ceiling (a tree, which drafts
+    whole or not at all, goes to 0);
+  - a clear win (the mean less its error above 1; the bound's above VERIFY_BOUND, what a verify
+    may cost) counts towards GROW, after which the ceiling doubles, up to none;
+  - the bound neither: the row is `unsure` and asks for plain steps to be measured.
+  A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
+  doubling, up to MAX_RETRY, each time the probe loses), so text that turns predictable gets its
+  speed back. The first round after plain ones is not counted: a draft model catches up the
+  tokens it missed then. Rounds vary (a draft right four times, then wrong), so only a clear
+  loss lowers the ceiling: a row within noise of plain steps keeps drafting, which costs it
+  nothing.
 
 `--draft-tokens N` (a fixed choice, or a request's own draft length) has no floor: N is N.
 """
@@ -38,7 +41,6 @@ from dataclasses import dataclass, field
 
 HALFLIFE = 8.0  # a row's drafting rounds
 MIN_ROUNDS = 4  # rounds before a comparison (drafting rounds of a row; plain rounds of a width)
-MARGIN = 0.03  # drafting must deliver this much more than plain steps would
 VERIFY_BOUND = 1.5  # a verify of a round's tokens costs at most this many plain steps (CPU: 1.1-1.3)
 GROW = 16  # winning rounds at a ceiling before it doubles
 RETRY, MAX_RETRY = 16, 256  # plain rounds at the floor before a probe; doubled after each lost probe
@@ -52,28 +54,33 @@ DECAY = 0.5 ** (1.0 / HALFLIFE)
 
 @dataclass
 class _Mean:
-    """An exponentially weighted mean (and how many values it has seen)."""
+    """An exponentially weighted mean of a series, its spread, and how many values it has seen."""
 
     decay: float
     total: float = 0.0
+    squares: float = 0.0
     weight: float = 0.0
+    weights: float = 0.0  # the sum of the squared weights (the effective count is weight^2 / weights)
     count: int = 0
 
     def add(self, value: float) -> None:
         self.total = self.total * self.decay + value
+        self.squares = self.squares * self.decay + value * value
         self.weight = self.weight * self.decay + 1.0
+        self.weights = self.weights * self.decay * self.decay + 1.0
         self.count += 1
 
     @property
     def value(self) -> float:
         return self.total / self.weight if self.weight else 0.0
 
-
-@dataclass
-class _Width:
-    seconds: _Mean
-    rounds: int = 0  # rounds at this width since the last plain one
-    since_explore: int = 0
+    @property
+    def error(self) -> float:
+        """The standard error of the mean (0 with fewer than two values)."""
+        if self.count < 2:
+            return 0.0
+        variance = max(self.squares / self.weight - self.value**2, 0.0)
+        return (variance * self.weights) ** 0.5 / self.weight
 
 
 class PlainSteps:
@@ -81,49 +88,66 @@ class PlainSteps:
 
     def __init__(self, halflife: float = PLAIN_HALFLIFE):
         self.decay = 0.5 ** (1.0 / halflife)
-        self.widths: dict[int, _Width] = {}
-
-    def _width(self, width: int) -> _Width:
-        return self.widths.setdefault(width, _Width(_Mean(self.decay)))
+        self.widths: dict[int, _Mean] = {}  # per width, its plain rounds' seconds
+        self.drafted: dict[int, int] = {}  # per width, rounds since its last plain one
+        self.explored: dict[int, int] = {}  # per width, rounds since its last explore round
 
     def seconds(self, width: int) -> float | None:
         """A plain round's seconds at `width`, once MIN_ROUNDS were measured and not stale."""
-        w = self.widths.get(width)
-        if w is None or w.seconds.count < MIN_ROUNDS or w.rounds > REFRESH:
+        mean = self.widths.get(width)
+        if mean is None or mean.count < MIN_ROUNDS or self.drafted.get(width, 0) > REFRESH:
             return None
-        return w.seconds.value
+        return mean.value
 
     def explore(self, width: int, unsure: bool) -> bool:
         """Whether the next round at `width` is a plain one, to measure it: some row is `unsure`,
         the width's figure is missing or stale, and the last such round was EXPLORE rounds ago."""
-        w = self._width(width)
-        w.since_explore += 1
-        if not unsure or self.seconds(width) is not None or w.since_explore < EXPLORE:
+        self.explored[width] = self.explored.get(width, 0) + 1
+        if not unsure or self.seconds(width) is not None or self.explored[width] < EXPLORE:
             return False
-        w.since_explore = 0
+        self.explored[width] = 0
         return True
+
+    def measure(self, rows, ks, proposals, results, seconds: float, verify_seconds: float, slope) -> None:
+        """After a round of `rows` (each with its `floor`): each row's floor gets its tokens
+        against plain steps at this width (a row that proposed nothing had a plain round), where
+        `slope` (one more verified token in plain steps, costs.verify_slope; None unmeasured)
+        prices its verify; then the width's plain steps, from rounds where no row drafted."""
+        width, plain = len(rows), self.seconds(len(rows))
+        for state, k, proposal, result in zip(rows, ks, proposals, results):
+            verify = None if slope is None else 1.0 + slope * proposal.size
+            state.floor.record(
+                k if proposal.size else 0,
+                len(result.emitted),
+                seconds,
+                verify_seconds,
+                plain,
+                verify,
+                tree=not proposal.is_chain,
+            )
+        self.record(width, any(p.size for p in proposals), seconds)
 
     def record(self, width: int, drafted: bool, seconds: float) -> None:
         """A round at `width` ran in `seconds`; `drafted`: some row drafted in it."""
-        w = self._width(width)
         if drafted:
-            w.rounds += 1
+            self.drafted[width] = self.drafted.get(width, 0) + 1
             return
-        if w.rounds > REFRESH:  # stale: start again from this round
-            w.seconds = _Mean(self.decay)
-        w.seconds.add(seconds)
-        w.rounds = 0
+        if width not in self.widths or self.drafted.get(width, 0) > REFRESH:  # none yet, or stale
+            self.widths[width] = _Mean(self.decay)
+        self.widths[width].add(seconds)
+        self.drafted[width] = 0
 
 
 class NoFloor:
     """A row whose draft length is the user's fixed choice: no ceiling, nothing measured."""
 
     unsure = False
+    ceiling = NONE
 
     def limit(self) -> int:
         return NONE
 
-    def record(self, k, tokens, seconds, verify_seconds, plain, tree=False) -> None:
+    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, tree=False) -> None:
         pass
 
 
@@ -142,9 +166,8 @@ class Floor:
     skip: bool = False  # the next drafting round follows plain ones: the draft catches up, not counted
     wins: int = 0  # comparisons won at this ceiling
     drafted: int = 0  # the most tokens the row was allowed at this ceiling (its k)
-    tokens: _Mean = field(default_factory=lambda: _Mean(DECAY))
-    seconds: _Mean = field(default_factory=lambda: _Mean(DECAY))
-    verify: _Mean = field(default_factory=lambda: _Mean(DECAY))
+    speedup: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x plain / seconds
+    bound: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x verify / seconds
 
     def limit(self) -> int:
         """The most tokens the row drafts this round: its ceiling, or at the floor a one-token
@@ -165,30 +188,39 @@ class Floor:
         seconds: float,
         verify_seconds: float,
         plain: float | None,
+        verify: float | None = None,
         tree: bool = False,
     ) -> None:
         """A round of this row ran: it drafted, allowed `k` tokens (0: it proposed nothing, a
         plain round), and committed `tokens` in a round of `seconds` whose verify took
-        `verify_seconds`; `plain`: a plain round's seconds at this width, where measured; `tree`:
-        the row drafts trees (whole or not at all)."""
-        if k == 0:
+        `verify_seconds`; `plain`: a plain round's seconds at this width, where measured;
+        `verify`: what that verify costs in plain steps, where the device's costs were measured
+        (the plain step is then the verify's seconds over it); `tree`: the row drafts trees
+        (whole or not at all)."""
+        if k == 0 or seconds <= 0:
             return
         if self.skip:
             self.skip = False
             return
         self.drafted = max(self.drafted, k)
-        self.tokens.add(tokens)
-        self.seconds.add(seconds)
-        self.verify.add(verify_seconds)
-        if self.tokens.count < MIN_ROUNDS or self.seconds.value <= 0:
+        self.bound.add(tokens * verify_seconds / seconds)
+        if plain is None and verify is not None:  # the plain step the verify's measured cost implies
+            plain = verify_seconds / verify
+        if plain is not None:
+            self.speedup.add(tokens * plain / seconds)
+        elif self.speedup.count:  # the plain figure went stale: what was compared with it goes too
+            self.speedup = _Mean(DECAY)
+        if self.bound.count < MIN_ROUNDS:
             return
-        per_second = self.tokens.value / self.seconds.value
-        bound = per_second * self.verify.value  # at least the speed-up: a verify costs a plain step or more
-        speedup = None if plain is None else per_second * plain
-        self.unsure = speedup is None and 1 + MARGIN <= bound < (1 + MARGIN) * VERIFY_BOUND
-        if (bound if speedup is None else speedup) < 1 + MARGIN:
+        # the speed-up where plain steps are measured; else its bound (a verify costs at least a
+        # plain step), which can prove a loss, and a win only past what a verify may cost
+        measured = self.speedup.count >= MIN_ROUNDS
+        stat = self.speedup if measured else self.bound
+        low, high = stat.value - stat.error, stat.value + stat.error
+        self.unsure = not measured and high >= 1.0 and low < VERIFY_BOUND
+        if high < 1.0:  # a clear loss
             self._lower(tree)
-        elif not self.unsure:
+        elif low > 1.0 if measured else low >= VERIFY_BOUND:  # a clear win
             self._won()
 
     def _lower(self, tree: bool) -> None:
@@ -207,4 +239,4 @@ class Floor:
     def _restart(self, ceiling: int) -> None:
         """A new ceiling: its rounds are measured afresh."""
         self.ceiling, self.wins, self.plain_rounds, self.unsure, self.drafted = ceiling, 0, 0, False, 0
-        self.tokens, self.seconds, self.verify = _Mean(DECAY), _Mean(DECAY), _Mean(DECAY)
+        self.speedup, self.bound = _Mean(DECAY), _Mean(DECAY)

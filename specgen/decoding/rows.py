@@ -35,7 +35,7 @@ class DecodeState:
     ids: list[int]
     cache: kvcache.SlotCache
     prompt_length: int
-    sampling: SamplingConfig
+    config: GenerationConfig  # its own: drafting, budget and law (the request's)
     generator: torch.Generator | None = field(default=None, repr=False)
     length: LengthPolicy | None = None  # the draft-length policy (length.py), kept across chat turns
     length_for: tuple = ()  # the (schedule, most tokens, cost) it was made for: another makes a new one
@@ -54,36 +54,54 @@ class DecodeState:
     stop_ids: frozenset[int] = frozenset()  # the ids that end this row (the engine's, the request's)
     prompt_logprobs: tuple = ()  # asked for: the prompt's tokens 2.. under the target (events.Joined)
 
-    def begin(
-        self, request: Request, reused: int, started: float, config: GenerationConfig, context_length: int
-    ) -> None:
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.config.sampling
+
+    def begin(self, request: Request, reused: int, started: float, context_length: int, cost: float) -> None:
         """The row starts on `request`'s prompt, `reused` of its tokens already in the cache. A
         chat turn's row keeps its draft-length policy (what it learned of the draft) while the
-        schedule, the draft length and the method's cost stay what it was made for."""
+        schedule, the draft length and the method's cost stay what it was made for. `cost`: one
+        draft token of its method against a target step (build.TABLE), for adaptive schedules."""
         prompt = request.ids
         self.ids, self.prompt_length, self.index = list(prompt), len(prompt), request.index
-        self.sampling, self.reused_tokens, self.verified = request.sampling, reused, len(prompt)
+        self.config, self.reused_tokens, self.verified = request.config, reused, len(prompt)
+        config = request.config
         self.stop, self.started, self.held, self.allowed = None, started, False, 0
-        cost = 0.05 if config.method is Method.LOOKUP else 0.38  # draft token / target forward (measured)
         made_for = (config.schedule, config.round_tokens, cost)
         if self.length is None or self.length_for != made_for:  # a chat's /set or /method changed it
             self.length, self.length_for = make_policy(*made_for[:2], cost=cost), made_for
-            self.floor = Floor() if config.floor and not _seeded(request.sampling, config) else NO_FLOOR
+            self.floor = NO_FLOOR
+        # a turn that continues the row keeps what its floor learned, where it still has one
+        if not config.floor or _seeded(request.sampling, config):
+            self.floor = NO_FLOOR
+        elif not isinstance(self.floor, Floor):
+            self.floor = Floor()
         self.budget = min(request.max_new_tokens, context_length - self.prompt_length)
         self.context_bound = self.budget < request.max_new_tokens
 
-    def wanted(self, config: GenerationConfig) -> int:
+    def wanted(self) -> int:
         """How many tokens the row may draft this round, before any width cap (0: none; a plain
         engine's drafter, NoDrafter, proposes nothing whatever it is allowed)."""
-        remaining = self.limit(config) - len(self.ids)
+        config = self.config
+        remaining = self.limit() - len(self.ids)
+        if config.method is Method.PLAIN:
+            return 0
         if config.method.is_tree and remaining <= config.tree_depth:
             return 0  # too close to the end for a tree
         k = min(self.length.next_k(), remaining - 1)
         return max(min(k, self.floor.limit()), 0) if k > 0 else 0
 
-    def limit(self, config: GenerationConfig) -> int:
+    def draft_length(self) -> int:
+        """The most tokens the row would draft now: its draft-length policy's, under its floor's
+        ceiling (0: plain rounds), before any width cap."""
+        if self.config.method is Method.PLAIN:
+            return 0
+        return min(self.length.next_k(), self.floor.ceiling) if self.length is not None else 0
+
+    def limit(self) -> int:
         """The length this row's fast path may reach before it must stop (or replay)."""
-        end = self.prompt_length + self.budget
+        config, end = self.config, self.prompt_length + self.budget
         if config.deterministic:
             start = window_start(
                 max(self.verified, self.prompt_length), self.prompt_length, config.verify_window
@@ -91,7 +109,7 @@ class DecodeState:
             end = min(end, start + config.verify_window)
         return end
 
-    def capped(self, k: int, cap: int, config: GenerationConfig) -> int:
+    def capped(self, k: int, cap: int) -> int:
         """The row's draft length under the batch's width cap. A row the cap held to plain rounds
         has fallen behind in the draft's cache; it drafts again only once the cap allowed drafting
         RESUME_ROUNDS rounds in a row, with RESUME_TOKENS left to repay the catch-up (so a wide
@@ -101,13 +119,13 @@ class DecodeState:
             return 0
         if self.held:
             self.allowed += 1
-            if self.allowed < RESUME_ROUNDS or self.limit(config) - len(self.ids) < RESUME_TOKENS:
+            if self.allowed < RESUME_ROUNDS or self.limit() - len(self.ids) < RESUME_TOKENS:
                 return 0
             self.held = False
         return min(k, cap)
 
-    def final_ids(self, config: GenerationConfig) -> list[int]:
+    def final_ids(self) -> list[int]:
         """The generated tokens that are final: all of them, or in deterministic mode the
         replay-verified ones."""
-        end = max(self.verified, self.prompt_length) if config.deterministic else len(self.ids)
+        end = max(self.verified, self.prompt_length) if self.config.deterministic else len(self.ids)
         return self.ids[self.prompt_length : end]

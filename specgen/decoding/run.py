@@ -31,14 +31,19 @@ def weight_format(engine: Engine) -> str:
     return str(int8.compute_dtype(engine.model)).removeprefix("torch.")
 
 
-def fold(engine: Engine, events: Iterator[RowEvent], label: str) -> Iterator[tuple[RowEvent, Stats]]:
+def fold(
+    engine: Engine, events: Iterator[RowEvent], label: str | None = None
+) -> Iterator[tuple[RowEvent, Stats]]:
     """The engine's events (from `generate` or `drive`), each with its row's Stats (labelled
-    `label`) updated to include it. A row's Stats is dropped once it finished."""
+    `label`, else its own method) updated to include it. A row's Stats is dropped once it
+    finished."""
     dtype = weight_format(engine)
     stats: dict[int, Stats] = {}
     setup: dict[int, float] = {}
     for report in events:
-        row = stats.setdefault(report.index, Stats(method=label, dtype=dtype))
+        if report.index not in stats:
+            stats[report.index] = Stats(method=label or report.state.config.method.value, dtype=dtype)
+        row = stats[report.index]
         row.add(report.event, report.elapsed)
         if isinstance(report.event, Joined):
             setup[report.index] = engine.setup_seconds()
@@ -135,7 +140,7 @@ def finished_rows(
         if isinstance(report.event, RoundResult) and report.event.logprobs:
             logprobs.setdefault(report.index, []).extend(report.event.logprobs)
         if isinstance(report.event, Finished):
-            ids = report.state.final_ids(config)
+            ids = report.state.final_ids()
             yield (
                 report.index,
                 Outcome(
@@ -166,4 +171,4 @@ def timed(engine: Engine, prompt_ids: list[int], config: GenerationConfig, label
         state = report.state
         if isinstance(report.event, RoundResult):
             first_tokens = first_tokens or len(report.event.emitted)
-    return state.final_ids(config), stats, time.perf_counter() - started, first_tokens
+    return state.final_ids(), stats, time.perf_counter() - started, first_tokens

@@ -71,7 +71,6 @@ def accept(
     proposals: list[Proposal],
     logits: torch.Tensor,
     inputs: list[torch.Tensor],
-    config: GenerationConfig,
     vocab: int | None,
 ) -> list[RoundResult]:
     """Each row's verdict under the rule `select_rule` picks for it, from the verify forward's
@@ -80,7 +79,7 @@ def accept(
     yet)."""
     logits = logits[:, :, :vocab]
     verdicts = [
-        rule_verdict(row, proposal, logits[i, : inputs[i].shape[0]], inputs[i], config)
+        rule_verdict(row, proposal, logits[i, : inputs[i].shape[0]], inputs[i], row.config)
         for i, (row, proposal) in enumerate(zip(rows, proposals))
     ]
     values = torch.cat(

@@ -56,8 +56,9 @@ class Metrics:
         )
         self.draft_length = Gauge(
             "specgen_draft_length",
-            "Most draft tokens per row at this batch width: the width "
-            "cap, lowered by what measured rounds chose (0: plain rounds)",
+            "Most draft tokens the last row of this method to finish at this batch width would "
+            "draft: its draft length under the width cap and the ceiling its measured rounds set "
+            "(0: plain rounds)",
             ["method", "width"],
             registry=r,
         )

@@ -1,23 +1,19 @@
 """The engine thread: continuous batching of the server's requests.
 
-The HTTP layer submits jobs (api.Job, one per choice) and never touches a tensor; one thread owns the models
-and
-runs the engine loop. Requests become rows of a running batch and leave it when they finish
-or their client goes away (dropped before the next round). Each row keeps its own sampling
-settings, seed, token budget and stop strings.
+The HTTP layer submits jobs (api.Job, one per choice) and never touches a tensor; one thread owns
+the models and runs the engine loop. Requests become rows of one running batch and leave it when
+they finish or their client goes away (dropped before the next round). Each row keeps its own
+sampling settings, seed, token budget, stop strings and drafting: plain, lookup, chain, a tree
+or a head, its draft length and its deterministic window (drafters/mixed.py), so requests of
+every kind share one batch and one target forward per round, in the order they came. A
+request's event goes to its own output and, as plain data, to its HTTP task's queue: a client
+that reads slowly holds nobody up.
 
-Requests that need the same drafting (method, draft length, tree shape, deterministic window)
-share one engine and batch. The oldest waiting request decides which engine runs next: an
-engine admits rows of its own kind only while no other kind has waited longer, so each kind
-drains in turn and none starves. A request's event goes to its own output and, as plain data,
-to its HTTP task's queue: a client that reads slowly holds nobody up.
-
-Between requests each engine keeps its last row in the cache: a request that continues the
-same conversation (a chat's next turn) prefills only its new tokens. At most MAX_ENGINES engines
-(each with its K/V caches) are kept, the least recently used given up first: a request chooses
-its drafting freely (`draft_confidence` is any number), and one engine per setting kept forever
-would let a client fill the memory. What an engine measured of its rounds (its WidthRates)
-outlives it, so a rebuilt engine starts from it.
+Between requests the engine keeps its last row in the cache: a request that continues the same
+conversation (a chat's next turn) prefills only its new tokens. Each row measures its own
+drafting against plain steps at the batch's width and drafts less where it does not pay
+(decoding/floor.py); a draft model's rows also keep to the width caps measured once per machine
+(`caps`).
 """
 
 from __future__ import annotations
@@ -28,17 +24,16 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Callable
 
 import torch
 
-from specgen.config import GenerationConfig, Method
+from specgen.config import GenerationConfig
 from specgen.decoding.build import build_engine
 from specgen.decoding.engine import FRESH, Engine, Policy, no_cap
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
-from specgen.decoding.rates import WidthRates
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.run import fold
 from specgen.decoding.staging import PREFILL_CHUNK
@@ -49,32 +44,15 @@ from specgen.serve.metrics import Metrics
 from specgen.serve.output import Output
 from specgen.text import common_prefix
 
-MAX_ENGINES = 8  # engines kept (a drafting setting each); bench --concurrency runs up to 8 methods
-MAX_RATES = 64  # drafting settings whose measured rounds are kept
+
+def capped(config: GenerationConfig) -> bool:
+    """Whether a row keeps to the width caps: it drafts with the draft model, and its request did
+    not set its own draft length (which it then keeps at every width)."""
+    return config.method.needs_draft_model and config.floor
 
 
 class QueueFull(Exception):
     """The waiting queue holds --max-queue requests: the server answers 503."""
-
-
-def drafting_key(config: GenerationConfig) -> tuple:
-    """What an engine is built for: requests that agree on it can share a batch."""
-    return (
-        config.method,
-        config.draft_tokens,
-        config.draft_confidence,
-        config.schedule,
-        config.branching,
-        config.beam_width,
-        config.depth,
-        config.deterministic,
-        config.verify_window,
-    )
-
-
-def engine_key(job: api.Job) -> tuple:
-    """The engine a queued job runs on: its drafting, and whether it set its own draft length."""
-    return drafting_key(job.config) + (job.config.floor,)
 
 
 class Scheduler:
@@ -101,8 +79,7 @@ class Scheduler:
         self.cond = threading.Condition()
         self.waiting: deque[api.Job] = deque()
         self.running: dict[int, Output] = {}  # by row index: each running job's answer so far (its `job`)
-        self.engines: OrderedDict[tuple, Engine] = OrderedDict()  # least recently used first
-        self.rates: OrderedDict[tuple, WidthRates] = OrderedDict()  # per key, kept past its engine
+        self.engine: Engine | None = None  # built on the first request (or the warm-up)
         self.serial = 0
         self.served = 0  # requests answered (not counting those whose client left)
         self.stopping = False
@@ -155,41 +132,25 @@ class Scheduler:
         with self.cond:
             return bool(self.waiting or self.running)
 
-    def build(self, config: GenerationConfig, capped: bool = True) -> Engine:
-        """An engine for `config`'s drafting. Unless the requests set their own draft length
-        (`capped` False), every speculative method drafts only at the batch widths where its own
-        measured rounds beat plain ones (decoding/rates.py), and a draft model's k (a chain's, or
-        a tree's permission to draft at all) also follows the measured costs of wider verifies
-        (`caps`). Prompt lookup drafts for free, so only its measured rounds decide: at a wide
-        batch its padded verify can cost more than its few accepted tokens give."""
-        return build_engine(self.pair, config, policy=self.policy(config, capped))
-
-    def policy(self, config: GenerationConfig, capped: bool) -> Policy:
-        """How `build`'s engine schedules its rounds: the server's prefill chunk (on a CPU), and
-        unless the requests set their own draft length, its width caps and measured rates."""
-        if not capped or config.method is Method.PLAIN:
-            return Policy(prefill_chunk=self.prefill_chunk)
+    def build(self, config: GenerationConfig) -> Engine:
+        """The server's engine, checked for `config`'s method: every row of every method shares
+        its batch; a draft model's rows draft at most the measured width caps (`caps`), unless
+        their request set its own draft length."""
         caps = self.caps
 
-        def measured(width: int) -> int:  # past the widest measured width, the widest's cap
-            return caps.get(width, caps[max(caps)])
+        def measured(width: int, config: GenerationConfig) -> int:
+            if not (caps and capped(config)):
+                return no_cap(width, config)
+            return caps.get(width, caps[max(caps)])  # past the widest measured width, the widest's cap
 
-        cap = measured if caps and config.method.needs_draft_model else no_cap
-        key = drafting_key(config) + (not capped,)
-        rates = self.rates.pop(key, None) or WidthRates()
-        self.rates[key] = rates
-        while len(self.rates) > MAX_RATES:
-            self.rates.popitem(last=False)
-        return Policy(cap, rates, self.prefill_chunk)
+        policy = Policy(width_cap=measured, prefill_chunk=self.prefill_chunk)
+        return build_engine(self.pair, config, policy=policy)
 
-    def engine(self, key: tuple, config: GenerationConfig, capped: bool) -> Engine:
-        """The engine of `key`, built if need be; the least recently used ones past MAX_ENGINES
-        are given up (their caches freed)."""
-        engine = self.engines.pop(key, None) or self.build(config, capped)
-        self.engines[key] = engine
-        while len(self.engines) > MAX_ENGINES:
-            self.engines.popitem(last=False)
-        return engine
+    def ready(self, config: GenerationConfig) -> Engine:
+        """The engine, built if need be (the warm-up's, then every request's)."""
+        if self.engine is None:
+            self.engine = self.build(config)
+        return self.engine
 
     # -- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -203,13 +164,13 @@ class Scheduler:
                 if self.stopping:
                     return
                 first = self.waiting[0]
-            self._serve(engine_key(first), first.config, first.ids, first.config.floor)
+            self._serve(first.config, first.ids)
             self.idle_since = time.monotonic()
 
-    def _serve(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
-        """Run the engine of `key` until nothing of its kind is left to admit or running."""
+    def _serve(self, config: GenerationConfig, first_ids: list[int]) -> None:
+        """Run the engine until nothing is left to admit or running."""
         try:
-            self._drive(key, config, first_ids, capped)
+            self._drive(config, first_ids)
         except Exception as exc:  # noqa: BLE001 - the server outlives a failed batch; its rows get the error
             error = api.ApiError(
                 500, f"the engine failed: {one_line(exc, 200)}", kind="server_error", code="engine_error"
@@ -219,7 +180,7 @@ class Scheduler:
             else:  # one line in the server's log; SPECGEN_DEBUG=1 shows the traceback
                 print(f"{time.strftime('%H:%M:%S')} error 500: {error.message}", file=sys.stderr, flush=True)
             with self.cond:
-                failed = [o.job for o in self.running.values() if engine_key(o.job) == key]
+                failed = [o.job for o in self.running.values()]
                 for job in failed:
                     del self.running[job.index]
                 # it failed before admitting a row (building the engine, say):
@@ -234,10 +195,10 @@ class Scheduler:
                     self.metrics.refused(job.endpoint or job.kind, 500)
                 job.post(error)
                 job.post(None)
-            self.engines.pop(key, None)  # a fresh engine (and caches) for the next request
+            self.engine = None  # a fresh engine (and caches) for the next request
 
-    def _drive(self, key: tuple, config: GenerationConfig, first_ids: list[int], capped: bool) -> None:
-        engine = self.engine(key, config, capped)
+    def _drive(self, config: GenerationConfig, first_ids: list[int]) -> None:
+        engine = self.ready(config)
         # a request that continues a row the engine parked resumes it: it extends that row's
         # prompt (a chat's next turn) or shares more than half of its own
         resume = max(engine.parked, key=lambda state: common_prefix(state.ids, first_ids), default=None)
@@ -245,12 +206,11 @@ class Scheduler:
             common = common_prefix(resume.ids, first_ids)
             if common < resume.prompt_length and common <= len(first_ids) // 2:
                 resume = None
-        feed = _KeyFeed(self, key)
-        events = engine.drive(feed, config, self.max_batch, FRESH if resume is None else resume)
-        for report, stats in fold(engine, events, config.method.value):
-            self._dispatch(report, stats, engine)
+        events = engine.drive(_Queue(self), self.max_batch, FRESH if resume is None else resume)
+        for report, stats in fold(engine, events):
+            self._dispatch(report, stats)
 
-    def _dispatch(self, report, stats, engine: Engine) -> None:
+    def _dispatch(self, report, stats) -> None:
         output = self.running.get(report.index)
         if output is None:
             return
@@ -263,8 +223,9 @@ class Scheduler:
                 job.post(chunk)
             return
         if isinstance(event, Finished):
-            if engine.policy.rates is not None:
-                self.metrics.draft_lengths(job.config.method.value, self._lengths(engine, job.config))
+            width, state = min(len(self.running), self.max_batch), report.state
+            k = min(state.draft_length(), self.engine.policy.width_cap(width, state.config))
+            self.metrics.draft_lengths(job.config.method.value, {width: k})
             self.metrics.prefixes(self.pair.target_prefixes.held, self.pair.draft_prefixes.held)
             self._finish(output, stats, report.state, event.stop)
             with self.cond:  # counted and answered first: a scheduler that is not busy has counted every row
@@ -279,16 +240,9 @@ class Scheduler:
         if output.stopped:  # a stop string: the row ends before its next round
             job.cancelled = True
 
-    def _lengths(self, engine: Engine, config: GenerationConfig) -> dict[int, int]:
-        """The most tokens a row drafts per batch width: the width caps of a draft model's
-        methods, lowered where the engine's measured rounds chose less."""
-        lengths = dict(self.caps) if config.method.needs_draft_model else {}
-        lengths.update({width: k for width, (k, _, _) in engine.policy.rates.summary().items()})
-        return lengths
-
     def _finish(self, output: Output, stats, state: DecodeState, stop: str | None) -> None:
         job = output.job
-        ids = state.final_ids(job.config)
+        ids = state.final_ids()
         if stop == "cancelled" and not output.stopped:  # the client left, or the server is stopping
             self.metrics.finished(job, "cancelled", stats)
             if self.stopping and not job.cancelled:
@@ -314,18 +268,18 @@ def shutting_down() -> api.ApiError:
     )
 
 
-class _KeyFeed:
-    """The engine's view of the queue: requests of its drafting kind, while none of another
-    kind has waited longer; running rows whose client left are dropped."""
+class _Queue:
+    """The engine's view of the queue: requests in the order they came, whatever their
+    drafting; running rows whose client left are dropped."""
 
-    def __init__(self, scheduler: Scheduler, key: tuple):
-        self.scheduler, self.key = scheduler, key
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
 
     def take(self, room: int) -> list[Request]:
         s = self.scheduler
         out = []
         with s.cond:
-            while room > 0 and s.waiting and engine_key(s.waiting[0]) == self.key and not s.stopping:
+            while room > 0 and s.waiting and not s.stopping:
                 job = s.waiting.popleft()
                 config = job.config
                 s.running[job.index] = Output(job, s.pair.target.tokenizer, len(job.ids), job.ids)
@@ -333,8 +287,7 @@ class _KeyFeed:
                     Request(
                         job.ids,
                         job.index,
-                        config.sampling,
-                        config.max_new_tokens,
+                        config,
                         config.sampling.seed,
                         job.ignore_eos,
                         job.stop_ids,

@@ -42,7 +42,7 @@ from specgen.serve import discovery, playground
 from specgen.serve.app import ServerState, create_app, refusal
 from specgen.serve.metrics import Metrics
 from specgen.serve.protocol import TimedH11
-from specgen.serve.scheduler import Scheduler, drafting_key
+from specgen.serve.scheduler import Scheduler
 from specgen.status import note, status
 
 # a first SIGINT/SIGTERM: running requests get this long to finish (queued ones are answered
@@ -177,7 +177,7 @@ def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
     """Short generations on the default engine before the first request, so that it pays no
     one-time costs (first-touch allocations; on a GPU the compilation and capture). Two prompt
     lengths: compiled layers see a second prefill length and then take any length."""
-    engine = scheduler.engine(drafting_key(config) + (False,), config, capped=True)
+    engine = scheduler.ready(config)
     tokenizer = scheduler.pair.target.tokenizer
     short = replace(config, max_new_tokens=4, sampling=SamplingConfig())
     for text in ("Hello", "Write a short poem about the sea, then explain its meter in one sentence."):

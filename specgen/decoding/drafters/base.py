@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from specgen.config import SamplingConfig
+from specgen.config import GenerationConfig, SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.events import is_chain
 
@@ -137,8 +137,16 @@ def node_laws(laws: list[torch.Tensor], nodes: int) -> torch.Tensor:
 class Drafter(Protocol):
     """The calls the engine makes, rows numbered as in the engine's batch."""
 
-    def join(self, row: int, prompt_ids: list[int], generator: torch.Generator | None, capacity: int) -> None:
-        """Row `row` starts on a prompt. `row` is the drafter's next new row, or one it holds
+    def join(
+        self,
+        row: int,
+        prompt_ids: list[int],
+        generator: torch.Generator | None,
+        capacity: int,
+        config: GenerationConfig,
+    ) -> None:
+        """Row `row` starts on a prompt, with its own `config` (which drafting serves it: rows
+        of one batch may differ, drafters/mixed.py). `row` is the drafter's next new row, or one it holds
         already (a chat turn, a reused row), which keeps what a `rewind` left valid. `generator`
         is the row's for random draws (None: a greedy row); `capacity` the positions the row may
         reach (caches are preallocated for it)."""
@@ -179,25 +187,12 @@ class Drafter(Protocol):
         """The engine's target cache, once: where a drafter with `taps` reads the features."""
 
 
-class NoDrafter:
-    """Plain decoding: nothing is ever proposed."""
+class BaseDrafter:
+    """The Drafter hooks most drafters do not need, as no-ops: a drafter keeps nothing for later
+    prompts (`finished`), captures no steps (`setup_seconds`) and reads no target features
+    (`taps`, `see`) unless it says so."""
 
-    def join(self, row, prompt_ids, generator, capacity) -> None:
-        pass
-
-    def leave(self, keep) -> None:
-        pass
-
-    def finished(self, row) -> None:
-        pass
-
-    def rewind(self, row, valid) -> None:
-        pass
-
-    def propose(self, contexts, ks, samplings) -> list[Proposal]:
-        return [EMPTY] * len(contexts)
-
-    def observe(self, row, path) -> None:
+    def finished(self, row: int) -> None:
         pass
 
     def setup_seconds(self) -> float:
@@ -207,6 +202,25 @@ class NoDrafter:
         return ()
 
     def see(self, target_cache) -> None:
+        pass
+
+
+class NoDrafter(BaseDrafter):
+    """Plain decoding: nothing is ever proposed."""
+
+    def join(self, row, prompt_ids, generator, capacity, config) -> None:
+        pass
+
+    def leave(self, keep) -> None:
+        pass
+
+    def rewind(self, row, valid) -> None:
+        pass
+
+    def propose(self, contexts, ks, samplings) -> list[Proposal]:
+        return [EMPTY] * len(contexts)
+
+    def observe(self, row, path) -> None:
         pass
 
 
@@ -229,7 +243,7 @@ class RowDrafter(Protocol):
         """`Drafter.setup_seconds`."""
 
 
-class PerRow:
+class PerRow(BaseDrafter):
     """The Drafter protocol's helper for per-row drafters (a tree search, a lookup index: state
     that serves one sequence): one RowDrafter per row, `make` building a joining row's."""
 
@@ -238,7 +252,7 @@ class PerRow:
         self.rows: list[RowDrafter] = []
         self.spent = 0.0  # setup seconds of rows that left
 
-    def join(self, row, prompt_ids, generator, capacity) -> None:
+    def join(self, row, prompt_ids, generator, capacity, config) -> None:
         while row >= len(self.rows):
             self.rows.append(self.make())
         self.rows[row].start(prompt_ids, generator, capacity)
@@ -247,9 +261,6 @@ class PerRow:
         kept = [self.rows[i] for i in keep if i < len(self.rows)]
         self.spent += sum(d.setup_seconds() for d in self.rows if d not in kept)
         self.rows = kept
-
-    def finished(self, row) -> None:
-        pass  # a row's tree search or lookup index serves that row only
 
     def rewind(self, row, valid) -> None:
         if row < len(self.rows):
@@ -266,9 +277,3 @@ class PerRow:
 
     def setup_seconds(self) -> float:
         return self.spent + sum(d.setup_seconds() for d in self.rows)
-
-    def taps(self) -> tuple[int, ...]:
-        return ()
-
-    def see(self, target_cache) -> None:
-        pass

@@ -29,7 +29,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal, node_laws
+from specgen.decoding.drafters.base import BaseDrafter, Proposal, node_laws
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head, HeadStep
 from specgen.runtime import kvcache
@@ -47,7 +47,7 @@ def head_mode(compile: str, device: torch.device) -> str:
     return compile
 
 
-class EagleDrafter:
+class EagleDrafter(BaseDrafter):
     """The Drafter protocol for chains from an EAGLE-3 head (base.py has the calls)."""
 
     def __init__(
@@ -78,7 +78,7 @@ class EagleDrafter:
     def see(self, cache: kvcache.SlotCache) -> None:
         self.target = cache
 
-    def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
+    def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
         while row >= self.cache.rows:
             self.cache.add_row()
             self.generators.append(None)

@@ -24,7 +24,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import EMPTY, Drafter, PerRow, Proposal
+from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, PerRow, Proposal
 from specgen.text import common_prefix
 
 
@@ -184,7 +184,7 @@ class Source(enum.Enum):
     NONE = "none"  # nothing proposed this round (k was 0, or the round is over)
 
 
-class LookupChain:
+class LookupChain(BaseDrafter):
     """Prompt lookup first, the draft model otherwise: one source per row and round.
 
     A row's round uses its lookup continuation when the matched tail has at least `min_match`
@@ -220,12 +220,12 @@ class LookupChain:
         self.rounds = {Source.LOOKUP: 0, Source.MODEL: 0}  # rounds each drafter proposed in
         self.extended = 0  # model rounds extended by a lookup continuation
 
-    def join(self, row, prompt_ids, generator, capacity) -> None:
+    def join(self, row, prompt_ids, generator, capacity, config=None) -> None:
         while row >= len(self.lookups):
             self.lookups.append(self.make_lookup())
             self.sources.append(Source.NONE)
         self.lookups[row].start(prompt_ids)
-        self.model.join(row, prompt_ids, generator, capacity)
+        self.model.join(row, prompt_ids, generator, capacity, config)
         self.sources[row] = Source.NONE
 
     def leave(self, keep) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import Proposal, embeddable
+from specgen.decoding.drafters.base import BaseDrafter, Proposal, embeddable
 from specgen.decoding.length import unsure
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.decoding.staging import PREFILL_CHUNK
@@ -36,7 +36,7 @@ from specgen.runtime.prefixes import PrefixStore
 CATCH_UP = 4  # unseen tokens a row feeds in the batched first step; more are fed row by row first
 
 
-class ChainDrafter:
+class ChainDrafter(BaseDrafter):
     """The Drafter protocol for chains from one draft model (base.py has the calls)."""
 
     def __init__(
@@ -60,7 +60,7 @@ class ChainDrafter:
         self._contexts: list[list[int]] = []  # each row's sequence as last given (its cache holds a prefix)
 
     # -- rows ---------------------------------------------------------------------------------
-    def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
+    def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
         """Make room for the row; its prompt is fed lazily, at the row's first proposal, so a
         row that never drafts (a wide server batch at k = 0) never costs a draft forward."""
         while row >= self.cache.rows:
@@ -94,12 +94,6 @@ class ChainDrafter:
 
     def setup_seconds(self) -> float:
         return self.steps.setup_seconds
-
-    def taps(self) -> tuple[int, ...]:
-        return ()
-
-    def see(self, target_cache) -> None:
-        pass
 
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -31,7 +31,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import EMPTY, Drafter, Proposal
+from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, Proposal
 from specgen.decoding.drafters.retokenize import Bridge, Seam
 from specgen.text import common_prefix
 
@@ -72,7 +72,7 @@ class RowText:
         del self.last[len(self.frozen) :]
 
 
-class TextDrafter:
+class TextDrafter(BaseDrafter):
     """The Drafter protocol for a draft model of another tokenizer (module docstring)."""
 
     def __init__(self, inner: Drafter, bridge: Bridge):
@@ -92,7 +92,7 @@ class TextDrafter:
         return min(max(self.draft_tokens / self.target_tokens, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
 
     # -- rows ---------------------------------------------------------------------------------
-    def join(self, row: int, prompt_ids: list[int], generator, capacity: int) -> None:
+    def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
         """The prompt's text becomes draft ids once (from the last anchor a rewind kept); the
         inner drafter joins with them. The draft is greedy: it takes no generator."""
         while row >= len(self.rows):
@@ -123,12 +123,6 @@ class TextDrafter:
 
     def setup_seconds(self) -> float:
         return self.inner.setup_seconds()
-
-    def taps(self) -> tuple[int, ...]:
-        return ()
-
-    def see(self, target_cache) -> None:
-        pass
 
     # -- a round ------------------------------------------------------------------------------
     def propose(
