@@ -18,8 +18,11 @@ floor is exact whatever it measures.
 * `Floor` (one per row): each drafting round's speed-up, tokens x plain / round seconds (the
   tokens plain steps would have taken that long for), exponentially weighted over HALFLIFE
   rounds at the current ceiling, with its standard error. Without the plain step measured at
-  this width, a bound stands in for it: tokens x verify seconds / round seconds is at least the
-  speed-up, as a verify of k + 1 tokens costs at least a plain step. After MIN_ROUNDS rounds:
+  this width, the round's own verify gives it where the device's costs were measured (a verify
+  of n tokens costs 1 + slope x (n - 1) plain steps, costs.verify_slope: no plain round is
+  spent to learn it); else a bound stands in for it: tokens x verify seconds / round seconds is
+  at least the speed-up, as a verify of k + 1 tokens costs at least a plain step. After
+  MIN_ROUNDS rounds:
   - a clear loss (the mean plus its error below 1) halves the ceiling (a tree, which drafts
     whole or not at all, goes to 0);
   - a clear win (the mean less its error above 1; the bound's above VERIFY_BOUND, what a verify
