@@ -176,7 +176,7 @@ class ScriptedBatchDrafter:
     def finished(self, row):
         pass
 
-    def propose(self, contexts, ks, samplings):
+    def propose(self, contexts, ks, samplings, features=None):
         out = []
         for row, (context, k) in enumerate(zip(contexts, ks)):
             prompt, serial = self.rows[row]
@@ -202,9 +202,6 @@ class ScriptedBatchDrafter:
 
     def taps(self):
         return ()
-
-    def see(self, target_cache):
-        pass
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])

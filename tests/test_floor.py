@@ -26,8 +26,16 @@ def feed(row: Floor, rounds: int, k: int, tokens: int, seconds: float, verify: f
     return seen
 
 
-def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
+def test_a_row_s_first_drafting_round_is_not_counted():
+    """The draft reads the prompt in it: a round that slow says nothing of the next ones."""
     row = Floor()
+    feed(row, 1, k=4, tokens=1, seconds=5.0, verify=0.1, plain=0.1)
+    feed(row, floor.MIN_ROUNDS, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)
+    assert row.ceiling == NONE and row.speedup.count == floor.MIN_ROUNDS
+
+
+def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
+    row = Floor(skip=False)
     # 1.2 tokens per round in 0.16 s, against plain steps of 0.1 s: 0.75x plain
     halving = 3 * floor.MIN_ROUNDS  # 4, 2 and 1 tokens, MIN_ROUNDS rounds each
     seen = feed(row, halving + floor.RETRY, k=4, tokens=1.2, seconds=0.16, verify=0.11, plain=0.1)
@@ -41,10 +49,10 @@ def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
 
 
 def test_a_row_whose_drafts_win_keeps_drafting_and_a_won_probe_restores_it():
-    row = Floor()
+    row = Floor(skip=False)
     seen = feed(row, 40, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)
     assert set(seen) == {4} and row.ceiling == NONE
-    low = Floor(ceiling=0)
+    low = Floor(ceiling=0, skip=False)
     feed(low, floor.RETRY, k=4, tokens=1, seconds=0.1, verify=0.1, plain=0.1)
     # the text turned predictable: the probe wins, the ceiling grows back
     seen = feed(low, 80, k=4, tokens=2.5, seconds=0.13, verify=0.11, plain=0.1)
@@ -52,13 +60,13 @@ def test_a_row_whose_drafts_win_keeps_drafting_and_a_won_probe_restores_it():
 
 
 def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
-    sure_loss = Floor()
+    sure_loss = Floor(skip=False)
     feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.0, seconds=0.2, verify=0.1, plain=None)
     assert sure_loss.ceiling == 1 and not sure_loss.unsure  # 1 token x 0.1 / 0.2: at most 0.5x
-    sure_win = Floor()
+    sure_win = Floor(skip=False)
     feed(sure_win, floor.MIN_ROUNDS, k=3, tokens=4.0, seconds=0.15, verify=0.1, plain=None)
     assert sure_win.ceiling == NONE and not sure_win.unsure  # at least 2.7x
-    unsure = Floor()
+    unsure = Floor(skip=False)
     feed(unsure, floor.MIN_ROUNDS, k=3, tokens=2.0, seconds=0.16, verify=0.1, plain=None)
     assert unsure.unsure and unsure.ceiling == NONE  # at least 1.25x: needs the plain step
     plain = PlainSteps()
@@ -73,7 +81,7 @@ def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
 
 
 def test_a_tree_goes_to_plain_rounds_at_once():
-    row = Floor()
+    row = Floor(skip=False)
     for _ in range(floor.MIN_ROUNDS):
         row.record(6, 1, 0.3, 0.12, 0.1, tree=True)
     assert row.ceiling == 0

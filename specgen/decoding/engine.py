@@ -132,7 +132,6 @@ class Engine:
             self.drafter.taps()
         ):  # chat's new method reads others
             self.cache.retap(self.drafter.taps())
-        self.drafter.see(self.cache)
         self.parked: list[DecodeState] = (
             after.parked if after is not None else []
         )  # rows the last generation left
@@ -395,7 +394,10 @@ class Engine:
         else:
             ks = [state.capped(state.wanted(), cap(width, state.config)) for state in rows]
         if any(ks):
-            proposals = self.drafter.propose([state.ids for state in rows], ks, [s.sampling for s in rows])
+            features = self.cache.features if self.cache.taps else None  # an EAGLE head's input
+            proposals = self.drafter.propose(
+                [state.ids for state in rows], ks, [s.sampling for s in rows], features
+            )
         else:
             proposals = [EMPTY] * len(rows)
         drafted = time.perf_counter()

@@ -30,8 +30,8 @@ floor is exact whatever it measures.
   - the bound neither: the row is `unsure` and asks for plain steps to be measured.
   A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
   doubling, up to MAX_RETRY, each time the probe loses), so text that turns predictable gets its
-  speed back. The first round after plain ones is not counted: a draft model catches up the
-  tokens it missed then. Rounds vary (a draft right four times, then wrong), so only a clear
+  speed back. A row's first drafting round, and the first after plain ones, are not counted: a
+  draft model reads the prompt, or catches up the tokens it missed, then. Rounds vary (a draft right four times, then wrong), so only a clear
   loss lowers the ceiling: a row within noise of plain steps keeps drafting, which costs it
   nothing.
 
@@ -166,7 +166,9 @@ class Floor:
     probing: bool = False  # the ceiling of 1 is a probe from the floor
     retry: int = RETRY
     plain_rounds: int = 0  # rounds at the floor since it got there or last probed
-    skip: bool = False  # the next drafting round follows plain ones: the draft catches up, not counted
+    # the next drafting round is the row's first, or follows plain ones: the draft reads what it
+    # has not seen (the prompt, the tokens since), which the round's time shows; not counted
+    skip: bool = True
     wins: int = 0  # comparisons won at this ceiling
     drafted: int = 0  # the most tokens the row was allowed at this ceiling (its k)
     speedup: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x plain / seconds

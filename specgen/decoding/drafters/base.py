@@ -163,13 +163,16 @@ class Drafter(Protocol):
         deterministic-mode replay that rewrote the rest). Rows never joined are ignored."""
 
     def propose(
-        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
     ) -> list[Proposal]:
         """One proposal per row, rows in order. `contexts[i]` is row i's committed sequence,
         `ks[i]` how many tokens it may draft (a tree drafter builds its tree when ks[i] > 0; 0:
         none), `samplings[i]` its sampling settings, whose `ProposalKind.drafting` says how to
-        draft (greedily, or sampling and reporting the laws). A row with nothing to propose
-        gets an empty proposal (`EMPTY`)."""
+        draft (greedily, or sampling and reporting the laws). `features`: the target's
+        hidden states at the layers `taps` names, for every committed position
+        (kvcache.FeatureLayer; None where it keeps none), as vLLM's proposer takes
+        `target_hidden_states`: a drafter reads them here and holds no reference to the
+        engine's cache. A row with nothing to propose gets an empty proposal (`EMPTY`)."""
 
     def observe(self, row: int, path: list[int]) -> None:
         """The accepted nodes of the row's last proposal that were committed (node indices as in
@@ -181,16 +184,13 @@ class Drafter(Protocol):
     def taps(self) -> tuple[int, ...]:
         """The target layers whose entering hidden states the drafter reads (an EAGLE head's low,
         middle and high features; empty for every other drafter). The engine's target cache
-        keeps them at each committed position (kvcache.FeatureLayer)."""
-
-    def see(self, target_cache) -> None:
-        """The engine's target cache, once: where a drafter with `taps` reads the features."""
+        keeps them at each committed position (kvcache.FeatureLayer), which `propose` is given."""
 
 
 class BaseDrafter:
     """The Drafter hooks most drafters do not need, as no-ops: a drafter keeps nothing for later
     prompts (`finished`), captures no steps (`setup_seconds`) and reads no target features
-    (`taps`, `see`) unless it says so."""
+    (`taps`) unless it says so."""
 
     def finished(self, row: int) -> None:
         pass
@@ -200,9 +200,6 @@ class BaseDrafter:
 
     def taps(self) -> tuple[int, ...]:
         return ()
-
-    def see(self, target_cache) -> None:
-        pass
 
 
 class NoDrafter(BaseDrafter):
@@ -217,7 +214,7 @@ class NoDrafter(BaseDrafter):
     def rewind(self, row, valid) -> None:
         pass
 
-    def propose(self, contexts, ks, samplings) -> list[Proposal]:
+    def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         return [EMPTY] * len(contexts)
 
     def observe(self, row, path) -> None:
@@ -266,7 +263,7 @@ class PerRow(BaseDrafter):
         if row < len(self.rows):
             self.rows[row].rewind(valid)
 
-    def propose(self, contexts, ks, samplings) -> list[Proposal]:
+    def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         return [
             self.rows[row].propose(context, k, sampling) if k > 0 else EMPTY
             for row, (context, k, sampling) in enumerate(zip(contexts, ks, samplings))

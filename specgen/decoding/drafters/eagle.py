@@ -66,7 +66,7 @@ class EagleDrafter(BaseDrafter):
         self.from_target, self.from_head = (Steps(HeadStep(head, widest), mode) for _ in range(2))
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.cache = kvcache.SlotCache(head.cache_config, rows=0)
-        self.target: kvcache.SlotCache | None = None  # the engine's target cache, with the features
+        self.features: kvcache.FeatureLayer | None = None  # the target's, during a `propose` only
         self.map = head.draft_to_target().to(device)  # [Vd] target id of each draft id
         self.generators: list[torch.Generator | None] = []
         self._contexts: list[list[int]] = []
@@ -74,9 +74,6 @@ class EagleDrafter(BaseDrafter):
     # -- rows ---------------------------------------------------------------------------------
     def taps(self) -> tuple[int, ...]:
         return self.head.config.layers
-
-    def see(self, cache: kvcache.SlotCache) -> None:
-        self.target = cache
 
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
         while row >= self.cache.rows:
@@ -117,13 +114,17 @@ class EagleDrafter(BaseDrafter):
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(
-        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
     ) -> list[Proposal]:
-        started = self._start(contexts, ks)
-        if started is None:
-            return [Proposal.empty(self.device) for _ in contexts]
-        ks, ends, logits, hidden = started
-        proposals = self._draft(ks, logits, hidden, samplings)
+        self.features = features
+        try:
+            started = self._start(contexts, ks)
+            if started is None:
+                return [Proposal.empty(self.device) for _ in contexts]
+            ks, ends, logits, hidden = started
+            proposals = self._draft(ks, logits, hidden, samplings)
+        finally:
+            self.features = None  # the engine's, never held past the round
         # the next round feeds accepted positions from the target's features
         kvcache.set_lengths(self.cache, [min(end, length) for end, length in zip(ends, self.cache.lengths)])
         return proposals
@@ -195,7 +196,7 @@ class EagleDrafter(BaseDrafter):
     def _features(self, news: list[range], width: int, first: int = 0) -> torch.Tensor:
         """[rows, width, taps * H]: the target's features at each row's new positions (zeros past
         them, and where the target kept none); rows from `first` on."""
-        held = self.target.features if self.target is not None else None
+        held = self.features
         size = len(self.head.config.layers) * self.head.config.hidden_size
         out = torch.zeros(len(news), width, size, device=self.device)
         if held is None or not held.is_initialized:

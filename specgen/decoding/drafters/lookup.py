@@ -247,10 +247,7 @@ class LookupChain(BaseDrafter):
     def taps(self) -> tuple[int, ...]:
         return self.model.taps()
 
-    def see(self, target_cache) -> None:
-        self.model.see(target_cache)
-
-    def propose(self, contexts, ks, samplings) -> list[Proposal]:
+    def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)
         for row, (context, k) in enumerate(zip(contexts, ks)):
@@ -267,7 +264,7 @@ class LookupChain(BaseDrafter):
             if self.sources[row] is not Source.NONE:
                 self.rounds[self.sources[row]] += 1
         if any(model_ks):
-            drafted = self.model.propose(contexts, model_ks, samplings)
+            drafted = self.model.propose(contexts, model_ks, samplings, features)
             for row, k in enumerate(model_ks):
                 if k:
                     out[row] = self._extended(row, drafted[row], contexts[row], ks[row])

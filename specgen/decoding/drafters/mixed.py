@@ -49,7 +49,6 @@ class Mixed(BaseDrafter):
     def __init__(self, make: Callable[[GenerationConfig], Drafter], taps: tuple[int, ...] = ()):
         self.make = make
         self._taps = tuple(taps)  # an EAGLE head's layers, read by its rows (the target cache keeps them)
-        self.target_cache = None
         self.drafters: OrderedDict[tuple, Drafter] = OrderedDict()  # least recently joined first
         self.rows: list[tuple[tuple, int]] = []  # the batch's rows: (drafting key, row in that drafter)
         self.spent = 0.0
@@ -100,7 +99,7 @@ class Mixed(BaseDrafter):
         self.drafters[key].observe(sub, path)
 
     # -- a round ------------------------------------------------------------------------------------
-    def propose(self, contexts, ks, samplings) -> list[Proposal]:
+    def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         """Each drafter proposes for its own rows, in its own numbering, in one call."""
         proposals: list[Proposal] = [EMPTY] * len(contexts)
         for key, drafter in self.drafters.items():
@@ -109,7 +108,7 @@ class Mixed(BaseDrafter):
                 continue
             rows.sort(key=lambda i: self.rows[i][1])
             made = drafter.propose(
-                [contexts[i] for i in rows], [ks[i] for i in rows], [samplings[i] for i in rows]
+                [contexts[i] for i in rows], [ks[i] for i in rows], [samplings[i] for i in rows], features
             )
             for i, proposal in zip(rows, made):
                 proposals[i] = proposal
@@ -120,7 +119,6 @@ class Mixed(BaseDrafter):
         drafter = self.drafters.pop(key, None)
         if drafter is None:
             drafter = self.make(config)
-            drafter.see(self.target_cache)
         self.drafters[key] = drafter
         busy = {k for k, _ in self.rows}
         idle = [k for k in self.drafters if k not in busy]
@@ -133,8 +131,3 @@ class Mixed(BaseDrafter):
 
     def taps(self) -> tuple[int, ...]:
         return self._taps
-
-    def see(self, target_cache) -> None:
-        self.target_cache = target_cache
-        for drafter in self.drafters.values():
-            drafter.see(target_cache)

@@ -98,7 +98,7 @@ class ChainDrafter(BaseDrafter):
     # -- a round ------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(
-        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
     ) -> list[Proposal]:
         count, steps = len(contexts), max(ks)
         self._catch_up(contexts, ks)

@@ -126,7 +126,7 @@ class TextDrafter(BaseDrafter):
 
     # -- a round ------------------------------------------------------------------------------
     def propose(
-        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig]
+        self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
     ) -> list[Proposal]:
         drafts = []
         for row, context in enumerate(contexts):
