@@ -31,9 +31,9 @@ floor is exact whatever it measures.
   A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
   doubling, up to MAX_RETRY, each time the probe loses), so text that turns predictable gets its
   speed back. A row's first drafting round, and the first after plain ones, are not counted: a
-  draft model reads the prompt, or catches up the tokens it missed, then. Rounds vary (a draft right four times, then wrong), so only a clear
-  loss lowers the ceiling: a row within noise of plain steps keeps drafting, which costs it
-  nothing.
+  draft model reads the prompt, or catches up the tokens it missed, then. Rounds vary (a draft
+  right four times, then wrong), so only a clear loss lowers the ceiling: a row within noise of
+  plain steps keeps drafting, which costs it nothing.
 
 `--draft-tokens N` (a fixed choice, or a request's own draft length) has no floor: N is N.
 """
