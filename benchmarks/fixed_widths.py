@@ -14,8 +14,8 @@ import torch
 
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.build import build_engine, resolve_draft_length
-from specgen.decoding.engine import Policy
 from specgen.decoding.events import RoundResult
+from specgen.decoding.policy import Policy
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.pair import load
 

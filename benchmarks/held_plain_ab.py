@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, "/work/main")
 from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.build import build_engine, resolve_draft_length
-from specgen.decoding.engine import Policy
+from specgen.decoding.policy import Policy
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.pair import load
 

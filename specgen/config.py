@@ -21,6 +21,9 @@ class ModelSettings:
     draft_quant: str | None = None  # runtime/quant.py: auto, none, int8, int8-wo, prune, int8+prune
     compile: str = "auto"  # runtime/compiled.py: auto (inductor on CUDA), on, off, graphs, inductor
     target_quant: str = "none"  # runtime/quant.py: auto, none, int8
+    threads: int | None = (
+        None  # torch threads of the forwards (runtime/threads.py); None: fitted to the free cores
+    )
 
 
 MAX_DRAFT_TOKENS = 64  # the most tokens a round may draft (--draft-tokens)

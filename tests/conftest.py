@@ -11,6 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# one torch thread for the engines' forwards (runtime/threads.py would fit them to the free cores:
+# tiny models run faster on one, and tests sharing the machine's two cores then do not fight)
+os.environ.setdefault("SPECGEN_THREADS", "1")
 
 # Tiny models run faster on one thread (two threads only add synchronisation per op), and
 # tests sharing the machine's two cores then do not fight each other.

@@ -1175,6 +1175,7 @@ def test_the_option_groups_map_by_keyword_and_a_detached_servers_options_read_ba
         draft_quant="none",
         compile="off",
         target_quant="int8",
+        threads=1,
     )
     result = runner.invoke(probe_app, ["probe", *model_args(settings), "--top-k", "3", "--extra", "2"])
     assert result.exit_code == 0, result.output

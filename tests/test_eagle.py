@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.config import GenerationConfig, Method, SamplingConfig
-from specgen.decoding.engine import Engine, Policy
+from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
+from specgen.decoding.policy import Policy
 from specgen.models.eagle_format import HeadError, load_head, save_head
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, default_layers
 from specgen.models.load import Vocabulary, load_draft, load_pair

@@ -10,8 +10,9 @@ from specgen.config import GenerationConfig, Method
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.model import ChainDrafter
-from specgen.decoding.engine import PROMPT_CATCH_UP, Engine, Policy, StopReason
+from specgen.decoding.engine import Engine, StopReason
 from specgen.decoding.events import Finished, RoundResult
+from specgen.decoding.policy import PROMPT_CATCH_UP, Policy
 from specgen.decoding.rows import RESUME_ROUNDS, RESUME_TOKENS
 from specgen.runtime import kvcache
 

@@ -9,9 +9,9 @@ from collections import Counter, deque
 from tiny import batch_ids, engine_with
 
 from specgen.config import GenerationConfig, Method
-from specgen.decoding.engine import MAX_DRAFT
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
+from specgen.decoding.policy import MAX_DRAFT
 from specgen.runtime.pair import Pair
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import Scheduler, capped

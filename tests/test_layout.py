@@ -41,9 +41,8 @@ MAX_LINES = 450  # counted after `ruff format`
 UNSPLIT = {
     "specgen.serve.app": 470,
     "specgen.runtime.kvcache": 497,
-    "specgen.cli.options": 498,
     "specgen.models.load": 541,
-    "specgen.decoding.engine": 549,
+    "specgen.decoding.engine": 528,
     "specgen.cli.bench": 624,
     "specgen.serve.api": 643,
 }

@@ -198,7 +198,8 @@ def engine_with(pair, config, stop_ids=None, compile: str = "off", **policy):
     """An engine for `config.method` on a (target, draft) pair, its drafter built as run's is;
     `policy`: the engine.Policy fields it is built with."""
     from specgen.decoding.build import make_drafter
-    from specgen.decoding.engine import Engine, Policy
+    from specgen.decoding.engine import Engine
+    from specgen.decoding.policy import Policy
     from specgen.runtime.pair import Pair
 
     target, draft = pair

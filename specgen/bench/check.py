@@ -24,9 +24,10 @@ import torch
 from specgen.bench.references import _quiet_generate, hf_generate_kwargs
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import Engine, Policy
+from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
 from specgen.decoding.feed import Request
+from specgen.decoding.policy import Policy
 from specgen.decoding.prompts import encode_prompt
 from specgen.errors import ConfigError
 from specgen.models import families

@@ -67,12 +67,6 @@ def bench(
     warmup: Annotated[
         bool, typer.Option("--warmup/--no-warmup", help="One short generation per method before measuring.")
     ] = True,
-    threads: Annotated[
-        Optional[int],
-        typer.Option(
-            "--threads", help="torch intra-op threads, fixed for the run (default: torch's current count)."
-        ),
-    ] = None,
     generation: GenerationConfig,
     batch_sizes: Annotated[
         Optional[str],
@@ -140,7 +134,7 @@ def bench(
         from specgen.bench import methods as registry
         from specgen.bench import prompts as prompt_sets
 
-        settings = measure.BenchSettings(generation, repeats=repeats, warmup=warmup, threads=threads)
+        settings = measure.BenchSettings(generation, repeats=repeats, warmup=warmup, threads=models.threads)
         names = registry.parse_methods(methods)
         llamacpp.refuse_early(names, models.target)
         registry.check_settings(names, generation)
@@ -167,7 +161,7 @@ def bench(
                 max_batch,
                 models,
                 json_file,
-                threads,
+                models.threads,
                 repeats,
                 named=named,
             )
@@ -183,7 +177,7 @@ def bench(
                 windows,
                 models,
                 json_file,
-                threads,
+                models.threads,
                 named=named,
             )
         else:

@@ -34,8 +34,6 @@ from specgen.chat.conversation import Conversation
 from specgen.chat.saves import config_from, read_save, settings_dict
 from specgen.cli.options import (
     Format,
-    check_text,
-    decode_text,
     ending_signals,
     given,
     note_unused,
@@ -43,6 +41,7 @@ from specgen.cli.options import (
     user_errors,
     with_options,
 )
+from specgen.cli.reading import check_text, decode_text
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.views import speed

@@ -1,6 +1,6 @@
-"""Options and error handling shared by the commands: the option groups declared once and mapped by keyword
-onto
-ModelSettings and GenerationConfig (`with_options`), one-line errors, prompt reading. No tensors here."""
+"""Options and error handling shared by the commands: the option groups declared once and mapped by
+keyword onto ModelSettings and GenerationConfig (`with_options`), one-line errors, the signals that
+end a command (reading a prompt: reading.py). No tensors here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -27,8 +26,9 @@ from specgen.config import (
     parse_branching,
     parse_draft_tokens,
 )
-from specgen.errors import ConfigError, PromptError, SpecgenError, file_error, one_line
+from specgen.errors import ConfigError, SpecgenError, file_error, one_line
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.runtime.threads import check_count
 from specgen.status import error_line, note
 
 
@@ -95,22 +95,6 @@ def _caused_by_ctrl_c(exc: BaseException) -> bool:
     return False
 
 
-# the most prompt text read from a file or stdin: more than any model's context holds (a
-# million tokens at 32 bytes each), so `--file /dev/zero` ends with a line, not out of memory;
-# a prompt longer than the target's context is refused once it is tokenized
-MAX_PROMPT_BYTES = 32 << 20
-
-
-def read_bounded(stream, where: str) -> bytes:
-    data = stream.read(MAX_PROMPT_BYTES + 1)
-    if len(data) > MAX_PROMPT_BYTES:
-        raise PromptError(
-            f"{where} holds more than {MAX_PROMPT_BYTES >> 20} MiB: more text than any model's "
-            "context takes; shorten it"
-        )
-    return data
-
-
 def handle_signals(signums, handler) -> dict:
     """`handler` for each of `signums` (in the main thread, where Python runs handlers), except a
     SIGHUP that is ignored (under nohup a logout must stop nothing); the handlers it replaced."""
@@ -146,63 +130,6 @@ def ending_signals() -> list[int]:
 
     handle_signals((signal.SIGTERM, signal.SIGHUP), end)
     return ended
-
-
-def read_prompt(prompt: str | None, file: Path | None) -> str:
-    if prompt is not None and file is not None:
-        raise PromptError("give the prompt as an argument or with --file, not both")
-    if file is not None:
-        try:
-            with open(file, "rb") as stream:
-                data = read_bounded(stream, f"prompt file {file}")
-        except OSError as exc:
-            raise PromptError(f"cannot read prompt file {file}: {exc.strerror or exc}") from None
-        return decode_text(data, f"prompt file {file}")
-    if prompt == "-":
-        return read_stdin()
-    if prompt is None:
-        raise PromptError("no prompt given; pass PROMPT, '-' for stdin, or --file F")
-    return check_text(prompt, "the prompt")
-
-
-def decode_text(data: bytes, where: str) -> str:
-    """UTF-8 bytes -> text, or one PromptError naming `where` and the first bad byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PromptError(
-            f"{where} is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
-
-
-def check_text(text: str, where: str) -> str:
-    """Text that came through surrogateescape (argv, a C-locale stdin) can hold undecodable bytes as
-    lone surrogates; tokenizers choke on them, so they are refused here with one line."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise PromptError(
-            f"{where} is not valid UTF-8 text (an undecodable byte at character {exc.start})"
-        ) from None
-    return text
-
-
-def read_stdin() -> str:
-    """All of stdin as UTF-8 text (decoded here, so a bad byte is one clear error line). A
-    terminal's reader is told how to end it: a blank screen gave no sign of waiting."""
-    if sys.stdin.isatty():
-        sys.stderr.write("reading the prompt from the terminal; end it with Ctrl-D on a line of its own\n")
-        sys.stderr.flush()
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is not None:
-        return decode_text(read_bounded(buffer, "stdin"), "stdin")
-    try:
-        text = sys.stdin.read(MAX_PROMPT_BYTES + 1)
-        if len(text) > MAX_PROMPT_BYTES:
-            raise PromptError(f"stdin holds more than {MAX_PROMPT_BYTES >> 20} MiB; shorten it")
-    except UnicodeDecodeError as exc:
-        raise PromptError(f"stdin is not valid UTF-8 text ({exc.reason})") from None
-    return check_text(text, "stdin")
 
 
 # -- the option groups, declared once ------------------------------------------------------------
@@ -269,6 +196,18 @@ MODEL_OPTIONS = {
             ),
         ],
         "auto",
+    ),
+    "threads": (
+        Annotated[
+            Optional[int],
+            typer.Option(
+                "--threads",
+                envvar="SPECGEN_THREADS",
+                help="torch threads for the forwards on the CPU (also $SPECGEN_THREADS). Default: one per "
+                "core that other processes leave free, looked at again every second.",
+            ),
+        ],
+        None,
     ),
 }
 
@@ -405,6 +344,7 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
                     group: {name: values.pop(name) for name in names} for group, names in members.items()
                 }
                 if "models" in taken:
+                    taken["models"]["threads"] = check_count(taken["models"]["threads"])
                     values["models"] = ModelSettings(**taken["models"])
                 if "generation" in taken:
                     values["generation"] = generation_config(**taken["generation"], **fixed)

@@ -17,7 +17,8 @@ from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
 from specgen.decoding.drafters.text import TextDrafter
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
-from specgen.decoding.engine import Engine, Policy
+from specgen.decoding.engine import Engine
+from specgen.decoding.policy import Policy
 from specgen.errors import ConfigError
 from specgen.models.families import text_config
 from specgen.models.load import Vocabulary
@@ -229,6 +230,7 @@ def build_engine(
         policy=policy,
         draft_cost=lambda method: draft_cost(pair, method),
         verify_slope=costs.verify_slope(pair),
+        threads=pair.threads,
     )
     drafts = config.method.needs_draft_model and pair.draft.vocabulary is not Vocabulary.HEAD
     models = [("target", target.model)] + ([("draft", pair.draft.model)] if drafts else [])

@@ -35,24 +35,17 @@ from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
 from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import Feed, ListFeed, Request
 from specgen.decoding.floor import PlainSteps
+from specgen.decoding.policy import DRAFT_COST, Policy
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.sampling import make_generator
-from specgen.decoding.staging import PREFILL_CHUNK, Staged, advance, stage
+from specgen.decoding.staging import Staged, advance, stage
 from specgen.errors import PromptError
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
 from specgen.runtime.prefixes import PrefixStore
+from specgen.runtime.threads import Threads
 from specgen.text import common_prefix
-
-# prompt tokens past which a row's first token comes from its prefill (of what the caches lack, its
-# last token at least), not from a first round: it waits for no draft model to read the prompt
-# (benchmarks/server.md). The prompt's length decides, never the caches, so a seeded request draws
-# the same tokens cached or not. A shorter prompt (the tests of the first token's law) has its
-# first token speculated like every other.
-PROMPT_CATCH_UP = 4
-DRAFT_COST = 0.38  # a draft model's token against a target step, where the engine is told no other
-MAX_DRAFT = 256  # more than any round drafts (config.draft_tokens <= 64, trees <= 256 nodes)
 
 
 class Fresh:
@@ -63,27 +56,6 @@ FRESH = Fresh()
 # where a joining row's K/V comes from: a prefill here, the parked row of the previous generation
 # that it continues (a chat turn: the state it resumes), or a prompt prefilled a chunk per round
 Origin = Union[Fresh, DecodeState, Staged]
-
-
-def no_cap(width: int, config: GenerationConfig) -> int:
-    """No width cap: a row drafts what its own policy asks at every batch width."""
-    return MAX_DRAFT
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How an engine schedules its rounds, given when it is built (a server's from measured
-    costs, serve/scheduler.py); never what a round commits."""
-
-    # the most tokens a row of this config may draft when `width` rows share a round
-    # (costs.WidthCosts: past some width plain rounds win)
-    width_cap: Callable[[int, GenerationConfig], int] = no_cap
-    # a longer prompt joining rows that decode is prefilled this many tokens per round
-    # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds
-    prefill_chunk: int = PREFILL_CHUNK
-    # new prompt tokens past which a row's first token comes from its prefill; larger
-    # speculates the first token of longer prompts too (tests of that token's law)
-    prompt_catch_up: int = PROMPT_CATCH_UP
 
 
 @dataclass(frozen=True)
@@ -113,6 +85,7 @@ class Engine:
         policy: Policy = Policy(),
         draft_cost: Callable[[Method], float] = lambda method: DRAFT_COST,
         verify_slope: float | None = None,
+        threads: int | None = None,
     ):
         self.model = target_model
         self.vocab = vocab  # the shared vocabulary when the draft head is padded differently
@@ -140,6 +113,8 @@ class Engine:
         self.policy = policy
         self.draft_cost = draft_cost  # one draft token of a method against a target step (build.TABLE)
         self.verify_slope = verify_slope  # one more verified token in target steps, where measured (costs)
+        # the forwards' thread count: fixed, or fitted to the cores other processes leave free
+        self.threads = Threads(threads if device.type == "cpu" else torch.get_num_threads())
         # plain rounds' seconds per batch width, for the rows' floors (floor.py): kept across
         # generations (a chat's turns, a server's requests), and by an engine that replaces this one
         self.plain = after.plain if after is not None else PlainSteps()
@@ -177,6 +152,7 @@ class Engine:
         """The loop: rows join from `feed` while there is room, every round serves every row,
         finished and dropped rows leave. `resume` continues the first request's row (see
         `generate`). A request's prompt must fit the context (`check` it before it is fed)."""
+        self.threads.start()  # on the thread that runs the forwards (a server's engine thread)
         resumed = any(resume is state for state in self.parked)  # still in the cache: continued
         self._settle(resume if resumed else FRESH)
         if resumed:
@@ -384,6 +360,7 @@ class Engine:
     @torch.inference_mode()
     def _round(self, rows: list[DecodeState]) -> list[RoundResult]:
         """Draft, verify (one forward for all rows), accept and commit; one result per row."""
+        self.threads.tick()
         started = time.perf_counter()
         # the roots go to the device now, while it is idle: copied after the draft steps were
         # queued, a host list would wait for all of them

@@ -50,6 +50,7 @@ def fold(
         elif isinstance(report.event, RoundResult):
             row.setup_seconds = engine.setup_seconds() - setup[report.index]
         elif isinstance(report.event, Finished):
+            row.threads = engine.threads.count
             del stats[report.index], setup[report.index]
         yield report, row
 

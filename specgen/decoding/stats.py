@@ -43,6 +43,7 @@ class Stats:
     replay_seconds: float = 0.0
     stop: str | None = None
     dtype: str | None = None  # the target's weight format (what --dtype auto chose)
+    threads: int | None = None  # the forwards' torch threads when it finished (runtime/threads.py)
     setup_seconds: float = 0.0  # capturing and compiling fixed-shape steps (first use of a shape)
     reused_tokens: int = 0  # prompt tokens served from the caches of an earlier generation
     generations: int = 1  # how many generations these counts cover (more after `merge`)
@@ -108,6 +109,7 @@ class Stats:
             else other.time_to_first_token,
             stop=other.stop or self.stop,
             dtype=self.dtype or other.dtype,
+            threads=other.threads or self.threads,
         )
 
     # -- derived figures ------------------------------------------------------------------------
@@ -169,6 +171,7 @@ class Stats:
             "replay_seconds": round(self.replay_seconds, 4),
             "stop_reason": self.stop,
             "dtype": self.dtype,
+            "threads": self.threads,
         }
 
 
@@ -202,6 +205,8 @@ def from_dict(data: dict, method: str | None = None) -> Stats:
     )
     stats.tree_sizes = [int(n) for n in data.get("tree_size_per_round") or []]
     stats.stop, stats.dtype = data.get("stop_reason"), data.get("dtype")
+    threads = data.get("threads")
+    stats.threads = threads if isinstance(threads, int) and not isinstance(threads, bool) else None
     return stats
 
 

@@ -29,6 +29,9 @@ class Pair:
     target: LoadedModel
     draft: LoadedModel | None
     compile: str = "off"  # compiled.py: off, graphs (CUDA graphs), inductor, fixed
+    threads: int | None = (
+        None  # the forwards' torch threads (runtime/threads.py); None: fitted to the free cores
+    )
     # rows' K/V by their tokens (runtime/prefixes.py), one store per model, shared by every engine on the pair
     # (empty until `keep_prefixes`)
     target_prefixes: PrefixStore = field(default_factory=PrefixStore)
@@ -89,7 +92,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         raise AssertionError("a target built from its int8 store must run with int8 linears")
     if loaded_draft is not None:
         loaded_draft = quantize_draft(loaded_draft, target, settings.draft_quant, dtype_auto, quiet)
-    return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device))
+    return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device), settings.threads)
 
 
 def _dtype_auto(settings: ModelSettings) -> bool:

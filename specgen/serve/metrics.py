@@ -46,6 +46,9 @@ class Metrics:
         )
         self.queue_depth = Gauge("specgen_queue_depth", "Requests waiting for a row", registry=r)
         self.batch_width = Gauge("specgen_batch_width", "Rows in the running batch", registry=r)
+        self.threads = Gauge(
+            "specgen_threads", "torch threads of the engine's forwards (fitted to the free cores)", registry=r
+        )
         self.acceptance = Gauge(
             "specgen_acceptance_rate", "Accepted / drafted draft tokens since the start", registry=r
         )

@@ -31,9 +31,10 @@ import torch
 
 from specgen.config import GenerationConfig
 from specgen.decoding.build import build_engine
-from specgen.decoding.engine import FRESH, Engine, Policy, no_cap
+from specgen.decoding.engine import FRESH, Engine
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
+from specgen.decoding.policy import Policy, no_cap
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.run import fold
 from specgen.decoding.staging import PREFILL_CHUNK
@@ -223,6 +224,7 @@ class Scheduler:
                 job.post(chunk)
             return
         if isinstance(event, Finished):
+            self.metrics.threads.set(self.engine.threads.count)
             width, state = min(len(self.running), self.max_batch), report.state
             k = min(state.draft_length(), self.engine.policy.width_cap(width, state.config))
             self.metrics.draft_lengths(job.config.method.value, {width: k})
