@@ -50,7 +50,7 @@ def width(url: str, key: str) -> float:
 
 def run_load(args, methods: list[str], texts: list[str], offset: int) -> tuple[float, float, int]:
     """(tokens per second over the load, its seconds, the widest batch seen)."""
-    tokens, widest, stop = [0], [0.0], threading.Event()
+    tokens, widest, stop, lock = [0], [0.0], threading.Event(), threading.Lock()
 
     def client(i: int, method: str) -> None:
         for r in range(args.requests):
@@ -63,7 +63,9 @@ def run_load(args, methods: list[str], texts: list[str], offset: int) -> tuple[f
                 "ignore_eos": True,
                 "speculative": {"method": method},
             }
-            tokens[0] += post(args.url, args.key, body)["usage"]["completion_tokens"]
+            made = post(args.url, args.key, body)["usage"]["completion_tokens"]
+            with lock:  # clients of one batch finish in the same round: their sums must not race
+                tokens[0] += made
 
     def watch() -> None:
         while not stop.is_set():
