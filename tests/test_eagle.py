@@ -120,6 +120,35 @@ def test_the_cache_keeps_the_hidden_states_entering_the_tapped_layers(family):
             torch.testing.assert_close(got[:, place], want, atol=1e-5, rtol=1e-4)
 
 
+def test_features_are_a_buffer_of_their_own_that_follows_every_row_move():
+    """The features are a FeatureBuffer (no K/V layer with empty values): they follow a tree
+    path's gather, a row joining, rows leaving out of order and a prefix copied to another
+    cache, exactly as the K/V of the same slots do."""
+    from transformers.cache_utils import CacheLayerMixin
+
+    from specgen.runtime.lean import call_for
+    from specgen.runtime.slots import FeatureBuffer
+
+    model = build_model(3, layers=LAYERS)
+    features.install(model)
+    call = call_for(model)
+    cache = kvcache.SlotCache(model.config, rows=2, taps=(1,))
+    assert isinstance(cache.features, FeatureBuffer) and not isinstance(cache.features, CacheLayerMixin)
+    kvcache.forward(call, cache, torch.randint(0, 200, (2, 10)))
+    before = [cache.features.read(row, 0, 10).clone() for row in range(2)]
+    keys = [cache.layers[0].keys[row, :, :10].clone() for row in range(2)]
+    kvcache.keep_positions(cache, 4, torch.tensor([1, 3]), row=1)  # a tree's path: slots 5 and 7
+    torch.testing.assert_close(cache.features.read(1, 4, 6), before[1][[5, 7]])
+    torch.testing.assert_close(cache.layers[0].keys[1, :, 4:6], keys[1][:, [5, 7]])
+    cache.add_row()
+    cache.select([1, 0])  # out of order
+    torch.testing.assert_close(cache.features.read(1, 0, 10), before[0])
+    torch.testing.assert_close(cache.features.read(0, 0, 4), before[1][:4])
+    other = kvcache.SlotCache(model.config, rows=1, taps=(1,))
+    kvcache.copy_prefix(cache, 1, other, 0, 10)
+    torch.testing.assert_close(other.features.read(0, 0, 10), before[0])
+
+
 # -- heads in the public layouts ----------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 An EAGLE-3 head drafts from the target's own features: the residual stream entering three of
 its layers (low, middle, high), side by side. A cache made with `taps` (kvcache.SlotCache)
-keeps them at the slots of every forward (kvcache.FeatureLayer); this module makes a model's
+keeps them at the slots of every forward (slots.FeatureBuffer); this module makes a model's
 forward hand them over:
 
 * the lean CPU forward (runtime/lean.py) captures them in its layer loop;

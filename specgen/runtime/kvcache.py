@@ -17,7 +17,7 @@ Rows: a batch keeps one row per sequence, each with its own length (no left padd
 writes at its own slots); rows join (`add_row`) and leave (`select`) between rounds.
 
 Features: a cache made with `taps` (layer indices) also keeps, at the same slots, the hidden
-states entering those layers (`FeatureLayer`), which an EAGLE head reads as its input; they
+states entering those layers (`slots.FeatureBuffer`), which an EAGLE head reads as its input; they
 follow the K/V through every crop, row move, tree gather and prefix copy.
 
 Nothing here edits a library's private fields: the layers are our own `CacheLayerMixin`
@@ -30,136 +30,15 @@ import functools
 import itertools
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from specgen.models.compat import CACHE_ARG
 from specgen.models.families import text_config, windows
 from specgen.runtime.masks import masks
+from specgen.runtime.slots import FeatureBuffer, SlotLayer, SlotRows
 
 MIN_CAPACITY = 256
 _SERIALS = itertools.count()
-
-
-class SlotLayer(CacheLayerMixin):
-    """One layer's K/V: written at the slots its cache names, read up to the cache's view."""
-
-    is_compileable = True
-
-    def __init__(self, owner: "SlotCache"):
-        super().__init__()
-        self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        owner = self.owner
-        self.dtype, self.device = key_states.dtype, key_states.device
-        shape = (owner.rows, key_states.shape[1], owner.capacity)
-        self._keys = torch.zeros(*shape, key_states.shape[-1], dtype=self.dtype, device=self.device)
-        self._values = torch.zeros(*shape, value_states.shape[-1], dtype=self.dtype, device=self.device)
-        self._view_rows(owner.rows)
-        self.is_initialized = True  # fixed addresses from here on: captured CUDA graphs use them in place
-
-    def _view_rows(self, rows: int) -> None:
-        """`keys` and `values`: the first `rows` rows of the buffers (which may hold spare rows,
-        so that a joining row costs no copy of the others)."""
-        self.keys, self.values = self._keys[:rows], self._values[:rows]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        owner = self.owner
-        keys, values = self.keys, self.values
-        if owner.active is not None:  # a forward over some rows only (a prefill of one row)
-            keys, values = keys[owner.active], values[owner.active]
-        slots = owner.slots if owner.slots.device == keys.device else owner.slots.to(keys.device)
-        if slots.shape[0] == 1:
-            keys.index_copy_(2, slots[0], key_states)
-            values.index_copy_(2, slots[0], value_states)
-        else:
-            index = slots[:, None, :, None]
-            keys.scatter_(2, index.expand_as(key_states), key_states)
-            values.scatter_(2, index.expand_as(value_states), value_states)
-        view = owner.view
-        if view == keys.shape[2]:
-            return keys, values
-        return keys[:, :, :view], values[:, :, :view]
-
-    def resize(self, capacity: int) -> None:
-        """Grow (copying what is held) or shrink the slot dimension."""
-        if not self.is_initialized:
-            return
-        rows, old = self.keys.shape[0], self.keys.shape[2]
-        for name in ("_keys", "_values"):
-            tensor = getattr(self, name)
-            new = tensor.new_zeros(*tensor.shape[:2], capacity, tensor.shape[-1])
-            keep = min(old, capacity)
-            new[:rows, :, :keep] = tensor[:rows, :, :keep]
-            setattr(self, name, new)
-        self._view_rows(rows)
-
-    def add_row(self) -> None:
-        """One more row: a spare one of the buffers (what it holds is masked until written:
-        the row's length is 0), or buffers of twice the rows."""
-        if not self.is_initialized:
-            return
-        rows = self.keys.shape[0] + 1
-        if rows > self._keys.shape[0]:
-            for name in ("_keys", "_values"):
-                tensor = getattr(self, name)
-                new = tensor.new_zeros(max(rows, 2 * tensor.shape[0]), *tensor.shape[1:])
-                new[: rows - 1] = tensor[: rows - 1]
-                setattr(self, name, new)
-        self._view_rows(rows)
-
-    def select_rows(self, keep: list[int], lengths: list[int]) -> None:
-        """Keep rows `keep` in that order. In place when they stay in order (a row leaving): each
-        kept row moves down over the gap, its committed slots only (`lengths`)."""
-        if not self.is_initialized:
-            return
-        if keep != sorted(keep):
-            index = torch.tensor(keep, dtype=torch.long, device=self.device)
-            self._keys, self._values = self._keys.index_select(0, index), self._values.index_select(0, index)
-        else:
-            for row, source in enumerate(keep):
-                if source != row and lengths[source]:
-                    held = lengths[source]
-                    self._keys[row, :, :held].copy_(self._keys[source, :, :held])
-                    self._values[row, :, :held].copy_(self._values[source, :, :held])
-        self._view_rows(len(keep))
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.view, 0
-
-    def get_seq_length(self) -> int:
-        return max(self.owner.lengths, default=0)
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
-
-
-class FeatureLayer(SlotLayer):
-    """The hidden states entering the tapped layers, [rows, taps, capacity, hidden], written at
-    the forward's slots like K/V (its values are empty)."""
-
-    def write(self, index: int, hidden: torch.Tensor) -> None:
-        """Tap `index` of the forward in flight: `hidden` [b, n, H] goes to the slots being written."""
-        owner = self.owner
-        if not self.is_initialized:
-            shape = (hidden.shape[0], owner.tap_count, hidden.shape[1], hidden.shape[2])
-            empty = hidden.new_empty(shape)
-            self.lazy_initialization(empty, empty[..., :0])
-        keys = self.keys if owner.active is None else self.keys[owner.active]
-        slots = owner.slots if owner.slots.device == keys.device else owner.slots.to(keys.device)
-        hidden = hidden.to(keys.dtype)
-        if slots.shape[0] == 1:
-            keys[:, index].index_copy_(1, slots[0], hidden)
-        else:
-            keys[:, index].scatter_(1, slots[:, :, None].expand_as(hidden), hidden)
-
-    def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        """Row `row`'s features at slots [start, end), the taps side by side: [end - start, taps * H]
-        (zeros where nothing was written, or before any forward: `width` wide)."""
-        keys = self.keys[row, :, start:end]  # [taps, n, H]
-        return keys.permute(1, 0, 2).reshape(end - start, -1)
 
 
 class SlotCache(Cache):
@@ -182,16 +61,16 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(self) for _ in range(config.num_hidden_layers)])
         # the tapped layers in feature order, each tapped layer's places among them, how many
         self.tapped, self.taps, self.tap_count = tuple(taps), _taps(taps), len(taps)
-        self.features = FeatureLayer(self)  # written only when there are taps
+        self.features = FeatureBuffer(self)  # written only when there are taps
 
     def retap(self, taps: tuple[int, ...]) -> None:
         """Keep the features of other layers from now on (the rows' earlier slots read zeros)."""
         self.tapped, self.taps, self.tap_count = tuple(taps), _taps(taps), len(taps)
-        self.features = FeatureLayer(self)
+        self.features = FeatureBuffer(self)
         self.generation += 1
 
     @property
-    def buffers(self) -> list[SlotLayer]:
+    def buffers(self) -> list[SlotRows]:
         """Every position-indexed buffer: the layers' K/V, and the features when tapped."""
         return [*self.layers, self.features] if self.taps else list(self.layers)
 
@@ -310,12 +189,7 @@ def keep_positions(cache: SlotCache, start: int, keep: torch.Tensor, row: int | 
     count = keep.shape[0]
     rows = slice(None) if row is None else slice(row, row + 1)
     for layer in cache.buffers:
-        if not layer.is_initialized:
-            continue
-        source = keep.to(layer.device) + start
-        target = torch.arange(start, start + count, device=layer.device)
-        for tensor in (layer.keys[rows], layer.values[rows]):
-            tensor.index_copy_(2, target, tensor.index_select(2, source))
+        layer.gather(rows, start, keep)
     if row is None:
         cache.lengths = [start + count] * cache.rows
     else:
@@ -338,22 +212,22 @@ def write_prefix(
     for layer, k, v in zip(target.layers, keys, values):
         if not layer.is_initialized:  # as its first forward would make them
             layer.lazy_initialization(k[None], v[None])
-        layer.keys[row, :, :n].copy_(k[:, :n])
-        layer.values[row, :, :n].copy_(v[:, :n])
+        layer.write_row(row, [k, v], n)
     held = target.features
     if target.taps and (held.is_initialized or features is not None):
         if not held.is_initialized:
-            held.lazy_initialization(features[None], features[None, ..., :0])
+            shapes = {"hidden": (target.tap_count, features.shape[-1])}
+            held.allocate(shapes, features.dtype, features.device)
         if features is not None and features.shape[0] == target.tap_count:
-            held.keys[row, :, :n].copy_(features[:, :n])
+            held.write_row(row, [features], n)
         else:
-            held.keys[row, :, :n].zero_()
+            held.hidden[row, :, :n].zero_()
     target.lengths[row] = n
 
 
 def copy_prefix(source: SlotCache, source_row: int, target: SlotCache, target_row: int, n: int) -> None:
     """Row `target_row` of `target` takes the first `n` slots of `source`'s row `source_row`."""
-    features = source.features.keys[source_row] if source.taps and source.features.is_initialized else None
+    features = source.features.hidden[source_row] if source.taps and source.features.is_initialized else None
     write_prefix(
         target,
         target_row,

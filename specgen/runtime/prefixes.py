@@ -43,7 +43,7 @@ class _Entry:
     ids: list[int]
     keys: list[torch.Tensor]  # per layer [heads, n, dim]
     values: list[torch.Tensor]
-    features: torch.Tensor | None = None  # [taps, n, H]: a tapped cache's features (kvcache.FeatureLayer)
+    features: torch.Tensor | None = None  # [taps, n, H]: a tapped cache's features (slots.FeatureBuffer)
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +77,9 @@ class PrefixStore:
             if shared == len(entry.ids):  # this sequence extends that entry
                 self._drop(key)
         features = (
-            cache.features.keys[row, :, :n].clone() if cache.taps and cache.features.is_initialized else None
+            cache.features.hidden[row, :, :n].clone()
+            if cache.taps and cache.features.is_initialized
+            else None
         )
         entry = _Entry(
             ids,

@@ -170,7 +170,7 @@ class Drafter(Protocol):
         none), `samplings[i]` its sampling settings, whose `ProposalKind.drafting` says how to
         draft (greedily, or sampling and reporting the laws). `features`: the target's
         hidden states at the layers `taps` names, for every committed position
-        (kvcache.FeatureLayer; None where it keeps none), as vLLM's proposer takes
+        (slots.FeatureBuffer; None where it keeps none), as vLLM's proposer takes
         `target_hidden_states`: a drafter reads them here and holds no reference to the
         engine's cache. A row with nothing to propose gets an empty proposal (`EMPTY`)."""
 
@@ -184,7 +184,7 @@ class Drafter(Protocol):
     def taps(self) -> tuple[int, ...]:
         """The target layers whose entering hidden states the drafter reads (an EAGLE head's low,
         middle and high features; empty for every other drafter). The engine's target cache
-        keeps them at each committed position (kvcache.FeatureLayer), which `propose` is given."""
+        keeps them at each committed position (slots.FeatureBuffer), which `propose` is given."""
 
 
 class BaseDrafter:

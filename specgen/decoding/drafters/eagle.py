@@ -1,7 +1,7 @@
 """Chains from an EAGLE-3 head (models/eagle_head.py): a draft that reads the target's features.
 
 The target's cache keeps, at every committed position, the hidden states entering the head's
-layers (`taps`; kvcache.FeatureLayer); the engine writes them with every forward it runs
+layers (`taps`; slots.FeatureBuffer); the engine writes them with every forward it runs
 anyway (prefill, verify, replay), so drafting adds no target work and no host sync.
 
 Per row the head keeps its own one-layer K/V cache, indexed by position. Its entry at position
@@ -32,7 +32,7 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import BaseDrafter, Proposal, node_laws
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head, HeadStep
-from specgen.runtime import kvcache
+from specgen.runtime import kvcache, slots
 from specgen.runtime.compiled import WIDTHS, Steps
 from specgen.runtime.prefixes import PrefixStore
 
@@ -66,7 +66,7 @@ class EagleDrafter(BaseDrafter):
         self.from_target, self.from_head = (Steps(HeadStep(head, widest), mode) for _ in range(2))
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.cache = kvcache.SlotCache(head.cache_config, rows=0)
-        self.features: kvcache.FeatureLayer | None = None  # the target's, during a `propose` only
+        self.features: slots.FeatureBuffer | None = None  # the target's, during a `propose` only
         self.map = head.draft_to_target().to(device)  # [Vd] target id of each draft id
         self.generators: list[torch.Generator | None] = []
         self._contexts: list[list[int]] = []
@@ -203,7 +203,7 @@ class EagleDrafter(BaseDrafter):
             return out
         for i, new in enumerate(news):
             if len(new):
-                end = min(new.stop, held.keys.shape[2])
+                end = min(new.stop, held.capacity)
                 out[i, : end - new.start] = held.read(first + i, new.start, end).to(self.device, out.dtype)
         return out
 
