@@ -96,6 +96,32 @@ def test_lean_is_bitwise_for_prefills_rows_and_tree_masks(name, model):
     assert torch.equal(got, reference)
 
 
+@pytest.mark.parametrize("name,model", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_rows_of_different_widths_run_their_products_over_real_tokens_only(name, model):
+    """A verify of rows 1, 6 and 3 tokens wide, padded to 6, with `packed` naming the real
+    tokens: every real token's logits and every committed slot's K/V are those of the padded
+    forward without packing (the products see fewer rows, each row's arithmetic its own)."""
+    prompt = torch.stack([torch.arange(3, 30), torch.arange(100, 127), torch.arange(40, 67)])
+    widths = [1, 6, 3]
+    tokens = torch.tensor([[5, 0, 0, 0, 0, 0], [7, 8, 9, 10, 11, 12], [13, 14, 15, 0, 0, 0]])
+    packed = torch.tensor([row * 6 + j for row, n in enumerate(widths) for j in range(n)])
+    call = lean.LeanForward(model)
+    out = []
+    for index in (None, packed):
+        cache = kvcache.new_cache(model, rows=3)
+        with torch.inference_mode():
+            kvcache.forward(call, cache, prompt, keep=1)
+            out.append((kvcache.forward(call, cache, tokens, packed=index), cache))
+    (reference, ref_cache), (got, cache) = out
+    for row, n in enumerate(widths):
+        # bitwise on the Xeon with AMX; a product's blocking may vary with its row count elsewhere
+        torch.testing.assert_close(got[row, :n], reference[row, :n], rtol=1e-5, atol=1e-5)
+        for mine, theirs in zip(cache.layers, ref_cache.layers):
+            torch.testing.assert_close(mine.keys[row, :, : 27 + n], theirs.keys[row, :, : 27 + n])
+            torch.testing.assert_close(mine.values[row, :, : 27 + n], theirs.values[row, :, : 27 + n])
+    assert cache.packed is None  # the forward's own, gone with it
+
+
 def test_steps_use_the_lean_forward_on_the_cpu_and_keep_the_model_otherwise():
     model = build_model(13)
     assert isinstance(Steps(model).call, lean.LeanForward)

@@ -1,7 +1,8 @@
 """Verify and accept: one target forward over every row's [root, proposal], then each row's
 acceptance rule, read back in ONE host sync for the whole batch.
 
-Rows are padded at the end to the widest. Without trees the default causal mask serves every
+Rows are padded at the end to the widest (and the forward's products skip the pads: lean.py's
+`_Rows`). Without trees the default causal mask serves every
 row (a pad is a query nobody reads, and no real token sees it). With trees each row gets its
 ancestor mask, and pads see only the cache and themselves. Every rule's verdict stays on the
 device until that sync; each row's walk (acceptance.walk) then gives its RoundResult.
@@ -48,10 +49,13 @@ def forward(steps, cache, proposals: list[Proposal], inputs: list[torch.Tensor])
         if trees[0]:
             return steps.tree(cache, inputs[0], proposals[0])
         return steps.forward(cache, inputs[0].unsqueeze(0))
-    width = max(t.shape[0] for t in inputs)
+    widths = [t.shape[0] for t in inputs]
+    width = max(widths)
     ids = torch.stack([torch.nn.functional.pad(t, (0, width - t.shape[0])) for t in inputs])
+    # rows of different widths: the products run over the real tokens only (lean.py)
+    packed = None if min(widths) == width or steps.fixed else _real(widths, width)
     if not any(trees):
-        return steps.forward(cache, ids)
+        return steps.forward(cache, ids, packed=packed)
     mask = torch.zeros(len(proposals), width, width, dtype=torch.bool)
     depth = torch.zeros(len(proposals), width, dtype=torch.long)
     for i, (t, proposal) in enumerate(zip(inputs, proposals)):
@@ -63,7 +67,12 @@ def forward(steps, cache, proposals: list[Proposal], inputs: list[torch.Tensor])
             mask[i, :n, :n] = kvcache.chain_tree(n)
             depth[i, :n] = torch.arange(n)
         mask[i, range(n, width), range(n, width)] = True
-    return steps.forward(cache, ids, depth=depth, tree=mask)
+    return steps.forward(cache, ids, depth=depth, tree=mask, packed=packed)
+
+
+def _real(widths: list[int], width: int) -> torch.Tensor:
+    """The flat indices of the real tokens of rows `widths` wide padded to `width`."""
+    return torch.tensor([row * width + j for row, n in enumerate(widths) for j in range(n)])
 
 
 def accept(

@@ -54,6 +54,9 @@ class SlotCache(Cache):
         self.slots: torch.Tensor | None = None  # [rows, n] write slots of the forward in flight
         self.view = self.capacity  # key slots the forward in flight reads
         self.active = None  # a row slice when a forward feeds some rows only
+        # the forward in flight's real tokens, as flat indices into its [rows * width] inputs
+        # (rows of different widths padded to the widest; None: every position is real)
+        self.packed: torch.Tensor | None = None
         self.generation = 0  # bumped whenever the layers' buffers are reallocated (captured graphs go stale)
         self.serial = next(_SERIALS)  # unique for the process (an id() can be reused after collection)
         self._device_lengths: torch.Tensor | None = None  # `lengths` on the model's device
@@ -249,12 +252,14 @@ def run(
     view: int,
     keep: int = 0,
     rows: slice | None = None,
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The device-only part of a forward (capturable in a CUDA graph): slots, positions, mask, model.
-    `depth` [rows, offset + n]: every in-flight slot's position relative to the row's base."""
+    `depth` [rows, offset + n]: every in-flight slot's position relative to the row's base.
+    `packed`: the real tokens of rows padded to the widest (see SlotCache.packed)."""
     n = input_ids.shape[1]
     cache.slots = bases[:, None] + torch.arange(offset, offset + n, device=bases.device)
-    cache.view, cache.active = view, rows
+    cache.view, cache.active, cache.packed = view, rows, packed
     mask = masks(cache, bases, offset, tree, depth, view)
     out = call(
         input_ids=input_ids,
@@ -264,7 +269,7 @@ def run(
         logits_to_keep=keep,
         **{CACHE_ARG: cache},
     )
-    cache.active = None
+    cache.active = cache.packed = None
     return out.logits
 
 
@@ -281,6 +286,7 @@ def forward(
     rows: slice | None = None,
     runner=None,
     full_view: bool = False,
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Feed input_ids [b, n] at slots length + offset + j of each row; return logits [b, n|keep, V].
 
@@ -291,7 +297,9 @@ def forward(
     growing cache would be.
     `rows` feeds a slice of the rows (a prefill of one row of a batch). `runner(cache, input_ids,
     bases, offset, depth, tree, keep)` is a fixed-shape (compiled or captured) forward to use
-    instead of the eager one; its view covers the whole capacity.
+    instead of the eager one; its view covers the whole capacity. `packed`: the flat indices
+    of the real tokens where rows are padded to the widest; an eager lean forward then runs its
+    products over those tokens only (runtime/lean.py; a fixed-shape runner ignores it).
     """
     n = input_ids.shape[1]
     device = input_ids.device
@@ -322,6 +330,7 @@ def forward(
             cache.capacity if full_view else end,
             keep,
             rows,
+            packed,
         )
     updated = [length + offset + n for length in lengths]
     if rows is not None:
