@@ -9,6 +9,43 @@ from dataclasses import dataclass
 from specgen.errors import ConfigError
 
 
+class Scope(str, enum.Enum):
+    """Who shares one suffix memory (runtime/memories.py): the clients of one API key, every
+    client, or nobody (a memory per request)."""
+
+    KEY = "key"
+    SHARED = "shared"
+    REQUEST = "request"
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """The suffix memory of earlier requests' text (runtime/memories.py): its size in MiB, the
+    file it is kept in across starts, who shares one (a server's clients)."""
+
+    suffix_cache: float = 256.0
+    suffix_cache_file: str | None = None
+    suffix_scope: Scope = Scope.KEY
+
+    def __post_init__(self) -> None:
+        mib = self.suffix_cache
+        if not (isinstance(mib, (int, float)) and 0 < mib < float("inf")):
+            raise ConfigError(f"--suffix-cache must be a positive number of MiB, got {mib}")
+        if not isinstance(self.suffix_scope, Scope):
+            try:
+                object.__setattr__(self, "suffix_scope", Scope(str(self.suffix_scope).strip().lower()))
+            except ValueError:
+                names = ", ".join(s.value for s in Scope)
+                raise ConfigError(
+                    f"--suffix-scope must be one of {names}, got '{self.suffix_scope}'"
+                ) from None
+
+    @property
+    def budget(self) -> int:
+        """The memories' bytes together."""
+        return int(self.suffix_cache * (1 << 20))
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """What to load: the pair, its placement and weight formats (run, chat, bench and serve)."""
@@ -24,6 +61,7 @@ class ModelSettings:
     threads: int | None = (
         None  # torch threads of the forwards (runtime/threads.py); None: fitted to the free cores
     )
+    memory: MemorySettings = MemorySettings()  # the target's suffix memory (runtime/memories.py)
 
 
 MAX_DRAFT_TOKENS = 64  # the most tokens a round may draft (--draft-tokens)
@@ -48,6 +86,7 @@ class Method(str, enum.Enum):
     LOOKUP = "lookup"  # prompt lookup: n-gram continuations, no draft model
     LOOKUP_CHAIN = "lookup-chain"  # prompt lookup when the tail matches well, the draft model otherwise
     EAGLE = "eagle"  # chains from an EAGLE-3 head on the target's own features (--draft HEAD_DIR)
+    SUFFIX = "suffix"  # continuations from the memory of earlier requests' text, no draft model
 
     @classmethod
     def parse(cls, value: str) -> "Method":
@@ -59,7 +98,7 @@ class Method(str, enum.Enum):
 
     @property
     def needs_draft_model(self) -> bool:
-        return self not in (Method.PLAIN, Method.LOOKUP)
+        return self not in (Method.PLAIN, Method.LOOKUP, Method.SUFFIX)
 
     @property
     def is_tree(self) -> bool:
@@ -74,6 +113,7 @@ class Method(str, enum.Enum):
         return {
             Method.PLAIN: frozenset(),
             Method.LOOKUP: length,
+            Method.SUFFIX: length,
             Method.EAGLE: length,
             Method.CHAIN: length | {"draft_confidence"},
             Method.LOOKUP_CHAIN: length | {"draft_confidence"},
@@ -169,6 +209,7 @@ class Acceptance:
 
 
 LOOKUP_TOKENS = 4  # lookup-chain: tokens a lookup round may propose (the lookup method's default k)
+SUFFIX_TOKENS = 32  # suffix: the most a round drafts when the memory's counts support it (k by default)
 
 
 @dataclass(frozen=True)
@@ -192,6 +233,9 @@ class GenerationConfig:
     # device's choice or adaptive; never where the user (or a request) fixed it, which then means k
     floor: bool = False
     acceptance: Acceptance = Acceptance()  # REAL everywhere but benchmark scripts (AcceptanceMode)
+    # whose suffix memory the row drafts from and writes to (runtime/memories.py): "" the process's
+    # own requests; a server's client by a digest of its API key
+    tenant: str = ""
 
     @property
     def round_tokens(self) -> int:

@@ -13,12 +13,14 @@ file), is `flock_now`.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import os
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -172,3 +174,24 @@ def _sync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_AT_EXIT: list[Callable[[], None]] = []
+
+
+def at_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` once when the process ends: from the CLI's own exit (which leaves through
+    os._exit, skipping the interpreter's teardown), or from atexit where specgen is a library."""
+    if not _AT_EXIT:
+        atexit.register(run_exit_hooks)
+    _AT_EXIT.append(hook)
+
+
+def run_exit_hooks() -> None:
+    """The hooks `at_exit` took, each once, newest first."""
+    while _AT_EXIT:
+        hook = _AT_EXIT.pop()
+        try:
+            hook()
+        except Exception as error:  # the command's work is done: say it, end as it would have
+            print(f"specgen: at exit: {type(error).__name__}: {error}", file=sys.stderr)

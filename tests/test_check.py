@@ -41,6 +41,8 @@ def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
         "plain, chunked",
         "plain, chat turn",
         "lookup ",
+        "suffix ",
+        "suffix, batched",
         "chain ",
         "chain, batched",
         "lookup-chain",
@@ -51,7 +53,7 @@ def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
     ):
         assert any(label.strip() == other.split("  ")[0].strip() for other in labels), label
     assert all(line.startswith("ok") and "identical on 2 of 2 prompts" in line for line in lines)
-    assert "all 13 cases are identical to transformers' generate" in result.stderr
+    assert "all 15 cases are identical to transformers' generate" in result.stderr
 
 
 def test_check_json_and_a_method_subset(tiny_dirs):
@@ -103,7 +105,7 @@ def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkey
     "args,message",
     [
         (["--prompts", "0"], "--prompts must be in 1..16"),
-        (["--draft", "none", "--methods", "chain"], "--draft none checks plain and lookup only"),
+        (["--draft", "none", "--methods", "chain"], "--draft none checks plain, lookup and suffix only"),
         (["--methods", "teleport"], "unknown method 'teleport'"),
         (["--methods", ","], "--methods ',' names no method"),
         (["--draft", "DRAFT", "--methods", "eagle"], "method eagle needs an EAGLE-3 head as the draft"),
@@ -135,7 +137,7 @@ def test_without_a_draft(tiny_dirs):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "all 7 cases are identical" in result.stderr
+    assert "all 9 cases are identical" in result.stderr
 
 
 @pytest.mark.slow

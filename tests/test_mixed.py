@@ -95,6 +95,7 @@ MIXES = {
         greedy(Method.CHAIN, draft_confidence=0.3),
         greedy(Method.LOOKUP),
         greedy(Method.LOOKUP_CHAIN),
+        greedy(Method.SUFFIX),
         greedy(Method.RSD_C, branching=(2, 1)),
         greedy(Method.RSD_S, beam_width=2, depth=2),
         greedy(Method.MULTI_DRAFT, branching=(2, 2)),
@@ -108,7 +109,7 @@ def test_rows_of_every_method_share_a_batch_and_each_gives_plain_decoding_s_toke
     configs = MIXES[mix]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(configs))]
     engine = build_engine(pair, configs[0])
-    finals, widths = run(engine, configs, prompts)
+    finals, widths = run(engine, configs, prompts, batch_size=len(configs))
     for i, (config, prompt) in enumerate(zip(configs, prompts)):
         assert finals[i] == alone(pair, config, prompt), f"{mix}: row {i} ({config.method.value})"
     assert all(len(configs) in w for w in widths.values())  # one batch: every row saw all of them

@@ -101,6 +101,8 @@ def standard_cases(pair: Pair) -> list[Case]:
         Case(Method.PLAIN, Path.CHUNKED),
         Case(Method.PLAIN, Path.CHAT),
         Case(Method.LOOKUP),
+        Case(Method.SUFFIX),  # the memory fills across the cases' prompts: later ones draft from it
+        Case(Method.SUFFIX, Path.BATCHED),
     ]
     head = pair.draft is not None and pair.draft.vocabulary is Vocabulary.HEAD
     chain = Method.EAGLE if head else Method.CHAIN

@@ -145,7 +145,7 @@ class MethodSpec:
 
 class EngineRunner:
     """A specgen method through the Engine, with a fresh engine (and drafter cache) per call,
-    so a repeat cannot reuse the draft cache of the run before it."""
+    so a repeat cannot reuse the draft cache of the run before it, nor draft from its text."""
 
     def __init__(self, pair, method: Method, name: str | None = None, overrides: dict | None = None):
         self.pair, self.method, self.name = pair, method, name or method.value
@@ -153,6 +153,7 @@ class EngineRunner:
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Generation:
         config = replace(config, method=self.method, **self.overrides)
+        self.pair.memories.clear()  # nor a suffix memory of the runs before it: its own text only
         ids, stats, seconds, first = timed(
             build_engine(self.pair, config), prompt_ids, config, label=self.name
         )

@@ -162,6 +162,7 @@ def decode_all(
     """Every prompt's new tokens (input order), the wall time, and the prompts' Stats merged.
     Batch size 1 runs the prompts one after another through the same loop."""
     config = replace(config, method=method)
+    pair.memories.clear()  # a suffix memory holds no other cell's text
     engine = build_engine(pair, config)
     outputs: list[list[int]] = []
     total = Stats(method=method.value, generations=0)

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import MaxNewOpt, user_errors, with_options
+from specgen.cli.groups import MaxNewOpt
+from specgen.cli.options import user_errors, with_options
 from specgen.config import Method, ModelSettings
 from specgen.errors import ConfigError
 
@@ -64,7 +65,7 @@ def check(
         no_draft = models.draft.strip().lower() == NO_DRAFT
         if no_draft and chosen and any(m.needs_draft_model for m in chosen):
             raise ConfigError(
-                "--draft none checks plain and lookup only; give a draft for "
+                "--draft none checks plain, lookup and suffix only; give a draft for "
                 + ", ".join(m.value for m in chosen if m.needs_draft_model)
             )
         settings = replace(models, draft=None) if no_draft else models

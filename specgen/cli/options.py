@@ -1,4 +1,4 @@
-"""Options and error handling shared by the commands: the option groups declared once and mapped by
+"""Options and error handling shared by the commands: the option groups (groups.py) mapped by
 keyword onto ModelSettings and GenerationConfig (`with_options`), one-line errors, the signals that
 end a command (reading a prompt: reading.py). No tensors here."""
 
@@ -13,12 +13,13 @@ import os
 import signal
 import sys
 import threading
-from typing import Annotated, Optional
 
 import typer
 
+from specgen.cli.groups import GENERATION_OPTIONS, MEMORY_OPTIONS, MODEL_OPTIONS
 from specgen.config import (
     GenerationConfig,
+    MemorySettings,
     Method,
     ModelSettings,
     SamplingConfig,
@@ -27,7 +28,6 @@ from specgen.config import (
     parse_draft_tokens,
 )
 from specgen.errors import ConfigError, SpecgenError, file_error, one_line
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.threads import check_count
 from specgen.status import error_line, note
 
@@ -132,175 +132,12 @@ def ending_signals() -> list[int]:
     return ended
 
 
-# -- the option groups, declared once ------------------------------------------------------------
-TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="Target model: directory, .gguf file, catalog name or HF id.")
-]
-DraftOpt = Annotated[
-    str,
-    typer.Option(
-        "--draft",
-        "-d",
-        help="Draft model: a catalog name, a directory or a GGUF file. Another tokenizer than the target's "
-        "works for chain and lookup-chain (it drafts text).",
-    ),
-]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda (all GPUs) or cuda:N.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16 or float32.")]
-TargetQuantOpt = Annotated[
-    str,
-    typer.Option(
-        "--target-quant",
-        help="The target's weights on the CPU: auto (int8 for a GGUF target when --dtype is auto), none, "
-        "int8. Speculative output stays exact with respect to the target as quantized.",
-    ),
-]
-MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Stop after this many new tokens.")]
-
-# ModelSettings' fields, by keyword: (the option, its default)
-MODEL_OPTIONS = {
-    "target": (TargetOpt, DEFAULT_TARGET),
-    "draft": (DraftOpt, DEFAULT_DRAFT),
-    "device": (DeviceOpt, "auto"),
-    "draft_device": (
-        Annotated[
-            Optional[str],
-            typer.Option(
-                "--draft-device",
-                help="Device for the draft model (default: chosen with the target's placement).",
-            ),
-        ],
-        None,
-    ),
-    "dtype": (DtypeOpt, "auto"),
-    "draft_quant": (
-        Annotated[
-            str,
-            typer.Option(
-                "--draft-quant",
-                help="A cheaper draft (CPU): auto (int8+prune for a draft on the CPU in bf16/fp16 or in the "
-                "format --dtype auto chose, else none), none, int8, int8-wo, prune, int8+prune. The "
-                "target is untouched; output stays exact.",
-            ),
-        ],
-        "auto",
-    ),
-    "target_quant": (TargetQuantOpt, "auto"),
-    "compile": (
-        Annotated[
-            str,
-            typer.Option(
-                "--compile",
-                help="Fixed-shape steps: auto (inductor on CUDA, off on the CPU), on, off, graphs (CUDA "
-                "graphs of eager kernels), inductor (compiled decoder layers, then CUDA graphs).",
-            ),
-        ],
-        "auto",
-    ),
-    "threads": (
-        Annotated[
-            Optional[int],
-            typer.Option(
-                "--threads",
-                envvar="SPECGEN_THREADS",
-                help="torch threads for the forwards on the CPU (also $SPECGEN_THREADS). Default: one per "
-                "core that other processes leave free, looked at again every second.",
-            ),
-        ],
-        None,
-    ),
-}
-
-# generation_config's keywords: (the option, its default)
-GENERATION_OPTIONS = {
-    "method": (
-        Annotated[
-            str,
-            typer.Option(
-                "--method",
-                "-m",
-                help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an "
-                "EAGLE-3 head as --draft; chain means eagle there).",
-            ),
-        ],
-        "chain",
-    ),
-    "max_new_tokens": (MaxNewOpt, 256),
-    "draft_tokens": (
-        Annotated[
-            str,
-            typer.Option(
-                "--draft-tokens",
-                "-k",
-                help="Draft tokens per round: N (fixed: every round drafts N), 'auto' (adaptive, up to 8) "
-                "or 'device' (default: the k best for this device's measured costs; 4 on a GPU). Under "
-                "'device' and 'auto' a row drafts less, down to none, where its rounds show it does not pay.",
-            ),
-        ],
-        "device",
-    ),
-    "draft_schedule": (
-        Annotated[
-            Optional[str],
-            typer.Option(
-                "--draft-schedule",
-                help="fixed, additive or expected-gain (draft length per round, up to --draft-tokens).",
-            ),
-        ],
-        None,
-    ),
-    "draft_confidence": (
-        Annotated[
-            Optional[float],
-            typer.Option(
-                "--draft-confidence",
-                help="chain and lookup-chain: stop a draft early when the draft's top probability falls "
-                "below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, "
-                "else off).",
-                show_default=False,
-            ),
-        ],
-        None,
-    ),
-    "deterministic": (
-        Annotated[
-            bool,
-            typer.Option(
-                "--deterministic",
-                help="Replay every window at a fixed shape; output independent of method, draft and batch.",
-            ),
-        ],
-        False,
-    ),
-    "verify_window": (
-        Annotated[
-            int, typer.Option("--verify-window", help="Deterministic mode: tokens per replayed window.")
-        ],
-        32,
-    ),
-    "temperature": (
-        Annotated[float, typer.Option("--temperature", help="0 is greedy; >0 samples (lossless).")],
-        0.0,
-    ),
-    "top_k": (Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")], 0),
-    "top_p": (Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")], 1.0),
-    "seed": (Annotated[Optional[int], typer.Option("--seed", help="Seed for every random draw.")], None),
-    "branching": (
-        Annotated[
-            str, typer.Option("--branching", help="rsd-c/multi-draft: children per depth, e.g. 2,2,1.")
-        ],
-        "2,2,1",
-    ),
-    "beam_width": (Annotated[int, typer.Option("--beam-width", help="rsd-s: beam width W.")], 3),
-    "depth": (Annotated[int, typer.Option("--depth", help="rsd-s: tree depth L.")], 4),
-}
-
-
 def model_args(settings: ModelSettings) -> list[str]:
     """The command-line options that give `settings` (a detached server's own command line)."""
     args = []
-    for name in MODEL_OPTIONS:  # each option is named after its field: --draft-device, draft_device
-        value = getattr(settings, name)
+    named = [(name, getattr(settings, name)) for name in MODEL_OPTIONS]
+    named += [(name, getattr(settings.memory, name)) for name in MEMORY_OPTIONS]
+    for name, value in named:  # each option is named after its field: --draft-device, draft_device
         if value is not None:
             args += ["--" + name.replace("_", "-"), str(value)]
     return args
@@ -308,7 +145,8 @@ def model_args(settings: ModelSettings) -> list[str]:
 
 def with_options(defaults: dict | None = None, options: dict | None = None, fixed: dict | None = None):
     """A command's option groups, declared once above: its parameter `models: ModelSettings`
-    becomes the MODEL_OPTIONS and `generation: GenerationConfig` the GENERATION_OPTIONS (in
+    becomes the MODEL_OPTIONS and the MEMORY_OPTIONS (its `memory`), and `generation:
+    GenerationConfig` the GENERATION_OPTIONS (in
     their place, for --help), and the command is called with the objects they make, mapped by
     keyword (a bad value is one error line, as in the command's body).
 
@@ -316,7 +154,7 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
     help for one (check's --draft); `fixed`: a generation keyword given without its option
     (bench's method, plain)."""
     defaults, options, fixed = defaults or {}, options or {}, fixed or {}
-    groups = {"models": MODEL_OPTIONS, "generation": GENERATION_OPTIONS}
+    groups = {"models": {**MODEL_OPTIONS, **MEMORY_OPTIONS}, "generation": GENERATION_OPTIONS}
 
     def wrap(command):
         signature = inspect.signature(command, eval_str=True)
@@ -344,8 +182,10 @@ def with_options(defaults: dict | None = None, options: dict | None = None, fixe
                     group: {name: values.pop(name) for name in names} for group, names in members.items()
                 }
                 if "models" in taken:
-                    taken["models"]["threads"] = check_count(taken["models"]["threads"])
-                    values["models"] = ModelSettings(**taken["models"])
+                    models = taken["models"]
+                    models["threads"] = check_count(models["threads"])
+                    memory = MemorySettings(**{name: models.pop(name) for name in MEMORY_OPTIONS})
+                    values["models"] = ModelSettings(**models, memory=memory)
                 if "generation" in taken:
                     values["generation"] = generation_config(**taken["generation"], **fixed)
             return command(**values)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -64,6 +65,14 @@ def serve(
             "one did (a system prompt, a chat's conversation) prefills only the rest (0: off).",
         ),
     ] = 256,
+    suffix_scope: Annotated[
+        str,
+        typer.Option(
+            "--suffix-scope",
+            help="Who shares a suffix memory: key (the clients of one API key), shared (every client: "
+            "acceptance and timing then tell a client what others wrote) or request (none).",
+        ),
+    ] = "key",
     prefill_chunk: Annotated[
         int,
         typer.Option(
@@ -148,7 +157,7 @@ def serve(
         if list_:
             _list()
             return
-        settings = models
+        settings = replace(models, memory=replace(models.memory, suffix_scope=suffix_scope))
         if ray_address is not None:
             if detach:
                 raise ConfigError("--ray serves in the foreground; --detach is for a local server")
@@ -332,6 +341,8 @@ def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
         "specgen",
         "serve",
         *model_args(settings),
+        "--suffix-scope",
+        settings.memory.suffix_scope.value,
         "--host",
         options.host,
         "--port",

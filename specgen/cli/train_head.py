@@ -8,15 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli.options import (
-    DeviceOpt,
-    DtypeOpt,
-    TargetOpt,
-    TargetQuantOpt,
-    given,
-    sigterm_as_ctrl_c,
-    user_errors,
-)
+from specgen.cli.groups import DeviceOpt, DtypeOpt, TargetOpt, TargetQuantOpt
+from specgen.cli.options import given, sigterm_as_ctrl_c, user_errors
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.models.catalog import DEFAULT_TARGET

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specgen.config import GenerationConfig, Method
+from specgen.config import SUFFIX_TOKENS, GenerationConfig, Method
 from specgen.decoding import costs
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
@@ -15,6 +15,7 @@ from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
 from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
+from specgen.decoding.drafters.suffix import SuffixDrafter
 from specgen.decoding.drafters.text import TextDrafter
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.engine import Engine
@@ -40,6 +41,8 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
         return config, None
     if drafts is None:
         drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
+    if config.method is Method.SUFFIX:  # the memory's counts say how far a round drafts
+        return replace(config, draft_tokens=SUFFIX_TOKENS, device_draft_tokens=False, floor=True), None
     if pair.draft is None or not drafts or pair.draft.vocabulary is Vocabulary.HEAD:
         return replace(config, device_draft_tokens=False, floor=True), None
     choice = costs.choose(pair)  # a few seconds, once per machine and pair; cached after that
@@ -139,6 +142,12 @@ TABLE: dict[tuple[Method, DraftKind], Entry] = {
         (Method.LOOKUP, kind): Entry(lambda pair, config: lookup_drafters(), LOOKUP_COST, Method.LOOKUP)
         for kind in _ANY
     },
+    **{
+        (Method.SUFFIX, kind): Entry(
+            lambda pair, config: SuffixDrafter(pair.memories), LOOKUP_COST, Method.SUFFIX
+        )
+        for kind in _ANY
+    },
     (Method.CHAIN, DraftKind.MODEL): Entry(_chain, MODEL_COST, Method.CHAIN),
     (Method.CHAIN, DraftKind.TEXT): Entry(_text, MODEL_COST, Method.CHAIN),
     (Method.CHAIN, DraftKind.HEAD): Entry(_head, MODEL_COST, Method.EAGLE),  # a head's chains: eagle
@@ -160,7 +169,7 @@ def why_not(pair: Pair, method: Method) -> str | None:
     if (method, kind) in TABLE:
         return None
     if kind is DraftKind.NONE:
-        return f"method {method.value} needs a draft model; plain and lookup need none"
+        return f"method {method.value} needs a draft model; plain, lookup and suffix need none"
     name = pair.draft.name
     if kind is DraftKind.TEXT:
         return (

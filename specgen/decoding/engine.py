@@ -245,7 +245,7 @@ class Engine:
         done = [state for state in rows if state.stop is not None]
         for state in done:
             self.prefixes.save(self.cache, state.row, state.ids)
-            self.drafter.finished(state.row)
+            self.drafter.finished(state.row, state.ids)
             yield self._event(state, Finished(state.stop))
         if not done:
             return rows

@@ -11,14 +11,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specgen import ground
 from specgen.config import Method, ModelSettings
 from specgen.errors import SpecgenError
 from specgen.models import placement
 from specgen.models.families import text_config
 from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair, resolve
-from specgen.runtime import int8, int8_store, quant
+from specgen.runtime import int8, int8_store, memories, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
+from specgen.runtime.memories import Memories
 from specgen.runtime.prefixes import DEFAULT_MIB, PrefixStore
 from specgen.runtime.probe import require_exact
 from specgen.status import note, status
@@ -36,6 +38,8 @@ class Pair:
     # (empty until `keep_prefixes`)
     target_prefixes: PrefixStore = field(default_factory=PrefixStore)
     draft_prefixes: PrefixStore = field(default_factory=PrefixStore)
+    # what earlier requests wrote, by tenant (runtime/memories.py): --method suffix drafts from it
+    memories: Memories = field(default_factory=Memories)
 
     def keep_prefixes(self, mib: int = DEFAULT_MIB) -> None:
         """Let each model's prefix store keep `mib` MiB of rows' K/V (0: none)."""
@@ -92,7 +96,13 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
         raise AssertionError("a target built from its int8 store must run with int8 linears")
     if loaded_draft is not None:
         loaded_draft = quantize_draft(loaded_draft, target, settings.draft_quant, dtype_auto, quiet)
-    return Pair(target, loaded_draft, resolve_compile(settings.compile, target.device), settings.threads)
+    pair = Pair(target, loaded_draft, resolve_compile(settings.compile, target.device), settings.threads)
+    if settings.memory.suffix_cache_file:  # the ids' meaning, for the file; written when the process ends
+        pair.memories.configure(settings.memory, memories.fingerprint(target.tokenizer))
+        ground.at_exit(pair.memories.save)
+    else:
+        pair.memories.configure(settings.memory)
+    return pair
 
 
 def _dtype_auto(settings: ModelSettings) -> bool:

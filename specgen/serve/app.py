@@ -15,7 +15,6 @@ Prompts are tokenized off the event loop (encoding.py).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -28,7 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
 from specgen.decoding.build import why_not
-from specgen.serve import answers, api, discovery, encoding, playground, protocol, responses
+from specgen.serve import answers, api, discovery, encoding, keys, playground, protocol, responses
 from specgen.serve.metrics import Metrics
 from specgen.serve.scheduler import QueueFull, Scheduler
 
@@ -112,15 +111,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
 
-def _authorized(state: ServerState, request: Request) -> bool:
-    header = request.headers.get("authorization", "")
-    given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    ok = False
-    for key in state.keys:  # every key compared, in constant time
-        ok |= hmac.compare_digest(given.encode(), key.encode())
-    return ok
-
-
 def _unauthorized() -> JSONResponse:
     return error(
         api.ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key")
@@ -138,13 +128,13 @@ def _add_status_routes(app: FastAPI, state: ServerState) -> None:
         challenge = request.query_params.get("challenge")
         if challenge is not None and 0 < len(challenge) <= 128:
             body["proof"] = discovery.proof(state.keys[0], challenge, state.info.get("key", ""))
-        if _authorized(state, request):
+        if keys.authorized(state.keys, request.headers):
             body.update(state.info, busy=state.scheduler.busy())
         return body
 
     @app.get("/v1/models")
     async def models(request: Request):
-        if not _authorized(state, request):
+        if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         return {
             "object": "list",
@@ -160,7 +150,7 @@ def _add_status_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        if not _authorized(state, request):
+        if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         return Response(state.metrics.text(), media_type=state.metrics.content_type)
 
@@ -173,7 +163,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
     async def tokenize(request: Request):
         """The prompt's tokens as the server would decode them (a chat client fits its
         conversation to the context with it): count, tokens, max_model_len."""
-        if not _authorized(state, request):
+        if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         try:
             ids = await encode(api.read_tokenize(api.parse_body(await _body(request)), state.defaults))
@@ -184,7 +174,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request):
         """vLLM's: token ids -> {"prompt": their text} (lm-eval's remote tokenizer decodes with it)."""
-        if not _authorized(state, request):
+        if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         try:
             ids = api.read_detokenize(api.parse_body(await _body(request)), len(tokenizer))
@@ -196,7 +186,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
     async def tokenizer_info(request: Request):
         """vLLM's: the tokenizer's special tokens, chat template and length limit (what lm-eval's
         remote tokenizer probes before it sends token-id prompts)."""
-        if not _authorized(state, request):
+        if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         return {
             "tokenizer_class": type(tokenizer).__name__,
@@ -229,7 +219,7 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
     async def complete(request: Request, endpoint: str):
         """One request of `endpoint` (chat, completion or responses: a chat Job answered in the
         Responses API's shape)."""
-        if not _authorized(state, request):
+        if not keys.authorized(state.keys, request.headers):
             state.metrics.refused(endpoint, 401)
             return _unauthorized()
         try:
@@ -288,6 +278,7 @@ async def _admit(state: ServerState, request: Request, endpoint: str, encode) ->
     why = refusal(state.scheduler.pair, job.config.method)
     if why is not None:
         raise api.ApiError(400, why, "speculative.method")
+    job = replace(job, config=replace(job.config, tenant=keys.tenant(state.keys, request.headers)))
     expanded = api.choices(job)
     encoded: dict = {}
     for one in expanded:

@@ -154,9 +154,10 @@ class Drafter(Protocol):
     def leave(self, keep: list[int]) -> None:
         """Only rows `keep` stay, renumbered 0.. in that order."""
 
-    def finished(self, row: int) -> None:
-        """The row's request is done (it leaves, or stays parked for a next turn): a drafter with
-        a cache may keep what the row holds for later prompts that start the same way."""
+    def finished(self, row: int, ids: list[int]) -> None:
+        """The row's request is done (it leaves, or stays parked for a next turn) with `ids`
+        committed: a drafter with a cache may keep what the row holds for later prompts that
+        start the same way, a memory of text what it wrote (drafters/suffix.py)."""
 
     def rewind(self, row: int, valid: int) -> None:
         """Only the first `valid` tokens of the row's sequence still hold (a new chat turn, a
@@ -192,7 +193,7 @@ class BaseDrafter:
     prompts (`finished`), captures no steps (`setup_seconds`) and reads no target features
     (`taps`) unless it says so."""
 
-    def finished(self, row: int) -> None:
+    def finished(self, row: int, ids: list[int]) -> None:
         pass
 
     def setup_seconds(self) -> float:

@@ -91,7 +91,7 @@ class EagleDrafter(BaseDrafter):
         self.generators[row] = on_device(generator, self.device)
         self._contexts[row] = prompt_ids
 
-    def finished(self, row: int) -> None:
+    def finished(self, row: int, ids: list[int]) -> None:
         if row < self.cache.rows:
             self._save(row, self._contexts[row])
 

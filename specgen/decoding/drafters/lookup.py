@@ -233,8 +233,8 @@ class LookupChain(BaseDrafter):
         self.lookups = [self.lookups[i] for i in keep if i < len(self.lookups)]
         self.sources = [self.sources[i] for i in keep if i < len(self.sources)]
 
-    def finished(self, row) -> None:
-        self.model.finished(row)
+    def finished(self, row, ids) -> None:
+        self.model.finished(row, ids)
 
     def rewind(self, row, valid) -> None:
         if row < len(self.lookups):

@@ -34,7 +34,7 @@ def drafting_key(config: GenerationConfig) -> tuple:
     method = config.method
     if method is Method.PLAIN:
         return (method,)
-    if method is Method.LOOKUP:
+    if method in (Method.LOOKUP, Method.SUFFIX):  # a suffix row's memory is its own (config.tenant)
         return (method,)
     if method.is_tree:
         return (method, config.branching, config.beam_width, config.depth)
@@ -84,10 +84,10 @@ class Mixed(BaseDrafter):
         for number, i in enumerate(others):
             self.rows[i] = (key, number)
 
-    def finished(self, row) -> None:
+    def finished(self, row, ids) -> None:
         if row < len(self.rows):
             key, sub = self.rows[row]
-            self.drafters[key].finished(sub)
+            self.drafters[key].finished(sub, ids)
 
     def rewind(self, row, valid) -> None:
         if row < len(self.rows):

@@ -75,7 +75,7 @@ class ChainDrafter(BaseDrafter):
         self.generators[row] = on_device(generator, self.device)
         self._base[row], self._fed[row], self._contexts[row] = 0, 0, prompt_ids
 
-    def finished(self, row: int) -> None:
+    def finished(self, row: int, ids: list[int]) -> None:
         """The row is done: its K/V goes to the prefix store."""
         if row < self.cache.rows:
             self.prefixes.save(self.cache, row, self._contexts[row])

@@ -108,8 +108,9 @@ class TextDrafter(BaseDrafter):
         self.rows = [self.rows[i] for i in keep if i < len(self.rows)]
         self.inner.leave(keep)
 
-    def finished(self, row: int) -> None:
-        self.inner.finished(row)
+    def finished(self, row: int, ids: list[int]) -> None:
+        if row < len(self.rows):
+            self.inner.finished(row, self.rows[row].ids)
 
     def rewind(self, row: int, valid: int) -> None:
         if row < len(self.rows):

@@ -29,16 +29,11 @@ document records (DOC_BYTES each, at most budget / DOC_SHARE of them, least rece
 dropped first), constants measured with tracemalloc with a margin. When a new segment would not
 fit, the oldest segments are dropped whole; a segment is at most 1/SEGMENTS of the budget. Every
 indexed position holds a token and has min_match tokens before it; chains point to smaller positions.
-One lock serialises extend, draft and save. Files: a header, the segments' tokens, a blake2b digest;
-the index is rebuilt on load and every link is checked, so no file can make a walk leave its array.
+One lock serialises extend, draft and a save (runtime/suffix_file.py: the file format).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import struct
-import sys
 import threading
 from array import array
 from collections.abc import Sequence
@@ -58,10 +53,6 @@ DOC_SHARE = 16  # document records use at most budget / DOC_SHARE
 BASE_BYTES = 4096  # the memory's own objects (measured: ~1 KiB)
 MAX_CAP = 1 << 30  # slots per segment (links encode positions below it)
 LINK_FLOOR = -(MAX_CAP + 1)  # values in [LINK_FLOOR, -2] are links, below it marks
-MAGIC = b"SGSUFMEM"
-VERSION = 1
-_HEAD = struct.Struct("<8sIIIII")  # magic, version, max_depth, min_match, segments, fingerprint bytes
-_DIGEST = 32
 
 
 class SuffixFileError(Exception):
@@ -75,7 +66,7 @@ class Continuation:
     count: int  # how many earlier occurrences backed the first token
 
 
-class _Segment:
+class Segment:
     __slots__ = ("cap", "n", "tok", "prev", "head", "last", "tokens")
 
     def __init__(self, cap: int):
@@ -96,7 +87,12 @@ class _Doc:
         self.seg, self.end, self.pending = None, -1, -1  # pending: its interrupted run's stop slot
 
 
-def _back(tok, p: int, count: int) -> list[int]:
+def swapped(a: array) -> array:
+    a.byteswap()
+    return a
+
+
+def tail_of(tok, p: int, count: int) -> list[int]:
     """Up to `count` tokens of the document before position p, oldest first (following links)."""
     out, q = [], p - 1
     while len(out) < count and q >= 0:
@@ -128,7 +124,7 @@ def _depth(tok, p: int, tail: list[int]) -> int:
     return d
 
 
-def _forward(seg: _Segment, q: int) -> int:
+def _forward(seg: Segment, q: int) -> int:
     """The position of the document's token after position q, or -1."""
     r = q + 1
     if r >= seg.n:
@@ -159,11 +155,9 @@ class SuffixMemory:
             least = BASE_BYTES + 16 * DOC_BYTES + SEGMENTS * (SEG_OVERHEAD + SLOT_BYTES * (max_depth + 8))
             raise ValueError(f"a suffix memory's budget of {budget} bytes is too small: it needs {least}")
         self._lock = threading.Lock()
-        self._segs: list[_Segment] = []
+        self._segs: list[Segment] = []
         self._docs: dict[int, _Doc] = {}  # least recently extended first
-        self._next = 0
-        self._seg_bytes = 0
-        self._tokens = 0
+        self._next = self._seg_bytes = self._tokens = 0
 
     @property
     def nbytes(self) -> int:
@@ -209,14 +203,14 @@ class SuffixMemory:
         seg = self._segs[-1] if self._segs else None
         mm, pre, link = self.min_match, None, False
         if seg is not None and rec.seg is seg:  # the document's run is in the newest segment
-            before = _back(seg.tok, rec.end + 1, mm)
+            before = tail_of(seg.tok, rec.end + 1, mm)
             if seg.last is rec:
                 pre = []
             elif rec.pending >= 0:  # its run was interrupted: link the new chunk to it, both ways
                 pre, link = [-2 - rec.end], True
         term = 1 if seg is not None and seg.last is not None and seg.last is not rec else 0
         if pre is None or seg.cap - seg.n < term + len(pre) + 1:  # a new run
-            tail = _back(rec.seg.tok, rec.end + 1, self.max_depth) if rec.seg is not None else []
+            tail = tail_of(rec.seg.tok, rec.end + 1, self.max_depth) if rec.seg is not None else []
             before, pre, link = tail[-mm:], ([LINK_FLOOR - len(tail)] + tail if tail else [-1]), False
             if seg is None or seg.cap - seg.n < term + len(pre) + 1:
                 seg, term = self._new_segment(), 0
@@ -245,11 +239,11 @@ class SuffixMemory:
         rec.seg, rec.end, rec.pending = seg, n + m - 1, -1
         return m
 
-    def _new_segment(self) -> _Segment:
+    def _new_segment(self) -> Segment:
         cap = min(self._seg_cap, max(START_SEG, 2 * self._segs[-1].cap) if self._segs else START_SEG)
         while self._segs and self._seg_bytes + SEG_OVERHEAD + SLOT_BYTES * cap > self._area:
             self._evict()
-        seg = _Segment(cap)
+        seg = Segment(cap)
         self._segs.append(seg)
         self._seg_bytes += seg.nbytes
         return seg
@@ -318,146 +312,3 @@ class SuffixMemory:
                     nxt.append((seg, r))
             cands = nxt
         return Continuation(draft, depth, first) if draft else None
-
-    def save(self, path, fingerprint: str) -> None:
-        """Write the memory atomically (path + ".tmp", fsync, rename); the fingerprint names the
-        tokenizer the ids belong to. An OSError becomes a SuffixFileError."""
-        name = os.fspath(path)
-        tmp = name + ".tmp"
-        fp = fingerprint.encode("utf-8")
-        try:
-            with self._lock, open(tmp, "wb") as f:
-                h = hashlib.blake2b(digest_size=_DIGEST)
-                segs = [s for s in self._segs if s.n]
-                parts = [_HEAD.pack(MAGIC, VERSION, self.max_depth, self.min_match, len(segs), len(fp)), fp]
-                parts.append(struct.pack(f"<{len(segs)}Q", *(s.n for s in segs)))
-                for s in segs:
-                    body = memoryview(s.tok)[: s.n]
-                    if sys.byteorder == "big":
-                        body = s.tok[: s.n]
-                        body.byteswap()
-                    parts.append(body)
-                for part in parts:
-                    f.write(part)
-                    h.update(part)
-                f.write(h.digest())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, name)
-        except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise SuffixFileError(f"{name}: cannot write the suffix memory ({e.strerror or e})") from None
-
-    @classmethod
-    def load(cls, path, fingerprint: str, budget: int, **kw) -> SuffixMemory:
-        """Read a file written by save into a memory of `budget` bytes (the newest text that fits).
-        Raises SuffixFileError for an unreadable, truncated, corrupt or foreign file."""
-        name = os.fspath(path)
-        try:
-            with open(name, "rb") as f:
-                data = memoryview(f.read())
-        except OSError as e:
-            raise SuffixFileError(f"{name}: cannot read the suffix memory ({e.strerror or e})") from None
-        try:
-            depth, mm, lengths, off = _parse(data, fingerprint)
-        except (ValueError, struct.error, UnicodeDecodeError, OverflowError) as e:
-            raise SuffixFileError(f"{name}: {' '.join(str(e).split())}") from None
-        mem = cls(budget, **{"max_depth": depth, "min_match": mm, **kw})
-        starts = [off]
-        for n in lengths:
-            starts.append(starts[-1] + 4 * n)
-        room, kept = mem._area, []
-        for i in reversed(range(len(lengths))):  # newest first
-            n = lengths[i]
-            if n == 0:
-                continue
-            cut = max(0, n - (room - SEG_OVERHEAD) // SLOT_BYTES)
-            if n - cut < mem.max_depth + 8:
-                break
-            try:
-                kept.append(mem._sealed(data[starts[i] : starts[i + 1]], n, cut))
-            except ValueError as e:
-                raise SuffixFileError(f"{name}: corrupt segment {i} ({e})") from None
-            room -= kept[-1].nbytes
-            if cut:
-                break
-        mem._segs = kept[::-1]
-        mem._seg_bytes = sum(s.nbytes for s in kept)
-        mem._tokens = sum(s.tokens for s in kept)
-        return mem
-
-    def _sealed(self, raw: memoryview, n: int, cut: int) -> _Segment:
-        """A full segment from a file's slots raw[4*cut:], links checked, the index rebuilt."""
-        if cut:  # keep whole runs where a run starts close after the cut
-            probe = array("i")
-            probe.frombytes(raw[4 * cut : 4 * min(n, cut + 4096)])
-            if sys.byteorder == "big":
-                probe.byteswap()
-            starts = [j for j, v in enumerate(probe) if v == -1 or v < LINK_FLOOR]
-            cut += starts[0] if starts and n - cut - starts[0] >= self.max_depth + 8 else 0
-        seg = _Segment(n - cut)
-        memoryview(seg.tok).cast("B")[:] = raw[4 * cut :]
-        if sys.byteorder == "big":
-            seg.tok.byteswap()
-        tok, head, prev, size, mm = seg.tok, seg.head, seg.prev, seg.cap, self.min_match
-        window: list[int] = []
-        skip = 0
-        for p in range(seg.cap):
-            v = tok[p]
-            if v >= 0:
-                if skip:  # a copy of an older segment's text: context only
-                    skip -= 1
-                else:
-                    seg.tokens += 1
-                    if len(window) == mm:
-                        h = hash(tuple(window)) % size
-                        prev[p], head[h] = head[h], p
-                window.append(v)
-                if len(window) > mm:
-                    del window[0]
-                continue
-            window, skip = [], 0
-            if LINK_FLOOR <= v < -1:
-                t = -2 - v - cut
-                if t < 0 and cut:
-                    tok[p] = -1
-                    continue
-                if not 0 <= t < seg.cap or tok[t] < 0:
-                    raise ValueError(f"a link at slot {p} leads to slot {t}")
-                tok[p] = -2 - t
-                if t < p:
-                    window = _back(tok, t + 1, mm)
-            elif v < LINK_FLOOR:
-                skip = LINK_FLOOR - v
-        seg.n = seg.cap
-        return seg
-
-
-def _parse(data: memoryview, fingerprint: str) -> tuple[int, int, list[int], int]:
-    """Check a file's bytes; returns max_depth, min_match, the segments' lengths and where they start."""
-    if len(data) < _HEAD.size + _DIGEST or bytes(data[:8]) != MAGIC:
-        raise ValueError("not a specgen suffix memory file (bad magic or too short)")
-    if hashlib.blake2b(data[:-_DIGEST], digest_size=_DIGEST).digest() != bytes(data[-_DIGEST:]):
-        raise ValueError("checksum mismatch: the file is truncated or corrupt")
-    _, version, depth, mm, nseg, fplen = _HEAD.unpack_from(data)
-    if version != VERSION:
-        raise ValueError(f"format version {version}, this specgen reads version {VERSION}")
-    if not 1 <= mm <= depth <= 4096:
-        raise ValueError(f"bad header: max_depth {depth}, min_match {mm}")
-    body = len(data) - _DIGEST
-    off = _HEAD.size + fplen
-    if off + 8 * nseg > body:
-        raise ValueError(f"bad header: declares {fplen} fingerprint bytes and {nseg} segments")
-    got = bytes(data[_HEAD.size : off]).decode("utf-8")
-    if got != fingerprint:
-        raise ValueError(
-            f"written for another tokenizer (fingerprint {got!r:.60}, expected {fingerprint!r:.60})"
-        )
-    lengths = list(struct.unpack_from(f"<{nseg}Q", data, off))
-    off += 8 * nseg
-    if any(n >= MAX_CAP for n in lengths) or off + 4 * sum(lengths) != body:
-        raise ValueError(f"bad header: declares {sum(lengths)} slots for {body - off} bytes")
-    return depth, mm, lengths, off
