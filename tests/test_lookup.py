@@ -273,7 +273,7 @@ class RecordingDrafter(RowDrafterBase):
 def test_combined_uses_lookup_for_long_matches_and_the_model_otherwise():
     model = RecordingDrafter()
     combined = combined_drafter(model, min_match=2)
-    combined.join(0, [1, 2, 3, 4], None, 64)
+    combined.join(0, [1, 2, 3, 4], None, 64, GenerationConfig())
     # a 2-gram match: lookup; the model is neither asked nor told
     proposal = combined.propose([[1, 2, 3, 4, 1, 2]], [3], [GREEDY])[0]
     assert proposal.tokens.tolist() == [3, 4, 1] and combined.sources[0] is Source.LOOKUP
@@ -283,7 +283,7 @@ def test_combined_uses_lookup_for_long_matches_and_the_model_otherwise():
     assert proposal.tokens.tolist() == [0, 0, 0] and combined.sources[0] is Source.MODEL
     combined.observe(0, [1, 2])
     assert model.calls == [("begin", 4), ("propose", 9, 3), ("observe", 2)]
-    assert combined.rounds == {Source.LOOKUP: 1, Source.MODEL: 1}
+    assert combined.rounds == {Source.LOOKUP: 1, Source.MEMORY: 0, Source.MODEL: 1}
     with pytest.raises(ValueError):
         combined_drafter(model, min_match=4, lookup=lambda: PromptLookupDrafter(max_ngram=3))
 
@@ -293,7 +293,7 @@ def test_lookup_rounds_may_propose_the_rounds_whole_k_and_model_rounds_keep_thei
 
     model = RecordingDrafter()
     combined = combined_drafter(model, min_match=2, model_tokens=2)
-    combined.join(0, [1, 2, 3, 4, 5, 6], None, 64)
+    combined.join(0, [1, 2, 3, 4, 5, 6], None, 64, GenerationConfig())
     proposal = combined.propose([[1, 2, 3, 4, 5, 6, 1, 2]], [4], [GREEDY])[0]
     assert proposal.tokens.tolist() == [3, 4, 5, 6] and combined.sources[0] is Source.LOOKUP
     combined.observe(0, [])
@@ -493,7 +493,7 @@ def extended_first_two(pair, seeds: range) -> torch.Tensor:
 def test_an_extended_model_proposal_carries_point_mass_rows():
     vocab = 16
     combined = combined_drafter(TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
-    combined.join(0, [3, 3], torch.Generator().manual_seed(0), 64)
+    combined.join(0, [3, 3], torch.Generator().manual_seed(0), 64, GenerationConfig())
     seen = set()
     for _ in range(20):
         proposal = combined.propose([[3, 3]], [3], [STAT_SAMPLING])[0]
@@ -538,7 +538,7 @@ def test_extended_proposals_with_the_models_row_for_the_lookup_token_break_the_l
 def test_an_extension_query_is_not_counted_as_another_lookup_round():
     vocab = 16
     combined = combined_drafter(TwoTokenDrafter(vocab), min_match=2, model_tokens=1)
-    combined.join(0, [3, 3], torch.Generator().manual_seed(0), 64)
+    combined.join(0, [3, 3], torch.Generator().manual_seed(0), 64, GenerationConfig())
     for _ in range(5):
         combined.propose([[3, 3]], [3], [STAT_SAMPLING])
         combined.observe(0, [])

@@ -277,3 +277,39 @@ def test_served_suffix_retries_draft_from_the_memory_of_their_own_key_only(tiny_
         assert {OWN, tenant_of("second-key")} <= set(held._held)
     finally:
         stop(running, thread)
+
+
+# -- lookup and lookup-chain consult the memory; every view says which drafts came from it -------
+
+
+@pytest.mark.parametrize("method", [Method.LOOKUP, Method.LOOKUP_CHAIN])
+def test_lookup_methods_draft_an_earlier_request_s_text_from_the_memory(pair, method):
+    """A second request of other text than its own prompt's: lookup finds nothing in its own
+    text, the memory holds the first request's reply; the output stays plain decoding's and the
+    rounds say where their drafts came from."""
+    from specgen.decoding.events import Origin
+    from specgen.decoding.stats import Stats
+
+    prompt = PROMPTS[1]
+    (want,), _ = generate(pair, greedy(Method.PLAIN, n=24), [prompt])
+    generate(pair, greedy(method, n=24, draft_tokens=4), [prompt])  # writes the reply to the memory
+    (again,), rounds = generate(pair, greedy(method, n=24, draft_tokens=4), [prompt])
+    assert again == want
+    assert any(r.origin is Origin.MEMORY and r.accepted for r in rounds)
+    stats = Stats(method=method.value)
+    for r in rounds:
+        stats.add(r, 1.0)
+    assert stats.as_dict()["accepted_by_origin"].get("memory", 0) > 0
+
+
+def test_run_s_json_counts_accepted_tokens_by_origin(tiny_dirs):
+    import json
+
+    result = CliRunner().invoke(
+        app,
+        ["run", "hello hello hello hello", "--target", str(tiny_dirs["target"]), "--method", "lookup"]
+        + ["-n", "16", "--no-server", "--format", "json"],
+    )
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout.strip().splitlines()[-1])["stats"]
+    assert set(stats["accepted_by_origin"]) <= {"model", "text", "memory"}

@@ -16,11 +16,12 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.events import Origin, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, speed, summary_line
 
 ACCEPTED = "green"
+RECALLED = "green underline"  # accepted tokens the suffix memory drafted (earlier requests' text)
 REJECTED = "red strike"
 TARGET = "bold cyan"
 PROMPT = "dim"
@@ -56,6 +57,9 @@ def footer(stats: Stats) -> Text:
     line.append(f" · {speed(stats)}")
     line.append("   ")
     line.append("accepted", style=ACCEPTED)
+    if stats.accepted_by_origin.get(Origin.MEMORY.value):
+        line.append(" ")
+        line.append("from memory", style=RECALLED)
     line.append(" ")
     line.append("rejected", style=REJECTED)
     line.append(" ")
@@ -128,7 +132,8 @@ class RichRenderer:
 
     def on_round(self, result: RoundResult, stats: Stats) -> None:
         # a piece per emitted token (empty ones too): a replay's rollback counts tokens
-        pieces = [(piece, ACCEPTED) for piece in result.accepted_pieces] + (
+        accepted = RECALLED if result.origin is Origin.MEMORY else ACCEPTED
+        pieces = [(piece, accepted) for piece in result.accepted_pieces] + (
             [(result.target_piece, TARGET)] if result.target_emitted else []
         )
         if result.pending:

@@ -11,7 +11,7 @@ from specgen.config import SUFFIX_TOKENS, GenerationConfig, Method
 from specgen.decoding import costs
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
-from specgen.decoding.drafters.lookup import LookupChain, lookup_drafters
+from specgen.decoding.drafters.lookup import LookupChain
 from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
@@ -115,8 +115,16 @@ def _head_tree(pair: Pair, config: GenerationConfig) -> Drafter:
 
 
 def _then_lookup(chain: Callable[[Pair, GenerationConfig], Drafter]):
-    """lookup-chain: prompt lookup where the tail repeats, `chain`'s drafts otherwise."""
-    return lambda pair, config: LookupChain(chain(pair, config), model_tokens=config.draft_tokens)
+    """lookup-chain: prompt lookup where the tail repeats, then the suffix memory, `chain`'s
+    drafts otherwise."""
+    return lambda pair, config: LookupChain(
+        chain(pair, config), model_tokens=config.draft_tokens, memories=pair.memories
+    )
+
+
+def _lookup(pair: Pair, config: GenerationConfig) -> Drafter:
+    """lookup: the row's own text (any n-gram match), then the suffix memory; no model."""
+    return LookupChain(NoDrafter(), min_match=1, memories=pair.memories)
 
 
 def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
@@ -138,10 +146,7 @@ _ANY = tuple(DraftKind)
 # (method, kind of draft) -> the drafter that serves it; a pair missing from the table is refused
 TABLE: dict[tuple[Method, DraftKind], Entry] = {
     **{(Method.PLAIN, kind): Entry(lambda pair, config: NoDrafter(), 0.0, Method.PLAIN) for kind in _ANY},
-    **{
-        (Method.LOOKUP, kind): Entry(lambda pair, config: lookup_drafters(), LOOKUP_COST, Method.LOOKUP)
-        for kind in _ANY
-    },
+    **{(Method.LOOKUP, kind): Entry(_lookup, LOOKUP_COST, Method.LOOKUP) for kind in _ANY},
     **{
         (Method.SUFFIX, kind): Entry(
             lambda pair, config: SuffixDrafter(pair.memories), LOOKUP_COST, Method.SUFFIX

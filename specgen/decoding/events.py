@@ -9,6 +9,7 @@ into text, and a client process can read them without loading torch.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -23,6 +24,15 @@ class StopReason:
 def is_chain(parents: tuple[int, ...]) -> bool:
     """A tree's shape (node j's parent is parents[j - 1], node 0 the root) is one chain."""
     return parents == tuple(range(len(parents)))
+
+
+class Origin(str, enum.Enum):
+    """Where a round's draft came from: the live view, the playground and the statistics tell
+    them apart."""
+
+    MODEL = "model"  # a draft model or an EAGLE-3 head
+    TEXT = "text"  # the request's own text (prompt lookup)
+    MEMORY = "memory"  # the suffix memory: earlier requests' text (runtime/suffix.py)
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class RoundResult:
         default_factory=list
     )  # everything the drafter proposed (none: a plain round)
     parents: tuple[int, ...] = ()  # the proposal's shape (a chain: 0, 1, .., k - 1)
+    origin: Origin = Origin.MODEL  # where the draft came from
     path: tuple[int, ...] = ()  # accepted nodes, root excluded, root to leaf
     target_token: int = 0  # the target's own token after the path (correction or bonus)
     tried: tuple[int, ...] = ()  # nodes tried and rejected on the way, in the order they were tried

@@ -36,6 +36,7 @@ class Stats:
     seconds: float = 0.0  # wall time from the start of prefill to the last token
     time_to_first_token: float | None = None
     accepted_lengths: Counter = field(default_factory=Counter)
+    accepted_by_origin: Counter = field(default_factory=Counter)  # accepted draft tokens by Origin value
     tree_sizes: list[int] = field(default_factory=list)  # draft nodes per tree round
     verified_windows: int = 0  # deterministic mode: replays run
     rollbacks: int = 0  # replays that discarded tokens
@@ -75,6 +76,7 @@ class Stats:
         self.verify_seconds += result.verify_seconds
         if result.draft_tokens:
             self.accepted_lengths[result.accepted] += 1
+            self.accepted_by_origin[result.origin.value] += result.accepted_emitted
         if not result.is_chain:
             self.tree_sizes.append(len(result.draft_tokens))
         if self.time_to_first_token is None and result.emitted:
@@ -103,6 +105,7 @@ class Stats:
             method=self.method if self.method == other.method else "mixed",
             **{name: getattr(self, name) + getattr(other, name) for name in _SUMMED},
             accepted_lengths=self.accepted_lengths + other.accepted_lengths,
+            accepted_by_origin=self.accepted_by_origin + other.accepted_by_origin,
             tree_sizes=self.tree_sizes + other.tree_sizes,
             time_to_first_token=self.time_to_first_token
             if self.time_to_first_token is not None
@@ -163,6 +166,8 @@ class Stats:
                 round(self.tokens_per_second, 3) if self.decode_seconds >= MIN_TIMED_SECONDS else None
             ),  # as views.speed shows it: a dash
             "accepted_length_histogram": histogram(self.accepted_lengths),
+            # accepted draft tokens by where they came from: model, text (prompt lookup), memory
+            "accepted_by_origin": dict(sorted(self.accepted_by_origin.items())),
             "tree_size_per_round": list(self.tree_sizes),
             "mean_tree_size": round(self.mean_tree_size, 3),
             "verified_windows": self.verified_windows,
@@ -204,6 +209,8 @@ def from_dict(data: dict, method: str | None = None) -> Stats:
         {int(k): int(v) for k, v in (data.get("accepted_length_histogram") or {}).items()}
     )
     stats.tree_sizes = [int(n) for n in data.get("tree_size_per_round") or []]
+    origins = data.get("accepted_by_origin") or {}
+    stats.accepted_by_origin = Counter({str(k): int(v) for k, v in origins.items()})
     stats.stop, stats.dtype = data.get("stop_reason"), data.get("dtype")
     threads = data.get("threads")
     stats.threads = threads if isinstance(threads, int) and not isinstance(threads, bool) else None

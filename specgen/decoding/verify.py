@@ -109,6 +109,7 @@ def accept(
             RoundResult(
                 draft_tokens=nodes[1:],
                 parents=proposal.parents,
+                origin=proposal.origin,
                 path=tuple(path),
                 target_token=target,
                 tried=tuple(tried),

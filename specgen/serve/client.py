@@ -21,12 +21,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from specgen.config import GenerationConfig, ModelSettings
-from specgen.decoding.events import ReplayResult, RoundResult
+from specgen.decoding.events import Origin, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, PartialReply, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
+
+ORIGINS = {origin.value: origin for origin in Origin}  # a live round's "origin", read back
 
 
 @dataclass(frozen=True)
@@ -331,6 +333,7 @@ class _Received:
         target = (live["target"],) if len(ids) > len(accepted) else ()
         result = RoundResult(
             drafts,
+            origin=ORIGINS.get(live.get("origin"), Origin.MODEL),
             path=tuple(live["path"]),
             tried=tuple(live["tried"]),
             target_token=live["target_id"],

@@ -90,6 +90,7 @@ class Output:
                 "tried": sorted(event.tried),
             },
             "draft_ids": list(event.draft_tokens),
+            "origin": event.origin.value,  # where the draft came from: model, text, memory
             "path": list(event.path),
             "tried": list(event.tried),
             "root": event.root,

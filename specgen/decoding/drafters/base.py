@@ -21,7 +21,7 @@ import torch
 
 from specgen.config import GenerationConfig, SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.events import is_chain
+from specgen.decoding.events import Origin, is_chain
 
 
 def embeddable(ids: torch.Tensor, vocab: int | None) -> torch.Tensor:
@@ -49,6 +49,7 @@ class Proposal:
     kind: ProposalKind
     probs: torch.Tensor | None = None  # SAMPLED: [m, V], row i the law node i's children were drawn from
     replacement: bool = False  # siblings drawn with replacement (multi-draft)
+    origin: Origin = Origin.MODEL  # where the tokens came from (a model, the text, the memory)
 
     def __post_init__(self) -> None:
         if self.tokens.shape[0] != len(self.parents):
@@ -57,9 +58,15 @@ class Proposal:
             raise ValueError("a node's parent must precede it (node 0 is the root; breadth-first order)")
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, kind: ProposalKind, probs: torch.Tensor | None = None) -> "Proposal":
+    def chain(
+        cls,
+        tokens: torch.Tensor,
+        kind: ProposalKind,
+        probs: torch.Tensor | None = None,
+        origin: Origin = Origin.MODEL,
+    ) -> "Proposal":
         """x1..xk, each the child of the one before: probs row j is the law x_(j+1) was drawn from."""
-        return cls(tokens, tuple(range(tokens.shape[0])), kind, probs)
+        return cls(tokens, tuple(range(tokens.shape[0])), kind, probs, origin=origin)
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Proposal":

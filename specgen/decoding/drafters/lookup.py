@@ -22,9 +22,12 @@ import enum
 
 import torch
 
-from specgen.config import SamplingConfig
+from specgen.config import SamplingConfig, Scope
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, PerRow, Proposal
+from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, Proposal
+from specgen.decoding.drafters.suffix import Remembered, memory_proposal, remembered
+from specgen.decoding.events import Origin
+from specgen.runtime.memories import Memories
 from specgen.text import common_prefix
 
 
@@ -105,7 +108,8 @@ class PromptLookupDrafter:
     @staticmethod
     def proposal(tokens: list[int] | None) -> Proposal:
         """Found tokens as a point-mass chain (none: an empty one)."""
-        return Proposal.chain(torch.tensor(tokens or [], dtype=torch.int64), ProposalKind.DETERMINISTIC)
+        ids = torch.tensor(tokens or [], dtype=torch.int64)
+        return Proposal.chain(ids, ProposalKind.DETERMINISTIC, origin=Origin.TEXT)
 
     # -- index maintenance -------------------------------------------------------------------
     def _sync(self, context: list[int], check_all: bool = False) -> None:
@@ -171,29 +175,28 @@ class PromptLookupDrafter:
         del self._ids[valid:]
 
 
-def lookup_drafters() -> PerRow:
-    """Prompt lookup for every row of a batch: an index per row."""
-    return PerRow(PromptLookupDrafter)
-
-
 class Source(enum.Enum):
     """Which drafter made a row's proposal in a LookupChain round."""
 
     LOOKUP = "lookup"
+    MEMORY = "memory"  # the suffix memory: earlier requests' text
     MODEL = "model"
     NONE = "none"  # nothing proposed this round (k was 0, or the round is over)
 
 
 class LookupChain(BaseDrafter):
-    """Prompt lookup first, the draft model otherwise: one source per row and round.
+    """Prompt lookup first, then the suffix memory, the draft model otherwise: one source per row
+    and round (the lookup method is this with no model: `NoDrafter`, min_match 1).
 
     A row's round uses its lookup continuation when the matched tail has at least `min_match`
-    tokens, else the model's drafter (the chain drafter, one batched forward per step for every
-    such row; for a draft of another tokenizer, the text drafter around it). Lookup rounds may
-    propose the round's whole k (`GenerationConfig.round_tokens`), model rounds at most
-    `model_tokens`. A proposal comes whole from one source, so its kind
-    is consistent (point masses from lookup; the model's sampled laws or greedy point masses),
-    and the acceptance rule is chosen per row and round as usual.
+    tokens; else what its tenant's suffix memory backs (earlier requests' text, drafters/suffix.py;
+    the row writes its own text there as it commits); else the model's drafter (the chain
+    drafter, one batched forward per step for every such row; for a draft of another tokenizer,
+    the text drafter around it). Lookup and memory rounds may propose the round's whole k
+    (`GenerationConfig.round_tokens`), model rounds at most `model_tokens`. A proposal comes
+    whole from one source, so its kind is consistent (point masses from lookup and the memory;
+    the model's sampled laws or greedy point masses), and the acceptance rule is chosen per row
+    and round as usual.
 
     The chain drafter keeps its own cache invariant (a prefix of the committed sequence):
     `observe` reaches it only for rows it proposed for, so after lookup rounds it simply finds
@@ -207,8 +210,12 @@ class LookupChain(BaseDrafter):
         min_match: int = 2,
         model_tokens: int | None = None,
         make_lookup=PromptLookupDrafter,
+        memories: Memories | None = None,
     ):
         self.make_lookup = make_lookup
+        # the suffix memories (a pair's); alone (a test's), one memory of this drafter's rows
+        self.memories = memories or Memories(scope=Scope.SHARED)
+        self.remembered: list[Remembered] = []  # each row's text in its tenant's memory
         self.lookups: list[PromptLookupDrafter] = []  # each row's own index (LookupChain asks it itself)
         probe = make_lookup()
         if not probe.min_ngram <= min_match <= probe.max_ngram:
@@ -217,23 +224,27 @@ class LookupChain(BaseDrafter):
         self.min_match = min_match
         self.model_tokens = model_tokens  # the model's k; a lookup round may use the round's whole k
         self.sources: list[Source] = []  # per row: who proposed last
-        self.rounds = {Source.LOOKUP: 0, Source.MODEL: 0}  # rounds each drafter proposed in
+        self.rounds = {Source.LOOKUP: 0, Source.MEMORY: 0, Source.MODEL: 0}  # rounds each source proposed in
         self.extended = 0  # model rounds extended by a lookup continuation
 
-    def join(self, row, prompt_ids, generator, capacity, config=None) -> None:
+    def join(self, row, prompt_ids, generator, capacity, config) -> None:
         while row >= len(self.lookups):
             self.lookups.append(self.make_lookup())
             self.sources.append(Source.NONE)
         self.lookups[row].start(prompt_ids)
+        remembered(self.remembered, row, self.memories, config.tenant, prompt_ids)
         self.model.join(row, prompt_ids, generator, capacity, config)
         self.sources[row] = Source.NONE
 
     def leave(self, keep) -> None:
         self.model.leave(keep)
         self.lookups = [self.lookups[i] for i in keep if i < len(self.lookups)]
+        self.remembered = [self.remembered[i] for i in keep if i < len(self.remembered)]
         self.sources = [self.sources[i] for i in keep if i < len(self.sources)]
 
     def finished(self, row, ids) -> None:
+        if row < len(self.remembered):
+            self.remembered[row].sync(ids)
         self.model.finished(row, ids)
 
     def rewind(self, row, valid) -> None:
@@ -251,10 +262,16 @@ class LookupChain(BaseDrafter):
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)
         for row, (context, k) in enumerate(zip(contexts, ks)):
+            memory = self.remembered[row]
+            memory.sync(context)
             found = self.lookups[row].find(context, k, least=self.min_match) if k > 0 else None
+            recalled = memory.draft(context, k) if k > 0 and found is None else None
             if found is not None:
                 self.sources[row] = Source.LOOKUP
                 out[row] = PromptLookupDrafter.proposal(found)
+            elif recalled is not None:
+                self.sources[row] = Source.MEMORY
+                out[row] = memory_proposal(recalled)
             elif k > 0:
                 self.sources[row] = Source.MODEL
                 model_ks[row] = min(k, self.model_tokens or k)

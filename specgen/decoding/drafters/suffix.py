@@ -4,19 +4,22 @@ method in vLLM; llama.cpp's lookup caches).
 
 Each row writes its prompt to its tenant's memory when it joins (runtime/memories.py says who
 shares one) and its committed tokens as the rounds go, so a stream still running already helps
-the next request; a chat turn that extends what the row wrote adds only the new tokens. A round
-drafts the continuation of the longest earlier occurrence of the row's tail, as long as its
-frequency and depth support (`SuffixMemory.draft`), up to the round's k. Proposals are point
-masses, verified as prompt lookup's are: greedy output is plain decoding's, and under sampling
-`point_mass_sampling` keeps the target's law. The memory decides speed only, never the output.
+the next request; a chat turn that extends what the row wrote adds only the new tokens
+(`Remembered`, which lookup and lookup-chain rows keep too: they consult the memory where their
+own text has no match). A round drafts the continuation of the longest earlier occurrence of the
+row's tail, as long as its frequency and depth support (`SuffixMemory.draft`), up to the round's
+k. Proposals are point masses, verified as prompt lookup's are: greedy output is plain
+decoding's, and under sampling `point_mass_sampling` keeps the target's law. The memory decides
+speed only, never the output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import torch
 
+from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Proposal
-from specgen.decoding.drafters.lookup import PromptLookupDrafter
+from specgen.decoding.events import Origin
 from specgen.runtime.memories import Memories
 from specgen.runtime.suffix import SuffixMemory
 from specgen.text import common_prefix
@@ -24,11 +27,66 @@ from specgen.text import common_prefix
 TAIL = 8  # tokens of a row's text compared each round to check the context still extends it
 
 
-@dataclass
-class _Row:
-    memory: SuffixMemory
-    document: int
-    written: list[int] = field(default_factory=list)  # the row's text as the memory holds it
+class Remembered:
+    """One row's text in its tenant's memory: written as the row commits, drafted from."""
+
+    __slots__ = ("memories", "memory", "document", "written")
+
+    def __init__(self, memories: Memories, tenant: str, prompt_ids: list[int]):
+        self.memories = memories
+        self.memory: SuffixMemory = memories.get(tenant)
+        self.document = self.memory.open()
+        self.written: list[int] = []  # the row's text as the memory holds it
+        self.write(prompt_ids)
+
+    def extends(self, memories: Memories, tenant: str, prompt_ids: list[int]) -> bool:
+        """Whether a next turn's prompt continues this row's text in the same memory (a chat)."""
+        return memories.get(tenant) is self.memory and common_prefix(self.written, prompt_ids) == len(
+            self.written
+        )
+
+    def write(self, ids: list[int]) -> None:
+        """`ids` extends what was written: the new tokens go to the memory."""
+        new = ids[len(self.written) :]
+        if new:
+            self.memory.extend(self.document, new)
+            self.written.extend(new)
+            self.memories.trim()
+
+    def sync(self, context: list[int]) -> None:
+        """Write what the row committed since; a context that no longer extends the written text
+        (a replay rewrote it) continues as a new document."""
+        n = len(self.written)
+        if len(context) < n or context[max(0, n - TAIL) : n] != self.written[max(0, n - TAIL) :]:
+            self.document, self.written = self.memory.open(), []
+        self.write(context)
+
+    def draft(self, context: list[int], k: int) -> list[int] | None:
+        """Up to k tokens the memory backs after `context` (None: it backs none)."""
+        found = self.memory.draft(context, k, exclude=self.document)
+        return found.tokens if found is not None and found.tokens else None
+
+
+def remembered(rows: list[Remembered], row: int, memories: Memories, tenant: str, prompt_ids) -> None:
+    """Row `row` of `rows` joins with `prompt_ids`: its text continued (a chat's next turn) or
+    written afresh (a new row, a reused one)."""
+    held = rows[row] if row < len(rows) else None
+    if held is not None and held.extends(memories, tenant, prompt_ids):
+        held.write(prompt_ids)
+        return
+    state = Remembered(memories, tenant, prompt_ids)
+    if held is not None:
+        rows[row] = state
+    elif row == len(rows):
+        rows.append(state)
+    else:
+        raise ValueError(f"row {row} joins a drafter of {len(rows)} rows")
+
+
+def memory_proposal(tokens: list[int]) -> Proposal:
+    """Tokens from the memory as a point-mass chain."""
+    ids = torch.tensor(tokens, dtype=torch.int64)
+    return Proposal.chain(ids, ProposalKind.DETERMINISTIC, origin=Origin.MEMORY)
 
 
 class SuffixDrafter(BaseDrafter):
@@ -36,42 +94,11 @@ class SuffixDrafter(BaseDrafter):
 
     def __init__(self, memories: Memories):
         self.memories = memories
-        self.rows: list[_Row] = []
+        self.rows: list[Remembered] = []
         self.proposed = self.drafted = 0  # rounds that found a continuation, tokens drafted
 
     def join(self, row, prompt_ids, generator, capacity, config) -> None:
-        memory = self.memories.get(config.tenant)
-        held = self.rows[row] if row < len(self.rows) else None
-        if (
-            held is not None
-            and held.memory is memory
-            and common_prefix(held.written, prompt_ids) == len(held.written)
-        ):
-            self._write(held, prompt_ids)  # a chat's next turn: only what is new
-            return
-        state = _Row(memory, memory.open())
-        self._write(state, prompt_ids)
-        if held is not None:
-            self.rows[row] = state
-        elif row == len(self.rows):
-            self.rows.append(state)
-        else:
-            raise ValueError(f"row {row} joins a drafter of {len(self.rows)} rows")
-
-    def _write(self, state: _Row, ids: list[int]) -> None:
-        new = ids[len(state.written) :]
-        if new:
-            state.memory.extend(state.document, new)
-            state.written.extend(new)
-            self.memories.trim()
-
-    def _sync(self, state: _Row, context: list[int]) -> None:
-        """Write what the row committed since; a context that no longer extends the written text
-        (a replay rewrote it) continues as a new document."""
-        n = len(state.written)
-        if len(context) < n or context[max(0, n - TAIL) : n] != state.written[max(0, n - TAIL) :]:
-            state.document, state.written = state.memory.open(), []
-        self._write(state, context)
+        remembered(self.rows, row, self.memories, config.tenant, prompt_ids)
 
     def leave(self, keep) -> None:
         self.rows = [self.rows[i] for i in keep if i < len(self.rows)]
@@ -82,22 +109,19 @@ class SuffixDrafter(BaseDrafter):
 
     def finished(self, row, ids) -> None:
         if row < len(self.rows):
-            self._sync(self.rows[row], ids)
+            self.rows[row].sync(ids)
 
     def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         out = []
         for state, context, k in zip(self.rows, contexts, ks):
-            if k <= 0:
-                out.append(EMPTY)
-                continue
-            self._sync(state, context)
-            found = state.memory.draft(context, k, exclude=state.document)
-            if found is None or not found.tokens:
+            state.sync(context)
+            found = state.draft(context, k) if k > 0 else None
+            if found is None:
                 out.append(EMPTY)
                 continue
             self.proposed += 1
-            self.drafted += len(found.tokens)
-            out.append(PromptLookupDrafter.proposal(found.tokens))
+            self.drafted += len(found)
+            out.append(memory_proposal(found))
         return out
 
     def observe(self, row, path) -> None:

@@ -5,7 +5,7 @@
 
 const KEY = "specgen-playground-key";
 const SVG = "http://www.w3.org/2000/svg";
-const METHODS = ["plain", "chain", "lookup", "lookup-chain", "rsd-c", "rsd-s", "multi-draft", "eagle"];
+const METHODS = ["plain", "chain", "lookup", "lookup-chain", "suffix", "rsd-c", "rsd-s", "multi-draft", "eagle"];
 const METRICS_SECONDS = 3;
 const RATE_WINDOW = 8; // rounds in each point of the tokens/s plot
 
@@ -205,8 +205,9 @@ function addRound(run, live) {
   run.decodeSeconds = stats.decode_seconds;
   const round = el("span", "round");
   const pending = Boolean(live.pending);
+  const accepted = live.origin === "memory" ? "acc mem" : "acc"; // drafted from earlier requests' text
   for (const piece of live.accepted) {
-    const span = el("span", pending ? "acc pending" : "acc", piece);
+    const span = el("span", pending ? `${accepted} pending` : accepted, piece);
     round.append(span);
     if (pending) run.pending.push(span);
   }
@@ -218,6 +219,7 @@ function addRound(run, live) {
   }
   const info = {
     number: live.round, accepted: live.accepted, rejected: live.rejected, target: live.target, seconds,
+    origin: live.origin,
     tree: live.tree ? live.tree.texts.length : 0, emitted: live.ids.length,
   };
   round.title = describe(run, info);
@@ -247,7 +249,8 @@ function addReplay(run, live) {
 function describe(run, info) {
   const quoted = (pieces) => pieces.map((p) => JSON.stringify(p)).join(" ");
   const drafted = info.tree ? `a tree of ${info.tree} nodes` : `${info.accepted.length + info.rejected.length} drafted`;
-  const parts = [`Round ${info.number}: ${drafted}, ${info.accepted.length} accepted`];
+  const from = info.origin === "memory" ? " from the memory of earlier requests" : "";
+  const parts = [`Round ${info.number}: ${drafted}${from}, ${info.accepted.length} accepted`];
   if (info.accepted.length) parts.push(`accepted ${quoted(info.accepted)}`);
   if (info.rejected.length) parts.push(`rejected ${quoted(info.rejected)}`);
   if (info.target) parts.push(`target's token ${JSON.stringify(info.target)}`);
