@@ -41,7 +41,6 @@ MAX_LINES = 450  # counted after `ruff format`
 UNSPLIT = {
     "specgen.serve.app": 461,
     "specgen.models.load": 541,
-    "specgen.decoding.engine": 528,
     "specgen.cli.bench": 624,
     "specgen.serve.api": 643,
 }
