@@ -238,6 +238,12 @@ class GenerationConfig:
     tenant: str = ""
 
     @property
+    def seeded(self) -> bool:
+        """A seeded sampled generation outside deterministic mode: the same seed must give the same
+        text again, so what other requests wrote (a suffix memory) may not change its drafts."""
+        return not self.sampling.greedy and self.sampling.seed is not None and not self.deterministic
+
+    @property
     def round_tokens(self) -> int:
         """Most tokens one round proposes: draft_tokens; lookup-chain's lookup rounds may propose
         up to LOOKUP_TOKENS (they cost no draft forward, and verifying a few more tokens costs

@@ -173,7 +173,7 @@ class ScriptedBatchDrafter:
     def leave(self, keep):
         self.rows = [self.rows[i] for i in keep]
 
-    def finished(self, row):
+    def finished(self, row, ids):
         pass
 
     def propose(self, contexts, ks, samplings, features=None):

@@ -74,7 +74,6 @@ class RoundResult:
         default_factory=list
     )  # everything the drafter proposed (none: a plain round)
     parents: tuple[int, ...] = ()  # the proposal's shape (a chain: 0, 1, .., k - 1)
-    origin: Origin = Origin.MODEL  # where the draft came from
     path: tuple[int, ...] = ()  # accepted nodes, root excluded, root to leaf
     target_token: int = 0  # the target's own token after the path (correction or bonus)
     tried: tuple[int, ...] = ()  # nodes tried and rejected on the way, in the order they were tried
@@ -93,6 +92,7 @@ class RoundResult:
     # the row's last round: what the stream held back, now text (a character cut short, bytes
     # that form none); it completes the last token that is not special, this round's or earlier
     tail: str = ""
+    origin: Origin = Origin.MODEL  # where the draft came from
 
     @property
     def accepted_pieces(self) -> tuple[str, ...]:

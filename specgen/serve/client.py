@@ -28,8 +28,6 @@ from specgen.errors import ConfigError, PartialReply, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
 
-ORIGINS = {origin.value: origin for origin in Origin}  # a live round's "origin", read back
-
 
 @dataclass(frozen=True)
 class Server:
@@ -333,7 +331,7 @@ class _Received:
         target = (live["target"],) if len(ids) > len(accepted) else ()
         result = RoundResult(
             drafts,
-            origin=ORIGINS.get(live.get("origin"), Origin.MODEL),
+            origin=next((o for o in Origin if o.value == live.get("origin")), Origin.MODEL),
             path=tuple(live["path"]),
             tried=tuple(live["tried"]),
             target_token=live["target_id"],

@@ -232,7 +232,7 @@ class LookupChain(BaseDrafter):
             self.lookups.append(self.make_lookup())
             self.sources.append(Source.NONE)
         self.lookups[row].start(prompt_ids)
-        remembered(self.remembered, row, self.memories, config.tenant, prompt_ids)
+        remembered(self.remembered, row, self.memories, config, prompt_ids)
         self.model.join(row, prompt_ids, generator, capacity, config)
         self.sources[row] = Source.NONE
 

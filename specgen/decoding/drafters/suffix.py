@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from specgen.config import GenerationConfig, Scope
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Proposal
 from specgen.decoding.events import Origin
@@ -67,9 +68,18 @@ class Remembered:
         return found.tokens if found is not None and found.tokens else None
 
 
-def remembered(rows: list[Remembered], row: int, memories: Memories, tenant: str, prompt_ids) -> None:
+# a seeded sampled row's: its own text only, so that its seed replays whatever others wrote
+PRIVATE = Memories(scope=Scope.REQUEST)
+
+
+def remembered(
+    rows: list[Remembered], row: int, memories: Memories, config: GenerationConfig, prompt_ids
+) -> None:
     """Row `row` of `rows` joins with `prompt_ids`: its text continued (a chat's next turn) or
-    written afresh (a new row, a reused one)."""
+    written afresh (a new row, a reused one). A seeded sampled row (`config.seeded`) drafts from
+    its own text only: which tokens a round proposes changes its draws, and its seed must give
+    the same text whatever earlier requests wrote."""
+    memories, tenant = (PRIVATE if config.seeded else memories), config.tenant
     held = rows[row] if row < len(rows) else None
     if held is not None and held.extends(memories, tenant, prompt_ids):
         held.write(prompt_ids)
@@ -98,7 +108,7 @@ class SuffixDrafter(BaseDrafter):
         self.proposed = self.drafted = 0  # rounds that found a continuation, tokens drafted
 
     def join(self, row, prompt_ids, generator, capacity, config) -> None:
-        remembered(self.rows, row, self.memories, config.tenant, prompt_ids)
+        remembered(self.rows, row, self.memories, config, prompt_ids)
 
     def leave(self, keep) -> None:
         self.rows = [self.rows[i] for i in keep if i < len(self.rows)]
