@@ -191,6 +191,18 @@ def test_the_memory_file_carries_text_to_the_next_run(tiny_dirs, tmp_path):
         assert "starts empty" not in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_seeded_sampled_row_gives_the_same_text_whatever_the_memory_holds(pair):
+    """Its drafts come from its own text only: the same seed, the same tokens, before and after
+    other requests filled the memory (a greedy row beside it drafts from them)."""
+    from specgen.config import SamplingConfig
+
+    seeded = greedy(Method.SUFFIX, n=24, sampling=SamplingConfig(temperature=0.9, seed=11))
+    (first,), _ = generate(pair, seeded, [PROMPTS[1]])
+    generate(pair, greedy(Method.SUFFIX, n=24), [PROMPTS[1], PROMPTS[0]], batch=2)  # fills the memory
+    (again,), _ = generate(pair, seeded, [PROMPTS[1]])
+    assert again == first
+
+
 # -- sampling: point masses from the memory keep the target's law ------------------------------------
 
 
@@ -224,14 +236,21 @@ def stat_law(tiny_pair):
     return two_token_law(tiny_pair[0].model, STAT_PROMPT, STAT_SAMPLING)
 
 
+@pytest.fixture
+def shared_when_seeded(monkeypatch):
+    """Seeded rows draft from the shared memory here (they keep to their own text otherwise, so
+    that a seed replays): the law under memory drafts, reproducibly."""
+    monkeypatch.setattr(GenerationConfig, "seeded", property(lambda self: False))
+
+
 @pytest.mark.statistical
-def test_suffix_drafts_under_sampling_follow_the_target_law(pair, stat_law):
+def test_suffix_drafts_under_sampling_follow_the_target_law(pair, stat_law, shared_when_seeded):
     tokens = first_two_from_memory(pair, range(800))
     assert_two_token_law(tokens, *stat_law)
 
 
 @pytest.mark.statistical
-def test_control_suffix_drafts_without_the_residual_fail(pair, stat_law, monkeypatch):
+def test_control_suffix_drafts_without_the_residual_fail(pair, stat_law, monkeypatch, shared_when_seeded):
     monkeypatch.setattr(
         verify_module, "point_mass_sampling", lambda d, q, g: rule_without_residual(d, None, q, g)
     )
