@@ -48,6 +48,21 @@ def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
     assert later.count(1) >= floor.MIN_ROUNDS and row.ceiling == 0 and row.retry == 2 * floor.RETRY
 
 
+def test_a_drafting_row_is_charged_the_time_it_costs_the_rows_that_did_not_draft():
+    """2.1 tokens in a round of 0.15 s against plain steps of 0.1 s: 1.4x plain for the row
+    alone, but beside 3 rows that drafted nothing (plain requests) each of them commits one
+    token where it would have committed 1.5: the batch loses, and the row goes to plain
+    rounds; with every row drafting alike, it keeps drafting."""
+    shared = Floor(skip=False)
+    for _ in range(3 * floor.MIN_ROUNDS):
+        shared.record(min(4, shared.limit()), 2.1, 0.15, 0.11, 0.1, idle=3.0)
+    assert shared.ceiling < 4
+    alone = Floor(skip=False)
+    for _ in range(3 * floor.MIN_ROUNDS):
+        alone.record(min(4, alone.limit()), 2.1, 0.15, 0.11, 0.1, idle=0.0)
+    assert alone.ceiling == NONE
+
+
 def test_a_row_whose_drafts_win_keeps_drafting_and_a_won_probe_restores_it():
     row = Floor(skip=False)
     seen = feed(row, 40, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)

@@ -117,6 +117,8 @@ class PlainSteps:
         `slope` (one more verified token in plain steps, costs.verify_slope; None unmeasured)
         prices its verify; then the width's plain steps, from rounds where no row drafted."""
         width, plain = len(rows), self.seconds(len(rows))
+        drafting = sum(1 for p in proposals if p.size)
+        idle = (width - drafting) / drafting if drafting else 0.0  # rows each drafting row holds up
         for state, k, proposal, result in zip(rows, ks, proposals, results):
             verify = None if slope is None else 1.0 + slope * proposal.size
             state.floor.record(
@@ -127,6 +129,7 @@ class PlainSteps:
                 plain,
                 verify,
                 tree=not proposal.is_chain,
+                idle=idle,
             )
         self.record(width, any(p.size for p in proposals), seconds)
 
@@ -150,7 +153,7 @@ class NoFloor:
     def limit(self) -> int:
         return NONE
 
-    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, tree=False) -> None:
+    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, tree=False, idle=0.0) -> None:
         pass
 
 
@@ -195,24 +198,34 @@ class Floor:
         plain: float | None,
         verify: float | None = None,
         tree: bool = False,
+        idle: float = 0.0,
     ) -> None:
         """A round of this row ran: it drafted, allowed `k` tokens (0: it proposed nothing, a
         plain round), and committed `tokens` in a round of `seconds` whose verify took
         `verify_seconds`; `plain`: a plain round's seconds at this width, where measured;
         `verify`: what that verify costs in plain steps, where the device's costs were measured
         (the plain step is then the verify's seconds over it); `tree`: the row drafts trees
-        (whole or not at all)."""
+        (whole or not at all); `idle`: rows of the batch that drafted nothing this round, per
+        drafting row.
+
+        A round that drafts is longer than a plain step for every row of the batch: a row that
+        drafted nothing (a plain request, a row at its floor) commits one token in it where it
+        would have committed seconds / plain of them. Each drafting row is charged its share of
+        that loss, (seconds - plain) / seconds per idle row, so its speed-up exceeds 1 only where
+        the batch as a whole commits more than plain rounds would: a plain request beside a
+        drafting one is never slowed for less than it gains."""
         if k == 0 or seconds <= 0:
             return
         if self.skip:
             self.skip = False
             return
         self.drafted = max(self.drafted, k)
-        self.bound.add(tokens * verify_seconds / seconds)
+        # (a plain step costs at most the verify: charged at the verify, the bound stays one)
+        self.bound.add((tokens * verify_seconds - idle * max(0.0, seconds - verify_seconds)) / seconds)
         if plain is None and verify is not None:  # the plain step the verify's measured cost implies
             plain = verify_seconds / verify
         if plain is not None:
-            self.speedup.add(tokens * plain / seconds)
+            self.speedup.add((tokens - idle * max(0.0, seconds - plain) / plain) * plain / seconds)
         elif self.speedup.count:  # the plain figure went stale: what was compared with it goes too
             self.speedup = _Mean(DECAY)
         if self.bound.count < MIN_ROUNDS:
