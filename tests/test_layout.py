@@ -42,7 +42,6 @@ UNSPLIT = {
     "specgen.serve.app": 461,
     "specgen.models.load": 541,
     "specgen.cli.bench": 624,
-    "specgen.serve.api": 643,
 }
 
 

@@ -111,13 +111,21 @@ def test_a_client_leaving_frees_every_choices_row(served, monkeypatch):
 
 def test_choices_seeds_wrap_past_the_largest_seed_and_stay_distinct():
     from specgen.config import SEED_MAX, GenerationConfig, SamplingConfig
-    from specgen.serve import api
+    from specgen.serve import api, scheduler
 
-    job = api.Job(
-        "chat",
-        [{"role": "user", "content": "x"}],
-        None,
+    request = api.ApiRequest(
+        "completion",
+        (api.Prompt(None, "x", "prompt"), api.Prompt(None, "y", "prompt")),
         GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=SEED_MAX)),
         n=3,
     )
-    assert [c.config.sampling.seed for c in api.choices(job)] == [SEED_MAX, 0, 1]
+    rows = scheduler.tickets(request, [[1], [2]], lambda choice: None)
+    assert [t.config.sampling.seed for t in rows] == [SEED_MAX, 0, 1] * 2
+    assert [(t.choice, t.prompt.text, t.ids) for t in rows] == [
+        (0, "x", [1]),
+        (1, "x", [1]),
+        (2, "x", [1]),
+        (3, "y", [2]),
+        (4, "y", [2]),
+        (5, "y", [2]),
+    ]

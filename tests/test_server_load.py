@@ -213,11 +213,11 @@ def test_a_prompt_that_takes_long_to_tokenize_stalls_no_stream(served, monkeypat
     entered, release = threading.Event(), threading.Event()
     real = encoding.encode
 
-    def slow(tokenizer, job, *rest):
-        if job.kind == "completion" and job.prompt == "tokenize me slowly":
+    def slow(tokenizer, prompt, *rest):
+        if prompt.kind == "completion" and prompt.text == "tokenize me slowly":
             entered.set()
             assert release.wait(60)
-        return real(tokenizer, job, *rest)
+        return real(tokenizer, prompt, *rest)
 
     monkeypatch.setattr(encoding, "encode", slow)
     conn, response = stream_request(served, chat_body(served, max_tokens=24, temperature=0))

@@ -212,15 +212,15 @@ def _output_of(stops: list[str], stream: bool):
     from specgen.serve.output import Output
 
     tokenizer = build_tokenizer()
-    job = api.Job(
+    prompt = api.Prompt(None, "p", "prompt")
+    request = api.ApiRequest(
         "completion",
-        None,
-        "p",
+        (prompt,),
         GenerationConfig(sampling=SamplingConfig(logprobs=1)),
-        stops=stops,
+        stops=tuple(stops),
         stream=stream,
     )
-    return Output(job, tokenizer, 1), tokenizer
+    return Output(request, prompt, tokenizer, 1), tokenizer
 
 
 def _feed(output, tokenizer, text: str, middle: list[int] = ()) -> list:

@@ -86,7 +86,7 @@ def test_a_streamed_response_sends_the_responses_events(served, sdk):
     )
 
 
-def _job(served, **body):
+def _asked(served, **body):
     from specgen.serve import responses
 
     return responses.read(
@@ -94,7 +94,7 @@ def _job(served, **body):
     )
 
 
-async def _events(job, chunks) -> list[tuple[str, dict]]:
+async def _events(asked, chunks) -> list[tuple[str, dict]]:
     import json
 
     from specgen.serve import responses
@@ -104,7 +104,7 @@ async def _events(job, chunks) -> list[tuple[str, dict]]:
             yield chunk
 
     out = []
-    async for text in responses.events(job, given()):
+    async for text in responses.events(asked, given()):
         kind, data = text.split("\n")[:2]
         out.append((kind.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
     return out
@@ -123,11 +123,11 @@ def test_a_stream_that_stops_completes_and_one_that_fails_says_so(served):
     }
     piece = {"choices": [{"index": 0, "delta": {"content": "ab"}, "finish_reason": None}]}
     stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    done = asyncio.run(_events(_job(served), [piece, stop, {"choices": [], "usage": usage}]))
+    done = asyncio.run(_events(_asked(served), [piece, stop, {"choices": [], "usage": usage}]))
     assert done[-1][0] == "response.completed" and done[-1][1]["response"]["status"] == "completed"
     assert done[-1][1]["response"]["output"][0]["status"] == "completed"
     failure = api.ApiError(500, "the engine failed: boom", kind="server_error", code="engine_error")
-    failed = asyncio.run(_events(_job(served), [piece, failure]))
+    failed = asyncio.run(_events(_asked(served), [piece, failure]))
     assert [kind for kind, _ in failed[-3:]] == ["response.output_text.delta", "error", "response.failed"]
     response = failed[-1][1]["response"]
     assert response["status"] == "failed" and response["error"] == {

@@ -1,6 +1,6 @@
 """The OpenAI wire format of answers: a whole response, stream chunks, the usage chunk, each
 choice's `logprobs`, specgen's `speculative` summary, and the answers of n choices merged into
-one. Requests are read in api.py. No torch here.
+one. Requests are read in reading.py. No torch here.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 from specgen.decoding.stats import Stats
-from specgen.serve.api import Job
+from specgen.serve.api import ApiRequest
 
 
 def finish_reason(stop: str | None) -> str:
@@ -43,12 +43,12 @@ def speculative_summary(stats) -> dict:
     return {"method": stats.method, **{k: data[k] for k in keys}}
 
 
-def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | None:
+def logprobs_field(request: ApiRequest, entries: list[dict], offsets: list[int]) -> dict | None:
     """A choice's `logprobs` in OpenAI's shape for `entries` (views.logprob_entries: each token's
     text, exact bytes, log-probability and alternatives) starting at `offsets` in the answer, or
     None when the request did not ask. Chat: `content` with each token's bytes; completions:
     the legacy parallel lists with `text_offset`."""
-    if job.config.sampling.logprobs is None:
+    if request.config.sampling.logprobs is None:
         return None
 
     def number(value: float | None) -> float | None:
@@ -57,7 +57,7 @@ def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | 
     def item(entry: dict) -> dict:
         return {"token": entry["token"], "logprob": number(entry["logprob"]), "bytes": entry["bytes"]}
 
-    if job.kind == "chat":
+    if request.kind == "chat":
         return {
             "content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries],
             "refusal": None,
@@ -74,7 +74,7 @@ def logprobs_field(job: Job, entries: list[dict], offsets: list[int]) -> dict | 
 
 
 def response(
-    job: Job,
+    request: ApiRequest,
     text: str,
     reason: str,
     prompt_tokens: int,
@@ -83,7 +83,7 @@ def response(
     logprobs: dict | None = None,
 ) -> dict:
     """A whole (non-streamed) answer."""
-    if job.kind == "chat":
+    if request.kind == "chat":
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
@@ -95,10 +95,10 @@ def response(
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
     return {
-        "id": job.id,
+        "id": request.id,
         "object": kind,
-        "created": job.created,
-        "model": job.model,
+        "created": request.created,
+        "model": request.model,
         "choices": [choice],
         "usage": usage(prompt_tokens, completion_tokens, stats),
         "speculative": speculative_summary(stats),
@@ -106,7 +106,7 @@ def response(
 
 
 def chunk(
-    job: Job,
+    request: ApiRequest,
     text: str | None,
     reason: str | None = None,
     extra: dict | None = None,
@@ -115,34 +115,40 @@ def chunk(
 ) -> dict:
     """One streamed piece: new text (or only a finish reason), its tokens' `logprobs` when asked,
     and specgen's extension."""
-    if job.kind == "chat":
+    if request.kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
         choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
         kind = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
-    out = {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice]}
+    out = {
+        "id": request.id,
+        "object": kind,
+        "created": request.created,
+        "model": request.model,
+        "choices": [choice],
+    }
     if extra:
         out["speculative"] = extra
     return out
 
 
-def usage_chunk(job: Job, prompt_tokens: int, completion_tokens: int, stats) -> dict:
+def usage_chunk(request: ApiRequest, prompt_tokens: int, completion_tokens: int, stats) -> dict:
     """The last chunk with stream_options.include_usage: no choices, the usage."""
-    kind = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+    kind = "chat.completion.chunk" if request.kind == "chat" else "text_completion"
     return {
-        "id": job.id,
+        "id": request.id,
         "object": kind,
-        "created": job.created,
-        "model": job.model,
+        "created": request.created,
+        "model": request.model,
         "choices": [],
         "usage": usage(prompt_tokens, completion_tokens, stats),
         "speculative": speculative_summary(stats),
     }
 
 
-def merged(job: Job, answers: list[dict]) -> dict:
+def merged(request: ApiRequest, answers: list[dict]) -> dict:
     """One answer of n choices from the n choices' answers: their choices in order (each with
     its own `speculative` summary), usage summed over the choices (the prompt counted once),
     the speculation's totals (the choices' Stats merged)."""
@@ -152,7 +158,7 @@ def merged(job: Job, answers: list[dict]) -> dict:
     out["choices"] = [
         {**a["choices"][0], "index": i, "speculative": a["speculative"]} for i, a in enumerate(answers)
     ]
-    out["usage"] = _summed_usage([a["usage"] for a in answers], job.n)
+    out["usage"] = _summed_usage([a["usage"] for a in answers], request.n)
     total = functools.reduce(Stats.merge, map(_counted, answers))
     out["speculative"] = {
         "method": answers[0]["speculative"]["method"],

@@ -9,7 +9,8 @@ answered through the chat path: responses.py), streamed as server-sent events wh
 `Authorization: Bearer <key>`: the server's local token (in the user's runtime directory) or
 its --api-key, compared in constant time.
 
-Prompts are tokenized off the event loop (encoding.py).
+Requests are read by reading.py (responses.py for /v1/responses) and queued as the scheduler's
+tickets, a row per choice; prompts are tokenized off the event loop (encoding.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
 from specgen.decoding.build import why_not
-from specgen.serve import answers, api, discovery, encoding, keys, playground, protocol, responses
+from specgen.serve import answers, api, discovery, encoding, keys, playground, protocol, reading, responses
 from specgen.serve.metrics import Metrics
-from specgen.serve.scheduler import QueueFull, Scheduler
+from specgen.serve.scheduler import QueueFull, Scheduler, Ticket, tickets
 
 RETRY_AFTER_SECONDS = 1
 # a stream with nothing to send for this long sends an SSE comment: a client's read timeout
@@ -166,7 +167,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
         if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         try:
-            ids = await encode(api.read_tokenize(api.parse_body(await _body(request)), state.defaults))
+            ids = await encode(reading.read_tokenize(reading.parse_body(await _body(request))))
         except api.ApiError as exc:
             return error(exc)
         return {"count": len(ids), "tokens": ids, "max_model_len": state.context_length}
@@ -177,7 +178,7 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState, encode) -> None:
         if not keys.authorized(state.keys, request.headers):
             return _unauthorized()
         try:
-            ids = api.read_detokenize(api.parse_body(await _body(request)), len(tokenizer))
+            ids = reading.read_detokenize(reading.parse_body(await _body(request)), len(tokenizer))
         except api.ApiError as exc:
             return error(exc)
         return {"prompt": tokenizer.decode(ids)}
@@ -216,25 +217,23 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
     async def responses_route(request: Request):
         return await complete(request, "responses")
 
-    async def complete(request: Request, endpoint: str):
-        """One request of `endpoint` (chat, completion or responses: a chat Job answered in the
+    async def complete(http: Request, endpoint: str):
+        """One request of `endpoint` (chat, completion or responses: a chat request answered in the
         Responses API's shape)."""
-        if not keys.authorized(state.keys, request.headers):
+        if not keys.authorized(state.keys, http.headers):
             state.metrics.refused(endpoint, 401)
             return _unauthorized()
         try:
-            job, expanded, encoded = await _admit(state, request, endpoint, encode)
+            request, asked, ids = await _admit(state, http, endpoint, encode)
         except api.ApiError as exc:
             state.metrics.refused(endpoint, exc.status)
             state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
             return error(exc)
-        queue: asyncio.Queue = (
-            asyncio.Queue()
-        )  # (choice, item): a chunk, an answer, an ApiError, None at its end
-        post = _poster(asyncio.get_running_loop(), queue)
-        jobs = [replace(one, ids=encoded[one.prompt], post=post(one.choice)) for one in expanded]
+        # (choice, item): a chunk, an answer, an ApiError, None at its end
+        queue: asyncio.Queue = asyncio.Queue()
+        rows = tickets(request, ids, _poster(asyncio.get_running_loop(), queue))
         try:
-            state.scheduler.submit(*jobs)
+            state.scheduler.submit(*rows)
         except QueueFull:
             state.metrics.refused(endpoint, 503)
             return error(
@@ -246,57 +245,56 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
                 ),
                 {"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
-        if job.stream:
-            chunks = _chunks(state, jobs, queue)
-            stream = responses.events(job, chunks) if endpoint == "responses" else _chat_events(chunks)
+        if request.stream:
+            chunks = _chunks(state, rows, queue)
+            stream = responses.events(asked, chunks) if asked else _chat_events(chunks)
             return StreamingResponse(
                 _closing(stream, chunks),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        answer = await _whole(state, jobs, queue, request)
+        answer = await _whole(state, rows, queue, http)
         if isinstance(answer, Response):
             return answer
-        return JSONResponse(responses.whole(job, answer) if endpoint == "responses" else answer)
+        return JSONResponse(responses.whole(asked, answer) if asked else answer)
 
 
-async def _admit(state: ServerState, request: Request, endpoint: str, encode) -> tuple[api.Job, list, dict]:
-    """The request read as a Job, checked against this server (rows, method, context), its
-    choices and each prompt's ids (each prompt once); an ApiError for anything refused."""
-    body, served = api.parse_body(await _body(request)), {state.model_id} | state.aliases
-    if endpoint == "responses":
-        job = responses.read(body, state.defaults, served)
-    else:
-        job = api.read_job(body, endpoint, state.defaults, served)
-    if api.rows(job) > state.scheduler.max_queue:  # a 503 would be retried in vain
+async def _admit(
+    state: ServerState, http: Request, endpoint: str, encode
+) -> tuple[api.ApiRequest, responses.Asked | None, list[list[int]]]:
+    """The request read, checked against this server (rows, method, context) and given its
+    caller's tenant; a Responses request's own fields (else None); each prompt's ids. An
+    ApiError for anything refused."""
+    body, served = reading.parse_body(await _body(http)), {state.model_id} | state.aliases
+    asked = responses.read(body, state.defaults, served) if endpoint == "responses" else None
+    request = asked.chat if asked else reading.read_request(body, endpoint, state.defaults, served)
+    if request.rows > state.scheduler.max_queue:  # a 503 would be retried in vain
         raise api.ApiError(
             400,
-            f"the request asks for {api.rows(job)} rows ('n' times its prompts) but this "
+            f"the request asks for {request.rows} rows ('n' times its prompts) but this "
             f"server queues at most {state.scheduler.max_queue} (its --max-queue)",
             "n",
         )
-    why = refusal(state.scheduler.pair, job.config.method)
+    why = refusal(state.scheduler.pair, request.config.method)
     if why is not None:
         raise api.ApiError(400, why, "speculative.method")
-    job = replace(job, config=replace(job.config, tenant=keys.tenant(state.keys, request.headers)))
-    expanded = api.choices(job)
-    encoded: dict = {}
-    for one in expanded:
-        if one.prompt not in encoded:
-            encoded[one.prompt] = ids = await encode(one)
-            if len(ids) + 1 > state.context_length:
-                raise api.ApiError(
-                    400,
-                    f"the prompt has {len(ids)} tokens but the context holds "
-                    f"{state.context_length}; shorten it",
-                    job.text_field,
-                    "context_length_exceeded",
-                )
-    return job, expanded, encoded
+    request = replace(request, config=replace(request.config, tenant=keys.tenant(state.keys, http.headers)))
+    ids = []
+    for prompt in request.prompts:
+        ids.append(await encode(prompt))
+        if len(ids[-1]) + 1 > state.context_length:
+            raise api.ApiError(
+                400,
+                f"the prompt has {len(ids[-1])} tokens but the context holds "
+                f"{state.context_length}; shorten it",
+                prompt.text_field,
+                "context_length_exceeded",
+            )
+    return request, asked, ids
 
 
 def _poster(loop, queue: asyncio.Queue):
-    """`post(choice)`: what a choice's job calls on the engine thread with each item."""
+    """`post(choice)`: what a choice's ticket calls on the engine thread with each item."""
 
     def poster(choice: int):
         def post(item) -> None:  # called on the engine thread
@@ -376,11 +374,11 @@ class _Inbox:
             self.getter.cancel()
 
 
-async def _chunks(state: ServerState, jobs: list[api.Job], queue: asyncio.Queue):
+async def _chunks(state: ServerState, rows: list[Ticket], queue: asyncio.Queue):
     """A streamed request's chunks (each choice's under its index) and errors (ApiError), until
     every choice ended; the choices' usage chunks become one, last. If the client goes away (the
     task is cancelled), the rows end before the next round."""
-    left, usage, inbox = len(jobs), [], _Inbox(queue)
+    left, usage, inbox = len(rows), [], _Inbox(queue)
     try:
         while left:
             got = await inbox.get(KEEPALIVE_SECONDS)
@@ -394,19 +392,21 @@ async def _chunks(state: ServerState, jobs: list[api.Job], queue: asyncio.Queue)
             if isinstance(item, api.ApiError):
                 yield item
                 continue
-            if len(jobs) > 1 and not item["choices"]:
+            if len(rows) > 1 and not item["choices"]:
                 usage.append((choice, item))
                 continue
             for part in item["choices"]:
                 part["index"] = choice
             yield item
         if usage:
-            yield answers.merged_usage([item for _, item in sorted(usage, key=lambda u: u[0])], jobs[0].n)
+            yield answers.merged_usage(
+                [item for _, item in sorted(usage, key=lambda u: u[0])], rows[0].request.n
+            )
     finally:
         inbox.close()
         if left:
-            for job in jobs:
-                state.scheduler.cancel(job)
+            for ticket in rows:
+                state.scheduler.cancel(ticket)
 
 
 async def _chat_events(chunks):
@@ -431,19 +431,19 @@ async def _closing(stream, chunks):
 
 
 async def _whole(
-    state: ServerState, jobs: list[api.Job], queue: asyncio.Queue, request: Request
+    state: ServerState, rows: list[Ticket], queue: asyncio.Queue, http: Request
 ) -> dict | Response:
     """A request that did not stream: wait for its choices' answers, giving up their rows if the
     client leaves; one answer (answers.merged), or a Response: the first choice's error, or 499."""
-    replies: list = [None] * len(jobs)
-    left, inbox = len(jobs), _Inbox(queue)
+    replies: list = [None] * len(rows)
+    left, inbox = len(rows), _Inbox(queue)
     try:
         while left:
             got = await inbox.get(DISCONNECT_POLL_SECONDS)
             if got is None:
-                if await request.is_disconnected():
-                    for job in jobs:
-                        state.scheduler.cancel(job)
+                if await http.is_disconnected():
+                    for ticket in rows:
+                        state.scheduler.cancel(ticket)
                     return Response(status_code=499)
                 continue
             choice, item = got
@@ -458,4 +458,4 @@ async def _whole(
         return error(failed)
     if failed is None:
         return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
-    return answers.merged(jobs[0], replies)
+    return answers.merged(rows[0].request, replies)

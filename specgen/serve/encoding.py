@@ -24,55 +24,59 @@ CUT_SLACK = 4
 
 
 def encoder(tokenizer, context: int):
-    """`await encode(job)`: a prompt's ids, tokenized on the one tokenizing thread, off the event loop."""
+    """`await encode(prompt)`: a prompt's ids, tokenized on the one tokenizing thread, off the event loop."""
     tokenizing = ThreadPoolExecutor(1, thread_name_prefix="specgen-tokenize")
 
-    async def encode_off_loop(job: api.Job) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(tokenizing, encode, tokenizer, job, context)
+    async def encode_off_loop(prompt: api.Prompt) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(
+            tokenizing, encode, tokenizer, prompt, context
+        )
 
     return encode_off_loop
 
 
-def encode(tokenizer, job: api.Job, context: int) -> list[int]:
+def encode(tokenizer, prompt: api.Prompt, context: int) -> list[int]:
     """The prompt's token ids: chat messages through the chat template, completions raw (with the
     tokenizer's special tokens only when asked, or when the text alone gives none). A text far
     longer than the context is refused once a count of its pieces passes it (`beyond`), not
     after tokenizing all of it."""
-    if isinstance(job.prompt, tuple):  # token ids: checked against the vocabulary, used as sent
+    if isinstance(prompt.text, tuple):  # token ids: checked against the vocabulary, used as sent
         vocab = len(tokenizer)
-        bad = next((t for t in job.prompt if t >= vocab), None)
+        bad = next((t for t in prompt.text if t >= vocab), None)
         if bad is not None:
             raise api.ApiError(
                 400, f"token id {bad} is not in the model's vocabulary ({vocab} tokens)", "prompt"
             )
-        return list(job.prompt)
-    if job.kind == "chat" and len(job.messages) > context:  # every message takes a token at least (its role)
+        return list(prompt.text)
+    if (
+        prompt.kind == "chat" and len(prompt.messages) > context
+    ):  # every message takes a token at least (its role)
         raise api.ApiError(
             400,
-            f"the conversation has {len(job.messages)} messages, each a token at least, but "
+            f"the conversation has {len(prompt.messages)} messages, each a token at least, but "
             f"the context holds {context} tokens; shorten it",
-            job.text_field,
+            prompt.text_field,
             "context_length_exceeded",
         )
-    texts = [job.prompt] if job.kind == "completion" else [m["content"] for m in job.messages]
+    texts = [prompt.text] if prompt.kind == "completion" else [m["content"] for m in prompt.messages]
     counted = beyond(tokenizer, texts, context)
     if counted:
         raise api.ApiError(
             400,
             f"the prompt has more than {counted} tokens but the context holds {context}; shorten it",
-            job.text_field,
+            prompt.text_field,
             "context_length_exceeded",
         )
     try:
-        if job.kind == "completion":
-            if job.special_tokens is not None:
-                return tokenizer.encode(job.prompt, add_special_tokens=job.special_tokens)
-            return tokenizer.encode(job.prompt, add_special_tokens=False) or tokenizer.encode(job.prompt)
+        if prompt.kind == "completion":
+            if prompt.special_tokens is not None:
+                return tokenizer.encode(prompt.text, add_special_tokens=prompt.special_tokens)
+            return tokenizer.encode(prompt.text, add_special_tokens=False) or tokenizer.encode(prompt.text)
         if not getattr(tokenizer, "chat_template", None):
-            raise api.ApiError(400, "this model has no chat template; use /v1/completions", job.text_field)
-        return render_chat(tokenizer, job.messages, job.generation_prompt, bool(job.special_tokens))
+            raise api.ApiError(400, "this model has no chat template; use /v1/completions", prompt.text_field)
+        return render_chat(tokenizer, prompt.messages, prompt.generation_prompt, bool(prompt.special_tokens))
     except SpecgenError as exc:  # a template that refuses the conversation (e.g. its roles)
-        raise api.ApiError(400, str(exc), job.text_field) from None
+        raise api.ApiError(400, str(exc), prompt.text_field) from None
     except (ValueError, TypeError) as exc:  # a completion's text the tokenizer will not take
         raise api.ApiError(400, f"the tokenizer refused the prompt: {exc}", "prompt") from None
 

@@ -108,9 +108,10 @@ class Metrics:
         for width, k in lengths.items():
             self.draft_length.labels(method, str(width)).set(k)
 
-    def finished(self, job, outcome: str, stats) -> None:
-        if job.choice == 0:  # a request of n choices is one request (its rows count in the token totals)
-            self.requests.labels(job.endpoint or job.kind, outcome).inc()
+    def finished(self, ticket, outcome: str, stats) -> None:
+        """A row ended (a scheduler.Ticket): its request counted once, at its first choice."""
+        if ticket.choice == 0:  # a request of n choices is one request (its rows count in the token totals)
+            self.requests.labels(ticket.request.endpoint, outcome).inc()
 
     def prefixes(self, target_bytes: int, draft_bytes: int) -> None:
         self.prefix_cache.labels("target").set(target_bytes)

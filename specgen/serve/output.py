@@ -16,10 +16,19 @@ from specgen.text import TextStream, TokenBytes
 
 
 class Output:
-    """Turns one row's events into chunks (streaming) or one response (at the end)."""
+    """Turns one row's events into chunks (streaming) or one response (at the end): a choice of
+    `request`, which decodes `prompt`."""
 
-    def __init__(self, job: api.Job, tokenizer, prompt_tokens: int, prompt_ids: list[int] = ()):
-        self.job, self.tokenizer, self.prompt_tokens = job, tokenizer, prompt_tokens
+    def __init__(
+        self,
+        request: api.ApiRequest,
+        prompt: api.Prompt,
+        tokenizer,
+        prompt_tokens: int,
+        prompt_ids: list[int] = (),
+    ):
+        self.request, self.prompt = request, prompt
+        self.tokenizer, self.prompt_tokens = tokenizer, prompt_tokens
         self.prompt_ids = list(prompt_ids)
         self.floor = 0  # characters of `text` that are the echoed prompt (never searched for stops)
         self.prompt_logprobs: tuple = ()  # the prompt's tokens 2.. under the target, when asked
@@ -29,7 +38,7 @@ class Output:
         self.pending: list[str] = []  # deterministic mode: pieces waiting for their replay
         self.stopped = False  # a stop string ended the answer
         self.started = False  # the first chunk (with the role) went out
-        self.hold = max((len(s) for s in job.stops), default=1) - 1
+        self.hold = max((len(s) for s in request.stops), default=1) - 1
         # logprobs asked: each token's (start, end) in the text before any stop cut, id, TokenLogprob
         self.tokens: list[tuple[int, int, int, TokenLogprob]] = []
         self.chars = 0  # characters pushed so far, before any stop cut
@@ -42,13 +51,13 @@ class Output:
         """The chunks an event produces (nothing after a stop string)."""
         if isinstance(event, Joined):
             self.prompt_logprobs = event.prompt_logprobs
-            if self.job.echo_prompt:
+            if self.request.echo_prompt:
                 return self._echo(event, stats)
-        if self.stopped or isinstance(event, (Joined, Finished)) or self.job.max_zero:
+        if self.stopped or isinstance(event, (Joined, Finished)) or self.request.max_zero:
             return []
         if isinstance(event, RoundResult):
             event = round_text(
-                event, self.stream, pending=self.job.config.deterministic, drafts=self.job.live
+                event, self.stream, pending=self.request.config.deterministic, drafts=self.request.live
             )
             for token, piece, logprob in zip(event.emitted, event.pieces, event.logprobs):
                 self.tokens.append((self.chars, self.chars + len(piece), token, logprob))
@@ -60,14 +69,14 @@ class Output:
                 self.pending.extend(event.pieces)
             else:
                 self._extend("".join(event.pieces) + event.tail)
-            live = self._live_round(event, stats) if self.job.live else {}
+            live = self._live_round(event, stats) if self.request.live else {}
         else:
             event = replay_text(event, self.stream)
             keep = len(self.pending) - len(event.rolled_back)
             self._attribute(event.tail)
             self._extend("".join(self.pending[:keep]) + (event.correction_text or "") + event.tail)
             self.pending = []
-            live = self._live_replay(event) if self.job.live else {}
+            live = self._live_replay(event) if self.request.live else {}
         return self._chunks(live, stats, final=False)
 
     def _live_round(self, event: RoundResult, stats: Stats) -> dict:
@@ -138,20 +147,22 @@ class Output:
 
     def finish(self, stats: Stats, token_ids: list[int], stop: str | None) -> list[dict]:
         """The last chunks: what was held back, the finish reason, usage and the statistics."""
-        if not self.stopped and not self.job.max_zero and not self.pending:
+        if not self.stopped and not self.request.max_zero and not self.pending:
             tail = self.stream.flush()  # what the stream holds back, if the last round did not flush it
             self._attribute(tail)
             self._extend(tail)
         reason = "stop" if self.stopped else answers.finish_reason(stop)
         out = self._chunks({}, stats, final=True)
         extra = answers.speculative_summary(stats)
-        if self.job.live:  # the specgen client rebuilds its outcome from these
+        if self.request.live:  # the specgen client rebuilds its outcome from these
             extra.update(stats=stats.as_dict(), token_ids=self._kept_ids(token_ids), text=self.text)
-        logprobs = self._logprobs(len(self.text), final=True) if self.job.stream else None
-        out.append(answers.chunk(self.job, None, reason, extra, first=not self.started, logprobs=logprobs))
-        if self.job.include_usage:
+        logprobs = self._logprobs(len(self.text), final=True) if self.request.stream else None
+        out.append(
+            answers.chunk(self.request, None, reason, extra, first=not self.started, logprobs=logprobs)
+        )
+        if self.request.include_usage:
             out.append(
-                answers.usage_chunk(self.job, self.prompt_tokens, self._completion_tokens(stats), stats)
+                answers.usage_chunk(self.request, self.prompt_tokens, self._completion_tokens(stats), stats)
             )
         self.reason = reason
         return out
@@ -160,7 +171,7 @@ class Output:
         """The whole answer of a request that did not stream."""
         self.finish(stats, token_ids, stop)
         answer = answers.response(
-            self.job,
+            self.request,
             self.text,
             self.reason,
             self.prompt_tokens,
@@ -168,7 +179,7 @@ class Output:
             stats,
             self._logprobs(len(self.text), final=True),
         )
-        if self.job.prompt_logprobs:
+        if self.request.prompt_logprobs is not None:
             answer["choices"][0]["prompt_logprobs"] = self._prompt_entries()
         return answer
 
@@ -178,7 +189,7 @@ class Output:
         entries: list = [None]
         for token, logprob in zip(self.prompt_ids[1:], self.prompt_logprobs):
             shown = {token: (logprob.logprob, logprob.rank)}
-            for rank, (other, value) in enumerate(logprob.top[: self.job.prompt_top], 1):
+            for rank, (other, value) in enumerate(logprob.top[: self.request.prompt_logprobs], 1):
                 shown.setdefault(other, (value, rank))
             entries.append(
                 {
@@ -193,13 +204,14 @@ class Output:
         return entries
 
     def _completion_tokens(self, stats: Stats) -> int:
-        return 0 if self.job.max_zero else stats.new_tokens
+        return 0 if self.request.max_zero else stats.new_tokens
 
     def _echo(self, joined: Joined, stats: Stats) -> list[dict]:
         """The prompt, first in the answer (as sent when it was text), with its tokens' logprobs
         from the prefill: none for the first token, which nothing predicts."""
         ids = self.prompt_ids
-        prompt = self.job.prompt if isinstance(self.job.prompt, str) else self.tokenizer.decode(ids)
+        text = self.prompt.text
+        prompt = text if isinstance(text, str) else self.tokenizer.decode(ids)
         if joined.prompt_logprobs:  # each token's text, incrementally (no re-decoding of the prefix)
             stream, end = TextStream(self.tokenizer), 0
             for i, token in enumerate(ids):
@@ -215,25 +227,27 @@ class Output:
             return
         start = max(self.floor, len(self.text) - self.hold)
         self.text += piece
-        found = [(i, -len(s)) for s in self.job.stops if (i := self.text.find(s, start)) >= 0]
+        found = [(i, -len(s)) for s in self.request.stops if (i := self.text.find(s, start)) >= 0]
         if found:  # the earliest, and the longest there; kept with include_stop_str_in_output
             at, minus = min(found)
-            self.text = self.text[: at - minus if self.job.include_stop else at]
+            self.text = self.text[: at - minus if self.request.include_stop else at]
             self.stopped = True
 
     def _chunks(self, live: dict, stats: Stats, final: bool) -> list[dict]:
-        if not self.job.stream:
+        if not self.request.stream:
             return []
         end = len(self.text) if final or self.stopped else max(self.sent, len(self.text) - self.hold)
         text = self.text[self.sent : end]
         self.sent = end
-        extra = {**live, "stats": stats.as_dict()} if self.job.live and live else None
+        extra = {**live, "stats": stats.as_dict()} if self.request.live and live else None
         if not text and extra is None and self.started:
             return []
         first = not self.started
         self.started = True
         return [
-            answers.chunk(self.job, text, None, extra, first=first, logprobs=self._logprobs(end, final=False))
+            answers.chunk(
+                self.request, text, None, extra, first=first, logprobs=self._logprobs(end, final=False)
+            )
         ]
 
     def _logprobs(self, end: int, final: bool) -> dict | None:
@@ -242,7 +256,7 @@ class Output:
         tokens decoded mid-answer have entries; the stop token that ended the row has none when
         it adds no text (an EOS, as in OpenAI's answers), one when it does (a request's stop id
         that is an ordinary token, as vLLM keeps it)."""
-        if self.job.config.sampling.logprobs is None:
+        if self.request.config.sampling.logprobs is None:
             return None
         cut = len(self.text)
         chosen = []
@@ -256,7 +270,7 @@ class Output:
         entries = logprob_entries(
             [token for _, token, _ in chosen], [lp for _, _, lp in chosen], self.bytes_of
         )
-        return answers.logprobs_field(self.job, entries, [start for start, _, _ in chosen])
+        return answers.logprobs_field(self.request, entries, [start for start, _, _ in chosen])
 
     def _kept_ids(self, token_ids: list[int]) -> list[int]:
         """The token ids behind the final text (all of them unless a stop string cut it)."""

@@ -2,9 +2,10 @@
 
 A Responses request means a chat completion: `instructions` become the system message, `input`
 (a string, or message items with text parts) the conversation, `max_output_tokens` the token
-budget. `read` checks it and hands the chat body to api.read_job, so the same checks, engine rows
-and `speculative` extension apply; `whole` and `events` turn the chat answer and its chunks into a
-Response object and the Responses stream events (`response.created` ... `response.completed`, or
+budget. `read` checks it and hands the chat body to reading.read_request, so the same checks,
+engine rows and `speculative` extension apply: an `Asked` is that chat request and the fields
+a Response repeats. `whole` and `events` turn the chat answer and its chunks into a Response
+object and the Responses stream events (`response.created` ... `response.completed`, or
 `response.incomplete` when the token budget cut the answer, or `response.failed`). An error names
 the request's own fields (`input[1].content`, `instructions`), and the answer repeats its
 `instructions`, `metadata`, `tool_choice`, `parallel_tool_calls` and `max_output_tokens` as sent.
@@ -19,11 +20,11 @@ import functools
 import json
 import re
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from specgen.config import GenerationConfig
-from specgen.serve import api
+from specgen.serve import api, fields, reading
 
 # fields passed on to the chat completion, under the name it takes
 PASSED = {
@@ -64,8 +65,21 @@ NEUTRAL = {
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
-    """The request as the chat Job it means; an ApiError names the first bad field."""
+@dataclass(frozen=True)
+class Asked:
+    """A Responses request: the chat request it means (endpoint "responses"), and the fields its
+    Response repeats as sent."""
+
+    chat: api.ApiRequest
+    instructions: str | None
+    metadata: dict
+    tool_choice: object
+    parallel_tool_calls: bool
+    max_output_tokens: int | None
+
+
+def read(body: dict, defaults: GenerationConfig, served: set[str]) -> Asked:
+    """The request as the chat request it means; an ApiError names the first bad field."""
     chat: dict = {}
     for name, value in body.items():
         if name in PASSED:
@@ -99,7 +113,7 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}  # the closing event carries the usage
     try:
-        job = api.read_job(chat, "chat", defaults, served)
+        request = reading.read_request(chat, "chat", defaults, served)
     except api.ApiError as exc:  # say the Responses API's names
         rename = functools.partial(_renamed, first=first, whole=isinstance(given, str))
         raise api.ApiError(
@@ -109,16 +123,19 @@ def read(body: dict, defaults: GenerationConfig, served: set[str]) -> api.Job:
             exc.code,
             exc.kind,
         ) from None
-    echo = {
-        "instructions": instructions,
-        "metadata": _metadata(body.get("metadata")),
-        "tool_choice": api.value_or(body, "tool_choice", "auto"),
-        "parallel_tool_calls": api.value_or(body, "parallel_tool_calls", True),
-        "max_output_tokens": body.get("max_output_tokens"),
-    }
-    if not isinstance(echo["parallel_tool_calls"], bool):
+    metadata = _metadata(body.get("metadata"))
+    parallel_tool_calls = fields.value_or(body, "parallel_tool_calls", True)
+    if not isinstance(parallel_tool_calls, bool):
         raise api.ApiError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
-    return replace(job, id=f"resp_{uuid.uuid4().hex}", endpoint="responses", echo=echo)
+    prompt = replace(request.prompts[0], text_field="input")
+    return Asked(
+        replace(request, endpoint="responses", prompts=(prompt,), id=f"resp_{uuid.uuid4().hex}"),
+        instructions,
+        metadata,
+        fields.value_or(body, "tool_choice", "auto"),
+        parallel_tool_calls,
+        body.get("max_output_tokens"),
+    )
 
 
 def _neutral_object(name: str, value) -> bool:
@@ -210,21 +227,25 @@ def _input(value) -> list[dict]:
 
 
 # -- answers -----------------------------------------------------------------------------------
-def whole(job: api.Job, answer: dict) -> dict:
+def whole(asked: Asked, answer: dict) -> dict:
     """The Response object of a finished chat completion."""
     choice = answer["choices"][0]
     return _response(
-        job, choice["message"]["content"], choice["finish_reason"], answer["usage"], answer.get("speculative")
+        asked,
+        choice["message"]["content"],
+        choice["finish_reason"],
+        answer["usage"],
+        answer.get("speculative"),
     )
 
 
-async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
+async def events(asked: Asked, chunks: AsyncIterator) -> AsyncIterator[str]:
     """The Responses stream events (`event:` and `data:` lines) of a streamed chat completion's
     chunks: created, in_progress, the message item and its text part added, a delta per chunk
     with text, then the text, part and item done and `response.completed` (`response.incomplete`
     when the token budget cut it), or an `error` and `response.failed` with the text so far."""
     number = 0
-    message = f"msg_{job.id.removeprefix('resp_')}"
+    message = f"msg_{asked.chat.id.removeprefix('resp_')}"
 
     def event(kind: str, **data) -> str:
         nonlocal number
@@ -232,7 +253,7 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
         body = json.dumps({"type": kind, "sequence_number": number - 1, **data}, ensure_ascii=False)
         return f"event: {kind}\ndata: {body}\n\n"
 
-    started = _response(job, "", None, None, None, status="in_progress")
+    started = _response(asked, "", None, None, None, status="in_progress")
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
     yield event("response.output_item.added", output_index=0, item=_message(message, None, "in_progress"))
@@ -247,7 +268,7 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
         if isinstance(item, api.ApiError):  # the `error` event, then the response failed with what it had
             body = item.body()["error"]
             yield event("error", code=body["code"], message=body["message"], param=body["param"])
-            failed = _response(job, "".join(text), None, None, None, status="failed")
+            failed = _response(asked, "".join(text), None, None, None, status="failed")
             failed["error"] = {"code": body["code"], "message": body["message"]}
             failed["output"] = [_message(message, "".join(text), "incomplete")]
             yield event("response.failed", response=failed)
@@ -290,42 +311,44 @@ async def events(job: api.Job, chunks: AsyncIterator) -> AsyncIterator[str]:
                 content_index=0,
                 part=_text_part(whole_text),
             )
-            done = _response(job, whole_text, reason, item["usage"], speculative)
+            done = _response(asked, whole_text, reason, item["usage"], speculative)
             yield event("response.output_item.done", output_index=0, item=done["output"][0])
             yield event(f"response.{done['status']}", response=done)  # completed, or incomplete when cut
 
 
 def _response(
-    job: api.Job,
+    asked: Asked,
     text: str,
     reason: str | None,
     usage: dict | None,
     speculative: dict | None,
     status: str | None = None,
 ) -> dict:
-    sampling = job.config.sampling
+    request, sampling = asked.chat, asked.chat.config.sampling
     cut = reason == "length"
     out = {
-        "id": job.id,
+        "id": request.id,
         "object": "response",
-        "created_at": job.created,
-        "model": job.model,
+        "created_at": request.created,
+        "model": request.model,
         "status": status or ("incomplete" if cut else "completed"),
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "instructions": job.echo.get("instructions"),
-        "max_output_tokens": job.echo.get("max_output_tokens"),
+        "instructions": asked.instructions,
+        "max_output_tokens": asked.max_output_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "parallel_tool_calls": job.echo.get("parallel_tool_calls", True),
-        "tool_choice": job.echo.get("tool_choice", "auto"),
+        "parallel_tool_calls": asked.parallel_tool_calls,
+        "tool_choice": asked.tool_choice,
         "tools": [],
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
-        "metadata": job.echo.get("metadata", {}),
+        "metadata": asked.metadata,
         "output": []
         if status
-        else [_message(f"msg_{job.id.removeprefix('resp_')}", text, "incomplete" if cut else "completed")],
+        else [
+            _message(f"msg_{request.id.removeprefix('resp_')}", text, "incomplete" if cut else "completed")
+        ],
         "usage": None
         if usage is None
         else {

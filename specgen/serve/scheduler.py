@@ -1,13 +1,13 @@
 """The engine thread: continuous batching of the server's requests.
 
-The HTTP layer submits jobs (api.Job, one per choice) and never touches a tensor; one thread owns
-the models and runs the engine loop. Requests become rows of one running batch and leave it when
-they finish or their client goes away (dropped before the next round). Each row keeps its own
-sampling settings, seed, token budget, stop strings and drafting: plain, lookup, chain, a tree
-or a head, its draft length and its deterministic window (drafters/mixed.py), so requests of
-every kind share one batch and one target forward per round, in the order they came. A
-request's event goes to its own output and, as plain data, to its HTTP task's queue: a client
-that reads slowly holds nobody up.
+The HTTP layer submits a request's tickets (`Ticket`: a choice of an api.ApiRequest, a row
+each) and never touches a tensor; one thread owns the models and runs the engine loop.
+Requests become rows of one running batch and leave it when they finish or their client goes
+away (dropped before the next round). Each row keeps its own sampling settings, seed, token
+budget, stop strings and drafting: plain, lookup, chain, a tree or a head, its draft length and
+its deterministic window (drafters/mixed.py), so requests of every kind share one batch and one
+target forward per round, in the order they came. A request's event goes to its own output and,
+as plain data, to its HTTP task's queue: a client that reads slowly holds nobody up.
 
 Between requests the engine keeps its last row in the cache: a request that continues the same
 conversation (a chat's next turn) prefills only its new tokens. Each row measures its own
@@ -25,11 +25,12 @@ import threading
 import time
 import traceback
 from collections import deque
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from specgen.config import GenerationConfig
+from specgen.config import SEED_MAX, GenerationConfig
 from specgen.decoding.build import build_engine
 from specgen.decoding.engine import FRESH, Engine
 from specgen.decoding.events import Finished, Joined, RoundResult
@@ -56,6 +57,51 @@ class QueueFull(Exception):
     """The waiting queue holds --max-queue requests: the server answers 503."""
 
 
+@dataclass(eq=False)
+class Ticket:
+    """A choice of a request, in the scheduler's queue and then a row of its batch: which choice
+    (its prompt, and the seed it samples with), its prompt's ids and where its answer goes, set by
+    the HTTP layer (`tickets`); its place in the queue, when it came and whether it was given up,
+    set by the scheduler. Two tickets are the same only if they are one object (the queue finds
+    a ticket by identity)."""
+
+    request: api.ApiRequest
+    choice: int  # its index among the answer's choices: prompt p's choice c is p * n + c
+    config: GenerationConfig  # the request's, with this choice's seed
+    ids: list[int]  # the prompt's token ids
+    post: Callable[[object], None]  # hands a chunk, an answer, an ApiError or None (the end) to HTTP
+    index: int = 0  # its serial number in the queue (its row's index in the engine's events): `submit`
+    cancelled: bool = False  # the client went away, or a stop string ended the answer
+    submitted: float = 0.0  # time.monotonic() when it was queued
+
+    @property
+    def prompt(self) -> api.Prompt:
+        return self.request.prompts[self.choice // self.request.n]
+
+
+def tickets(
+    request: api.ApiRequest, ids: list[list[int]], post: Callable[[int], Callable[[object], None]]
+) -> list[Ticket]:
+    """A ticket per choice of `request`: each prompt (`ids`: each one's token ids) `n` times, each
+    its own row, indexed as OpenAI does (prompt p's choice c is p * n + c; `post(choice)` takes its
+    items); with a `seed`, choice c samples with seed + c (as a prompt set's prompt i does; past
+    SEED_MAX it wraps to 0), so the choices differ and a rerun gives them again. Greedy choices are
+    all the same answer."""
+    sampling = request.config.sampling
+    configs = [
+        replace(request.config, sampling=replace(sampling, seed=(sampling.seed + c) % (SEED_MAX + 1)))
+        if c and sampling.seed is not None
+        else request.config
+        for c in range(request.n)
+    ]
+    n = request.n
+    return [
+        Ticket(request, p * n + c, configs[c], prompt_ids, post(p * n + c))
+        for p, prompt_ids in enumerate(ids)
+        for c in range(n)
+    ]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -63,7 +109,7 @@ class Scheduler:
         max_batch: int,
         max_queue: int,
         metrics: Metrics,
-        log: Callable[[api.Job, object], None] = lambda job, stats: None,
+        log: Callable[[Ticket, object], None] = lambda ticket, stats: None,
         caps: dict[int, int] | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
     ):
@@ -78,8 +124,8 @@ class Scheduler:
         self.caps = caps or {}
         self.prefill_chunk = prefill_chunk  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()
-        self.waiting: deque[api.Job] = deque()
-        self.running: dict[int, Output] = {}  # by row index: each running job's answer so far (its `job`)
+        self.waiting: deque[Ticket] = deque()
+        self.running: dict[int, tuple[Ticket, Output]] = {}  # by row index: each running row's answer so far
         self.engine: Engine | None = None  # built on the first request (or the warm-up)
         self.serial = 0
         self.served = 0  # requests answered (not counting those whose client left)
@@ -102,32 +148,32 @@ class Scheduler:
             waiting = list(self.waiting)
             self.waiting.clear()
             self.cond.notify_all()
-        for job in waiting:
-            job.post(shutting_down())
-            job.post(None)
+        for ticket in waiting:
+            ticket.post(shutting_down())
+            ticket.post(None)
 
-    def submit(self, *jobs: api.Job) -> None:
-        """Queue a request's jobs (one per choice, their prompts' ids and `post` set), all of them
-        or, when the queue has no room for all, none (QueueFull)."""
+    def submit(self, *tickets: Ticket) -> None:
+        """Queue a request's tickets (one per choice), all of them or, when the queue has no room
+        for all, none (QueueFull)."""
         with self.cond:
-            if len(self.waiting) + len(jobs) > self.max_queue:
+            if len(self.waiting) + len(tickets) > self.max_queue:
                 raise QueueFull()
-            for job in jobs:
+            for ticket in tickets:
                 self.serial += 1
-                job.index, job.submitted = self.serial, time.monotonic()
-                self.waiting.append(job)
+                ticket.index, ticket.submitted = self.serial, time.monotonic()
+                self.waiting.append(ticket)
             self.metrics.queue_depth.set(len(self.waiting))
             self.cond.notify_all()
 
-    def cancel(self, job: api.Job) -> None:
+    def cancel(self, ticket: Ticket) -> None:
         """The client went away: a waiting request is forgotten, a running row ends before its
         next round."""
         with self.cond:
-            job.cancelled = True
-            if job in self.waiting:  # never admitted: counted here, as a running row is when it ends
-                self.waiting.remove(job)
+            ticket.cancelled = True
+            if ticket in self.waiting:  # never admitted: counted here, as a running row is when it ends
+                self.waiting.remove(ticket)
                 self.metrics.queue_depth.set(len(self.waiting))
-                self.metrics.finished(job, "cancelled", None)
+                self.metrics.finished(ticket, "cancelled", None)
 
     def busy(self) -> bool:
         with self.cond:
@@ -181,21 +227,21 @@ class Scheduler:
             else:  # one line in the server's log; SPECGEN_DEBUG=1 shows the traceback
                 print(f"{time.strftime('%H:%M:%S')} error 500: {error.message}", file=sys.stderr, flush=True)
             with self.cond:
-                failed = [o.job for o in self.running.values()]
-                for job in failed:
-                    del self.running[job.index]
+                failed = [ticket for ticket, _ in self.running.values()]
+                for ticket in failed:
+                    del self.running[ticket.index]
                 # it failed before admitting a row (building the engine, say):
                 if not failed and self.waiting:
-                    head = self.waiting[0].id  # the request that chose it, or it would be tried for ever
-                    failed = [j for j in self.waiting if j.id == head]
-                    for job in failed:
-                        self.waiting.remove(job)
+                    head = self.waiting[0].request  # the request that chose it, or it would be tried for ever
+                    failed = [t for t in self.waiting if t.request is head]
+                    for ticket in failed:
+                        self.waiting.remove(ticket)
                     self.metrics.queue_depth.set(len(self.waiting))
-            for job in failed:
-                if job.choice == 0:  # one request of n choices
-                    self.metrics.refused(job.endpoint or job.kind, 500)
-                job.post(error)
-                job.post(None)
+            for ticket in failed:
+                if ticket.choice == 0:  # one request of n choices
+                    self.metrics.refused(ticket.request.endpoint, 500)
+                ticket.post(error)
+                ticket.post(None)
             self.engine = None  # a fresh engine (and caches) for the next request
 
     def _drive(self, config: GenerationConfig, first_ids: list[int]) -> None:
@@ -212,24 +258,26 @@ class Scheduler:
             self._dispatch(report, stats)
 
     def _dispatch(self, report, stats) -> None:
-        output = self.running.get(report.index)
-        if output is None:
+        if report.index not in self.running:
             return
-        job, event = output.job, report.event
+        (ticket, output), event = self.running[report.index], report.event
         if isinstance(event, Joined):
             self.metrics.joined(
-                time.monotonic() - job.submitted, event.prompt_tokens, event.reused_tokens, len(self.running)
+                time.monotonic() - ticket.submitted,
+                event.prompt_tokens,
+                event.reused_tokens,
+                len(self.running),
             )
             for chunk in output.add(event, stats):  # an echoed prompt
-                job.post(chunk)
+                ticket.post(chunk)
             return
         if isinstance(event, Finished):
             self.metrics.threads.set(self.engine.threads.count)
             width, state = min(len(self.running), self.max_batch), report.state
             k = min(state.draft_length(), self.engine.policy.width_cap(width, state.config))
-            self.metrics.draft_lengths(job.config.method.value, {width: k})
+            self.metrics.draft_lengths(ticket.config.method.value, {width: k})
             self.metrics.prefixes(self.pair.target_prefixes.held, self.pair.draft_prefixes.held)
-            self._finish(output, stats, report.state, event.stop)
+            self._finish(ticket, output, stats, report.state, event.stop)
             with self.cond:  # counted and answered first: a scheduler that is not busy has counted every row
                 del self.running[report.index]
             self.metrics.batch_width.set(len(self.running))
@@ -238,27 +286,27 @@ class Scheduler:
             self.metrics.round(event, stats)
         chunks = output.add(event, stats)
         for chunk in chunks:
-            job.post(chunk)
+            ticket.post(chunk)
         if output.stopped:  # a stop string: the row ends before its next round
-            job.cancelled = True
+            ticket.cancelled = True
 
-    def _finish(self, output: Output, stats, state: DecodeState, stop: str | None) -> None:
-        job = output.job
+    def _finish(self, ticket: Ticket, output: Output, stats, state: DecodeState, stop: str | None) -> None:
         ids = state.final_ids()
         if stop == "cancelled" and not output.stopped:  # the client left, or the server is stopping
-            self.metrics.finished(job, "cancelled", stats)
-            if self.stopping and not job.cancelled:
-                job.post(shutting_down())
-            job.post(None)
+            self.metrics.finished(ticket, "cancelled", stats)
+            if self.stopping and not ticket.cancelled:
+                ticket.post(shutting_down())
+            ticket.post(None)
             return
-        chunks = output.finish(stats, ids, stop) if job.stream else [output.response(stats, ids, stop)]
+        stream = ticket.request.stream
+        chunks = output.finish(stats, ids, stop) if stream else [output.response(stats, ids, stop)]
         # counted before the answer goes out: a client that reads /metrics once answered sees its request
         self.served += 1
-        self.metrics.finished(job, output.reason, stats)
+        self.metrics.finished(ticket, output.reason, stats)
         for chunk in chunks:
-            job.post(chunk)
-        self.log(job, stats)
-        job.post(None)
+            ticket.post(chunk)
+        self.log(ticket, stats)
+        ticket.post(None)
 
 
 def shutting_down() -> api.ApiError:
@@ -282,19 +330,21 @@ class _Queue:
         out = []
         with s.cond:
             while room > 0 and s.waiting and not s.stopping:
-                job = s.waiting.popleft()
-                config = job.config
-                s.running[job.index] = Output(job, s.pair.target.tokenizer, len(job.ids), job.ids)
+                ticket = s.waiting.popleft()
+                request, config, ids = ticket.request, ticket.config, ticket.ids
+                output = Output(request, ticket.prompt, s.pair.target.tokenizer, len(ids), ids)
+                s.running[ticket.index] = (ticket, output)
                 out.append(
                     Request(
-                        job.ids,
-                        job.index,
+                        ids,
+                        ticket.index,
                         config,
                         config.sampling.seed,
-                        job.ignore_eos,
-                        job.stop_ids,
-                        job.prompt_logprobs or (job.echo_prompt and config.sampling.logprobs is not None),
-                        job.prompt_top,
+                        request.ignore_eos,
+                        request.stop_ids,
+                        request.prompt_logprobs is not None
+                        or (request.echo_prompt and config.sampling.logprobs is not None),
+                        request.prompt_logprobs or 0,
                     )
                 )
                 room -= 1
@@ -305,4 +355,4 @@ class _Queue:
         s = self.scheduler
         with s.cond:
             ended = s.stopping and time.monotonic() >= s.stop_at
-            return {i for i, o in s.running.items() if o.job.cancelled or ended}
+            return {i for i, (ticket, _) in s.running.items() if ticket.cancelled or ended}
