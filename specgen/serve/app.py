@@ -10,13 +10,13 @@ answered through the chat path: responses.py), streamed as server-sent events wh
 its --api-key, compared in constant time.
 
 Requests are read by reading.py (responses.py for /v1/responses) and queued as the scheduler's
-tickets, a row per choice; prompts are tokenized off the event loop (encoding.py).
+tickets, a row per choice; prompts are tokenized off the event loop (encoding.py); answers come
+back through delivery.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -28,9 +28,10 @@ from starlette.requests import ClientDisconnect
 
 from specgen.config import GenerationConfig
 from specgen.decoding.build import why_not
-from specgen.serve import answers, api, discovery, encoding, keys, playground, protocol, reading, responses
+from specgen.serve import api, delivery, discovery, encoding, keys, playground, protocol, reading, responses
+from specgen.serve.delivery import error
 from specgen.serve.metrics import Metrics
-from specgen.serve.scheduler import QueueFull, Scheduler, Ticket, tickets
+from specgen.serve.scheduler import QueueFull, Scheduler, tickets
 
 RETRY_AFTER_SECONDS = 1
 # a stream with nothing to send for this long sends an SSE comment: a client's read timeout
@@ -53,10 +54,6 @@ class ServerState:
     metrics: Metrics
     say: Callable[[str], None] = lambda line: None  # the server's log: a line per refused request too
     origins: tuple[str, ...] = ()  # web pages whose scripts may call (CORS); none by default
-
-
-def error(exc: api.ApiError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -229,9 +226,9 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
             state.metrics.refused(endpoint, exc.status)
             state.say(f"error {exc.status}: {api.shown(exc.message, 300)}")
             return error(exc)
-        # (choice, item): a chunk, an answer, an ApiError, None at its end
+        # (choice, item): a chunk, an answer, an ApiError, None at its end (delivery.py)
         queue: asyncio.Queue = asyncio.Queue()
-        rows = tickets(request, ids, _poster(asyncio.get_running_loop(), queue))
+        rows = tickets(request, ids, delivery.poster(asyncio.get_running_loop(), queue))
         try:
             state.scheduler.submit(*rows)
         except QueueFull:
@@ -246,14 +243,14 @@ def _add_completion_routes(app: FastAPI, state: ServerState, encode) -> None:
                 {"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         if request.stream:
-            chunks = _chunks(state, rows, queue)
-            stream = responses.events(asked, chunks) if asked else _chat_events(chunks)
+            chunks = delivery.chunks(state.scheduler, rows, queue, KEEPALIVE_SECONDS)
+            stream = responses.events(asked, chunks) if asked else delivery.chat_events(chunks)
             return StreamingResponse(
-                _closing(stream, chunks),
+                delivery.closing(stream, chunks),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        answer = await _whole(state, rows, queue, http)
+        answer = await delivery.whole(state.scheduler, rows, queue, http, DISCONNECT_POLL_SECONDS)
         if isinstance(answer, Response):
             return answer
         return JSONResponse(responses.whole(asked, answer) if asked else answer)
@@ -291,21 +288,6 @@ async def _admit(
                 "context_length_exceeded",
             )
     return request, asked, ids
-
-
-def _poster(loop, queue: asyncio.Queue):
-    """`post(choice)`: what a choice's ticket calls on the engine thread with each item."""
-
-    def poster(choice: int):
-        def post(item) -> None:  # called on the engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (choice, item))
-            except RuntimeError:  # the server's loop has closed: nobody waits for this answer
-                pass
-
-        return post
-
-    return poster
 
 
 def refusal(pair, method) -> str | None:
@@ -350,112 +332,3 @@ async def _body(request: Request) -> bytes:
             499, "the client closed the connection before sending its request", code="client_closed"
         ) from None
     return b"".join(chunks)
-
-
-class _Inbox:
-    """A request's queue, read with a time limit that never loses an item: one get stays
-    pending across timeouts (asyncio.wait_for would cancel a get that had just been handed
-    one)."""
-
-    def __init__(self, queue: asyncio.Queue):
-        self.queue, self.getter = queue, None
-
-    async def get(self, timeout: float):
-        """The next (choice, item), or None after `timeout` seconds without one."""
-        self.getter = self.getter or asyncio.ensure_future(self.queue.get())
-        done, _ = await asyncio.wait({self.getter}, timeout=timeout)
-        if not done:
-            return None
-        got, self.getter = self.getter.result(), None
-        return got
-
-    def close(self) -> None:
-        if self.getter is not None:
-            self.getter.cancel()
-
-
-async def _chunks(state: ServerState, rows: list[Ticket], queue: asyncio.Queue):
-    """A streamed request's chunks (each choice's under its index) and errors (ApiError), until
-    every choice ended; the choices' usage chunks become one, last. If the client goes away (the
-    task is cancelled), the rows end before the next round."""
-    left, usage, inbox = len(rows), [], _Inbox(queue)
-    try:
-        while left:
-            got = await inbox.get(KEEPALIVE_SECONDS)
-            if got is None:  # queued, or a long prefill: a comment keeps the client's read timeout at bay
-                yield api.KEEPALIVE
-                continue
-            choice, item = got
-            if item is None:
-                left -= 1
-                continue
-            if isinstance(item, api.ApiError):
-                yield item
-                continue
-            if len(rows) > 1 and not item["choices"]:
-                usage.append((choice, item))
-                continue
-            for part in item["choices"]:
-                part["index"] = choice
-            yield item
-        if usage:
-            yield answers.merged_usage(
-                [item for _, item in sorted(usage, key=lambda u: u[0])], rows[0].request.n
-            )
-    finally:
-        inbox.close()
-        if left:
-            for ticket in rows:
-                state.scheduler.cancel(ticket)
-
-
-async def _chat_events(chunks):
-    """Chat and completions streams: `data: {chunk}` per chunk, `data: [DONE]` at the end."""
-    async for item in chunks:
-        if item is api.KEEPALIVE:
-            yield ": keep-alive\n\n"
-            continue
-        body = item.body() if isinstance(item, api.ApiError) else item
-        yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-async def _closing(stream, chunks):
-    """`stream`, and its chunks closed with it (a client that leaves cancels the rows)."""
-    try:
-        async for text in stream:
-            yield text
-    finally:
-        await stream.aclose()
-        await chunks.aclose()
-
-
-async def _whole(
-    state: ServerState, rows: list[Ticket], queue: asyncio.Queue, http: Request
-) -> dict | Response:
-    """A request that did not stream: wait for its choices' answers, giving up their rows if the
-    client leaves; one answer (answers.merged), or a Response: the first choice's error, or 499."""
-    replies: list = [None] * len(rows)
-    left, inbox = len(rows), _Inbox(queue)
-    try:
-        while left:
-            got = await inbox.get(DISCONNECT_POLL_SECONDS)
-            if got is None:
-                if await http.is_disconnected():
-                    for ticket in rows:
-                        state.scheduler.cancel(ticket)
-                    return Response(status_code=499)
-                continue
-            choice, item = got
-            if item is None:
-                left -= 1
-            else:
-                replies[choice] = item
-    finally:
-        inbox.close()
-    failed = next((a for a in replies if a is None or isinstance(a, api.ApiError)), False)
-    if isinstance(failed, api.ApiError):
-        return error(failed)
-    if failed is None:
-        return error(api.ApiError(500, "the request ended without an answer", kind="server_error"))
-    return answers.merged(rows[0].request, replies)
