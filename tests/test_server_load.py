@@ -9,6 +9,7 @@ import dataclasses
 import http.client
 import json
 import os
+import pickle
 import resource
 import signal
 import socket
@@ -656,11 +657,11 @@ def test_list_and_stop_find_a_server_that_does_not_answer_yet(tiny_dirs, tmp_pat
     monkeypatch.setenv("SPECGEN_RUNTIME_DIR", str(tmp_path / "rt"))
     discovery.private_dir()
     settings = settings_for(tiny_dirs)
+    # the settings as they are (a repr of their nested settings and enums is no Python to rebuild them)
     code = (
-        "import sys, time; from specgen.config import ModelSettings; from specgen.serve import discovery; "
-        f"discovery.hold(ModelSettings(*{list(dataclasses.astuple(settings))!r})); print('held', "
-        f"flush=True); "
-        "time.sleep(120)"
+        "import pickle, time; from specgen.serve import discovery; "
+        f"discovery.hold(pickle.loads(bytes.fromhex({pickle.dumps(settings).hex()!r}))); "
+        "print('held', flush=True); time.sleep(120)"
     )
     loading = subprocess.Popen(
         [sys.executable, "-c", code, "specgen", "serve"],
