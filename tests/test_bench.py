@@ -228,7 +228,7 @@ def test_medians_over_repeats():
     runs = list(measuring.measure(runners, fake_prompts(), settings(n=10, repeats=3)))
     assert [m.repeat for m in runs if m.method == "plain" and m.prompt_id == "p1"] == [0, 1, 2]
     result = {(r.prompt_id, r.method): r for r in summary.per_prompt(runs, greedy=True)}
-    assert result[("p1", "plain")].tokens_per_second == pytest.approx(5.0)  # median of 10, 2.5, 5
+    assert result[("p1", "plain")].wall_tokens_per_second == pytest.approx(5.0)  # median of 10, 2.5, 5
     assert result[("p1", "plain")].seconds == pytest.approx(2.0)
     assert result[("p1", "plain")].ttft_seconds == pytest.approx(0.2)
     assert result[("p1", "a")].speedup == pytest.approx(10.0 / 5.0)
@@ -246,7 +246,7 @@ def test_speedup_is_per_prompt_then_a_geometric_mean():
     assert (rows[("a", "all")].speedup_min, rows[("a", "all")].speedup_max) == pytest.approx((1.0, 2.0))
     assert rows[("a", "A")].speedup == pytest.approx(2.0) and rows[("a", "B")].speedup == pytest.approx(1.0)
     assert rows[("plain", "all")].speedup == pytest.approx(1.0)
-    assert rows[("a", "all")].tokens_per_second == pytest.approx(math.sqrt(20 * 40))
+    assert rows[("a", "all")].wall_tokens_per_second == pytest.approx(math.sqrt(20 * 40))
     assert summary.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
     assert list(rows)[:3] == [("plain", "all"), ("plain", "A"), ("plain", "B")]
 
@@ -437,7 +437,8 @@ def test_json_schema(small_result, tmp_path):
         "seconds",
         "prefill_seconds",
         "ttft_seconds",
-        "tokens_per_second",
+        "tokens_per_second",  # the old key of wall_tokens_per_second, for one release
+        "wall_tokens_per_second",
         "decode_tokens_per_second",
         "acceptance_rate",
         "tokens_per_target_forward",
@@ -453,7 +454,12 @@ def test_json_schema(small_result, tmp_path):
     }
     assert len(data["measurements"]) == 3 * 2 * 2
     assert all(set(m) == fields for m in data["measurements"])
-    assert all(set(p) == {f.name for f in dataclasses.fields(summary.PromptResult)} for p in data["prompts"])
+    assert all(
+        set(p) == {f.name for f in dataclasses.fields(summary.PromptResult)} | {"tokens_per_second"}
+        for p in data["prompts"]
+    )
+    for record in data["measurements"] + data["prompts"] + data["summary"]:  # the old key, the same figure
+        assert record["tokens_per_second"] == record["wall_tokens_per_second"]
     assert [(g["method"], g["category"]) for g in data["summary"]] == [
         ("plain", "all"),
         ("plain", "code"),
@@ -738,7 +744,8 @@ def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(mod
     for cell in cells:
         if cell["skipped"]:
             continue
-        assert cell["new_tokens"] > 0 and cell["tokens_per_second"] > 0
+        assert cell["new_tokens"] > 0 and cell["wall_tokens_per_second"] > 0
+        assert cell["tokens_per_second"] == cell["wall_tokens_per_second"]  # the old key, for one release
         if cell["mode"] == "off":
             assert cell["deterministic_cost"] is None and cell["replays"] == 0
         else:
@@ -977,7 +984,10 @@ def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monke
     monkeypatch.setattr(bench_batch, "run_prompts", cut)
     ids = [pair.target.tokenizer.encode(t) for t in ("one", "two", "three")]
     cells = bench_batch.run_throughput(pair, ["plain"], ids, GenerationConfig(max_new_tokens=4), [1, 2], [])
-    assert [(c.size, c.skipped, c.interrupted) for c in cells] == [(1, None, False), (2, "interrupted", True)]
+    assert [(c.batch_size, c.skipped, c.interrupted) for c in cells] == [
+        (1, None, False),
+        (2, "interrupted", True),
+    ]
 
 
 @pytest.mark.parametrize("option", ["--json", "--csv", "--html"])
@@ -1200,7 +1210,8 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
     assert set(cells) == {(n, m) for n in (1, 3) for m in ("plain", "chain", "lookup-chain")}
     for (clients, method), cell in cells.items():
         assert cell["errors"] == [] and cell["requests"] == clients * 2 * 2
-        assert cell["tokens"] == cell["requests"] * 6 and cell["tokens_per_second"] > 0
+        assert cell["tokens"] == cell["requests"] * 6 and cell["wall_tokens_per_second"] > 0
+        assert cell["tokens_per_second"] == cell["wall_tokens_per_second"]  # the old key, for one release
         assert cell["ttft_p50"] <= cell["ttft_p95"]
     assert cells[(1, "plain")]["speedup"] == 1.0 and cells[(3, "chain")]["speedup"] > 0
     assert cells[(1, "plain")]["acceptance_rate"] is None and 0 <= cells[(1, "chain")]["acceptance_rate"] <= 1
@@ -1256,6 +1267,72 @@ def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods
     assert data["settings"]["sampling"]["temperature"] == 0.8 and "temperature 0.8" in result.stdout
     measured = [b for b in sent if b["max_tokens"] == 3]
     assert all(b["temperature"] == 0.8 for b in measured) and {b["seed"] for b in measured} == {7, 8}
+
+
+def test_rates_come_from_stats_under_one_name_each():
+    """Decode tok/s is over the time after prefill, wall tok/s over the whole time: two names. The
+    JSON keeps each old key, `tokens_per_second`, beside its new one for a release, the same value."""
+    stats = Stats(method="chain", new_tokens=21, prefill_seconds=0.5, seconds=1.5, drafted=10, accepted=7)
+    stats.time_to_first_token, stats.first_tokens = 0.5, 1
+    assert stats.decode_tokens_per_second == pytest.approx(21.0) == stats.tokens_per_second
+    assert stats.wall_tokens_per_second == pytest.approx(14.0)
+    assert stats.after_first_tokens_per_second == pytest.approx(20.0)
+    assert stats.seconds_per_token == pytest.approx(0.05)
+    assert stats.acceptance == pytest.approx(0.7) and Stats(method="plain").acceptance is None
+    data = stats.as_dict()
+    assert data["decode_tokens_per_second"] == data["tokens_per_second"] == 21.0
+    generation = Generation([1] * 21, 2.0, 0.5, 1, stats, bench_runners.Known.DRAFTS)
+    record = generation.record()
+    assert record["wall_tokens_per_second"] == record["tokens_per_second"] == pytest.approx(10.5)
+    assert record["decode_tokens_per_second"] == pytest.approx(20 / 1.5)
+    assert list(record).index("tokens_per_second") + 1 == list(record).index("wall_tokens_per_second")
+    assert record["acceptance_rate"] == pytest.approx(0.7) and record["tokens_per_target_forward"] is None
+
+
+def test_a_batch_cell_and_a_clients_cell_write_their_json_as_before():
+    """Two cell types, each with the fields of its own command; the JSON keys as they were (in
+    their order), the new name of the old `tokens_per_second` beside it."""
+    from specgen.bench.concurrency import ClientsCell
+    from specgen.bench.throughput import BatchCell
+
+    totals = Stats(method="chain", new_tokens=40, seconds=4.0, drafted=20, accepted=10, verified_windows=2)
+    totals.rollbacks, totals.rolled_back_tokens = 1, 10
+    batch = BatchCell("chain", 4, "window 8", 3, totals, outputs=[[1], [2], [3]])
+    record = batch.record()
+    assert list(record) == [
+        "method", "batch_size", "mode", "prompts", "new_tokens", "seconds", "tokens_per_second",
+        "wall_tokens_per_second", "speedup", "deterministic_cost", "drafted", "accepted", "replays",
+        "rollbacks", "rolled_back_tokens", "rollback_rate", "differs", "skipped", "interrupted",
+        "failed", "outputs",
+    ]  # fmt: skip
+    assert record["tokens_per_second"] == record["wall_tokens_per_second"] == 10.0
+    assert (record["replays"], record["rollback_rate"], batch.acceptance_rate) == (2, 0.2, 0.5)
+    assert BatchCell("chain", 4, "off", 3, totals).rollback_rate is None  # a deterministic cell's only
+    skipped = BatchCell("plain", 1, "window 8", 3, skipped="interrupted", interrupted=True).record()
+    assert (skipped["new_tokens"], skipped["tokens_per_second"], skipped["rollback_rate"]) == (0, 0.0, None)
+
+    def request(tokens, ttft, seconds, drafted=0, accepted=0):
+        return Stats(
+            method="chain",
+            generations=1,
+            new_tokens=tokens,
+            time_to_first_token=ttft,
+            seconds=seconds,
+            first_tokens=1,
+            drafted=drafted,
+            accepted=accepted,
+        )
+
+    clients = ClientsCell("chain", 2, [request(5, 0.5, 1.5, 4, 3), request(1, 0.2, 0.2)], 2.0, runs=[3.0])
+    record = clients.record()
+    assert list(record) == [
+        "method", "concurrency", "requests", "tokens", "seconds", "tokens_per_second",
+        "wall_tokens_per_second", "ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95", "acceptance_rate",
+        "speedup", "errors", "runs",
+    ]  # fmt: skip
+    assert (record["requests"], record["tokens"], record["tokens_per_second"]) == (2, 6, 3.0)
+    assert record["tpot_p50"] == pytest.approx(0.25)  # only the request with tokens after its first
+    assert record["ttft_p50"] == pytest.approx(0.35) and record["acceptance_rate"] == pytest.approx(0.75)
 
 
 def test_a_quantile_interpolates_between_its_neighbours():

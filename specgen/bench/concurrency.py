@@ -12,17 +12,109 @@ import http.client
 import json
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from rich.markup import escape
 from rich.table import Table
 
 from specgen.bench.methods import variant
-from specgen.bench.throughput import Cell, Width
+from specgen.bench.report import with_old_keys
 from specgen.config import Method
 from specgen.decoding.stats import Stats, rate
 from specgen.errors import ConfigError
+
+
+@dataclass
+class ClientsCell:
+    """One method at one number of concurrent streaming clients against a server: the requests
+    of one run, or of its runs pooled, each as its client saw it; their tokens over the wall time
+    of the run(s), their time to the first token and per token, the speed-up over plain at the
+    same number of clients."""
+
+    method: str
+    concurrency: int  # streaming clients
+    timings: list[Stats]  # each answered request's Stats, as its client saw it (not written)
+    seconds: float  # wall time of the run, or of its runs together
+    errors: list[str] = field(default_factory=list)  # failed requests, one line each
+    runs: list[float] = field(default_factory=list)  # each run's tok/s, in order: the machine's drift shows
+    speedup: float | None = None  # over plain at the same number of clients
+
+    @property
+    def totals(self) -> Stats:
+        """The requests pooled over the cell's wall time; drafts of those the server summarized
+        (as the per-prompt bench pools: no acceptance where nothing was drafted)."""
+        summarized = [t for t in self.timings if t.generations]
+        return Stats(
+            method=self.method,
+            generations=len(summarized),
+            new_tokens=sum(t.new_tokens for t in self.timings),
+            seconds=self.seconds,
+            drafted=sum(t.drafted for t in summarized),
+            accepted=sum(t.accepted for t in summarized),
+        )
+
+    @property
+    def requests(self) -> int:
+        return len(self.timings)
+
+    @property
+    def tokens(self) -> int:
+        return self.totals.new_tokens
+
+    @property
+    def wall_tokens_per_second(self) -> float:
+        return self.totals.wall_tokens_per_second
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.totals.acceptance
+
+    @property
+    def ttft_p50(self) -> float:
+        return _quantile(self._ttfts(), 0.5)
+
+    @property
+    def ttft_p95(self) -> float:
+        return _quantile(self._ttfts(), 0.95)
+
+    @property
+    def tpot_p50(self) -> float:
+        """Seconds per output token after the first, the median over the requests."""
+        return _quantile(self._tpots(), 0.5)
+
+    @property
+    def tpot_p95(self) -> float:
+        return _quantile(self._tpots(), 0.95)
+
+    def _ttfts(self) -> list[float]:
+        return [t.time_to_first_token for t in self.timings] or [0.0]
+
+    def _tpots(self) -> list[float]:
+        return [t.seconds_per_token for t in self.timings if t.seconds_per_token is not None] or [0.0]
+
+    def record(self) -> dict:
+        """The cell as --concurrency's JSON writes it (RECORD_FIELDS, and the keys kept for a release)."""
+        return with_old_keys({name: getattr(self, name) for name in RECORD_FIELDS})
+
+
+# a cell's JSON fields, in this order
+RECORD_FIELDS = (
+    "method",
+    "concurrency",
+    "requests",
+    "tokens",
+    "seconds",
+    "wall_tokens_per_second",  # and its old key, tokens_per_second, for one release (report.OLD_KEYS)
+    "ttft_p50",
+    "ttft_p95",
+    "tpot_p50",
+    "tpot_p95",
+    "acceptance_rate",
+    "speedup",
+    "errors",
+    "runs",
+)
 
 
 def speculative(name: str) -> dict:
@@ -63,7 +155,8 @@ def one_request(url: str, key: str, body: dict) -> Stats:
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
     first = last = None
-    seen = Stats(method=body["speculative"]["method"], generations=0)
+    # the first text chunk counts as one token: the stream does not say how many it carries
+    seen = Stats(method=body["speculative"]["method"], generations=0, first_tokens=1)
     for line in response:
         line = line.strip()
         if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -102,7 +195,7 @@ def measure_cell(
     per_client: int,
     max_tokens: int,
     sampling: dict = GREEDY,
-) -> Cell:
+) -> ClientsCell:
     """`clients` threads, each sending `per_client` streaming requests one after another."""
     return summarize(
         name,
@@ -122,7 +215,7 @@ def drive(
     max_tokens: int,
     stop: threading.Event | None = None,
     sampling: dict = GREEDY,
-) -> Cell:
+) -> ClientsCell:
     """One run of a cell: `clients` threads, each sending `per_client` streamed requests in turn; they send no
     more
     once `stop` is set (Ctrl-C). `sampling`: each request's temperature, top_p, top_k and seed
@@ -163,50 +256,19 @@ def drive(
         thread.start()
     for thread in threads:
         thread.join()
-    return _cell(name, clients, timings, errors, time.perf_counter() - started)
+    return ClientsCell(name, clients, timings, time.perf_counter() - started, errors)
 
 
-def summarize(name: str, clients: int, runs: list[Cell]) -> Cell:
+def summarize(name: str, clients: int, runs: list[ClientsCell]) -> ClientsCell:
     """A cell from its runs pooled: tokens over seconds of all runs, quantiles over all requests,
     and each run's tok/s."""
-    cell = _cell(
+    return ClientsCell(
         name,
         clients,
         [t for run in runs for t in run.timings],
-        [e for run in runs for e in run.errors],
         sum(run.seconds for run in runs),
-    )
-    cell.runs = [run.tokens_per_second for run in runs]
-    return cell
-
-
-def _cell(name: str, clients: int, timings: list[Stats], errors: list[str], seconds: float) -> Cell:
-    """The cell of these requests (each one's Stats as its client saw it) and `seconds` of wall time."""
-    tokens = sum(t.new_tokens for t in timings)
-    ttfts = [t.time_to_first_token for t in timings] or [0.0]
-    tpots = [
-        rate(t.seconds - t.time_to_first_token, t.new_tokens - 1) for t in timings if t.new_tokens > 1
-    ] or [0.0]
-    # pooled over the requests the server summarized, as the per-prompt bench pools: none where nothing
-    # was drafted
-    drafted = sum(t.drafted for t in timings if t.generations)
-    accepted = sum(t.accepted for t in timings if t.generations)
-    return Cell(
-        name,
-        Width.CLIENTS,
-        clients,
-        len(timings),
-        tokens,
-        seconds,
-        rate(tokens, seconds) or 0.0,
-        drafted=drafted,
-        accepted=accepted,
-        ttft_p50=_quantile(ttfts, 0.5),
-        ttft_p95=_quantile(ttfts, 0.95),
-        tpot_p50=_quantile(tpots, 0.5),
-        tpot_p95=_quantile(tpots, 0.95),
-        errors=errors,
-        timings=timings,
+        [e for run in runs for e in run.errors],
+        runs=[run.wall_tokens_per_second for run in runs],
     )
 
 
@@ -222,14 +284,14 @@ def run_concurrency(
     on_cell=None,
     repeats: int = 1,
     sampling: dict = GREEDY,
-) -> tuple[list[Cell], bool]:
+) -> tuple[list[ClientsCell], bool]:
     """Every method at every concurrency after one warm-up request per method. Each level runs
     its methods `repeats` times, every other time in reverse order (plain, chain, chain, plain,
     ...), so drift in the machine's speed hits every method alike; a cell pools its runs.
     Returns the cells and whether Ctrl-C stopped the run: the level it stopped in keeps a cell
     per method from the runs that finished (its `runs` says how many)."""
     cells, stop, interrupted = [], threading.Event(), False
-    runs: dict[str, list[Cell]] = {}
+    runs: dict[str, list[ClientsCell]] = {}
 
     def close_level(clients: int) -> None:
         for name in methods:
@@ -256,11 +318,11 @@ def run_concurrency(
         stop.set()  # the clients send no more; the server's rows end as their connections close
         interrupted = True
         close_level(clients)
-    plain = {c.size: c for c in cells if c.method == "plain"}
+    plain = {c.concurrency: c for c in cells if c.method == "plain"}
     for cell in cells:
-        base = plain.get(cell.size)
+        base = plain.get(cell.concurrency)
         if base is not None and not cell.errors and not base.errors:  # none where requests failed
-            cell.speedup = rate(cell.tokens_per_second, base.tokens_per_second)
+            cell.speedup = rate(cell.wall_tokens_per_second, base.wall_tokens_per_second)
     return cells, interrupted
 
 
@@ -274,7 +336,7 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def table(cells: list[Cell], title: str) -> Table:
+def table(cells: list[ClientsCell], title: str) -> Table:
     t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in (
         "clients",
@@ -292,12 +354,12 @@ def table(cells: list[Cell], title: str) -> Table:
     ):
         t.add_column(name, justify="left" if name == "method" else "right")
     for i, c in enumerate(cells):
-        last = i + 1 == len(cells) or cells[i + 1].size != c.size
+        last = i + 1 == len(cells) or cells[i + 1].concurrency != c.concurrency
         t.add_row(
-            str(c.size),
+            str(c.concurrency),
             escape(c.method),
-            str(c.count),
-            f"{c.tokens_per_second:.1f}",
+            str(c.requests),
+            f"{c.wall_tokens_per_second:.1f}",
             "–" if c.speedup is None else f"{c.speedup:.2f}x",
             "–" if c.acceptance_rate is None else f"{c.acceptance_rate:.0%}",
             f"{c.ttft_p50:.2f}",

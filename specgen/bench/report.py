@@ -110,6 +110,10 @@ def save(option: str, path: Path, write, fallback: bool) -> bool:
 
 
 # -- reports ---------------------------------------------------------------------------------
+# JSON keys kept for one release beside their new names, old -> new (benchmarks/methodology.md)
+OLD_KEYS = {"tokens_per_second": "wall_tokens_per_second"}
+
+
 def to_json(result) -> dict:
     return {
         "schema": "specgen-bench/1",
@@ -118,10 +122,20 @@ def to_json(result) -> dict:
         "methods": result.methods,
         "interrupted": result.interrupted,
         "failures": [asdict(f) for f in result.failures],  # columns that stopped: method, where, one line
-        "summary": [asdict(g) for g in result.summary],
-        "prompts": [asdict(p) for p in result.prompts],
+        "summary": [with_old_keys(asdict(g)) for g in result.summary],
+        "prompts": [with_old_keys(asdict(p)) for p in result.prompts],
         "measurements": [m.record() for m in result.measurements],
     }
+
+
+def with_old_keys(record: dict) -> dict:
+    """A record with the keys kept for one release beside their new names (OLD_KEYS),
+    each where it stood: `tokens_per_second` just before `wall_tokens_per_second`."""
+    out = {}
+    for key, value in record.items():
+        out.update({old: record[new] for old, new in OLD_KEYS.items() if new == key})
+        out[key] = value
+    return out
 
 
 def write_json(result, path: Path) -> None:
@@ -149,7 +163,8 @@ CSV_COLUMNS = [
     "seconds",
     "prefill_seconds",
     "ttft_seconds",
-    "tokens_per_second",
+    "tokens_per_second",  # the old key of wall_tokens_per_second, kept for one release
+    "wall_tokens_per_second",
     "decode_tokens_per_second",
     "acceptance_rate",
     "tokens_per_target_forward",
@@ -300,7 +315,7 @@ def summary_cells(g) -> list[str]:
         g.method,
         g.category,
         str(g.prompts),
-        _fmt(g.tokens_per_second, ".1f"),
+        _fmt(g.wall_tokens_per_second, ".1f"),
         _fmt(g.speedup, ".2f", "x"),
         spread,
         _fmt(g.acceptance_rate, ".0%"),

@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Callable, Protocol
 
+from specgen.bench.report import with_old_keys
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import timed
-from specgen.decoding.stats import Stats, histogram, rate
+from specgen.decoding.stats import Stats, histogram
 
 
 class Known(enum.Flag):
@@ -44,7 +45,7 @@ RECORD_FIELDS = (
     "seconds",
     "prefill_seconds",
     "ttft_seconds",
-    "tokens_per_second",
+    "wall_tokens_per_second",  # and its old key, tokens_per_second, for one release (report.OLD_KEYS)
     "decode_tokens_per_second",
     "acceptance_rate",
     "tokens_per_target_forward",
@@ -86,20 +87,30 @@ class Generation:
         return len(self.token_ids)
 
     @property
-    def tokens_per_second(self) -> float:
+    def measured(self) -> Stats:
+        """Its Stats with bench's wall-clock figures (the tokens the runner returned, the time from
+        the call to the last token, the first token's arrival): what every rate here is read from."""
+        return replace(
+            self.stats,
+            new_tokens=self.new_tokens,
+            seconds=self.seconds,
+            time_to_first_token=self.ttft_seconds,
+            first_tokens=self.first_tokens,
+        )
+
+    @property
+    def wall_tokens_per_second(self) -> float:
         """New tokens over the whole wall time, the same for every method."""
-        return rate(self.new_tokens, self.seconds) or 0.0
+        return self.measured.wall_tokens_per_second
 
     @property
     def decode_tokens_per_second(self) -> float | None:
-        """Tokens after the first arrival over the time after it."""
-        after_first = self.new_tokens - self.first_tokens
-        decode_time = self.seconds - self.ttft_seconds if self.ttft_seconds is not None else 0.0
-        return rate(after_first, decode_time) if after_first > 0 and decode_time > 0 else None
+        """Tokens after the first arrival over the time after it, the same for every method."""
+        return self.measured.after_first_tokens_per_second
 
     # figures of the Stats that the runner counted (`known`), else None
     target_forwards = _counted(Known.FORWARDS, attrgetter("target_forwards"))
-    acceptance_rate = _counted(Known.DRAFTS, lambda s: rate(s.accepted, s.drafted))
+    acceptance_rate = _counted(Known.DRAFTS, attrgetter("acceptance"))
     drafted = _counted(Known.DRAFTS, attrgetter("drafted"))
     accepted = _counted(Known.DRAFTS, attrgetter("accepted"))
     accepted_length_histogram = _counted(Known.DRAFTS, lambda s: histogram(s.accepted_lengths))
@@ -109,19 +120,20 @@ class Generation:
 
     @property
     def tokens_per_target_forward(self) -> float | None:
-        forwards = self.target_forwards
-        return rate(self.new_tokens, forwards) if forwards else None
+        return self.measured.tokens_per_target_forward if self.target_forwards else None
 
     @property
     def stop_reason(self) -> str | None:
         return self.stats.stop
 
     def record(self) -> dict:
-        """The flat row of bench's JSON and CSV (RECORD_FIELDS)."""
-        return {
-            name: list(self.token_ids) if name == "token_ids" else getattr(self, name)
-            for name in RECORD_FIELDS
-        }
+        """The flat row of bench's JSON and CSV (RECORD_FIELDS, and the keys kept for a release)."""
+        return with_old_keys(
+            {
+                name: list(self.token_ids) if name == "token_ids" else getattr(self, name)
+                for name in RECORD_FIELDS
+            }
+        )
 
 
 class Runner(Protocol):

@@ -7,9 +7,10 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
+from functools import reduce
 
 from specgen.bench.prompts import ALL
-from specgen.decoding.stats import histogram, rate
+from specgen.decoding.stats import Stats, histogram, rate
 
 PLAIN = "plain"
 
@@ -23,7 +24,7 @@ class PromptResult:
     method: str
     repeats: int
     new_tokens: int  # first repeat
-    tokens_per_second: float  # median
+    wall_tokens_per_second: float  # median
     seconds: float  # median
     ttft_seconds: float | None  # median
     speedup: float | None  # this median tok/s over plain's median tok/s on the same prompt
@@ -38,7 +39,7 @@ class GroupSummary:
     method: str
     category: str
     prompts: int
-    tokens_per_second: float | None  # geometric mean of per-prompt medians
+    wall_tokens_per_second: float | None  # geometric mean of per-prompt medians
     speedup: float | None  # geometric mean of per-prompt speed-ups
     speedup_min: float | None
     speedup_max: float | None
@@ -96,8 +97,8 @@ def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
     for (prompt_id, method), runs in groups.items():
         runs.sort(key=lambda m: m.repeat)
         plain = sorted(groups.get((prompt_id, PLAIN), []), key=lambda m: m.repeat)
-        tps = statistics.median(m.tokens_per_second for m in runs)
-        plain_tps = statistics.median(m.tokens_per_second for m in plain) if plain else None
+        tps = statistics.median(m.wall_tokens_per_second for m in runs)
+        plain_tps = statistics.median(m.wall_tokens_per_second for m in plain) if plain else None
         identical = mismatch = None  # plain is the reference: it is compared with nothing
         if greedy and plain and method != PLAIN:
             mismatch = _first_mismatch(runs[0].token_ids, plain[0].token_ids)
@@ -153,7 +154,8 @@ def _group(
         values = [getattr(m, attr) for m in runs]
         return None if any(v is None for v in values) else sum(values)
 
-    drafted, accepted, forwards = total("drafted"), total("accepted"), total("target_forwards")
+    drafted, forwards = total("drafted"), total("target_forwards")
+    pooled_runs = reduce(Stats.merge, (m.measured for m in runs))  # the rates of every run together
     pooled: Counter | None = Counter()
     for m in runs:
         if m.accepted_length_histogram is None:
@@ -167,12 +169,12 @@ def _group(
         method,
         category,
         len(results),
-        geometric_mean([r.tokens_per_second for r in results]),
+        geometric_mean([r.wall_tokens_per_second for r in results]),
         geometric_mean(speedups) if len(speedups) == len(results) else None,
         min(speedups, default=None),
         max(speedups, default=None),
-        rate(accepted, drafted) if drafted is not None else None,
-        rate(sum(m.new_tokens for m in runs), forwards) if forwards is not None else None,
+        pooled_runs.acceptance if drafted is not None else None,
+        pooled_runs.tokens_per_target_forward if forwards else None,
         _median([r.ttft_seconds for r in results]),
         total("draft_seconds"),
         total("verify_seconds"),

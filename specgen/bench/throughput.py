@@ -13,18 +13,19 @@ reference of the same mode: plain at batch 1, off, for `off` cells (how often ba
 method changes the output when nothing enforces it) and the first deterministic cell of plain
 at batch 1 with the same window for deterministic cells (which must be 0).
 
-`Cell` is also the --concurrency mode's (bench/concurrency.py): a method at a number of clients.
+`BatchCell` is one method at one batch size in one mode; --concurrency's cells are
+bench/concurrency.py's `ClientsCell`.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field, replace
 
 from rich.markup import escape
 from rich.table import Table
 
+from specgen.bench.report import with_old_keys
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import run_prompts
@@ -34,111 +35,96 @@ from specgen.errors import ConfigError, one_line
 OFF = "off"
 
 
-class Width(enum.Enum):
-    """What a cell's width counts."""
-
-    BATCH = "batch"  # rows that one engine decodes together: --batch-sizes
-    CLIENTS = "clients"  # streaming clients of one server: --concurrency
-
-
 @dataclass
-class Cell:
-    """One method measured at one width: its new tokens over the wall time and its speed-up over
-    plain. A BATCH cell decodes the whole prompt set in one mode (deterministic mode off, or a
-    verify window) and compares its tokens with the mode's reference; a CLIENTS cell holds the
-    requests of one run against a server, or of its runs pooled, with their time to the first
-    token and per token."""
+class BatchCell:
+    """One method at one batch size in one mode (deterministic mode off, or a verify window):
+    the whole prompt set decoded, its totals, its speed-up over plain (batch 1, off) and its
+    tokens compared with the mode's reference."""
 
     method: str
-    width: Width
-    size: int  # the batch size, or the number of clients
-    count: int  # BATCH: the prompts it decodes; CLIENTS: the requests answered
-    tokens: int
-    seconds: float
-    tokens_per_second: float
-    speedup: float | None = None  # BATCH: over plain, batch 1, off; CLIENTS: over plain, the same clients
-    drafted: int = 0
-    accepted: int = 0
-    # BATCH cells
-    mode: str = OFF  # "off", or "window N" in deterministic mode
+    batch_size: int
+    mode: str  # "off", or "window N" in deterministic mode
+    prompts: int  # how many prompts it decodes
+    # the prompts' Stats merged, over the cell's wall time (first prefill to last token) and the
+    # new tokens of its outputs; empty for a cell not measured
+    totals: Stats = field(default_factory=lambda: Stats(method="", generations=0))
+    speedup: float | None = None  # over plain, batch 1, off
     deterministic_cost: float | None = None  # this tok/s / the same method and batch size, off
-    replays: int = 0
-    rollbacks: int = 0
-    rolled_back_tokens: int = 0
-    rollback_rate: float | None = None  # rolled-back tokens / (kept + rolled-back) tokens
     differs: int | None = None  # prompts whose tokens differ from the mode's reference
     skipped: str | None = None  # why the cell was not measured
     interrupted: bool = False  # Ctrl-C came before (or while) this cell was measured
     failed: bool = False  # its method raised: `skipped` says what; the other cells go on
     outputs: list[list[int]] | None = None
-    # CLIENTS cells
-    ttft_p50: float = 0.0
-    ttft_p95: float = 0.0
-    tpot_p50: float = 0.0  # seconds per output token after the first, per request
-    tpot_p95: float = 0.0
-    errors: list[str] = field(default_factory=list)  # failed requests, one line each
-    runs: list[float] = field(default_factory=list)  # each run's tok/s, in order: the machine's drift shows
-    timings: list[Stats] = field(
-        default_factory=list
-    )  # each request's Stats, as its client saw it (not written)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.totals.new_tokens
+
+    @property
+    def seconds(self) -> float:
+        return self.totals.seconds
+
+    @property
+    def wall_tokens_per_second(self) -> float:
+        return self.totals.wall_tokens_per_second
+
+    @property
+    def drafted(self) -> int:
+        return self.totals.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.totals.accepted
 
     @property
     def acceptance_rate(self) -> float | None:
-        return rate(self.accepted, self.drafted)
+        return self.totals.acceptance
+
+    @property
+    def replays(self) -> int:
+        return self.totals.verified_windows
+
+    @property
+    def rollbacks(self) -> int:
+        return self.totals.rollbacks
+
+    @property
+    def rolled_back_tokens(self) -> int:
+        return self.totals.rolled_back_tokens
+
+    @property
+    def rollback_rate(self) -> float | None:
+        """Rolled-back tokens over every token generated; a deterministic cell's only."""
+        return None if self.mode == OFF or self.skipped is not None else self.totals.rollback_rate
 
     def record(self) -> dict:
-        """The cell as the JSON of its mode writes it (RECORD_FIELDS)."""
-        return {name: getattr(self, _RENAMED.get(name, name)) for name in RECORD_FIELDS[self.width]}
+        """The cell as --batch-sizes's JSON writes it (RECORD_FIELDS, and the keys kept for a release)."""
+        return with_old_keys({name: getattr(self, name) for name in RECORD_FIELDS})
 
 
-# each mode's JSON fields of a cell, in this order, and those the cell names otherwise
-RECORD_FIELDS = {
-    Width.BATCH: (
-        "method",
-        "batch_size",
-        "mode",
-        "prompts",
-        "new_tokens",
-        "seconds",
-        "tokens_per_second",
-        "speedup",
-        "deterministic_cost",
-        "drafted",
-        "accepted",
-        "replays",
-        "rollbacks",
-        "rolled_back_tokens",
-        "rollback_rate",
-        "differs",
-        "skipped",
-        "interrupted",
-        "failed",
-        "outputs",
-    ),
-    Width.CLIENTS: (
-        "method",
-        "concurrency",
-        "requests",
-        "tokens",
-        "seconds",
-        "tokens_per_second",
-        "ttft_p50",
-        "ttft_p95",
-        "tpot_p50",
-        "tpot_p95",
-        "acceptance_rate",
-        "speedup",
-        "errors",
-        "runs",
-    ),
-}
-_RENAMED = {
-    "batch_size": "size",
-    "concurrency": "size",
-    "prompts": "count",
-    "requests": "count",
-    "new_tokens": "tokens",
-}
+# a cell's JSON fields, in this order
+RECORD_FIELDS = (
+    "method",
+    "batch_size",
+    "mode",
+    "prompts",
+    "new_tokens",
+    "seconds",
+    "wall_tokens_per_second",  # and its old key, tokens_per_second, for one release (report.OLD_KEYS)
+    "speedup",
+    "deterministic_cost",
+    "drafted",
+    "accepted",
+    "replays",
+    "rollbacks",
+    "rolled_back_tokens",
+    "rollback_rate",
+    "differs",
+    "skipped",
+    "interrupted",
+    "failed",
+    "outputs",
+)
 
 
 MAX_SIZE = 1024  # a batch width, a window or a number of concurrent clients
@@ -184,7 +170,7 @@ def run_throughput(
     windows: list[int],
     include_off: bool = True,
     on_cell=None,
-) -> list[Cell]:
+) -> list[BatchCell]:
     """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped.
 
     Ctrl-C keeps the cells measured so far; the others are returned skipped and `interrupted`.
@@ -197,7 +183,7 @@ def run_throughput(
     if unknown:
         raise ConfigError(f"--batch-sizes measures specgen's own methods; '{unknown[0]}' is not one")
     grid = [(name, size, window) for name in names for size in batch_sizes for window in modes]
-    cells: list[Cell] = []
+    cells: list[BatchCell] = []
     try:
         decode_all(
             pair, Method.PLAIN, prompts[:1], replace(config, max_new_tokens=min(8, config.max_new_tokens)), 1
@@ -206,17 +192,8 @@ def run_throughput(
             try:
                 cell = _measure_cell(pair, engine_methods[name], name, size, window, prompts, config)
             except Exception as exc:  # noqa: BLE001 - one cell's failure is its line, never the others' loss
-                cell = Cell(
-                    name,
-                    Width.BATCH,
-                    size,
-                    len(prompts),
-                    0,
-                    0.0,
-                    0.0,
-                    mode=_mode(window),
-                    skipped=f"failed: {one_line(exc)}",
-                    failed=True,
+                cell = BatchCell(
+                    name, size, _mode(window), len(prompts), skipped=f"failed: {one_line(exc)}", failed=True
                 )
             cells.append(cell)
             if on_cell is not None:
@@ -224,18 +201,7 @@ def run_throughput(
     except KeyboardInterrupt:
         for name, size, window in grid[len(cells) :]:
             cells.append(
-                Cell(
-                    name,
-                    Width.BATCH,
-                    size,
-                    len(prompts),
-                    0,
-                    0.0,
-                    0.0,
-                    mode=_mode(window),
-                    skipped="interrupted",
-                    interrupted=True,
-                )
+                BatchCell(name, size, _mode(window), len(prompts), skipped="interrupted", interrupted=True)
             )
     _compare(cells, config.sampling.greedy)
     return cells
@@ -249,48 +215,41 @@ def _measure_cell(
     window: int | None,
     prompts: list[list[int]],
     config: GenerationConfig,
-) -> Cell:
-    cell = Cell(name, Width.BATCH, size, len(prompts), 0, 0.0, 0.0, mode=_mode(window))
+) -> BatchCell:
     run_config = replace(
         config, deterministic=window is not None, verify_window=window or config.verify_window
     )
     outputs, seconds, stats = decode_all(pair, method, prompts, run_config, size)
-    new = sum(len(o) for o in outputs)
-    cell.tokens, cell.seconds, cell.outputs = new, seconds, outputs
-    cell.tokens_per_second = rate(new, seconds) or 0.0
-    cell.drafted, cell.accepted, cell.replays = stats.drafted, stats.accepted, stats.verified_windows
-    cell.rollbacks, cell.rolled_back_tokens = stats.rollbacks, stats.rolled_back_tokens
-    if window is not None:
-        cell.rollback_rate = rate(cell.rolled_back_tokens, new + cell.rolled_back_tokens) or 0.0
-    return cell
+    totals = replace(stats, new_tokens=sum(len(o) for o in outputs), seconds=seconds)  # over the wall time
+    return BatchCell(name, size, _mode(window), len(prompts), totals, outputs=outputs)
 
 
 def _mode(window: int | None) -> str:
     return OFF if window is None else f"window {window}"
 
 
-def _compare(cells: list[Cell], greedy: bool = True) -> None:
+def _compare(cells: list[BatchCell], greedy: bool = True) -> None:
     """Speed-ups, deterministic mode's cost, and the tokens each cell shares with its mode's
     reference: greedy, or in a deterministic window (keyed draws); sampled rounds outside one
     draw by method and batch, so there nothing is compared (differs stays None)."""
     measured = [c for c in cells if c.skipped is None]
-    base = next((c for c in measured if (c.method, c.size, c.mode) == ("plain", 1, OFF)), None)
+    base = next((c for c in measured if (c.method, c.batch_size, c.mode) == ("plain", 1, OFF)), None)
     references = {}
     for cell in measured:  # the first cell of each mode (plain, the smallest batch) is the reference
         references.setdefault(cell.mode, cell)
-    offs = {(c.method, c.size): c for c in measured if c.mode == OFF}
+    offs = {(c.method, c.batch_size): c for c in measured if c.mode == OFF}
     for cell in measured:
         if base is not None:
-            cell.speedup = rate(cell.tokens_per_second, base.tokens_per_second)
-        off = offs.get((cell.method, cell.size))
+            cell.speedup = rate(cell.wall_tokens_per_second, base.wall_tokens_per_second)
+        off = offs.get((cell.method, cell.batch_size))
         if cell.mode != OFF and off is not None:
-            cell.deterministic_cost = rate(cell.tokens_per_second, off.tokens_per_second)
+            cell.deterministic_cost = rate(cell.wall_tokens_per_second, off.wall_tokens_per_second)
         reference = references[cell.mode]
         if greedy or cell.mode != OFF:
             cell.differs = sum(a != b for a, b in zip(cell.outputs, reference.outputs))
 
 
-def table(cells: list[Cell], title: str):
+def table(cells: list[BatchCell], title: str):
     t = Table(title=escape(title), title_justify="left", header_style="bold")
     for name in (
         "method",
@@ -310,21 +269,32 @@ def table(cells: list[Cell], title: str):
         last = i + 1 == len(cells) or cells[i + 1].method != c.method
         if c.skipped:
             t.add_row(
-                c.method, str(c.size), c.mode, "–", "–", "–", "–", "–", "–", "–", c.skipped, end_section=last
+                c.method,
+                str(c.batch_size),
+                c.mode,
+                "–",
+                "–",
+                "–",
+                "–",
+                "–",
+                "–",
+                "–",
+                c.skipped,
+                end_section=last,
             )
             continue
         t.add_row(
             c.method,
-            str(c.size),
+            str(c.batch_size),
             c.mode,
-            f"{c.tokens_per_second:.2f}",
+            f"{c.wall_tokens_per_second:.2f}",
             _fmt(c.speedup, ".2f", "x"),
             _fmt(c.deterministic_cost, ".2f", "x"),
             _fmt(c.acceptance_rate, ".0%"),
             str(c.replays) if c.mode != OFF else "–",
             str(c.rollbacks) if c.mode != OFF else "–",
             _fmt(c.rollback_rate, ".1%"),
-            "–" if c.differs is None else f"{c.differs}/{c.count}",
+            "–" if c.differs is None else f"{c.differs}/{c.prompts}",
             end_section=last,
         )
     return t

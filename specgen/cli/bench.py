@@ -282,8 +282,8 @@ def _throughput(
 
     def progress(cell):
         err.print(
-            f"{cell.method} b{cell.size} {cell.mode}: "
-            + (cell.skipped or f"{cell.tokens_per_second:.2f} tok/s"),
+            f"{cell.method} b{cell.batch_size} {cell.mode}: "
+            + (cell.skipped or f"{cell.wall_tokens_per_second:.2f} tok/s"),
             style="dim",
             markup=False,
         )
@@ -310,7 +310,7 @@ def _throughput(
     failed = [c for c in cells if c.failed]
     if failed:  # the table and the JSON hold every cell; the run still did not do all it was asked
         error_line(
-            f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].size} "
+            f"{len(failed)} of {len(cells)} cells failed: {failed[0].method} b{failed[0].batch_size} "
             f"{failed[0].mode}: {failed[0].skipped}"[:400]
         )
         raise typer.Exit(1)
@@ -364,7 +364,7 @@ def _concurrency(
 
     def progress(cell):
         err.print(
-            f"{cell.size} clients · {cell.method}: {cell.tokens_per_second:.1f} tok/s"
+            f"{cell.concurrency} clients · {cell.method}: {cell.wall_tokens_per_second:.1f} tok/s"
             + (f" ({len(cell.errors)} errors)" if cell.errors else ""),
             style="dim",
             markup=False,
@@ -435,7 +435,7 @@ def _concurrency(
     if failed:  # written above; a cell whose requests failed does not measure what it says
         error_line(
             f"{sum(len(c.errors) for c in failed)} requests failed in {len(failed)} cells: "
-            f"{failed[0].method} at {failed[0].size} clients: {failed[0].errors[0]}"[:400]
+            f"{failed[0].method} at {failed[0].concurrency} clients: {failed[0].errors[0]}"[:400]
         )
         raise typer.Exit(1)
 

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specgen.cli.options import sigterm_as_ctrl_c
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.prompts import read_prompt_records
-from specgen.decoding.stats import Stats, rate
+from specgen.decoding.stats import Stats
 from specgen.errors import ConfigError
 from specgen.scale.results import ResultsFile, prompt_digest, result_record
 from specgen.status import note, status
@@ -61,9 +61,10 @@ class PromptProgress:
             note(f"{self.done}/{self.total} prompts, {self.figures()}")
 
     def figures(self) -> str:
-        seconds = max(time.perf_counter() - self.started, 1e-9)
-        accept = f", acceptance {self.totals.acceptance_rate:.1%}" if self.totals.drafted else ""
-        return f"{rate(self.totals.new_tokens, seconds):.1f} tok/s{accept}"
+        # the prompts' own seconds overlap in a batch: the rate is over the wall time since decoding began
+        wall = replace(self.totals, seconds=max(time.perf_counter() - self.started, 1e-9))
+        accept = f", acceptance {wall.acceptance_rate:.1%}" if wall.drafted else ""
+        return f"{wall.wall_tokens_per_second:.1f} tok/s{accept}"
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:

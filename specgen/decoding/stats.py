@@ -2,7 +2,9 @@
 histograms, replays), folded from the engine's events, and merged for totals.
 
 Rates are computed here and nowhere else (`rate`), for one generation, for chat's session
-totals (`merge`) and for bench's pooled rows. No torch import: renderers and the client read it.
+totals (`merge`) and for bench's pooled rows and cells. Two token rates, never one name for both:
+`decode_tokens_per_second` (after prefill) and `wall_tokens_per_second` (over the whole wall time).
+No torch import: renderers and the client read it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Stats:
     verify_seconds: float = 0.0
     seconds: float = 0.0  # wall time from the start of prefill to the last token
     time_to_first_token: float | None = None
+    first_tokens: int = 0  # tokens that arrived with the first one (a round can emit several)
     accepted_lengths: Counter = field(default_factory=Counter)
     accepted_by_origin: Counter = field(default_factory=Counter)  # accepted draft tokens by Origin value
     tree_sizes: list[int] = field(default_factory=list)  # draft nodes per tree round
@@ -81,6 +84,7 @@ class Stats:
             self.tree_sizes.append(len(result.draft_tokens))
         if self.time_to_first_token is None and result.emitted:
             self.time_to_first_token = elapsed
+            self.first_tokens = len(result.emitted)
         self.seconds = elapsed
         self.stop = result.stop or self.stop
 
@@ -110,6 +114,7 @@ class Stats:
             time_to_first_token=self.time_to_first_token
             if self.time_to_first_token is not None
             else other.time_to_first_token,
+            first_tokens=self.first_tokens if self.time_to_first_token is not None else other.first_tokens,
             stop=other.stop or self.stop,
             dtype=self.dtype or other.dtype,
             threads=other.threads or self.threads,
@@ -124,7 +129,14 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        return rate(self.accepted, self.drafted) or 0.0
+        """Accepted over drafted draft tokens; 0 when nothing was drafted."""
+        return self.acceptance or 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted over drafted draft tokens; None when nothing was drafted (bench's columns,
+        which tell a method that drafts nothing from one whose drafts all fail)."""
+        return rate(self.accepted, self.drafted)
 
     @property
     def tokens_per_target_forward(self) -> float:
@@ -136,9 +148,43 @@ class Stats:
         return max(self.seconds - self.prefill_seconds - self.setup_seconds, 0.0)
 
     @property
-    def tokens_per_second(self) -> float:
-        """Decode throughput: new tokens over the time after prefill."""
+    def decode_tokens_per_second(self) -> float:
+        """Decode throughput: new tokens over the time after prefill (`decode_seconds`)."""
         return rate(self.new_tokens, self.decode_seconds) or 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """The old name of `decode_tokens_per_second`, kept for one release (as the JSON's key)."""
+        return self.decode_tokens_per_second
+
+    @property
+    def wall_tokens_per_second(self) -> float:
+        """New tokens over the whole wall time `seconds` (prefill included): bench's tok/s."""
+        return rate(self.new_tokens, self.seconds) or 0.0
+
+    def _after_first(self) -> tuple[int, float] | None:
+        """(tokens after the first arrival, seconds after it), or None before any token came."""
+        if self.time_to_first_token is None:
+            return None
+        return self.new_tokens - self.first_tokens, self.seconds - self.time_to_first_token
+
+    @property
+    def after_first_tokens_per_second(self) -> float | None:
+        """Tokens after the first arrival over the time after it (bench's decode rate, which
+        every method has, a library's that reports no prefill included); None without both."""
+        after = self._after_first()
+        return after[0] / after[1] if after is not None and after[0] > 0 and after[1] > 0 else None
+
+    @property
+    def seconds_per_token(self) -> float | None:
+        """Time per output token after the first (TPOT); None where no token followed it."""
+        after = self._after_first()
+        return after[1] / after[0] if after is not None and after[0] > 0 else None
+
+    @property
+    def rollback_rate(self) -> float:
+        """Deterministic mode: rolled-back tokens over every token generated (kept or rolled back)."""
+        return rate(self.rolled_back_tokens, self.new_tokens + self.rolled_back_tokens) or 0.0
 
     @property
     def mean_tree_size(self) -> float:
@@ -162,9 +208,9 @@ class Stats:
             "time_to_first_token": round(self.time_to_first_token or 0.0, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
-            "tokens_per_second": (
-                round(self.tokens_per_second, 3) if self.decode_seconds >= MIN_TIMED_SECONDS else None
-            ),  # as views.speed shows it: a dash
+            # the old key of decode_tokens_per_second, kept for one release (docs/usage.md)
+            "tokens_per_second": self._timed(self.decode_tokens_per_second),
+            "decode_tokens_per_second": self._timed(self.decode_tokens_per_second),
             "accepted_length_histogram": histogram(self.accepted_lengths),
             # accepted draft tokens by where they came from: model, text (prompt lookup), memory
             "accepted_by_origin": dict(sorted(self.accepted_by_origin.items())),
@@ -178,6 +224,10 @@ class Stats:
             "dtype": self.dtype,
             "threads": self.threads,
         }
+
+    def _timed(self, value: float) -> float | None:
+        """A decode rate as JSON carries it: None (a dash in views.speed) for a decode too short to time."""
+        return round(value, 3) if self.decode_seconds >= MIN_TIMED_SECONDS else None
 
 
 def from_dict(data: dict, method: str | None = None) -> Stats:
