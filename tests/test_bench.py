@@ -25,7 +25,7 @@ from specgen.bench import report as bench_cli
 from specgen.bench import runners as bench_runners
 from specgen.bench.measure import BenchSettings
 from specgen.bench.runners import Generation
-from specgen.cli.bench import bench as bench_command
+from specgen.cli.bench import bench_app
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.prompts import PromptRecord
 from specgen.decoding.stats import Stats
@@ -614,7 +614,7 @@ def bench_cli_html(result) -> str:
 
 # -- the command ------------------------------------------------------------------------------
 app = typer.Typer(add_completion=False)
-app.command()(bench_command)
+app.add_typer(bench_app, name="bench")
 
 
 @app.callback()
@@ -718,6 +718,7 @@ def test_throughput_mode_reports_batching_and_the_cost_of_deterministic_mode(mod
         app,
         [
             "bench",
+            "batch",
             *models,
             "--prompts",
             str(short_file),
@@ -790,6 +791,9 @@ def test_verify_windows_alone_say_they_measure_throughput_cells(models, short_fi
     )
     assert result.exit_code == 0, result.output
     assert "--verify-windows measures throughput cells" in result.stderr
+    assert (
+        "`bench --verify-windows` is now `specgen bench batch --verify-windows`" in result.stderr
+    )  # the old spelling
     assert {c["batch_size"] for c in json.loads(out.read_text())["cells"]} == {1}
 
 
@@ -940,6 +944,7 @@ def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, 
         app,
         [
             "bench",
+            "batch",
             *models,
             "--prompts",
             str(short_file),
@@ -1151,28 +1156,67 @@ def test_llamacpp_runner_needs_a_gguf_target(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "args, fragment",
+    "command, args, fragment",
     [
-        (["--batch-sizes", "1", "--verify-windows", "100000"], "--verify-windows values must be in 1..1024"),
-        (["--verify-windows", "600"], "--verify-window must be in"),
-        (["--batch-sizes", "99999999999"], "--batch-sizes values must be in 1..1024"),
-        (["--concurrency", "30000"], "--concurrency values must be in 1..1024"),
-        (["--concurrency", "2", "--max-batch-size", "0"], "--max-batch-size must be in 1..256"),
-        (["--methods", ""], "--methods is empty"),
-        (["--methods", " , "], "--methods is empty"),
-        (["--threads", "100000"], "--threads must be in"),
-        (["--threads", "0"], "--threads must be in"),
-        (["--concurrency", "1", "--methods", "hf-lookup"], "--concurrency measures specgen's own methods"),
-        (["--concurrency", "0"], "--concurrency"),
-        (["--batch-sizes", "1,2", "--repeats", "3"], "--batch-sizes runs each cell once"),
+        (
+            ["batch"],
+            ["--batch-sizes", "1", "--verify-windows", "100000"],
+            "--verify-windows values must be in 1..1024",
+        ),
+        (["batch"], ["--verify-windows", "600"], "--verify-window must be in"),
+        (["batch"], ["--batch-sizes", "99999999999"], "--batch-sizes values must be in 1..1024"),
+        (["batch"], [], "bench batch measures at --batch-sizes"),
+        (["batch"], ["--methods", ""], "--methods is empty"),
+        (["serve"], ["--concurrency", "30000"], "--concurrency values must be in 1..1024"),
+        (["serve"], ["--concurrency", "2", "--max-batch-size", "0"], "--max-batch-size must be in 1..256"),
+        (["serve"], ["--concurrency", "2", "--repeats", "0"], "--repeats must be >= 1"),
+        (
+            ["serve"],
+            ["--concurrency", "1", "--methods", "hf-lookup"],
+            "bench serve measures specgen's own methods",
+        ),
+        (["serve"], ["--concurrency", "0"], "--concurrency"),
+        (["serve"], [], "bench serve drives the server at --concurrency levels"),
+        (["serve"], ["--threads", "0"], "--threads must be in"),
+        ([], ["--methods", ""], "--methods is empty"),
+        ([], ["--methods", " , "], "--methods is empty"),
+        ([], ["--threads", "100000"], "--threads must be in"),
+        # the old spellings of bench batch and bench serve: checked as they were
+        ([], ["--batch-sizes", "1,2", "--repeats", "3"], "--batch-sizes runs each cell once"),
+        ([], ["--batch-sizes", "99999999999"], "--batch-sizes values must be in 1..1024"),
+        ([], ["--concurrency", "30000"], "--concurrency values must be in 1..1024"),
+        ([], ["--concurrency", "1", "--methods", "hf-lookup"], "bench serve measures specgen's own methods"),
     ],
 )
-def test_every_setting_is_checked_before_a_model_loads(tmp_path, args, fragment):
+def test_every_setting_is_checked_before_a_model_loads(tmp_path, command, args, fragment):
     """A target that does not exist: had anything loaded, the error would be about the model."""
     no_model = ["--target", str(tmp_path / "no-model"), "--json", str(tmp_path / "out.json")]
-    result = runner.invoke(app, ["bench", *no_model, *args])
+    result = runner.invoke(app, ["bench", *command, *no_model, *args])
     assert_one_line_error(result, fragment)
     assert not (tmp_path / "out.json").exists()
+
+
+def test_bench_is_three_commands_and_an_option_before_a_commands_name_is_refused(tmp_path):
+    """`bench` measures per prompt; `bench batch` and `bench serve` are its commands, each with its
+    own options only. `bench --methods chain batch` would measure batch's default methods: it is
+    one line that says where the option goes."""
+    shown = runner.invoke(app, ["bench", "--help"], terminal_width=200)
+    assert shown.exit_code == 0
+    assert "batch" in shown.output and "serve" in shown.output
+    assert "--batch-sizes" not in shown.output and "--concurrency" not in shown.output  # the old spellings
+    assert "Server mode" not in shown.output and "Throughput mode" not in shown.output
+    batch_help = runner.invoke(app, ["bench", "batch", "--help"], terminal_width=200).output
+    assert "--batch-sizes" in batch_help and "--csv" not in batch_help and "--concurrency" not in batch_help
+    serve_help = runner.invoke(app, ["bench", "serve", "--help"], terminal_width=200).output
+    assert (
+        "--concurrency" in serve_help and "--requests-per-client" in serve_help and "--csv" not in serve_help
+    )
+    no_model = ["--target", str(tmp_path / "no-model")]
+    result = runner.invoke(app, ["bench", "--methods", "chain", "batch", *no_model, "--batch-sizes", "1"])
+    assert_one_line_error(result, "--methods goes after the command's name: specgen bench batch --methods")
+    assert (
+        runner.invoke(app, ["bench", "batch", *no_model, "--csv", "x.csv"]).exit_code == 2
+    )  # not its option
 
 
 def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_file, tmp_path):
@@ -1184,6 +1228,7 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
         app,
         [
             "bench",
+            "serve",
             *models,
             "--prompts",
             str(short_file),
@@ -1202,7 +1247,7 @@ def test_concurrency_mode_drives_a_server_and_reports_every_cell(models, short_f
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "specgen bench --concurrency" in result.stdout
+    assert "specgen bench serve" in result.stdout
     assert "draft length by batch width" in " ".join(result.stderr.split())
     data = json.loads(out.read_text())
     assert data["schema"] == "specgen-bench-concurrency/1" and data["settings"]["repeats"] == 2
@@ -1262,6 +1307,9 @@ def test_concurrency_mode_sends_the_runs_sampling_and_takes_specgens_own_methods
         ],
     )
     assert result.exit_code == 0, result.output
+    assert (
+        "`bench --concurrency` is now `specgen bench serve --concurrency`" in result.stderr
+    )  # the old spelling runs
     data = json.loads(out.read_text())
     assert {c["method"] for c in data["cells"]} == {m.value for m in Method if m is not Method.EAGLE}
     assert data["settings"]["sampling"]["temperature"] == 0.8 and "temperature 0.8" in result.stdout
@@ -1351,6 +1399,7 @@ def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_faile
     out = tmp_path / "conc.json"
     args = [
         "bench",
+        "serve",
         *models,
         "--prompts",
         str(short_file),
@@ -1417,6 +1466,7 @@ def test_throughput_mode_keeps_its_cells_when_one_fails(models, short_file, tmp_
         app,
         [
             "bench",
+            "batch",
             *models,
             "--prompts",
             str(short_file),
@@ -1438,19 +1488,32 @@ def test_throughput_mode_keeps_its_cells_when_one_fails(models, short_file, tmp_
     assert cells["chain"]["failed"] and cells["lookup"]["tokens_per_second"] > 0
     named = runner.invoke(
         app,
-        ["bench", *models, "--prompts", str(short_file), "--methods", "plain,chain/k2", "--batch-sizes", "1"],
+        [
+            "bench",
+            "batch",
+            *models,
+            "--prompts",
+            str(short_file),
+            "--methods",
+            "plain,chain/k2",
+            "--batch-sizes",
+            "1",
+        ],
     )
     assert named.exit_code == 1 and "'chain/k2' is not one" in named.stderr
 
 
-@pytest.mark.parametrize("mode", [[], ["--batch-sizes", "1"], ["--concurrency", "1"]])
-def test_a_prompt_past_the_context_is_one_line_before_any_mode_measures(models, tmp_path, mode):
+@pytest.mark.parametrize(
+    "command, mode", [([], []), (["batch"], ["--batch-sizes", "1"]), (["serve"], ["--concurrency", "1"])]
+)
+def test_a_prompt_past_the_context_is_one_line_before_any_mode_measures(models, tmp_path, command, mode):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "long", "category": "c", "prompt": "x " * 300}) + "\n")
     result = runner.invoke(
         app,
         [
             "bench",
+            *command,
             *models,
             "--prompts",
             str(prompts),

@@ -25,7 +25,7 @@ from specgen.bench import methods
 from specgen.bench.isolated import IsolatedRunner, RunnerFailed
 from specgen.bench.measure import BenchSettings
 from specgen.bench.runners import Generation
-from specgen.cli.bench import bench as bench_command
+from specgen.cli.bench import bench_app
 from specgen.config import GenerationConfig, SamplingConfig
 from specgen.decoding.prompts import PromptRecord
 from specgen.decoding.stats import Stats
@@ -58,7 +58,7 @@ def reaped(pid: int) -> bool:
 
 
 app = typer.Typer(add_completion=False)
-app.command()(bench_command)
+app.add_typer(bench_app, name="bench")
 
 
 @app.callback()

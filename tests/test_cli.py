@@ -56,7 +56,19 @@ def test_help_lists_commands():
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["run"], ["chat"], ["bench"], ["serve"], ["check"], ["train-head"], ["models", "list"]]
+    "command",
+    [
+        [],
+        ["run"],
+        ["chat"],
+        ["bench"],
+        ["bench", "batch"],
+        ["bench", "serve"],
+        ["serve"],
+        ["check"],
+        ["train-head"],
+        ["models", "list"],
+    ],
 )
 def test_flags_show_no_value_in_help(command):
     """--version, --help and every other flag take no value, so help shows none (`<bool>`)."""
@@ -72,9 +84,10 @@ def test_each_command_has_a_one_line_summary():
     that paragraph is one line."""
     group = typer.main.get_command(app)
     commands = dict(group.commands)
-    commands.update(
-        {f"models {name}": command for name, command in group.commands["models"].commands.items()}
-    )
+    for parent in ("models", "bench"):
+        commands.update(
+            {f"{parent} {name}": command for name, command in group.commands[parent].commands.items()}
+        )
     for name, command in commands.items():
         summary = (command.short_help or command.help or "").split("\n\n")[0].strip()
         assert summary and "\n" not in summary, (name, summary)

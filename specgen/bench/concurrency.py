@@ -1,9 +1,9 @@
-"""`specgen bench --concurrency 1,2,4,8`: a running HTTP server driven by N concurrent
+"""`specgen bench serve --concurrency 1,2,4,8`: a running HTTP server driven by N concurrent
 streaming clients, per method: aggregate throughput, time to first token and time per output
 token (p50 and p95 over the requests), speculative against plain at the same concurrency.
 
 Knows nothing about how the server was started: it is given the server's URL, key and model
-id (cli/bench.py starts one on the loaded pair). Stdlib HTTP only.
+id (cli/bench_serve.py starts one on the loaded pair). Stdlib HTTP only.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class ClientsCell:
         return [t.seconds_per_token for t in self.timings if t.seconds_per_token is not None] or [0.0]
 
     def record(self) -> dict:
-        """The cell as --concurrency's JSON writes it (RECORD_FIELDS, and the keys kept for a release)."""
+        """The cell as `bench serve`'s JSON writes it (RECORD_FIELDS, and the keys kept for a release)."""
         return with_old_keys({name: getattr(self, name) for name in RECORD_FIELDS})
 
 
@@ -124,7 +124,7 @@ def speculative(name: str) -> dict:
         return {"method": name}
     found = variant(name)
     if found is None:
-        raise ConfigError(f"--concurrency measures specgen's own methods; '{name}' is not one")
+        raise ConfigError(f"bench serve measures specgen's own methods; '{name}' is not one")
     method, overrides = found
     out = {"method": method.value}
     if "draft_tokens" in overrides:

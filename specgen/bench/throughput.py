@@ -1,4 +1,4 @@
-"""Throughput of batched decoding, and what deterministic mode costs: `specgen bench --batch-sizes`.
+"""Throughput of batched decoding, and what deterministic mode costs: `specgen bench batch`.
 
 One cell decodes the WHOLE prompt set with one (method, batch size, mode) and reports the
 aggregate throughput (all new tokens over the wall time from the first prefill to the last
@@ -13,7 +13,7 @@ reference of the same mode: plain at batch 1, off, for `off` cells (how often ba
 method changes the output when nothing enforces it) and the first deterministic cell of plain
 at batch 1 with the same window for deterministic cells (which must be 0).
 
-`BatchCell` is one method at one batch size in one mode; --concurrency's cells are
+`BatchCell` is one method at one batch size in one mode; `bench serve`'s cells are
 bench/concurrency.py's `ClientsCell`.
 """
 
@@ -98,7 +98,7 @@ class BatchCell:
         return None if self.mode == OFF or self.skipped is not None else self.totals.rollback_rate
 
     def record(self) -> dict:
-        """The cell as --batch-sizes's JSON writes it (RECORD_FIELDS, and the keys kept for a release)."""
+        """The cell as `bench batch`'s JSON writes it (RECORD_FIELDS, and the keys kept for a release)."""
         return with_old_keys({name: getattr(self, name) for name in RECORD_FIELDS})
 
 
@@ -181,7 +181,7 @@ def run_throughput(
     engine_methods = {m.value: m for m in Method}
     unknown = [m for m in names if m not in engine_methods]
     if unknown:
-        raise ConfigError(f"--batch-sizes measures specgen's own methods; '{unknown[0]}' is not one")
+        raise ConfigError(f"bench batch measures specgen's own methods; '{unknown[0]}' is not one")
     grid = [(name, size, window) for name in names for size in batch_sizes for window in modes]
     cells: list[BatchCell] = []
     try:

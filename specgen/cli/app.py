@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from specgen import __version__, ground
-from specgen.cli.bench import bench
+from specgen.cli.bench import bench_app
 from specgen.cli.chat import chat
 from specgen.cli.check import check
 from specgen.cli.models import models_app
@@ -65,10 +65,10 @@ def _root(
 
 app.command()(run)
 app.command()(chat)
-app.command()(bench)
 app.command()(serve)
 app.command()(check)
 app.command("train-head")(train_head)
+app.add_typer(bench_app, name="bench")  # per prompt; its commands `bench batch` and `bench serve`
 app.add_typer(models_app, name="models", help="The offline model catalog: list, pull, path, verify, rm.")
 
 
