@@ -213,9 +213,9 @@ def test_the_module_map_lists_every_module_and_only_modules_that_exist():
 
 
 def test_one_type_per_idea():
-    """One type per idea (a round is one type from verify to the live view, a bench cell one type
-    for batch widths and clients): no record repeats another's shape. Two dataclasses whose
-    fields are the same names hold one idea twice, and should be one type."""
+    """One type per idea (a round is one type from verify to the live view; a request the client
+    sent and the scheduler's ticket for it are two): no record repeats another's shape. Two
+    dataclasses whose fields are the same names hold one idea twice, and should be one type."""
     shapes: dict[frozenset, list[str]] = {}
     for path in MODULES.values():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
