@@ -122,6 +122,7 @@ def row_sensitive(bf16_pair):  # noqa: F811
     return replace(target, model=RowSensitive(target.model.inner)), draft
 
 
+@pytest.mark.slow  # over 10 s: the default run stays under 15 minutes
 @pytest.mark.parametrize(
     "sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, seed=9)], ids=["greedy", "sampling"]
 )

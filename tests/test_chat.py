@@ -995,6 +995,7 @@ def test_slash_commands_name_what_they_take(tiny_dirs, tiny_pair):
     assert "1 old turn dropped" in session.totals_lines()[-1]
 
 
+@pytest.mark.slow  # over 10 s: the default run stays under 15 minutes
 def test_keys_typed_during_a_reply_wait_for_the_next_prompt(models):
     """Keys typed while a reply streams are not echoed into the live view (its lines were
     printed twice); the next prompt's line holds them."""

@@ -67,7 +67,7 @@ def generate(pair, prompt, **settings):
     [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=11)],
     ids=["greedy", "sampling"],
 )
-@pytest.mark.parametrize("window", [8, 32])
+@pytest.mark.parametrize("window", [8, pytest.param(32, marks=pytest.mark.slow)])  # 32: 14 s each (-m slow)
 def test_every_method_and_draft_length_gives_the_same_tokens(bf16_pair, sampling, window):
     outputs = {}
     for settings in METHODS:

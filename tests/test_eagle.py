@@ -333,6 +333,7 @@ def first_two(target, draft, seeds, method: Method = Method.EAGLE) -> torch.Tens
     return torch.tensor(out)
 
 
+@pytest.mark.slow  # over 10 s: the default run stays under 15 minutes
 @pytest.mark.statistical
 def test_sampled_eagle_follows_the_target_law_and_the_control_fails(dirs, target, monkeypatch):
     """1000 generations of 2 tokens: pairs ~ q0(t1) q1(t2 | t1) (alpha 1e-3); with the
@@ -352,6 +353,7 @@ def test_sampled_eagle_follows_the_target_law_and_the_control_fails(dirs, target
     assert gof_pvalue(broken[:, 0], q0) < SMALL_ALPHA
 
 
+@pytest.mark.slow  # over 10 s: the default run stays under 15 minutes
 @pytest.mark.statistical
 def test_sampled_trees_from_a_head_follow_the_target_law_and_the_control_fails(dirs, target, monkeypatch):
     """RSD-C trees from a head (Gumbel-top-k children of its law over the target's vocabulary):

@@ -213,6 +213,7 @@ def test_auto_with_a_ray_address_that_is_gone_and_an_empty_address_are_one_line(
     assert result.exit_code == 1 and "--ray needs a cluster's ADDRESS" in result.output
 
 
+@pytest.mark.slow  # over 10 s: the default run stays under 15 minutes
 def test_serve_replicas_answer_behind_one_endpoint(models, tiny_dirs):
     """`serve --ray --replicas 2`: the HTTP app in two Ray Serve replicas; greedy answers are the
     ones `specgen run` gives in its own process, and a request without the key gets 401."""

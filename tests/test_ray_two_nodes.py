@@ -32,7 +32,7 @@ ray = pytest.importorskip("ray")
 from specgen.cli import app  # noqa: E402
 from specgen.scale import cluster  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two nodes, a kill: 24 s (-m slow)
 runner = CliRunner()
 PROMPTS = "".join(
     json.dumps({"prompt": f"prompt number {i}, " + "x" * (i % 5), "id": f"p{i}"}) + "\n" for i in range(24)
