@@ -69,6 +69,11 @@ class Proposal:
         return cls(tokens, tuple(range(tokens.shape[0])), kind, probs, origin=origin)
 
     @classmethod
+    def points(cls, tokens: list[int], origin: Origin) -> "Proposal":
+        """Copied tokens (prompt lookup, the suffix memory) as a chain of point masses."""
+        return cls.chain(torch.tensor(tokens, dtype=torch.int64), ProposalKind.DETERMINISTIC, origin=origin)
+
+    @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Proposal":
         return cls(torch.zeros(0, dtype=torch.long, device=device), (), ProposalKind.DETERMINISTIC)
 

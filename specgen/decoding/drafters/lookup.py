@@ -25,7 +25,7 @@ import torch
 from specgen.config import SamplingConfig, Scope
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, Proposal
-from specgen.decoding.drafters.suffix import Remembered, memory_proposal, remembered
+from specgen.decoding.drafters.suffix import Remembered, remembered
 from specgen.decoding.events import Origin
 from specgen.runtime.memories import Memories
 from specgen.text import common_prefix
@@ -108,8 +108,7 @@ class PromptLookupDrafter:
     @staticmethod
     def proposal(tokens: list[int] | None) -> Proposal:
         """Found tokens as a point-mass chain (none: an empty one)."""
-        ids = torch.tensor(tokens or [], dtype=torch.int64)
-        return Proposal.chain(ids, ProposalKind.DETERMINISTIC, origin=Origin.TEXT)
+        return Proposal.points(tokens or [], Origin.TEXT)
 
     # -- index maintenance -------------------------------------------------------------------
     def _sync(self, context: list[int], check_all: bool = False) -> None:
@@ -271,7 +270,7 @@ class LookupChain(BaseDrafter):
                 out[row] = PromptLookupDrafter.proposal(found)
             elif recalled is not None:
                 self.sources[row] = Source.MEMORY
-                out[row] = memory_proposal(recalled)
+                out[row] = Proposal.points(recalled, Origin.MEMORY)
             elif k > 0:
                 self.sources[row] = Source.MODEL
                 model_ks[row] = min(k, self.model_tokens or k)

@@ -15,10 +15,7 @@ speed only, never the output.
 
 from __future__ import annotations
 
-import torch
-
 from specgen.config import GenerationConfig, Scope
-from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Proposal
 from specgen.decoding.events import Origin
 from specgen.runtime.memories import Memories
@@ -93,12 +90,6 @@ def remembered(
         raise ValueError(f"row {row} joins a drafter of {len(rows)} rows")
 
 
-def memory_proposal(tokens: list[int]) -> Proposal:
-    """Tokens from the memory as a point-mass chain."""
-    ids = torch.tensor(tokens, dtype=torch.int64)
-    return Proposal.chain(ids, ProposalKind.DETERMINISTIC, origin=Origin.MEMORY)
-
-
 class SuffixDrafter(BaseDrafter):
     """The Drafter of `--method suffix` rows (see the module)."""
 
@@ -131,7 +122,7 @@ class SuffixDrafter(BaseDrafter):
                 continue
             self.proposed += 1
             self.drafted += len(found)
-            out.append(memory_proposal(found))
+            out.append(Proposal.points(found, Origin.MEMORY))
         return out
 
     def observe(self, row, path) -> None:
