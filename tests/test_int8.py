@@ -42,7 +42,7 @@ from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.build import build_engine
 from specgen.errors import ConfigError
 from specgen.models.load import load_pair
-from specgen.runtime import int8, kvcache, quant
+from specgen.runtime import fp32, int8, kvcache, quant
 from specgen.runtime.pair import Pair, load
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="torch lacks the x86/fbgemm int8 kernels")
@@ -164,6 +164,81 @@ def test_fused_parts_called_in_any_order_or_twice_stay_right():
         ]
         for name, inp in calls:
             assert torch.equal(getattr(fused, name)(inp), getattr(separate, name)(inp)), name
+
+
+# -- wide products through oneDNN (AMX CPUs) -------------------------------------------------------
+
+# the default target's (Qwen2.5-1.5B) linear shapes (out, in), and a tall one chunked as lm_head is
+TARGET_SHAPES = [(2048, 1536), (1536, 1536), (1536, 8960), (3000, 1536)]
+
+
+@pytest.mark.skipif(not int8.onednn.usable(), reason="wide int8 products stay fbgemm's on this CPU")
+@pytest.mark.parametrize("shape", TARGET_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_wide_products_go_through_onednn_with_fbgemm_s_numbers(shape, monkeypatch):
+    """A verify (onednn.WIDE rows or more) multiplies through oneDNN, a plain step through
+    fbgemm: each row's output is bitwise the same either way, at every width from 1 to 17."""
+    monkeypatch.setattr(int8, "CHUNK_ABOVE", 2500)  # the tall one as row chunks, as lm_head is
+    monkeypatch.setattr(int8, "CHUNK_ROWS", 1024)
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 0.02
+    linear = int8.linear_of(weight)
+    assert linear._wide is not None and len(linear._wide.weights) == (3 if shape[0] > 2500 else 1)
+    fbgemm_only = int8.RowInt8Linear.packed(linear._packed, shape, None)
+    x = torch.randn(17, shape[1], generator=torch.Generator().manual_seed(4))
+    x[5] *= 30.0
+    calls = []
+    product = int8.onednn.product
+    monkeypatch.setattr(int8.onednn, "product", lambda *a: calls.append(len(a[0])) or product(*a))
+    with torch.no_grad():
+        alone = torch.cat([fbgemm_only(x[i : i + 1]) for i in range(17)])
+        for width in range(1, 18):
+            assert torch.equal(linear(x[:width]), alone[:width]), width
+            assert torch.equal(fbgemm_only(x[:width]), alone[:width]), width
+    assert calls == list(range(int8.onednn.WIDE, 18))  # fbgemm below WIDE rows, oneDNN from it
+
+
+@pytest.mark.skipif(not int8.onednn.usable(), reason="wide int8 products stay fbgemm's on this CPU")
+def test_a_shape_where_onednn_rounds_otherwise_stays_with_fbgemm(monkeypatch):
+    """oneDNN takes another kernel for toy shapes at few rows (33 x 17 up to 7 rows here): such a
+    shape is packed for fbgemm only, and its rows stay exact at every width."""
+    monkeypatch.setattr(int8.onednn, "_checked", {})
+    linear = int8.linear_of(torch.randn(33, 17, generator=torch.Generator().manual_seed(5)))
+    fbgemm_only = int8.RowInt8Linear.packed(linear._packed, (33, 17), None)
+    x = torch.randn(9, 17, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(linear(x), torch.cat([fbgemm_only(x[i : i + 1]) for i in range(9)]))
+    agrees = int8.onednn._checked[(33, 17)]
+    assert (linear._wide is None) == (not agrees)
+
+
+@pytest.fixture
+def fresh_wide_choice(cache_env, monkeypatch):
+    int8.onednn.usable.cache_clear()
+    monkeypatch.setattr(int8.onednn, "_checked", {})
+    yield
+    int8.onednn.usable.cache_clear()
+
+
+def test_fbgemm_serves_every_width_where_onednn_cannot_and_says_so_once(
+    fresh_wide_choice, monkeypatch, capsys
+):
+    monkeypatch.setattr(int8.onednn, "unusable", lambda: "this CPU has no AMX")
+    assert int8.linear_of(torch.randn(64, 32))._wide is None
+    assert capsys.readouterr().err.count("fbgemm's kernel (this CPU has no AMX") == 1
+    int8.onednn.usable.cache_clear()  # another process on the same machine: no second line
+    assert not int8.onednn.usable() and capsys.readouterr().err == ""
+
+
+def test_a_onednn_that_disagrees_with_fbgemm_is_not_used_and_says_so(fresh_wide_choice, monkeypatch, capsys):
+    monkeypatch.setattr(int8.onednn, "unusable", lambda: None)
+    monkeypatch.setattr(int8.onednn, "product", lambda scaled, *rest: torch.zeros(len(scaled), 1024))
+    assert int8.linear_of(torch.randn(1024, 512))._wide is None
+    assert "does not give fbgemm's numbers for 1024x512" in capsys.readouterr().err
+
+
+def test_the_user_can_keep_fbgemm_for_every_width(fresh_wide_choice, monkeypatch, capsys):
+    monkeypatch.setenv(int8.onednn.ENV, "fbgemm")
+    assert not int8.onednn.usable() and int8.linear_of(torch.randn(64, 32))._wide is None
+    assert capsys.readouterr().err == ""  # chosen, so nothing to say
 
 
 # -- quantize_model and its on-disk cache ----------------------------------------------------------
@@ -509,7 +584,7 @@ def test_self_draft_accepts_most_drafts(self_draft_pair):
     assert sum(r.accepted for r in rounds) >= NEW_TOKENS // 2
 
 
-def shared_scale_row_linear(x, packed, bias):
+def shared_scale_row_linear(x, packed, bias, wide=None):
     """BROKEN on purpose: ONE activation scale for the whole forward (as torch's
     quantize_dynamic does), so a token's logits depend on the other tokens of its forward."""
     rows = x.float()
@@ -639,8 +714,8 @@ def test_a_16_bit_model_quantizes_without_an_fp32_copy_and_gives_the_same_logits
     weights = {}
     lean = int8.quantize_model(small_model(2).to(torch.bfloat16), store=weights.update)
     embedding = lean.get_input_embeddings()
-    assert isinstance(embedding, int8.Fp32Embedding) and embedding.weight.dtype == torch.bfloat16
-    assert int8.compute_dtype(lean) == torch.float32
+    assert isinstance(embedding, fp32.Fp32Embedding) and embedding.weight.dtype == torch.bfloat16
+    assert fp32.compute_dtype(lean) == torch.float32
     assert all(p.dtype == torch.float32 for n, p in lean.named_parameters() if "embed" not in n)
     assert torch.equal(logits_of(lean), logits_of(reference))
 

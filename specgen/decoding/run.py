@@ -22,13 +22,13 @@ from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.stats import Stats
 from specgen.decoding.views import Outcome, Renderer, logprob_entries, replay_text, round_text
-from specgen.runtime import int8
+from specgen.runtime import fp32
 from specgen.text import TextStream, TokenBytes, text_of
 
 
 def weight_format(engine: Engine) -> str:
     """The target's weight dtype, as the statistics name it."""
-    return str(int8.compute_dtype(engine.model)).removeprefix("torch.")
+    return str(fp32.compute_dtype(engine.model)).removeprefix("torch.")
 
 
 def fold(

@@ -22,6 +22,7 @@ caches them on disk); fbgemm's packing, whose layout cannot be saved, is redone 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -30,6 +31,8 @@ import torch
 from torch import nn
 
 from specgen.memory import release_freed
+from specgen.runtime import onednn
+from specgen.runtime.fp32 import rest_in_fp32
 
 FORMAT_VERSION = 1
 _ZERO_POINT = 64
@@ -106,8 +109,9 @@ def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
 def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
     """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel."""
     q, scales = quantize_weight(weight)
-    parts = _pack_all(_chunks(q, scales))
-    return RowInt8Linear(q, scales, bias, parts[0] if len(parts) == 1 else tuple(parts))
+    chunks = _chunks(q, scales)
+    parts = _pack_all(chunks)
+    return RowInt8Linear(q, scales, bias, parts[0] if len(parts) == 1 else tuple(parts), _wide(chunks, parts))
 
 
 def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -117,9 +121,12 @@ def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, t
     return [(q[i : i + CHUNK_ROWS], scales[i : i + CHUNK_ROWS]) for i in range(0, len(q), CHUNK_ROWS)]
 
 
-def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
+def row_linear(
+    x: torch.Tensor, packed, bias: torch.Tensor | None, wide: onednn.Wide | None = None
+) -> torch.Tensor:
     """y = x W^T + b with each row of `x` quantized on its own (see the module docstring).
-    `packed`: one fbgemm weight, or a tuple of row chunks of one.
+    `packed`: one fbgemm weight, or a tuple of row chunks of one; `wide`: the same weight packed
+    for oneDNN, which multiplies onednn.WIDE rows or more (AMX CPUs; bitwise fbgemm's output).
 
     Six dispatches on the hot path and no reshapes: fbgemm's op takes the input's leading
     dimensions as they are."""
@@ -127,7 +134,9 @@ def row_linear(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tens
     rows = x if dtype == torch.float32 else x.float()
     peak = torch.amax(torch.abs(rows), -1, True).clamp_(min=1e-30)  # 5x cheaper than vector_norm(inf)
     scaled = rows / peak
-    if isinstance(packed, tuple):
+    if wide is not None and scaled.numel() >= onednn.WIDE * scaled.shape[-1]:
+        out = onednn.product(scaled, _INPUT_SCALE, _ZERO_POINT, wide)
+    elif isinstance(packed, tuple):
         out = torch.cat([_int8_product(scaled, _INPUT_SCALE, _ZERO_POINT, p) for p in packed], -1)
     else:
         out = _int8_product(scaled, _INPUT_SCALE, _ZERO_POINT, packed)
@@ -141,6 +150,17 @@ def _int8_product(x, scale, zero_point, packed):
     return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, packed)
 
 
+def _wide(parts: list[tuple[torch.Tensor, torch.Tensor]], packed: list) -> onednn.Wide | None:
+    """Row chunks packed for oneDNN too, where it serves their wide products with the numbers of
+    their fbgemm packing `packed` (else None: fbgemm serves every width)."""
+    products = [
+        functools.partial(_int8_product, scale=_INPUT_SCALE, zero_point=_ZERO_POINT, packed=p) for p in packed
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors announce their deprecation
+        return onednn.packing(parts, products, _INPUT_SCALE, _ZERO_POINT)
+
+
 def _unpacked(packed) -> torch.Tensor:
     """The dequantized weight of one packed weight or of its row chunks."""
     chunks = packed if isinstance(packed, tuple) else (packed,)
@@ -150,19 +170,33 @@ def _unpacked(packed) -> torch.Tensor:
 class RowInt8Linear(nn.Module):
     """A drop-in nn.Linear replacement: int8 weights, per-row exact activation quantization."""
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, packed=None):
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        packed=None,
+        wide: onednn.Wide | None = None,
+    ):
+        """`packed` (with `wide`, oneDNN's packing where it serves wide products): the weight
+        already packed; else it is packed here."""
         super().__init__()
         self.out_features, self.in_features = qweight.shape
-        self._packed = packed if packed is not None else _pack(qweight, scales)
+        if packed is None:
+            packed = _pack(qweight, scales)
+            wide = _wide([(qweight, scales)], [packed])
+        self._packed, self._wide = packed, wide
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     @classmethod
-    def packed(cls, packed, shape: tuple[int, int], bias: torch.Tensor | None) -> "RowInt8Linear":
+    def packed(
+        cls, packed, shape: tuple[int, int], bias: torch.Tensor | None, wide: onednn.Wide | None = None
+    ) -> "RowInt8Linear":
         """One around an already packed weight (or its row chunks) of `shape` [N, K]."""
         linear = cls.__new__(cls)
         nn.Module.__init__(linear)
         linear.out_features, linear.in_features = shape
-        linear._packed = packed
+        linear._packed, linear._wide = packed, wide
         linear.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         return linear
 
@@ -172,7 +206,7 @@ class RowInt8Linear(nn.Module):
         return _unpacked(self._packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return row_linear(x, self._packed, self.bias)
+        return row_linear(x, self._packed, self.bias, self._wide)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
@@ -188,15 +222,15 @@ class _Fused:
     (tested). One product instead of three halves the cost of q/k/v at one row
     (benchmarks/code-choices.md)."""
 
-    def __init__(self, packed, bias: torch.Tensor | None, sizes: list[int]):
-        self.packed, self.bias, self.sizes = packed, bias, sizes
+    def __init__(self, packed, bias: torch.Tensor | None, sizes: list[int], wide: onednn.Wide | None = None):
+        self.packed, self.bias, self.sizes, self.wide = packed, bias, sizes, wide
         self._input = self._parts = None
         self._served: set[int] = set()
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
         if x is not self._input or index in self._served:  # a new input (or the same part asked twice)
             self._input, self._served = x, set()
-            self._parts = row_linear(x, self.packed, self.bias).split(self.sizes, -1)
+            self._parts = row_linear(x, self.packed, self.bias, self.wide).split(self.sizes, -1)
         part = self._parts[index]
         self._served.add(index)
         if len(self._served) == len(self.sizes):  # every sibling served: hold no tensors
@@ -290,11 +324,15 @@ def quantize_model(
     tasks.sort(key=lambda task: -task.size)
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # fbgemm packs a weight on one thread
         done = list(pool.map(_PackTask.pack, tasks))
-    packed = {}
+    packed, wides = {}, {}
     order = {job: i for i, job in enumerate(jobs)}
-    for task, results in sorted(zip(tasks, done), key=lambda item: (order[item[0].job], item[0].index)):
+    for task, (results, wide) in sorted(
+        zip(tasks, done), key=lambda item: (order[item[0].job], item[0].index)
+    ):
         packed.setdefault(task.job, []).extend(results)
+        wides.setdefault(task.job, []).append(wide)
     packed = {job: parts[0] if len(parts) == 1 else tuple(parts) for job, parts in packed.items()}
+    wides = {job: None if None in parts else onednn.joined(parts) for job, parts in wides.items()}
 
     def replace(name, module):
         parent_name, _, child = name.rpartition(".")
@@ -303,10 +341,10 @@ def quantize_model(
     for job in jobs:
         old = [model.get_submodule(n) for n in job]
         if len(job) == 1:
-            replace(job[0], RowInt8Linear.packed(packed[job], shapes[job[0]], old[0].bias))
+            replace(job[0], RowInt8Linear.packed(packed[job], shapes[job[0]], old[0].bias, wides[job]))
             continue
         bias = None if old[0].bias is None else torch.cat([m.bias.detach().float() for m in old])
-        fused = _Fused(packed[job], bias, [m.out_features for m in old])
+        fused = _Fused(packed[job], bias, [m.out_features for m in old], wides[job])
         for index, (name, module) in enumerate(zip(job, old)):
             replace(name, RowInt8Part(fused, index, module.in_features))
     rest_in_fp32(model)
@@ -330,8 +368,9 @@ class _PackTask:
         self.job, self.index, self._parts = job, index, parts
         self.size = sum(p.numel if isinstance(p, Deferred) else p[0].numel() for p in parts)
 
-    def pack(self) -> list:
-        """The packed weight, or its row chunks when tall. Then the freed int8 rows go back to
+    def pack(self) -> tuple[list, onednn.Wide | None]:
+        """The packed weight, or its row chunks when tall, and oneDNN's packing of them where it
+        serves wide products. Then the freed int8 rows go back to
         the system: glibc keeps a freed block below its mmap threshold (which grows to 32 MB) in
         the arena that allocated it while the packed copies come from the packing threads'
         arenas, so without this the int8 copies stayed resident until packing ended."""
@@ -343,41 +382,9 @@ class _PackTask:
             else (torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]))
         )
         del parts
-        packed = [_pack(*part) for part in _chunks(q, scales)]
-        del q, scales
+        chunks = _chunks(q, scales)
+        packed = [_pack(*part) for part in chunks]
+        wide = _wide(chunks, packed)
+        del q, scales, chunks
         release_freed()
-        return packed
-
-
-class Fp32Embedding(nn.Embedding):
-    """An input embedding that keeps its table in the dtype it was loaded in and returns fp32
-    rows: the int8 model's activations are fp32, and widening a 16-bit value is exact, so this
-    is bitwise what an fp32 table gives, at half the memory (0.47 GB for the 1.5B target)."""
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return super().forward(input_ids).float()
-
-
-def rest_in_fp32(model: nn.Module) -> None:
-    """Every parameter and buffer left after the linears became int8 (norms, biases, rotary
-    tables) in fp32; an input embedding keeps its table and returns fp32 rows (its class is
-    swapped, so hooks on it, such as a pruned head's, stay)."""
-    for module in model.modules():
-        if type(module) is nn.Embedding and module.weight.dtype in (torch.bfloat16, torch.float16):
-            module.__class__ = Fp32Embedding
-            continue
-        if isinstance(module, Fp32Embedding):
-            continue
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.is_floating_point() and param.dtype != torch.float32:
-                setattr(module, name, nn.Parameter(param.detach().float(), requires_grad=False))
-        for name, buffer in list(module.named_buffers(recurse=False)):
-            if buffer.is_floating_point() and buffer.dtype != torch.float32:
-                module._buffers[name] = buffer.float()
-
-
-def compute_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype a model's activations run in: fp32 behind an Fp32Embedding, else its weights'."""
-    if isinstance(model.get_input_embeddings(), Fp32Embedding):
-        return torch.float32
-    return next(model.parameters()).dtype
+        return packed, wide

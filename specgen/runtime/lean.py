@@ -82,10 +82,10 @@ def _rms(norm: nn.Module):
 def _single(module: nn.Module, exact: bool = True):
     """x -> module(x) without nn.Module's call machinery, for the linears we know."""
     if type(module) is int8.RowInt8Linear:
-        packed, bias = module._packed, module.bias
+        packed, bias, wide = module._packed, module.bias, module._wide
         if not exact:
-            return lambda x: _one_row_or_rows(x, packed, bias)
-        return lambda x: int8.row_linear(x, packed, bias)
+            return lambda x: _one_row_or_rows(x, packed, bias, wide)
+        return lambda x: int8.row_linear(x, packed, bias, wide)
     if type(module) is nn.Linear:
         weight, bias = module.weight, module.bias
         return lambda x: nn.functional.linear(x, weight, bias)
@@ -101,13 +101,13 @@ def _single(module: nn.Module, exact: bool = True):
     return module
 
 
-def _one_row_or_rows(x: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
+def _one_row_or_rows(x: torch.Tensor, packed, bias: torch.Tensor | None, wide=None) -> torch.Tensor:
     """A draft's int8 product (exact=False): one row through fbgemm's dynamic kernel (one
     dispatch; a single row's own scale, as int8.row_linear gives it, at a rounding apart), more
     rows through row_linear (a shared scale would let one outlier row, such as the first token
     of a prompt, coarsen every other row)."""
     if x.numel() != x.shape[-1] or x.dtype != torch.float32:
-        return int8.row_linear(x, packed, bias)
+        return int8.row_linear(x, packed, bias, wide)
     if isinstance(packed, tuple):
         out = torch.cat([torch.ops.quantized.linear_dynamic(x, p, True) for p in packed], -1)
     else:
@@ -125,9 +125,9 @@ def _group(modules: tuple[nn.Module, ...], exact: bool = True):
         and all(isinstance(m, int8.RowInt8Part) and m._fused is fused for m in modules)
         and [m._index for m in modules] == list(range(len(fused.sizes)))
     ):
-        packed, bias = fused.packed, fused.bias
+        packed, bias, wide = fused.packed, fused.bias, fused.wide
         product = int8.row_linear if exact else _one_row_or_rows
-        return lambda x: product(x, packed, bias)
+        return lambda x: product(x, packed, bias, wide)
     calls = tuple(_single(m, exact) for m in modules)
     return lambda x: torch.cat([call(x) for call in calls], -1)
 

@@ -17,7 +17,7 @@ from specgen.errors import SpecgenError
 from specgen.models import placement
 from specgen.models.families import text_config
 from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair, resolve
-from specgen.runtime import int8, int8_store, memories, quant
+from specgen.runtime import fp32, int8, int8_store, memories, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
 from specgen.runtime.memories import Memories
@@ -209,7 +209,7 @@ def quantize_draft(
     with status(f"{spec} weights for draft {draft.name} ...", quiet):
         model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
     return replace(
-        draft, model=model, dtype=int8.compute_dtype(model), weights=quant.describe_draft_quant(spec, model)
+        draft, model=model, dtype=fp32.compute_dtype(model), weights=quant.describe_draft_quant(spec, model)
     )
 
 
