@@ -102,6 +102,34 @@ def test_a_tree_goes_to_plain_rounds_at_once():
     assert row.ceiling == 0
 
 
+def test_a_row_joining_beside_others_starts_where_the_last_of_its_method_left_off():
+    """A plain request beside a drafting one: the drafting rows' verdict (plain rounds) is the
+    batch's, not the text's, so the next row of that method at that width starts from it; a row
+    alone, another method or another width starts afresh, and a row that measured too little
+    leaves nothing behind."""
+    plain = PlainSteps()
+    done = Floor(skip=False)
+    feed(done, 3 * floor.MIN_ROUNDS + 1, k=4, tokens=1.2, seconds=0.16, verify=0.11, plain=0.1)
+    assert done.ceiling == 0
+    plain.keep(done, Method.LOOKUP_CHAIN, 4)
+    short = Floor()
+    feed(short, 2, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)
+    plain.keep(short, Method.LOOKUP_CHAIN, 4)  # two rounds: no verdict, the last one stays
+    joining = Floor()
+    plain.start(joining, Method.LOOKUP_CHAIN, 4)
+    assert joining.ceiling == 0 and joining.retry == done.retry
+    assert feed(joining, floor.RETRY, k=4, tokens=1, seconds=0.1, verify=0.1, plain=0.1) == [0] * floor.RETRY
+    assert feed(joining, 1, k=4, tokens=1, seconds=0.1, verify=0.1, plain=0.1) == [1]  # then it probes
+    for method, width in ((Method.LOOKUP_CHAIN, 1), (Method.CHAIN, 4), (Method.LOOKUP_CHAIN, 3)):
+        other = Floor()
+        plain.start(other, method, width)
+        assert other.ceiling == NONE, (method, width)
+    continuing = Floor()
+    feed(continuing, 1, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)
+    plain.start(continuing, Method.LOOKUP_CHAIN, 4)  # a chat turn's row keeps its own
+    assert continuing.ceiling == NONE
+
+
 class SlowWrong(ScriptedDrafter):
     """Always wrong, and dear: each proposal takes `delay` seconds (a draft far slower than the
     target: drafting can only lose)."""

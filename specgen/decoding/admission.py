@@ -130,6 +130,7 @@ class Admission:
             self._settle(FRESH)
         state, first = self._join(request, origin)
         rows.append(state)
+        self.plain.start(state.floor, state.config.method, len(rows))
         yield self._event(
             state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds, state.prompt_logprobs)
         )
@@ -149,6 +150,7 @@ class Admission:
         finished, they stay in the cache: the next generation resumes or reuses one."""
         done = [state for state in rows if state.stop is not None]
         for state in done:
+            self.plain.keep(state.floor, state.config.method, len(rows))
             self.prefixes.save(self.cache, state.row, state.ids)
             self.drafter.finished(state.row, state.ids)
             yield self._event(state, Finished(state.stop))

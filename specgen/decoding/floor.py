@@ -35,6 +35,13 @@ floor is exact whatever it measures.
   right four times, then wrong), so only a clear loss lowers the ceiling: a row within noise of
   plain steps keeps drafting, which costs it nothing.
 
+A row that joins beside others starts where the last row of its method that finished at that
+width left off (`PlainSteps.start`, `PlainSteps.keep`): its ceiling and its wait before a
+probe. Beside other rows, what a drafting round costs is mostly the batch's (the rows that
+draft nothing wait through its draft steps), and a fresh floor needs a dozen rounds to go from
+the device's k to plain rounds: a whole short request (benchmarks/floor.md). Alone, a row starts
+afresh: what drafting gives then is its own text's.
+
 `--draft-tokens N` (a fixed choice, or a request's own draft length) has no floor: N is N.
 """
 
@@ -94,6 +101,8 @@ class PlainSteps:
         self.widths: dict[int, _Mean] = {}  # per width, its plain rounds' seconds
         self.drafted: dict[int, int] = {}  # per width, rounds since its last plain one
         self.explored: dict[int, int] = {}  # per width, rounds since its last explore round
+        # per (method, width), the ceiling and probe wait the last row that finished there had
+        self.left: dict[tuple[object, int], tuple[int, int]] = {}
 
     def seconds(self, width: int) -> float | None:
         """A plain round's seconds at `width`, once MIN_ROUNDS were measured and not stale."""
@@ -101,6 +110,19 @@ class PlainSteps:
         if mean is None or mean.count < MIN_ROUNDS or self.drafted.get(width, 0) > REFRESH:
             return None
         return mean.value
+
+    def start(self, floor: "Floor | NoFloor", method: object, width: int) -> None:
+        """A row of `method` joins a batch of `width` rows with `floor`: a fresh floor beside
+        other rows takes the ceiling and probe wait of the last such row that finished there."""
+        left = self.left.get((method, width))
+        if width > 1 and left is not None and isinstance(floor, Floor) and floor.fresh:
+            floor.ceiling, floor.retry = left
+
+    def keep(self, floor: "Floor | NoFloor", method: object, width: int) -> None:
+        """A row of `method` finished in a batch of `width` rows: its floor's ceiling and probe
+        wait, once it measured enough rounds to have a verdict."""
+        if isinstance(floor, Floor) and floor.rounds > MIN_ROUNDS:
+            self.left[(method, width)] = (floor.ceiling, floor.retry)
 
     def explore(self, width: int, unsure: bool) -> bool:
         """Whether the next round at `width` is a plain one, to measure it: some row is `unsure`,
@@ -174,12 +196,19 @@ class Floor:
     skip: bool = True
     wins: int = 0  # comparisons won at this ceiling
     drafted: int = 0  # the most tokens the row was allowed at this ceiling (its k)
+    rounds: int = 0  # rounds of the row, drafting or plain
     speedup: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x plain / seconds
     bound: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x verify / seconds
+
+    @property
+    def fresh(self) -> bool:
+        """No round ran under this floor yet."""
+        return self.rounds == 0
 
     def limit(self) -> int:
         """The most tokens the row drafts this round: its ceiling, or at the floor a one-token
         probe once `retry` plain rounds went by."""
+        self.rounds += 1
         if self.ceiling > 0:
             return self.ceiling
         self.plain_rounds += 1
