@@ -439,7 +439,8 @@ def test_json_schema(small_result, tmp_path):
         "ttft_seconds",
         "tokens_per_second",  # the old key of wall_tokens_per_second, for one release
         "wall_tokens_per_second",
-        "decode_tokens_per_second",
+        "decode_tokens_per_second",  # the old key of after_first_tokens_per_second, for one release
+        "after_first_tokens_per_second",
         "acceptance_rate",
         "tokens_per_target_forward",
         "target_forwards",
@@ -1332,7 +1333,14 @@ def test_rates_come_from_stats_under_one_name_each():
     generation = Generation([1] * 21, 2.0, 0.5, 1, stats, bench_runners.Known.DRAFTS)
     record = generation.record()
     assert record["wall_tokens_per_second"] == record["tokens_per_second"] == pytest.approx(10.5)
-    assert record["decode_tokens_per_second"] == pytest.approx(20 / 1.5)
+    assert (
+        record["after_first_tokens_per_second"]
+        == record["decode_tokens_per_second"]
+        == pytest.approx(20 / 1.5)
+    )
+    assert list(record).index("decode_tokens_per_second") + 1 == list(record).index(
+        "after_first_tokens_per_second"
+    )
     assert list(record).index("tokens_per_second") + 1 == list(record).index("wall_tokens_per_second")
     assert record["acceptance_rate"] == pytest.approx(0.7) and record["tokens_per_target_forward"] is None
 

@@ -111,7 +111,10 @@ def save(option: str, path: Path, write, fallback: bool) -> bool:
 
 # -- reports ---------------------------------------------------------------------------------
 # JSON keys kept for one release beside their new names, old -> new (benchmarks/methodology.md)
-OLD_KEYS = {"tokens_per_second": "wall_tokens_per_second"}
+OLD_KEYS = {
+    "tokens_per_second": "wall_tokens_per_second",
+    "decode_tokens_per_second": "after_first_tokens_per_second",  # the name `run`'s stats use otherwise
+}
 
 
 def to_json(result) -> dict:
@@ -165,7 +168,8 @@ CSV_COLUMNS = [
     "ttft_seconds",
     "tokens_per_second",  # the old key of wall_tokens_per_second, kept for one release
     "wall_tokens_per_second",
-    "decode_tokens_per_second",
+    "decode_tokens_per_second",  # the old key of after_first_tokens_per_second, kept for one release
+    "after_first_tokens_per_second",
     "acceptance_rate",
     "tokens_per_target_forward",
     "target_forwards",

@@ -46,7 +46,7 @@ RECORD_FIELDS = (
     "prefill_seconds",
     "ttft_seconds",
     "wall_tokens_per_second",  # and its old key, tokens_per_second, for one release (report.OLD_KEYS)
-    "decode_tokens_per_second",
+    "after_first_tokens_per_second",  # and its old key, decode_tokens_per_second, for one release
     "acceptance_rate",
     "tokens_per_target_forward",
     "target_forwards",
@@ -104,8 +104,9 @@ class Generation:
         return self.measured.wall_tokens_per_second
 
     @property
-    def decode_tokens_per_second(self) -> float | None:
-        """Tokens after the first arrival over the time after it, the same for every method."""
+    def after_first_tokens_per_second(self) -> float | None:
+        """Tokens after the first arrival over the time after it, the same for every method (not
+        Stats.decode_tokens_per_second, which is over the time after prefill)."""
         return self.measured.after_first_tokens_per_second
 
     # figures of the Stats that the runner counted (`known`), else None

@@ -297,7 +297,9 @@ class Conversation:
             "accepted": t.accepted,
             "acceptance_rate": round(t.acceptance_rate, 4),
             "tokens_per_target_forward": round(t.tokens_per_target_forward, 4),
-            "tokens_per_second": t.as_dict()["tokens_per_second"],  # null for a decode too short to time
+            # null for a decode too short to time; `tokens_per_second`, its old name, for one release
+            "decode_tokens_per_second": t.as_dict()["decode_tokens_per_second"],
+            "tokens_per_second": t.as_dict()["decode_tokens_per_second"],
             "prompt_tokens": t.prompt_tokens,
             "reused_tokens": t.reused_tokens,
             "prefilled_tokens": t.prompt_tokens - t.reused_tokens,

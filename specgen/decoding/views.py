@@ -124,7 +124,11 @@ def logprob_entries(tokens: list[int], logprobs: list[TokenLogprob], token_bytes
 def speed(stats) -> str:
     """The decode rate as shown: `12.3 tok/s`, or `– tok/s` where decoding took too little time to
     time (one token, which the prefill gives; a first round): 1 token in 40 us read 24963 tok/s."""
-    return f"{stats.tokens_per_second:.1f} tok/s" if stats.decode_seconds >= MIN_TIMED_SECONDS else "– tok/s"
+    return (
+        f"{stats.decode_tokens_per_second:.1f} tok/s"
+        if stats.decode_seconds >= MIN_TIMED_SECONDS
+        else "– tok/s"
+    )
 
 
 def summary_line(outcome: Outcome) -> str:

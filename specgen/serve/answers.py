@@ -38,7 +38,8 @@ def speculative_summary(stats) -> dict:
         "tokens_per_target_forward",
         "accepted_length_histogram",
         "time_to_first_token",
-        "tokens_per_second",
+        "decode_tokens_per_second",
+        "tokens_per_second",  # its old name, kept for one release
     )
     return {"method": stats.method, **{k: data[k] for k in keys}}
 
