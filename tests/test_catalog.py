@@ -582,7 +582,7 @@ def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(
 
     def stored():  # read from its int8 store, as a pair on the int8 path reads it
         planned = plan_model("tied", dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"))
-        return read_model(planned.reading(checked(planned.resolved, planned.dtype, quiet=True)), quiet=True)
+        return read_model(planned.reading(*checked(planned.resolved, planned.dtype, quiet=True)), quiet=True)
 
     blob = write_tiny_gguf(tmp_path / "src" / "tied.gguf", arch="qwen2", tied=True).read_bytes()
     model = publish(tmp_path / "index", "tied", blob, n_parts=2)

@@ -46,7 +46,7 @@ def from_store(gguf):
     path reads it: planned, its store checked, read with its linears on the meta device."""
     planned = plan_model(str(gguf), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"))
     return read_model(
-        planned.reading(int8_store.checked(planned.resolved, planned.dtype, quiet=True)), quiet=True
+        planned.reading(*int8_store.checked(planned.resolved, planned.dtype, quiet=True)), quiet=True
     )
 
 

@@ -4,8 +4,9 @@ Every read passes trust_remote_code=False: specgen never runs Python code that c
 model, and transformers then never asks on stdin whether to (see `plan.foreign_code`). A GGUF
 source is converted to a full-precision copy (once, cached) unless the plan reads it from a
 directory that keeps its linears apart (its int8 store, named by runtime/forms.py): then the
-model is built around that directory's other tensors, its linears' weights left on the meta
-device for the runtime to supply. `load_pair`, `load_draft` and `load_model` plan and read in one
+model is built around the tensors of the shards the plan names (the store's checked `rest`
+shards; no other file of it is opened), its linears' weights left on the meta device for the
+runtime to supply. `load_pair`, `load_draft` and `load_model` plan and read in one
 call, every model at full precision.
 """
 
@@ -159,7 +160,7 @@ def read_model(
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False)
             if planned.without_linears:
-                model = _without_linears(Path(resolved.path), dtype)
+                model = _without_linears(Path(resolved.path), planned.shards, dtype)
             else:
                 model = AutoModelForCausalLM.from_pretrained(
                     resolved.path,
@@ -223,17 +224,18 @@ def read_model(
     )
 
 
-def _without_linears(directory: Path, dtype: torch.dtype) -> nn.Module:
-    """The model of `directory`, built around its tensors with every linear's weight on the meta
-    device (they are kept apart, in int8: runtime/int8_store.py): the module tree is created on
-    the meta device (buffers such as rotary tables computed as usual), the directory's tensors
-    assigned, a tied output layer tied."""
+def _without_linears(directory: Path, shards: tuple[str, ...], dtype: torch.dtype) -> nn.Module:
+    """The model of `directory`, built around the tensors of `shards` with every linear's weight on
+    the meta device (they are kept apart, in int8: runtime/int8_store.py): the module tree is
+    created on the meta device (buffers such as rotary tables computed as usual), the shards'
+    tensors assigned, a tied output layer tied. No other file of the directory is opened: the
+    linears' own are checked by the runtime before it reads them (a damaged one is rebuilt)."""
     config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
     with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed as usual
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
     wanted = set(model.state_dict())
     tensors = {}
-    for shard in sorted(directory.glob("*.safetensors")):
+    for shard in shards:
         with safe_open(str(shard), framework="pt") as handle:
             tensors.update({name: handle.get_tensor(name) for name in handle.keys() if name in wanted})
     linears = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)}

@@ -36,13 +36,22 @@ class Planned:
     dtype: torch.dtype
     device: torch.device
     device_map: dict | None = None
-    # the directory holds every tensor but the linears' weights (an int8 store, runtime/int8_store.py):
-    # they stay on the meta device, and the runtime supplies them
-    without_linears: bool = False
+    # read from an int8 store (runtime/int8_store.py): the only weight files read, which hold every
+    # tensor but the linears' weights (those stay on the meta device, and the runtime supplies them:
+    # their files are its to check and read); () for any other model
+    shards: tuple[str, ...] = ()
 
-    def reading(self, directory: str | Path) -> "Planned":
-        """This model read from `directory`, whose linears' weights are kept apart (its int8 store)."""
-        return replace(self, resolved=replace(self.resolved, path=str(directory)), without_linears=True)
+    @property
+    def without_linears(self) -> bool:
+        return bool(self.shards)
+
+    def reading(self, directory: str | Path, shards) -> "Planned":
+        """This model read from `directory` (config, tokenizer), its weights from `shards` only,
+        its linears' weights kept apart (its int8 store's `rest` shards)."""
+        if not shards:
+            raise ValueError("a model read without its linears needs the files of its other tensors")
+        resolved = replace(self.resolved, path=str(directory))
+        return replace(self, resolved=resolved, shards=tuple(str(shard) for shard in shards))
 
 
 @dataclass(frozen=True)

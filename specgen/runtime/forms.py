@@ -5,7 +5,9 @@ A GGUF or catalog source on the CPU whose linears will run in int8 (`--target-qu
 none, never from a converted full-precision copy; every other model reads its full-precision
 files. This is the runtime's one step of the loading path between the models layer's two
 (models/plan.py plans the pair, models/load.py reads what the plan names): `choose` takes the
-plan and gives it back with each stored model's store as the directory it reads.
+plan and gives it back with each stored model's store as the directory it reads, and the
+store's checked `rest` shards as the only weight files read (its int8 shards are checked when
+their rows are read, int8_store.int8_weights).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def _draft_stored(planned: Planned, settings: ModelSettings) -> bool:
 
 
 def _from_store(planned: Planned, quiet: bool) -> Planned:
-    return planned.reading(int8_store.checked(planned.resolved, planned.dtype, quiet))
+    return planned.reading(*int8_store.checked(planned.resolved, planned.dtype, quiet))
 
 
 def _build_side_by_side(target: Planned, draft: Planned, quiet: bool = False) -> None:

@@ -17,8 +17,8 @@ store is built straight from the GGUF, one tensor at a time, and holds:
 The int8 tensors and the rest live in separate shards (`int8-*.safetensors`, `rest-*`), each
 with a checksum of its tensors, checked before they are read (a corrupted file is rebuilt with a
 notice). A model is built around the store without ever materializing a full-precision linear:
-`checked` gives the store, its `rest` shards checked; models/load.py reads it as a directory
-whose linears are kept apart (the module tree created on the meta device, buffers such as rotary
+`checked` gives the store and its `rest` shards, checked; models/load.py reads those shards only,
+the linears kept apart (the module tree created on the meta device, buffers such as rotary
 tables computed as usual, the non-linear tensors assigned); `int8_weights` then hands
 `int8.quantize_model` each linear's int8 rows, read only when its packing task runs. A pruned
 draft head's int8 rows are the kept rows of the output layer's (per output channel, so selecting
@@ -221,22 +221,25 @@ def _rebuilt(directory: Path, error: CorruptStore, source: Resolved, dtype: torc
     return ensure(resolved, dtype, quiet)
 
 
-def checked(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> Path:
-    """`ensure`, and the store's other tensors (the `rest` shards, what models/load.py reads
-    around the linears) checked against their checksums; a corrupted store is rebuilt once, with
-    a notice. The int8 shards are checked when their weights are read (`int8_weights`)."""
+def checked(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> tuple[Path, tuple[Path, ...]]:
+    """(the store, built first by `ensure` when missing; its `rest` shards), those shards checked
+    against their checksums: they hold every tensor but the linears' weights, and they are all
+    models/load.py reads of it (never the int8 shards: opened unchecked there, a damaged one failed
+    the load instead of being rebuilt). A corrupted store is rebuilt once, with a notice. The int8
+    shards are checked, header and checksum, when their weights are read (`int8_weights`,
+    `materialize_head`), and rebuilt the same way."""
     directory = ensure(resolved, dtype, quiet)
     try:
-        _readable(directory, "rest")
+        return directory, _readable(directory, "rest")
     except CorruptStore as error:
         directory = _rebuilt(directory, error, resolved, dtype, quiet)
-        _readable(directory, "rest")
-    return directory
+        return directory, _readable(directory, "rest")
 
 
-def _readable(directory: Path, prefix: str) -> None:
-    """The `prefix` shards' bytes match their checksums, and each opens as safetensors."""
-    for shard in sorted({file for file, _ in _verified(directory, prefix).values()}):
+def _readable(directory: Path, prefix: str) -> tuple[Path, ...]:
+    """The `prefix` shards, once their bytes match their checksums and each opens as safetensors."""
+    shards = tuple(sorted({file for file, _ in _verified(directory, prefix).values()}))
+    for shard in shards:
         try:
             with safe_open(str(shard), framework="pt"):
                 pass
@@ -245,6 +248,7 @@ def _readable(directory: Path, prefix: str) -> None:
                 f"{shard.name} of the int8 store {directory.name} cannot be read "
                 f"({str(error).splitlines()[0][:120]})"
             ) from None
+    return shards
 
 
 def int8_weights(
