@@ -437,7 +437,7 @@ def test_a_truncated_gguf_is_one_line_wherever_it_was_cut(tmp_path, cache, tiny_
     """A user's GGUF cut short (an interrupted download) fails in the gguf package's parser in
     many ways (IndexError, ValueError ...): each is one ModelError naming the file, for the
     conversion and the int8 store alike, and nothing is left in the cache."""
-    from specgen.models.load import resolve
+    from specgen.models.resolve import resolve
     from specgen.runtime import int8_store
 
     cut = tmp_path / "cut.gguf"
@@ -576,31 +576,22 @@ def test_a_catalog_model_on_the_int8_path_keeps_its_store_and_lets_the_gguf_go(
 ):
     """What the int8 path loads is all it keeps: the store. The GGUF is fetched again (and kept)
     only when something needs it, here llama.cpp's column asking for the file."""
-    from specgen.models.load import load_model
-    from specgen.runtime.int8_store import StoreBuilder
+    from specgen.models.load import read_model
+    from specgen.models.plan import plan_model
+    from specgen.runtime.int8_store import checked
+
+    def stored():  # read from its int8 store, as a pair on the int8 path reads it
+        planned = plan_model("tied", dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"))
+        return read_model(planned.reading(*checked(planned.resolved, planned.dtype, quiet=True)), quiet=True)
 
     blob = write_tiny_gguf(tmp_path / "src" / "tied.gguf", arch="qwen2", tied=True).read_bytes()
     model = publish(tmp_path / "index", "tied", blob, n_parts=2)
     monkeypatch.setitem(catalog.CATALOG, "tied", model)
     monkeypatch.setenv("SPECGEN_FIND_LINKS", str(tmp_path / "index"))
-    loaded = load_model(
-        "tied",
-        dtype=torch.bfloat16,
-        device_map=None,
-        input_device=torch.device("cpu"),
-        quiet=True,
-        builder=StoreBuilder(lambda device, dtype: True),
-    )
+    loaded = stored()
     assert list(catalog.holdings(model)) == ["int8"] and not (cache / "converted").exists()
     assert len(pip_calls) == 2
-    again = load_model(
-        "tied",
-        dtype=torch.bfloat16,
-        device_map=None,
-        input_device=torch.device("cpu"),
-        quiet=True,
-        builder=StoreBuilder(lambda device, dtype: True),
-    )
+    again = stored()
     assert len(pip_calls) == 2 and again.path == loaded.path  # a later load reads only the store
     assert Path(loaded.gguf_file()).read_bytes() == blob and len(pip_calls) == 4
     assert sorted(catalog.holdings(model)) == ["gguf", "int8"]

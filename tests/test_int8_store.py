@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 from specgen.config import Method, ModelSettings
 from specgen.models import cache as cache_mod
 from specgen.models import convert
-from specgen.models.load import load_model
-from specgen.runtime import int8, int8_store, pair, quant
+from specgen.models.load import load_model, read_model
+from specgen.models.plan import plan_model
+from specgen.runtime import forms, int8, int8_store, pair, quant
 
 IDS = torch.tensor([[5, 17, 99, 3, 40, 200, 7, 7, 120]])
 
@@ -40,6 +41,15 @@ def logits(model) -> torch.Tensor:
         return model(IDS).logits
 
 
+def from_store(gguf):
+    """The model of a GGUF source read from its int8 store (built first), as a pair on the int8
+    path reads it: planned, its store checked, read with its linears on the meta device."""
+    planned = plan_model(str(gguf), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"))
+    return read_model(
+        planned.reading(*int8_store.checked(planned.resolved, planned.dtype, quiet=True)), quiet=True
+    )
+
+
 def settings(target, draft, **kwargs) -> ModelSettings:
     return ModelSettings(target=str(target), draft=str(draft), device="cpu", dtype="bfloat16", **kwargs)
 
@@ -47,7 +57,7 @@ def settings(target, draft, **kwargs) -> ModelSettings:
 def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_converted_copy(
     cache, ggufs, capsys, monkeypatch
 ):
-    monkeypatch.setattr(pair.os, "cpu_count", lambda: 2)  # the draft's store is built beside the target's
+    monkeypatch.setattr(forms.os, "cpu_count", lambda: 2)  # the draft's store is built beside the target's
     loaded = pair.load(
         settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8"), Method.CHAIN
     )
@@ -73,15 +83,7 @@ def test_a_gguf_pair_on_the_int8_path_loads_from_its_store_bitwise_as_from_a_con
 @pytest.mark.parametrize("name", ["draft", "untied"])
 def test_a_pruned_int8_draft_from_the_store_is_the_one_from_a_converted_copy(cache, ggufs, name, monkeypatch):
     monkeypatch.setattr(convert, "SHARD_BYTES", 5_000)  # many shards: a weight and its scales may be apart
-    builder = int8_store.StoreBuilder(lambda device, dtype: True)
-    stored = load_model(
-        str(ggufs[name]),
-        dtype=torch.bfloat16,
-        device_map=None,
-        input_device=torch.device("cpu"),
-        quiet=True,
-        builder=builder,
-    )
+    stored = from_store(ggufs[name])
     directory = convert.ensure_converted(ggufs[name], torch.bfloat16, quiet=True)
     plain = load_model(
         str(directory), dtype=torch.bfloat16, device_map=None, input_device=torch.device("cpu"), quiet=True
@@ -174,7 +176,7 @@ def test_models_rm_and_list_see_the_store(cache, ggufs):
 
 
 def _resolved(gguf):
-    from specgen.models.load import resolve
+    from specgen.models.resolve import resolve
 
     return resolve(str(gguf), torch.bfloat16, quiet=True, convert=False)
 
@@ -233,17 +235,9 @@ def test_a_pruned_untied_draft_never_keeps_head_rows_of_a_damaged_store(cache, g
     """The head rows a pruned untied draft keeps for ids it reads later were read from the int8
     shards unchecked: other bytes became its rows (the checked linears were rebuilt, these not),
     a cut file a raw SafetensorError. Now the shards are checked first and rebuilt with a notice."""
-    builder = int8_store.StoreBuilder(lambda device, dtype: True)
 
     def draft():
-        loaded = load_model(
-            str(ggufs["untied"]),
-            dtype=torch.bfloat16,
-            device_map=None,
-            input_device=torch.device("cpu"),
-            quiet=True,
-            builder=builder,
-        )
+        loaded = from_store(ggufs["untied"])
         return quant.apply_draft_quant(
             loaded.model, "int8+prune", keep=100, special_ids=(318, 319), source=loaded.path
         )

@@ -90,6 +90,7 @@ def test_run_and_bench_refuse_custom_code(evil, tiny_dirs, command):
 
 def test_every_load_function_refuses_custom_code(evil, tiny_dirs):
     from specgen.models import load as models
+    from specgen.models import plan
 
     with pytest.raises(ModelError, match="never runs code"):
         models.load_pair(str(evil), None, device="cpu", dtype="float32", quiet=True)
@@ -97,7 +98,7 @@ def test_every_load_function_refuses_custom_code(evil, tiny_dirs):
     with pytest.raises(ModelError, match="never runs code"):
         models.load_draft(str(evil), target, device="cpu", dtype="float32", quiet=True)
     with pytest.raises(ModelError, match="never runs code"):  # the multi-GPU device map reads the config
-        models._split_map(str(evil), target.dtype, [0, 1], {0: 1 << 30, 1: 1 << 30}, quiet=True)
+        plan._split_map(str(evil), target.dtype, [0, 1], {0: 1 << 30, 1: 1 << 30}, quiet=True)
     assert not _ran(evil)
 
 

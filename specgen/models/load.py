@@ -1,49 +1,36 @@
-"""Resolve a model argument and load it with its tokenizer, dtype and placement.
+"""Read what a plan names (plan.py): each model's tokenizer and weights, checked, as a `LoadedModel`.
 
-A model argument resolves in this order: an existing local path (a Hugging Face directory or
-a .gguf file), a catalog name, a Hugging Face id (local HF cache, or the hub when reachable).
+Every read passes trust_remote_code=False: specgen never runs Python code that comes with a
+model, and transformers then never asks on stdin whether to (see `plan.foreign_code`). A GGUF
+source is converted to a full-precision copy (once, cached) unless the plan reads it from a
+directory that keeps its linears apart (its int8 store, named by runtime/forms.py): then the
+model is built around the tensors of the shards the plan names (the store's checked `rest`
+shards; no other file of it is opened), its linears' weights left on the meta device for the
+runtime to supply. `load_pair`, `load_draft` and `load_model` plan and read in one
+call, every model at full precision.
 """
 
 from __future__ import annotations
 
-import difflib
-import enum
-import hashlib
-import json
 import logging
 import os
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 import torch
+from accelerate import init_empty_weights
+from safetensors import safe_open
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from specgen.errors import ModelError
-from specgen.models import catalog, eagle_format, families, model_files
-from specgen.models import placement as placement_mod
-from specgen.models.convert import check_gguf, ensure_converted, file_key
-from specgen.models.head_dir import is_head
+from specgen.models import eagle_format, families, model_files
+from specgen.models.plan import PairPlan, Planned, foreign_code, plan_draft, plan_model, plan_pair
+from specgen.models.resolve import gguf_file
+from specgen.models.vocabulary import TEXT_DRAFTING, Vocabulary, compare_tokenizers, tokenizer_fingerprint
 from specgen.status import note, status
-from specgen.text import json_value
-
-TEXT_DRAFTING = "draft tokenizer differs: text-level drafting"
-ROUND_TRIP = "Hello, world! 12 + 30 = 42.\n"  # text any tokenizer a draft may use must decode back
-
-
-class Vocabulary(enum.Enum):
-    """How a draft's token ids relate to its target's (decided once, at load).
-
-    SHARED: the same tokenizer; the draft proposes target ids directly (the fast path).
-    TEXT: another tokenizer; drafts go through text (decoding/drafters/text.py).
-    HEAD: an EAGLE-3 head (models/eagle_head.py): no model of its own, it reads the target's
-    features and maps its draft vocabulary to target ids."""
-
-    SHARED = "shared"
-    TEXT = "text"
-    HEAD = "head"
 
 
 @dataclass
@@ -62,7 +49,7 @@ class LoadedModel:
     def gguf_file(self, quiet: bool = False) -> str | None:
         """The GGUF file the weights came from (a catalog model whose int8 store let it go
         fetches it again); None for sources without one."""
-        return None if self.gguf is None else str(_gguf_file(self.source, self.name, self.gguf, quiet))
+        return None if self.gguf is None else str(gguf_file(self.source, self.name, self.gguf, quiet))
 
     @property
     def context_length(self) -> int:
@@ -86,111 +73,32 @@ class LoadedModel:
         return frozenset(ids)
 
 
-@dataclass(frozen=True)
-class Resolved:
-    path: str | None  # a directory to load from, or a hub id; None for a GGUF source not yet converted
-    source: str
-    name: str
-    gguf: str | None = None  # the GGUF file of a GGUF or catalog source (a catalog model may have dropped it)
-    key: str | None = None  # what a GGUF source's derived files are named after
-
-    def gguf_file(self, quiet: bool = False) -> Path:
-        """The GGUF file, fetched again for a catalog model whose int8 store let it go."""
-        return _gguf_file(self.source, self.name, self.gguf, quiet)
-
-    def converted(self, dtype: torch.dtype, quiet: bool = False) -> "Resolved":
-        """This source with a full-precision directory to load (a GGUF converted once, cached)."""
-        if self.path is not None:
-            return self
-        key = self.key if self.source == "catalog" else None
-        return replace(self, path=str(ensure_converted(self.gguf_file(quiet), dtype, key=key, quiet=quiet)))
+def load_pair(
+    target: str,
+    draft: str | None,
+    *,
+    device: str = "auto",
+    draft_device: str | None = None,
+    dtype: str = "auto",
+    quiet: bool = False,
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """Plan and read target (and draft) at full precision, placed with accelerate; check that
+    their tokenizers agree."""
+    plan = plan_pair(target, draft, device=device, draft_device=draft_device, dtype=dtype, quiet=quiet)
+    return read_pair(plan, quiet)
 
 
-def _gguf_file(source: str, name: str, gguf: str, quiet: bool) -> Path:
-    """A GGUF or catalog source's file: a catalog model's is fetched (again, if its int8 store
-    let it go; a no-op when it is in place), a user's file is what it is."""
-    return catalog.fetch(catalog.CATALOG[name], quiet=quiet) if source == "catalog" else Path(gguf)
-
-
-class Builder(Protocol):
-    """Builds a model of a GGUF source in a form of its own instead of from a converted
-    full-precision copy (runtime/int8_store.py: the int8 linears and the rest). The models
-    layer calls it; the runtime layer that knows the form provides it."""
-
-    def accepts(self, resolved: Resolved, device: torch.device, dtype: torch.dtype) -> bool: ...
-
-    def prepare(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> str: ...
-
-    def load(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> object: ...
-
-
-class FullPrecision:
-    """The usual form: every model loads from its (converted) full-precision files."""
-
-    def accepts(self, resolved: Resolved, device: torch.device, dtype: torch.dtype) -> bool:
-        return False
-
-    def prepare(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> str:
-        raise AssertionError("never accepted")
-
-    load = prepare
-
-
-def resolve(arg: str, dtype: torch.dtype, quiet: bool = False, convert: bool = True) -> Resolved:
-    """Turn a --target/--draft value into something from_pretrained can load (with `convert`
-    False, a GGUF source is left unconverted and a catalog model unfetched: `Resolved.converted`)."""
-    if not arg.strip():  # Path("") is the current directory
-        raise ModelError("the name is empty; give a model directory, a .gguf file or a catalog name")
-    path = Path(arg).expanduser()
-    if path.exists():
-        if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelError(f"{path} is a directory but has no config.json; not a model directory")
-            return Resolved(str(path), "dir", path.name)
-        if not os.access(path, os.R_OK):
-            raise ModelError(f"cannot read {path}: permission denied")
-        if not _has_gguf_magic(path):
-            raise ModelError(f"{path} is not a GGUF file (no GGUF header) and not a model directory")
-        check_gguf(path)
-        found = Resolved(None, "gguf", path.name, str(path.resolve()), file_key(path))
-    elif arg in catalog.CATALOG:
-        model = catalog.CATALOG[arg]
-        found = Resolved(None, "catalog", arg, str(catalog.gguf_path(model)), model.name)
-    elif _looks_like_path(arg):
-        raise ModelError(f"model path {arg} does not exist")
-    elif arg.count("/") == 1 and not arg.startswith("/"):
-        return Resolved(arg, "hub", arg)
-    else:
-        close = difflib.get_close_matches(arg, list(catalog.CATALOG), n=3, cutoff=0.4)
-        hint = f"; did you mean: {', '.join(close)}?" if close else "; see `specgen models list`"
-        raise ModelError(f"unknown model '{arg}': not a local path, a catalog name or a hub id{hint}")
-    return found.converted(dtype, quiet) if convert else found
-
-
-TOKENIZER_KEYS = (
-    "eos_token",
-    "bos_token",
-    "pad_token",
-    "unk_token",
-    "added_tokens_decoder",
-    "additional_special_tokens",
-    "extra_special_tokens",
-)
-
-
-def tokenizer_fingerprint(path: str | None) -> str | None:
-    """A digest of what defines a local model's tokenizer for decoding (tokenizer.json and the
-    special tokens of tokenizer_config.json); None when it cannot be read that way (then the
-    tokenizer is loaded and compared as usual)."""
-    if path is None:
-        return None
-    try:
-        digest = hashlib.sha256(Path(path, "tokenizer.json").read_bytes())
-        config = json_value(Path(path, "tokenizer_config.json").read_bytes())
-        digest.update(json.dumps({k: config.get(k) for k in TOKENIZER_KEYS}, sort_keys=True).encode())
-    except (OSError, ValueError, AttributeError):  # AttributeError: a config that is not an object
-        return None
-    return digest.hexdigest()
+def load_draft(
+    draft: str,
+    target: LoadedModel,
+    *,
+    device: str = "auto",
+    draft_device: str | None = None,
+    dtype: str = "auto",
+    quiet: bool = False,
+) -> LoadedModel:
+    """Plan and read only the draft, placed as load_pair would place it."""
+    return read_draft(plan_draft(draft, device=device, draft_device=draft_device, dtype=dtype), target, quiet)
 
 
 def load_model(
@@ -202,42 +110,44 @@ def load_model(
     quiet: bool = False,
     role: str = "model",
     share_tokenizer: LoadedModel | None = None,
-    builder: Builder = FullPrecision(),
 ) -> LoadedModel:
-    """Load one model and its tokenizer; any failure is a one-line ModelError naming `role`
-    (target or draft) and the model. `share_tokenizer`: a model whose tokenizer to reuse when
-    both tokenizers are built from the same files (a draft of the target's family: saves
-    about a second per start), else the tokenizer is loaded.
+    """Plan and read one model at full precision (`read_model`)."""
+    planned = plan_model(arg, dtype=dtype, device_map=device_map, input_device=input_device, role=role)
+    return read_model(planned, quiet, share_tokenizer)
 
-    Every load passes trust_remote_code=False: specgen never runs Python code that comes with
-    a model, and transformers then never asks on stdin whether to (see `foreign_code`).
 
-    `builder`: a GGUF source it accepts is built in its form (int8 linears on the CPU) instead of
-    converted to a full-precision copy."""
-    try:
-        resolved = resolve(arg, dtype, quiet=quiet, convert=False)
-    except ModelError as exc:  # say which of the two it is
-        raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
-    if resolved.source == "dir":  # before anything else reads its JSON: one line naming the file and field
-        try:
-            model_files.check_model_dir(resolved.path, role)
-        except ModelError as exc:
-            raise ModelError(f"the {role} model: {exc}", hint=exc.hint) from None
-    if resolved.source == "dir" and resolved.path and is_head(resolved.path):
-        raise ModelError(
-            f"'{arg}' is an EAGLE-3 head, not a model: it drafts for its target",
-            hint="give it as --draft, with the model it was trained for as --target",
-        )
-    built = (
-        device_map is None
-        and resolved.source in ("gguf", "catalog")
-        and builder.accepts(resolved, input_device, dtype)
-    )
-    resolved = (
-        replace(resolved, path=builder.prepare(resolved, dtype, quiet))
-        if built
-        else resolved.converted(dtype, quiet)
-    )
+def read_pair(plan: PairPlan, quiet: bool = False) -> tuple[LoadedModel, LoadedModel | None]:
+    """The target, then the draft (`read_draft`), as `plan` names them."""
+    # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
+    # microcode slow path (ten times slower forwards: benchmarks/code-choices.md).
+    torch.set_flush_denormal(True)
+    target = read_model(plan.target, quiet)
+    return target, None if plan.draft is None else read_draft(plan.draft, target, quiet)
+
+
+def read_draft(planned: Planned, target: LoadedModel, quiet: bool = False) -> LoadedModel:
+    """The draft beside `target`: an EAGLE-3 head, or a model whose tokenizer is compared with
+    the target's (the same object when both are built from the same files)."""
+    if planned.resolved is None:
+        return _load_head(planned.arg, planned.device, target, quiet)
+    loaded = read_model(planned, quiet, share_tokenizer=target)
+    if loaded.tokenizer is target.tokenizer:  # a shared one is the same by construction
+        return loaded
+    vocabulary = compare_tokenizers(target.tokenizer, loaded.tokenizer)
+    if vocabulary is Vocabulary.TEXT:
+        note(TEXT_DRAFTING)
+    return replace(loaded, vocabulary=vocabulary)
+
+
+def read_model(
+    planned: Planned, quiet: bool = False, share_tokenizer: LoadedModel | None = None
+) -> LoadedModel:
+    """Read one planned model and its tokenizer; any failure is a one-line ModelError naming its
+    role (target or draft) and argument. `share_tokenizer`: a model whose tokenizer to reuse
+    when both tokenizers are built from the same files (a draft of the target's family: saves
+    about a second per start), else the tokenizer is loaded."""
+    arg, role, dtype = planned.arg, planned.role, planned.dtype
+    resolved = planned.resolved if planned.without_linears else planned.resolved.converted(dtype, quiet)
     # local directories (and the converted cache) load safetensors only: never a pickled .bin
     local = {"use_safetensors": True} if resolved.source != "hub" else {}
     tokenizer = None
@@ -249,11 +159,15 @@ def load_model(
         with status(f"loading {role} {resolved.name} ...", quiet), _quiet_transformers():
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=False)
-            if built:
-                model = builder.load(resolved, dtype, quiet)
+            if planned.without_linears:
+                model = _without_linears(Path(resolved.path), planned.shards, dtype)
             else:
                 model = AutoModelForCausalLM.from_pretrained(
-                    resolved.path, dtype=dtype, device_map=device_map, trust_remote_code=False, **local
+                    resolved.path,
+                    dtype=dtype,
+                    device_map=planned.device_map,
+                    trust_remote_code=False,
+                    **local,
                 )
     except OSError as exc:
         if resolved.source == "hub":
@@ -303,11 +217,39 @@ def load_model(
         tokenizer,
         resolved.name,
         resolved.source,
-        input_device,
+        planned.device,
         dtype,
         resolved.path if resolved.source != "hub" else None,
         gguf=resolved.gguf,
     )
+
+
+def _without_linears(directory: Path, shards: tuple[str, ...], dtype: torch.dtype) -> nn.Module:
+    """The model of `directory`, built around the tensors of `shards` with every linear's weight on
+    the meta device (they are kept apart, in int8: runtime/int8_store.py): the module tree is
+    created on the meta device (buffers such as rotary tables computed as usual), the shards'
+    tensors assigned, a tied output layer tied. No other file of the directory is opened: the
+    linears' own are checked by the runtime before it reads them (a damaged one is rebuilt)."""
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed as usual
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+    wanted = set(model.state_dict())
+    tensors = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys() if name in wanted})
+    linears = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    missing = wanted - set(tensors) - linears
+    if missing:
+        raise ModelError(
+            f"the int8 store {directory.name} lacks {sorted(missing)[0]}",
+            hint=f"remove {directory} to build it again",
+        )
+    model.load_state_dict(tensors, strict=False, assign=True)
+    head = model.get_output_embeddings()
+    if isinstance(head, nn.Linear) and model.config.get_text_config().tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
 
 
 def _masked_attention(model) -> None:
@@ -320,86 +262,6 @@ def _masked_attention(model) -> None:
         model.set_attn_implementation("sdpa")
     except (ValueError, ImportError):
         model.set_attn_implementation("eager")
-
-
-def load_pair(
-    target: str,
-    draft: str | None,
-    *,
-    device: str = "auto",
-    draft_device: str | None = None,
-    dtype: str = "auto",
-    quiet: bool = False,
-    target_builder: Builder = FullPrecision(),
-    draft_builder: Builder = FullPrecision(),
-) -> tuple[LoadedModel, LoadedModel | None]:
-    """Load target (and draft), placed with accelerate; check that their tokenizers agree. A
-    builder builds the GGUF sources it accepts in its own form (`load_model`)."""
-    # Dequantized GGUF weights drive some activations subnormal; on x86 CPUs those take a
-    # microcode slow path (ten times slower forwards: benchmarks/code-choices.md).
-    torch.set_flush_denormal(True)
-    cuda_count, budgets = _gpus()
-    kind, gpus, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
-    first = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
-    torch_dtype = placement_mod.resolve_dtype(dtype, first)
-    if kind == "split":
-        target_map = _split_map(target, torch_dtype, gpus, budgets, quiet)
-        target_dev = placement_mod.first_device(target_map)
-    else:
-        target_map = {"": str(first)} if gpus else None
-        target_dev = first
-    loaded_target = load_model(
-        target,
-        dtype=torch_dtype,
-        device_map=target_map,
-        input_device=target_dev,
-        quiet=quiet,
-        role="target",
-        builder=target_builder,
-    )
-    if draft is None:
-        return loaded_target, None
-    return loaded_target, _load_draft_on(draft, draft_dev, dtype, loaded_target, quiet, draft_builder)
-
-
-def load_draft(
-    draft: str,
-    target: LoadedModel,
-    *,
-    device: str = "auto",
-    draft_device: str | None = None,
-    dtype: str = "auto",
-    quiet: bool = False,
-    builder: Builder = FullPrecision(),
-) -> LoadedModel:
-    """Load only the draft, placed as load_pair would place it (chat's /method and /load)."""
-    cuda_count, budgets = _gpus()
-    _, _, draft_dev = placement_mod.plan(device, draft_device, cuda_count, budgets)
-    return _load_draft_on(draft, draft_dev, dtype, target, quiet, builder)
-
-
-def _load_draft_on(
-    draft: str, draft_dev: torch.device, dtype: str, target: LoadedModel, quiet: bool, builder: Builder
-) -> LoadedModel:
-    if is_head(draft):
-        return _load_head(draft, draft_dev, target, quiet)
-    draft_dtype = placement_mod.resolve_dtype(dtype, draft_dev)
-    loaded = load_model(
-        draft,
-        dtype=draft_dtype,
-        device_map={"": str(draft_dev)} if draft_dev.type == "cuda" else None,
-        input_device=draft_dev,
-        quiet=quiet,
-        role="draft",
-        share_tokenizer=target,
-        builder=builder,
-    )
-    if loaded.tokenizer is target.tokenizer:  # a shared one is the same by construction
-        return loaded
-    vocabulary = compare_tokenizers(target.tokenizer, loaded.tokenizer)
-    if vocabulary is Vocabulary.TEXT:
-        note(TEXT_DRAFTING)
-    return replace(loaded, vocabulary=vocabulary)
 
 
 def _load_head(path: str, device: torch.device, target: LoadedModel, quiet: bool) -> LoadedModel:
@@ -420,78 +282,6 @@ def _load_head(path: str, device: torch.device, target: LoadedModel, quiet: bool
         path=str(path),
         vocabulary=Vocabulary.HEAD,
     )
-
-
-def _gpus() -> tuple[int, dict[int, int] | None]:
-    """CUDA device count, and free memory per GPU when there are several."""
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    budgets = {i: torch.cuda.mem_get_info(i)[0] for i in range(cuda_count)} if cuda_count > 1 else None
-    return cuda_count, budgets
-
-
-def compare_tokenizers(target_tok, draft_tok) -> Vocabulary:
-    """SHARED when both tokenizers map the same ids to the same tokens with the same special
-    tokens, else TEXT (a draft of another family drafts through text). A draft tokenizer that
-    cannot give text back (ROUND_TRIP does not survive encode + decode) is refused: text-level
-    drafting needs it."""
-    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    same = target_vocab == draft_vocab and all(
-        getattr(target_tok, attr, None) == getattr(draft_tok, attr, None)
-        for attr in ("eos_token", "bos_token", "pad_token", "unk_token")
-    )
-    if same:
-        return Vocabulary.SHARED
-    try:
-        text = draft_tok.decode(
-            draft_tok.encode(ROUND_TRIP, add_special_tokens=False),
-            skip_special_tokens=True,
-            clean_up_tokenization_spaces=False,
-        )
-    except Exception as exc:  # a tokenizer without a decoder, a broken one
-        raise ModelError(
-            f"draft and target tokenizers differ, and the draft's cannot decode text: {_first_line(exc)}"
-        ) from None
-    if text.strip() != ROUND_TRIP.strip():
-        raise ModelError(
-            f"draft and target tokenizers differ, and the draft's does not give text back "
-            f"({ROUND_TRIP.strip()!r} decodes to {text.strip()!r}); text-level drafting needs it"
-        )
-    return Vocabulary.TEXT
-
-
-def _split_map(target: str, dtype: torch.dtype, gpus: list[int], budgets, quiet: bool) -> dict:
-    resolved = resolve(target, dtype, quiet=quiet)
-    try:
-        config = AutoConfig.from_pretrained(resolved.path, trust_remote_code=False)
-    except ValueError as exc:
-        if "custom code" in str(exc):
-            raise foreign_code("target", target) from None
-        raise ModelError(f"cannot read the target model's config '{target}': {_first_line(exc)}") from None
-    max_memory = {g: int(budgets[g] * 0.85) for g in gpus}
-    return placement_mod.split_device_map(config, dtype, max_memory)
-
-
-def foreign_code(role: str, arg: str) -> ModelError:
-    """A model whose architecture exists only as Python code shipped with it (`auto_map`).
-    Every load passes trust_remote_code=False: specgen never runs a model's own code, and
-    transformers then never asks on stdin (where a scripted chat's lines would answer)."""
-    return ModelError(
-        f"the {role} model '{arg}' needs its own Python code to load (an auto_map to custom "
-        "code); specgen never runs code that comes with a model",
-        hint="use a model whose architecture transformers supports natively",
-    )
-
-
-def _has_gguf_magic(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
-def _looks_like_path(arg: str) -> bool:
-    return arg.startswith((".", "/", "~")) or arg.lower().endswith(".gguf") or os.sep + os.sep in arg
 
 
 def _mismatch(path: str) -> str:

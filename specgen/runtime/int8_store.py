@@ -15,18 +15,19 @@ store is built straight from the GGUF, one tensor at a time, and holds:
 * the config, generation config and tokenizer files.
 
 The int8 tensors and the rest live in separate shards (`int8-*.safetensors`, `rest-*`), each
-with a checksum of its tensors, checked when it loads (a corrupted file is rebuilt with a
-notice). `load_model` builds the model around the store without ever materializing a
-full-precision linear: the module tree is created with its parameters on the meta device
-(accelerate's `init_empty_weights`, buffers such as rotary tables computed as usual) and the
-non-linear tensors are assigned. `int8_weights` then hands `int8.quantize_model` each linear's
-int8 rows, read only when its packing task runs. A pruned draft head's int8 rows are the kept
-rows of the output layer's (per output channel, so selecting rows commutes with quantizing).
-An untied output layer is stored in int8 only: a pruned draft reads its dequantized rows.
+with a checksum of its tensors, checked before they are read (a corrupted file is rebuilt with a
+notice). A model is built around the store without ever materializing a full-precision linear:
+`checked` gives the store and its `rest` shards, checked; models/load.py reads those shards only,
+the linears kept apart (the module tree created on the meta device, buffers such as rotary
+tables computed as usual, the non-linear tensors assigned); `int8_weights` then hands
+`int8.quantize_model` each linear's int8 rows, read only when its packing task runs. A pruned
+draft head's int8 rows are the kept rows of the output layer's (per output channel, so selecting
+rows commutes with quantizing). An untied output layer is stored in int8 only: a pruned draft
+reads its dequantized rows.
 
 Layout: `$SPECGEN_CACHE/int8/<key>-<dtype>.store/` with a `.complete` marker recording its
 source, written at a temporary name under a lock and renamed into place like every other cache
-entry. `StoreBuilder` is the `models.load.Builder` that loads a model this way.
+entry. Which models load from their store is runtime/forms.py's choice.
 """
 
 from __future__ import annotations
@@ -43,17 +44,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from accelerate import init_empty_weights
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from specgen.errors import ModelError
 from specgen.ground import atomic_write, cache_root, locked
 from specgen.memory import release_freed
 from specgen.models import catalog, convert
 from specgen.models.cache import check_writable, converted_dirs
-from specgen.models.load import Resolved
+from specgen.models.resolve import Resolved
 from specgen.runtime import int8
 from specgen.status import note, status
 
@@ -198,21 +197,6 @@ class CorruptStore(ModelError):
     """A store file whose bytes no longer match their checksum."""
 
 
-def _read(directory: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the `prefix` shards, once their bytes match their checksums."""
-    tensors = {}
-    for shard in sorted({file for file, _ in _verified(directory, prefix).values()}):
-        try:
-            with safe_open(str(shard), framework="pt") as handle:
-                tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
-        except Exception as error:  # noqa: BLE001 (SafetensorError, OSError): a damaged file, rebuilt
-            raise CorruptStore(
-                f"{shard.name} of the int8 store {directory.name} cannot be read "
-                f"({str(error).splitlines()[0][:120]})"
-            ) from None
-    return tensors
-
-
 def _marker(directory: Path) -> tuple[Resolved, torch.dtype]:
     """The source a store was built from and its dtype, as its marker records them."""
     try:
@@ -237,29 +221,34 @@ def _rebuilt(directory: Path, error: CorruptStore, source: Resolved, dtype: torc
     return ensure(resolved, dtype, quiet)
 
 
-def load_model(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> nn.Module:
-    """The model of the store at `resolved.path`, its linears on the meta device until
-    `int8_weights` replaces them; a corrupted store is rebuilt once, with a notice."""
-    directory = Path(resolved.path)
+def checked(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> tuple[Path, tuple[Path, ...]]:
+    """(the store, built first by `ensure` when missing; its `rest` shards), those shards checked
+    against their checksums: they hold every tensor but the linears' weights, and they are all
+    models/load.py reads of it (never the int8 shards: opened unchecked there, a damaged one failed
+    the load instead of being rebuilt). A corrupted store is rebuilt once, with a notice. The int8
+    shards are checked, header and checksum, when their weights are read (`int8_weights`,
+    `materialize_head`), and rebuilt the same way."""
+    directory = ensure(resolved, dtype, quiet)
     try:
-        rest = _read(directory, "rest")
+        return directory, _readable(directory, "rest")
     except CorruptStore as error:
         directory = _rebuilt(directory, error, resolved, dtype, quiet)
-        rest = _read(directory, "rest")
-    config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed as usual
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
-    linears = {f"{name}.weight" for name in int8.linear_names(model)}
-    missing = set(model.state_dict()) - set(rest) - linears
-    if missing:
-        raise ModelError(
-            f"the int8 store {directory.name} lacks {sorted(missing)[0]}",
-            hint=f"remove {directory} to build it again",
-        )
-    model.load_state_dict(rest, strict=False, assign=True)
-    if _tied_head(model) is not None:
-        model.tie_weights()
-    return model.eval()
+        return directory, _readable(directory, "rest")
+
+
+def _readable(directory: Path, prefix: str) -> tuple[Path, ...]:
+    """The `prefix` shards, once their bytes match their checksums and each opens as safetensors."""
+    shards = tuple(sorted({file for file, _ in _verified(directory, prefix).values()}))
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="pt"):
+                pass
+        except Exception as error:  # noqa: BLE001 (SafetensorError, OSError): a damaged file, rebuilt
+            raise CorruptStore(
+                f"{shard.name} of the int8 store {directory.name} cannot be read "
+                f"({str(error).splitlines()[0][:120]})"
+            ) from None
+    return shards
 
 
 def int8_weights(
@@ -407,20 +396,3 @@ def materialize_head(directory: str | os.PathLike, model: nn.Module, quiet: bool
         rows = slice(start, start + int8.QUANTIZE_ROWS)
         weight[rows] = q[rows].float() * scales[rows, None]
     model.get_output_embeddings().weight = nn.Parameter(weight, requires_grad=False)
-
-
-class StoreBuilder:
-    """`models.load.Builder` of the int8 form: a GGUF or catalog source on the CPU whose linears
-    `wanted(device, dtype)` says will be int8 loads from its store, never from a converted copy."""
-
-    def __init__(self, wanted: Callable[[torch.device, torch.dtype], bool]):
-        self.wanted = wanted
-
-    def accepts(self, resolved: Resolved, device: torch.device, dtype: torch.dtype) -> bool:
-        return device.type == "cpu" and int8.available() and self.wanted(device, dtype)
-
-    def prepare(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> str:
-        return str(ensure(resolved, dtype, quiet))
-
-    def load(self, resolved: Resolved, dtype: torch.dtype, quiet: bool) -> nn.Module:
-        return load_model(resolved, dtype, quiet)

@@ -3,27 +3,22 @@ runtime runs (int8 target, cheaper draft), and the fixed-shape mode of their ste
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
-import threading
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from specgen import ground
 from specgen.config import Method, ModelSettings
-from specgen.errors import SpecgenError
-from specgen.models import placement
 from specgen.models.families import text_config
-from specgen.models.load import LoadedModel, Vocabulary, load_draft, load_pair, resolve
-from specgen.runtime import fp32, int8, int8_store, memories, quant
+from specgen.models.load import LoadedModel, Vocabulary, read_draft, read_pair
+from specgen.models.plan import plan_draft, plan_pair
+from specgen.runtime import forms, fp32, int8, int8_store, memories, quant
 from specgen.runtime.compiled import resolve_compile
 from specgen.runtime.exact_attention import use_exact_attention
 from specgen.runtime.memories import Memories
 from specgen.runtime.prefixes import DEFAULT_MIB, PrefixStore
 from specgen.runtime.probe import require_exact
-from specgen.status import note, status
+from specgen.status import status
 
 
 @dataclass
@@ -68,22 +63,24 @@ def check(settings: ModelSettings) -> None:
 
 
 def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
-    """Load the pair `method` needs (no draft for plain and lookup), in the formats `settings` ask."""
+    """Load the pair `method` needs (no draft for plain and lookup), in the formats `settings` ask.
+    A straight path, each step called once with what the last returned (no callbacks): models/
+    plans the pair (plan.py), the runtime chooses each model's form (forms.py: the int8 path's
+    stores, built once), models/ reads what the plan names (load.py), and the runtime checks the
+    models and puts their weights in the formats they run in (below)."""
     check(settings)
     draft = settings.draft if method.needs_draft_model else None
-    if draft is not None:
-        build_side_by_side(settings, quiet)
-    dtype_auto = _dtype_auto(settings)
-    target, loaded_draft = load_pair(
+    plan = plan_pair(
         settings.target,
         draft,
         device=settings.device,
         draft_device=settings.draft_device,
         dtype=settings.dtype,
         quiet=quiet,
-        target_builder=_target_builder(settings),
-        draft_builder=_draft_builder(settings),
     )
+    plan = forms.choose(plan, settings, quiet)
+    target, loaded_draft = read_pair(plan, quiet)
+    dtype_auto = forms.dtype_auto(settings)
     for role, loaded in (("target", target), ("draft", loaded_draft)):
         if loaded is not None and loaded.vocabulary is not Vocabulary.HEAD:
             require_exact(loaded.model, loaded.name, role)
@@ -103,90 +100,6 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     else:
         pair.memories.configure(settings.memory)
     return pair
-
-
-def _dtype_auto(settings: ModelSettings) -> bool:
-    return (settings.dtype or "auto").strip().lower() == "auto"
-
-
-def _target_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
-    """A GGUF target that will run with int8 linears on the CPU loads from its int8 store."""
-    wants = quant.target_wants_int8(settings.target_quant, _dtype_auto(settings))
-    return int8_store.StoreBuilder(lambda device, dtype: wants)
-
-
-def _draft_builder(settings: ModelSettings) -> int8_store.StoreBuilder:
-    """A GGUF draft whose `--draft-quant` makes every linear int8 loads from its int8 store."""
-    return int8_store.StoreBuilder(
-        lambda device, dtype: quant.draft_wants_int8(
-            settings.draft_quant, device, dtype, _dtype_auto(settings)
-        )
-    )
-
-
-def build_side_by_side(settings: ModelSettings, quiet: bool = False) -> None:
-    """On a first run, build the draft's int8 store in a child process while this one builds the
-    target's. Each build spends most of its time on one thread (parsing the GGUF's vocabulary,
-    making the tokenizer from it), so two cores do the two side by side (benchmarks/first-run.md).
-    Does nothing unless both are GGUF sources on the CPU's int8 path with no store yet; a child
-    that fails changes nothing (the draft's own load builds it and says why)."""
-    if torch.cuda.is_available() or (os.cpu_count() or 1) < 2:
-        return
-    cpu = torch.device("cpu")
-    try:
-        placement.plan(settings.device, settings.draft_device, 0)
-        dtype = placement.resolve_dtype(settings.dtype, cpu)
-        sources = [
-            resolve(arg, dtype, quiet=True, convert=False) for arg in (settings.target, settings.draft)
-        ]
-    except SpecgenError:
-        return  # the load says why
-    builders = (_target_builder(settings), _draft_builder(settings))
-    if sources[0].key == sources[1].key or not all(
-        r.source in ("gguf", "catalog")
-        and b.accepts(r, cpu, dtype)
-        and not int8_store.is_store(int8_store.store_dir(r.key, dtype))
-        for r, b in zip(sources, builders)
-    ):
-        return
-    if not quiet:
-        note(f"building the int8 weights of {sources[1].name} alongside, in a second process")
-    # one dequantizing thread each: the two processes fill the two cores, and the tensors in
-    # flight (a 151936-row table is 0.9 GB in fp32) are half as many at the peak
-    child = multiprocessing.get_context("spawn").Process(
-        target=_build_quietly, args=(sources[1], dtype), daemon=True
-    )
-    _start_ignoring_ctrl_c(child)
-    try:
-        int8_store.ensure(sources[0], dtype, quiet, 1)
-        child.join()
-    finally:  # Ctrl-C or a failure here: the child stops too (what it wrote was a temporary)
-        if child.is_alive():
-            child.terminate()
-            child.join()
-
-
-def _start_ignoring_ctrl_c(child) -> None:
-    """Start `child` with SIGINT ignored (inherited across exec, and Python then installs no
-    KeyboardInterrupt handler): a Ctrl-C reaches the whole process group, and the child must
-    print nothing. This process stops it instead (`terminate`)."""
-    if threading.current_thread() is not threading.main_thread():
-        child.start()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        child.start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _build_quietly(source, dtype: torch.dtype) -> None:
-    """The child's side of `build_side_by_side`: any failure is left to the draft's own load,
-    which builds the store again and says why in one line."""
-    try:
-        int8_store.ensure(source, dtype, True, 1)
-    except BaseException:  # noqa: BLE001 (Ctrl-C included): nothing printed here, ever
-        pass
 
 
 def quantize_draft(
@@ -216,15 +129,10 @@ def quantize_draft(
 def load_draft_alone(settings: ModelSettings, target: LoadedModel, quiet: bool = False) -> LoadedModel:
     """`settings.draft` loaded beside an already loaded target, placed and in the format a
     pair's draft would be (chat's /method and /load, bench's `method@draft` columns)."""
-    draft = load_draft(
-        settings.draft,
-        target,
-        device=settings.device,
-        draft_device=settings.draft_device,
-        dtype=settings.dtype,
-        quiet=quiet,
-        builder=_draft_builder(settings),
+    planned = plan_draft(
+        settings.draft, device=settings.device, draft_device=settings.draft_device, dtype=settings.dtype
     )
+    draft = read_draft(forms.choose_draft(planned, settings, quiet), target, quiet)
     if draft.vocabulary is not Vocabulary.HEAD:
         require_exact(draft.model, draft.name, "draft")
-    return quantize_draft(draft, target, settings.draft_quant, _dtype_auto(settings), quiet)
+    return quantize_draft(draft, target, settings.draft_quant, forms.dtype_auto(settings), quiet)
