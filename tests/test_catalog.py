@@ -603,7 +603,7 @@ def test_a_full_disk_under_any_write_is_one_line_and_outputs_keep_their_fallback
     still an OSError, so a caller that keeps its data elsewhere on a failed write still does."""
     from specgen.bench import report
     from specgen.errors import DiskFullError, SpecgenError
-    from specgen.ground import atomic_write
+    from specgen.files import atomic_write
 
     def full(tmp):
         tmp.write_bytes(b"half")
@@ -633,7 +633,7 @@ def test_a_write_goes_through_a_link_and_into_a_device_or_pipe_never_replacing_t
     import threading
 
     from specgen.bench import report
-    from specgen.ground import atomic_write
+    from specgen.files import atomic_write
 
     target = tmp_path / "real.json"
     target.write_text("old")
@@ -655,7 +655,7 @@ def test_a_write_goes_through_a_link_and_into_a_device_or_pipe_never_replacing_t
 
 
 def test_a_file_written_again_keeps_its_mode_and_another_models_copies_are_not_its(cache, tmp_path):
-    from specgen.ground import atomic_write
+    from specgen.files import atomic_write
     from specgen.models.cache import converted_dirs, converted_root
 
     target = tmp_path / "results.json"

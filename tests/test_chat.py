@@ -132,7 +132,7 @@ def test_a_chat_on_a_server_sends_the_draft_length_it_sets():
     """A chat on a server leaves the draft length to the server until /set names one; then
     every request carries it (it was left out while the placeholder's flag stayed set)."""
     from specgen.chat.saves import config_from, settings_dict
-    from specgen.serve.client import request_body
+    from specgen.cli.remote import request_body
 
     device = GenerationConfig(device_draft_tokens=True, device_confidence=True)
     assert settings_dict(device)["draft_tokens"] == "device"

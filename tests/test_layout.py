@@ -22,7 +22,7 @@ COMMON = {
     "specgen.text",
     "specgen.status",
     "specgen.memory",
-    "specgen.ground",
+    "specgen.files",
 }
 RANKS = {
     "models": 1,
@@ -187,7 +187,7 @@ def test_the_command_line_and_a_served_run_import_no_torch():
     import sys
 
     probe = (
-        "import sys; import specgen.cli, specgen.serve.client, specgen.decoding.stats, "
+        "import sys; import specgen.cli, specgen.cli.remote, specgen.decoding.stats, "
         "specgen.decoding.views; print('torch' in sys.modules)"
     )
     assert (

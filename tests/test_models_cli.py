@@ -163,7 +163,7 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
 def test_rm_clears_what_a_killed_conversion_left_but_not_a_running_one(index, tmp_path):
     """A conversion killed mid-way leaves `<name>-<dtype>.tmp`: list shows it, rm removes it,
     unless a conversion holds its lock (then the tree is being written and stays)."""
-    from specgen.ground import locked
+    from specgen.files import locked
 
     assert invoke("pull", NAME, "--find-links", str(index), "-q").exit_code == 0
     left = tmp_path / "cache" / "converted" / f"{NAME}-float32.tmp"

@@ -149,8 +149,8 @@ def test_the_start_line_says_which_key_the_page_wants():
 def test_serve_detach_open_opens_the_page_once_the_server_answers(tiny_dirs, monkeypatch):
     """`specgen serve --detach --open`: the browser gets the playground's URL after the
     background server answers, not before (the process and the server are stand-ins here)."""
+    from specgen.cli import remote as client
     from specgen.cli import serve as serve_cli
-    from specgen.serve import client
 
     events = []
 

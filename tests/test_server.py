@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli import app
+from specgen.cli import remote as client
 from specgen.config import Method, ModelSettings
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime.pair import load
-from specgen.serve import client
 from specgen.serve.server import ServeOptions, prepare
 
 openai = pytest.importorskip("openai")

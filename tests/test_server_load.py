@@ -576,7 +576,8 @@ def test_a_client_proves_the_server_before_sending_its_token(served, tiny_dirs, 
     challenge) before the client sends the token: after a crash, another user could listen there."""
     import http.server
 
-    from specgen.serve import client, discovery
+    from specgen.cli import remote as client
+    from specgen.serve import discovery
 
     sent = []
 
@@ -700,8 +701,8 @@ def test_a_quiet_stream_sends_keep_alives_and_a_silent_server_is_given_up(tiny_d
     """While a request waits or prefills, its stream carries SSE comments; a served run whose
     server sends nothing at all for STREAM_TIMEOUT says so, keeping what came, instead of
     waiting for ever."""
+    from specgen.cli import remote as client
     from specgen.serve import app as app_module
-    from specgen.serve import client
 
     slow_rounds(monkeypatch, 0.3)
     monkeypatch.setattr(app_module, "KEEPALIVE_SECONDS", 0.05)
@@ -780,7 +781,7 @@ def test_a_chat_keeps_a_reply_its_server_broke_off(tiny_dirs, pair, monkeypatch,
 def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(
     tiny_dirs, pair, monkeypatch, fmt
 ):
-    from specgen.serve import client
+    from specgen.cli import remote as client
 
     def interrupted(self, method, path, body=None, timeout=10.0, key=True):
         if method == "POST":
@@ -804,7 +805,7 @@ def test_ctrl_c_before_a_served_answer_begins_prints_an_empty_interrupted_one(
 def test_a_chat_takes_up_its_server_started_again(tiny_dirs, pair):
     """The server stopped between two turns and was started again with the same model options:
     the chat goes on there (it failed every later turn)."""
-    from specgen.serve import client
+    from specgen.cli import remote as client
 
     settings = settings_for(tiny_dirs)
     first, thread = start(settings, pair)
@@ -824,9 +825,9 @@ def test_a_chat_on_the_server_fits_a_conversation_far_past_the_context(tiny_dirs
     """A loaded save may hold many times the context (a save keeps dropped turns): the server
     refuses to count such a conversation, and the chat drops turns to fit instead of failing."""
     from specgen.chat.conversation import Conversation
+    from specgen.cli import remote as client
     from specgen.config import GenerationConfig
     from specgen.decoding.views import Silent
-    from specgen.serve import client
 
     settings = settings_for(tiny_dirs)
     running, thread = start(settings, pair)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from specgen.decoding.stats import rate
 from specgen.errors import ConfigError
-from specgen.ground import atomic_write
+from specgen.files import atomic_write
 from specgen.status import error_line
 
 
@@ -54,7 +54,7 @@ def check_outputs(paths: dict) -> None:
             raise ConfigError(f"cannot write {option} {path}: {folder} is a file, not a folder")
         if option == "--plot":
             _check_plot_format(path)
-        if path.exists() and not path.is_file():  # a device or a pipe: written in place (ground.atomic_write)
+        if path.exists() and not path.is_file():  # a device or a pipe: written in place (files.atomic_write)
             if not os.access(path, os.W_OK):
                 raise ConfigError(f"cannot write {option} {path}: permission denied")
             continue

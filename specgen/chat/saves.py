@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specgen.config import GenerationConfig, Method, SamplingConfig, Schedule, parse_draft_tokens
 from specgen.errors import ConfigError, SpecgenError
-from specgen.ground import write_text
+from specgen.files import write_text
 from specgen.text import json_value
 
 SAVE_FORMAT = "specgen-chat"

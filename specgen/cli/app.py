@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from specgen import __version__, ground
+from specgen import __version__, files
 from specgen.cli.bench import bench_app
 from specgen.cli.chat import chat
 from specgen.cli.check import check
@@ -101,7 +101,7 @@ def main() -> None:
         status = 0
     except SystemExit as exc:
         status = exit_status(exc.code)
-    ground.run_exit_hooks()  # what must outlive the command (a suffix memory's file)
+    files.run_exit_hooks()  # what must outlive the command (a suffix memory's file)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

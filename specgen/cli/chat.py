@@ -42,12 +42,12 @@ from specgen.cli.options import (
     with_options,
 )
 from specgen.cli.reading import check_text, decode_text
+from specgen.cli.remote import ServerChat, find
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.views import speed
 from specgen.errors import PromptError, SpecgenError, one_line
-from specgen.ground import cache_root
-from specgen.serve.client import ServerChat, find
+from specgen.files import cache_root
 from specgen.status import note
 
 PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes

@@ -14,11 +14,11 @@ from rich.console import Console
 from specgen.cli.options import Format, note_unused, sigterm_as_ctrl_c, user_errors, with_options
 from specgen.cli.prompt_set import check_options, run_to_file
 from specgen.cli.reading import check_text, read_prompt
+from specgen.cli.remote import generate_on_server
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.prompts import encode_prompt, read_prompts_file
 from specgen.errors import ConfigError, PromptError
-from specgen.serve.client import generate_on_server
 from specgen.status import note
 
 

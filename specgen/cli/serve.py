@@ -16,10 +16,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from specgen.cli import remote
 from specgen.cli.options import handle_signals, model_args, sigterm_as_ctrl_c, user_errors, with_options
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
-from specgen.serve import client, discovery
+from specgen.serve import discovery
 from specgen.status import status
 
 STARTUP_TIMEOUT = 900.0  # a first start may download and convert the models
@@ -173,7 +174,7 @@ def serve(
             return
         options.check()
         discovery.private_dir()  # the runtime directory must be usable before anything loads
-        if client.find(settings) is not None:
+        if remote.find(settings) is not None:
             raise ConfigError(
                 "a specgen server with these model options is already running",
                 hint="`specgen serve --stop` with the same options stops it",
@@ -302,8 +303,8 @@ def _list() -> None:
     why = discovery.unsafe(directory)
     if why is not None:
         raise ConfigError(f"cannot look for servers: {why}", hint=discovery.fix_hint(directory))
-    servers = client.running()
-    silent = client.silent(servers)
+    servers = remote.running()
+    silent = remote.silent(servers)
     if not servers and not silent:
         typer.echo("no specgen server is running", err=True)
         return
@@ -321,7 +322,7 @@ def _stop(settings: ModelSettings) -> None:
     why = discovery.unsafe(discovery.runtime_dir())
     if why is not None:
         raise ConfigError(f"cannot look for the server: {why}")
-    info = client.shutdown(settings)
+    info = remote.shutdown(settings)
     if info is None:
         raise ConfigError(
             "no specgen server with these model options is running",
@@ -382,7 +383,7 @@ def _detach(settings: ModelSettings, options, browse: bool = False) -> None:
             f"starting the specgen server in the background (pid {process.pid}; log {log}) ...", False
         ):
             while process.poll() is None and time.monotonic() < deadline:
-                server = client.find(settings, timeout=2.0)
+                server = remote.find(settings, timeout=2.0)
                 if server is not None:
                     typer.echo(
                         f"specgen server ready at {server.url}: pid {server.info['pid']}, "

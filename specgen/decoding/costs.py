@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.ground import cache_root, locked, write_text
+from specgen.files import cache_root, locked, write_text
 from specgen.models.placement import cpu_flags, cpu_name
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for

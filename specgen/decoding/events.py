@@ -65,7 +65,7 @@ class RoundResult:
     Nodes as in `drafters.base.Proposal`: 0 is the root, node j >= 1 is `draft_tokens[j - 1]`
     and `parents[j - 1]` its parent. `emitted` is what was committed: the path's tokens and the
     target's own, cut at EOS or the length limit. A client of the server rebuilds the same round,
-    ids and text, from the live JSON (serve/output.py writes it, serve/client.py reads it).
+    ids and text, from the live JSON (serve/output.py writes it, cli/remote.py reads it).
 
     Its text is empty until the driver gives it (views.round_text): the engine's own events
     carry ids only."""

@@ -1,5 +1,5 @@
 """The cache directory's layout: what a model holds there (converted copies, int8 files), its
-size on disk, its removal. Files are written and locked through specgen/ground.py.
+size on disk, its removal. Files are written and locked through specgen/files.py.
 
 Layout under `cache_root()`:
     gguf/<name>.gguf        catalog models, assembled and verified (catalog.py)
@@ -23,7 +23,7 @@ from pathlib import Path
 from filelock import Timeout
 
 from specgen.errors import ModelError
-from specgen.ground import cache_root, locked, remove  # the writing and locking live on the ground floor
+from specgen.files import cache_root, locked, remove  # the writing and locking live in files.py
 
 
 def converted_root() -> Path:

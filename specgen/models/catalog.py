@@ -39,7 +39,7 @@ from rich.progress import (
 )
 
 from specgen.errors import ConfigError, ModelError
-from specgen.ground import atomic_write, cache_root, locked, says_disk_full
+from specgen.files import atomic_write, cache_root, locked, says_disk_full
 from specgen.models.cache import (
     check_writable,
     converted_dirs,

@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from specgen.errors import ModelError
-from specgen.ground import atomic_write, locked
+from specgen.files import atomic_write, locked
 from specgen.memory import release_freed
 from specgen.models.cache import check_writable, converted_root
 from specgen.status import status

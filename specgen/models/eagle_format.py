@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specgen.errors import ConfigError, ModelError
-from specgen.ground import atomic_write, write_text
+from specgen.files import atomic_write, write_text
 from specgen.models.eagle_head import Eagle3Head, HeadConfig, check_layers, default_layers
 from specgen.models.families import text_config
 from specgen.models.head_dir import read_config

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.errors import ConfigError
-from specgen.ground import cache_root, write_text
+from specgen.files import cache_root, write_text
 from specgen.status import note
 from specgen.text import json_value
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specgen.ground import cache_root
+from specgen.files import cache_root
 from specgen.status import note
 
 

@@ -48,7 +48,7 @@ from safetensors import safe_open
 from torch import nn
 
 from specgen.errors import ModelError
-from specgen.ground import atomic_write, cache_root, locked
+from specgen.files import atomic_write, cache_root, locked
 from specgen.memory import release_freed
 from specgen.models import catalog, convert
 from specgen.models.cache import check_writable, converted_dirs

@@ -38,7 +38,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from specgen.ground import cache_root, write_text
+from specgen.files import cache_root, write_text
 from specgen.status import note
 
 WIDE = 4  # rows from which oneDNN's product is the faster (AMX, 2026-11-28: int8-kernels.md)

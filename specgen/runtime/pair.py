@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specgen import ground
+from specgen import files
 from specgen.config import Method, ModelSettings
 from specgen.models.families import text_config
 from specgen.models.load import LoadedModel, Vocabulary, read_draft, read_pair
@@ -96,7 +96,7 @@ def load(settings: ModelSettings, method: Method, quiet: bool = False) -> Pair:
     pair = Pair(target, loaded_draft, resolve_compile(settings.compile, target.device), settings.threads)
     if settings.memory.suffix_cache_file:  # the ids' meaning, for the file; written when the process ends
         pair.memories.configure(settings.memory, memories.fingerprint(target.tokenizer))
-        ground.at_exit(pair.memories.save)
+        files.at_exit(pair.memories.save)
     else:
         pair.memories.configure(settings.memory)
     return pair

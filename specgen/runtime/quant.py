@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specgen.errors import ConfigError
-from specgen.ground import atomic_write, cache_root
+from specgen.files import atomic_write, cache_root
 from specgen.runtime import int8, int8_store
 from specgen.runtime.int8_store import checksum
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only

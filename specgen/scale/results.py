@@ -25,7 +25,7 @@ from pathlib import Path
 
 from specgen.decoding.views import Outcome
 from specgen.errors import ConfigError, SpecgenError
-from specgen.ground import flock_now
+from specgen.files import flock_now
 from specgen.text import json_value
 
 SYNC_SECONDS = 1.0

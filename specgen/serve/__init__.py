@@ -1,2 +1,2 @@
-"""`specgen serve`: the protocol (protocol.py), the client side of `run` (client.py), the server
-(server.py)."""
+"""`specgen serve`: the protocol (protocol.py) and the server (server.py); the client side of
+`run` and `chat` is the CLI's (cli/remote.py)."""

@@ -35,7 +35,7 @@ from specgen.serve.scheduler import QueueFull, Scheduler, tickets
 
 RETRY_AFTER_SECONDS = 1
 # a stream with nothing to send for this long sends an SSE comment: a client's read timeout
-# (serve/client.py's STREAM_TIMEOUT) then means the server stopped answering, not that it is busy
+# (cli/remote.py's STREAM_TIMEOUT) then means the server stopped answering, not that it is busy
 KEEPALIVE_SECONDS = 15.0
 DISCONNECT_POLL_SECONDS = 0.5
 

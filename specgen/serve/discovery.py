@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from specgen import __version__
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
-from specgen.ground import atomic_write, cache_root, flock_now
+from specgen.files import atomic_write, cache_root, flock_now
 from specgen.text import json_value
 
 # the HTTP API (3: /health proves the token by a challenge; 4: and the model options; 5: a live

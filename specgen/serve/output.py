@@ -81,7 +81,7 @@ class Output:
 
     def _live_round(self, event: RoundResult, stats: Stats) -> dict:
         """A round as the live view draws it (`speculative.live`), and whole in ids: a specgen
-        client rebuilds the same RoundResult from it (serve/client.py)."""
+        client rebuilds the same RoundResult from it (cli/remote.py)."""
         live = {
             "round": stats.rounds,
             "ids": event.emitted,
@@ -112,7 +112,7 @@ class Output:
 
     @staticmethod
     def _live_replay(event: ReplayResult) -> dict:
-        """A replay as the live view draws it, and whole in ids (serve/client.py)."""
+        """A replay as the live view draws it, and whole in ids (cli/remote.py)."""
         return {
             "replay": {
                 "rolled_back": list(event.rolled_back_texts),

@@ -34,7 +34,7 @@ from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
 from specgen.decoding.prompts import encode_prompt, render_chat
 from specgen.errors import ConfigError
-from specgen.ground import atomic_write, remove, write_text
+from specgen.files import atomic_write, remove, write_text
 from specgen.runtime import features as taps
 from specgen.runtime import kvcache
 from specgen.runtime.lean import call_for

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specgen.errors import ConfigError, DiskFullError
-from specgen.ground import atomic_write, write_text
+from specgen.files import atomic_write, write_text
 from specgen.models.eagle_format import ORIGINAL, save_head
 from specgen.models.eagle_head import Eagle3Head, HeadConfig
 from specgen.models.families import text_config

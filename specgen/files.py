@@ -1,4 +1,4 @@
-"""The ground floor of files: writing one atomically, and the locks around work that two processes
+"""Files: writing one atomically, and the locks around work that two processes
 could do at once. Imports nothing of specgen but its errors; every layer may use it.
 
 Every file specgen writes (converted models, int8 weights, cached measurements, bench reports,
