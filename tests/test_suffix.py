@@ -203,6 +203,59 @@ def test_a_seeded_sampled_row_gives_the_same_text_whatever_the_memory_holds(pair
     assert again == first
 
 
+# -- trees: where verifying is nearly free, the most frequent continuations side by side ----------
+
+
+def branching_memory(pair: Pair, texts: list[list[int]]) -> None:
+    """Each text written to the memory, and a variant of it that continues otherwise from its
+    middle on: a context there has two continuations, so a draft with branches is a tree."""
+    memory = pair.memories.get(OWN)
+    for ids in texts:
+        half = len(ids) // 2
+        memory.extend(memory.open(), ids)
+        memory.extend(memory.open(), ids[:half] + [(t * 7 + 1) % 250 for t in ids[half:]])
+
+
+def test_suffix_trees_give_plain_decoding_s_tokens_alone_batched_and_mixed(pair, monkeypatch):
+    from test_engine import engine_for
+    from test_mixed import alone, run
+
+    import specgen.decoding.build as build_module
+
+    plain, _ = generate(pair, greedy(Method.PLAIN), PROMPTS, batch=2)
+    for batch in (1, 2):
+        pair.memories.clear()
+        branching_memory(pair, plain)
+        engine = engine_for((pair.target, pair.draft), SuffixDrafter(pair.memories, branches=3))
+        rounds = []
+        finals = {}
+        for report in engine.generate(PROMPTS, greedy(Method.SUFFIX), batch):
+            if isinstance(report.event, Finished):
+                finals[report.index] = report.state.ids
+            elif isinstance(report.event, RoundResult):
+                rounds.append(report.event)
+        assert [finals[0], finals[1]] == plain
+        assert any(r.parents and r.parents != tuple(range(len(r.parents))) for r in rounds)  # trees
+    pair.memories.clear()
+    branching_memory(pair, plain)
+    monkeypatch.setattr(build_module, "suffix_branches", lambda p: 3)  # a tree row beside plain and chain
+    configs = [greedy(Method.SUFFIX), greedy(Method.PLAIN), greedy(Method.CHAIN, draft_tokens=3)]
+    finals, widths = run(build_engine(pair, configs[0]), configs, [PROMPTS[0], PROMPTS[1], PROMPTS[0]])
+    for i, (config, prompt) in enumerate(zip(configs, [PROMPTS[0], PROMPTS[1], PROMPTS[0]])):
+        assert finals[i] == alone(pair, config, prompt)
+    assert all(3 in w for w in widths.values())
+
+
+def test_suffix_drafts_chains_on_a_cpu_whose_verify_cost_grows_and_trees_where_it_is_flat(pair, monkeypatch):
+    import specgen.decoding.build as build_module
+
+    assert build_module.suffix_branches(pair) == 1  # the tiny pair on the CPU: no slope measured
+    monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.08)
+    assert build_module.suffix_branches(pair) == 1
+    monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.005)
+    assert build_module.suffix_branches(pair) == build_module.SUFFIX_BRANCHES
+
+
 # -- sampling: point masses from the memory keep the target's law ------------------------------------
 
 

@@ -463,3 +463,19 @@ def test_the_memory_holds_no_more_than_its_budget(budget_mib):
     worst, nbytes, tokens = map(int, run.stdout.split())
     print(f"budget {budget_mib} MiB: grew {worst / MIB:.1f} MiB, {nbytes / tokens:.2f} bytes/token")
     assert worst <= budget * 1.1
+
+
+def test_branches_grow_a_tree_of_the_most_frequent_continuations_best_first():
+    """Where earlier text continued in two ways, a draft with branches holds both, the likelier
+    first; with one branch it is the chain of the most frequent, as before."""
+    mem = SuffixMemory(1 << 20)
+    for doc in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9], [1, 2, 3, 4, 5, 6]):
+        mem.extend(mem.open(), doc)
+    chain = mem.draft([9, 1, 2, 3], 8)
+    assert chain == Continuation([4, 5, 6], depth=3, count=2) and chain.parents == (0, 1, 2)
+    assert mem.draft([9, 1, 2, 3], 8, branches=1) == chain
+    tree = mem.draft([9, 1, 2, 3], 8, branches=2)
+    assert tree.tokens == [4, 5, 6, 7, 8, 9] and tree.parents == (0, 1, 2, 0, 4, 5)
+    assert mem.draft([9, 1, 2, 3], 4, branches=2).tokens == [4, 5, 6, 7]  # the likeliest k nodes
+    mem.extend(mem.open(), [1, 2, 3, 4, 5, 6])  # 7 now backs a quarter of the matches
+    assert mem.draft([9, 1, 2, 3], 8, branches=2).tokens == [4, 5, 6]  # under MIN_PROB: no branch

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specgen.decoding.acceptance import ProposalKind, recursive_rejection, walk
+from specgen.decoding.acceptance import ProposalKind, point_mass_tree, recursive_rejection, walk
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.tree import RSDStochasticBeam
 from specgen.decoding.sampling import gumbel_top_k
@@ -216,4 +216,52 @@ def test_control_rsd_c_with_resorted_siblings_fails():
     samples = first_two_tokens(
         lambda r, g: build_constant(r, (2, 2), g, iid=False), 3000, seed=4, resort=True
     )
+    assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA
+
+
+# -- point-mass trees: a suffix memory's branches ----------------------------------------------
+
+
+def point_mass_pairs(n: int, seed: int, rule) -> list[int]:
+    """Rounds from root token 0 until two tokens are out, each round a point-mass tree of distinct
+    siblings at two levels (any tokens: here drawn from P_TABLE without replacement, then fixed,
+    as copied text is); return x1 * V + x2 per trial."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        emitted = []
+        while len(emitted) < 2:
+            root = emitted[-1] if emitted else 0
+            nodes, tree = build_constant(root, (2, 2), generator, iid=False)
+            tree = Proposal(tree.tokens, tree.parents, ProposalKind.DETERMINISTIC)
+            verdict = rule(tree.children, tree.tokens, Q_TABLE[torch.tensor(nodes)], generator)
+            path, token = walked(tree, verdict)
+            emitted += [nodes[i] for i in path] + [token]
+        out.append(emitted[0] * V + emitted[1])
+    return out
+
+
+def point_mass_tree_without_removal(children, tokens, target_probs, generator):
+    """BROKEN on purpose: a rejected child is not removed from q, so a node that rejects every
+    child draws from q itself and may emit a rejected token again (too often)."""
+    from specgen.decoding.acceptance import Verdict
+
+    size = target_probs.shape[0]
+    passed = torch.zeros(size - 1, dtype=torch.bool)
+    for node in range(size):
+        for child in children[node]:
+            token = tokens[child - 1]
+            passed[child - 1] = torch.rand(1, generator=generator)[0] < target_probs[node, token]
+    return Verdict(passed, torch.multinomial(target_probs, 1, generator=generator).squeeze(1))
+
+
+def test_point_mass_tree_emits_q():
+    """A suffix memory's tree (point masses, two siblings per node, two levels): the law of the
+    first two tokens is the target's. False-failure probability: 1e-3."""
+    assert chi2_pvalue(point_mass_pairs(3000, seed=5, rule=point_mass_tree), EXPECTED_PAIRS) > ALPHA
+
+
+def test_control_point_mass_tree_without_removing_rejected_children_fails():
+    """Negative control: rejected siblings left in q."""
+    samples = point_mass_pairs(3000, seed=6, rule=point_mass_tree_without_removal)
     assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA

@@ -39,6 +39,7 @@ class Rule(enum.Enum):
     POINT_MASS_SAMPLING = "point-mass-sampling"  # the same with p = one-hot(x_i)
     GREEDY_TREE = "greedy-tree"  # descend into the child equal to the target's choice
     RECURSIVE_REJECTION = "recursive-rejection"  # siblings tried in draw order (section 3)
+    POINT_MASS_TREE = "point-mass-tree"  # the same with p = one-hot(child): siblings of copied text
     SYNTHETIC = (
         "synthetic"  # benchmarks only: a recorded accepted length, then the target's token (synthetic.py)
     )
@@ -57,7 +58,9 @@ def select_rule(
             raise ValueError("synthetic acceptance replays chains; GenerationConfig refuses tree methods")
         return Rule.SYNTHETIC
     if not chain:
-        return Rule.GREEDY_TREE if greedy else Rule.RECURSIVE_REJECTION
+        if greedy:
+            return Rule.GREEDY_TREE
+        return Rule.RECURSIVE_REJECTION if kind is ProposalKind.SAMPLED else Rule.POINT_MASS_TREE
     if greedy:
         return Rule.GREEDY_MATCH
     return Rule.SPECULATIVE_SAMPLING if kind is ProposalKind.SAMPLED else Rule.POINT_MASS_SAMPLING
@@ -241,5 +244,50 @@ def recursive_rejection(
                 p = torch.where(step, removed / (1.0 - p_x).clamp_min(1e-30), p)
         final.index_copy_(0, index, q)
         passed.index_copy_(0, child_index, torch.stack(tests, dim=1).view(-1).index_select(0, cell_index))
+    draws = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [N]
+    return Verdict(passed, draws)
+
+
+def point_mass_tree(
+    children: tuple[tuple[int, ...], ...],
+    tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Recursive rejection over a tree of point masses (a suffix memory's branches): at each node
+    the children, distinct tokens, are tried in order, child x with p = one-hot(x): accepted
+    w.p. q(x); on rejection q = norm(q with x removed). If every child is rejected (or there
+    are none) the node emits y ~ q with every child removed. The token the walk leaves a node
+    with is thus a draw from q itself, whatever the children (ALGORITHMS.md section 3 with
+    one-hot p). tokens [n]; target_probs [N, V], N = n + 1 nodes, root first. The number of
+    random draws does not depend on the outcomes."""
+    size, _ = target_probs.shape
+    n, widest = size - 1, max(len(c) for c in children)
+    device = target_probs.device
+    inner = [i for i in range(size) if children[i]]
+    passed = torch.zeros(n, dtype=torch.bool, device=device)
+    final = target_probs.clone()
+    if inner:
+        m = len(inner)
+        kids = torch.full((m, widest), -1, dtype=torch.int64)
+        for row, node in enumerate(inner):
+            kids[row, : len(children[node])] = torch.tensor(children[node])
+        valid = (kids >= 0).to(device)
+        index = torch.tensor(inner).to(device)
+        kid_tokens = tokens.index_select(0, (kids.clamp_min(1) - 1).view(-1).to(device)).view(m, widest)
+        q = target_probs.index_select(0, index)
+        uniforms = torch.rand(m, widest, generator=generator, device=device)
+        tests = []
+        for k in range(widest):
+            x, step = kid_tokens[:, k : k + 1], valid[:, k : k + 1]
+            tests.append((uniforms[:, k : k + 1] < q.gather(1, x)).squeeze(1) & step.squeeze(1))
+            removed = q.scatter(1, x, 0.0)
+            total = removed.sum(dim=1, keepdim=True)
+            q = torch.where(step & (total > 0), removed / total.clamp_min(1e-30), q)
+        final.index_copy_(0, index, q)
+        flat = kids.view(-1)
+        slots = (flat >= 0).nonzero().squeeze(1)  # the cells that hold a child, node by node
+        outcomes = torch.stack(tests, dim=1).view(-1).index_select(0, slots.to(device))
+        passed.index_copy_(0, (flat[slots] - 1).to(device), outcomes)
     draws = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [N]
     return Verdict(passed, draws)

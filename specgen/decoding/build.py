@@ -142,6 +142,21 @@ def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
 
 
 MODEL_COST, LOOKUP_COST = 0.38, 0.05  # a draft model's token, a lookup token (verify only)
+SUFFIX_BRANCHES = 3  # siblings per node of a suffix draft's tree, where verifying is nearly free
+FLAT_SLOPE = 0.02  # target steps one more verified token may cost for trees to pay
+
+
+def suffix_branches(pair: Pair) -> int:
+    """Siblings per node of `--method suffix`'s drafts: a tree of the most frequent continuations
+    where one more verified token costs next to nothing (a GPU's target, or a measured verify
+    slope under FLAT_SLOPE), else chains: on a CPU each verified token costs 0.07-0.1 of a
+    target step, and a branch is tried only where its path is rejected (benchmarks/suffix.md)."""
+    if pair.target.device.type == "cuda":
+        return SUFFIX_BRANCHES
+    slope = costs.verify_slope(pair)
+    return SUFFIX_BRANCHES if slope is not None and slope < FLAT_SLOPE else 1
+
+
 _ANY = tuple(DraftKind)
 # (method, kind of draft) -> the drafter that serves it; a pair missing from the table is refused
 TABLE: dict[tuple[Method, DraftKind], Entry] = {
@@ -149,7 +164,9 @@ TABLE: dict[tuple[Method, DraftKind], Entry] = {
     **{(Method.LOOKUP, kind): Entry(_lookup, LOOKUP_COST, Method.LOOKUP) for kind in _ANY},
     **{
         (Method.SUFFIX, kind): Entry(
-            lambda pair, config: SuffixDrafter(pair.memories), LOOKUP_COST, Method.SUFFIX
+            lambda pair, config: SuffixDrafter(pair.memories, suffix_branches(pair)),
+            LOOKUP_COST,
+            Method.SUFFIX,
         )
         for kind in _ANY
     },

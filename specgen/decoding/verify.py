@@ -20,6 +20,7 @@ from specgen.decoding.acceptance import (
     greedy_match,
     greedy_tree,
     point_mass_sampling,
+    point_mass_tree,
     recursive_rejection,
     select_rule,
     speculative_sampling,
@@ -157,6 +158,8 @@ def rule_verdict(
             row.generator,
             replacement=proposal.replacement,
         )
+    if rule is Rule.POINT_MASS_TREE:
+        return point_mass_tree(proposal.children, draft, warp(row_logits, row.sampling), row.generator)
     if rule is Rule.SPECULATIVE_SAMPLING:
         return speculative_sampling(
             draft, proposal.probs.to(row_logits.device), warp(row_logits, row.sampling), row.generator

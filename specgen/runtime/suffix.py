@@ -34,6 +34,7 @@ One lock serialises extend, draft and a save (runtime/suffix_file.py: the file f
 
 from __future__ import annotations
 
+import heapq
 import threading
 from array import array
 from collections.abc import Sequence
@@ -61,9 +62,17 @@ class SuffixFileError(Exception):
 
 @dataclass(frozen=True)
 class Continuation:
+    """A draft: a tree of tokens, node j >= 1 being tokens[j - 1] with parent parents[j - 1]
+    (node 0 is the context's end); a chain, each token the child of the one before, by default."""
+
     tokens: list[int]  # the drafted tokens, at most k (and at most MAX_DRAFT)
     depth: int  # how many tokens of the context's tail matched
     count: int  # how many earlier occurrences backed the first token
+    parents: tuple[int, ...] = ()  # each node's parent; given empty, the chain's
+
+    def __post_init__(self) -> None:
+        if not self.parents:
+            object.__setattr__(self, "parents", tuple(range(len(self.tokens))))
 
 
 class Segment:
@@ -256,10 +265,15 @@ class SuffixMemory:
         for d in [d for d, r in self._docs.items() if r.seg is seg]:
             self._docs.pop(d).seg = None
 
-    def draft(self, context: Sequence[int], k: int, exclude: int | None = None) -> Continuation | None:
+    def draft(
+        self, context: Sequence[int], k: int, exclude: int | None = None, branches: int = 1
+    ) -> Continuation | None:
         """The continuation of the deepest earlier occurrences of context's tail (at least min_match
         tokens), or None when that tail was never seen or no token is backed by MIN_PROB.
-        `exclude`: the caller's own live document, whose end is the context's end (see module)."""
+        `exclude`: the caller's own live document, whose end is the context's end (see module).
+        `branches` > 1: a tree of at most k tokens, each node's `branches` most frequent next
+        tokens grown best first by their running probability (SuffixDecoding's speculation
+        tree); 1: the chain of the most frequent ones."""
         mm = self.min_match
         if k <= 0 or len(context) < mm:
             return None
@@ -283,32 +297,50 @@ class SuffixMemory:
                 return None
             rec = self._docs.get(exclude) if exclude is not None else None
             live = (rec.seg, rec.end) if rec is not None else (None, -1)
-            return self._grow(cands, best, min(k, MAX_DRAFT, ALPHA * best), live)
+            return self._grow(cands, best, min(k, MAX_DRAFT, ALPHA * best), live, branches)
 
     @staticmethod
-    def _grow(cands: list, depth: int, limit: int, live: tuple) -> Continuation | None:
-        """Grow the draft from candidate cursors (segment, position); a cursor (None, j) reads draft[j]."""
-        draft: list[int] = []
-        prob, support, first = 1.0, len(cands), 0
-        while len(draft) < limit and cands:
-            votes: dict[int, int] = {}
-            for seg, q in cands:  # newest first: ties go to the newest
-                t = draft[q] if seg is None else seg.tok[q]
-                votes[t] = votes.get(t, 0) + 1
-            t = max(votes, key=votes.__getitem__)
-            prob *= votes[t] / support
-            if prob < MIN_PROB:
-                break
-            draft.append(t)
-            support = votes[t]
-            first = first or support
+    def _grow(cands: list, depth: int, limit: int, live: tuple, branches: int = 1) -> Continuation | None:
+        """Grow the draft from candidate cursors (segment, position), best first: a node's options
+        are its `branches` most voted next tokens (ties to the newest candidate), each at the
+        node's probability times its share of the node's votes; the likeliest option joins the
+        tree until `limit` tokens or none is at MIN_PROB. A cursor (None, j) reads the j-th token
+        of its node's own path (the live document continuing with the draft itself)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        paths: list[list[int]] = [[]]  # each node's path of drafted tokens, the root's empty
+        options: list = []  # a heap of (-probability, order, parent node, token, its voters)
+        order = 0
+
+        def offer(node: int, voters: list, prob: float) -> None:
+            nonlocal order
+            votes: dict[int, list] = {}
+            for seg, q in voters:  # newest first: ties go to the newest
+                votes.setdefault(paths[node][q] if seg is None else seg.tok[q], []).append((seg, q))
+            ranked = sorted(votes.items(), key=lambda item: -len(item[1]))[:branches]
+            for token, backers in ranked:
+                share = prob * len(backers) / len(voters)
+                if share >= MIN_PROB:
+                    heapq.heappush(options, (-share, order, node, token, backers))
+                    order += 1
+
+        offer(0, cands, 1.0)
+        first = 0
+        while options and len(tokens) < limit:
+            negative, _, parent, token, backers = heapq.heappop(options)
+            tokens.append(token)
+            parents.append(parent)
+            path = paths[parent] + [token]
+            paths.append(path)
+            first = first or len(backers)
             nxt = []
-            for seg, q in cands:
-                if (draft[q] if seg is None else seg.tok[q]) != t:
-                    continue
+            for seg, q in backers:
                 if seg is None or (seg is live[0] and q == live[1]):
                     nxt.append((None, 0 if seg is not None else q + 1))
                 elif (r := _forward(seg, q)) >= 0:
                     nxt.append((seg, r))
-            cands = nxt
-        return Continuation(draft, depth, first) if draft else None
+            if nxt:
+                # shares of the node's own voters, as the chain's support: cursors that reached
+                # their document's end still count in the denominator
+                offer(len(tokens), nxt, -negative * len(nxt) / len(backers))
+        return Continuation(tokens, depth, first, tuple(parents)) if tokens else None

@@ -69,9 +69,13 @@ class Proposal:
         return cls(tokens, tuple(range(tokens.shape[0])), kind, probs, origin=origin)
 
     @classmethod
-    def points(cls, tokens: list[int], origin: Origin) -> "Proposal":
-        """Copied tokens (prompt lookup, the suffix memory) as a chain of point masses."""
-        return cls.chain(torch.tensor(tokens, dtype=torch.int64), ProposalKind.DETERMINISTIC, origin=origin)
+    def points(cls, tokens: list[int], origin: Origin, parents: tuple[int, ...] | None = None) -> "Proposal":
+        """Copied tokens (prompt lookup, the suffix memory) as point masses: a chain, or the tree
+        of `parents` (siblings distinct tokens)."""
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        if parents is None:
+            return cls.chain(ids, ProposalKind.DETERMINISTIC, origin=origin)
+        return cls(ids, parents, ProposalKind.DETERMINISTIC, origin=origin)
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Proposal":

@@ -270,7 +270,7 @@ class LookupChain(BaseDrafter):
                 out[row] = PromptLookupDrafter.proposal(found)
             elif recalled is not None:
                 self.sources[row] = Source.MEMORY
-                out[row] = Proposal.points(recalled, Origin.MEMORY)
+                out[row] = recalled
             elif k > 0:
                 self.sources[row] = Source.MODEL
                 model_ks[row] = min(k, self.model_tokens or k)

@@ -9,8 +9,11 @@ the next request; a chat turn that extends what the row wrote adds only the new 
 own text has no match). A round drafts the continuation of the longest earlier occurrence of the
 row's tail, as long as its frequency and depth support (`SuffixMemory.draft`), up to the round's
 k. Proposals are point masses, verified as prompt lookup's are: greedy output is plain
-decoding's, and under sampling `point_mass_sampling` keeps the target's law. The memory decides
-speed only, never the output.
+decoding's, and under sampling `point_mass_sampling` keeps the target's law. Where a verify's
+cost hardly grows with its tokens (a GPU), a draft is a small tree of each node's most frequent
+next tokens instead (`branches`), verified by `greedy_tree` or `point_mass_tree` (each node's
+token a draw from the target's law whatever its children). The memory decides speed only,
+never the output.
 """
 
 from __future__ import annotations
@@ -59,10 +62,13 @@ class Remembered:
             self.document, self.written = self.memory.open(), []
         self.write(context)
 
-    def draft(self, context: list[int], k: int) -> list[int] | None:
-        """Up to k tokens the memory backs after `context` (None: it backs none)."""
-        found = self.memory.draft(context, k, exclude=self.document)
-        return found.tokens if found is not None and found.tokens else None
+    def draft(self, context: list[int], k: int, branches: int = 1) -> Proposal | None:
+        """Up to k tokens the memory backs after `context`, a chain or with `branches` > 1 a tree
+        (None: it backs none)."""
+        found = self.memory.draft(context, k, exclude=self.document, branches=branches)
+        if found is None or not found.tokens:
+            return None
+        return Proposal.points(found.tokens, Origin.MEMORY, None if branches == 1 else found.parents)
 
 
 # a seeded sampled row's: its own text only, so that its seed replays whatever others wrote
@@ -93,8 +99,10 @@ def remembered(
 class SuffixDrafter(BaseDrafter):
     """The Drafter of `--method suffix` rows (see the module)."""
 
-    def __init__(self, memories: Memories):
-        self.memories = memories
+    def __init__(self, memories: Memories, branches: int = 1):
+        """`branches`: each node's most frequent next tokens a draft tries (1: chains; more where a
+        verify's cost hardly grows with its tokens: build.suffix_branches)."""
+        self.memories, self.branches = memories, branches
         self.rows: list[Remembered] = []
         self.proposed = self.drafted = 0  # rounds that found a continuation, tokens drafted
 
@@ -116,13 +124,13 @@ class SuffixDrafter(BaseDrafter):
         out = []
         for state, context, k in zip(self.rows, contexts, ks):
             state.sync(context)
-            found = state.draft(context, k) if k > 0 else None
+            found = state.draft(context, k, self.branches) if k > 0 else None
             if found is None:
                 out.append(EMPTY)
                 continue
             self.proposed += 1
-            self.drafted += len(found)
-            out.append(Proposal.points(found, Origin.MEMORY))
+            self.drafted += found.size
+            out.append(found)
         return out
 
     def observe(self, row, path) -> None:
