@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specgen.cli import remote
+import specgen.cli.remote as remote
 from specgen.cli.options import handle_signals, model_args, sigterm_as_ctrl_c, user_errors, with_options
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
