@@ -84,6 +84,53 @@ def compiled_dequant(weight):
     return lambda x: forward(x, q, scales)
 
 
+def _onednn(weight, levels: int, zero_point: int, dtype, per_row: bool, static: float | None = None):
+    """oneDNN's int8 linear (AMX where the CPU has it). `per_row`: each row divided by its own
+    max |x| and quantized with one fixed scale, as today's kernel does (then one scale per call
+    is row-exact); else one scale per call from the whole input (`static`: a fixed calibrated
+    one, clipping what lies beyond)."""
+    q, scales = int8.quantize_weight(weight)
+    packed = torch.ops.onednn.qlinear_prepack(q, None)
+    zeros = torch.zeros(len(scales), dtype=torch.int64)
+    low, high = (0, 255) if dtype == torch.uint8 else (-128, 127)
+
+    def forward(x):
+        if per_row:
+            peak = torch.amax(torch.abs(x), -1, True).clamp_(min=1e-30)
+            scale = 1.0 / levels
+        else:
+            peak = None
+            scale = static if static is not None else max(x.abs().max().item(), 1e-30) / levels
+        qx = (
+            torch.round(x / peak * levels if per_row else x / scale)
+            .add_(zero_point)
+            .clamp_(low, high)
+            .to(dtype)
+        )
+        out = torch.ops.onednn.qlinear_pointwise(
+            qx, scale, zero_point, packed, scales, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+        )
+        return out.mul_(peak) if per_row else out
+
+    return forward
+
+
+def onednn_u8_row(weight):  # today's numbers: 7 bits, zero point 64, each row by its own peak
+    return _onednn(weight, 63, 64, torch.uint8, per_row=True)
+
+
+def onednn_s8_row(weight):  # 8 bits, symmetric, each row by its own peak
+    return _onednn(weight, 127, 0, torch.int8, per_row=True)
+
+
+def onednn_s8_call(weight):  # one dynamic scale per call: the whole input's peak
+    return _onednn(weight, 127, 0, torch.int8, per_row=False)
+
+
+def onednn_s8_static(weight):  # one calibrated scale per layer (here: 4 standard deviations of N(0,1))
+    return _onednn(weight, 127, 0, torch.int8, per_row=False, static=4.0 / 127)
+
+
 def dense_bf16(weight):  # not int8: the reference a replacement has to beat in memory, at least
     w = weight.to(torch.bfloat16)
     return lambda x: F.linear(x.to(torch.bfloat16), w).float()
@@ -95,6 +142,10 @@ KERNELS = {
     "_weight_int8pack_mm (bf16 act)": int8pack,
     "compiled dequant-matmul (bf16)": compiled_dequant,
     "dense bf16 (no int8)": dense_bf16,
+    "onednn u8 per-row (today's numbers)": onednn_u8_row,
+    "onednn s8 per-row": onednn_s8_row,
+    "onednn s8 one scale per call": onednn_s8_call,
+    "onednn s8 static per layer": onednn_s8_static,
 }
 
 
@@ -109,10 +160,10 @@ def seconds(fn, x, repeats: int) -> float:
     return statistics.median(times)
 
 
-def invariant(fn, x) -> bool:
+def invariant(fn, x, widths) -> bool:
     """Each row's output alone equals its output inside every wider batch, bitwise."""
     alone = torch.cat([fn(x[i : i + 1]) for i in range(len(x))])
-    return all(torch.equal(fn(x[:rows]), alone[:rows]) for rows in ROWS[1:])
+    return all(torch.equal(fn(x[:rows]), alone[:rows]) for rows in widths if rows > 1)
 
 
 def main() -> None:
@@ -121,7 +172,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--kernels", default=",".join(KERNELS), help="comma list of: " + ", ".join(KERNELS))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma list of row counts, or A-B")
     args = parser.parse_args()
+    if "-" in args.rows:
+        first, last = map(int, args.rows.split("-"))
+        widths = tuple(range(first, last + 1))
+    else:
+        widths = tuple(int(r) for r in args.rows.split(","))
     warnings.simplefilter("ignore")
     torch._dynamo.config.recompile_limit = 64  # one compiled product per shape and row count
     torch.set_num_threads(args.threads)
@@ -132,7 +189,7 @@ def main() -> None:
     )
     wanted = [k for k in args.kernels.split(",") if k]
     weights = {name: torch.randn(shape) * 0.02 for name, shape in SHAPES.items()}
-    inputs = {name: torch.randn(max(ROWS), shape[1]) for name, shape in SHAPES.items()}
+    inputs = {name: torch.randn(max(widths), shape[1]) for name, shape in SHAPES.items()}
     results = {
         "cpu": cpu,
         "flags": [
@@ -142,9 +199,10 @@ def main() -> None:
         "threads": args.threads,
         "date": time.strftime("%Y-%m-%d"),
         "python": platform.python_version(),
-        "rows": list(ROWS),
+        "rows": list(widths),
         "kernels": {},
     }
+    firsts = {}
     for kernel in wanted:
         row = {"ms": {}, "exact_rows": True, "max_rel_error": 0.0}
         try:
@@ -160,8 +218,12 @@ def main() -> None:
                 out = fn(x)
                 error = ((out - reference).norm(dim=-1) / reference.norm(dim=-1)).max().item()
                 row["max_rel_error"] = max(row["max_rel_error"], round(error, 4))
-                row["exact_rows"] &= invariant(fn, x)
-                for rows in ROWS:
+                row["exact_rows"] &= invariant(fn, x, widths)
+                if kernel != wanted[0] and wanted[0] in results["kernels"]:
+                    row["same_as_first"] = row.get("same_as_first", True) and torch.equal(out, firsts[name])
+                elif kernel == wanted[0]:
+                    firsts[name] = out
+                for rows in widths:
                     row["ms"].setdefault(name, {})[rows] = round(
                         1000 * seconds(fn, x[:rows], args.repeats), 3
                     )
@@ -172,7 +234,7 @@ def main() -> None:
                 + row["ms"]["lm_head"][rows],
                 2,
             )
-            for rows in ROWS
+            for rows in widths
         }
         results["kernels"][kernel] = row
         print(
@@ -182,11 +244,12 @@ def main() -> None:
         )
     base = results["kernels"].get(wanted[0], {}).get("step_ms")
     if base:
-        print(f"\nrelative to {wanted[0]} (lower is faster), rows {list(ROWS)}:")
+        print(f"\nrelative to {wanted[0]} (lower is faster), rows {list(widths)}:")
         for kernel, row in results["kernels"].items():
             if "step_ms" in row:
-                ratios = " ".join(f"{row['step_ms'][r] / base[r]:.2f}" for r in ROWS)
-                print(f"  {kernel:34s} {ratios}   row-exact {row['exact_rows']}")
+                ratios = " ".join(f"{row['step_ms'][r] / base[r]:.2f}" for r in widths)
+                same = row.get("same_as_first", "-")
+                print(f"  {kernel:36s} {ratios}   row-exact {row['exact_rows']} same as first {same}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "int8-kernels.json").write_text(json.dumps(results, indent=1) + "\n")
