@@ -254,6 +254,10 @@ def test_suffix_drafts_chains_on_a_cpu_whose_verify_cost_grows_and_trees_where_i
     assert build_module.suffix_branches(pair) == 1
     monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.005)
     assert build_module.suffix_branches(pair) == build_module.SUFFIX_BRANCHES
+    monkeypatch.setenv(build_module.SUFFIX_BRANCHES_ENV, "1")  # to measure either anywhere
+    assert build_module.suffix_branches(pair) == 1
+    monkeypatch.setenv(build_module.SUFFIX_BRANCHES_ENV, "many")
+    assert build_module.suffix_branches(pair) == 1  # ignored, with a note
 
 
 # -- sampling: point masses from the memory keep the target's law ------------------------------------

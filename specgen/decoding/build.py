@@ -4,6 +4,7 @@ and the draft length the device favours."""
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -144,13 +145,21 @@ def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
 MODEL_COST, LOOKUP_COST = 0.38, 0.05  # a draft model's token, a lookup token (verify only)
 SUFFIX_BRANCHES = 3  # siblings per node of a suffix draft's tree, where verifying is nearly free
 FLAT_SLOPE = 0.02  # target steps one more verified token may cost for trees to pay
+SUFFIX_BRANCHES_ENV = "SPECGEN_SUFFIX_BRANCHES"
 
 
 def suffix_branches(pair: Pair) -> int:
     """Siblings per node of `--method suffix`'s drafts: a tree of the most frequent continuations
     where one more verified token costs next to nothing (a GPU's target, or a measured verify
     slope under FLAT_SLOPE), else chains: on a CPU each verified token costs 0.07-0.1 of a
-    target step, and a branch is tried only where its path is rejected (benchmarks/suffix.md)."""
+    target step, and a branch is tried only where its path is rejected (benchmarks/suffix.md).
+    SUFFIX_BRANCHES_ENV=N sets it (1: chains), to measure either on any machine; another value is
+    ignored with a note."""
+    chosen = os.environ.get(SUFFIX_BRANCHES_ENV, "").strip()
+    if chosen.isdigit() and int(chosen) > 0:
+        return int(chosen)
+    if chosen:
+        note(f"specgen: {SUFFIX_BRANCHES_ENV}={chosen!r} is not a positive whole number; ignored")
     if pair.target.device.type == "cuda":
         return SUFFIX_BRANCHES
     slope = costs.verify_slope(pair)
