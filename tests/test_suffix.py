@@ -14,6 +14,7 @@ from test_lookup import STAT_PROMPT, STAT_SAMPLING, assert_two_token_law, rule_w
 from test_statistical import gof_pvalue
 from typer.testing import CliRunner
 
+import specgen.decoding.build as build_module
 import specgen.decoding.verify as verify_module
 from specgen.cli.app import app
 from specgen.config import SUFFIX_TOKENS, GenerationConfig, MemorySettings, Method, Scope
@@ -246,18 +247,16 @@ def test_suffix_trees_give_plain_decoding_s_tokens_alone_batched_and_mixed(pair,
     assert all(3 in w for w in widths.values())
 
 
-def test_suffix_drafts_chains_on_a_cpu_whose_verify_cost_grows_and_trees_where_it_is_flat(pair, monkeypatch):
-    import specgen.decoding.build as build_module
-
-    assert build_module.suffix_branches(pair) == 1  # the tiny pair on the CPU: no slope measured
-    monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.08)
-    assert build_module.suffix_branches(pair) == 1
-    monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.005)
+def test_suffix_drafts_trees_where_a_verified_token_costs_less_than_a_branch_is_worth(pair, monkeypatch):
+    assert build_module.suffix_branches(pair) == build_module.SUFFIX_BRANCHES  # no slope measured
+    monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.08)  # this project's CPUs
     assert build_module.suffix_branches(pair) == build_module.SUFFIX_BRANCHES
+    monkeypatch.setattr(build_module.costs, "verify_slope", lambda p: 0.5)  # dearer than a branch is worth
+    assert build_module.suffix_branches(pair) == 1
     monkeypatch.setenv(build_module.SUFFIX_BRANCHES_ENV, "1")  # to measure either anywhere
     assert build_module.suffix_branches(pair) == 1
     monkeypatch.setenv(build_module.SUFFIX_BRANCHES_ENV, "many")
-    assert build_module.suffix_branches(pair) == 1  # ignored, with a note
+    assert build_module.suffix_branches(pair) == 1  # ignored, with a note: the slope decides
 
 
 # -- sampling: point masses from the memory keep the target's law ------------------------------------
