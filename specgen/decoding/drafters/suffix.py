@@ -9,11 +9,11 @@ the next request; a chat turn that extends what the row wrote adds only the new 
 own text has no match). A round drafts the continuation of the longest earlier occurrence of the
 row's tail, as long as its frequency and depth support (`SuffixMemory.draft`), up to the round's
 k. Proposals are point masses, verified as prompt lookup's are: greedy output is plain
-decoding's, and under sampling `point_mass_sampling` keeps the target's law. Where a verify's
-cost hardly grows with its tokens (a GPU), a draft is a small tree of each node's most frequent
-next tokens instead (`branches`), verified by `greedy_tree` or `point_mass_tree` (each node's
-token a draw from the target's law whatever its children). The memory decides speed only,
-never the output.
+decoding's, and under sampling `point_mass_sampling` keeps the target's law. Wherever a verified
+token costs less than a branch is worth (build.suffix_branches: every device measured so far), a
+draft is a small tree of each node's most frequent next tokens instead (`branches`), verified by
+`greedy_tree` or `point_mass_tree` (each node's token a draw from the target's law whatever its
+children). The memory decides speed only, never the output.
 """
 
 from __future__ import annotations
