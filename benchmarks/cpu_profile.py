@@ -36,6 +36,7 @@ MATMUL_OPS = (
     "quantized::linear_dynamic",
     "aten::_weight_int8pack_mm",
     "quantized::linear_with_input_q_dq_qweight_dq_output_fp32",
+    "onednn::qlinear_pointwise",
     "aten::linear",
     "aten::matmul",
 )
