@@ -154,8 +154,12 @@ def build_beam(root: int, width: int, depth: int, generator):
     return as_tree(tokens, parents)
 
 
-def first_two_tokens(build, n: int, seed: int, resort: bool = False, replacement: bool = False) -> list[int]:
-    """Run rounds from root token 0 until two tokens are out; return x1 * V + x2 per trial."""
+def first_two_tokens(
+    build, n: int, seed: int, resort: bool = False, replacement: bool = False, verify=None
+) -> list[int]:
+    """Run rounds from root token 0 until two tokens are out; return x1 * V + x2 per trial.
+    `verify(tree, rows, generator)`: the rule a round's tree is verified by (recursive rejection
+    with P_TABLE's laws by default; `rows` the nodes' tokens)."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -166,9 +170,17 @@ def first_two_tokens(build, n: int, seed: int, resort: bool = False, replacement
             if resort:
                 nodes, tree = resort_siblings(nodes, tree)
             rows = torch.tensor(nodes)
-            verdict = recursive_rejection(
-                tree.children, tree.tokens, P_TABLE[rows], Q_TABLE[rows], generator, replacement=replacement
-            )
+            if verify is not None:
+                verdict = verify(tree, rows, generator)
+            else:
+                verdict = recursive_rejection(
+                    tree.children,
+                    tree.tokens,
+                    P_TABLE[rows],
+                    Q_TABLE[rows],
+                    generator,
+                    replacement=replacement,
+                )
             path, token = walked(tree, verdict)
             emitted += [nodes[i] for i in path] + [token]
         out.append(emitted[0] * V + emitted[1])
@@ -223,22 +235,15 @@ def test_control_rsd_c_with_resorted_siblings_fails():
 
 
 def point_mass_pairs(n: int, seed: int, rule) -> list[int]:
-    """Rounds from root token 0 until two tokens are out, each round a point-mass tree of distinct
-    siblings at two levels (any tokens: here drawn from P_TABLE without replacement, then fixed,
-    as copied text is); return x1 * V + x2 per trial."""
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        emitted = []
-        while len(emitted) < 2:
-            root = emitted[-1] if emitted else 0
-            nodes, tree = build_constant(root, (2, 2), generator, iid=False)
-            tree = Proposal(tree.tokens, tree.parents, ProposalKind.DETERMINISTIC)
-            verdict = rule(tree.children, tree.tokens, Q_TABLE[torch.tensor(nodes)], generator)
-            path, token = walked(tree, verdict)
-            emitted += [nodes[i] for i in path] + [token]
-        out.append(emitted[0] * V + emitted[1])
-    return out
+    """The first two tokens under point-mass trees of distinct siblings at two levels (any tokens:
+    here drawn from P_TABLE without replacement, then fixed, as copied text is), verified by `rule`;
+    x1 * V + x2 per trial."""
+    return first_two_tokens(
+        lambda r, g: build_constant(r, (2, 2), g, iid=False),
+        n,
+        seed,
+        verify=lambda tree, rows, g: rule(tree.children, tree.tokens, Q_TABLE[rows], g),
+    )
 
 
 def point_mass_tree_without_removal(children, tokens, target_probs, generator):
