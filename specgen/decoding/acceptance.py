@@ -182,6 +182,26 @@ def greedy_tree(parents: tuple[int, ...], tokens: torch.Tensor, choice: torch.Te
     return Verdict(tokens == choice.index_select(0, parent_index), choice)
 
 
+def _siblings(children, inner: list[int], widest: int, tokens: torch.Tensor):
+    """The inner nodes' children laid out [m, widest] on the device, every index in ONE copy:
+    (the inner nodes; their children's tokens, in draw order; which cells hold a child; for
+    each proposed node, its cell; and its index), nodes in BFS order."""
+    n, m, cells = tokens.shape[0], len(inner), len(inner) * widest
+    kids = torch.full((m, widest), -1, dtype=torch.int64)
+    for row, node in enumerate(inner):
+        kids[row, : len(children[node])] = torch.tensor(children[node])
+    flat = kids.view(-1)
+    slots = (flat >= 0).nonzero().squeeze(1)  # the cells that hold a child, in node order
+    packed = torch.cat(
+        [torch.tensor(inner), flat.clamp_min(1) - 1, (flat >= 0).long(), slots, flat[slots] - 1]
+    )
+    packed = packed.to(tokens.device)
+    index, kid_index = packed[:m], packed[m : m + cells]
+    valid = packed[m + cells : m + 2 * cells].view(m, widest) > 0
+    cell_index, child_index = packed[m + 2 * cells : m + 2 * cells + n], packed[m + 2 * cells + n :]
+    return index, tokens.index_select(0, kid_index).view(m, widest), valid, cell_index, child_index
+
+
 def recursive_rejection(
     children: tuple[tuple[int, ...], ...],
     tokens: torch.Tensor,
@@ -209,24 +229,8 @@ def recursive_rejection(
     passed = torch.zeros(n, dtype=torch.bool, device=device)
     final = target_probs.clone()  # q_(K+1) per node; leaves keep q (the bonus distribution)
     if inner:
-        m, cells = len(inner), len(inner) * widest
-        kids = torch.full((m, widest), -1, dtype=torch.int64)  # each inner node's children, in draw order
-        for row, node in enumerate(inner):
-            kids[row, : len(children[node])] = torch.tensor(children[node])
-        flat = kids.view(-1)
-        slots = (flat >= 0).nonzero().squeeze(1)  # the cells that hold a child, in node order (BFS)
-        # every index the device needs, known on the host, in ONE copy
-        packed = torch.cat(
-            [torch.tensor(inner), flat.clamp_min(1) - 1, (flat >= 0).long(), slots, flat[slots] - 1]
-        )
-        packed = packed.to(device)
-        index, kid_index, valid = (
-            packed[:m],
-            packed[m : m + cells],
-            packed[m + cells : m + 2 * cells].view(m, widest) > 0,
-        )
-        cell_index, child_index = packed[m + 2 * cells : m + 2 * cells + n], packed[m + 2 * cells + n :]
-        kid_tokens = tokens.index_select(0, kid_index).view(m, widest)
+        index, kid_tokens, valid, cell_index, child_index = _siblings(children, inner, widest, tokens)
+        m = len(inner)
         q = target_probs.index_select(0, index)
         p = draft_probs.index_select(0, index).float()
         uniforms = torch.rand(m, widest, generator=generator, device=device)
@@ -268,26 +272,17 @@ def point_mass_tree(
     passed = torch.zeros(n, dtype=torch.bool, device=device)
     final = target_probs.clone()
     if inner:
-        m = len(inner)
-        kids = torch.full((m, widest), -1, dtype=torch.int64)
-        for row, node in enumerate(inner):
-            kids[row, : len(children[node])] = torch.tensor(children[node])
-        valid = (kids >= 0).to(device)
-        index = torch.tensor(inner).to(device)
-        kid_tokens = tokens.index_select(0, (kids.clamp_min(1) - 1).view(-1).to(device)).view(m, widest)
+        index, kid_tokens, valid, cell_index, child_index = _siblings(children, inner, widest, tokens)
         q = target_probs.index_select(0, index)
-        uniforms = torch.rand(m, widest, generator=generator, device=device)
+        uniforms = torch.rand(len(inner), widest, generator=generator, device=device)
         tests = []
         for k in range(widest):
             x, step = kid_tokens[:, k : k + 1], valid[:, k : k + 1]
-            tests.append((uniforms[:, k : k + 1] < q.gather(1, x)).squeeze(1) & step.squeeze(1))
+            tests.append((uniforms[:, k : k + 1] < q.gather(1, x)).squeeze(1))
             removed = q.scatter(1, x, 0.0)
             total = removed.sum(dim=1, keepdim=True)
             q = torch.where(step & (total > 0), removed / total.clamp_min(1e-30), q)
         final.index_copy_(0, index, q)
-        flat = kids.view(-1)
-        slots = (flat >= 0).nonzero().squeeze(1)  # the cells that hold a child, node by node
-        outcomes = torch.stack(tests, dim=1).view(-1).index_select(0, slots.to(device))
-        passed.index_copy_(0, (flat[slots] - 1).to(device), outcomes)
+        passed.index_copy_(0, child_index, torch.stack(tests, dim=1).view(-1).index_select(0, cell_index))
     draws = torch.multinomial(final, 1, generator=generator).squeeze(1)  # [N]
     return Verdict(passed, draws)
