@@ -68,7 +68,7 @@ class Remembered:
         found = self.memory.draft(context, k, exclude=self.document, branches=branches)
         if found is None or not found.tokens:
             return None
-        return Proposal.points(found.tokens, Origin.MEMORY, None if branches == 1 else found.parents)
+        return Proposal.points(found.tokens, Origin.MEMORY, found.parents)  # a chain's are 0..n-1
 
 
 # a seeded sampled row's: its own text only, so that its seed replays whatever others wrote
