@@ -16,7 +16,7 @@ import specgen.decoding.verify as engine_module
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.acceptance import ProposalKind, Verdict, speculative_sampling
 from specgen.decoding.drafters.base import Proposal
-from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter, Source
+from specgen.decoding.drafters.lookup import LookupChain, MatchOdds, PromptLookupDrafter, Source
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
 from specgen.decoding.sampling import make_generator
@@ -543,3 +543,79 @@ def test_an_extension_query_is_not_counted_as_another_lookup_round():
         combined.propose([[3, 3]], [3], [STAT_SAMPLING])
         combined.observe(0, [])
     assert combined.lookups[0].rounds == 5
+
+
+# -- how long a continuation is proposed: MatchOdds and the verify price ---------------------------
+
+
+def test_odds_cut_a_continuation_where_its_next_token_is_worth_less_than_its_verify():
+    odds = MatchOdds()
+    assert odds.chance(1) == 0.5  # the prior: one accepted token, one rejected
+    assert odds.length(1, 6, 0.07) == 3  # 0.5, 0.25, 0.125 reach 0.07; 0.0625 does not
+    assert odds.length(1, 2, 0.07) == 2  # never more than k
+    assert odds.length(1, 6, 0.0) == 6
+    for _ in range(40):
+        odds.record(1, 0, True)  # every one-token match's first token rejected
+        odds.record(3, 5, False)  # every three-token match's five tokens accepted
+    assert odds.length(1, 6, 0.07) == 0
+    assert odds.chance(3) > 0.97 and odds.length(3, 6, 0.07) == 6
+    assert odds.length(2, 6, 0.07) == 3  # a length never seen keeps the prior
+
+
+def test_odds_forget_over_their_halflife():
+    odds = MatchOdds()
+    for _ in range(40):
+        odds.record(2, 0, True)
+    low = odds.chance(2)
+    for _ in range(40):
+        odds.record(2, 4, False)
+    assert low < 0.1 and odds.chance(2) > 0.9
+
+
+def test_a_priced_lookup_learns_from_what_was_committed_after_its_proposals():
+    """Each proposal's fate is read from the next round's context: rejected one-token matches
+    shorten the next ones down to none, with no effect on an unpriced lookup."""
+    priced, unpriced = PromptLookupDrafter(price=0.07), PromptLookupDrafter()
+    context = [1, 2, 3, 4, 5, 6, 7, 8]
+    lengths = []
+    for step in range(30):
+        context = context + [1]  # "1" was seen before: a one-token match
+        lengths.append(len(proposed(priced, context, 5)))
+        assert len(proposed(unpriced, context, 5)) == 5
+        context = context + [100 + step]  # the target disagreed at the first token
+    assert lengths[0] == 3 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0
+    assert priced.odds.rejected[1] > 5 and priced.odds.accepted[1] == 0
+
+
+def test_a_priced_lookup_keeps_proposing_in_full_where_its_proposals_are_accepted():
+    drafter = PromptLookupDrafter(price=0.07)
+    cycle = list(range(7, 14))
+    context = cycle * 2 + [7]
+    lengths = []
+    for _ in range(6):
+        tokens = proposed(drafter, context, 6)
+        truth = [cycle[(len(context) + i) % len(cycle)] for i in range(len(tokens) + 1)]
+        assert tokens == truth[:-1]
+        lengths.append(len(tokens))
+        context = context + truth  # every token accepted, then the target's own
+    assert lengths[0] == 3 and lengths[-1] == 6 and drafter.odds.chance(3) > 0.9
+
+
+def test_a_rewind_drops_the_proposal_whose_fate_it_hid():
+    drafter = PromptLookupDrafter(price=0.07)
+    assert proposed(drafter, [1, 2, 3, 1], 4)
+    drafter.rewind(2)
+    proposed(drafter, [1, 2, 5, 6, 1], 4)
+    assert drafter.odds.accepted == {} and drafter.odds.rejected == {}
+
+
+@pytest.mark.parametrize("name", list(LOOP_PROMPTS))
+def test_a_priced_lookup_in_the_engine_matches_plain_greedy(tiny_pair, references, name):
+    out, rounds = generate(
+        lookup_engine(tiny_pair, PromptLookupDrafter(price=0.3)),
+        LOOP_PROMPTS[name],
+        max_new_tokens=40,
+        draft_tokens=6,
+    )
+    assert out == references[name]
+    assert len({len(r.draft_tokens) for r in rounds}) > 1

@@ -4,6 +4,7 @@ and the draft length the device favours."""
 from __future__ import annotations
 
 import enum
+import functools
 import os
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -12,7 +13,7 @@ from specgen.config import SUFFIX_TOKENS, GenerationConfig, Method
 from specgen.decoding import costs
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
-from specgen.decoding.drafters.lookup import LookupChain
+from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter
 from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
@@ -120,13 +121,21 @@ def _then_lookup(chain: Callable[[Pair, GenerationConfig], Drafter]):
     """lookup-chain: prompt lookup where the tail repeats, then the suffix memory, `chain`'s
     drafts otherwise."""
     return lambda pair, config: LookupChain(
-        chain(pair, config), model_tokens=config.draft_tokens, memories=pair.memories
+        chain(pair, config),
+        model_tokens=config.draft_tokens,
+        make_lookup=_priced(pair),
+        memories=pair.memories,
     )
 
 
 def _lookup(pair: Pair, config: GenerationConfig) -> Drafter:
     """lookup: the row's own text (any n-gram match), then the suffix memory; no model."""
-    return LookupChain(NoDrafter(), min_match=1, memories=pair.memories)
+    return LookupChain(NoDrafter(), min_match=1, make_lookup=_priced(pair), memories=pair.memories)
+
+
+def _priced(pair: Pair) -> Callable[[], PromptLookupDrafter]:
+    """Each row's lookup, its continuations cut to what a verified token costs here (lookup.py)."""
+    return functools.partial(PromptLookupDrafter, price=costs.lookup_price(pair))
 
 
 def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:

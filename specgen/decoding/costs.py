@@ -122,17 +122,17 @@ def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float]:
     return statistics.median(draft_ratio), statistics.median(wide_ratio)
 
 
-def _key(pair) -> str:
-    return " | ".join(
-        [
-            f"v{FORMAT}",
-            cpu_name(),
-            ",".join(sorted(cpu_flags() or ())),
-            str(torch.get_num_threads()),
-            f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
-            f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}",
-        ]
-    )
+def _key(pair, with_draft: bool = True) -> str:
+    parts = [
+        f"v{FORMAT}",
+        cpu_name(),
+        ",".join(sorted(cpu_flags() or ())),
+        str(torch.get_num_threads()),
+        f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
+    ]
+    if with_draft:
+        parts.append(f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}")
+    return " | ".join(parts)
 
 
 def choose(pair) -> DraftLength:
@@ -172,6 +172,28 @@ def verify_slope(pair) -> float | None:
         return None
     entry = _entry(_read(cache_root() / "draft-length.json").get(_key(pair)))
     return entry.verify_slope if entry is not None and entry.verify_slope > 0 else None
+
+
+CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
+
+
+def lookup_price(pair) -> float | None:
+    """What proposing one more lookup token costs, in target steps: the verify slope measured for
+    this target on this machine (with whichever draft it was measured), else CPU_PRICE on a CPU
+    (the least measured, so a continuation is cut no more than the cheapest CPU warrants); None
+    on other devices, where a wide verify costs next to nothing."""
+    if pair.target.device.type != "cpu":
+        return None
+    slope = verify_slope(pair) if pair.draft is not None else None
+    if slope is None:
+        prefix = _key(pair, with_draft=False) + " | "
+        slopes = [
+            entry.verify_slope
+            for key, value in _read(cache_root() / "draft-length.json").items()
+            if key.startswith(prefix) and (entry := _entry(value)) is not None and entry.verify_slope > 0
+        ]
+        slope = max(slopes) if slopes else None
+    return slope if slope is not None else CPU_PRICE
 
 
 def _cached(key: str, parse, measure, as_json, stale: str):
