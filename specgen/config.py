@@ -224,7 +224,8 @@ class GenerationConfig:
     beam_width: int = 3  # rsd-s
     depth: int = 4  # rsd-s
     schedule: Schedule = Schedule.FIXED  # chain/lookup draft length: fixed k, or adaptive up to k
-    draft_confidence: float = 0.0  # chain: stop drafting when the draft's top probability is below
+    # chain: stop drafting when the product of the draft's top probabilities falls below this
+    draft_confidence: float = 0.0
     deterministic: bool = False  # replay every window at a fixed shape (replay.py)
     verify_window: int = 32
     device_draft_tokens: bool = False  # draft_tokens is a placeholder: decoding/costs.choose sets it

@@ -67,7 +67,7 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     choice = draft_length.choose(pair)
     best = draft_length.best_k(0.38, draft_length._interpolate(1.0, 1.08, 5))
     assert choice.k == min(draft_length.MAX_K, best + draft_length.STOP_EXTRA)
-    assert choice.confidence == draft_length.STOP and "top probability" in choice.reason
+    assert choice.confidence == draft_length.STOP and "top probabilities" in choice.reason
     # no --draft-confidence: the device's k brings its stop; an explicit value (0 included) wins
     default = generation_config(method="chain", max_new_tokens=16)
     assert default.device_confidence and default.draft_confidence == 0.0

@@ -157,9 +157,9 @@ GENERATION_OPTIONS = {
             Optional[float],
             typer.Option(
                 "--draft-confidence",
-                help="chain and lookup-chain: stop a draft early when the draft's top probability falls "
-                "below this (0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, "
-                "else off).",
+                help="chain and lookup-chain: stop a draft early when the product of the draft's top "
+                "probabilities over the round (its chance of still being right) falls below this "
+                "(0: off; default: 0.5 with --draft-tokens device for a draft on the CPU, else off).",
                 show_default=False,
             ),
         ],

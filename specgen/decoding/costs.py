@@ -40,11 +40,12 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 7  # bump when the engine's forwards change cost (cached choices are then measured again)
+FORMAT = 8  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
-# A draft on the CPU stops early when its top probability falls below STOP (length.unsure),
+# A draft on the CPU stops early when the product of its top probabilities over the round falls
+# below STOP (length.unsure),
 # and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
 # tokens are not drafted (the variants compared: benchmarks/avx2-epyc.md). On a GPU the stop would
 # add a host sync per draft step, so it stays off there.
@@ -161,7 +162,10 @@ def _measure(pair) -> DraftLength:
     confidence = 0.0
     if pair.draft.device.type == "cpu":
         k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
-        reason += f"; up to {STOP_EXTRA} more while the draft's top probability stays at {STOP} or above"
+        reason += (
+            f"; up to {STOP_EXTRA} more while the product of the draft's top probabilities stays "
+            f"at {STOP} or above"
+        )
     return DraftLength(k, reason, confidence, max(0.0, (wide - 1.0) / 4))
 
 

@@ -138,16 +138,29 @@ class ExpectedGainLength:
         return best_k
 
 
-def unsure(threshold: float, logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
-    """The confidence stop: whether the draft's own top probability falls under `threshold`,
-    so drafting stops after this token (a drafter's `confidence`; 0 stops nothing).
+def unsure(
+    threshold: float,
+    logits: torch.Tensor,
+    probs: torch.Tensor | None = None,
+    reach: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The confidence stop: whether the chance that the draft is still right after this token
+    falls under `threshold`, so drafting stops after it (a drafter's `confidence`; 0 stops nothing).
+
+    That chance, `reach`, is the product of the draft's own top probabilities over the round's
+    tokens so far: the i-th token is worth a draft step only if the i - 1 before it are accepted
+    too, so a run of 0.6s stops after two (0.36 < 0.5), not at the round's end, and a run of
+    0.95s goes on for as long as a per-token threshold would. (A per-token threshold, the first
+    version, kept drafting text the draft was lukewarm about: chats and translations paid
+    for tokens past the first rejection; benchmarks/floor.md.)
 
     Call it once per draft step on what the drafter already has: the step's logits [..., V],
-    and its warped distribution when it sampled (`choose` returns it), else None (greedy:
-    the warped law is a one-hot, so the confidence is read from softmax(logits) instead).
-    Returns a bool tensor [...] on the logits' device, True = stop after this token.
+    its warped distribution when it sampled (`choose` returns it), else None (greedy: the warped
+    law is a one-hot, so the confidence is read from softmax(logits) instead), and the `reach`
+    it returned the step before (None at a round's first step). Returns (stop, reach): a bool
+    tensor [...] on the logits' device, True = stop after this token, and the new reach.
 
-    Lossless: the decision depends on p_i (a function of the prefix x_<i), and the token x_i
+    Lossless: the decision depends on p_1..p_i (functions of the prefix), and the token x_i
     that was just drawn is kept, never dropped because of its value; so every proposed x_i is
     still distributed as the p_i reported for it, and the acceptance rule stays exact. (What
     would NOT be safe: drawing x_i and then discarding it because p_i(x_i) was low.)
@@ -165,4 +178,5 @@ def unsure(threshold: float, logits: torch.Tensor, probs: torch.Tensor | None = 
     else:
         logits = logits.float()
         top = (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
-    return top < threshold
+    reach = top if reach is None else reach * top
+    return reach < threshold, reach

@@ -14,9 +14,9 @@ after its catch-up and when it finishes, and a joining row starts from the longe
 there (runtime/prefixes.py): a server's requests share a system prompt, a chat client's turn
 repeats its conversation.
 
-With a confidence stop (length.unsure) a row's draft ends once the draft's top
-probability falls below the threshold (the token drawn is kept: lossless); the steps end when
-every row has stopped.
+With a confidence stop (length.unsure) a row's draft ends once the product of the draft's top
+probabilities over the round (its chance of still being right) falls below the threshold (the
+token drawn is kept: lossless); the steps end when every row has stopped.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ class ChainDrafter(BaseDrafter):
             stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
         stop_at = [steps] * count
         token = None  # each step after the first reads the step before's tokens
+        reach = None  # the confidence stop's running product of top probabilities, per row
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
                 logits = self.steps.forward(self.cache, token.view(count, 1).to(self.device))[
@@ -137,7 +138,7 @@ class ChainDrafter(BaseDrafter):
             if step == steps - 1:
                 break
             if self.confidence > 0:  # the confidence stop (length.unsure)
-                stop = unsure(self.confidence, logits, law if sampled else None)
+                stop, reach = unsure(self.confidence, logits, law if sampled else None, reach)
                 stopped = stopped | stop.to(stopped.device)
                 flags = stopped.tolist()  # one small host sync per draft step
                 for i, flag in enumerate(flags):
