@@ -106,12 +106,15 @@ def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
         return list(pool.map(lambda part: _pack(*part), parts))
 
 
-def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
-    """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel."""
+def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = True) -> "RowInt8Linear":
+    """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel;
+    `wide=False` packs it for fbgemm only (every width through fbgemm: the same numbers, and
+    no second packing to pay for where wide products are rare)."""
     q, scales = quantize_weight(weight)
     chunks = _chunks(q, scales)
     parts = _pack_all(chunks)
-    return RowInt8Linear(q, scales, bias, parts[0] if len(parts) == 1 else tuple(parts), _wide(chunks, parts))
+    packed = parts[0] if len(parts) == 1 else tuple(parts)
+    return RowInt8Linear(q, scales, bias, packed, _wide(chunks, parts) if wide else None)
 
 
 def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -102,7 +102,9 @@ class PrunedHead(nn.Module):
 
     def widen(self) -> None:
         """Every id from now on: the whole head, in the static product's format (about a second
-        for the 0.5B draft's 151936 x 896 int8 head, once)."""
+        for the 0.5B draft's 151936 x 896 int8 head, once). An int8 head is packed for fbgemm
+        only: a draft's head multiplies one row per step (a prompt's last, a chain's next), and
+        oneDNN's second packing of it cost half a second more on the AMX Xeon."""
         plain = nn.Linear(
             self.in_features, self.vocab, bias=False, device="meta"
         )  # the original rows, no copy
@@ -113,7 +115,8 @@ class PrunedHead(nn.Module):
         elif isinstance(self.linear, Int8WeightOnlyLinear):
             whole = Int8WeightOnlyLinear(plain)
         else:
-            whole = int8.linear_of(self._rows, None if self._row_bias is None else self._row_bias.float())
+            bias = None if self._row_bias is None else self._row_bias.float()
+            whole = int8.linear_of(self._rows, bias, wide=False)
         self.full = whole
         self.known[:] = True
 
