@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from specgen.config import parse_draft_tokens
@@ -191,3 +192,18 @@ def test_batch_width_costs_are_measured_once_and_a_bad_entry_again_with_a_notice
         assert width_costs(pair) == measured and len(calls) == before + 1, entry
         assert "not valid; measuring them again" in capsys.readouterr().err, entry
         assert width_costs(pair) == measured and len(calls) == before + 1  # written back valid
+
+
+def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, monkeypatch):
+    """What a lookup token costs: the measured slope of this target on this machine (whichever
+    draft it was measured with, also for a pair with no draft); else CPU_PRICE on a CPU; None on
+    a GPU."""
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    target, draft = tiny_pair
+    alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
+    assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.2))  # a 5-token verify: 1.2 steps
+    draft_length.choose(paired)
+    assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
+    cuda = SimpleNamespace(device=torch.device("cuda"))
+    assert draft_length.lookup_price(SimpleNamespace(target=cuda, draft=None)) is None
