@@ -28,23 +28,24 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from specgen.config import Method, ModelSettings
-from specgen.models import placement
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime import int8, kvcache, onednn
 from specgen.runtime.lean import LeanForward
 from specgen.runtime.pair import load
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_profile import cpu_flags  # noqa: E402  (the machine line every profile prints)
+
 SWEEP_BYTES = 64 << 20
-
-
-def cpu_flags() -> str:
-    flags = sorted(f for f in placement.cpu_flags() or () if f.startswith(("avx", "amx", "fma")))
-    return f"{placement.cpu_name()}: {' '.join(flags) or '?'}"
 
 
 def median_ms(call, repeats: int) -> float:
@@ -178,20 +179,10 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    pair = load(
-        ModelSettings(
-            "qwen2.5-coder-1.5b-instruct",
-            "qwen2.5-coder-0.5b-instruct",
-            "cpu",
-            None,
-            "auto",
-            "auto",
-            "off",
-            target_quant="int8",
-        ),
-        Method.CHAIN,
-        quiet=True,
+    settings = ModelSettings(
+        DEFAULT_TARGET, DEFAULT_DRAFT, device="cpu", draft_quant="auto", compile="off", target_quant="int8"
     )
+    pair = load(settings, Method.CHAIN, quiet=True)
     lines = [
         f"cpu: {cpu_flags()}",
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, context {args.context}, "
