@@ -555,8 +555,8 @@ def test_odds_cut_a_continuation_where_its_next_token_is_worth_less_than_its_ver
     assert odds.length(1, 2, 0.07) == 2  # never more than k
     assert odds.length(1, 6, 0.0) == 6
     for _ in range(40):
-        odds.record(1, 0, True)  # every one-token match's first token rejected
-        odds.record(3, 5, False)  # every three-token match's five tokens accepted
+        odds.record(1, 3, 0)  # every one-token match's first token rejected
+        odds.record(3, 5, 5)  # every three-token match's five tokens accepted
     assert odds.length(1, 6, 0.07) == 0
     assert odds.chance(3) > 0.97 and odds.length(3, 6, 0.07) == 6
     assert odds.length(2, 6, 0.07) == 3  # a length never seen keeps the prior
@@ -565,10 +565,10 @@ def test_odds_cut_a_continuation_where_its_next_token_is_worth_less_than_its_ver
 def test_odds_forget_over_their_halflife():
     odds = MatchOdds()
     for _ in range(40):
-        odds.record(2, 0, True)
+        odds.record(2, 3, 0)
     low = odds.chance(2)
     for _ in range(40):
-        odds.record(2, 4, False)
+        odds.record(2, 4, 4)
     assert low < 0.1 and odds.chance(2) > 0.9
 
 
@@ -584,7 +584,8 @@ def test_a_priced_lookup_learns_from_what_was_committed_after_its_proposals():
         assert len(proposed(unpriced, context, 5)) == 5
         context = context + [100 + step]  # the target disagreed at the first token
     assert lengths[0] == 3 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0
-    assert priced.odds.rejected[1] > 5 and priced.odds.accepted[1] == 0
+    ones = priced.odds.estimates[1]
+    assert ones.failures > 5 and ones.successes < 1.0  # the prior's one, faded: none accepted
 
 
 def test_a_priced_lookup_keeps_proposing_in_full_where_its_proposals_are_accepted():
@@ -606,7 +607,7 @@ def test_a_rewind_drops_the_proposal_whose_fate_it_hid():
     assert proposed(drafter, [1, 2, 3, 1], 4)
     drafter.rewind(2)
     proposed(drafter, [1, 2, 5, 6, 1], 4)
-    assert drafter.odds.accepted == {} and drafter.odds.rejected == {}
+    assert drafter.odds.estimates == {}
 
 
 @pytest.mark.parametrize("name", list(LOOP_PROMPTS))

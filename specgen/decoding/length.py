@@ -82,6 +82,25 @@ class AdditiveLength:
             self.k = max(self.min, min(self.k, accepted + 1))
 
 
+class Acceptance:
+    """A per-token acceptance estimate from runs of proposed tokens: a run that had j of its
+    tokens accepted adds j successes and, if it stopped at a rejection, one failure (the
+    maximum-likelihood estimate for a geometric run length cut off at the run's end), with an
+    exponential forgetting over `halflife` runs, prior included."""
+
+    def __init__(self, halflife: float, successes: float, failures: float):
+        self.successes, self.failures = successes, failures
+        self._decay = 0.5 ** (1.0 / halflife)
+
+    @property
+    def value(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def update(self, proposed: int, accepted: int) -> None:
+        self.successes = self.successes * self._decay + accepted
+        self.failures = self.failures * self._decay + (1.0 if accepted < proposed else 0.0)
+
+
 @dataclass
 class ExpectedGainLength:
     """Pick the k that maximises expected tokens per unit of cost, from an acceptance estimate.
@@ -106,14 +125,12 @@ class ExpectedGainLength:
     def __post_init__(self) -> None:
         if not 1 <= self.min <= self.max or self.cost < 0 or self.halflife <= 0:
             raise ValueError("need 1 <= min <= max, cost >= 0 and halflife > 0")
-        self.successes = self.prior_accepted
-        self.failures = self.prior_rejections
-        self._decay = 0.5 ** (1.0 / self.halflife)
+        self.estimate = Acceptance(self.halflife, self.prior_accepted, self.prior_rejections)
         self.k = self._best_k()
 
     @property
     def acceptance(self) -> float:
-        return self.successes / (self.successes + self.failures)
+        return self.estimate.value
 
     def next_k(self) -> int:
         return self.k
@@ -121,8 +138,7 @@ class ExpectedGainLength:
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
-        self.successes = self.successes * self._decay + accepted
-        self.failures = self.failures * self._decay + (1.0 if accepted < proposed else 0.0)
+        self.estimate.update(proposed, accepted)
         self.k = self._best_k()
 
     def _best_k(self) -> int:

@@ -34,31 +34,29 @@ from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, Proposal
 from specgen.decoding.drafters.suffix import Remembered, remembered
 from specgen.decoding.events import Origin
+from specgen.decoding.length import Acceptance
 from specgen.runtime.memories import Memories
 from specgen.text import common_prefix
 
 HALFLIFE = 16.0  # proposals of one match length
+PRIOR = (1.0, 1.0)  # accepted and rejected tokens before any proposal: p_n = 0.5
 
 
 class MatchOdds:
-    """How often a lookup continuation's tokens are accepted, per length of the match behind it:
-    each token is taken as accepted with one chance p_n, given the ones before it were (a
-    beta-binomial estimate: a prior of one accepted and one rejected token, then every proposal's
-    accepted tokens and its rejection, if any, exponentially weighted over HALFLIFE proposals)."""
-
-    DECAY = 0.5 ** (1.0 / HALFLIFE)
+    """How often a lookup continuation's tokens are accepted, per length n of the match behind
+    it: each token is taken as accepted with one chance p_n, given the ones before it were (an
+    `Acceptance` estimate per n from every proposal's accepted tokens and its rejection, if any,
+    over HALFLIFE proposals, from PRIOR)."""
 
     def __init__(self):
-        self.accepted: dict[int, float] = {}
-        self.rejected: dict[int, float] = {}
+        self.estimates: dict[int, Acceptance] = {}
 
     def chance(self, n: int) -> float:
-        accepted, rejected = self.accepted.get(n, 0.0), self.rejected.get(n, 0.0)
-        return (accepted + 1.0) / (accepted + rejected + 2.0)
+        estimate = self.estimates.get(n)
+        return PRIOR[0] / sum(PRIOR) if estimate is None else estimate.value
 
-    def record(self, n: int, accepted: int, rejected: bool) -> None:
-        self.accepted[n] = self.accepted.get(n, 0.0) * self.DECAY + accepted
-        self.rejected[n] = self.rejected.get(n, 0.0) * self.DECAY + rejected
+    def record(self, n: int, proposed: int, accepted: int) -> None:
+        self.estimates.setdefault(n, Acceptance(HALFLIFE, *PRIOR)).update(proposed, accepted)
 
     def length(self, n: int, k: int, price: float) -> int:
         """The tokens worth proposing after an n-token match: the i-th is reached and accepted
@@ -178,7 +176,7 @@ class PromptLookupDrafter:
         if accepted < len(tokens) and len(committed) <= accepted:
             return  # not verified yet (a round without it)
         self._pending = None
-        self.odds.record(n, accepted, accepted < len(tokens))
+        self.odds.record(n, len(tokens), accepted)
 
     @staticmethod
     def proposal(tokens: list[int] | None) -> Proposal:
