@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from test_engine import PROMPT, reference_greedy
@@ -144,23 +146,59 @@ def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
 @pytest.mark.parametrize("spec", ["prune", "int8+prune", "int8-wo+prune"])
 def test_text_mostly_outside_the_kept_ids_widens_the_head_to_every_id(tiny_dirs, spec):
     """A prompt in another script (here: ids past KEEP) would leave the draft unable to propose
-    most of its tokens; past a quarter of the last ids read, the head widens to the whole
-    vocabulary, and the logits are the unpruned draft's."""
+    most of its tokens; past a quarter of the last ids read, the head packs the blocks that
+    text lives in (the tiny vocabulary is one block: every id), and the logits are the
+    unpruned draft's."""
     model = draft_with(tiny_dirs, spec)
     head = model.get_output_embeddings()
     mostly_inside = [(i * 7) % KEEP for i in range(80)] + [200, 201, 202]  # 4% outside: stays pruned
     with torch.no_grad():
         logits = model(torch.tensor([mostly_inside])).logits[0, -1]
-    assert head.full is None and torch.isinf(logits).sum() > 0
+    assert not head.complete and torch.isinf(logits).sum() > 0
     outside = [KEEP + (i * 5) % (258 - KEEP) for i in range(70)]
     with torch.no_grad():
         logits = model(torch.tensor([outside])).logits[0]
-    assert head.full is not None and torch.isfinite(logits).all()
+    assert head.complete and torch.isfinite(logits).all()
+    assert head.extra_ids.numel() == 0  # 200-202 moved from the read ids' product to the block's
     reference, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
     if spec == "prune":
         with torch.no_grad():
             full = reference.model(torch.tensor([outside])).logits[0]
         torch.testing.assert_close(logits, full)
+
+
+@pytest.mark.parametrize("spec", ["prune", "int8+prune"])
+def test_the_head_packs_only_the_blocks_the_text_lives_in(tiny_dirs, spec):
+    """Blocks of 16 ids: reads mostly in ids 160-191 pack those two blocks (two reads or more
+    each); a single read in another block stays in the read ids' product; every kept id has
+    one logit, the unpruned draft's (prune) or the int8 one's, at every position."""
+    from specgen.runtime.pruned import prune_head
+
+    draft, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    reference = copy.deepcopy(draft.model)
+    model = draft.model
+    prune_head(model, KEEP, (258,), block_rows=16)
+    if spec == "int8+prune":  # as apply_draft_quant does it: prune, then quantize; the reference
+        model, reference = int8.quantize_model(model), int8.quantize_model(reference)  # is int8 too
+    head = model.get_output_embeddings()
+    text = [3, 5, 230, 9] + [160 + (i * 7) % 32 for i in range(70)]  # 230: read once, in block 14
+    with torch.no_grad():
+        logits = model(torch.tensor([text])).logits[0]
+        full = reference(torch.tensor([text])).logits[0]
+    assert [ids.tolist() for ids in head.block_ids] == [list(range(160, 176)), list(range(176, 192))]
+    assert not head.complete and head.extra_ids.tolist() == [230]
+    kept = torch.zeros(259, dtype=torch.bool)
+    kept[[*range(KEEP), 258, 230, *range(160, 192)]] = True
+    assert (torch.isfinite(logits) == kept).all()
+    blocks = kept.clone()
+    blocks[230] = False  # the read id's product is fp32 in both variants
+    if spec == "prune":
+        torch.testing.assert_close(logits[:, kept], full[:, kept])
+    else:  # each block's product is the unpruned int8 head's, channel for channel
+        assert torch.equal(logits[:, blocks], full[:, blocks])
+    with torch.no_grad():  # later reads of a covered id change nothing; a new one joins the extras
+        later = model(torch.tensor([[165, 240]])).logits[0, -1]
+    assert head.extra_ids.tolist() == [230, 240] and torch.isfinite(later).sum() == kept.sum() + 1
 
 
 def test_a_vocabulary_no_larger_than_keep_keeps_its_head(tiny_dirs):

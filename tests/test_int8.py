@@ -107,6 +107,18 @@ def test_quantize_weight_is_symmetric_per_output_channel():
     assert torch.isfinite(scales).all() and (scales > 0).all()  # an all-zero row gets no 0/0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_weight_leaves_its_input_alone_and_rounds_each_row_to_its_scale(dtype):
+    """It works in place on its own fp32 copy of each row block (an fp32 weight is not that copy)."""
+    weight = torch.randn(20000, 24, generator=torch.Generator().manual_seed(3)).to(dtype)
+    before = weight.clone()
+    q, scales = int8.quantize_weight(weight)
+    assert torch.equal(weight, before)
+    expected = weight.float().abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    assert torch.equal(scales, expected)
+    assert torch.equal(q, torch.round(weight.float() / expected[:, None]).clamp(-127, 127).to(torch.int8))
+
+
 def test_fused_siblings_give_bitwise_what_separate_linears_give():
     """q/k/v and gate/up run as one product each: same logits to the bit, at every width."""
     separate = int8.quantize_model(small_model(2), fuse=False)

@@ -151,7 +151,7 @@ def test_the_lean_forward_follows_a_pruned_head_once_it_widens():
     model = apply_draft_quant(build_model(14), "int8+prune", keep=100)
     outside = (100 + torch.arange(80) * 7 % 158)[None]  # mostly past the kept ids: the head widens
     (reference, _), (got, _) = both(model, outside, torch.tensor([[5, 150, 7]]))
-    assert model.get_output_embeddings().full is not None
+    assert model.get_output_embeddings().complete
     assert torch.equal(got, reference) and torch.isfinite(got).all()
 
 

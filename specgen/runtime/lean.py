@@ -90,12 +90,12 @@ def _single(module: nn.Module, exact: bool = True):
         weight, bias = module.weight, module.bias
         return lambda x: nn.functional.linear(x, weight, bias)
     if type(module) is PrunedHead:  # a draft's pruned head: its products the same way
-        product = _single(module.linear, exact)
+        product, blocks = _single(module.linear, exact), []
 
         def head(x):
-            if module.full is not None:  # widened to every id (see PrunedHead.see)
-                return _single(module.full, exact)(x)
-            return module.spread(product(x), x)
+            if len(blocks) < len(module.blocks):  # blocks packed since (see PrunedHead.cover)
+                blocks.extend(_single(block, exact) for block in module.blocks[len(blocks) :])
+            return module.spread(product(x), [block(x) for block in blocks], x)
 
         return head
     return module
