@@ -1,0 +1,51 @@
+"""`specgen ...` with the pruned draft head's covering rule chosen: what packing the vocabulary
+blocks a text lives in costs and gives, against packing the whole head or never packing.
+
+    python benchmarks/head_cover.py MODE bench --prompts zh.jsonl --methods plain,chain -n 64 --json out.json
+
+MODE:
+- `blocks`: as specgen runs (runtime/pruned.py: the blocks of 4096 ids read twice in the window
+  that tripped the rule);
+- `whole`: one block of every id, the former widening of the whole head at once;
+- `never`: the head keeps its static ids and the ids it read one by one, whatever the text.
+
+Each covering prints its blocks, ids and seconds on stderr. Covering happens once per process
+(for the first text in another script), so compare modes in separate processes, interleaved,
+several times: `results/head-cover-xeon-amx-2026-11-28/` and floor.md's "Draft heads for other
+scripts" section.
+"""
+
+import sys
+import time
+
+from specgen.runtime import pruned
+
+MODES = ("blocks", "whole", "never")
+
+if len(sys.argv) < 2 or sys.argv[1] not in MODES:
+    sys.exit(f"usage: head_cover.py {{{','.join(MODES)}}} SPECGEN-ARGS...")
+mode = sys.argv.pop(1)
+if mode == "never":
+    pruned.WIDEN_SHARE = 2.0  # a share no window reaches
+elif mode == "whole":
+    pruned.PrunedHead.__init__.__defaults__ = (1 << 30,)
+    pruned.prune_head.__defaults__ = ((), 1 << 30)
+
+_cover = pruned.PrunedHead.cover
+
+
+def _timed(self, outside):
+    start = time.perf_counter()
+    _cover(self, outside)
+    ids = sum(len(i) for i in self.block_ids)
+    print(
+        f"cover: {len(self.block_ids)} blocks, {ids} ids, {time.perf_counter() - start:.3f} s",
+        file=sys.stderr,
+    )
+
+
+pruned.PrunedHead.cover = _timed
+
+from specgen.cli import main  # noqa: E402  (after the patches, which the model's load reads)
+
+main()
