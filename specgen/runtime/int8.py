@@ -109,26 +109,24 @@ def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
 
 def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
     """A RowInt8Linear for one [N, K] weight, a tall one packed as row chunks in parallel."""
-    q, scales = quantize_weight(weight)
-    chunks = _chunks(q, scales)
-    parts = _pack_all(chunks)
-    packed = parts[0] if len(parts) == 1 else tuple(parts)
-    return RowInt8Linear(q, scales, bias, packed, _wide(chunks, parts))
+    return linears_of([weight], [bias])[0]
 
 
-def narrow_linears_of(
-    weights: list[torch.Tensor], biases: list[torch.Tensor | None]
+def linears_of(
+    weights: list[torch.Tensor], biases: list[torch.Tensor | None], wide: bool = True
 ) -> list["RowInt8Linear"]:
-    """RowInt8Linears for several weights, all packed at once in parallel and for fbgemm only:
-    every width through fbgemm (the same numbers), with no second packing to pay for where wide
-    products are rare (a draft head's vocabulary blocks, packed when its text first needs them)."""
+    """RowInt8Linears for several weights, their row chunks all packed at once in parallel.
+    `wide=False` packs them for fbgemm only: every width through fbgemm (the same numbers), with
+    no second packing to pay for where wide products are rare (a draft head's vocabulary
+    blocks, packed when its text first needs them)."""
     quantized = [quantize_weight(weight) for weight in weights]
     chunked = [_chunks(q, scales) for q, scales in quantized]
     packed = iter(_pack_all([chunk for chunks in chunked for chunk in chunks]))
     linears = []
     for (q, scales), chunks, bias in zip(quantized, chunked, biases):
         parts = [next(packed) for _ in chunks]
-        linears.append(RowInt8Linear(q, scales, bias, parts[0] if len(parts) == 1 else tuple(parts)))
+        one = parts[0] if len(parts) == 1 else tuple(parts)
+        linears.append(RowInt8Linear(q, scales, bias, one, _wide(chunks, parts) if wide else None))
     return linears
 
 

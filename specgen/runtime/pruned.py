@@ -152,7 +152,7 @@ class PrunedHead(nn.Module):
         rows = [self._block(self._rows, ids) for ids in ranges]
         biases = [None if self._row_bias is None else self._block(self._row_bias, ids) for ids in ranges]
         if type(self.linear) is not nn.Linear and not isinstance(self.linear, Int8WeightOnlyLinear):
-            return int8.narrow_linears_of(rows, [None if b is None else b.float() for b in biases])
+            return int8.linears_of(rows, [None if b is None else b.float() for b in biases], wide=False)
         products = []
         for weight, bias in zip(rows, biases):
             plain = nn.Linear(self.in_features, len(weight), bias=False, device="meta")
