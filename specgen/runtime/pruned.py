@@ -12,8 +12,8 @@
   that text uses, in the static product's format: when more than a quarter of the last 128 ids
   the draft read were outside the covered set, every block of BLOCK_ROWS ids that at least
   BLOCK_READS of those reads fall in (all their blocks, if none has that many). A Chinese
-  answer packed 7 of the 29 blocks past the first ids: 0.09 s once where the whole head took a
-  second, and 2.2 ms of head per draft step where the whole head took 5.3 (1.0 pruned).
+  answer packed 7 of the 29 blocks past the first ids: 0.1-0.5 s once where the whole head took
+  1.3-1.8 s, and 2.2 ms of head per draft step where the whole head took 5.3 (1.0 pruned).
 * `Int8WeightOnlyLinear`: int8 weights per output channel, activations in their own dtype,
   through torch's `_weight_int8pack_mm` CPU kernel.
 
