@@ -55,7 +55,6 @@ def test_pruned_head_keeps_the_first_ids_the_specials_and_what_it_reads(tiny_dir
 
 
 def test_a_deep_copy_of_a_pruned_draft_reads_into_its_own_head(tiny_dirs):
-
     model = draft_with(tiny_dirs, "prune")
     twin = copy.deepcopy(model)
     with torch.no_grad():
