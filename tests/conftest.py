@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +15,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # one torch thread for the engines' forwards (runtime/threads.py would fit them to the free cores:
 # tiny models run faster on one, and tests sharing the machine's two cores then do not fight)
 os.environ.setdefault("SPECGEN_THREADS", "1")
+
+# A test run started in the background of a script (`pytest &` in a non-interactive shell)
+# inherits SIGINT ignored, and an ignored signal stays ignored across exec: every chat, run and
+# bench child would then ignore the Ctrl-C the tests press, and those tests would wait out their
+# timeouts and fail. A handler, unlike an ignore, is reset to the default by exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tiny models run faster on one thread (two threads only add synchronisation per op), and
 # tests sharing the machine's two cores then do not fight each other.
