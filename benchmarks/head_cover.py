@@ -4,8 +4,8 @@ blocks a text lives in costs and gives, against packing the whole head or never 
     python benchmarks/head_cover.py MODE bench --prompts zh.jsonl --methods plain,chain -n 64 --json out.json
 
 MODE:
-- `blocks`: as specgen runs (runtime/pruned.py: the blocks of 4096 ids read twice in the window
-  that tripped the rule);
+- `blocks`: as specgen runs (runtime/pruned.py: once three different ids of one block of 4096
+  are among the last 128 read, every block with two or more);
 - `whole`: one block of every id, the former widening of the whole head at once;
 - `never`: the head keeps its static ids and the ids it read one by one, whatever the text.
 
@@ -26,7 +26,7 @@ if len(sys.argv) < 2 or sys.argv[1] not in MODES:
     sys.exit(f"usage: head_cover.py {{{','.join(MODES)}}} SPECGEN-ARGS...")
 mode = sys.argv.pop(1)
 if mode == "never":
-    pruned.WIDEN_SHARE = 2.0  # a share no window reaches
+    pruned.TRIP = 1 << 30  # more ids than a block has
 elif mode == "whole":
     pruned.PrunedHead.__init__.__defaults__ = (1 << 30,)
     pruned.prune_head.__defaults__ = ((), 1 << 30)
@@ -34,9 +34,9 @@ elif mode == "whole":
 _cover = pruned.PrunedHead.cover
 
 
-def _timed(self, outside):
+def _timed(self, chosen):
     start = time.perf_counter()
-    _cover(self, outside)
+    _cover(self, chosen)
     ids = sum(len(i) for i in self.block_ids)
     print(
         f"cover: {len(self.block_ids)} blocks, {ids} ids, {time.perf_counter() - start:.3f} s",

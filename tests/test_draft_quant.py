@@ -37,7 +37,9 @@ def test_parse_and_errors():
 def test_pruned_head_keeps_the_first_ids_the_specials_and_what_it_reads(tiny_dirs):
     model = draft_with(tiny_dirs, "prune")
     assert isinstance(model.get_output_embeddings(), PrunedHead)
-    prompt = PROMPT + [200, 201, 200]  # ids past KEEP in the text the draft reads
+    # one id past KEEP in the text the draft reads (a third different one would pack its block:
+    # the tiny vocabulary is one block)
+    prompt = [t for t in PROMPT if t < KEEP or t == 258] + [200, 7, 200]
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0]
     kept = torch.zeros(259, dtype=torch.bool)
@@ -144,12 +146,12 @@ def test_auto_gives_tree_methods_the_int8_draft_too(tiny_dirs):
 @pytest.mark.parametrize("spec", ["prune", "int8+prune", "int8-wo+prune"])
 def test_text_mostly_outside_the_kept_ids_widens_the_head_to_every_id(tiny_dirs, spec):
     """A prompt in another script (here: ids past KEEP) would leave the draft unable to propose
-    most of its tokens; past a quarter of the last ids read, the head packs the blocks that
-    text lives in (the tiny vocabulary is one block: every id), and the logits are the
-    unpruned draft's."""
+    most of its tokens; once three different ids of one block are among the last ids read,
+    the head packs that block (the tiny vocabulary is one block: every id), and the logits are
+    the unpruned draft's."""
     model = draft_with(tiny_dirs, spec)
     head = model.get_output_embeddings()
-    mostly_inside = [(i * 7) % KEEP for i in range(80)] + [200, 201, 202]  # 4% outside: stays pruned
+    mostly_inside = [(i * 7) % KEEP for i in range(80)] + [200, 201, 200, 201]  # two ids: stays pruned
     with torch.no_grad():
         logits = model(torch.tensor([mostly_inside])).logits[0, -1]
     assert not head.complete and torch.isinf(logits).sum() > 0
@@ -167,7 +169,7 @@ def test_text_mostly_outside_the_kept_ids_widens_the_head_to_every_id(tiny_dirs,
 
 @pytest.mark.parametrize("spec", ["prune", "int8+prune"])
 def test_the_head_packs_only_the_blocks_the_text_lives_in(tiny_dirs, spec):
-    """Blocks of 16 ids: reads mostly in ids 160-191 pack those two blocks (two reads or more
+    """Blocks of 16 ids: reads mostly in ids 160-191 pack those two blocks (many different ids
     each); a single read in another block stays in the read ids' product; every kept id has
     one logit, the unpruned draft's (prune) or the int8 one's, at every position."""
     from specgen.runtime.pruned import prune_head
@@ -197,6 +199,30 @@ def test_the_head_packs_only_the_blocks_the_text_lives_in(tiny_dirs, spec):
     with torch.no_grad():  # later reads of a covered id change nothing; a new one joins the extras
         later = model(torch.tensor([[165, 240]])).logits[0, -1]
     assert head.extra_ids.tolist() == [230, 240] and torch.isfinite(later).sum() == kept.sum() + 1
+
+
+def test_a_short_answer_in_another_script_packs_its_blocks_within_a_few_tokens(tiny_dirs):
+    """Read one at a time after a prompt inside the kept ids (as a draft reads an answer), the
+    third different id of a block packs it, however long the prompt, with every block two
+    different ids were read in; a block read once stays in the read ids' product, and one id
+    read over and over packs nothing (it is proposable from that product already)."""
+    from specgen.runtime.pruned import WINDOW, prune_head
+
+    draft, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    model = draft.model
+    prune_head(model, KEEP, (258,), block_rows=16)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        model(torch.tensor([[(i * 7) % KEEP for i in range(WINDOW + 40)]]))
+        for token in [200, 200, 3, 200, 5, 200, 9, 215, 230, 216]:  # blocks 12, 13 and 14
+            model(torch.tensor([[token]]))
+        assert head.block_ids == [] and head.extra_ids.tolist() == [200, 215, 230, 216]
+        model(torch.tensor([[201]]))
+        assert head.block_ids == []
+        model(torch.tensor([[4]]))
+        model(torch.tensor([[205]]))  # the third different id of block 12
+    assert [ids.tolist() for ids in head.block_ids] == [list(range(192, 208)), list(range(208, 224))]
+    assert head.extra_ids.tolist() == [230]  # the others moved to the blocks' products
 
 
 def test_a_vocabulary_no_larger_than_keep_keeps_its_head(tiny_dirs):

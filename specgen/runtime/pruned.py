@@ -9,11 +9,15 @@
   it samples from. Speculative sampling stays lossless; only the acceptance rate can change.
   Text that mostly lives outside the first ids (Chinese, Japanese and Korean pieces are spread
   over ids 32768-151643 in Qwen's vocabulary) makes the head pack the blocks of the vocabulary
-  that text uses, in the static product's format: when more than a quarter of the last 128 ids
-  the draft read were outside the covered set, every block of BLOCK_ROWS ids that at least
-  BLOCK_READS of those reads fall in (all their blocks, if none has that many). A Chinese
-  answer packed 7 of the 29 blocks past the first ids: 0.1-0.5 s once where the whole head took
-  1.3-1.8 s, and 2.2 ms of head per draft step where the whole head took 5.3 (1.0 pruned).
+  that text uses, in the static product's format: once TRIP different ids of one block of
+  BLOCK_ROWS ids are among the last WINDOW ids the draft read, every block with JOIN different
+  ids among them is packed. A Chinese answer trips it at its sixth token or so (a rule that
+  waited for a quarter of the last 128 reads to fall outside never tripped in a 25-token
+  answer: the English prompt and the draft's own guesses filled the window) and packs 2-5 of
+  the 29 blocks past the first ids: about 20 ms each, once, where the whole head took
+  1.3-1.8 s, and 0.2 ms of head per draft step each (1.0 ms pruned, 5.3 for the whole head).
+  Most English text and code packs none, some a block or two (rare words and identifiers,
+  read one by one, stay in the read ids' product).
 * `Int8WeightOnlyLinear`: int8 weights per output channel, activations in their own dtype,
   through torch's `_weight_int8pack_mm` CPU kernel.
 
@@ -32,8 +36,9 @@ from specgen.errors import ConfigError
 from specgen.runtime import int8
 
 DEFAULT_KEEP = 32768
-WIDEN_WINDOW, WIDEN_MIN, WIDEN_SHARE = 128, 64, 0.25  # see PrunedHead.see
-BLOCK_ROWS, BLOCK_READS = 4096, 2  # see PrunedHead.cover
+WINDOW = 128  # the last ids read that PrunedHead.see counts
+BLOCK_ROWS = 4096
+TRIP, JOIN = 3, 2  # different ids of a block among the recent reads: see PrunedHead.see
 
 
 # -- pruned output layer ------------------------------------------------------------------------
@@ -83,7 +88,7 @@ class PrunedHead(nn.Module):
         self.extra_bias = None
         self._all_ids = ids
         self.recent: collections.deque[int] = collections.deque(
-            maxlen=WIDEN_WINDOW
+            maxlen=WINDOW
         )  # the last ids read: the id where it was outside `covered`, else -1
         self.complete = False  # every id in the static product or a packed block
 
@@ -92,20 +97,24 @@ class PrunedHead(nn.Module):
         self.see(args[0])
 
     def see(self, input_ids: torch.Tensor) -> None:
-        """Keep every id of `input_ids` from now on (a no-op for ids already kept); pack the
-        blocks the text lives in once more than WIDEN_SHARE of the last WIDEN_WINDOW ids read
-        (at least WIDEN_MIN of them) were outside the covered set."""
+        """Keep every id of `input_ids` from now on (a no-op for ids already kept). Once a block
+        has TRIP different ids among the last WINDOW ids read outside the covered set, pack
+        every block with JOIN or more: the text lives in another script, and a block two of its
+        ids fell in is likely to be read again. Different ids, not reads: an identifier read
+        over and over is one id, proposable already from the read ids' product."""
         if self.complete:
             return
         flat = input_ids.reshape(-1)
         flat = flat[(flat >= 0) & (flat < self.vocab)]
-        tail = flat[-WIDEN_WINDOW:]
-        self.recent.extend(torch.where(self.covered[tail], -1, tail).tolist())
-        outside = [i for i in self.recent if i >= 0]
-        if len(self.recent) >= WIDEN_MIN and len(outside) > WIDEN_SHARE * len(self.recent):
-            self.cover(outside)
-            if self.complete:
-                return
+        marked = torch.where(self.covered[flat[-WINDOW:]], -1, flat[-WINDOW:]).tolist()
+        self.recent.extend(marked)
+        if max(marked, default=-1) >= 0:  # something outside arrived: count the window's blocks
+            ids = {i for i in self.recent if i >= 0}
+            per_block = collections.Counter(i // self.block_rows for i in ids)
+            if max(per_block.values()) >= TRIP:
+                self.cover(sorted(b for b, n in per_block.items() if n >= JOIN))
+                if self.complete:
+                    return
         new = torch.unique(flat[~self.known[flat]])
         if new.numel() == 0:  # one small host check per draft forward, on the CPU
             return
@@ -118,15 +127,12 @@ class PrunedHead(nn.Module):
             self.extra_bias = bias if self.extra_bias is None else torch.cat([self.extra_bias, bias])
         self._all_ids = torch.cat([self.ids, *self.block_ids, self.extra_ids])
 
-    def cover(self, outside: list[int]) -> None:
-        """Pack the blocks of BLOCK_ROWS ids that at least BLOCK_READS of the reads `outside`
-        fall in (every block they fall in, if none has that many), all at once, in the static
-        product's format. An int8 head's blocks are packed for fbgemm only: a draft's head
-        multiplies one row per step (a prompt's last, a chain's next), and oneDNN's second
+    def cover(self, chosen: list[int]) -> None:
+        """Pack the blocks `chosen` (block numbers: ids b * BLOCK_ROWS onwards) all at once, in
+        the static product's format. An int8 head's blocks are packed for fbgemm only: a draft's
+        head multiplies one row per step (a prompt's last, a chain's next), and oneDNN's second
         packing costs more than it would save. Ids read one by one that a block now covers
-        leave the fp32 product; the window of recent reads starts again."""
-        counts = collections.Counter(i // self.block_rows for i in outside)
-        chosen = sorted(b for b, n in counts.items() if n >= BLOCK_READS) or sorted(counts)
+        leave the fp32 product, and the recent reads they cover no longer count as outside."""
         ranges = []
         for b in chosen:
             start, stop = b * self.block_rows, min((b + 1) * self.block_rows, self.vocab)
@@ -145,7 +151,7 @@ class PrunedHead(nn.Module):
             self.extra_bias = self.extra_bias[left]
         self._all_ids = torch.cat([self.ids, *self.block_ids, self.extra_ids])
         self.complete = bool(self.covered.all())
-        self.recent.clear()
+        self.recent = collections.deque((-1 if i < 0 or self.covered[i] else i for i in self.recent), WINDOW)
 
     def _products(self, ranges: list[torch.Tensor]) -> list[nn.Module]:
         """One product per block of ids, in the static product's format."""
