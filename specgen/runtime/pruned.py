@@ -106,7 +106,8 @@ class PrunedHead(nn.Module):
             return
         flat = input_ids.reshape(-1)
         flat = flat[(flat >= 0) & (flat < self.vocab)]
-        marked = torch.where(self.covered[flat[-WINDOW:]], -1, flat[-WINDOW:]).tolist()
+        tail = flat[-WINDOW:]
+        marked = torch.where(self.covered[tail], -1, tail).tolist()
         self.recent.extend(marked)
         if max(marked, default=-1) >= 0:  # something outside arrived: count the window's blocks
             ids = {i for i in self.recent if i >= 0}
