@@ -39,24 +39,37 @@ from specgen.runtime.memories import Memories
 from specgen.text import common_prefix
 
 HALFLIFE = 16.0  # proposals of one match length
-PRIOR = (1.0, 1.0)  # accepted and rejected tokens before any proposal: p_n = 0.5
+# accepted and rejected tokens before any proposal, by match length (longer: as for 3): worth
+# two tokens, with the means lookup's tokens were accepted at on every third prompt of
+# prompts/*.jsonl (0.3 after one-token matches, 0.6-0.7 after two, 0.8 after three;
+# benchmarks/floor.md). With one prior for all (0.5), a one-token match proposed three tokens
+# at first and needed a dozen rejections before it stopped: a third of a 64-token answer's
+# rounds verified copies that failed (codeedit-05: 33 tokens proposed, 2 accepted).
+PRIORS = {1: (0.5, 1.5), 2: (1.0, 1.0), 3: (1.5, 0.5)}
+
+
+def prior(n: int) -> tuple[float, float]:
+    return PRIORS[min(n, max(PRIORS))]
 
 
 class MatchOdds:
     """How often a lookup continuation's tokens are accepted, per length n of the match behind
     it: each token is taken as accepted with one chance p_n, given the ones before it were (an
     `Acceptance` estimate per n from every proposal's accepted tokens and its rejection, if any,
-    over HALFLIFE proposals, from PRIOR)."""
+    over HALFLIFE proposals, from prior(n))."""
 
     def __init__(self):
         self.estimates: dict[int, Acceptance] = {}
 
     def chance(self, n: int) -> float:
         estimate = self.estimates.get(n)
-        return PRIOR[0] / sum(PRIOR) if estimate is None else estimate.value
+        if estimate is None:
+            accepted, rejected = prior(n)
+            return accepted / (accepted + rejected)
+        return estimate.value
 
     def record(self, n: int, proposed: int, accepted: int) -> None:
-        self.estimates.setdefault(n, Acceptance(HALFLIFE, *PRIOR)).update(proposed, accepted)
+        self.estimates.setdefault(n, Acceptance(HALFLIFE, *prior(n))).update(proposed, accepted)
 
     def length(self, n: int, k: int, price: float) -> int:
         """The tokens worth proposing after an n-token match: the i-th is reached and accepted
