@@ -62,7 +62,8 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     from specgen.decoding.build import resolve_draft_length
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08))  # the AVX2 EPYC's costs
+    # the AVX2 EPYC's costs: a draft step, a 2-token and a 5-token verify (linear there)
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     choice = draft_length.choose(pair)
@@ -93,6 +94,9 @@ BAD_ENTRIES = [
     {"k": 3.5},
     {"k": 3, "confidence": 1.5},
     {"k": 3, "reason": 7},
+    {"k": 3, "verify_first": -0.1},
+    {"k": 3, "verify_first": "x"},
+    {"k": 3, "verify_slope": 12.0},
     None,
     [3],
     "k",
@@ -107,7 +111,7 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
     import json
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     good = draft_length.choose(pair)
@@ -202,8 +206,33 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     target, draft = tiny_pair
     alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
     assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.2))  # a 5-token verify: 1.2 steps
+    # a 2-token verify at 1.08 steps, a 5-token one at 1.2: 0.05 a proposed token on the mean
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08, 1.2))
     draft_length.choose(paired)
     assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
     cuda = SimpleNamespace(device=torch.device("cuda"))
     assert draft_length.lookup_price(SimpleNamespace(target=cuda, draft=None)) is None
+
+
+def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monkeypatch):
+    """On a CPU the first proposed token costs more than each after it (the step leaves its
+    single-row kernels): the verify cost is measured at 2 and 5 tokens, cached with k, and read
+    back as a VerifyCost; nothing is measured where nothing was cached."""
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    target, draft = tiny_pair
+    pair = SimpleNamespace(target=target, draft=draft)
+    assert draft_length.verify_cost(pair) is None and draft_length.verify_slope(pair) is None
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17))  # a Xeon with AMX
+    choice = draft_length.choose(pair)
+    assert (choice.verify_first, choice.verify_slope) == (pytest.approx(0.08), pytest.approx(0.03))
+    cost = draft_length.verify_cost(pair)
+    assert cost == draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03))
+    assert [cost.steps(n) for n in range(4)] == [
+        1.0,
+        pytest.approx(1.08),
+        pytest.approx(1.11),
+        pytest.approx(1.14),
+    ]
+    assert draft_length.verify_slope(pair) == pytest.approx(0.17 / 4)  # a 5-token verify's, per token
+    cuda = SimpleNamespace(device=torch.device("cuda"))
+    assert draft_length.verify_cost(SimpleNamespace(target=cuda, draft=cuda)) is None

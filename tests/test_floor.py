@@ -216,3 +216,21 @@ def test_a_seeded_sampled_row_keeps_its_draft_length_so_its_seed_replays(tiny_pa
     )
     rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
     assert all(r.draft_tokens for r in rounds[1:-3])
+
+
+def test_a_round_s_verify_is_priced_with_its_first_proposed_token_apart():
+    """Where the device's verify costs were measured, a round's plain step is its verify's
+    seconds over what that verify costs: with the first proposed token priced on its own (a
+    2-row verify at 1.08 steps), not at the slope of the later ones (0.03), which would make the
+    plain step dearer and a one-token row's speed-up read high."""
+    from types import SimpleNamespace
+
+    from specgen.decoding.costs import VerifyCost
+
+    plain, cost = PlainSteps(), VerifyCost(first=0.08, slope=0.03)
+    row = SimpleNamespace(floor=Floor(skip=False))
+    proposal, result = SimpleNamespace(size=1, is_chain=True), SimpleNamespace(emitted=[7])
+    for _ in range(3):  # one token proposed, rejected: the round's one token in 0.15 s, its verify 0.108 s
+        plain.measure([row], [1], [proposal], [result], 0.15, 0.108, cost)
+    assert row.floor.speedup.value == pytest.approx(0.1 / 0.15)  # the plain step: 0.108 / 1.08
+    assert cost.steps(0) == 1.0 and cost.steps(5) == pytest.approx(1.2)

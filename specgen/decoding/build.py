@@ -277,7 +277,7 @@ def build_engine(
         prefixes=pair.target_prefixes,
         policy=policy,
         draft_cost=lambda method: draft_cost(pair, method),
-        verify_slope=costs.verify_slope(pair),
+        verify_cost=costs.verify_cost(pair),
         threads=pair.threads,
     )
     drafts = config.method.needs_draft_model and pair.draft.vocabulary is not Vocabulary.HEAD

@@ -4,12 +4,14 @@
 costs k draft steps plus one target forward over k+1 tokens. Where a draft step is cheap next
 to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
 where the draft costs a third of the target (the default pair on a CPU) short ones do.
-`choose` times the three forwards once on a short context (in turn, REPEATS times, a few
-seconds), picks the k in 1..MAX_K with the best expected tokens per unit of time at the
-typical acceptance `ACCEPTANCE`, and caches the answer per machine, thread count and model pair
-in `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with
-a notice. A draft on the CPU also gets a confidence stop (STOP, `length.unsure`) and
-STOP_EXTRA more tokens of room.
+`choose` times four forwards once on a short context (a target step, a draft step, and
+verifies of 2 and 5 tokens, in turn, REPEATS times: a few seconds), picks the k in 1..MAX_K
+with the best expected tokens per unit of time at the typical acceptance `ACCEPTANCE`, and
+caches the answer per machine, thread count and model pair in
+`$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
+notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, and each
+one's after it), for the floor and lookup. A draft on the CPU also gets a confidence stop
+(STOP, `length.unsure`) and STOP_EXTRA more tokens of room.
 
 **At a batch width** (`width_costs`, the server): a verify of width x (k+1) tokens stops being
 memory-bound as the width grows, so `WidthCosts.cap` gives each width the k with the best
@@ -40,7 +42,7 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 8  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
+FORMAT = 9  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
@@ -59,9 +61,29 @@ class DraftLength:
     k: int
     reason: str
     confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
-    # what one more verified token costs, in target steps (a 5-token verify's cost less one, over
-    # four); 0 where not measured (a GPU, no draft)
+    # what one more verified token costs, in target steps (a 5-token verify's cost less a 2-token
+    # one's, over three); 0 where not measured (a GPU, no draft)
     verify_slope: float = 0.0
+    # what the first proposed token costs, in target steps (a 2-token verify's cost less one)
+    verify_first: float = 0.0
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """A verify's cost in plain steps, by the tokens proposed: a plain step, `first` for the
+    first proposed token and `slope` for each after it. The first costs more than the others on
+    a CPU: from one row to two the step leaves its single-row kernels (measured on a Xeon with
+    AMX: 2 rows 1.08 steps, 3 rows 1.15, 6 rows 1.17; benchmarks/floor.md)."""
+
+    first: float
+    slope: float
+
+    def steps(self, proposed: int) -> float:
+        return 1.0 if proposed <= 0 else 1.0 + self.first + self.slope * (proposed - 1)
+
+    def per_token(self, proposed: int = 4) -> float:
+        """The mean cost of a proposed token in a verify of `proposed` of them (4: a 5-token verify)."""
+        return (self.steps(proposed) - 1.0) / proposed
 
 
 def expected_rate(
@@ -80,6 +102,12 @@ def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
     """Verify cost at 1..MAX_K+1 tokens from costs measured at 1 and `width` tokens (linear)."""
     slope = (wide - one) / (width - 1)
     return {n: 1.0 + slope * (n - 1) / one for n in range(1, MAX_K + 2)}
+
+
+def _verify_cost(two: float, five: float) -> VerifyCost:
+    """The verify cost from a 2-token and a 5-token verify, each in target steps."""
+    first = max(0.0, two - 1.0)
+    return VerifyCost(first, max(0.0, (five - 1.0 - first) / 3))
 
 
 class _Probe:
@@ -108,19 +136,20 @@ class _Probe:
         return elapsed
 
 
-def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float]:
-    """(draft step, 5-token verify) in target steps: the three forwards are timed in turn,
-    `repeats` times, and the medians of the per-turn ratios are kept, so a machine whose speed
-    drifts between forwards (shared CPUs do) moves all three together."""
-    step, wide = _Probe(pair.target.model, 1), _Probe(pair.target.model, 5)
+def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float]:
+    """(draft step, 2-token verify, 5-token verify) in target steps: the four forwards are timed
+    in turn, `repeats` times, and the medians of the per-turn ratios are kept, so a machine whose
+    speed drifts between forwards (shared CPUs do) moves them all together."""
+    step, pair_of, wide = (_Probe(pair.target.model, width) for width in (1, 2, 5))
     draft = _Probe(pair.draft.model, 1, exact=False)
-    draft_ratio, wide_ratio = [], []
+    draft_ratio, two_ratio, wide_ratio = [], [], []
     for _ in range(repeats):
-        one, five, small = step.seconds(), wide.seconds(), draft.seconds()
+        one, two, five, small = step.seconds(), pair_of.seconds(), wide.seconds(), draft.seconds()
         one = (one + step.seconds()) / 2  # the target step around the others
         draft_ratio.append(small / one)
+        two_ratio.append(two / one)
         wide_ratio.append(five / one)
-    return statistics.median(draft_ratio), statistics.median(wide_ratio)
+    return tuple(statistics.median(ratios) for ratios in (draft_ratio, two_ratio, wide_ratio))
 
 
 def _key(pair, with_draft: bool = True) -> str:
@@ -146,18 +175,25 @@ def choose(pair) -> DraftLength:
         _key(pair),
         _entry,
         lambda: _measure(pair),
-        lambda c: {"k": c.k, "reason": c.reason, "confidence": c.confidence, "verify_slope": c.verify_slope},
+        lambda c: {
+            "k": c.k,
+            "reason": c.reason,
+            "confidence": c.confidence,
+            "verify_slope": c.verify_slope,
+            "verify_first": c.verify_first,
+        },
         "the draft length cached in {path} is not valid; measuring it again",
     )
 
 
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
-        draft, wide = _ratios(pair)
-    k = best_k(draft, _interpolate(1.0, wide, 5))
+        draft, two, wide = _ratios(pair)
+    verify = _verify_cost(two, wide)
+    k = best_k(draft, {n: verify.steps(n - 1) for n in range(1, MAX_K + 2)})
     reason = (
-        f"measured: draft step {draft:.2f} of a target step, 5-token verify "
-        f"{wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance"
+        f"measured: draft step {draft:.2f} of a target step, 2-token verify {two:.2f} and 5-token "
+        f"verify {wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance"
     )
     confidence = 0.0
     if pair.draft.device.type == "cpu":
@@ -166,16 +202,27 @@ def _measure(pair) -> DraftLength:
             f"; up to {STOP_EXTRA} more while the product of the draft's top probabilities stays "
             f"at {STOP} or above"
         )
-    return DraftLength(k, reason, confidence, max(0.0, (wide - 1.0) / 4))
+    return DraftLength(k, reason, confidence, verify.slope, verify.first)
 
 
 def verify_slope(pair) -> float | None:
-    """What one more verified token costs in target steps, where `choose` measured it for this
-    pair and device (read from its cache, never measured here); None elsewhere."""
+    """What one more verified token costs in target steps, on the mean over a 5-token verify's
+    four proposed tokens, where `choose` measured it for this pair and device (read from its
+    cache, never measured here); None elsewhere. Lookup's price and the suffix tree's branching
+    read it."""
+    cost = verify_cost(pair)
+    return cost.per_token() if cost is not None and cost.per_token() > 0 else None
+
+
+def verify_cost(pair) -> VerifyCost | None:
+    """A verify's cost by the tokens proposed, where `choose` measured it for this pair and
+    device (read from its cache, never measured here); None elsewhere."""
     if pair.draft is None or pair.target.device.type == "cuda":
         return None
     entry = _entry(_read(cache_root() / "draft-length.json").get(_key(pair)))
-    return entry.verify_slope if entry is not None and entry.verify_slope > 0 else None
+    if entry is None or entry.verify_slope <= 0 and entry.verify_first <= 0:
+        return None
+    return VerifyCost(entry.verify_first, entry.verify_slope)
 
 
 CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
@@ -192,7 +239,7 @@ def lookup_price(pair) -> float | None:
     if slope is None:
         prefix = _key(pair, with_draft=False) + " | "
         slopes = [
-            entry.verify_slope
+            VerifyCost(entry.verify_first, entry.verify_slope).per_token()
             for key, value in _read(cache_root() / "draft-length.json").items()
             if key.startswith(prefix) and (entry := _entry(value)) is not None and entry.verify_slope > 0
         ]
@@ -236,19 +283,20 @@ def _entry(entry) -> DraftLength | None:
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
         return None
-    k, confidence, reason, slope = (
+    k, confidence, reason, slope, first = (
         entry.get("k"),
         entry.get("confidence", 0.0),
         entry.get("reason", "measured earlier"),
         entry.get("verify_slope", 0.0),
+        entry.get("verify_first", 0.0),
     )
     if type(k) is not int or not 1 <= k <= MAX_K:
         return None
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
         return None
-    if type(slope) not in (int, float) or not 0.0 <= slope < 10.0:
+    if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first)):
         return None
-    return DraftLength(k, reason, float(confidence), float(slope))
+    return DraftLength(k, reason, float(confidence), float(slope), float(first))
 
 
 # -- how many tokens to draft at a batch width -----------------------------------------------------

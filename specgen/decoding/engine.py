@@ -33,6 +33,7 @@ import torch
 from specgen.config import GenerationConfig, Method
 from specgen.decoding import verify
 from specgen.decoding.admission import FRESH, Admission, Fresh, RowEvent
+from specgen.decoding.costs import VerifyCost
 from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
 from specgen.decoding.events import ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import ListFeed
@@ -64,7 +65,7 @@ class Engine(Admission):
         prefixes: PrefixStore | None = None,
         policy: Policy = Policy(),
         draft_cost: Callable[[Method], float] = lambda method: DRAFT_COST,
-        verify_slope: float | None = None,
+        verify_cost: VerifyCost | None = None,
         threads: int | None = None,
     ):
         self.model = target_model
@@ -92,7 +93,7 @@ class Engine(Admission):
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
         self.policy = policy
         self.draft_cost = draft_cost  # one draft token of a method against a target step (build.TABLE)
-        self.verify_slope = verify_slope  # one more verified token in target steps, where measured (costs)
+        self.verify_cost = verify_cost  # a verify in plain steps by the tokens proposed, where measured
         # the forwards' thread count: fixed, or fitted to the cores other processes leave free
         self.threads = Threads(threads if device.type == "cpu" else torch.get_num_threads())
         # plain rounds' seconds per batch width, for the rows' floors (floor.py): kept across
@@ -169,7 +170,7 @@ class Engine(Admission):
             for state, proposal, result, lp in zip(rows, proposals, judged, reported)
         ]
         seconds = time.perf_counter() - started
-        self.plain.measure(rows, ks, proposals, results, seconds, verified - drafted, self.verify_slope)
+        self.plain.measure(rows, ks, proposals, results, seconds, verified - drafted, self.verify_cost)
         return results
 
     def _commit(

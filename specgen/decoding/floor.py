@@ -19,8 +19,8 @@ floor is exact whatever it measures.
   tokens plain steps would have taken that long for), exponentially weighted over HALFLIFE
   rounds at the current ceiling, with its standard error. Without the plain step measured at
   this width, the round's own verify gives it where the device's costs were measured (a verify
-  of n tokens costs 1 + slope x (n - 1) plain steps, costs.verify_slope: no plain round is
-  spent to learn it); else a bound stands in for it: tokens x verify seconds / round seconds is
+  of k proposed tokens costs 1 + first + slope x (k - 1) plain steps, costs.VerifyCost: no plain
+  round is spent to learn it); else a bound stands in for it: tokens x verify seconds / round seconds is
   at least the speed-up, as a verify of k + 1 tokens costs at least a plain step. After
   MIN_ROUNDS rounds:
   - a clear loss (the mean plus its error below 1) halves the ceiling (a tree, which drafts
@@ -133,16 +133,16 @@ class PlainSteps:
         self.explored[width] = 0
         return True
 
-    def measure(self, rows, ks, proposals, results, seconds: float, verify_seconds: float, slope) -> None:
+    def measure(self, rows, ks, proposals, results, seconds: float, verify_seconds: float, cost) -> None:
         """After a round of `rows` (each with its `floor`): each row's floor gets its tokens
         against plain steps at this width (a row that proposed nothing had a plain round), where
-        `slope` (one more verified token in plain steps, costs.verify_slope; None unmeasured)
+        `cost` (a verify in plain steps by the tokens proposed, costs.VerifyCost; None unmeasured)
         prices its verify; then the width's plain steps, from rounds where no row drafted."""
         width, plain = len(rows), self.seconds(len(rows))
         drafting = sum(1 for p in proposals if p.size)
         idle = (width - drafting) / drafting if drafting else 0.0  # rows each drafting row holds up
         for state, k, proposal, result in zip(rows, ks, proposals, results):
-            verify = None if slope is None else 1.0 + slope * proposal.size
+            verify = None if cost is None else cost.steps(proposal.size)
             state.floor.record(
                 k if proposal.size else 0,
                 len(result.emitted),
