@@ -22,6 +22,12 @@ os.environ.setdefault("SPECGEN_THREADS", "1")
 # timeouts and fail. A handler, unlike an ignore, is reset to the default by exec.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Likewise a run under `nohup` inherits SIGHUP ignored, and specgen leaves an ignored SIGHUP alone
+# (under nohup a logout must stop nothing): the tests of a closed terminal would find their
+# children deaf to it. A handler that does nothing keeps this process immune to a hang-up, as
+# nohup meant, and is reset to the default in every child by exec.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 # Tiny models run faster on one thread (two threads only add synchronisation per op), and
 # tests sharing the machine's two cores then do not fight each other.
