@@ -67,7 +67,7 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     choice = draft_length.choose(pair)
-    best = draft_length.best_k(0.38, draft_length._interpolate(1.0, 1.08, 5))
+    best = draft_length.best_k(0.38, draft_length.verify_steps(draft_length._verify_cost(1.02, 1.08)))
     assert choice.k == min(draft_length.MAX_K, best + draft_length.STOP_EXTRA)
     assert choice.confidence == draft_length.STOP and "top probabilities" in choice.reason
     # no --draft-confidence: the device's k brings its stop; an explicit value (0 included) wins
@@ -224,7 +224,7 @@ def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monk
     assert draft_length.verify_cost(pair) is None and draft_length.verify_slope(pair) is None
     monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17))  # a Xeon with AMX
     choice = draft_length.choose(pair)
-    assert (choice.verify_first, choice.verify_slope) == (pytest.approx(0.08), pytest.approx(0.03))
+    assert choice.verify == draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03))
     cost = draft_length.verify_cost(pair)
     assert cost == draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03))
     assert [cost.steps(n) for n in range(4)] == [

@@ -55,20 +55,6 @@ STOP, STOP_EXTRA = 0.5, 2
 
 
 @dataclass(frozen=True)
-class DraftLength:
-    """The draft length a device favours for a pair (k and the confidence stop with it), and why."""
-
-    k: int
-    reason: str
-    confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
-    # what one more verified token costs, in target steps (a 5-token verify's cost less a 2-token
-    # one's, over three); 0 where not measured (a GPU, no draft)
-    verify_slope: float = 0.0
-    # what the first proposed token costs, in target steps (a 2-token verify's cost less one)
-    verify_first: float = 0.0
-
-
-@dataclass(frozen=True)
 class VerifyCost:
     """A verify's cost in plain steps, by the tokens proposed: a plain step, `first` for the
     first proposed token and `slope` for each after it. The first costs more than the others on
@@ -86,6 +72,17 @@ class VerifyCost:
         return (self.steps(proposed) - 1.0) / proposed
 
 
+@dataclass(frozen=True)
+class DraftLength:
+    """The draft length a device favours for a pair (k and the confidence stop with it), and why."""
+
+    k: int
+    reason: str
+    confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
+    # what a verify costs by the tokens proposed (zeros where not measured: a GPU, no draft)
+    verify: VerifyCost = VerifyCost(0.0, 0.0)
+
+
 def expected_rate(
     k: int, draft_cost: float, verify_cost: dict[int, float], acceptance: float = ACCEPTANCE
 ) -> float:
@@ -98,16 +95,15 @@ def best_k(draft_cost: float, verify_cost: dict[int, float], acceptance: float =
     return max(range(1, MAX_K + 1), key=lambda k: (expected_rate(k, draft_cost, verify_cost, acceptance), -k))
 
 
-def _interpolate(one: float, wide: float, width: int) -> dict[int, float]:
-    """Verify cost at 1..MAX_K+1 tokens from costs measured at 1 and `width` tokens (linear)."""
-    slope = (wide - one) / (width - 1)
-    return {n: 1.0 + slope * (n - 1) / one for n in range(1, MAX_K + 2)}
-
-
 def _verify_cost(two: float, five: float) -> VerifyCost:
     """The verify cost from a 2-token and a 5-token verify, each in target steps."""
     first = max(0.0, two - 1.0)
     return VerifyCost(first, max(0.0, (five - 1.0 - first) / 3))
+
+
+def verify_steps(cost: VerifyCost) -> dict[int, float]:
+    """A verify's cost in target steps at 1..MAX_K+1 tokens (best_k's table)."""
+    return {n: cost.steps(n - 1) for n in range(1, MAX_K + 2)}
 
 
 class _Probe:
@@ -179,8 +175,8 @@ def choose(pair) -> DraftLength:
             "k": c.k,
             "reason": c.reason,
             "confidence": c.confidence,
-            "verify_slope": c.verify_slope,
-            "verify_first": c.verify_first,
+            "verify_slope": c.verify.slope,
+            "verify_first": c.verify.first,
         },
         "the draft length cached in {path} is not valid; measuring it again",
     )
@@ -190,7 +186,7 @@ def _measure(pair) -> DraftLength:
     with torch.inference_mode():
         draft, two, wide = _ratios(pair)
     verify = _verify_cost(two, wide)
-    k = best_k(draft, {n: verify.steps(n - 1) for n in range(1, MAX_K + 2)})
+    k = best_k(draft, verify_steps(verify))
     reason = (
         f"measured: draft step {draft:.2f} of a target step, 2-token verify {two:.2f} and 5-token "
         f"verify {wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance"
@@ -202,7 +198,7 @@ def _measure(pair) -> DraftLength:
             f"; up to {STOP_EXTRA} more while the product of the draft's top probabilities stays "
             f"at {STOP} or above"
         )
-    return DraftLength(k, reason, confidence, verify.slope, verify.first)
+    return DraftLength(k, reason, confidence, verify)
 
 
 def verify_slope(pair) -> float | None:
@@ -220,9 +216,9 @@ def verify_cost(pair) -> VerifyCost | None:
     if pair.draft is None or pair.target.device.type == "cuda":
         return None
     entry = _entry(_read(cache_root() / "draft-length.json").get(_key(pair)))
-    if entry is None or entry.verify_slope <= 0 and entry.verify_first <= 0:
+    if entry is None or entry.verify.first <= 0 and entry.verify.slope <= 0:
         return None
-    return VerifyCost(entry.verify_first, entry.verify_slope)
+    return entry.verify
 
 
 CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
@@ -238,11 +234,12 @@ def lookup_price(pair) -> float | None:
     slope = verify_slope(pair) if pair.draft is not None else None
     if slope is None:
         prefix = _key(pair, with_draft=False) + " | "
-        slopes = [
-            VerifyCost(entry.verify_first, entry.verify_slope).per_token()
+        costs = [
+            entry.verify.per_token()
             for key, value in _read(cache_root() / "draft-length.json").items()
-            if key.startswith(prefix) and (entry := _entry(value)) is not None and entry.verify_slope > 0
+            if key.startswith(prefix) and (entry := _entry(value)) is not None
         ]
+        slopes = [cost for cost in costs if cost > 0]
         slope = max(slopes) if slopes else None
     return slope if slope is not None else CPU_PRICE
 
@@ -296,7 +293,7 @@ def _entry(entry) -> DraftLength | None:
         return None
     if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first)):
         return None
-    return DraftLength(k, reason, float(confidence), float(slope), float(first))
+    return DraftLength(k, reason, float(confidence), VerifyCost(float(first), float(slope)))
 
 
 # -- how many tokens to draft at a batch width -----------------------------------------------------
