@@ -4,7 +4,15 @@ prompts fell below a bound (the floor's goal: none below 0.97x).
 
     python benchmarks/per_prompt.py BENCH.json [MORE.json ...] [--below 0.97] [--table]
 
-Several files (say, 64 and 128 tokens) are summarised each on its own, then together."""
+Several files (say, 64 and 128 tokens) are summarised each on its own, then together.
+
+A file of several repeats (`--repeats N`, N >= 2) is also read repeat by repeat, to tell a loss
+from this machine's noise:
+- per method, each prompt's speed-up in each repeat (the method against plain decoding of the
+  same repeat, run next to it), their median, and the prompts below the bound in every repeat;
+- plain against plain, the control: each prompt's plain tok/s in one repeat against the
+  repeat before. Two runs of the same method differ only by noise, so the share of these
+  ratios below the bound is how often a single run falls below it by chance."""
 
 from __future__ import annotations
 
@@ -22,6 +30,52 @@ def speedups(path: Path) -> dict[str, dict[str, float]]:
         if row["method"] != "plain" and row.get("speedup") is not None:
             out.setdefault(row["method"], {})[row["prompt_id"]] = row["speedup"]
     return out
+
+
+def by_repeat(path: Path) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
+    """(method -> prompt id -> its speed-up in each repeat, plain against plain), from the
+    file's per-repeat measurements. The control is each prompt's plain tok/s in one repeat over
+    its tok/s in the repeat before."""
+    runs: dict[tuple[str, str], dict[int, float]] = {}
+    for m in json.loads(path.read_text()).get("measurements", []):
+        runs.setdefault((m["method"], m["prompt_id"]), {})[m["repeat"]] = m["tokens_per_second"]
+    paired: dict[str, dict[str, list[float]]] = {}
+    control: list[float] = []
+    for (method, prompt), speeds in runs.items():
+        plain = runs.get(("plain", prompt), {})
+        if method == "plain":
+            control += [speeds[r] / speeds[r - 1] for r in sorted(speeds) if r - 1 in speeds]
+            continue
+        ratios = [speeds[r] / plain[r] for r in sorted(speeds) if r in plain]
+        if ratios:
+            paired.setdefault(method, {})[prompt] = ratios
+    return paired, control
+
+
+def noise_summary(
+    name: str, paired: dict[str, dict[str, list[float]]], control: list[float], below: float
+) -> list[str]:
+    """Repeat by repeat: per method the medians of the paired speed-ups, and the prompts below
+    `below` in every repeat; then the plain-against-plain control."""
+    lines = [f"{name}, repeat by repeat (each repeat's method against the plain run next to it)"]
+    for method, prompts in paired.items():
+        medians = {p: statistics.median(r) for p, r in prompts.items()}
+        low = sorted((v, p) for p, v in medians.items() if v < below)
+        every = sorted(p for p, r in prompts.items() if len(r) > 1 and max(r) < below)
+        lines.append(
+            f"  {method:<14}median of repeats: min {min(medians.values()):.2f}, "
+            f"{len(low)} below {below}x ({', '.join(f'{p} {v:.2f}' for v, p in low[:6]) or 'none'}); "
+            f"below in every repeat: {len(every)} ({', '.join(every[:6]) or 'none'})"
+        )
+    if control:
+        ordered = sorted(control)
+        share = sum(v < below for v in control) / len(control)
+        low, high = (ordered[int(q * (len(ordered) - 1))] for q in (0.05, 0.95))
+        lines.append(
+            f"  control: plain against plain, {len(control)} pairs of single runs: "
+            f"{share:.0%} below {below}x, 5-95% range {low:.2f}-{high:.2f}"
+        )
+    return lines
 
 
 def summary(name: str, table: dict[str, dict[str, float]], below: float) -> list[str]:
@@ -48,6 +102,9 @@ def main() -> None:
     for path in args.files:
         table = speedups(path)
         print("\n".join(summary(path.name, table, args.below)))
+        paired, control = by_repeat(path)
+        if control:
+            print("\n".join(noise_summary(path.name, paired, control, args.below)))
         if args.table:
             for method, values in table.items():
                 print(f"  {method}: " + ", ".join(f"{p} {v:.2f}" for p, v in values.items()))
