@@ -254,3 +254,42 @@ def test_a_pruned_untied_draft_never_keeps_head_rows_of_a_damaged_store(cache, g
     capsys.readouterr()
     assert torch.equal(logits(draft()), before)
     assert "; building it again" in capsys.readouterr().err
+
+
+def test_a_checked_shard_is_not_hashed_again_until_its_file_changes(cache, ggufs, capsys, monkeypatch):
+    """A warm load hashes no shard its store checked before (the file's stat recorded in
+    `.verified`); a shard rewritten in place, even with its size and mtime put back, is hashed
+    again and rebuilt with a notice; a record that cannot be read or written only costs a hash."""
+    import os
+
+    run = settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8")
+    before = logits(pair.load(run, Method.CHAIN, quiet=True).target.model)
+    directory = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
+    recorded = json.loads((directory / int8_store.VERIFIED).read_text())
+    assert sorted(recorded) == sorted(p.name for p in directory.glob("*.safetensors"))
+
+    hashed = []
+    real = int8_store._hash_check
+    monkeypatch.setattr(
+        int8_store, "_hash_check", lambda shard, d: hashed.append(shard.name) or real(shard, d)
+    )
+    pair.load(run, Method.CHAIN, quiet=True)
+    assert hashed == []
+
+    shard = next(directory.glob("int8-*.safetensors"))
+    stat = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[-64:] = bytes(64)  # the same size, other bytes
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the mtime put back; the ctime moves on
+    capsys.readouterr()
+    after = logits(pair.load(run, Method.CHAIN, quiet=True).target.model)
+    assert shard.name in hashed
+    assert "does not match its checksum; building it again" in capsys.readouterr().err
+    assert torch.equal(before, after)
+
+    rebuilt = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
+    (rebuilt / int8_store.VERIFIED).write_text("{not json")
+    hashed.clear()
+    pair.load(run, Method.CHAIN, quiet=True)
+    assert hashed and "{not json" not in (rebuilt / int8_store.VERIFIED).read_text()

@@ -16,9 +16,15 @@ store is built straight from the GGUF, one tensor at a time, and holds:
 
 The int8 tensors and the rest live in separate shards (`int8-*.safetensors`, `rest-*`), each
 with a checksum of its tensors, checked before they are read (a corrupted file is rebuilt with a
-notice). A model is built around the store without ever materializing a full-precision linear:
-`checked` gives the store and its `rest` shards, checked; models/load.py reads those shards only,
-the linears kept apart (the module tree created on the meta device, buffers such as rotary
+notice). A shard is hashed once per version of the file: `.verified` records each checked
+shard's size, inode, mtime and ctime, and a shard that still has them is not hashed again. A
+rewrite or a copy changes them (ctime cannot be set back), so what that misses is only a
+change of bytes underneath the file system; hashing on every load cost about 2 s of a 17 s
+warm start of the default pair (benchmarks/first-run.md).
+
+A model is built around the store without ever materializing a full-precision linear:
+`checked` gives the store and its `rest` shards, checked; models/load.py reads those shards
+only, the linears kept apart (the module tree created on the meta device, buffers such as rotary
 tables computed as usual, the non-linear tensors assigned); `int8_weights` then hands
 `int8.quantize_model` each linear's int8 rows, read only when its packing task runs. A pruned
 draft head's int8 rows are the kept rows of the output layer's (per output channel, so selecting
@@ -59,6 +65,7 @@ from specgen.status import note, status
 FORMAT_VERSION = 1
 SUFFIX = ".store"
 MARKER = ".complete"
+VERIFIED = ".verified"  # shard name -> the stat of the file as it was when its checksum matched
 
 
 def checksum(tensors) -> str:
@@ -323,32 +330,75 @@ def _index(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
 
 def _verified(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
     """`_index`, once every `prefix` shard's bytes match its checksum (hashed through a memory
-    map, tensor by tensor as `checksum` hashes them; nothing is copied into the process)."""
+    map, tensor by tensor as `checksum` hashes them; nothing is copied into the process), or the
+    shard is the very file whose checksum matched before (`VERIFIED`: its size, inode, mtime and
+    ctime unchanged)."""
+    known = _known(directory)
+    checked = {}
     for shard in _shards(directory, prefix):
-        start, header, expected = _header(shard, directory)
-        spans = [header[name]["data_offsets"] for name in sorted(header)]
-        try:
-            with (
-                open(shard, "rb") as handle,
-                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-            ):
-                view = memoryview(mapped)
-                with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-                    digests = list(
-                        pool.map(
-                            lambda span: hashlib.sha256(view[start + span[0] : start + span[1]]).digest(),
-                            spans,
-                        )
-                    )
-                view.release()
-        except (OSError, ValueError) as error:  # a truncated file: rebuilt
-            raise CorruptStore(
-                f"{shard.name} of the int8 store {directory.name} cannot be read "
-                f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})"
-            ) from None
-        if expected != hashlib.sha256(b"".join(digests)).hexdigest():
-            raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
+        signature = _signature(shard)
+        if signature is not None and known.get(shard.name) == signature:
+            continue
+        _hash_check(shard, directory)
+        checked[shard.name] = signature
+    if checked and None not in checked.values():
+        _remember(directory, {**_known(directory), **checked})
     return _index(directory, prefix)
+
+
+def _signature(shard: Path) -> list[int] | None:
+    """What changes when a file is rewritten, replaced or copied over (None: it cannot be read)."""
+    try:
+        st = shard.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _known(directory: Path) -> dict[str, list[int]]:
+    """The shards checked before and their signatures then (nothing, if the record is unreadable)."""
+    try:
+        known = json.loads((directory / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _remember(directory: Path, known: dict[str, list[int]]) -> None:
+    """Record the checked shards; a store the user cannot write to is simply hashed next time."""
+    try:
+        atomic_write(
+            directory / VERIFIED, lambda tmp: tmp.write_text(json.dumps(known) + "\n"), parents=False
+        )
+    except OSError:
+        pass
+
+
+def _hash_check(shard: Path, directory: Path) -> None:
+    """Raise CorruptStore unless the shard's bytes match its recorded checksum."""
+    start, header, expected = _header(shard, directory)
+    spans = [header[name]["data_offsets"] for name in sorted(header)]
+    try:
+        with (
+            open(shard, "rb") as handle,
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+        ):
+            view = memoryview(mapped)
+            with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+                digests = list(
+                    pool.map(
+                        lambda span: hashlib.sha256(view[start + span[0] : start + span[1]]).digest(),
+                        spans,
+                    )
+                )
+            view.release()
+    except (OSError, ValueError) as error:  # a truncated file: rebuilt
+        raise CorruptStore(
+            f"{shard.name} of the int8 store {directory.name} cannot be read "
+            f"({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})"
+        ) from None
+    if expected != hashlib.sha256(b"".join(digests)).hexdigest():
+        raise CorruptStore(f"{shard.name} of the int8 store {directory.name} does not match its checksum")
 
 
 def _shards(directory: Path, prefix: str) -> list[Path]:
