@@ -1246,3 +1246,17 @@ def test_serve_ray_clean_up_notes_a_second_ctrl_c_and_leaves_on_a_third(capsys):
     assert (
         "serve --ray ADDRESS --stop" in capsys.readouterr().err and signal.getsignal(signal.SIGINT) is before
     )
+
+
+@pytest.mark.parametrize("tokens,short", [("8", True), ("2000", False)])
+def test_a_single_short_answer_loads_its_int8_weights_for_fbgemm_only(models, monkeypatch, tokens, short):
+    """oneDNN's packing costs more at start than its verifies give back in a short answer
+    (runtime/onednn.py): `run` of one prompt loads within `fbgemm_only` up to SHORT_TOKENS."""
+    from specgen.runtime import onednn, pair
+
+    seen = []
+    load = pair.load
+    monkeypatch.setattr(pair, "load", lambda *a, **k: seen.append(onednn._fbgemm_only) or load(*a, **k))
+    result = invoke("run", "hello", "-n", tokens, "--method", "plain", "--format", "json", *models)
+    assert result.exit_code == 0, result.output
+    assert seen == [short] and not onednn._fbgemm_only

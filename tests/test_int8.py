@@ -253,6 +253,33 @@ def test_the_user_can_keep_fbgemm_for_every_width(fresh_wide_choice, monkeypatch
     assert capsys.readouterr().err == ""  # chosen, so nothing to say
 
 
+@pytest.mark.skipif(not int8.onednn.usable(), reason="wide int8 products stay fbgemm's on this CPU")
+def test_weights_loaded_for_short_work_are_packed_for_fbgemm_only(monkeypatch):
+    """Within `fbgemm_only` (a single short answer) no weight is packed for oneDNN, and the rows
+    are what they are otherwise; outside it, and with SPECGEN_INT8_WIDE=onednn inside it, they are."""
+    weight = torch.randn(2048, 1536, generator=torch.Generator().manual_seed(7)) * 0.02
+    wide = int8.linear_of(weight)
+    with int8.onednn.fbgemm_only():
+        short = int8.linear_of(weight)
+    assert wide._wide is not None and short._wide is None and not int8.onednn._fbgemm_only
+    x = torch.randn(6, 1536, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        assert torch.equal(short(x), wide(x))
+    model = nn.Sequential(nn.Linear(64, 64))
+    assert not int8.has_wide(model)
+    assert int8.has_wide(nn.Sequential(wide)) and not int8.has_wide(nn.Sequential(short))
+    monkeypatch.setenv(int8.onednn.ENV, "onednn")
+    with int8.onednn.fbgemm_only():
+        assert int8.linear_of(weight)._wide is not None
+
+
+def test_short_work_is_one_answer_below_the_measured_break_even():
+    assert int8.onednn.short_work(256, "hi")
+    assert int8.onednn.short_work(int8.onednn.SHORT_TOKENS, "x" * int8.onednn.SHORT_PROMPT_CHARS)
+    assert not int8.onednn.short_work(int8.onednn.SHORT_TOKENS + 1, "hi")
+    assert not int8.onednn.short_work(64, "x" * (int8.onednn.SHORT_PROMPT_CHARS + 1))
+
+
 # -- quantize_model and its on-disk cache ----------------------------------------------------------
 
 MODEL_INPUT = torch.tensor([[257, 84, 82, 68, 81, 198, 71]])

@@ -3,6 +3,7 @@ matches) or a prompts file (dynamic batching, outputs in input order). No tensor
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -243,9 +244,12 @@ def _run(text, raw, system, config, fmt, settings: ModelSettings, show_tree=Fals
             return
     from specgen.decoding import run as driver  # torch: only when this process loads the pair
     from specgen.decoding.build import build_engine, resolve_draft_length
+    from specgen.runtime import onednn
     from specgen.runtime.pair import load
 
-    pair = load(settings, config.method, quiet=fmt is Format.json)
+    short = onednn.short_work(config.max_new_tokens, text)  # one short answer: fbgemm only
+    with onednn.fbgemm_only() if short else contextlib.nullcontext():
+        pair = load(settings, config.method, quiet=fmt is Format.json)
     config, _ = resolve_draft_length(pair, config)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, raw, system)
     outcome = driver.generate(build_engine(pair, config), pair.target.tokenizer, prompt_ids, config, renderer)

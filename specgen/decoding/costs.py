@@ -33,7 +33,7 @@ import torch
 
 from specgen.files import cache_root, locked, write_text
 from specgen.models.placement import cpu_flags, cpu_name
-from specgen.runtime import kvcache
+from specgen.runtime import int8, kvcache
 from specgen.runtime.lean import call_for
 from specgen.status import note
 from specgen.text import json_value
@@ -156,6 +156,8 @@ def _key(pair, with_draft: bool = True) -> str:
         str(torch.get_num_threads()),
         f"{pair.target.name}:{pair.target.dtype}:{pair.target.weights}",
     ]
+    if int8.has_wide(pair.target.model):  # oneDNN's verifies: another cost (runtime/onednn.py)
+        parts.append("onednn")
     if with_draft:
         parts.append(f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}")
     return " | ".join(parts)

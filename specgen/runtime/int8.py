@@ -183,6 +183,17 @@ def _unpacked(packed) -> torch.Tensor:
     return torch.cat([torch.ops.quantized.linear_unpack(p)[0].dequantize() for p in chunks])
 
 
+def has_wide(model: nn.Module) -> bool:
+    """Whether any int8 linear of `model` is packed for oneDNN's wide products too (a verify's
+    cost differs with it: the draft-length cache keys on it)."""
+    for module in model.modules():
+        if type(module) is RowInt8Linear and module._wide is not None:
+            return True
+        if isinstance(module, RowInt8Part) and module._fused.wide is not None:
+            return True
+    return False
+
+
 class RowInt8Linear(nn.Module):
     """A drop-in nn.Linear replacement: int8 weights, per-row exact activation quantization."""
 

@@ -26,10 +26,20 @@ construction where it matters and by check where it does not:
 
 `SPECGEN_INT8_WIDE=fbgemm` keeps fbgemm for every width (oneDNN's packing holds the int8
 weights a second time: 1.5 GB more for the default 1.5B target).
+
+**Short work keeps fbgemm.** oneDNN's packing and its checks cost about 3.5-4 s of a warm start
+of the default pair on a 2-core Xeon with AMX (15 s against 11 s with fbgemm only), and its
+faster verifies give back about 3 ms a token there: a `specgen run` of 128 tokens took 3.5 s
+less with fbgemm only, one of 512 tokens 2.4 s less, so the two meet near 1300 tokens
+(benchmarks/first-run.md). A process that loads for one short answer therefore loads within
+`fbgemm_only()` (cli/run.py: a single prompt of up to SHORT_TOKENS new tokens and
+SHORT_PROMPT_CHARS characters); chat, serve, bench and prompt files, which keep their weights
+for many answers, pack for oneDNN. `SPECGEN_INT8_WIDE=onednn` packs for it whatever the work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -43,6 +53,9 @@ from specgen.status import note
 
 WIDE = 4  # rows from which oneDNN's product is the faster (AMX, 2026-11-28: int8-kernels.md)
 ENV = "SPECGEN_INT8_WIDE"
+SHORT_TOKENS = 1024  # new tokens of a single answer that cannot repay oneDNN's packing (module doc)
+SHORT_PROMPT_CHARS = 8000  # a prompt read about 1.2 s faster per 1000 tokens with oneDNN: about 2000 tokens
+_fbgemm_only = False  # set while a load for short work runs (`fbgemm_only`)
 
 
 class Wide(NamedTuple):
@@ -62,13 +75,32 @@ def packing(
     """The (int8 rows, scales) chunks of one weight packed for oneDNN, where it serves wide
     products here and gives, for each chunk's shape, bitwise what fbgemm's product of that chunk
     (`products`, scaled rows -> output) gives at every width it would serve; else None."""
-    if not usable():
+    if _fbgemm_only or not usable():
         return None
     wide = pack(parts)
     for (q, _), fbgemm, chunk in zip(parts, products, zip(*wide)):
         if not _agrees(tuple(q.shape), fbgemm, Wide(*([t] for t in chunk)), scale, zero_point):
             return None
     return wide
+
+
+@contextlib.contextmanager
+def fbgemm_only():
+    """Int8 weights loaded within it are packed for fbgemm only, for work too short to repay
+    oneDNN's packing (see the module doc); unless `SPECGEN_INT8_WIDE=onednn` asks for oneDNN.
+    Exact either way: oneDNN serves only where it gives fbgemm's numbers."""
+    global _fbgemm_only
+    before = _fbgemm_only
+    _fbgemm_only = os.environ.get(ENV, "").strip().lower() != "onednn"
+    try:
+        yield
+    finally:
+        _fbgemm_only = before
+
+
+def short_work(new_tokens: int, prompt: str) -> bool:
+    """Whether one answer of `new_tokens` to `prompt` is too short to repay oneDNN's packing."""
+    return new_tokens <= SHORT_TOKENS and len(prompt) <= SHORT_PROMPT_CHARS
 
 
 CHECKED_ROWS = (*range(WIDE, 18), 24, 33, 64)  # verifies of k = 3 to 16, batches, prompts
