@@ -337,12 +337,12 @@ def _verified(directory: Path, prefix: str) -> dict[str, tuple[Path, tuple]]:
     checked = {}
     for shard in _shards(directory, prefix):
         signature = _signature(shard)
-        if signature is not None and known.get(shard.name) == signature:
-            continue
-        _hash_check(shard, directory)
-        checked[shard.name] = signature
-    if checked and None not in checked.values():
-        _remember(directory, {**_known(directory), **checked})
+        if signature is None or known.get(shard.name) != signature:
+            _hash_check(shard, directory)
+            if signature is not None:
+                checked[shard.name] = signature
+    if checked:
+        _remember(directory, {**known, **checked})
     return _index(directory, prefix)
 
 
