@@ -46,10 +46,11 @@ HALFLIFE = 16.0  # proposals of one match length
 # at first and needed a dozen rejections before it stopped: a third of a 64-token answer's
 # rounds verified copies that failed (codeedit-05: 33 tokens proposed, 2 accepted).
 PRIORS = {1: (0.5, 1.5), 2: (1.0, 1.0), 3: (1.5, 0.5)}
+LONGEST_PRIOR = max(PRIORS)
 
 
 def prior(n: int) -> tuple[float, float]:
-    return PRIORS[min(n, max(PRIORS))]
+    return PRIORS[min(n, LONGEST_PRIOR)]
 
 
 class MatchOdds:
