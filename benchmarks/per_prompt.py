@@ -22,9 +22,8 @@ import statistics
 from pathlib import Path
 
 
-def speedups(path: Path) -> dict[str, dict[str, float]]:
-    """method -> prompt id -> speed-up against plain (the file's own per-prompt figures)."""
-    data = json.loads(path.read_text())
+def speedups(data: dict) -> dict[str, dict[str, float]]:
+    """method -> prompt id -> speed-up against plain (a bench file's own per-prompt figures)."""
     out: dict[str, dict[str, float]] = {}
     for row in data["prompts"]:
         if row["method"] != "plain" and row.get("speedup") is not None:
@@ -32,12 +31,12 @@ def speedups(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def by_repeat(path: Path) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
+def by_repeat(data: dict) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
     """(method -> prompt id -> its speed-up in each repeat, plain against plain), from the
     file's per-repeat measurements. The control is each prompt's plain tok/s in one repeat over
     its tok/s in the repeat before."""
     runs: dict[tuple[str, str], dict[int, float]] = {}
-    for m in json.loads(path.read_text()).get("measurements", []):
+    for m in data.get("measurements", []):
         runs.setdefault((m["method"], m["prompt_id"]), {})[m["repeat"]] = m["tokens_per_second"]
     paired: dict[str, dict[str, list[float]]] = {}
     control: list[float] = []
@@ -100,9 +99,10 @@ def main() -> None:
     args = parser.parse_args()
     merged: dict[str, dict[str, float]] = {}
     for path in args.files:
-        table = speedups(path)
+        data = json.loads(path.read_text())
+        table = speedups(data)
         print("\n".join(summary(path.name, table, args.below)))
-        paired, control = by_repeat(path)
+        paired, control = by_repeat(data)
         if control:
             print("\n".join(noise_summary(path.name, paired, control, args.below)))
         if args.table:
