@@ -34,6 +34,23 @@ def test_a_row_s_first_drafting_round_is_not_counted():
     assert row.ceiling == NONE and row.speedup.count == floor.MIN_ROUNDS
 
 
+def test_a_row_s_speed_up_is_its_tokens_over_the_plain_steps_its_rounds_took():
+    """Five short rounds that lose (1 token in 1.6 plain steps) around a long one that wins (6 tokens
+    in 2.4): the rounds' ratios average 0.94, but the row commits 11 tokens in 10.4 plain steps,
+    1.06x. The floor measures the latter, each round weighed by its length."""
+    row = Floor(skip=False)
+    rounds = [(1, 0.16), (1, 0.16), (6, 0.24), (1, 0.16), (1, 0.16), (1, 0.16)]
+    for tokens, seconds in rounds * 4:
+        row.record(5, tokens, seconds, 0.11, 0.1)
+    ratios = [tokens * 0.1 / seconds for tokens, seconds in rounds]
+    assert sum(ratios) / len(ratios) < 0.95
+    decays = [floor.DECAY**age for age in reversed(range(len(rounds) * 4))]
+    committed = sum(d * t for d, (t, _) in zip(decays, rounds * 4))
+    steps = sum(d * s / 0.1 for d, (_, s) in zip(decays, rounds * 4))
+    assert row.speedup.value == pytest.approx(committed / steps) and row.speedup.value > 1.0
+    assert row.ceiling == NONE
+
+
 def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
     row = Floor(skip=False)
     # 1.2 tokens per round in 0.16 s, against plain steps of 0.1 s: 0.75x plain
