@@ -55,7 +55,11 @@ if os.environ.get("SPECGEN_INT4_DRAFT") == "1":
     lean._one_row_or_rows = _one_row_int4
     import atexit
 
-    atexit.register(lambda: print(f"int4 draft: {sum(v is not None for v in CACHE.values())} of {len(CACHE)} products packed in {PACK_SECONDS[0]:.1f} s", file=sys.stderr))
+    def _report() -> None:
+        packed = sum(v is not None for v in CACHE.values())
+        print(f"int4 draft: {packed} of {len(CACHE)} products, {PACK_SECONDS[0]:.1f} s", file=sys.stderr)
+
+    atexit.register(_report)
 
 sys.argv[0] = "specgen"
 main()

@@ -1,17 +1,22 @@
-import sys, time
+"""`specgen ...` with each `PrunedHead.cover` call's blocks and seconds appended to cover.log.
+Throwaway instrumentation: python cover_time.py run --prompts-file t04.jsonl --method chain -n 64"""
+
+import sys
+import time
+
 from specgen.cli.app import main
 from specgen.runtime import pruned
+
 _cover = pruned.PrunedHead.cover
-_see = pruned.PrunedHead.see
-LOG = []
+
+
 def cover(self, chosen):
-    t = time.perf_counter(); _cover(self, chosen); LOG.append(("cover", chosen, round(time.perf_counter() - t, 4))); open("/tmp/t04/cover.log", "a").write(repr(LOG[-1]) + "\n")
-SEE = [0.0, 0]
-def see(self, ids):
-    t = time.perf_counter(); _see(self, ids); SEE[0] += time.perf_counter() - t; SEE[1] += 1
+    started = time.perf_counter()
+    _cover(self, chosen)
+    with open("cover.log", "a") as fh:
+        fh.write(repr(("cover", chosen, round(time.perf_counter() - started, 4))) + "\n")
+
+
 pruned.PrunedHead.cover = cover
-pruned.PrunedHead.see = see
-import atexit
-atexit.register(lambda: print("COVER", LOG, "SEE total %.3f s over %d calls" % tuple(SEE), file=sys.stderr))
 sys.argv[0] = "specgen"
 main()
