@@ -51,6 +51,17 @@ def test_a_row_s_speed_up_is_its_tokens_over_the_plain_steps_its_rounds_took():
     assert row.ceiling == NONE
 
 
+def test_a_stalled_round_weighs_as_a_long_round_not_as_many():
+    """A row winning at 1.5x (3 tokens in 2 plain steps), then one round that something else
+    stalled for 30 plain steps: weighed by its whole time it would outweigh the rounds before
+    and read as a clear loss; it weighs k + 1 steps at most, and the row keeps drafting."""
+    row = Floor(skip=False)
+    for _ in range(12):
+        row.record(5, 3, 0.2, 0.12, 0.1)
+    row.record(5, 3, 3.0, 0.12, 0.1)
+    assert row.ceiling == NONE and row.speedup.value > 1.0
+
+
 def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
     row = Floor(skip=False)
     # 1.2 tokens per round in 0.16 s, against plain steps of 0.1 s: 0.75x plain

@@ -19,7 +19,8 @@ floor is exact whatever it measures.
   tokens plain steps would have taken that long for), exponentially weighted over HALFLIFE
   rounds at the current ceiling and each weighed by its length, so that the mean is the rounds'
   tokens over their plain steps (the row's throughput, not a mean of ratios that counts a short
-  lost round as much as a long won one), with its standard error. Without the plain step measured at
+  lost round as much as a long won one; a round weighs k + 1 plain steps at most, so that one
+  stalled by another process does not outweigh the rest), with its standard error. Without the plain step measured at
   this width, the round's own verify gives it where the device's costs were measured (a verify
   of k proposed tokens costs 1 + first + slope x (k - 1) plain steps, costs.VerifyCost: no plain
   round is spent to learn it); else a bound stands in for it: tokens x verify seconds / round seconds is
@@ -258,17 +259,22 @@ class Floor:
             return
         self.drafted = max(self.drafted, k)
         # (a plain step costs at most the verify: charged at the verify, the bound stays one)
-        # each round weighed by its length in the unit it is compared with: the means are then
-        # the rounds' tokens over their time, the row's throughput against plain steps
+        # each round weighed by its length in the unit it is compared with, so that the means are
+        # the rounds' tokens over their time, the row's throughput against plain steps; at most
+        # k + 1 units, which k draft steps and a verify stay within while a draft step costs
+        # under about 0.8 of a plain one: a round stalled by something else (another process,
+        # a page fault) weighs as a long round, not as a dozen
+        longest = k + 1.0
         self.bound.add(
             (tokens * verify_seconds - idle * max(0.0, seconds - verify_seconds)) / seconds,
-            seconds / verify_seconds if verify_seconds > 0 else 1.0,
+            min(seconds / verify_seconds, longest) if verify_seconds > 0 else 1.0,
         )
         if plain is None and verify is not None:  # the plain step the verify's measured cost implies
             plain = verify_seconds / verify
         if plain is not None:
             self.speedup.add(
-                (tokens - idle * max(0.0, seconds - plain) / plain) * plain / seconds, seconds / plain
+                (tokens - idle * max(0.0, seconds - plain) / plain) * plain / seconds,
+                min(seconds / plain, longest),
             )
         elif self.speedup.count:  # the plain figure went stale: what was compared with it goes too
             self.speedup = _Mean(DECAY)
