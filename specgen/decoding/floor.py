@@ -20,12 +20,12 @@ floor is exact whatever it measures.
   rounds at the current ceiling and each weighed by its length, so that the mean is the rounds'
   tokens over their plain steps (the row's throughput, not a mean of ratios that counts a short
   lost round as much as a long won one; a round weighs k + 1 plain steps at most, so that one
-  stalled by another process does not outweigh the rest), with its standard error. Without the plain step measured at
-  this width, the round's own verify gives it where the device's costs were measured (a verify
-  of k proposed tokens costs 1 + first + slope x (k - 1) plain steps, costs.VerifyCost: no plain
-  round is spent to learn it); else a bound stands in for it: tokens x verify seconds / round seconds is
-  at least the speed-up, as a verify of k + 1 tokens costs at least a plain step. After
-  MIN_ROUNDS rounds:
+  stalled by another process does not outweigh the rest), with its standard error. Without the
+  plain step measured at this width, the round's own verify gives it where the device's costs
+  were measured (a verify of k proposed tokens costs 1 + first + slope x (k - 1) plain steps,
+  costs.VerifyCost: no plain round is spent to learn it); else a bound stands in for it: tokens
+  x verify seconds / round seconds is at least the speed-up, as a verify of k + 1 tokens costs
+  at least a plain step. After MIN_ROUNDS rounds:
   - a clear loss (the mean plus its error below 1) halves the ceiling (a tree, which drafts
     whole or not at all, goes to 0);
   - a clear win (the mean less its error above 1; the bound's above VERIFY_BOUND, what a verify
