@@ -3,8 +3,14 @@ against plain decoding's in the same run, and per method the minimum, the mean a
 prompts fell below a bound (the floor's goal: none below 0.97x).
 
     python benchmarks/per_prompt.py BENCH.json [MORE.json ...] [--below 0.97] [--table]
+    python benchmarks/per_prompt.py RUN-1.json RUN-2.json RUN-3.json --processes
 
-Several files (say, 64 and 128 tokens) are summarised each on its own, then together.
+Several files (say, 64 and 128 tokens) are summarised each on its own, then together. With
+`--processes` they are runs of the same prompts, each `bench` in a process of its own, and are
+read as the repeats of one run. A user's `specgen run` is a fresh process, so that is what it
+sees: a cost paid once per process (the draft head packing a script's blocks in its first answer
+of that script) shows in every such repeat, where `--repeats N` in one process shows it in the
+first only.
 
 A file of several repeats (`--repeats N`, N >= 2) is also read repeat by repeat, to tell a loss
 from this machine's noise:
@@ -52,7 +58,11 @@ def by_repeat(data: dict) -> tuple[dict[str, dict[str, list[float]]], list[float
 
 
 def noise_summary(
-    name: str, paired: dict[str, dict[str, list[float]]], control: list[float], below: float
+    name: str,
+    paired: dict[str, dict[str, list[float]]],
+    control: list[float],
+    below: float,
+    control_name: str = "plain against plain",
 ) -> list[str]:
     """Repeat by repeat: per method the medians of the paired speed-ups, and the prompts below
     `below` in every repeat; then the plain-against-plain control."""
@@ -71,7 +81,7 @@ def noise_summary(
         share = sum(v < below for v in control) / len(control)
         low, high = (ordered[int(q * (len(ordered) - 1))] for q in (0.05, 0.95))
         lines.append(
-            f"  control: plain against plain, {len(control)} pairs of single runs: "
+            f"  control: {control_name}, {len(control)} pairs of single runs: "
             f"{share:.0%} below {below}x, 5-95% range {low:.2f}-{high:.2f}"
         )
     return lines
@@ -91,12 +101,45 @@ def summary(name: str, table: dict[str, dict[str, float]], below: float) -> list
     return lines
 
 
+def as_repeats(runs: list[dict]) -> dict:
+    """Bench files of the same prompts, each from a process of its own, as one file whose
+    repeats are theirs in turn; each prompt's speed-up is the median of its paired ratios."""
+    measurements = []
+    offset = 0
+    for data in runs:
+        repeats = [m["repeat"] for m in data.get("measurements", [])]
+        measurements += [{**m, "repeat": m["repeat"] + offset} for m in data.get("measurements", [])]
+        offset += max(repeats, default=-1) + 1
+    paired, _ = by_repeat({"measurements": measurements})
+    prompts = [
+        {"method": method, "prompt_id": prompt, "speedup": statistics.median(ratios)}
+        for method, by_prompt in paired.items()
+        for prompt, ratios in by_prompt.items()
+    ]
+    return {"prompts": prompts, "measurements": measurements}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--below", type=float, default=0.97)
     parser.add_argument("--table", action="store_true", help="also print every prompt's speed-up")
+    parser.add_argument(
+        "--processes", action="store_true", help="the files are runs of one prompt set, each a process"
+    )
     args = parser.parse_args()
+    if args.processes:
+        data = as_repeats([json.loads(path.read_text()) for path in args.files])
+        name = f"{len(args.files)} processes ({', '.join(path.name for path in args.files)})"
+        table = speedups(data)
+        print("\n".join(summary(name, table, args.below)))
+        paired, control = by_repeat(data)
+        across = "plain against plain of the process before (the VM's drift between processes too)"
+        print("\n".join(noise_summary(name, paired, control, args.below, across)))
+        if args.table:
+            for method, values in table.items():
+                print(f"  {method}: " + ", ".join(f"{p} {v:.2f}" for p, v in values.items()))
+        return
     merged: dict[str, dict[str, float]] = {}
     for path in args.files:
         data = json.loads(path.read_text())
