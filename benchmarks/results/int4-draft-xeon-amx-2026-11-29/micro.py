@@ -3,38 +3,23 @@ draft step uses today) against its int4 product (groups of 32, bf16 activations)
 distinct random weights per layer so that they stream from memory as in a step.
 Throwaway measurement: `python micro.py`."""
 
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+# the target's measurement's int4 packing and timing, reused
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "int4-target-xeon-amx-2026-11-29"))
+from int4_products import median_ms, to_int4  # noqa: E402
+
 SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]  # qkv, o, gate/up, down
 LAYERS = 24
-
-
-def to_int4(w: torch.Tensor, group: int = 32):
-    n, k = w.shape
-    wg = w.float().reshape(n, k // group, group)
-    low, high = wg.amin(-1), wg.amax(-1)
-    scale = ((high - low) / 15).clamp(min=1e-8)
-    q = ((wg - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
-    scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().bfloat16()
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), scales_zeros
 
 
 def to_int8(w: torch.Tensor):
     scales = w.abs().amax(1) / 127
     q = torch.quantize_per_channel(w, scales, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
     return torch.ops.quantized.linear_prepack(q, None)
-
-
-def median_ms(fn, repeats: int = 9) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[repeats // 2] * 1e3
 
 
 def main() -> None:
@@ -57,7 +42,7 @@ def main() -> None:
     for _ in range(2):
         print(
             f"draft layers' products, 1 row, {LAYERS} distinct layers: "
-            f"int8 dynamic {median_ms(step8):.1f} ms, int4 {median_ms(step4):.1f} ms"
+            f"int8 dynamic {median_ms(step8, 9):.1f} ms, int4 {median_ms(step4, 9):.1f} ms"
         )
 
 
