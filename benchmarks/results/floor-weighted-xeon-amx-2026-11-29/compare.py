@@ -1,5 +1,6 @@
-"""Per prompt, the median over runs of each method's speed-up against the plain run of the same
-file, for two variants; the files are single-repeat `bench --json` outputs named VARIANT-I.json:
+"""Per prompt, two variants side by side: each method's speed-up against the plain run of the
+same process, the median over a variant's single-repeat `bench --json` files (VARIANT-I.json),
+read as `per_prompt.py --processes` reads them:
 
     python compare.py before after
 """
@@ -8,28 +9,17 @@ import glob
 import json
 import statistics
 import sys
-from collections import defaultdict
+from pathlib import Path
 
-
-def read(path: str):
-    data = json.load(open(path))
-    speeds: dict[str, dict[str, float]] = defaultdict(dict)
-    for m in data["measurements"]:
-        speeds[m["method"]][m["prompt_id"]] = m["tokens_per_second"]
-    identical = all(r.get("identical_to_plain", True) is not False for r in data["prompts"])
-    return speeds, identical
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from per_prompt import as_repeats, speedups  # noqa: E402
 
 
 def medians(variant: str) -> tuple[int, dict[str, dict[str, float]]]:
-    runs = [read(p) for p in sorted(glob.glob(f"{variant}-*.json"))]
-    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for speeds, identical in runs:
-        assert identical, variant
-        for method, prompts in speeds.items():
-            if method != "plain":
-                for prompt, tps in prompts.items():
-                    per[method][prompt].append(tps / speeds["plain"][prompt])
-    return len(runs), {m: {p: statistics.median(r) for p, r in ps.items()} for m, ps in per.items()}
+    runs = [json.loads(Path(p).read_text()) for p in sorted(glob.glob(f"{variant}-*.json"))]
+    for data in runs:  # every generation plain decoding's, token for token
+        assert all(r.get("identical_to_plain", True) is not False for r in data["prompts"]), variant
+    return len(runs), speedups(as_repeats(runs))
 
 
 def main() -> None:
