@@ -117,7 +117,9 @@ def test_the_cache_keeps_the_hidden_states_entering_the_tapped_layers(family):
             want = hidden[layer][row] if layer < count else None
             if want is None:  # transformers' last entry is after the final norm; ours before it
                 continue
-            torch.testing.assert_close(got[:, place], want, atol=1e-5, rtol=1e-4)
+            # two forwards (7 then 5 tokens) against one of 12: float32 products of other
+            # shapes round differently (seen on an AVX2-only CPU: 4e-5); a wrong layer is off by O(1)
+            torch.testing.assert_close(got[:, place], want, atol=2e-4, rtol=1e-3)
 
 
 def test_features_are_a_buffer_of_their_own_that_follows_every_row_move():
