@@ -105,7 +105,10 @@ def save(option: str, path: Path, write, fallback: bool) -> bool:
                 where = "; no copy could be written either, only the table above is left"
         error_line(f"cannot write {option} {path}: {reason}{where}")
         return False
-    Console(emoji=False, stderr=True, highlight=False).print(f"wrote {path}", style="dim", markup=False)
+    # soft_wrap: a long path stays one line that a user can copy, whatever the terminal's width
+    Console(emoji=False, stderr=True, highlight=False, soft_wrap=True).print(
+        f"wrote {path}", style="dim", markup=False
+    )
     return True
 
 
