@@ -1543,12 +1543,11 @@ def test_a_prompt_past_the_context_is_one_line_before_any_mode_measures(models, 
 def test_a_long_output_path_is_said_on_one_line(tmp_path, capsys, monkeypatch):
     """`wrote PATH` keeps a path longer than the terminal on one line (Rich would break it into
     two, and a user copying it, or a script reading it, gets a path that does not exist)."""
-    report = bench_cli
     monkeypatch.setenv("COLUMNS", "60")
     path = tmp_path / ("a-folder-with-a-long-name-" * 4) / "b.json"
-    assert report.save("--json", path, lambda out: out.write_text("{}"), fallback=True)
+    assert bench_cli.save("--json", path, lambda out: out.write_text("{}"), fallback=True)
     assert f"wrote {path}\n" in capsys.readouterr().err
-    console = report.Console
-    monkeypatch.setattr(report, "Console", lambda **kw: console(**{**kw, "soft_wrap": False}))
-    report.save("--json", path, lambda out: out.write_text("{}"), fallback=True)
+    console = bench_cli.Console
+    monkeypatch.setattr(bench_cli, "Console", lambda **kw: console(**{**kw, "soft_wrap": False}))
+    bench_cli.save("--json", path, lambda out: out.write_text("{}"), fallback=True)
     assert f"wrote {path}\n" not in capsys.readouterr().err  # control: wrapped without soft_wrap
