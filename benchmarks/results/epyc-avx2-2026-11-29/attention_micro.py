@@ -5,12 +5,15 @@ attention_micro.txt holds."""
 
 from __future__ import annotations
 
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from specgen.runtime.exact_attention import grouped_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+from outside_products import median_ms  # noqa: E402  (the timer of the step measurements)
 
 torch.set_num_threads(2)
 
@@ -35,20 +38,13 @@ def three_ops_float32(q, k, v, mask, scale):
     return torch.matmul(scores.softmax(-1), v)
 
 
-def median_us(call, repeats: int = 300) -> float:
-    for _ in range(20):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def tensors(shapes):
     generator = torch.Generator().manual_seed(0)
     return [torch.randn(*shape, generator=generator) for shape in shapes]
+
+
+def median_us(call) -> float:
+    return median_ms(call, repeats=300) * 1e3
 
 
 def main() -> None:
