@@ -18,6 +18,11 @@ class Scope(str, enum.Enum):
     REQUEST = "request"
 
 
+# the smallest --suffix-cache a memory can be built in (runtime/suffix.py needs 17,152 bytes
+# with its default depth; tested): a smaller one is refused here, in one line
+MIN_SUFFIX_MIB = 0.02
+
+
 @dataclass(frozen=True)
 class MemorySettings:
     """The suffix memory of earlier requests' text (runtime/memories.py): its size in MiB, the
@@ -29,8 +34,8 @@ class MemorySettings:
 
     def __post_init__(self) -> None:
         mib = self.suffix_cache
-        if not (isinstance(mib, (int, float)) and 0 < mib < float("inf")):
-            raise ConfigError(f"--suffix-cache must be a positive number of MiB, got {mib}")
+        if not (isinstance(mib, (int, float)) and MIN_SUFFIX_MIB <= mib < float("inf")):
+            raise ConfigError(f"--suffix-cache must be a number of MiB, at least {MIN_SUFFIX_MIB}, got {mib}")
         if not isinstance(self.suffix_scope, Scope):
             try:
                 object.__setattr__(self, "suffix_scope", Scope(str(self.suffix_scope).strip().lower()))

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import specgen.decoding.build as build_module
 import specgen.decoding.verify as verify_module
 from specgen.cli.app import app
-from specgen.config import SUFFIX_TOKENS, GenerationConfig, MemorySettings, Method, Scope
+from specgen.config import MIN_SUFFIX_MIB, SUFFIX_TOKENS, GenerationConfig, MemorySettings, Method, Scope
 from specgen.decoding.build import build_engine, mixed, resolve_draft_length
 from specgen.decoding.drafters.suffix import SuffixDrafter
 from specgen.decoding.engine import Engine
@@ -25,6 +25,7 @@ from specgen.decoding.events import Finished, RoundResult
 from specgen.errors import ConfigError
 from specgen.runtime.memories import OWN, Memories, tenant_of
 from specgen.runtime.pair import Pair
+from specgen.runtime.suffix import SuffixMemory
 
 # a prompt whose reply the tiny target repeats in a loop, and one of other text
 PROMPTS = [
@@ -131,7 +132,13 @@ def test_the_device_default_lets_the_memory_decide_the_length(pair):
 
 @pytest.mark.parametrize(
     "settings",
-    [{"suffix_cache": 0}, {"suffix_cache": -3}, {"suffix_cache": float("nan")}, {"suffix_scope": "everyone"}],
+    [
+        {"suffix_cache": 0},
+        {"suffix_cache": -3},
+        {"suffix_cache": float("nan")},
+        {"suffix_cache": 0.01},  # positive, but too small to build a memory in
+        {"suffix_scope": "everyone"},
+    ],
 )
 def test_bad_memory_settings_are_one_line(settings):
     with pytest.raises(ConfigError) as error:
@@ -139,7 +146,17 @@ def test_bad_memory_settings_are_one_line(settings):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "lots"])
+def test_the_smallest_suffix_cache_the_settings_take_builds_a_memory():
+    """MIN_SUFFIX_MIB is the floor the memory itself needs: the settings take it, and a memory
+    of that budget is built (half of it is refused by the memory, so the floor is not loose by
+    more than 2x)."""
+    budget = MemorySettings(suffix_cache=MIN_SUFFIX_MIB).budget
+    assert SuffixMemory(budget).budget == budget
+    with pytest.raises(ValueError, match="too small"):
+        SuffixMemory(budget // 2)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "0.01"])
 def test_a_bad_suffix_cache_on_the_command_line_is_one_line(tiny_dirs, value):
     result = CliRunner().invoke(
         app,

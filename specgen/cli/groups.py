@@ -97,7 +97,8 @@ MEMORY_OPTIONS = {
             float,
             typer.Option(
                 "--suffix-cache",
-                help="MiB of earlier requests' text that suffix drafting reads (evicted oldest first).",
+                help="MiB of earlier requests' text that suffix drafting reads (evicted oldest first; "
+                "at least 0.02).",
             ),
         ],
         256.0,
