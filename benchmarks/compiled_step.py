@@ -30,7 +30,6 @@ needs), and how far the compiled logits are from the eager ones.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -40,17 +39,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specgen.config import Method, ModelSettings
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime import int8, kvcache, onednn
 from specgen.runtime.exact_attention import NAME as EXACT_NAME
 from specgen.runtime.exact_attention import grouped_attention
 from specgen.runtime.lean import LeanForward, _one_row_or_rows, _sdpa
-from specgen.runtime.pair import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_profile import cpu_flags  # noqa: E402  (the machine line every profile prints)
+from outside_products import default_pair, step_arguments  # noqa: E402
 
 PRODUCTS: list = []  # (packed, bias, wide, exact) by handle: the custom ops' weights
 
@@ -220,24 +217,16 @@ def measure(model, exact: bool, widths: list[int], context: int, repeats: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--context", type=int, default=200)
-    parser.add_argument("--widths", default="1,6")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = step_arguments()
     parser.add_argument("--kernel-threads", type=int, default=1, help="inductor's kernels' threads")
     parser.add_argument("--models", default="target,draft")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # quantized tensors announce their deprecation
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
 
     inductor_config.cpp.threads = args.kernel_threads
-    settings = ModelSettings(
-        DEFAULT_TARGET, DEFAULT_DRAFT, device="cpu", draft_quant="auto", compile="off", target_quant="int8"
-    )
-    pair = load(settings, Method.CHAIN, quiet=True)
+    pair = default_pair()
     lines = [
         f"cpu: {cpu_flags()}",
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, inductor kernel threads "

@@ -170,19 +170,29 @@ def pointwise(hidden_size: int, inner: int, repeats: int) -> list[str]:
     return lines
 
 
-def main() -> None:
+def step_arguments() -> argparse.ArgumentParser:
+    """The options every step-timing script here takes (compiled_step.py adds its own)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--widths", default="1,6")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    return parser
+
+
+def default_pair():
+    """The default pair as `specgen` loads it on the CPU: int8 target, int8 pruned draft."""
     settings = ModelSettings(
         DEFAULT_TARGET, DEFAULT_DRAFT, device="cpu", draft_quant="auto", compile="off", target_quant="int8"
     )
-    pair = load(settings, Method.CHAIN, quiet=True)
+    return load(settings, Method.CHAIN, quiet=True)
+
+
+def main() -> None:
+    args = step_arguments().parse_args()
+    torch.set_num_threads(args.threads)
+    pair = default_pair()
     lines = [
         f"cpu: {cpu_flags()}",
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, context {args.context}, "
