@@ -173,13 +173,35 @@ def fake_prompts():
     return [(PromptRecord("p1", "x", 1, "A"), [1, 9]), (PromptRecord("p2", "y", 2, "B"), [2, 9])]
 
 
-def test_warmup_then_methods_interleaved_per_prompt_and_repeat():
+def test_warmup_then_methods_interleaved_per_prompt_and_repeat_every_other_time_reversed():
+    """ABBA: a machine that slows down steadily costs every method the same on average (with a
+    fixed order the last method would always run on the slowest machine)."""
     log = []
     runners = [FakeRunner(name, log) for name in ("plain", "a", "b")]
     list(measuring.measure(runners, fake_prompts(), settings(n=40, repeats=2, warmup=True)))
     warm = [("plain", 1, 16), ("a", 1, 16), ("b", 1, 16)]
-    round_ = lambda p: [("plain", p, 40), ("a", p, 40), ("b", p, 40)]  # noqa: E731
-    assert log == warm + round_(1) + round_(1) + round_(2) + round_(2)
+    forward = lambda p: [("plain", p, 40), ("a", p, 40), ("b", p, 40)]  # noqa: E731
+    backward = lambda p: forward(p)[::-1]  # noqa: E731
+    assert log == warm + forward(1) + backward(1) + forward(2) + backward(2)
+    log.clear()  # one repeat: the order alternates over the prompts
+    list(measuring.measure(runners, fake_prompts(), settings(n=40, repeats=1)))
+    assert log == forward(1) + backward(2)
+
+
+def test_steady_drift_costs_every_method_the_same_over_even_repeats():
+    """Each run takes longer than the one before (a machine heating up): with an even number of
+    repeats, every method's mean time is the same."""
+    log, clock = [], iter(range(1, 100))
+
+    class Drifting(FakeRunner):
+        def generate(self, prompt_ids, config):
+            gen = super().generate(prompt_ids, config)
+            return dataclasses.replace(gen, seconds=float(next(clock)))
+
+    runners = [Drifting(name, log) for name in ("plain", "a", "b")]
+    runs = list(measuring.measure(runners, fake_prompts()[:1], settings(n=8, repeats=2)))
+    means = {name: sum(r.seconds for r in runs if r.method == name) / 2 for name in ("plain", "a", "b")}
+    assert means == {"plain": 3.5, "a": 3.5, "b": 3.5}
 
 
 def test_a_column_that_raises_is_its_line_and_the_others_are_measured():

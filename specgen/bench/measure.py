@@ -1,5 +1,6 @@
-"""Measuring: a warm-up per method, then for each prompt and repeat every method in a fixed
-order (plain first) so machine drift hits all alike; threads fixed; memory peaks per run; the
+"""Measuring: a warm-up per method, then for each prompt and repeat every method, every other
+time in reverse order (plain, chain, chain, plain, ...) so that drift in the machine's speed
+hits all alike; threads fixed; memory peaks per run; the
 environment each figure was measured in. A column whose isolated runner fails (a crashed
 llama.cpp) stops with one recorded line while the others go on. Knows nothing about Typer or
 output formats."""
@@ -120,7 +121,11 @@ def measure(
 ) -> Iterator[Generation]:
     """Warm each method up once (its seconds go to `warmups`: compilation and CUDA-graph
     capture happen there, apart from every measurement), then for each prompt, for each
-    repeat, run every method in the given order (the caller puts plain first). Yields
+    repeat, run every method: in the given order (the caller puts plain first), then in reverse
+    the next time, and so on across prompts. A machine that slows down (or speeds up) steadily
+    then costs every method the same on average: with a fixed order, the later methods would
+    always run on the slower machine. With an even --repeats each prompt's pairs cancel such
+    drift by themselves; with one, the alternation cancels it over the prompts. Yields
     measurements as they complete. A column that fails (an isolated runner's crash, or any error
     of a runner) goes to `failures` with its line, is said on stderr and is not run again; the
     other columns go on."""
@@ -150,9 +155,11 @@ def measure(
             started = time.perf_counter()
             if attempt(runner, item, None, ids, short) is not None and warmups is not None:
                 warmups[runner.name] = round(time.perf_counter() - started, 3)
+    turn = 0
     for item, ids in prompts:
         for repeat in range(settings.repeats):
-            for runner in live():
+            order, turn = (live() if turn % 2 == 0 else live()[::-1]), turn + 1
+            for runner in order:
                 memory.reset()
                 gen = attempt(runner, item, repeat, ids, config)
                 if gen is not None:
