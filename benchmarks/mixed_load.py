@@ -6,8 +6,10 @@ load against the same load with one method, and the batch width the server reach
 
 Each load runs its clients at once, each sending `--requests` requests one after another (greedy,
 `ignore_eos`, so every request makes exactly `--max-tokens` tokens), prompts from a prompt set;
-the loads take turns `--rounds` times, so drift hits all alike. Standard library only: it drives
-any version of the server (the turn-taking one before the mixed batch too)."""
+the loads take turns `--rounds` times, every other round in reverse order (A B C, C B A, ...),
+so steady drift in the machine's speed costs every load the same over an even number of rounds.
+Standard library only: it drives any version of the server (the turn-taking one before the mixed
+batch too)."""
 
 from __future__ import annotations
 
@@ -104,7 +106,8 @@ def main() -> None:
     }
     results: dict[str, list[tuple[float, float, int]]] = {spec: [] for spec in loads}
     for turn in range(args.rounds):
-        for n, (spec, methods) in enumerate(loads.items()):
+        order = list(enumerate(loads.items()))
+        for n, (spec, methods) in order if turn % 2 == 0 else order[::-1]:
             results[spec].append(run_load(args, methods, texts, offset=turn * 7 + n))
             rate, seconds, widest = results[spec][-1]
             print(f"round {turn + 1} {spec}: {rate:.2f} tok/s over {seconds:.1f} s, widest batch {widest}")
