@@ -986,13 +986,54 @@ def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, 
     data = json.loads(out.read_text())
     assert data["interrupted"] is True
     cells = [(c["method"], c["batch_size"], c["skipped"]) for c in data["cells"]]
-    assert cells == [
+    assert cells == [  # measured by batch size, methods side by side: plain 1, chain 1, chain 2 (cut)
         ("plain", 1, None),
-        ("plain", 2, None),
-        ("chain", 1, "interrupted"),
+        ("plain", 2, "interrupted"),
+        ("chain", 1, None),
         ("chain", 2, "interrupted"),
     ]
-    assert all(c["new_tokens"] > 0 for c in data["cells"][:2])
+    assert all(c["new_tokens"] > 0 for c in data["cells"] if c["skipped"] is None)
+
+
+def test_throughput_cells_run_methods_side_by_side_in_alternating_order(pair, monkeypatch):
+    """Drift in the machine's speed must not land on the methods measured last: each batch size
+    and mode runs its methods next to each other, every other time in reverse; the cells still
+    come back method by method, and each mode's reference is plain at the smallest batch."""
+    from specgen.bench import throughput as bench_batch
+
+    log = []
+
+    def decode_all(pair, method, prompts, config, batch_size):
+        log.append((method.value, batch_size, config.verify_window if config.deterministic else None))
+        outputs = [[1, 2, 3 if method is Method.PLAIN else 4] for _ in prompts]  # chain differs
+        return outputs, 1.0, Stats(method=method.value, new_tokens=3 * len(prompts))
+
+    monkeypatch.setattr(bench_batch, "decode_all", decode_all)
+    config = GenerationConfig(max_new_tokens=3)
+    cells = bench_batch.run_throughput(pair, ["plain", "chain"], [[5, 6]], config, [1, 2], [8])
+    assert log[1:] == [
+        ("plain", 1, None),
+        ("chain", 1, None),
+        ("chain", 1, 8),
+        ("plain", 1, 8),
+        ("plain", 2, None),
+        ("chain", 2, None),
+        ("chain", 2, 8),
+        ("plain", 2, 8),
+    ]
+    assert [(c.method, c.batch_size, c.mode) for c in cells] == [
+        ("plain", 1, "off"),
+        ("plain", 1, "window 8"),
+        ("plain", 2, "off"),
+        ("plain", 2, "window 8"),
+        ("chain", 1, "off"),
+        ("chain", 1, "window 8"),
+        ("chain", 2, "off"),
+        ("chain", 2, "window 8"),
+    ]
+    # measured against plain in each mode, though chain ran first in the window's first turn
+    assert [c.differs for c in cells] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert all(c.speedup == 1.0 for c in cells)
 
 
 def test_ctrl_c_inside_a_batched_cell_is_not_taken_for_a_measurement(pair, monkeypatch):

@@ -173,8 +173,12 @@ def run_throughput(
 ) -> list[BatchCell]:
     """The grid methods x batch sizes x modes, plain first; a warm-up cell is run and dropped.
 
-    Ctrl-C keeps the cells measured so far; the others are returned skipped and `interrupted`.
-    A cell whose method raises is returned `failed`, with its line; the others are measured.
+    The methods of one batch size and mode run next to each other, every other time in reverse
+    order (plain, chain, chain, plain, ...), so that drift in the machine's speed costs every
+    method the same instead of landing on the methods measured last; the cells come back
+    method by method. Ctrl-C keeps the cells measured so far; the others are returned skipped
+    and `interrupted`. A cell whose method raises is returned `failed`, with its line; the
+    others are measured.
     """
     modes: list[int | None] = ([None] if include_off else []) + list(windows)
     names = ["plain"] + [m for m in methods if m != "plain"]
@@ -182,7 +186,11 @@ def run_throughput(
     unknown = [m for m in names if m not in engine_methods]
     if unknown:
         raise ConfigError(f"bench batch measures specgen's own methods; '{unknown[0]}' is not one")
-    grid = [(name, size, window) for name in names for size in batch_sizes for window in modes]
+    grid = [
+        (name, size, window)
+        for turn, (size, window) in enumerate((size, window) for size in batch_sizes for window in modes)
+        for name in (names if turn % 2 == 0 else names[::-1])
+    ]
     cells: list[BatchCell] = []
     try:
         decode_all(
@@ -203,6 +211,7 @@ def run_throughput(
             cells.append(
                 BatchCell(name, size, _mode(window), len(prompts), skipped="interrupted", interrupted=True)
             )
+    cells.sort(key=lambda c: names.index(c.method))  # stable: by size and mode within a method
     _compare(cells, config.sampling.greedy)
     return cells
 
@@ -234,8 +243,8 @@ def _compare(cells: list[BatchCell], greedy: bool = True) -> None:
     draw by method and batch, so there nothing is compared (differs stays None)."""
     measured = [c for c in cells if c.skipped is None]
     base = next((c for c in measured if (c.method, c.batch_size, c.mode) == ("plain", 1, OFF)), None)
-    references = {}
-    for cell in measured:  # the first cell of each mode (plain, the smallest batch) is the reference
+    references = {}  # each mode's reference: plain at the smallest batch, else its first cell
+    for cell in sorted(measured, key=lambda c: (c.method != "plain", c.batch_size)):
         references.setdefault(cell.mode, cell)
     offs = {(c.method, c.batch_size): c for c in measured if c.mode == OFF}
     for cell in measured:
