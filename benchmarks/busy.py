@@ -4,7 +4,8 @@ fixed at every core (what torch does by itself).
 
     python benchmarks/busy.py [--max-new-tokens 64] [--prompts quick] [--json OUT.json]
 
-Every cell is one process's run of each prompt (in the order quiet, busy; methods interleaved),
+Every cell is one process's run of each prompt (quiet and busy, methods and thread counts
+interleaved, every other prompt in reverse order so that drift hits every cell alike),
 timed from the first round to the last token (`tokens_per_second` of the run's JSON); the busy
 process is `python -c "while True: pass"`, started before the run's models load and stopped
 after. Prints lscpu's flags; compare only ratios from one run."""
@@ -47,13 +48,14 @@ def main() -> None:
     flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     print(next((line for line in flags.splitlines() if line.startswith("Model name")), ""))
     cells: dict[str, list[float]] = {}
-    for prompt in prompts(args.prompts):
-        for load in ("quiet", "busy"):
+    for turn, prompt in enumerate(prompts(args.prompts)):
+        order = (lambda cells: cells) if turn % 2 == 0 else (lambda cells: cells[::-1])
+        for load in order(["quiet", "busy"]):
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
             try:
                 time.sleep(0.5 if busy else 0.0)
-                for threads in (None, "2"):
-                    for method in args.methods.split(","):
+                for threads in order([None, "2"]):
+                    for method in order(args.methods.split(",")):
                         label = f"{method} {load} threads={'fitted' if threads is None else threads}"
                         rate = run(prompt, method, args.max_new_tokens, threads)
                         cells.setdefault(label, []).append(rate)

@@ -20,8 +20,8 @@ it, as an agent does:
 
 Greedy, so every method must give the same text (the driver checks it against the first
 method's). `--methods` are specgen's `speculative.method` values (`none` sends no such field:
-another server, or the method its command line chose). Methods take turns task by task, so
-drift hits them alike. Standard library only.
+another server, or the method its command line chose). Methods take turns task by task, every
+other task in reverse order, so that drift hits them alike. Standard library only.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def post(url: str, key: str, body: dict) -> dict:
 def run(args) -> dict:
     tasks = [json.loads(line) for line in WORKLOAD.read_text().splitlines()][: args.tasks]
     out: dict[str, list[dict]] = {method: [] for method in args.methods}
-    for task in tasks:
-        for method in args.methods:
+    for turn, task in enumerate(tasks):
+        for method in args.methods if turn % 2 == 0 else args.methods[::-1]:
             answers: list[str] = []
             for step in range(4):
                 body = {
