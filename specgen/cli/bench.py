@@ -51,7 +51,13 @@ def bench(
     prompts: PromptsOpt = "quick",
     limit: LimitOpt = None,
     repeats: Annotated[
-        int, typer.Option("--repeats", "-r", help="Runs per prompt and method; the report uses medians.")
+        int,
+        typer.Option(
+            "--repeats",
+            "-r",
+            help="Runs per prompt and method, methods in alternating order (an even count cancels steady "
+            "drift); the report uses medians.",
+        ),
     ] = 1,
     warmup: Annotated[
         bool, typer.Option("--warmup/--no-warmup", help="One short generation per method before measuring.")
