@@ -214,7 +214,7 @@ def test_a_column_that_raises_is_its_line_and_the_others_are_measured():
     log, failures = [], []
     runners = [FakeRunner("plain", log), Broken("broken", log), FakeRunner("b", log)]
     runs = list(measuring.measure(runners, fake_prompts(), settings(n=4), failures=failures))
-    assert [m.method for m in runs] == ["plain", "b", "plain", "b"]
+    assert [m.method for m in runs] == ["plain", "b", "b", "plain"]  # p2 runs them in reverse
     assert [(f.method, f.prompt_id, f.error) for f in failures] == [
         ("broken", "p1", "ValueError: a tokenizer that cannot")
     ]
@@ -311,7 +311,7 @@ def test_draft_step_is_a_draft_token_s_time_in_plain_target_forwards():
 def test_an_interrupted_run_keeps_what_was_measured(pair):
     class Stop(FakeRunner):
         def generate(self, prompt_ids, config):
-            if any(name == "a" for name, *_ in self.log):  # Ctrl-C during its second run
+            if sum(name == "a" for name, *_ in self.log) == 2:  # Ctrl-C during its third run
                 raise KeyboardInterrupt
             return super().generate(prompt_ids, config)
 
@@ -319,17 +319,19 @@ def test_an_interrupted_run_keeps_what_was_measured(pair):
     result = measuring.run_bench(
         pair,
         [],
-        [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "B")],
+        [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "B"), PromptRecord("p3", "z", 3, "C")],
         settings(n=4),
         runners=[FakeRunner("plain", log), Stop("a", log)],
     )
     assert result.interrupted
-    assert [(m.prompt_id, m.method) for m in result.measurements] == [
+    assert [(m.prompt_id, m.method) for m in result.measurements] == [  # p2 in reverse order
         ("p1", "plain"),
         ("p1", "a"),
+        ("p2", "a"),
         ("p2", "plain"),
+        ("p3", "plain"),
     ]
-    assert {g.category for g in result.summary if g.method == "a"} == {"all", "A"}
+    assert {g.category for g in result.summary if g.method == "a"} == {"all", "A", "B"}
 
 
 # -- exactness on the tiny pair ---------------------------------------------------------------

@@ -141,12 +141,12 @@ def test_a_crashing_reference_is_its_columns_one_line_and_the_rest_is_written(
         {"method": "fake-crash", "prompt_id": "p2", "category": "c", "repeat": 0, "error": CRASH_LINE}
     ]
     measured = [(m["method"], m["prompt_id"]) for m in data["measurements"]]
-    assert measured == [
+    assert measured == [  # the methods alternate their order: p2 runs them in reverse
         ("plain", "p1"),
         ("fake-crash", "p1"),
         ("fake-ref", "p1"),
-        ("plain", "p2"),
         ("fake-ref", "p2"),
+        ("plain", "p2"),
         ("plain", "p3"),
         ("fake-ref", "p3"),
     ]
@@ -172,7 +172,8 @@ def test_ctrl_c_during_a_childs_generation_kills_it_and_keeps_what_was_measured(
 
     class Plain:
         """In-process plain decoding; on its second prompt it arms a Ctrl-C for a second later,
-        while the reference's child hangs in its second generation."""
+        while the reference's child hangs in its third generation (the methods alternate their
+        order: p1 plain, reference; p2 reference, plain; p3 plain, reference)."""
 
         name = "plain"
 
@@ -186,19 +187,21 @@ def test_ctrl_c_during_a_childs_generation_kills_it_and_keeps_what_was_measured(
             n = config.max_new_tokens
             return Generation([1] * n, 1.0, 0.1, 1, Stats(method="plain", new_tokens=n))
 
-    reference = IsolatedRunner("fake-ref", FixedTokens, ("fake-ref", None, 2), label="fake")
+    reference = IsolatedRunner("fake-ref", FixedTokens, ("fake-ref", None, 3), label="fake")
     settings = BenchSettings(
         GenerationConfig(max_new_tokens=3, sampling=SamplingConfig()), warmup=False, threads=1
     )
     started = time.perf_counter()
-    prompts = [PromptRecord("p1", "x", 1, "A"), PromptRecord("p2", "y", 2, "A")]
+    prompts = [PromptRecord(f"p{i}", "x", i, "A") for i in (1, 2, 3)]
     result = measuring.run_bench(Pair(*tiny_pair), [], prompts, settings, runners=[Plain(), reference])
     assert time.perf_counter() - started < 30  # not the child's minute
     assert result.interrupted and result.failures == []
     assert [(m.method, m.prompt_id) for m in result.measurements] == [
         ("plain", "p1"),
         ("fake-ref", "p1"),
+        ("fake-ref", "p2"),
         ("plain", "p2"),
+        ("plain", "p3"),
     ]
     child = result.measurements[1].token_ids[1]
     assert reference.process is None and reaped(child)
@@ -235,8 +238,8 @@ def test_a_failure_in_the_warmup_stops_that_column_only():
     )
     assert failures == [measuring.Failure("dead", "p1", "A", None, "fake crashed (SIGILL)")]
     assert set(warmups) == {"plain", "b"}
-    assert [(m.method, m.prompt_id) for m in runs] == [
-        (name, p) for p in ("p1", "p2") for _ in range(2) for name in ("plain", "b")
+    assert [(m.method, m.prompt_id) for m in runs] == [  # every other repeat in reverse order
+        (name, p) for p in ("p1", "p2") for names in (("plain", "b"), ("b", "plain")) for name in names
     ]
 
 
