@@ -1,9 +1,8 @@
 """Measuring: a warm-up per method, then for each prompt and repeat every method, every other
 time in reverse order (plain, chain, chain, plain, ...) so that drift in the machine's speed
-hits all alike; threads fixed; memory peaks per run; the
-environment each figure was measured in. A column whose isolated runner fails (a crashed
-llama.cpp) stops with one recorded line while the others go on. Knows nothing about Typer or
-output formats."""
+hits all alike; threads fixed; memory peaks per run; the environment each figure was measured
+in. A column whose isolated runner fails (a crashed llama.cpp) stops with one recorded line
+while the others go on. Knows nothing about Typer or output formats."""
 
 from __future__ import annotations
 
