@@ -49,13 +49,13 @@ def main() -> None:
     print(next((line for line in flags.splitlines() if line.startswith("Model name")), ""))
     cells: dict[str, list[float]] = {}
     for turn, prompt in enumerate(prompts(args.prompts)):
-        order = (lambda cells: cells) if turn % 2 == 0 else (lambda cells: cells[::-1])
-        for load in order(["quiet", "busy"]):
+        step = 1 if turn % 2 == 0 else -1  # every other prompt in reverse order
+        for load in ["quiet", "busy"][::step]:
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
             try:
                 time.sleep(0.5 if busy else 0.0)
-                for threads in order([None, "2"]):
-                    for method in order(args.methods.split(",")):
+                for threads in [None, "2"][::step]:
+                    for method in args.methods.split(",")[::step]:
                         label = f"{method} {load} threads={'fitted' if threads is None else threads}"
                         rate = run(prompt, method, args.max_new_tokens, threads)
                         cells.setdefault(label, []).append(rate)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from rich.markup import escape
 from rich.table import Table
 
-from specgen.bench.methods import variant
+from specgen.bench.methods import in_turn, variant
 from specgen.bench.report import with_old_keys
 from specgen.config import Method
 from specgen.decoding.stats import Stats, rate
@@ -308,7 +308,7 @@ def run_concurrency(
         for clients in levels:
             runs = {name: [] for name in methods}
             for repeat in range(repeats):
-                for name in methods if repeat % 2 == 0 else methods[::-1]:
+                for name in in_turn(methods, repeat):
                     runs[name].append(
                         drive(url, key, model, prompts, name, clients, per_client, max_tokens, stop, sampling)
                     )

@@ -23,7 +23,7 @@ import transformers
 from specgen import __version__
 from specgen.bench import llamacpp as bench_llamacpp
 from specgen.bench.isolated import IsolatedRunner, RunnerFailed, closing
-from specgen.bench.methods import PLAIN, build_runner, parse_methods, registry
+from specgen.bench.methods import PLAIN, build_runner, in_turn, parse_methods, registry
 from specgen.bench.prompts import encode_all
 from specgen.bench.references import assistant_settings
 from specgen.bench.runners import Generation, Runner
@@ -157,7 +157,8 @@ def measure(
     turn = 0
     for item, ids in prompts:
         for repeat in range(settings.repeats):
-            order, turn = (live() if turn % 2 == 0 else live()[::-1]), turn + 1
+            order = in_turn(live(), turn)
+            turn += 1
             for runner in order:
                 memory.reset()
                 gen = attempt(runner, item, repeat, ids, config)

@@ -120,6 +120,14 @@ def _engine_method(name: str) -> Method | None:
     return methods.get(name) or (variant(name) or (None,))[0]
 
 
+def in_turn(items: list, turn: int) -> list:
+    """The order a measurement's methods (or cells) run in on its `turn`-th pass: as given, then
+    reversed, alternately (plain, chain, chain, plain, ...). A machine whose speed drifts
+    steadily then costs every one of them the same over an even number of passes; in a fixed
+    order the last would always run on the most drifted machine (benchmarks/methodology.md)."""
+    return items if turn % 2 == 0 else items[::-1]
+
+
 def parse_methods(text: str | None) -> list[str]:
     """A comma list -> method names, plain first (always measured: it is every denominator).
 

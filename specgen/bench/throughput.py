@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from rich.markup import escape
 from rich.table import Table
 
+from specgen.bench.methods import in_turn
 from specgen.bench.report import with_old_keys
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
@@ -189,7 +190,7 @@ def run_throughput(
     grid = [
         (name, size, window)
         for turn, (size, window) in enumerate((size, window) for size in batch_sizes for window in modes)
-        for name in (names if turn % 2 == 0 else names[::-1])
+        for name in in_turn(names, turn)
     ]
     cells: list[BatchCell] = []
     try:
