@@ -95,3 +95,40 @@ def test_eager_attention_is_the_familys_own_arithmetic(family, kwarg):
         **({"softcap": 5.0} if kwarg == "softcap" else {"sinks": attention.sinks}),
     )  # None: causal at the end
     assert torch.allclose(with_none, got[:, :5], atol=1e-6)
+
+
+def test_the_cache_holds_k_v_in_float64_with_the_float32_arithmetic():
+    """An exact-attention cache keeps K/V in float64 (the float32 values, converted once as they
+    are written), so that a step converts nothing; the logits and K/V are bitwise what a cache
+    holding float32 gives, and the prefix store keeps float32 copies that restore exactly."""
+    from specgen.runtime.prefixes import PrefixStore
+
+    model = MODELS["qwen2"]
+    call = call_for(model)
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        held = kvcache.SlotCache(model.config, rows=1)
+        narrow = kvcache.SlotCache(model.config, rows=1)
+        narrow.held_dtype = lambda key_states: key_states.dtype  # the cache as it was
+        outs = []
+        for cache in (held, narrow):
+            kvcache.forward(call, cache, ids[:, :50], keep=1)
+            outs.append(kvcache.forward(call, cache, ids[:, 50:56]))  # a verify-sized forward
+            outs.append(kvcache.forward(call, cache, ids[:, 56:57]))  # a plain step
+        assert held.layers[0].keys.dtype == torch.float64 and narrow.layers[0].keys.dtype == torch.float32
+        assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+        assert all(torch.equal(a.double(), b) for a, b in zip(kv(narrow, 0, 57), kv(held, 0, 57)))
+        store = PrefixStore(budget=1 << 24)
+        store.save(held, 0, ids[0, :57].tolist())
+        (entry,) = store.entries.values()
+        assert entry.keys[0].dtype == torch.float32
+        assert entry.nbytes == sum(t.numel() * 4 for t in kv(narrow, 0, 57))
+        restored = kvcache.SlotCache(model.config, rows=1)
+        assert store.load(restored, 0, ids[0].tolist()) == 57
+        assert all(torch.equal(a, b) for a, b in zip(kv(held, 0, 57), kv(restored, 0, 57)))
+    # a draft's cache (SDPA, no exact attention) keeps its model's dtype
+    plain = build("qwen2", seed=5)
+    with torch.inference_mode():
+        cache = kvcache.SlotCache(plain.config, rows=1)
+        kvcache.forward(call_for(plain), cache, ids[:, :5], keep=1)
+    assert cache.layers[0].keys.dtype == torch.float32

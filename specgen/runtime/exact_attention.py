@@ -11,7 +11,10 @@ logits are then the same whether it was prefilled with its whole prompt, in chun
 prefix the prefix store gave back, in a chat turn's kept cache or in a verify: the server's
 caches cannot change a greedy answer. Long prefills attend a block of queries at a time to the
 keys that block can see: a 300-3000-token prefill of the 1.5B target costs 0-22% more than with
-fp32 SDPA (benchmarks/exactness.md, "what exact prefill attention costs").
+fp32 SDPA (benchmarks/exactness.md, "what exact prefill attention costs"). A SlotCache in front
+of this attention keeps its K/V in float64 (`SlotCache.held_dtype`): the values are the float32
+ones, converted once when written rather than in every layer of every step, so the arithmetic
+is the same and a step over a long context reads no conversions.
 
 Families whose attention is not SDPA's arithmetic keep theirs, in float64: Gemma 2's logit
 softcap and gpt-oss's attention sinks (`eager_attention`).

@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache
 
 from specgen.models.compat import CACHE_ARG
 from specgen.models.families import text_config, windows
+from specgen.runtime import exact_attention
 from specgen.runtime.masks import masks
 from specgen.runtime.slots import FeatureBuffer, SlotLayer, SlotRows
 
@@ -65,6 +66,22 @@ class SlotCache(Cache):
         # the tapped layers in feature order, each tapped layer's places among them, how many
         self.tapped, self.taps, self.tap_count = tuple(taps), _taps(taps), len(taps)
         self.features = FeatureBuffer(self)  # written only when there are taps
+
+    @property
+    def widened(self) -> bool:
+        """K/V computed in float32 are held in float64 (see `held_dtype`)."""
+        return getattr(self.config, "_attn_implementation", None) == exact_attention.NAME
+
+    def held_dtype(self, key_states: torch.Tensor) -> torch.dtype:
+        """The dtype the layers keep K/V in: float64 where the attention is exact_attention's (a
+        float32 model on the CPU: the int8 target), which reads them in float64 (every prefix's
+        K/V converted again in every layer of every step otherwise: 7-18% of a target step at
+        1,000-1,600 tokens of context, benchmarks/cpu-speed.md); the model's own dtype elsewhere.
+        The values are the float32 ones, so a copy kept elsewhere (the prefix store) narrows
+        back to float32 exactly."""
+        if self.widened and key_states.device.type == "cpu" and key_states.dtype == torch.float32:
+            return torch.float64
+        return key_states.dtype
 
     def retap(self, taps: tuple[int, ...]) -> None:
         """Keep the features of other layers from now on (the rows' earlier slots read zeros)."""

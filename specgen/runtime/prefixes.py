@@ -81,10 +81,13 @@ class PrefixStore:
             if cache.taps and cache.features.is_initialized
             else None
         )
+        # a cache that holds float32 K/V in float64 (kvcache.SlotCache.held_dtype) is stored as
+        # float32, exactly: the same tokens per MiB of the budget
+        dtype = torch.float32 if cache.widened else None
         entry = _Entry(
             ids,
-            [layer.keys[row, :, :n].clone() for layer in layers],
-            [layer.values[row, :, :n].clone() for layer in layers],
+            [layer.keys[row, :, :n].to(dtype, copy=True) for layer in layers],
+            [layer.values[row, :, :n].to(dtype, copy=True) for layer in layers],
             features,
         )
         if entry.nbytes > self.budget:

@@ -123,12 +123,14 @@ class SlotLayer(SlotRows, CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         heads = key_states.shape[1]
         shapes = {"keys": (heads, key_states.shape[-1]), "values": (heads, value_states.shape[-1])}
-        self.allocate(shapes, key_states.dtype, key_states.device)
+        self.allocate(shapes, self.owner.held_dtype(key_states), key_states.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys, values = self._active()
+        if key_states.dtype != keys.dtype:  # float32 K/V into a float64 cache (exact attention)
+            key_states, value_states = key_states.to(keys.dtype), value_states.to(values.dtype)
         slots = self._slots(keys)
         if slots.shape[0] == 1:
             keys.index_copy_(2, slots[0], key_states)
