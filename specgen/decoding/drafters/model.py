@@ -8,18 +8,22 @@ took it 8.5 s on a 2-core CPU, a third of the plain decoding of a 128-token answ
 (benchmarks/avx2-epyc.md, "Long prompts"). It needs the recent text far more than the
 beginning (prompt lookup copies from the whole prompt), and under rotary positions tokens
 numbered from 0 attend to each other as they would in place. A window changes proposals only,
-never what is committed. A round feeds each row what it has not seen (the root,
-plus the last draft token after a fully accepted round, plus anything committed while the row
-drafted nothing, as a lookup round of lookup-chain), padded at the end to the widest row, then
-K-1 single-token steps for all rows; x_K is never fed. Prompts are fed lazily: a row that is to
-draft and is further behind than a few tokens (new, or back from plain rounds) is first fed
-alone, in a batch at most `catch_up_chunk` tokens a round (a long prompt's catch-up would stall
-every row; the row drafts nothing until it is caught up). A row further behind that does not
-draft this round sits the round out (a pad token, its length restored). After the verdict a row
-keeps what was committed of what it fed. A row's K/V goes to the draft model's prefix store
-after its catch-up and when it finishes, and a joining row starts from the longest prefix stored
-there (runtime/prefixes.py): a server's requests share a system prompt, a chat client's turn
-repeats its conversation.
+never what is committed. Where the draft's prefix store keeps rows' K/V (a server's, a prompt
+set's), a prompt is read whole, as before: later requests that share it copy it from the
+store, which a window's K/V, a stretch rather than a prefix, could not serve.
+
+A round feeds each row what it has not seen (the root, plus the last draft token after a fully
+accepted round, plus anything committed while the row drafted nothing, as a lookup round of
+lookup-chain), padded at the end to the widest row, then K-1 single-token steps for all rows;
+x_K is never fed. Prompts are fed lazily: a row that is to draft and is further behind than a
+few tokens (new, or back from plain rounds) is first fed alone, in a batch at most
+`catch_up_chunk` tokens a round (a long prompt's catch-up would stall every row; the row drafts
+nothing until it is caught up). A row further behind that does not draft this round sits the
+round out (a pad token, its length restored). After the verdict a row keeps what was committed
+of what it fed. A row's K/V goes to the draft model's prefix store after its catch-up and when
+it finishes, and a joining row starts from the longest prefix stored there
+(runtime/prefixes.py): a server's requests share a system prompt, a chat client's turn repeats
+its conversation.
 
 With a confidence stop (length.unsure) a row's draft ends once the product of the draft's top
 probabilities over the round (its chance of still being right) falls below the threshold (the
@@ -85,14 +89,10 @@ class ChainDrafter(BaseDrafter):
         self.cache.reserve(capacity)
         held = min(self.cache.lengths[row], max(len(prompt_ids) - 1 - self._start[row], 0))
         kvcache.set_length(self.cache, row, held)
-        if held == 0:  # a fresh row: the prefix store's longest prefix, or the prompt's window
-            self._start[row] = 0
-            loaded = self.prefixes.load(self.cache, row, prompt_ids)
+        if held == 0:  # a fresh row: the prompt's window where no prefix store keeps prefixes
             skip = len(prompt_ids) - self.window
-            if self.window and loaded < skip:  # the window reads less than what the store leaves
-                kvcache.set_length(self.cache, row, 0)
-                self._start[row] = skip
-        elif self._start[row] == 0:
+            self._start[row] = skip if self.window and not self.prefixes.budget and skip > 0 else 0
+        if self._start[row] == 0:
             self.prefixes.load(self.cache, row, prompt_ids, have=held)
         self.generators[row] = on_device(generator, self.device)
         self._base[row], self._fed[row], self._contexts[row] = 0, 0, prompt_ids
