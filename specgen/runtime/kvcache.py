@@ -75,8 +75,8 @@ class SlotCache(Cache):
     def held_dtype(self, key_states: torch.Tensor) -> torch.dtype:
         """The dtype the layers keep K/V in: float64 where the attention is exact_attention's (a
         float32 model on the CPU: the int8 target), which reads them in float64 (every prefix's
-        K/V converted again in every layer of every step otherwise: 7-18% of a target step at
-        1,000-1,600 tokens of context, benchmarks/cpu-speed.md); the model's own dtype elsewhere.
+        K/V converted again in every layer of every step otherwise: 3-11% of a target step from
+        600 tokens of context on, benchmarks/cpu-speed.md); the model's own dtype elsewhere.
         The values are the float32 ones, so a copy kept elsewhere (the prefix store) narrows
         back to float32 exactly."""
         if self.widened and key_states.device.type == "cpu" and key_states.dtype == torch.float32:

@@ -99,7 +99,9 @@ class ChainDrafter(BaseDrafter):
 
     def finished(self, row: int, ids: list[int]) -> None:
         """The row is done: its K/V goes to the prefix store."""
-        if row < self.cache.rows and self._start[row] == 0:  # a window is no prefix to store
+        # a window is no prefix to store (windows are read only without a store: a guard, should
+        # a store be given a budget after rows joined)
+        if row < self.cache.rows and self._start[row] == 0:
             self.prefixes.save(self.cache, row, self._contexts[row])
 
     def leave(self, keep: list[int]) -> None:
