@@ -9,6 +9,7 @@ import torch
 
 from specgen.config import parse_draft_tokens
 from specgen.decoding import costs as draft_length
+from specgen.decoding import widths
 
 
 def verify(slope: float) -> dict[int, float]:
@@ -97,6 +98,8 @@ BAD_ENTRIES = [
     {"k": 3, "verify_first": -0.1},
     {"k": 3, "verify_first": "x"},
     {"k": 3, "verify_slope": 12.0},
+    {"k": 3, "read": -0.01},
+    {"k": 3, "read": "0.05"},
     None,
     [3],
     "k",
@@ -112,6 +115,7 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08))
+    monkeypatch.setattr(draft_length, "_read_ratio", lambda *a, **k: 0.045)
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     good = draft_length.choose(pair)
@@ -133,7 +137,7 @@ def test_width_costs_draft_only_while_a_wide_verify_stays_cheap():
     """Memory-bound verifies (flat in tokens) keep drafting at every width; verifies whose cost
     grows with the tokens fed stop it once a plain round does as well; a promised gain under
     the margin does not draft."""
-    from specgen.decoding.costs import WidthCosts
+    from specgen.decoding.widths import WidthCosts
 
     flat = WidthCosts({1: 1.0, 16: 1.2}, {1: 1.05, 16: 1.3}, {1: 0.3, 16: 0.35})
     assert all(flat.cap(width) >= 3 for width in (1, 2, 4, 8, 16))
@@ -175,12 +179,12 @@ def test_batch_width_costs_are_measured_once_and_a_bad_entry_again_with_a_notice
     single-row cost) is measured again with one notice, never a crash or a nonsense cap."""
     import json
 
-    from specgen.decoding.costs import WidthCosts, width_costs
+    from specgen.decoding.widths import WidthCosts, width_costs
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     measured = WidthCosts({1: 1.0, 4: 1.2}, {1: 1.1, 4: 2.0}, {1: 0.3, 4: 0.35})
     calls = []
-    monkeypatch.setattr(draft_length, "_measure_widths", lambda pair: calls.append(1) or measured)
+    monkeypatch.setattr(widths, "_measure_widths", lambda pair: calls.append(1) or measured)
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     assert width_costs(pair) == measured and len(calls) == 1
@@ -236,3 +240,21 @@ def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monk
     assert draft_length.verify_slope(pair) == pytest.approx(0.17 / 4)  # a 5-token verify's, per token
     cuda = SimpleNamespace(device=torch.device("cuda"))
     assert draft_length.verify_cost(SimpleNamespace(target=cuda, draft=cuda)) is None
+
+
+def test_the_drafts_read_of_a_prompt_token_is_measured_with_the_draft_length(
+    tiny_pair, tmp_path, monkeypatch
+):
+    """`choose` times the draft's reading of a prompt (in turn with a target step) on a CPU and
+    keeps it with the draft length; `read_price` reads it back, never measuring; None where
+    nothing was measured (another machine's cache, a GPU)."""
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.04, 1.2))
+    target, draft = tiny_pair
+    pair = SimpleNamespace(target=target, draft=draft)
+    assert draft_length.read_price(pair) is None  # not measured yet: not measured here either
+    choice = draft_length.choose(pair)
+    assert 0 < choice.read < 1 and "a prompt token read by the draft" in choice.reason
+    assert draft_length.read_price(pair) == choice.read
+    cuda = SimpleNamespace(device=torch.device("cuda"))
+    assert draft_length.read_price(SimpleNamespace(target=cuda, draft=cuda)) is None

@@ -1,13 +1,16 @@
-"""A draft model reads at most a window of a long prompt (drafters/model.py, WINDOW): its last
-tokens, numbered from 0. Proposals change, the output never does."""
+"""What a draft model reads of a prompt (drafters/model.py): at most a window of a long prompt
+(WINDOW), its last tokens numbered from 0; and nothing, for a row whose read costs more than
+its drafts can save. Proposals change, the output never does."""
 
 from __future__ import annotations
 
 import torch
 from test_engine import engine_for, reference_greedy, run
 
-from specgen.config import Method, SamplingConfig
+from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.drafters.lookup import LookupChain, Source
 from specgen.decoding.drafters.model import WINDOW, ChainDrafter
+from specgen.decoding.events import RoundResult
 from specgen.runtime.prefixes import PrefixStore
 
 LONG = [257, *range(70, 110), 198, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]  # 55 tokens
@@ -74,3 +77,64 @@ def test_a_windowed_row_rewinds_within_its_stretch(tiny_pair):
     fresh = ChainDrafter(draft.model, draft.device, window=8)
     fresh.join(0, LONG, None, 128)
     assert torch.equal(again.tokens, fresh.propose([LONG], [3], [GREEDY])[0].tokens)
+
+
+# LONG's 55 tokens at 0.05 target steps a token cost 2.75 steps to read; drafting saves GAIN
+# (0.2) a token: 12 new tokens (2.4) cannot pay for the read, 20 (4.0) can
+PRICE = 0.05
+
+
+def test_a_row_whose_read_costs_more_than_it_can_save_reads_and_drafts_nothing(tiny_pair):
+    target, draft = tiny_pair
+    drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE)
+    settings = {"method": Method.CHAIN, "draft_tokens": 4, "floor": True}
+    out, rounds = run(engine_for(tiny_pair, drafter), LONG, max_new_tokens=12, **settings)
+    assert out == reference_greedy(target.model, LONG, 12)
+    assert all(len(r.draft_tokens) == 0 for r in rounds)
+    assert drafter.cache.lengths[0] == 0  # the draft never read the prompt
+    # with room to pay the read back, the same prompt is read and drafted from
+    drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE)
+    out, rounds = run(engine_for(tiny_pair, drafter), LONG, max_new_tokens=20, **settings)
+    assert out == reference_greedy(target.model, LONG, 20)
+    assert sum(len(r.draft_tokens) for r in rounds) > 0
+
+
+def test_a_fixed_draft_length_drafts_whatever_the_read_costs(tiny_pair):
+    """--draft-tokens N (no floor) means N: the read rule is the floor's."""
+    target, draft = tiny_pair
+    drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=10.0)
+    out, rounds = run(
+        engine_for(tiny_pair, drafter), LONG, method=Method.CHAIN, max_new_tokens=12, draft_tokens=4
+    )
+    assert out == reference_greedy(target.model, LONG, 12)
+    assert sum(len(r.draft_tokens) for r in rounds) > 0
+
+
+def test_a_dear_row_beside_a_cheap_one_in_a_batch(tiny_pair):
+    """The rule is per row: a short prompt reads and drafts, a long one beside it does not, and
+    both give plain decoding's output."""
+    target, draft = tiny_pair
+    short = LONG[-6:]
+    drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE)
+    engine = engine_for(tiny_pair, drafter)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=4, floor=True)
+    drafted, outs = {0: 0, 1: 0}, {0: [], 1: []}
+    for report in engine.generate([LONG, short], config, 2):
+        if isinstance(report.event, RoundResult):
+            outs[report.index].extend(report.event.emitted)
+            drafted[report.index] += len(report.event.draft_tokens)
+    assert outs[0] == reference_greedy(target.model, LONG, 12)
+    assert outs[1] == reference_greedy(target.model, short, 12)
+    assert drafted[0] == 0 and drafted[1] > 0
+
+
+def test_lookup_chain_keeps_its_lookup_rounds_where_the_model_read_is_dear(tiny_pair):
+    target, draft = tiny_pair
+    prompt = LONG[:20] * 3  # text that repeats: lookup finds its continuations
+    chain = ChainDrafter(draft.model, draft.device, window=0, read_price=10.0)
+    drafter = LookupChain(chain, min_match=1)
+    settings = {"method": Method.LOOKUP_CHAIN, "draft_tokens": 4, "floor": True}
+    out, rounds = run(engine_for(tiny_pair, drafter), prompt, max_new_tokens=16, **settings)
+    assert out == reference_greedy(target.model, prompt, 16)
+    assert chain.cache.lengths[0] == 0 and drafter.rounds[Source.MODEL] >= 0
+    assert drafter.rounds[Source.LOOKUP] > 0 and sum(len(r.draft_tokens) for r in rounds) > 0

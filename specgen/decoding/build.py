@@ -15,7 +15,7 @@ from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter
 from specgen.decoding.drafters.mixed import Mixed
-from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.drafters.model import GAIN, GAIN_BESIDE_LOOKUP, ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge
 from specgen.decoding.drafters.suffix import SuffixDrafter
 from specgen.decoding.drafters.text import TextDrafter
@@ -88,8 +88,22 @@ class Entry:
 def _chain(pair: Pair, config: GenerationConfig) -> Drafter:
     draft = pair.draft
     return ChainDrafter(
-        draft.model, draft.device, pair.vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
+        draft.model,
+        draft.device,
+        pair.vocab,
+        config.draft_confidence,
+        pair.compile,
+        pair.draft_prefixes,
+        **_read_rule(pair, config),
     )
+
+
+def _read_rule(pair: Pair, config: GenerationConfig) -> dict:
+    """A chain drafter's price of reading a prompt token (measured once per device: None where it
+    was not) and what its drafts save a token beside lookup (lookup-chain) or alone
+    (drafters/model.py: a row whose read costs more than that drafts nothing with the model)."""
+    beside_lookup = config.method is Method.LOOKUP_CHAIN
+    return {"read_price": costs.read_price(pair), "gain": GAIN_BESIDE_LOOKUP if beside_lookup else GAIN}
 
 
 def _text(pair: Pair, config: GenerationConfig) -> Drafter:
@@ -98,7 +112,13 @@ def _text(pair: Pair, config: GenerationConfig) -> Drafter:
     draft = pair.draft
     vocab = min(len(draft.tokenizer), text_config(draft.model.config).vocab_size)
     chain = ChainDrafter(
-        draft.model, draft.device, vocab, config.draft_confidence, pair.compile, pair.draft_prefixes
+        draft.model,
+        draft.device,
+        vocab,
+        config.draft_confidence,
+        pair.compile,
+        pair.draft_prefixes,
+        **_read_rule(pair, config),
     )
     return TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
 

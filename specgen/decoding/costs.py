@@ -10,13 +10,14 @@ with the best expected tokens per unit of time at the typical acceptance `ACCEPT
 caches the answer per machine, thread count and model pair in
 `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
 notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, and each
-one's after it), for the floor and lookup. A draft on the CPU also gets a confidence stop
-(STOP, `length.unsure`) and STOP_EXTRA more tokens of room.
+one's after it), for the floor and lookup, and what the draft's reading of a prompt token costs
+(`read_price`: a draft model reads a prompt before its first draft, and where that read costs
+more than drafting can save over a request's tokens, the row does not draft with it:
+drafters/model.py). A draft on the CPU also gets a confidence stop (STOP, `length.unsure`) and
+STOP_EXTRA more tokens of room.
 
-**At a batch width** (`width_costs`, the server): a verify of width x (k+1) tokens stops being
-memory-bound as the width grows, so `WidthCosts.cap` gives each width the k with the best
-expected throughput, down to 0 (plain rounds), from the costs measured at WIDTH_ROWS (cached in
-the same file). `rates.py` then checks that estimate against what rounds deliver.
+The server's cap on k at each batch width, measured the same way and cached in the same file,
+is in `widths.py`.
 
 The per-round policies that adapt k within these bounds are in `length.py`.
 """
@@ -24,7 +25,6 @@ The per-round policies that adapt k within these bounds are in `length.py`.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,10 +42,11 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 10  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
+FORMAT = 11  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
+READ = 64  # prompt tokens of the draft's read that `choose` times (against a target step, in turn)
 # A draft on the CPU stops early when the product of its top probabilities over the round falls
 # below STOP (length.unsure),
 # and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
@@ -81,6 +82,7 @@ class DraftLength:
     confidence: float = 0.0  # the draft confidence stop that goes with k (0: none)
     # what a verify costs by the tokens proposed (zeros where not measured: a GPU, no draft)
     verify: VerifyCost = VerifyCost(0.0, 0.0)
+    read: float = 0.0  # the draft's reading of one prompt token, in target steps (0: not measured)
 
 
 def expected_rate(
@@ -106,7 +108,7 @@ def verify_steps(cost: VerifyCost) -> dict[int, float]:
     return {n: cost.steps(n - 1) for n in range(1, MAX_K + 2)}
 
 
-class _Probe:
+class Probe:
     """One model's forward of `width` tokens per row over `rows` short cached contexts, timed on
     demand; `keep` logits per row, as the loop asks (a verify reads every position's)."""
 
@@ -136,8 +138,8 @@ def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float]:
     """(draft step, 2-token verify, 5-token verify) in target steps: the four forwards are timed
     in turn, `repeats` times, and the medians of the per-turn ratios are kept, so a machine whose
     speed drifts between forwards (shared CPUs do) moves them all together."""
-    step, pair_of, wide = (_Probe(pair.target.model, width) for width in (1, 2, 5))
-    draft = _Probe(pair.draft.model, 1, exact=False)
+    step, pair_of, wide = (Probe(pair.target.model, width) for width in (1, 2, 5))
+    draft = Probe(pair.draft.model, 1, exact=False)
     draft_ratio, two_ratio, wide_ratio = [], [], []
     for _ in range(repeats):
         one, two, five, small = step.seconds(), pair_of.seconds(), wide.seconds(), draft.seconds()
@@ -148,7 +150,18 @@ def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float]:
     return tuple(statistics.median(ratios) for ratios in (draft_ratio, two_ratio, wide_ratio))
 
 
-def _key(pair, with_draft: bool = True) -> str:
+def _read_ratio(pair, repeats: int = 3) -> float:
+    """The draft's forward over READ prompt tokens per token, in target steps (timed in turn with
+    the target's step, as in `_ratios`): what a draft model's reading of a prompt costs."""
+    step, read = Probe(pair.target.model, 1), Probe(pair.draft.model, READ, exact=False)
+    ratios = []
+    for _ in range(repeats):
+        one, seconds = step.seconds(), read.seconds()
+        ratios.append(seconds / ((one + step.seconds()) / 2) / READ)
+    return statistics.median(ratios)
+
+
+def pair_key(pair, with_draft: bool = True) -> str:
     parts = [
         f"v{FORMAT}",
         cpu_name(),
@@ -169,8 +182,8 @@ def choose(pair) -> DraftLength:
         return DraftLength(GPU_K, "no draft model")
     if pair.target.device.type == "cuda" and pair.draft.device.type == "cuda":
         return DraftLength(GPU_K, "GPU: a wide verify costs about one step")
-    return _cached(
-        _key(pair),
+    return cached(
+        pair_key(pair),
         _entry,
         lambda: _measure(pair),
         lambda c: {
@@ -179,6 +192,7 @@ def choose(pair) -> DraftLength:
             "confidence": c.confidence,
             "verify_slope": c.verify.slope,
             "verify_first": c.verify.first,
+            "read": c.read,
         },
         "the draft length cached in {path} is not valid; measuring it again",
     )
@@ -187,11 +201,13 @@ def choose(pair) -> DraftLength:
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
         draft, two, wide = _ratios(pair)
+        read = _read_ratio(pair) if pair.draft.device.type == "cpu" else 0.0
     verify = _verify_cost(two, wide)
     k = best_k(draft, verify_steps(verify))
     reason = (
         f"measured: draft step {draft:.2f} of a target step, 2-token verify {two:.2f} and 5-token "
-        f"verify {wide:.2f} steps; best at {ACCEPTANCE:.0%} acceptance"
+        f"verify {wide:.2f} steps, a prompt token read by the draft {read:.3f}; best at "
+        f"{ACCEPTANCE:.0%} acceptance"
     )
     confidence = 0.0
     if pair.draft.device.type == "cpu":
@@ -200,7 +216,7 @@ def _measure(pair) -> DraftLength:
             f"; up to {STOP_EXTRA} more while the product of the draft's top probabilities stays "
             f"at {STOP} or above"
         )
-    return DraftLength(k, reason, confidence, verify)
+    return DraftLength(k, reason, confidence, verify, read)
 
 
 def verify_slope(pair) -> float | None:
@@ -215,12 +231,23 @@ def verify_slope(pair) -> float | None:
 def verify_cost(pair) -> VerifyCost | None:
     """A verify's cost by the tokens proposed, where `choose` measured it for this pair and
     device (read from its cache, never measured here); None elsewhere."""
-    if pair.draft is None or pair.target.device.type == "cuda":
-        return None
-    entry = _entry(_read(cache_root() / "draft-length.json").get(_key(pair)))
+    entry = _measured(pair)
     if entry is None or entry.verify.first <= 0 and entry.verify.slope <= 0:
         return None
     return entry.verify
+
+
+def read_price(pair) -> float | None:
+    """What the draft's reading of one prompt token costs in target steps, where `choose`
+    measured it for this pair and device (from its cache, never measured here); None elsewhere."""
+    entry = _measured(pair)
+    return entry.read if entry is not None and entry.read > 0 else None
+
+
+def _measured(pair) -> DraftLength | None:
+    if pair.draft is None or pair.target.device.type == "cuda":
+        return None
+    return _entry(_read(cache_root() / "draft-length.json").get(pair_key(pair)))
 
 
 CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
@@ -235,7 +262,7 @@ def lookup_price(pair) -> float | None:
         return None
     slope = verify_slope(pair) if pair.draft is not None else None
     if slope is None:
-        prefix = _key(pair, with_draft=False) + " | "
+        prefix = pair_key(pair, with_draft=False) + " | "
         costs = [
             entry.verify.per_token()
             for key, value in _read(cache_root() / "draft-length.json").items()
@@ -246,7 +273,7 @@ def lookup_price(pair) -> float | None:
     return slope if slope is not None else CPU_PRICE
 
 
-def _cached(key: str, parse, measure, as_json, stale: str):
+def cached(key: str, parse, measure, as_json, stale: str):
     """The entry `key` of draft-length.json, parsed (`parse`: None when it does not validate),
     else measured and written back: one entry changed under the lock, so other processes keep
     theirs. An entry that does not validate is measured again with the notice `stale`."""
@@ -282,124 +309,18 @@ def _entry(entry) -> DraftLength | None:
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
         return None
-    k, confidence, reason, slope, first = (
+    k, confidence, reason, slope, first, read = (
         entry.get("k"),
         entry.get("confidence", 0.0),
         entry.get("reason", "measured earlier"),
         entry.get("verify_slope", 0.0),
         entry.get("verify_first", 0.0),
+        entry.get("read", 0.0),
     )
     if type(k) is not int or not 1 <= k <= MAX_K:
         return None
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
         return None
-    if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first)):
+    if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first, read)):
         return None
-    return DraftLength(k, reason, float(confidence), VerifyCost(float(first), float(slope)))
-
-
-# -- how many tokens to draft at a batch width -----------------------------------------------------
-WIDTH_ROWS = (1, 4, 16)  # batch widths measured; others are interpolated (and extrapolated past 16)
-WIDTH_REPEATS = 3
-WIDTH_MARGIN = 0.1  # the expected gain over plain rounds below which a batch does not draft
-
-
-@dataclass(frozen=True)
-class WidthCosts:
-    """Measured forward costs at the batch widths of WIDTH_ROWS, relative to one single-row
-    target step: a target verify of 1 and of 5 tokens per row, and a draft step."""
-
-    verify_one: dict[int, float]  # rows -> cost
-    verify_five: dict[int, float]
-    draft: dict[int, float]
-
-    def cap(self, width: int, k_max: int = MAX_K + STOP_EXTRA, acceptance: float = ACCEPTANCE) -> int:
-        """The draft length with the best expected throughput at `width` rows; 0 unless drafting
-        promises WIDTH_MARGIN more than plain rounds (a verify of width x (k+1) tokens is no
-        longer memory-bound). The margin covers what the model leaves out: per-round host work
-        that grows with the width, and requests whose acceptance is below `acceptance`."""
-        one, five, draft = (_at(table, width) for table in (self.verify_one, self.verify_five, self.draft))
-        best_k, best = 0, width / one * (1 + WIDTH_MARGIN)
-        for k in range(1, k_max + 1):
-            tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
-            rate = width * tokens / (k * draft + one + (five - one) * k / 4)
-            if rate > best:
-                best_k, best = k, rate
-        return best_k
-
-    def as_dict(self) -> dict:
-        return {
-            name: {str(r): v for r, v in getattr(self, name).items()}
-            for name in ("verify_one", "verify_five", "draft")
-        }
-
-
-def _at(table: dict[int, float], rows: int) -> float:
-    """The table's value at `rows`: linear between measured widths, extended past the last."""
-    points = sorted(table)
-    if len(points) == 1:
-        return table[points[0]]
-    low, high = points[0], points[1]
-    for low, high in zip(points, points[1:]):
-        if rows <= high:
-            break
-    return table[low] + (table[high] - table[low]) * (rows - low) / (high - low)
-
-
-def width_costs(pair) -> WidthCosts:
-    """The pair's costs at WIDTH_ROWS (measured once per machine and pair, then cached)."""
-
-    def measure() -> WidthCosts:
-        with torch.inference_mode():
-            return _measure_widths(pair)
-
-    return _cached(
-        "width " + _key(pair),
-        _width_entry,
-        measure,
-        WidthCosts.as_dict,
-        "the batch-width costs cached in {path} are not valid; measuring them again",
-    )
-
-
-def _width_entry(entry) -> WidthCosts | None:
-    """A cached WidthCosts, if this version wrote it: each table maps a positive whole number of
-    rows (WIDTH_ROWS' first among them) to a finite positive cost. Anything else is None."""
-    if not isinstance(entry, dict):
-        return None
-    tables = []
-    for name in ("verify_one", "verify_five", "draft"):
-        table = entry.get(name)
-        if not isinstance(table, dict) or not table:
-            return None
-        try:
-            rows = {int(r): v for r, v in table.items()}
-        except ValueError:
-            return None
-        if (
-            WIDTH_ROWS[0] not in rows
-            or min(rows) < 1
-            or not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in rows.values())
-        ):
-            return None
-        tables.append({r: float(v) for r, v in rows.items()})
-    return WidthCosts(*tables)
-
-
-def _measure_widths(pair) -> WidthCosts:
-    base = _Probe(pair.target.model, 1)
-    tables = ({}, {}, {})
-    for rows in WIDTH_ROWS:
-        probes = (
-            _Probe(pair.target.model, 1, rows=rows, keep=0),
-            _Probe(pair.target.model, 5, rows=rows, keep=0),
-            _Probe(pair.draft.model, 1, exact=False, rows=rows),
-        )
-        ratios = ([], [], [])
-        for _ in range(WIDTH_REPEATS):
-            unit = base.seconds()
-            for probe, out in zip(probes, ratios):
-                out.append(probe.seconds() / unit)
-        for table, out in zip(tables, ratios):
-            table[rows] = statistics.median(out)
-    return WidthCosts(*tables)
+    return DraftLength(k, reason, float(confidence), VerifyCost(float(first), float(slope)), float(read))

@@ -31,7 +31,7 @@ class Policy:
     costs, serve/scheduler.py); never what a round commits."""
 
     # the most tokens a row of this config may draft when `width` rows share a round
-    # (costs.WidthCosts: past some width plain rounds win)
+    # (widths.WidthCosts: past some width plain rounds win)
     width_cap: Callable[[int, GenerationConfig], int] = no_cap
     # a longer prompt joining rows that decode is prefilled this many tokens per round
     # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds

@@ -120,7 +120,7 @@ class Scheduler:
             metrics,
             log,
         )
-        # model chains' draft length per batch width (costs.WidthCosts.cap); none: as requested
+        # model chains' draft length per batch width (widths.WidthCosts.cap); none: as requested
         self.caps = caps or {}
         self.prefill_chunk = prefill_chunk  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()

@@ -29,10 +29,10 @@ import uvicorn
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding import run as driver
 from specgen.decoding.build import resolve_draft_length
-from specgen.decoding.costs import width_costs
 from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.views import Outcome, Silent, summary_line
+from specgen.decoding.widths import width_costs
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
 from specgen.runtime.pair import load
@@ -158,7 +158,7 @@ def servable(pair) -> list[str]:
 def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
     """A model chain's draft length at each batch width up to `widest`: the device's `k` for one
     row (what `specgen run` drafts), scaled down as the measured costs of wider rounds say
-    (costs.WidthCosts, measured once per machine and pair, cached), down to 0 (plain rounds)
+    (widths.WidthCosts, measured once per machine and pair, cached), down to 0 (plain rounds)
     where a wide verify no longer pays. Empty without a draft model, and for an EAGLE-3 head (a
     head's step is a small fraction of a target step at any width: its chains keep their k)."""
     if pair.draft is None or pair.draft.vocabulary is Vocabulary.HEAD:

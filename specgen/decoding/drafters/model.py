@@ -12,6 +12,16 @@ never what is committed. Where the draft's prefix store keeps rows' K/V (a serve
 set's), a prompt is read whole, as before: later requests that share it copy it from the
 store, which a window's K/V, a stretch rather than a prefix, could not serve.
 
+A row whose read would cost more than drafting can save drafts nothing with the model: where
+the device's price of a prompt token read (costs.read_price, in target steps) times the tokens
+the row has to read exceeds `gain` times the tokens it may generate (GAIN: what a model draft
+saves a token against plain rounds, GAIN_BESIDE_LOOKUP against lookup's), the row sits every
+round out, reads nothing and proposes nothing: its rounds are plain ones (chain) or lookup's
+(lookup-chain). On a 2-core AVX2 CPU a prompt token costs the draft 0.036 plain steps, so a
+300-token prompt 11, where a 64-token answer at 1.25x saves 13, and lookup-chain's draft beside
+lookup about half that (benchmarks/floor.md, "A draft's read against what it can save"). A
+fixed draft length (`--draft-tokens N`, no floor) always drafts.
+
 A round feeds each row what it has not seen (the root, plus the last draft token after a fully
 accepted round, plus anything committed while the row drafted nothing, as a lookup round of
 lookup-chain), padded at the end to the widest row, then K-1 single-token steps for all rows;
@@ -46,6 +56,10 @@ from specgen.runtime.prefixes import PrefixStore
 
 CATCH_UP = 4  # unseen tokens a row feeds in the batched first step; more are fed row by row first
 WINDOW = 512  # on a CPU, the prompt tokens a row reads at most: its last ones (see the module)
+# what a model draft saves a token, in plain steps, against a row's rounds without it (see the
+# module): plain ones (chain ran at 1.21x plain on every prompt on an AVX2 EPYC, 1.24x on a Xeon)
+# and lookup's (lookup-chain at 1.27x and 1.33x where lookup alone ran at 1.17x and 1.16x)
+GAIN, GAIN_BESIDE_LOOKUP = 0.2, 0.1
 
 
 class ChainDrafter(BaseDrafter):
@@ -60,8 +74,13 @@ class ChainDrafter(BaseDrafter):
         compile: str = "off",
         prefixes: PrefixStore | None = None,
         window: int | None = None,
+        read_price: float | None = None,
+        gain: float = GAIN,
     ):
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
+        # a prompt token's read in target steps (None: not measured, every row reads), and what a
+        # drafted round saves a token against the row's rounds without this drafter
+        self.read_price, self.gain = read_price, gain
         # the prompt tokens a row reads at most (0: all of them; a GPU reads a prompt cheaply)
         self.window = (WINDOW if device.type == "cpu" else 0) if window is None else window
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
@@ -74,6 +93,7 @@ class ChainDrafter(BaseDrafter):
         self._fed: list[int] = []  # draft tokens fed at the last proposal
         self._contexts: list[list[int]] = []  # each row's sequence as last given (its cache holds a stretch)
         self._start: list[int] = []  # where each row's cache begins in its sequence (0: a prefix)
+        self._dear: list[bool] = []  # rows whose read costs more than their drafts can save
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
@@ -86,6 +106,7 @@ class ChainDrafter(BaseDrafter):
             self._fed.append(0)
             self._contexts.append([])
             self._start.append(0)
+            self._dear.append(False)
         self.cache.reserve(capacity)
         held = min(self.cache.lengths[row], max(len(prompt_ids) - 1 - self._start[row], 0))
         kvcache.set_length(self.cache, row, held)
@@ -94,8 +115,18 @@ class ChainDrafter(BaseDrafter):
             self._start[row] = skip if self.window and not self.prefixes.budget and skip > 0 else 0
         if self._start[row] == 0:
             self.prefixes.load(self.cache, row, prompt_ids, have=held)
+        unread = len(prompt_ids) - self._start[row] - self.cache.lengths[row]
+        self._dear[row] = self._too_dear(unread, config)
         self.generators[row] = on_device(generator, self.device)
         self._base[row], self._fed[row], self._contexts[row] = 0, 0, prompt_ids
+
+    def _too_dear(self, unread: int, config) -> bool:
+        """Whether reading `unread` tokens costs more than drafting can save over the row's
+        tokens (config.max_new_tokens), where the read is priced and the floor is on (a fixed
+        draft length always drafts)."""
+        if self.read_price is None or config is None or not config.floor:
+            return False
+        return unread * self.read_price > self.gain * config.max_new_tokens
 
     def finished(self, row: int, ids: list[int]) -> None:
         """The row is done: its K/V goes to the prefix store."""
@@ -112,6 +143,7 @@ class ChainDrafter(BaseDrafter):
         self._fed = [self._fed[i] for i in keep]
         self._contexts = [self._contexts[i] for i in keep]
         self._start = [self._start[i] for i in keep]
+        self._dear = [self._dear[i] for i in keep]
 
     def rewind(self, row: int, valid: int) -> None:
         if row < self.cache.rows:
@@ -126,6 +158,9 @@ class ChainDrafter(BaseDrafter):
     def propose(
         self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
     ) -> list[Proposal]:
+        ks = [0 if row < len(self._dear) and self._dear[row] else k for row, k in enumerate(ks)]
+        if not any(ks):  # every row's read costs more than it can save: no draft forward
+            return [Proposal.empty(self.device) for _ in contexts]
         count, steps = len(contexts), max(ks)
         self._catch_up(contexts, ks)
         # a row more than CATCH_UP behind after its catch-up sits the round out: a pad, no proposal

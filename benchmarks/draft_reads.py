@@ -1,0 +1,96 @@
+"""What a CPU draft should read of a prompt: bench's per-prompt measurement with columns that
+differ only in it, against plain decoding, in one process.
+
+    python benchmarks/draft_reads.py --prompts SET --columns lookup-chain@w512,lookup-chain@w64 \
+        [-n 64] [--repeats 1] --json OUT.json
+    python benchmarks/per_prompt.py OUT.json --table
+
+A column is METHOD@VARIANT:
+- `wN`: the draft reads at most a prompt's last N tokens (`drafters.model.WINDOW`, 512 by default);
+- `always`: every row reads its prompt, however dear (no read rule: `costs.read_price` None);
+- `default`: as specgen runs.
+
+On a CPU a draft model reads a prompt at about a fifth of the target's cost a token (4.7 ms a
+token on a 2-core AVX2 EPYC, where a plain step takes 120-140 ms): a 300-token prompt costs
+about ten plain steps before the first draft, a sixth of a 64-token answer's decoding. A window
+makes that read cheaper and the proposals worse (prompt lookup still copies from the whole
+prompt); the read rule skips the draft where the read costs more than drafting can save.
+
+Every column runs in this one process, through bench's own runner and order (plain first, the
+order reversed every turn), so the columns of a prompt share the machine's state. The output is
+a bench JSON file, read by `per_prompt.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from specgen.bench import report
+from specgen.bench.measure import BenchSettings, run_bench
+from specgen.bench.prompts import load_prompts
+from specgen.bench.runners import EngineRunner
+from specgen.cli.options import generation_config
+from specgen.config import Method, ModelSettings
+from specgen.decoding import costs
+from specgen.decoding.build import resolve_draft_length
+from specgen.decoding.drafters import model as chain_model
+from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specgen.runtime.pair import load
+
+
+class VariantRunner(EngineRunner):
+    """An engine method whose draft reads a prompt as `variant` says (see the module)."""
+
+    def __init__(self, pair, method: Method, variant: str):
+        super().__init__(pair, method, name=f"{method.value}@{variant}")
+        self.variant = variant
+
+    def generate(self, prompt_ids, config):
+        window, price = chain_model.WINDOW, costs.read_price
+        if self.variant.startswith("w"):
+            chain_model.WINDOW = int(self.variant[1:])
+        elif self.variant == "always":
+            costs.read_price = lambda pair: None
+        try:
+            return super().generate(prompt_ids, config)
+        finally:
+            chain_model.WINDOW, costs.read_price = window, price
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", required=True, help="a prompt set or JSONL file, as bench takes")
+    parser.add_argument("--columns", default="lookup-chain@default,lookup-chain@always")
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    pair = load(
+        ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
+        Method.CHAIN,
+    )
+    asked = generation_config(method="chain", max_new_tokens=args.max_new_tokens)  # bench's defaults
+    generation, choice = resolve_draft_length(pair, asked, True)
+    if choice is not None:
+        print(f"draft length k={choice.k} ({choice.reason})", file=sys.stderr)
+    runners = [EngineRunner(pair, Method.PLAIN)]
+    for column in args.columns.split(","):
+        method, _, variant = column.partition("@")
+        runners.append(VariantRunner(pair, Method(method), variant or "default"))
+    settings = BenchSettings(generation=generation, repeats=args.repeats)
+    result = run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners)
+    flags = "lscpu | grep -o -w -E 'avx|avx2|avx512[a-z_0-9]*|amx[a-z_0-9]*|f16c|fma' | sort -u"
+    result.environment["cpu_flags"] = " ".join(
+        subprocess.run(flags, shell=True, capture_output=True, text=True).stdout.split()
+    )
+    report.write_json(result, args.json)
+    Console(width=160).print(report.table(result))
+
+
+if __name__ == "__main__":
+    main()
