@@ -139,7 +139,9 @@ GENERATION_OPTIONS = {
                 "-k",
                 help="Draft tokens per round: N (fixed: every round drafts N), 'auto' (adaptive, up to 8) "
                 "or 'device' (default: the k best for this device's measured costs; 4 on a GPU). Under "
-                "'device' and 'auto' a row drafts less, down to none, where its rounds show it does not pay.",
+                "'device' and 'auto' a row drafts less, down to none, where its rounds show it does not pay, "
+                "and a draft model does not read a prompt whose reading would cost more than drafting "
+                "--max-new-tokens can save.",
             ),
         ],
         "device",
