@@ -99,6 +99,18 @@ def test_a_row_whose_read_costs_more_than_it_can_save_reads_and_drafts_nothing(t
     assert sum(len(r.draft_tokens) for r in rounds) > 0
 
 
+def test_where_a_prefix_store_keeps_prompts_every_row_reads(tiny_pair):
+    """A server's store: the first request's read serves the next that share its prompt, so a
+    row reads even where its own answer could not pay for it."""
+    target, draft = tiny_pair
+    store = PrefixStore(budget=1 << 24)
+    drafter = ChainDrafter(draft.model, draft.device, prefixes=store, read_price=PRICE)
+    settings = {"method": Method.CHAIN, "draft_tokens": 4, "floor": True}
+    out, rounds = run(engine_for(tiny_pair, drafter), LONG, max_new_tokens=12, **settings)
+    assert out == reference_greedy(target.model, LONG, 12)
+    assert sum(len(r.draft_tokens) for r in rounds) > 0
+
+
 def test_a_fixed_draft_length_drafts_whatever_the_read_costs(tiny_pair):
     """--draft-tokens N (no floor) means N: the read rule is the floor's."""
     target, draft = tiny_pair

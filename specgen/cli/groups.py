@@ -141,7 +141,7 @@ GENERATION_OPTIONS = {
                 "or 'device' (default: the k best for this device's measured costs; 4 on a GPU). Under "
                 "'device' and 'auto' a row drafts less, down to none, where its rounds show it does not pay, "
                 "and a draft model does not read a prompt whose reading would cost more than drafting "
-                "--max-new-tokens can save.",
+                "--max-new-tokens can save (a server's reads serve later requests: always made).",
             ),
         ],
         "device",

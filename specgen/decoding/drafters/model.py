@@ -20,7 +20,8 @@ round out, reads nothing and proposes nothing: its rounds are plain ones (chain)
 (lookup-chain). On a 2-core AVX2 CPU a prompt token costs the draft 0.036 plain steps, so a
 300-token prompt 11, where a 64-token answer at 1.25x saves 13, and lookup-chain's draft beside
 lookup about half that (benchmarks/floor.md, "A draft's read against what it can save"). A
-fixed draft length (`--draft-tokens N`, no floor) always drafts.
+fixed draft length (`--draft-tokens N`, no floor) always drafts, and where a prefix store keeps
+prompts (a server's, a prompt set's) every row reads as before: later rows copy what it read.
 
 A round feeds each row what it has not seen (the root, plus the last draft token after a fully
 accepted round, plus anything committed while the row drafted nothing, as a lookup round of
@@ -122,10 +123,12 @@ class ChainDrafter(BaseDrafter):
 
     def _too_dear(self, unread: int, config) -> bool:
         """Whether reading `unread` tokens costs more than drafting can save over the row's
-        tokens (config.max_new_tokens), where the read is priced and the floor is on (a fixed
-        draft length always drafts)."""
-        if self.read_price is None or config is None or not config.floor:
-            return False
+        tokens (config.max_new_tokens), where the read is priced, the floor is on (a fixed draft
+        length always drafts) and no prefix store keeps the read for later rows: a server's
+        requests that share a long system prompt could each not pay for reading it, but the
+        first one's read serves them all."""
+        if self.read_price is None or config is None or not config.floor or self.prefixes.budget:
+            return False  # a store keeps what a row reads for later rows (a shared system prompt)
         return unread * self.read_price > self.gain * config.max_new_tokens
 
     def finished(self, row: int, ids: list[int]) -> None:
