@@ -64,7 +64,7 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     # the AVX2 EPYC's costs: a draft step, a 2-token and a 5-token verify (linear there)
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     choice = draft_length.choose(pair)
@@ -114,8 +114,7 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
     import json
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08))
-    monkeypatch.setattr(draft_length, "_read_ratio", lambda *a, **k: 0.045)
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     good = draft_length.choose(pair)
@@ -211,7 +210,7 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
     assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
     # a 2-token verify at 1.08 steps, a 5-token one at 1.2: 0.05 a proposed token on the mean
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08, 1.2))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08, 1.2, 0.045))
     draft_length.choose(paired)
     assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
     cuda = SimpleNamespace(device=torch.device("cuda"))
@@ -226,7 +225,7 @@ def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monk
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     assert draft_length.verify_cost(pair) is None and draft_length.verify_slope(pair) is None
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17))  # a Xeon with AMX
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17, 0.02))  # a Xeon with AMX
     choice = draft_length.choose(pair)
     assert choice.verify == draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03))
     cost = draft_length.verify_cost(pair)
@@ -248,8 +247,7 @@ def test_the_drafts_read_of_a_prompt_token_is_measured_with_the_draft_length(
     """`choose` times the draft's reading of a prompt (in turn with a target step) on a CPU and
     keeps it with the draft length; `read_price` reads it back, never measuring; None where
     nothing was measured (another machine's cache, a GPU)."""
-    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.04, 1.2))
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))  # measured for real, on the tiny pair
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     assert draft_length.read_price(pair) is None  # not measured yet: not measured here either

@@ -85,25 +85,22 @@ class Entry:
     runs: Method
 
 
-def _chain(pair: Pair, config: GenerationConfig) -> Drafter:
+def _chain(pair: Pair, config: GenerationConfig, vocab: int | None = None) -> ChainDrafter:
+    """The draft model's chains (`vocab`: the ids it may propose; the pair's by default), with
+    the device's price of reading a prompt token (None where unmeasured) and what its drafts save
+    a token beside lookup (lookup-chain) or alone: a row whose read costs more than its drafts
+    can save drafts nothing with the model (drafters/model.py)."""
     draft = pair.draft
     return ChainDrafter(
         draft.model,
         draft.device,
-        pair.vocab,
+        pair.vocab if vocab is None else vocab,
         config.draft_confidence,
         pair.compile,
         pair.draft_prefixes,
-        **_read_rule(pair, config),
+        read_price=costs.read_price(pair),
+        gain=GAIN_BESIDE_LOOKUP if config.method is Method.LOOKUP_CHAIN else GAIN,
     )
-
-
-def _read_rule(pair: Pair, config: GenerationConfig) -> dict:
-    """A chain drafter's price of reading a prompt token (measured once per device: None where it
-    was not) and what its drafts save a token beside lookup (lookup-chain) or alone
-    (drafters/model.py: a row whose read costs more than that drafts nothing with the model)."""
-    beside_lookup = config.method is Method.LOOKUP_CHAIN
-    return {"read_price": costs.read_price(pair), "gain": GAIN_BESIDE_LOOKUP if beside_lookup else GAIN}
 
 
 def _text(pair: Pair, config: GenerationConfig) -> Drafter:
@@ -111,16 +108,7 @@ def _text(pair: Pair, config: GenerationConfig) -> Drafter:
     through text (drafters/text.py); never an id its tokenizer lacks."""
     draft = pair.draft
     vocab = min(len(draft.tokenizer), text_config(draft.model.config).vocab_size)
-    chain = ChainDrafter(
-        draft.model,
-        draft.device,
-        vocab,
-        config.draft_confidence,
-        pair.compile,
-        pair.draft_prefixes,
-        **_read_rule(pair, config),
-    )
-    return TextDrafter(chain, Bridge(pair.target.tokenizer, draft.tokenizer))
+    return TextDrafter(_chain(pair, config, vocab), Bridge(pair.target.tokenizer, draft.tokenizer))
 
 
 def _head(pair: Pair, config: GenerationConfig) -> Drafter:

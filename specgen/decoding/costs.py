@@ -134,31 +134,25 @@ class Probe:
         return elapsed
 
 
-def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float]:
-    """(draft step, 2-token verify, 5-token verify) in target steps: the four forwards are timed
-    in turn, `repeats` times, and the medians of the per-turn ratios are kept, so a machine whose
-    speed drifts between forwards (shared CPUs do) moves them all together."""
+def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float]:
+    """(draft step, 2-token verify, 5-token verify, a prompt token of the draft's read) in
+    target steps: the forwards are timed in turn, `repeats` times, and the medians of the
+    per-turn ratios are kept, so a machine whose speed drifts between forwards (shared CPUs do)
+    moves them all together. The read (the draft's forward over READ prompt tokens, per token)
+    is timed for a draft on the CPU only (0 elsewhere: a GPU reads a prompt cheaply)."""
     step, pair_of, wide = (Probe(pair.target.model, width) for width in (1, 2, 5))
     draft = Probe(pair.draft.model, 1, exact=False)
-    draft_ratio, two_ratio, wide_ratio = [], [], []
+    read = Probe(pair.draft.model, READ, exact=False) if pair.draft.device.type == "cpu" else None
+    draft_ratio, two_ratio, wide_ratio, read_ratio = [], [], [], []
     for _ in range(repeats):
         one, two, five, small = step.seconds(), pair_of.seconds(), wide.seconds(), draft.seconds()
+        prompt = read.seconds() / READ if read is not None else 0.0
         one = (one + step.seconds()) / 2  # the target step around the others
         draft_ratio.append(small / one)
         two_ratio.append(two / one)
         wide_ratio.append(five / one)
-    return tuple(statistics.median(ratios) for ratios in (draft_ratio, two_ratio, wide_ratio))
-
-
-def _read_ratio(pair, repeats: int = 3) -> float:
-    """The draft's forward over READ prompt tokens per token, in target steps (timed in turn with
-    the target's step, as in `_ratios`): what a draft model's reading of a prompt costs."""
-    step, read = Probe(pair.target.model, 1), Probe(pair.draft.model, READ, exact=False)
-    ratios = []
-    for _ in range(repeats):
-        one, seconds = step.seconds(), read.seconds()
-        ratios.append(seconds / ((one + step.seconds()) / 2) / READ)
-    return statistics.median(ratios)
+        read_ratio.append(prompt / one)
+    return tuple(statistics.median(ratios) for ratios in (draft_ratio, two_ratio, wide_ratio, read_ratio))
 
 
 def pair_key(pair, with_draft: bool = True) -> str:
@@ -200,8 +194,7 @@ def choose(pair) -> DraftLength:
 
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
-        draft, two, wide = _ratios(pair)
-        read = _read_ratio(pair) if pair.draft.device.type == "cpu" else 0.0
+        draft, two, wide, read = _ratios(pair)
     verify = _verify_cost(two, wide)
     k = best_k(draft, verify_steps(verify))
     reason = (
