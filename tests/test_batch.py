@@ -204,6 +204,9 @@ class ScriptedBatchDrafter:
     def taps(self):
         return ()
 
+    def declines(self, row):
+        return False
+
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_batched_chain_with_scripted_acceptance_equals_plain(tiny_pair, batch_size):

@@ -29,7 +29,8 @@ from specgen.decoding.drafters.lookup import LookupChain
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge, Seam
 from specgen.decoding.drafters.text import TextDrafter
-from specgen.decoding.events import Finished, ReplayResult, RoundResult
+from specgen.decoding.engine import Engine
+from specgen.decoding.events import Finished, Joined, ReplayResult, RoundResult
 from specgen.errors import ConfigError
 from specgen.models.load import TEXT_DRAFTING, Vocabulary, load_pair
 from specgen.runtime.pair import Pair
@@ -251,6 +252,28 @@ def test_the_target_seam_re_encodes_and_output_stays_exact(bpe_byte):
     ids, rounds, drafter = run(bpe_byte, prompt, method=Method.CHAIN)
     assert ids == plain
     assert drafter.seams[Seam.RESPLIT] > 0 and drafter.seams[Seam.EXTENDS] > 0
+
+
+def test_a_draft_of_another_tokenizer_declines_a_prompt_too_dear_to_read(byte_bpe):
+    """The read rule (drafters/model.py) reaches the chain drafter inside the text drafter: a
+    prompt too dear to read is not read, and the row's rounds are plain ones."""
+    target, draft = byte_bpe
+    prompt = prompt_ids(byte_bpe, PROMPTS[0])
+    plain = run(byte_bpe, prompt, method=Method.PLAIN, max_new_tokens=24)[0]
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=24, draft_tokens=3, floor=True)
+    for price, declined in ((10.0, True), (1e-4, False)):  # a read that pays is read
+        inner = ChainDrafter(draft.model, draft.device, window=0, read_price=price)
+        drafter = TextDrafter(inner, Bridge(target.tokenizer, draft.tokenizer))
+        engine = Engine(target.model, target.device, target.stop_ids, target.context_length, drafter)
+        joined, drafted = [], 0
+        for report in engine.generate([prompt], config):
+            joined += [report.event] if isinstance(report.event, Joined) else []
+            drafted += len(report.event.draft_tokens) if isinstance(report.event, RoundResult) else 0
+            state = report.state
+        assert state.ids[len(prompt) :] == plain
+        assert [event.declined for event in joined] == [declined]
+        assert (inner.cache.lengths[0] == 0) == declined  # a declined prompt is never read
+        assert (drafted == 0) == declined
 
 
 def test_the_draft_side_tail_is_re_encoded(byte_bpe):

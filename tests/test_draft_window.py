@@ -5,12 +5,17 @@ its drafts can save. Proposals change, the output never does."""
 from __future__ import annotations
 
 import torch
+from rich.console import Console
 from test_engine import engine_for, reference_greedy, run
 
+from specgen.cli.render import summary_table
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.drafters.lookup import LookupChain, Source
+from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import WINDOW, ChainDrafter
-from specgen.decoding.events import RoundResult
+from specgen.decoding.events import Joined, RoundResult
+from specgen.decoding.stats import Stats, from_dict
+from specgen.decoding.views import DECLINED, Outcome, summary_line
 from specgen.runtime.prefixes import PrefixStore
 
 LONG = [257, *range(70, 110), 198, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64]  # 55 tokens
@@ -124,20 +129,37 @@ def test_a_fixed_draft_length_drafts_whatever_the_read_costs(tiny_pair):
 
 def test_a_dear_row_beside_a_cheap_one_in_a_batch(tiny_pair):
     """The rule is per row: a short prompt reads and drafts, a long one beside it does not, and
-    both give plain decoding's output."""
+    both give plain decoding's output. Each row's statistics say which was declined, and why."""
     target, draft = tiny_pair
     short = LONG[-6:]
     drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE)
     engine = engine_for(tiny_pair, drafter)
     config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=4, floor=True)
     drafted, outs = {0: 0, 1: 0}, {0: [], 1: []}
+    stats = {0: Stats("chain"), 1: Stats("chain")}
     for report in engine.generate([LONG, short], config, 2):
+        stats[report.index].add(report.event, report.elapsed)
         if isinstance(report.event, RoundResult):
             outs[report.index].extend(report.event.emitted)
             drafted[report.index] += len(report.event.draft_tokens)
     assert outs[0] == reference_greedy(target.model, LONG, 12)
     assert outs[1] == reference_greedy(target.model, short, 12)
     assert drafted[0] == 0 and drafted[1] > 0
+    assert (stats[0].declined, stats[1].declined) == (1, 0)
+    assert DECLINED in summary_line(Outcome("", [], stats[0]))
+    assert DECLINED not in summary_line(Outcome("", [], stats[1]))
+    assert stats[0].as_dict()["draft_declined"] == 1 and stats[1].as_dict()["draft_declined"] == 0
+    assert from_dict(stats[0].as_dict()).declined == 1  # a served run's client reads it back
+    assert stats[0].merge(stats[1]).declined == 1  # chat's and bench's totals count generations
+
+
+def test_the_summary_table_says_why_the_draft_read_nothing():
+    console = Console(width=120, record=True)
+    console.print(summary_table(Stats("chain", declined=1)))
+    assert DECLINED.split(":")[0] in " ".join(console.export_text().split())
+    console = Console(width=120, record=True)
+    console.print(summary_table(Stats("chain")))
+    assert DECLINED.split(":")[0] not in " ".join(console.export_text().split())
 
 
 def test_lookup_chain_keeps_its_lookup_rounds_where_the_model_read_is_dear(tiny_pair):
@@ -150,3 +172,17 @@ def test_lookup_chain_keeps_its_lookup_rounds_where_the_model_read_is_dear(tiny_
     assert out == reference_greedy(target.model, prompt, 16)
     assert chain.cache.lengths[0] == 0 and drafter.extended == 0  # no model proposal to extend
     assert drafter.rounds[Source.LOOKUP] > 0 and sum(len(r.draft_tokens) for r in rounds) > 0
+
+
+def test_a_mixed_batch_says_which_rows_its_drafters_declined(tiny_pair):
+    """The engine asks its drafter which rows it declined; a batch of every method (Mixed) asks
+    each row's own drafter, in that drafter's numbering."""
+    target, draft = tiny_pair
+    mixed = Mixed(lambda config: ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE))
+    engine = engine_for(tiny_pair, mixed)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=4, floor=True)
+    declined = {}
+    for report in engine.generate([LONG[-6:], LONG], config, 2):
+        if isinstance(report.event, Joined):
+            declined[report.index] = report.event.declined
+    assert declined == {0: False, 1: True}

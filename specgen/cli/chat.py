@@ -45,7 +45,7 @@ from specgen.cli.reading import check_text, decode_text
 from specgen.cli.remote import ServerChat, find
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
 from specgen.config import GenerationConfig, ModelSettings
-from specgen.decoding.views import speed
+from specgen.decoding.views import declined_note, speed
 from specgen.errors import PromptError, SpecgenError, one_line
 from specgen.files import cache_root
 from specgen.status import note
@@ -388,6 +388,8 @@ def summary_line(turn) -> str:
     ]
     if s.stop:
         parts.append(f"stop: {s.stop}")
+    if s.declined:
+        parts.append(declined_note(s))
     return " · ".join(parts)
 
 

@@ -18,7 +18,7 @@ from rich.tree import Tree
 
 from specgen.decoding.events import Origin, ReplayResult, RoundResult
 from specgen.decoding.stats import Stats
-from specgen.decoding.views import Outcome, speed, summary_line
+from specgen.decoding.views import Outcome, declined_note, speed, summary_line
 
 ACCEPTED = "green"
 RECALLED = "green underline"  # accepted tokens the suffix memory drafted (earlier requests' text)
@@ -68,7 +68,14 @@ def footer(stats: Stats) -> Text:
 
 
 def summary_table(stats: Stats, title: str = "summary") -> Table:
-    table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+    table = Table(
+        title=title,
+        title_justify="left",
+        show_header=True,
+        header_style="bold",
+        caption=declined_note(stats) or None,
+        caption_justify="left",
+    )
     for name in (
         "method",
         "tokens",

@@ -131,9 +131,14 @@ class Admission:
         state, first = self._join(request, origin)
         rows.append(state)
         self.plain.start(state.floor, state.config.method, len(rows))
-        yield self._event(
-            state, Joined(len(request.ids), state.reused_tokens, state.prefill_seconds, state.prompt_logprobs)
+        joined = Joined(
+            len(request.ids),
+            state.reused_tokens,
+            state.prefill_seconds,
+            state.prompt_logprobs,
+            declined=self.drafter.declines(state.row),
         )
+        yield self._event(state, joined)
         if first is not None:
             yield from self._report(state, first)
 

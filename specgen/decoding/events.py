@@ -54,6 +54,9 @@ class Joined:
     prefill_seconds: float
     # the request asked (Request.prompt_logprobs): prompt tokens 2.. under the target, from the prefill
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    # the draft model reads and drafts nothing for this row: reading its prompt would cost more
+    # than drafting can save (drafters/model.py); its rounds are plain ones, or lookup's
+    declined: bool = False
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class Stats:
     reused_tokens: int = 0  # prompt tokens served from the caches of an earlier generation
     generations: int = 1  # how many generations these counts cover (more after `merge`)
     interrupted: int = 0  # of those, how many Ctrl-C (or a client) cut short
+    declined: int = 0  # of those, how many the draft model declined to read (Joined.declined)
 
     # -- folding events -----------------------------------------------------------------------
     def add(self, event: Event, elapsed: float) -> None:
@@ -64,6 +65,7 @@ class Stats:
             self.prompt_tokens = event.prompt_tokens
             self.reused_tokens = event.reused_tokens
             self.prefill_seconds = event.prefill_seconds
+            self.declined = int(event.declined)
         elif isinstance(event, Finished):
             self.stop = event.stop or self.stop
 
@@ -223,6 +225,9 @@ class Stats:
             "stop_reason": self.stop,
             "dtype": self.dtype,
             "threads": self.threads,
+            # generations whose prompt the draft model did not read (nor draft for): reading it
+            # would have cost more than drafting saves (0 or 1 for one generation)
+            "draft_declined": self.declined,
         }
 
     def _timed(self, value: float) -> float | None:
@@ -245,6 +250,7 @@ def from_dict(data: dict, method: str | None = None) -> Stats:
         "rolled_back_tokens",
     ):
         setattr(stats, name, int(data.get(name) or 0))
+    stats.declined = int(data.get("draft_declined") or 0)
     for name in (
         "seconds",
         "prefill_seconds",
@@ -285,6 +291,7 @@ _SUMMED = (
     "reused_tokens",
     "generations",
     "interrupted",
+    "declined",
 )
 
 

@@ -131,12 +131,24 @@ def speed(stats) -> str:
     )
 
 
+DECLINED = (
+    "the draft model did not read this prompt: reading it would cost more than drafting can save "
+    "over this many tokens (a fixed --draft-tokens N drafts anyway)"
+)
+
+
+def declined_note(stats) -> str:
+    """Why a drafting method drafted nothing with its model, where that is why (Stats.declined)."""
+    return DECLINED if stats.declined else ""
+
+
 def summary_line(outcome: Outcome) -> str:
     """One line for a finished generation: plain output's stderr, the server's log."""
     s = outcome.stats
     note = " (interrupted)" if outcome.interrupted else ""
     accept = f", acceptance {s.acceptance_rate:.1%}" if s.drafted else ""
+    declined = f"; {declined_note(s)}" if s.declined else ""
     return (
         f"[{s.method}] {s.new_tokens} tokens in {s.rounds} rounds{accept}, "
-        f"{s.tokens_per_target_forward:.2f} tokens/target forward, {speed(s)}{note}"
+        f"{s.tokens_per_target_forward:.2f} tokens/target forward, {speed(s)}{note}{declined}"
     )

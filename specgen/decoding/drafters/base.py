@@ -203,11 +203,16 @@ class Drafter(Protocol):
         middle and high features; empty for every other drafter). The engine's target cache
         keeps them at each committed position (slots.FeatureBuffer), which `propose` is given."""
 
+    def declines(self, row: int) -> bool:
+        """Whether the draft model reads and drafts nothing for the joined row `row`, because
+        reading its prompt would cost more than drafting can save (drafters/model.py): the
+        row's rounds are plain ones (lookup's, beside lookup). Its statistics say so."""
+
 
 class BaseDrafter:
     """The Drafter hooks most drafters do not need, as no-ops: a drafter keeps nothing for later
-    prompts (`finished`), captures no steps (`setup_seconds`) and reads no target features
-    (`taps`) unless it says so."""
+    prompts (`finished`), captures no steps (`setup_seconds`), reads no target features
+    (`taps`) and declines no row (`declines`) unless it says so."""
 
     def finished(self, row: int, ids: list[int]) -> None:
         pass
@@ -217,6 +222,9 @@ class BaseDrafter:
 
     def taps(self) -> tuple[int, ...]:
         return ()
+
+    def declines(self, row: int) -> bool:
+        return False
 
 
 class NoDrafter(BaseDrafter):

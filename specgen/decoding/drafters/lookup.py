@@ -344,6 +344,9 @@ class LookupChain(BaseDrafter):
     def taps(self) -> tuple[int, ...]:
         return self.model.taps()
 
+    def declines(self, row: int) -> bool:
+        return self.model.declines(row)
+
     def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)

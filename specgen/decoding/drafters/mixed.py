@@ -131,3 +131,7 @@ class Mixed(BaseDrafter):
 
     def taps(self) -> tuple[int, ...]:
         return self._taps
+
+    def declines(self, row: int) -> bool:
+        key, sub = self.rows[row]
+        return self.drafters[key].declines(sub)

@@ -131,6 +131,9 @@ class ChainDrafter(BaseDrafter):
             return False  # a store keeps what a row reads for later rows (a shared system prompt)
         return unread * self.read_price > self.gain * config.max_new_tokens
 
+    def declines(self, row: int) -> bool:
+        return row < len(self._dear) and self._dear[row]
+
     def finished(self, row: int, ids: list[int]) -> None:
         """The row is done: its K/V goes to the prefix store."""
         # a window is no prefix to store (windows are read only without a store: a guard, should

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.config import SamplingConfig
+from specgen.config import GenerationConfig, SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import EMPTY, BaseDrafter, Drafter, Proposal
 from specgen.decoding.drafters.retokenize import Bridge, Seam
@@ -53,6 +53,7 @@ class RowText:
     last: list[int] = field(default_factory=list)  # the draft context of the row's last round
     reserved: int = 0  # draft cache slots reserved for the row
     held: str = ""  # committed trailing spaces the last draft context left out (Bridge.tail)
+    config: GenerationConfig | None = None  # the row's settings (the inner drafter's read rule)
 
     def __post_init__(self) -> None:
         self.frozen = list(self.lead)
@@ -98,10 +99,11 @@ class TextDrafter(BaseDrafter):
         while row >= len(self.rows):
             self.rows.append(RowText(list(self.bridge.lead)))
         state = self.rows[row]
+        state.config = config
         context = self._context(state, prompt_ids)
         self._rewind_inner(row, state, context)
         state.reserved = len(context) + DRAFT_PER_TARGET * max(capacity - len(prompt_ids), 0)
-        self.inner.join(row, context, None, state.reserved)
+        self.inner.join(row, context, None, state.reserved, config)
         state.seen = context
 
     def leave(self, keep: list[int]) -> None:
@@ -125,6 +127,9 @@ class TextDrafter(BaseDrafter):
     def setup_seconds(self) -> float:
         return self.inner.setup_seconds()
 
+    def declines(self, row: int) -> bool:
+        return self.inner.declines(row)
+
     # -- a round ------------------------------------------------------------------------------
     def propose(
         self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
@@ -137,7 +142,7 @@ class TextDrafter(BaseDrafter):
             room = len(draft) + math.ceil(max(ks) * RATIO_BOUNDS[1]) + 2
             if room > state.reserved:  # a draft tokenizer finer than expected
                 state.reserved = 2 * room
-                self.inner.join(row, draft, None, state.reserved)
+                self.inner.join(row, draft, None, state.reserved, state.config)
             drafts.append(draft)
         # the draft drafts about as much text as k target tokens hold (a finer tokenizer: more ids)
         draft_ks = [math.ceil(k * self.ratio) if k > 0 else 0 for k in ks]
