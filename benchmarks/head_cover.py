@@ -4,8 +4,10 @@ blocks a text lives in costs and gives, against packing the whole head or never 
     python benchmarks/head_cover.py MODE bench --prompts zh.jsonl --methods plain,chain -n 64 --json out.json
 
 MODE:
-- `blocks`: as specgen runs (runtime/pruned.py: once three different ids of one block of 4096
-  are among the last 128 read, every block with two or more);
+- `scripts`: as specgen runs (runtime/pruned.py: once three different ids of one script are
+  among the last 128 read outside the kept ids, every id of that script; then the blocks' rule);
+- `blocks`: the blocks' rule alone (once three different ids of one block of 4096 are among
+  them, every block with two or more), as specgen ran before scripts;
 - `whole`: one block of every id, the former widening of the whole head at once;
 - `never`: the head keeps its static ids and the ids it read one by one, whatever the text.
 
@@ -20,31 +22,33 @@ import time
 
 from specgen.runtime import pruned
 
-MODES = ("blocks", "whole", "never")
+MODES = ("scripts", "blocks", "whole", "never")
 
 if len(sys.argv) < 2 or sys.argv[1] not in MODES:
     sys.exit(f"usage: head_cover.py {{{','.join(MODES)}}} SPECGEN-ARGS...")
 mode = sys.argv.pop(1)
 if mode == "never":
-    pruned.TRIP = 1 << 30  # more ids than a block has
+    pruned.TRIP = 1 << 30  # more ids than a block or a script has
+elif mode == "blocks":
+    pruned.Scripts.tripped = lambda self, ids: []  # no script trips
 elif mode == "whole":
-    pruned.PrunedHead.__init__.__defaults__ = (1 << 30,)
-    pruned.prune_head.__defaults__ = ((), 1 << 30)
+    pruned.PrunedHead.__init__.__defaults__ = (1 << 30, None)
+    pruned.prune_head.__defaults__ = ((), 1 << 30, None)
 
-_cover = pruned.PrunedHead.cover
+_pack = pruned.PrunedHead._pack
 
 
-def _timed(self, chosen):
+def _timed(self, groups):
     start = time.perf_counter()
-    _cover(self, chosen)
+    _pack(self, groups)
     ids = sum(len(i) for i in self.block_ids)
     print(
-        f"cover: {len(self.block_ids)} blocks, {ids} ids, {time.perf_counter() - start:.3f} s",
+        f"cover: {len(self.block_ids)} products, {ids} ids, {time.perf_counter() - start:.3f} s",
         file=sys.stderr,
     )
 
 
-pruned.PrunedHead.cover = _timed
+pruned.PrunedHead._pack = _timed
 
 from specgen.cli import main  # noqa: E402  (after the patches, which the model's load reads)
 

@@ -207,6 +207,9 @@ class ScriptedBatchDrafter:
     def declines(self, row):
         return False
 
+    def widened(self):
+        return 0
+
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_batched_chain_with_scripted_acceptance_equals_plain(tiny_pair, batch_size):

@@ -230,3 +230,53 @@ def test_a_vocabulary_no_larger_than_keep_keeps_its_head(tiny_dirs):
     head = draft.model.get_output_embeddings()
     model = apply_draft_quant(draft.model, "prune", keep=259)
     assert model.get_output_embeddings() is head
+
+
+def test_an_answer_in_another_script_packs_every_id_of_that_script_at_once(tiny_dirs):
+    """Given the tokenizer, the head packs a script's ids (Scripts: the UTF-8 lead byte of an
+    id's first character outside ASCII, lead bytes E4-E9 as one script) once three different
+    ids of it were read outside the kept ids, before the blocks' rule: every id of the script,
+    wherever it lies, and no other. A single id of another script stays in the read ids'
+    product. Each packing counts once in `widened` (what the drafters' floors watch)."""
+    from specgen.runtime.pruned import WINDOW, head_of, prune_head
+
+    def widened(model):
+        return head_of(model).widened
+
+    draft, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    model, tokenizer = draft.model, draft.tokenizer
+    prune_head(model, KEEP, (258,), block_rows=16, tokenizer=tokenizer)
+    head = model.get_output_embeddings()
+    ideographs = tokenizer.convert_tokens_to_ids([chr(lead) for lead in range(0xE4, 0xEA)])  # 日: E6 97 A5
+    cyrillic = tokenizer.convert_tokens_to_ids(chr(0xD0))
+    assert min(ideographs) >= KEEP and cyrillic >= KEEP and widened(model) == 0
+    with torch.no_grad():
+        model(torch.tensor([[(i * 7) % KEEP for i in range(WINDOW + 40)]]))
+        for token in [ideographs[0], 3, cyrillic, ideographs[0], ideographs[2]]:
+            model(torch.tensor([[token]]))
+        assert head.block_ids == [] and widened(model) == 0  # two different ideograph ids
+        model(torch.tensor([[ideographs[5]]]))
+        logits = model(torch.tensor([[5]])).logits[0, -1]
+    assert [ids.tolist() for ids in head.block_ids] == [sorted(ideographs)] and widened(model) == 1
+    assert head.extra_ids.tolist() == [cyrillic]
+    assert torch.isfinite(logits[ideographs]).all() and torch.isfinite(logits[cyrillic])
+
+
+def test_scripts_read_byte_level_and_sentencepiece_pieces():
+    from tiny import build_byte_fallback_tokenizer, build_tokenizer
+
+    from specgen.runtime.pruned import Scripts
+
+    byte_level = Scripts(build_tokenizer(), 259)
+    assert byte_level.byte_level
+    # 日本 as byte-level BPE spells its bytes (E6 97 A5 E6 9C AC), a word with a space, é (C3 A9)
+    assert [byte_level._script(p) for p in ("æĹ¥æľ¬", "Ġhello", "ÃĤ", "ìķĪ")] == [0xE4, -1, 0xC3, 0xEA]
+    pieces = Scripts(build_byte_fallback_tokenizer(), 300)
+    assert not pieces.byte_level
+    assert [pieces._script(p) for p in ("▁日本", "▁hello", "é", "<0xE6>", "<0x41>")] == [
+        0xE4,
+        -1,
+        0xC3,
+        0xE4,
+        -1,
+    ]

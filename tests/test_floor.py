@@ -13,7 +13,10 @@ from tiny import decode
 
 from specgen.config import GenerationConfig, Method, Schedule
 from specgen.decoding import floor
-from specgen.decoding.floor import NONE, Floor, PlainSteps
+from specgen.decoding.drafters.model import ChainDrafter
+from specgen.decoding.engine import Engine
+from specgen.decoding.events import RoundResult
+from specgen.decoding.floor import NO_FLOOR, NONE, Floor, PlainSteps
 
 
 def feed(row: Floor, rounds: int, k: int, tokens: int, seconds: float, verify: float, plain: float | None):
@@ -262,3 +265,41 @@ def test_a_round_s_verify_is_priced_with_its_first_proposed_token_apart():
         plain.measure([row], [1], [proposal], [result], 0.15, 0.108, cost)
     assert row.floor.speedup.value == pytest.approx(0.1 / 0.15)  # the plain step: 0.108 / 1.08
     assert cost.steps(0) == 1.0 and cost.steps(5) == pytest.approx(1.2)
+
+
+def test_a_drafter_that_widens_renews_its_rows_floors(tiny_pair, monkeypatch):
+    """When the drafter comes to propose ids it could not (a pruned head packing a script's ids:
+    Drafter.widened), every row's floor measures afresh, once per change; the output stays
+    plain decoding's."""
+    target, draft = tiny_pair
+    renewed = []
+    monkeypatch.setattr(Floor, "renew", lambda self: renewed.append(id(self)))
+
+    class Widening(ChainDrafter):
+        calls = 0
+
+        def widened(self):
+            self.calls += 1
+            return int(self.calls >= 5) + int(self.calls >= 9)  # widens at its 5th and 9th round
+
+    drafter = Widening(draft.model, draft.device)
+    engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=24, draft_tokens=3, floor=True)
+    outs = {0: [], 1: []}
+    for report in engine.generate([PROMPT, PROMPT[:5]], config, 2):
+        if isinstance(report.event, RoundResult):
+            outs[report.index].extend(report.event.emitted)
+    assert outs[0] == reference_greedy(target.model, PROMPT, 24)
+    assert outs[1] == reference_greedy(target.model, PROMPT[:5], 24)
+    assert len(renewed) == 4 and len(set(renewed)) == 2  # two changes, each renewing both rows
+
+
+def test_renew_starts_a_lowered_floor_afresh():
+    floor = Floor()
+    floor.skip = False
+    for _ in range(8):
+        floor.record(4, 1, 1.0, 0.5, 0.4)  # each round commits 1 token in 2.5 plain steps: a loss
+    assert floor.ceiling < NONE
+    floor.renew()
+    assert floor.ceiling == NONE and floor.skip and floor.speedup.count == 0 and not floor.probing
+    NO_FLOOR.renew()  # a fixed draft length has nothing to renew

@@ -99,6 +99,7 @@ class Engine(Admission):
         # plain rounds' seconds per batch width, for the rows' floors (floor.py): kept across
         # generations (a chat's turns, a server's requests), and by an engine that replaces this one
         self.plain = after.plain if after is not None else PlainSteps()
+        self.widened = self.drafter.widened()  # the drafter's count as the rows' floors last measured it
 
     @property
     def prefill_chunk(self) -> int:
@@ -157,6 +158,11 @@ class Engine(Admission):
             proposals = self.drafter.propose(
                 [state.ids for state in rows], ks, [s.sampling for s in rows], features
             )
+            widened = self.drafter.widened()
+            if widened != self.widened:  # the draft proposes ids it could not: floors measure afresh
+                self.widened = widened
+                for state in rows:
+                    state.floor.renew()
         else:
             proposals = [EMPTY] * len(rows)
         drafted = time.perf_counter()

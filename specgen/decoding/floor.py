@@ -187,6 +187,9 @@ class NoFloor:
     def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, tree=False, idle=0.0) -> None:
         pass
 
+    def renew(self) -> None:
+        pass
+
 
 NO_FLOOR = NoFloor()
 
@@ -290,6 +293,14 @@ class Floor:
             self._lower(tree)
         elif low > 1.0 if measured else low >= VERIFY_BOUND:  # a clear win
             self._won()
+
+    def renew(self) -> None:
+        """The drafter changed under the row (drafters.base.Drafter.widened: its head now reaches
+        ids it could not): what the rounds measured is stale, so the row starts afresh from the
+        drafter's own length. A Chinese answer's first rounds, drafted before the head packed
+        the ideographs, had lowered the ceiling to 2 or 1 for the rest of the answer."""
+        self._restart(NONE)
+        self.probing, self.retry, self.skip = False, RETRY, True
 
     def _lower(self, tree: bool) -> None:
         if self.probing:  # the probe lost: wait longer before the next

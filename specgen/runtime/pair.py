@@ -120,7 +120,9 @@ def quantize_draft(
     owner = target if draft.vocabulary is Vocabulary.SHARED else draft
     specials = tuple(sorted(set(owner.stop_ids) | set(owner.tokenizer.all_special_ids)))
     with status(f"{spec} weights for draft {draft.name} ...", quiet):
-        model = quant.apply_draft_quant(draft.model, spec, special_ids=specials, source=draft.path)
+        model = quant.apply_draft_quant(
+            draft.model, spec, special_ids=specials, source=draft.path, tokenizer=owner.tokenizer
+        )
     return replace(
         draft, model=model, dtype=fp32.compute_dtype(model), weights=quant.describe_draft_quant(spec, model)
     )

@@ -8,16 +8,22 @@
   distribution it reports (softmax over the kept ids, exact zeros elsewhere) is exactly the one
   it samples from. Speculative sampling stays lossless; only the acceptance rate can change.
   Text that mostly lives outside the first ids (Chinese, Japanese and Korean pieces are spread
-  over ids 32768-151643 in Qwen's vocabulary) makes the head pack the blocks of the vocabulary
-  that text uses, in the static product's format: once TRIP different ids of one block of
-  BLOCK_ROWS ids are among the last WINDOW ids the draft read, every block with JOIN different
-  ids among them is packed. A Chinese answer trips it at its sixth token or so (a rule that
-  waited for a quarter of the last 128 reads to fall outside never tripped in a 25-token
-  answer: the English prompt and the draft's own guesses filled the window) and packs 2-5 of
-  the 29 blocks past the first ids: about 20 ms each, once, where the whole head took
-  1.3-1.8 s, and 0.2 ms of head per draft step each (1.0 ms pruned, 5.3 for the whole head).
-  Most English text and code packs none, some a block or two (rare words and identifiers,
-  read one by one, stay in the read ids' product).
+  over ids 32768-151643 in Qwen's vocabulary) makes the head pack more ids, in the static
+  product's format, once TRIP different ids of them are among the last WINDOW ids the draft
+  read outside the kept ones:
+  - ids of one script (`Scripts`, where the tokenizer was given): every id of that script. A
+    Chinese answer trips it at its third or fourth token and packs Qwen's 25,900 ideograph ids
+    (0.25-0.4 s once; one product, 1.3-1.6 ms a draft step on a 2-core AVX2 CPU). Packing
+    only the blocks those first ids fell in left out the common Chinese words, which sit 40
+    to a block among the English ones, and the draft accepted 10 of 28 tokens of a 26-token
+    answer where the whole head accepted 18 of 19. The scripts are read from the tokenizer at
+    load (see `Scripts`);
+  - ids of one block of BLOCK_ROWS: every block with JOIN different ids among them (rare
+    words and identifiers have no script; about 20 ms a block, 0.2 ms of head per step).
+  The whole head would take 1.3-1.8 s to pack and 5.3 ms a step (1.0 ms pruned). Most English
+  text and code packs nothing, some a block or two (rare words and identifiers, read one by
+  one, stay in the read ids' product). Each packing counts in `widened`: the drafters' floors
+  measure afresh, since their rounds so far measured a draft that could not propose the text.
 * `Int8WeightOnlyLinear`: int8 weights per output channel, activations in their own dtype,
   through torch's `_weight_int8pack_mm` CPU kernel.
 
@@ -28,17 +34,114 @@ Both keep the model's forward signature and a full-width logits tensor, so every
 from __future__ import annotations
 
 import collections
+import hashlib
+import re
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, SpecgenError
+from specgen.files import atomic_write, cache_root
 from specgen.runtime import int8
 
 DEFAULT_KEEP = 32768
 WINDOW = 128  # the last ids read that PrunedHead.see counts
 BLOCK_ROWS = 4096
-TRIP, JOIN = 3, 2  # different ids of a block among the recent reads: see PrunedHead.see
+TRIP, JOIN = 3, 2  # different ids of a block (TRIP: of a script too) among the recent reads: PrunedHead.see
+_LEAD = re.compile("[\xc2-\xf4]")  # a UTF-8 lead byte, as byte-level BPE spells it
+_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte token
+SCRIPTS_FORMAT = 1  # of the cached scripts (Scripts)
+
+
+class Scripts:
+    """The script of each token id's text, for a pruned head (PrunedHead.see): the UTF-8 lead
+    byte of its first character outside ASCII, CJK ideographs (lead bytes E4-E9) as one script
+    and Hangul syllables (EA-ED) as one; -1 for ids of ASCII text (words, code, punctuation).
+
+    A Chinese answer's ids are spread over the whole vocabulary: Qwen's 25,900 or so ideograph
+    ids fill blocks 24-30 (ids 98304-126975), and common words (使用, 一个, 来) sit 40 to a
+    block in blocks 8-23. So packing the blocks a text's ids fell in left those words out, and
+    the draft could not propose them (benchmarks/floor.md, "A script's ids at once").
+
+    Reading every piece of the vocabulary takes 0.3-0.5 s for Qwen's 151,646, too long to pay
+    when a text turns to another script (a 26-token answer takes 4 s). So it is read once per
+    tokenizer file and kept in the cache (`scripts/`, 2 bytes an id), keyed by the file's path,
+    size and time: a load reads it back in a millisecond."""
+
+    def __init__(self, tokenizer, vocab: int):
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self.byte_level = type(decoder).__name__ == "ByteLevel"
+        self.tokenizer, self.vocab = tokenizer, vocab
+        self._all: torch.Tensor | None = None
+
+    def tripped(self, ids: set[int]) -> list[int]:
+        """The scripts that TRIP or more of `ids` are in."""
+        scripts = self.all()[torch.tensor(sorted(ids), dtype=torch.long)]
+        values, counts = torch.unique(scripts[scripts >= 0], return_counts=True)
+        return values[counts >= TRIP].tolist()
+
+    def ids(self, script: int) -> torch.Tensor:
+        """Every id of `script`, ascending."""
+        return torch.nonzero(self.all() == script).flatten()
+
+    def all(self) -> torch.Tensor:
+        """Each id's script, int16 [vocab]: from the cache, else read from the vocabulary (and kept)."""
+        if self._all is None:
+            path = _cached_scripts(self.tokenizer, self.vocab)
+            try:
+                data = path.read_bytes() if path is not None else b""
+            except OSError:
+                data = b""
+            if len(data) == 2 * self.vocab:
+                self._all = torch.frombuffer(bytearray(data), dtype=torch.int16)
+            else:
+                self._all = self._read()
+                if path is not None:
+                    try:  # a cache: a failed write (a read-only disk) costs the next load a read
+                        atomic_write(path, lambda tmp: tmp.write_bytes(self._all.numpy().tobytes()))
+                    except (OSError, SpecgenError):
+                        pass
+        return self._all
+
+    def _read(self) -> torch.Tensor:
+        scripts = torch.full((self.vocab,), -1, dtype=torch.int16)
+        found = {i: self._script(piece) for piece, i in self.tokenizer.get_vocab().items()}
+        found = {i: s for i, s in found.items() if s >= 0 and 0 <= i < self.vocab}
+        if found:
+            scripts[list(found)] = torch.tensor(list(found.values()), dtype=torch.int16)
+        return scripts
+
+    def _script(self, piece: str) -> int:
+        if self.byte_level:
+            found = _LEAD.search(piece)
+            lead = ord(found.group()) if found else -1
+        else:
+            byte = _BYTE.fullmatch(piece)
+            text = next((c for c in piece if ord(c) >= 0x80 and c != "\u2581"), None)
+            lead = (
+                int(byte.group(1), 16) if byte else text.encode("utf-8", "surrogatepass")[0] if text else -1
+            )
+            lead = lead if lead >= 0xC2 else -1
+        if 0xE4 <= lead <= 0xE9:
+            return 0xE4
+        if 0xEA <= lead <= 0xED:
+            return 0xEA
+        return lead
+
+
+def _cached_scripts(tokenizer, vocab: int) -> Path | None:
+    """Where the scripts of `tokenizer`'s ids are kept: named by its tokenizer.json's path, size
+    and time (None for a tokenizer with no such file, read afresh each time)."""
+    try:
+        source = Path(getattr(tokenizer, "name_or_path", "") or "", "tokenizer.json").resolve()
+        info = source.stat() if str(getattr(tokenizer, "name_or_path", "")) else None
+    except OSError:
+        return None
+    if info is None:
+        return None
+    key = f"{SCRIPTS_FORMAT}\t{source}\t{info.st_size}\t{info.st_mtime_ns}\t{vocab}".encode()
+    return cache_root() / "scripts" / f"{hashlib.sha256(key).hexdigest()[:32]}.bin"
 
 
 # -- pruned output layer ------------------------------------------------------------------------
@@ -58,7 +161,9 @@ class PrunedHead(nn.Module):
     Each kept id is in exactly one of them.
     """
 
-    def __init__(self, head: nn.Linear, ids: torch.Tensor, block_rows: int = BLOCK_ROWS):
+    def __init__(
+        self, head: nn.Linear, ids: torch.Tensor, block_rows: int = BLOCK_ROWS, scripts: Scripts | None = None
+    ):
         super().__init__()
         self.vocab, self.in_features = head.out_features, head.in_features
         self.out_features = self.vocab
@@ -91,17 +196,21 @@ class PrunedHead(nn.Module):
             maxlen=WINDOW
         )  # the last ids read: the id where it was outside `covered`, else -1
         self.complete = False  # every id in the static product or a packed block
+        self.scripts = scripts  # each id's script, where the tokenizer was given (see `see`)
+        self.widened = 0  # times ids were packed: what the draft can propose grew (drafters' floors)
 
     def _read(self, _embedding: nn.Module, args: tuple) -> None:
         """The input embedding's forward pre-hook (a bound method, so a deep copy follows its model)."""
         self.see(args[0])
 
     def see(self, input_ids: torch.Tensor) -> None:
-        """Keep every id of `input_ids` from now on (a no-op for ids already kept). Once a block
-        has TRIP different ids among the last WINDOW ids read outside the covered set, pack
-        every block with JOIN or more: the text lives in another script, and a block two of its
-        ids fell in is likely to be read again. Different ids, not reads: an identifier read
-        over and over is one id, proposable already from the read ids' product."""
+        """Keep every id of `input_ids` from now on (a no-op for ids already kept). Once a script
+        (see Scripts) has TRIP different ids among the last WINDOW ids read outside the covered
+        set, pack every id of it: the text lives in that script. Then, once a block has TRIP
+        different ids among them, pack every block with JOIN or more: a block two of its ids
+        fell in is likely to be read again (rare words and identifiers, which have no script).
+        Different ids, not reads: an identifier read over and over is one id, proposable
+        already from the read ids' product."""
         if self.complete:
             return
         flat = input_ids.reshape(-1)
@@ -109,13 +218,18 @@ class PrunedHead(nn.Module):
         tail = flat[-WINDOW:]
         marked = torch.where(self.covered[tail], -1, tail).tolist()
         self.recent.extend(marked)
-        if max(marked, default=-1) >= 0:  # something outside arrived: count the window's blocks
+        if max(marked, default=-1) >= 0:  # something outside arrived: count the window's scripts, blocks
             ids = {i for i in self.recent if i >= 0}
+            if self.scripts is not None:
+                tripped = self.scripts.tripped(ids)
+                if tripped:
+                    self._pack([self.scripts.ids(s) for s in tripped])
+                    ids = {i for i in self.recent if i >= 0}
             per_block = collections.Counter(i // self.block_rows for i in ids)
-            if max(per_block.values()) >= TRIP:
+            if per_block and max(per_block.values()) >= TRIP:
                 self.cover(sorted(b for b, n in per_block.items() if n >= JOIN))
-                if self.complete:
-                    return
+            if self.complete:
+                return
         new = torch.unique(flat[~self.known[flat]])
         if new.numel() == 0:  # one small host check per draft forward, on the CPU
             return
@@ -134,13 +248,26 @@ class PrunedHead(nn.Module):
         head multiplies one row per step (a prompt's last, a chain's next), and oneDNN's second
         packing costs more than it would save. Ids read one by one that a block now covers
         leave the fp32 product, and the recent reads they cover no longer count as outside."""
+        device = self.covered.device
+        self._pack(
+            [
+                torch.arange(b * self.block_rows, min((b + 1) * self.block_rows, self.vocab), device=device)
+                for b in chosen
+            ]
+        )
+
+    def _pack(self, groups: list[torch.Tensor]) -> None:
+        """Pack the ids of each of `groups` not covered yet (ascending ids), one product a group
+        (see `cover`): one int8 product of a script's 25,900 ids took 1.3-1.6 ms a draft step on
+        a 2-core AVX2 CPU, seven of 4096 ids 2.8 ms."""
         ranges = []
-        for b in chosen:
-            start, stop = b * self.block_rows, min((b + 1) * self.block_rows, self.vocab)
-            ids = torch.arange(start, stop, device=self.covered.device)
+        for ids in groups:
+            ids = ids.to(self.covered.device)
             ids = ids[~self.covered[ids]]
-            if ids.numel():
-                ranges.append(ids)
+            ranges += [ids] if ids.numel() else []
+        if not ranges:
+            return
+        self.widened += 1
         for ids, product in zip(ranges, self._products(ranges)):
             self.blocks.append(product)
             self.block_ids.append(ids)
@@ -192,8 +319,14 @@ class PrunedHead(nn.Module):
 
 
 def prune_head(
-    model: nn.Module, keep: int, special_ids: tuple[int, ...] = (), block_rows: int = BLOCK_ROWS
+    model: nn.Module,
+    keep: int,
+    special_ids: tuple[int, ...] = (),
+    block_rows: int = BLOCK_ROWS,
+    tokenizer=None,
 ) -> None:
+    """Replace `model`'s output layer by a PrunedHead that keeps the first `keep` ids and the
+    special ids; `tokenizer` (the draft's ids' own) lets it pack a script's ids at once."""
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ConfigError("--draft-quant prune needs a linear output layer")
@@ -204,11 +337,20 @@ def prune_head(
         return
     specials = [i for i in special_ids if 0 <= i < vocab and i >= keep]
     ids = torch.tensor(list(range(keep)) + sorted(set(specials)), dtype=torch.long, device=head.weight.device)
-    pruned = PrunedHead(head, ids, block_rows)
+    scripts = None if tokenizer is None else Scripts(tokenizer, vocab)
+    if scripts is not None:
+        scripts.all()  # read (or read back) at load, not when a text turns to another script
+    pruned = PrunedHead(head, ids, block_rows, scripts)
     model.set_output_embeddings(pruned)
     if getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the input embedding keeps every row
     model.get_input_embeddings().register_forward_pre_hook(pruned._read)
+
+
+def head_of(model: nn.Module) -> PrunedHead | None:
+    """`model`'s pruned output layer, if it has one (its `widened` counts the times it packed
+    ids: what the draft can propose grew each time)."""
+    return next((module for module in model.modules() if isinstance(module, PrunedHead)), None)
 
 
 # -- int8 ----------------------------------------------------------------------------------------

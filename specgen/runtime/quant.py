@@ -148,8 +148,10 @@ def apply_draft_quant(
     keep: int = DEFAULT_KEEP,
     special_ids: tuple[int, ...] = (),
     source: str | None = None,
+    tokenizer=None,
 ) -> nn.Module:
-    """Apply a `--draft-quant` spec to a loaded draft model (in place where possible); returns it."""
+    """Apply a `--draft-quant` spec to a loaded draft model (in place where possible); returns it.
+    `tokenizer`: the one of the ids a pruned head keeps (it packs a script's ids at once)."""
     parts = parse_draft_quant(spec)
     if not parts:
         return model
@@ -161,7 +163,7 @@ def apply_draft_quant(
         # an untied head: its rows are read
         if int8_store.is_store(source) and model.get_output_embeddings().weight.is_meta:
             int8_store.materialize_head(source, model)
-        prune_head(model, keep, special_ids)
+        prune_head(model, keep, special_ids, tokenizer=tokenizer)
     if "int8" in parts:
         model = quantize_from(model, source, f"draft {'+'.join(parts)} keep={keep}", quiet=True)
     elif "int8-wo" in parts:

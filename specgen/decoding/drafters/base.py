@@ -208,11 +208,17 @@ class Drafter(Protocol):
         reading its prompt would cost more than drafting can save (drafters/model.py): the
         row's rounds are plain ones (lookup's, beside lookup). Its statistics say so."""
 
+    def widened(self) -> int:
+        """A count that grows each time the drafter comes to propose ids it could not before
+        (a pruned draft head packing the ids of a script a text turned to: runtime/pruned.py).
+        The engine then measures its rows' floors afresh: their rounds so far measured a draft
+        that could not propose the text's tokens."""
+
 
 class BaseDrafter:
     """The Drafter hooks most drafters do not need, as no-ops: a drafter keeps nothing for later
     prompts (`finished`), captures no steps (`setup_seconds`), reads no target features
-    (`taps`) and declines no row (`declines`) unless it says so."""
+    (`taps`), declines no row (`declines`) and never widens (`widened`) unless it says so."""
 
     def finished(self, row: int, ids: list[int]) -> None:
         pass
@@ -225,6 +231,9 @@ class BaseDrafter:
 
     def declines(self, row: int) -> bool:
         return False
+
+    def widened(self) -> int:
+        return 0
 
 
 class NoDrafter(BaseDrafter):

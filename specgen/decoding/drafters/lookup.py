@@ -347,6 +347,9 @@ class LookupChain(BaseDrafter):
     def declines(self, row: int) -> bool:
         return self.model.declines(row)
 
+    def widened(self) -> int:
+        return self.model.widened()
+
     def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         out: list[Proposal | None] = [None] * len(contexts)
         model_ks = [0] * len(contexts)

@@ -135,3 +135,7 @@ class Mixed(BaseDrafter):
     def declines(self, row: int) -> bool:
         key, sub = self.rows[row]
         return self.drafters[key].declines(sub)
+
+    def widened(self) -> int:
+        # the chain drafters of a batch share one draft model, whose head widens: its count
+        return max((drafter.widened() for drafter in self.drafters.values()), default=0)

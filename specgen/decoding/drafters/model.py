@@ -51,7 +51,7 @@ from specgen.decoding.drafters.base import BaseDrafter, Proposal, embeddable
 from specgen.decoding.length import unsure
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.decoding.staging import PREFILL_CHUNK
-from specgen.runtime import kvcache
+from specgen.runtime import kvcache, pruned
 from specgen.runtime.compiled import Steps
 from specgen.runtime.prefixes import PrefixStore
 
@@ -95,6 +95,7 @@ class ChainDrafter(BaseDrafter):
         self._contexts: list[list[int]] = []  # each row's sequence as last given (its cache holds a stretch)
         self._start: list[int] = []  # where each row's cache begins in its sequence (0: a prefix)
         self._dear: list[bool] = []  # rows whose read costs more than their drafts can save
+        self._head = pruned.head_of(model)  # a pruned output layer, which widens as text needs (None: none)
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
@@ -133,6 +134,9 @@ class ChainDrafter(BaseDrafter):
 
     def declines(self, row: int) -> bool:
         return row < len(self._dear) and self._dear[row]
+
+    def widened(self) -> int:
+        return self._head.widened if self._head is not None else 0
 
     def finished(self, row: int, ids: list[int]) -> None:
         """The row is done: its K/V goes to the prefix store."""

@@ -130,6 +130,9 @@ class TextDrafter(BaseDrafter):
     def declines(self, row: int) -> bool:
         return self.inner.declines(row)
 
+    def widened(self) -> int:
+        return self.inner.widened()
+
     # -- a round ------------------------------------------------------------------------------
     def propose(
         self, contexts: list[list[int]], ks: list[int], samplings: list[SamplingConfig], features=None
