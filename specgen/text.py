@@ -136,7 +136,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte token
+
+
+def is_byte_level(tokenizer) -> bool:
+    """Whether the tokenizer writes its pieces in byte-level BPE's printable stand-ins for bytes."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return type(decoder).__name__ == "ByteLevel"
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -166,8 +172,7 @@ class TokenBytes:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-        self.byte_level = type(decoder).__name__ == "ByteLevel"
+        self.byte_level = is_byte_level(tokenizer)
         self.alphabet = _byte_level_alphabet() if self.byte_level else {}
         # what decode(skip_special_tokens=True) skips: the special ids, and added tokens marked special
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -187,7 +192,7 @@ class TokenBytes:
         if isinstance(piece, str):
             if self.byte_level and all(ch in self.alphabet for ch in piece):
                 return bytes(self.alphabet[ch] for ch in piece)
-            found = _BYTE_TOKEN.fullmatch(piece)
+            found = BYTE_TOKEN.fullmatch(piece)
             if found:
                 return bytes([int(found.group(1), 16)])
             if not self.byte_level and "\u2581" in piece:

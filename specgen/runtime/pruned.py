@@ -44,13 +44,13 @@ from torch import nn
 from specgen.errors import ConfigError, SpecgenError
 from specgen.files import atomic_write, cache_root
 from specgen.runtime import int8
+from specgen.text import BYTE_TOKEN, is_byte_level
 
 DEFAULT_KEEP = 32768
 WINDOW = 128  # the last ids read that PrunedHead.see counts
 BLOCK_ROWS = 4096
 TRIP, JOIN = 3, 2  # different ids of a block (TRIP: of a script too) among the recent reads: PrunedHead.see
 _LEAD = re.compile("[\xc2-\xf4]")  # a UTF-8 lead byte, as byte-level BPE spells it
-_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte token
 SCRIPTS_FORMAT = 1  # of the cached scripts (Scripts)
 
 
@@ -70,8 +70,7 @@ class Scripts:
     size and time: a load reads it back in a millisecond."""
 
     def __init__(self, tokenizer, vocab: int):
-        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-        self.byte_level = type(decoder).__name__ == "ByteLevel"
+        self.byte_level = is_byte_level(tokenizer)
         self.tokenizer, self.vocab = tokenizer, vocab
         self._all: torch.Tensor | None = None
 
@@ -106,8 +105,10 @@ class Scripts:
 
     def _read(self) -> torch.Tensor:
         scripts = torch.full((self.vocab,), -1, dtype=torch.int16)
-        found = {i: self._script(piece) for piece, i in self.tokenizer.get_vocab().items()}
-        found = {i: s for i, s in found.items() if s >= 0 and 0 <= i < self.vocab}
+        found = {
+            i: self._script(piece) for piece, i in self.tokenizer.get_vocab().items() if 0 <= i < self.vocab
+        }
+        found = {i: s for i, s in found.items() if s >= 0}
         if found:
             scripts[list(found)] = torch.tensor(list(found.values()), dtype=torch.int16)
         return scripts
@@ -117,7 +118,7 @@ class Scripts:
             found = _LEAD.search(piece)
             lead = ord(found.group()) if found else -1
         else:
-            byte = _BYTE.fullmatch(piece)
+            byte = BYTE_TOKEN.fullmatch(piece)
             text = next((c for c in piece if ord(c) >= 0x80 and c != "\u2581"), None)
             lead = (
                 int(byte.group(1), 16) if byte else text.encode("utf-8", "surrogatepass")[0] if text else -1
@@ -133,12 +134,13 @@ class Scripts:
 def _cached_scripts(tokenizer, vocab: int) -> Path | None:
     """Where the scripts of `tokenizer`'s ids are kept: named by its tokenizer.json's path, size
     and time (None for a tokenizer with no such file, read afresh each time)."""
-    try:
-        source = Path(getattr(tokenizer, "name_or_path", "") or "", "tokenizer.json").resolve()
-        info = source.stat() if str(getattr(tokenizer, "name_or_path", "")) else None
-    except OSError:
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    if not name:
         return None
-    if info is None:
+    try:
+        source = Path(name, "tokenizer.json").resolve()
+        info = source.stat()
+    except OSError:
         return None
     key = f"{SCRIPTS_FORMAT}\t{source}\t{info.st_size}\t{info.st_mtime_ns}\t{vocab}".encode()
     return cache_root() / "scripts" / f"{hashlib.sha256(key).hexdigest()[:32]}.bin"
