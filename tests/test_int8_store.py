@@ -16,7 +16,7 @@ from specgen.models import cache as cache_mod
 from specgen.models import convert
 from specgen.models.load import load_model, read_model
 from specgen.models.plan import plan_model
-from specgen.runtime import forms, int8, int8_store, pair, quant
+from specgen.runtime import forms, int8, int8_store, pair, quant, store_shards
 
 IDS = torch.tensor([[5, 17, 99, 3, 40, 200, 7, 7, 120]])
 
@@ -265,13 +265,13 @@ def test_a_checked_shard_is_not_hashed_again_until_its_file_changes(cache, ggufs
     run = settings(ggufs["target"], ggufs["draft"], target_quant="int8", draft_quant="int8")
     before = logits(pair.load(run, Method.CHAIN, quiet=True).target.model)
     directory = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
-    recorded = json.loads((directory / int8_store.VERIFIED).read_text())
+    recorded = json.loads((directory / store_shards.VERIFIED).read_text())
     assert sorted(recorded) == sorted(p.name for p in directory.glob("*.safetensors"))
 
     hashed = []
-    real = int8_store._hash_check
+    real = store_shards.hash_check
     monkeypatch.setattr(
-        int8_store, "_hash_check", lambda shard, d: hashed.append(shard.name) or real(shard, d)
+        store_shards, "hash_check", lambda shard, d: hashed.append(shard.name) or real(shard, d)
     )
     pair.load(run, Method.CHAIN, quiet=True)
     assert hashed == []
@@ -289,7 +289,7 @@ def test_a_checked_shard_is_not_hashed_again_until_its_file_changes(cache, ggufs
     assert torch.equal(before, after)
 
     rebuilt = next((cache / "int8").glob(f"{convert.file_key(ggufs['target'])}-*.store"))
-    (rebuilt / int8_store.VERIFIED).write_text("{not json")
+    (rebuilt / store_shards.VERIFIED).write_text("{not json")
     hashed.clear()
     pair.load(run, Method.CHAIN, quiet=True)
-    assert hashed and "{not json" not in (rebuilt / int8_store.VERIFIED).read_text()
+    assert hashed and "{not json" not in (rebuilt / store_shards.VERIFIED).read_text()

@@ -1,8 +1,8 @@
 """`specgen chat`: options -> a conversation (on a matching `specgen serve` when one runs,
 else with the pair loaded here) -> an interactive or a scripted loop.
 
-Owns the terminal side of chat: the prompt (with readline history and line editing where
-the platform has it), live replies, round summaries, notices and Ctrl-C/Ctrl-D. The
+Owns the terminal side of chat: the input loop, live replies, round summaries, notices and
+Ctrl-C/Ctrl-D. The prompt, line editing and unechoed keys are in cli/terminal.py; the
 conversation, caches and slash commands live in specgen/chat/. No tensor code here.
 
 Stdin a terminal: interactive, replies rendered live like `specgen run`. Otherwise one user
@@ -44,13 +44,13 @@ from specgen.cli.options import (
 from specgen.cli.reading import check_text, decode_text
 from specgen.cli.remote import ServerChat, find
 from specgen.cli.render import JsonRenderer, PlainRenderer, RichRenderer
+from specgen.cli.terminal import keys_unechoed, line_editing, prompt
 from specgen.config import GenerationConfig, ModelSettings
 from specgen.decoding.views import declined_note, speed
 from specgen.errors import PromptError, SpecgenError, one_line
 from specgen.files import cache_root
 from specgen.status import note
 
-PROMPT = "\001\033[1;36m\002you>\001\033[0m\002 "  # \001 \002: readline does not count the colour codes
 DELAY_ENV = "SPECGEN_CHAT_TEST_DELAY"
 # options a --load file supplies, unless they are given on the command line (same names as its settings)
 _SETTING_OPTIONS = tuple(settings_dict(GenerationConfig()))
@@ -191,12 +191,12 @@ class _Loop:
 
     # -- interactive ---------------------------------------------------------------------
     def interactive(self) -> int:
-        readline = _readline()
-        prompt = PROMPT if sys.stdout.isatty() else "you> "
+        readline = line_editing()
+        shown = prompt()
         c = self.chat
-        draft = f" + draft {_escape(c.backend.draft_name)}" if c.backend.draft_name else ""
+        draft = f" + draft {escape(c.backend.draft_name)}" if c.backend.draft_name else ""
         self.out.print(
-            f"[bold]specgen chat[/] · {_escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
+            f"[bold]specgen chat[/] · {escape(c.backend.target_name)}{draft} · {c.config.method.value} · "
             f"context {c.context_length} tokens · [dim]/help for commands, Ctrl-D to leave[/]"
         )
         leaving = False  # a Ctrl-C at an empty prompt asks; a second one in a row leaves
@@ -207,7 +207,7 @@ class _Loop:
                     self.keep_interrupted("the chat was stopped")
                 return 128 + ended[0]
             try:
-                line = input(prompt)
+                line = input(shown)
             except UnicodeDecodeError as exc:  # a terminal sending bytes that are not UTF-8
                 self.error(PromptError(f"the line is not valid UTF-8 text ({exc.reason})"))
                 continue
@@ -327,7 +327,7 @@ class _Loop:
         else:
             inner = PlainRenderer(show_tree=self.show_tree)
         try:
-            with _keys_unechoed(self.is_tty):
+            with keys_unechoed(self.is_tty):
                 turn = self.chat.send(text, _TurnView(inner, self.delay))
         except KeyboardInterrupt:
             self.notice("interrupted before the reply began; the message was not kept")
@@ -361,8 +361,8 @@ class _Loop:
 
     def error(self, exc: SpecgenError) -> None:
         self.failed = True
-        hint = f" [dim]({_escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
-        self.err.print(f"[bold red]error:[/] {_escape(str(exc))}{hint}", markup=True)
+        hint = f" [dim]({escape(exc.hint)})[/]" if getattr(exc, "hint", None) else ""
+        self.err.print(f"[bold red]error:[/] {escape(str(exc))}{hint}", markup=True)
 
 
 def _unexpected(exc: Exception, what: str) -> SpecgenError:
@@ -391,45 +391,3 @@ def summary_line(turn) -> str:
     if s.declined:
         parts.append(declined_note(s))
     return " · ".join(parts)
-
-
-def _escape(text: str) -> str:
-    return escape(text)
-
-
-@contextlib.contextmanager
-def _keys_unechoed(terminal: bool):
-    """While a reply streams, keys typed are not echoed (the echo broke the live view's lines);
-    the terminal keeps them, and the next prompt's line shows them."""
-    saved = None
-    if terminal:
-        try:
-            import termios  # not on every platform
-
-            fd = sys.stdin.fileno()
-            saved = termios.tcgetattr(fd)
-        except Exception:  # noqa: BLE001 - no termios, or no terminal after all (termios.error is no OSError)
-            saved = None
-    if saved is None:
-        yield
-        return
-    quiet = list(saved)
-    quiet[3] &= ~termios.ECHO
-    termios.tcsetattr(fd, termios.TCSANOW, quiet)
-    try:
-        yield
-    finally:
-        termios.tcsetattr(fd, termios.TCSANOW, saved)
-
-
-def _readline():
-    """Line editing and in-session history for input(), where the platform has readline, with
-    bracketed paste: a pasted text of several lines is one message (CPython turns it off, and
-    each pasted line was sent as a message of its own)."""
-    try:
-        import readline  # not on every platform: imported where it exists
-    except ImportError:  # e.g. Windows without pyreadline: input() still works, unedited
-        return None
-    if "libedit" not in (readline.__doc__ or ""):  # GNU readline's setting (macOS's libedit has none)
-        readline.parse_and_bind("set enable-bracketed-paste on")
-    return readline

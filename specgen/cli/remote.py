@@ -4,7 +4,8 @@ asks for each round's draft pieces (`speculative.live`), so its own renderer (Ri
 JSON) shows the round exactly as a run in its own process would.
 
 Ctrl-C closes the connection: the server ends the row before its next round, and the client
-keeps what it was sent (text, token ids, statistics), marked interrupted.
+keeps what it was sent (text, token ids, statistics), marked interrupted. The stream is read
+back into rounds in cli/received.py.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from specgen.cli.received import Received, read_stream, refusal
 from specgen.config import GenerationConfig, ModelSettings
-from specgen.decoding.events import Origin, ReplayResult, RoundResult
-from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.views import Outcome
-from specgen.errors import ConfigError, PartialReply, SpecgenError
+from specgen.errors import ConfigError, SpecgenError
 from specgen.serve import discovery
 from specgen.status import note
 
@@ -209,7 +209,7 @@ def generate_on_server(
         status, response = server.request("POST", path, body, timeout=STREAM_TIMEOUT)
     except KeyboardInterrupt:
         # before the answer began: an empty one, marked interrupted, as a local run prints
-        outcome = _Received(config.method.value).outcome(config)
+        outcome = Received(config.method.value).outcome(config)
         with renderer:
             pass
         renderer.finish(outcome)
@@ -218,8 +218,8 @@ def generate_on_server(
         note("specgen: the server did not answer; loading the models here")
         return None  # it went away between the check and the request: load here
     if status != 200:
-        raise _error(response)
-    return _stream(response, renderer, config)
+        raise refusal(response)
+    return read_stream(response, renderer, config, STREAM_TIMEOUT)
 
 
 class ServerChat:
@@ -251,7 +251,7 @@ class ServerChat:
         try:
             status, response = self._request("/tokenize", {"messages": messages}, timeout=60)
             if status != 200:
-                error = _error(response)
+                error = refusal(response)
                 if error.code == "context_length_exceeded":  # far past the context: counted no further
                     return {"count": self.context_length + 1}
                 raise error
@@ -276,8 +276,8 @@ class ServerChat:
                 hint="is it still running? `specgen serve --list`",
             ) from None
         if status != 200:
-            raise _error(response)
-        outcome = _stream(response, renderer, config)
+            raise refusal(response)
+        outcome = read_stream(response, renderer, config, STREAM_TIMEOUT)
         return outcome, outcome.stats.reused_tokens
 
     def configure(self, config: GenerationConfig) -> None:
@@ -290,160 +290,3 @@ class ServerChat:
                 f"the specgen server's models cannot run method {config.method.value}; "
                 f"it runs {', '.join(map(str, methods))}"
             )
-
-
-class Refused(SpecgenError):
-    """The server's answer to a request it refused: its message, and its error code."""
-
-    def __init__(self, message: str, code: str | None):
-        super().__init__(f"the specgen server refused the request: {message}")
-        self.code = code
-
-
-def _error(response) -> Refused:
-    try:
-        error = json.loads(response.read())["error"]
-        message, code = str(error["message"]), error.get("code")
-    except (ValueError, KeyError, TypeError, AttributeError, OSError):
-        message, code = f"HTTP {response.status}", None
-    return Refused(message, code)
-
-
-class _Received:
-    """What the stream brought so far: enough for the outcome of an interrupted run."""
-
-    def __init__(self, method: str):
-        self.pieces: list[str] = []
-        self.pending: list[str] = []  # pieces not yet verified (deterministic mode)
-        self.ids: list[int] = []
-        self.logprobs: list[dict] = []  # each token's, when the run asked for them
-        self.stats = Stats(method=method)
-
-    def round(self, live: dict) -> RoundResult:
-        """The round the live chunk describes, in ids and text, as the server's engine gave it."""
-        self.stats = from_dict(live["stats"], self.stats.method)
-        ids, accepted, drafts = list(live["ids"]), list(live["accepted"]), list(live["draft_ids"])
-        tree = live["tree"]
-        if tree is None:  # a chain: node j's parent is node j - 1
-            shape = {"parents": tuple(range(len(drafts)))}
-        else:
-            shape = {"parents": tuple(tree["parents"]), "node_texts": tuple(tree["texts"])}
-        target = (live["target"],) if len(ids) > len(accepted) else ()
-        result = RoundResult(
-            drafts,
-            origin=next((o for o in Origin if o.value == live.get("origin")), Origin.MODEL),
-            path=tuple(live["path"]),
-            tried=tuple(live["tried"]),
-            target_token=live["target_id"],
-            root=live["root"],
-            stop=live["stop"],
-            emitted=ids,
-            pieces=tuple(accepted) + target,
-            rejected_texts=tuple(live["rejected"]),
-            pending=live["pending"],
-            tail=live["tail"],
-            **shape,
-        )
-        self.ids.extend(ids)
-        self.logprobs.extend(live.get("logprobs", ()))
-        if result.pending:  # a piece per token: a replay's rollback counts tokens
-            self.pending.extend(result.pieces)
-        else:
-            self.pieces.extend(result.pieces + (result.tail,))
-        return result
-
-    def replay(self, live: dict) -> ReplayResult:
-        """The replay the live chunk describes, in ids and text, as the server's engine gave it."""
-        self.stats = from_dict(live["stats"], self.stats.method)
-        replay = live["replay"]
-        start = max(0, len(self.ids) - replay["dropped"])
-        dropped = tuple(self.ids[start:])
-        del self.ids[start:]
-        if replay["correction_id"] is not None:
-            self.ids.append(replay["correction_id"])
-        keep = len(self.pending) - len(replay["rolled_back"])
-        tail = replay["tail"]
-        self.pieces.extend(
-            self.pending[:keep] + ([replay["correction"]] if replay["correction"] else []) + [tail]
-        )
-        self.pending = []
-        return ReplayResult(
-            replay["window_start"],
-            replay["checked"],
-            dropped,
-            replay["correction_id"],
-            replay["verified"],
-            replay["seconds"],
-            replay["stop"],
-            rolled_back_texts=tuple(replay["rolled_back"]),
-            correction_text=replay["correction"],
-            tail=tail,
-        )
-
-    def outcome(self, config: GenerationConfig) -> Outcome:
-        ids = self.ids if not config.deterministic else self.ids[: len(self.ids) - len(self.pending)]
-        self.stats.interrupted = 1
-        return Outcome("".join(self.pieces), ids, self.stats, interrupted=True, extra=self.extra(config, ids))
-
-    def extra(self, config: GenerationConfig, ids: list[int]) -> dict:
-        """The outcome's `logprobs`, as a run in its own process gives them, when asked for."""
-        return {} if config.sampling.logprobs is None else {"logprobs": self.logprobs[: len(ids)]}
-
-
-def _stream(response, renderer, config: GenerationConfig) -> Outcome:
-    received = _Received(config.method.value)
-    outcome, failed = None, None
-    with renderer:
-        try:
-            for chunk in _chunks(response):
-                if "error" in chunk:  # the server's engine failed mid-answer: what came is kept, as below
-                    failed = f"the specgen server failed: {str(chunk['error'].get('message'))[:300]}"
-                    break
-                live = chunk.get("speculative") or {}
-                if "stats" in live and "round" in live:
-                    renderer.on_round(received.round(live), received.stats)
-                elif "stats" in live and "replay" in live:
-                    renderer.on_replay(received.replay(live), received.stats)
-                elif "token_ids" in live:  # the last chunk: the whole outcome
-                    stats = from_dict(live["stats"], live.get("method"))
-                    outcome = Outcome(
-                        live["text"],
-                        live["token_ids"],
-                        stats,
-                        extra=received.extra(config, live["token_ids"]),
-                    )
-        except KeyboardInterrupt:
-            response.close()  # the server ends the row before its next round
-            outcome = received.outcome(config)
-        except TimeoutError:  # no chunk, not even a keep-alive, for STREAM_TIMEOUT seconds
-            response.close()
-            failed = f"the specgen server stopped answering: nothing came for {STREAM_TIMEOUT:.0f} s"
-        except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError, KeyError):
-            pass  # the connection broke, or a chunk was not what the server sends: an early end
-    if outcome is None:  # the server went away or failed mid-answer: what came is shown, then the error
-        partial = received.outcome(config)
-        renderer.finish(partial)
-        raise PartialReply(
-            failed or "the specgen server closed the connection before the generation finished",
-            "the text received was shown and kept, marked interrupted"
-            if failed
-            else "was it stopped? the text received was shown and kept, marked interrupted",
-            partial,
-        )
-    renderer.finish(outcome)
-    return outcome
-
-
-def _chunks(response):
-    """The JSON objects of a server-sent event stream, up to `data: [DONE]`."""
-    while True:
-        line = response.readline()
-        if not line:
-            return
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return
-        yield json.loads(data)

