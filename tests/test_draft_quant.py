@@ -280,3 +280,25 @@ def test_scripts_read_byte_level_and_sentencepiece_pieces():
         0xE4,
         -1,
     ]
+
+
+def test_every_drafter_of_a_pruned_draft_reports_when_its_head_widens(tiny_dirs):
+    """The trees' per-row searches read the one draft model as a chain does: each drafter built
+    on a pruned draft reports its head's packings (`Drafter.widened`), so the engine measures
+    tree rows' floors afresh too once the draft can propose a script's ids."""
+    from specgen.decoding.build import make_drafter
+    from specgen.runtime.pair import Pair
+    from specgen.runtime.pruned import head_of, prune_head
+
+    target, draft = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu", dtype="float32", quiet=True
+    )
+    prune_head(draft.model, KEEP, (258,), block_rows=16)
+    methods = (Method.RSD_C, Method.RSD_S, Method.MULTI_DRAFT, Method.CHAIN, Method.LOOKUP_CHAIN)
+    drafters = [make_drafter(Pair(target, draft), GenerationConfig(method=m)) for m in methods]
+    assert [d.widened() for d in drafters] == [0] * len(methods)
+    head_of(draft.model).cover([12])
+    assert [d.widened() for d in drafters] == [1] * len(methods)
+    plain, _ = load_pair(str(tiny_dirs["draft"]), None, device="cpu", dtype="float32", quiet=True)
+    unpruned = make_drafter(Pair(target, plain), GenerationConfig(method=Method.RSD_C))
+    assert unpruned.widened() == 0  # a whole head proposes every id from the start

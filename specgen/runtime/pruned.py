@@ -37,6 +37,7 @@ import collections
 import hashlib
 import re
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -353,6 +354,13 @@ def head_of(model: nn.Module) -> PrunedHead | None:
     """`model`'s pruned output layer, if it has one (its `widened` counts the times it packed
     ids: what the draft can propose grew each time)."""
     return next((module for module in model.modules() if isinstance(module, PrunedHead)), None)
+
+
+def widening(model: nn.Module) -> Callable[[], int]:
+    """What a drafter of `model` answers to `Drafter.widened`: its pruned head's count, read
+    when asked; always 0 for a head that is not pruned (it proposes every id from the start)."""
+    head = head_of(model)
+    return (lambda: head.widened) if head is not None else (lambda: 0)
 
 
 # -- int8 ----------------------------------------------------------------------------------------

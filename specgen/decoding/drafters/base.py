@@ -278,8 +278,9 @@ class PerRow(BaseDrafter):
     """The Drafter protocol's helper for per-row drafters (a tree search, a lookup index: state
     that serves one sequence): one RowDrafter per row, `make` building a joining row's."""
 
-    def __init__(self, make: Callable[[], RowDrafter]):
+    def __init__(self, make: Callable[[], RowDrafter], widening: Callable[[], int] = lambda: 0):
         self.make = make
+        self.widening = widening  # the draft model's count the rows share (`widened`)
         self.rows: list[RowDrafter] = []
         self.spent = 0.0  # setup seconds of rows that left
 
@@ -308,3 +309,6 @@ class PerRow(BaseDrafter):
 
     def setup_seconds(self) -> float:
         return self.spent + sum(d.setup_seconds() for d in self.rows)
+
+    def widened(self) -> int:
+        return self.widening()

@@ -95,7 +95,7 @@ class ChainDrafter(BaseDrafter):
         self._contexts: list[list[int]] = []  # each row's sequence as last given (its cache holds a stretch)
         self._start: list[int] = []  # where each row's cache begins in its sequence (0: a prefix)
         self._dear: list[bool] = []  # rows whose read costs more than their drafts can save
-        self._head = pruned.head_of(model)  # a pruned output layer, which widens as text needs (None: none)
+        self._widening = pruned.widening(model)  # a pruned output layer widens as text needs
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
@@ -136,7 +136,7 @@ class ChainDrafter(BaseDrafter):
         return row < len(self._dear) and self._dear[row]
 
     def widened(self) -> int:
-        return self._head.widened if self._head is not None else 0
+        return self._widening()
 
     def finished(self, row: int, ids: list[int]) -> None:
         """The row is done: its K/V goes to the prefix store."""
