@@ -35,7 +35,7 @@ RANKS = {
     "train": 4,
     "cli": 5,
 }
-MAX_LINES = 450  # counted after `ruff format`
+MAX_LINES = 420  # "about 400", counted after `ruff format` (the longest today: runtime/int8.py, 417)
 # modules the formatter took past the bound (they had been folded to fit it): each is to be split
 # along its seams, and none may grow meanwhile
 UNSPLIT = {}
