@@ -256,3 +256,25 @@ def test_the_drafts_read_of_a_prompt_token_is_measured_with_the_draft_length(
     assert draft_length.read_price(pair) == choice.read
     cuda = SimpleNamespace(device=torch.device("cuda"))
     assert draft_length.read_price(SimpleNamespace(target=cuda, draft=cuda)) is None
+
+
+def test_the_verifies_are_timed_with_every_positions_logits(tiny_pair, monkeypatch):
+    """The decode loop's verify reads the logits of every position it feeds (verify.forward), a
+    plain step only its last, over a context of a prompt and an answer: the probes time each as
+    the loop runs it, so that a verify's price in plain steps (the floor's, lookup's, the draft
+    length's) is not a cheaper forward's."""
+    target, draft = tiny_pair
+    built = []
+    real = draft_length.Probe.__init__
+
+    def probe(self, model, width, *args, **kwargs):
+        built.append((model is target.model, width, kwargs.get("keep", 1), kwargs.get("context", 32)))
+        real(self, model, width, *args, **kwargs)
+
+    monkeypatch.setattr(draft_length.Probe, "__init__", probe)
+    ratios = draft_length._ratios(SimpleNamespace(target=target, draft=draft), repeats=1)
+    assert all(r > 0 for r in ratios[:3])
+    assert [(width, keep) for on_target, width, keep, _ in built if on_target] == [(1, 1), (2, 0), (5, 0)]
+    # over the context verifies meet (CONTEXT, or half a short model's), the draft step's too
+    context = min(draft_length.CONTEXT, target.context_length // 2, draft.context_length // 2)
+    assert [c for on_target, width, _, c in built if on_target or width == 1] == [context] * 4

@@ -4,7 +4,7 @@
 costs k draft steps plus one target forward over k+1 tokens. Where a draft step is cheap next
 to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
 where the draft costs a third of the target (the default pair on a CPU) short ones do.
-`choose` times four forwards once on a short context (a target step, a draft step, and
+`choose` times four forwards once over CONTEXT cached tokens (a target step, a draft step, and
 verifies of 2 and 5 tokens, in turn, REPEATS times: a few seconds), picks the k in 1..MAX_K
 with the best expected tokens per unit of time at the typical acceptance `ACCEPTANCE`, and
 caches the answer per machine, thread count and model pair in
@@ -42,11 +42,17 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 11  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
+FORMAT = 13  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
 READ = 64  # prompt tokens of the draft's read that `choose` times (against a target step, in turn)
+# the cached tokens `choose` times its forwards over: about a prompt and answer of the prompt sets
+# (50-350 prompt tokens, 64-128 new). A verify's attention grows with the context faster than a
+# step's (its queries' float64 attention, runtime/exact_attention.py): on a 2-core AVX2 EPYC a
+# 5-token verify cost 1.12 steps over 32 tokens and 1.31 over 160, and priced at 32 tokens the
+# floor read a translation's rounds as 0.95x plain where they ran at 0.75-0.85x.
+CONTEXT = 200
 # A draft on the CPU stops early when the product of its top probabilities over the round falls
 # below STOP (length.unsure),
 # and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
@@ -140,8 +146,12 @@ def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float]:
     per-turn ratios are kept, so a machine whose speed drifts between forwards (shared CPUs do)
     moves them all together. The read (the draft's forward over READ prompt tokens, per token)
     is timed for a draft on the CPU only (0 elsewhere: a GPU reads a prompt cheaply)."""
-    step, pair_of, wide = (Probe(pair.target.model, width) for width in (1, 2, 5))
-    draft = Probe(pair.draft.model, 1, exact=False)
+    context = min(CONTEXT, pair.target.context_length // 2, pair.draft.context_length // 2)
+    step = Probe(pair.target.model, 1, context=context)
+    # a verify reads every position's logits (verify.forward), so its probe does too: with the
+    # last position's only, a 5-token verify read 5% cheaper than the loop's (AVX2 EPYC)
+    pair_of, wide = (Probe(pair.target.model, width, context=context, keep=0) for width in (2, 5))
+    draft = Probe(pair.draft.model, 1, context=context, exact=False)
     read = Probe(pair.draft.model, READ, exact=False) if pair.draft.device.type == "cpu" else None
     draft_ratio, two_ratio, wide_ratio, read_ratio = [], [], [], []
     for _ in range(repeats):
