@@ -50,8 +50,8 @@ READ = 64  # prompt tokens of the draft's read that `choose` times (against a ta
 # the cached tokens `choose` times its forwards over: about a prompt and answer of the prompt sets
 # (50-350 prompt tokens, 64-128 new). A verify's cost grows with the context faster than a
 # step's: on a 2-core AVX2 EPYC a 5-token verify cost 1.01-1.12 steps over 32 tokens, 1.13-1.31 over 160-200
-# (benchmarks/verify_context.py), and priced at 32 tokens the floor read a translation's rounds
-# as 0.95x plain where they ran at 0.75-0.85x.
+# (benchmarks/verify_context.py). Priced at 32 tokens, the plain step the floor implies from a
+# verify's seconds read 6-10% dear on a German translation, and so did its rounds' speed-up.
 CONTEXT = 200
 # A draft on the CPU stops early when the product of its top probabilities over the round falls
 # below STOP (length.unsure),
