@@ -137,5 +137,6 @@ class Mixed(BaseDrafter):
         return self.drafters[key].declines(sub)
 
     def widened(self) -> int:
-        # the chain drafters of a batch share one draft model, whose head widens: its count
+        # the drafters of a batch that draft with a model (chains, trees) share one draft model,
+        # whose head widens: its count
         return max((drafter.widened() for drafter in self.drafters.values()), default=0)
