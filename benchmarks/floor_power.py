@@ -91,6 +91,7 @@ def main() -> None:
     )
     lines = [f"cpu: {cpu_flags()}", f"torch {torch.__version__}, threads {torch.get_num_threads()}", ""]
     lines.append("prompt method turn: rounds, speed-up over rounds, wall vs plain, sd of a round, needed")
+    print("\n".join(lines), flush=True)
     for record in records:
         ids = encode(pair.target.tokenizer, record)
         runs: dict[Method, list] = {}
@@ -111,8 +112,6 @@ def main() -> None:
                 print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
-    else:
-        print("\n".join(lines[:3]))
 
 
 if __name__ == "__main__":
