@@ -35,7 +35,7 @@ elif mode == "whole":
     pruned.PrunedHead.__init__.__defaults__ = (1 << 30, None)
     pruned.prune_head.__defaults__ = ((), 1 << 30, None)
 
-_pack = pruned.PrunedHead._pack
+_pack = pruned.PrunedHead.pack
 
 
 def _timed(self, groups):
@@ -48,7 +48,7 @@ def _timed(self, groups):
     )
 
 
-pruned.PrunedHead._pack = _timed
+pruned.PrunedHead.pack = _timed
 
 from specgen.cli import main  # noqa: E402  (after the patches, which the model's load reads)
 

@@ -88,7 +88,7 @@ class Scripts:
     def all(self) -> torch.Tensor:
         """Each id's script, int16 [vocab]: from the cache, else read from the vocabulary (and kept)."""
         if self._all is None:
-            path = _cached_scripts(self.tokenizer, self.vocab)
+            path = tokenizer_cache(self.tokenizer, "scripts", f"{SCRIPTS_FORMAT}\t{self.vocab}")
             try:
                 data = path.read_bytes() if path is not None else b""
             except OSError:
@@ -132,9 +132,10 @@ class Scripts:
         return lead
 
 
-def _cached_scripts(tokenizer, vocab: int) -> Path | None:
-    """Where the scripts of `tokenizer`'s ids are kept: named by its tokenizer.json's path, size
-    and time (None for a tokenizer with no such file, read afresh each time)."""
+def tokenizer_cache(tokenizer, folder: str, key: str, suffix: str = ".bin") -> Path | None:
+    """A cache file in `folder` for what was read or learned of `tokenizer`'s ids: named by its
+    tokenizer.json's path, size and time and by `key` (None for a tokenizer with no such file,
+    whose ids are then read afresh each time)."""
     name = str(getattr(tokenizer, "name_or_path", "") or "")
     if not name:
         return None
@@ -143,8 +144,8 @@ def _cached_scripts(tokenizer, vocab: int) -> Path | None:
         info = source.stat()
     except OSError:
         return None
-    key = f"{SCRIPTS_FORMAT}\t{source}\t{info.st_size}\t{info.st_mtime_ns}\t{vocab}".encode()
-    return cache_root() / "scripts" / f"{hashlib.sha256(key).hexdigest()[:32]}.bin"
+    key = f"{key}\t{source}\t{info.st_size}\t{info.st_mtime_ns}".encode()
+    return cache_root() / folder / f"{hashlib.sha256(key).hexdigest()[:32]}{suffix}"
 
 
 # -- pruned output layer ------------------------------------------------------------------------
@@ -201,6 +202,9 @@ class PrunedHead(nn.Module):
         self.complete = False  # every id in the static product or a packed block
         self.scripts = scripts  # each id's script, where the tokenizer was given (see `see`)
         self.widened = 0  # times ids were packed: what the draft can propose grew (drafters' floors)
+        # the scripts and blocks packed since load (runtime/head_memory.py keeps them for later loads)
+        self.learned_scripts: set[int] = set()
+        self.learned_blocks: set[int] = set()
 
     def _read(self, _embedding: nn.Module, args: tuple) -> None:
         """The input embedding's forward pre-hook (a bound method, so a deep copy follows its model)."""
@@ -226,7 +230,8 @@ class PrunedHead(nn.Module):
             if self.scripts is not None:
                 tripped = self.scripts.tripped(ids)
                 if tripped:
-                    self._pack([self.scripts.ids(s) for s in tripped])
+                    self.pack([self.scripts.ids(s) for s in tripped])
+                    self.learned_scripts.update(tripped)
                     ids = {i for i in self.recent if i >= 0}
             per_block = collections.Counter(i // self.block_rows for i in ids)
             if per_block and max(per_block.values()) >= TRIP:
@@ -252,14 +257,15 @@ class PrunedHead(nn.Module):
         packing costs more than it would save. Ids read one by one that a block now covers
         leave the fp32 product, and the recent reads they cover no longer count as outside."""
         device = self.covered.device
-        self._pack(
+        self.learned_blocks.update(chosen)
+        self.pack(
             [
                 torch.arange(b * self.block_rows, min((b + 1) * self.block_rows, self.vocab), device=device)
                 for b in chosen
             ]
         )
 
-    def _pack(self, groups: list[torch.Tensor]) -> None:
+    def pack(self, groups: list[torch.Tensor]) -> None:
         """Pack the ids of each of `groups` not covered yet (ascending ids), one product a group
         (see `cover`): one int8 product of a script's 25,900 ids took 1.3-1.6 ms a draft step on
         a 2-core AVX2 CPU, seven of 4096 ids 2.8 ms."""

@@ -33,7 +33,7 @@ from torch import nn
 
 from specgen.errors import ConfigError
 from specgen.files import atomic_write, cache_root
-from specgen.runtime import int8, int8_store
+from specgen.runtime import head_memory, int8, int8_store
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
 from specgen.runtime.store_shards import checksum
 from specgen.status import note
@@ -168,6 +168,8 @@ def apply_draft_quant(
         model = quantize_from(model, source, f"draft {'+'.join(parts)} keep={keep}", quiet=True)
     elif "int8-wo" in parts:
         quantize_int8_weight_only(model)
+    if "prune" in parts:  # after int8: what the head primes is packed in its final format
+        head_memory.attach(model, tokenizer)
     return model
 
 

@@ -51,7 +51,7 @@ from specgen.decoding.drafters.base import BaseDrafter, Proposal, embeddable
 from specgen.decoding.length import unsure
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.decoding.staging import PREFILL_CHUNK
-from specgen.runtime import kvcache, pruned
+from specgen.runtime import head_memory, kvcache, pruned
 from specgen.runtime.compiled import Steps
 from specgen.runtime.prefixes import PrefixStore
 
@@ -96,6 +96,7 @@ class ChainDrafter(BaseDrafter):
         self._start: list[int] = []  # where each row's cache begins in its sequence (0: a prefix)
         self._dear: list[bool] = []  # rows whose read costs more than their drafts can save
         self._widening = pruned.widening(model)  # a pruned output layer widens as text needs
+        self._remember = head_memory.keeper(model)  # and keeps what it learned for later processes
 
     # -- rows ---------------------------------------------------------------------------------
     def join(self, row: int, prompt_ids: list[int], generator, capacity: int, config=None) -> None:
@@ -139,7 +140,9 @@ class ChainDrafter(BaseDrafter):
         return self._widening()
 
     def finished(self, row: int, ids: list[int]) -> None:
-        """The row is done: its K/V goes to the prefix store."""
+        """The row is done: its K/V goes to the prefix store, what its text taught a pruned head
+        to the head's memory."""
+        self._remember(ids)
         # a window is no prefix to store (windows are read only without a store: a guard, should
         # a store be given a budget after rows joined)
         if row < self.cache.rows and self._start[row] == 0:

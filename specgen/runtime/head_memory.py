@@ -1,0 +1,148 @@
+"""What a pruned draft head came to propose, kept from one process to the next.
+
+A pruned head (runtime/pruned.py) starts every process able to propose its first ids and the
+special tokens only. The ids a text needs beyond them join as the draft reads them: one by one,
+a block of the vocabulary at a time, or a script's whole range once three of its ids were read.
+So the first answer of a process in German or Chinese drafts from a head that cannot propose
+its words, and `specgen run` without a server is a new process every time. Measured on a 2-core
+AVX2 CPU (benchmarks/floor.md, "A head that remembers"): a first Chinese answer (translate-04)
+took 11 rounds in a fresh process and 9 in the next turn of the same process; a German one
+(translate-02), whose words are ids read one by one, 24 and 17.
+
+`HeadMemory` keeps what the head learned, per tokenizer and pruning, in the cache (`heads/`,
+one JSON file): the scripts and blocks it packed, each with the day a text last needed it,
+and up to IDS of the ids it read one by one, the latest. A load primes the head with them in one
+packing, in the static product's format, before any request (about 0.4 s for Chinese's 25,900
+ids on that CPU, milliseconds for the rest). A script or block no text needed for STALE_DAYS is
+left out, so a head does not carry a script's cost per draft step (1.3-1.6 ms for Chinese)
+for ever after one answer. Only what the draft can propose changes: outputs are the same.
+
+The head's drafter reports each finished row's ids (`keeper`); the file is written when what
+it would hold changed, at most once every WRITE_EVERY seconds after the first write of a process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specgen.errors import SpecgenError
+from specgen.files import atomic_write
+from specgen.runtime.pruned import JOIN, TRIP, PrunedHead, head_of, tokenizer_cache
+
+FORMAT = 1
+IDS = 2048  # ids read one by one that a memory keeps (the latest): one int8 product of 2048 rows
+STALE_DAYS = 30  # a script or block no text needed for this long is not primed
+WRITE_EVERY = 10.0  # seconds between writes of one process, after its first
+_MEMORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PrunedHead -> its HeadMemory
+
+
+def today() -> int:
+    return int(time.time() // 86400)
+
+
+class HeadMemory:
+    """One pruned head's learned ids and where they are kept (see the module)."""
+
+    def __init__(self, head: PrunedHead, path: Path | None):
+        self.head, self.path = head, path
+        self.days: dict[str, int] = {}  # "s<script>" or "b<block>" -> the day a text last needed it
+        self.ids: list[int] = []  # ids read one by one, primed from the file
+        self.written: tuple | None = None  # what the file holds (as read or last written)
+        self.wrote = 0.0  # when this process last wrote it (0: not yet)
+
+    def prime(self) -> None:
+        """Pack what the file holds into the head: its scripts and blocks not stale, its ids."""
+        data = self._read()
+        if data is None:
+            return
+        head, now = self.head, today()
+        self.days = {key: day for key, day in data["days"].items() if now - day <= STALE_DAYS}
+        scripts = [int(key[1:]) for key in self.days if key[0] == "s"]
+        blocks = [int(key[1:]) for key in self.days if key[0] == "b"]
+        self.ids = [i for i in data["ids"] if 0 <= i < head.vocab][-IDS:]
+        groups = [head.scripts.ids(s) for s in scripts] if head.scripts is not None else []
+        rows = head.block_rows
+        groups += [torch.arange(b * rows, min((b + 1) * rows, head.vocab)) for b in blocks]
+        if self.ids:
+            groups.append(torch.tensor(sorted(set(self.ids)), dtype=torch.long))
+        head.pack([group for group in groups if group.numel()])
+        head.learned_scripts.update(scripts)
+        head.learned_blocks.update(blocks)
+        self.written = self._state()
+
+    def note(self, ids: list[int]) -> None:
+        """A row finished with `ids`: the scripts and blocks it needed are dated today, what the
+        head packed since is added, and the file is written if that changed what it holds."""
+        head, now = self.head, today()
+        for key in [f"s{s}" for s in head.learned_scripts] + [f"b{b}" for b in head.learned_blocks]:
+            self.days.setdefault(key, now)
+        read = torch.tensor(ids, dtype=torch.long)
+        read = read[(read >= 0) & (read < head.vocab)]
+        if read.numel():
+            if head.scripts is not None and head.learned_scripts:
+                scripts, counts = torch.unique(head.scripts.all()[read].long(), return_counts=True)
+                for script, count in zip(scripts.tolist(), counts.tolist()):
+                    if count >= TRIP and script in head.learned_scripts:
+                        self.days[f"s{script}"] = now
+            blocks, counts = torch.unique(torch.unique(read) // head.block_rows, return_counts=True)
+            for block, count in zip(blocks.tolist(), counts.tolist()):
+                if count >= JOIN and block in head.learned_blocks:
+                    self.days[f"b{block}"] = now
+        self.save()
+
+    def save(self) -> None:
+        state = self._state()
+        if self.path is None or state == self.written:
+            return
+        if self.wrote and time.monotonic() - self.wrote < WRITE_EVERY:
+            return
+        days, ids = state
+        text = json.dumps({"format": FORMAT, "days": dict(days), "ids": list(ids)})
+        try:  # a cache: a failed write (a read-only disk) costs the next process its priming
+            atomic_write(self.path, lambda tmp: tmp.write_text(text))
+        except (OSError, SpecgenError):
+            return
+        self.written, self.wrote = state, time.monotonic()
+
+    def _state(self) -> tuple:
+        primed = set(self.ids)
+        read = self.ids + [i for i in self.head.extra_ids.tolist() if i not in primed]
+        return tuple(sorted(self.days.items())), tuple(read[-IDS:])
+
+    def _read(self) -> dict | None:
+        """The file's contents when they are of this format and well formed, else None."""
+        if self.path is None:
+            return None
+        try:
+            data = json.loads(self.path.read_text())
+            days = {f"{k[0]}{int(k[1:])}": int(v) for k, v in data["days"].items() if k[:1] in ("s", "b")}
+            ids = [int(i) for i in data["ids"]]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        return {"days": days, "ids": ids} if data.get("format") == FORMAT else None
+
+
+def attach(model, tokenizer) -> HeadMemory | None:
+    """Give `model`'s pruned head (if it has one) the memory of its tokenizer's earlier
+    processes, primed into it now; None without a pruned head or a tokenizer file."""
+    head = head_of(model)
+    if head is None or tokenizer is None:
+        return None
+    key = f"{FORMAT}\t{head.vocab}\t{len(head.ids)}\t{head.block_rows}"
+    memory = HeadMemory(head, tokenizer_cache(tokenizer, "heads", key, ".json"))
+    memory.prime()
+    _MEMORIES[head] = memory
+    return memory
+
+
+def keeper(model) -> Callable[[list[int]], None]:
+    """What a drafter of `model` calls with a finished row's ids (a no-op without a memory)."""
+    head = head_of(model)
+    memory = _MEMORIES.get(head) if head is not None else None
+    return memory.note if memory is not None else (lambda ids: None)
