@@ -138,3 +138,22 @@ def test_a_primed_int8_draft_drafts_and_the_output_is_plain_decodings(tiny_pair,
     again = draft()
     assert torch.equal(head_of(again).known, learned)
     assert tokens == chain_tokens(again) == reference_greedy(target.model, PROMPT, 16)
+
+
+def test_every_drafter_of_the_draft_model_reports_its_finished_rows(tiny_dirs):
+    """Chain, lookup-chain and the trees' per-row searches each hand a finished row's ids to the
+    draft head's memory, which writes what the head learned."""
+    from specgen.decoding.build import make_drafter
+    from specgen.runtime.pair import Pair
+
+    target, draft = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cpu", dtype="float32", quiet=True
+    )
+    prune_head(draft.model, KEEP, (258,), block_rows=16, tokenizer=draft.tokenizer)
+    memory = head_memory.attach(draft.model, draft.tokenizer)
+    read(draft.model, [230])
+    for method in (Method.RSD_C, Method.RSD_S, Method.CHAIN, Method.LOOKUP_CHAIN):
+        memory.path.unlink(missing_ok=True)
+        memory.written, memory.wrote = None, 0.0
+        make_drafter(Pair(target, draft), GenerationConfig(method=method)).finished(0, [230])
+        assert json.loads(memory.path.read_text())["ids"] == [230], method

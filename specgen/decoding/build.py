@@ -25,7 +25,7 @@ from specgen.decoding.policy import Policy
 from specgen.errors import ConfigError
 from specgen.models.families import text_config
 from specgen.models.load import Vocabulary
-from specgen.runtime import features, pruned
+from specgen.runtime import features, head_memory, pruned
 from specgen.runtime.compiled import can_capture
 from specgen.runtime.pair import Pair
 from specgen.runtime.suffix import MIN_PROB
@@ -149,16 +149,20 @@ def _priced(pair: Pair) -> Callable[[], PromptLookupDrafter]:
 def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
     def make(pair: Pair, config: GenerationConfig) -> Drafter:
         draft = pair.draft
-        widening = pruned.widening(draft.model)  # the rows' searches share the draft model's head
+        # the rows' searches share the draft model's head: its widening and its memory
+        widening, remember = pruned.widening(draft.model), head_memory.keeper(draft.model)
         if kind is RSDStochasticBeam:
             return PerRow(
                 lambda: RSDStochasticBeam(
                     draft.model, draft.device, config.beam_width, config.depth, pair.vocab, pair.compile
                 ),
                 widening,
+                remember,
             )
         return PerRow(
-            lambda: kind(draft.model, draft.device, config.branching, pair.vocab, pair.compile), widening
+            lambda: kind(draft.model, draft.device, config.branching, pair.vocab, pair.compile),
+            widening,
+            remember,
         )
 
     return make

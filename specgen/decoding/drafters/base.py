@@ -278,9 +278,15 @@ class PerRow(BaseDrafter):
     """The Drafter protocol's helper for per-row drafters (a tree search, a lookup index: state
     that serves one sequence): one RowDrafter per row, `make` building a joining row's."""
 
-    def __init__(self, make: Callable[[], RowDrafter], widening: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        make: Callable[[], RowDrafter],
+        widening: Callable[[], int] = lambda: 0,
+        remember: Callable[[list[int]], None] = lambda ids: None,
+    ):
         self.make = make
         self.widening = widening  # the draft model's count the rows share (`widened`)
+        self.remember = remember  # what a finished row's text taught the draft's pruned head
         self.rows: list[RowDrafter] = []
         self.spent = 0.0  # setup seconds of rows that left
 
@@ -297,6 +303,9 @@ class PerRow(BaseDrafter):
     def rewind(self, row, valid) -> None:
         if row < len(self.rows):
             self.rows[row].rewind(valid)
+
+    def finished(self, row, ids) -> None:
+        self.remember(ids)
 
     def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         return [
