@@ -43,6 +43,7 @@ from specgen.runtime.pair import load
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_profile import cpu_flags  # noqa: E402  (the machine line every profile prints)
+from outside_products import median_ms  # noqa: E402  (3 warm-ups, then the median)
 
 CALLS = 20000  # calls per timing of one kind
 
@@ -118,17 +119,6 @@ def step_of(model, exact: bool, context: int):
         kvcache.crop(cache, context)
 
     return step
-
-
-def median_ms(call, repeats: int) -> float:
-    for _ in range(3):
-        call()
-    walls = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        walls.append(time.perf_counter() - started)
-    return statistics.median(walls) * 1e3
 
 
 def python_call(kind: str, a, b, w):
