@@ -157,3 +157,20 @@ def test_every_drafter_of_the_draft_model_reports_its_finished_rows(tiny_dirs):
         memory.written, memory.wrote = None, 0.0
         make_drafter(Pair(target, draft), GenerationConfig(method=method)).finished(0, [230])
         assert json.loads(memory.path.read_text())["ids"] == [230], method
+
+
+def test_a_change_held_back_is_written_at_exit(tiny_dirs, monkeypatch):
+    """After a process's first write, a change within WRITE_EVERY seconds waits; an exit hook
+    (registered once) writes it."""
+    hooks = []
+    monkeypatch.setattr(head_memory.atexit, "register", lambda *call: hooks.append(call))
+    draft, memory = pruned_draft(tiny_dirs)
+    read(draft.model, [230])
+    memory.note([230])
+    read(draft.model, [240])
+    memory.note([240])
+    memory.note([240])
+    assert json.loads(memory.path.read_text())["ids"] == [230] and len(hooks) == 1
+    hook, *arguments = hooks[0]
+    hook(*arguments)
+    assert json.loads(memory.path.read_text())["ids"] == [230, 240]

@@ -18,11 +18,13 @@ left out, so a head does not carry a script's cost per draft step (1.3-1.6 ms fo
 for ever after one answer. Only what the draft can propose changes: outputs are the same.
 
 The head's drafter reports each finished row's ids (`keeper`); the file is written when what
-it would hold changed, at most once every WRITE_EVERY seconds after the first write of a process.
+it would hold changed, at most once every WRITE_EVERY seconds after the first write of a process
+(a change held back is written at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 import weakref
@@ -55,6 +57,7 @@ class HeadMemory:
         self.ids: list[int] = []  # ids read one by one, primed from the file
         self.written: tuple | None = None  # what the file holds (as read or last written)
         self.wrote = 0.0  # when this process last wrote it (0: not yet)
+        self.held = False  # a change was held back: an exit hook writes it
 
     def prime(self) -> None:
         """Pack what the file holds into the head: its scripts and blocks not stale, its ids."""
@@ -96,11 +99,17 @@ class HeadMemory:
                     self.days[f"b{block}"] = now
         self.save()
 
-    def save(self) -> None:
+    def save(self, now: bool = False) -> None:
+        """Write the file if what it would hold changed: at once the first time in a process
+        (or `now`), else once WRITE_EVERY seconds passed since the last write; a change held back
+        is written when the process exits."""
         state = self._state()
         if self.path is None or state == self.written:
             return
-        if self.wrote and time.monotonic() - self.wrote < WRITE_EVERY:
+        if not now and self.wrote and time.monotonic() - self.wrote < WRITE_EVERY:
+            if not self.held:  # the last changes of a run are not lost
+                atexit.register(self.save, True)
+                self.held = True
             return
         days, ids = state
         text = json.dumps({"format": FORMAT, "days": dict(days), "ids": list(ids)})
