@@ -60,6 +60,11 @@ def test_the_next_process_proposes_what_the_last_one_learned(tiny_dirs):
     assert set(saved["days"]) == {"s228", "b12"} and saved["ids"] == [230]
 
     again, _ = pruned_draft(tiny_dirs)
+    assert head_memory.primed(again.model) == {"scripts": 1, "blocks": 1, "ids": 1}  # bench's record
+    assert (
+        head_memory.primed(load_pair(str(tiny_dirs["draft"]), None, device="cpu", quiet=True)[0].model)
+        is None
+    )
     with torch.no_grad():
         primed = again.model(torch.tensor([[5]])).logits[0, -1]
     assert torch.equal(torch.isfinite(primed), torch.isfinite(learned))

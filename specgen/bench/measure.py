@@ -32,6 +32,7 @@ from specgen.config import GenerationConfig
 from specgen.decoding.prompts import PromptRecord
 from specgen.errors import ConfigError, one_line
 from specgen.models import placement
+from specgen.runtime import head_memory
 from specgen.runtime.int8 import RowInt8Linear
 from specgen.status import note
 
@@ -304,6 +305,9 @@ def environment(pair, threads: int) -> dict:
         "cpu_flags": sorted(f for f in (placement.cpu_flags() or ()) if f.startswith(("avx", "amx", "sse4"))),
         "cpu_format": _format_record(),
     }
+    primed = head_memory.primed(pair.draft.model) if pair.draft else None
+    if primed is not None:  # a draft head primed from earlier runs drafts better from the start
+        env["draft"]["head_primed"] = primed
     if gpus:
         env["cuda"] = torch.version.cuda
     llama = _installed("llama-cpp-python")

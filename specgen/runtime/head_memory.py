@@ -58,6 +58,7 @@ class HeadMemory:
         self.written: tuple | None = None  # what the file holds (as read or last written)
         self.wrote = 0.0  # when this process last wrote it (0: not yet)
         self.held = False  # a change was held back: an exit hook writes it
+        self.primed = {"scripts": 0, "blocks": 0, "ids": 0}  # what the load primed (bench reports it)
 
     def prime(self) -> None:
         """Pack what the file holds into the head: its scripts and blocks not stale, its ids."""
@@ -78,6 +79,7 @@ class HeadMemory:
         head.learned_scripts.update(scripts)
         head.learned_blocks.update(blocks)
         self.written = self._state()
+        self.primed = {"scripts": len(scripts), "blocks": len(blocks), "ids": len(self.ids)}
 
     def note(self, ids: list[int]) -> None:
         """A row finished with `ids`: the scripts and blocks it needed are dated today, what the
@@ -155,3 +157,11 @@ def keeper(model) -> Callable[[list[int]], None]:
     head = head_of(model)
     memory = _MEMORIES.get(head) if head is not None else None
     return memory.note if memory is not None else (lambda ids: None)
+
+
+def primed(model) -> dict | None:
+    """What `model`'s head was primed with at load (scripts, blocks, ids: counts), for bench's
+    record of where its figures were measured; None without a memory."""
+    head = head_of(model)
+    memory = _MEMORIES.get(head) if head is not None else None
+    return None if memory is None else dict(memory.primed)
