@@ -70,14 +70,12 @@ class HeadMemory:
         scripts = [int(key[1:]) for key in self.days if key[0] == "s"]
         blocks = [int(key[1:]) for key in self.days if key[0] == "b"]
         self.ids = [i for i in data["ids"] if 0 <= i < head.vocab][-IDS:]
+        head.cover(blocks)  # the blocks as the blocks' rule packs them (and counts them learned)
         groups = [head.scripts.ids(s) for s in scripts] if head.scripts is not None else []
-        rows = head.block_rows
-        groups += [torch.arange(b * rows, min((b + 1) * rows, head.vocab)) for b in blocks]
         if self.ids:
             groups.append(torch.tensor(sorted(set(self.ids)), dtype=torch.long))
         head.pack([group for group in groups if group.numel()])
         head.learned_scripts.update(scripts)
-        head.learned_blocks.update(blocks)
         self.written = self._state()
         self.primed = {"scripts": len(scripts), "blocks": len(blocks), "ids": len(self.ids)}
 
@@ -152,16 +150,19 @@ def attach(model, tokenizer) -> HeadMemory | None:
     return memory
 
 
+def _memory_of(model) -> HeadMemory | None:
+    head = head_of(model)
+    return _MEMORIES.get(head) if head is not None else None
+
+
 def keeper(model) -> Callable[[list[int]], None]:
     """What a drafter of `model` calls with a finished row's ids (a no-op without a memory)."""
-    head = head_of(model)
-    memory = _MEMORIES.get(head) if head is not None else None
+    memory = _memory_of(model)
     return memory.note if memory is not None else (lambda ids: None)
 
 
 def primed(model) -> dict | None:
     """What `model`'s head was primed with at load (scripts, blocks, ids: counts), for bench's
     record of where its figures were measured; None without a memory."""
-    head = head_of(model)
-    memory = _MEMORIES.get(head) if head is not None else None
+    memory = _memory_of(model)
     return None if memory is None else dict(memory.primed)
