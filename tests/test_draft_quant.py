@@ -265,7 +265,7 @@ def test_an_answer_in_another_script_packs_every_id_of_that_script_at_once(tiny_
 def test_scripts_read_byte_level_and_sentencepiece_pieces():
     from tiny import build_byte_fallback_tokenizer, build_tokenizer
 
-    from specgen.runtime.pruned import Scripts
+    from specgen.runtime.scripts import Scripts
 
     byte_level = Scripts(build_tokenizer(), 259)
     assert byte_level.byte_level

@@ -44,8 +44,10 @@ def read(model, ids: list[int]) -> None:
 
 def test_the_next_process_proposes_what_the_last_one_learned(tiny_dirs):
     """A script packed at once, a block packed by the blocks' rule and an id read one by one in
-    one process are proposable from the next one's first forward, with the same logits there as
-    the head that learned them, and the file names the script and block by number."""
+    one process: the next process proposes the id from its first forward, and the script and
+    the block from the first of their ids it reads (not the TRIP a head that never saw them
+    needs), with the same logits there as the head that learned them. The file names the
+    script and block by number."""
     draft, memory = pruned_draft(tiny_dirs)
     model, tokenizer = draft.model, draft.tokenizer
     ideographs = tokenizer.convert_tokens_to_ids([chr(lead) for lead in range(0xE4, 0xEA)])
@@ -65,11 +67,50 @@ def test_the_next_process_proposes_what_the_last_one_learned(tiny_dirs):
         head_memory.primed(load_pair(str(tiny_dirs["draft"]), None, device="cpu", quiet=True)[0].model)
         is None
     )
+    fresh = head_of(again.model)
+    assert set(fresh.waiting) == {"s228", "b12"} and not fresh.learned_scripts | fresh.learned_blocks
     with torch.no_grad():
+        first = again.model(torch.tensor([[5]])).logits[0, -1]
+    assert torch.isfinite(first[230]) and not torch.isfinite(first[[*ideographs, *range(192, 208)]]).any()
+    with torch.no_grad():
+        again.model(torch.tensor([[ideographs[4]]]))  # one ideograph: the script joins
+        assert torch.isfinite(again.model(torch.tensor([[5]])).logits[0, -1][ideographs]).all()
+        again.model(torch.tensor([[207]]))  # one id of block 12: the block joins
         primed = again.model(torch.tensor([[5]])).logits[0, -1]
+    assert not fresh.waiting and fresh.learned_scripts == {0xE4} and fresh.learned_blocks == {12}
     assert torch.equal(torch.isfinite(primed), torch.isfinite(learned))
     assert torch.isfinite(primed[[*ideographs, *range(192, 208), 230]]).all()
     torch.testing.assert_close(primed[torch.isfinite(primed)], learned[torch.isfinite(learned)])
+
+
+def test_held_groups_cost_text_that_needs_none_of_them_nothing(tiny_dirs):
+    """A primed script stays out of the forward while the text reads none of its ids (one
+    product of the remembered ids beside the static one); a block the blocks' rule packs
+    leaves out a held group's ids, so when that group joins no id is in two products."""
+    draft, memory = pruned_draft(tiny_dirs)
+    ideographs = draft.tokenizer.convert_tokens_to_ids([chr(lead) for lead in range(0xE4, 0xEA)])
+    memory.path.parent.mkdir(parents=True, exist_ok=True)
+    days = {"s228": head_memory.today()}
+    memory.path.write_text(json.dumps({"format": head_memory.FORMAT, "days": days, "ids": [230]}))
+    again, _ = pruned_draft(tiny_dirs)
+    head = head_of(again.model)
+    read(again.model, [5, 7, 9])
+    assert [ids.tolist() for ids in head.block_ids] == [[230]] and head.widened == 1
+    # three ids of the ideographs' block, outside their script and each of another script (so
+    # none trips): the blocks' rule packs the block without the held ideographs
+    block, scripts, others = ideographs[0] // 16, head.scripts.all(), {}
+    for i in range(block * 16, block * 16 + 16):
+        if i >= KEEP and i not in ideographs:
+            others.setdefault(int(scripts[i]), i)
+    others = list(others.values())[:3]
+    assert len(others) == 3
+    read(again.model, others)
+    packed = set(torch.cat(head.block_ids).tolist())
+    rest = {i for i in range(block * 16, block * 16 + 16) if i >= KEEP and i not in ideographs}
+    assert packed == rest | {230} and "s228" in head.waiting
+    read(again.model, [ideographs[1]])
+    packed = torch.cat(head.block_ids)
+    assert packed.numel() == packed.unique().numel() and set(ideographs) <= set(packed.tolist())
 
 
 def test_what_no_text_needed_for_a_month_is_not_primed(tiny_dirs):
@@ -83,9 +124,10 @@ def test_what_no_text_needed_for_a_month_is_not_primed(tiny_dirs):
     memory.path.write_text(json.dumps({"format": head_memory.FORMAT, "days": days, "ids": [230]}))
     again, memory = pruned_draft(tiny_dirs)
     head = head_of(again.model)
-    assert [ids.tolist() for ids in head.block_ids] == [list(range(192, 208)), [230]]
+    assert [ids.tolist() for ids in head.block_ids] == [[230]] and set(head.waiting) == {"b12"}
+    read(again.model, [200, 201, 205])  # block 12 needed today: it joins, and is dated so
     assert head.learned_blocks == {12} and not head.learned_scripts
-    memory.note([200, 201, 205])  # block 12 needed today: dated so
+    memory.note([200, 201, 205])
     saved = json.loads(memory.path.read_text())
     assert saved["days"] == {"b12": today} and saved["ids"] == [230]
 
@@ -113,9 +155,9 @@ def test_an_unwritable_cache_costs_the_next_process_its_priming_only(tiny_dirs, 
 
 def test_a_primed_int8_draft_drafts_and_the_output_is_plain_decodings(tiny_pair, tiny_dirs):
     """Through apply_draft_quant (int8 + prune, as `specgen` loads a draft) the memory is
-    attached and primed; a chain round's finished row writes it; the next load proposes every
-    id the first one had come to propose before its first forward, and greedy output is plain
-    decoding's both times."""
+    attached and primed; a chain round's finished row writes it; the next load proposes, or
+    holds until the first of their ids is read, every id the first one had come to propose,
+    and greedy output is plain decoding's both times."""
     target, _ = tiny_pair
 
     def draft():
@@ -141,7 +183,8 @@ def test_a_primed_int8_draft_drafts_and_the_output_is_plain_decodings(tiny_pair,
     learned = head_of(first).known.clone()
     assert learned.sum() > KEEP + 1  # the tiny prompt has ids past KEEP
     again = draft()
-    assert torch.equal(head_of(again).known, learned)
+    held = head_of(again).wakes >= 0  # joins at its first id read
+    assert torch.equal(head_of(again).known | held, learned)
     assert tokens == chain_tokens(again) == reference_greedy(target.model, PROMPT, 16)
 
 

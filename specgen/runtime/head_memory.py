@@ -11,11 +11,16 @@ took 11 rounds in a fresh process and 9 in the next turn of the same process; a 
 
 `HeadMemory` keeps what the head learned, per tokenizer and pruning, in the cache (`heads/`,
 one JSON file): the scripts and blocks it packed, each with the day a text last needed it,
-and up to IDS of the ids it read one by one, the latest. A load primes the head with them in one
-packing, in the static product's format, before any request (about 0.4 s for Chinese's 25,900
-ids on that CPU, milliseconds for the rest). A script or block no text needed for STALE_DAYS is
-left out, so a head does not carry a script's cost per draft step (1.3-1.6 ms for Chinese)
-for ever after one answer. Only what the draft can propose changes: outputs are the same.
+and up to IDS of the ids it read one by one, the latest. A load primes the head with them before
+any request. The ids join its forward at once. The scripts and blocks are packed then, in the
+static product's format (about 0.4 s for Chinese's 25,900 ids on that CPU, milliseconds for a
+block), but each joins the forward only when the draft reads one of its ids
+(`PrunedHead.hold`), where a head that has not seen it waits for TRIP. Primed all at once, a
+Chinese script and six blocks made every draft step 4-9% dearer for English text that needed
+none of them; held, they cost it nothing, and a Chinese answer has the script from its first
+ideograph on, with no packing in the request. A script or block no text needed for
+STALE_DAYS is not primed at all. Only what the draft can propose changes: outputs are the
+same.
 
 The head's drafter reports each finished row's ids (`keeper`); the file is written when what
 it would hold changed, at most once every WRITE_EVERY seconds after the first write of a process
@@ -35,7 +40,8 @@ import torch
 
 from specgen.errors import SpecgenError
 from specgen.files import atomic_write
-from specgen.runtime.pruned import JOIN, TRIP, PrunedHead, head_of, tokenizer_cache
+from specgen.runtime.pruned import JOIN, PrunedHead, head_of
+from specgen.runtime.scripts import TRIP, tokenizer_cache
 
 FORMAT = 1
 IDS = 2048  # ids read one by one that a memory keeps (the latest): one int8 product of 2048 rows
@@ -61,7 +67,8 @@ class HeadMemory:
         self.primed = {"scripts": 0, "blocks": 0, "ids": 0}  # what the load primed (bench reports it)
 
     def prime(self) -> None:
-        """Pack what the file holds into the head: its scripts and blocks not stale, its ids."""
+        """Prime the head with what the file holds: its ids in the forward, its scripts and
+        blocks not stale held until their first id is read."""
         data = self._read()
         if data is None:
             return
@@ -70,12 +77,9 @@ class HeadMemory:
         scripts = [int(key[1:]) for key in self.days if key[0] == "s"]
         blocks = [int(key[1:]) for key in self.days if key[0] == "b"]
         self.ids = [i for i in data["ids"] if 0 <= i < head.vocab][-IDS:]
-        head.cover(blocks)  # the blocks as the blocks' rule packs them (and counts them learned)
-        groups = [head.scripts.ids(s) for s in scripts] if head.scripts is not None else []
+        head.hold(scripts, blocks)  # packed now, in the forward from the first id read of each
         if self.ids:
-            groups.append(torch.tensor(sorted(set(self.ids)), dtype=torch.long))
-        head.pack([group for group in groups if group.numel()])
-        head.learned_scripts.update(scripts)
+            head.pack([torch.tensor(sorted(set(self.ids)), dtype=torch.long)])
         self.written = self._state()
         self.primed = {"scripts": len(scripts), "blocks": len(blocks), "ids": len(self.ids)}
 

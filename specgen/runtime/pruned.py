@@ -34,118 +34,19 @@ Both keep the model's forward signature and a full-width logits tensor, so every
 from __future__ import annotations
 
 import collections
-import hashlib
-import re
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
-from specgen.errors import ConfigError, SpecgenError
-from specgen.files import atomic_write, cache_root
+from specgen.errors import ConfigError
 from specgen.runtime import int8
-from specgen.text import BYTE_TOKEN, is_byte_level
+from specgen.runtime.scripts import TRIP, Scripts
 
 DEFAULT_KEEP = 32768
 WINDOW = 128  # the last ids read that PrunedHead.see counts
 BLOCK_ROWS = 4096
-TRIP, JOIN = 3, 2  # different ids of a block (TRIP: of a script too) among the recent reads: PrunedHead.see
-_LEAD = re.compile("[\xc2-\xf4]")  # a UTF-8 lead byte, as byte-level BPE spells it
-SCRIPTS_FORMAT = 1  # of the cached scripts (Scripts)
-
-
-class Scripts:
-    """The script of each token id's text, for a pruned head (PrunedHead.see): the UTF-8 lead
-    byte of its first character outside ASCII, CJK ideographs (lead bytes E4-E9) as one script
-    and Hangul syllables (EA-ED) as one; -1 for ids of ASCII text (words, code, punctuation).
-
-    A Chinese answer's ids are spread over the whole vocabulary: Qwen's 25,900 or so ideograph
-    ids fill blocks 24-30 (ids 98304-126975), and common words (使用, 一个, 来) sit 40 to a
-    block in blocks 8-23. So packing the blocks a text's ids fell in left those words out, and
-    the draft could not propose them (benchmarks/floor.md, "A script's ids at once").
-
-    Reading every piece of the vocabulary takes 0.3-0.5 s for Qwen's 151,646, too long to pay
-    when a text turns to another script (a 26-token answer takes 4 s). So it is read once per
-    tokenizer file and kept in the cache (`scripts/`, 2 bytes an id), keyed by the file's path,
-    size and time: a load reads it back in a millisecond."""
-
-    def __init__(self, tokenizer, vocab: int):
-        self.byte_level = is_byte_level(tokenizer)
-        self.tokenizer, self.vocab = tokenizer, vocab
-        self._all: torch.Tensor | None = None
-
-    def tripped(self, ids: set[int]) -> list[int]:
-        """The scripts that TRIP or more of `ids` are in."""
-        scripts = self.all()[torch.tensor(sorted(ids), dtype=torch.long)]
-        values, counts = torch.unique(scripts[scripts >= 0], return_counts=True)
-        return values[counts >= TRIP].tolist()
-
-    def ids(self, script: int) -> torch.Tensor:
-        """Every id of `script`, ascending."""
-        return torch.nonzero(self.all() == script).flatten()
-
-    def all(self) -> torch.Tensor:
-        """Each id's script, int16 [vocab]: from the cache, else read from the vocabulary (and kept)."""
-        if self._all is None:
-            path = tokenizer_cache(self.tokenizer, "scripts", f"{SCRIPTS_FORMAT}\t{self.vocab}")
-            try:
-                data = path.read_bytes() if path is not None else b""
-            except OSError:
-                data = b""
-            if len(data) == 2 * self.vocab:
-                self._all = torch.frombuffer(bytearray(data), dtype=torch.int16)
-            else:
-                self._all = self._read()
-                if path is not None:
-                    try:  # a cache: a failed write (a read-only disk) costs the next load a read
-                        atomic_write(path, lambda tmp: tmp.write_bytes(self._all.numpy().tobytes()))
-                    except (OSError, SpecgenError):
-                        pass
-        return self._all
-
-    def _read(self) -> torch.Tensor:
-        scripts = torch.full((self.vocab,), -1, dtype=torch.int16)
-        found = {
-            i: self._script(piece) for piece, i in self.tokenizer.get_vocab().items() if 0 <= i < self.vocab
-        }
-        found = {i: s for i, s in found.items() if s >= 0}
-        if found:
-            scripts[list(found)] = torch.tensor(list(found.values()), dtype=torch.int16)
-        return scripts
-
-    def _script(self, piece: str) -> int:
-        if self.byte_level:
-            found = _LEAD.search(piece)
-            lead = ord(found.group()) if found else -1
-        else:
-            byte = BYTE_TOKEN.fullmatch(piece)
-            text = next((c for c in piece if ord(c) >= 0x80 and c != "\u2581"), None)
-            lead = (
-                int(byte.group(1), 16) if byte else text.encode("utf-8", "surrogatepass")[0] if text else -1
-            )
-            lead = lead if lead >= 0xC2 else -1
-        if 0xE4 <= lead <= 0xE9:
-            return 0xE4
-        if 0xEA <= lead <= 0xED:
-            return 0xEA
-        return lead
-
-
-def tokenizer_cache(tokenizer, folder: str, key: str, suffix: str = ".bin") -> Path | None:
-    """A cache file in `folder` for what was read or learned of `tokenizer`'s ids: named by its
-    tokenizer.json's path, size and time and by `key` (None for a tokenizer with no such file,
-    whose ids are then read afresh each time)."""
-    name = str(getattr(tokenizer, "name_or_path", "") or "")
-    if not name:
-        return None
-    try:
-        source = Path(name, "tokenizer.json").resolve()
-        info = source.stat()
-    except OSError:
-        return None
-    key = f"{key}\t{source}\t{info.st_size}\t{info.st_mtime_ns}".encode()
-    return cache_root() / folder / f"{hashlib.sha256(key).hexdigest()[:32]}{suffix}"
+JOIN = 2  # different ids of a block among the recent reads that packs it, once one has TRIP: PrunedHead.see
 
 
 # -- pruned output layer ------------------------------------------------------------------------
@@ -162,7 +63,8 @@ class PrunedHead(nn.Module):
       are not kept yet; their rows, taken from the original head weight (the input embedding
       itself when they are tied, so no extra memory), form a small fp32 product that grows
       with the text.
-    Each kept id is in exactly one of them.
+    Each kept id is in exactly one of them. Scripts and blocks an earlier process learned can
+    be packed at load and held out of the forward until their first id is read (`hold`).
     """
 
     def __init__(
@@ -205,6 +107,11 @@ class PrunedHead(nn.Module):
         # the scripts and blocks packed since load (runtime/head_memory.py keeps them for later loads)
         self.learned_scripts: set[int] = set()
         self.learned_blocks: set[int] = set()
+        # remembered scripts and blocks, packed at load and joined at their first id read (`hold`)
+        self.waiting = nn.ModuleDict()  # "s<script>" / "b<block>" -> its product
+        self.waiting_ids: dict[str, torch.Tensor] = {}
+        self.wakes = torch.full((self.vocab,), -1, dtype=torch.int32, device=ids.device)
+        self.waiting_keys: list[str] = []  # wakes' values index it
 
     def _read(self, _embedding: nn.Module, args: tuple) -> None:
         """The input embedding's forward pre-hook (a bound method, so a deep copy follows its model)."""
@@ -224,6 +131,9 @@ class PrunedHead(nn.Module):
         flat = flat[(flat >= 0) & (flat < self.vocab)]
         tail = flat[-WINDOW:]
         marked = torch.where(self.covered[tail], -1, tail).tolist()
+        if self.waiting and (len(flat) > WINDOW or max(marked, default=-1) >= 0):
+            self._wake(flat)
+            marked = torch.where(self.covered[tail], -1, tail).tolist()
         self.recent.extend(marked)
         if max(marked, default=-1) >= 0:  # something outside arrived: count the window's scripts, blocks
             ids = {i for i in self.recent if i >= 0}
@@ -256,14 +166,8 @@ class PrunedHead(nn.Module):
         head multiplies one row per step (a prompt's last, a chain's next), and oneDNN's second
         packing costs more than it would save. Ids read one by one that a block now covers
         leave the fp32 product, and the recent reads they cover no longer count as outside."""
-        device = self.covered.device
         self.learned_blocks.update(chosen)
-        self.pack(
-            [
-                torch.arange(b * self.block_rows, min((b + 1) * self.block_rows, self.vocab), device=device)
-                for b in chosen
-            ]
-        )
+        self.pack([self._block_ids(b) for b in chosen])
 
     def pack(self, groups: list[torch.Tensor]) -> None:
         """Pack the ids of each of `groups` not covered yet (ascending ids), one product a group
@@ -272,12 +176,54 @@ class PrunedHead(nn.Module):
         ranges = []
         for ids in groups:
             ids = ids.to(self.covered.device)
-            ids = ids[~self.covered[ids]]
+            ids = ids[~self.covered[ids] & (self.wakes[ids] < 0)]  # a waiting group keeps its own
             ranges += [ids] if ids.numel() else []
-        if not ranges:
+        if ranges:
+            self._join(ranges, self._products(ranges))
+
+    def hold(self, scripts: list[int], blocks: list[int]) -> None:
+        """Pack the ids of `scripts` and `blocks` (each minus what is covered or held already)
+        now, in the static product's format, but leave them out of the forward until the draft
+        reads one of their ids: then the group joins at once (`see`), at its first id where a
+        script or block the head has not seen needs TRIP. runtime/head_memory.py holds what
+        earlier processes learned this way, so text that needs none of it pays nothing per
+        step for it, and text that does has it from its first id on, with no packing in the
+        request."""
+        device, taken = self.covered.device, self.covered | (self.wakes >= 0)
+        groups = [(f"s{s}", self.scripts.ids(s)) for s in scripts] if self.scripts is not None else []
+        groups += [(f"b{b}", self._block_ids(b)) for b in blocks]
+        held = []
+        for key, ids in groups:
+            ids = ids.to(device)
+            ids = ids[~taken[ids]]
+            if ids.numel() and key not in self.waiting:
+                taken[ids] = True
+                held.append((key, ids))
+        for (key, ids), product in zip(held, self._products([ids for _, ids in held])):
+            self.wakes[ids] = len(self.waiting_keys)
+            self.waiting_keys.append(key)
+            self.waiting[key], self.waiting_ids[key] = product, ids
+
+    def _wake(self, read: torch.Tensor) -> None:
+        """Join the held groups (see `hold`) that an id of `read` is in."""
+        found = self.wakes[read]
+        found = torch.unique(found[found >= 0]).tolist()
+        if not found:
             return
+        keys = [self.waiting_keys[i] for i in found]
+        for key in keys:
+            (self.learned_scripts if key[0] == "s" else self.learned_blocks).add(int(key[1:]))
+            self.wakes[self.waiting_ids[key]] = -1
+        self._join([self.waiting_ids.pop(key) for key in keys], [self.waiting.pop(key) for key in keys])
+
+    def _block_ids(self, block: int) -> torch.Tensor:
+        first = block * self.block_rows
+        return torch.arange(first, min(first + self.block_rows, self.vocab), device=self.covered.device)
+
+    def _join(self, ranges: list[torch.Tensor], products: list[nn.Module]) -> None:
+        """Add packed products, one per range of ids (disjoint, not covered yet), to the forward."""
         self.widened += 1
-        for ids, product in zip(ranges, self._products(ranges)):
+        for ids, product in zip(ranges, products):
             self.blocks.append(product)
             self.block_ids.append(ids)
             self.covered[ids] = True
