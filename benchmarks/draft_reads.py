@@ -8,6 +8,10 @@ differ only in it, against plain decoding, in one process.
 A column is METHOD@VARIANT:
 - `wN`: the draft reads at most a prompt's last N tokens (`drafters.model.WINDOW`, 512 by default);
 - `always`: every row reads its prompt, however dear (no read rule: `costs.read_price` None);
+- `kN`: a fixed draft length N, with no floor and no confidence stop (what a row whose floor
+  settled at N would draft, from its first round);
+- `point`: the floor acts on its point estimate (its standard error taken as 0): a row whose
+  rounds so far lose lowers its draft at once, where specgen waits for a clear loss;
 - `default`: as specgen runs.
 
 On a CPU a draft model reads a prompt at about a fifth of the target's cost a token (4.7 ms a
@@ -36,7 +40,7 @@ from specgen.bench.prompts import load_prompts
 from specgen.bench.runners import EngineRunner
 from specgen.cli.options import generation_config
 from specgen.config import Method, ModelSettings
-from specgen.decoding import costs
+from specgen.decoding import costs, floor
 from specgen.decoding.build import resolve_draft_length
 from specgen.decoding.drafters import model as chain_model
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -47,11 +51,21 @@ class VariantRunner(EngineRunner):
     """An engine method whose draft reads a prompt as `variant` says (see the module)."""
 
     def __init__(self, pair, method: Method, variant: str):
-        super().__init__(pair, method, name=f"{method.value}@{variant}")
+        fixed = {
+            "draft_tokens": int(variant[1:]) if variant.startswith("k") else 0,
+            "device_draft_tokens": False,
+            "device_confidence": False,
+            "draft_confidence": 0.0,
+            "floor": False,
+        }
+        overrides = fixed if variant.startswith("k") else None
+        super().__init__(pair, method, name=f"{method.value}@{variant}", overrides=overrides)
         self.variant = variant
 
     def generate(self, prompt_ids, config):
-        window, price = chain_model.WINDOW, costs.read_price
+        window, price, error = chain_model.WINDOW, costs.read_price, floor._Mean.error
+        if self.variant == "point":
+            floor._Mean.error = property(lambda mean: 0.0)
         if self.variant.startswith("w"):
             chain_model.WINDOW = int(self.variant[1:])
         elif self.variant == "always":
@@ -59,7 +73,7 @@ class VariantRunner(EngineRunner):
         try:
             return super().generate(prompt_ids, config)
         finally:
-            chain_model.WINDOW, costs.read_price = window, price
+            chain_model.WINDOW, costs.read_price, floor._Mean.error = window, price, error
 
 
 def main() -> None:
