@@ -108,10 +108,9 @@ class PrunedHead(nn.Module):
         self.learned_scripts: set[int] = set()
         self.learned_blocks: set[int] = set()
         # remembered scripts and blocks, packed at load and joined at their first id read (`hold`)
-        self.waiting = nn.ModuleDict()  # "s<script>" / "b<block>" -> its product
-        self.waiting_ids: dict[str, torch.Tensor] = {}
-        self.wakes = torch.full((self.vocab,), -1, dtype=torch.int32, device=ids.device)
-        self.waiting_keys: list[str] = []  # wakes' values index it
+        self.waiting = nn.ModuleDict()  # "s<script>" / "b<block>" -> its product, until it joins
+        self.held: list[tuple[str, torch.Tensor]] = []  # (key, its ids) of every group held at load
+        self.wakes = torch.full((self.vocab,), -1, dtype=torch.int32, device=ids.device)  # id -> held[i]
 
     def _read(self, _embedding: nn.Module, args: tuple) -> None:
         """The input embedding's forward pre-hook (a bound method, so a deep copy follows its model)."""
@@ -196,13 +195,13 @@ class PrunedHead(nn.Module):
         for key, ids in groups:
             ids = ids.to(device)
             ids = ids[~taken[ids]]
-            if ids.numel() and key not in self.waiting:
+            if ids.numel():
                 taken[ids] = True
                 held.append((key, ids))
         for (key, ids), product in zip(held, self._products([ids for _, ids in held])):
-            self.wakes[ids] = len(self.waiting_keys)
-            self.waiting_keys.append(key)
-            self.waiting[key], self.waiting_ids[key] = product, ids
+            self.wakes[ids] = len(self.held)
+            self.held.append((key, ids))
+            self.waiting[key] = product
 
     def _wake(self, read: torch.Tensor) -> None:
         """Join the held groups (see `hold`) that an id of `read` is in."""
@@ -210,11 +209,11 @@ class PrunedHead(nn.Module):
         found = torch.unique(found[found >= 0]).tolist()
         if not found:
             return
-        keys = [self.waiting_keys[i] for i in found]
-        for key in keys:
+        groups = [self.held[i] for i in found]
+        for key, ids in groups:
             (self.learned_scripts if key[0] == "s" else self.learned_blocks).add(int(key[1:]))
-            self.wakes[self.waiting_ids[key]] = -1
-        self._join([self.waiting_ids.pop(key) for key in keys], [self.waiting.pop(key) for key in keys])
+            self.wakes[ids] = -1
+        self._join([ids for _, ids in groups], [self.waiting.pop(key) for key, _ in groups])
 
     def _block_ids(self, block: int) -> torch.Tensor:
         first = block * self.block_rows
