@@ -251,7 +251,7 @@ def test_slash_commands_change_the_session(models):
     replies = [r for r in records if "text" in r]
     commands = {r["command"]: r for r in records if "command" in r}
     assert [r["turn"] for r in replies] == [1, 2, 3, 4]
-    assert [r["method"] for r in replies] == ["chain", "chain", "plain", "plain"]
+    assert [r["method"] for r in replies] == ["lookup-chain", "lookup-chain", "plain", "plain"]
     assert replies[0]["stats"]["new_tokens"] == 6
     assert all(r["stats"]["new_tokens"] <= 5 for r in replies[1:])
     assert replies[1]["reused_tokens"] > 0  # the first turn's tokens stayed in the caches
@@ -266,7 +266,7 @@ def test_slash_commands_change_the_session(models):
     ) == (0.7, 5, 3, 5, 2, "plain")
     assert commands["stats"]["totals"]["turns"] == 3
     assert commands["method"] == {"command": "method", "method": "plain"}  # /method prints an object too
-    assert commands["stats"]["totals"]["turns_by_method"] == {"chain": 2, "plain": 1}
+    assert commands["stats"]["totals"]["turns_by_method"] == {"lookup-chain": 2, "plain": 1}
     errors = error_lines(result.stderr)
     assert len(errors) == 6, result.stderr
     for fragment, line in zip(
@@ -678,12 +678,12 @@ def test_a_real_terminal_session_survives_ctrl_c(models):
         child.sendline("/set max_new_tokens 4")
         child.expect("max_new_tokens 4")
         child.sendline("again")
-        child.expect(r"turn 2 · chain · \d+ tokens")
+        child.expect(r"turn 2 · lookup-chain · \d+ tokens")
         child.expect(r"\((\d+) reused")
         assert int(child.match.group(1)) > 0
         child.expect("you>")
         child.send("\x1b[A\r")  # up arrow: readline history brings back "again"
-        child.expect(r"turn 3 · chain")
+        child.expect(r"turn 3 · lookup-chain")
         child.expect("you>")
         child.sendeof()
         child.expect(pexpect.EOF)

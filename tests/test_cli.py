@@ -98,7 +98,7 @@ def test_json_has_the_documented_keys(models):
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"text", "token_ids", "method", "stats"} <= set(record)
-    assert record["method"] == "chain"
+    assert record["method"] == "lookup-chain"  # the default
     stats = record["stats"]
     for key in (
         "new_tokens",
@@ -146,7 +146,11 @@ def test_rich_format_shows_footer_and_summary(models):
     narrow = runner.invoke(
         app, ["run", "hello", *models, "-n", "8", "--format", "rich"], env={"COLUMNS": "60"}
     )
-    assert narrow.exit_code == 0 and "summary" not in narrow.output and "[chain] 8 tokens" in narrow.output
+    assert (
+        narrow.exit_code == 0
+        and "summary" not in narrow.output
+        and "[lookup-chain] 8 tokens" in narrow.output
+    )
 
 
 def test_prompt_from_stdin_and_file(models, tmp_path):
@@ -548,6 +552,8 @@ def test_a_gguf_file_as_the_target(tmp_path, monkeypatch):
         str(path),
         "--draft",
         str(path),
+        "--method",
+        "chain",
         "--dtype",
         "float32",
         "-n",

@@ -504,7 +504,9 @@ def test_method_eagle_without_a_head_and_beams_from_a_head_are_one_line(dirs, ti
     assert result.exit_code == 0, result.output
 
 
-def test_run_with_a_head_defaults_to_eagle_and_matches_plain(dirs):
+def test_run_with_a_head_drafts_with_it_and_matches_plain(dirs):
+    """The default method over a head is lookup-chain (the head where lookup finds nothing);
+    chain over a head is eagle."""
     common = [
         "--target",
         str(dirs["target"]),
@@ -520,10 +522,12 @@ def test_run_with_a_head_defaults_to_eagle_and_matches_plain(dirs):
         "--raw",
     ]
     head = runner.invoke(app, ["run", "def f(x):", "--draft", str(dirs["original"]), *common])
+    chain = runner.invoke(app, ["run", "def f(x):", "--draft", str(dirs["original"]), "-m", "chain", *common])
     plain = runner.invoke(app, ["run", "def f(x):", "--method", "plain", *common])
-    assert head.exit_code == 0 and plain.exit_code == 0, head.output + plain.output
-    got, want = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (head, plain))
-    assert got["text"] == want["text"] and got["method"] == "eagle"
+    assert head.exit_code == 0 and chain.exit_code == 0 and plain.exit_code == 0, head.output + chain.output
+    got, eagle, want = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (head, chain, plain))
+    assert got["text"] == want["text"] and got["method"] == "lookup-chain"
+    assert eagle["text"] == want["text"] and eagle["method"] == "eagle"
 
 
 # -- the trainer ------------------------------------------------------------------------------------

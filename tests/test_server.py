@@ -127,7 +127,7 @@ def local_run(tiny_dirs, prompt=PROMPT, *extra) -> dict:
 
 
 def test_chat_completion_equals_a_local_run_and_reports_its_speculation(served, sdk, tiny_dirs):
-    local = local_run(tiny_dirs, PROMPT, "-n", "12", "-k", "3")
+    local = local_run(tiny_dirs, PROMPT, "-n", "12", "-k", "3", "--method", "chain")
     answer = sdk.chat.completions.create(
         model=model(served),
         messages=[{"role": "user", "content": PROMPT}],
@@ -555,7 +555,7 @@ def test_plain_and_rich_output_come_through(served, tiny_dirs):
             assert "tokens/target forward" in remote.stderr
         else:
             assert (
-                "tokens/target forward" in remote.output and "[chain] 8 tokens" in remote.output
+                "tokens/target forward" in remote.output and "[lookup-chain] 8 tokens" in remote.output
             )  # 80 columns
 
 
@@ -566,7 +566,7 @@ def test_the_server_logs_a_line_per_request(served, tiny_dirs):
     invoke("run", "x" * 400, *options(tiny_dirs), "--raw")
     lines = served.log.getvalue().splitlines()[before:]
     assert len(lines) == 2
-    assert "[chain] 5 tokens in" in lines[0] and "prompt" in lines[0] and "tok/s" in lines[0]
+    assert "[lookup-chain] 5 tokens in" in lines[0] and "prompt" in lines[0] and "tok/s" in lines[0]
     assert "error 400" in lines[1] and "400 tokens" in lines[1]
 
 

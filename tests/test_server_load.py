@@ -104,10 +104,10 @@ def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dir
             if key not in expected:
                 expected[key] = local_run(tiny_dirs, prompt, "-n", str(n))["text"]
             assert text == expected[key], prompt
-    # the draft length chain rows finished with per batch width: at most the width caps, lowered
-    # where their measured rounds chose less (0: plain rounds)
+    # the draft length the default method's rows finished with per batch width: at most the width
+    # caps, lowered where their measured rounds chose less (0: plain rounds)
     status, text, _ = raw(served, "GET", "/metrics")
-    prefix = 'specgen_draft_length{method="chain",width="'
+    prefix = 'specgen_draft_length{method="lookup-chain",width="'
     lengths = {
         int(line[len(prefix) :].split('"')[0]): float(line.split()[-1])
         for line in text.splitlines()

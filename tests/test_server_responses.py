@@ -40,7 +40,7 @@ def test_a_response_is_the_chat_completion_its_input_means(served, sdk):
     cut = expected.choices[0].finish_reason == "length"
     assert response.status == ("incomplete" if cut else "completed")
     assert (response.incomplete_details is not None) == cut
-    assert response.model_extra["speculative"]["method"] == "chain"
+    assert response.model_extra["speculative"]["method"] == "lookup-chain"  # the default
     # a plain string input is one user message
     alone = sdk.responses.create(
         model=model(served), input="Write a haiku about caches", max_output_tokens=6, temperature=0

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from specgen.config import DEFAULT_METHOD
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # -- the option groups, declared once ------------------------------------------------------------
@@ -125,10 +126,11 @@ GENERATION_OPTIONS = {
                 "--method",
                 "-m",
                 help="plain, chain, lookup, lookup-chain, rsd-c, rsd-s, multi-draft, or eagle (with an "
-                "EAGLE-3 head as --draft; chain means eagle there).",
+                "EAGLE-3 head as --draft; chain means eagle there). lookup-chain: prompt lookup where the "
+                "text repeats, the draft elsewhere.",
             ),
         ],
-        "chain",
+        DEFAULT_METHOD.value,
     ),
     "max_new_tokens": (MaxNewOpt, 256),
     "draft_tokens": (

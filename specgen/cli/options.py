@@ -18,6 +18,7 @@ import typer
 
 from specgen.cli.groups import GENERATION_OPTIONS, MEMORY_OPTIONS, MODEL_OPTIONS
 from specgen.config import (
+    DEFAULT_METHOD,
     GenerationConfig,
     MemorySettings,
     Method,
@@ -232,7 +233,7 @@ def note_unused(ctx, config: GenerationConfig) -> None:
 
 def generation_config(
     *,
-    method="chain",
+    method=DEFAULT_METHOD.value,
     max_new_tokens=256,
     draft_tokens="device",
     temperature=0.0,

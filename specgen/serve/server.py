@@ -26,7 +26,7 @@ from typing import Callable
 
 import uvicorn
 
-from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
+from specgen.config import DEFAULT_METHOD, GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding import run as driver
 from specgen.decoding.build import resolve_draft_length
 from specgen.decoding.prompts import encode_prompt
@@ -136,9 +136,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def defaults(pair, options: ServeOptions) -> GenerationConfig:
-    """A request's drafting and budget when it names none: chain at the device's k, or prompt
-    lookup on a pair loaded without a draft model (a bench of plain and lookup only)."""
-    method = Method.CHAIN if pair.draft is not None else Method.LOOKUP
+    """A request's drafting and budget when it names none: run's default method at the device's
+    k, or prompt lookup on a pair loaded without a draft model (a bench of plain and lookup only)."""
+    method = DEFAULT_METHOD if pair.draft is not None else Method.LOOKUP
     config = GenerationConfig(
         method=method,
         max_new_tokens=options.max_tokens,

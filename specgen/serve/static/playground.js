@@ -66,7 +66,7 @@ async function connect() {
 
 function fillMethods(methods, preferred) {
   const pick = $("method"), third = $("third");
-  const chosen = pick.value || preferred || "chain";
+  const chosen = pick.value || preferred || "lookup-chain";
   pick.replaceChildren(...methods.filter((m) => m !== "plain").map((m) => new Option(m, m)));
   if (!pick.options.length) pick.append(new Option("plain", "plain"));
   pick.value = [...pick.options].some((o) => o.value === chosen) ? chosen : pick.options[0].value;
@@ -447,7 +447,7 @@ async function refreshMetrics() {
 
 // -- wiring -------------------------------------------------------------------------------------------
 function start() {
-  fillMethods(METHODS, "chain");
+  fillMethods(METHODS, "lookup-chain");
   const saved = sessionStorage.getItem(KEY);
   if (saved) { $("key").value = saved; connect(); }
   $("key").addEventListener("change", () => {
