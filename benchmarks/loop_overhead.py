@@ -122,7 +122,6 @@ def main() -> None:
                 started = time.perf_counter()
                 result = driver.generate(engine, tokenizer, ids, config, Silent())
                 runs[column] = (time.perf_counter() - started, len(result.token_ids), timers.table())
-                timers.calls.clear()
             step = statistics.median(runs["plain"][2][("target", 1)])
             for column in columns:
                 wall, tokens, table = runs[column]

@@ -130,8 +130,7 @@ class PrunedHead(nn.Module):
         flat = flat[(flat >= 0) & (flat < self.vocab)]
         tail = flat[-WINDOW:]
         marked = torch.where(self.covered[tail], -1, tail).tolist()
-        if self.waiting and (len(flat) > WINDOW or max(marked, default=-1) >= 0):
-            self._wake(flat)
+        if self.waiting and (len(flat) > WINDOW or max(marked, default=-1) >= 0) and self._wake(flat):
             marked = torch.where(self.covered[tail], -1, tail).tolist()
         self.recent.extend(marked)
         if max(marked, default=-1) >= 0:  # something outside arrived: count the window's scripts, blocks
@@ -203,17 +202,18 @@ class PrunedHead(nn.Module):
             self.held.append((key, ids))
             self.waiting[key] = product
 
-    def _wake(self, read: torch.Tensor) -> None:
-        """Join the held groups (see `hold`) that an id of `read` is in."""
+    def _wake(self, read: torch.Tensor) -> bool:
+        """Join the held groups (see `hold`) that an id of `read` is in; whether any joined."""
         found = self.wakes[read]
         found = torch.unique(found[found >= 0]).tolist()
         if not found:
-            return
+            return False
         groups = [self.held[i] for i in found]
         for key, ids in groups:
             (self.learned_scripts if key[0] == "s" else self.learned_blocks).add(int(key[1:]))
             self.wakes[ids] = -1
         self._join([ids for _, ids in groups], [self.waiting.pop(key) for key, _ in groups])
+        return True
 
     def _block_ids(self, block: int) -> torch.Tensor:
         first = block * self.block_rows
