@@ -223,10 +223,14 @@ class LeanForward:
         cache = kwargs[CACHE_ARG]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [b, n, 1, D]: one rotation for q and k together
         b, n = hidden.shape[:2]
         heads, groups, dim = self.heads, self.groups, self.head_dim
         half = dim // 2
+        # [b, n, 1, D]: one rotation for q and k together. transformers' rotate_half(x) * sin is
+        # cat(-x2, x1) * sin; here roll(x) * cat(-sin1, sin2) = cat(x2 * -sin1, x1 * sin2), bitwise
+        # the same products (a sign commutes exactly), in two calls a layer instead of five
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
         masks = attention_mask if isinstance(attention_mask, dict) else None  # by layer type: windows differ
         kind = self._attention_kind(attention_mask)
         if kind == "exact" and hidden.dtype != torch.float32:
@@ -242,8 +246,8 @@ class LeanForward:
             x = _norm(hidden, layer.ln1, layer.eps1)
             qkv = rows.unpack(layer.qkv(x)).view(b, n, heads + 2 * groups, dim)
             qk = qkv[:, :, : heads + groups]
-            qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin)
-            q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
+            qk = ((qk * cos) + (qk.roll(half, -1) * sin)).transpose(1, 2)
+            q, k = qk[:, :heads], qk[:, heads:]
             k, v = cache.update(k, qkv[:, :, heads + groups :].transpose(1, 2), layer.index)
             if masks is not None:
                 attention_mask = masks[layer.kind]
