@@ -32,7 +32,7 @@ from specgen.config import GenerationConfig
 from specgen.decoding.prompts import PromptRecord
 from specgen.errors import ConfigError, one_line
 from specgen.models import placement
-from specgen.runtime import head_memory, pages
+from specgen.runtime import head_memory
 from specgen.runtime.int8 import RowInt8Linear
 from specgen.status import note
 
@@ -304,7 +304,6 @@ def environment(pair, threads: int) -> dict:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpu_flags": sorted(f for f in (placement.cpu_flags() or ()) if f.startswith(("avx", "amx", "sse4"))),
         "cpu_format": _format_record(),
-        "memory_pages": pages.in_use(),  # the weights' pages: 2 MB ones make steps faster (runtime/pages.py)
     }
     primed = head_memory.primed(pair.draft.model) if pair.draft else None
     if primed is not None:  # a draft head primed from earlier runs drafts better from the start

@@ -335,8 +335,7 @@ def summary_cells(g) -> list[str]:
 
 
 def title(result) -> str:
-    """The report's one-line title: models, formats, threads, the weights' memory pages on a CPU,
-    draft length, mode, budget."""
+    """The report's one-line title: models, formats, threads, draft length, mode, budget."""
     env, s = result.environment, result.settings
     return (
         f"specgen bench · {env['target']['name']}"
@@ -350,13 +349,7 @@ def title(result) -> str:
             and env["cpu_format"]["dtype"] == env["target"]["dtype"]
             else ""
         )
-        + f" · threads={env['torch_threads']}"
-        + (
-            f" · {env['memory_pages']} pages"
-            if env.get("memory_pages") and env["target"]["device"] == "cpu"
-            else ""
-        )
-        + f" · k={s['draft_tokens']}"
+        + f" · threads={env['torch_threads']} · k={s['draft_tokens']}"
         + (" (device default)" if str(s.get("draft_tokens_choice", "")).startswith("device") else "")
         + (f", stop below {s['draft_confidence']:g}" if s.get("draft_confidence") else "")
         + " · "

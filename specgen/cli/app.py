@@ -21,7 +21,6 @@ from specgen.cli.models import models_app
 from specgen.cli.run import run
 from specgen.cli.serve import serve
 from specgen.cli.train_head import train_head
-from specgen.runtime import pages
 
 
 def _flags_show_no_type() -> None:
@@ -97,7 +96,6 @@ def main() -> None:
         )
         sys.stderr.flush()
         os._exit(1)
-    _restart_for_huge_pages()
     try:
         app()
         status = 0
@@ -110,27 +108,6 @@ def main() -> None:
         except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing left to say
             pass
     os._exit(status)
-
-
-# the commands that load models: their weights stream from memory every step (runtime/pages.py)
-LOADING = frozenset({"run", "chat", "bench", "serve", "check", "train-head"})
-
-
-def _restart_for_huge_pages() -> None:
-    """Start this command again with glibc asking for 2 MB pages, where that gives the weights
-    2 MB pages and nothing has asked yet (runtime/pages.py). The same interpreter, arguments and
-    file descriptors: nothing has been read or written yet. If the restart fails, go on as is."""
-    if sys.argv[1:2] == [] or sys.argv[1] not in LOADING or "--help" in sys.argv:
-        return
-    if not getattr(sys, "orig_argv", None):
-        return
-    env = pages.restart_environment(os.environ, pages.system_setting(), pages.glibc_version())
-    if env is None:
-        return
-    try:
-        os.execve(sys.executable, sys.orig_argv, env)
-    except OSError:
-        pass
 
 
 def _writable(fd: int) -> bool:

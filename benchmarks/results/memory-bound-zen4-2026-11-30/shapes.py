@@ -5,7 +5,6 @@ totalling about 400 MB per shape, cycled), beside the machine's read bandwidth, 
 """
 
 import statistics
-import sys
 import time
 
 import torch
@@ -30,7 +29,7 @@ copies = {
     name: [int8.linear_of(torch.randn(n, k)) for _ in range(max(2, int(400e6 // (n * k))))]
     for name, (n, k) in SHAPES.items()
 }
-for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 12):
+for _ in range(12):
     line = f"bw {bandwidth():.1f} GB/s |"
     for name, linears in copies.items():
         n, k = SHAPES[name]
