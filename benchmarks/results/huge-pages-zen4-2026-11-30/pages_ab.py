@@ -2,9 +2,10 @@
 pages, in one process. The pair is loaded twice (run this without GLIBC_TUNABLES), and the
 anonymous memory the second load added (its packed weights and tensors) is collapsed into 2 MB
 pages with madvise(MADV_COLLAPSE), Linux 6.1 and later. Then one-token and six-token steps of
-each copy take turns over a 200-token cache, 30 rounds, medians.
+each copy take turns over a 200-token cache, 30 rounds, medians. `--collapse first` collapses the
+first load instead, so that neither the order of the loads nor where they landed decides.
 
-    python benchmarks/results/huge-pages-zen4-2026-11-30/pages_ab.py
+    python benchmarks/results/huge-pages-zen4-2026-11-30/pages_ab.py [--collapse first|second]
 """
 
 import ctypes
@@ -46,17 +47,19 @@ def main() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     torch.set_num_threads(2)
-    small = default_pair()
+    first = "--collapse" in sys.argv and sys.argv[sys.argv.index("--collapse") + 1] == "first"
+    small = None if first else default_pair()
     before = anonymous_regions()
     huge = default_pair()
     added = sorted(anonymous_regions() - before)
+    small = small or default_pair()
     started = time.perf_counter()
     for low, high in added:
         start, end = (low + HUGE - 1) & ~(HUGE - 1), high & ~(HUGE - 1)
         if end > start:
             libc.madvise(start, end - start, MADV_COLLAPSE)
     print(
-        f"second load: {sum(h - low for low, h in added) / 1e9:.2f} GB of anonymous memory, collapsed in "
+        f"the collapsed load: {sum(h - low for low, h in added) / 1e9:.2f} GB of anonymous memory, in "
         f"{time.perf_counter() - started:.1f} s; AnonHugePages {huge_kb()}",
         flush=True,
     )
