@@ -273,9 +273,29 @@ def test_speedup_is_per_prompt_then_a_geometric_mean():
     assert list(rows)[:3] == [("plain", "all"), ("plain", "A"), ("plain", "B")]
 
 
+def test_the_read_round_is_the_first_round_a_draft_model_drafted():
+    """Lookup's rounds draft from the text and read nothing; the first round the draft model
+    drafts holds its read of the prompt, and it alone is kept apart (summed over generations)."""
+    from specgen.decoding.events import Origin, RoundResult
+
+    def drafted(origin, seconds, k=3):
+        return RoundResult(
+            list(range(k)), tuple(range(k)), (1,), 9, emitted=[0, 9], draft_seconds=seconds, origin=origin
+        )
+
+    stats = Stats(method="lookup-chain")
+    for event in (drafted(Origin.TEXT, 0.001), drafted(Origin.MODEL, 0.3), drafted(Origin.MODEL, 0.05, 2)):
+        stats.add(event, 1.0)
+    assert (stats.read_seconds, stats.read_drafted) == (0.3, 3)
+    assert stats.drafted == 8 and stats.draft_seconds == pytest.approx(0.351)
+    both = stats.merge(stats)
+    assert (both.read_seconds, both.read_drafted) == (0.6, 6)
+    assert Stats(method="x").read_drafted == 0
+
+
 def test_draft_step_is_a_draft_token_s_time_in_plain_target_forwards():
     """plain: 10 forwards in 0.5 s of verify time (0.05 s a forward); a: 20 drafted tokens in
-    0.2 s of draft time (0.01 s each) -> a draft step costs 0.2 target steps."""
+    0.2 s of draft time (0.01 s each) after its read round -> a draft step costs 0.2 target steps."""
 
     class Counted(FakeRunner):
         def __init__(self, name, log, stats):
@@ -294,7 +314,17 @@ def test_draft_step_is_a_draft_token_s_time_in_plain_target_forwards():
             )
 
     plain = Stats(method="plain", rounds=10, verify_seconds=0.5)
-    drafted = Stats(method="a", rounds=5, verify_seconds=0.3, drafted=20, accepted=10, draft_seconds=0.2)
+    # its first model round (5 tokens in 0.1 s, mostly the draft's read of the prompt) is left out
+    drafted = Stats(
+        method="a",
+        rounds=5,
+        verify_seconds=0.3,
+        drafted=25,
+        accepted=10,
+        draft_seconds=0.3,
+        read_seconds=0.1,
+        read_drafted=5,
+    )
     runners = [Counted("plain", [], plain), Counted("a", [], drafted)]
     runs = list(measuring.measure(runners, fake_prompts(), settings(n=10)))
     rows = {
@@ -473,6 +503,8 @@ def test_json_schema(small_result, tmp_path):
         "accepted_length_histogram",
         "draft_seconds",
         "verify_seconds",
+        "read_seconds",
+        "read_drafted",
         "peak_memory_bytes",
         "stop_reason",
         "token_ids",

@@ -55,6 +55,8 @@ RECORD_FIELDS = (
     "accepted_length_histogram",
     "draft_seconds",
     "verify_seconds",
+    "read_seconds",
+    "read_drafted",
     "peak_memory_bytes",
     "stop_reason",
     "token_ids",
@@ -116,6 +118,9 @@ class Generation:
     accepted = _counted(Known.DRAFTS, attrgetter("accepted"))
     accepted_length_histogram = _counted(Known.DRAFTS, lambda s: histogram(s.accepted_lengths))
     draft_seconds = _counted(Known.DRAFTS | Known.TIMES, attrgetter("draft_seconds"))  # drafts, and timed
+    # the first round a draft model drafted (mostly its read of the prompt), in draft_seconds and drafted
+    read_seconds = _counted(Known.DRAFTS | Known.TIMES, attrgetter("read_seconds"))
+    read_drafted = _counted(Known.DRAFTS, attrgetter("read_drafted"))
     prefill_seconds = _counted(Known.TIMES, attrgetter("prefill_seconds"))
     verify_seconds = _counted(Known.TIMES, attrgetter("verify_seconds"))
 

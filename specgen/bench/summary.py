@@ -55,7 +55,8 @@ class GroupSummary:
     # of the rounds that drafted, the share whose i-th draft token was accepted (i = 1, 2, ...)
     acceptance_per_position: list[float] | None = None
     # a draft step's cost in target steps: draft seconds per drafted token over plain's seconds
-    # per target forward on the same prompts (an EAGLE-3 head's goal: under 0.08)
+    # per target forward on the same prompts (an EAGLE-3 head's goal: under 0.08), the first round
+    # a draft model drafted left out: its time is mostly the draft's read of the prompt
     draft_step: float | None = None
 
 
@@ -183,12 +184,16 @@ def _group(
         len(compared),
         max(peaks) if peaks else None,
         None if pooled is None else per_position(pooled),
-        _draft_step(total("draft_seconds"), drafted, step) if method != PLAIN else None,
+        _draft_step(runs, step) if method != PLAIN else None,
     )
 
 
-def _draft_step(draft_seconds: float | None, drafted: int | None, step: float | None) -> float | None:
-    """Seconds per drafted token in target steps (None where either is unknown)."""
-    if draft_seconds is None or not drafted or not step:
+def _draft_step(runs: list, step: float | None) -> float | None:
+    """Seconds per drafted token in target steps, each generation's read round left out (None
+    where either is unknown)."""
+    counts = [(m.draft_seconds, m.drafted, m.read_seconds, m.read_drafted) for m in runs]
+    if not step or any(value is None for row in counts for value in row):
         return None
-    return rate(draft_seconds / drafted, step)
+    drafted = sum(n - read_n for _, n, _, read_n in counts)
+    seconds = sum(s - read_s for s, _, read_s, _ in counts)
+    return rate(seconds / drafted, step) if drafted else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from specgen.decoding.events import Event, Finished, Joined, ReplayResult, RoundResult
+from specgen.decoding.events import Event, Finished, Joined, Origin, ReplayResult, RoundResult
 
 MIN_TIMED_SECONDS = (
     0.05  # a decode shorter than this gives no rate worth showing (1 token in 40 us read 24963 tok/s)
@@ -35,6 +35,10 @@ class Stats:
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # the first round a draft model (or head) drafted: its time is mostly the draft's read of the
+    # prompt, which a draft step's cost leaves out (bench's draft step column; the floor skips it too)
+    read_seconds: float = 0.0
+    read_drafted: int = 0  # that round's draft tokens
     seconds: float = 0.0  # wall time from the start of prefill to the last token
     time_to_first_token: float | None = None
     first_tokens: int = 0  # tokens that arrived with the first one (a round can emit several)
@@ -75,9 +79,12 @@ class Stats:
         # drafts past the stopping point (EOS or the length limit inside the accepted part)
         # were never in question: they do not count as proposed
         cut_inside = result.stop is not None and len(result.emitted) <= result.accepted
-        self.drafted += len(result.emitted) if cut_inside else len(result.draft_tokens)
+        drafted = len(result.emitted) if cut_inside else len(result.draft_tokens)
+        self.drafted += drafted
         self.accepted += result.accepted_emitted
         self.draft_seconds += result.draft_seconds
+        if drafted and result.origin is Origin.MODEL and not self.read_drafted:
+            self.read_seconds, self.read_drafted = result.draft_seconds, drafted
         self.verify_seconds += result.verify_seconds
         if result.draft_tokens:
             self.accepted_lengths[result.accepted] += 1
@@ -210,6 +217,8 @@ class Stats:
             "time_to_first_token": round(self.time_to_first_token or 0.0, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
+            "read_seconds": round(self.read_seconds, 4),
+            "read_drafted": self.read_drafted,
             # the old key of decode_tokens_per_second, kept for one release (docs/usage.md)
             "tokens_per_second": self._timed(self.decode_tokens_per_second),
             "decode_tokens_per_second": self._timed(self.decode_tokens_per_second),
@@ -248,6 +257,7 @@ def from_dict(data: dict, method: str | None = None) -> Stats:
         "verified_windows",
         "rollbacks",
         "rolled_back_tokens",
+        "read_drafted",
     ):
         setattr(stats, name, int(data.get(name) or 0))
     stats.declined = int(data.get("draft_declined") or 0)
@@ -258,6 +268,7 @@ def from_dict(data: dict, method: str | None = None) -> Stats:
         "draft_seconds",
         "verify_seconds",
         "replay_seconds",
+        "read_seconds",
     ):
         setattr(stats, name, float(data.get(name) or 0.0))
     stats.time_to_first_token = data.get("time_to_first_token") or None
@@ -282,6 +293,8 @@ _SUMMED = (
     "prefill_seconds",
     "draft_seconds",
     "verify_seconds",
+    "read_seconds",
+    "read_drafted",
     "seconds",
     "verified_windows",
     "rollbacks",
