@@ -184,16 +184,14 @@ def _group(
         len(compared),
         max(peaks) if peaks else None,
         None if pooled is None else per_position(pooled),
-        _draft_step(runs, step) if method != PLAIN else None,
+        _draft_step(total, drafted, step) if method != PLAIN else None,
     )
 
 
-def _draft_step(runs: list, step: float | None) -> float | None:
+def _draft_step(total, drafted: int | None, step: float | None) -> float | None:
     """Seconds per drafted token in target steps, each generation's read round left out (None
-    where either is unknown)."""
-    counts = [(m.draft_seconds, m.drafted, m.read_seconds, m.read_drafted) for m in runs]
-    if not step or any(value is None for row in counts for value in row):
+    where a count is unknown). `total(name)`: the runs' sum of a field, None where one lacks it."""
+    seconds, read, read_drafted = total("draft_seconds"), total("read_seconds"), total("read_drafted")
+    if None in (seconds, read, drafted, read_drafted) or not step or drafted == read_drafted:
         return None
-    drafted = sum(n - read_n for _, n, _, read_n in counts)
-    seconds = sum(s - read_s for s, _, read_s, _ in counts)
-    return rate(seconds / drafted, step) if drafted else None
+    return rate((seconds - read) / (drafted - read_drafted), step)

@@ -227,8 +227,9 @@ class LeanForward:
         heads, groups, dim = self.heads, self.groups, self.head_dim
         half = dim // 2
         # [b, n, 1, D]: one rotation for q and k together. transformers' rotate_half(x) * sin is
-        # cat(-x2, x1) * sin; here roll(x) * cat(-sin1, sin2) = cat(x2 * -sin1, x1 * sin2), bitwise
-        # the same products (a sign commutes exactly), in two calls a layer instead of five
+        # cat(-x2, x1) * sin; here roll(x) * cat(-sin1, sin2) = cat(x2 * -sin1, x1 * sin2): bitwise
+        # the same products (a sign commutes exactly), with one call a layer (roll) for rotate_half's
+        # four (two slices, a negation, a concatenation); the signed sine is made once a forward
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
         sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
         masks = attention_mask if isinstance(attention_mask, dict) else None  # by layer type: windows differ

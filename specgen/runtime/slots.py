@@ -133,9 +133,9 @@ class SlotLayer(SlotRows, CacheLayerMixin):
             key_states, value_states = key_states.to(keys.dtype), value_states.to(values.dtype)
         slots = self._slots(keys)
         if slots.shape[0] == 1:
-            slots = slots[0]
-            keys.index_copy_(2, slots, key_states)
-            values.index_copy_(2, slots, value_states)
+            row = slots[0]  # indexed once for both writes
+            keys.index_copy_(2, row, key_states)
+            values.index_copy_(2, row, value_states)
         else:
             index = slots[:, None, :, None]
             keys.scatter_(2, index.expand_as(key_states), key_states)

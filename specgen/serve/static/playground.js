@@ -6,6 +6,7 @@
 const KEY = "specgen-playground-key";
 const SVG = "http://www.w3.org/2000/svg";
 const METHODS = ["plain", "chain", "lookup", "lookup-chain", "suffix", "rsd-c", "rsd-s", "multi-draft", "eagle"];
+const DEFAULT_METHOD = "lookup-chain";  // config.DEFAULT_METHOD, until the server names its own
 const METRICS_SECONDS = 3;
 const RATE_WINDOW = 8; // rounds in each point of the tokens/s plot
 
@@ -66,7 +67,7 @@ async function connect() {
 
 function fillMethods(methods, preferred) {
   const pick = $("method"), third = $("third");
-  const chosen = pick.value || preferred || "lookup-chain";
+  const chosen = pick.value || preferred || DEFAULT_METHOD;
   pick.replaceChildren(...methods.filter((m) => m !== "plain").map((m) => new Option(m, m)));
   if (!pick.options.length) pick.append(new Option("plain", "plain"));
   pick.value = [...pick.options].some((o) => o.value === chosen) ? chosen : pick.options[0].value;
@@ -447,7 +448,7 @@ async function refreshMetrics() {
 
 // -- wiring -------------------------------------------------------------------------------------------
 function start() {
-  fillMethods(METHODS, "lookup-chain");
+  fillMethods(METHODS, DEFAULT_METHOD);
   const saved = sessionStorage.getItem(KEY);
   if (saved) { $("key").value = saved; connect(); }
   $("key").addEventListener("change", () => {
