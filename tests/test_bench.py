@@ -534,8 +534,12 @@ def test_csv_schema(small_result, tmp_path):
     bench_cli.write_csv(small_result, path)
     rows = list(csv.DictReader(path.open(encoding="utf-8")))
     assert list(rows[0]) == bench_cli.CSV_COLUMNS
+    # every field of a measurement's JSON record is a column, its kept old keys included
+    assert set(small_result.measurements[0].record()) <= set(bench_cli.CSV_COLUMNS)
     assert len(rows) == 12
     chain = next(r for r in rows if r["method"] == "chain")
+    measured = next(m for m in small_result.measurements if m.method == "chain")
+    assert chain["read_seconds"] == str(measured.read_seconds)
     assert chain["identical_to_plain"] == "True"
     assert chain["accepted_length_histogram"] == " ".join(
         f"{k}:{v}" for k, v in small_result.measurements[1].accepted_length_histogram.items()

@@ -120,6 +120,35 @@ OLD_KEYS = {
 }
 
 
+# bench's JSON and CSV row of a generation (runners.Generation.record), in this order
+RECORD_FIELDS = (
+    "prompt_id",
+    "category",
+    "method",
+    "repeat",
+    "prompt_tokens",
+    "new_tokens",
+    "seconds",
+    "prefill_seconds",
+    "ttft_seconds",
+    "wall_tokens_per_second",  # and its old key, tokens_per_second, for one release (OLD_KEYS)
+    "after_first_tokens_per_second",  # and its old key, decode_tokens_per_second, for one release
+    "acceptance_rate",
+    "tokens_per_target_forward",
+    "target_forwards",
+    "drafted",
+    "accepted",
+    "accepted_length_histogram",
+    "draft_seconds",
+    "verify_seconds",
+    "read_seconds",
+    "read_drafted",
+    "peak_memory_bytes",
+    "stop_reason",
+    "token_ids",
+)
+
+
 def to_json(result) -> dict:
     return {
         "schema": "specgen-bench/1",
@@ -159,30 +188,10 @@ def write_json(result, path: Path) -> None:
     path.write_text("{\n" + ",\n".join(parts) + "\n}\n", encoding="utf-8")
 
 
+# The CSV's columns: a measurement's record (the keys kept for one release included), then its
+# prompt's verdict and speed-up, then the line of a column that stopped
 CSV_COLUMNS = [
-    "prompt_id",
-    "category",
-    "method",
-    "repeat",
-    "prompt_tokens",
-    "new_tokens",
-    "seconds",
-    "prefill_seconds",
-    "ttft_seconds",
-    "tokens_per_second",  # the old key of wall_tokens_per_second, kept for one release
-    "wall_tokens_per_second",
-    "decode_tokens_per_second",  # the old key of after_first_tokens_per_second, kept for one release
-    "after_first_tokens_per_second",
-    "acceptance_rate",
-    "tokens_per_target_forward",
-    "target_forwards",
-    "drafted",
-    "accepted",
-    "accepted_length_histogram",
-    "draft_seconds",
-    "verify_seconds",
-    "peak_memory_bytes",
-    "stop_reason",
+    *(key for key in with_old_keys(dict.fromkeys(RECORD_FIELDS)) if key != "token_ids"),
     "identical_to_plain",
     "speedup_prompt",
     "token_ids",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Callable, Protocol
 
-from specgen.bench.report import with_old_keys
+from specgen.bench.report import RECORD_FIELDS, with_old_keys
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.build import build_engine
 from specgen.decoding.run import timed
@@ -32,35 +32,6 @@ class Known(enum.Flag):
 def _counted(flag: Known, read: Callable[[Stats], object]) -> property:
     """A Generation's figure read from its Stats where its runner could count it (`flag`), else None."""
     return property(lambda generation: read(generation.stats) if flag in generation.known else None)
-
-
-# bench's JSON and CSV row of a generation (`Generation.record`), in this order
-RECORD_FIELDS = (
-    "prompt_id",
-    "category",
-    "method",
-    "repeat",
-    "prompt_tokens",
-    "new_tokens",
-    "seconds",
-    "prefill_seconds",
-    "ttft_seconds",
-    "wall_tokens_per_second",  # and its old key, tokens_per_second, for one release (report.OLD_KEYS)
-    "after_first_tokens_per_second",  # and its old key, decode_tokens_per_second, for one release
-    "acceptance_rate",
-    "tokens_per_target_forward",
-    "target_forwards",
-    "drafted",
-    "accepted",
-    "accepted_length_histogram",
-    "draft_seconds",
-    "verify_seconds",
-    "read_seconds",
-    "read_drafted",
-    "peak_memory_bytes",
-    "stop_reason",
-    "token_ids",
-)
 
 
 @dataclass
