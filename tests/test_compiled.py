@@ -208,9 +208,53 @@ def test_cuda_graphs_in_a_batch_decide_what_eager_decides(tiny_dirs, method, mod
     assert outputs[mode] == outputs["off"]
 
 
+def mixed_batch(target, draft, mode: str) -> dict[int, list[int]]:
+    """Rows of every method in one batch (drafters/mixed.py), its steps in `mode`: each row's
+    final tokens."""
+    from test_mixed import MIXES, PROMPTS, run
+
+    from specgen.decoding.build import build_engine
+    from specgen.runtime.pair import Pair
+
+    configs = MIXES["every method"]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(configs))]
+    finals, widths = run(build_engine(Pair(target, draft, mode), configs[0]), configs, prompts, len(configs))
+    assert all(len(configs) in w for w in widths.values())  # one batch: every row saw all of them
+    return finals
+
+
+def test_fixed_shapes_in_a_mixed_batch_decide_what_eager_decides(tiny_pair):
+    """The code a GPU captures, eagerly on the CPU, for a batch whose rows each draft their own
+    way (plain, chain, lookup, trees, a deterministic row)."""
+    assert mixed_batch(*tiny_pair, "fixed") == mixed_batch(*tiny_pair, "off")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("method", ["chain", "rsd-c"])
+@pytest.mark.parametrize("mode", ["graphs", "inductor"])
+def test_cuda_graphs_in_a_mixed_batch_decide_what_eager_decides(tiny_dirs, mode):
+    """`specgen serve` on a GPU batches rows of every method together under captured steps: each
+    row gives what the same batch gives eagerly, and that is plain decoding's tokens."""
+    from test_mixed import MIXES, PROMPTS, alone
+
+    from specgen.models.load import load_pair
+    from specgen.runtime.pair import Pair
+
+    target, draft = load_pair(
+        str(tiny_dirs["target"]), str(tiny_dirs["draft"]), device="cuda", dtype="float32", quiet=True
+    )
+    captured = mixed_batch(target, draft, mode)
+    assert captured == mixed_batch(target, draft, "off")
+    eager = Pair(target, draft, "off")
+    for i, config in enumerate(MIXES["every method"]):
+        assert captured[i] == alone(eager, config, PROMPTS[i % len(PROMPTS)]), (
+            f"row {i} ({config.method.value})"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["chain", "rsd-c", "lookup-chain"])
 def test_cli_on_cuda_prints_what_plain_decoding_prints(tiny_dirs, method):
     """What a user runs: `specgen run --device cuda` (compile auto, so compiled on CUDA)."""
     from typer.testing import CliRunner
