@@ -1118,3 +1118,51 @@ def test_a_head_under_cuda_graphs_decides_what_eager_decides(trained, dirs, mode
     plain = GenerationConfig(method=Method.PLAIN, max_new_tokens=30)
     reference = engine_with((target, None), plain, stop_ids=frozenset())
     assert out[mode][0] == decode(reference, prompt, plain)[1].ids
+
+
+def head_mixed_batch(target, draft, mode: str, prompts) -> dict[int, list[int]]:
+    """A head's rows in one batch with rows that draft otherwise (plain, an rsd-c tree,
+    lookup-chain), the target's steps in `mode`: each row's final tokens."""
+    from test_mixed import greedy, run
+
+    from specgen.decoding.build import build_engine
+    from specgen.runtime.pair import Pair
+
+    configs = [
+        greedy(Method.EAGLE, n=30),
+        greedy(Method.PLAIN, n=30),
+        greedy(Method.RSD_C, n=30, branching=(2, 1)),
+        greedy(Method.LOOKUP_CHAIN, n=30),
+    ]
+    engine = build_engine(Pair(target, draft, mode), configs[0])
+    finals, widths = run(engine, configs, prompts[: len(configs)])
+    assert all(len(configs) in w for w in widths.values())  # one batch
+    return finals
+
+
+def test_a_head_s_rows_in_a_mixed_batch_on_fixed_shapes_decide_what_eager_decides(trained, target):
+    """The head's fixed-shape path (what a GPU captures), eagerly on the CPU, beside rows drafted
+    otherwise in one batch."""
+    prompts = trained["prompts"]
+    fixed = head_mixed_batch(target, trained["draft"], "fixed", prompts)
+    assert fixed == head_mixed_batch(target, trained["draft"], "off", prompts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["graphs", "inductor"])
+def test_a_head_s_rows_in_a_mixed_batch_under_cuda_graphs_decide_what_eager_decides(trained, dirs, mode):
+    """`specgen serve` with a head on a GPU: the head's rows and rows of other methods in one
+    batch under captured steps give what the batch gives eagerly, and each row plain decoding's
+    tokens."""
+    from test_mixed import greedy
+
+    target = load_pair(str(dirs["target"]), None, device="cuda", dtype="float32", quiet=True)[0]
+    draft = load_draft(str(trained["dir"]), target, device="cuda", dtype="float32", quiet=True)
+    prompts = trained["prompts"]
+    captured = head_mixed_batch(target, draft, mode, prompts)
+    assert captured == head_mixed_batch(target, draft, "off", prompts)
+    plain = greedy(Method.PLAIN, n=30)
+    reference = engine_with((target, None), plain)
+    for i in range(len(captured)):
+        assert captured[i] == decode(reference, prompts[i], plain)[1].final_ids(), f"row {i}"
