@@ -50,10 +50,11 @@ def test_check_prints_each_case_identical_and_exits_0(tiny_dirs):
         "rsd-s",
         "multi-draft",
         "chain, deterministic",
+        "chain, mixed batch",
     ):
         assert any(label.strip() == other.split("  ")[0].strip() for other in labels), label
     assert all(line.startswith("ok") and "identical on 2 of 2 prompts" in line for line in lines)
-    assert "all 15 cases are identical to transformers' generate" in result.stderr
+    assert "all 16 cases are identical to transformers' generate" in result.stderr
 
 
 def test_check_json_and_a_method_subset(tiny_dirs):
@@ -69,6 +70,7 @@ def test_check_json_and_a_method_subset(tiny_dirs):
         "chain",
         "chain, batched",
         "chain, deterministic",
+        "chain, mixed batch",
     }
     assert all(c["identical"] and c["mismatches"] == [] for c in report["cases"])
     assert len(report["prompt_tokens"]) == 2 and report["max_new_tokens"] == 8
@@ -99,6 +101,39 @@ def test_a_difference_is_reported_with_its_position_and_exit_1(tiny_dirs, monkey
     assert result.exit_code == 1
     first = json.loads(result.stdout)["cases"][0]["mismatches"][0]
     assert (first["prompt"], first["position"]) == (0, 3)
+
+
+def test_a_mixed_batch_names_the_row_that_differs(tiny_dirs):
+    """The mixed batch's rows take the methods and the prompts in turn, every prompt at least
+    once; a prompt whose row differs is reported with that row's method."""
+    from dataclasses import replace
+
+    from specgen.bench import check as machinery
+    from specgen.config import GenerationConfig, Method, ModelSettings
+    from specgen.decoding.build import build_engine
+    from specgen.runtime.pair import load
+
+    settings = ModelSettings(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), "cpu", None, "float32")
+    pair = load(settings, Method.CHAIN, quiet=True)
+    cases = [
+        machinery.Case(Method.CHAIN, machinery.Path.MIXED),
+        machinery.Case(Method.PLAIN),
+        machinery.Case(Method.LOOKUP),
+        machinery.Case(Method.CHAIN, deterministic=True),
+    ]
+    methods = machinery.mixed_methods(cases)
+    assert methods == [Method.CHAIN, Method.PLAIN, Method.LOOKUP]  # the case's own first
+    prompts = machinery.check_prompts(pair, 2, 6)
+    expected = [machinery.reference(pair, p, 6) for p in prompts]
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=6, draft_tokens=4)
+    assert machinery._mixed(pair, config, methods, prompts, expected, build_engine) == ()
+    # rows: prompt 1 chain, prompt 2 plain, prompt 1 lookup: prompt 2's reference, shifted at
+    # its third token, is met by plain's row
+    wrong = [expected[0], expected[1][:2] + [(expected[1][2] + 1) % 256] + expected[1][3:]]
+    found = machinery._mixed(pair, config, methods, prompts, wrong, build_engine)
+    assert [(m.prompt, m.position, m.method) for m in found] == [(1, 2, Method.PLAIN)]
+    line = machinery.describe(replace(cases[0], mismatches=found), pair, 2)
+    assert "differs on 1 of 2 prompts; prompt 2 (plain's row), new token 3:" in line
 
 
 @pytest.mark.parametrize(
@@ -137,7 +172,7 @@ def test_without_a_draft(tiny_dirs):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "all 9 cases are identical" in result.stderr
+    assert "all 10 cases are identical" in result.stderr
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ and global rope, MoE routing, attention sinks, no-rope layers, learned positions
 a draft that agrees with it often (its weights plus a little noise), loaded through specgen's
 own loading code, run through `specgen check`'s machinery (bench/check.py): plain, chain,
 lookup, lookup-chain and rsd-c; batched rows of different lengths; prompts from the prefix
-store; chunked prefill; a chat turn's kept cache; deterministic mode. Then with fixed-shape
+store; chunked prefill; a chat turn's kept cache; deterministic mode; rows of every method in
+one batch. Then with fixed-shape
 steps, with the int8 target of the CPU path, through the HTTP server, and under sampling
 (the first two tokens' law, with a negative control). Unknown architectures are proved by the
 load-time probe or refused.

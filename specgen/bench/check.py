@@ -1,7 +1,8 @@
 """`specgen check`: specgen's greedy output against transformers' own `generate`, on your pair.
 
-The promise is that every method, batched or alone, from a fresh cache or a cached prefix, is
-token for token what the target alone would produce. This runs the same prompts through
+The promise is that every method, batched or alone, beside rows of other methods in one batch
+(as `specgen serve` batches them), from a fresh cache or a cached prefix, is token for token
+what the target alone would produce. This runs the same prompts through
 transformers' `generate(do_sample=False)` on the loaded target (the reference, which equals a
 full recompute), then through each `Case` (a method and a path through the engine), and
 reports for each: identical, or the first token that differs, with the reference's logit gap
@@ -59,6 +60,9 @@ class Path(str, enum.Enum):
     CACHED = "cached"  # run twice through a prefix store: the second run's prompts come from it
     CHUNKED = "chunked"  # one row at a time beside a decoding row, its prompt prefilled in chunks
     CHAT = "chat turn"  # a second turn (prompt, answer, follow-up) that keeps the first turn's cache
+    # one batch of rows of every checked method (a server's clients asking for different methods),
+    # every prompt among them: the case's method is the first row's; every row is compared
+    MIXED = "mixed batch"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Mismatch:
     position: int  # the first new token that differs (0-based; the text line counts from 1)
     expected: int | None  # the reference's token there (None: the reference had ended)
     got: int | None  # specgen's (None: specgen had ended)
+    method: Method  # the row's method: the case's, or in a mixed batch its own
     gap: float | None = None  # the reference's logit(expected) - logit(got) there
 
 
@@ -115,7 +120,15 @@ def standard_cases(pair: Pair) -> list[Case]:
         if head:  # a head reads the target's features, which the cache carries through these paths too
             cases += [Case(chain, Path.CACHED), Case(chain, Path.CHUNKED), Case(chain, Path.CHAT)]
     cases.append(Case(chain if pair.draft is not None else Method.PLAIN, deterministic=True))
+    cases.append(Case(chain if pair.draft is not None else Method.PLAIN, Path.MIXED))
     return cases
+
+
+def mixed_methods(cases: list[Case]) -> list[Method]:
+    """The methods a mixed batch's rows take turns in: those of the cases checked, the case's
+    own first."""
+    mixed = [c.method for c in cases if c.path is Path.MIXED]
+    return list(dict.fromkeys(mixed + [c.method for c in cases if not c.deterministic]))
 
 
 def check_prompts(pair: Pair, count: int, new_tokens: int) -> list[list[int]]:
@@ -184,21 +197,66 @@ def check(
         if case.path is Path.CHAT:
             if chat_expected is None:
                 chat_expected = [reference(pair, p, new_tokens) for p in second]
-            got, want, asked = _chat(pair, config, prompts, second, make_engine), chat_expected, second
+            got = _chat(pair, config, prompts, second, make_engine)
+            found = _compare(pair, case.method, second, chat_expected, got)
+        elif case.path is Path.MIXED:
+            found = _mixed(pair, config, mixed_methods(cases), prompts, expected, make_engine)
         else:
-            got, want, asked = _run(pair, config, case.path, prompts, make_engine), expected, prompts
-        result = replace(
-            case,
-            mismatches=tuple(
-                m
-                for i in range(len(prompts))
-                if (m := _mismatch(pair, i, asked[i], want[i], got[i])) is not None
-            ),
-            seconds=time.perf_counter() - started,
-        )
+            got = _run(pair, config, case.path, prompts, make_engine)
+            found = _compare(pair, case.method, prompts, expected, got)
+        result = replace(case, mismatches=found, seconds=time.perf_counter() - started)
         on_result(result)
         results.append(result)
     return results
+
+
+def _compare(pair: Pair, method: Method, asked, want, got) -> tuple[Mismatch, ...]:
+    """Each prompt's first mismatch, for the prompts whose output differs."""
+    return tuple(
+        m
+        for i in range(len(asked))
+        if (m := _mismatch(pair, method, i, asked[i], want[i], got[i])) is not None
+    )
+
+
+def _mixed(
+    pair: Pair,
+    config: GenerationConfig,
+    methods: list[Method],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    make_engine: Callable[..., Engine],
+) -> tuple[Mismatch, ...]:
+    """Rows of every method, each prompt at least once, all in one batch (row j: method j and
+    prompt j, each list taken in turn): each prompt's first row that differs."""
+    rows = [(j % len(prompts), methods[j % len(methods)]) for j in range(max(len(methods), len(prompts)))]
+    requests = [Request(prompts[i], j, replace(config, method=m)) for j, (i, m) in enumerate(rows)]
+    finished = {
+        r.index: r.state.final_ids()
+        for r in make_engine(pair, config).drive(_Waiting(requests), len(requests))
+        if isinstance(r.event, Finished)
+    }
+    found = {}
+    for j, (i, method) in enumerate(rows):
+        if i not in found:
+            mismatch = _mismatch(pair, method, i, prompts[i], expected[i], finished[j])
+            if mismatch is not None:
+                found[i] = mismatch
+    return tuple(found[i] for i in sorted(found))
+
+
+class _Waiting:
+    """A feed whose requests all wait at the start: they join as one batch."""
+
+    def __init__(self, requests: list[Request]):
+        self.waiting = list(requests)
+
+    def take(self, room: int) -> list[Request]:
+        taken, self.waiting = self.waiting[:room], self.waiting[room:]
+        return taken
+
+    def dropped(self) -> set[int]:
+        return set()
 
 
 def _run(
@@ -274,7 +332,7 @@ def _chat(
 
 
 def _mismatch(
-    pair: Pair, index: int, prompt: list[int], expected: list[int], got: list[int]
+    pair: Pair, method: Method, index: int, prompt: list[int], expected: list[int], got: list[int]
 ) -> Mismatch | None:
     if got == expected:
         return None
@@ -289,7 +347,7 @@ def _mismatch(
             ids = torch.tensor([prompt + expected[:position]], device=pair.target.device)
             logits = pair.target.model(ids, use_cache=False).logits[0, -1].float()
         gap = float(logits[want] - logits[have])
-    return Mismatch(index, position, want, have, gap)
+    return Mismatch(index, position, want, have, method, gap)
 
 
 def near_tie(pair: Pair) -> float:
@@ -308,9 +366,10 @@ def describe(result: Case, pair: Pair, prompts: int) -> str:
     def text(token: int | None) -> str:
         return "the end" if token is None else f"{tokenizer.decode([token])!r} (id {token})"
 
+    row = f" ({first.method.value}'s row)" if first.method is not result.method else ""
     line = (
-        f"differs on {len(result.mismatches)} of {prompts} prompts; prompt {first.prompt + 1}, new token "
-        f"{first.position + 1}: {text(first.got)} where transformers gives {text(first.expected)}"
+        f"differs on {len(result.mismatches)} of {prompts} prompts; prompt {first.prompt + 1}{row}, new "
+        f"token {first.position + 1}: {text(first.got)} where transformers gives {text(first.expected)}"
     )
     if first.gap is not None:
         kind = "a rounding near-tie" if abs(first.gap) < near_tie(pair) else "not a near-tie"
