@@ -93,6 +93,19 @@ def test_each_command_has_a_one_line_summary():
         assert summary and "\n" not in summary, (name, summary)
 
 
+def test_a_help_text_s_later_paragraphs_wrap_to_the_terminal():
+    """A command's docstring is wrapped at the code's 110 columns; its help joins each paragraph's
+    lines and wraps them to the terminal, so neither a wide nor a narrow one shows the source's
+    line breaks (typer 0.29 kept them past the first paragraph: cli/app.py)."""
+    wide = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "400"}).output
+    assert "a chat turn, deterministic mode and a batch of every method at once" in wide
+    narrow = runner.invoke(app, ["bench", "batch", "--help"], env={"COLUMNS": "80"}).output
+    body = narrow.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[1:]  # after the usage line
+    paragraphs = [p.splitlines() for p in "\n".join(line.rstrip() for line in body).split("\n\n")]
+    # every line but a paragraph's last fills the 80 columns, less a word
+    assert all(len(line) > 60 for lines in paragraphs for line in lines[:-1] if line), body
+
+
 def test_json_has_the_documented_keys(models):
     result = invoke("run", "Write a haiku about caches", *models, "-n", "12", "--format", "json")
     assert result.exit_code == 0, result.output

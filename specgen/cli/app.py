@@ -39,7 +39,28 @@ def _flags_show_no_type() -> None:
     TyperOption.display_type_rich = display_type_rich
 
 
+def _help_paragraphs_reflow() -> None:
+    """A command's help wraps its later paragraphs to the terminal: typer 0.29 joins the lines of
+    a help text's first paragraph but keeps the source line breaks of the others, so a docstring
+    wrapped at this code's 110 columns printed ragged in an 80-column terminal. A paragraph that
+    starts with click's `\\b` keeps its lines as written."""
+    from typer import rich_utils  # once, at import: the module whose helper joins the paragraphs
+
+    joined = getattr(rich_utils, "_fix_linebreaks", None)
+    if joined is None or getattr(joined, "reflows", False):  # another typer, or done
+        return
+
+    def _fix_linebreaks(paragraphs, markup_mode):
+        if markup_mode == "markdown":  # markdown joins a paragraph's lines itself
+            return joined(paragraphs, markup_mode)
+        return "\n\n".join(p if p.startswith("\b") else p.replace("\n", " ") for p in paragraphs)
+
+    _fix_linebreaks.reflows = True
+    rich_utils._fix_linebreaks = _fix_linebreaks
+
+
 _flags_show_no_type()
+_help_paragraphs_reflow()
 app = typer.Typer(
     help="Speculative decoding for language models, shown round by round.",
     no_args_is_help=True,
