@@ -106,6 +106,21 @@ def test_a_help_text_s_later_paragraphs_wrap_to_the_terminal():
     assert all(len(line) > 60 for lines in paragraphs for line in lines[:-1] if line), body
 
 
+def test_models_list_shows_whole_names_in_80_columns(monkeypatch):
+    """A model's name is what `pull`, `path` and `--target` take: the table never shortens it,
+    nor a size, with every kind of file on disk and an 80-column terminal."""
+    from specgen.models import catalog
+
+    held = {"gguf": 1_100_000_000, "converted bfloat16": 272_600_000, "converted float32": 541_600_000}
+    monkeypatch.setattr(catalog, "holdings", lambda model: {**held, "int8": 779_700_000})
+    result = runner.invoke(app, ["models", "list"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    for model in catalog.CATALOG.values():
+        assert model.name in result.output
+    assert "bf16 272.6 MB" in result.output and "fp32 541.6 MB" in result.output
+
+
 def test_json_has_the_documented_keys(models):
     result = invoke("run", "Write a haiku about caches", *models, "-n", "12", "--format", "json")
     assert result.exit_code == 0, result.output

@@ -65,22 +65,29 @@ def _rows() -> list[dict]:
     ]
 
 
+# the converted copies' formats as the table names them (an item then fits an 80-column terminal)
+_SHORT = {"converted bfloat16": "bf16", "converted float16": "fp16", "converted float32": "fp32"}
+
+
 def _table(rows: list[dict]) -> None:
     total = sum(sum(row["on_disk"].values()) for row in rows)
     table = Table(
         title=f"models (cache: {escape(str(catalog.cache_root()))}, {_human(total)} in all)",
         caption="a model's GGUF path: specgen models path NAME",
     )
-    table.add_column("name", no_wrap=True)
+    # a name is copied into commands and a size read whole: those never shrink; the last two
+    # columns wrap instead when the terminal is narrow
+    table.add_column("name", no_wrap=True, min_width=max((len(row["name"]) for row in rows), default=4))
     table.add_column("role", no_wrap=True)
-    table.add_column("size", no_wrap=True, justify="right")
-    table.add_column("cached", no_wrap=True)
-    table.add_column("on disk", no_wrap=True)
+    table.add_column("size", no_wrap=True, justify="right", min_width=len("999.9 MB"))
+    table.add_column("cached")
+    table.add_column("on disk")
     for row in rows:
         # without its GGUF, a model whose int8 store is built still runs on the int8 path, offline
         cached = "[green]yes[/green]" if row["cached"] else "int8 only" if "int8" in row["on_disk"] else "no"
         held = "\n".join(
-            f"{kind.removeprefix('converted ')} {_human(size)}" for kind, size in row["on_disk"].items()
+            f"{_SHORT.get(kind, kind.removeprefix('converted '))} {_human(size)}"
+            for kind, size in row["on_disk"].items()
         )
         table.add_row(row["name"], row["role"], _human(row["size"]), cached, escape(held))
     Console(emoji=False).print(table)
