@@ -151,7 +151,7 @@ def test_list_and_rm_account_for_everything_a_model_holds(index, tmp_path):
     gguf_bytes = catalog.gguf_path(catalog.CATALOG[NAME]).stat().st_size
     assert held == {"gguf": gguf_bytes, "converted bfloat16": 3000, "int8": 3500}
     table = invoke("list").stdout
-    assert "bfloat16 3.0 KB" in table and "int8 3.5 KB" in table
+    assert "bf16 3.0 KB" in table and "int8 3.5 KB" in table
     result = invoke("rm", NAME)
     assert result.exit_code == 0 and f"({(gguf_bytes + 6500) / 1000:.1f} KB freed)" in result.stderr
     assert not converted.exists() and not orphan.exists() and not marked.exists() and other.exists()
