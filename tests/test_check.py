@@ -70,7 +70,7 @@ def test_check_json_and_a_method_subset(tiny_dirs):
         "chain",
         "chain, batched",
         "chain, deterministic",
-        "chain, mixed batch",
+        "plain, mixed batch",
     }
     assert all(c["identical"] and c["mismatches"] == [] for c in report["cases"])
     assert len(report["prompt_tokens"]) == 2 and report["max_new_tokens"] == 8

@@ -86,9 +86,10 @@ def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json
         chosen = list(dict.fromkeys(runs_as(pair, m) for m in chosen))
     if chosen is not None:
         covered = list(dict.fromkeys(c.method for c in cases))
-        cases = [c for c in cases if c.method in chosen]
-        if len(machinery.mixed_methods(cases)) < 2:  # one method: no mixed batch to make
-            cases = [c for c in cases if c.path is not machinery.Path.MIXED]
+        cases = [c for c in cases if c.method in chosen and c.path is not machinery.Path.MIXED]
+        mixed = machinery.mixed_methods(cases)
+        if len(mixed) > 1:  # the chosen methods in one batch (one method makes no mixed batch)
+            cases.append(machinery.Case(mixed[0], machinery.Path.MIXED))
         missing = [m for m in chosen if m not in covered]
         if missing:
             raise ConfigError(
