@@ -27,7 +27,7 @@ from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.build import build_engine
 from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished
-from specgen.decoding.feed import Request
+from specgen.decoding.feed import ListFeed, Request
 from specgen.decoding.policy import Policy
 from specgen.decoding.prompts import encode_prompt
 from specgen.errors import ConfigError
@@ -233,7 +233,7 @@ def _mixed(
     requests = [Request(prompts[i], j, replace(config, method=m)) for j, (i, m) in enumerate(rows)]
     finished = {
         r.index: r.state.final_ids()
-        for r in make_engine(pair, config).drive(_Waiting(requests), len(requests))
+        for r in make_engine(pair, config).drive(ListFeed(requests), len(requests))
         if isinstance(r.event, Finished)
     }
     found = {}
@@ -243,20 +243,6 @@ def _mixed(
             if mismatch is not None:
                 found[i] = mismatch
     return tuple(found[i] for i in sorted(found))
-
-
-class _Waiting:
-    """A feed whose requests all wait at the start: they join as one batch."""
-
-    def __init__(self, requests: list[Request]):
-        self.waiting = list(requests)
-
-    def take(self, room: int) -> list[Request]:
-        taken, self.waiting = self.waiting[:room], self.waiting[room:]
-        return taken
-
-    def dropped(self) -> set[int]:
-        return set()
 
 
 def _run(

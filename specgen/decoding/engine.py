@@ -126,7 +126,7 @@ class Engine(Admission):
             self.check_prompt(prompt, "the prompt" if len(prompts) == 1 else f"prompt {i + 1}")
         if isinstance(resume, DecodeState) and len(prompts) != 1:
             raise ValueError("resume continues one prompt")
-        yield from self.drive(ListFeed(prompts, config), batch_size, resume)
+        yield from self.drive(ListFeed.of(prompts, config), batch_size, resume)
 
     def _report(self, state: DecodeState, result: RoundResult) -> Iterator[RowEvent]:
         """A row's result, and the replay of its window when that result filled it."""

@@ -50,12 +50,21 @@ class Feed(Protocol):
 
 
 class ListFeed:
-    """A fixed list of prompts, with the run's settings; prompt i samples with seed + i."""
+    """A fixed list of requests, all waiting from the start (each its own settings);
+    `ListFeed.of`: prompts with the run's settings."""
 
-    def __init__(self, prompts: list[list[int]], config: GenerationConfig):
+    def __init__(self, requests: list[Request]):
+        self.waiting = deque(requests)
+
+    @classmethod
+    def of(cls, prompts: list[list[int]], config: GenerationConfig) -> ListFeed:
+        """The prompts with one config; prompt i samples with seed + i."""
         seed = config.sampling.seed
-        self.waiting = deque(
-            Request(list(ids), i, config, None if seed is None else seed + i) for i, ids in enumerate(prompts)
+        return cls(
+            [
+                Request(list(ids), i, config, None if seed is None else seed + i)
+                for i, ids in enumerate(prompts)
+            ]
         )
 
     def take(self, room: int) -> list[Request]:
