@@ -13,8 +13,8 @@ notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed t
 one's after it), for the floor and lookup, and what the draft's reading of a prompt token costs
 (`read_price`: a draft model reads a prompt before its first draft, and where that read costs
 more than drafting can save over a request's tokens, the row does not draft with it:
-drafters/model.py). A draft on the CPU also gets a confidence stop (STOP, `length.unsure`) and
-STOP_EXTRA more tokens of room.
+drafters/model.py). A draft on the CPU also gets a confidence stop (`length.unsure`), priced
+by its measured cost (`stop_for`), and STOP_EXTRA more tokens of room.
 
 The server's cap on k at each batch width, measured the same way and cached in the same file,
 is in `widths.py`.
@@ -42,7 +42,7 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 13  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
+FORMAT = 14  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
@@ -54,11 +54,17 @@ READ = 64  # prompt tokens of the draft's read that `choose` times (against a ta
 # verify's seconds read 6-10% dear on a German translation, and so did its rounds' speed-up.
 CONTEXT = 200
 # A draft on the CPU stops early when the product of its top probabilities over the round falls
-# below STOP (length.unsure),
-# and may then run STOP_EXTRA tokens past the cost model's k: confident runs go on, unsure
-# tokens are not drafted (the variants compared: benchmarks/avx2-epyc.md). On a GPU the stop would
-# add a host sync per draft step, so it stays off there.
-STOP, STOP_EXTRA = 0.5, 2
+# below its stop (length.unsure), and may then run STOP_EXTRA tokens past the cost model's k:
+# confident runs go on, unsure tokens are not drafted (the variants compared:
+# benchmarks/avx2-epyc.md). On a GPU the stop would add a host sync per draft step, so it stays
+# off there. The stop is priced by the draft's cost (`stop_for`): one more token costs a draft
+# step and a verify's slope, c + s plain steps, and brings reach x p more tokens, where reach is
+# the product so far and p the next token's chance. It pays when that beats the tokens a round
+# already brings per step (E, about 1.3 on a CPU), so while reach > (c + s) E / p; with p about
+# 0.65 (a drafted token's acceptance on the CPU) that is STOP_PER_COST x (c + s), within
+# [STOP_MIN, STOP_MAX]. The default pair on a CPU: c = 0.33-0.38, so about 0.7; a fixed 0.5,
+# before, drafted tokens that lost on translations and chats (benchmarks/floor.md).
+STOP_PER_COST, STOP_MIN, STOP_MAX, STOP_EXTRA = 2.0, 0.5, 0.8, 2
 
 
 @dataclass(frozen=True)
@@ -214,12 +220,17 @@ def _measure(pair) -> DraftLength:
     )
     confidence = 0.0
     if pair.draft.device.type == "cpu":
-        k, confidence = min(MAX_K, k + STOP_EXTRA), STOP
+        k, confidence = min(MAX_K, k + STOP_EXTRA), stop_for(draft, verify)
         reason += (
             f"; up to {STOP_EXTRA} more while the product of the draft's top probabilities stays "
-            f"at {STOP} or above"
+            f"at {confidence:.2f} or above"
         )
     return DraftLength(k, reason, confidence, verify, read)
+
+
+def stop_for(draft_cost: float, verify: VerifyCost) -> float:
+    """The confidence stop for a draft step of `draft_cost` target steps (see STOP_PER_COST)."""
+    return round(min(STOP_MAX, max(STOP_MIN, STOP_PER_COST * (draft_cost + verify.slope))), 2)
 
 
 def verify_slope(pair) -> float | None:
