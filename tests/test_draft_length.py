@@ -59,7 +59,7 @@ def test_the_confidence_stop_is_priced_by_the_draft_step():
     """A token more is worth drafting while the round's chance of being right still beats what a
     draft step costs: twice that, within [0.5, 0.8]."""
     assert draft_length.stop_for(0.34) == 0.68  # the default pair on a Zen 4 CPU
-    assert draft_length.stop_for(0.05) == draft_length.STOP_MIN  # a cheap draft: today's 0.5 at least
+    assert draft_length.stop_for(0.05) == draft_length.STOP_MIN  # a cheap draft: the old fixed 0.5 at least
     assert draft_length.stop_for(0.6) == draft_length.STOP_MAX  # a dear one still drafts its surest
     assert draft_length.stop_for(0.3) < draft_length.stop_for(0.36)
 
