@@ -269,17 +269,20 @@ class GenerationConfig:
         return self.depth if self.method is Method.RSD_S else len(self.branching)
 
     @property
+    def tree_levels(self) -> tuple[int, ...]:
+        """A tree method's whole tree: its draft nodes at each depth (the root excluded)."""
+        if self.method is Method.RSD_S:
+            return (self.beam_width,) * self.depth
+        levels, width = [], 1
+        for b in self.branching:
+            width *= b
+            levels.append(width)
+        return tuple(levels)
+
+    @property
     def tree_budget(self) -> int:
         """Draft nodes scored per target forward (the root excluded)."""
-        if self.method is Method.RSD_S:
-            return self.beam_width * self.depth
-        if self.method.is_tree:
-            total, width = 0, 1
-            for b in self.branching:
-                width *= b
-                total += width
-            return total
-        return self.draft_tokens
+        return sum(self.tree_levels) if self.method.is_tree else self.draft_tokens
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.draft_confidence < 1.0:
@@ -337,6 +340,25 @@ class GenerationConfig:
                 f"synthetic acceptance recorded at k={self.acceptance.draft_tokens} cannot drive "
                 f"k={self.round_tokens}: a longer round could accept more than the recording shows"
             )
+
+
+def fit_tree(levels: tuple[int, ...], budget: int) -> tuple[int, ...]:
+    """The levels of the largest tree of a method's shape (`levels`: its whole tree's nodes at
+    each depth) with at most `budget` nodes: whole levels from the root while they fit, else
+    `budget` children of the root alone (one node: a chain); () for a budget of 0. A tree cut so
+    is one its method builds with fewer levels, or with fewer children of the root (RSD-C's
+    Gumbel-top-b and RSD-S's first beam are draws without replacement at any b, multi-draft's
+    independent at any b), so its acceptance rule stays exact: a row's floor lowers a tree's
+    budget as it lowers a chain's length (decoding/floor.py)."""
+    kept, total = [], 0
+    for size in levels:
+        if total + size > budget:
+            break
+        kept.append(size)
+        total += size
+    if not kept and budget > 0 and levels:
+        kept.append(min(levels[0], budget))
+    return tuple(kept)
 
 
 def parse_branching(value: str) -> tuple[int, ...]:

@@ -73,11 +73,11 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     # the AVX2 EPYC's costs: a draft step, a 2-token and a 5-token verify (linear there)
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 0.045))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     choice = draft_length.choose(pair)
-    best = draft_length.best_k(0.38, draft_length.verify_steps(draft_length._verify_cost(1.02, 1.08)))
+    best = draft_length.best_k(0.38, draft_length.verify_steps(draft_length._verify_cost(1.02, 1.08, 1.4)))
     assert choice.k == min(draft_length.MAX_K, best + draft_length.STOP_EXTRA)
     stop = draft_length.stop_for(0.38)
     assert choice.confidence == stop == 0.76 and "stays at 0.76 or above" in choice.reason
@@ -108,6 +108,7 @@ BAD_ENTRIES = [
     {"k": 3, "verify_first": -0.1},
     {"k": 3, "verify_first": "x"},
     {"k": 3, "verify_slope": 12.0},
+    {"k": 3, "verify_wide": -0.2},
     {"k": 3, "read": -0.01},
     {"k": 3, "read": "0.05"},
     None,
@@ -124,7 +125,7 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
     import json
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 0.045))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     good = draft_length.choose(pair)
@@ -220,7 +221,7 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
     assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
     # a 2-token verify at 1.08 steps, a 5-token one at 1.2: 0.05 a proposed token on the mean
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08, 1.2, 0.045))
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08, 1.2, 1.6, 0.045))
     draft_length.choose(paired)
     assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
     cuda = SimpleNamespace(device=torch.device("cuda"))
@@ -235,18 +236,27 @@ def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monk
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     assert draft_length.verify_cost(pair) is None and draft_length.verify_slope(pair) is None
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17, 0.02))  # a Xeon with AMX
+    # a Xeon with AMX's draft step and 2- and 5-token verifies; a 13-token verify at 1.49 steps
+    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17, 1.49, 0.02))
     choice = draft_length.choose(pair)
-    assert choice.verify == draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03))
+    # a chain's longest (6 proposed) costs 1.23 on the line; each token past it (1.49 - 1.23) / 6
+    expected = draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03), pytest.approx(0.26 / 6))
+    assert choice.verify == expected
     cost = draft_length.verify_cost(pair)
-    assert cost == draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03))
-    assert [cost.steps(n) for n in range(4)] == [
+    assert cost == expected
+    assert [cost.steps(n) for n in (0, 1, 2, 3, 4, 5, 6, 12)] == [
         1.0,
         pytest.approx(1.08),
         pytest.approx(1.11),
         pytest.approx(1.14),
+        pytest.approx(1.17),
+        pytest.approx(1.20),
+        pytest.approx(1.23),
+        pytest.approx(1.49),
     ]
     assert draft_length.verify_slope(pair) == pytest.approx(0.17 / 4)  # a 5-token verify's, per token
+    # a wide slope measured below the slope before it (noise) never makes wide verifies cheaper
+    assert draft_length.VerifyCost(0.08, 0.03, 0.01).steps(8) == pytest.approx(1.29)
     cuda = SimpleNamespace(device=torch.device("cuda"))
     assert draft_length.verify_cost(SimpleNamespace(target=cuda, draft=cuda)) is None
 
@@ -283,8 +293,9 @@ def test_the_verifies_are_timed_with_every_positions_logits(tiny_pair, monkeypat
 
     monkeypatch.setattr(draft_length.Probe, "__init__", probe)
     ratios = draft_length._ratios(SimpleNamespace(target=target, draft=draft), repeats=1)
-    assert all(r > 0 for r in ratios[:3])
-    assert [(width, keep) for on_target, width, keep, _ in built if on_target] == [(1, 1), (2, 0), (5, 0)]
+    assert all(r > 0 for r in ratios[:4])
+    widths = [(width, keep) for on_target, width, keep, _ in built if on_target]
+    assert widths == [(1, 1), (2, 0), (5, 0), (draft_length.WIDE, 0)]
     # over the context verifies meet (CONTEXT, or half a short model's), the draft step's too
     context = min(draft_length.CONTEXT, target.context_length // 2, draft.context_length // 2)
-    assert [c for on_target, width, _, c in built if on_target or width == 1] == [context] * 4
+    assert [c for on_target, width, _, c in built if on_target or width == 1] == [context] * 5

@@ -11,7 +11,7 @@ import torch
 from test_engine import PROMPT, ScriptedDrafter, engine_for, reference_greedy
 from tiny import decode
 
-from specgen.config import GenerationConfig, Method, Schedule
+from specgen.config import GenerationConfig, Method, Schedule, fit_tree
 from specgen.decoding import floor
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
@@ -126,11 +126,62 @@ def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
     assert plain.seconds(1) is None  # stale: measured again where a row needs it
 
 
-def test_a_tree_goes_to_plain_rounds_at_once():
+def test_a_tree_s_budget_halves_as_a_chain_s_length_does():
+    """A losing tree (10 nodes, one token a round) is cut to its largest shape within half its
+    nodes, then to one node, then to plain rounds; its probe is then one node, not a whole tree."""
+    config = GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1), max_new_tokens=512)
     row = Floor(skip=False)
-    for _ in range(floor.MIN_ROUNDS):
-        row.record(6, 1, 0.3, 0.12, 0.1, tree=True)
+    allowed = []
+    for _ in range(3):
+        for _ in range(floor.MIN_ROUNDS):
+            k = sum(fit_tree(config.tree_levels, row.limit()))
+            allowed.append(k)
+            row.record(k, 1, 0.3, 0.12, 0.1)
+    assert allowed == [10] * floor.MIN_ROUNDS + [2] * floor.MIN_ROUNDS + [1] * floor.MIN_ROUNDS
     assert row.ceiling == 0
+    probe = [sum(fit_tree(config.tree_levels, row.limit())) for _ in range(floor.RETRY + 1)]
+    assert probe == [0] * floor.RETRY + [1]
+
+
+def test_a_tree_row_starts_at_a_chain_s_longest_verify_where_verifies_are_priced():
+    """On a CPU (the device's verify cost measured) a tree row's floor starts at BEND nodes, past
+    which each node costs `wide`; it grows to the whole tree as it wins, and a drafter that
+    changes under it (a widened head) sends it back to where it started, not to the whole tree.
+    A chain row, or any row on a GPU (no verify cost), starts with no ceiling."""
+    from specgen.decoding.costs import BEND, VerifyCost
+
+    cpu = VerifyCost(0.0, 0.02, 0.08)
+    tree = GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4, floor=True)
+    assert floor.start(tree, cpu) == BEND and floor.start(tree, None) == NONE
+    assert floor.start(GenerationConfig(method=Method.CHAIN, floor=True), cpu) == NONE
+    row = Floor.at(floor.start(tree, cpu))
+    row.skip = False
+    nodes = []
+    for _ in range(floor.GROW + floor.MIN_ROUNDS):
+        k = sum(fit_tree(tree.tree_levels, row.limit()))
+        nodes.append(k)
+        row.record(k, 3, 0.1, 0.1, 0.1)  # three tokens a plain step's time: a clear win
+    assert nodes[0] == 6 and nodes[-1] == tree.tree_budget == 12
+    row.renew()
+    assert row.ceiling == BEND
+
+
+def test_a_tree_row_drafts_the_largest_tree_its_floor_and_its_remaining_tokens_allow():
+    from specgen.decoding.rows import DecodeState
+
+    for config, ceilings in (
+        (GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1)), {NONE: 10, 9: 6, 5: 2, 1: 1, 0: 0}),
+        (GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4), {NONE: 12, 8: 6, 3: 3, 2: 2, 0: 0}),
+    ):
+        state = DecodeState(ids=list(range(10)), cache=None, prompt_length=10, config=config, budget=100)
+        for ceiling, nodes in ceilings.items():
+            state.floor = Floor(ceiling=ceiling)
+            assert state.wanted() == state.draft_length() == nodes
+        state.floor = Floor()
+        state.ids = list(range(108))  # 2 tokens left: a tree one level deep
+        assert state.wanted() == config.tree_levels[0]
+        state.ids = list(range(109))  # 1 left: the target's token alone
+        assert state.wanted() == 0
 
 
 def test_a_row_joining_beside_others_starts_where_the_last_of_its_method_left_off():

@@ -60,13 +60,17 @@ def test_requests_that_arrive_during_a_prefill_join_before_the_round(tiny_pair):
 def test_the_server_caps_a_draft_model_s_rows_unless_the_request_set_its_length(tiny_pair):
     """One engine serves every method: its width caps hold the rows that draft with the draft
     model (trees and chains), never a lookup or plain row, nor one whose request set its own
-    draft length (its floor is off: k is what it asked for)."""
+    draft length (its floor is off: k is what it asked for). The caps count a chain's tokens: a
+    tree keeps to them where they say plain rounds, and drafts its whole tree elsewhere (its
+    own floor cuts it)."""
     scheduler = Scheduler(Pair(*tiny_pair, "off"), 8, 8, Metrics(), caps={1: 4, 2: 2, 3: 0})
     policy = scheduler.build(GenerationConfig(method=Method.CHAIN, draft_tokens=4)).policy
     for method in (m for m in Method if m is not Method.EAGLE):  # eagle needs a head (tests/test_eagle.py)
         config = GenerationConfig(method=method, floor=True)
         assert capped(config) == method.needs_draft_model, method
         want = [2, 0, 0] if capped(config) else [MAX_DRAFT] * 3
+        if capped(config) and method.is_tree:
+            want = [MAX_DRAFT, 0, 0]
         assert [policy.width_cap(w, config) for w in (2, 3, 9)] == want, method
         own = GenerationConfig(method=method, floor=False)  # the request set its draft length
         assert not capped(own) and policy.width_cap(9, own) == MAX_DRAFT, method

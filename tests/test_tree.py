@@ -79,11 +79,15 @@ def test_greedy_tree_methods_reproduce_plain_greedy(tiny_pair, config):
 @pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: str(c.branching))
 def test_target_as_its_own_draft_accepts_whole_paths(tiny_pair, config):
     """RSD-C's top-b children contain the draft's argmax, so a perfect draft's path survives.
-    (Beam search may drop the greedy path for a higher cumulative score, so not RSD-S.)"""
+    (Beam search may drop the greedy path for a higher cumulative score, so not RSD-S.) Near the
+    end a round's tree has fewer levels, and its whole path survives too."""
     target, _ = tiny_pair
     rounds, _ = decode(engine_with((target, target), config, stop_ids=frozenset()), PROMPT, config)
     assert [t for r in rounds for t in r.emitted] == reference_greedy(target.model, PROMPT, 30)
-    assert all(r.accepted == config.tree_depth for r in rounds if r.tree is not None)
+    depths = [Proposal(torch.tensor(r.draft_tokens), r.parents, ProposalKind.GREEDY).depth for r in rounds]
+    trees = [(r.accepted, max(depth)) for r, depth in zip(rounds, depths) if r.draft_tokens]
+    assert all(accepted == deepest for accepted, deepest in trees)
+    assert sum(deepest == config.tree_depth for _, deepest in trees) >= len(trees) - 1
 
 
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=lambda c: c.method.value)
@@ -112,3 +116,72 @@ def test_commit_after_tree_rounds_equals_fresh_prefill(tiny_pair, config, temper
 def test_tree_budgets():
     assert GenerationConfig(method=Method.RSD_C, branching=(2, 2, 2)).tree_budget == 14
     assert GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4).tree_budget == 12
+
+
+def test_a_tree_cut_to_a_budget_keeps_whole_levels_else_fewer_children_of_the_root():
+    from specgen.config import fit_tree
+
+    assert fit_tree((2, 4, 4), 1 << 30) == fit_tree((2, 4, 4), 10) == (2, 4, 4)
+    assert fit_tree((2, 4, 4), 9) == fit_tree((2, 4, 4), 6) == (2, 4)
+    assert fit_tree((2, 4, 4), 5) == fit_tree((2, 4, 4), 2) == (2,)
+    assert fit_tree((3, 3, 3, 3), 2) == (2,) and fit_tree((3, 3, 3, 3), 1) == (1,)
+    assert fit_tree((2, 4, 4), 0) == ()
+    assert GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1)).tree_levels == (2, 4, 4)
+    assert GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4).tree_levels == (3, 3, 3, 3)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.method.value}-{c.tree_budget}")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_tree_drafters_draft_the_cut_tree(tiny_pair, config, temperature):
+    """Each drafter's proposal at budget k has the shape fit_tree gives: its levels' sizes, each
+    node's parent one level up, a one-node tree a chain."""
+    from specgen.config import fit_tree
+
+    engine = tree_engine(tiny_pair, config)
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    for k in (1, 2, 3, 5, config.tree_budget):
+        engine.drafter.join(0, PROMPT, torch.Generator().manual_seed(5), 256, config)
+        proposal = engine.drafter.propose([PROMPT], [k], [sampling])[0]
+        levels = fit_tree(config.tree_levels, k)
+        depths = proposal.depth[1:]
+        assert [depths.count(d) for d in range(1, len(levels) + 1)] == list(levels)
+        assert proposal.size == sum(levels) <= k and proposal.is_chain == (sum(levels) == 1)
+        if temperature:  # the laws the nodes were drawn from, a zero row for each leaf
+            assert proposal.probs.shape[0] == proposal.size + 1
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.method.value}-{c.tree_budget}")
+def test_greedy_trees_cut_by_a_floor_reproduce_plain_greedy(tiny_pair, config, monkeypatch):
+    """Whatever budget a row's floor allows round by round, the output is plain greedy's."""
+    from dataclasses import replace
+
+    from specgen.decoding import floor
+
+    budgets = iter([floor.NONE, 1, 5, 0, 2, 3, 0, 7] * 20)
+    monkeypatch.setattr(floor.Floor, "limit", lambda self: next(budgets))
+    config = replace(config, floor=True)
+    reference = reference_greedy(tiny_pair[0].model, PROMPT, 30)
+    rounds, _ = decode(tree_engine(tiny_pair, config), PROMPT, config)
+    assert [t for r in rounds for t in r.emitted] == reference
+    assert {len(r.draft_tokens) for r in rounds} >= {0, 1, 2}
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=lambda c: c.method.value)
+def test_on_a_cpu_a_tree_row_starts_at_a_chain_s_longest_verify(tiny_pair, config):
+    """An engine that knows the device's verify cost (a CPU's) starts a tree row at the largest
+    tree within costs.BEND nodes; without it (a GPU) the whole tree. The output stays plain
+    greedy's either way."""
+    from dataclasses import replace
+
+    from specgen.config import fit_tree
+    from specgen.decoding.costs import BEND, VerifyCost
+
+    config = replace(config, floor=True)
+    reference = reference_greedy(tiny_pair[0].model, PROMPT, 30)
+    cpu = VerifyCost(0.0, 0.02, 0.08)
+    for verify, nodes in ((cpu, sum(fit_tree(config.tree_levels, BEND))), (None, config.tree_budget)):
+        engine = tree_engine(tiny_pair, config)
+        engine.verify_cost = verify
+        rounds, _ = decode(engine, PROMPT, config)
+        assert [t for r in rounds for t in r.emitted] == reference
+        assert len(next(r for r in rounds if r.draft_tokens).draft_tokens) == nodes

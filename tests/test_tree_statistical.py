@@ -16,9 +16,18 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specgen.decoding.acceptance import ProposalKind, point_mass_tree, recursive_rejection, walk
-from specgen.decoding.drafters.base import Proposal
-from specgen.decoding.drafters.tree import RSDStochasticBeam
+from specgen.config import fit_tree
+from specgen.decoding.acceptance import (
+    ProposalKind,
+    Rule,
+    point_mass_tree,
+    recursive_rejection,
+    select_rule,
+    speculative_sampling,
+    walk,
+)
+from specgen.decoding.drafters.base import Proposal, node_laws
+from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.sampling import gumbel_top_k
 
 
@@ -140,12 +149,11 @@ def build_constant(root: int, branching, generator, iid: bool):
 
 def build_beam(root: int, width: int, depth: int, generator):
     drafter = RSDStochasticBeam.__new__(RSDStochasticBeam)
-    drafter.width = width
     tokens, parents, frontier, scores = [root], [-1], [0], None
     for level in range(depth):
         probs = P_TABLE[torch.tensor([tokens[f] for f in frontier])]
         new_parents, new_tokens, scores = drafter._children(
-            level, frontier, probs, scores, ProposalKind.SAMPLED, generator
+            level, frontier, probs, scores, ProposalKind.SAMPLED, generator, width
         )
         start = len(tokens)
         tokens.extend(new_tokens.tolist())
@@ -269,4 +277,90 @@ def test_point_mass_tree_emits_q():
 def test_control_point_mass_tree_without_removing_rejected_children_fails():
     """Negative control: rejected siblings left in q."""
     samples = point_mass_pairs(3000, seed=6, rule=point_mass_tree_without_removal)
+    assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA
+
+
+# -- trees cut to a floor's budget: fewer levels, fewer children of the root, one node ----------
+
+
+def build_cut(drafter, budget: int, root: int, generator, keep_likeliest: bool = False):
+    """A round's tree as `drafter` (its `_children`, on P_TABLE's laws) builds it within `budget`
+    nodes (config.fit_tree), with the laws its nodes were drawn from, as the engine verifies it.
+    `keep_likeliest` (BROKEN on purpose): a root level cut after the draw, keeping the children
+    the draft likes best, instead of drawing fewer."""
+    levels = fit_tree(drafter.levels, budget)
+    tokens, parents, frontier, scores, laws = [root], [-1], [0], None, []
+    for level, size in enumerate(levels):
+        probs = P_TABLE[torch.tensor([tokens[f] for f in frontier])]
+        laws.append(probs)
+        draw = drafter.levels[0] if keep_likeliest and level == 0 else size
+        new_parents, new_tokens, scores = drafter._children(
+            level, frontier, probs, scores, ProposalKind.SAMPLED, generator, draw
+        )
+        if keep_likeliest and level == 0:
+            order = torch.argsort(P_TABLE[root][new_tokens], descending=True, stable=True)[:size]
+            new_parents, new_tokens = new_parents[:size], new_tokens[order]
+        start = len(tokens)
+        tokens.extend(new_tokens.tolist())
+        parents.extend(new_parents)
+        frontier = list(range(start, len(tokens)))
+    nodes, tree = as_tree(tokens, parents)
+    return nodes, Proposal(
+        tree.tokens, tree.parents, ProposalKind.SAMPLED, node_laws(laws, len(nodes)), drafter.replacement
+    )
+
+
+def engine_rule(tree: Proposal, rows: torch.Tensor, generator):
+    """The rule the engine picks for a sampled proposal (a one-node tree is a chain) and its call."""
+    rule = select_rule(False, tree.kind, tree.size, tree.is_chain)
+    if rule is Rule.SPECULATIVE_SAMPLING:
+        return speculative_sampling(tree.tokens, tree.probs, Q_TABLE[rows], generator)
+    assert rule is Rule.RECURSIVE_REJECTION
+    return recursive_rejection(
+        tree.children, tree.tokens, tree.probs, Q_TABLE[rows], generator, replacement=tree.replacement
+    )
+
+
+def drafter_of(kind: str):
+    """A tree drafter with only its shape (no model): RSD-C (2, 2), multi-draft (2, 2), RSD-S 3 x 2."""
+    if kind == "rsd-s":
+        drafter = RSDStochasticBeam.__new__(RSDStochasticBeam)
+        drafter.levels = (3, 3)
+    else:
+        cls = RSDConstant if kind == "rsd-c" else MultiDraft
+        drafter = cls.__new__(cls)
+        drafter.levels = (2, 4)
+    return drafter
+
+
+CUTS = [
+    ("rsd-c", 2),
+    ("rsd-c", 1),
+    ("multi-draft", 2),
+    ("multi-draft", 1),
+    ("rsd-s", 3),
+    ("rsd-s", 2),
+    ("rsd-s", 1),
+]
+
+
+@pytest.mark.parametrize("kind, budget", CUTS, ids=[f"{kind}-{budget}" for kind, budget in CUTS])
+def test_a_tree_cut_to_a_budget_emits_q(kind, budget):
+    """The first two tokens under trees cut to `budget` nodes (one level deep: the root's
+    children, fewer than the whole tree's; a single node, verified as a chain), each round's tree
+    drawn by the method's own child selection. False-failure probability: 1e-3 each."""
+    drafter = drafter_of(kind)
+    samples = first_two_tokens(
+        lambda r, g: build_cut(drafter, budget, r, g), 3000, seed=11 + budget, verify=engine_rule
+    )
+    assert chi2_pvalue(samples, EXPECTED_PAIRS) > ALPHA
+
+
+def test_control_a_root_level_cut_after_the_draw_fails():
+    """Negative control: RSD-S's root level drawn whole (3 children) and cut to the 2 the draft
+    likes best, instead of drawing 2: no longer a draw without replacement."""
+    drafter = drafter_of("rsd-s")
+    samples = first_two_tokens(
+        lambda r, g: build_cut(drafter, 2, r, g, keep_likeliest=True), 3000, seed=21, verify=engine_rule
+    )
     assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA

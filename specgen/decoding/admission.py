@@ -23,7 +23,7 @@ from typing import Iterator, Union
 import torch
 
 from specgen.config import GenerationConfig
-from specgen.decoding import verify
+from specgen.decoding import floor, verify
 from specgen.decoding.drafters.base import EMPTY
 from specgen.decoding.events import Event, Finished, Joined, RoundResult, StopReason
 from specgen.decoding.feed import Feed, Request
@@ -238,7 +238,8 @@ class Admission:
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         self.drafter.rewind(row, common)
         self.drafter.join(row, prompt, state.generator, capacity, config)
-        state.begin(request, keep, started, self.context_length, self.draft_cost(config.method))
+        ceiling = floor.start(config, self.verify_cost)
+        state.begin(request, keep, started, self.context_length, self.draft_cost(config.method), ceiling)
         state.stop_ids = (frozenset() if request.ignore_eos else self.stop_ids) | request.stop_ids
         result = self._first_token(state, logits) if first else None
         state.prefill_seconds = time.perf_counter() - started

@@ -4,17 +4,18 @@
 costs k draft steps plus one target forward over k+1 tokens. Where a draft step is cheap next
 to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
 where the draft costs a third of the target (the default pair on a CPU) short ones do.
-`choose` times four forwards once over CONTEXT cached tokens (a target step, a draft step, and
-verifies of 2 and 5 tokens, in turn, REPEATS times: a few seconds), picks the k in 1..MAX_K
+`choose` times five forwards once over CONTEXT cached tokens (a target step, a draft step, and
+verifies of 2, 5 and WIDE tokens, in turn, REPEATS times: a few seconds), picks the k in 1..MAX_K
 with the best expected tokens per unit of time at the typical acceptance `ACCEPTANCE`, and
 caches the answer per machine, thread count and model pair in
 `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
-notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, and each
-one's after it), for the floor and lookup, and what the draft's reading of a prompt token costs
-(`read_price`: a draft model reads a prompt before its first draft, and where that read costs
-more than drafting can save over a request's tokens, the row does not draft with it:
-drafters/model.py). A draft on the CPU also gets a confidence stop (`length.unsure`), priced
-by its measured cost (`stop_for`), and STOP_EXTRA more tokens of room.
+notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, each
+one's after it up to a 5-token verify, and each one's past that), for the floor and lookup, and
+so is what the draft's reading of a prompt token costs (`read_price`: a draft model reads a
+prompt before its first draft, and where that read costs more than drafting can save over a
+request's tokens, the row does not draft with it: drafters/model.py). A draft on the CPU also
+gets a confidence stop (`length.unsure`), priced by its measured cost (`stop_for`), and
+STOP_EXTRA more tokens of room.
 
 The server's cap on k at each batch width, measured the same way and cached in the same file,
 is in `widths.py`.
@@ -42,11 +43,17 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 14  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
+FORMAT = 15  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 REPEATS = 7  # turns of the three timed forwards
 READ = 64  # prompt tokens of the draft's read that `choose` times (against a target step, in turn)
+# the widest verify `choose` times: a default RSD-S tree's (12 nodes and the root). On a 2-core
+# CPU a verify costs about what a plain step does up to 6-7 tokens, then about 0.08 of a step more
+# a token (Zen 4: 7 tokens 1.1 steps, 9 1.3, 13 1.5), where the cost at 2 and 5 tokens alone
+# priced a 13-token tree's verify at 1.2 steps, and the floor read a tree's rounds 23% too fast
+WIDE = 13
+BEND = MAX_K  # proposed tokens up to which VerifyCost.slope holds (a chain's), `wide` past it
 # the cached tokens `choose` times its forwards over: about a prompt and answer of the prompt sets
 # (50-350 prompt tokens, 64-128 new). A verify's cost grows with the context faster than a
 # step's: on a 2-core AVX2 EPYC a 5-token verify cost 1.01-1.12 steps over 32 tokens, 1.13-1.31 over 160-200
@@ -72,15 +79,22 @@ STOP_PER_COST, STOP_MIN, STOP_MAX, STOP_EXTRA = 2.0, 0.5, 0.8, 2
 @dataclass(frozen=True)
 class VerifyCost:
     """A verify's cost in plain steps, by the tokens proposed: a plain step, `first` for the
-    first proposed token and `slope` for each after it. The first costs more than the others on
+    first proposed token, `slope` for each after it up to BEND (a chain's longest), and `wide`
+    for each past BEND (a tree's nodes, a long lookup). The first costs more than the others on
     a CPU: from one row to two the step leaves its single-row kernels (measured on a Xeon with
-    AMX: 2 rows 1.08 steps, 3 rows 1.15, 6 rows 1.17; benchmarks/floor.md)."""
+    AMX: 2 rows 1.08 steps, 3 rows 1.15, 6 rows 1.17; benchmarks/floor.md). Past 7 tokens each
+    costs more again (WIDE)."""
 
     first: float
     slope: float
+    wide: float = 0.0  # 0: not measured: `slope` past BEND too
 
     def steps(self, proposed: int) -> float:
-        return 1.0 if proposed <= 0 else 1.0 + self.first + self.slope * (proposed - 1)
+        if proposed <= 0:
+            return 1.0
+        near = min(proposed, BEND)
+        past = (proposed - near) * max(self.wide, self.slope)
+        return 1.0 + self.first + self.slope * (near - 1) + past
 
     def per_token(self, proposed: int = 4) -> float:
         """The mean cost of a proposed token in a verify of `proposed` of them (4: a 5-token verify)."""
@@ -111,10 +125,13 @@ def best_k(draft_cost: float, verify_cost: dict[int, float], acceptance: float =
     return max(range(1, MAX_K + 1), key=lambda k: (expected_rate(k, draft_cost, verify_cost, acceptance), -k))
 
 
-def _verify_cost(two: float, five: float) -> VerifyCost:
-    """The verify cost from a 2-token and a 5-token verify, each in target steps."""
+def _verify_cost(two: float, five: float, wide: float) -> VerifyCost:
+    """The verify cost from a 2-token, a 5-token and a WIDE-token verify, each in target steps:
+    the first two give `first` and `slope`, and the WIDE-token one what its tokens past BEND cost
+    beyond that line."""
     first = max(0.0, two - 1.0)
-    return VerifyCost(first, max(0.0, (five - 1.0 - first) / 3))
+    line = VerifyCost(first, max(0.0, (five - 1.0 - first) / 3))
+    return VerifyCost(line.first, line.slope, max(0.0, (wide - line.steps(BEND)) / (WIDE - 1 - BEND)))
 
 
 def verify_steps(cost: VerifyCost) -> dict[int, float]:
@@ -148,9 +165,9 @@ class Probe:
         return elapsed
 
 
-def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float]:
-    """(draft step, 2-token verify, 5-token verify, a prompt token of the draft's read) in
-    target steps: the forwards are timed in turn, `repeats` times, and the medians of the
+def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, float]:
+    """(draft step, 2-token verify, 5-token verify, WIDE-token verify, a prompt token of the
+    draft's read) in target steps: the forwards are timed in turn, `repeats` times, and the medians of the
     per-turn ratios are kept, so a machine whose speed drifts between forwards (shared CPUs do)
     moves them all together. The read (the draft's forward over READ prompt tokens, per token)
     is timed for a draft on the CPU only (0 elsewhere: a GPU reads a prompt cheaply)."""
@@ -158,19 +175,20 @@ def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float]:
     step = Probe(pair.target.model, 1, context=context)
     # a verify reads every position's logits (verify.forward), so its probe does too: with the
     # last position's only, a 5-token verify read 5% cheaper than the loop's (AVX2 EPYC)
-    pair_of, wide = (Probe(pair.target.model, width, context=context, keep=0) for width in (2, 5))
+    pair_of, five_of, wide_of = (
+        Probe(pair.target.model, width, context=context, keep=0) for width in (2, 5, WIDE)
+    )
     draft = Probe(pair.draft.model, 1, context=context, exact=False)
     read = Probe(pair.draft.model, READ, exact=False) if pair.draft.device.type == "cpu" else None
-    draft_ratio, two_ratio, wide_ratio, read_ratio = [], [], [], []
+    ratios: tuple[list[float], ...] = ([], [], [], [], [])
     for _ in range(repeats):
-        one, two, five, small = step.seconds(), pair_of.seconds(), wide.seconds(), draft.seconds()
+        one, two, five, wide = step.seconds(), pair_of.seconds(), five_of.seconds(), wide_of.seconds()
+        small = draft.seconds()
         prompt = read.seconds() / READ if read is not None else 0.0
         one = (one + step.seconds()) / 2  # the target step around the others
-        draft_ratio.append(small / one)
-        two_ratio.append(two / one)
-        wide_ratio.append(five / one)
-        read_ratio.append(prompt / one)
-    return tuple(statistics.median(ratios) for ratios in (draft_ratio, two_ratio, wide_ratio, read_ratio))
+        for series, seconds in zip(ratios, (small, two, five, wide, prompt)):
+            series.append(seconds / one)
+    return tuple(statistics.median(series) for series in ratios)
 
 
 def pair_key(pair, with_draft: bool = True) -> str:
@@ -204,6 +222,7 @@ def choose(pair) -> DraftLength:
             "confidence": c.confidence,
             "verify_slope": c.verify.slope,
             "verify_first": c.verify.first,
+            "verify_wide": c.verify.wide,
             "read": c.read,
         },
         "the draft length cached in {path} is not valid; measuring it again",
@@ -212,13 +231,13 @@ def choose(pair) -> DraftLength:
 
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
-        draft, two, wide, read = _ratios(pair)
-    verify = _verify_cost(two, wide)
+        draft, two, five, wide, read = _ratios(pair)
+    verify = _verify_cost(two, five, wide)
     k = best_k(draft, verify_steps(verify))
     reason = (
-        f"measured: draft step {draft:.2f} of a target step, 2-token verify {two:.2f} and 5-token "
-        f"verify {wide:.2f} steps, a prompt token read by the draft {read:.3f}; best at "
-        f"{ACCEPTANCE:.0%} acceptance"
+        f"measured: draft step {draft:.2f} of a target step, verifies of 2, 5 and {WIDE} tokens "
+        f"{two:.2f}, {five:.2f} and {wide:.2f} steps, a prompt token read by the draft {read:.3f}; "
+        f"best at {ACCEPTANCE:.0%} acceptance"
     )
     confidence = 0.0
     if pair.draft.device.type == "cpu":
@@ -325,18 +344,20 @@ def _entry(entry) -> DraftLength | None:
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
         return None
-    k, confidence, reason, slope, first, read = (
+    k, confidence, reason, slope, first, wide, read = (
         entry.get("k"),
         entry.get("confidence", 0.0),
         entry.get("reason", "measured earlier"),
         entry.get("verify_slope", 0.0),
         entry.get("verify_first", 0.0),
+        entry.get("verify_wide", 0.0),
         entry.get("read", 0.0),
     )
     if type(k) is not int or not 1 <= k <= MAX_K:
         return None
     if type(confidence) not in (int, float) or not 0.0 <= confidence < 1.0 or not isinstance(reason, str):
         return None
-    if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first, read)):
+    if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first, wide, read)):
         return None
-    return DraftLength(k, reason, float(confidence), VerifyCost(float(first), float(slope)), float(read))
+    verify = VerifyCost(float(first), float(slope), float(wide))
+    return DraftLength(k, reason, float(confidence), verify, float(read))

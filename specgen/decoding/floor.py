@@ -26,8 +26,9 @@ floor is exact whatever it measures.
   costs.VerifyCost: no plain round is spent to learn it); else a bound stands in for it: tokens
   x verify seconds / round seconds is at least the speed-up, as a verify of k + 1 tokens costs
   at least a plain step. After MIN_ROUNDS rounds:
-  - a clear loss (the mean plus its error below 1) halves the ceiling (a tree, which drafts
-    whole or not at all, goes to 0);
+  - a clear loss (the mean plus its error below 1) halves the ceiling (a tree's ceiling counts
+    its nodes: the row drafts the largest tree of its method's shape within it, config.fit_tree;
+    on a CPU a tree row starts at a chain's longest verify, `start`);
   - a clear win (the mean less its error above 1; the bound's above VERIFY_BOUND, what a verify
     may cost) counts towards GROW, after which the ceiling doubles, up to none;
   - the bound neither: the row is `unsure` and asks for plain steps to be measured.
@@ -51,6 +52,9 @@ afresh: what drafting gives then is its own text's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from specgen.config import GenerationConfig
+from specgen.decoding.costs import BEND, VerifyCost
 
 HALFLIFE = 8.0  # a row's drafting rounds
 MIN_ROUNDS = 4  # rounds before a comparison (drafting rounds of a row; plain rounds of a width)
@@ -159,7 +163,6 @@ class PlainSteps:
                 verify_seconds,
                 plain,
                 verify,
-                tree=not proposal.is_chain,
                 idle=idle,
             )
         self.record(width, any(p.size for p in proposals), seconds)
@@ -175,6 +178,17 @@ class PlainSteps:
         self.drafted[width] = 0
 
 
+def start(config: GenerationConfig, verify: VerifyCost | None) -> int:
+    """The ceiling a fresh row's floor starts at: none (the row's own draft length), but BEND
+    nodes for a tree row where the device's verify cost was measured (a CPU), the largest verify a
+    chain makes. Past it each node costs `wide`, 0.08 of a plain step on a 2-core Zen 4, and a
+    whole tree of 10-12 nodes costs about three plain steps a round: started whole, RSD-C,
+    RSD-S and multi-draft ran at 0.97-0.98x plain over 32 prompts, 12-15 of them below 0.97x;
+    started at 6 nodes, at 1.09-1.11x, 6 below (benchmarks/floor.md). A tree that wins grows to
+    the whole tree (GROW)."""
+    return BEND if config.method.is_tree and verify is not None else NONE
+
+
 class NoFloor:
     """A row whose draft length is the user's fixed choice: no ceiling, nothing measured."""
 
@@ -184,7 +198,7 @@ class NoFloor:
     def limit(self) -> int:
         return NONE
 
-    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, tree=False, idle=0.0) -> None:
+    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, idle=0.0) -> None:
         pass
 
     def renew(self) -> None:
@@ -199,6 +213,7 @@ class Floor:
     """One row's ceiling on its draft length, from its own measured rounds (see the module)."""
 
     ceiling: int = NONE
+    start: int = NONE  # where it started (`start`), and starts again when the drafter changes (`renew`)
     unsure: bool = False  # the last comparison needs the plain step measured at this width
     probing: bool = False  # the ceiling of 1 is a probe from the floor
     retry: int = RETRY
@@ -211,6 +226,11 @@ class Floor:
     rounds: int = 0  # rounds of the row, drafting or plain
     speedup: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x plain / seconds
     bound: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x verify / seconds
+
+    @classmethod
+    def at(cls, ceiling: int) -> "Floor":
+        """A fresh floor that starts at `ceiling`."""
+        return cls(ceiling=ceiling, start=ceiling)
 
     @property
     def fresh(self) -> bool:
@@ -238,16 +258,14 @@ class Floor:
         verify_seconds: float,
         plain: float | None,
         verify: float | None = None,
-        tree: bool = False,
         idle: float = 0.0,
     ) -> None:
         """A round of this row ran: it drafted, allowed `k` tokens (0: it proposed nothing, a
         plain round), and committed `tokens` in a round of `seconds` whose verify took
         `verify_seconds`; `plain`: a plain round's seconds at this width, where measured;
         `verify`: what that verify costs in plain steps, where the device's costs were measured
-        (the plain step is then the verify's seconds over it); `tree`: the row drafts trees
-        (whole or not at all); `idle`: rows of the batch that drafted nothing this round, per
-        drafting row.
+        (the plain step is then the verify's seconds over it); `idle`: rows of the batch that
+        drafted nothing this round, per drafting row.
 
         A round that drafts is longer than a plain step for every row of the batch: a row that
         drafted nothing (a plain request, a row at its floor) commits one token in it where it
@@ -290,23 +308,23 @@ class Floor:
         low, high = stat.value - stat.error, stat.value + stat.error
         self.unsure = not measured and high >= 1.0 and low < VERIFY_BOUND
         if high < 1.0:  # a clear loss
-            self._lower(tree)
+            self._lower()
         elif low > 1.0 if measured else low >= VERIFY_BOUND:  # a clear win
             self._won()
 
     def renew(self) -> None:
         """The drafter changed under the row (drafters.base.Drafter.widened: its head now reaches
-        ids it could not): what the rounds measured is stale, so the row starts afresh from the
-        drafter's own length. A Chinese answer's first rounds, drafted before the head packed
-        the ideographs, had lowered the ceiling to 2 or 1 for the rest of the answer."""
-        self._restart(NONE)
+        ids it could not): what the rounds measured is stale, so the row starts afresh where it
+        started. A Chinese answer's first rounds, drafted before the head packed the
+        ideographs, had lowered the ceiling to 2 or 1 for the rest of the answer."""
+        self._restart(self.start)
         self.probing, self.retry, self.skip = False, RETRY, True
 
-    def _lower(self, tree: bool) -> None:
+    def _lower(self) -> None:
         if self.probing:  # the probe lost: wait longer before the next
             self.retry = min(MAX_RETRY, self.retry * 2)
         self.probing = False
-        self._restart(0 if tree or self.drafted <= 1 else self.drafted // 2)
+        self._restart(0 if self.drafted <= 1 else self.drafted // 2)
 
     def _won(self) -> None:
         if self.probing:

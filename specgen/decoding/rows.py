@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.config import GenerationConfig, Method, SamplingConfig, fit_tree
 from specgen.decoding.feed import Request
-from specgen.decoding.floor import NO_FLOOR, Floor, NoFloor
+from specgen.decoding.floor import NO_FLOOR, NONE, Floor, NoFloor
 from specgen.decoding.length import LengthPolicy, make_policy
 from specgen.decoding.replay import window_start
 from specgen.runtime import kvcache
@@ -58,11 +58,20 @@ class DecodeState:
     def sampling(self) -> SamplingConfig:
         return self.config.sampling
 
-    def begin(self, request: Request, reused: int, started: float, context_length: int, cost: float) -> None:
+    def begin(
+        self,
+        request: Request,
+        reused: int,
+        started: float,
+        context_length: int,
+        cost: float,
+        ceiling: int = NONE,
+    ) -> None:
         """The row starts on `request`'s prompt, `reused` of its tokens already in the cache. A
         chat turn's row keeps its draft-length policy (what it learned of the draft) while the
         schedule, the draft length and the method's cost stay what it was made for. `cost`: one
-        draft token of its method against a target step (build.TABLE), for adaptive schedules."""
+        draft token of its method against a target step (build.TABLE), for adaptive schedules;
+        `ceiling`: where a fresh floor starts (floor.start)."""
         prompt = request.ids
         self.ids, self.prompt_length, self.index = list(prompt), len(prompt), request.index
         self.config, self.reused_tokens, self.verified = request.config, reused, len(prompt)
@@ -76,7 +85,7 @@ class DecodeState:
         if not config.floor or _seeded(request.sampling, config):
             self.floor = NO_FLOOR
         elif not isinstance(self.floor, Floor):
-            self.floor = Floor()
+            self.floor = Floor.at(ceiling)
         self.budget = min(request.max_new_tokens, context_length - self.prompt_length)
         self.context_bound = self.budget < request.max_new_tokens
 
@@ -87,16 +96,20 @@ class DecodeState:
         remaining = self.limit() - len(self.ids)
         if config.method is Method.PLAIN:
             return 0
-        if config.method.is_tree and remaining <= config.tree_depth:
-            return 0  # too close to the end for a tree
+        if config.method.is_tree:  # the largest tree within the floor's ceiling, fewer levels near the end
+            levels = fit_tree(config.tree_levels, self.floor.limit())[: max(remaining - 1, 0)]
+            return sum(levels)
         k = min(self.length.next_k(), remaining - 1)
         return max(min(k, self.floor.limit()), 0) if k > 0 else 0
 
     def draft_length(self) -> int:
         """The most tokens the row would draft now: its draft-length policy's, under its floor's
         ceiling (0: plain rounds), before any width cap."""
-        if self.config.method is Method.PLAIN:
+        config = self.config
+        if config.method is Method.PLAIN:
             return 0
+        if config.method.is_tree:
+            return sum(fit_tree(config.tree_levels, self.floor.ceiling))
         return min(self.length.next_k(), self.floor.ceiling) if self.length is not None else 0
 
     def limit(self) -> int:

@@ -188,7 +188,10 @@ class Scheduler:
         def measured(width: int, config: GenerationConfig) -> int:
             if not (caps and capped(config)):
                 return no_cap(width, config)
-            return caps.get(width, caps[max(caps)])  # past the widest measured width, the widest's cap
+            cap = caps.get(width, caps[max(caps)])  # past the widest measured width, the widest's cap
+            # the caps count a chain's tokens: a tree row keeps to them only where they say plain
+            # rounds (its own floor cuts its tree where its rounds lose)
+            return no_cap(width, config) if config.method.is_tree and cap > 0 else cap
 
         policy = Policy(width_cap=measured, prefill_chunk=self.prefill_chunk)
         return build_engine(self.pair, config, policy=policy)

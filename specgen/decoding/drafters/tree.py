@@ -2,6 +2,13 @@
 multi-draft (independent draws with replacement), each building its tree with one batched
 draft forward per depth, using the same ancestor masking as the target's verification.
 
+A round's tree is the largest of the method's shape within the k nodes the row may draft
+(config.fit_tree): the whole tree, or where the row's floor lowered k or started it lower
+(decoding/floor.py), fewer levels, or fewer children of the root, down to one node. On a 2-core
+CPU a whole tree of 10-12 nodes costs about three plain steps a round (three or four draft
+forwards and an 11-13-token verify). Drafted whole or not at all, trees ran at 0.97-0.98x plain
+decoding over 32 prompts and at 0.60-0.66x on a German translation (benchmarks/floor.md).
+
 They draft one row each (base.PerRow serves them to the engine): a tree search is per row.
 
 Draft cache layout during a round: the committed context in slots [0, n), the root being the
@@ -16,7 +23,7 @@ import abc
 
 import torch
 
-from specgen.config import SamplingConfig
+from specgen.config import SamplingConfig, fit_tree
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal, embeddable, node_laws
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
@@ -30,8 +37,11 @@ class TreeDrafter(abc.ABC):
 
     replacement = False
 
-    def __init__(self, model, device, depth: int, vocab: int | None = None, compile: str = "off"):
-        self.model, self.device, self.vocab, self.depth = model, device, vocab, depth
+    def __init__(
+        self, model, device, levels: tuple[int, ...], vocab: int | None = None, compile: str = "off"
+    ):
+        # the whole tree's nodes at each depth (config.GenerationConfig.tree_levels)
+        self.model, self.device, self.vocab, self.levels = model, device, vocab, levels
         self.steps = Steps(model, compile, exact=False)
         self.cache = kvcache.new_cache(model)
         self.generator: torch.Generator | None = None
@@ -56,7 +66,8 @@ class TreeDrafter(abc.ABC):
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingConfig) -> Proposal:
-        """The whole tree (its shape is fixed by the method, not by k)."""
+        """The largest tree of the method's shape within `k` nodes (see the module)."""
+        levels = fit_tree(self.levels, k)
         n = len(context)
         unseen = torch.tensor([context[self.cached :]], device=self.device)
         root = unseen[0, -1:]
@@ -68,12 +79,12 @@ class TreeDrafter(abc.ABC):
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []  # sampled: p(.|node) of every node with children, in node order
         frontier, scores = [0], None
-        for level in range(self.depth):
+        for level, size in enumerate(levels):
             dist = warp(logits, sampling) if sampled else logits  # greedy: children from the draft's logits
             if sampled:
                 laws.append(dist)
             new_parents, new_tokens, scores = self._children(
-                level, frontier, dist, scores, kind, self.generator
+                level, frontier, dist, scores, kind, self.generator, size
             )
             if not new_parents:
                 break
@@ -81,7 +92,7 @@ class TreeDrafter(abc.ABC):
             parents.extend(new_parents)
             tokens.append(new_tokens)
             frontier = list(range(start, len(parents) + 1))
-            if level < self.depth - 1:
+            if level < len(levels) - 1:
                 logits = self._feed(root, Proposal(torch.cat(tokens), tuple(parents), kind), frontier, n)
         self._base, self._fed_nodes = n, (frontier[0] - 1 if parents else 0)
         drafted = torch.cat(tokens) if tokens else root.new_zeros(0)
@@ -121,9 +132,10 @@ class TreeDrafter(abc.ABC):
         scores: torch.Tensor | None,
         kind: ProposalKind,
         generator,
+        size: int,
     ) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
-        """The children of every frontier node, grouped by parent, each group in draw order:
-        (each child's parent node, their tokens [C], what the next depth carries (RSD-S's
+        """The `size` children of the frontier's nodes, grouped by parent, each group in draw
+        order: (each child's parent node, their tokens [C], what the next depth carries (RSD-S's
         scores)). `dist` [F, V] is the frontier's warped law when `kind` is SAMPLED, its
         logits when GREEDY."""
 
@@ -134,11 +146,13 @@ class RSDConstant(TreeDrafter):
     def __init__(
         self, model, device, branching: tuple[int, ...], vocab: int | None = None, compile: str = "off"
     ):
-        super().__init__(model, device, len(branching), vocab, compile)
-        self.branching = branching
+        levels = [branching[0]]
+        for b in branching[1:]:
+            levels.append(levels[-1] * b)
+        super().__init__(model, device, tuple(levels), vocab, compile)
 
-    def _children(self, level, frontier, dist, scores, kind, generator):
-        b = self.branching[level]
+    def _children(self, level, frontier, dist, scores, kind, generator, size):
+        b = size // len(frontier)  # each node's: the level's b_l, or fewer children of the root
         if kind is ProposalKind.GREEDY:  # greedy target: deterministic top-b children are fine
             tokens = torch.topk(dist, b, dim=-1).indices
         else:
@@ -151,10 +165,10 @@ class MultiDraft(RSDConstant):
 
     replacement = True
 
-    def _children(self, level, frontier, dist, scores, kind, generator):
+    def _children(self, level, frontier, dist, scores, kind, generator, size):
         if kind is ProposalKind.GREEDY:
-            return super()._children(level, frontier, dist, scores, kind, generator)
-        b = self.branching[level]
+            return super()._children(level, frontier, dist, scores, kind, generator, size)
+        b = size // len(frontier)
         tokens = torch.multinomial(dist, b, replacement=True, generator=generator)
         return [f for f in frontier for _ in range(b)], tokens.reshape(-1), None
 
@@ -165,11 +179,10 @@ class RSDStochasticBeam(TreeDrafter):
     def __init__(
         self, model, device, beam_width: int, depth: int, vocab: int | None = None, compile: str = "off"
     ):
-        super().__init__(model, device, depth, vocab, compile)
-        self.width = beam_width
+        super().__init__(model, device, (beam_width,) * depth, vocab, compile)
 
-    def _children(self, level, frontier, dist, scores, kind, generator):
-        width, count = self.width, len(frontier)
+    def _children(self, level, frontier, dist, scores, kind, generator, size):
+        width, count = size, len(frontier)  # the beam's width, or fewer children of the root
         greedy = kind is ProposalKind.GREEDY
         log_p = torch.log_softmax(dist.float(), dim=-1) if greedy else dist.log()
         if level == 0:  # the root: phi = G = 0
