@@ -10,7 +10,7 @@ with the best expected tokens per unit of time at the typical acceptance `ACCEPT
 caches the answer per machine, thread count and model pair in
 `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
 notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, each
-one's after it up to a 5-token verify, and each one's past that), for the floor and lookup, and
+one's after it up to a chain's longest, and each one's past that), for the floor and lookup, and
 so is what the draft's reading of a prompt token costs (`read_price`: a draft model reads a
 prompt before its first draft, and where that read costs more than drafting can save over a
 request's tokens, the row does not draft with it: drafters/model.py). A draft on the CPU also
