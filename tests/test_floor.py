@@ -162,8 +162,13 @@ def test_a_tree_row_starts_at_a_chain_s_longest_verify_where_verifies_are_priced
         nodes.append(k)
         row.record(k, 3, 0.1, 0.1, 0.1)  # three tokens a plain step's time: a clear win
     assert nodes[0] == 6 and nodes[-1] == tree.tree_budget == 12
-    row.renew()
-    assert row.ceiling == BEND
+    row.renew()  # a widened draft head: a tree that grew keeps its ceiling
+    assert row.ceiling == 12
+    for _ in range(2 * floor.MIN_ROUNDS):  # 12 nodes, then 6, lose: the ceiling halves twice
+        row.record(sum(fit_tree(tree.tree_levels, row.limit())), 1, 0.3, 0.1, 0.1)
+    assert row.ceiling == 3
+    row.renew()  # a lowered one starts again where it started
+    assert row.ceiling == BEND and row.speedup.count == 0
 
 
 def test_a_tree_row_drafts_the_largest_tree_its_floor_and_its_remaining_tokens_allow():
@@ -354,3 +359,18 @@ def test_renew_starts_a_lowered_floor_afresh():
     floor.renew()
     assert floor.ceiling == NONE and floor.skip and floor.speedup.count == 0 and not floor.probing
     NO_FLOOR.renew()  # a fixed draft length has nothing to renew
+
+
+def test_renew_keeps_what_a_floor_at_its_start_measured():
+    """A head that widens a block at a time (a German answer's rare words) renews the floors
+    every few rounds: a floor still where it started keeps its rounds, so that it can reach a
+    verdict at all."""
+    row = Floor()
+    row.skip = False
+    seen = []
+    for _ in range(floor.MIN_ROUNDS):
+        seen.append(row.limit())
+        row.record(4, 1, 1.0, 0.5, 0.4)  # a clear loss
+        if row.ceiling == NONE:
+            row.renew()  # a widening after every round
+    assert seen == [NONE] * floor.MIN_ROUNDS and row.ceiling == 2
