@@ -159,7 +159,7 @@ class Engine(Admission):
                 [state.ids for state in rows], ks, [s.sampling for s in rows], features
             )
             widened = self.drafter.widened()
-            if widened != self.widened:  # the draft proposes ids it could not: floors measure afresh
+            if widened != self.widened:  # the draft proposes ids it could not: lowered floors start afresh
                 self.widened = widened
                 for state in rows:
                     state.floor.renew()

@@ -22,8 +22,8 @@
     words and identifiers have no script; about 20 ms a block, 0.2 ms of head per step).
   The whole head would take 1.3-1.8 s to pack and 5.3 ms a step (1.0 ms pruned). Most English
   text and code packs nothing, some a block or two (rare words and identifiers, read one by
-  one, stay in the read ids' product). Each packing counts in `widened`: the drafters' floors
-  measure afresh, since their rounds so far measured a draft that could not propose the text.
+  one, stay in the read ids' product). Each packing counts in `widened`: a row whose floor its
+  rounds lowered measures afresh, since they measured a draft that could not propose the text.
 * `Int8WeightOnlyLinear`: int8 weights per output channel, activations in their own dtype,
   through torch's `_weight_int8pack_mm` CPU kernel.
 

@@ -211,8 +211,8 @@ class Drafter(Protocol):
     def widened(self) -> int:
         """A count that grows each time the drafter comes to propose ids it could not before
         (a pruned draft head packing the ids of a script a text turned to: runtime/pruned.py).
-        The engine then measures its rows' floors afresh: their rounds so far measured a draft
-        that could not propose the text's tokens."""
+        The engine then renews its rows' floors: one its rounds lowered measures afresh, since
+        they measured a draft that could not propose the text's tokens (decoding/floor.py)."""
 
 
 class BaseDrafter:
