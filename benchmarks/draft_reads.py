@@ -76,7 +76,9 @@ class VariantRunner(EngineRunner):
             chain_model.WINDOW, costs.read_price, floor._Mean.error = window, price, error
 
 
-def main() -> None:
+def main(runner: type[VariantRunner] = VariantRunner, separator: str = ",") -> None:
+    """Bench's runner with plain and the `--columns` (split at `separator`), each a `runner`:
+    a script that varies something else (results/draft-layer-skip-*/skip.py) brings its own."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", required=True, help="a prompt set or JSONL file, as bench takes")
     parser.add_argument("--columns", default="lookup-chain@default,lookup-chain@always")
@@ -93,9 +95,9 @@ def main() -> None:
     if choice is not None:
         print(f"draft length k={choice.k} ({choice.reason})", file=sys.stderr)
     runners = [EngineRunner(pair, Method.PLAIN)]
-    for column in args.columns.split(","):
+    for column in args.columns.split(separator):
         method, _, variant = column.partition("@")
-        runners.append(VariantRunner(pair, Method(method), variant or "default"))
+        runners.append(runner(pair, Method(method), variant or "default"))
     settings = BenchSettings(generation=generation, repeats=args.repeats)
     result = run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners)
     flags = "lscpu | grep -o -w -E 'avx|avx2|avx512[a-z_0-9]*|amx[a-z_0-9]*|f16c|fma' | sort -u"

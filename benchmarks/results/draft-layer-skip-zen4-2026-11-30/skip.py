@@ -5,25 +5,15 @@ forward skips (their K/V is never written or read).
     python skip.py --prompts prompts.jsonl --columns "chain@k3;chain@k3/s21;chain@k3/s18-21" --json a.json
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import draft_reads  # noqa: E402
 from draft_reads import VariantRunner  # noqa: E402
-from rich.console import Console  # noqa: E402
 
-from specgen.bench import report  # noqa: E402
-from specgen.bench.measure import BenchSettings, run_bench  # noqa: E402
-from specgen.bench.prompts import load_prompts  # noqa: E402
-from specgen.bench.runners import EngineRunner  # noqa: E402
-from specgen.cli.options import generation_config  # noqa: E402
-from specgen.config import Method, ModelSettings  # noqa: E402
-from specgen.decoding.build import resolve_draft_length  # noqa: E402
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from specgen.runtime import lean  # noqa: E402
-from specgen.runtime.pair import load  # noqa: E402
 
 SKIP: set[int] = set()
 DRAFT = None
@@ -51,6 +41,8 @@ def parse(spec: str) -> set[int]:
 
 class SkipRunner(VariantRunner):
     def __init__(self, pair, method, variant):
+        global DRAFT
+        DRAFT = pair.draft.model
         variant, _, skip = variant.partition("/s")
         super().__init__(pair, method, variant)
         self.skip = parse(skip) if skip else set()
@@ -65,25 +57,5 @@ class SkipRunner(VariantRunner):
             SKIP = set()
 
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--prompts", required=True)
-parser.add_argument("--columns", required=True)
-parser.add_argument("-n", type=int, default=64)
-parser.add_argument("--repeats", type=int, default=1)
-parser.add_argument("--json", required=True)
-args = parser.parse_args()
-pair = load(
-    ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
-    Method.CHAIN,
-)
-DRAFT = pair.draft.model
-asked = generation_config(method="chain", max_new_tokens=args.n)
-generation, choice = resolve_draft_length(pair, asked, True)
-runners = [EngineRunner(pair, Method.PLAIN)]
-for column in args.columns.split(";"):
-    method, _, variant = column.partition("@")
-    runners.append(SkipRunner(pair, Method(method), variant or "default"))
-settings = BenchSettings(generation=generation, repeats=args.repeats)
-result = run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners)
-report.write_json(result, args.json)
-Console(width=200).print(report.table(result))
+if __name__ == "__main__":
+    draft_reads.main(SkipRunner, separator=";")  # columns hold commas ("/s12,14")
