@@ -152,9 +152,9 @@ def test_a_tree_row_starts_at_a_chain_s_longest_verify_where_verifies_are_priced
 
     cpu = VerifyCost(0.0, 0.02, 0.08)
     tree = GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4, floor=True)
-    assert floor.start(tree, cpu) == BEND and floor.start(tree, None) == NONE
-    assert floor.start(GenerationConfig(method=Method.CHAIN, floor=True), cpu) == NONE
-    row = Floor.at(floor.start(tree, cpu))
+    assert floor.first_ceiling(tree, cpu) == BEND and floor.first_ceiling(tree, None) == NONE
+    assert floor.first_ceiling(GenerationConfig(method=Method.CHAIN, floor=True), cpu) == NONE
+    row = Floor.at(floor.first_ceiling(tree, cpu))
     row.skip = False
     nodes = []
     for _ in range(floor.GROW + floor.MIN_ROUNDS):

@@ -238,7 +238,7 @@ class Admission:
         state.generator = None if request.sampling.greedy else make_generator(request.seed, self.device)
         self.drafter.rewind(row, common)
         self.drafter.join(row, prompt, state.generator, capacity, config)
-        ceiling = floor.start(config, self.verify_cost)
+        ceiling = floor.first_ceiling(config, self.verify_cost)
         state.begin(request, keep, started, self.context_length, self.draft_cost(config.method), ceiling)
         state.stop_ids = (frozenset() if request.ignore_eos else self.stop_ids) | request.stop_ids
         result = self._first_token(state, logits) if first else None

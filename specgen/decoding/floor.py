@@ -28,7 +28,7 @@ floor is exact whatever it measures.
   at least a plain step. After MIN_ROUNDS rounds:
   - a clear loss (the mean plus its error below 1) halves the ceiling (a tree's ceiling counts
     its nodes: the row drafts the largest tree of its method's shape within it, config.fit_tree;
-    on a CPU a tree row starts at a chain's longest verify, `start`);
+    on a CPU a tree row starts at a chain's longest verify, `first_ceiling`);
   - a clear win (the mean less its error above 1; the bound's above VERIFY_BOUND, what a verify
     may cost) counts towards GROW, after which the ceiling doubles, up to none;
   - the bound neither: the row is `unsure` and asks for plain steps to be measured.
@@ -178,7 +178,7 @@ class PlainSteps:
         self.drafted[width] = 0
 
 
-def start(config: GenerationConfig, verify: VerifyCost | None) -> int:
+def first_ceiling(config: GenerationConfig, verify: VerifyCost | None) -> int:
     """The ceiling a fresh row's floor starts at: none (the row's own draft length), but BEND
     nodes for a tree row where the device's verify cost was measured (a CPU), the largest verify a
     chain makes. Past it each node costs `wide`, 0.08 of a plain step on a 2-core Zen 4, and a
@@ -213,7 +213,7 @@ class Floor:
     """One row's ceiling on its draft length, from its own measured rounds (see the module)."""
 
     ceiling: int = NONE
-    start: int = NONE  # where it started (`start`), and starts again when the drafter changes (`renew`)
+    start: int = NONE  # where it started (`first_ceiling`), and starts again on a drafter change (`renew`)
     unsure: bool = False  # the last comparison needs the plain step measured at this width
     probing: bool = False  # the ceiling of 1 is a probe from the floor
     retry: int = RETRY

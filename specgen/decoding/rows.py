@@ -71,7 +71,7 @@ class DecodeState:
         chat turn's row keeps its draft-length policy (what it learned of the draft) while the
         schedule, the draft length and the method's cost stay what it was made for. `cost`: one
         draft token of its method against a target step (build.TABLE), for adaptive schedules;
-        `ceiling`: where a fresh floor starts (floor.start)."""
+        `ceiling`: where a fresh floor starts (floor.first_ceiling)."""
         prompt = request.ids
         self.ids, self.prompt_length, self.index = list(prompt), len(prompt), request.index
         self.config, self.reused_tokens, self.verified = request.config, reused, len(prompt)
