@@ -113,7 +113,7 @@ class Method(str, enum.Enum):
     def options(self) -> frozenset[str]:
         """The drafting options this method reads (GenerationConfig's names): chains take a
         draft length and its schedule (a draft model's chains a confidence stop too), trees a
-        shape whatever the draft length, plain none."""
+        shape whatever the draft length, and a confidence stop on their depth, plain none."""
         length = frozenset({"draft_tokens", "schedule"})
         return {
             Method.PLAIN: frozenset(),
@@ -122,9 +122,9 @@ class Method(str, enum.Enum):
             Method.EAGLE: length,
             Method.CHAIN: length | {"draft_confidence"},
             Method.LOOKUP_CHAIN: length | {"draft_confidence"},
-            Method.RSD_C: frozenset({"branching"}),
-            Method.MULTI_DRAFT: frozenset({"branching"}),
-            Method.RSD_S: frozenset({"beam_width", "depth"}),
+            Method.RSD_C: frozenset({"branching", "draft_confidence"}),
+            Method.MULTI_DRAFT: frozenset({"branching", "draft_confidence"}),
+            Method.RSD_S: frozenset({"beam_width", "depth", "draft_confidence"}),
         }[self]
 
 

@@ -957,7 +957,11 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
     for bad in ("chain/k2/k3", "chain/c1.5", "chain/c-1", "chain/cx", "chain/", "chain/k0", "chain/k65"):
         with pytest.raises(ConfigError, match="in --methods: /"):
             variant(bad)
-    assert variant("chain") is None and variant("rsd-c/k2") is None and variant("warp/k2") is None
+    assert variant("rsd-s/c0.5") == (Method.RSD_S, {"draft_confidence": 0.5})  # a tree: the stop only
+    for bad in ("rsd-c/k2", "rsd-c/additive", "multi-draft/c2"):
+        with pytest.raises(ConfigError, match="its only variant is /cX"):
+            variant(bad)
+    assert variant("chain") is None and variant("rsd-c") is None and variant("warp/k2") is None
     out = tmp_path / "c.json"
     result = runner.invoke(
         app,
@@ -971,7 +975,7 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
             "-n",
             "8",
             "--methods",
-            "chain/k4/c0,chain/k4/c0.99",
+            "chain/k4/c0,chain/k4/c0.99,rsd-c/c0,rsd-c/c0.99",
             "--json",
             str(out),
         ],
@@ -981,11 +985,11 @@ def test_variant_suffixes_combine_and_a_confidence_stop_reaches_the_engine(model
     assert all(p["identical_to_plain"] for p in data["prompts"] if p["method"] != "plain")
     drafted = {
         name: sum(m["drafted"] for m in data["measurements"] if m["method"] == name)
-        for name in ("chain/k4/c0", "chain/k4/c0.99")
+        for name in ("chain/k4/c0", "chain/k4/c0.99", "rsd-c/c0", "rsd-c/c0.99")
     }
-    assert (
-        drafted["chain/k4/c0.99"] < drafted["chain/k4/c0"]
-    )  # a tiny model is rarely 99% sure: drafts stop early
+    # a tiny model is rarely 99% sure: chains stop early, trees grow less deep
+    assert drafted["chain/k4/c0.99"] < drafted["chain/k4/c0"]
+    assert drafted["rsd-c/c0.99"] < drafted["rsd-c/c0"]
 
 
 def test_ctrl_c_in_throughput_mode_keeps_the_measured_cells(models, short_file, tmp_path, monkeypatch):

@@ -330,7 +330,7 @@ def test_same_seed_same_sampled_text(models):
 @pytest.mark.parametrize(
     "method, extra",
     [
-        ("rsd-c", ["--branching", "2,1"]),
+        ("rsd-c", ["--branching", "2,1", "--draft-confidence", "0.5"]),
         ("rsd-s", ["--beam-width", "2", "--depth", "3"]),
         ("multi-draft", ["--branching", "2,2"]),
     ],

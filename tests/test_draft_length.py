@@ -92,6 +92,12 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     assert config.draft_confidence == 0.0
     config, _ = resolve_draft_length(pair, replace(GenerationConfig(method=Method.CHAIN, draft_tokens=3)))
     assert (config.draft_tokens, config.draft_confidence) == (3, 0.0)  # a given k: as given, no stop
+    # a tree's size is its floor's, but it takes the device's stop, and its verify costs are
+    # measured by the first run that drafts one (floor.first_ceiling reads them)
+    for method in ("rsd-c", "rsd-s", "multi-draft"):
+        config, chosen = resolve_draft_length(pair, generation_config(method=method, max_new_tokens=16))
+        assert config.draft_confidence == stop and chosen is not None and chosen.verify.wide > 0
+    assert draft_length.verify_cost(pair) == choice.verify
 
 
 BAD_ENTRIES = [

@@ -185,3 +185,35 @@ def test_on_a_cpu_a_tree_row_starts_at_a_chain_s_longest_verify(tiny_pair, confi
         rounds, _ = decode(engine, PROMPT, config)
         assert [t for r in rounds for t in r.emitted] == reference
         assert len(next(r for r in rounds if r.draft_tokens).draft_tokens) == nodes
+
+
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[3]], ids=lambda c: c.method.value)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_confidence_stop_ends_a_tree_where_its_likeliest_path_is_unsure(tiny_pair, config, temperature):
+    """Under the draft's confidence stop a tree grows no deeper once every path's product of top
+    probabilities is under it: a random tiny draft is unsure of everything, so a stop of 0.99
+    leaves one level and one of 1e-12 the whole tree. Greedy output stays plain greedy's, and
+    the draft's cache holds exactly the committed tokens it fed, as after whole trees."""
+    from dataclasses import replace
+
+    target, draft = tiny_pair
+    sampling = SamplingConfig(temperature=temperature, seed=3)
+    for stop, deepest in ((0.99, 1), (1e-12, config.tree_depth)):
+        stopped = replace(config, draft_confidence=stop, sampling=sampling, max_new_tokens=17)
+        engine = tree_engine(tiny_pair, stopped)
+        rounds, state = decode(engine, PROMPT, stopped)
+        if not temperature:
+            assert [t for r in rounds for t in r.emitted] == reference_greedy(target.model, PROMPT, 17)
+        depths = [
+            max(Proposal(torch.tensor(r.draft_tokens), r.parents, ProposalKind.GREEDY).depth)
+            for r in rounds
+            if r.draft_tokens
+        ]
+        assert depths[0] == deepest and max(depths) == deepest
+        drafter, ids = engine.drafter.rows[0], state.ids
+        with torch.no_grad():
+            kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[drafter.cached : -1]]))
+            cached = kvcache.forward(draft.model, drafter.cache, torch.tensor([ids[-1:]]))[0, -1]
+            torch.testing.assert_close(
+                cached, draft.model(torch.tensor([ids])).logits[0, -1], atol=1e-4, rtol=1e-4
+            )

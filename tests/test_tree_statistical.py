@@ -7,7 +7,8 @@ RSD-C, i.i.d. draws for multi-draft, stochastic beam search for RSD-S) and verif
 real `recursive_rejection`. Every test fixes its generator seed, so it is reproducible; the
 stated false-failure probability is its significance level alpha. Power of the controls,
 measured at these sizes: p-values 4e-76 (re-sorted siblings), 2e-70 (draft not updated),
-7e-40 (without-replacement rule on i.i.d. draws), 1e-127 (re-sorted RSD-C trees).
+7e-40 (without-replacement rule on i.i.d. draws), 1e-127 (re-sorted RSD-C trees), 2e-60
+(leaves dropped by their own draft probability, the law of three tokens).
 """
 
 from __future__ import annotations
@@ -163,16 +164,23 @@ def build_beam(root: int, width: int, depth: int, generator):
 
 
 def first_two_tokens(
-    build, n: int, seed: int, resort: bool = False, replacement: bool = False, verify=None
+    build,
+    n: int,
+    seed: int,
+    resort: bool = False,
+    replacement: bool = False,
+    verify=None,
+    count: int = 2,
 ) -> list[int]:
-    """Run rounds from root token 0 until two tokens are out; return x1 * V + x2 per trial.
-    `verify(tree, rows, generator)`: the rule a round's tree is verified by (recursive rejection
-    with P_TABLE's laws by default; `rows` the nodes' tokens)."""
+    """Run rounds from root token 0 until two tokens are out; return x1 * V + x2 per trial
+    (`count` tokens: x1 * V**(count-1) + ... + x_count). `verify(tree, rows, generator)`: the
+    rule a round's tree is verified by (recursive rejection with P_TABLE's laws by default;
+    `rows` the nodes' tokens)."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         emitted = []
-        while len(emitted) < 2:
+        while len(emitted) < count:
             root = emitted[-1] if emitted else 0
             nodes, tree = build(root, generator)
             if resort:
@@ -191,7 +199,10 @@ def first_two_tokens(
                 )
             path, token = walked(tree, verdict)
             emitted += [nodes[i] for i in path] + [token]
-        out.append(emitted[0] * V + emitted[1])
+        code = 0
+        for token in emitted[:count]:
+            code = code * V + token
+        out.append(code)
     return out
 
 
@@ -283,13 +294,17 @@ def test_control_point_mass_tree_without_removing_rejected_children_fails():
 # -- trees cut to a floor's budget: fewer levels, fewer children of the root, one node ----------
 
 
-def build_cut(drafter, budget: int, root: int, generator, keep_likeliest: bool = False):
+def build_cut(
+    drafter, budget: int, root: int, generator, keep_likeliest: bool = False, drop_unlikely: float = 0.0
+):
     """A round's tree as `drafter` (its `_children`, on P_TABLE's laws) builds it within `budget`
-    nodes (config.fit_tree), with the laws its nodes were drawn from, as the engine verifies it.
+    nodes (config.fit_tree), with the laws its nodes were drawn from, as the engine verifies it,
+    and where the drafter has a confidence stop, no deeper than its `_reach` allows.
     `keep_likeliest` (BROKEN on purpose): a root level cut after the draw, keeping the children
-    the draft likes best, instead of drawing fewer."""
+    the draft likes best, instead of drawing fewer. `drop_unlikely` (BROKEN on purpose): drawn
+    leaves whose own draft probability is under it dropped from the tree."""
     levels = fit_tree(drafter.levels, budget)
-    tokens, parents, frontier, scores, laws = [root], [-1], [0], None, []
+    tokens, parents, frontier, scores, laws, reach = [root], [-1], [0], None, [], None
     for level, size in enumerate(levels):
         probs = P_TABLE[torch.tensor([tokens[f] for f in frontier])]
         laws.append(probs)
@@ -300,10 +315,22 @@ def build_cut(drafter, budget: int, root: int, generator, keep_likeliest: bool =
         if keep_likeliest and level == 0:
             order = torch.argsort(P_TABLE[root][new_tokens], descending=True, stable=True)[:size]
             new_parents, new_tokens = new_parents[:size], new_tokens[order]
+        if drop_unlikely and level == len(levels) - 1:
+            kept = [
+                j
+                for j, (f, t) in enumerate(zip(new_parents, new_tokens.tolist()))
+                if P_TABLE[tokens[f], t] >= drop_unlikely
+            ]
+            new_parents, new_tokens = [new_parents[j] for j in kept], new_tokens[kept]
         start = len(tokens)
         tokens.extend(new_tokens.tolist())
         parents.extend(new_parents)
+        last = level == len(levels) - 1 or not new_parents
+        if getattr(drafter, "confidence", 0.0) > 0 and not last:
+            reach, last = drafter._reach(frontier, new_parents, probs.log(), probs, reach)
         frontier = list(range(start, len(tokens)))
+        if last:
+            break
     nodes, tree = as_tree(tokens, parents)
     return nodes, Proposal(
         tree.tokens, tree.parents, ProposalKind.SAMPLED, node_laws(laws, len(nodes)), drafter.replacement
@@ -364,3 +391,50 @@ def test_control_a_root_level_cut_after_the_draw_fails():
         lambda r, g: build_cut(drafter, 2, r, g, keep_likeliest=True), 3000, seed=21, verify=engine_rule
     )
     assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA
+
+
+# -- trees under a confidence stop: no deeper once every path's reach is under it ---------------
+
+EXPECTED_TRIPLES = (EXPECTED_PAIRS[:, None] * Q_TABLE.repeat(V, 1)).reshape(-1)  # (x1, x2, x3)
+STOP = 0.32  # from root 0: a third level only when token 1 is among the first level's
+
+
+def stopped_drafter(kind: str):
+    """A three-level tree drafter on P_TABLE's laws with the confidence stop STOP: whether the
+    third level is drafted depends on which tokens the first level drew (siblings' included)."""
+    drafter = drafter_of(kind)
+    drafter.levels = (3, 3, 3) if kind == "rsd-s" else (2, 4, 8)
+    drafter.confidence = STOP
+    return drafter
+
+
+@pytest.mark.parametrize("kind", ["rsd-c", "multi-draft", "rsd-s"])
+def test_a_tree_under_a_confidence_stop_emits_q(kind):
+    """The first three tokens under trees whose depth the confidence stop decides: the law is the
+    target's. False-failure probability: 1e-3 each."""
+    drafter = stopped_drafter(kind)
+    depths = set()
+
+    def build(root, generator):
+        nodes, tree = build_cut(drafter, 99, root, generator)
+        depths.add(max(tree.depth))
+        return nodes, tree
+
+    samples = first_two_tokens(build, 4000, seed=31, verify=engine_rule, count=3)
+    assert depths >= {2, 3}  # the stop cut some trees and not others
+    assert chi2_pvalue(samples, EXPECTED_TRIPLES) > ALPHA
+
+
+def test_control_a_tree_that_drops_unlikely_draws_fails():
+    """Negative control: RSD-C (2, 2) trees whose leaves are dropped after the draw when their own
+    draft probability is low (what the stop must never do: it decides from the laws the next
+    level would be drawn from, and keeps every node drawn)."""
+    drafter = drafter_of("rsd-c")
+    samples = first_two_tokens(
+        lambda r, g: build_cut(drafter, 99, r, g, drop_unlikely=0.2),
+        4000,
+        seed=32,
+        verify=engine_rule,
+        count=3,
+    )
+    assert chi2_pvalue(samples, EXPECTED_TRIPLES) < ALPHA

@@ -42,16 +42,21 @@ def variant(name: str) -> tuple[Method, dict] | None:
     """'chain/k2' -> (CHAIN, {draft_tokens: 2, schedule: fixed}); 'chain/additive' or
     'lookup/expected-gain' -> an adaptive schedule (up to the run's --draft-tokens, or 8 with
     'auto'); 'chain/c0.5' -> a draft confidence stop at 0.5 (--draft-confidence; c0: none); suffixes
-    combine ('lookup-chain/k4/c0.5'). None when `name` is not a variant; a ConfigError when its
-    method takes variants but a suffix is not one. Lets one bench run
-    compare draft lengths, schedules and confidence stops of the same method, each against the
-    same plain runs."""
+    combine ('lookup-chain/k4/c0.5'). A tree method takes the stop only ('rsd-c/c0'). None when
+    `name` is not a variant; a ConfigError when its method takes variants but a suffix is not one.
+    Lets one bench run compare draft lengths, schedules and confidence stops of the same method,
+    each against the same plain runs."""
     base, *suffixes = name.split("/")
     methods = {m.value: m for m in Method}
-    if not suffixes or base not in methods or methods[base].is_tree or base == PLAIN:
+    if not suffixes or base not in methods or base == PLAIN:
         return None
     overrides: dict = {}
     for suffix in suffixes:
+        if methods[base].is_tree and not (suffix[:1] == "c" and _fraction(suffix[1:]) is not None):
+            raise ConfigError(
+                f"'{name}' in --methods: /{suffix} is not a variant of {base}; a tree's size is its "
+                "floor's, so its only variant is /cX (X in [0, 1): a confidence stop on its depth)"
+            )
         if (
             suffix[:1] == "k"
             and suffix[1:].isascii()

@@ -163,8 +163,9 @@ GENERATION_OPTIONS = {
             Optional[float],
             typer.Option(
                 "--draft-confidence",
-                help="chain and lookup-chain: stop a draft early when the product of the draft's top "
-                "probabilities over the round (its chance of still being right) falls below this "
+                help="chain, lookup-chain and the trees: stop a draft early when the product of the "
+                "draft's top probabilities over the round (its chance of still being right; a tree's "
+                "likeliest path) falls below this "
                 "(0: off; default with --draft-tokens device for a draft on the CPU: twice a draft "
                 "step's measured cost in target steps, 0.5-0.8, about 0.7 for the default pair; "
                 "else off).",

@@ -37,13 +37,15 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
     with the floor under every row (decoding/floor.py): a k the device chose is only a ceiling.
 
     Returns (config with k set and the placeholder cleared, the costs.DraftLength or None).
-    `drafts`: whether a model-drafting method with a fixed k will run (default: from
-    config.method; bench, which runs several methods, says so itself)."""
+    `drafts`: whether a method that drafts with the model will run (default: from
+    config.method; bench, which runs several methods, says so itself). Chains take the device's k
+    and stop; trees, whose size the floor sets, its stop, and the verify costs `choose` measures
+    (floor.first_ceiling), which a first `--method rsd-c` on a machine would otherwise lack."""
     config = replace(config, method=runs_as(pair, config.method))
     if not config.device_draft_tokens:
         return config, None
     if drafts is None:
-        drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN)
+        drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN) or config.method.is_tree
     if config.method is Method.SUFFIX:  # the memory's counts say how far a round drafts
         return replace(config, draft_tokens=SUFFIX_TOKENS, device_draft_tokens=False, floor=True), None
     if pair.draft is None or not drafts or pair.draft.vocabulary is Vocabulary.HEAD:
@@ -151,16 +153,17 @@ def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
         draft = pair.draft
         # the rows' searches share the draft model's head: its widening and its memory
         widening, remember = pruned.widening(draft.model), head_memory.keeper(draft.model)
+        stop = config.draft_confidence  # a tree's stop on its depth, as a chain's on its length
         if kind is RSDStochasticBeam:
             return PerRow(
                 lambda: RSDStochasticBeam(
-                    draft.model, draft.device, config.beam_width, config.depth, pair.vocab, pair.compile
+                    draft.model, draft.device, config.beam_width, config.depth, pair.vocab, pair.compile, stop
                 ),
                 widening,
                 remember,
             )
         return PerRow(
-            lambda: kind(draft.model, draft.device, config.branching, pair.vocab, pair.compile),
+            lambda: kind(draft.model, draft.device, config.branching, pair.vocab, pair.compile, stop),
             widening,
             remember,
         )

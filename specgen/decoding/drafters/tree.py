@@ -9,6 +9,11 @@ CPU a whole tree of 10-12 nodes costs about three plain steps a round (three or 
 forwards and an 11-13-token verify). Drafted whole or not at all, trees ran at 0.97-0.98x plain
 decoding over 32 prompts and at 0.60-0.66x on a German translation (benchmarks/floor.md).
 
+With a confidence stop (`confidence`, the device's for a draft on the CPU: length.unsure) a tree
+grows no deeper once every node of its newest level has a reach under the stop: the product of
+the top probabilities of the laws along its path, as a chain's stop reads them. The decision
+reads the laws the next level would be drawn from, never the draws (ALGORITHMS.md section 5).
+
 They draft one row each (base.PerRow serves them to the engine): a tree search is per row.
 
 Draft cache layout during a round: the committed context in slots [0, n), the root being the
@@ -26,6 +31,7 @@ import torch
 from specgen.config import SamplingConfig, fit_tree
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal, embeddable, node_laws
+from specgen.decoding.length import unsure
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
@@ -38,10 +44,17 @@ class TreeDrafter(abc.ABC):
     replacement = False
 
     def __init__(
-        self, model, device, levels: tuple[int, ...], vocab: int | None = None, compile: str = "off"
+        self,
+        model,
+        device,
+        levels: tuple[int, ...],
+        vocab: int | None = None,
+        compile: str = "off",
+        confidence: float = 0.0,
     ):
         # the whole tree's nodes at each depth (config.GenerationConfig.tree_levels)
         self.model, self.device, self.vocab, self.levels = model, device, vocab, levels
+        self.confidence = confidence  # the stop below the tree's likeliest path (length.unsure)
         self.steps = Steps(model, compile, exact=False)
         self.cache = kvcache.new_cache(model)
         self.generator: torch.Generator | None = None
@@ -78,7 +91,7 @@ class TreeDrafter(abc.ABC):
         parents: list[int] = []  # node j's parent is parents[j - 1] (Proposal's numbering)
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []  # sampled: p(.|node) of every node with children, in node order
-        frontier, scores = [0], None
+        frontier, scores, reach = [0], None, None
         for level, size in enumerate(levels):
             dist = warp(logits, sampling) if sampled else logits  # greedy: children from the draft's logits
             if sampled:
@@ -91,13 +104,28 @@ class TreeDrafter(abc.ABC):
             start = len(parents) + 1
             parents.extend(new_parents)
             tokens.append(new_tokens)
+            last = level == len(levels) - 1
+            if self.confidence > 0 and not last:
+                reach, last = self._reach(frontier, new_parents, logits, dist if sampled else None, reach)
             frontier = list(range(start, len(parents) + 1))
-            if level < len(levels) - 1:
-                logits = self._feed(root, Proposal(torch.cat(tokens), tuple(parents), kind), frontier, n)
+            if last:
+                break
+            logits = self._feed(root, Proposal(torch.cat(tokens), tuple(parents), kind), frontier, n)
         self._base, self._fed_nodes = n, (frontier[0] - 1 if parents else 0)
         drafted = torch.cat(tokens) if tokens else root.new_zeros(0)
         probs = node_laws(laws, len(parents) + 1) if sampled else None
         return Proposal(drafted, tuple(parents), kind, probs, self.replacement)
+
+    def _reach(self, frontier, new_parents, logits, probs, reach) -> tuple[torch.Tensor, bool]:
+        """The confidence stop over a tree (length.unsure): each new node's reach is its parent's
+        times the top probability of the law its parent's children came from; the tree grows no
+        deeper once every new node's reach is under the stop. The decision reads the frontier's
+        laws only, never the children drawn from them, so each node's children are still draws
+        of the law reported for it (ALGORITHMS.md section 5). One host sync per level."""
+        _, per_parent = unsure(self.confidence, logits, probs, reach)
+        index = {node: i for i, node in enumerate(frontier)}
+        reach = per_parent[torch.tensor([index[p] for p in new_parents], device=per_parent.device)]
+        return reach, bool(reach.max() < self.confidence)
 
     def observe(self, path: list[int]) -> None:
         """Keep the root and the accepted nodes that were fed; drop every other tree slot."""
@@ -144,12 +172,18 @@ class RSDConstant(TreeDrafter):
     """RSD-C: each node at depth l gets b_l children by Gumbel-top-k (without replacement)."""
 
     def __init__(
-        self, model, device, branching: tuple[int, ...], vocab: int | None = None, compile: str = "off"
+        self,
+        model,
+        device,
+        branching: tuple[int, ...],
+        vocab: int | None = None,
+        compile: str = "off",
+        confidence: float = 0.0,
     ):
         levels = [branching[0]]
         for b in branching[1:]:
             levels.append(levels[-1] * b)
-        super().__init__(model, device, tuple(levels), vocab, compile)
+        super().__init__(model, device, tuple(levels), vocab, compile, confidence)
 
     def _children(self, level, frontier, dist, scores, kind, generator, size):
         b = size // len(frontier)  # each node's: the level's b_l, or fewer children of the root
@@ -177,9 +211,16 @@ class RSDStochasticBeam(TreeDrafter):
     """RSD-S: stochastic beam search, beam width W, depth L (ALGORITHMS.md section 5)."""
 
     def __init__(
-        self, model, device, beam_width: int, depth: int, vocab: int | None = None, compile: str = "off"
+        self,
+        model,
+        device,
+        beam_width: int,
+        depth: int,
+        vocab: int | None = None,
+        compile: str = "off",
+        confidence: float = 0.0,
     ):
-        super().__init__(model, device, (beam_width,) * depth, vocab, compile)
+        super().__init__(model, device, (beam_width,) * depth, vocab, compile, confidence)
 
     def _children(self, level, frontier, dist, scores, kind, generator, size):
         width, count = size, len(frontier)  # the beam's width, or fewer children of the root
