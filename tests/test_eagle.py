@@ -277,6 +277,43 @@ def test_trees_from_a_head_equal_plain_alone_batched_in_chat_and_deterministic(t
     assert decode(engine, follow, config, resume=state)[1].ids == plain_ids(target, follow, 30)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_head_s_tree_is_cut_to_its_row_s_budget(trained, target, monkeypatch, temperature):
+    """A head's RSD-C row drafts the largest tree of its shape within the budget its floor allows
+    (config.fit_tree), as a draft model's row does: fewer levels, fewer children of the root, one
+    node, none. Before, a head drafted its whole tree whatever the floor said, so a head that lost
+    drafted 10-node trees to the end (0.58-1.03x plain over 32 prompts, benchmarks/floor.md)."""
+    from specgen.config import SamplingConfig, fit_tree
+    from specgen.decoding import floor
+
+    draft = trained["draft"]
+    config = GenerationConfig(
+        method=Method.RSD_C,
+        max_new_tokens=30,
+        branching=(3, 2, 1),
+        floor=True,
+        sampling=SamplingConfig(temperature=temperature, seed=4),
+    )
+    from specgen.decoding.drafters.eagle import EagleTreeDrafter
+
+    each = iter([floor.NONE, 1, 5, 0, 2, 9, 3, 0, 10] * 40)
+    monkeypatch.setattr(floor.Floor, "limit", lambda self: next(each))
+    drafted, tree = [], EagleTreeDrafter._tree
+
+    def traced(self, row, k, *args):
+        proposal = tree(self, row, k, *args)
+        drafted.append((k, proposal.size, max(proposal.depth)))
+        return proposal
+
+    monkeypatch.setattr(EagleTreeDrafter, "_tree", traced)
+    events, state = decode(engine_with((target, draft), config), trained["prompts"][1], config)
+    if not temperature:
+        assert state.ids == plain_ids(target, trained["prompts"][1], 30)
+    for k, size, depth in drafted:
+        assert (size, depth) == (sum(fit_tree(config.tree_levels, k)), len(fit_tree(config.tree_levels, k)))
+    assert {size for _, size, _ in drafted} & {1, 3, 9}  # some trees cut: one node, 3 children, 2 levels
+
+
 def test_eagle_with_prefix_store_and_chunked_prefill_equals_plain(trained, target):
     """The target's prefix store and staged prefill carry the features too."""
     from specgen.decoding.build import make_drafter

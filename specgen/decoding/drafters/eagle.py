@@ -25,9 +25,11 @@ like a draft model's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from specgen.config import SamplingConfig
+from specgen.config import SamplingConfig, fit_tree
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import BaseDrafter, Proposal, node_laws
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
@@ -254,7 +256,8 @@ class EagleTreeDrafter(EagleDrafter):
     """RSD-C trees from an EAGLE-3 head (`--method rsd-c` with a head as the draft): each node at
     depth l gets `branching[l]` children, the head's top ones when greedy, Gumbel-top-k draws
     without replacement from its law (over the target's vocabulary, zero outside the draft's)
-    when sampling, so RSD-C's acceptance rule stays exact.
+    when sampling, so RSD-C's acceptance rule stays exact. A row whose floor lowered its budget
+    drafts the largest tree of that shape within it (config.fit_tree), as a draft model's row does.
 
     A round starts as a chain's does (`_start`); then, per row, each depth but the last is one
     head forward over its nodes, each reading its parent's output and seeing the committed
@@ -272,20 +275,22 @@ class EagleTreeDrafter(EagleDrafter):
         compile: str = "off",
     ):
         super().__init__(head, device, vocab, prefixes, compile)
-        self.branching = branching
+        self.levels = tuple(math.prod(branching[: depth + 1]) for depth in range(len(branching)))
 
     def _draft(self, ks, logits, hidden, samplings) -> list[Proposal]:
         return [
-            self._tree(row, logits[row : row + 1], hidden[row], samplings[row])
+            self._tree(row, k, logits[row : row + 1], hidden[row], samplings[row])
             if k > 0
             else Proposal.empty(self.device)
             for row, k in enumerate(ks)
         ]
 
     def _tree(
-        self, row: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig
+        self, row: int, k: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig
     ) -> Proposal:
-        """One row's tree from the head's logits [1, Vd] and outputs [1, H] at its last committed position."""
+        """One row's tree within `k` nodes (the largest of its shape: config.fit_tree, as the draft
+        model's trees) from the head's logits [1, Vd] and outputs [1, H] at its last committed
+        position."""
         kind = ProposalKind.drafting(sampling)
         sampled = kind is ProposalKind.SAMPLED
         base = self.cache.lengths[row]
@@ -293,7 +298,9 @@ class EagleTreeDrafter(EagleDrafter):
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         frontier = [0]
-        for level, b in enumerate(self.branching):
+        levels = fit_tree(self.levels, k)
+        for level, size in enumerate(levels):
+            b = size // len(frontier)  # the level's branching, or fewer children of the root
             if sampled:
                 dist = warp(logits, sampling)  # [F, Vd]
                 picks, _ = gumbel_top_k(dist, min(b, dist.shape[-1]), self.generators[row])
@@ -306,7 +313,7 @@ class EagleTreeDrafter(EagleDrafter):
             parents.extend(f for f in frontier for _ in range(per))
             tokens.append(self.map[picks.reshape(-1)])
             frontier = list(range(start, len(parents) + 1))
-            if level < len(self.branching) - 1:
+            if level < len(levels) - 1:
                 tree = Proposal(torch.cat(tokens), tuple(parents), kind)
                 logits, hidden = self._feed(row, base, tree, frontier, hidden.repeat_interleave(per, dim=0))
         kvcache.set_length(self.cache, row, base)
