@@ -232,6 +232,17 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
     cuda = SimpleNamespace(device=torch.device("cuda"))
     assert draft_length.lookup_price(SimpleNamespace(target=cuda, draft=None)) is None
+    # the verify is the target's: a pair with no draft, or a head (no entry of its own), prices
+    # its rounds with what another draft measured for the same target
+    head = SimpleNamespace(name="a-head", dtype="float32", weights="bf16", device=target.device)
+    measured = draft_length.verify_cost(paired)
+    assert measured is not None and measured.wide > 0
+    assert (
+        draft_length.verify_cost(alone)
+        == draft_length.verify_cost(SimpleNamespace(target=target, draft=head))
+        == measured
+    )
+    assert draft_length.verify_cost(SimpleNamespace(target=cuda, draft=None)) is None
 
 
 def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monkeypatch):

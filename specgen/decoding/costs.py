@@ -256,20 +256,36 @@ def stop_for(draft_cost: float) -> float:
 
 def verify_slope(pair) -> float | None:
     """What one more verified token costs in target steps, on the mean over a 5-token verify's
-    four proposed tokens, where `choose` measured it for this pair and device (read from its
-    cache, never measured here); None elsewhere. Lookup's price and the suffix tree's branching
-    read it."""
+    four proposed tokens, where `choose` measured it for this target and device (`verify_cost`,
+    read from its cache, never measured here); None elsewhere. Lookup's price and the suffix
+    tree's branching read it."""
     cost = verify_cost(pair)
     return cost.per_token() if cost is not None and cost.per_token() > 0 else None
 
 
 def verify_cost(pair) -> VerifyCost | None:
     """A verify's cost by the tokens proposed, where `choose` measured it for this pair and
-    device (read from its cache, never measured here); None elsewhere."""
-    entry = _measured(pair)
-    if entry is None or entry.verify.first <= 0 and entry.verify.slope <= 0:
+    device (read from its cache, never measured here); else, on a CPU, what it measured for the
+    same target with another draft (a verify is the target's forward alone: a pair with an EAGLE
+    head or without a draft has no entry of its own), the dearest where several did; None
+    elsewhere. Without it a row's floor has no price for its rounds' plain steps (floor.py) and a
+    tree row starts whole (floor.first_ceiling)."""
+
+    def priced(entry: DraftLength | None) -> bool:
+        return entry is not None and (entry.verify.first > 0 or entry.verify.slope > 0)
+
+    entry = _measured(pair) if pair.draft is not None else None
+    if priced(entry):
+        return entry.verify
+    if pair.target.device.type != "cpu":
         return None
-    return entry.verify
+    prefix = pair_key(pair, with_draft=False) + " | "
+    others = [
+        found.verify
+        for key, value in _read(cache_root() / "draft-length.json").items()
+        if key.startswith(prefix) and priced(found := _entry(value))
+    ]
+    return max(others, key=lambda cost: cost.steps(WIDE)) if others else None
 
 
 def read_price(pair) -> float | None:
@@ -290,21 +306,12 @@ CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measur
 
 def lookup_price(pair) -> float | None:
     """What proposing one more lookup token costs, in target steps: the verify slope measured for
-    this target on this machine (with whichever draft it was measured), else CPU_PRICE on a CPU
-    (the least measured, so a continuation is cut no more than the cheapest CPU warrants); None
-    on other devices, where a wide verify costs next to nothing."""
+    this target on this machine (`verify_cost`: with whichever draft it was measured), else
+    CPU_PRICE on a CPU (the least measured, so a continuation is cut no more than the cheapest
+    CPU warrants); None on other devices, where a wide verify costs next to nothing."""
     if pair.target.device.type != "cpu":
         return None
-    slope = verify_slope(pair) if pair.draft is not None else None
-    if slope is None:
-        prefix = pair_key(pair, with_draft=False) + " | "
-        costs = [
-            entry.verify.per_token()
-            for key, value in _read(cache_root() / "draft-length.json").items()
-            if key.startswith(prefix) and (entry := _entry(value)) is not None
-        ]
-        slopes = [cost for cost in costs if cost > 0]
-        slope = max(slopes) if slopes else None
+    slope = verify_slope(pair)
     return slope if slope is not None else CPU_PRICE
 
 
