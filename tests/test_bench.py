@@ -897,7 +897,9 @@ def test_method_variants_compare_draft_lengths_and_schedules(models, short_file,
     assert_one_line_error(
         runner.invoke(app, ["bench", *models, "--methods", "chain/c1.5"]), "/c1.5 is not a variant of chain"
     )
-    assert_one_line_error(runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "unknown method")
+    assert_one_line_error(
+        runner.invoke(app, ["bench", *models, "--methods", "rsd-c/k2"]), "its only variant is /cX"
+    )
 
 
 def test_another_draft_in_the_same_run_with_method_at_draft(models, tiny_dirs, short_file, tmp_path):

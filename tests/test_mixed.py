@@ -138,6 +138,28 @@ def test_a_reused_row_changes_its_drafter(pair):
         assert finals[0] == alone(pair, config, PROMPTS[0]), method
 
 
+def test_tree_rows_of_another_confidence_stop_get_their_own_drafter(pair):
+    """The stop on a tree's depth is the drafter's: a tree row that asks for none never drafts
+    with the drafter of an earlier row that had one (a server keeps idle drafters by setting)."""
+    from specgen.decoding.drafters.mixed import drafting_key
+
+    stopped, whole = greedy(Method.RSD_C, draft_confidence=0.99), greedy(Method.RSD_C)
+    assert drafting_key(stopped) != drafting_key(whole)
+    engine = build_engine(pair, whole)
+    sizes = {}
+    for config in (stopped, whole, stopped):
+        drafted, final = sizes.setdefault(config.draft_confidence, set()), None
+        for report in engine.drive(Feed([config], [PROMPTS[0]]), 8):
+            if isinstance(report.event, RoundResult) and report.event.draft_tokens:
+                drafted.add(len(report.event.draft_tokens))
+            elif isinstance(report.event, Finished):
+                final = report.state.final_ids()
+        assert final == alone(pair, config, PROMPTS[0])
+    # a random tiny draft is never 99% sure: one level of 2 under the stop, the whole tree without
+    # (fewer levels only near the end of the budget)
+    assert sizes[0.99] == {2} and max(sizes[0.0]) == whole.tree_budget
+
+
 LAYERS = 6
 
 

@@ -36,8 +36,8 @@ def drafting_key(config: GenerationConfig) -> tuple:
         return (method,)
     if method in (Method.LOOKUP, Method.SUFFIX):  # a suffix row's memory is its own (config.tenant)
         return (method,)
-    if method.is_tree:
-        return (method, config.branching, config.beam_width, config.depth)
+    if method.is_tree:  # a tree's shape and the stop on its depth
+        return (method, config.branching, config.beam_width, config.depth, config.draft_confidence)
     if method is Method.LOOKUP_CHAIN:
         return (method, config.draft_confidence, config.draft_tokens)
     return (method, config.draft_confidence)
