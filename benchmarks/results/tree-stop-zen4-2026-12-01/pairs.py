@@ -17,5 +17,7 @@ for a, b in zip(names[::2], names[1::2]):
     ratios = [tps[(p, r, a)] / tps[(p, r, b)] for p, r in keys]
     geo = math.exp(statistics.mean(math.log(x) for x in ratios))
     up, down = sum(x > 1.03 for x in ratios), sum(x < 0.97 for x in ratios)
-    print(f"{a} / {b}: geomean {geo:.3f}, min {min(ratios):.2f}, max {max(ratios):.2f}, "
-          f"above 1.03 on {up}, below 0.97 on {down} of {len(ratios)}")
+    print(
+        f"{a} / {b}: geomean {geo:.3f}, min {min(ratios):.2f}, max {max(ratios):.2f}, "
+        f"above 1.03 on {up}, below 0.97 on {down} of {len(ratios)}"
+    )
