@@ -123,7 +123,7 @@ def _head_tree(pair: Pair, config: GenerationConfig) -> Drafter:
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
     return EagleTreeDrafter(
-        pair.draft.model, pair.draft.device, vocab, config.branching, pair.draft_prefixes, pair.compile
+        pair.draft.model, pair.draft.device, vocab, config.tree_levels, pair.draft_prefixes, pair.compile
     )
 
 
@@ -154,16 +154,8 @@ def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
         # the rows' searches share the draft model's head: its widening and its memory
         widening, remember = pruned.widening(draft.model), head_memory.keeper(draft.model)
         stop = config.draft_confidence  # a tree's stop on its depth, as a chain's on its length
-        if kind is RSDStochasticBeam:
-            return PerRow(
-                lambda: RSDStochasticBeam(
-                    draft.model, draft.device, config.beam_width, config.depth, pair.vocab, pair.compile, stop
-                ),
-                widening,
-                remember,
-            )
         return PerRow(
-            lambda: kind(draft.model, draft.device, config.branching, pair.vocab, pair.compile, stop),
+            lambda: kind(draft.model, draft.device, config.tree_levels, pair.vocab, pair.compile, stop),
             widening,
             remember,
         )

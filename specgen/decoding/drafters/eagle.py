@@ -25,8 +25,6 @@ like a draft model's.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from specgen.config import SamplingConfig, fit_tree
@@ -270,12 +268,12 @@ class EagleTreeDrafter(EagleDrafter):
         head: Eagle3Head,
         device: torch.device,
         vocab: int,
-        branching: tuple[int, ...],
+        levels: tuple[int, ...],
         prefixes: PrefixStore | None = None,
         compile: str = "off",
     ):
         super().__init__(head, device, vocab, prefixes, compile)
-        self.levels = tuple(math.prod(branching[: depth + 1]) for depth in range(len(branching)))
+        self.levels = levels  # the whole tree's nodes at each depth (GenerationConfig.tree_levels)
 
     def _draft(self, ks, logits, hidden, samplings) -> list[Proposal]:
         return [

@@ -52,7 +52,8 @@ class TreeDrafter(abc.ABC):
         compile: str = "off",
         confidence: float = 0.0,
     ):
-        # the whole tree's nodes at each depth (config.GenerationConfig.tree_levels)
+        # the whole tree's nodes at each depth (GenerationConfig.tree_levels, the one place they
+        # are derived from a method's shape)
         self.model, self.device, self.vocab, self.levels = model, device, vocab, levels
         self.confidence = confidence  # the stop below the tree's likeliest path (length.unsure)
         self.steps = Steps(model, compile, exact=False)
@@ -169,21 +170,8 @@ class TreeDrafter(abc.ABC):
 
 
 class RSDConstant(TreeDrafter):
-    """RSD-C: each node at depth l gets b_l children by Gumbel-top-k (without replacement)."""
-
-    def __init__(
-        self,
-        model,
-        device,
-        branching: tuple[int, ...],
-        vocab: int | None = None,
-        compile: str = "off",
-        confidence: float = 0.0,
-    ):
-        levels = [branching[0]]
-        for b in branching[1:]:
-            levels.append(levels[-1] * b)
-        super().__init__(model, device, tuple(levels), vocab, compile, confidence)
+    """RSD-C: each node at depth l gets b_l children by Gumbel-top-k (without replacement); its
+    `levels` are b_1, b_1 b_2, ... (GenerationConfig.tree_levels)."""
 
     def _children(self, level, frontier, dist, scores, kind, generator, size):
         b = size // len(frontier)  # each node's: the level's b_l, or fewer children of the root
@@ -208,19 +196,8 @@ class MultiDraft(RSDConstant):
 
 
 class RSDStochasticBeam(TreeDrafter):
-    """RSD-S: stochastic beam search, beam width W, depth L (ALGORITHMS.md section 5)."""
-
-    def __init__(
-        self,
-        model,
-        device,
-        beam_width: int,
-        depth: int,
-        vocab: int | None = None,
-        compile: str = "off",
-        confidence: float = 0.0,
-    ):
-        super().__init__(model, device, (beam_width,) * depth, vocab, compile, confidence)
+    """RSD-S: stochastic beam search, beam width W, depth L: `levels` (W,) * L (ALGORITHMS.md
+    section 5)."""
 
     def _children(self, level, frontier, dist, scores, kind, generator, size):
         width, count = size, len(frontier)  # the beam's width, or fewer children of the root
