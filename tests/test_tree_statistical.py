@@ -29,6 +29,7 @@ from specgen.decoding.acceptance import (
 )
 from specgen.decoding.drafters.base import Proposal, node_laws
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
+from specgen.decoding.length import level_stop
 from specgen.decoding.sampling import gumbel_top_k
 
 
@@ -299,7 +300,7 @@ def build_cut(
 ):
     """A round's tree as `drafter` (its `_children`, on P_TABLE's laws) builds it within `budget`
     nodes (config.fit_tree), with the laws its nodes were drawn from, as the engine verifies it,
-    and where the drafter has a confidence stop, no deeper than its `_reach` allows.
+    and where the drafter has a confidence stop, no deeper than `length.level_stop` allows.
     `keep_likeliest` (BROKEN on purpose): a root level cut after the draw, keeping the children
     the draft likes best, instead of drawing fewer. `drop_unlikely` (BROKEN on purpose): drawn
     leaves whose own draft probability is under it dropped from the tree."""
@@ -327,7 +328,7 @@ def build_cut(
         parents.extend(new_parents)
         last = level == len(levels) - 1 or not new_parents
         if getattr(drafter, "confidence", 0.0) > 0 and not last:
-            reach, last = drafter._reach(frontier, new_parents, probs.log(), probs, reach)
+            reach, last = level_stop(drafter.confidence, frontier, new_parents, probs.log(), probs, reach)
         frontier = list(range(start, len(tokens)))
         if last:
             break

@@ -196,3 +196,50 @@ def unsure(
         top = (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
     reach = top if reach is None else reach * top
     return reach < threshold, reach
+
+
+class ChainStops:
+    """The confidence stop over a batch's chains, step by step (`unsure` per step): where each
+    row's draft ends. A row's draft is at most its k; with a stop it ends after the first token
+    whose reach fell under the stop. Rows with k = 0, or `out` (sitting the round out), are done
+    from the start; the drafter stops stepping once every row is done (`after`)."""
+
+    def __init__(self, threshold: float, ks: list[int], device, out: list[bool] | None = None):
+        self.threshold, self.ks = threshold, list(ks)
+        self.ends = [0 if out is not None and out[i] else k for i, k in enumerate(ks)]
+        self.stopped = torch.tensor([end <= 0 for end in self.ends], dtype=torch.bool, device=device)
+        self.reach: torch.Tensor | None = None
+
+    def after(self, step: int, logits: torch.Tensor, law: torch.Tensor | None) -> bool:
+        """Step `step` (from 0) drafted its tokens from `logits` [rows, V] (`law` when sampled):
+        whether every row is done, so no further step runs. One small host sync per step where
+        the stop is on; none where it is off (the rows' k alone decide)."""
+        if self.threshold <= 0:
+            return all(end <= step + 1 for end in self.ends)
+        stop, self.reach = unsure(self.threshold, logits, law, self.reach)
+        self.stopped = self.stopped | stop.to(self.stopped.device)
+        for i, flag in enumerate(self.stopped.tolist()):
+            if flag and self.ends[i] > step + 1:
+                self.ends[i] = step + 1
+        return all(end <= step + 1 for end in self.ends)
+
+
+def level_stop(
+    threshold: float,
+    frontier: list[int],
+    parents: list[int],
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    reach: torch.Tensor | None,
+) -> tuple[torch.Tensor, bool]:
+    """The confidence stop over a tree, level by level (`unsure`): the `frontier`'s nodes drew
+    children (each child's parent node in `parents`) from their laws (`logits` [F, V], `probs`
+    when sampled); each child's reach is its parent's (`reach` [F], None at the root) times the
+    top probability of the law it came from. Returns (the children's reach, whether the tree grows
+    no deeper: every child's reach is under the stop). The decision reads the frontier's laws
+    only, never the children drawn from them, so each node's children are still draws of the law
+    reported for it (ALGORITHMS.md section 5). One host sync per level."""
+    _, per_parent = unsure(threshold, logits, probs, reach)
+    index = {node: i for i, node in enumerate(frontier)}
+    reach = per_parent[torch.tensor([index[p] for p in parents], device=per_parent.device)]
+    return reach, bool(reach.max() < threshold)

@@ -48,7 +48,7 @@ import torch
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import BaseDrafter, Proposal, embeddable
-from specgen.decoding.length import unsure
+from specgen.decoding.length import ChainStops
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.runtime import head_memory, kvcache, pruned
@@ -188,12 +188,8 @@ class ChainDrafter(BaseDrafter):
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds
         tokens, laws = [], []
-        stopped = torch.zeros(count, dtype=torch.bool, device=self.device)  # rows done drafting
-        if any(out_of_round):  # those sitting out are from the start (a host list copied only then)
-            stopped = torch.tensor(out_of_round, dtype=torch.bool, device=self.device)
-        stop_at = [steps] * count
+        stops = ChainStops(self.confidence, ks, self.device, out_of_round)  # where each row's draft ends
         token = None  # each step after the first reads the step before's tokens
-        reach = None  # the confidence stop's running product of top probabilities, per row
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
                 logits = self.steps.forward(self.cache, token.view(count, 1).to(self.device))[
@@ -203,19 +199,10 @@ class ChainDrafter(BaseDrafter):
                 token, law = self._sample(logits, samplings)
                 laws.append(law)
             else:
-                token = logits.argmax(dim=-1)
+                token, law = logits.argmax(dim=-1), None
             tokens.append(token)
-            if step == steps - 1:
+            if step == steps - 1 or stops.after(step, logits, law):
                 break
-            if self.confidence > 0:  # the confidence stop (length.unsure)
-                stop, reach = unsure(self.confidence, logits, law if sampled else None, reach)
-                stopped = stopped | stop.to(stopped.device)
-                flags = stopped.tolist()  # one small host sync per draft step
-                for i, flag in enumerate(flags):
-                    if flag and stop_at[i] == steps:
-                        stop_at[i] = step + 1
-                if all(flags):
-                    break
         fed = len(tokens) - 1
         self._base = [len(context) - start for context, start in zip(contexts, self._start)]
         self._contexts = list(contexts)
@@ -223,8 +210,7 @@ class ChainDrafter(BaseDrafter):
         drafted = torch.stack(tokens, dim=1)  # [rows, K] on the device
         stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
         out = []
-        for i, k in enumerate(ks):
-            k = 0 if out_of_round[i] else min(k, stop_at[i])
+        for i, k in enumerate(stops.ends):
             if k <= 0:  # no proposal: keep only the context (or what it held, sitting out)
                 kvcache.set_length(self.cache, i, bases[i] if out_of_round[i] else self._base[i])
                 out.append(Proposal.empty(self.device))

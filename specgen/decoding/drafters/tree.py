@@ -31,7 +31,7 @@ import torch
 from specgen.config import SamplingConfig, fit_tree
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal, embeddable, node_laws
-from specgen.decoding.length import unsure
+from specgen.decoding.length import level_stop
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
@@ -107,7 +107,9 @@ class TreeDrafter(abc.ABC):
             tokens.append(new_tokens)
             last = level == len(levels) - 1
             if self.confidence > 0 and not last:
-                reach, last = self._reach(frontier, new_parents, logits, dist if sampled else None, reach)
+                reach, last = level_stop(
+                    self.confidence, frontier, new_parents, logits, dist if sampled else None, reach
+                )
             frontier = list(range(start, len(parents) + 1))
             if last:
                 break
@@ -116,17 +118,6 @@ class TreeDrafter(abc.ABC):
         drafted = torch.cat(tokens) if tokens else root.new_zeros(0)
         probs = node_laws(laws, len(parents) + 1) if sampled else None
         return Proposal(drafted, tuple(parents), kind, probs, self.replacement)
-
-    def _reach(self, frontier, new_parents, logits, probs, reach) -> tuple[torch.Tensor, bool]:
-        """The confidence stop over a tree (length.unsure): each new node's reach is its parent's
-        times the top probability of the law its parent's children came from; the tree grows no
-        deeper once every new node's reach is under the stop. The decision reads the frontier's
-        laws only, never the children drawn from them, so each node's children are still draws
-        of the law reported for it (ALGORITHMS.md section 5). One host sync per level."""
-        _, per_parent = unsure(self.confidence, logits, probs, reach)
-        index = {node: i for i, node in enumerate(frontier)}
-        reach = per_parent[torch.tensor([index[p] for p in new_parents], device=per_parent.device)]
-        return reach, bool(reach.max() < self.confidence)
 
     def observe(self, path: list[int]) -> None:
         """Keep the root and the accepted nodes that were fed; drop every other tree slot."""
