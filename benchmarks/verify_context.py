@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specgen.decoding.costs import Probe
+from specgen.decoding.probes import Probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -112,14 +112,14 @@ class Method(str, enum.Enum):
     @property
     def options(self) -> frozenset[str]:
         """The drafting options this method reads (GenerationConfig's names): chains take a
-        draft length and its schedule (a draft model's chains a confidence stop too), trees a
+        draft length and its schedule (a model's or a head's chains a confidence stop too), trees a
         shape whatever the draft length, and a confidence stop on their depth, plain none."""
         length = frozenset({"draft_tokens", "schedule"})
         return {
             Method.PLAIN: frozenset(),
             Method.LOOKUP: length,
             Method.SUFFIX: length,
-            Method.EAGLE: length,
+            Method.EAGLE: length | {"draft_confidence"},
             Method.CHAIN: length | {"draft_confidence"},
             Method.LOOKUP_CHAIN: length | {"draft_confidence"},
             Method.RSD_C: frozenset({"branching", "draft_confidence"}),

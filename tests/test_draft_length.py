@@ -9,7 +9,7 @@ import torch
 
 from specgen.config import parse_draft_tokens
 from specgen.decoding import costs as draft_length
-from specgen.decoding import widths
+from specgen.decoding import probes, widths
 
 
 def verify(slope: float) -> dict[int, float]:
@@ -50,7 +50,7 @@ def test_measured_once_then_cached(tiny_pair, tmp_path, monkeypatch):
     assert 1 <= first.k <= draft_length.MAX_K and "measured" in first.reason
     assert (tmp_path / "draft-length.json").is_file()
     monkeypatch.setattr(
-        draft_length, "_ratios", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured"))
+        draft_length, "ratios", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-measured"))
     )
     assert draft_length.choose(pair) == first
 
@@ -73,7 +73,7 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     # the AVX2 EPYC's costs: a draft step, a 2-token and a 5-token verify (linear there)
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     choice = draft_length.choose(pair)
@@ -131,7 +131,7 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
     import json
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     good = draft_length.choose(pair)
@@ -227,7 +227,7 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
     assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
     # a 2-token verify at 1.08 steps, a 5-token one at 1.2: 0.05 a proposed token on the mean
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.38, 1.08, 1.2, 1.6, 0.045))
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.08, 1.2, 1.6, 0.045))
     draft_length.choose(paired)
     assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
     cuda = SimpleNamespace(device=torch.device("cuda"))
@@ -254,7 +254,7 @@ def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monk
     pair = SimpleNamespace(target=target, draft=draft)
     assert draft_length.verify_cost(pair) is None and draft_length.verify_slope(pair) is None
     # a Xeon with AMX's draft step and 2- and 5-token verifies; a 13-token verify at 1.49 steps
-    monkeypatch.setattr(draft_length, "_ratios", lambda *a, **k: (0.36, 1.08, 1.17, 1.49, 0.02))
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.36, 1.08, 1.17, 1.49, 0.02))
     choice = draft_length.choose(pair)
     # a chain's longest (6 proposed) costs 1.23 on the line; each token past it (1.49 - 1.23) / 6
     expected = draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03), pytest.approx(0.26 / 6))
@@ -302,17 +302,17 @@ def test_the_verifies_are_timed_with_every_positions_logits(tiny_pair, monkeypat
     length's) is not a cheaper forward's."""
     target, draft = tiny_pair
     built = []
-    real = draft_length.Probe.__init__
+    real = probes.Probe.__init__
 
     def probe(self, model, width, *args, **kwargs):
         built.append((model is target.model, width, kwargs.get("keep", 1), kwargs.get("context", 32)))
         real(self, model, width, *args, **kwargs)
 
-    monkeypatch.setattr(draft_length.Probe, "__init__", probe)
-    ratios = draft_length._ratios(SimpleNamespace(target=target, draft=draft), repeats=1)
+    monkeypatch.setattr(probes.Probe, "__init__", probe)
+    ratios = probes.ratios(SimpleNamespace(target=target, draft=draft), repeats=1)
     assert all(r > 0 for r in ratios[:4])
     widths = [(width, keep) for on_target, width, keep, _ in built if on_target]
-    assert widths == [(1, 1), (2, 0), (5, 0), (draft_length.WIDE, 0)]
+    assert widths == [(1, 1), (2, 0), (5, 0), (probes.WIDE, 0)]
     # over the context verifies meet (CONTEXT, or half a short model's), the draft step's too
-    context = min(draft_length.CONTEXT, target.context_length // 2, draft.context_length // 2)
+    context = min(probes.CONTEXT, target.context_length // 2, draft.context_length // 2)
     assert [c for on_target, width, _, c in built if on_target or width == 1] == [context] * 5

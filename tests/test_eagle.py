@@ -61,6 +61,10 @@ def dirs(tmp_path_factory):
     head = random_head()
     save_head(head, root / "original", "original", "tiny", LAYERS)
     save_head(head, root / "speculators", "speculators", "tiny", LAYERS)
+    sharp = random_head()  # surer laws: top probabilities of 0.2-0.7 (the random head's are under 0.02)
+    with torch.no_grad():
+        sharp.lm_head.weight.mul_(7.0)
+    save_head(sharp, root / "sharp", "original", "tiny", LAYERS)
     # the original layout as EAGLE's own training saves it: pytorch_model.bin, LlamaForCausalLM
     bin_dir = root / "original-bin"
     bin_dir.mkdir()
@@ -68,7 +72,13 @@ def dirs(tmp_path_factory):
     config["architectures"] = ["LlamaForCausalLM"]
     (bin_dir / "config.json").write_text(json.dumps(config))
     torch.save(head.state_dict(), bin_dir / "pytorch_model.bin")
-    out.update(original=root / "original", speculators=root / "speculators", original_bin=bin_dir, root=root)
+    out.update(
+        original=root / "original",
+        speculators=root / "speculators",
+        sharp=root / "sharp",
+        original_bin=bin_dir,
+        root=root,
+    )
     return out
 
 
@@ -314,6 +324,62 @@ def test_a_head_s_tree_is_cut_to_its_row_s_budget(trained, target, monkeypatch, 
     assert {size for _, size, _ in drafted} & {1, 3, 9}  # some trees cut: one node, 3 children, 2 levels
 
 
+HEAD_STOP = 0.9  # cuts some of the trained head's drafts on these prompts and not others
+
+
+@pytest.mark.parametrize("method", [Method.EAGLE, Method.RSD_C])
+def test_a_head_s_confidence_stop_cuts_its_drafts_and_keeps_plain_s_output(trained, target, method):
+    """A head's chain ends after the first token whose reach (the product of the head's top
+    probabilities over the round) is under the stop, and its tree grows no deeper once every node
+    of its newest level is under it (length.level_stop), as a draft model's: some drafts cut, some
+    whole, alone and batched, and the output is plain decoding's."""
+    draft = trained["draft"]
+    config = GenerationConfig(
+        method=method, max_new_tokens=30, draft_tokens=4, branching=(2, 2, 1), draft_confidence=HEAD_STOP
+    )
+    whole = 4 if method is Method.EAGLE else sum(config.tree_levels)
+    prompts = trained["prompts"][1:4] + [PROMPTS[0]]
+    sizes = set()
+    for prompt in prompts:
+        events, state = decode(engine_with((target, draft), config), prompt, config)
+        assert state.ids == plain_ids(target, prompt, 30)
+        sizes |= {len(e.draft_tokens) for e in events if e.draft_tokens}
+    assert whole in sizes and sizes - {whole}, sizes  # the stop cut some drafts and not others
+    assert batch_ids(engine_with((target, draft), config), prompts, config, batch_size=3) == [
+        plain_ids(target, p, 30) for p in prompts
+    ]
+
+
+def test_a_head_on_the_cpu_gets_the_device_s_k_and_a_stop_priced_by_its_step(
+    trained, target, tmp_path, monkeypatch
+):
+    """`--draft-tokens device` with a head: `choose` times the head's own draft step (probes.HeadProbe)
+    beside the target's forwards, once per machine and pair, and prices the head's stop by it
+    as a draft model's (costs.stop_for); eagle, the head's trees and lookup-chain over it take
+    them, and its verifies are priced by its own entry."""
+    from specgen.cli.options import generation_config
+    from specgen.decoding import costs, probes
+    from specgen.decoding.build import resolve_draft_length
+    from specgen.runtime.pair import Pair
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    timed, measured = [], []
+    seconds, ratios = probes.HeadProbe.seconds, costs.ratios
+    monkeypatch.setattr(probes.HeadProbe, "seconds", lambda self: timed.append(1) or seconds(self))
+    monkeypatch.setattr(costs, "ratios", lambda pair: measured.append(ratios(pair)) or measured[-1])
+    pair = Pair(target, trained["draft"])
+    choice = costs.choose(pair)
+    assert timed and len(measured) == 1 and 1 <= choice.k <= costs.MAX_K and "head step" in choice.reason
+    assert choice.confidence == costs.stop_for(measured[0][0]) > 0
+    assert costs.choose(pair) == choice and len(measured) == 1  # cached
+    assert costs.verify_cost(pair) == choice.verify
+    for method in ("eagle", "chain", "rsd-c", "lookup-chain"):
+        config, chosen = resolve_draft_length(pair, generation_config(method=method, max_new_tokens=16))
+        assert chosen == choice and config.draft_confidence == choice.confidence and config.floor
+    given = generation_config(method="eagle", max_new_tokens=16, draft_tokens=3)
+    assert resolve_draft_length(pair, given)[0].draft_confidence == 0.0  # a given k: no stop
+
+
 def test_eagle_with_prefix_store_and_chunked_prefill_equals_plain(trained, target):
     """The target's prefix store and staged prefill carry the features too."""
     from specgen.decoding.build import make_drafter
@@ -346,7 +412,18 @@ SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95)
 PROMPT = [257, 84, 82, 68, 81, 198]
 
 
-def first_two(target, draft, seeds, method: Method = Method.EAGLE) -> torch.Tensor:
+def first_two(
+    target,
+    draft,
+    seeds,
+    method: Method = Method.EAGLE,
+    confidence: float = 0.0,
+    sizes: list | None = None,
+    new: int = 0,
+    branching: tuple[int, ...] = (3, 2),
+) -> torch.Tensor:
+    """The first two tokens of each seed's generation (of `new` tokens: by default 2, 3 for a
+    tree); `confidence`: the head's stop, `sizes` collects the size of each first draft."""
     from specgen.decoding.build import make_drafter
     from specgen.runtime.pair import Pair
 
@@ -355,10 +432,11 @@ def first_two(target, draft, seeds, method: Method = Method.EAGLE) -> torch.Tens
         # a tree is drafted only while more tokens remain than its depth: trees decode three
         config = GenerationConfig(
             method=method,
-            max_new_tokens=3 if method.is_tree else 2,
+            max_new_tokens=new or (3 if method.is_tree else 2),
             draft_tokens=3,
-            branching=(3, 2),
+            branching=branching,
             sampling=dataclasses.replace(SAMPLING, seed=seed),
+            draft_confidence=confidence,
         )
         engine = Engine(
             target.model,
@@ -368,7 +446,10 @@ def first_two(target, draft, seeds, method: Method = Method.EAGLE) -> torch.Tens
             make_drafter(Pair(target, draft), config),
             policy=Policy(prompt_catch_up=100),
         )  # the first token is speculated too
-        out.append([t for r in decode(engine, PROMPT, config)[0] for t in r.emitted][:2])
+        events = decode(engine, PROMPT, config)[0]
+        if sizes is not None:  # the first round's: the only one drafted with every token still to come
+            sizes.append(len(events[0].draft_tokens))
+        out.append([t for r in events for t in r.emitted][:2])
     return torch.tensor(out)
 
 
@@ -390,6 +471,31 @@ def test_sampled_eagle_follows_the_target_law_and_the_control_fails(dirs, target
     monkeypatch.setattr(verify, "speculative_sampling", rule_without_residual)
     broken = first_two(target, draft, range(5000, 6000))
     assert gof_pvalue(broken[:, 0], q0) < SMALL_ALPHA
+
+
+SHARP_HEAD_STOP = 0.2  # cuts the sharp head's first draft of 3 tokens to 2, its 3-level tree to 2 levels
+
+
+@pytest.mark.slow  # over 10 s: the default run stays under 15 minutes
+@pytest.mark.statistical
+@pytest.mark.parametrize("method", [Method.EAGLE, Method.RSD_C])
+def test_sampled_drafts_under_a_head_s_confidence_stop_follow_the_target_law(dirs, target, method):
+    """A head's chains and trees cut by the confidence stop (from the head's laws, never from the
+    tokens drawn) keep the target's law: 1000 generations of 2 tokens follow q0(t1) q1(t2 | t1)
+    (alpha 1e-3). The stop is the one a draft model's drafts read (length.ChainStops,
+    length.level_stop); its law under draws that decide where it cuts, and its negative controls
+    (a drawn token dropped for its own low probability), are in test_adaptive.py and
+    test_tree_statistical.py. Here, the head's proposals and their laws as the stop cuts them."""
+    from test_statistical import SMALL_ALPHA, gof_pvalue
+
+    draft = head_draft(dirs, target, "sharp")
+    q0, joint = two_token_law(target.model, PROMPT, SAMPLING)
+    sizes: list = []
+    tokens = first_two(target, draft, range(1000), method, SHARP_HEAD_STOP, sizes, new=5, branching=(2, 2, 1))
+    assert set(sizes) == ({2} if method is Method.EAGLE else {6}), set(sizes)  # cut: 3 tokens, 10 nodes whole
+    vocab = joint.shape[0]
+    assert gof_pvalue(tokens[:, 0], q0) > SMALL_ALPHA
+    assert gof_pvalue(tokens[:, 0] * vocab + tokens[:, 1], joint.flatten()) > SMALL_ALPHA
 
 
 @pytest.mark.slow  # over 10 s: the default run stays under 15 minutes

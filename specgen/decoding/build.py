@@ -45,10 +45,10 @@ def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | No
     if not config.device_draft_tokens:
         return config, None
     if drafts is None:
-        drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN) or config.method.is_tree
+        drafts = config.method in (Method.CHAIN, Method.LOOKUP_CHAIN, Method.EAGLE) or config.method.is_tree
     if config.method is Method.SUFFIX:  # the memory's counts say how far a round drafts
         return replace(config, draft_tokens=SUFFIX_TOKENS, device_draft_tokens=False, floor=True), None
-    if pair.draft is None or not drafts or pair.draft.vocabulary is Vocabulary.HEAD:
+    if pair.draft is None or not drafts:
         return replace(config, device_draft_tokens=False, floor=True), None
     choice = costs.choose(pair)  # a few seconds, once per machine and pair; cached after that
     confidence = choice.confidence if config.device_confidence else config.draft_confidence
@@ -116,14 +116,22 @@ def _text(pair: Pair, config: GenerationConfig) -> Drafter:
 def _head(pair: Pair, config: GenerationConfig) -> Drafter:
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
-    return EagleDrafter(pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes, pair.compile)
+    return EagleDrafter(
+        pair.draft.model, pair.draft.device, vocab, pair.draft_prefixes, pair.compile, config.draft_confidence
+    )
 
 
 def _head_tree(pair: Pair, config: GenerationConfig) -> Drafter:
     features.install(pair.target.model)
     vocab = pair.target.model.get_input_embeddings().weight.shape[0]
     return EagleTreeDrafter(
-        pair.draft.model, pair.draft.device, vocab, config.tree_levels, pair.draft_prefixes, pair.compile
+        pair.draft.model,
+        pair.draft.device,
+        vocab,
+        config.tree_levels,
+        pair.draft_prefixes,
+        pair.compile,
+        config.draft_confidence,
     )
 
 

@@ -4,8 +4,8 @@
 costs k draft steps plus one target forward over k+1 tokens. Where a draft step is cheap next
 to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
 where the draft costs a third of the target (the default pair on a CPU) short ones do.
-`choose` times five forwards once over CONTEXT cached tokens (a target step, a draft step, and
-verifies of 2, 5 and WIDE tokens, in turn, REPEATS times: a few seconds), picks the k in 1..MAX_K
+`choose` times five forwards once over about a request's cached tokens (a target step, a draft
+step, and verifies of 2, 5 and WIDE tokens, in turn: a few seconds; probes.py), picks the k in 1..MAX_K
 with the best expected tokens per unit of time at the typical acceptance `ACCEPTANCE`, and
 caches the answer per machine, thread count and model pair in
 `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
@@ -15,7 +15,8 @@ so is what the draft's reading of a prompt token costs (`read_price`: a draft mo
 prompt before its first draft, and where that read costs more than drafting can save over a
 request's tokens, the row does not draft with it: drafters/model.py). A draft on the CPU also
 gets a confidence stop (`length.unsure`), priced by its measured cost (`stop_for`), and
-STOP_EXTRA more tokens of room.
+STOP_EXTRA more tokens of room. An EAGLE-3 head is a draft like any other here: its step is the
+head's own forward (probes.HeadProbe), and its stop is priced by that step's cost.
 
 The server's cap on k at each batch width, measured the same way and cached in the same file,
 is in `widths.py`.
@@ -26,16 +27,15 @@ The per-round policies that adapt k within these bounds are in `length.py`.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from specgen.decoding.probes import WIDE, ratios
 from specgen.files import cache_root, locked, write_text
 from specgen.models.placement import cpu_flags, cpu_name
-from specgen.runtime import int8, kvcache
-from specgen.runtime.lean import call_for
+from specgen.models.vocabulary import Vocabulary
+from specgen.runtime import int8
 from specgen.status import note
 from specgen.text import json_value
 
@@ -46,20 +46,7 @@ ACCEPTANCE = 0.85
 FORMAT = 15  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
-REPEATS = 7  # turns of the three timed forwards
-READ = 64  # prompt tokens of the draft's read that `choose` times (against a target step, in turn)
-# the widest verify `choose` times: a default RSD-S tree's (12 nodes and the root). On a 2-core
-# CPU a verify costs about what a plain step does up to 6-7 tokens, then about 0.08 of a step more
-# a token (Zen 4: 7 tokens 1.1 steps, 9 1.3, 13 1.5), where the cost at 2 and 5 tokens alone
-# priced a 13-token tree's verify at 1.2 steps, and the floor read a tree's rounds 23% too fast
-WIDE = 13
 BEND = MAX_K  # proposed tokens up to which VerifyCost.slope holds (a chain's), `wide` past it
-# the cached tokens `choose` times its forwards over: about a prompt and answer of the prompt sets
-# (50-350 prompt tokens, 64-128 new). A verify's cost grows with the context faster than a
-# step's: on a 2-core AVX2 EPYC a 5-token verify cost 1.01-1.12 steps over 32 tokens, 1.13-1.31 over 160-200
-# (benchmarks/verify_context.py). Priced at 32 tokens, the plain step the floor implies from a
-# verify's seconds read 6-10% dear on a German translation, and so did its rounds' speed-up.
-CONTEXT = 200
 # A draft on the CPU stops early when the product of its top probabilities over the round falls
 # below its stop (length.unsure), and may then run STOP_EXTRA tokens past the cost model's k:
 # confident runs go on, unsure tokens are not drafted (the variants compared:
@@ -72,7 +59,9 @@ CONTEXT = 200
 # [STOP_MIN, STOP_MAX]. The default pair on a CPU: c = 0.33-0.38, so about 0.7; a fixed 0.5,
 # before, drafted tokens that lost on translations and chats (benchmarks/floor.md). The verify's
 # slope is left out: it is 0.01-0.04 on a CPU, and the probe's noise in it moved the stop by as
-# much as the slope itself.
+# much as the slope itself. An EAGLE-3 head (c = 0.07 on a Zen 4) gets STOP_MIN: a weak head's
+# top probabilities overstate its p, and over 32 prompts its chains ran 1.02x plain at a stop of
+# 0.15, 1.02x at 0.3 and 1.04x at 0.5, against 0.99x with none (benchmarks/floor.md).
 STOP_PER_COST, STOP_MIN, STOP_MAX, STOP_EXTRA = 2.0, 0.5, 0.8, 2
 
 
@@ -139,58 +128,6 @@ def verify_steps(cost: VerifyCost) -> dict[int, float]:
     return {n: cost.steps(n - 1) for n in range(1, MAX_K + 2)}
 
 
-class Probe:
-    """One model's forward of `width` tokens per row over `rows` short cached contexts, timed on
-    demand; `keep` logits per row, as the loop asks (a verify reads every position's)."""
-
-    def __init__(
-        self, model, width: int, context: int = 32, exact: bool = True, rows: int = 1, keep: int = 1
-    ):
-        self.call = call_for(model, exact)  # what the decode loop calls
-        self.device = next(model.parameters()).device
-        vocab = model.get_input_embeddings().num_embeddings
-        self.cache, self.context, self.keep = kvcache.new_cache(model, rows=rows), context, keep
-        prompt = (torch.arange(100, 100 + context, device=self.device) % vocab)[None].expand(rows, context)
-        kvcache.forward(self.call, self.cache, prompt, keep=1)
-        self.tokens = (torch.arange(300, 300 + width, device=self.device) % vocab)[None].expand(rows, width)
-        self.seconds()  # the first forward warms up
-
-    def seconds(self) -> float:
-        started = time.perf_counter()
-        kvcache.forward(self.call, self.cache, self.tokens, keep=self.keep)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - started
-        kvcache.crop(self.cache, self.context)
-        return elapsed
-
-
-def _ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, float]:
-    """(draft step, 2-token verify, 5-token verify, WIDE-token verify, a prompt token of the
-    draft's read) in target steps: the forwards are timed in turn, `repeats` times, and the medians of the
-    per-turn ratios are kept, so a machine whose speed drifts between forwards (shared CPUs do)
-    moves them all together. The read (the draft's forward over READ prompt tokens, per token)
-    is timed for a draft on the CPU only (0 elsewhere: a GPU reads a prompt cheaply)."""
-    context = min(CONTEXT, pair.target.context_length // 2, pair.draft.context_length // 2)
-    step = Probe(pair.target.model, 1, context=context)
-    # a verify reads every position's logits (verify.forward), so its probe does too: with the
-    # last position's only, a 5-token verify read 5% cheaper than the loop's (AVX2 EPYC)
-    pair_of, five_of, wide_of = (
-        Probe(pair.target.model, width, context=context, keep=0) for width in (2, 5, WIDE)
-    )
-    draft = Probe(pair.draft.model, 1, context=context, exact=False)
-    read = Probe(pair.draft.model, READ, exact=False) if pair.draft.device.type == "cpu" else None
-    ratios: tuple[list[float], ...] = ([], [], [], [], [])
-    for _ in range(repeats):
-        one, two, five, wide = step.seconds(), pair_of.seconds(), five_of.seconds(), wide_of.seconds()
-        small = draft.seconds()
-        prompt = read.seconds() / READ if read is not None else 0.0
-        one = (one + step.seconds()) / 2  # the target step around the others
-        for series, seconds in zip(ratios, (small, two, five, wide, prompt)):
-            series.append(seconds / one)
-    return tuple(statistics.median(series) for series in ratios)
-
-
 def pair_key(pair, with_draft: bool = True) -> str:
     parts = [
         f"v{FORMAT}",
@@ -231,11 +168,12 @@ def choose(pair) -> DraftLength:
 
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
-        draft, two, five, wide, read = _ratios(pair)
+        draft, two, five, wide, read = ratios(pair)
     verify = _verify_cost(two, five, wide)
     k = best_k(draft, verify_steps(verify))
+    step = "head step" if pair.draft.vocabulary is Vocabulary.HEAD else "draft step"
     reason = (
-        f"measured: draft step {draft:.2f} of a target step, verifies of 2, 5 and {WIDE} tokens "
+        f"measured: {step} {draft:.2f} of a target step, verifies of 2, 5 and {WIDE} tokens "
         f"{two:.2f}, {five:.2f} and {wide:.2f} steps, a prompt token read by the draft {read:.3f}; "
         f"best at {ACCEPTANCE:.0%} acceptance"
     )

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.decoding.costs import ACCEPTANCE, MAX_K, STOP_EXTRA, Probe, cached, pair_key
+from specgen.decoding.costs import ACCEPTANCE, MAX_K, STOP_EXTRA, cached, pair_key
+from specgen.decoding.probes import Probe
 
 WIDTH_ROWS = (1, 4, 16)  # batch widths measured; others are interpolated (and extrapolated past 16)
 WIDTH_REPEATS = 3

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from specgen.config import Method, ModelSettings
-from specgen.decoding.costs import Probe
+from specgen.decoding.probes import Probe
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime import head_memory
 from specgen.runtime.pair import load

@@ -30,6 +30,7 @@ import torch
 from specgen.config import SamplingConfig, fit_tree
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import BaseDrafter, Proposal, node_laws
+from specgen.decoding.length import ChainStops, level_stop
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
 from specgen.models.eagle_head import Eagle3Head, HeadStep
 from specgen.runtime import kvcache, slots
@@ -48,7 +49,10 @@ def head_mode(compile: str, device: torch.device) -> str:
 
 
 class EagleDrafter(BaseDrafter):
-    """The Drafter protocol for chains from an EAGLE-3 head (base.py has the calls)."""
+    """The Drafter protocol for chains from an EAGLE-3 head (base.py has the calls). With a
+    confidence stop (`confidence`, the device's on a CPU: costs.choose prices it by a head step's
+    cost) a row's chain ends once the product of the head's top probabilities falls under it
+    (length.unsure), as a draft model's does."""
 
     def __init__(
         self,
@@ -57,8 +61,10 @@ class EagleDrafter(BaseDrafter):
         vocab: int,
         prefixes: PrefixStore | None = None,
         compile: str = "off",
+        confidence: float = 0.0,
     ):
         self.head, self.device, self.vocab = head, device, vocab
+        self.confidence = confidence  # the stop below the draft's likeliest path (length.unsure)
         # the head's batched forwards as fixed-shape steps (CUDA graphs on a GPU, where an eager
         # head step is bound by the host): one for the target's features, one for its own outputs
         mode = head_mode(compile, device)
@@ -138,6 +144,7 @@ class EagleDrafter(BaseDrafter):
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds  # laws are built only when some row samples
         tokens, laws = [], []
+        stops = ChainStops(self.confidence, ks, self.device)  # where each row's draft ends
         token = None  # each step after the first reads the step before's tokens
         for step in range(steps):
             if step:
@@ -147,8 +154,10 @@ class EagleDrafter(BaseDrafter):
                 token, law = self._sample(logits, samplings)
                 laws.append(law)
             else:
-                token = self.map[logits.argmax(dim=-1)]
+                token, law = self.map[logits.argmax(dim=-1)], None
             tokens.append(token)
+            if step == steps - 1 or stops.after(step, logits, law):
+                break
         drafted = torch.stack(tokens, dim=1)
         stacked = torch.stack(laws, dim=1) if sampled else None  # [rows, K, V]: a sampled row's laws
         return [
@@ -157,7 +166,7 @@ class EagleDrafter(BaseDrafter):
             )
             if k > 0
             else Proposal.empty(self.device)
-            for i, k in enumerate(ks)
+            for i, k in enumerate(stops.ends)
         ]
 
     def _start(self, contexts: list[list[int]], ks: list[int]):
@@ -261,7 +270,9 @@ class EagleTreeDrafter(EagleDrafter):
     head forward over its nodes, each reading its parent's output and seeing the committed
     positions and its own ancestors (the tree mask). Node i (breadth-first, root 0) sits in the
     head's cache at slot length + i - 1, at position length + depth(i) - 1; the cache is cut
-    back to the committed positions afterwards, as after a chain."""
+    back to the committed positions afterwards, as after a chain. With a confidence stop the tree
+    grows no deeper once every node of its newest level is under it (length.level_stop), as a
+    draft model's tree."""
 
     def __init__(
         self,
@@ -271,8 +282,9 @@ class EagleTreeDrafter(EagleDrafter):
         levels: tuple[int, ...],
         prefixes: PrefixStore | None = None,
         compile: str = "off",
+        confidence: float = 0.0,
     ):
-        super().__init__(head, device, vocab, prefixes, compile)
+        super().__init__(head, device, vocab, prefixes, compile, confidence)
         self.levels = levels  # the whole tree's nodes at each depth (GenerationConfig.tree_levels)
 
     def _draft(self, ks, logits, hidden, samplings) -> list[Proposal]:
@@ -295,10 +307,11 @@ class EagleTreeDrafter(EagleDrafter):
         parents: list[int] = []
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
-        frontier = [0]
+        frontier, reach = [0], None
         levels = fit_tree(self.levels, k)
         for level, size in enumerate(levels):
             b = size // len(frontier)  # the level's branching, or fewer children of the root
+            dist = None
             if sampled:
                 dist = warp(logits, sampling)  # [F, Vd]
                 picks, _ = gumbel_top_k(dist, min(b, dist.shape[-1]), self.generators[row])
@@ -308,12 +321,17 @@ class EagleTreeDrafter(EagleDrafter):
                 picks = torch.topk(logits, min(b, logits.shape[-1]), dim=-1).indices
             per = picks.shape[1]
             start = len(parents) + 1
-            parents.extend(f for f in frontier for _ in range(per))
+            new_parents = [f for f in frontier for _ in range(per)]
+            parents.extend(new_parents)
             tokens.append(self.map[picks.reshape(-1)])
+            last = level == len(levels) - 1
+            if self.confidence > 0 and not last:  # the stop on the tree's depth, as a draft model's
+                reach, last = level_stop(self.confidence, frontier, new_parents, logits, dist, reach)
             frontier = list(range(start, len(parents) + 1))
-            if level < len(levels) - 1:
-                tree = Proposal(torch.cat(tokens), tuple(parents), kind)
-                logits, hidden = self._feed(row, base, tree, frontier, hidden.repeat_interleave(per, dim=0))
+            if last:
+                break
+            tree = Proposal(torch.cat(tokens), tuple(parents), kind)
+            logits, hidden = self._feed(row, base, tree, frontier, hidden.repeat_interleave(per, dim=0))
         kvcache.set_length(self.cache, row, base)
         drafted = torch.cat(tokens)
         probs = node_laws(laws, len(parents) + 1) if sampled else None
