@@ -20,7 +20,14 @@ from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.lookup import PromptLookupDrafter
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
-from specgen.decoding.length import AdditiveLength, ExpectedGainLength, Schedule, make_policy, unsure
+from specgen.decoding.length import (
+    AdditiveLength,
+    ChainStops,
+    ExpectedGainLength,
+    Schedule,
+    make_policy,
+    unsure,
+)
 from specgen.decoding.sampling import choose, warp
 
 
@@ -131,6 +138,21 @@ def test_confidence_stop_reads_the_top_probability():
     assert stops(0.7, logits[0], warped).item() is True
     # bf16 logits are read in fp32
     assert stops(0.48, logits.bfloat16()).tolist() == [False, True]
+
+
+def test_a_batch_s_chains_end_at_each_row_s_first_stop_or_its_k():
+    """ChainStops, what a draft model's and a head's chains both stop by: a sure row drafts its
+    k, an unsure one ends after the token that fell under the stop, a row with k = 0 or sitting
+    the round out is done from the start, and the steps end once every row is done."""
+    laws = torch.log(torch.tensor([[0.9, 0.1], [0.45, 0.55], [0.9, 0.1], [0.9, 0.1]]))
+    chains = ChainStops(0.5, [3, 3, 0, 2], out=[False, False, False, True])
+    assert chains.ends == [3, 3, 0, 0]
+    assert not chains.after(0, laws, None) and chains.ends == [3, 3, 0, 0]  # 0.55 is not under 0.5
+    assert not chains.after(1, laws, None) and chains.ends == [3, 2, 0, 0]  # 0.55 x 0.55 is
+    assert chains.after(2, laws, None) and chains.ends == [3, 2, 0, 0]
+    assert chains.reach[0].item() == pytest.approx(0.9**3)
+    off = ChainStops(0.0, [2, 1])  # no stop: each row's k alone, and no host read
+    assert not off.after(0, laws[:2], None) and off.after(1, laws[:2], None) and off.ends == [2, 1]
 
 
 def test_confidence_stop_reads_the_chance_the_draft_is_still_right():

@@ -204,23 +204,19 @@ class ChainStops:
     whose reach fell under the stop. Rows with k = 0, or `out` (sitting the round out), are done
     from the start; the drafter stops stepping once every row is done (`after`)."""
 
-    def __init__(self, threshold: float, ks: list[int], device, out: list[bool] | None = None):
-        self.threshold, self.ks = threshold, list(ks)
+    def __init__(self, threshold: float, ks: list[int], out: list[bool] | None = None):
+        self.threshold = threshold
         self.ends = [0 if out is not None and out[i] else k for i, k in enumerate(ks)]
-        self.stopped = torch.tensor([end <= 0 for end in self.ends], dtype=torch.bool, device=device)
         self.reach: torch.Tensor | None = None
 
     def after(self, step: int, logits: torch.Tensor, law: torch.Tensor | None) -> bool:
         """Step `step` (from 0) drafted its tokens from `logits` [rows, V] (`law` when sampled):
         whether every row is done, so no further step runs. One small host sync per step where
-        the stop is on; none where it is off (the rows' k alone decide)."""
-        if self.threshold <= 0:
-            return all(end <= step + 1 for end in self.ends)
-        stop, self.reach = unsure(self.threshold, logits, law, self.reach)
-        self.stopped = self.stopped | stop.to(self.stopped.device)
-        for i, flag in enumerate(self.stopped.tolist()):
-            if flag and self.ends[i] > step + 1:
-                self.ends[i] = step + 1
+        the stop is on; none where it is off (the rows' k alone decide). A reach only falls, so a
+        row's first stop is its end."""
+        if self.threshold > 0:
+            stop, self.reach = unsure(self.threshold, logits, law, self.reach)
+            self.ends = [min(end, step + 1) if flag else end for end, flag in zip(self.ends, stop.tolist())]
         return all(end <= step + 1 for end in self.ends)
 
 

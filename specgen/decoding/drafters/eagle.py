@@ -144,7 +144,7 @@ class EagleDrafter(BaseDrafter):
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds  # laws are built only when some row samples
         tokens, laws = [], []
-        stops = ChainStops(self.confidence, ks, self.device)  # where each row's draft ends
+        stops = ChainStops(self.confidence, ks)  # where each row's draft ends
         token = None  # each step after the first reads the step before's tokens
         for step in range(steps):
             if step:

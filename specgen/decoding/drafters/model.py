@@ -188,7 +188,7 @@ class ChainDrafter(BaseDrafter):
         kinds = [ProposalKind.drafting(sampling) for sampling in samplings]
         sampled = ProposalKind.SAMPLED in kinds
         tokens, laws = [], []
-        stops = ChainStops(self.confidence, ks, self.device, out_of_round)  # where each row's draft ends
+        stops = ChainStops(self.confidence, ks, out_of_round)  # where each row's draft ends
         token = None  # each step after the first reads the step before's tokens
         for step in range(steps):
             if step:  # the previous step's tokens, straight from the device
