@@ -99,12 +99,16 @@ def main(runner: type[VariantRunner] = VariantRunner, separator: str = ",") -> N
         method, _, variant = column.partition("@")
         runners.append(runner(pair, Method(method), variant or "default"))
     settings = BenchSettings(generation=generation, repeats=args.repeats)
-    result = run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners)
+    write(run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners), args.json)
+
+
+def write(result, path: Path) -> None:
+    """A run's bench JSON file, with the CPU's flags beside it, and bench's table."""
     flags = "lscpu | grep -o -w -E 'avx|avx2|avx512[a-z_0-9]*|amx[a-z_0-9]*|f16c|fma' | sort -u"
     result.environment["cpu_flags"] = " ".join(
         subprocess.run(flags, shell=True, capture_output=True, text=True).stdout.split()
     )
-    report.write_json(result, args.json)
+    report.write_json(result, path)
     Console(width=160).print(report.table(result))
 
 

@@ -18,13 +18,14 @@ in place of `state.floor.record(k if proposal.size else 0, ...)`.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from specgen.bench import report
+from draft_reads import write  # noqa: E402
+
 from specgen.bench.measure import BenchSettings, run_bench
 from specgen.bench.prompts import load_prompts
 from specgen.bench.runners import EngineRunner
@@ -72,13 +73,7 @@ def main() -> None:
         Allowed(head, Method.EAGLE, "eagle@allowed", on_head),
     ]
     settings = BenchSettings(generation=generation, repeats=args.repeats)
-    result = run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners)
-    flags = "lscpu | grep -o -w -E 'avx|avx2|avx512[a-z_0-9]*|amx[a-z_0-9]*|f16c|fma' | sort -u"
-    result.environment["cpu_flags"] = " ".join(
-        subprocess.run(flags, shell=True, capture_output=True, text=True).stdout.split()
-    )
-    report.write_json(result, args.json)
-    Console(width=160).print(report.table(result))
+    write(run_bench(pair, [], load_prompts(args.prompts), settings, runners=runners), args.json)
 
 
 if __name__ == "__main__":
