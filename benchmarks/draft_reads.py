@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -44,7 +45,9 @@ from specgen.decoding import costs, floor
 from specgen.decoding.build import resolve_draft_length
 from specgen.decoding.drafters import model as chain_model
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.runtime.pair import load
+from specgen.runtime.pair import load, load_draft_alone
+
+MODELS = ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto")
 
 
 class VariantRunner(EngineRunner):
@@ -86,10 +89,7 @@ def main(runner: type[VariantRunner] = VariantRunner, separator: str = ",") -> N
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
-    pair = load(
-        ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
-        Method.CHAIN,
-    )
+    pair = load(MODELS, Method.CHAIN)
     asked = generation_config(method="chain", max_new_tokens=args.max_new_tokens)  # bench's defaults
     generation, choice = resolve_draft_length(pair, asked, True)
     if choice is not None:
@@ -114,3 +114,18 @@ def write(result, path: Path) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def head_run(description: str, load_as: Method):
+    """A script that runs columns with an EAGLE-3 head beside the default pair: its arguments
+    (--prompts, --head, -n, --repeats, --json), the default pair loaded for `load_as`, and that
+    pair with the head as its draft."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--head", required=True)
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    pair = load(MODELS, load_as)
+    return args, pair, replace(pair, draft=load_draft_alone(replace(MODELS, draft=args.head), pair.target))

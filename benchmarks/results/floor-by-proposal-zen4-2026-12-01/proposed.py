@@ -17,24 +17,20 @@ in place of `state.floor.record(k if proposal.size else 0, ...)`.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from draft_reads import write  # noqa: E402
+from draft_reads import head_run, write  # noqa: E402
 
 from specgen.bench.measure import BenchSettings, run_bench
 from specgen.bench.prompts import load_prompts
 from specgen.bench.runners import EngineRunner
 from specgen.cli.options import generation_config
-from specgen.config import Method, ModelSettings
+from specgen.config import Method
 from specgen.decoding import floor
 from specgen.decoding.build import resolve_draft_length
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.runtime.pair import load, load_draft_alone
 
 
 class Allowed(EngineRunner):
@@ -49,18 +45,7 @@ class Allowed(EngineRunner):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", required=True)
-    parser.add_argument("--head", required=True)
-    parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--json", type=Path, required=True)
-    args = parser.parse_args()
-    models = ModelSettings(
-        DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"
-    )
-    pair = load(models, Method.CHAIN)
-    head = replace(pair, draft=load_draft_alone(replace(models, draft=args.head), pair.target))
+    args, pair, head = head_run(__doc__.split("\n\n")[0], Method.CHAIN)
     asked = generation_config(method="chain", max_new_tokens=args.max_new_tokens)
     generation, _ = resolve_draft_length(pair, asked, True)
     own, _ = resolve_draft_length(head, asked, True)
