@@ -212,7 +212,7 @@ def verify_cost(pair) -> VerifyCost | None:
     def priced(entry: DraftLength | None) -> bool:
         return entry is not None and (entry.verify.first > 0 or entry.verify.slope > 0)
 
-    entry = _measured(pair) if pair.draft is not None else None
+    entry = _measured(pair)
     if priced(entry):
         return entry.verify
     if pair.target.device.type != "cpu":
