@@ -34,7 +34,7 @@ def test_a_row_s_first_drafting_round_is_not_counted():
     row = Floor()
     feed(row, 1, k=4, tokens=1, seconds=5.0, verify=0.1, plain=0.1)
     feed(row, floor.MIN_ROUNDS, k=4, tokens=3.0, seconds=0.14, verify=0.11, plain=0.1)
-    assert row.ceiling == NONE and row.speedup.count == floor.MIN_ROUNDS
+    assert row.ceiling == NONE and row.rate.count == floor.MIN_ROUNDS
 
 
 def test_a_row_s_speed_up_is_its_tokens_over_the_plain_steps_its_rounds_took():
@@ -50,7 +50,7 @@ def test_a_row_s_speed_up_is_its_tokens_over_the_plain_steps_its_rounds_took():
     decays = [floor.DECAY**age for age in reversed(range(len(rounds) * 4))]
     committed = sum(d * t for d, (t, _) in zip(decays, rounds * 4))
     steps = sum(d * s / 0.1 for d, (_, s) in zip(decays, rounds * 4))
-    assert row.speedup.value == pytest.approx(committed / steps) and row.speedup.value > 1.0
+    assert row.speedup(0.1)[0] == pytest.approx(committed / steps) and row.speedup(0.1)[0] > 1.0
     assert row.ceiling == NONE
 
 
@@ -62,7 +62,7 @@ def test_a_stalled_round_weighs_as_a_long_round_not_as_many():
     for _ in range(12):
         row.record(5, 3, 0.2, 0.12, 0.1)
     row.record(5, 3, 3.0, 0.12, 0.1)
-    assert row.ceiling == NONE and row.speedup.value > 1.0
+    assert row.ceiling == NONE and row.speedup(0.1)[0] > 1.0
 
 
 def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
@@ -106,24 +106,75 @@ def test_a_row_whose_drafts_win_keeps_drafting_and_a_won_probe_restores_it():
 
 
 def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
+    """With no plain step measured and no verify priced (a GPU), the verify bounds the speed-up:
+    it proves a clear loss, and a win only past VERIFY_BOUND. A row that drafts asks for the
+    plain step all the same (`unsure`), whatever its bound says."""
     sure_loss = Floor(skip=False)
     feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.0, seconds=0.2, verify=0.1, plain=None)
-    assert sure_loss.ceiling == 1 and not sure_loss.unsure  # 1 token x 0.1 / 0.2: at most 0.5x
+    assert sure_loss.ceiling == 1  # 1 token x 0.1 / 0.2: at most 0.5x
     sure_win = Floor(skip=False)
     feed(sure_win, floor.MIN_ROUNDS, k=3, tokens=4.0, seconds=0.15, verify=0.1, plain=None)
-    assert sure_win.ceiling == NONE and not sure_win.unsure  # at least 2.7x
+    assert sure_win.ceiling == NONE and sure_win.wins == 1 and sure_win.unsure  # at least 2.7x
     unsure = Floor(skip=False)
     feed(unsure, floor.MIN_ROUNDS, k=3, tokens=2.0, seconds=0.16, verify=0.1, plain=None)
-    assert unsure.unsure and unsure.ceiling == NONE  # at least 1.25x: needs the plain step
+    assert unsure.unsure and unsure.ceiling == NONE and unsure.wins == 0  # at least 1.25x: no verdict
+    measured = Floor(skip=False)
+    feed(measured, floor.MIN_ROUNDS, k=3, tokens=2.0, seconds=0.16, verify=0.1, plain=0.1)
+    assert not measured.unsure and measured.wins == 1  # 1.25x against the measured plain step
     plain = PlainSteps()
     asked = [plain.explore(1, unsure=True) for _ in range(3 * floor.EXPLORE)]
     assert asked.count(True) == 3  # one plain round in EXPLORE while unmeasured
-    for _ in range(floor.MIN_ROUNDS):
+    plain.record(1, drafted=False, seconds=0.1)
+    assert plain.seconds(1) is None  # one plain round: not yet a figure
+    for _ in range(floor.PLAIN_ROUNDS - 1):
         plain.record(1, drafted=False, seconds=0.1)
     assert plain.seconds(1) == pytest.approx(0.1) and not plain.explore(1, unsure=True)
     for _ in range(floor.REFRESH + 1):
         plain.record(1, drafted=True, seconds=0.2)
     assert plain.seconds(1) is None  # stale: measured again where a row needs it
+
+
+def test_a_row_s_rounds_are_valued_at_the_measured_plain_step_once_there_is_one():
+    """A tree whose verifies the device prices cheap (1.0 step for a 0.12 s verify, where plain
+    rounds take 0.09 s): 1.3 tokens in 0.14 s read 1.11x at the implied step, a loss of 0.84x at
+    the measured one. Kept as a rate, the same rounds give the loss as soon as the plain step is
+    measured, without waiting MIN_ROUNDS more."""
+    row = Floor(skip=False)
+    for _ in range(floor.MIN_ROUNDS):
+        row.record(min(6, row.limit()), 1.3, 0.14, 0.12, None, verify=1.0)
+    assert row.ceiling == NONE and row.unsure  # within noise of a win: asks for plain rounds
+    assert row.speedup()[0] == pytest.approx(1.3 * 0.12 / 0.14)
+    assert row.speedup(0.09)[0] == pytest.approx(1.3 * 0.09 / 0.14)
+    row.record(min(6, row.limit()), 1.3, 0.14, 0.12, 0.09, verify=1.0)
+    assert row.ceiling == 3 and not row.unsure
+
+
+def test_a_row_beside_idle_ones_is_charged_at_whatever_plain_step_is_known():
+    """The idle rows' share, valued like the rounds: plain x (tokens + idle) / seconds - idle."""
+    row = Floor(skip=False)
+    for _ in range(3):
+        row.record(4, 2, 0.2, 0.1, None, verify=1.0, idle=1.0)
+    assert row.speedup()[0] == pytest.approx((2 * 0.1 - (0.2 - 0.1)) / 0.2)
+    assert row.speedup(0.08)[0] == pytest.approx((2 * 0.08 - (0.2 - 0.08)) / 0.2)
+
+
+def test_a_lone_drafting_row_explores_plain_rounds_until_its_width_is_measured(tiny_pair, reference):
+    """Where the device's verifies are priced (a CPU), a lone row that drafts still has the
+    engine run one plain round in EXPLORE until PLAIN_ROUNDS of them are measured; then none:
+    the output stays plain decoding's."""
+    from specgen.decoding.costs import VerifyCost
+
+    drafter = ScriptedDrafter(reference, len(PROMPT), right=4)
+    engine = engine_for(tiny_pair, drafter)
+    engine.verify_cost = VerifyCost(0.0, 0.02, 0.08)
+    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=60, draft_tokens=4, floor=True)
+    rounds, _ = decode(engine, PROMPT, config)
+    assert [t for r in rounds for t in r.emitted] == reference
+    plain = [
+        i for i, r in enumerate(rounds) if not r.draft_tokens and 0 < i < len(rounds) - 1
+    ]  # 0: the prefill
+    assert len(plain) == floor.PLAIN_ROUNDS and engine.plain.seconds(1) is not None
+    assert plain[1] - plain[0] == floor.EXPLORE
 
 
 def test_a_tree_s_budget_halves_as_a_chain_s_length_does():
@@ -168,7 +219,7 @@ def test_a_tree_row_starts_at_a_chain_s_longest_verify_where_verifies_are_priced
         row.record(sum(fit_tree(tree.tree_levels, row.limit())), 1, 0.3, 0.1, 0.1)
     assert row.ceiling == 3
     row.renew()  # a lowered one starts again where it started
-    assert row.ceiling == BEND and row.speedup.count == 0
+    assert row.ceiling == BEND and row.rate.count == 0
 
 
 def test_a_tree_row_drafts_the_largest_tree_its_floor_and_its_remaining_tokens_allow():
@@ -242,7 +293,9 @@ def test_a_row_drafting_at_a_loss_stops_drafting_and_its_output_is_plain(tiny_pa
     rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
     assert [t for r in rounds for t in r.emitted] == reference
     drafted = [bool(r.draft_tokens) for r in rounds]
-    assert drafted[1:5] == [True] * 4 and not any(drafted[-10:])  # 4 rounds measured, then plain
+    # 4 drafting rounds measured (a plain round explored among them: no plain step was measured),
+    # then plain rounds
+    assert drafted[1:4] == [True] * 3 and drafted[4:7].count(False) == 1 and not any(drafted[-10:])
     assert drafter.calls < len(rounds) // 2
 
 
@@ -319,7 +372,7 @@ def test_a_round_s_verify_is_priced_with_its_first_proposed_token_apart():
     proposal, result = SimpleNamespace(size=1, is_chain=True), SimpleNamespace(emitted=[7])
     for _ in range(3):  # one token proposed, rejected: the round's one token in 0.15 s, its verify 0.108 s
         plain.measure([row], [1], [proposal], [result], 0.15, 0.108, cost)
-    assert row.floor.speedup.value == pytest.approx(0.1 / 0.15)  # the plain step: 0.108 / 1.08
+    assert row.floor.speedup()[0] == pytest.approx(0.1 / 0.15)  # the plain step: 0.108 / 1.08
     assert cost.steps(0) == 1.0 and cost.steps(5) == pytest.approx(1.2)
 
 
@@ -357,7 +410,7 @@ def test_renew_starts_a_lowered_floor_afresh():
         floor.record(4, 1, 1.0, 0.5, 0.4)  # each round commits 1 token in 2.5 plain steps: a loss
     assert floor.ceiling < NONE
     floor.renew()
-    assert floor.ceiling == NONE and floor.skip and floor.speedup.count == 0 and not floor.probing
+    assert floor.ceiling == NONE and floor.skip and floor.rate.count == 0 and not floor.probing
     NO_FLOOR.renew()  # a fixed draft length has nothing to renew
 
 

@@ -12,26 +12,31 @@ floor is exact whatever it measures.
 
 * `PlainSteps` (one per engine, kept across generations): per batch width, the seconds of a
   round in which no row drafted (an exponentially weighted mean). Such rounds come for free
-  where rows sit at the floor or a lookup finds no match; where every row drafts, a row that
-  needs the figure asks for one (`Floor.unsure`) and the engine runs one plain round in EXPLORE
-  at that width until MIN_ROUNDS are measured, and again after REFRESH rounds.
-* `Floor` (one per row): each drafting round's speed-up, tokens x plain / round seconds (the
-  tokens plain steps would have taken that long for), exponentially weighted over HALFLIFE
-  rounds at the current ceiling and each weighed by its length, so that the mean is the rounds'
-  tokens over their plain steps (the row's throughput, not a mean of ratios that counts a short
-  lost round as much as a long won one; a round weighs k + 1 plain steps at most, so that one
-  stalled by another process does not outweigh the rest), with its standard error. Without the
-  plain step measured at this width, the round's own verify gives it where the device's costs
-  were measured (a verify of k proposed tokens costs 1 + first + slope x (k - 1) plain steps,
-  costs.VerifyCost: no plain round is spent to learn it); else a bound stands in for it: tokens
-  x verify seconds / round seconds is at least the speed-up, as a verify of k + 1 tokens costs
-  at least a plain step. After MIN_ROUNDS rounds:
-  - a clear loss (the mean plus its error below 1) halves the ceiling (a tree's ceiling counts
-    its nodes: the row drafts the largest tree of its method's shape within it, config.fit_tree;
-    on a CPU a tree row starts at a chain's longest verify, `first_ceiling`);
-  - a clear win (the mean less its error above 1; the bound's above VERIFY_BOUND, what a verify
-    may cost) counts towards GROW, after which the ceiling doubles, up to none;
-  - the bound neither: the row is `unsure` and asks for plain steps to be measured.
+  where rows sit at the floor or a lookup finds no match; where every row drafts, a drafting row
+  asks for the figure (`Floor.unsure`) and the engine runs one plain round in EXPLORE at that
+  width until PLAIN_ROUNDS are measured, and again after REFRESH rounds. That costs a row
+  winning at 1.3x about a quarter of a token per plain round.
+* `Floor` (one per row): its drafting rounds' rate, (tokens + idle) / round seconds,
+  exponentially weighted over HALFLIFE rounds at the current ceiling and each weighed by its
+  length, so that the mean is the rounds' tokens over their time (the row's throughput, not a
+  mean of ratios that counts a short lost round as much as a long won one; a round weighs k + 1
+  verifies at most, so that one stalled by another process does not outweigh the rest), with
+  its standard error. Its speed-up is that rate times the plain step, less its idle rows
+  (`Floor.speedup`): the plain rounds' seconds at this width where measured; until then the
+  plain step its verifies imply where the device's costs were measured (a verify of k proposed
+  tokens costs 1 + first + slope x (k - 1) plain steps, costs.VerifyCost). That price is
+  measured once, over one context, on a machine whose speed moves: on a 2-core Zen 4 a tree's
+  verifies ran 7-28% dearer than it said, and their rows read their speed-up as much too high
+  (a 6-node RSD-C row at 1.3x where it broke even, benchmarks/floor.md). So a drafting row
+  asks for the plain rounds all the same, and its rounds, kept as a rate, are valued at the
+  measured step once there is one. With neither, a bound stands in: tokens x verify seconds /
+  round seconds is at least the speed-up, as a verify of k + 1 tokens costs at least a plain
+  step. After MIN_ROUNDS rounds:
+  - a clear loss (the speed-up plus its error below 1) halves the ceiling (a tree's ceiling
+    counts its nodes: the row drafts the largest tree of its method's shape within it,
+    config.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`);
+  - a clear win (the speed-up less its error above 1; the bound's above VERIFY_BOUND, what a
+    verify may cost) counts towards GROW, after which the ceiling doubles, up to none.
   A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
   doubling, up to MAX_RETRY, each time the probe loses), so text that turns predictable gets its
   speed back. A row's first drafting round, and the first after plain ones, are not counted: a
@@ -57,11 +62,12 @@ from specgen.config import GenerationConfig
 from specgen.decoding.costs import BEND, VerifyCost
 
 HALFLIFE = 8.0  # a row's drafting rounds
-MIN_ROUNDS = 4  # rounds before a comparison (drafting rounds of a row; plain rounds of a width)
+MIN_ROUNDS = 4  # a row's drafting rounds before a comparison
+PLAIN_ROUNDS = 2  # a width's plain rounds before its figure counts (they vary by a few percent)
 VERIFY_BOUND = 1.5  # a verify of a round's tokens costs at most this many plain steps (CPU: 1.1-1.3)
 GROW = 16  # winning rounds at a ceiling before it doubles
 RETRY, MAX_RETRY = 16, 256  # plain rounds at the floor before a probe; doubled after each lost probe
-EXPLORE = 4  # an unsure row's width: one plain round in EXPLORE until measured
+EXPLORE = 4  # a drafting row's width: one plain round in EXPLORE until measured
 REFRESH = 64  # rounds at a width after which its plain measurement counts as stale
 PLAIN_HALFLIFE = 16.0  # plain rounds of a width
 NONE = 1 << 30  # no ceiling: the row's own draft-length policy decides
@@ -118,9 +124,9 @@ class PlainSteps:
         self.left: dict[tuple[object, int], tuple[int, int]] = {}
 
     def seconds(self, width: int) -> float | None:
-        """A plain round's seconds at `width`, once MIN_ROUNDS were measured and not stale."""
+        """A plain round's seconds at `width`, once PLAIN_ROUNDS were measured and not stale."""
         mean = self.widths.get(width)
-        if mean is None or mean.count < MIN_ROUNDS or self.drafted.get(width, 0) > REFRESH:
+        if mean is None or mean.count < PLAIN_ROUNDS or self.drafted.get(width, 0) > REFRESH:
             return None
         return mean.value
 
@@ -214,7 +220,7 @@ class Floor:
 
     ceiling: int = NONE
     start: int = NONE  # where it started (`first_ceiling`), and starts again on a drafter change (`renew`)
-    unsure: bool = False  # the last comparison needs the plain step measured at this width
+    unsure: bool = False  # the row drafts, and its width's plain step is not measured
     probing: bool = False  # the ceiling of 1 is a probe from the floor
     retry: int = RETRY
     plain_rounds: int = 0  # rounds at the floor since it got there or last probed
@@ -224,7 +230,9 @@ class Floor:
     wins: int = 0  # comparisons won at this ceiling
     drafted: int = 0  # the most tokens the row was allowed at this ceiling (its k)
     rounds: int = 0  # rounds of the row, drafting or plain
-    speedup: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x plain / seconds
+    rate: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' (tokens + idle) / seconds
+    idle: _Mean = field(default_factory=lambda: _Mean(DECAY))  # idle rows per drafting row, as weighed
+    implied: _Mean = field(default_factory=lambda: _Mean(DECAY))  # the plain step its verifies imply
     bound: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x verify / seconds
 
     @classmethod
@@ -264,8 +272,8 @@ class Floor:
         plain round), and committed `tokens` in a round of `seconds` whose verify took
         `verify_seconds`; `plain`: a plain round's seconds at this width, where measured;
         `verify`: what that verify costs in plain steps, where the device's costs were measured
-        (the plain step is then the verify's seconds over it); `idle`: rows of the batch that
-        drafted nothing this round, per drafting row.
+        (the round's verify then implies a plain step: its seconds over that cost); `idle`: rows
+        of the batch that drafted nothing this round, per drafting row.
 
         A round that drafts is longer than a plain step for every row of the batch: a row that
         drafted nothing (a plain request, a row at its floor) commits one token in it where it
@@ -279,38 +287,54 @@ class Floor:
             self.skip = False
             return
         self.drafted = max(self.drafted, k)
-        # (a plain step costs at most the verify: charged at the verify, the bound stays one)
-        # each round weighed by its length in the unit it is compared with, so that the means are
-        # the rounds' tokens over their time, the row's throughput against plain steps; at most
-        # k + 1 units, which k draft steps and a verify stay within while a draft step costs
-        # under about 0.8 of a plain one: a round stalled by something else (another process,
-        # a page fault) weighs as a long round, not as a dozen
+        # each round weighed by its length, so that the means are the rounds' tokens over their
+        # time, the row's throughput; at most k + 1 verifies long, which k draft steps and a
+        # verify stay within while a draft step costs under about 0.8 of a plain one: a round
+        # stalled by something else (another process, a page fault) weighs as a long round, not
+        # as a dozen
         longest = k + 1.0
-        self.bound.add(
-            (tokens * verify_seconds - idle * max(0.0, seconds - verify_seconds)) / seconds,
-            min(seconds / verify_seconds, longest) if verify_seconds > 0 else 1.0,
-        )
-        if plain is None and verify is not None:  # the plain step the verify's measured cost implies
-            plain = verify_seconds / verify
-        if plain is not None:
-            self.speedup.add(
-                (tokens - idle * max(0.0, seconds - plain) / plain) * plain / seconds,
-                min(seconds / plain, longest),
+        if verify_seconds > 0:
+            # (a plain step costs at most the verify: charged at the verify, the bound stays one)
+            self.bound.add(
+                (tokens * verify_seconds - idle * max(0.0, seconds - verify_seconds)) / seconds,
+                min(seconds / verify_seconds, longest),
             )
-        elif self.speedup.count:  # the plain figure went stale: what was compared with it goes too
-            self.speedup = _Mean(DECAY)
-        if self.bound.count < MIN_ROUNDS:
+        weight = min(seconds, longest * verify_seconds) if verify_seconds > 0 else seconds
+        self.rate.add((tokens + idle) / seconds, weight)
+        self.idle.add(idle, weight)
+        if verify is not None and verify_seconds > 0:
+            self.implied.add(verify_seconds / verify)
+        self.unsure = plain is None  # the batch's plain rounds are to be measured at this width
+        if self.rate.count < MIN_ROUNDS:
             return
-        # the speed-up where plain steps are measured; else its bound (a verify costs at least a
-        # plain step), which can prove a loss, and a win only past what a verify may cost
-        measured = self.speedup.count >= MIN_ROUNDS
-        stat = self.speedup if measured else self.bound
-        low, high = stat.value - stat.error, stat.value + stat.error
-        self.unsure = not measured and high >= 1.0 and low < VERIFY_BOUND
-        if high < 1.0:  # a clear loss
+        measured = self.speedup(plain)
+        if measured is not None:
+            value, error = measured
+            if value + error < 1.0:  # a clear loss
+                self._lower()
+            elif value - error > 1.0:  # a clear win
+                self._won()
+            return
+        # no plain step at all: the bound (a verify costs at least a plain step) can prove a
+        # loss, and a win only past what a verify may cost
+        low, high = self.bound.value - self.bound.error, self.bound.value + self.bound.error
+        if high < 1.0:
             self._lower()
-        elif low > 1.0 if measured else low >= VERIFY_BOUND:  # a clear win
+        elif low >= VERIFY_BOUND:
             self._won()
+
+    def speedup(self, plain: float | None = None) -> tuple[float, float] | None:
+        """The rounds' speed-up over plain steps of `plain` seconds (else of the plain step their
+        verifies imply), and its standard error; None with neither. A round's is its tokens
+        times plain over its seconds, less what it cost the idle rows beside it: plain x (tokens
+        + idle) / seconds - idle. Kept as the rounds' rate, the speed-up is valued at whatever
+        plain step is known now: the verifies' until the width's plain rounds are measured, then
+        those."""
+        if plain is None and self.implied.count:
+            plain = self.implied.value
+        if plain is None or not self.rate.count:
+            return None
+        return plain * self.rate.value - self.idle.value, plain * self.rate.error
 
     def renew(self) -> None:
         """The drafter changed under the row (drafters.base.Drafter.widened: its head now reaches
@@ -341,4 +365,4 @@ class Floor:
     def _restart(self, ceiling: int) -> None:
         """A new ceiling: its rounds are measured afresh."""
         self.ceiling, self.wins, self.plain_rounds, self.unsure, self.drafted = ceiling, 0, 0, False, 0
-        self.speedup, self.bound = _Mean(DECAY), _Mean(DECAY)
+        self.rate, self.idle, self.bound = _Mean(DECAY), _Mean(DECAY), _Mean(DECAY)
