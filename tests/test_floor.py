@@ -107,14 +107,14 @@ def test_a_row_whose_drafts_win_keeps_drafting_and_a_won_probe_restores_it():
 
 def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
     """With no plain step measured and no verify priced (a GPU), the verify bounds the speed-up:
-    it proves a clear loss, and a win only past VERIFY_BOUND. A row that drafts asks for the
-    plain step all the same (`unsure`), whatever its bound says."""
+    it proves a clear loss, and a win only past VERIFY_BOUND; in between, the row asks for the
+    width's plain step (`unsure`)."""
     sure_loss = Floor(skip=False)
     feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.0, seconds=0.2, verify=0.1, plain=None)
     assert sure_loss.ceiling == 1  # 1 token x 0.1 / 0.2: at most 0.5x
     sure_win = Floor(skip=False)
     feed(sure_win, floor.MIN_ROUNDS, k=3, tokens=4.0, seconds=0.15, verify=0.1, plain=None)
-    assert sure_win.ceiling == NONE and sure_win.wins == 1 and sure_win.unsure  # at least 2.7x
+    assert sure_win.ceiling == NONE and sure_win.wins == 1 and not sure_win.unsure  # at least 2.7x
     unsure = Floor(skip=False)
     feed(unsure, floor.MIN_ROUNDS, k=3, tokens=2.0, seconds=0.16, verify=0.1, plain=None)
     assert unsure.unsure and unsure.ceiling == NONE and unsure.wins == 0  # at least 1.25x: no verdict
@@ -158,10 +158,27 @@ def test_a_row_beside_idle_ones_is_charged_at_whatever_plain_step_is_known():
     assert row.speedup(0.08)[0] == pytest.approx((2 * 0.08 - (0.2 - 0.08)) / 0.2)
 
 
-def test_a_lone_drafting_row_explores_plain_rounds_until_its_width_is_measured(tiny_pair, reference):
-    """Where the device's verifies are priced (a CPU), a lone row that drafts still has the
-    engine run one plain round in EXPLORE until PLAIN_ROUNDS of them are measured; then none:
-    the output stays plain decoding's."""
+def test_a_row_s_narrow_verifies_give_its_plain_step_and_wide_ones_ask_for_plain_rounds():
+    """A verify of NARROW proposed tokens or fewer costs about a plain step anywhere: its
+    seconds over its price are the plain step, and the row's wider rounds are valued at it,
+    with no plain round asked for. Priced wide verifies alone leave the row unsure."""
+    row = Floor(skip=False)
+    for proposed, verify_seconds, price in [(1, 0.09, 1.0), (6, 0.12, 1.0)] * floor.MIN_ROUNDS:
+        row.record(6, 2, 0.16, verify_seconds, None, verify=price, proposed=proposed)
+    assert row.narrow.value == pytest.approx(0.09) and row.implied.value == pytest.approx(0.12)
+    assert row.speedup()[0] == pytest.approx(2 * 0.09 / 0.16) and not row.unsure
+    wide = Floor(skip=False)
+    for _ in range(floor.MIN_ROUNDS):
+        wide.record(6, 2, 0.16, 0.12, None, verify=1.0, proposed=6)
+    assert wide.speedup()[0] == pytest.approx(2 * 0.12 / 0.16) and wide.unsure
+
+
+def test_a_lone_row_with_wide_verifies_explores_plain_rounds_until_its_width_is_measured(
+    tiny_pair, reference
+):
+    """Where the device's verifies are priced (a CPU), a lone row whose proposals are all wide
+    (4 tokens, past NARROW) has the engine run one plain round in EXPLORE until PLAIN_ROUNDS of
+    them are measured; then none: the output stays plain decoding's."""
     from specgen.decoding.costs import VerifyCost
 
     drafter = ScriptedDrafter(reference, len(PROMPT), right=4)
@@ -175,6 +192,35 @@ def test_a_lone_drafting_row_explores_plain_rounds_until_its_width_is_measured(t
     ]  # 0: the prefill
     assert len(plain) == floor.PLAIN_ROUNDS and engine.plain.seconds(1) is not None
     assert plain[1] - plain[0] == floor.EXPLORE
+
+
+def test_no_plain_round_is_explored_beside_a_row_whose_draft_length_is_fixed(tiny_pair, monkeypatch):
+    """A seeded sampled row keeps its k (its draws depend on it): beside a row whose floor asks
+    for plain rounds in every round, the batch explores none, and the seeded row drafts its k
+    every round; two such floor rows get their plain rounds."""
+    from dataclasses import replace
+
+    from test_mixed import Feed
+    from tiny import engine_with
+
+    from specgen.config import SamplingConfig
+    from specgen.decoding.costs import VerifyCost
+
+    monkeypatch.setattr(Floor, "unsure", property(lambda self: True, lambda self, value: None), raising=False)
+    measured = GenerationConfig(method=Method.CHAIN, max_new_tokens=30, draft_tokens=3, floor=True)
+    seeded = replace(measured, sampling=SamplingConfig(temperature=0.8, seed=5))
+    drafted = {}
+    for configs in ([measured, seeded], [measured, measured]):
+        engine = engine_with(tiny_pair, measured)
+        engine.verify_cost = VerifyCost(0.0, 0.02, 0.08)
+        rounds = {0: [], 1: []}
+        for report in engine.drive(Feed(configs, [PROMPT, PROMPT[:7]]), 2):
+            if isinstance(report.event, RoundResult):
+                rounds[report.index].append(len(report.event.draft_tokens))
+        drafted[configs[1] is seeded] = rounds
+    assert all(k == 3 for k in drafted[True][1][1:-3])  # the seeded row: its k in every round
+    # two floor rows: a plain round explored, both rows at once
+    assert any(a == b == 0 for a, b in zip(drafted[False][0][1:-3], drafted[False][1][1:-3]))
 
 
 def test_a_tree_s_budget_halves_as_a_chain_s_length_does():
@@ -293,9 +339,7 @@ def test_a_row_drafting_at_a_loss_stops_drafting_and_its_output_is_plain(tiny_pa
     rounds, _ = decode(engine_for(tiny_pair, drafter), PROMPT, config)
     assert [t for r in rounds for t in r.emitted] == reference
     drafted = [bool(r.draft_tokens) for r in rounds]
-    # 4 drafting rounds measured (a plain round explored among them: no plain step was measured),
-    # then plain rounds
-    assert drafted[1:4] == [True] * 3 and drafted[4:7].count(False) == 1 and not any(drafted[-10:])
+    assert drafted[1:5] == [True] * 4 and not any(drafted[-10:])  # 4 rounds measured, then plain
     assert drafter.calls < len(rounds) // 2
 
 

@@ -37,7 +37,7 @@ from specgen.decoding.costs import VerifyCost
 from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
 from specgen.decoding.events import ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import ListFeed
-from specgen.decoding.floor import PlainSteps
+from specgen.decoding.floor import NoFloor, PlainSteps
 from specgen.decoding.policy import DRAFT_COST, Policy
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
@@ -149,7 +149,10 @@ class Engine(Admission):
         # queued, a host list would wait for all of them
         roots = torch.tensor([[state.ids[-1]] for state in rows], device=self.device)
         width, cap = len(rows), self.policy.width_cap
-        if self.plain.explore(width, any(state.floor.unsure for state in rows)):  # a plain round to measure
+        # a plain round to measure the width's, where a row asks for it and no row's draft length is
+        # the user's (N is N: a seeded sampled row's draws depend on it)
+        fixed = any(isinstance(s.floor, NoFloor) and s.config.method is not Method.PLAIN for s in rows)
+        if self.plain.explore(width, not fixed and any(state.floor.unsure for state in rows)):
             ks = [0] * width
         else:
             ks = [state.capped(state.wanted(), cap(width, state.config)) for state in rows]

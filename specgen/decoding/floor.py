@@ -12,26 +12,30 @@ floor is exact whatever it measures.
 
 * `PlainSteps` (one per engine, kept across generations): per batch width, the seconds of a
   round in which no row drafted (an exponentially weighted mean). Such rounds come for free
-  where rows sit at the floor or a lookup finds no match; where every row drafts, a drafting row
-  asks for the figure (`Floor.unsure`) and the engine runs one plain round in EXPLORE at that
-  width until PLAIN_ROUNDS are measured, and again after REFRESH rounds. That costs a row
-  winning at 1.3x about a quarter of a token per plain round.
+  where rows sit at the floor or a lookup finds no match; where every row drafts, a row that
+  needs the figure asks for one (`Floor.unsure`) and the engine runs one plain round in EXPLORE
+  at that width until PLAIN_ROUNDS are measured, and again after REFRESH rounds (none beside a
+  row whose draft length is the user's).
 * `Floor` (one per row): its drafting rounds' rate, (tokens + idle) / round seconds,
   exponentially weighted over HALFLIFE rounds at the current ceiling and each weighed by its
   length, so that the mean is the rounds' tokens over their time (the row's throughput, not a
   mean of ratios that counts a short lost round as much as a long won one; a round weighs k + 1
   verifies at most, so that one stalled by another process does not outweigh the rest), with
   its standard error. Its speed-up is that rate times the plain step, less its idle rows
-  (`Floor.speedup`): the plain rounds' seconds at this width where measured; until then the
-  plain step its verifies imply where the device's costs were measured (a verify of k proposed
-  tokens costs 1 + first + slope x (k - 1) plain steps, costs.VerifyCost). That price is
-  measured once, over one context, on a machine whose speed moves: on a 2-core Zen 4 a tree's
-  verifies ran 7-28% dearer than it said, and their rows read their speed-up as much too high
-  (a 6-node RSD-C row at 1.3x where it broke even, benchmarks/floor.md). So a drafting row
-  asks for the plain rounds all the same, and its rounds, kept as a rate, are valued at the
-  measured step once there is one. With neither, a bound stands in: tokens x verify seconds /
-  round seconds is at least the speed-up, as a verify of k + 1 tokens costs at least a plain
-  step. After MIN_ROUNDS rounds:
+  (`Floor.speedup`), whichever plain step is known now:
+  - the width's plain rounds, where measured;
+  - else the plain step the row's narrow verifies imply (NARROW proposed tokens at most: their
+    seconds over the device's price of them, costs.VerifyCost, about a plain step's anywhere);
+  - else the one its wider verifies imply at their price. That price is measured once, over one
+    context, on a machine whose speed moves: on a 2-core Zen 4 a 6-node tree's verify ran 7-28%
+    dearer than priced, and a tree row read 1.3x where it broke even (benchmarks/floor.md). So
+    such a row asks for the width's plain rounds;
+  - else a bound: tokens x verify seconds / round seconds is at least the speed-up, as a verify
+    of k + 1 tokens costs at least a plain step; where the bound tells neither a loss nor a win
+    the row asks for the plain rounds too.
+  Plain rounds cost a row that drafts well most of a round each (a chain that commits 3.5 tokens
+  a round lost 4% over 64 tokens to two of them), so a row asks for them only where the
+  verifies do not tell. After MIN_ROUNDS rounds:
   - a clear loss (the speed-up plus its error below 1) halves the ceiling (a tree's ceiling
     counts its nodes: the row drafts the largest tree of its method's shape within it,
     config.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`);
@@ -67,12 +71,18 @@ PLAIN_ROUNDS = 2  # a width's plain rounds before its figure counts (they vary b
 VERIFY_BOUND = 1.5  # a verify of a round's tokens costs at most this many plain steps (CPU: 1.1-1.3)
 GROW = 16  # winning rounds at a ceiling before it doubles
 RETRY, MAX_RETRY = 16, 256  # plain rounds at the floor before a probe; doubled after each lost probe
-EXPLORE = 4  # a drafting row's width: one plain round in EXPLORE until measured
+EXPLORE = 4  # an unsure row's width: one plain round in EXPLORE until measured
 REFRESH = 64  # rounds at a width after which its plain measurement counts as stale
 PLAIN_HALFLIFE = 16.0  # plain rounds of a width
 NONE = 1 << 30  # no ceiling: the row's own draft-length policy decides
 MAX_CEILING = 64  # a ceiling that doubles past this is none
 DECAY = 0.5 ** (1.0 / HALFLIFE)
+# a verify of at most this many proposed tokens costs a plain step within a few percent on every
+# CPU measured and over any context (Zen 4: 2 tokens 1.00-1.04 steps, 3 tokens 1.08, over 200 and
+# 400 cached tokens), so its seconds over its price are the plain step; wider ones move with the
+# context and the machine's state (a 13-token verify priced at 1.56 steps cost 2.07-2.18 an hour
+# later; a 7-token one 1.16 over 200 tokens, 1.47 over 400: benchmarks/floor.md)
+NARROW = 2
 
 
 @dataclass
@@ -170,6 +180,7 @@ class PlainSteps:
                 plain,
                 verify,
                 idle=idle,
+                proposed=proposal.size,
             )
         self.record(width, any(p.size for p in proposals), seconds)
 
@@ -204,7 +215,7 @@ class NoFloor:
     def limit(self) -> int:
         return NONE
 
-    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, idle=0.0) -> None:
+    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, idle=0.0, proposed=0) -> None:
         pass
 
     def renew(self) -> None:
@@ -220,7 +231,7 @@ class Floor:
 
     ceiling: int = NONE
     start: int = NONE  # where it started (`first_ceiling`), and starts again on a drafter change (`renew`)
-    unsure: bool = False  # the row drafts, and its width's plain step is not measured
+    unsure: bool = False  # its rounds need the width's plain step measured (see the module)
     probing: bool = False  # the ceiling of 1 is a probe from the floor
     retry: int = RETRY
     plain_rounds: int = 0  # rounds at the floor since it got there or last probed
@@ -232,7 +243,9 @@ class Floor:
     rounds: int = 0  # rounds of the row, drafting or plain
     rate: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' (tokens + idle) / seconds
     idle: _Mean = field(default_factory=lambda: _Mean(DECAY))  # idle rows per drafting row, as weighed
-    implied: _Mean = field(default_factory=lambda: _Mean(DECAY))  # the plain step its verifies imply
+    # the plain step its verifies imply at their price: its narrow ones' (NARROW), its wider ones'
+    narrow: _Mean = field(default_factory=lambda: _Mean(DECAY))
+    implied: _Mean = field(default_factory=lambda: _Mean(DECAY))
     bound: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' tokens x verify / seconds
 
     @classmethod
@@ -267,13 +280,15 @@ class Floor:
         plain: float | None,
         verify: float | None = None,
         idle: float = 0.0,
+        proposed: int | None = None,
     ) -> None:
         """A round of this row ran: it drafted, allowed `k` tokens (0: it proposed nothing, a
         plain round), and committed `tokens` in a round of `seconds` whose verify took
         `verify_seconds`; `plain`: a plain round's seconds at this width, where measured;
         `verify`: what that verify costs in plain steps, where the device's costs were measured
         (the round's verify then implies a plain step: its seconds over that cost); `idle`: rows
-        of the batch that drafted nothing this round, per drafting row.
+        of the batch that drafted nothing this round, per drafting row; `proposed`: the tokens
+        it proposed (None: k).
 
         A round that drafts is longer than a plain step for every row of the batch: a row that
         drafted nothing (a plain request, a row at its floor) commits one token in it where it
@@ -303,12 +318,14 @@ class Floor:
         self.rate.add((tokens + idle) / seconds, weight)
         self.idle.add(idle, weight)
         if verify is not None and verify_seconds > 0:
-            self.implied.add(verify_seconds / verify)
-        self.unsure = plain is None  # the batch's plain rounds are to be measured at this width
+            narrow = (k if proposed is None else proposed) <= NARROW
+            (self.narrow if narrow else self.implied).add(verify_seconds / verify)
         if self.rate.count < MIN_ROUNDS:
             return
         measured = self.speedup(plain)
         if measured is not None:
+            # valued at wide verifies' price alone: right on average, not for this row's rounds
+            self.unsure = plain is None and not self.narrow.count
             value, error = measured
             if value + error < 1.0:  # a clear loss
                 self._lower()
@@ -316,8 +333,9 @@ class Floor:
                 self._won()
             return
         # no plain step at all: the bound (a verify costs at least a plain step) can prove a
-        # loss, and a win only past what a verify may cost
+        # loss, and a win only past what a verify may cost; neither, the row asks for plain rounds
         low, high = self.bound.value - self.bound.error, self.bound.value + self.bound.error
+        self.unsure = high >= 1.0 and low < VERIFY_BOUND
         if high < 1.0:
             self._lower()
         elif low >= VERIFY_BOUND:
@@ -330,8 +348,9 @@ class Floor:
         + idle) / seconds - idle. Kept as the rounds' rate, the speed-up is valued at whatever
         plain step is known now: the verifies' until the width's plain rounds are measured, then
         those."""
-        if plain is None and self.implied.count:
-            plain = self.implied.value
+        for implied in (self.narrow, self.implied):
+            if plain is None and implied.count:
+                plain = implied.value
         if plain is None or not self.rate.count:
             return None
         return plain * self.rate.value - self.idle.value, plain * self.rate.error
