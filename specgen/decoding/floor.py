@@ -342,12 +342,12 @@ class Floor:
             self._won()
 
     def speedup(self, plain: float | None = None) -> tuple[float, float] | None:
-        """The rounds' speed-up over plain steps of `plain` seconds (else of the plain step their
-        verifies imply), and its standard error; None with neither. A round's is its tokens
-        times plain over its seconds, less what it cost the idle rows beside it: plain x (tokens
-        + idle) / seconds - idle. Kept as the rounds' rate, the speed-up is valued at whatever
-        plain step is known now: the verifies' until the width's plain rounds are measured, then
-        those."""
+        """The rounds' speed-up over plain steps of `plain` seconds (else of the plain step the
+        row's narrow verifies imply, else its wider ones'), and its standard error; None with
+        none of them. A round's is its tokens times plain over its seconds, less what it cost the
+        idle rows beside it: plain x (tokens + idle) / seconds - idle. Kept as the rounds' rate,
+        the speed-up is valued at whatever plain step is known now: the verifies' until the
+        width's plain rounds are measured, then those."""
         for implied in (self.narrow, self.implied):
             if plain is None and implied.count:
                 plain = implied.value
