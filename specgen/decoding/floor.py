@@ -25,7 +25,7 @@ floor is exact whatever it measures.
   (`Floor.speedup`), whichever plain step is known now:
   - the width's plain rounds, where measured;
   - else the plain step the row's narrow verifies imply (NARROW proposed tokens at most: their
-    seconds over the device's price of them, costs.VerifyCost, about a plain step's anywhere);
+    seconds over the device's price of them, costs.VerifyCost, which the probe times directly);
   - else the one its wider verifies imply at their price. That price is measured once, over one
     context, on a machine whose speed moves: on a 2-core Zen 4 a 6-node tree's verify ran 7-28%
     dearer than priced, and a tree row read 1.3x where it broke even (benchmarks/floor.md). So
@@ -77,11 +77,12 @@ PLAIN_HALFLIFE = 16.0  # plain rounds of a width
 NONE = 1 << 30  # no ceiling: the row's own draft-length policy decides
 MAX_CEILING = 64  # a ceiling that doubles past this is none
 DECAY = 0.5 ** (1.0 / HALFLIFE)
-# a verify of at most this many proposed tokens costs a plain step within a few percent on every
-# CPU measured and over any context (Zen 4: 2 tokens 1.00-1.04 steps, 3 tokens 1.08, over 200 and
-# 400 cached tokens), so its seconds over its price are the plain step; wider ones move with the
-# context and the machine's state (a 13-token verify priced at 1.56 steps cost 2.07-2.18 an hour
-# later; a 7-token one 1.16 over 200 tokens, 1.47 over 400: benchmarks/floor.md)
+# a verify of at most this many proposed tokens is priced by what the device probe times (a
+# 2-token verify) or next to it, and its cost moves little with the context (Zen 4: 2 tokens
+# 1.00-1.04 steps, 3 tokens 1.08, over 200 and 400 cached tokens), so its seconds over its price
+# are the plain step; wider ones move with the context and the machine's state (a 13-token verify
+# priced at 1.56 steps cost 2.07-2.18 a day later; a 7-token one 1.16 over 200 tokens, 1.47 over
+# 400: benchmarks/floor.md)
 NARROW = 2
 
 
