@@ -111,7 +111,7 @@ def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
     width's plain step (`unsure`)."""
     sure_loss = Floor(skip=False)
     feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.0, seconds=0.2, verify=0.1, plain=None)
-    assert sure_loss.ceiling == 1  # 1 token x 0.1 / 0.2: at most 0.5x
+    assert sure_loss.ceiling == 1 and not sure_loss.unsure  # 1 token x 0.1 / 0.2: at most 0.5x
     sure_win = Floor(skip=False)
     feed(sure_win, floor.MIN_ROUNDS, k=3, tokens=4.0, seconds=0.15, verify=0.1, plain=None)
     assert sure_win.ceiling == NONE and sure_win.wins == 1 and not sure_win.unsure  # at least 2.7x

@@ -151,8 +151,10 @@ class Engine(Admission):
         width, cap = len(rows), self.policy.width_cap
         # a plain round to measure the width's, where a row asks for it and no row's draft length is
         # the user's (N is N: a seeded sampled row's draws depend on it)
-        fixed = any(isinstance(s.floor, NoFloor) and s.config.method is not Method.PLAIN for s in rows)
-        if self.plain.explore(width, not fixed and any(state.floor.unsure for state in rows)):
+        unsure = any(state.floor.unsure for state in rows) and not any(
+            isinstance(s.floor, NoFloor) and s.config.method is not Method.PLAIN for s in rows
+        )
+        if self.plain.explore(width, unsure):
             ks = [0] * width
         else:
             ks = [state.capped(state.wanted(), cap(width, state.config)) for state in rows]

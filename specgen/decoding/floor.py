@@ -216,7 +216,7 @@ class NoFloor:
     def limit(self) -> int:
         return NONE
 
-    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, idle=0.0, proposed=0) -> None:
+    def record(self, k, tokens, seconds, verify_seconds, plain, verify=None, idle=0.0, proposed=None) -> None:
         pass
 
     def renew(self) -> None:
