@@ -10,9 +10,11 @@ from test_engine import engine_for, reference_greedy, run
 
 from specgen.cli.render import summary_table
 from specgen.config import GenerationConfig, Method, SamplingConfig
+from specgen.decoding.drafters.base import PerRow, ReadRule
 from specgen.decoding.drafters.lookup import LookupChain, Source
 from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import WINDOW, ChainDrafter
+from specgen.decoding.drafters.tree import GAIN_TREE, RSDConstant
 from specgen.decoding.events import Joined, RoundResult
 from specgen.decoding.stats import Stats, from_dict
 from specgen.decoding.views import DECLINED, Outcome, summary_line
@@ -186,3 +188,66 @@ def test_a_mixed_batch_says_which_rows_its_drafters_declined(tiny_pair):
         if isinstance(report.event, Joined):
             declined[report.index] = report.event.declined
     assert declined == {0: False, 1: True}
+
+
+def _tree_rows(draft, price: float) -> PerRow:
+    """RSD-C rows (two levels of two children) under a read rule at a tree's gain."""
+    return PerRow(lambda: RSDConstant(draft.model, draft.device, (2, 4)), read=ReadRule(price, GAIN_TREE))
+
+
+def test_a_tree_row_whose_read_costs_more_than_it_can_save_reads_and_drafts_nothing(tiny_pair):
+    """Trees keep the chains' rule at their own gain (GAIN_TREE): 55 tokens at 0.05 (2.75 steps)
+    cannot be paid back by 12 new tokens (1.2), can by 40 (4.0). A declined row does plain
+    decoding's work, says so in its statistics, and its output is plain decoding's."""
+    target, draft = tiny_pair
+    settings = {"method": Method.RSD_C, "draft_tokens": 6, "floor": True}
+    drafter = _tree_rows(draft, PRICE)
+    engine = engine_for(tiny_pair, drafter)
+    config = GenerationConfig(max_new_tokens=12, **settings)
+    stats, out, drafted = Stats("rsd-c"), [], 0
+    for report in engine.generate([LONG], config):
+        stats.add(report.event, report.elapsed)
+        if isinstance(report.event, RoundResult):
+            out.extend(report.event.emitted)
+            drafted += len(report.event.draft_tokens)
+    assert out == reference_greedy(target.model, LONG, 12)
+    assert drafted == 0 and stats.declined == 1
+    assert drafter.rows[0].held() == 0  # the draft never read the prompt
+    drafter = _tree_rows(draft, PRICE)
+    out, rounds = run(engine_for(tiny_pair, drafter), LONG, max_new_tokens=40, **settings)
+    assert out == reference_greedy(target.model, LONG, 40)
+    assert sum(len(r.draft_tokens) for r in rounds) > 0
+
+
+def test_a_tree_row_with_a_fixed_draft_length_reads_whatever_it_costs(tiny_pair):
+    """--draft-tokens N (no floor): the tree row drafts, however dear its read."""
+    target, draft = tiny_pair
+    out, rounds = run(
+        engine_for(tiny_pair, _tree_rows(draft, 10.0)),
+        LONG,
+        method=Method.RSD_C,
+        max_new_tokens=12,
+        draft_tokens=6,
+    )
+    assert out == reference_greedy(target.model, LONG, 12)
+    assert sum(len(r.draft_tokens) for r in rounds) > 0
+
+
+def test_a_dear_tree_row_beside_a_cheap_one_in_a_batch(tiny_pair):
+    """Per row, as for chains: the long prompt's tree row drafts nothing, the short one's drafts,
+    and a row that leaves takes its verdict with it."""
+    target, draft = tiny_pair
+    drafter = _tree_rows(draft, PRICE)
+    engine = engine_for(tiny_pair, drafter)
+    config = GenerationConfig(method=Method.RSD_C, max_new_tokens=12, draft_tokens=6, floor=True)
+    short = LONG[-6:]
+    drafted, outs = {0: 0, 1: 0}, {0: [], 1: []}
+    for report in engine.generate([LONG, short], config, 2):
+        if isinstance(report.event, RoundResult):
+            outs[report.index].extend(report.event.emitted)
+            drafted[report.index] += len(report.event.draft_tokens)
+    assert outs[0] == reference_greedy(target.model, LONG, 12)
+    assert outs[1] == reference_greedy(target.model, short, 12)
+    assert drafted[0] == 0 and drafted[1] > 0
+    drafter.leave([1])
+    assert drafter.dear == [False] and not drafter.declines(0)

@@ -11,7 +11,7 @@ from typing import Callable
 
 from specgen.config import SUFFIX_TOKENS, GenerationConfig, Method
 from specgen.decoding import costs
-from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow
+from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow, ReadRule
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter
 from specgen.decoding.drafters.mixed import Mixed
@@ -19,7 +19,7 @@ from specgen.decoding.drafters.model import GAIN, GAIN_BESIDE_LOOKUP, ChainDraft
 from specgen.decoding.drafters.retokenize import Bridge
 from specgen.decoding.drafters.suffix import SuffixDrafter
 from specgen.decoding.drafters.text import TextDrafter
-from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
+from specgen.decoding.drafters.tree import GAIN_TREE, MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.engine import Engine
 from specgen.decoding.policy import Policy
 from specgen.errors import ConfigError
@@ -166,6 +166,7 @@ def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:
             lambda: kind(draft.model, draft.device, config.tree_levels, pair.vocab, pair.compile, stop),
             widening,
             remember,
+            ReadRule(costs.read_price(pair), GAIN_TREE),  # a row reads its prompt where that pays
         )
 
     return make

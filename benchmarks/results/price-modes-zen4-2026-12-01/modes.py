@@ -1,36 +1,59 @@
-import statistics, time, sys
-sys.path.insert(0, "/work/main/benchmarks")
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 import torch
 from loop_overhead import Timers, config_for
+
 from specgen.bench.prompts import encode_all, load_prompts
 from specgen.cli.options import generation_config
 from specgen.config import Method, ModelSettings
 from specgen.decoding import run as driver
 from specgen.decoding.build import build_engine, resolve_draft_length
+from specgen.decoding.probes import ratios
 from specgen.decoding.views import Silent
-from specgen.decoding.probes import Probe, ratios
 from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specgen.runtime.pair import load
-pair = load(ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"), Method.CHAIN, quiet=True)
+
+pair = load(
+    ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
+    Method.CHAIN,
+    quiet=True,
+)
 base, _ = resolve_draft_length(pair, generation_config(method="chain", max_new_tokens=64), True)
 timers = Timers({id(pair.target.model): "target", id(pair.draft.model): "draft"})
 items = load_prompts("quick")
 tok = pair.target.tokenizer
 for rep in range(2):
-  for item, ids in zip(items, encode_all(tok, items, pair.target.context_length)):
-    res = {}
-    for column in ("plain", "chain"):
-        config = config_for(base, column)
-        engine = build_engine(pair, config)
-        pair.memories.clear(); timers.calls.clear()
-        driver.generate(engine, tok, ids, config, Silent())
-        res[column] = timers.table()
-    step = statistics.median(res["plain"][("target", 1)])
-    tb = res["chain"]
-    d1 = tb.get(("draft", 1), [0])
-    print(f"{item.id}: plain step {step*1e3:.1f} ms; draft w1 {statistics.median(d1)*1e3:.1f} ms ({len(d1)}) -> {statistics.median(d1)/step:.3f}", flush=True)
-  timers.calls.clear()
-  with torch.inference_mode():
-    r = ratios(pair)
-  tb = timers.table()
-  print("ratios():", [round(x, 3) for x in r], " target w1 in probe", f"{statistics.median(tb[('target',1)])*1e3:.1f}", "draft w1 in probe", f"{statistics.median(tb[('draft',1)])*1e3:.1f}", flush=True)
+    for item, ids in zip(items, encode_all(tok, items, pair.target.context_length)):
+        res = {}
+        for column in ("plain", "chain"):
+            config = config_for(base, column)
+            engine = build_engine(pair, config)
+            pair.memories.clear()
+            timers.calls.clear()
+            driver.generate(engine, tok, ids, config, Silent())
+            res[column] = timers.table()
+        step = statistics.median(res["plain"][("target", 1)])
+        tb = res["chain"]
+        d1 = tb.get(("draft", 1), [0])
+        draft = statistics.median(d1)
+        print(
+            f"{item.id}: plain step {step * 1e3:.1f} ms; "
+            f"draft w1 {draft * 1e3:.1f} ms ({len(d1)}) -> {draft / step:.3f}",
+            flush=True,
+        )
+    timers.calls.clear()
+    with torch.inference_mode():
+        r = ratios(pair)
+    tb = timers.table()
+    print(
+        "ratios():",
+        [round(x, 3) for x in r],
+        " target w1 in probe",
+        f"{statistics.median(tb[('target', 1)]) * 1e3:.1f}",
+        "draft w1 in probe",
+        f"{statistics.median(tb[('draft', 1)]) * 1e3:.1f}",
+        flush=True,
+    )

@@ -143,6 +143,27 @@ class Proposal:
 EMPTY = Proposal.empty()  # nothing proposed (frozen: one shared instance)
 
 
+@dataclass(frozen=True)
+class ReadRule:
+    """Whether a draft model reads a row's prompt at all: a row whose read would cost more than
+    drafting can save drafts nothing, and its rounds are plain ones (lookup's, beside lookup).
+    The read costs `price` target steps a token (costs.read_price; None where not measured:
+    every row reads); drafting saves `gain` plain steps a generated token against the row's
+    rounds without the draft (drafters/model.py for a chain's, tree.py for a tree's)."""
+
+    price: float | None = None
+    gain: float = 0.0
+
+    def declines(self, unread: int, config: GenerationConfig | None, stored: bool = False) -> bool:
+        """For a row with `unread` prompt tokens to read: only under the floor (a fixed draft
+        length always drafts) and where no prefix store keeps the read for later rows (`stored`:
+        a server's requests that share a long system prompt could each not pay for reading it,
+        but the first one's read serves them all)."""
+        if self.price is None or config is None or not config.floor or stored:
+            return False
+        return unread * self.price > self.gain * config.max_new_tokens
+
+
 def node_laws(laws: list[torch.Tensor], nodes: int) -> torch.Tensor:
     """A sampled tree's `probs`: the laws its inner nodes' children were drawn from, [F, V] per
     depth in node order, then zero rows for the leaves, which drew nothing ([nodes, V])."""
@@ -273,32 +294,45 @@ class RowDrafter(Protocol):
     def setup_seconds(self) -> float:
         """`Drafter.setup_seconds`."""
 
+    def held(self) -> int:
+        """The prompt tokens its draft model holds after `start` (what a chat turn kept)."""
+
 
 class PerRow(BaseDrafter):
-    """The Drafter protocol's helper for per-row drafters (a tree search, a lookup index: state
-    that serves one sequence): one RowDrafter per row, `make` building a joining row's."""
+    """The Drafter protocol's helper for per-row drafters (a tree search: state that serves one
+    sequence): one RowDrafter per row, `make` building a joining row's. A row whose prompt read
+    costs more than its drafts can save (`read`) drafts nothing, as a chain's (model.py)."""
 
     def __init__(
         self,
         make: Callable[[], RowDrafter],
         widening: Callable[[], int] = lambda: 0,
         remember: Callable[[list[int]], None] = lambda ids: None,
+        read: ReadRule = ReadRule(),
     ):
         self.make = make
         self.widening = widening  # the draft model's count the rows share (`widened`)
         self.remember = remember  # what a finished row's text taught the draft's pruned head
+        self.read = read
         self.rows: list[RowDrafter] = []
+        self.dear: list[bool] = []  # rows whose read costs more than their drafts can save
         self.spent = 0.0  # setup seconds of rows that left
 
     def join(self, row, prompt_ids, generator, capacity, config) -> None:
         while row >= len(self.rows):
             self.rows.append(self.make())
+            self.dear.append(False)
         self.rows[row].start(prompt_ids, generator, capacity)
+        self.dear[row] = self.read.declines(len(prompt_ids) - self.rows[row].held(), config)
+
+    def declines(self, row: int) -> bool:
+        return row < len(self.dear) and self.dear[row]
 
     def leave(self, keep) -> None:
         kept = [self.rows[i] for i in keep if i < len(self.rows)]
         self.spent += sum(d.setup_seconds() for d in self.rows if d not in kept)
         self.rows = kept
+        self.dear = [self.dear[i] for i in keep if i < len(self.dear)]
 
     def rewind(self, row, valid) -> None:
         if row < len(self.rows):
@@ -309,7 +343,7 @@ class PerRow(BaseDrafter):
 
     def propose(self, contexts, ks, samplings, features=None) -> list[Proposal]:
         return [
-            self.rows[row].propose(context, k, sampling) if k > 0 else EMPTY
+            self.rows[row].propose(context, k, sampling) if k > 0 and not self.dear[row] else EMPTY
             for row, (context, k, sampling) in enumerate(zip(contexts, ks, samplings))
         ]
 

@@ -47,7 +47,7 @@ import torch
 
 from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
-from specgen.decoding.drafters.base import BaseDrafter, Proposal, embeddable
+from specgen.decoding.drafters.base import BaseDrafter, Proposal, ReadRule, embeddable
 from specgen.decoding.length import ChainStops
 from specgen.decoding.sampling import on_device, sample, warp
 from specgen.decoding.staging import PREFILL_CHUNK
@@ -81,7 +81,7 @@ class ChainDrafter(BaseDrafter):
         self.model, self.device, self.vocab, self.confidence = model, device, vocab, confidence
         # a prompt token's read in target steps (None: not measured, every row reads), and what a
         # drafted round saves a token against the row's rounds without this drafter
-        self.read_price, self.gain = read_price, gain
+        self.read = ReadRule(read_price, gain)
         # the prompt tokens a row reads at most (0: all of them; a GPU reads a prompt cheaply)
         self.window = (WINDOW if device.type == "cpu" else 0) if window is None else window
         self.prefixes = prefixes if prefixes is not None else PrefixStore(budget=0)
@@ -119,19 +119,10 @@ class ChainDrafter(BaseDrafter):
         if self._start[row] == 0:
             self.prefixes.load(self.cache, row, prompt_ids, have=held)
         unread = len(prompt_ids) - self._start[row] - self.cache.lengths[row]
-        self._dear[row] = self._too_dear(unread, config)
+        # a store keeps what a row reads for later rows (a shared system prompt): every row reads
+        self._dear[row] = self.read.declines(unread, config, stored=bool(self.prefixes.budget))
         self.generators[row] = on_device(generator, self.device)
         self._base[row], self._fed[row], self._contexts[row] = 0, 0, prompt_ids
-
-    def _too_dear(self, unread: int, config) -> bool:
-        """Whether reading `unread` tokens costs more than drafting can save over the row's
-        tokens (config.max_new_tokens), where the read is priced, the floor is on (a fixed draft
-        length always drafts) and no prefix store keeps the read for later rows: a server's
-        requests that share a long system prompt could each not pay for reading it, but the
-        first one's read serves them all."""
-        if self.read_price is None or config is None or not config.floor or self.prefixes.budget:
-            return False  # a store keeps what a row reads for later rows (a shared system prompt)
-        return unread * self.read_price > self.gain * config.max_new_tokens
 
     def declines(self, row: int) -> bool:
         return row < len(self._dear) and self._dear[row]

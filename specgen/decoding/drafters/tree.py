@@ -14,7 +14,12 @@ grows no deeper once every node of its newest level has a reach under the stop: 
 the top probabilities of the laws along its path, as a chain's stop reads them. The decision
 reads the laws the next level would be drawn from, never the draws (ALGORITHMS.md section 5).
 
-They draft one row each (base.PerRow serves them to the engine): a tree search is per row.
+They draft one row each (base.PerRow serves them to the engine): a tree search is per row. A
+row whose prompt read would cost more than its trees can save drafts nothing, as a chain's
+(drafters/model.py), at a tree's gain (GAIN_TREE): on a 2-core Zen 4 at 64 tokens the trees ran
+at 0.91-1.10x plain (about 0.98x on average) on the long summaries this declines, and a declined
+row does plain decoding's work in its time (benchmarks/floor.md, "Tree rows read a prompt only
+where their trees can pay").
 
 Draft cache layout during a round: the committed context in slots [0, n), the root being the
 context's last token at slot n-1, and tree node i (i >= 1, BFS order) at slot n-1+i once fed.
@@ -35,6 +40,10 @@ from specgen.decoding.length import level_stop
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
+
+# what a tree draft saves a generated token, in plain steps, against plain rounds: the trees ran
+# at 1.11-1.15x plain over 32 prompts on a 2-core Zen 4 (benchmarks/floor.md), 1 - 1/1.11 = 0.1
+GAIN_TREE = 0.1
 
 
 class TreeDrafter(abc.ABC):
@@ -74,6 +83,9 @@ class TreeDrafter(abc.ABC):
     def rewind(self, valid: int) -> None:
         self.cached = min(self.cached, valid)
         kvcache.crop(self.cache, self.cached)
+
+    def held(self) -> int:
+        return self.cached
 
     def setup_seconds(self) -> float:
         return self.steps.setup_seconds
