@@ -186,9 +186,6 @@ class RowDrafterBase:
     def setup_seconds(self):
         return 0.0
 
-    def held(self):
-        return 0
-
 
 def per_row(drafter):
     """One RowDrafter instance as the engine's drafter (a single prompt: every row is it)."""

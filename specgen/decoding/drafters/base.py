@@ -295,7 +295,8 @@ class RowDrafter(Protocol):
         """`Drafter.setup_seconds`."""
 
     def held(self) -> int:
-        """The prompt tokens its draft model holds after `start` (what a chat turn kept)."""
+        """The prompt tokens its draft model holds after `start` (what a chat turn kept); asked
+        only where PerRow's read rule is priced (a draft model's rows, not a lookup index's)."""
 
 
 class PerRow(BaseDrafter):
@@ -323,7 +324,8 @@ class PerRow(BaseDrafter):
             self.rows.append(self.make())
             self.dear.append(False)
         self.rows[row].start(prompt_ids, generator, capacity)
-        self.dear[row] = self.read.declines(len(prompt_ids) - self.rows[row].held(), config)
+        if self.read.price is not None:
+            self.dear[row] = self.read.declines(len(prompt_ids) - self.rows[row].held(), config)
 
     def declines(self, row: int) -> bool:
         return row < len(self.dear) and self.dear[row]
