@@ -191,7 +191,7 @@ def test_a_mixed_batch_says_which_rows_its_drafters_declined(tiny_pair):
 
 
 def _tree_rows(draft, price: float) -> PerRow:
-    """RSD-C rows (two levels of two children) under a read rule at a tree's gain."""
+    """RSD-C rows (trees of 2 nodes, then 4 below them) under a read rule at a tree's gain."""
     return PerRow(lambda: RSDConstant(draft.model, draft.device, (2, 4)), read=ReadRule(price, GAIN_TREE))
 
 
