@@ -82,6 +82,20 @@ def config_for(base, column: str):
     return config
 
 
+def timed_pair(max_new_tokens: int):
+    """The default pair as bench loads it, bench's chain config at `max_new_tokens` (the device's
+    k) and Timers on its forwards: (pair, config, timers)."""
+    pair = load(
+        ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
+        Method.CHAIN,
+        quiet=True,
+    )
+    base, _ = resolve_draft_length(
+        pair, generation_config(method="chain", max_new_tokens=max_new_tokens), True
+    )
+    return pair, base, Timers({id(pair.target.model): "target", id(pair.draft.model): "draft"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", default="quick", help="a prompt set or JSONL file, as bench takes")
@@ -93,15 +107,7 @@ def main() -> None:
     columns = args.columns.split(",")
     if "plain" not in columns:
         columns.insert(0, "plain")
-    pair = load(
-        ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
-        Method.CHAIN,
-        quiet=True,
-    )
-    base, _ = resolve_draft_length(
-        pair, generation_config(method="chain", max_new_tokens=args.max_new_tokens), True
-    )
-    timers = Timers({id(pair.target.model): "target", id(pair.draft.model): "draft"})
+    pair, base, timers = timed_pair(args.max_new_tokens)
     items = load_prompts(args.prompts)
     if args.ids:
         items = [item for item in items if item.id in args.ids.split(",")]

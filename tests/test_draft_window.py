@@ -129,23 +129,30 @@ def test_a_fixed_draft_length_drafts_whatever_the_read_costs(tiny_pair):
     assert sum(len(r.draft_tokens) for r in rounds) > 0
 
 
-def test_a_dear_row_beside_a_cheap_one_in_a_batch(tiny_pair):
-    """The rule is per row: a short prompt reads and drafts, a long one beside it does not, and
-    both give plain decoding's output. Each row's statistics say which was declined, and why."""
-    target, draft = tiny_pair
+def _long_beside_short(tiny_pair, drafter, method: Method, draft_tokens: int):
+    """LONG and a 6-token prompt in one batch under the floor, 12 tokens each: each row's draft
+    tokens and statistics, once both outputs are checked against plain decoding's."""
+    target, _ = tiny_pair
     short = LONG[-6:]
-    drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE)
-    engine = engine_for(tiny_pair, drafter)
-    config = GenerationConfig(method=Method.CHAIN, max_new_tokens=12, draft_tokens=4, floor=True)
+    config = GenerationConfig(method=method, max_new_tokens=12, draft_tokens=draft_tokens, floor=True)
     drafted, outs = {0: 0, 1: 0}, {0: [], 1: []}
-    stats = {0: Stats("chain"), 1: Stats("chain")}
-    for report in engine.generate([LONG, short], config, 2):
+    stats = {0: Stats(method.value), 1: Stats(method.value)}
+    for report in engine_for(tiny_pair, drafter).generate([LONG, short], config, 2):
         stats[report.index].add(report.event, report.elapsed)
         if isinstance(report.event, RoundResult):
             outs[report.index].extend(report.event.emitted)
             drafted[report.index] += len(report.event.draft_tokens)
     assert outs[0] == reference_greedy(target.model, LONG, 12)
     assert outs[1] == reference_greedy(target.model, short, 12)
+    return drafted, stats
+
+
+def test_a_dear_row_beside_a_cheap_one_in_a_batch(tiny_pair):
+    """The rule is per row: a short prompt reads and drafts, a long one beside it does not, and
+    both give plain decoding's output. Each row's statistics say which was declined, and why."""
+    _, draft = tiny_pair
+    drafter = ChainDrafter(draft.model, draft.device, window=0, read_price=PRICE)
+    drafted, stats = _long_beside_short(tiny_pair, drafter, Method.CHAIN, 4)
     assert drafted[0] == 0 and drafted[1] > 0
     assert (stats[0].declined, stats[1].declined) == (1, 0)
     assert DECLINED in summary_line(Outcome("", [], stats[0]))
@@ -236,18 +243,10 @@ def test_a_tree_row_with_a_fixed_draft_length_reads_whatever_it_costs(tiny_pair)
 def test_a_dear_tree_row_beside_a_cheap_one_in_a_batch(tiny_pair):
     """Per row, as for chains: the long prompt's tree row drafts nothing, the short one's drafts,
     and a row that leaves takes its verdict with it."""
-    target, draft = tiny_pair
+    _, draft = tiny_pair
     drafter = _tree_rows(draft, PRICE)
-    engine = engine_for(tiny_pair, drafter)
-    config = GenerationConfig(method=Method.RSD_C, max_new_tokens=12, draft_tokens=6, floor=True)
-    short = LONG[-6:]
-    drafted, outs = {0: 0, 1: 0}, {0: [], 1: []}
-    for report in engine.generate([LONG, short], config, 2):
-        if isinstance(report.event, RoundResult):
-            outs[report.index].extend(report.event.emitted)
-            drafted[report.index] += len(report.event.draft_tokens)
-    assert outs[0] == reference_greedy(target.model, LONG, 12)
-    assert outs[1] == reference_greedy(target.model, short, 12)
+    drafted, stats = _long_beside_short(tiny_pair, drafter, Method.RSD_C, 6)
     assert drafted[0] == 0 and drafted[1] > 0
+    assert (stats[0].declined, stats[1].declined) == (1, 0)
     drafter.leave([1])
     assert drafter.dear == [False] and not drafter.declines(0)

@@ -4,24 +4,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
-from loop_overhead import Timers, config_for
+from loop_overhead import config_for, timed_pair
 
 from specgen.bench.prompts import encode_all, load_prompts
-from specgen.cli.options import generation_config
-from specgen.config import Method, ModelSettings
 from specgen.decoding import run as driver
-from specgen.decoding.build import build_engine, resolve_draft_length
+from specgen.decoding.build import build_engine
 from specgen.decoding.views import Silent
-from specgen.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specgen.runtime.pair import load
 
-pair = load(
-    ModelSettings(DEFAULT_TARGET, DEFAULT_DRAFT, draft_quant="auto", target_quant="auto", compile="auto"),
-    Method.CHAIN,
-    quiet=True,
-)
-base, _ = resolve_draft_length(pair, generation_config(method="chain", max_new_tokens=64), True)
-timers = Timers({id(pair.target.model): "target", id(pair.draft.model): "draft"})
+pair, base, timers = timed_pair(64)
 items = [i for i in load_prompts("prompts/summarization.jsonl") if i.id == "summarize-05"]
 tok = pair.target.tokenizer
 ids = encode_all(tok, items, pair.target.context_length)[0]
