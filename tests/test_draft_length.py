@@ -295,6 +295,45 @@ def test_the_drafts_read_of_a_prompt_token_is_measured_with_the_draft_length(
     assert draft_length.read_price(SimpleNamespace(target=cuda, draft=cuda)) is None
 
 
+def test_prices_measured_at_another_thread_count_serve_a_drafter_built_at_this_one(
+    tiny_pair, tmp_path, monkeypatch
+):
+    """The engine fits its threads to the free cores, so a drafter may be built at fewer threads
+    than `choose` measured at: it takes this machine's entry of the most threads, never another
+    machine's or another pair's."""
+    import json
+
+    monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
+    target, draft = tiny_pair
+    pair = SimpleNamespace(target=target, draft=draft)
+    parts = draft_length.pair_key(pair).split(draft_length.SEP)
+    entry = {"k": 3, "reason": "measured", "verify_first": 0.05, "verify_slope": 0.02, "read": 0.03}
+
+    def key(threads: str, **changed) -> str:
+        return draft_length.SEP.join(
+            changed.get(str(i), threads if i == draft_length.THREADS else part)
+            for i, part in enumerate(parts)
+        )
+
+    count = int(parts[draft_length.THREADS])  # this process's thread count
+    other = str(count + 16)  # counts it does not run at
+    cache = {
+        key(other): entry,
+        key(str(count + 8)): dict(entry, read=0.01),  # fewer threads than `other`: not taken
+        key(other, **{"1": "another CPU"}): dict(entry, read=0.09),
+    }
+    (tmp_path / "draft-length.json").write_text(json.dumps(cache))
+    assert draft_length.read_price(pair) == 0.03
+    assert draft_length.verify_cost(pair) == draft_length.VerifyCost(0.05, 0.02)
+    # this thread count's own entry, where there is one, comes first
+    cache[key(parts[draft_length.THREADS])] = dict(entry, read=0.02)
+    (tmp_path / "draft-length.json").write_text(json.dumps(cache))
+    assert draft_length.read_price(pair) == 0.02
+    # another machine's entry alone prices nothing
+    (tmp_path / "draft-length.json").write_text(json.dumps({key(other, **{"1": "another CPU"}): entry}))
+    assert draft_length.read_price(pair) is None and draft_length.verify_cost(pair) is None
+
+
 def test_the_verifies_are_timed_with_every_positions_logits(tiny_pair, monkeypatch):
     """The decode loop's verify reads the logits of every position it feeds (verify.forward), a
     plain step only its last, over a context of a prompt and an answer: the probes time each as

@@ -46,6 +46,7 @@ ACCEPTANCE = 0.85
 FORMAT = 15  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
+SEP, THREADS = " | ", 3  # a pair_key's separator, and where its thread count stands
 BEND = MAX_K  # proposed tokens up to which VerifyCost.slope holds (a chain's), `wide` past it
 # A draft on the CPU stops early when the product of its top probabilities over the round falls
 # below its stop (length.unsure), and may then run STOP_EXTRA tokens past the cost model's k:
@@ -140,7 +141,7 @@ def pair_key(pair, with_draft: bool = True) -> str:
         parts.append("onednn")
     if with_draft:
         parts.append(f"{pair.draft.name}:{pair.draft.dtype}:{pair.draft.weights}")
-    return " | ".join(parts)
+    return SEP.join(parts)
 
 
 def choose(pair) -> DraftLength:
@@ -217,11 +218,11 @@ def verify_cost(pair) -> VerifyCost | None:
         return entry.verify
     if pair.target.device.type != "cpu":
         return None
-    prefix = pair_key(pair, with_draft=False) + " | "
+    target = pair_key(pair, with_draft=False).split(SEP)
     others = [
         found.verify
         for key, value in _read(cache_root() / "draft-length.json").items()
-        if key.startswith(prefix) and priced(found := _entry(value))
+        if _alike(target, key.split(SEP)[: len(target)]) and priced(found := _entry(value))
     ]
     return max(others, key=lambda cost: cost.steps(WIDE)) if others else None
 
@@ -234,9 +235,33 @@ def read_price(pair) -> float | None:
 
 
 def _measured(pair) -> DraftLength | None:
+    """This pair's entry; else, where it was measured at another thread count on this machine,
+    the entry of the most threads. The engine fits its threads to the cores other processes
+    leave free (runtime/threads.py), so a drafter built while the machine is busy looks for the
+    entry of fewer threads than `choose` measured; without one its rows would have no read rule
+    and their floors no verify price."""
     if pair.draft is None or pair.target.device.type == "cuda":
         return None
-    return _entry(_read(cache_root() / "draft-length.json").get(pair_key(pair)))
+    known = _read(cache_root() / "draft-length.json")
+    key = pair_key(pair)
+    entry = _entry(known.get(key))
+    if entry is not None:
+        return entry
+    parts = key.split(SEP)
+    others = [
+        (_threads(k), found) for k, v in known.items() if _alike(parts, k.split(SEP)) and (found := _entry(v))
+    ]
+    return max(others, key=lambda item: item[0])[1] if others else None
+
+
+def _alike(key: list[str], other: list[str]) -> bool:
+    """Whether two pair_keys' parts name the same machine and models, at any thread count."""
+    return len(key) == len(other) and all(a == b for i, (a, b) in enumerate(zip(key, other)) if i != THREADS)
+
+
+def _threads(key: str) -> int:
+    part = key.split(SEP)[THREADS]
+    return int(part) if part.isdigit() else 0
 
 
 CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
