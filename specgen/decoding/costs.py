@@ -204,9 +204,10 @@ def verify_slope(pair) -> float | None:
 
 def verify_cost(pair) -> VerifyCost | None:
     """A verify's cost by the tokens proposed, where `choose` measured it for this pair and
-    device (read from its cache, never measured here); else, on a CPU, what it measured for the
-    same target with another draft (a verify is the target's forward alone: a pair with an EAGLE
-    head or without a draft has no entry of its own), the dearest where several did; None
+    device (read from its cache, never measured here; `_measured`: at any thread count); else, on
+    a CPU, what it measured for the same target with another draft (a verify is the target's
+    forward alone: a pair with an EAGLE head or without a draft has no entry of its own), at any
+    thread count, the dearest where several did; None
     elsewhere. Without it a row's floor has no price for its rounds' plain steps (floor.py) and a
     tree row starts whole (floor.first_ceiling)."""
 
