@@ -207,9 +207,9 @@ def verify_cost(pair) -> VerifyCost | None:
     device (read from its cache, never measured here; `_measured`: at any thread count); else, on
     a CPU, what it measured for the same target with another draft (a verify is the target's
     forward alone: a pair with an EAGLE head or without a draft has no entry of its own), at any
-    thread count, the dearest where several did; None
-    elsewhere. Without it a row's floor has no price for its rounds' plain steps (floor.py) and a
-    tree row starts whole (floor.first_ceiling)."""
+    thread count, the dearest where several did; None elsewhere. Without it a row's floor has no
+    price for its rounds' plain steps (floor.py) and a tree row starts whole
+    (floor.first_ceiling)."""
 
     def priced(entry: DraftLength | None) -> bool:
         return entry is not None and (entry.verify.first > 0 or entry.verify.slope > 0)
@@ -250,7 +250,9 @@ def _measured(pair) -> DraftLength | None:
         return entry
     parts = key.split(SEP)
     others = [
-        (_threads(k), found) for k, v in known.items() if _alike(parts, k.split(SEP)) and (found := _entry(v))
+        (int(other[THREADS]), found)
+        for other, value in ((k.split(SEP), v) for k, v in known.items())
+        if _alike(parts, other) and other[THREADS].isdigit() and (found := _entry(value))
     ]
     return max(others, key=lambda item: item[0])[1] if others else None
 
@@ -258,11 +260,6 @@ def _measured(pair) -> DraftLength | None:
 def _alike(key: list[str], other: list[str]) -> bool:
     """Whether two pair_keys' parts name the same machine and models, at any thread count."""
     return len(key) == len(other) and all(a == b for i, (a, b) in enumerate(zip(key, other)) if i != THREADS)
-
-
-def _threads(key: str) -> int:
-    part = key.split(SEP)[THREADS]
-    return int(part) if part.isdigit() else 0
 
 
 CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
