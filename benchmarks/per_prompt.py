@@ -26,6 +26,9 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
+
+from specgen.bench.summary import Noise, noise
 
 
 def speedups(data: dict) -> dict[str, dict[str, float]]:
@@ -37,35 +40,37 @@ def speedups(data: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-def by_repeat(data: dict) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
+def by_repeat(data: dict) -> tuple[dict[str, dict[str, list[float]]], Noise | None]:
     """(method -> prompt id -> its speed-up in each repeat, plain against plain), from the
-    file's per-repeat measurements. The control is each prompt's plain tok/s in one repeat over
-    its tok/s in the repeat before."""
+    file's per-repeat measurements; the control is bench's own (`specgen.bench.summary.noise`):
+    each prompt's plain tok/s in one repeat over its tok/s in the repeat before."""
     runs: dict[tuple[str, str], dict[int, float]] = {}
     for m in data.get("measurements", []):
         runs.setdefault((m["method"], m["prompt_id"]), {})[m["repeat"]] = m["tokens_per_second"]
     paired: dict[str, dict[str, list[float]]] = {}
-    control: list[float] = []
     for (method, prompt), speeds in runs.items():
         plain = runs.get(("plain", prompt), {})
-        if method == "plain":
-            control += [speeds[r] / speeds[r - 1] for r in sorted(speeds) if r - 1 in speeds]
-            continue
         ratios = [speeds[r] / plain[r] for r in sorted(speeds) if r in plain]
-        if ratios:
+        if ratios and method != "plain":
             paired.setdefault(method, {})[prompt] = ratios
-    return paired, control
+    measured = [
+        SimpleNamespace(method=method, prompt_id=prompt, repeat=r, wall_tokens_per_second=tps)
+        for (method, prompt), speeds in runs.items()
+        for r, tps in speeds.items()
+    ]
+    return paired, noise(measured)
 
 
 def noise_summary(
     name: str,
     paired: dict[str, dict[str, list[float]]],
-    control: list[float],
+    control: Noise | None,
     below: float,
     control_name: str = "plain against plain",
 ) -> list[str]:
     """Repeat by repeat: per method the medians of the paired speed-ups, and the prompts below
-    `below` in every repeat; then the plain-against-plain control."""
+    `below` in every repeat; then the plain-against-plain control (counted against bench's
+    bound, 0.97x)."""
     lines = [f"{name}, repeat by repeat (each repeat's method against the plain run next to it)"]
     for method, prompts in paired.items():
         medians = {p: statistics.median(r) for p, r in prompts.items()}
@@ -76,13 +81,11 @@ def noise_summary(
             f"{len(low)} below {below}x ({', '.join(f'{p} {v:.2f}' for v, p in low[:6]) or 'none'}); "
             f"below in every repeat: {len(every)} ({', '.join(every[:6]) or 'none'})"
         )
-    if control:
-        ordered = sorted(control)
-        share = sum(v < below for v in control) / len(control)
-        low, high = (ordered[int(q * (len(ordered) - 1))] for q in (0.05, 0.95))
+    if control is not None:
         lines.append(
-            f"  control: {control_name}, {len(control)} pairs of single runs: "
-            f"{share:.0%} below {below}x, 5-95% range {low:.2f}-{high:.2f}"
+            f"  control: {control_name}, {control.pairs} pairs of single runs: "
+            f"{control.share_below:.0%} below {control.bound}x, "
+            f"5-95% range {control.low:.2f}-{control.high:.2f}"
         )
     return lines
 
@@ -146,7 +149,7 @@ def main() -> None:
         table = speedups(data)
         print("\n".join(summary(path.name, table, args.below)))
         paired, control = by_repeat(data)
-        if control:
+        if control is not None:
             print("\n".join(noise_summary(path.name, paired, control, args.below)))
         if args.table:
             for method, values in table.items():

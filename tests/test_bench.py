@@ -460,12 +460,53 @@ def small_result(pair, short_file):
     )
 
 
+def test_noise_is_plain_against_plain_and_a_loss_is_below_the_bound_in_every_repeat():
+    """Three repeats: plain's tok/s on each prompt against the repeat before (four pairs), each
+    method's speed-up in each repeat, and the caption's line naming what lost in every repeat."""
+    log = []
+    plain = FakeRunner("plain", log, {1: [1.0, 1.25, 1.0], 2: [1.0, 1.0, 1.0]})  # p1: 10, 8, 10 tok/s
+    slow = FakeRunner("slow", log, {1: [1.1, 1.4, 1.1], 2: [1.0, 0.9, 1.2]})  # p1 lost in every repeat
+    runs = list(measuring.measure([plain, slow], fake_prompts(), settings(n=10, repeats=3)))
+    noise = summary.noise(runs)
+    assert (noise.pairs, noise.share_below) == (4, 0.25)  # 8/10, then 10/8, 1 and 1
+    assert (noise.low, noise.high) == pytest.approx((0.83, 1.2125))  # interpolated
+    prompts = {(r.prompt_id, r.method): r for r in summary.per_prompt(runs, greedy=True)}
+    assert prompts[("p1", "slow")].speedups == pytest.approx([1 / 1.1, 1.25 / 1.4, 1 / 1.1])
+    assert prompts[("p2", "slow")].speedups == pytest.approx([1.0, 1 / 0.9, 1 / 1.2])
+    assert prompts[("p1", "plain")].speedups == []
+    (line,) = summary.noise_lines(noise, list(prompts.values()), repeats=3)
+    assert line == (
+        "noise: plain against plain, 4 pairs of repeats: 25% below 0.97x, 5-95% 0.83-1.21; "
+        "below 0.97x in every repeat: slow p1"
+    )
+
+
+def test_one_repeat_measures_no_noise_and_says_so_only_where_a_prompt_fell_below():
+    log = []
+    runners = [FakeRunner("plain", log), FakeRunner("a", log, {1: [1.1], 2: [0.5]})]
+    runs = list(measuring.measure(runners, fake_prompts(), settings(n=10)))
+    prompts = summary.per_prompt(runs, greedy=True)
+    assert summary.noise(runs) is None
+    assert summary.noise_lines(None, prompts, repeats=1) == [
+        "one repeat: a speed-up below 0.97x may be this machine's noise (--repeats 3 tells)"
+    ]
+    faster = [p for p in prompts if p.prompt_id == "p2"]
+    assert summary.noise_lines(None, faster, repeats=1) == []
+
+
 def test_json_schema(small_result, tmp_path):
     path = tmp_path / "out" / "bench.json"
     bench_cli.write_json(small_result, path)
     data = json.loads(path.read_text())
     assert data["schema"] == "specgen-bench/1"
-    assert {"environment", "settings", "methods", "summary", "prompts", "measurements"} <= set(data)
+    assert {"environment", "settings", "methods", "summary", "prompts", "measurements", "noise"} <= set(data)
+    assert data["noise"]["pairs"] == 3 and set(data["noise"]) == {
+        "pairs",
+        "share_below",
+        "low",
+        "high",
+        "bound",
+    }
     assert {
         "cpu",
         "cpu_count",
@@ -1499,10 +1540,10 @@ def test_a_batch_cell_and_a_clients_cell_write_their_json_as_before():
 
 
 def test_a_quantile_interpolates_between_its_neighbours():
-    from specgen.bench.concurrency import _quantile
+    from specgen.bench.summary import quantile
 
-    assert _quantile([1.0, 3.0], 0.5) == 2.0 and _quantile([5.0], 0.95) == 5.0
-    assert _quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0 and _quantile([0.0, 10.0], 0.95) == 9.5
+    assert quantile([1.0, 3.0], 0.5) == 2.0 and quantile([5.0], 0.95) == 5.0
+    assert quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.5) == 3.0 and quantile([0.0, 10.0], 0.95) == 9.5
 
 
 def test_concurrency_mode_keeps_its_cells_on_ctrl_c_and_says_when_requests_failed(

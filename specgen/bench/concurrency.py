@@ -20,6 +20,7 @@ from rich.table import Table
 
 from specgen.bench.methods import in_turn, variant
 from specgen.bench.report import with_old_keys
+from specgen.bench.summary import quantile
 from specgen.config import Method
 from specgen.decoding.stats import Stats, rate
 from specgen.errors import ConfigError
@@ -72,20 +73,20 @@ class ClientsCell:
 
     @property
     def ttft_p50(self) -> float:
-        return _quantile(self._ttfts(), 0.5)
+        return quantile(self._ttfts(), 0.5)
 
     @property
     def ttft_p95(self) -> float:
-        return _quantile(self._ttfts(), 0.95)
+        return quantile(self._ttfts(), 0.95)
 
     @property
     def tpot_p50(self) -> float:
         """Seconds per output token after the first, the median over the requests."""
-        return _quantile(self._tpots(), 0.5)
+        return quantile(self._tpots(), 0.5)
 
     @property
     def tpot_p95(self) -> float:
-        return _quantile(self._tpots(), 0.95)
+        return quantile(self._tpots(), 0.95)
 
     def _ttfts(self) -> list[float]:
         return [t.time_to_first_token for t in self.timings] or [0.0]
@@ -324,16 +325,6 @@ def run_concurrency(
         if base is not None and not cell.errors and not base.errors:  # none where requests failed
             cell.speedup = rate(cell.wall_tokens_per_second, base.wall_tokens_per_second)
     return cells, interrupted
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """The q-quantile, interpolated between the two nearest values (numpy's default): the p50 of
-    two requests is their mean, not the slower one."""
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def table(cells: list[ClientsCell], title: str) -> Table:

@@ -27,7 +27,7 @@ from specgen.bench.methods import PLAIN, build_runner, in_turn, parse_methods, r
 from specgen.bench.prompts import encode_all
 from specgen.bench.references import assistant_settings
 from specgen.bench.runners import Generation, Runner
-from specgen.bench.summary import GroupSummary, PromptResult, per_prompt, summarize
+from specgen.bench.summary import GroupSummary, Noise, PromptResult, noise, per_prompt, summarize
 from specgen.config import GenerationConfig
 from specgen.decoding.prompts import PromptRecord
 from specgen.errors import ConfigError, one_line
@@ -188,6 +188,7 @@ class BenchResult:
     summary: list[GroupSummary]
     interrupted: bool = False
     failures: list[Failure] = field(default_factory=list)  # columns that stopped, one line each
+    noise: Noise | None = None  # plain against plain over the repeats (None with one repeat)
 
 
 def run_bench(
@@ -278,6 +279,7 @@ def _run(
         summarize(measurements, prompt_results, summarized),
         interrupted,
         failures,
+        noise(measurements),
     )
 
 

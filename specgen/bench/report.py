@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from specgen.bench.summary import noise_lines
 from specgen.decoding.stats import rate
 from specgen.errors import ConfigError
 from specgen.files import atomic_write
@@ -157,6 +158,7 @@ def to_json(result) -> dict:
         "methods": result.methods,
         "interrupted": result.interrupted,
         "failures": [asdict(f) for f in result.failures],  # columns that stopped: method, where, one line
+        "noise": asdict(result.noise) if result.noise is not None else None,  # plain against plain
         "summary": [with_old_keys(asdict(g)) for g in result.summary],
         "prompts": [with_old_keys(asdict(p)) for p in result.prompts],
         "measurements": [m.record() for m in result.measurements],
@@ -378,7 +380,11 @@ def notes(result) -> list[str]:
         if warm
         else []
     )
-    return lines + [f"{f.method} failed: {f.error}" for f in result.failures]
+    return (
+        lines
+        + noise_lines(result.noise, result.prompts, result.settings.get("repeats", 1))
+        + [f"{f.method} failed: {f.error}" for f in result.failures]
+    )
 
 
 def table(result):

@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 
 from specgen.bench.prompts import ALL
 from specgen.decoding.stats import Stats, histogram, rate
 
 PLAIN = "plain"
+BOUND = 0.97  # the floor's goal: no prompt below this speed-up against plain decoding
 
 
 @dataclass
@@ -30,6 +31,22 @@ class PromptResult:
     speedup: float | None  # this median tok/s over plain's median tok/s on the same prompt
     identical_to_plain: bool | None  # greedy only: first-repeat ids equal plain's
     first_mismatch: int | None  # index of the first differing token, when not identical
+    # each repeat's tok/s over plain's in the same repeat (empty for plain itself)
+    speedups: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Noise:
+    """This machine's noise, measured: each prompt's plain tok/s in one repeat over its tok/s in
+    the repeat before. Both runs decode the same text the same way, so their ratio is how far a
+    single run's speed-up strays by chance. A method below `bound` in every repeat of a prompt
+    loses there; one below it in some repeats may only have met this noise."""
+
+    pairs: int
+    share_below: float  # of the ratios, below `bound`
+    low: float  # their 5th percentile
+    high: float  # their 95th percentile
+    bound: float = BOUND
 
 
 @dataclass
@@ -101,6 +118,12 @@ def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
         tps = statistics.median(m.wall_tokens_per_second for m in runs)
         plain_tps = statistics.median(m.wall_tokens_per_second for m in plain) if plain else None
         identical = mismatch = None  # plain is the reference: it is compared with nothing
+        beside = {m.repeat: m.wall_tokens_per_second for m in plain}
+        paired = [
+            rate(m.wall_tokens_per_second, beside[m.repeat])
+            for m in runs
+            if method != PLAIN and beside.get(m.repeat)
+        ]
         if greedy and plain and method != PLAIN:
             mismatch = _first_mismatch(runs[0].token_ids, plain[0].token_ids)
             identical = mismatch is None
@@ -117,9 +140,34 @@ def per_prompt(measurements: list, greedy: bool) -> list[PromptResult]:
                 rate(tps, plain_tps),
                 identical,
                 mismatch,
+                paired,
             )
         )
     return results
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile, interpolated between the two nearest values (numpy's default): the p50 of
+    two requests is their mean, not the slower one."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def noise(measurements) -> Noise | None:
+    """Plain decoding against itself over the repeats of each prompt (None with fewer than two
+    repeats). `measurements`: anything with method, prompt_id, repeat and wall_tokens_per_second."""
+    speeds: dict[str, dict[int, float]] = {}
+    for m in measurements:
+        if m.method == PLAIN:
+            speeds.setdefault(m.prompt_id, {})[m.repeat] = m.wall_tokens_per_second
+    ratios = sorted(s[r] / s[r - 1] for s in speeds.values() for r in s if s.get(r - 1) and s[r] is not None)
+    if not ratios:
+        return None
+    low, high = quantile(ratios, 0.05), quantile(ratios, 0.95)
+    return Noise(len(ratios), sum(v < BOUND for v in ratios) / len(ratios), low, high)
 
 
 def summarize(
@@ -195,3 +243,30 @@ def _draft_step(total, drafted: int | None, step: float | None) -> float | None:
     if None in (seconds, read, drafted, read_drafted) or not step or drafted == read_drafted:
         return None
     return rate((seconds - read) / (drafted - read_drafted), step)
+
+
+def noise_lines(noise: Noise | None, prompts: list[PromptResult], repeats: int) -> list[str]:
+    """How far this run's per-prompt speed-ups can be read: plain against plain over the repeats,
+    and the prompts a method lost in every repeat; with one repeat, a word that it cannot tell."""
+    bound = BOUND
+    compared = [p for p in prompts if p.speedup is not None]
+    if noise is None:
+        if any(p.speedup < bound for p in compared) and repeats < 2:
+            return [
+                f"one repeat: a speed-up below {bound:g}x may be this machine's noise (--repeats 3 tells)"
+            ]
+        return []
+    lost = {}
+    for p in compared:
+        if len(p.speedups) > 1 and max(p.speedups) < bound:
+            lost.setdefault(p.method, []).append(p.prompt_id)
+    losses = "; ".join(f"{method} {_some(ids)}" for method, ids in lost.items()) or "none"
+    return [
+        f"noise: plain against plain, {noise.pairs} pairs of repeats: {noise.share_below:.0%} below "
+        f"{bound:g}x, 5-95% {noise.low:.2f}-{noise.high:.2f}; below {bound:g}x in every repeat: {losses}"
+    ]
+
+
+def _some(names: list[str], shown: int = 6) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
