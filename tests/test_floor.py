@@ -79,6 +79,26 @@ def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
     assert later.count(1) >= floor.MIN_ROUNDS and row.ceiling == 0 and row.retry == 2 * floor.RETRY
 
 
+def test_a_row_whose_drafts_are_never_accepted_goes_to_plain_rounds_at_its_first_verdict():
+    """A clear loss with nothing accepted (a weak head on a translation: one token a round, a
+    round dearer than a plain step): no shorter draft commits more, so the row's first verdict
+    is plain rounds, not half its draft; its probe is one token as ever. A loss with something
+    accepted still halves, and a tree row's likewise."""
+    never = Floor(skip=False)
+    seen = feed(never, floor.MIN_ROUNDS + 3, k=6, tokens=1, seconds=0.11, verify=0.105, plain=0.1)
+    assert seen == [6] * floor.MIN_ROUNDS + [0] * 3 and never.ceiling == 0
+    some = Floor(skip=False)
+    seen = feed(some, floor.MIN_ROUNDS + 1, k=6, tokens=1.25, seconds=0.16, verify=0.11, plain=0.1)
+    assert seen == [6] * floor.MIN_ROUNDS + [3] and some.ceiling == 3
+    tree = GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1), max_new_tokens=512)
+    row = Floor(skip=False)
+    for _ in range(floor.MIN_ROUNDS):
+        row.record(sum(fit_tree(tree.tree_levels, row.limit())), 1, 0.3, 0.12, 0.1)
+    assert row.ceiling == 0
+    probe = [sum(fit_tree(tree.tree_levels, row.limit())) for _ in range(floor.RETRY + 1)]
+    assert probe == [0] * floor.RETRY + [1]
+
+
 def test_a_drafting_row_is_charged_the_time_it_costs_the_rows_that_did_not_draft():
     """2.1 tokens in a round of 0.15 s against plain steps of 0.1 s: 1.4x plain for the row
     alone, but beside 3 rows that drafted nothing (plain requests) each of them commits one
@@ -110,8 +130,8 @@ def test_without_a_plain_step_measured_the_verify_bounds_the_speed_up():
     it proves a clear loss, and a win only past VERIFY_BOUND; in between, the row asks for the
     width's plain step (`unsure`)."""
     sure_loss = Floor(skip=False)
-    feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.0, seconds=0.2, verify=0.1, plain=None)
-    assert sure_loss.ceiling == 1 and not sure_loss.unsure  # 1 token x 0.1 / 0.2: at most 0.5x
+    feed(sure_loss, floor.MIN_ROUNDS, k=3, tokens=1.5, seconds=0.3, verify=0.1, plain=None)
+    assert sure_loss.ceiling == 1 and not sure_loss.unsure  # 1.5 tokens x 0.1 / 0.3: at most 0.5x
     sure_win = Floor(skip=False)
     feed(sure_win, floor.MIN_ROUNDS, k=3, tokens=4.0, seconds=0.15, verify=0.1, plain=None)
     assert sure_win.ceiling == NONE and sure_win.wins == 1 and not sure_win.unsure  # at least 2.7x
@@ -224,8 +244,9 @@ def test_no_plain_round_is_explored_beside_a_row_whose_draft_length_is_fixed(tin
 
 
 def test_a_tree_s_budget_halves_as_a_chain_s_length_does():
-    """A losing tree (10 nodes, one token a round) is cut to its largest shape within half its
-    nodes, then to one node, then to plain rounds; its probe is then one node, not a whole tree."""
+    """A losing tree (10 nodes, two tokens a round in three plain steps) is cut to its largest
+    shape within half its nodes, then to one node, then to plain rounds; its probe is then one
+    node, not a whole tree."""
     config = GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1), max_new_tokens=512)
     row = Floor(skip=False)
     allowed = []
@@ -233,7 +254,7 @@ def test_a_tree_s_budget_halves_as_a_chain_s_length_does():
         for _ in range(floor.MIN_ROUNDS):
             k = sum(fit_tree(config.tree_levels, row.limit()))
             allowed.append(k)
-            row.record(k, 1, 0.3, 0.12, 0.1)
+            row.record(k, 2, 0.3, 0.12, 0.1)
     assert allowed == [10] * floor.MIN_ROUNDS + [2] * floor.MIN_ROUNDS + [1] * floor.MIN_ROUNDS
     assert row.ceiling == 0
     probe = [sum(fit_tree(config.tree_levels, row.limit())) for _ in range(floor.RETRY + 1)]
@@ -262,7 +283,7 @@ def test_a_tree_row_starts_at_a_chain_s_longest_verify_where_verifies_are_priced
     row.renew()  # a widened draft head: a tree that grew keeps its ceiling
     assert row.ceiling == 12
     for _ in range(2 * floor.MIN_ROUNDS):  # 12 nodes, then 6, lose: the ceiling halves twice
-        row.record(sum(fit_tree(tree.tree_levels, row.limit())), 1, 0.3, 0.1, 0.1)
+        row.record(sum(fit_tree(tree.tree_levels, row.limit())), 1.5, 0.45, 0.1, 0.1)
     assert row.ceiling == 3
     row.renew()  # a lowered one starts again where it started
     assert row.ceiling == BEND and row.rate.count == 0
@@ -433,7 +454,9 @@ def test_a_drafter_that_widens_renews_its_rows_floors(tiny_pair, monkeypatch):
 
         def widened(self):
             self.calls += 1
-            return int(self.calls >= 5) + int(self.calls >= 9)  # widens at its 5th and 9th round
+            # widens at its 2nd and 4th round: before the rows' first verdict (the tiny draft
+            # accepts nothing, so that verdict is plain rounds, and no more rounds ask it)
+            return int(self.calls >= 2) + int(self.calls >= 4)
 
     drafter = Widening(draft.model, draft.device)
     engine = Engine(target.model, target.device, frozenset(), target.context_length, drafter)
@@ -467,7 +490,7 @@ def test_renew_keeps_what_a_floor_at_its_start_measured():
     seen = []
     for _ in range(floor.MIN_ROUNDS):
         seen.append(row.limit())
-        row.record(4, 1, 1.0, 0.5, 0.4)  # a clear loss
+        row.record(4, 1.5, 1.0, 0.5, 0.4)  # a clear loss, some of the draft accepted
         if row.ceiling == NONE:
             row.renew()  # a widening after every round
     assert seen == [NONE] * floor.MIN_ROUNDS and row.ceiling == 2

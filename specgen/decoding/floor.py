@@ -38,7 +38,10 @@ floor is exact whatever it measures.
   verifies do not tell. After MIN_ROUNDS rounds:
   - a clear loss (the speed-up plus its error below 1) halves the ceiling (a tree's ceiling
     counts its nodes: the row drafts the largest tree of its method's shape within it,
-    config.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`);
+    config.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`),
+    or, where its rounds at that ceiling accepted nothing, sets it to 0 at once: a shorter
+    draft would commit the same one token a round at no less cost (a weak EAGLE head on a
+    translation took 12 losing rounds to halve from 6 to plain rounds: benchmarks/floor.md);
   - a clear win (the speed-up less its error above 1; the bound's above VERIFY_BOUND, what a
     verify may cost) counts towards GROW, after which the ceiling doubles, up to none.
   A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
@@ -241,6 +244,7 @@ class Floor:
     skip: bool = True
     wins: int = 0  # comparisons won at this ceiling
     drafted: int = 0  # the most tokens the row was allowed at this ceiling (its k)
+    accepted: int = 0  # draft tokens its counted rounds at this ceiling accepted
     rounds: int = 0  # rounds of the row, drafting or plain
     rate: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' (tokens + idle) / seconds
     idle: _Mean = field(default_factory=lambda: _Mean(DECAY))  # idle rows per drafting row, as weighed
@@ -303,6 +307,7 @@ class Floor:
             self.skip = False
             return
         self.drafted = max(self.drafted, k)
+        self.accepted += max(0, tokens - 1)  # a round commits its accepted tokens and one of the target's
         # each round weighed by its length, so that the means are the rounds' tokens over their
         # time, the row's throughput; at most k + 1 verifies long, which k draft steps and a
         # verify stay within while a draft step costs under about 0.8 of a plain one: a round
@@ -373,7 +378,8 @@ class Floor:
         if self.probing:  # the probe lost: wait longer before the next
             self.retry = min(MAX_RETRY, self.retry * 2)
         self.probing = False
-        self._restart(0 if self.drafted <= 1 else self.drafted // 2)
+        # nothing accepted: no shorter draft commits more than the plain round's one token either
+        self._restart(0 if self.drafted <= 1 or not self.accepted else self.drafted // 2)
 
     def _won(self) -> None:
         if self.probing:
@@ -385,4 +391,5 @@ class Floor:
     def _restart(self, ceiling: int) -> None:
         """A new ceiling: its rounds are measured afresh."""
         self.ceiling, self.wins, self.plain_rounds, self.unsure, self.drafted = ceiling, 0, 0, False, 0
+        self.accepted = 0
         self.rate, self.idle, self.bound = _Mean(DECAY), _Mean(DECAY), _Mean(DECAY)
