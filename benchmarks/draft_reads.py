@@ -12,6 +12,8 @@ A column is METHOD@VARIANT:
   settled at N would draft, from its first round);
 - `point`: the floor acts on its point estimate (its standard error taken as 0): a row whose
   rounds so far lose lowers its draft at once, where specgen waits for a clear loss;
+- `zero`: the floor held at plain rounds from the first round to the last (no draft, no probe):
+  what a row at its floor costs against plain decoding, with the method's machinery around it;
 - `default`: as specgen runs.
 
 On a CPU a draft model reads a prompt at about a fifth of the target's cost a token (4.7 ms a
@@ -67,6 +69,9 @@ class VariantRunner(EngineRunner):
 
     def generate(self, prompt_ids, config):
         window, price, error = chain_model.WINDOW, costs.read_price, floor._Mean.error
+        limit = floor.Floor.limit
+        if self.variant == "zero":
+            floor.Floor.limit = lambda row: 0
         if self.variant == "point":
             floor._Mean.error = property(lambda mean: 0.0)
         if self.variant.startswith("w"):
@@ -77,6 +82,7 @@ class VariantRunner(EngineRunner):
             return super().generate(prompt_ids, config)
         finally:
             chain_model.WINDOW, costs.read_price, floor._Mean.error = window, price, error
+            floor.Floor.limit = limit
 
 
 def main(runner: type[VariantRunner] = VariantRunner, separator: str = ",") -> None:
