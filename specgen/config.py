@@ -342,25 +342,6 @@ class GenerationConfig:
             )
 
 
-def fit_tree(levels: tuple[int, ...], budget: int) -> tuple[int, ...]:
-    """The levels of the largest tree of a method's shape (`levels`: its whole tree's nodes at
-    each depth) with at most `budget` nodes: whole levels from the root while they fit, else
-    `budget` children of the root alone (one node: a chain); () for a budget of 0. A tree cut so
-    is one its method builds with fewer levels, or with fewer children of the root (RSD-C's
-    Gumbel-top-b and RSD-S's first beam are draws without replacement at any b, multi-draft's
-    independent at any b), so its acceptance rule stays exact: a row's floor lowers a tree's
-    budget as it lowers a chain's length (decoding/floor.py)."""
-    kept, total = [], 0
-    for size in levels:
-        if total + size > budget:
-            break
-        kept.append(size)
-        total += size
-    if not kept and budget > 0 and levels:
-        kept.append(min(levels[0], budget))
-    return tuple(kept)
-
-
 def parse_branching(value: str) -> tuple[int, ...]:
     """'2,2,1' -> (2, 2, 1), with a clear error for anything else."""
     try:

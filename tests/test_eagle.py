@@ -293,8 +293,9 @@ def test_a_head_s_tree_is_cut_to_its_row_s_budget(trained, target, monkeypatch, 
     (config.fit_tree), as a draft model's row does: fewer levels, fewer children of the root, one
     node, none. Before, a head drafted its whole tree whatever the floor said, so a head that lost
     drafted 10-node trees to the end (0.58-1.03x plain over 32 prompts, benchmarks/floor.md)."""
-    from specgen.config import SamplingConfig, fit_tree
+    from specgen.config import SamplingConfig
     from specgen.decoding import floor
+    from specgen.decoding.shapes import fit_tree
 
     draft = trained["draft"]
     config = GenerationConfig(

@@ -11,12 +11,13 @@ import torch
 from test_engine import PROMPT, ScriptedDrafter, engine_for, reference_greedy
 from tiny import decode
 
-from specgen.config import GenerationConfig, Method, Schedule, fit_tree
+from specgen.config import GenerationConfig, Method, Schedule
 from specgen.decoding import floor
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
 from specgen.decoding.events import RoundResult
 from specgen.decoding.floor import NO_FLOOR, NONE, Floor, PlainSteps
+from specgen.decoding.shapes import fit_tree
 
 
 def feed(row: Floor, rounds: int, k: int, tokens: int, seconds: float, verify: float, plain: float | None):
@@ -245,17 +246,17 @@ def test_no_plain_round_is_explored_beside_a_row_whose_draft_length_is_fixed(tin
 
 def test_a_tree_s_budget_halves_as_a_chain_s_length_does():
     """A losing tree (10 nodes, two tokens a round in three plain steps) is cut to its largest
-    shape within half its nodes, then to one node, then to plain rounds; its probe is then one
-    node, not a whole tree."""
+    shape within half its nodes (5: branching 2,1), then within 2 (a chain of two), then to one
+    node, then to plain rounds; its probe is then one node, not a whole tree."""
     config = GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1), max_new_tokens=512)
     row = Floor(skip=False)
     allowed = []
-    for _ in range(3):
+    for _ in range(4):
         for _ in range(floor.MIN_ROUNDS):
             k = sum(fit_tree(config.tree_levels, row.limit()))
             allowed.append(k)
             row.record(k, 2, 0.3, 0.12, 0.1)
-    assert allowed == [10] * floor.MIN_ROUNDS + [2] * floor.MIN_ROUNDS + [1] * floor.MIN_ROUNDS
+    assert allowed == [n for n in (10, 4, 2, 1) for _ in range(floor.MIN_ROUNDS)]
     assert row.ceiling == 0
     probe = [sum(fit_tree(config.tree_levels, row.limit())) for _ in range(floor.RETRY + 1)]
     assert probe == [0] * floor.RETRY + [1]
@@ -293,16 +294,20 @@ def test_a_tree_row_drafts_the_largest_tree_its_floor_and_its_remaining_tokens_a
     from specgen.decoding.rows import DecodeState
 
     for config, ceilings in (
-        (GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1)), {NONE: 10, 9: 6, 5: 2, 1: 1, 0: 0}),
-        (GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4), {NONE: 12, 8: 6, 3: 3, 2: 2, 0: 0}),
+        (GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1)), {NONE: 10, 9: 6, 5: 4, 1: 1, 0: 0}),
+        (GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4), {NONE: 12, 8: 8, 6: 6, 3: 3, 0: 0}),
     ):
         state = DecodeState(ids=list(range(10)), cache=None, prompt_length=10, config=config, budget=100)
         for ceiling, nodes in ceilings.items():
             state.floor = Floor(ceiling=ceiling)
             assert state.wanted() == state.draft_length() == nodes
         state.floor = Floor()
-        state.ids = list(range(108))  # 2 tokens left: a tree one level deep
-        assert state.wanted() == config.tree_levels[0]
+        state.ids = list(range(107))  # 3 tokens left: a tree two levels deep (RSD-C's 2,1; RSD-S's
+        # four nodes are a chain of four, so its largest tree two deep is a chain of two)
+        tree = fit_tree(config.tree_levels, state.wanted())
+        assert sum(tree) == state.wanted() and tree == ((2, 2) if config.method is Method.RSD_C else (1, 1))
+        state.ids = list(range(108))  # 2 tokens left: one level deep, one node (two make a chain)
+        assert state.wanted() == 1
         state.ids = list(range(109))  # 1 left: the target's token alone
         assert state.wanted() == 0
 

@@ -156,8 +156,8 @@ def test_tree_rows_of_another_confidence_stop_get_their_own_drafter(pair):
                 final = report.state.final_ids()
         assert final == alone(pair, config, PROMPTS[0])
     # a random tiny draft is never 99% sure: one level of 2 under the stop, the whole tree without
-    # (fewer levels only near the end of the budget)
-    assert sizes[0.99] == {2} and max(sizes[0.0]) == whole.tree_budget
+    # (smaller trees only near the end of the budget: one token left to draft is one node)
+    assert 2 in sizes[0.99] <= {1, 2} and max(sizes[0.0]) == whole.tree_budget
 
 
 LAYERS = 6

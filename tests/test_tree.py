@@ -118,24 +118,64 @@ def test_tree_budgets():
     assert GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4).tree_budget == 12
 
 
-def test_a_tree_cut_to_a_budget_keeps_whole_levels_else_fewer_children_of_the_root():
-    from specgen.config import fit_tree
+def test_a_tree_cut_to_a_budget_is_the_deepest_of_the_largest_narrowed_trees():
+    from specgen.decoding.shapes import fit_tree
 
     assert fit_tree((2, 4, 4), 1 << 30) == fit_tree((2, 4, 4), 10) == (2, 4, 4)
-    assert fit_tree((2, 4, 4), 9) == fit_tree((2, 4, 4), 6) == (2, 4)
-    assert fit_tree((2, 4, 4), 5) == fit_tree((2, 4, 4), 2) == (2,)
-    assert fit_tree((3, 3, 3, 3), 2) == (2,) and fit_tree((3, 3, 3, 3), 1) == (1,)
-    assert fit_tree((2, 4, 4), 0) == ()
+    # 6 nodes: branching 2,1,1 (three levels), not 2,2 (two)
+    assert fit_tree((2, 4, 4), 9) == fit_tree((2, 4, 4), 6) == (2, 2, 2)
+    assert fit_tree((2, 4, 4), 5) == (2, 2) and fit_tree((2, 4, 4), 3) == (1, 1, 1)
+    assert fit_tree((2, 4, 4), 2) == (1, 1) and fit_tree((2, 4, 4), 1) == (1,)
+    # RSD-S: a narrower beam, as deep as the budget allows
+    assert fit_tree((3, 3, 3, 3), 9) == (3, 3, 3) and fit_tree((3, 3, 3, 3), 6) == (2, 2, 2)
+    assert fit_tree((3, 3, 3, 3), 3) == (1, 1, 1) and fit_tree((3, 3, 3, 3), 1) == (1,)
+    # each level a whole number of children per node of the one above
+    assert fit_tree((1, 4), 3) == (1, 2) and fit_tree((3, 9), 8) == (3, 3)
+    assert fit_tree((2, 4, 4), 0) == () and fit_tree((), 5) == ()
     assert GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1)).tree_levels == (2, 4, 4)
     assert GenerationConfig(method=Method.RSD_S, beam_width=3, depth=4).tree_levels == (3, 3, 3, 3)
+
+
+def test_every_cut_tree_is_a_shape_its_method_builds():
+    """For every budget: at most the budget's nodes, each level a whole number (at least one) of
+    children per node above, no level wider than the whole tree's, no deeper than it."""
+    from specgen.decoding.shapes import fit_tree
+
+    for levels in ((2, 4, 4), (3, 3, 3, 3), (1, 4, 8), (4, 4, 8, 8), (2, 2, 2, 2, 2)):
+        for budget in range(0, sum(levels) + 2):
+            cut = fit_tree(levels, budget)
+            assert sum(cut) <= budget and len(cut) <= len(levels)
+            above = 1
+            for size, whole in zip(cut, levels):
+                assert above <= size <= whole and size % above == 0
+                above = size
+            assert (sum(cut) == sum(levels)) == (budget >= sum(levels))
+
+
+def test_a_row_near_its_end_asks_for_a_tree_no_deeper_than_it_may_commit():
+    """tree_nodes gives the nodes whose fit_tree (what the drafter builds from that count alone)
+    is at most `depth` levels deep."""
+    from specgen.decoding.shapes import fit_tree, tree_nodes
+
+    assert tree_nodes((2, 4, 4), 10, 3) == 10 and tree_nodes((2, 4, 4), 6, 5) == 6
+    assert tree_nodes((2, 4, 4), 10, 2) == 4  # (2, 2): 6 nodes would be (2, 2, 2)
+    assert tree_nodes((2, 4, 4), 1 << 30, 5) == 10 and tree_nodes((2, 4, 4), 1 << 30, 2) == 4
+    # one level: one node, since 2 nodes make the chain (1, 1), never two children of the root
+    assert tree_nodes((2, 4, 4), 10, 1) == 1 and tree_nodes((2, 4, 4), 10, 0) == 0
+    for levels in ((2, 4, 4), (3, 3, 3, 3)):
+        for budget in range(0, 14):
+            for depth in range(0, 5):
+                nodes = tree_nodes(levels, budget, depth)
+                tree = fit_tree(levels, nodes)
+                assert nodes == sum(tree) <= budget and len(tree) <= depth
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.method.value}-{c.tree_budget}")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_tree_drafters_draft_the_cut_tree(tiny_pair, config, temperature):
     """Each drafter's proposal at budget k has the shape fit_tree gives: its levels' sizes, each
-    node's parent one level up, a one-node tree a chain."""
-    from specgen.config import fit_tree
+    node's parent one level up, a tree of one node a level a chain."""
+    from specgen.decoding.shapes import fit_tree
 
     engine = tree_engine(tiny_pair, config)
     sampling = SamplingConfig(temperature=temperature, seed=5)
@@ -145,7 +185,7 @@ def test_the_tree_drafters_draft_the_cut_tree(tiny_pair, config, temperature):
         levels = fit_tree(config.tree_levels, k)
         depths = proposal.depth[1:]
         assert [depths.count(d) for d in range(1, len(levels) + 1)] == list(levels)
-        assert proposal.size == sum(levels) <= k and proposal.is_chain == (sum(levels) == 1)
+        assert proposal.size == sum(levels) <= k and proposal.is_chain == (max(levels) == 1)
         if temperature:  # the laws the nodes were drawn from, a zero row for each leaf
             assert proposal.probs.shape[0] == proposal.size + 1
 
@@ -173,8 +213,8 @@ def test_on_a_cpu_a_tree_row_starts_at_a_chain_s_longest_verify(tiny_pair, confi
     greedy's either way."""
     from dataclasses import replace
 
-    from specgen.config import fit_tree
     from specgen.decoding.costs import BEND, VerifyCost
+    from specgen.decoding.shapes import fit_tree
 
     config = replace(config, floor=True)
     reference = reference_greedy(tiny_pair[0].model, PROMPT, 30)

@@ -17,7 +17,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specgen.config import fit_tree
 from specgen.decoding.acceptance import (
     ProposalKind,
     Rule,
@@ -31,6 +30,7 @@ from specgen.decoding.drafters.base import Proposal, node_laws
 from specgen.decoding.drafters.tree import MultiDraft, RSDConstant, RSDStochasticBeam
 from specgen.decoding.length import level_stop
 from specgen.decoding.sampling import gumbel_top_k
+from specgen.decoding.shapes import fit_tree
 
 
 def as_tree(tokens: list[int], parents: list[int]) -> tuple[list[int], Proposal]:
@@ -299,7 +299,7 @@ def build_cut(
     drafter, budget: int, root: int, generator, keep_likeliest: bool = False, drop_unlikely: float = 0.0
 ):
     """A round's tree as `drafter` (its `_children`, on P_TABLE's laws) builds it within `budget`
-    nodes (config.fit_tree), with the laws its nodes were drawn from, as the engine verifies it,
+    nodes (shapes.fit_tree), with the laws its nodes were drawn from, as the engine verifies it,
     and where the drafter has a confidence stop, no deeper than `length.level_stop` allows.
     `keep_likeliest` (BROKEN on purpose): a root level cut after the draw, keeping the children
     the draft likes best, instead of drawing fewer. `drop_unlikely` (BROKEN on purpose): drawn
@@ -362,10 +362,13 @@ def drafter_of(kind: str):
 
 
 CUTS = [
+    ("rsd-c", 4),
     ("rsd-c", 2),
     ("rsd-c", 1),
+    ("multi-draft", 4),
     ("multi-draft", 2),
     ("multi-draft", 1),
+    ("rsd-s", 4),
     ("rsd-s", 3),
     ("rsd-s", 2),
     ("rsd-s", 1),
@@ -374,9 +377,11 @@ CUTS = [
 
 @pytest.mark.parametrize("kind, budget", CUTS, ids=[f"{kind}-{budget}" for kind, budget in CUTS])
 def test_a_tree_cut_to_a_budget_emits_q(kind, budget):
-    """The first two tokens under trees cut to `budget` nodes (one level deep: the root's
-    children, fewer than the whole tree's; a single node, verified as a chain), each round's tree
-    drawn by the method's own child selection. False-failure probability: 1e-3 each."""
+    """The first two tokens under trees cut to `budget` nodes (shapes.fit_tree): at 4, two levels
+    of 2 (RSD-C's and multi-draft's second level narrowed to one child a node, RSD-S's beam to
+    2); at 3, RSD-S's root level alone; at 2 and 1, a chain of two and a single node, verified as
+    chains. Each round's tree is drawn by the method's own child selection. False-failure
+    probability: 1e-3 each."""
     drafter = drafter_of(kind)
     samples = first_two_tokens(
         lambda r, g: build_cut(drafter, budget, r, g), 3000, seed=11 + budget, verify=engine_rule

@@ -38,7 +38,7 @@ floor is exact whatever it measures.
   verifies do not tell. After MIN_ROUNDS rounds:
   - a clear loss (the speed-up plus its error below 1) halves the ceiling (a tree's ceiling
     counts its nodes: the row drafts the largest tree of its method's shape within it,
-    config.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`),
+    shapes.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`),
     or, where its rounds at that ceiling accepted nothing, sets it to 0 at once: a shorter
     draft would commit the same one token a round at no less cost (a weak EAGLE head on a
     translation took 12 losing rounds to halve from 6 to plain rounds: benchmarks/floor.md);

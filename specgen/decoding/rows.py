@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specgen.config import GenerationConfig, Method, SamplingConfig, fit_tree
+from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.feed import Request
 from specgen.decoding.floor import NO_FLOOR, NONE, Floor, NoFloor
 from specgen.decoding.length import LengthPolicy, make_policy
 from specgen.decoding.replay import window_start
+from specgen.decoding.shapes import fit_tree, tree_nodes
 from specgen.runtime import kvcache
 
 RESUME_TOKENS = 32  # tokens a row held back by the width cap needs left to draft again
@@ -96,9 +97,8 @@ class DecodeState:
         remaining = self.limit() - len(self.ids)
         if config.method is Method.PLAIN:
             return 0
-        if config.method.is_tree:  # the largest tree within the floor's ceiling, fewer levels near the end
-            levels = fit_tree(config.tree_levels, self.floor.limit())[: max(remaining - 1, 0)]
-            return sum(levels)
+        if config.method.is_tree:  # the largest tree within the floor's ceiling, shallower near the end
+            return tree_nodes(config.tree_levels, self.floor.limit(), remaining - 1)
         k = min(self.length.next_k(), remaining - 1)
         return max(min(k, self.floor.limit()), 0) if k > 0 else 0
 

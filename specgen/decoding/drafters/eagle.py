@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import torch
 
-from specgen.config import SamplingConfig, fit_tree
+from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import BaseDrafter, Proposal, node_laws
 from specgen.decoding.length import ChainStops, level_stop
 from specgen.decoding.sampling import gumbel_top_k, on_device, sample, warp
+from specgen.decoding.shapes import fit_tree
 from specgen.models.eagle_head import Eagle3Head, HeadStep
 from specgen.runtime import kvcache, slots
 from specgen.runtime.compiled import WIDTHS, Steps
@@ -264,7 +265,7 @@ class EagleTreeDrafter(EagleDrafter):
     depth l gets `branching[l]` children, the head's top ones when greedy, Gumbel-top-k draws
     without replacement from its law (over the target's vocabulary, zero outside the draft's)
     when sampling, so RSD-C's acceptance rule stays exact. A row whose floor lowered its budget
-    drafts the largest tree of that shape within it (config.fit_tree), as a draft model's row does.
+    drafts the largest tree of that shape within it (shapes.fit_tree), as a draft model's row does.
 
     A round starts as a chain's does (`_start`); then, per row, each depth but the last is one
     head forward over its nodes, each reading its parent's output and seeing the committed
@@ -298,7 +299,7 @@ class EagleTreeDrafter(EagleDrafter):
     def _tree(
         self, row: int, k: int, logits: torch.Tensor, hidden: torch.Tensor, sampling: SamplingConfig
     ) -> Proposal:
-        """One row's tree within `k` nodes (the largest of its shape: config.fit_tree, as the draft
+        """One row's tree within `k` nodes (the largest of its shape: shapes.fit_tree, as the draft
         model's trees) from the head's logits [1, Vd] and outputs [1, H] at its last committed
         position."""
         kind = ProposalKind.drafting(sampling)
@@ -310,7 +311,7 @@ class EagleTreeDrafter(EagleDrafter):
         frontier, reach = [0], None
         levels = fit_tree(self.levels, k)
         for level, size in enumerate(levels):
-            b = size // len(frontier)  # the level's branching, or fewer children of the root
+            b = size // len(frontier)  # the level's branching, or fewer (shapes.fit_tree)
             dist = None
             if sampled:
                 dist = warp(logits, sampling)  # [F, Vd]

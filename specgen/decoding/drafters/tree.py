@@ -3,8 +3,9 @@ multi-draft (independent draws with replacement), each building its tree with on
 draft forward per depth, using the same ancestor masking as the target's verification.
 
 A round's tree is the largest of the method's shape within the k nodes the row may draft
-(config.fit_tree): the whole tree, or where the row's floor lowered k or started it lower
-(decoding/floor.py), fewer levels, or fewer children of the root, down to one node. On a 2-core
+(shapes.fit_tree): the whole tree, or where the row's floor lowered k or started it lower
+(decoding/floor.py), the deepest of the largest trees with fewer levels or fewer children per
+node (a narrower beam), down to one node. On a 2-core
 CPU a whole tree of 10-12 nodes costs about three plain steps a round (three or four draft
 forwards and an 11-13-token verify). Drafted whole or not at all, trees ran at 0.97-0.98x plain
 decoding over 32 prompts and at 0.60-0.66x on a German translation (benchmarks/floor.md).
@@ -33,11 +34,12 @@ import abc
 
 import torch
 
-from specgen.config import SamplingConfig, fit_tree
+from specgen.config import SamplingConfig
 from specgen.decoding.acceptance import ProposalKind
 from specgen.decoding.drafters.base import Proposal, embeddable, node_laws
 from specgen.decoding.length import level_stop
 from specgen.decoding.sampling import gumbel, gumbel_top_k, log1mexp, on_device, warp
+from specgen.decoding.shapes import fit_tree
 from specgen.runtime import kvcache
 from specgen.runtime.compiled import Steps
 
@@ -177,7 +179,7 @@ class RSDConstant(TreeDrafter):
     `levels` are b_1, b_1 b_2, ... (GenerationConfig.tree_levels)."""
 
     def _children(self, level, frontier, dist, scores, kind, generator, size):
-        b = size // len(frontier)  # each node's: the level's b_l, or fewer children of the root
+        b = size // len(frontier)  # each node's: the level's b_l, or fewer (shapes.fit_tree)
         if kind is ProposalKind.GREEDY:  # greedy target: deterministic top-b children are fine
             tokens = torch.topk(dist, b, dim=-1).indices
         else:
@@ -203,7 +205,7 @@ class RSDStochasticBeam(TreeDrafter):
     section 5)."""
 
     def _children(self, level, frontier, dist, scores, kind, generator, size):
-        width, count = size, len(frontier)  # the beam's width, or fewer children of the root
+        width, count = size, len(frontier)  # the beam's width, or narrower (shapes.fit_tree)
         greedy = kind is ProposalKind.GREEDY
         log_p = torch.log_softmax(dist.float(), dim=-1) if greedy else dist.log()
         if level == 0:  # the root: phi = G = 0
