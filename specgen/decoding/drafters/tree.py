@@ -5,10 +5,10 @@ draft forward per depth, using the same ancestor masking as the target's verific
 A round's tree is the largest of the method's shape within the k nodes the row may draft
 (shapes.fit_tree): the whole tree, or where the row's floor lowered k or started it lower
 (decoding/floor.py), the deepest of the largest trees with fewer levels or fewer children per
-node (a narrower beam), down to one node. On a 2-core
-CPU a whole tree of 10-12 nodes costs about three plain steps a round (three or four draft
-forwards and an 11-13-token verify). Drafted whole or not at all, trees ran at 0.97-0.98x plain
-decoding over 32 prompts and at 0.60-0.66x on a German translation (benchmarks/floor.md).
+node (a narrower beam), down to one node. On a 2-core CPU a whole tree of 10-12 nodes costs
+about three plain steps a round (three or four draft forwards and an 11-13-token verify).
+Drafted whole or not at all, trees ran at 0.97-0.98x plain decoding over 32 prompts and at
+0.60-0.66x on a German translation (benchmarks/floor.md).
 
 With a confidence stop (`confidence`, the device's for a draft on the CPU: length.unsure) a tree
 grows no deeper once every node of its newest level has a reach under the stop: the product of
