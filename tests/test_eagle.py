@@ -290,7 +290,7 @@ def test_trees_from_a_head_equal_plain_alone_batched_in_chat_and_deterministic(t
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_head_s_tree_is_cut_to_its_row_s_budget(trained, target, monkeypatch, temperature):
     """A head's RSD-C row drafts the largest tree of its shape within the budget its floor allows
-    (config.fit_tree), as a draft model's row does: fewer levels, fewer children of the root, one
+    (shapes.fit_tree), as a draft model's row does: fewer levels, fewer children per node, one
     node, none. Before, a head drafted its whole tree whatever the floor said, so a head that lost
     drafted 10-node trees to the end (0.58-1.03x plain over 32 prompts, benchmarks/floor.md)."""
     from specgen.config import SamplingConfig

@@ -292,7 +292,7 @@ def test_control_point_mass_tree_without_removing_rejected_children_fails():
     assert chi2_pvalue(samples, EXPECTED_PAIRS) < ALPHA
 
 
-# -- trees cut to a floor's budget: fewer levels, fewer children of the root, one node ----------
+# -- trees cut to a floor's budget: fewer levels, fewer children per node, a narrower beam, one node
 
 
 def build_cut(
