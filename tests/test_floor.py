@@ -80,24 +80,37 @@ def test_a_row_whose_drafts_lose_halves_to_plain_rounds_then_probes():
     assert later.count(1) >= floor.MIN_ROUNDS and row.ceiling == 0 and row.retry == 2 * floor.RETRY
 
 
-def test_a_row_whose_drafts_are_never_accepted_goes_to_plain_rounds_at_its_first_verdict():
-    """A clear loss with nothing accepted (a weak head on a translation: one token a round, a
-    round dearer than a plain step): no shorter draft commits more, so the row's first verdict
-    is plain rounds, not half its draft; its probe is one token as ever. A loss with something
-    accepted still halves, and a tree row's likewise."""
+def test_a_row_whose_drafts_are_never_accepted_goes_to_plain_rounds_after_misses_in_a_row():
+    """A clear loss after MISSES drafting rounds in a row with nothing accepted (a weak head on a
+    translation: one token a round, a round dearer than a plain step): no shorter draft commits
+    more, so the row goes to plain rounds, not to half its draft; its probe is one token as ever.
+    Fewer misses (an answer's hard first rounds) halve the ceiling, as a loss with something
+    accepted does, and a tree row's likewise."""
     never = Floor(skip=False)
-    seen = feed(never, floor.MIN_ROUNDS + 3, k=6, tokens=1, seconds=0.11, verify=0.105, plain=0.1)
-    assert seen == [6] * floor.MIN_ROUNDS + [0] * 3 and never.ceiling == 0
+    seen = feed(never, floor.MISSES + 3, k=6, tokens=1, seconds=0.11, verify=0.105, plain=0.1)
+    first = [6] * floor.MIN_ROUNDS + [3] * (floor.MISSES - floor.MIN_ROUNDS)
+    assert seen == first + [0] * 3 and never.ceiling == 0
     some = Floor(skip=False)
     seen = feed(some, floor.MIN_ROUNDS + 1, k=6, tokens=1.25, seconds=0.16, verify=0.11, plain=0.1)
     assert seen == [6] * floor.MIN_ROUNDS + [3] and some.ceiling == 3
     tree = GenerationConfig(method=Method.RSD_C, branching=(2, 2, 1), max_new_tokens=512)
     row = Floor(skip=False)
-    for _ in range(floor.MIN_ROUNDS):
+    for _ in range(floor.MISSES):
         row.record(sum(fit_tree(tree.tree_levels, row.limit())), 1, 0.3, 0.12, 0.1)
     assert row.ceiling == 0
     probe = [sum(fit_tree(tree.tree_levels, row.limit())) for _ in range(floor.RETRY + 1)]
     assert probe == [0] * floor.RETRY + [1]
+
+
+def test_a_row_whose_first_rounds_miss_keeps_drafting_where_its_later_rounds_win():
+    """chat-02 under lookup-chain: its first four counted rounds accepted nothing (a clear loss),
+    then the draft model was right two tokens a round. The loss halves the ceiling instead of
+    ending the drafting, and the rounds after it win."""
+    row = Floor(skip=False)
+    seen = feed(row, floor.MIN_ROUNDS, k=5, tokens=1, seconds=0.15, verify=0.1, plain=0.08)
+    assert row.ceiling == 2 and row.misses == floor.MIN_ROUNDS
+    seen += feed(row, 3 * floor.MIN_ROUNDS, k=5, tokens=3, seconds=0.16, verify=0.1, plain=0.08)
+    assert seen[floor.MIN_ROUNDS :] == [2] * 3 * floor.MIN_ROUNDS and row.misses == 0
 
 
 def test_a_drafting_row_is_charged_the_time_it_costs_the_rows_that_did_not_draft():

@@ -39,9 +39,12 @@ floor is exact whatever it measures.
   - a clear loss (the speed-up plus its error below 1) halves the ceiling (a tree's ceiling
     counts its nodes: the row drafts the largest tree of its method's shape within it,
     shapes.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`),
-    or, where its rounds at that ceiling accepted nothing, sets it to 0 at once: a shorter
-    draft would commit the same one token a round at no less cost (a weak EAGLE head on a
-    translation took 12 losing rounds to halve from 6 to plain rounds: benchmarks/floor.md);
+    or, where its last MISSES drafting rounds in a row accepted nothing, sets it to 0 at once: a
+    shorter draft would commit the same one token a round at no less cost (a weak EAGLE head on
+    a translation took 12 losing rounds to halve from 6 to plain rounds: benchmarks/floor.md).
+    Four misses are not enough to tell: an answer's first rounds are its hardest, and a draft
+    model that then won on a chat (chat-02, 1.14x under chain) missed its first four rounds
+    under lookup-chain and was sent to plain rounds for the rest of it (0.93x);
   - a clear win (the speed-up less its error above 1; the bound's above VERIFY_BOUND, what a
     verify may cost) counts towards GROW, after which the ceiling doubles, up to none.
   A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
@@ -70,6 +73,10 @@ from specgen.decoding.costs import BEND, VerifyCost
 
 HALFLIFE = 8.0  # a row's drafting rounds
 MIN_ROUNDS = 4  # a row's drafting rounds before a comparison
+# drafting rounds in a row that accepted nothing before a loss sends the row to plain rounds at
+# once instead of halving its ceiling: at a first token's chance of 0.4, about where one draft
+# token pays, 8 misses in a row come by chance 1.7% of the time, 4 misses 13%
+MISSES = 8
 PLAIN_ROUNDS = 2  # a width's plain rounds before its figure counts (they vary by a few percent)
 VERIFY_BOUND = 1.5  # a verify of a round's tokens costs at most this many plain steps (CPU: 1.1-1.3)
 GROW = 16  # winning rounds at a ceiling before it doubles
@@ -244,7 +251,7 @@ class Floor:
     skip: bool = True
     wins: int = 0  # comparisons won at this ceiling
     drafted: int = 0  # the most tokens the row was allowed at this ceiling (its k)
-    accepted: int = 0  # draft tokens its counted rounds at this ceiling accepted
+    misses: int = 0  # counted drafting rounds in a row, at any ceiling, that accepted nothing
     rounds: int = 0  # rounds of the row, drafting or plain
     rate: _Mean = field(default_factory=lambda: _Mean(DECAY))  # rounds' (tokens + idle) / seconds
     idle: _Mean = field(default_factory=lambda: _Mean(DECAY))  # idle rows per drafting row, as weighed
@@ -307,7 +314,8 @@ class Floor:
             self.skip = False
             return
         self.drafted = max(self.drafted, k)
-        self.accepted += max(0, tokens - 1)  # a round commits its accepted tokens and one of the target's
+        # a round commits its accepted tokens and one of the target's
+        self.misses = self.misses + 1 if tokens <= 1 else 0
         # each round weighed by its length, so that the means are the rounds' tokens over their
         # time, the row's throughput; at most k + 1 verifies long, which k draft steps and a
         # verify stay within while a draft step costs under about 0.8 of a plain one: a round
@@ -372,14 +380,14 @@ class Floor:
         if self.ceiling >= self.start:
             return
         self._restart(self.start)
-        self.probing, self.retry, self.skip = False, RETRY, True
+        self.probing, self.retry, self.skip, self.misses = False, RETRY, True, 0
 
     def _lower(self) -> None:
         if self.probing:  # the probe lost: wait longer before the next
             self.retry = min(MAX_RETRY, self.retry * 2)
         self.probing = False
         # nothing accepted: no shorter draft commits more than the plain round's one token either
-        self._restart(0 if self.drafted <= 1 or not self.accepted else self.drafted // 2)
+        self._restart(0 if self.drafted <= 1 or self.misses >= MISSES else self.drafted // 2)
 
     def _won(self) -> None:
         if self.probing:
@@ -391,5 +399,4 @@ class Floor:
     def _restart(self, ceiling: int) -> None:
         """A new ceiling: its rounds are measured afresh."""
         self.ceiling, self.wins, self.plain_rounds, self.unsure, self.drafted = ceiling, 0, 0, False, 0
-        self.accepted = 0
         self.rate, self.idle, self.bound = _Mean(DECAY), _Mean(DECAY), _Mean(DECAY)
