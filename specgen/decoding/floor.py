@@ -41,10 +41,8 @@ floor is exact whatever it measures.
     shapes.fit_tree; on a CPU a tree row starts at a chain's longest verify, `first_ceiling`),
     or, where its last MISSES drafting rounds in a row accepted nothing, sets it to 0 at once: a
     shorter draft would commit the same one token a round at no less cost (a weak EAGLE head on
-    a translation took 12 losing rounds to halve from 6 to plain rounds: benchmarks/floor.md).
-    Four misses are not enough to tell: an answer's first rounds are its hardest, and a draft
-    model that then won on a chat (chat-02, 1.14x under chain) missed its first four rounds
-    under lookup-chain and was sent to plain rounds for the rest of it (0.93x);
+    a translation took 12 losing rounds to halve from 6 to plain rounds; four misses sent a
+    chat's row to plain rounds at its hard start, 0.93x where chain ran 1.14x: floor.md);
   - a clear win (the speed-up less its error above 1; the bound's above VERIFY_BOUND, what a
     verify may cost) counts towards GROW, after which the ceiling doubles, up to none.
   A row at 0 runs plain rounds and probes with one token after RETRY of them (the retry
@@ -314,8 +312,7 @@ class Floor:
             self.skip = False
             return
         self.drafted = max(self.drafted, k)
-        # a round commits its accepted tokens and one of the target's
-        self.misses = self.misses + 1 if tokens <= 1 else 0
+        self.misses = self.misses + 1 if tokens <= 1 else 0  # only the target's own token: a miss
         # each round weighed by its length, so that the means are the rounds' tokens over their
         # time, the row's throughput; at most k + 1 verifies long, which k draft steps and a
         # verify stay within while a draft step costs under about 0.8 of a plain one: a round
