@@ -13,7 +13,7 @@ loads it (int8 target, int8 pruned draft), and the step is the lean forward's op
 * the int8 products are opaque custom ops (fbgemm's packed weights are script objects, which
   dynamo cannot trace): the target's per-row input scaling and its epilogue stay in the compiled
   graph, so inductor fuses them with the norm, rotary and SiLU around them; the draft's product
-  is its whole `_one_row_or_rows`;
+  is its whole `_draft_product`;
 * embedding, rotary tables, the final norm and the head run eagerly around the region;
 * inductor's kernels run on `--kernel-threads` threads (the products keep torch's two). With
   two, inductor splits a one-row RMSNorm's sum over the threads, so a token's activations in a
@@ -42,7 +42,7 @@ from torch import nn
 from specgen.runtime import int8, kvcache, onednn
 from specgen.runtime.exact_attention import NAME as EXACT_NAME
 from specgen.runtime.exact_attention import grouped_attention
-from specgen.runtime.lean import LeanForward, _one_row_or_rows, _sdpa
+from specgen.runtime.lean import LeanForward, _draft_product, _sdpa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -58,7 +58,7 @@ def int8_product(x: torch.Tensor, handle: int, width: int) -> torch.Tensor:
     draft's whole product (exact False)."""
     packed, bias, wide, exact = PRODUCTS[handle]
     if not exact:
-        return _one_row_or_rows(x, packed, bias, wide)
+        return _draft_product(x, packed, bias, wide)
     scale, zero = int8._INPUT_SCALE, int8._ZERO_POINT
     if wide is not None and x.numel() >= onednn.WIDE * x.shape[-1]:  # AMX: oneDNN's wide products
         return onednn.product(x, scale, zero, wide)

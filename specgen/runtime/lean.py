@@ -17,10 +17,10 @@ bitwise those of `model.forward` (tested), for every width, row count and mask:
 It cuts about a tenth of a CPU decode step, bitwise unchanged (benchmarks/avx2-epyc.md).
 
 A draft does not need bitwise logits (any draft is lossless; only its acceptance matters), so
-`LeanForward(model, exact=False)` sends single-row int8 products through fbgemm's dynamic
-kernel, one dispatch instead of row_linear's six. Wider forwards keep row_linear (one scale
-per row): a shared scale lets an outlier row, such as a prompt's first token, coarsen the
-others.
+`LeanForward(model, exact=False)` sends int8 products of up to SHARED_SCALE_ROWS rows through
+fbgemm's dynamic kernel, one dispatch instead of row_linear's six. Wider forwards keep
+row_linear (one scale per row): a shared scale lets an outlier row, such as a prompt's first
+token, coarsen the others. Its attention never copies the K/V heads (`_sdpa`'s `stack`).
 
 It is called with the keyword arguments `kvcache.run` gives a model's forward and returns an
 object with `.logits`, so it is a drop-in `call` there. `supported(model)` says why a model
@@ -84,7 +84,7 @@ def _single(module: nn.Module, exact: bool = True):
     if type(module) is int8.RowInt8Linear:
         packed, bias, wide = module._packed, module.bias, module._wide
         if not exact:
-            return lambda x: _one_row_or_rows(x, packed, bias, wide)
+            return lambda x: _draft_product(x, packed, bias, wide)
         return lambda x: int8.row_linear(x, packed, bias, wide)
     if type(module) is nn.Linear:
         weight, bias = module.weight, module.bias
@@ -101,12 +101,21 @@ def _single(module: nn.Module, exact: bool = True):
     return module
 
 
-def _one_row_or_rows(x: torch.Tensor, packed, bias: torch.Tensor | None, wide=None) -> torch.Tensor:
-    """A draft's int8 product (exact=False): one row through fbgemm's dynamic kernel (one
-    dispatch; a single row's own scale, as int8.row_linear gives it, at a rounding apart), more
-    rows through row_linear (a shared scale would let one outlier row, such as the first token
-    of a prompt, coarsen every other row)."""
-    if x.numel() != x.shape[-1] or x.dtype != torch.float32:
+# a draft's forward of at most this many tokens (a round's first step, a batch's rows) takes
+# fbgemm's dynamic kernel, one scale for them all (`_draft_product`); wider ones, a prompt's read
+# among them, take row_linear. On a Xeon with AMX, 4 against 1: a 2-token draft step 29.6
+# against 31.8 ms, chain and lookup-chain 0.6-0.8% faster over 33 prompts, and at 4 rows of a
+# batch 3-8% faster, with as many draft tokens accepted (benchmarks/cpu-speed.md)
+SHARED_SCALE_ROWS = 4
+
+
+def _draft_product(x: torch.Tensor, packed, bias: torch.Tensor | None, wide=None) -> torch.Tensor:
+    """A draft's int8 product (exact=False): up to SHARED_SCALE_ROWS rows through fbgemm's
+    dynamic kernel (one dispatch where row_linear takes six; a single row's own scale, as
+    row_linear gives it, at a rounding apart; a few rows' shared one), more rows through
+    row_linear (a shared scale over a prompt's read would let one outlier row, such as its first
+    token, coarsen every other row)."""
+    if x.numel() > SHARED_SCALE_ROWS * x.shape[-1] or x.dtype != torch.float32:
         return int8.row_linear(x, packed, bias, wide)
     if isinstance(packed, tuple):
         out = torch.cat([torch.ops.quantized.linear_dynamic(x, p, True) for p in packed], -1)
@@ -126,7 +135,7 @@ def _group(modules: tuple[nn.Module, ...], exact: bool = True):
         and [m._index for m in modules] == list(range(len(fused.sizes)))
     ):
         packed, bias, wide = fused.packed, fused.bias, fused.wide
-        product = int8.row_linear if exact else _one_row_or_rows
+        product = int8.row_linear if exact else _draft_product
         return lambda x: product(x, packed, bias, wide)
     calls = tuple(_single(m, exact) for m in modules)
     return lambda x: torch.cat([call(x) for call in calls], -1)
@@ -181,6 +190,7 @@ class LeanForward:
             raise ValueError(f"the lean forward does not support this model: {why}")
         decoder = model.model
         self.model = model
+        self.stack = not exact  # a draft's attention stacks a group's heads at every width (_sdpa)
         self.config = model.config
         self.embed = decoder.embed_tokens
         self.rotary = decoder.rotary_emb
@@ -255,7 +265,7 @@ class LeanForward:
             if kind == "exact":
                 out = grouped_attention(q, k, v, attention_mask, layer.scaling)
             elif kind == "sdpa":
-                out = _sdpa(q, k, v, attention_mask, layer.scaling, heads // groups)
+                out = _sdpa(q, k, v, attention_mask, layer.scaling, heads // groups, self.stack)
             else:
                 out, _ = function(layer.attn, q, k, v, attention_mask, dropout=0.0, scaling=layer.scaling)
             out = layer.o_proj(rows.pack(out.reshape(b, n, -1)))
@@ -301,15 +311,26 @@ class _Rows:
         return out.index_copy_(0, self.index, x).view(self.b, self.n, *x.shape[1:])
 
 
-def _sdpa(q, k, v, mask, scale: float, rep: int) -> torch.Tensor:
+def _sdpa(q, k, v, mask, scale: float, rep: int, stack: bool = False) -> torch.Tensor:
     """transformers' sdpa_attention_forward for an explicit mask, op for op: one query stacks the
-    heads of a K/V group (`pack_gqa`), more repeat the K/V heads (`repeat_kv`). -> [b, n, H, D]"""
+    heads of a K/V group (`pack_gqa`), more repeat the K/V heads (`repeat_kv`). -> [b, n, H, D]
+
+    `stack` (a draft's forward, exact=False): more queries are stacked as well, [b, groups,
+    rep * n, D], each query row with its own mask row. Repeating copies the whole K/V of every
+    layer rep times (7 for the 0.5B draft) at every forward wider than one token; a draft's
+    two-token step over 200 tokens took 34.0 ms that way and 31.8 ms stacked. Each query's
+    output is the same up to the kernel's blocking, which moves last bits with the number of
+    queries (runtime/exact_attention.py), so a target, whose forwards must be transformers' own
+    bit for bit, repeats."""
     b, heads, n, dim = q.shape
     if rep > 1:
-        if n == 1:
-            q = q.reshape(b, heads // rep, rep, dim)
-            if mask.shape[1] != 1:
-                mask = mask.reshape(b, heads // rep, rep, mask.shape[-1])
+        if n == 1 or stack:
+            groups, length = heads // rep, mask.shape[-1]
+            q = q.reshape(b, groups, rep * n, dim)
+            if mask.shape[1] != 1:  # a mask per head: its rows in the same order
+                mask = mask.reshape(b, groups, rep * n, length)
+            elif n > 1:  # one mask for every head: each stacked head's rows repeat it
+                mask = mask[:, :, None].expand(b, 1, rep, n, length).reshape(b, 1, rep * n, length)
         else:
             k = k[:, :, None].expand(b, k.shape[1], rep, *k.shape[2:]).reshape(b, heads, *k.shape[2:])
             v = v[:, :, None].expand(b, v.shape[1], rep, *v.shape[2:]).reshape(b, heads, *v.shape[2:])
