@@ -25,7 +25,7 @@ from specgen.chat.session import ChatSession
 from specgen.cli import app
 from specgen.config import GenerationConfig, Method, ModelSettings, SamplingConfig
 from specgen.decoding.build import make_drafter
-from specgen.decoding.drafters.lookup import LookupChain
+from specgen.decoding.drafters.lookup_chain import LookupChain
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge, Seam
 from specgen.decoding.drafters.text import TextDrafter

@@ -11,7 +11,7 @@ from test_engine import engine_for, reference_greedy, run
 from specgen.cli.render import summary_table
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.drafters.base import PerRow, ReadRule
-from specgen.decoding.drafters.lookup import LookupChain, Source
+from specgen.decoding.drafters.lookup_chain import LookupChain, Source
 from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import WINDOW, ChainDrafter
 from specgen.decoding.drafters.tree import GAIN_TREE, RSDConstant

@@ -16,7 +16,8 @@ import specgen.decoding.verify as engine_module
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.acceptance import ProposalKind, Verdict, speculative_sampling
 from specgen.decoding.drafters.base import Proposal
-from specgen.decoding.drafters.lookup import LookupChain, MatchOdds, PromptLookupDrafter, Source
+from specgen.decoding.drafters.lookup import MatchOdds, PromptLookupDrafter
+from specgen.decoding.drafters.lookup_chain import LookupChain, Source
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
 from specgen.decoding.sampling import make_generator

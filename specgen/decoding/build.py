@@ -13,7 +13,8 @@ from specgen.config import SUFFIX_TOKENS, GenerationConfig, Method
 from specgen.decoding import costs
 from specgen.decoding.drafters.base import Drafter, NoDrafter, PerRow, ReadRule
 from specgen.decoding.drafters.eagle import EagleDrafter, EagleTreeDrafter
-from specgen.decoding.drafters.lookup import LookupChain, PromptLookupDrafter
+from specgen.decoding.drafters.lookup import PromptLookupDrafter
+from specgen.decoding.drafters.lookup_chain import LookupChain
 from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.drafters.model import GAIN, GAIN_BESIDE_LOOKUP, ChainDrafter
 from specgen.decoding.drafters.retokenize import Bridge

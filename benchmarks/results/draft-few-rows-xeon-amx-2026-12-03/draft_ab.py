@@ -1,14 +1,22 @@
 """The draft's forward at widths 1-5 over a 200-token cache: K/V heads repeated for a wider
 forward (as transformers does) against a group's heads stacked as queries (no K/V copy), and
 row_linear against fbgemm's dynamic kernel for few rows. Variants take turns; medians."""
-import statistics, sys, time, torch
+
+import statistics
+import sys
+import time
 from pathlib import Path
+
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 from draft_reads import MODELS
+from torch import nn
+
 from specgen.config import Method
 from specgen.runtime import kvcache, lean
 from specgen.runtime.pair import load
-from torch import nn
+
 
 def old_sdpa(q, k, v, mask, scale, rep):
     b, heads, n, dim = q.shape
@@ -23,6 +31,7 @@ def old_sdpa(q, k, v, mask, scale, rep):
     out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scale)
     return out.reshape(b, heads, n, dim).transpose(1, 2)
 
+
 new_sdpa = lean._sdpa
 context = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 torch.set_num_threads(2)
@@ -33,11 +42,16 @@ cache = kvcache.new_cache(model)
 prompt = torch.arange(1000, 1000 + context)[None]
 with torch.inference_mode():
     kvcache.forward(call, cache, prompt, keep=1)
-variants = {"repeat kv, 1 shared": (old_sdpa, 1), "stacked, 1 shared": (new_sdpa, 1), "stacked, 4 shared": (new_sdpa, 4), "stacked, 8 shared": (new_sdpa, 8)}
+variants = {
+    "repeat kv, 1 shared": (old_sdpa, 1),
+    "stacked, 1 shared": (new_sdpa, 1),
+    "stacked, 4 shared": (new_sdpa, 4),
+    "stacked, 8 shared": (new_sdpa, 8),
+}
 times = {(v, w): [] for v in variants for w in (1, 2, 3, 5)}
 outs = {}
 for r in range(12):
-    for name, (sdpa, rows) in (variants.items() if r % 2 == 0 else reversed(variants.items())):
+    for name, (sdpa, rows) in variants.items() if r % 2 == 0 else reversed(variants.items()):
         lean._sdpa, lean.SHARED_SCALE_ROWS = sdpa, rows
         for w in (1, 2, 3, 5):
             tokens = torch.arange(2000, 2000 + w)[None]
@@ -52,4 +66,5 @@ for name in variants:
     print(f"{name:24}" + "  ".join(f"w{w} {statistics.median(times[(name, w)]):6.1f}" for w in (1, 2, 3, 5)))
 for w in (2, 3, 5):
     a, b = outs[("repeat kv, 1 shared", w)], outs[("stacked, 1 shared", w)]
-    print(f"w{w}: stacked == repeated bitwise: {torch.equal(a, b)}; 4 shared argmax same: {bool((outs[('stacked, 4 shared', w)].argmax(-1) == b.argmax(-1)).all())}")
+    same = bool((outs[("stacked, 4 shared", w)].argmax(-1) == b.argmax(-1)).all())
+    print(f"w{w}: stacked == repeated bitwise: {torch.equal(a, b)}; 4 shared argmax same: {same}")
