@@ -151,7 +151,9 @@ def test_a_drafts_attention_stacks_a_groups_heads_as_queries_and_a_targets_repea
                     full = mask[None, None].expand(2, heads, n, length)
                     expected = repeated_kv_attention(q, k, v, full, 0.125)
                     torch.testing.assert_close(
-                        lean._sdpa(q, k, v, full, 0.125, rep, stack=True), expected, **tolerance
+                        lean._sdpa(q, k, v, lean._stacked_mask(full, rep), 0.125, rep, stack=True),
+                        expected,
+                        **tolerance,
                     )
                     if n > 1:
                         assert torch.equal(lean._sdpa(q, k, v, full, 0.125, rep), expected)

@@ -246,6 +246,12 @@ class LeanForward:
         kind = self._attention_kind(attention_mask)
         if kind == "exact" and hidden.dtype != torch.float32:
             kind = "registry"  # exact_attention's own fallback
+        stack = self.stack and kind == "sdpa" and heads != groups
+        if stack:  # each stacked head's query rows with their mask rows, once a forward (_sdpa)
+            if masks is not None:
+                masks = {name: _stacked_mask(mask, heads // groups) for name, mask in masks.items()}
+            else:
+                attention_mask = _stacked_mask(attention_mask, heads // groups)
         function = self._registered() if kind == "registry" else None
         taps = getattr(cache, "taps", None)  # an EAGLE head's features (runtime/features.py)
         rows = _Rows(b, n, getattr(cache, "packed", None), hidden.device)
@@ -265,7 +271,7 @@ class LeanForward:
             if kind == "exact":
                 out = grouped_attention(q, k, v, attention_mask, layer.scaling)
             elif kind == "sdpa":
-                out = _sdpa(q, k, v, attention_mask, layer.scaling, heads // groups, self.stack)
+                out = _sdpa(q, k, v, attention_mask, layer.scaling, heads // groups, stack)
             else:
                 out, _ = function(layer.attn, q, k, v, attention_mask, dropout=0.0, scaling=layer.scaling)
             out = layer.o_proj(rows.pack(out.reshape(b, n, -1)))
@@ -311,26 +317,34 @@ class _Rows:
         return out.index_copy_(0, self.index, x).view(self.b, self.n, *x.shape[1:])
 
 
+def _stacked_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:
+    """A mask [b, 1 or H, n, L] for queries stacked by K/V group, [b, groups, rep * n, D]: each
+    stacked head's rows with their own mask rows (one mask for every head: repeated rep times)."""
+    b, heads, n, length = mask.shape
+    if heads != 1:
+        return mask.reshape(b, heads // rep, rep * n, length)
+    if n == 1:
+        return mask
+    return mask[:, :, None].expand(b, 1, rep, n, length).reshape(b, 1, rep * n, length)
+
+
 def _sdpa(q, k, v, mask, scale: float, rep: int, stack: bool = False) -> torch.Tensor:
     """transformers' sdpa_attention_forward for an explicit mask, op for op: one query stacks the
     heads of a K/V group (`pack_gqa`), more repeat the K/V heads (`repeat_kv`). -> [b, n, H, D]
 
     `stack` (a draft's forward, exact=False): more queries are stacked as well, [b, groups,
-    rep * n, D], each query row with its own mask row. Repeating copies the whole K/V of every
-    layer rep times (7 for the 0.5B draft) at every forward wider than one token; a draft's
-    two-token step over 200 tokens took 34.0 ms that way and 31.8 ms stacked. Each query's
-    output is the same up to the kernel's blocking, which moves last bits with the number of
-    queries (runtime/exact_attention.py), so a target, whose forwards must be transformers' own
-    bit for bit, repeats."""
+    rep * n, D], with `mask` already stacked (`_stacked_mask`, once a forward, not once a
+    layer). Repeating copies the whole K/V of every layer rep times (7 for the 0.5B draft) at
+    every forward wider than one token; a draft's two-token step over 200 tokens took 34.0 ms
+    that way and 31.8 ms stacked. Each query's output is the same up to the kernel's blocking,
+    which moves last bits with the number of queries (runtime/exact_attention.py), so a target,
+    whose forwards must be transformers' own bit for bit, repeats."""
     b, heads, n, dim = q.shape
     if rep > 1:
         if n == 1 or stack:
-            groups, length = heads // rep, mask.shape[-1]
-            q = q.reshape(b, groups, rep * n, dim)
-            if mask.shape[1] != 1:  # a mask per head: its rows in the same order
-                mask = mask.reshape(b, groups, rep * n, length)
-            elif n > 1:  # one mask for every head: each stacked head's rows repeat it
-                mask = mask[:, :, None].expand(b, 1, rep, n, length).reshape(b, 1, rep * n, length)
+            q = q.reshape(b, heads // rep, rep * n, dim)
+            if not stack:
+                mask = _stacked_mask(mask, rep)
         else:
             k = k[:, :, None].expand(b, k.shape[1], rep, *k.shape[2:]).reshape(b, heads, *k.shape[2:])
             v = v[:, :, None].expand(b, v.shape[1], rep, *v.shape[2:]).reshape(b, heads, *v.shape[2:])
