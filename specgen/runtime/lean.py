@@ -318,8 +318,8 @@ class _Rows:
 
 
 def _stacked_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:
-    """A mask [b, 1 or H, n, L] for queries stacked by K/V group, [b, groups, rep * n, D]: each
-    stacked head's rows with their own mask rows (one mask for every head: repeated rep times)."""
+    """A mask [b, 1 or H, n, L] for queries stacked by K/V group: [b, 1 or groups, rep * n, L],
+    each stacked head's rows with their own mask rows (one mask for every head: repeated rep times)."""
     b, heads, n, length = mask.shape
     if heads != 1:
         return mask.reshape(b, heads // rep, rep * n, length)
