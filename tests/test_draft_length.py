@@ -72,12 +72,14 @@ def test_a_cpu_draft_gets_a_confidence_stop_and_room_past_k(tiny_pair, tmp_path,
     from specgen.decoding.build import resolve_draft_length
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    # the AVX2 EPYC's costs: a draft step, a 2-token and a 5-token verify (linear there)
-    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
+    # the AVX2 EPYC's costs: a draft step, verifies of 2, 3 and 5 tokens (linear there), of 13
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.02, 1.04, 1.08, 1.4, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     choice = draft_length.choose(pair)
-    best = draft_length.best_k(0.38, draft_length.verify_steps(draft_length._verify_cost(1.02, 1.08, 1.4)))
+    best = draft_length.best_k(
+        0.38, draft_length.verify_steps(draft_length._verify_cost(1.02, 1.04, 1.08, 1.4))
+    )
     assert choice.k == min(draft_length.MAX_K, best + draft_length.STOP_EXTRA)
     stop = draft_length.stop_for(0.38)
     assert choice.confidence == stop == 0.76 and "stays at 0.76 or above" in choice.reason
@@ -114,6 +116,8 @@ BAD_ENTRIES = [
     {"k": 3, "verify_first": -0.1},
     {"k": 3, "verify_first": "x"},
     {"k": 3, "verify_slope": 12.0},
+    {"k": 3, "verify_kink": "x"},
+    {"k": 3, "verify_slope": 0.02, "verify_kink": -0.05},  # a second token that costs less than none
     {"k": 3, "verify_wide": -0.2},
     {"k": 3, "read": -0.01},
     {"k": 3, "read": "0.05"},
@@ -131,7 +135,7 @@ def test_a_cached_entry_that_does_not_validate_is_measured_again_with_a_notice(
     import json
 
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
-    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.02, 1.08, 1.4, 0.045))
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.02, 1.04, 1.08, 1.4, 0.045))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     good = draft_length.choose(pair)
@@ -227,7 +231,7 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
     assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
     # a 2-token verify at 1.08 steps, a 5-token one at 1.2: 0.05 a proposed token on the mean
-    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.08, 1.2, 1.6, 0.045))
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.08, 1.12, 1.2, 1.6, 0.045))
     draft_length.choose(paired)
     assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
     cuda = SimpleNamespace(device=torch.device("cuda"))
@@ -245,30 +249,35 @@ def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, 
     assert draft_length.verify_cost(SimpleNamespace(target=cuda, draft=None)) is None
 
 
-def test_a_verify_costs_its_first_proposed_token_apart(tiny_pair, tmp_path, monkeypatch):
-    """On a CPU the first proposed token costs more than each after it (the step leaves its
-    single-row kernels): the verify cost is measured at 2 and 5 tokens, cached with k, and read
-    back as a VerifyCost; nothing is measured where nothing was cached."""
+def test_a_verify_costs_its_first_two_proposed_tokens_apart(tiny_pair, tmp_path, monkeypatch):
+    """On a CPU a verify's cost steps rather than following a line: the first proposed token
+    costs more than the others (the step leaves its single-row kernels), and on a Xeon with AMX
+    a 3-token verify costs about what a 5-token one does. So the cost is measured at 2, 3 and 5
+    tokens, cached with k, and read back as a VerifyCost that goes through all three; nothing is
+    measured where nothing was cached."""
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     target, draft = tiny_pair
     pair = SimpleNamespace(target=target, draft=draft)
     assert draft_length.verify_cost(pair) is None and draft_length.verify_slope(pair) is None
-    # a Xeon with AMX's draft step and 2- and 5-token verifies; a 13-token verify at 1.49 steps
-    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.36, 1.08, 1.17, 1.49, 0.02))
+    # a draft step, verifies of 2, 3 and 5 tokens (the second token dearer than the line's), of 13
+    monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.36, 1.08, 1.14, 1.17, 1.49, 0.02))
     choice = draft_length.choose(pair)
-    # a chain's longest (6 proposed) costs 1.23 on the line; each token past it (1.49 - 1.23) / 6
-    expected = draft_length.VerifyCost(pytest.approx(0.08), pytest.approx(0.03), pytest.approx(0.26 / 6))
-    assert choice.verify == expected
+    # the line from 3 to 5 tokens: 0.015 a token, the second 0.045 more; a chain's longest (6
+    # proposed) then costs 1.20, and each token past it (1.49 - 1.20) / 6
+    expected = draft_length.VerifyCost(
+        pytest.approx(0.08), pytest.approx(0.015), pytest.approx(0.29 / 6), pytest.approx(0.045)
+    )
+    assert choice.verify == expected and "verifies of 2, 3, 5 and 13 tokens" in choice.reason
     cost = draft_length.verify_cost(pair)
     assert cost == expected
     assert [cost.steps(n) for n in (0, 1, 2, 3, 4, 5, 6, 12)] == [
         1.0,
         pytest.approx(1.08),
-        pytest.approx(1.11),
         pytest.approx(1.14),
+        pytest.approx(1.155),
         pytest.approx(1.17),
+        pytest.approx(1.185),
         pytest.approx(1.20),
-        pytest.approx(1.23),
         pytest.approx(1.49),
     ]
     assert draft_length.verify_slope(pair) == pytest.approx(0.17 / 4)  # a 5-token verify's, per token
@@ -349,9 +358,9 @@ def test_the_verifies_are_timed_with_every_positions_logits(tiny_pair, monkeypat
 
     monkeypatch.setattr(probes.Probe, "__init__", probe)
     ratios = probes.ratios(SimpleNamespace(target=target, draft=draft), repeats=1)
-    assert all(r > 0 for r in ratios[:4])
+    assert all(r > 0 for r in ratios[:5])
     widths = [(width, keep) for on_target, width, keep, _ in built if on_target]
-    assert widths == [(1, 1), (2, 0), (5, 0), (probes.WIDE, 0)]
+    assert widths == [(1, 1), (2, 0), (3, 0), (5, 0), (probes.WIDE, 0)]
     # over the context verifies meet (CONTEXT, or half a short model's), the draft step's too
     context = min(probes.CONTEXT, target.context_length // 2, draft.context_length // 2)
-    assert [c for on_target, width, _, c in built if on_target or width == 1] == [context] * 5
+    assert [c for on_target, width, _, c in built if on_target or width == 1] == [context] * 6

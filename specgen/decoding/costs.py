@@ -4,13 +4,14 @@
 costs k draft steps plus one target forward over k+1 tokens. Where a draft step is cheap next
 to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
 where the draft costs a third of the target (the default pair on a CPU) short ones do.
-`choose` times five forwards once over about a request's cached tokens (a target step, a draft
-step, and verifies of 2, 5 and WIDE tokens, in turn: a few seconds; probes.py), picks the k in 1..MAX_K
+`choose` times six forwards once over about a request's cached tokens (a target step, a draft
+step, and verifies of 2, 3, 5 and WIDE tokens, in turn: a few seconds; probes.py), picks the k in 1..MAX_K
 with the best expected tokens per unit of time at the typical acceptance `ACCEPTANCE`, and
 caches the answer per machine, thread count and model pair in
 `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
-notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, each
-one's after it up to a chain's longest, and each one's past that), for the floor and lookup, and
+notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, the
+second's, each one's after it up to a chain's longest, and each one's past that), for the floor
+and lookup, and
 so is what the draft's reading of a prompt token costs (`read_price`: a draft model reads a
 prompt before its first draft, and where that read costs more than drafting can save over a
 request's tokens, the row does not draft with it: drafters/model.py). A draft on the CPU also
@@ -27,7 +28,7 @@ The per-round policies that adapt k within these bounds are in `length.py`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,7 +44,7 @@ from specgen.text import json_value
 # k = 1..3 (benchmarks/avx2-epyc.md); the accepted share per drafted token understates it, as
 # acceptances come in runs.
 ACCEPTANCE = 0.85
-FORMAT = 15  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
+FORMAT = 17  # bump when forwards change cost or the stored reasons change (cached choices are measured again)
 MAX_K = 6
 GPU_K = 4
 SEP, THREADS = " | ", 3  # a pair_key's separator, and where its thread count stands
@@ -69,22 +70,24 @@ STOP_PER_COST, STOP_MIN, STOP_MAX, STOP_EXTRA = 2.0, 0.5, 0.8, 2
 @dataclass(frozen=True)
 class VerifyCost:
     """A verify's cost in plain steps, by the tokens proposed: a plain step, `first` for the
-    first proposed token, `slope` for each after it up to BEND (a chain's longest), and `wide`
-    for each past BEND (a tree's nodes, a long lookup). The first costs more than the others on
-    a CPU: from one row to two the step leaves its single-row kernels (measured on a Xeon with
-    AMX: 2 rows 1.08 steps, 3 rows 1.15, 6 rows 1.17; benchmarks/floor.md). Past 7 tokens each
-    costs more again (WIDE)."""
+    first proposed token, `slope` for each after it up to BEND (a chain's longest), `kink` more
+    for the second, and `wide` for each past BEND (a tree's nodes, a long lookup). A CPU's
+    kernels step there rather than along a line: from one row to two the step leaves its
+    single-row kernels, and on a Xeon with AMX a verify of 3 tokens costs what one of 5 does (2,
+    3 and 5 tokens 1.11, 1.21 and 1.21 steps in the decode loop, where the line through 2 and 5
+    priced 3 at 1.14: benchmarks/floor.md). Past 7 tokens each costs more again (WIDE)."""
 
     first: float
     slope: float
     wide: float = 0.0  # 0: not measured: `slope` past BEND too
+    kink: float = 0.0  # the second token's cost beyond `slope` (0: on the line)
 
     def steps(self, proposed: int) -> float:
         if proposed <= 0:
             return 1.0
         near = min(proposed, BEND)
         past = (proposed - near) * max(self.wide, self.slope)
-        return 1.0 + self.first + self.slope * (near - 1) + past
+        return 1.0 + self.first + self.slope * (near - 1) + (self.kink if near >= 2 else 0.0) + past
 
     def per_token(self, proposed: int = 4) -> float:
         """The mean cost of a proposed token in a verify of `proposed` of them (4: a 5-token verify)."""
@@ -115,13 +118,14 @@ def best_k(draft_cost: float, verify_cost: dict[int, float], acceptance: float =
     return max(range(1, MAX_K + 1), key=lambda k: (expected_rate(k, draft_cost, verify_cost, acceptance), -k))
 
 
-def _verify_cost(two: float, five: float, wide: float) -> VerifyCost:
-    """The verify cost from a 2-token, a 5-token and a WIDE-token verify, each in target steps:
-    the first two give `first` and `slope`, and the WIDE-token one what its tokens past BEND cost
-    beyond that line."""
+def _verify_cost(two: float, three: float, five: float, wide: float) -> VerifyCost:
+    """The verify cost from verifies of 2, 3, 5 and WIDE tokens, each in target steps: 2 gives
+    `first`, 3 and 5 `slope` (their line) and `kink` (what the second token costs beyond it), and
+    the WIDE-token one what its tokens past BEND cost beyond that line."""
     first = max(0.0, two - 1.0)
-    line = VerifyCost(first, max(0.0, (five - 1.0 - first) / 3))
-    return VerifyCost(line.first, line.slope, max(0.0, (wide - line.steps(BEND)) / (WIDE - 1 - BEND)))
+    slope = max(0.0, (five - three) / 2)
+    line = VerifyCost(first, slope, kink=max(0.0, three - two) - slope)
+    return replace(line, wide=max(0.0, (wide - line.steps(BEND)) / (WIDE - 1 - BEND)))
 
 
 def verify_steps(cost: VerifyCost) -> dict[int, float]:
@@ -161,6 +165,7 @@ def choose(pair) -> DraftLength:
             "verify_slope": c.verify.slope,
             "verify_first": c.verify.first,
             "verify_wide": c.verify.wide,
+            "verify_kink": c.verify.kink,
             "read": c.read,
         },
         "the draft length cached in {path} is not valid; measuring it again",
@@ -169,13 +174,14 @@ def choose(pair) -> DraftLength:
 
 def _measure(pair) -> DraftLength:
     with torch.inference_mode():
-        draft, two, five, wide, read = ratios(pair)
-    verify = _verify_cost(two, five, wide)
+        draft, two, three, five, wide, read = ratios(pair)
+    verify = _verify_cost(two, three, five, wide)
     k = best_k(draft, verify_steps(verify))
     step = "head step" if pair.draft.vocabulary is Vocabulary.HEAD else "draft step"
     reason = (
-        f"measured: {step} {draft:.2f} of a target step, verifies of 2, 5 and {WIDE} tokens "
-        f"{two:.2f}, {five:.2f} and {wide:.2f} steps, a prompt token read by the draft {read:.3f}; "
+        f"measured: {step} {draft:.2f} of a target step, verifies of 2, 3, 5 and {WIDE} tokens "
+        f"{two:.2f}, {three:.2f}, {five:.2f} and {wide:.2f} steps, a prompt token read by the draft "
+        f"{read:.3f}; "
         f"best at {ACCEPTANCE:.0%} acceptance"
     )
     confidence = 0.0
@@ -312,12 +318,13 @@ def _entry(entry) -> DraftLength | None:
     number in [0, 1), reason text. Anything else (a hand edit, another version) is None."""
     if not isinstance(entry, dict):
         return None
-    k, confidence, reason, slope, first, wide, read = (
+    k, confidence, reason, slope, first, kink, wide, read = (
         entry.get("k"),
         entry.get("confidence", 0.0),
         entry.get("reason", "measured earlier"),
         entry.get("verify_slope", 0.0),
         entry.get("verify_first", 0.0),
+        entry.get("verify_kink", 0.0),
         entry.get("verify_wide", 0.0),
         entry.get("read", 0.0),
     )
@@ -327,5 +334,7 @@ def _entry(entry) -> DraftLength | None:
         return None
     if any(type(cost) not in (int, float) or not 0.0 <= cost < 10.0 for cost in (slope, first, wide, read)):
         return None
-    verify = VerifyCost(float(first), float(slope), float(wide))
+    if type(kink) not in (int, float) or not -slope <= kink < 10.0:  # the second token costs >= 0
+        return None
+    verify = VerifyCost(float(first), float(slope), float(wide), float(kink))
     return DraftLength(k, reason, float(confidence), verify, float(read))

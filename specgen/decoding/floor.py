@@ -85,12 +85,13 @@ PLAIN_HALFLIFE = 16.0  # plain rounds of a width
 NONE = 1 << 30  # no ceiling: the row's own draft-length policy decides
 MAX_CEILING = 64  # a ceiling that doubles past this is none
 DECAY = 0.5 ** (1.0 / HALFLIFE)
-# a verify of at most this many proposed tokens is priced by what the device probe times (a
-# 2-token verify) or next to it, and its cost moves little with the context (Zen 4: 2 tokens
+# a verify of at most this many proposed tokens is priced by what the device probe times (its
+# verifies of 2 and 3 tokens), and its cost moves little with the context (Zen 4: 2 tokens
 # 1.00-1.04 steps, 3 tokens 1.08, over 200 and 400 cached tokens), so its seconds over its price
-# are the plain step; wider ones move with the context and the machine's state (a 13-token verify
-# priced at 1.56 steps cost 2.07-2.18 a day later; a 7-token one 1.16 over 200 tokens, 1.47 over
-# 400: benchmarks/floor.md)
+# are the plain step (on a Xeon with AMX, a 3-token verify priced on the line through 2 and 5
+# tokens read 6% cheap, and so read its row's rounds 6% fast); wider ones move with the context
+# and the machine's state (a 13-token verify priced at 1.56 steps cost 2.07-2.18 a day later; a
+# 7-token one 1.16 over 200 tokens, 1.47 over 400: benchmarks/floor.md)
 NARROW = 2
 
 

@@ -86,9 +86,9 @@ class HeadProbe(Probe):
         kvcache.forward(self.call, self.cache, self.tokens, keep=1)
 
 
-def ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, float]:
-    """(draft step, 2-token verify, 5-token verify, WIDE-token verify, a prompt token of the
-    draft's read) in target steps: the forwards are timed in turn, `repeats` times, and the
+def ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, float, float]:
+    """(draft step, verifies of 2, 3, 5 and WIDE tokens, a prompt token of the draft's read) in
+    target steps: the forwards are timed in turn, `repeats` times, and the
     medians of the per-turn ratios are kept (see the module). A head's draft step is its own
     (HeadProbe); the read (the draft's forward over READ prompt tokens, per token) is timed for a
     draft model on the CPU only (0 elsewhere: a GPU reads a prompt cheaply, and a head reads the
@@ -100,8 +100,8 @@ def ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, fl
     step = Probe(pair.target.model, 1, context=context)
     # a verify reads every position's logits (verify.forward), so its probe does too: with the
     # last position's only, a 5-token verify read 5% cheaper than the loop's (AVX2 EPYC)
-    pair_of, five_of, wide_of = (
-        Probe(pair.target.model, width, context=context, keep=0) for width in (2, 5, WIDE)
+    pair_of, three_of, five_of, wide_of = (
+        Probe(pair.target.model, width, context=context, keep=0) for width in (2, 3, 5, WIDE)
     )
     if head:
         draft = HeadProbe(pair.draft.model, context=context)
@@ -110,12 +110,14 @@ def ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, fl
     read = None
     if not head and pair.draft.device.type == "cpu":
         read = Probe(pair.draft.model, READ, exact=False)
-    series: tuple[list[float], ...] = ([], [], [], [], [])
+    series: tuple[list[float], ...] = ([], [], [], [], [], [])
+    verifies = (pair_of, three_of, five_of, wide_of)
     for _ in range(repeats):
-        one, two, five, wide = step.seconds(), pair_of.seconds(), five_of.seconds(), wide_of.seconds()
+        one = step.seconds()
+        two, three, five, wide = (probe.seconds() for probe in verifies)
         small = draft.seconds()
         prompt = read.seconds() / READ if read is not None else 0.0
         one = (one + step.seconds()) / 2  # the target step around the others
-        for values, seconds in zip(series, (small, two, five, wide, prompt)):
+        for values, seconds in zip(series, (small, two, three, five, wide, prompt)):
             values.append(seconds / one)
     return tuple(statistics.median(values) for values in series)
