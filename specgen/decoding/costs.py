@@ -5,17 +5,16 @@ costs k draft steps plus one target forward over k+1 tokens. Where a draft step 
 to the target and a wide verify costs about what a single step does (a GPU), long drafts win;
 where the draft costs a third of the target (the default pair on a CPU) short ones do.
 `choose` times six forwards once over about a request's cached tokens (a target step, a draft
-step, and verifies of 2, 3, 5 and WIDE tokens, in turn: a few seconds; probes.py), picks the k in 1..MAX_K
-with the best expected tokens per unit of time at the typical acceptance `ACCEPTANCE`, and
-caches the answer per machine, thread count and model pair in
+step, and verifies of 2, 3, 5 and WIDE tokens, in turn: a few seconds; probes.py), picks the k
+in 1..MAX_K with the best expected tokens per unit of time at the typical acceptance
+`ACCEPTANCE`, and caches the answer per machine, thread count and model pair in
 `$SPECGEN_CACHE/draft-length.json`; an entry that does not validate is measured again, with a
 notice. The verifies' costs are kept with it (`VerifyCost`: the first proposed token's, the
 second's, each one's after it up to a chain's longest, and each one's past that), for the floor
-and lookup, and
-so is what the draft's reading of a prompt token costs (`read_price`: a draft model reads a
-prompt before its first draft, and where that read costs more than drafting can save over a
-request's tokens, the row does not draft with it: drafters/model.py). A draft on the CPU also
-gets a confidence stop (`length.unsure`), priced by its measured cost (`stop_for`), and
+and lookup, and so is what the draft's reading of a prompt token costs (`read_price`: a draft
+model reads a prompt before its first draft, and where that read costs more than drafting can
+save over a request's tokens, the row does not draft with it: drafters/model.py). A draft on the
+CPU also gets a confidence stop (`length.unsure`), priced by its measured cost (`stop_for`), and
 STOP_EXTRA more tokens of room. An EAGLE-3 head is a draft like any other here: its step is the
 head's own forward (probes.HeadProbe), and its stop is priced by that step's cost.
 
@@ -181,8 +180,7 @@ def _measure(pair) -> DraftLength:
     reason = (
         f"measured: {step} {draft:.2f} of a target step, verifies of 2, 3, 5 and {WIDE} tokens "
         f"{two:.2f}, {three:.2f}, {five:.2f} and {wide:.2f} steps, a prompt token read by the draft "
-        f"{read:.3f}; "
-        f"best at {ACCEPTANCE:.0%} acceptance"
+        f"{read:.3f}; best at {ACCEPTANCE:.0%} acceptance"
     )
     confidence = 0.0
     if pair.draft.device.type == "cpu":

@@ -88,11 +88,11 @@ class HeadProbe(Probe):
 
 def ratios(pair, repeats: int = REPEATS) -> tuple[float, float, float, float, float, float]:
     """(draft step, verifies of 2, 3, 5 and WIDE tokens, a prompt token of the draft's read) in
-    target steps: the forwards are timed in turn, `repeats` times, and the
-    medians of the per-turn ratios are kept (see the module). A head's draft step is its own
-    (HeadProbe); the read (the draft's forward over READ prompt tokens, per token) is timed for a
-    draft model on the CPU only (0 elsewhere: a GPU reads a prompt cheaply, and a head reads the
-    target's features of a prompt, which the target wrote anyway)."""
+    target steps: the forwards are timed in turn, `repeats` times, and the medians of the
+    per-turn ratios are kept (see the module). A head's draft step is its own (HeadProbe); the
+    read (the draft's forward over READ prompt tokens, per token) is timed for a draft model on
+    the CPU only (0 elsewhere: a GPU reads a prompt cheaply, and a head reads the target's
+    features of a prompt, which the target wrote anyway)."""
     head = pair.draft.vocabulary is Vocabulary.HEAD
     context = min(CONTEXT, pair.target.context_length // 2)
     if not head:
