@@ -163,6 +163,17 @@ def _byte_level_alphabet() -> dict[str, int]:
     return chars
 
 
+def special_ids(tokenizer) -> dict[int, str]:
+    """A tokenizer's special tokens, id -> text: its special ids (end of text, padding) and the
+    added tokens marked special (a chat template's turn markers): what
+    decode(skip_special_tokens=True) skips."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found = {i: token.content for i, token in added.items() if getattr(token, "special", False)}
+    for i in getattr(tokenizer, "all_special_ids", ()):
+        found.setdefault(i, tokenizer.convert_ids_to_tokens(i))
+    return found
+
+
 class TokenBytes:
     """A token's exact bytes, also for a token that holds part of a UTF-8 character (which has
     no text of its own: what OpenAI's `logprobs.bytes` is for). Byte-level BPE vocabularies
@@ -174,11 +185,7 @@ class TokenBytes:
         self.tokenizer = tokenizer
         self.byte_level = is_byte_level(tokenizer)
         self.alphabet = _byte_level_alphabet() if self.byte_level else {}
-        # what decode(skip_special_tokens=True) skips: the special ids, and added tokens marked special
-        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        self.specials = frozenset(getattr(tokenizer, "all_special_ids", ())) | frozenset(
-            i for i, token in added.items() if getattr(token, "special", False)
-        )
+        self.specials = frozenset(special_ids(tokenizer))
         self._known: dict[int, bytes] = {}  # a token's bytes never change
 
     def __call__(self, token_id: int) -> bytes:

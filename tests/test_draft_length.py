@@ -222,20 +222,23 @@ def test_batch_width_costs_are_measured_once_and_a_bad_entry_again_with_a_notice
         assert width_costs(pair) == measured and len(calls) == before + 1  # written back valid
 
 
-def test_lookup_price_is_the_targets_measured_verify_slope(tiny_pair, tmp_path, monkeypatch):
-    """What a lookup token costs: the measured slope of this target on this machine (whichever
-    draft it was measured with, also for a pair with no draft); else CPU_PRICE on a CPU; None on
-    a GPU."""
+def test_lookup_cost_is_the_targets_measured_verify_cost(tiny_pair, tmp_path, monkeypatch):
+    """What lookup tokens cost: the measured verify of this target on this machine (whichever
+    draft it was measured with, also for a pair with no draft); else CPU_PRICE a token on a CPU;
+    None on a GPU."""
     monkeypatch.setenv("SPECGEN_CACHE", str(tmp_path))
     target, draft = tiny_pair
     alone, paired = SimpleNamespace(target=target, draft=None), SimpleNamespace(target=target, draft=draft)
-    assert draft_length.lookup_price(alone) == draft_length.CPU_PRICE  # nothing measured yet
-    # a 2-token verify at 1.08 steps, a 5-token one at 1.2: 0.05 a proposed token on the mean
+    price = draft_length.CPU_PRICE  # nothing measured yet
+    assert draft_length.lookup_cost(alone) == draft_length.VerifyCost(price, price)
+    # verifies of 2, 3 and 5 tokens at 1.08, 1.12 and 1.2 steps
     monkeypatch.setattr(draft_length, "ratios", lambda *a, **k: (0.38, 1.08, 1.12, 1.2, 1.6, 0.045))
     draft_length.choose(paired)
-    assert draft_length.lookup_price(paired) == draft_length.lookup_price(alone) == pytest.approx(0.05)
+    measured = draft_length.lookup_cost(paired)
+    assert measured == draft_length.lookup_cost(alone) == draft_length.verify_cost(paired)
+    assert [measured.steps(n) for n in (1, 2, 4)] == pytest.approx([1.08, 1.12, 1.2])
     cuda = SimpleNamespace(device=torch.device("cuda"))
-    assert draft_length.lookup_price(SimpleNamespace(target=cuda, draft=None)) is None
+    assert draft_length.lookup_cost(SimpleNamespace(target=cuda, draft=None)) is None
     # the verify is the target's: a pair with no draft, or a head (no entry of its own), prices
     # its rounds with what another draft measured for the same target
     head = SimpleNamespace(name="a-head", dtype="float32", weights="bf16", device=target.device)

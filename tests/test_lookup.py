@@ -15,13 +15,16 @@ from tiny import RowDrafterBase, assert_cache_agrees, decode, per_row
 import specgen.decoding.verify as engine_module
 from specgen.config import GenerationConfig, Method, SamplingConfig
 from specgen.decoding.acceptance import ProposalKind, Verdict, speculative_sampling
+from specgen.decoding.build import make_drafter
+from specgen.decoding.costs import VerifyCost
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.drafters.lookup import MatchOdds, PromptLookupDrafter
 from specgen.decoding.drafters.lookup_chain import LookupChain, Source
 from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
 from specgen.decoding.sampling import make_generator
-from specgen.text import common_prefix
+from specgen.runtime.pair import Pair
+from specgen.text import common_prefix, special_ids
 
 GREEDY = SamplingConfig()
 
@@ -546,23 +549,42 @@ def test_an_extension_query_is_not_counted_as_another_lookup_round():
     assert combined.lookups[0].rounds == 5
 
 
-# -- how long a continuation is proposed: MatchOdds and the verify price ---------------------------
+# -- how long a continuation is proposed: MatchOdds and the verify's cost -------------------------
+
+LINE = VerifyCost(0.07, 0.07)  # every proposed token 0.07 steps
+FREE = VerifyCost(0.0, 0.0)
+# a Xeon with AMX: 1, 2 and 5 proposed tokens 1.09, 1.19 and 1.20 steps
+STEPPED = VerifyCost(0.09, 0.0025, kink=0.0975)
 
 
 def test_odds_cut_a_continuation_where_its_next_token_is_worth_less_than_its_verify():
     odds = MatchOdds()
     # the priors: a one-token match's copy is accepted less often than a longer match's
     assert (odds.chance(1), odds.chance(2), odds.chance(3), odds.chance(5)) == (0.25, 0.5, 0.75, 0.75)
-    assert odds.length(1, 6, 0.07) == 1  # 0.25 reaches 0.07; 0.0625 does not
-    assert odds.length(2, 6, 0.07) == 3  # 0.5, 0.25, 0.125 reach 0.07; 0.0625 does not
-    assert odds.length(3, 2, 0.07) == 2  # never more than k
-    assert odds.length(1, 6, 0.0) == 6
+    assert odds.length(1, 6, LINE) == 1  # 0.25 is worth 0.07; the next 0.0625 is not
+    assert odds.length(2, 6, LINE) == 3  # 0.5, 0.25, 0.125 are worth 0.07; 0.0625 is not
+    assert odds.length(3, 2, LINE) == 2  # never more than k
+    assert odds.length(1, 6, FREE) == 6
     for _ in range(40):
         odds.record(1, 3, 0)  # every one-token match's first token rejected
         odds.record(3, 5, 5)  # every three-token match's five tokens accepted
-    assert odds.length(1, 6, 0.07) == 0
-    assert odds.chance(3) > 0.97 and odds.length(3, 6, 0.07) == 6
-    assert odds.length(2, 6, 0.07) == 3  # a length never seen keeps the prior
+    assert odds.length(1, 6, LINE) == 0
+    assert odds.chance(3) > 0.97 and odds.length(3, 6, LINE) == 6
+    assert odds.length(2, 6, LINE) == 3  # a length never seen keeps the prior
+
+
+def test_odds_price_a_copy_as_a_whole_where_a_verify_steps():
+    """Where the second proposed token costs what the next four do together, a copy is worth it
+    whole or not past its first token: a token-by-token rule at the mean price would propose
+    tokens whose dear second one they do not pay for."""
+    odds = MatchOdds()
+    # p = 0.25: one token brings 0.25 for 0.09; two or more bring 0.31-0.33 for 0.19-0.20
+    assert odds.length(1, 6, STEPPED) == 1
+    # p = 0.5: six tokens bring 0.98 for 0.20
+    assert odds.length(2, 6, STEPPED) == 6
+    # extending a model's draft of 2: the verify has paid for its dear tokens, so the copy runs on
+    assert odds.length(1, 4, STEPPED, held=2) == 4
+    assert odds.length(1, 4, LINE, held=2) == 1  # on a line, where it is held changes nothing
 
 
 def test_odds_forget_over_their_halflife():
@@ -575,10 +597,22 @@ def test_odds_forget_over_their_halflife():
     assert low < 0.1 and odds.chance(2) > 0.9
 
 
+def test_a_copy_ends_before_a_control_token():
+    """The prompt's turn markers are never proposed: a copy stops before the first, and a copy
+    that would start with one is no proposal (and no round for the odds to learn from)."""
+    end, start = 90, 91  # a chat template's end of turn and start of turn
+    drafter = PromptLookupDrafter(never=frozenset({end, start}))
+    context = [5, 6, 7, end, start, 8, 9, 6]
+    assert proposed(drafter, context, 4) == [7]  # "6" was followed by 7, end, start, 8
+    assert proposed(drafter, [5, 7, end, start, 8, 7], 3) == []
+    assert drafter.odds.estimates == {} and drafter._pending is None
+    assert proposed(PromptLookupDrafter(), [5, 7, end, start, 8, 7], 3) == [end, start, 8]
+
+
 def test_a_priced_lookup_learns_from_what_was_committed_after_its_proposals():
     """Each proposal's fate is read from the next round's context: rejected one-token matches
     shorten the next ones down to none, with no effect on an unpriced lookup."""
-    priced, unpriced = PromptLookupDrafter(price=0.07), PromptLookupDrafter()
+    priced, unpriced = PromptLookupDrafter(cost=LINE), PromptLookupDrafter()
     context = [1, 2, 3, 4, 5, 6, 7, 8]
     lengths = []
     for step in range(30):
@@ -593,7 +627,7 @@ def test_a_priced_lookup_learns_from_what_was_committed_after_its_proposals():
 
 
 def test_a_priced_lookup_keeps_proposing_in_full_where_its_proposals_are_accepted():
-    drafter = PromptLookupDrafter(price=0.07)
+    drafter = PromptLookupDrafter(cost=LINE)
     cycle = list(range(7, 14))
     context = cycle * 2 + [7]
     lengths = []
@@ -608,7 +642,7 @@ def test_a_priced_lookup_keeps_proposing_in_full_where_its_proposals_are_accepte
 
 
 def test_a_rewind_drops_the_proposal_whose_fate_it_hid():
-    drafter = PromptLookupDrafter(price=0.07)
+    drafter = PromptLookupDrafter(cost=LINE)
     assert proposed(drafter, [1, 2, 3, 1], 4)
     drafter.rewind(2)
     proposed(drafter, [1, 2, 5, 6, 1], 4)
@@ -618,10 +652,21 @@ def test_a_rewind_drops_the_proposal_whose_fate_it_hid():
 @pytest.mark.parametrize("name", list(LOOP_PROMPTS))
 def test_a_priced_lookup_in_the_engine_matches_plain_greedy(tiny_pair, references, name):
     out, rounds = generate(
-        lookup_engine(tiny_pair, PromptLookupDrafter(price=0.3)),
+        lookup_engine(tiny_pair, PromptLookupDrafter(cost=VerifyCost(0.3, 0.3))),
         LOOP_PROMPTS[name],
         max_new_tokens=40,
         draft_tokens=6,
     )
     assert out == references[name]
     assert len({len(r.draft_tokens) for r in rounds}) > 1
+
+
+@pytest.mark.parametrize("method", [Method.LOOKUP, Method.LOOKUP_CHAIN])
+def test_a_built_lookup_never_copies_the_target_tokenizers_control_tokens(tiny_pair, method):
+    """make_drafter hands every row's lookup the target tokenizer's special tokens: the chat
+    template's markers the prompt holds (<|im_start|>, <|im_end|>) and its end of text."""
+    target, draft = tiny_pair
+    drafter = make_drafter(Pair(target, draft), GenerationConfig(method=method))
+    tokenizer = target.tokenizer
+    markers = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")}
+    assert drafter.make_lookup().never == frozenset(special_ids(tokenizer)) >= markers

@@ -31,6 +31,7 @@ from specgen.runtime.compiled import can_capture
 from specgen.runtime.pair import Pair
 from specgen.runtime.suffix import MIN_PROB
 from specgen.status import note
+from specgen.text import special_ids
 
 
 def resolve_draft_length(pair: Pair, config: GenerationConfig, drafts: bool | None = None):
@@ -153,8 +154,10 @@ def _lookup(pair: Pair, config: GenerationConfig) -> Drafter:
 
 
 def _priced(pair: Pair) -> Callable[[], PromptLookupDrafter]:
-    """Each row's lookup, its continuations cut to what a verified token costs here (lookup.py)."""
-    return functools.partial(PromptLookupDrafter, price=costs.lookup_price(pair))
+    """Each row's lookup, its copies cut to what a verify costs here and before the target
+    tokenizer's control tokens (lookup.py)."""
+    never = frozenset(special_ids(pair.target.tokenizer))
+    return functools.partial(PromptLookupDrafter, cost=costs.lookup_cost(pair), never=never)
 
 
 def _per_row(kind) -> Callable[[Pair, GenerationConfig], Drafter]:

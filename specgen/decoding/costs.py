@@ -200,8 +200,8 @@ def stop_for(draft_cost: float) -> float:
 def verify_slope(pair) -> float | None:
     """What one more verified token costs in target steps, on the mean over a 5-token verify's
     four proposed tokens, where `choose` measured it for this target and device (`verify_cost`,
-    read from its cache, never measured here); None elsewhere. Lookup's price and the suffix
-    tree's branching read it."""
+    read from its cache, never measured here); None elsewhere. The suffix tree's branching reads
+    it (lookup prices its copies by the whole `verify_cost`)."""
     cost = verify_cost(pair)
     return cost.per_token() if cost is not None and cost.per_token() > 0 else None
 
@@ -269,15 +269,15 @@ def _alike(key: list[str], other: list[str]) -> bool:
 CPU_PRICE = 0.07  # one more verified token, in target steps, on the CPUs measured: 0.07-0.1
 
 
-def lookup_price(pair) -> float | None:
-    """What proposing one more lookup token costs, in target steps: the verify slope measured for
-    this target on this machine (`verify_cost`: with whichever draft it was measured), else
-    CPU_PRICE on a CPU (the least measured, so a continuation is cut no more than the cheapest
-    CPU warrants); None on other devices, where a wide verify costs next to nothing."""
+def lookup_cost(pair) -> VerifyCost | None:
+    """What a verify costs by the lookup tokens it holds, in target steps: as measured for this
+    target on this machine (`verify_cost`: with whichever draft it was measured), else CPU_PRICE a
+    token on a CPU (the least measured, so a copy is cut no more than the cheapest CPU warrants);
+    None on other devices, where a wide verify costs next to nothing."""
     if pair.target.device.type != "cpu":
         return None
-    slope = verify_slope(pair)
-    return slope if slope is not None else CPU_PRICE
+    cost = verify_cost(pair)
+    return cost if cost is not None else VerifyCost(CPU_PRICE, CPU_PRICE)
 
 
 def cached(key: str, parse, measure, as_json, stale: str):

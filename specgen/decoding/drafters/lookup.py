@@ -15,17 +15,24 @@ extends what was indexed (a rollback, a new chat turn rendered differently), the
 back to the common prefix (or rebuilt when that is cheaper). The index only decides what is
 proposed, never what is emitted: a stale index would cost speed, not correctness.
 
-How long a continuation is proposed depends on how its kind has fared (`MatchOdds`): where a
-verified token costs something (`price`, one more verified token in target steps: 0.07-0.1 on
-the CPUs measured), a continuation is cut where its next token's chance of being reached and
-accepted falls below that price. On text that does not repeat (a translation: 4% of lookup's
-tokens accepted) a one-token match then proposes one token, or none, instead of a whole k that
-a 5-token verify pays 1.3 plain steps for; on code that repeats, its whole k.
+How long a continuation is proposed depends on how its kind has fared (`MatchOdds`) and on
+what a verify costs here (`cost`, a `VerifyCost` in target steps, measured per machine on a CPU):
+a copy's length is the one whose expected accepted tokens, less what its tokens add to the
+verify, are the most. A CPU's verify does not cost a line: on a Xeon with AMX 1, 2 and 5
+proposed tokens cost 1.09, 1.19 and 1.20 steps, so a copy is priced as a whole, not token by
+token. On text that does not repeat (a translation: 4% of lookup's tokens accepted) a one-token
+match then proposes one token, or none, instead of a whole k; on code that repeats, its whole k.
+
+A copy never holds one of the tokenizer's control tokens (`never`: a chat template's turn
+markers, the end of a turn). The prompt holds them and the answer does not: a one-token match on
+the template's last newline would otherwise propose `<|im_start|>assistant` as every answer's
+first tokens, and a full stop would propose the user's end of turn.
 """
 
 from __future__ import annotations
 
 from specgen.config import SamplingConfig
+from specgen.decoding.costs import VerifyCost
 from specgen.decoding.drafters.base import Proposal
 from specgen.decoding.events import Origin
 from specgen.decoding.length import Acceptance
@@ -65,15 +72,18 @@ class MatchOdds:
     def record(self, n: int, proposed: int, accepted: int) -> None:
         self.estimates.setdefault(n, Acceptance(HALFLIFE, *prior(n))).update(proposed, accepted)
 
-    def length(self, n: int, k: int, price: float) -> int:
-        """The tokens worth proposing after an n-token match: the i-th is reached and accepted
-        with chance p_n^i, and verifying it costs `price` target steps."""
-        chance, reach, length = self.chance(n), 1.0, 0
-        while length < k:
+    def length(self, n: int, k: int, cost: VerifyCost, held: int = 0) -> int:
+        """The copy's length, at most k, with the most expected accepted tokens less what its
+        tokens add to a verify that already holds `held` proposed ones (a model's draft that the
+        copy extends): the i-th token is reached and accepted with chance p_n^i."""
+        chance, reach, tokens, best, length = self.chance(n), 1.0, 0.0, 0.0, 0
+        base = cost.steps(held)
+        for size in range(1, k + 1):
             reach *= chance
-            if reach < price:
-                break
-            length += 1
+            tokens += reach
+            gain = tokens - (cost.steps(held + size) - base)
+            if gain > best:
+                best, length = gain, size
         return length
 
 
@@ -91,9 +101,16 @@ class PromptLookupDrafter:
     in a loop is proposed k tokens at a time.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, price: float | None = None):
-        """`price`: one more verified token's cost in target steps, where measured (a CPU's);
-        None proposes every match's whole k (a GPU, where it costs next to nothing)."""
+    def __init__(
+        self,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        cost: VerifyCost | None = None,
+        never: frozenset[int] = frozenset(),
+    ):
+        """`cost`: a verify's cost by the tokens proposed, where measured (a CPU's); None proposes
+        every match's whole k (a GPU, where it costs next to nothing). `never`: the tokens a copy
+        ends before (the tokenizer's control tokens)."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram = max_ngram
@@ -108,7 +125,8 @@ class PromptLookupDrafter:
         self.by_ngram: dict[int, int] = {}  # matches per n
         self._ids: list[int] = []  # the sequence the index describes
         self._index: dict[tuple[int, ...], list[int]] = {}
-        self.price = price
+        self.cost = cost
+        self.never = never
         self.odds = MatchOdds()
         # the last round's proposal, until the context shows its fate: (n, tokens, context length)
         self._pending: tuple[int, list[int], int] | None = None
@@ -140,11 +158,14 @@ class PromptLookupDrafter:
         return 0.0
 
     # -- lookup ------------------------------------------------------------------------------
-    def find(self, context: list[int], k: int, new_round: bool = True, least: int = 1) -> list[int] | None:
+    def find(
+        self, context: list[int], k: int, new_round: bool = True, least: int = 1, held: int = 0
+    ) -> list[int] | None:
         """The k tokens that followed the longest (then most recent) earlier match of the tail;
         None when there is none, or when that longest match is shorter than `least` tokens.
-        `new_round=False`: a second query in the same round (a model proposal's extension).
-        With a `price`, the tokens are cut to what `odds` says is worth verifying (None if none)."""
+        `new_round=False`: a second query in the same round (a model proposal's extension, whose
+        `held` tokens the verify already holds). With a `cost`, the tokens are cut to what `odds`
+        says is worth verifying, and before any control token (None if none are left)."""
         self._sync(context)
         if new_round:
             self._settle(context)
@@ -158,13 +179,15 @@ class PromptLookupDrafter:
                 self.by_ngram[n] = self.by_ngram.get(n, 0) + 1
                 if n < least:
                     return None
-                if self.price is not None:
-                    k = self.odds.length(n, k, self.price)
-                    if k == 0:
-                        return None
+                if self.cost is not None:
+                    k = self.odds.length(n, k, self.cost, held)
                 start = positions[-1]
                 period = length - start
                 tokens = [context[start + i % period] for i in range(k)]
+                if self.never:
+                    tokens = tokens[: next((i for i, t in enumerate(tokens) if t in self.never), k)]
+                if not tokens:
+                    return None
                 if new_round:
                     self._pending = (n, tokens, length)
                 return tokens

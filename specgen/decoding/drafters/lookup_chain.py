@@ -142,7 +142,11 @@ class LookupChain(BaseDrafter):
         if room <= 0 or proposal.size == 0:
             return proposal
         found = self.lookups[row].find(
-            context + proposal.tokens.tolist(), room, new_round=False, least=self.min_match
+            context + proposal.tokens.tolist(),
+            room,
+            new_round=False,
+            least=self.min_match,
+            held=proposal.size,
         )
         if found is None:
             return proposal

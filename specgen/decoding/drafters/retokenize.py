@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 
-from specgen.text import common_prefix
+from specgen.text import common_prefix, special_ids
 
 CONTEXT = 4  # tokens decoded before a slice, so that its first token reads as in context
 MAX_TAIL = 16  # target tokens re-encoded each round at most before a cut is forced
@@ -62,14 +62,6 @@ def text_of(tokenizer, ids: list[int], start: int, end: int) -> str:
 def complete(text: str) -> str:
     """The text without a trailing incomplete character."""
     return text.rstrip(REPLACEMENT)
-
-
-def special_ids(tokenizer) -> dict[int, str]:
-    """A tokenizer's special tokens: id -> content."""
-    found = {i: t.content for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    for i in tokenizer.all_special_ids:
-        found.setdefault(i, tokenizer.convert_ids_to_tokens(i))
-    return found
 
 
 class Bridge:
