@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specgen.bench import report
+from specgen.bench import report, table
 from specgen.bench.measure import BenchSettings, run_bench
 from specgen.bench.prompts import load_prompts
 from specgen.bench.runners import EngineRunner
@@ -115,7 +115,7 @@ def write(result, path: Path) -> None:
         subprocess.run(flags, shell=True, capture_output=True, text=True).stdout.split()
     )
     report.write_json(result, path)
-    Console(width=160).print(report.table(result))
+    Console(width=160).print(table.table(result))
 
 
 if __name__ == "__main__":

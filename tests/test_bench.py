@@ -23,6 +23,7 @@ from specgen.bench import (
 from specgen.bench import prompts as prompt_sets
 from specgen.bench import report as bench_cli
 from specgen.bench import runners as bench_runners
+from specgen.bench import table as bench_table
 from specgen.bench.measure import BenchSettings
 from specgen.bench.runners import Generation
 from specgen.cli.bench import bench_app
@@ -335,7 +336,7 @@ def test_draft_step_is_a_draft_token_s_time_in_plain_target_forwards():
         ("a", "A")
     ].draft_step == pytest.approx(0.2)
     assert rows[("plain", "all")].draft_step is None
-    assert bench_cli.summary_cells(rows[("a", "all")])[bench_cli.COLUMNS.index("draft step")] == "0.20"
+    assert bench_table.summary_cells(rows[("a", "all")])[bench_table.COLUMNS.index("draft step")] == "0.20"
 
 
 def test_an_interrupted_run_keeps_what_was_measured(pair):
@@ -668,7 +669,8 @@ def test_html_report_is_one_page_with_an_svg_per_plot(small_result, tmp_path):
     assert page.plots == 3  # speed-up with ranges, acceptance per position, draft share
     chain = next(g for g in small_result.summary if g.method == "chain" and g.category == "all")
     assert (
-        bench_cli.summary_cells(chain) == page.cells[len(bench_cli.COLUMNS) * 3 : len(bench_cli.COLUMNS) * 4]
+        bench_table.summary_cells(chain)
+        == page.cells[len(bench_table.COLUMNS) * 3 : len(bench_table.COLUMNS) * 4]
     )
     assert "chain</strong>: identical to plain on 3/3 prompts" in text
     for heading in (

@@ -4,14 +4,14 @@ It holds the table as the terminal shows it, and three plots drawn as inline SVG
 library, nothing fetched): speed-up over plain per method and category with each group's range
 over its prompts, acceptance per draft position, and the draft's share of decode time. Below
 them, each method's first token that differs from plain, prompt by prompt (greedy runs). The
-figures come from the same summary the table and --json show (report.summary_cells)."""
+figures come from the same summary the table and --json show (table.summary_cells)."""
 
 from __future__ import annotations
 
 from html import escape
 from pathlib import Path
 
-from specgen.bench import report
+from specgen.bench import table
 from specgen.bench.summary import PLAIN
 
 # Okabe and Ito's palette: told apart with the common colour-vision deficiencies
@@ -59,9 +59,9 @@ def page(result) -> str:
         if x
     )
     parts = [
-        f"<h1>{escape(report.title(result))}</h1>",
+        f"<h1>{escape(table.title(result))}</h1>",
         f'<p class="note">{escape(machine)}</p>',
-        *(f'<p class="note">{escape(line)}</p>' for line in report.notes(result)),
+        *(f'<p class="note">{escape(line)}</p>' for line in table.notes(result)),
         "<h2>Summary</h2>",
         _table(result),
         "<h2>Speed-up over plain</h2>",
@@ -77,17 +77,17 @@ def page(result) -> str:
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{escape(report.title(result))}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        f"<title>{escape(table.title(result))}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         + "\n".join(parts)
         + "\n</body>\n</html>\n"
     )
 
 
 def _table(result) -> str:
-    head = "".join(f'<th scope="col">{escape(name)}</th>' for name in report.COLUMNS)
+    head = "".join(f'<th scope="col">{escape(name)}</th>' for name in table.COLUMNS)
     rows = []
     for g in result.summary:
-        cells = report.summary_cells(g)
+        cells = table.summary_cells(g)
         kind = ' class="all"' if g.category == "all" else ""
         if g.category != "all":  # the method once, on its `all` row, as the terminal's table
             cells[0] = ""
@@ -96,7 +96,7 @@ def _table(result) -> str:
         rows.append(
             '<tr class="failed">'
             + f"<td>{escape(f.method)}</td><td>failed</td>"
-            + "<td>–</td>" * (len(report.COLUMNS) - 2)
+            + "<td>–</td>" * (len(table.COLUMNS) - 2)
             + "</tr>"
         )
     body = "".join(rows)
@@ -255,7 +255,7 @@ def _positions(result, methods: list[str], colours: dict) -> str:
 
 def _shares(result, methods: list[str], colours: dict) -> str:
     shares = {
-        g.method: report.draft_share(g) for g in result.summary if g.category == "all" and g.method in methods
+        g.method: table.draft_share(g) for g in result.summary if g.category == "all" and g.method in methods
     }
     plot = _groups(
         ["all prompts"],

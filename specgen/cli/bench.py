@@ -2,7 +2,7 @@
 loads -> one measurement run -> a table and files), and the command group that holds `bench
 batch` (cli/bench_batch.py) and `bench serve` (cli/bench_serve.py). Bench's old spellings of
 those, `bench --batch-sizes`/`--verify-windows` and `bench --concurrency`, still run them. The
-measuring is in specgen/bench/measure.py, the reports in specgen/bench/report.py; no tensor code.
+measuring is in specgen/bench/measure.py, the reports in specgen/bench/report.py and table.py; no tensor code.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specgen.bench import report
+from specgen.bench import report, table
 from specgen.bench.html import write_html
 from specgen.cli.bench_batch import batch, run_batch
 from specgen.cli.bench_options import (
@@ -287,7 +287,7 @@ def _noted(result, chosen, left_out: dict):
 
 def _report(result, outputs: dict) -> bool:
     """The table, then each file; one that fails does not stop the others. False if any failed."""
-    print_table(report.table(result))
+    print_table(table.table(result))
     ok = True
     writers = {
         "--json": report.write_json,
