@@ -1268,11 +1268,11 @@ def test_serve_ray_clean_up_notes_a_second_ctrl_c_and_leaves_on_a_third(capsys):
     import os
     import signal
 
-    from specgen.cli.serve import _signals_held
+    from specgen.cli.serve_ray import signals_held
 
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
-        with _signals_held():
+        with signals_held():
             os.kill(os.getpid(), signal.SIGINT)
             assert "once more to leave" in capsys.readouterr().err
             os.kill(os.getpid(), signal.SIGINT)

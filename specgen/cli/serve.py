@@ -1,13 +1,11 @@
 """`specgen serve`: an OpenAI-compatible HTTP server over the speculative engine
 (specgen/serve/). Foreground by default; --detach starts it in the background and returns
-once it answers; --stop stops the one with the same model options; --list shows them all.
-No tensor code here."""
+once it answers; --stop stops the one with the same model options; --list shows them all;
+--ray serves it as a Ray Serve deployment (serve_ray.py). No tensor code here."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +15,8 @@ from typing import Annotated, Optional
 import typer
 
 import specgen.cli.remote as remote
-from specgen.cli.options import handle_signals, model_args, sigterm_as_ctrl_c, user_errors, with_options
+from specgen.cli.options import model_args, user_errors, with_options
+from specgen.cli.serve_ray import serve_on_ray, stop_on_ray
 from specgen.config import ModelSettings
 from specgen.errors import ConfigError
 from specgen.serve import discovery
@@ -163,9 +162,11 @@ def serve(
             if detach:
                 raise ConfigError("--ray serves in the foreground; --detach is for a local server")
             if stop:
-                _stop_on_ray(ray_address)
+                stop_on_ray(ray_address)
             else:
-                _serve_on_ray(settings, options, ray_address, replicas, ray_threads, open_)
+                serve_on_ray(
+                    settings, options, ray_address, replicas, ray_threads, _browse if open_ else None
+                )
             return
         if replicas != 1 or ray_threads != 1:
             raise ConfigError("--replicas and --ray-threads go with --ray")
@@ -186,110 +187,6 @@ def serve(
 
         why = run_server(settings, options, browse=open_)
         typer.echo(f"specgen server stopped: {why}", err=True)
-
-
-def _serve_on_ray(
-    settings: ModelSettings, options, address: str, replicas: int, threads: int, browse: bool = False
-) -> None:
-    """The app as a Ray Serve deployment until Ctrl-C; then the deployment is deleted."""
-    if replicas < 1 or threads < 1:
-        raise ConfigError(f"--replicas and --ray-threads must be >= 1, got {replicas} and {threads}")
-    if not options.api_key:
-        raise ConfigError(
-            "serve --ray needs an --api-key (its replicas share it)",
-            hint="give --api-key KEY or set SPECGEN_API_KEY",
-        )
-    options.check()
-    # Ray and the server's modules (torch) load only for a --ray server
-    from specgen.scale.cluster import actor_plan, connect
-    from specgen.serve import replicas as ray_serve
-
-    ray, owned = connect(address)
-    try:
-        ray_serve.check_free()  # before anything of ours exists there: the `finally` below deletes ours
-        _, reserve = actor_plan(ray, settings.device, replicas, threads, ("--replicas", "--ray-threads"))
-    except BaseException:
-        if owned:
-            ray.shutdown()
-        raise
-    # Ray's core takes SIGTERM for itself when it connects: `kill`, a container's stop or a
-    # scheduler's must delete the deployment as Ctrl-C does, or it serves on with nobody to stop it
-    sigterm_as_ctrl_c(hangup=True)
-    try:
-        with status(f"starting {replicas} Ray Serve replicas (each loads the pair) ...", False):
-            try:
-                url = ray_serve.deploy(settings, options, replicas, threads, reserve)
-            except ConfigError:
-                raise
-            except Exception as exc:  # Ray Serve's deployment failures carry a replica's traceback
-                lines = [line for line in str(exc).splitlines() if line.strip()]
-                raise ConfigError(
-                    f"the Ray Serve deployment failed: {(lines or [type(exc).__name__])[-1][:300]}"
-                ) from None
-        typer.echo(
-            f"specgen: {replicas} Ray Serve replicas ready at {url}; OpenAI API at {url}/v1; "
-            f"Ctrl-C stops them; playground {url}/",
-            err=True,
-        )
-        if browse:
-            _browse(url)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            typer.echo("specgen server stopped (Ctrl-C or SIGTERM); deleting its deployment", err=True)
-    finally:
-        with _signals_held():  # a second Ctrl-C must not cut the clean-up short
-            try:
-                ray_serve.undeploy()
-            except Exception:  # nothing deployed (a failed start), or the cluster went away
-                pass
-            if owned:
-                ray.shutdown()
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """A second Ctrl-C (or SIGTERM, SIGHUP) during the clean-up, often pressed out of habit, is
-    noted and the clean-up goes on; a third leaves at once, saying how to finish the clean-up
-    (a cluster that does not answer could hold it for minutes). Then the handlers are as they were."""
-    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    seen = []
-
-    def patient(signum, frame) -> None:
-        seen.append(signum)
-        if len(seen) == 1:
-            typer.echo("specgen: deleting the deployment; once more to leave without waiting", err=True)
-            return
-        typer.echo(
-            "specgen: left before the deployment was deleted; `specgen serve --ray ADDRESS --stop` "
-            "deletes it",
-            err=True,
-        )
-        raise KeyboardInterrupt
-
-    before = handle_signals(held, patient)
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-
-
-def _stop_on_ray(address: str) -> None:
-    """`serve --ray ADDRESS --stop`: delete a specgen deployment left on the cluster."""
-    from specgen.scale.cluster import connect  # Ray: the optional extra, only for --ray
-    from specgen.serve import replicas as ray_serve
-
-    ray, owned = connect(address)
-    try:
-        ray_serve.check_installed()
-        if not ray_serve.stop():
-            raise ConfigError("no specgen deployment runs on this Ray cluster")
-        typer.echo("specgen: the deployment on this Ray cluster is deleted", err=True)
-    finally:
-        if owned:
-            ray.shutdown()
 
 
 def _browse(url: str) -> None:
