@@ -165,7 +165,8 @@ class PromptLookupDrafter:
         None when there is none, or when that longest match is shorter than `least` tokens.
         `new_round=False`: a second query in the same round (a model proposal's extension, whose
         `held` tokens the verify already holds). With a `cost`, the tokens are cut to what `odds`
-        says is worth verifying, and before any control token (None if none are left)."""
+        says is worth verifying; with `never`, before the first control token (None if none are
+        left)."""
         self._sync(context)
         if new_round:
             self._settle(context)
