@@ -90,10 +90,11 @@ def geomean(values) -> float:
     return math.exp(statistics.mean(math.log(v) for v in values))
 
 
-def main() -> None:
+def recorded(bench: str, prompts_path: str) -> tuple[frozenset[int], dict, dict]:
+    """The target tokenizer's control tokens, each prompt's ids and plain decoding's recorded
+    answer in `bench` (bench's JSON), by prompt id."""
     from specgen.runtime.pair import load
 
-    bench, prompts_path = sys.argv[1], sys.argv[2]
     pair = load(MODELS, Method.LOOKUP, quiet=True)
     never = frozenset(special_ids(pair.target.tokenizer))
     prompts = load_prompts(prompts_path)
@@ -104,6 +105,11 @@ def main() -> None:
         for x in json.loads(Path(bench).read_text())["measurements"]
         if x["method"] == "plain"
     }
+    return never, ids, outs
+
+
+def main() -> None:
+    never, ids, outs = recorded(sys.argv[1], sys.argv[2])
     for name, price in (("device", DEVICE), ("rounds", Rounds())):
         print(f"# each round priced by: {name}")
         results = {

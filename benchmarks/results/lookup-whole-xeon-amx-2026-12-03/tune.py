@@ -6,7 +6,6 @@ as lookup's rounds were timed in the decode loop (replay.Rounds).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -15,12 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay import MODELS, Rounds, replay  # noqa: E402
+from replay import Rounds, recorded, replay  # noqa: E402
 
-from specgen.bench.prompts import encode_all, load_prompts  # noqa: E402
-from specgen.config import Method  # noqa: E402
 from specgen.decoding.drafters import lookup  # noqa: E402
-from specgen.text import special_ids  # noqa: E402
 
 VARIANTS = (  # name, priors changed, halflife
     ("now", {}, 16.0),
@@ -39,19 +35,7 @@ def geomean(values) -> float:
 
 
 def main() -> None:
-    from specgen.runtime.pair import load
-
-    bench, prompts_path = sys.argv[1], sys.argv[2]
-    pair = load(MODELS, Method.LOOKUP, quiet=True)
-    never = frozenset(special_ids(pair.target.tokenizer))
-    prompts = load_prompts(prompts_path)
-    encoded = encode_all(pair.target.tokenizer, prompts, pair.target.context_length)
-    ids = {p.id: e for p, e in zip(prompts, encoded)}
-    outs = {
-        x["prompt_id"]: x["token_ids"]
-        for x in json.loads(Path(bench).read_text())["measurements"]
-        if x["method"] == "plain"
-    }
+    never, ids, outs = recorded(sys.argv[1], sys.argv[2])
     priors, halflife = dict(lookup.PRIORS), lookup.HALFLIFE
     for name, changed, half in VARIANTS:
         lookup.PRIORS.update(changed)
