@@ -14,7 +14,7 @@ from specgen.decoding.drafters.model import ChainDrafter
 from specgen.decoding.engine import Engine
 from specgen.errors import ConfigError
 from specgen.models.load import load_pair
-from specgen.runtime import int8
+from specgen.runtime import int8, int8_model
 from specgen.runtime.pruned import PrunedHead
 from specgen.runtime.quant import apply_draft_quant
 from specgen.runtime.quant import parse_draft_quant as parse_quant
@@ -178,8 +178,8 @@ def test_the_head_packs_only_the_blocks_the_text_lives_in(tiny_dirs, spec):
     reference = copy.deepcopy(draft.model)
     model = draft.model
     prune_head(model, KEEP, (258,), block_rows=16)
-    if spec == "int8+prune":  # as apply_draft_quant does it: prune, then quantize; the reference
-        model, reference = int8.quantize_model(model), int8.quantize_model(reference)  # is int8 too
+    if spec == "int8+prune":  # as apply_draft_quant does it: prune, then quantize; the reference is int8 too
+        model, reference = int8_model.quantize_model(model), int8_model.quantize_model(reference)
     head = model.get_output_embeddings()
     text = [3, 5, 230, 9] + [160 + (i * 7) % 32 for i in range(70)]  # 230: read once, in block 14
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from families import build
 
-from specgen.runtime import int8, kvcache
+from specgen.runtime import int8_model, kvcache
 from specgen.runtime.exact_attention import QUERY_BLOCK, eager_attention, use_exact_attention
 from specgen.runtime.lean import call_for
 
@@ -16,7 +16,7 @@ LENGTH = QUERY_BLOCK + 90  # a prefill of more than one query block
 
 
 def int8_exact(family: str):
-    model = int8.quantize_model(build(family, seed=5))
+    model = int8_model.quantize_model(build(family, seed=5))
     use_exact_attention(model)
     return model
 

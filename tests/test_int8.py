@@ -42,7 +42,7 @@ from specgen.config import GenerationConfig, Method, ModelSettings
 from specgen.decoding.build import build_engine
 from specgen.errors import ConfigError
 from specgen.models.load import load_pair
-from specgen.runtime import fp32, int8, kvcache, quant
+from specgen.runtime import fp32, int8, int8_model, kvcache, quant
 from specgen.runtime.pair import Pair, load
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="torch lacks the x86/fbgemm int8 kernels")
@@ -121,8 +121,8 @@ def test_quantize_weight_leaves_its_input_alone_and_rounds_each_row_to_its_scale
 
 def test_fused_siblings_give_bitwise_what_separate_linears_give():
     """q/k/v and gate/up run as one product each: same logits to the bit, at every width."""
-    separate = int8.quantize_model(small_model(2), fuse=False)
-    fused = int8.quantize_model(small_model(2))
+    separate = int8_model.quantize_model(small_model(2), fuse=False)
+    fused = int8_model.quantize_model(small_model(2))
     parts = [m for m in fused.modules() if isinstance(m, int8.RowInt8Part)]
     assert len(parts) == 2 * 5  # q k v, gate up per layer
     assert not any(isinstance(m, int8.RowInt8Part) for m in separate.modules())
@@ -142,10 +142,10 @@ def test_fused_siblings_give_bitwise_what_separate_linears_give():
 def test_tall_weights_packed_in_row_chunks_give_bitwise_the_same(monkeypatch):
     """Weights taller than CHUNK_ABOVE rows are packed as chunks (fbgemm packs tall weights
     slowly, one thread per weight); the outputs are those of one packed weight, to the bit."""
-    whole = int8.quantize_model(small_model(2))
+    whole = int8_model.quantize_model(small_model(2))
     monkeypatch.setattr(int8, "CHUNK_ABOVE", 60)
     monkeypatch.setattr(int8, "CHUNK_ROWS", 48)
-    chunked = int8.quantize_model(small_model(2))
+    chunked = int8_model.quantize_model(small_model(2))
     assert isinstance(chunked.lm_head._packed, tuple) and len(chunked.lm_head._packed) == 6  # 259 rows
     assert not isinstance(whole.lm_head._packed, tuple)
     fused_chunks = {type(m._fused.packed) for m in chunked.modules() if isinstance(m, int8.RowInt8Part)}
@@ -159,8 +159,8 @@ def test_tall_weights_packed_in_row_chunks_give_bitwise_the_same(monkeypatch):
 
 
 def test_fused_parts_called_in_any_order_or_twice_stay_right():
-    separate = int8.quantize_model(small_model(), fuse=False).model.layers[0].self_attn
-    fused = int8.quantize_model(small_model()).model.layers[0].self_attn
+    separate = int8_model.quantize_model(small_model(), fuse=False).model.layers[0].self_attn
+    fused = int8_model.quantize_model(small_model()).model.layers[0].self_attn
     x, y = torch.randn(1, 3, 32), torch.randn(1, 2, 32)
     with torch.no_grad():
         calls = [
@@ -309,8 +309,8 @@ def forbid_quantizing(monkeypatch):
 
 
 def test_quantize_model_replaces_every_linear():
-    model = int8.quantize_model(small_model(2))
-    assert not int8.linear_names(model)
+    model = int8_model.quantize_model(small_model(2))
+    assert not int8_model.linear_names(model)
     quantized = [m for m in model.modules() if isinstance(m, int8.RowInt8Linear)]
     assert len(quantized) == 2 * 7 + 1  # q k v o gate up down per layer, and the head
     assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -379,7 +379,7 @@ def test_a_cache_scrambled_in_place_fails_its_checksum_and_is_rebuilt(cache_env,
 def test_a_cache_path_that_is_a_directory_does_not_raise(cache_env):
     cache = cache_env / "int8" / "model.safetensors"
     cache.mkdir(parents=True)
-    expected = logits_of(int8.quantize_model(small_model()))
+    expected = logits_of(int8_model.quantize_model(small_model()))
     assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache, quiet=False)), expected)
     assert cache.is_dir() and not list(cache.parent.glob(".*.tmp"))
 
@@ -387,7 +387,7 @@ def test_a_cache_path_that_is_a_directory_does_not_raise(cache_env):
 def test_a_cache_under_a_regular_file_does_not_raise(cache_env):
     blocker = cache_env / "not-a-directory"
     blocker.write_text("a regular file where the cache directory should be")
-    expected = logits_of(int8.quantize_model(small_model()))
+    expected = logits_of(int8_model.quantize_model(small_model()))
     model = quant.quantize_cached(small_model(), blocker / "int8" / "model.safetensors", quiet=False)
     assert torch.equal(logits_of(model), expected)
 
@@ -405,7 +405,7 @@ def test_a_failing_cache_write_does_not_raise(cache_env, monkeypatch):
         raise SafetensorError("disk trouble")
 
     monkeypatch.setattr(quant, "save_file", failing_save)
-    expected = logits_of(int8.quantize_model(small_model()))
+    expected = logits_of(int8_model.quantize_model(small_model()))
     assert torch.equal(logits_of(quant.quantize_cached(small_model(), cache, quiet=False)), expected)
 
 
@@ -559,7 +559,7 @@ def int8_plain(int8_pair):
 def test_the_target_really_is_int8(int8_pair, int8_cache, fp32_target, int8_plain):
     target = int8_pair.target
     assert target.weights == "int8" and target.dtype == torch.float32
-    assert not int8.linear_names(target.model)  # no nn.Linear left
+    assert not int8_model.linear_names(target.model)  # no nn.Linear left
     quantized = [m for m in target.model.modules() if isinstance(m, int8.RowInt8Linear)]
     assert len(quantized) == 2 * 7 + 1
     assert int8_pair.draft.weights == "none"
@@ -749,9 +749,9 @@ def test_a_16_bit_model_quantizes_without_an_fp32_copy_and_gives_the_same_logits
     """Only what is left after the linears becomes fp32; the embedding keeps its 16-bit table and
     returns fp32 rows. Bitwise what converting the whole model to fp32 first gave, and from a
     cache no linear weight is converted at all (a memory-mapped checkpoint never pages it in)."""
-    reference = int8.quantize_model(small_model(2).to(torch.bfloat16).float())
+    reference = int8_model.quantize_model(small_model(2).to(torch.bfloat16).float())
     weights = {}
-    lean = int8.quantize_model(small_model(2).to(torch.bfloat16), store=weights.update)
+    lean = int8_model.quantize_model(small_model(2).to(torch.bfloat16), store=weights.update)
     embedding = lean.get_input_embeddings()
     assert isinstance(embedding, fp32.Fp32Embedding) and embedding.weight.dtype == torch.bfloat16
     assert fp32.compute_dtype(lean) == torch.float32
@@ -759,7 +759,7 @@ def test_a_16_bit_model_quantizes_without_an_fp32_copy_and_gives_the_same_logits
     assert torch.equal(logits_of(lean), logits_of(reference))
 
     monkeypatch.setattr(int8, "quantize_weight", lambda weight: pytest.fail("a cached linear was converted"))
-    cached = int8.quantize_model(small_model(2).to(torch.bfloat16), cached=lambda shapes: dict(weights))
+    cached = int8_model.quantize_model(small_model(2).to(torch.bfloat16), cached=lambda shapes: dict(weights))
     assert torch.equal(logits_of(cached), logits_of(reference))
 
 

@@ -7,7 +7,7 @@ import torch
 from families import build
 from tiny import build_model
 
-from specgen.runtime import int8, kvcache, lean
+from specgen.runtime import int8, int8_model, kvcache, lean
 from specgen.runtime.compiled import Steps
 from specgen.runtime.exact_attention import use_exact_attention
 
@@ -41,11 +41,12 @@ def variants():
     eager = build_model(16, layers=2)
     eager.set_attn_implementation("eager")  # through transformers' registry
     yield "qwen2-eager", eager
-    target = int8.quantize_model(build_model(12, layers=3))
+    target = int8_model.quantize_model(build_model(12, layers=3))
     use_exact_attention(target)
     yield "qwen2-int8-exact", target
     yield "mistral-window", build("mistral", seed=4)  # every layer slides (one mask)
-    sliding = int8.quantize_model(build("qwen2-sliding", seed=4))  # full and sliding layers (a mask per kind)
+    # full and sliding layers (a mask per kind)
+    sliding = int8_model.quantize_model(build("qwen2-sliding", seed=4))
     use_exact_attention(sliding)
     yield "qwen2-sliding-int8-exact", sliding
 
@@ -197,7 +198,7 @@ def test_a_draft_forward_takes_one_dispatch_for_a_few_rows_and_row_int8_for_more
     scale for them all: close to the row-exact product, not bitwise); wider forwards are bitwise
     the exact ones."""
     fp32 = build_model(15, layers=2)
-    model = int8.quantize_model(build_model(15, layers=2))
+    model = int8_model.quantize_model(build_model(15, layers=2))
     exact, draft = lean.LeanForward(model), lean.LeanForward(model, exact=False)
     prompt = torch.arange(3, 40)[None]
     outs = {}

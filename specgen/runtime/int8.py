@@ -16,8 +16,8 @@ epilogue is elementwise, so a row's output is bitwise the same at any batch widt
 Relative error against fp32 is about 2%, the same as torch's dynamic kernel, at about its
 speed (benchmarks/code-choices.md).
 
-`quantize_model` takes already-quantized weights when it is given them (runtime/quant.py
-caches them on disk); fbgemm's packing, whose layout cannot be saved, is redone at every load.
+Whole models are converted by runtime/int8_model.py (`quantize_model`), which packs every
+weight with this module's `pack`, `row_chunks` and `wide_packing`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ from __future__ import annotations
 import functools
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import torch
 from torch import nn
 
-from specgen.memory import release_freed
 from specgen.runtime import onednn
-from specgen.runtime.fp32 import rest_in_fp32
 
 FORMAT_VERSION = 1
 _ZERO_POINT = 64
@@ -82,7 +79,7 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
-def _pack(qweight: torch.Tensor, scales: torch.Tensor):
+def pack(qweight: torch.Tensor, scales: torch.Tensor):
     _engine()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantized tensors announce their deprecation
@@ -104,7 +101,7 @@ CHUNK_ROWS = 20480
 def _pack_all(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
     """fbgemm packs one weight on one thread: pack (int8 rows, scales) pairs on every thread."""
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        return list(pool.map(lambda part: _pack(*part), parts))
+        return list(pool.map(lambda part: pack(*part), parts))
 
 
 def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> "RowInt8Linear":
@@ -120,17 +117,17 @@ def linears_of(
     no second packing to pay for where wide products are rare (a draft head's vocabulary
     blocks, packed when its text first needs them)."""
     quantized = [quantize_weight(weight) for weight in weights]
-    chunked = [_chunks(q, scales) for q, scales in quantized]
+    chunked = [row_chunks(q, scales) for q, scales in quantized]
     packed = iter(_pack_all([chunk for chunks in chunked for chunk in chunks]))
     linears = []
     for (q, scales), chunks, bias in zip(quantized, chunked, biases):
         parts = [next(packed) for _ in chunks]
         one = parts[0] if len(parts) == 1 else tuple(parts)
-        linears.append(RowInt8Linear(q, scales, bias, one, _wide(chunks, parts) if wide else None))
+        linears.append(RowInt8Linear(q, scales, bias, one, wide_packing(chunks, parts) if wide else None))
     return linears
 
 
-def _chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def row_chunks(q: torch.Tensor, scales: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(int8 rows, scales) as fbgemm should pack them: whole, or as row chunks when tall."""
     if len(q) <= CHUNK_ABOVE:
         return [(q, scales)]
@@ -166,7 +163,7 @@ def _int8_product(x, scale, zero_point, packed):
     return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, packed)
 
 
-def _wide(parts: list[tuple[torch.Tensor, torch.Tensor]], packed: list) -> onednn.Wide | None:
+def wide_packing(parts: list[tuple[torch.Tensor, torch.Tensor]], packed: list) -> onednn.Wide | None:
     """Row chunks packed for oneDNN too, where it serves their wide products with the numbers of
     their fbgemm packing `packed` (else None: fbgemm serves every width)."""
     products = [
@@ -210,8 +207,8 @@ class RowInt8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
         if packed is None:
-            packed = _pack(qweight, scales)
-            wide = _wide([(qweight, scales)], [packed])
+            packed = pack(qweight, scales)
+            wide = wide_packing([(qweight, scales)], [packed])
         self._packed, self._wide = packed, wide
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
@@ -239,7 +236,7 @@ class RowInt8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
 
 
-class _Fused:
+class Fused:
     """Sibling linears that read the same input (q/k/v, gate/up) as ONE int8 product.
 
     A decoder layer calls q_proj(x), k_proj(x), v_proj(x) one after the other; the first call
@@ -266,9 +263,9 @@ class _Fused:
 
 
 class RowInt8Part(RowInt8Linear):
-    """One linear of a `_Fused` group; looks like the RowInt8Linear it replaces."""
+    """One linear of a `Fused` group; looks like the RowInt8Linear it replaces."""
 
-    def __init__(self, fused: _Fused, index: int, in_features: int):
+    def __init__(self, fused: Fused, index: int, in_features: int):
         nn.Module.__init__(self)
         self._fused, self._index = fused, index
         self.in_features, self.out_features = in_features, fused.sizes[index]
@@ -289,129 +286,3 @@ class RowInt8Part(RowInt8Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", fused part {self._index} of {len(self._fused.sizes)}"
-
-
-# the sibling linears of the decoder layers of Llama-style models (Qwen2, Llama, Mistral, ...)
-FUSABLE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
-def fusable_groups(model: nn.Module) -> list[tuple[str, ...]]:
-    """Full names of sibling nn.Linears that read the same input, by the names above; all with
-    the same input width and all with or all without a bias."""
-    groups = []
-    for prefix, module in model.named_modules():
-        for names in FUSABLE:
-            children = [getattr(module, n, None) for n in names]
-            if not all(type(c) is nn.Linear for c in children):
-                continue
-            if len({c.in_features for c in children}) == 1 and len({c.bias is None for c in children}) == 1:
-                groups.append(tuple(f"{prefix}.{n}" if prefix else n for n in names))
-    return groups
-
-
-def linear_names(model: nn.Module) -> list[str]:
-    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-
-
-Weights = dict  # linear name -> (int8 weight [N, K], fp32 scales [N])
-
-
-def quantize_model(
-    model: nn.Module,
-    cached: Callable[[dict[str, tuple]], Weights | None] = lambda shapes: None,
-    store: Callable[[Weights], None] = lambda weights: None,
-    fuse: bool = True,
-) -> nn.Module:
-    """Replace every nn.Linear of `model` (on the CPU) by a RowInt8Linear (sibling linears that
-    read the same input fused into one product unless `fuse` is False); the rest runs in fp32.
-    Weights come from `cached(shapes)` when it has them, else are quantized and handed to
-    `store`. Returns the model (changed in place).
-
-    The linears' full-precision weights are never converted as a whole: read one at a time
-    when quantizing, not read at all when the cache has them (a memory-mapped checkpoint then
-    never pages them in), and only what is left (embeddings, norms) becomes fp32 at the end.
-    Converting the whole model first held an fp32 copy of every weight: 8 GB at the peak of a
-    warm start of the default pair."""
-    names = linear_names(model)
-    shapes = {name: tuple(model.get_submodule(name).weight.shape) for name in names}
-    weights = cached(shapes)
-    if weights is None:
-        weights = {name: quantize_weight(model.get_submodule(name).weight) for name in names}
-        store(weights)
-    groups = fusable_groups(model) if fuse else []
-    grouped = {name for group in groups for name in group}
-    jobs = [(name,) for name in names if name not in grouped] + groups
-    tasks = []
-    for job in jobs:  # each task owns its int8 rows: they are freed as soon as they are packed
-        parts = [weights.pop(n) for n in job]
-        if len(job) == 1 and not isinstance(parts[0], Deferred):  # a tall weight: row chunks, views of it
-            tasks += [_PackTask(job, i, [part]) for i, part in enumerate(_chunks(*parts[0]))]
-        else:  # per output channel, so concatenating is exact (done in the worker, one group at a time)
-            tasks.append(_PackTask(job, 0, parts))
-    tasks.sort(key=lambda task: -task.size)
-    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # fbgemm packs a weight on one thread
-        done = list(pool.map(_PackTask.pack, tasks))
-    packed, wides = {}, {}
-    order = {job: i for i, job in enumerate(jobs)}
-    for task, (results, wide) in sorted(
-        zip(tasks, done), key=lambda item: (order[item[0].job], item[0].index)
-    ):
-        packed.setdefault(task.job, []).extend(results)
-        wides.setdefault(task.job, []).append(wide)
-    packed = {job: parts[0] if len(parts) == 1 else tuple(parts) for job, parts in packed.items()}
-    wides = {job: None if None in parts else onednn.joined(parts) for job, parts in wides.items()}
-
-    def replace(name, module):
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
-
-    for job in jobs:
-        old = [model.get_submodule(n) for n in job]
-        if len(job) == 1:
-            replace(job[0], RowInt8Linear.packed(packed[job], shapes[job[0]], old[0].bias, wides[job]))
-            continue
-        bias = None if old[0].bias is None else torch.cat([m.bias.detach().float() for m in old])
-        fused = _Fused(packed[job], bias, [m.out_features for m in old], wides[job])
-        for index, (name, module) in enumerate(zip(job, old)):
-            replace(name, RowInt8Part(fused, index, module.in_features))
-    rest_in_fp32(model)
-    release_freed()  # the int8 copies freed as they were packed (and on a first load, the quantizing)
-    return model
-
-
-class Deferred:
-    """Int8 rows (weight, scales) read only when their packing task runs: a `cached` that
-    streams them (the int8 store) holds in memory just the rows being packed."""
-
-    def __init__(self, load: Callable[[], tuple[torch.Tensor, torch.Tensor]], numel: int):
-        self.load, self.numel = load, numel
-
-
-class _PackTask:
-    """The int8 rows of one packing job (a linear, a row chunk of a tall one, or a fused group
-    to concatenate), released when packed so the int8 copy and the packed one barely overlap."""
-
-    def __init__(self, job: tuple[str, ...], index: int, parts: list):
-        self.job, self.index, self._parts = job, index, parts
-        self.size = sum(p.numel if isinstance(p, Deferred) else p[0].numel() for p in parts)
-
-    def pack(self) -> tuple[list, onednn.Wide | None]:
-        """The packed weight, or its row chunks when tall, and oneDNN's packing of them where it
-        serves wide products. Then the freed int8 rows go back to
-        the system: glibc keeps a freed block below its mmap threshold (which grows to 32 MB) in
-        the arena that allocated it while the packed copies come from the packing threads'
-        arenas, so without this the int8 copies stayed resident until packing ended."""
-        parts = [p.load() if isinstance(p, Deferred) else p for p in self._parts]
-        self._parts = None
-        q, scales = (
-            parts[0]
-            if len(parts) == 1
-            else (torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts]))
-        )
-        del parts
-        chunks = _chunks(q, scales)
-        packed = [_pack(*part) for part in chunks]
-        wide = _wide(chunks, packed)
-        del q, scales, chunks
-        release_freed()
-        return packed, wide

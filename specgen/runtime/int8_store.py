@@ -23,7 +23,7 @@ A model is built around the store without ever materializing a full-precision li
 `checked` gives the store and its `rest` shards, checked; models/load.py reads those shards
 only, the linears kept apart (the module tree created on the meta device, buffers such as rotary
 tables computed as usual, the non-linear tensors assigned); `int8_weights` then hands
-`int8.quantize_model` each linear's int8 rows, read only when its packing task runs. A pruned
+`int8_model.quantize_model` each linear's int8 rows, read only when its packing task runs. A pruned
 draft head's int8 rows are the kept rows of the output layer's (per output channel, so selecting
 rows commutes with quantizing). An untied output layer is stored in int8 only: a pruned draft
 reads its dequantized rows.
@@ -53,7 +53,7 @@ from specgen.memory import release_freed
 from specgen.models import catalog, convert
 from specgen.models.cache import check_writable, converted_dirs
 from specgen.models.resolve import Resolved
-from specgen.runtime import int8, store_shards
+from specgen.runtime import int8, int8_model, store_shards
 from specgen.status import note, status
 
 FORMAT_VERSION = 1
@@ -100,7 +100,7 @@ def ensure(resolved: Resolved, dtype: torch.dtype, quiet: bool = False, workers:
 
 def _build(gguf: Path, dtype: torch.dtype, out: Path, resolved: Resolved, workers: int | None) -> None:
     with convert.opened(gguf, dtype, workers, in_blocks=True) as (skeleton, tokenizer, tensors):
-        linears = {f"{name}.weight": name for name in int8.linear_names(skeleton)}
+        linears = {f"{name}.weight": name for name in int8_model.linear_names(skeleton)}
         embedding = _weight_name(skeleton, skeleton.get_input_embeddings())
         tied = _tied_head(skeleton)
         rest, weights = (
@@ -220,15 +220,15 @@ def checked(resolved: Resolved, dtype: torch.dtype, quiet: bool = False) -> tupl
 
 def int8_weights(
     directory: str | os.PathLike, model: nn.Module, quiet: bool = False
-) -> Callable[[dict[str, tuple]], int8.Weights]:
-    """`int8.quantize_model`'s `cached` for `model`, loaded from the store at `directory` (its
+) -> Callable[[dict[str, tuple]], int8_model.Weights]:
+    """`int8_model.quantize_model`'s `cached` for `model`, loaded from the store at `directory` (its
     head possibly pruned: the pruned head's inner linear takes the kept rows of the full head's
     int8 weight). The files are checked against their checksums first, hashing their bytes in
     place; then each weight is read when its packing task runs, so only the rows being packed
     are in memory. A corrupted file is rebuilt once, with a notice."""
     directory = Path(directory)
 
-    def cached(shapes: dict[str, tuple]) -> int8.Weights:
+    def cached(shapes: dict[str, tuple]) -> int8_model.Weights:
         nonlocal directory
         directory, index = _checked_int8(directory, quiet)
         out = {}
@@ -252,7 +252,7 @@ def int8_weights(
                     hint=f"remove {directory} to build it again",
                 )
             files = (index[f"{source}.qweight"][0], index[f"{source}.scales"][0])
-            out[name] = int8.Deferred(functools.partial(_rows, files, source, ids), shape[0] * shape[1])
+            out[name] = int8_model.Deferred(functools.partial(_rows, files, source, ids), shape[0] * shape[1])
         return out
 
     return cached

@@ -8,7 +8,7 @@ bitwise those of `model.forward` (tested), for every width, row count and mask:
 
 * embeddings, rotary tables (the model's own rotary module) and the final norm as in the model;
 * per layer: RMSNorm (torch's rms_norm: the same arithmetic in one dispatch), q/k/v (one int8
-  product when they are fused, `int8._Fused`), rotary for q and k together, the cache write
+  product when they are fused, `int8.Fused`), rotary for q and k together, the cache write
   through the cache's `update`, attention (SDPA and `exact_attention`'s float64 path
   called directly, with the arguments transformers passes; any other implementation through
   transformers' registry), o_proj, RMSNorm, gate/up (fused likewise), SiLU, down_proj;
@@ -126,7 +126,7 @@ def _draft_product(x: torch.Tensor, packed, bias: torch.Tensor | None, wide=None
 
 def _group(modules: tuple[nn.Module, ...], exact: bool = True):
     """One callable x -> the outputs of sibling linears side by side in one tensor: a single
-    int8 product when they are the parts of one `int8._Fused` group, in order; otherwise the
+    int8 product when they are the parts of one `int8.Fused` group, in order; otherwise the
     modules one by one, concatenated."""
     fused = getattr(modules[0], "_fused", None)
     if (

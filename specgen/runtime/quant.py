@@ -33,7 +33,7 @@ from torch import nn
 
 from specgen.errors import ConfigError
 from specgen.files import atomic_write, cache_root
-from specgen.runtime import head_memory, int8, int8_store
+from specgen.runtime import head_memory, int8, int8_model, int8_store
 from specgen.runtime.pruned import DEFAULT_KEEP, PrunedHead, prune_head, quantize_int8_weight_only
 from specgen.runtime.store_shards import checksum
 from specgen.status import note
@@ -209,16 +209,16 @@ def quantize_from(model: nn.Module, source: str | None, role_key: str, quiet: bo
     when the model was loaded from one (int8_store.py), else the int8 file cache of a local
     directory, read or written (`role_key` names the variant); no source: quantized, not cached."""
     if int8_store.is_store(source):
-        return int8.quantize_model(model, cached=int8_store.int8_weights(source, model, quiet))
+        return int8_model.quantize_model(model, cached=int8_store.int8_weights(source, model, quiet))
     return quantize_cached(model, cache_file_for(source, role_key) if source else None, quiet)
 
 
 def quantize_cached(model: nn.Module, cache_file: Path | None, quiet: bool = True) -> nn.Module:
-    """`int8.quantize_model` with its weights read from `cache_file` when it holds them, else
+    """`int8_model.quantize_model` with its weights read from `cache_file` when it holds them, else
     quantized and written there (None: no cache)."""
     if cache_file is None:
-        return int8.quantize_model(model)
-    return int8.quantize_model(
+        return int8_model.quantize_model(model)
+    return int8_model.quantize_model(
         model,
         cached=lambda shapes: _read(cache_file, shapes, quiet),
         store=lambda weights: _write(cache_file, weights, quiet),
