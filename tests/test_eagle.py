@@ -648,6 +648,42 @@ def test_method_eagle_without_a_head_and_beams_from_a_head_are_one_line(dirs, ti
     assert result.exit_code == 0, result.output
 
 
+def test_a_draft_that_cannot_serve_the_method_is_refused_before_the_pair_loads(dirs, tiny_dirs, monkeypatch):
+    """`run` and `chat` say that a model cannot draft eagle, or a head multi-draft, from the
+    --draft argument alone, before anything loads (it took the default pair's 15-second load);
+    the words are the loaded pair's refusal's (build.why_not)."""
+    from specgen.decoding import build
+    from specgen.runtime import pair as pair_module
+
+    model, head = str(tiny_dirs["draft"]), str(dirs["original"])
+    assert build.why_not_draft(None, Method.PLAIN) is None
+    assert build.why_not_draft(model, Method.LOOKUP) is None
+    assert build.why_not_draft(model, Method.RSD_S) is None  # a model of the target's tokenizer or not
+    assert build.why_not_draft(head, Method.EAGLE) is None and build.why_not_draft(head, Method.RSD_C) is None
+    assert build.why_not_draft(head, Method.CHAIN) is None  # a head's chains are eagle's
+    target, draft = load_pair(str(dirs["target"]), model, device="cpu", dtype="float32", quiet=True)
+    after = build.why_not(pair_module.Pair(target, draft), Method.EAGLE)  # the same words, but the name
+    assert build.why_not_draft(model, Method.EAGLE) == after.replace(f"; {draft.name} is", f"; {model} is")
+    assert "needs a draft model" in build.why_not_draft(None, Method.CHAIN)
+    assert "EAGLE-3 head drafts" in build.why_not_draft(head, Method.MULTI_DRAFT)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the pair was loaded")
+
+    monkeypatch.setattr(pair_module, "load", never)
+    common = ["--target", str(dirs["target"]), "--device", "cpu", "--dtype", "float32", "--no-server"]
+    for command, draft, method in (
+        (["run", "hello"], model, "eagle"),
+        (["run", "hello"], head, "multi-draft"),
+        (["chat"], model, "eagle"),
+    ):
+        args = [*command, *common, "--draft", draft, "--method", method]
+        result = runner.invoke(app, args, input="hello\n")
+        assert result.exit_code == 1, result.output
+        assert "needs" in result.output and "Traceback" not in result.output
+        assert "was loaded" not in result.output
+
+
 def test_run_with_a_head_drafts_with_it_and_matches_plain(dirs):
     """The default method over a head is lookup-chain (the head where lookup finds nothing);
     chain over a head is eagle."""

@@ -145,8 +145,10 @@ def _local_session(settings: ModelSettings, config, system, messages, notify, qu
     """A conversation with the pair loaded here."""
     # these import torch: only when no server answers (a chat on a server never loads it)
     from specgen.chat.session import ChatSession
+    from specgen.decoding.build import check_draft
     from specgen.runtime.pair import load
 
+    check_draft(settings.draft, config.method)
     pair = load(settings, config.method, quiet=quiet)
     return ChatSession(pair, settings, config, system, messages, notify=notify, quiet=quiet)
 

@@ -165,10 +165,11 @@ def _run_many(
     """Several prompts; outputs in input order. Batches decode together with any method."""
     # decoding imports torch: only once a run needs it (--help and a served run stay light)
     from specgen.decoding import run as driver
-    from specgen.decoding.build import build_engine, resolve_draft_length
+    from specgen.decoding.build import build_engine, check_draft, resolve_draft_length
     from specgen.runtime.pair import load
 
     texts = read_prompts_file(path)
+    check_draft(settings.draft, config.method)
     pair = load(settings, config.method, quiet=fmt is Format.json)
     pair.keep_prefixes()  # prompts of a set often share a system prompt or a preamble
     config, _ = resolve_draft_length(pair, config)
@@ -243,10 +244,11 @@ def _run(text, raw, system, config, fmt, settings: ModelSettings, show_tree=Fals
                 raise typer.Exit(130)
             return
     from specgen.decoding import run as driver  # torch: only when this process loads the pair
-    from specgen.decoding.build import build_engine, resolve_draft_length
+    from specgen.decoding.build import build_engine, check_draft, resolve_draft_length
     from specgen.runtime import onednn
     from specgen.runtime.pair import load
 
+    check_draft(settings.draft, config.method)
     short = onednn.short_work(config.max_new_tokens, text)  # one short answer: fbgemm only
     with onednn.fbgemm_only() if short else contextlib.nullcontext():
         pair = load(settings, config.method, quiet=fmt is Format.json)

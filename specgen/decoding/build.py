@@ -25,6 +25,7 @@ from specgen.decoding.engine import Engine
 from specgen.decoding.policy import Policy
 from specgen.errors import ConfigError
 from specgen.models.families import text_config
+from specgen.models.head_dir import is_head
 from specgen.models.load import Vocabulary
 from specgen.runtime import features, head_memory, pruned
 from specgen.runtime.compiled import can_capture
@@ -231,9 +232,40 @@ def why_not(pair: Pair, method: Method) -> str | None:
     kind = draft_kind(pair)
     if (method, kind) in TABLE:
         return None
+    return _refused(method, kind, None if pair.draft is None else pair.draft.name)
+
+
+def why_not_draft(draft: str | None, method: Method) -> str | None:
+    """What `why_not` will say of `method` with the draft `draft` (a --draft argument; None: no
+    draft), where the argument alone tells before anything is loaded: whether it is an EAGLE-3
+    head's directory or a model (whether a model shares the target's tokenizer is known only
+    once both are loaded, so a model is refused here only where neither kind of model could
+    serve). `specgen run --method eagle` without a head said so only after the pair's 15-second
+    load."""
+    if not method.needs_draft_model:
+        return None
+    if draft is None:
+        kinds = (DraftKind.NONE,)
+    elif is_head(draft):
+        kinds = (DraftKind.HEAD,)
+    else:
+        kinds = (DraftKind.MODEL, DraftKind.TEXT)
+    if any((method, kind) in TABLE for kind in kinds):
+        return None
+    return _refused(method, kinds[0], draft)
+
+
+def check_draft(draft: str | None, method: Method) -> None:
+    """A ConfigError before the pair loads where `why_not_draft` already knows the answer."""
+    why = why_not_draft(draft, method)
+    if why is not None:
+        raise ConfigError(why)
+
+
+def _refused(method: Method, kind: DraftKind, name: str | None) -> str:
+    """Why a draft of `kind` named `name` cannot run `method`, in the words of what is missing."""
     if kind is DraftKind.NONE:
         return f"method {method.value} needs a draft model; plain, lookup and suffix need none"
-    name = pair.draft.name
     if kind is DraftKind.TEXT:
         return (
             f"method {method.value} drafts trees, which need a draft with the target's tokenizer; "
