@@ -682,6 +682,23 @@ def test_a_draft_that_cannot_serve_the_method_is_refused_before_the_pair_loads(d
         assert result.exit_code == 1, result.output
         assert "needs" in result.output and "Traceback" not in result.output
         assert "was loaded" not in result.output
+    # bench, bench batch and bench serve: a named column, the run's --draft or its own @DRAFT
+    from specgen.bench.methods import unsupported_before_load
+
+    assert unsupported_before_load("eagle", model).startswith("eagle needs an EAGLE-3 head as its draft")
+    assert unsupported_before_load(f"eagle@{head}", model) is None
+    assert "EAGLE-3 head drafts" in unsupported_before_load("multi-draft", head)
+    assert unsupported_before_load("chain", head) is None and unsupported_before_load("plain", None) is None
+    for command in (
+        ["bench"],
+        ["bench", "batch", "--batch-sizes", "1,2"],
+        ["bench", "serve", "--concurrency", "1,2"],
+    ):
+        args = [*command, *common[:-1], "--draft", model, "--prompts", "quick", "--methods", "plain,eagle"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (command, result.output)
+        assert "EAGLE-3 head" in result.output and "Traceback" not in result.output, result.output
+        assert "was loaded" not in result.output
 
 
 def test_run_with_a_head_drafts_with_it_and_matches_plain(dirs):

@@ -27,6 +27,7 @@ from specgen.cli.bench_options import (
     method_names,
     print_table,
     prompt_set,
+    refuse_before_load,
     runnable,
     stderr,
 )
@@ -210,6 +211,7 @@ def _measure(names, items, settings, models: ModelSettings, named: bool = True):
 
     err = stderr()
     load_as = Method.CHAIN if registry.needs_draft(names) else Method.PLAIN
+    refuse_before_load(registry, names, named, models.draft)
     pair = load(models, load_as, quiet=not err.is_terminal)
     drafts = {}
     for name in registry.extra_drafts(names):  # METHOD@DRAFT columns: each other draft once, with its own k

@@ -20,6 +20,7 @@ from specgen.cli.bench_options import (
     pair_name,
     print_table,
     prompt_set,
+    refuse_before_load,
     runnable,
     stderr,
     write_json,
@@ -138,6 +139,7 @@ def measure(names, items, config, sizes, windows, models: ModelSettings, json_fi
 
     err = stderr()
     load_as = Method.CHAIN if any(Method(n).needs_draft_model for n in names) else Method.PLAIN
+    refuse_before_load(registry, names, named, models.draft)
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = runnable(registry, pair, names, named, err)
     config, k = resolve_draft_length(pair, config, drafts=True)  # the k the per-prompt bench and `run` use

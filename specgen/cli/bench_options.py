@@ -79,6 +79,17 @@ def check_repeats(repeats: int) -> None:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
 
 
+def refuse_before_load(registry, names: list[str], named: bool, draft: str | None) -> None:
+    """A named column that the draft's argument alone says cannot run is a ConfigError before the
+    pair loads (`runnable` says the same of it after; from the default list it is left out then)."""
+    if not named:
+        return
+    for name in names:
+        why = registry.unsupported_before_load(name, draft)
+        if why is not None:
+            raise ConfigError(why, hint="leave it out of --methods")
+
+
 def runnable(registry, pair, names: list[str], named: bool, err, drafts=None) -> list[str]:
     """The columns this pair can run: a named one it cannot is a ConfigError before anything is
     measured; from the default list it is left out, with a line."""

@@ -23,6 +23,7 @@ from specgen.cli.bench_options import (
     pair_name,
     print_table,
     prompt_set,
+    refuse_before_load,
     runnable,
     stderr,
     write_json,
@@ -149,6 +150,7 @@ def measure(
 
     err = stderr()
     load_as = Method.CHAIN if any(Method(n.split("/")[0]).needs_draft_model for n in names) else Method.PLAIN
+    refuse_before_load(registry, names, named, models.draft)
     pair = load(models, load_as, quiet=not err.is_terminal)
     names = runnable(registry, pair, names, named, err)
     law = config.sampling
