@@ -649,9 +649,9 @@ def test_method_eagle_without_a_head_and_beams_from_a_head_are_one_line(dirs, ti
 
 
 def test_a_draft_that_cannot_serve_the_method_is_refused_before_the_pair_loads(dirs, tiny_dirs, monkeypatch):
-    """`run` and `chat` say that a model cannot draft eagle, or a head multi-draft, from the
-    --draft argument alone, before anything loads (it took the default pair's 15-second load);
-    the words are the loaded pair's refusal's (build.why_not)."""
+    """`run`, `chat`, `check` and the bench commands say that a model cannot draft eagle, or a
+    head multi-draft, from the --draft argument alone, before anything loads (it took the
+    default pair's 15-22-second load); the words are the loaded pair's refusal's."""
     from specgen.decoding import build
     from specgen.runtime import pair as pair_module
 
@@ -682,6 +682,9 @@ def test_a_draft_that_cannot_serve_the_method_is_refused_before_the_pair_loads(d
         assert result.exit_code == 1, result.output
         assert "needs" in result.output and "Traceback" not in result.output
         assert "was loaded" not in result.output
+    result = runner.invoke(app, ["check", *common[:-1], "--draft", model, "--methods", "plain,eagle"])
+    assert result.exit_code == 1 and "needs an EAGLE-3 head" in result.output, result.output
+    assert "was loaded" not in result.output
     # bench, bench batch and bench serve: a named column, the run's --draft or its own @DRAFT
     from specgen.bench.methods import unsupported_before_load
 

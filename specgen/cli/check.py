@@ -77,9 +77,11 @@ def check(
 
 def _check(settings: ModelSettings, chosen, count: int, new_tokens: int, as_json: bool) -> bool:
     from specgen.bench import check as machinery  # torch: only once the command runs
-    from specgen.decoding.build import runs_as, why_not
+    from specgen.decoding.build import check_draft, runs_as, why_not
     from specgen.runtime.pair import load
 
+    for method in chosen or ():  # what the --draft argument alone refuses, before the pair loads
+        check_draft(settings.draft, method)
     pair = load(settings, Method.CHAIN if settings.draft else Method.PLAIN, quiet=as_json)
     cases = machinery.standard_cases(pair)
     if chosen is not None:  # as `run` reads it (chain with a head is eagle)
