@@ -221,7 +221,7 @@ def unsupported(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) ->
     other = draft.vocabulary is Vocabulary.TEXT
     method = _engine_method(base.lower())
     if method is Method.EAGLE and draft.vocabulary is not Vocabulary.HEAD:
-        return f"{name} needs an EAGLE-3 head as its draft: --draft HEAD_DIR, or eagle@HEAD_DIR"
+        return _needs_head(name)
     if method is not None:  # what the engine itself refuses of this draft (decoding/build.why_not)
         why = why_not(replace(pair, draft=draft), method)
         return None if why is None else f"{name}: {why}"
@@ -250,9 +250,13 @@ def unsupported_before_load(name: str, draft: str | None) -> str | None:
     if method is None or spec is None:
         return None
     if method is Method.EAGLE and not is_head(spec):
-        return f"{name} needs an EAGLE-3 head as its draft: --draft HEAD_DIR, or eagle@HEAD_DIR"
+        return _needs_head(name)
     why = why_not_draft(spec, method)
     return None if why is None else f"{name}: {why}"
+
+
+def _needs_head(name: str) -> str:
+    return f"{name} needs an EAGLE-3 head as its draft: --draft HEAD_DIR, or eagle@HEAD_DIR"
 
 
 def build_runner(pair, name: str, drafts: dict[str, ExtraDraft] | None = None) -> Runner:
