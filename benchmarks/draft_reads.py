@@ -122,6 +122,13 @@ if __name__ == "__main__":
     main()
 
 
+def head_overrides(head, max_new_tokens: int) -> dict:
+    """The draft length and stop the device gives a head's chains (a head column's overrides)."""
+    asked = generation_config(method="eagle", max_new_tokens=max_new_tokens)
+    own, _ = resolve_draft_length(head, asked, True)
+    return {"draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence}
+
+
 def head_run(description: str, load_as: Method):
     """A script that runs columns with an EAGLE-3 head beside the default pair: its arguments
     (--prompts, --head, -n, --repeats, --json), the default pair loaded for `load_as`, and that

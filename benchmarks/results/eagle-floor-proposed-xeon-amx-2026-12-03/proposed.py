@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 
-from draft_reads import head_run, write  # noqa: E402
+from draft_reads import head_overrides, head_run, write  # noqa: E402
 
 from specgen.bench.measure import BenchSettings, run_bench  # noqa: E402
 from specgen.bench.prompts import load_prompts  # noqa: E402
@@ -49,9 +49,7 @@ class Proposed(EngineRunner):
 
 def main() -> None:
     args, pair, head = head_run(__doc__.split("\n\n")[0], Method.PLAIN)
-    asked = generation_config(method="eagle", max_new_tokens=args.max_new_tokens)
-    own, _ = resolve_draft_length(head, asked, True)
-    on_head = {"draft_tokens": own.draft_tokens, "draft_confidence": own.draft_confidence}
+    on_head = head_overrides(head, args.max_new_tokens)
     runners = [
         EngineRunner(pair, Method.PLAIN),
         EngineRunner(head, Method.EAGLE, "eagle", on_head),
