@@ -169,6 +169,38 @@ def test_width_costs_draft_only_while_a_wide_verify_stays_cheap():
     assert compute_bound.cap(4) == 0  # k = 1 promises under WIDTH_MARGIN over plain rounds
 
 
+def test_few_rows_of_a_wide_batch_do_not_draft_with_the_model_alone():
+    """The model's step holds up every row of the batch: where few rows draft with it, their
+    tokens cannot repay it. `cap` at `drafting` rows of a width: all of them is the width's own
+    cap, and it grows with the rows that share the step; `least` is the fewest that promise the
+    margin. On the 2-core Xeon with AMX's costs (its cache, 2026-12-03) one row of two, one of
+    three and two of four do not, and a lone row of four would not pay even if every token it
+    drafted were accepted; with verifies that stay flat the rows needed grow with the width,
+    the slower the cheaper the draft's step."""
+    from specgen.decoding.widths import WidthCaps, WidthCosts
+
+    xeon = WidthCosts(
+        {1: 0.997, 4: 1.228, 16: 1.504}, {1: 1.171, 4: 1.818, 16: 2.885}, {1: 0.316, 4: 0.460, 16: 0.618}
+    )
+    for width in (1, 2, 3, 4, 8, 16):
+        assert xeon.cap(width, drafting=width) == xeon.cap(width)
+        caps = [xeon.cap(width, drafting=rows) for rows in range(1, width + 1)]
+        assert caps == sorted(caps), (width, caps)
+        assert xeon.least(width) == next((r for r, k in enumerate(caps, 1) if k), width + 1)
+    assert [xeon.least(width) for width in (1, 2, 3, 4, 8)] == [1, 2, 2, 3, 6]
+    assert xeon.cap(4, drafting=1, acceptance=0.999) == 0  # however good the draft
+    # memory-bound verifies: the company needed grows with the width, slower the cheaper the step
+    flat = WidthCosts({1: 1.0, 16: 1.2}, {1: 1.05, 16: 1.3}, {1: 0.3, 16: 0.35})
+    assert [flat.least(width) for width in (1, 2, 4, 8, 16)] == [1, 1, 2, 4, 8]
+    cheap = WidthCosts({1: 1.0, 16: 1.05}, {1: 1.01, 16: 1.1}, {1: 0.05, 16: 0.06})
+    assert [cheap.least(width) for width in (1, 2, 4, 8, 16)] == [1, 1, 1, 1, 2]
+    # a server's caps: past its widest width the widest's entries hold; none: anything goes
+    caps = WidthCaps({1: 6, 2: 6, 4: 4}, {1: 1, 2: 2, 4: 3})
+    assert caps and caps.at(9) == 4 and caps.together(1, 1) and not caps.together(2, 1)
+    assert caps.together(9, 3) and not caps.together(9, 2) and not caps.together(4, 2)
+    assert not WidthCaps() and WidthCaps().together(8, 1)
+
+
 GOOD_WIDTHS = {
     "verify_one": {"1": 1.0, "4": 1.1},
     "verify_five": {"1": 1.1, "4": 1.9},

@@ -11,10 +11,11 @@ from tiny import batch_ids, engine_with
 from specgen.config import GenerationConfig, Method
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
-from specgen.decoding.policy import MAX_DRAFT
+from specgen.decoding.policy import MAX_DRAFT, capped
+from specgen.decoding.widths import WidthCaps
 from specgen.runtime.pair import Pair
 from specgen.serve.metrics import Metrics
-from specgen.serve.scheduler import Scheduler, capped
+from specgen.serve.scheduler import Scheduler
 
 PROMPTS = [
     [257, 84, 82, 68, 81, 198, 71, 127, 102, 258, 198, 257, 64],
@@ -63,7 +64,7 @@ def test_the_server_caps_a_draft_model_s_rows_unless_the_request_set_its_length(
     draft length (its floor is off: k is what it asked for). The caps count a chain's tokens: a
     tree keeps to them where they say plain rounds, and drafts its whole tree elsewhere (its
     own floor cuts it)."""
-    scheduler = Scheduler(Pair(*tiny_pair, "off"), 8, 8, Metrics(), caps={1: 4, 2: 2, 3: 0})
+    scheduler = Scheduler(Pair(*tiny_pair, "off"), 8, 8, Metrics(), caps=WidthCaps({1: 4, 2: 2, 3: 0}))
     policy = scheduler.build(GenerationConfig(method=Method.CHAIN, draft_tokens=4)).policy
     for method in (m for m in Method if m is not Method.EAGLE):  # eagle needs a head (tests/test_eagle.py)
         config = GenerationConfig(method=method, floor=True)

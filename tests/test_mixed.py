@@ -28,6 +28,7 @@ from specgen.decoding.drafters.mixed import Mixed
 from specgen.decoding.engine import Engine
 from specgen.decoding.events import Finished, RoundResult
 from specgen.decoding.feed import Request
+from specgen.decoding.policy import Policy
 from specgen.runtime.pair import Pair
 
 PROMPTS = [
@@ -116,6 +117,51 @@ def test_rows_of_every_method_share_a_batch_and_each_gives_plain_decoding_s_toke
     assert isinstance(engine.drafter, Mixed)
     kinds = {key[0] for key in engine.drafter.drafters}
     assert kinds == {c.method for c in configs}
+
+
+def drafted_by_row(engine, configs, prompts) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Each row's final tokens, and how many tokens it had drafted over its rounds."""
+    finals, drafted = {}, {}
+    for report in engine.drive(Feed(configs, prompts), len(configs)):
+        if isinstance(report.event, Finished):
+            finals[report.index] = report.state.final_ids()
+        elif isinstance(report.event, RoundResult):
+            drafted[report.index] = drafted.get(report.index, 0) + len(report.event.draft_tokens)
+    return finals, drafted
+
+
+def test_rows_that_draft_with_the_model_wait_for_company_where_the_policy_asks(pair):
+    """A server's policy may let a round's draft-model rows draft only where enough of them do
+    (widths.WidthCosts.least): the model's step holds up every row. A chain row beside a plain
+    one then runs plain rounds; two chain rows draft together; a row whose request set its own
+    draft length drafts anyway (N is N); and every row still gives plain decoding's tokens."""
+    asked = []
+
+    def together(width: int, drafting: int) -> bool:
+        asked.append((width, drafting))
+        return drafting >= 2
+
+    policy = Policy(together=together)
+    floored = greedy(Method.CHAIN, floor=True)
+    cases = {
+        "alone beside plain": ([greedy(Method.PLAIN), floored], [0, 0]),
+        "two together": ([floored, floored], [None, None]),
+        "own length": ([greedy(Method.PLAIN), greedy(Method.CHAIN, floor=False)], [0, None]),
+    }
+    for name, (configs, want) in cases.items():
+        asked.clear()
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(configs))]
+        finals, drafted = drafted_by_row(build_engine(pair, configs[0], policy=policy), configs, prompts)
+        for i, (config, prompt) in enumerate(zip(configs, prompts)):
+            assert finals[i] == alone(pair, config, prompt), f"{name}: row {i}"
+            if want[i] == 0:
+                assert drafted.get(i, 0) == 0, f"{name}: row {i} drafted"
+            else:
+                assert drafted[i] > 0, f"{name}: row {i} never drafted"
+        # asked only about rows that keep to the caps, and only where some wanted to draft
+        floored_rows = sum(c.floor and c.method.needs_draft_model for c in configs)
+        assert bool(asked) == bool(floored_rows), (name, asked)
+        assert all(0 < n <= floored_rows for _, n in asked), (name, asked)
 
 
 def test_rows_joining_and_leaving_a_mixed_batch_keep_their_drafters(pair):

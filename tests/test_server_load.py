@@ -115,7 +115,15 @@ def test_32_concurrent_streams_with_mixed_sampling_all_complete(served, tiny_dir
     }
     caps = served.scheduler.caps
     assert status == 200 and lengths
-    assert all(0 <= k <= caps.get(w, caps[max(caps)]) for w, k in lengths.items()), lengths
+    assert all(0 <= k <= caps.at(w) for w, k in lengths.items()), lengths
+    # the fewest draft-model rows that draft together at each width, as measured at the start
+    prefix = 'specgen_drafting_together{width="'
+    together = {
+        int(line[len(prefix) :].split('"')[0]): int(float(line.split()[-1]))
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+    assert together == caps.least and together[1] == 1, together
 
 
 def test_a_full_queue_answers_503_with_retry_after(tiny_dirs, pair, monkeypatch):

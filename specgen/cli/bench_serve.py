@@ -220,7 +220,8 @@ def measure(
                     "max_tokens": config.max_new_tokens,
                     "max_batch_size": max_batch,
                     "sampling": sampling,
-                    "width_caps": {str(w): k for w, k in running.scheduler.caps.items()},
+                    "width_caps": {str(w): k for w, k in running.scheduler.caps.k.items()},
+                    "drafting_together": {str(w): n for w, n in running.scheduler.caps.least.items()},
                 },
                 "learned": learned,
                 "cells": [c.record() for c in cells],
@@ -260,7 +261,13 @@ def _serving(models: ModelSettings, pair, config, levels, max_batch: int):
     caps = running.scheduler.caps
     stderr().print(
         f"bench concurrency: server at {running.state.info['url']}; draft length by batch width: "
-        + (", ".join(f"{w}:{k}" for w, k in caps.items()) or "as requested"),
+        + (", ".join(f"{w}:{k}" for w, k in caps.k.items()) or "as requested")
+        + (
+            "; rows that draft with the model together, at least: "
+            + ", ".join(f"{w}:{n}" for w, n in caps.least.items())
+            if caps
+            else ""
+        ),
         style="dim",
         markup=False,
     )

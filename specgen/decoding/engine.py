@@ -18,8 +18,8 @@ target's prefix store (its prompt once prefilled, its sequence once finished), a
 copies the longest prefix stored there instead of prefilling it (runtime/prefixes.py; not in
 deterministic mode). Each row reports a Joined event, its rounds (RoundResult) and replays
 (ReplayResult), then Finished; one host sync per round reads every row's verdict. How rounds are
-scheduled (width caps, prefill chunks) is the `Policy` the engine is built with; how much each
-row drafts, its floor (floor.py).
+scheduled (width caps, how many rows draft with the draft model together, prefill chunks) is the
+`Policy` the engine is built with; how much each row drafts, its floor (floor.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
 from specgen.decoding.events import ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import ListFeed
 from specgen.decoding.floor import NoFloor, PlainSteps
-from specgen.decoding.policy import DRAFT_COST, Policy
+from specgen.decoding.policy import DRAFT_COST, Policy, capped
 from specgen.decoding.replay import replay_tokens, window_start
 from specgen.decoding.rows import DecodeState
 from specgen.errors import PromptError
@@ -158,6 +158,11 @@ class Engine(Admission):
             ks = [0] * width
         else:
             ks = [state.capped(state.wanted(), cap(width, state.config)) for state in rows]
+            # the draft model's step holds up every row: too few drafting with it cannot repay it
+            model = [i for i, (k, state) in enumerate(zip(ks, rows)) if k and capped(state.config)]
+            if model and not self.policy.together(width, len(model)):
+                for i in model:
+                    ks[i] = 0
         if any(ks):
             features = self.cache.features if self.cache.taps else None  # an EAGLE head's input
             proposals = self.drafter.propose(

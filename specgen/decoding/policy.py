@@ -1,4 +1,4 @@
-"""How an engine schedules its rounds (`Policy`), given when it is built: the width cap a
+"""How an engine schedules its rounds (`Policy`), given when it is built: the width caps a
 server measured, the prefill chunk, when a first token comes from the prefill. Never what a
 round commits."""
 
@@ -25,6 +25,17 @@ def no_cap(width: int, config: GenerationConfig) -> int:
     return MAX_DRAFT
 
 
+def any_number(width: int, drafting: int) -> bool:
+    """No company needed: any number of a batch's rows may draft with the draft model."""
+    return True
+
+
+def capped(config: GenerationConfig) -> bool:
+    """Whether a row keeps to a server's width caps: it drafts with the draft model, and its
+    request did not set its own draft length (which it then keeps at every width)."""
+    return config.method.needs_draft_model and config.floor
+
+
 @dataclass(frozen=True)
 class Policy:
     """How an engine schedules its rounds, given when it is built (a server's from measured
@@ -33,6 +44,10 @@ class Policy:
     # the most tokens a row of this config may draft when `width` rows share a round
     # (widths.WidthCosts: past some width plain rounds win)
     width_cap: Callable[[int, GenerationConfig], int] = no_cap
+    # whether this many of `width` rows (the `capped` ones that would draft this round) may
+    # draft with the draft model: its step holds up the rest, so a few alone may not repay it
+    # (widths.WidthCosts.least); those rows then run a plain round
+    together: Callable[[int, int], bool] = any_number
     # a longer prompt joining rows that decode is prefilled this many tokens per round
     # (staging.py); 0: whole. Only on a CPU, where a long prefill stalls the others for seconds
     prefill_chunk: int = PREFILL_CHUNK

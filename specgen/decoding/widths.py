@@ -2,13 +2,21 @@
 1 and of 5 tokens per row and a draft step at WIDTH_ROWS rows once per machine and pair, cached
 beside the device's draft length (costs.py); `WidthCosts.cap` gives each width the k with the
 best expected throughput, down to 0 (plain rounds), as a verify of width x (k+1) tokens stops
-being memory-bound. `rates.py` then checks that estimate against what rounds deliver."""
+being memory-bound. Each row's floor (floor.py) then checks that estimate against what its
+rounds deliver.
+
+A draft model's step is the batch's: the rows that draft nothing wait through it. So where only a
+few of a wide batch's rows would draft with the model, their tokens may never repay what the
+step costs the rest, however well they draft: on a 2-core Xeon with AMX a lone drafting row
+among four held the round 60% longer for under one more token (benchmarks/floor.md).
+`WidthCosts.least` gives each width the fewest rows that must draft with the model together for
+the round to pay at all; `WidthCaps` holds both tables for the server."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,19 +37,35 @@ class WidthCosts:
     verify_five: dict[int, float]
     draft: dict[int, float]
 
-    def cap(self, width: int, k_max: int = MAX_K + STOP_EXTRA, acceptance: float = ACCEPTANCE) -> int:
-        """The draft length with the best expected throughput at `width` rows; 0 unless drafting
-        promises WIDTH_MARGIN more than plain rounds (a verify of width x (k+1) tokens is no
-        longer memory-bound). The margin covers what the model leaves out: per-round host work
-        that grows with the width, and requests whose acceptance is below `acceptance`."""
-        one, five, draft = (_at(table, width) for table in (self.verify_one, self.verify_five, self.draft))
+    def cap(
+        self,
+        width: int,
+        k_max: int = MAX_K + STOP_EXTRA,
+        acceptance: float = ACCEPTANCE,
+        drafting: int | None = None,
+    ) -> int:
+        """The draft length with the best expected throughput at `width` rows, of which `drafting`
+        draft with the draft model (all of them by default; the others commit their one token a
+        round, waiting through the draft's steps); 0 unless drafting promises WIDTH_MARGIN more
+        than plain rounds (a verify of width x (k+1) tokens is no longer memory-bound, or too few
+        rows share the draft's step). The margin covers what the model leaves out: per-round host
+        work that grows with the width, a draft's catching up on tokens it missed, and requests
+        whose acceptance is below `acceptance`."""
+        rows = width if drafting is None else drafting
+        one, five, draft = _at(self.verify_one, width), _at(self.verify_five, width), _at(self.draft, rows)
         best_k, best = 0, width / one * (1 + WIDTH_MARGIN)
         for k in range(1, k_max + 1):
             tokens = (1 - acceptance ** (k + 1)) / (1 - acceptance)
-            rate = width * tokens / (k * draft + one + (five - one) * k / 4)
+            # the verify's extra tokens: k of each drafting row, against the 4 of every row at `five`
+            rate = (width + rows * (tokens - 1)) / (k * draft + one + (five - one) * k * rows / (4 * width))
             if rate > best:
                 best_k, best = k, rate
         return best_k
+
+    def least(self, width: int) -> int:
+        """The fewest of `width` rows that must draft with the draft model in one round for it to
+        pay (`cap` above 0, under the same margin); width + 1 where no number of them does."""
+        return next((rows for rows in range(1, width + 1) if self.cap(width, drafting=rows)), width + 1)
 
     def as_dict(self) -> dict:
         return {
@@ -60,6 +84,30 @@ def _at(table: dict[int, float], rows: int) -> float:
         if rows <= high:
             break
     return table[low] + (table[high] - table[low]) * (rows - low) / (high - low)
+
+
+@dataclass(frozen=True)
+class WidthCaps:
+    """A server's caps on the rows that draft with its draft model, per batch width: `k`, the
+    most tokens such a row drafts; `least`, the fewest such rows that draft in one round (fewer
+    draft nothing that round). Empty: no caps (no draft model, or an EAGLE-3 head, whose step
+    is a small fraction of a target step at any width). Past the widest width in a table, the
+    widest's entry holds."""
+
+    k: dict[int, int] = field(default_factory=dict)
+    least: dict[int, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.k)
+
+    def at(self, width: int) -> int:
+        return self.k.get(width, self.k[max(self.k)])
+
+    def together(self, width: int, drafting: int) -> bool:
+        """Whether `drafting` rows of `width` may draft with the draft model this round."""
+        if not self.least:
+            return True
+        return drafting >= self.least.get(width, self.least[max(self.least)])
 
 
 def width_costs(pair) -> WidthCosts:

@@ -65,6 +65,13 @@ class Metrics:
             ["method", "width"],
             registry=r,
         )
+        self.together = Gauge(
+            "specgen_drafting_together",
+            "Fewest rows of this batch width that draft with the draft model in one round (fewer "
+            "run plain rounds: the model's step holds up every row); measured at the start",
+            ["width"],
+            registry=r,
+        )
         self.prefix_cache = Gauge(
             "specgen_prefix_cache_bytes",
             "K/V the prefix cache holds, per model (set as requests finish)",
@@ -107,6 +114,10 @@ class Metrics:
     def draft_lengths(self, method: str, lengths: dict[int, int]) -> None:
         for width, k in lengths.items():
             self.draft_length.labels(method, str(width)).set(k)
+
+    def drafting_together(self, least: dict[int, int]) -> None:
+        for width, rows in least.items():
+            self.together.labels(str(width)).set(rows)
 
     def finished(self, ticket, outcome: str, stats) -> None:
         """A row ended (a scheduler.Ticket): its request counted once, at its first choice."""

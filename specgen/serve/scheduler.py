@@ -13,7 +13,8 @@ Between requests the engine keeps its last row in the cache: a request that cont
 conversation (a chat's next turn) prefills only its new tokens. Each row measures its own
 drafting against plain steps at the batch's width and drafts less where it does not pay
 (decoding/floor.py); a draft model's rows also keep to the width caps measured once per machine
-(`caps`).
+(`caps`: the most tokens such a row drafts at each width, and the fewest such rows that draft in
+one round).
 """
 
 from __future__ import annotations
@@ -35,22 +36,17 @@ from specgen.decoding.build import build_engine
 from specgen.decoding.engine import FRESH, Engine
 from specgen.decoding.events import Finished, Joined, RoundResult
 from specgen.decoding.feed import Request
-from specgen.decoding.policy import Policy, no_cap
+from specgen.decoding.policy import Policy, capped, no_cap
 from specgen.decoding.rows import DecodeState
 from specgen.decoding.run import fold
 from specgen.decoding.staging import PREFILL_CHUNK
+from specgen.decoding.widths import WidthCaps
 from specgen.errors import one_line
 from specgen.runtime.pair import Pair
 from specgen.serve import api
 from specgen.serve.metrics import Metrics
 from specgen.serve.output import Output
 from specgen.text import common_prefix
-
-
-def capped(config: GenerationConfig) -> bool:
-    """Whether a row keeps to the width caps: it drafts with the draft model, and its request did
-    not set its own draft length (which it then keeps at every width)."""
-    return config.method.needs_draft_model and config.floor
 
 
 class QueueFull(Exception):
@@ -110,7 +106,7 @@ class Scheduler:
         max_queue: int,
         metrics: Metrics,
         log: Callable[[Ticket, object], None] = lambda ticket, stats: None,
-        caps: dict[int, int] | None = None,
+        caps: WidthCaps | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
     ):
         self.pair, self.max_batch, self.max_queue, self.metrics, self.log = (
@@ -120,8 +116,10 @@ class Scheduler:
             metrics,
             log,
         )
-        # model chains' draft length per batch width (widths.WidthCosts.cap); none: as requested
-        self.caps = caps or {}
+        # a draft model's rows per batch width: their draft length, how many draft together
+        # (widths.WidthCaps); empty: as requested
+        self.caps = caps or WidthCaps()
+        metrics.drafting_together(self.caps.least)
         self.prefill_chunk = prefill_chunk  # a long prompt's tokens per round while others decode (CPU)
         self.cond = threading.Condition()
         self.waiting: deque[Ticket] = deque()
@@ -181,19 +179,19 @@ class Scheduler:
 
     def build(self, config: GenerationConfig) -> Engine:
         """The server's engine, checked for `config`'s method: every row of every method shares
-        its batch; a draft model's rows draft at most the measured width caps (`caps`), unless
-        their request set its own draft length."""
+        its batch; a draft model's rows draft at most the measured width caps (`caps`), and only
+        with enough such rows beside them, unless their request set its own draft length."""
         caps = self.caps
 
         def measured(width: int, config: GenerationConfig) -> int:
             if not (caps and capped(config)):
                 return no_cap(width, config)
-            cap = caps.get(width, caps[max(caps)])  # past the widest measured width, the widest's cap
+            cap = caps.at(width)  # past the widest measured width, the widest's cap
             # the caps count a chain's tokens: a tree row keeps to them only where they say plain
             # rounds (its own floor cuts its tree where its rounds lose)
             return no_cap(width, config) if config.method.is_tree and cap > 0 else cap
 
-        policy = Policy(width_cap=measured, prefill_chunk=self.prefill_chunk)
+        policy = Policy(width_cap=measured, together=caps.together, prefill_chunk=self.prefill_chunk)
         return build_engine(self.pair, config, policy=policy)
 
     def ready(self, config: GenerationConfig) -> Engine:

@@ -32,7 +32,7 @@ from specgen.decoding.build import resolve_draft_length
 from specgen.decoding.prompts import encode_prompt
 from specgen.decoding.staging import PREFILL_CHUNK
 from specgen.decoding.views import Outcome, Silent, summary_line
-from specgen.decoding.widths import width_costs
+from specgen.decoding.widths import WidthCaps, width_costs
 from specgen.errors import ConfigError
 from specgen.models.load import Vocabulary
 from specgen.runtime.pair import load
@@ -155,14 +155,15 @@ def servable(pair) -> list[str]:
     return [m.value for m in Method if refusal(pair, m) is None]
 
 
-def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
+def width_caps(pair, widest: int, k: int, quiet: bool) -> WidthCaps:
     """A model chain's draft length at each batch width up to `widest`: the device's `k` for one
     row (what `specgen run` drafts), scaled down as the measured costs of wider rounds say
     (widths.WidthCosts, measured once per machine and pair, cached), down to 0 (plain rounds)
-    where a wide verify no longer pays. Empty without a draft model, and for an EAGLE-3 head (a
+    where a wide verify no longer pays; and at each width the fewest rows that draft with the
+    model together (`WidthCosts.least`). Empty without a draft model, and for an EAGLE-3 head (a
     head's step is a small fraction of a target step at any width: its chains keep their k)."""
     if pair.draft is None or pair.draft.vocabulary is Vocabulary.HEAD:
-        return {}
+        return WidthCaps()
     with status("measuring forward costs at several batch widths (once per machine) ...", quiet):
         costs = width_costs(pair)
     alone = max(costs.cap(1), 1)
@@ -170,7 +171,9 @@ def width_caps(pair, widest: int, k: int, quiet: bool) -> dict[int, int]:
     for width in range(2, widest + 1):
         best = costs.cap(width)
         caps[width] = 0 if best == 0 else max(1, min(k, round(k * best / alone)))
-    return caps
+    # one row drafts alone, as `specgen run` does, whatever the costs say
+    least = {1: 1} | {width: costs.least(width) for width in range(2, widest + 1)}
+    return WidthCaps(caps, least)
 
 
 def warm_up(scheduler: Scheduler, config: GenerationConfig) -> None:
