@@ -168,6 +168,28 @@ def test_race_mode_shows_the_same_text_under_greedy(page, served, monkeypatch): 
     assert page.errors == []
 
 
+def test_a_race_says_when_a_row_drafted_nothing_beside_the_others(page, served, monkeypatch):  # noqa: F811
+    """Where the server holds a draft model's row to plain rounds (too few such rows to repay
+    the model's step: widths.WidthCosts.least), the race's verdict says so instead of leaving a
+    1.00x unexplained."""
+    import dataclasses
+
+    engine = served.scheduler.engine  # built by the warm-up
+    monkeypatch.setattr(engine, "policy", dataclasses.replace(engine.policy, together=lambda width, n: False))
+    login(page, served.token)
+    page.fill("#prompt", PROMPT)
+    page.select_option("#method", "chain")
+    page.check("#race")
+    page.fill("#max-tokens", "16")
+    page.click("#go")
+    wait_done(page, 2)
+    until(page, "() => !document.getElementById('verdict').hidden")
+    verdict = page.inner_text("#verdict")
+    assert "chain drafted nothing: beside the others its drafting would not pay" in verdict, verdict
+    assert "plain drafted nothing" not in verdict
+    assert page.errors == []
+
+
 def test_a_wrong_key_shows_the_servers_401(page):
     login(page, "not-the-key")
     page.wait_for_selector("#error:not([hidden])")

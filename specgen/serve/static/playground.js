@@ -387,6 +387,13 @@ function compare(runs, options) {
   if (options.temperature === 0 || options.temperature === null) {
     verdict += same ? " · the same text in every column" : " · the texts differ";
   }
+  // rows share the batch's rounds: the server may hold a row to plain rounds where its drafting
+  // would cost the others more than it gains (a lone draft model's row on a small CPU)
+  for (const run of finished) {
+    if (run.method !== "plain" && run.summary.drafted === 0) {
+      verdict += ` · ${run.method} drafted nothing: beside the others its drafting would not pay`;
+    }
+  }
   $("verdict").textContent = verdict;
   $("verdict").hidden = false;
 }
