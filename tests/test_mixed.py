@@ -133,8 +133,9 @@ def drafted_by_row(engine, configs, prompts) -> tuple[dict[int, list[int]], dict
 def test_rows_that_draft_with_the_model_wait_for_company_where_the_policy_asks(pair):
     """A server's policy may let a round's draft-model rows draft only where enough of them do
     (widths.WidthCosts.least): the model's step holds up every row. A chain row beside a plain
-    one then runs plain rounds; two chain rows draft together; a row whose request set its own
-    draft length drafts anyway (N is N); and every row still gives plain decoding's tokens."""
+    one then runs plain rounds; two chain rows draft together, but a chain row and a
+    lookup-chain row, which take draft steps of their own, do not; a row whose request set its
+    own draft length drafts anyway (N is N); and every row still gives plain decoding's tokens."""
     asked = []
 
     def together(width: int, drafting: int) -> bool:
@@ -146,6 +147,8 @@ def test_rows_that_draft_with_the_model_wait_for_company_where_the_policy_asks(p
     cases = {
         "alone beside plain": ([greedy(Method.PLAIN), floored], [0, 0]),
         "two together": ([floored, floored], [None, None]),
+        # rows drafted otherwise take draft steps of their own: each alone
+        "two apart": ([floored, greedy(Method.LOOKUP_CHAIN, floor=True)], [0, 0]),
         "own length": ([greedy(Method.PLAIN), greedy(Method.CHAIN, floor=False)], [0, None]),
     }
     for name, (configs, want) in cases.items():
@@ -162,6 +165,7 @@ def test_rows_that_draft_with_the_model_wait_for_company_where_the_policy_asks(p
         floored_rows = sum(c.floor and c.method.needs_draft_model for c in configs)
         assert bool(asked) == bool(floored_rows), (name, asked)
         assert all(0 < n <= floored_rows for _, n in asked), (name, asked)
+        assert all(width == len(configs) for width, _ in asked), (name, asked)
 
 
 def test_rows_joining_and_leaving_a_mixed_batch_keep_their_drafters(pair):

@@ -35,6 +35,7 @@ from specgen.decoding import verify
 from specgen.decoding.admission import FRESH, Admission, Fresh, RowEvent
 from specgen.decoding.costs import VerifyCost
 from specgen.decoding.drafters.base import EMPTY, Drafter, NoDrafter, Proposal
+from specgen.decoding.drafters.mixed import drafting_key
 from specgen.decoding.events import ReplayResult, RoundResult, StopReason
 from specgen.decoding.feed import ListFeed
 from specgen.decoding.floor import NoFloor, PlainSteps
@@ -158,11 +159,7 @@ class Engine(Admission):
             ks = [0] * width
         else:
             ks = [state.capped(state.wanted(), cap(width, state.config)) for state in rows]
-            # the draft model's step holds up every row: too few drafting with it cannot repay it
-            model = [i for i, (k, state) in enumerate(zip(ks, rows)) if k and capped(state.config)]
-            if model and not self.policy.together(width, len(model)):
-                for i in model:
-                    ks[i] = 0
+            self._company(rows, ks)
         if any(ks):
             features = self.cache.features if self.cache.taps else None  # an EAGLE head's input
             proposals = self.drafter.propose(
@@ -188,6 +185,21 @@ class Engine(Admission):
         seconds = time.perf_counter() - started
         self.plain.measure(rows, ks, proposals, results, seconds, verified - drafted, self.verify_cost)
         return results
+
+    def _company(self, rows: list[DecodeState], ks: list[int]) -> None:
+        """Rows that would draft with the draft model this round, but too few of them share its
+        step to repay what it costs the batch's other rows, who wait through it
+        (Policy.together): they run a plain round (their k set to 0). Rows share a step where
+        they share a drafter (`drafting_key`: chain and lookup-chain rows, or trees of other
+        shapes, each take steps of their own)."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (k, state) in enumerate(zip(ks, rows)):
+            if k and capped(state.config):
+                groups.setdefault(drafting_key(state.config), []).append(i)
+        for group in groups.values():
+            if not self.policy.together(len(rows), len(group)):
+                for i in group:
+                    ks[i] = 0
 
     def _commit(
         self,

@@ -10,7 +10,8 @@ few of a wide batch's rows would draft with the model, their tokens may never re
 step costs the rest, however well they draft: on a 2-core Xeon with AMX a lone drafting row
 among four held the round 60% longer for under one more token (benchmarks/floor.md).
 `WidthCosts.least` gives each width the fewest rows that must draft with the model together for
-the round to pay at all; `WidthCaps` holds both tables for the server."""
+the round to pay at all (rows that share a drafter, and so its steps: engine.py's `_company`);
+`WidthCaps` holds both tables for the server."""
 
 from __future__ import annotations
 
